@@ -1,0 +1,104 @@
+"""Writing files and folders so that no reader ever sees them half-written.
+
+Everything countvae writes goes to a temporary name in the destination's folder
+and is renamed into place (``os.replace`` is atomic on POSIX within one file
+system). An existing destination is an error unless ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from countvae.errors import OutputExistsError
+
+
+def _refuse_existing(path: Path, overwrite: bool) -> None:
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    _refuse_existing(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
+    """Write UTF-8 ``text`` atomically, see :func:`write_bytes_atomic`."""
+    return write_bytes_atomic(path, text.encode("utf-8"), overwrite=overwrite)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, overwrite: bool = False) -> Path:
+    """Write ``obj`` as indented JSON atomically (NaN and infinities are refused)."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n", overwrite=overwrite)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Build a folder under a temporary name; rename it to ``path`` when the block succeeds.
+
+    If the block raises, the temporary folder is removed and ``path`` is left as
+    it was. With ``overwrite=True`` an existing folder is replaced by two renames
+    (old folder aside, new folder in, old folder deleted), so at every moment
+    ``path`` is either the complete old folder or the complete new one, except
+    for the instant between the two renames, when it is absent.
+    """
+    path = Path(path)
+    _refuse_existing(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    try:
+        yield tmp
+        _fsync_dir(tmp)
+        if path.exists():
+            aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            aside.rmdir()
+            os.replace(path, aside)
+            os.replace(tmp, path)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,68 @@
+"""The ``countvae`` command line.
+
+Each subcommand lives in its own module and registers itself with
+:func:`main`'s parser through a ``register(subparsers)`` function.
+
+Exit codes: 0 success; 1 the input or the run failed (bad data, missing file,
+diverged training), with a one-line message on stderr; 2 the command line itself
+is wrong (argparse's usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from countvae.cli import fit
+from countvae.errors import CountVAEError
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+_COMMANDS = (fit,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    from countvae import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="countvae",
+        description=(
+            "Fit probabilistic count VAEs to single-cell counts and measure which of their outputs "
+            "the data determine and which are an arbitrary choice of latent coordinates."
+        ),
+        epilog=(
+            "Exit codes: 0 success, 1 bad input or a failed run (one-line message on stderr), "
+            "2 wrong command line. Run 'countvae COMMAND --help' for each command's options and examples."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"countvae {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in _COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return int(args.run(args) or EXIT_OK)
+    except CountVAEError as exc:
+        print(f"countvae {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print(f"countvae {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""AnnData registration and validation, minibatches, splits, real and simulated datasets."""
+
+from countvae.data.datasets import DATASETS, find_dataset, load_dataset
+from countvae.data.loader import CountSource, Minibatch
+from countvae.data.registry import Registry, get_registry, setup_anndata
+from countvae.data.simulate import draw_sources, simulate
+from countvae.data.split import split_indices
+from countvae.data.validation import CountSummary, validate_counts
+
+__all__ = [
+    "DATASETS",
+    "CountSource",
+    "CountSummary",
+    "Minibatch",
+    "Registry",
+    "draw_sources",
+    "find_dataset",
+    "get_registry",
+    "load_dataset",
+    "setup_anndata",
+    "simulate",
+    "split_indices",
+    "validate_counts",
+]

@@ -1,0 +1,46 @@
+"""The errors countvae raises on purpose.
+
+Every error a user can trigger through bad input or misuse is one of these
+classes. Each subclasses the built-in exception a Python user would expect
+(``ValueError`` for bad values, ``FileNotFoundError`` for missing files...), so
+``except ValueError`` keeps working, while ``except CountVAEError`` catches
+everything this package raises deliberately.
+"""
+
+from __future__ import annotations
+
+
+class CountVAEError(Exception):
+    """Base class of every error countvae raises on purpose."""
+
+
+class InvalidDataError(CountVAEError, ValueError):
+    """The count matrix or its annotations cannot be used as given."""
+
+
+class SetupError(CountVAEError, ValueError):
+    """The AnnData was not registered, or is registered differently from the model."""
+
+
+class InvalidArgumentError(CountVAEError, ValueError):
+    """A parameter has a value outside what the function accepts."""
+
+
+class NotTrainedError(CountVAEError, RuntimeError):
+    """A method that needs a trained model was called before ``train``."""
+
+
+class TrainingDivergedError(CountVAEError, FloatingPointError):
+    """The loss or the gradients became non-finite during training."""
+
+
+class DataFileNotFoundError(CountVAEError, FileNotFoundError):
+    """A dataset file could not be found where countvae looked for it."""
+
+
+class ModelFileError(CountVAEError, OSError):
+    """A saved model folder is missing a file, is corrupted or has another format."""
+
+
+class OutputExistsError(CountVAEError, FileExistsError):
+    """An output would overwrite an existing file or folder without ``overwrite=True``."""

@@ -1,0 +1,105 @@
+"""Checking an AnnData passed to a fitted model against the data it was trained on."""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae.data.loader import CountSource
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
+from countvae.data.validation import validate_counts
+from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
+
+
+def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
+    """Raise unless ``var_names`` equals the training genes, in the same order.
+
+    Raises
+    ------
+    InvalidDataError
+        Naming missing and unexpected genes, or saying how to reorder.
+    """
+    if len(var_names) == len(expected) and bool((var_names == expected).all()):
+        return
+    missing = expected.difference(var_names)
+    extra = var_names.difference(expected)
+    if len(missing) == 0 and len(extra) == 0:
+        raise InvalidDataError(
+            "The AnnData has the training genes in a different order; reorder with "
+            "`adata = adata[:, model.var_names].copy()`."
+        )
+    raise InvalidDataError(
+        f"The AnnData's genes differ from the {len(expected)} genes the model was trained on: "
+        f"{len(missing)} missing (e.g. {list(missing[:5])}), {len(extra)} not in training "
+        f"(e.g. {list(extra[:5])}). Subset to the training genes with `adata[:, model.var_names]` "
+        "when all are present; otherwise the model cannot be applied to these cells."
+    )
+
+
+def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
+    """The registry to read ``adata`` with: its own if set up, else the model's.
+
+    A query AnnData may be registered separately (the usual scvi-tools habit),
+    but it must use the same batch key; its batch categories are read with the
+    model's category order.
+    """
+    own = get_registry(adata)
+    if own is None:
+        return trained
+    if own.batch_key != trained.batch_key:
+        raise SetupError(
+            f"This AnnData was set up with batch_key={own.batch_key!r} but the model was trained with "
+            f"batch_key={trained.batch_key!r}; call CountVAE.setup_anndata(adata, batch_key={trained.batch_key!r})."
+        )
+    return Registry(
+        layer=own.layer,
+        use_raw=own.use_raw,
+        batch_key=trained.batch_key,
+        batch_categories=trained.batch_categories,
+        labels_key=own.labels_key,
+        labels_categories=own.labels_categories,
+    )
+
+
+def query_source(
+    adata: ad.AnnData,
+    trained: Registry,
+    var_names: pd.Index,
+    indices: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[CountSource, np.ndarray]:
+    """A :class:`CountSource` over ``adata`` checked against the training data.
+
+    Parameters
+    ----------
+    adata
+        Cells to evaluate.
+    trained
+        Registry of the training data.
+    var_names
+        Training genes in order.
+    indices
+        Subset of cells (positions); all cells when ``None``.
+    validate
+        Check the counts (skipped for the training AnnData, checked at setup).
+
+    Returns
+    -------
+    source, indices
+        The source and the positions of the cells to evaluate.
+    """
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")
+    registry = resolve_registry(adata, trained)
+    check_genes(get_var_names(adata, registry), var_names)
+    matrix = get_count_matrix(adata, registry)
+    if indices is None:
+        indices = np.arange(adata.n_obs)
+    else:
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= adata.n_obs):
+            raise InvalidArgumentError(f"indices must lie in [0, {adata.n_obs}).")
+    if validate:
+        validate_counts(matrix if len(indices) == adata.n_obs else matrix[np.sort(indices)], registry.describe_counts())
+    return CountSource(matrix, batch_codes(adata, registry)), indices

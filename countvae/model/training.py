@@ -1,0 +1,204 @@
+"""The training loop: minibatch stochastic variational inference with a torch optimiser."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from countvae.data.loader import CountSource, Minibatch
+from countvae.errors import TrainingDivergedError
+from countvae.module.elbo import LossEngine, minibatch_loss
+from countvae.module.vae import CountVAEModule
+
+logger = logging.getLogger(__name__)
+
+
+def default_max_epochs(n_cells: int) -> int:
+    """scvi-tools' default number of epochs: ``min(round(20000 / n_cells * 400), 400)``."""
+    return int(min(round(20000 / max(n_cells, 1) * 400), 400))
+
+
+@dataclass
+class TrainingPlan:
+    """Settings of one call to :func:`train_module` (see ``CountVAE.train``)."""
+
+    max_epochs: int
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    kl_warmup_epochs: int = 0
+    early_stopping: bool = False
+    early_stopping_patience: int = 20
+    early_stopping_min_delta: float = 0.0
+    engine: LossEngine = "direct"
+    seed: int = 0
+    progress_bar: bool = True
+
+
+def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts and batch codes of a minibatch as tensors on the module's device."""
+    x = torch.as_tensor(mb.counts, dtype=dtype).to(device)
+    b = torch.as_tensor(mb.batch, dtype=torch.long).to(device)
+    return x, b
+
+
+def _kl_weight(epoch: int, warmup: int) -> float:
+    return 1.0 if warmup <= 0 else min(1.0, (epoch + 1) / warmup)
+
+
+@torch.no_grad()
+def evaluate_loss(
+    module: CountVAEModule, source: CountSource, indices: np.ndarray, batch_size: int, seed: int
+) -> float:
+    """Mean negative ELBO per cell on ``indices`` (eval mode, fixed noise)."""
+    was_training = module.training
+    module.eval()
+    dtype, device = _dtype_device(module)
+    total, count = 0.0, 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for mb in source.iterate(indices, batch_size, drop_last_singleton=False):
+            x, b = to_tensors(mb, dtype, device)
+            total += float(minibatch_loss(module, x, b)) * len(mb.indices)
+            count += len(mb.indices)
+    module.train(was_training)
+    return total / max(count, 1)
+
+
+def _dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
+    p = next(module.parameters())
+    return p.dtype, p.device
+
+
+def train_module(
+    module: CountVAEModule,
+    source: CountSource,
+    train_indices: np.ndarray,
+    validation_indices: np.ndarray,
+    plan: TrainingPlan,
+    optimizer: torch.optim.Optimizer | None = None,
+    epoch_offset: int = 0,
+) -> tuple[pd.DataFrame, torch.optim.Optimizer]:
+    """Fit ``module`` by maximising the ELBO over minibatches of ``train_indices``.
+
+    Each step checks that the loss and the gradient norm are finite *before*
+    the parameters change, so a diverging step leaves the last good parameters
+    in place and raises :class:`TrainingDivergedError` naming the epoch and step.
+
+    Parameters
+    ----------
+    module
+        The count VAE (trained in place).
+    source
+        Counts and batches of all cells.
+    train_indices, validation_indices
+        Cells to train on, and cells on which the validation loss is reported
+        each epoch (may be empty).
+    plan
+        Settings.
+    optimizer
+        An optimiser to continue with (its state is kept between calls to
+        ``train``); a new Adam when ``None``.
+    epoch_offset
+        Number of epochs already trained (for the history's epoch column).
+
+    Returns
+    -------
+    history, optimizer
+        One row per epoch: ``epoch``, ``loss_train`` (mean negative ELBO per
+        training cell, averaged over the epoch's minibatches),
+        ``loss_validation`` (negative ELBO per validation cell at the epoch's
+        end; NaN without validation cells) and ``kl_weight``.
+    """
+    dtype, device = _dtype_device(module)
+    if optimizer is None:
+        optimizer = torch.optim.Adam(module.parameters(), lr=plan.lr, weight_decay=plan.weight_decay)
+    rng = np.random.default_rng(plan.seed)
+    rows: list[dict] = []
+    live = list(module.state_dict().values())
+    last_good = [t.detach().clone() for t in live]
+    best = (math.inf, None, -1)  # validation loss, state, epoch
+    stale = 0
+    bar = tqdm(range(plan.max_epochs), desc="Training", disable=not plan.progress_bar, unit="epoch")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(plan.seed)
+        for epoch in bar:
+            module.train()
+            kl_weight = _kl_weight(epoch_offset + epoch, plan.kl_warmup_epochs)
+            running, seen = 0.0, 0
+            for step, mb in enumerate(source.iterate(train_indices, plan.batch_size, shuffle=True, rng=rng)):
+                x, b = to_tensors(mb, dtype, device)
+                cell_index = torch.as_tensor(mb.indices, device=device)
+                loss = minibatch_loss(
+                    module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=source.n_obs
+                )
+                optimizer.zero_grad(set_to_none=True)
+                if not torch.isfinite(loss):
+                    _restore(live, last_good)
+                    _diverged(epoch_offset + epoch, step, "loss", float(loss.detach()))
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm=math.inf)
+                if not torch.isfinite(grad_norm):
+                    optimizer.zero_grad(set_to_none=True)
+                    _restore(live, last_good)
+                    _diverged(epoch_offset + epoch, step, "gradient norm", float(grad_norm))
+                _backup(live, last_good)
+                optimizer.step()
+                running += float(loss.detach()) * len(mb.indices)
+                seen += len(mb.indices)
+            loss_train = running / max(seen, 1)
+            loss_val = (
+                evaluate_loss(module, source, validation_indices, max(plan.batch_size, 512), plan.seed)
+                if len(validation_indices)
+                else math.nan
+            )
+            rows.append(
+                {"epoch": epoch_offset + epoch + 1, "loss_train": loss_train, "loss_validation": loss_val, "kl_weight": kl_weight}
+            )
+            bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}")
+            if plan.early_stopping and len(validation_indices) and kl_weight >= 1.0:
+                if loss_val < best[0] - plan.early_stopping_min_delta:
+                    best = (loss_val, copy.deepcopy(module.state_dict()), epoch_offset + epoch + 1)
+                    stale = 0
+                else:
+                    stale += 1
+                    if stale >= plan.early_stopping_patience:
+                        logger.info(
+                            "Early stopping after epoch %d: validation loss has not improved for %d epochs; "
+                            "restoring the parameters of epoch %d.",
+                            epoch_offset + epoch + 1, stale, best[2],
+                        )
+                        break
+    bar.close()
+    if plan.early_stopping and best[1] is not None:
+        module.load_state_dict(best[1])
+    module.eval()
+    return pd.DataFrame(rows), optimizer
+
+
+@torch.no_grad()
+def _backup(live: list[torch.Tensor], store: list[torch.Tensor]) -> None:
+    # The parameters (and batch-norm statistics) at which the last finite loss was computed.
+    for target, value in zip(store, live, strict=True):
+        target.copy_(value)
+
+
+@torch.no_grad()
+def _restore(live: list[torch.Tensor], store: list[torch.Tensor]) -> None:
+    for target, value in zip(live, store, strict=True):
+        target.copy_(value)
+
+
+def _diverged(epoch: int, step: int, what: str, value: float) -> None:
+    raise TrainingDivergedError(
+        f"Training diverged at epoch {epoch + 1}, step {step + 1}: the {what} is {value}. The parameters "
+        "of the last good step are kept. Lower the learning rate (lr=...), enable KL warm-up "
+        "(kl_warmup_epochs=...), or train in float64 (dtype=torch.float64)."
+    )

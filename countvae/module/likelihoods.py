@@ -1,0 +1,83 @@
+"""Count likelihoods ``p(x | z)``: Poisson, negative binomial and zero-inflated NB."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pyro.distributions import TorchDistribution
+from torch import nn
+
+from countvae.module.distributions import (
+    NegativeBinomialLogMean,
+    PoissonLogMean,
+    ZeroInflatedNegativeBinomialLogMean,
+)
+
+LikelihoodName = Literal["poisson", "nb", "zinb"]
+DispersionName = Literal["gene", "gene-batch"]
+
+
+class CountLikelihood(nn.Module):
+    """Turn a log mean into a per-gene count distribution (event dimension: genes).
+
+    Parameters
+    ----------
+    kind
+        ``"poisson"``, ``"nb"`` or ``"zinb"``.
+    n_genes, n_batches
+        Sizes of the dispersion parameters.
+    dispersion
+        ``"gene"``: one inverse dispersion ``theta_g`` per gene; ``"gene-batch"``:
+        one per gene and batch (as scVI's options of the same names).
+    gene_gate
+        For ZINB: learn one zero-inflation logit per gene. Used with the linear
+        decoder; the MLP decoder predicts the logits per cell instead (as scVI).
+
+    Notes
+    -----
+    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta``
+    (variance ``mu + mu^2 / theta``), as Pyro's ``NegativeBinomial(total_count=theta,
+    logits=log mu - log theta)``; see :mod:`countvae.module.distributions`.
+    """
+
+    def __init__(
+        self,
+        kind: LikelihoodName,
+        n_genes: int,
+        n_batches: int = 0,
+        dispersion: DispersionName = "gene",
+        gene_gate: bool = False,
+    ):
+        super().__init__()
+        self.kind = kind
+        self.dispersion = dispersion
+        if kind in ("nb", "zinb"):
+            rows = max(n_batches, 1) if dispersion == "gene-batch" else 1
+            self.log_theta = nn.Parameter(torch.zeros(rows, n_genes))
+        else:
+            self.log_theta = None
+        self.gate_logits = nn.Parameter(torch.full((n_genes,), -2.0)) if (kind == "zinb" and gene_gate) else None
+
+    def log_theta_for(self, batch_index: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Log inverse dispersion broadcastable against (cells, genes); ``None`` for Poisson."""
+        if self.log_theta is None:
+            return None
+        if self.dispersion == "gene-batch" and batch_index is not None:
+            return self.log_theta[batch_index]
+        return self.log_theta[0]
+
+    def distribution(
+        self,
+        log_mean: torch.Tensor,
+        batch_index: torch.Tensor | None = None,
+        gate_logits: torch.Tensor | None = None,
+    ) -> TorchDistribution:
+        """The distribution of a cell's counts given its log mean (shape (..., cells, genes))."""
+        if self.kind == "poisson":
+            return PoissonLogMean(log_mean)
+        log_theta = self.log_theta_for(batch_index)
+        if self.kind == "nb":
+            return NegativeBinomialLogMean(log_mean, log_theta)
+        gate = gate_logits if gate_logits is not None else self.gate_logits
+        return ZeroInflatedNegativeBinomialLogMean(log_mean, log_theta, gate)

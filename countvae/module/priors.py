@@ -1,0 +1,53 @@
+"""Priors on the latent variables and the symmetry group each leaves ``p(x)`` invariant under."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import pyro.distributions as dist
+import torch
+from torch import nn
+
+PriorName = Literal["normal", "laplace", "diagonal"]
+
+
+class LatentPrior(nn.Module):
+    """A factorised prior ``p(z)`` over ``n_latent`` dimensions.
+
+    Parameters
+    ----------
+    kind
+        ``"normal"``: N(0, I), invariant under every orthogonal map (the
+        default; the rotation symmetry the project measures).
+        ``"laplace"``: independent unit-variance Laplace; only signed
+        permutations leave it unchanged.
+        ``"diagonal"``: N(0, diag(s^2)) with learned scales ``s``; only sign
+        flips (and permutations among equal scales) leave it unchanged.
+    n_latent
+        Number of latent dimensions.
+    """
+
+    def __init__(self, kind: PriorName, n_latent: int):
+        super().__init__()
+        self.kind = kind
+        self.n_latent = n_latent
+        self.log_scale = nn.Parameter(torch.zeros(n_latent)) if kind == "diagonal" else None
+
+    @property
+    def symmetry(self) -> str:
+        """The group of latent maps that leaves this prior, and therefore p(x), unchanged."""
+        return {
+            "normal": "orthogonal",
+            "laplace": "signed permutation",
+            "diagonal": "sign flip",
+        }[self.kind]
+
+    def distribution(self, n_cells: int, like: torch.Tensor) -> dist.TorchDistribution:
+        """The prior of ``n_cells`` cells, batched over cells, event dimension ``n_latent``."""
+        zeros = like.new_zeros((n_cells, self.n_latent))
+        if self.kind == "normal":
+            return dist.Normal(zeros, 1.0).to_event(1)
+        if self.kind == "laplace":
+            return dist.Laplace(zeros, 1.0 / math.sqrt(2.0)).to_event(1)
+        return dist.Normal(zeros, torch.exp(self.log_scale).to(like.dtype).expand_as(zeros)).to_event(1)

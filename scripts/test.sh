@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Run the whole test suite (unit tests, real-data tests, tutorials) with the project's environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+.venv/bin/python -m ruff check countvae tests benchmarks tutorials
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

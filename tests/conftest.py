@@ -1,0 +1,69 @@
+"""Shared fixtures: small simulated datasets and the real datasets of ../shared/data."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import countvae as cv
+from countvae.errors import DataFileNotFoundError
+
+#: Set by .ci/run: a missing real dataset fails the test instead of skipping it.
+REQUIRE_DATA_ENV = "COUNTVAE_REQUIRE_DATA"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_and_fixed_threads():
+    torch.set_num_threads(2)
+    logging.getLogger("countvae").setLevel(logging.WARNING)
+    yield
+
+
+def real_dataset(name: str, backed: bool = False):
+    """Load a shared dataset; skip (or fail under CI) with a message saying where to put it."""
+    try:
+        return cv.data.load_dataset(name, backed=backed)
+    except DataFileNotFoundError as exc:
+        if os.environ.get(REQUIRE_DATA_ENV):
+            pytest.fail(f"{REQUIRE_DATA_ENV} is set and a real dataset is missing: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def sim_linear():
+    """800 cells x 60 genes, NB counts from a 2-d linear model with two batches."""
+    return cv.data.simulate(n_cells=800, n_genes=60, n_latent=2, decoder="linear", n_batches=2, seed=3)
+
+
+@pytest.fixture
+def small_adata(sim_linear):
+    adata = sim_linear.copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+@pytest.fixture(scope="session")
+def trained_linear(sim_linear):
+    """A linear NB model trained briefly (shared; do not mutate)."""
+    adata = sim_linear.copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    model = cv.CountVAE(adata, n_latent=2, decoder="linear", likelihood="nb")
+    model.train(max_epochs=30, progress_bar=False, seed=0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def trained_mlp(sim_linear):
+    adata = sim_linear.copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    model = cv.CountVAE(adata, n_latent=2, decoder="mlp", likelihood="zinb", n_hidden=32)
+    model.train(max_epochs=20, progress_bar=False, seed=0)
+    return model
+
+
+def assert_close(a, b, atol=0.0, rtol=0.0):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=rtol)

@@ -1,0 +1,221 @@
+"""Training, outputs, determinism and persistence of CountVAE."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import countvae as cv
+from countvae.errors import ModelFileError, OutputExistsError, TrainingDivergedError
+from countvae.model.baseline import per_gene_nb_log_likelihood
+
+
+def _params(model):
+    return torch.cat([p.detach().flatten().clone() for p in model.module.parameters()])
+
+
+def test_loss_decreases_and_history(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, decoder="linear")
+    m.train(max_epochs=15, progress_bar=False)
+    h = m.history
+    assert list(h.columns) == ["epoch", "loss_train", "loss_validation", "kl_weight"]
+    assert h["epoch"].tolist() == list(range(1, 16))
+    assert h["loss_train"].iloc[-1] < h["loss_train"].iloc[0] - 5
+    assert h["loss_validation"].iloc[-1] < h["loss_validation"].iloc[0] - 5
+    assert len(m.train_indices) == 720 and len(m.validation_indices) == 80
+    assert set(m.train_indices).isdisjoint(m.validation_indices)
+
+
+def test_continued_training_appends_history(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    m.train(max_epochs=3, progress_bar=False)
+    split = m.train_indices.copy()
+    before = _params(m)
+    m.train(max_epochs=2, progress_bar=False)
+    assert m.history["epoch"].tolist() == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(split, m.train_indices)
+    assert not torch.equal(before, _params(m))
+
+
+def test_several_models_in_one_process_each_train(small_adata):
+    a = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    a.train(max_epochs=2, progress_bar=False, seed=1)
+    pa = _params(a)
+    b = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    b.train(max_epochs=2, progress_bar=False, seed=2)
+    pb = _params(b)
+    b0 = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)._build_module(seed=2)
+    assert (pb - torch.cat([p.detach().flatten() for p in b0.parameters()])).abs().max() > 1e-3  # B moved
+    a.train(max_epochs=2, progress_bar=False)
+    assert (_params(a) - pa).abs().max() > 1e-3  # A moved again
+    assert torch.equal(_params(b), pb)  # and B was left alone
+
+
+def test_same_seed_same_numbers_different_seed_different(small_adata):
+    def fit(seed):
+        m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+        m.train(max_epochs=3, progress_bar=False, seed=seed)
+        return m.get_latent_representation(), m.get_log_predictive_density(n_samples=20, indices=np.arange(30)).lpd.values
+
+    z1, l1 = fit(0)
+    z2, l2 = fit(0)
+    z3, _ = fit(1)
+    np.testing.assert_array_equal(z1, z2)
+    np.testing.assert_array_equal(l1, l2)
+    assert np.abs(z1 - z3).max() > 1e-2
+
+
+def test_training_does_not_change_global_rng(small_adata):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=1, progress_bar=False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_outputs_shapes_and_labels(trained_mlp):
+    m = trained_mlp
+    n, g = m.adata.shape
+    z = m.get_latent_representation()
+    assert z.shape == (n, 2) and np.isfinite(z).all()
+    zs = m.get_latent_representation(give_mean=False, seed=1)
+    assert zs.shape == (n, 2) and not np.allclose(zs, z)
+    expr = m.get_normalized_expression(library_size=1e4)
+    assert isinstance(expr, pd.DataFrame) and expr.shape == (n, g)
+    assert list(expr.columns) == list(m.var_names) and list(expr.index) == list(m.adata.obs_names)
+    # MLP decoder: softmax output, so the expected counts sum to the library size
+    np.testing.assert_allclose(expr.sum(1), 1e4, rtol=1e-4)
+    lpd = m.get_log_predictive_density(indices=np.arange(10), n_samples=50)
+    assert list(lpd.columns) == ["lpd", "mc_se", "ess"] and (lpd.lpd < 0).all()
+    assert (lpd.ess >= 1).all() and (lpd.ess <= 50 + 1e-6).all()
+    elbo = m.get_elbo()
+    assert isinstance(elbo, float) and elbo < 0
+    per_cell = m.get_elbo(return_mean=False)
+    assert per_cell.shape == (n,)
+    # the importance-weighted bound is above the ELBO on average
+    assert lpd.lpd.mean() > per_cell[:10].mean() - 1.0
+    x = m.posterior_predictive_sample(indices=np.arange(10))
+    assert x.shape == (10, g) and (x >= 0).all() and np.array_equal(x, np.round(x))
+    xs = m.posterior_predictive_sample(indices=np.arange(10), n_samples=3)
+    assert xs.shape == (10, g, 3)
+
+
+def test_indices_order_is_respected(trained_mlp):
+    idx = np.array([7, 2, 30, 5])
+    z = trained_mlp.get_latent_representation(indices=idx)
+    full = trained_mlp.get_latent_representation()
+    np.testing.assert_allclose(z, full[idx], rtol=1e-5, atol=1e-6)
+    lpd = trained_mlp.get_log_predictive_density(indices=idx, n_samples=20)
+    assert list(lpd.index) == list(trained_mlp.adata.obs_names[idx])
+
+
+def test_transform_batch(trained_linear):
+    e0 = trained_linear.get_normalized_expression(transform_batch="batch0", return_numpy=True)
+    e1 = trained_linear.get_normalized_expression(transform_batch="batch1", return_numpy=True)
+    offset = trained_linear.module.decoder.batch_offset.detach().numpy()[0]
+    np.testing.assert_allclose(np.log(e1) - np.log(e0), np.broadcast_to(offset, e0.shape), atol=1e-4)
+    with pytest.raises(cv.errors.InvalidArgumentError, match="transform_batch"):
+        trained_linear.get_normalized_expression(transform_batch="nope")
+
+
+def test_loadings(trained_linear, trained_mlp):
+    L = trained_linear.get_loadings()
+    assert L.shape == (60, 2) and list(L.columns) == ["Z_0", "Z_1"]
+    np.testing.assert_array_equal(L.values, trained_linear.module.decoder.weight.detach().numpy())
+    with pytest.raises(cv.errors.InvalidArgumentError, match="linear"):
+        trained_mlp.get_loadings()
+
+
+def test_save_load_round_trip(trained_mlp, tmp_path):
+    m = trained_mlp
+    m.save(tmp_path / "model")
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        m.save(tmp_path / "model")
+    m.save(tmp_path / "model", overwrite=True)
+    loaded = cv.CountVAE.load(tmp_path / "model", adata=m.adata)
+    np.testing.assert_array_equal(loaded.get_latent_representation(), m.get_latent_representation())
+    idx = np.arange(20)
+    np.testing.assert_array_equal(
+        loaded.get_log_predictive_density(indices=idx, n_samples=30).values,
+        m.get_log_predictive_density(indices=idx, n_samples=30).values,
+    )
+    pd.testing.assert_frame_equal(loaded.history, m.history, check_dtype=False)
+    np.testing.assert_array_equal(loaded.train_indices, m.train_indices)
+    assert loaded.settings == m.settings
+    # without data: outputs need adata passed explicitly
+    bare = cv.CountVAE.load(tmp_path / "model")
+    np.testing.assert_array_equal(bare.get_latent_representation(m.adata), m.get_latent_representation())
+
+
+def test_save_with_anndata(trained_linear, tmp_path):
+    trained_linear.save(tmp_path / "m", save_anndata=True)
+    loaded = cv.CountVAE.load(tmp_path / "m")
+    assert loaded.adata is not None and loaded.adata.shape == trained_linear.adata.shape
+    np.testing.assert_array_equal(loaded.get_latent_representation(), trained_linear.get_latent_representation())
+
+
+def test_load_refuses_damaged_folders(trained_linear, tmp_path):
+    folder = tmp_path / "m"
+    trained_linear.save(folder)
+    params = folder / "params.pt"
+    data = params.read_bytes()
+    params.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="params.pt"):
+        cv.CountVAE.load(folder)
+    params.unlink()
+    with pytest.raises(ModelFileError, match="params.pt is missing"):
+        cv.CountVAE.load(folder)
+    with pytest.raises(ModelFileError, match="not a model folder"):
+        cv.CountVAE.load(tmp_path / "nothing")
+
+
+def test_float64_end_to_end(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, decoder="linear", dtype=torch.float64)
+    m.train(max_epochs=2, progress_bar=False)
+    assert all(p.dtype == torch.float64 for p in m.module.parameters())
+    assert m.get_latent_representation().dtype == np.float64
+    assert m.get_log_predictive_density(indices=np.arange(5), n_samples=10).lpd.dtype == np.float64
+
+
+def test_divergence_is_reported_with_epoch_and_step(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, decoder="linear", likelihood="poisson")
+    with pytest.raises(TrainingDivergedError, match=r"epoch \d+, step \d+.*lr=") as info:
+        m.train(max_epochs=50, lr=1e4, progress_bar=False)
+    assert "float64" in str(info.value)
+    # the parameters kept are finite (the last good step), so outputs stay finite
+    assert all(torch.isfinite(p).all() for p in m.module.parameters())
+
+
+def test_early_stopping_restores_best(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    m.train(max_epochs=200, early_stopping=True, early_stopping_patience=3, lr=3e-2, progress_bar=False)
+    h = m.history
+    assert len(h) < 200
+    best = h["loss_validation"].min()
+    from countvae.model.training import evaluate_loss
+    from countvae.data.loader import CountSource
+    from countvae.data.registry import batch_codes, get_count_matrix
+
+    src = CountSource(get_count_matrix(m.adata, m.registry), batch_codes(m.adata, m.registry))
+    assert evaluate_loss(m.module, src, m.validation_indices, 512, seed=0) == pytest.approx(best, rel=1e-5)
+
+
+def test_beats_per_gene_nb_baseline_on_simulated_data(sim_linear):
+    adata = sim_linear.copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    m = cv.CountVAE(adata, n_latent=2, decoder="linear")
+    m.train(max_epochs=60, progress_bar=False, lr=3e-3)
+    held = m.validation_indices
+    lpd = m.get_log_predictive_density(indices=held, n_samples=200).lpd.values
+    base = per_gene_nb_log_likelihood(adata.X[m.train_indices], adata.X[held])
+    assert lpd.mean() > base.mean() + 5.0, (lpd.mean(), base.mean())
+
+
+def test_accelerator_argument(small_adata):
+    with pytest.raises(cv.errors.InvalidArgumentError, match="accelerator"):
+        cv.CountVAE(small_adata, n_latent=2).train(max_epochs=1, accelerator="tpu", progress_bar=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(cv.errors.InvalidArgumentError, match="CUDA"):
+            cv.CountVAE(small_adata, n_latent=2).train(max_epochs=1, accelerator="gpu", progress_bar=False)

@@ -1,0 +1,195 @@
+"""Bad input to setup_anndata and to a fitted model gets a clear, documented error."""
+
+from __future__ import annotations
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import pytest
+import scipy.sparse as sp
+
+import countvae as cv
+from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, SetupError
+
+
+def _adata(X, **obs):
+    a = ad.AnnData(X=X)
+    a.obs_names = [f"c{i}" for i in range(a.n_obs)]
+    a.var_names = [f"g{j}" for j in range(a.n_vars)]
+    for k, v in obs.items():
+        a.obs[k] = v
+    return a
+
+
+def _counts(n=20, g=8, seed=0):
+    return np.random.default_rng(seed).poisson(3.0, (n, g)).astype(np.float32) + np.eye(n, g, dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda X: X.__setitem__((0, 0), 1.5), "non-integer"),
+        (lambda X: X.__setitem__((0, 0), -1.0), "negative"),
+        (lambda X: X.__setitem__((0, 0), np.nan), "NaN or infinite"),
+        (lambda X: X.__setitem__((0, 0), np.inf), "NaN or infinite"),
+        (lambda X: X.__setitem__((slice(0, 2), slice(None)), 0.0), "2 of 20 cells"),
+        (lambda X: X.__setitem__((slice(None), 3), 0.0), "1 of 8 genes"),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["dense", "csr", "csc"])
+def test_bad_counts_are_refused(mutate, message, fmt):
+    X = _counts()
+    mutate(X)
+    matrix = {"dense": X, "csr": sp.csr_matrix(X), "csc": sp.csc_matrix(X)}[fmt]
+    adata = _adata(matrix)
+    with pytest.raises(InvalidDataError, match=message):
+        cv.CountVAE.setup_anndata(adata)
+    assert "_countvae" not in adata.uns  # nothing registered on failure
+
+
+def test_error_messages_say_how_to_fix():
+    X = _counts()
+    X[0, 0] = 0.5
+    with pytest.raises(InvalidDataError, match="layer=") as info:
+        cv.CountVAE.setup_anndata(_adata(X))
+    assert "raw counts" in str(info.value)
+    X = _counts()
+    X[3] = 0
+    with pytest.raises(InvalidDataError, match="filter_cells"):
+        cv.CountVAE.setup_anndata(_adata(X))
+
+
+def test_empty_and_non_numeric():
+    with pytest.raises(InvalidDataError, match="empty"):
+        cv.CountVAE.setup_anndata(_adata(np.zeros((0, 5), dtype=np.float32)))
+    a = _adata(_counts())
+    a.layers["text"] = np.full(a.shape, "1", dtype=object)
+    with pytest.raises(InvalidDataError, match="dtype"):
+        cv.CountVAE.setup_anndata(a, layer="text")
+
+
+def test_missing_layer_and_keys():
+    a = _adata(_counts(), batch=["a"] * 10 + ["b"] * 10)
+    with pytest.raises(SetupError, match="layer 'counts' is not in adata.layers"):
+        cv.CountVAE.setup_anndata(a, layer="counts")
+    with pytest.raises(SetupError, match="batch_key 'donor' is not a column"):
+        cv.CountVAE.setup_anndata(a, batch_key="donor")
+    with pytest.raises(SetupError, match="use_raw"):
+        cv.CountVAE.setup_anndata(a, use_raw=True)
+
+
+def test_batch_with_missing_values_refused():
+    a = _adata(_counts(), batch=pd.Categorical(["a"] * 19 + [None]))
+    with pytest.raises(InvalidDataError, match="1 missing values"):
+        cv.CountVAE.setup_anndata(a, batch_key="batch")
+
+
+def test_duplicated_gene_names_refused():
+    a = _adata(_counts())
+    a.var_names = ["g0"] * 2 + [f"g{j}" for j in range(2, 8)]
+    with pytest.raises(InvalidDataError, match="var_names_make_unique"):
+        cv.CountVAE.setup_anndata(a)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64])
+def test_dense_sparse_and_dtypes_accepted_identically(dtype):
+    X = _counts().astype(dtype)
+    latents = []
+    for matrix in (X, sp.csr_matrix(X), sp.csc_matrix(X)):
+        a = _adata(matrix)
+        cv.CountVAE.setup_anndata(a)
+        m = cv.CountVAE(a, n_latent=2, n_hidden=8)
+        m.train(max_epochs=2, progress_bar=False, batch_size=8)
+        latents.append(m.get_latent_representation())
+    np.testing.assert_array_equal(latents[0], latents[1])
+    np.testing.assert_array_equal(latents[0], latents[2])
+
+
+def test_counts_in_layer_and_raw():
+    X = _counts()
+    a = _adata(np.log1p(X))
+    a.layers["counts"] = sp.csr_matrix(X)
+    cv.CountVAE.setup_anndata(a, layer="counts")
+    m1 = cv.CountVAE(a, n_latent=2, n_hidden=8).train(max_epochs=2, progress_bar=False, batch_size=8)
+    b = _adata(np.log1p(X))
+    b.raw = _adata(X)
+    cv.CountVAE.setup_anndata(b, use_raw=True)
+    m2 = cv.CountVAE(b, n_latent=2, n_hidden=8).train(max_epochs=2, progress_bar=False, batch_size=8)
+    np.testing.assert_array_equal(m1.get_latent_representation(), m2.get_latent_representation())
+
+
+@pytest.mark.parametrize("n_latent", [0, -1, 8, 100, 2.5, True])
+def test_bad_latent_size(small_adata, n_latent):
+    a = _adata(_counts())
+    cv.CountVAE.setup_anndata(a)
+    with pytest.raises(InvalidArgumentError, match="n_latent"):
+        cv.CountVAE(a, n_latent=n_latent)
+
+
+def test_bad_options(small_adata):
+    for kwargs, name in [
+        ({"likelihood": "gaussian"}, "likelihood"),
+        ({"decoder": "conv"}, "decoder"),
+        ({"prior": "cauchy"}, "prior"),
+        ({"dispersion": "gene-cell"}, "dispersion"),
+        ({"dropout_rate": 1.5}, "dropout_rate"),
+        ({"dtype": "float16"}, "dtype"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=name):
+            cv.CountVAE(small_adata, n_latent=2, **kwargs)
+    a = _adata(_counts())
+    cv.CountVAE.setup_anndata(a)
+    with pytest.raises(InvalidArgumentError, match="gene-batch"):
+        cv.CountVAE(a, n_latent=2, dispersion="gene-batch")
+
+
+def test_not_set_up_and_not_trained(small_adata):
+    with pytest.raises(SetupError, match="setup_anndata"):
+        cv.CountVAE(_adata(_counts()), n_latent=2)
+    m = cv.CountVAE(small_adata, n_latent=2)
+    for call in (m.get_latent_representation, m.get_normalized_expression, m.get_log_predictive_density, m.get_elbo):
+        with pytest.raises(NotTrainedError, match="train"):
+            call()
+
+
+def test_bad_training_arguments(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2)
+    for kwargs in ({"max_epochs": 0}, {"batch_size": 0}, {"lr": -1.0}, {"train_size": 1.5}, {"engine": "jax"}):
+        with pytest.raises(InvalidArgumentError):
+            m.train(progress_bar=False, **kwargs)
+
+
+def test_query_genes_must_match(trained_linear):
+    a = trained_linear.adata
+    with pytest.raises(InvalidDataError, match="missing"):
+        trained_linear.get_latent_representation(a[:, :-3].copy())
+    b = a[:, ::-1].copy()
+    with pytest.raises(InvalidDataError, match="different order"):
+        trained_linear.get_latent_representation(b)
+    c = a.copy()
+    c.var_names = [f"other{j}" for j in range(c.n_vars)]
+    with pytest.raises(InvalidDataError, match="not in training"):
+        trained_linear.get_latent_representation(c)
+
+
+def test_query_unseen_batch_and_bad_counts(trained_linear):
+    a = trained_linear.adata[:50].copy()
+    a.obs["batch"] = pd.Categorical(["batch9"] * 50)
+    with pytest.raises(InvalidDataError, match="batch9"):
+        trained_linear.get_latent_representation(a)
+    b = trained_linear.adata[:50].copy()
+    b.X = b.X.toarray()
+    b.X[0, 0] = 0.3
+    with pytest.raises(InvalidDataError, match="non-integer"):
+        trained_linear.get_latent_representation(b)
+    c = trained_linear.adata[:50].copy()
+    del c.obs["batch"]
+    with pytest.raises(SetupError, match="batch"):
+        trained_linear.get_latent_representation(c)
+
+
+def test_query_transfers_setup_from_model(trained_linear):
+    a = trained_linear.adata[:40].copy()
+    del a.uns["_countvae"]
+    z = trained_linear.get_latent_representation(a)
+    np.testing.assert_allclose(z, trained_linear.get_latent_representation(indices=np.arange(40)), rtol=1e-6, atol=1e-6)
