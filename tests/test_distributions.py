@@ -44,9 +44,11 @@ def test_zinb_matches_pyro(draws):
     lt = torch.randn(40, generator=g, dtype=torch.float64)
     gate = torch.randn(3, 9, 40, generator=g, dtype=torch.float64)
     ours = ZeroInflatedNegativeBinomialLogMean(lm, lt, gate).log_prob(x)
-    ref = pdist.ZeroInflatedNegativeBinomial(
-        total_count=lt.exp().expand_as(lm), logits=lm - lt, gate_logits=gate
-    ).log_prob(x).sum(-1)
+    ref = (
+        pdist.ZeroInflatedNegativeBinomial(total_count=lt.exp().expand_as(lm), logits=lm - lt, gate_logits=gate)
+        .log_prob(x)
+        .sum(-1)
+    )
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-10)
 
 

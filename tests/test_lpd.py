@@ -12,13 +12,25 @@ from countvae.invariance import log_marginal_linear, quadrature_log_marginal
 
 def _fit(likelihood, n_latent, library_size, seed=1):
     adata = cv.data.simulate(
-        n_cells=1000, n_genes=30, n_latent=n_latent, decoder="linear", likelihood=likelihood,
-        library_size=library_size, seed=seed,
+        n_cells=1000,
+        n_genes=30,
+        n_latent=n_latent,
+        decoder="linear",
+        likelihood=likelihood,
+        library_size=library_size,
+        seed=seed,
     )
     cv.CountVAE.setup_anndata(adata)
     model = cv.CountVAE(
-        adata, n_latent=n_latent, decoder="linear", likelihood=likelihood, dtype=torch.float64,
-        dropout_rate=0.0, batch_norm=False, n_hidden=64, n_layers=2,
+        adata,
+        n_latent=n_latent,
+        decoder="linear",
+        likelihood=likelihood,
+        dtype=torch.float64,
+        dropout_rate=0.0,
+        batch_norm=False,
+        n_hidden=64,
+        n_layers=2,
     )
     model.train(max_epochs=150, lr=3e-3, progress_bar=False, seed=0)
     return model

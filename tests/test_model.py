@@ -57,7 +57,9 @@ def test_same_seed_same_numbers_different_seed_different(small_adata):
     def fit(seed):
         m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
         m.train(max_epochs=3, progress_bar=False, seed=seed)
-        return m.get_latent_representation(), m.get_log_predictive_density(n_samples=20, indices=np.arange(30)).lpd.values
+        return m.get_latent_representation(), m.get_log_predictive_density(
+            n_samples=20, indices=np.arange(30)
+        ).lpd.values
 
     z1, l1 = fit(0)
     z2, l2 = fit(0)
@@ -194,9 +196,9 @@ def test_early_stopping_restores_best(small_adata):
     h = m.history
     assert len(h) < 200
     best = h["loss_validation"].min()
-    from countvae.model.training import evaluate_loss
     from countvae.data.loader import CountSource
     from countvae.data.registry import batch_codes, get_count_matrix
+    from countvae.model.training import evaluate_loss
 
     src = CountSource(get_count_matrix(m.adata, m.registry), batch_codes(m.adata, m.registry))
     assert evaluate_loss(m.module, src, m.validation_indices, 512, seed=0) == pytest.approx(best, rel=1e-5)

@@ -20,7 +20,9 @@ logger = logging.getLogger("countvae.cli")
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``DATA`` (an .h5ad path; optional where an embedded default exists), ``--layer``, ``--batch-key``."""
     parser.add_argument(
-        "data", nargs=None if required else "?", metavar="DATA.h5ad",
+        "data",
+        nargs=None if required else "?",
+        metavar="DATA.h5ad",
         help="AnnData file with raw counts" + ("" if required else " (default: embedded simulated data)"),
     )
     parser.add_argument("--layer", default=None, help="layer holding raw counts (default: X)")

@@ -56,9 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def default_data():
     """The embedded default: 3,000 cells x 300 genes from a 5-source linear NB model with 2 batches."""
-    return simulate(
-        n_cells=3000, n_genes=300, n_latent=5, decoder="linear", sources="laplace", n_batches=2, seed=0
-    )
+    return simulate(n_cells=3000, n_genes=300, n_latent=5, decoder="linear", sources="laplace", n_batches=2, seed=0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,14 +69,22 @@ def run(args: argparse.Namespace) -> int:
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)
     fit_data = adata[fit_idx].copy()
     model = CountVAE(
-        fit_data, n_latent=args.n_latent, likelihood=args.likelihood, decoder=args.decoder,
-        n_hidden=args.n_hidden, n_layers=args.n_layers,
+        fit_data,
+        n_latent=args.n_latent,
+        likelihood=args.likelihood,
+        decoder=args.decoder,
+        n_hidden=args.n_hidden,
+        n_layers=args.n_layers,
     )
     show = progress_enabled(args)
     logger.info("Training %r on %d cells (%d held out)", model, len(fit_idx), len(held_idx))
     model.train(
-        max_epochs=args.max_epochs, batch_size=args.batch_size, lr=args.lr, early_stopping=args.early_stopping,
-        seed=args.seed, progress_bar=show,
+        max_epochs=args.max_epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        early_stopping=args.early_stopping,
+        seed=args.seed,
+        progress_bar=show,
     )
     result = {
         "data": args.data or "embedded simulation",

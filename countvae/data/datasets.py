@@ -56,6 +56,7 @@ def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
     ------
     DataFileNotFoundError
         If the file is in none of the places searched; the message lists them.
+
     """
     if name not in DATASETS:
         raise InvalidArgumentError(f"Unknown dataset {name!r}; choose one of {sorted(DATASETS)}.")
@@ -100,6 +101,7 @@ def load_dataset(name: str, path: str | os.PathLike | None = None, backed: bool 
     -------
     AnnData
         Raw integer counts in ``X`` (CSR, float32).
+
     """
     file = find_dataset(name, path)
     return ad.read_h5ad(file, backed="r" if backed else None)

@@ -21,6 +21,7 @@ class Minibatch:
         Dense counts, float64, shape (len(indices), n_genes).
     batch
         Integer batch code of each row.
+
     """
 
     indices: np.ndarray
@@ -42,6 +43,7 @@ class CountSource:
         Cells x genes counts: numpy array, scipy sparse or a backed anndata dataset.
     batch
         Integer batch code of every cell.
+
     """
 
     def __init__(self, matrix, batch: np.ndarray):
@@ -93,6 +95,7 @@ class CountSource:
         drop_last_singleton
             Merge a final minibatch of one cell into the previous one: batch
             normalisation cannot train on a single cell.
+
         """
         indices = np.asarray(indices, dtype=np.int64)
         if shuffle:

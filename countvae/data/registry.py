@@ -40,6 +40,7 @@ class Registry:
         Column of ``adata.obs`` with cell labels (used by diagnostics only).
     labels_categories
         Label categories, in order.
+
     """
 
     layer: str | None = None
@@ -88,8 +89,7 @@ def _categories_of(adata: ad.AnnData, key: str, role: str) -> list[str]:
     """Categories of an obs column, refusing missing values."""
     if key not in adata.obs.columns:
         raise SetupError(
-            f"{role}_key {key!r} is not a column of adata.obs; available columns: "
-            f"{list(adata.obs.columns)}."
+            f"{role}_key {key!r} is not a column of adata.obs; available columns: {list(adata.obs.columns)}."
         )
     column = adata.obs[key]
     n_missing = int(column.isna().sum())
@@ -160,6 +160,7 @@ def setup_anndata(
         If a layer or key does not exist.
     InvalidDataError
         If the counts are not finite non-negative integers, or cells/genes are all zero.
+
     """
     if not isinstance(adata, ad.AnnData):
         raise SetupError(f"setup_anndata expects an AnnData, got {type(adata).__name__}.")
@@ -206,13 +207,13 @@ def batch_codes(adata: ad.AnnData, registry: Registry) -> np.ndarray:
     ------
     InvalidDataError
         If a cell has a batch category that the registry (the training data) does not know.
+
     """
     if registry.batch_key is None:
         return np.zeros(adata.n_obs, dtype=np.int64)
     if registry.batch_key not in adata.obs.columns:
         raise SetupError(
-            f"The model was trained with batch_key {registry.batch_key!r}, which is not a column of "
-            "this AnnData's obs."
+            f"The model was trained with batch_key {registry.batch_key!r}, which is not a column of this AnnData's obs."
         )
     column = adata.obs[registry.batch_key]
     if int(column.isna().sum()):

@@ -34,6 +34,7 @@ def draw_sources(kind: SourceKind | list[SourceKind], n: int, n_latent: int, rng
         Number of sources.
     rng
         Random generator.
+
     """
     kinds = [kind] * n_latent if isinstance(kind, str) else list(kind)
     if len(kinds) != n_latent:
@@ -89,17 +90,23 @@ def simulate(
     n_cells, n_genes, n_latent
         Shape of the data and number of sources.
     likelihood
-        Count distribution: Poisson, negative binomial with inverse dispersion
-        ``theta`` (gene-wise values drawn log-normally around ``theta``), or
-        zero-inflated NB with gate probability ``dropout``.
+        Count distribution: Poisson, negative binomial, or zero-inflated NB.
+    theta
+        Typical NB inverse dispersion; gene-wise values are drawn log-normally around it.
+    dropout
+        ZINB probability that a count is replaced by zero.
     decoder
-        ``"linear"`` (log-linear) or ``"mlp"`` (one hidden layer of ``n_hidden``
-        leaky-ReLU units with negative slope ``leaky_slope``; slope 1 is linear).
+        ``"linear"`` (log-linear) or ``"mlp"`` (one hidden layer of leaky-ReLU units).
+    n_hidden
+        Hidden units of the MLP decoder.
+    leaky_slope
+        Negative slope of the MLP's leaky ReLU: 1 is linear, 0 is a ReLU.
     sources
         Distribution of the sources, see :func:`draw_sources`.
     n_batches
-        Number of batches; each batch adds a gene offset drawn from
-        ``N(0, batch_effect^2)``, a known factor separate from the sources.
+        Number of batches, a known factor separate from the sources.
+    batch_effect
+        Standard deviation of each batch's log-scale gene offsets.
     loading_scale
         Standard deviation of each gene's total latent effect ``W_g z``.
     library_size, library_log_sd
@@ -114,6 +121,7 @@ def simulate(
         ``obs['size_factor']``; ``obsm['z_true']``; ``uns['simulation']`` with the
         true parameters (``W``, ``b``, ``batch_offset``, ``theta``, ``dropout`` and
         the MLP weights).
+
     """
     if likelihood not in ("poisson", "nb", "zinb"):
         raise InvalidArgumentError(f"likelihood must be 'poisson', 'nb' or 'zinb', got {likelihood!r}.")
@@ -160,7 +168,9 @@ def simulate(
     adata = ad.AnnData(X=sp.csr_matrix(counts.astype(np.float32)))
     adata.obs_names = [f"cell{i}" for i in range(n_cells)]
     adata.var_names = [f"gene{g}" for g in range(n_genes)]
-    adata.obs["batch"] = pd.Categorical([f"batch{s}" for s in batch], categories=[f"batch{s}" for s in range(n_batches)])
+    adata.obs["batch"] = pd.Categorical(
+        [f"batch{s}" for s in batch], categories=[f"batch{s}" for s in range(n_batches)]
+    )
     adata.obs["size_factor"] = np.exp(log_size)
     adata.obsm["z_true"] = z
     params.update(
@@ -176,7 +186,9 @@ def simulate(
     return adata
 
 
-def _draw_counts(mu: np.ndarray, likelihood: str, theta: np.ndarray, dropout: float, rng: np.random.Generator) -> np.ndarray:
+def _draw_counts(
+    mu: np.ndarray, likelihood: str, theta: np.ndarray, dropout: float, rng: np.random.Generator
+) -> np.ndarray:
     if likelihood == "poisson":
         return rng.poisson(mu)
     rate = rng.gamma(shape=theta, scale=mu / theta)

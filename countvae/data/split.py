@@ -24,6 +24,7 @@ def split_indices(n_obs: int, first_fraction: float, seed: int) -> tuple[np.ndar
     -------
     first, second
         Sorted integer positions; ``second`` is empty when ``first_fraction == 1``.
+
     """
     if not 0.0 < first_fraction <= 1.0:
         raise InvalidArgumentError(f"The fraction must lie in (0, 1], got {first_fraction}.")

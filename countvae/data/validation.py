@@ -24,6 +24,7 @@ class CountSummary:
         Total counts of each cell (row sums), float64.
     gene_totals
         Total counts of each gene (column sums), float64.
+
     """
 
     cell_totals: np.ndarray
@@ -73,6 +74,7 @@ def validate_counts(matrix, what: str = "adata.X") -> CountSummary:
     InvalidDataError
         If the matrix is empty, is not numeric, holds NaN or infinite values,
         negative or non-integer values, or has all-zero cells or genes.
+
     """
     shape = getattr(matrix, "shape", None)
     if shape is None or len(shape) != 2:

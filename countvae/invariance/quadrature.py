@@ -37,8 +37,11 @@ def _log_lik_terms(x: torch.Tensor, eta: torch.Tensor, theta: torch.Tensor | Non
         return ll, x - mu, mu
     log_total = torch.logaddexp(torch.log(theta), eta)
     ll = (
-        torch.lgamma(x + theta) - torch.lgamma(theta) - torch.lgamma(x + 1.0)
-        + theta * (torch.log(theta) - log_total) + x * (eta - log_total)
+        torch.lgamma(x + theta)
+        - torch.lgamma(theta)
+        - torch.lgamma(x + 1.0)
+        + theta * (torch.log(theta) - log_total)
+        + x * (eta - log_total)
     ).sum(-1)
     grad = theta * (x - mu) / (theta + mu)
     curvature = theta * mu * (theta + x) / (theta + mu) ** 2
@@ -74,6 +77,7 @@ def log_marginal_linear(
     -------
     torch.Tensor
         ``log p(x)`` per cell, nats.
+
     """
     n, L = x.shape[0], weight.shape[1]
     if L > 3:
@@ -142,6 +146,7 @@ def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) 
     -------
     numpy.ndarray
         ``log p(x)`` per cell in nats, in the order of ``indices``.
+
     """
     from countvae.model.training import to_tensors
 

@@ -21,8 +21,11 @@ def _dense(matrix) -> np.ndarray:
 def _nb_loglik(x: np.ndarray, mu: np.ndarray, theta: float) -> np.ndarray:
     log_total = np.logaddexp(np.log(theta), np.log(mu))
     return (
-        gammaln(x + theta) - gammaln(theta) - gammaln(x + 1)
-        + theta * (np.log(theta) - log_total) + x * (np.log(mu) - log_total)
+        gammaln(x + theta)
+        - gammaln(theta)
+        - gammaln(x + 1)
+        + theta * (np.log(theta) - log_total)
+        + x * (np.log(mu) - log_total)
     )
 
 
@@ -34,6 +37,7 @@ def fit_per_gene_nb(train_counts) -> tuple[np.ndarray, np.ndarray]:
     proportions, theta
         Each gene's share of all counts, and its maximum-likelihood inverse
         dispersion (searched on ``log theta`` in [-6, 12]).
+
     """
     X = _dense(train_counts).astype(np.float64)
     library = X.sum(1, keepdims=True)

@@ -18,7 +18,13 @@ import pandas as pd
 import torch
 
 from countvae.data.loader import CountSource
-from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
+from countvae.data.registry import (
+    Registry,
+    batch_codes,
+    get_count_matrix,
+    get_registry,
+    get_var_names,
+)
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
@@ -95,6 +101,7 @@ class CountVAE:
     >>> model.train(max_epochs=5, progress_bar=False)
     >>> model.get_latent_representation().shape
     (500, 3)
+
     """
 
     def __init__(
@@ -125,8 +132,15 @@ class CountVAE:
             pd.Index(var_names),
             n_cells=adata.n_obs,
             settings=dict(
-                n_latent=n_latent, likelihood=likelihood, decoder=decoder, n_hidden=n_hidden, n_layers=n_layers,
-                dropout_rate=dropout_rate, dispersion=dispersion, prior=prior, batch_norm=batch_norm,
+                n_latent=n_latent,
+                likelihood=likelihood,
+                decoder=decoder,
+                n_hidden=n_hidden,
+                n_layers=n_layers,
+                dropout_rate=dropout_rate,
+                dispersion=dispersion,
+                prior=prior,
+                batch_norm=batch_norm,
                 dtype=_dtype_name(dtype),
             ),
             gene_totals=gene_totals,
@@ -149,13 +163,21 @@ class CountVAE:
                 "than both (a latent space as large as the data cannot compress it)."
             )
         for key, allowed in (
-            ("likelihood", _LIKELIHOODS), ("decoder", _DECODERS), ("dispersion", _DISPERSIONS), ("prior", _PRIORS)
+            ("likelihood", _LIKELIHOODS),
+            ("decoder", _DECODERS),
+            ("dispersion", _DISPERSIONS),
+            ("prior", _PRIORS),
         ):
             if s[key] not in allowed:
                 raise InvalidArgumentError(f"{key} must be one of {allowed}, got {s[key]!r}.")
         if s["dispersion"] == "gene-batch" and registry.batch_key is None:
             raise InvalidArgumentError("dispersion='gene-batch' needs a batch_key registered with setup_anndata.")
-        if not (isinstance(s["n_hidden"], int) and s["n_hidden"] >= 1 and isinstance(s["n_layers"], int) and s["n_layers"] >= 1):
+        if not (
+            isinstance(s["n_hidden"], int)
+            and s["n_hidden"] >= 1
+            and isinstance(s["n_layers"], int)
+            and s["n_layers"] >= 1
+        ):
             raise InvalidArgumentError("n_hidden and n_layers must be positive integers.")
         if not 0.0 <= float(s["dropout_rate"]) < 1.0:
             raise InvalidArgumentError(f"dropout_rate must lie in [0, 1), got {s['dropout_rate']!r}.")
@@ -271,6 +293,8 @@ class CountVAE:
             Stop when the validation loss has not improved for ``early_stopping_patience``
             epochs and restore the best parameters (unlike scvi-tools' Pyro models,
             which have no validation loss and reject this option).
+        early_stopping_patience
+            Epochs without improvement before stopping.
         seed
             Seed of the fit.
         progress_bar
@@ -290,6 +314,7 @@ class CountVAE:
         -------
         CountVAE
             ``self``, so calls can be chained.
+
         """
         if self.adata is None:
             raise SetupError("This model was loaded without data; pass adata to CountVAE.load to train it.")
@@ -317,9 +342,15 @@ class CountVAE:
             self._optimizer = None
         epochs = max_epochs if max_epochs is not None else default_max_epochs(len(self.train_indices))
         plan = TrainingPlan(
-            max_epochs=int(epochs), batch_size=int(batch_size), lr=float(lr), weight_decay=float(weight_decay),
-            kl_warmup_epochs=int(kl_warmup_epochs), early_stopping=bool(early_stopping),
-            early_stopping_patience=int(early_stopping_patience), engine=engine, seed=int(seed),
+            max_epochs=int(epochs),
+            batch_size=int(batch_size),
+            lr=float(lr),
+            weight_decay=float(weight_decay),
+            kl_warmup_epochs=int(kl_warmup_epochs),
+            early_stopping=bool(early_stopping),
+            early_stopping_patience=int(early_stopping_patience),
+            engine=engine,
+            seed=int(seed),
             progress_bar=progress_bar,
         )
         offset = int(self.history["epoch"].max()) if len(self.history) else 0
@@ -362,6 +393,7 @@ class CountVAE:
         -------
         numpy.ndarray
             Shape (cells, n_latent).
+
         """
         _, source, idx = self._source(adata, indices)
         return inference.latent_representation(self.module, source, idx, give_mean, seed, batch_size)
@@ -384,20 +416,34 @@ class CountVAE:
 
         Parameters
         ----------
+        adata
+            Cells to evaluate (default: the training AnnData).
+        indices
+            Positions of a subset of cells.
+        library_size
+            Library size to scale the expected shares to.
+        n_samples
+            Posterior draws to average (1: decode the posterior mean).
         transform_batch
             Decode every cell as if it came from this batch category.
+        seed
+            Seed of the posterior draws.
+        return_numpy
+            Return an array instead of a DataFrame.
 
         Returns
         -------
         pandas.DataFrame or numpy.ndarray
             Cells x genes, labelled unless ``return_numpy``.
+
         """
         adata, source, idx = self._source(adata, indices)
         code = None
         if transform_batch is not None:
             if transform_batch not in self.registry.batch_categories:
                 raise InvalidArgumentError(
-                    f"transform_batch {transform_batch!r} is not a training batch; known: {self.registry.batch_categories}."
+                    f"transform_batch {transform_batch!r} is not a training batch; "
+                    f"known: {self.registry.batch_categories}."
                 )
             code = self.registry.batch_categories.index(transform_batch)
         values = inference.normalized_expression(self.module, source, idx, library_size, n_samples, code, seed)
@@ -423,6 +469,7 @@ class CountVAE:
         pandas.DataFrame
             Index: cell names; columns ``lpd`` (a log density: higher is better),
             ``mc_se`` and ``ess`` (effective sample size of the importance weights).
+
         """
         adata, source, idx = self._source(adata, indices)
         frame = inference.log_predictive_density(self.module, source, idx, n_samples, seed, progress_bar=progress_bar)
@@ -456,6 +503,7 @@ class CountVAE:
         numpy.ndarray
             Shape (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples).
             scvi-tools returns a ``sparse.GCXS`` array of the second shape.
+
         """
         _, source, idx = self._source(adata, indices)
         draws = inference.posterior_predictive(self.module, source, idx, n_samples, seed)
@@ -486,6 +534,7 @@ class CountVAE:
             Replace an existing folder; otherwise an existing folder is an error.
         save_anndata
             Also write the training AnnData as ``adata.h5ad``.
+
         """
         latent_map = self.module.latent_map
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
@@ -522,6 +571,7 @@ class CountVAE:
         ------
         ModelFileError
             If the folder is incomplete, corrupted or of another format version.
+
         """
         record, tensors, adata_path = read_model_folder(dir_path)
         registry = Registry.from_dict(record["registry"])
@@ -531,12 +581,18 @@ class CountVAE:
         self = cls.__new__(cls)
         log_proportions = tensors["log_proportions"].numpy()
         n_cells = len(tensors["train_indices"]) + len(tensors["validation_indices"])
-        self._configure(registry, var_names, max(n_cells, record["settings"]["n_latent"] + 1), record["settings"], np.exp(log_proportions))
+        self._configure(
+            registry,
+            var_names,
+            max(n_cells, record["settings"]["n_latent"] + 1),
+            record["settings"],
+            np.exp(log_proportions),
+        )
         self.device = _resolve_device(accelerator)
         self.module = self._build_module(seed=0)
         if record.get("has_latent_map"):
             self.module.latent_map = torch.zeros(self.n_latent, self.n_latent, dtype=self.dtype, device=self.device)
-        state = {k[len("module."):]: v for k, v in tensors.items() if k.startswith("module.")}
+        state = {k[len("module.") :]: v for k, v in tensors.items() if k.startswith("module.")}
         try:
             self.module.load_state_dict(state)
         except RuntimeError as exc:

@@ -139,6 +139,7 @@ def log_predictive_density(
     -------
     pandas.DataFrame
         Columns ``lpd`` (nats), ``mc_se`` and ``ess``, one row per cell in the order of ``indices``.
+
     """
     _check_unique(indices)
     if n_samples < 2:

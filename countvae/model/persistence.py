@@ -83,6 +83,7 @@ def read_model_folder(dir_path: str | os.PathLike) -> tuple[dict[str, Any], dict
     ModelFileError
         If the folder or a file is missing, truncated, altered (checksum), of
         another format or version, or holds anything but tensors.
+
     """
     folder = Path(dir_path)
     if not folder.is_dir():

@@ -7,7 +7,13 @@ import numpy as np
 import pandas as pd
 
 from countvae.data.loader import CountSource
-from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
+from countvae.data.registry import (
+    Registry,
+    batch_codes,
+    get_count_matrix,
+    get_registry,
+    get_var_names,
+)
 from countvae.data.validation import validate_counts
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
@@ -19,6 +25,7 @@ def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
     ------
     InvalidDataError
         Naming missing and unexpected genes, or saying how to reorder.
+
     """
     if len(var_names) == len(expected) and bool((var_names == expected).all()):
         return
@@ -88,6 +95,7 @@ def query_source(
     -------
     source, indices
         The source and the positions of the cells to evaluate.
+
     """
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")

@@ -116,6 +116,7 @@ def train_module(
         training cell, averaged over the epoch's minibatches),
         ``loss_validation`` (negative ELBO per validation cell at the epoch's
         end; NaN without validation cells) and ``kl_weight``.
+
     """
     dtype, device = _dtype_device(module)
     if optimizer is None:
@@ -136,9 +137,7 @@ def train_module(
             for step, mb in enumerate(source.iterate(train_indices, plan.batch_size, shuffle=True, rng=rng)):
                 x, b = to_tensors(mb, dtype, device)
                 cell_index = torch.as_tensor(mb.indices, device=device)
-                loss = minibatch_loss(
-                    module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=source.n_obs
-                )
+                loss = minibatch_loss(module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=source.n_obs)
                 optimizer.zero_grad(set_to_none=True)
                 if not torch.isfinite(loss):
                     _restore(live, last_good)
@@ -160,7 +159,12 @@ def train_module(
                 else math.nan
             )
             rows.append(
-                {"epoch": epoch_offset + epoch + 1, "loss_train": loss_train, "loss_validation": loss_val, "kl_weight": kl_weight}
+                {
+                    "epoch": epoch_offset + epoch + 1,
+                    "loss_train": loss_train,
+                    "loss_validation": loss_val,
+                    "kl_weight": kl_weight,
+                }
             )
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}")
             if plan.early_stopping and len(validation_indices) and kl_weight >= 1.0:
@@ -173,7 +177,9 @@ def train_module(
                         logger.info(
                             "Early stopping after epoch %d: validation loss has not improved for %d epochs; "
                             "restoring the parameters of epoch %d.",
-                            epoch_offset + epoch + 1, stale, best[2],
+                            epoch_offset + epoch + 1,
+                            stale,
+                            best[2],
                         )
                         break
     bar.close()

@@ -25,6 +25,7 @@ class DecoderOutput:
     gate_logits
         Zero-inflation logits per cell and gene when the decoder predicts them
         (MLP decoder with a ZINB likelihood), else ``None``.
+
     """
 
     log_rate: torch.Tensor
@@ -48,6 +49,7 @@ class LinearDecoder(nn.Module):
     batch_offset
         ``c``, batches x genes, with the first batch as the reference (row fixed to 0);
         absent without batches.
+
     """
 
     def __init__(self, n_latent: int, n_genes: int, n_batches: int = 0, init_bias: torch.Tensor | None = None):
@@ -61,7 +63,9 @@ class LinearDecoder(nn.Module):
         """The weight applied to ``z`` (genes x latent)."""
         return self.weight
 
-    def forward(self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None) -> DecoderOutput:
+    def forward(
+        self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None
+    ) -> DecoderOutput:
         """Decode ``z`` of shape (..., cells, n_latent)."""
         log_rate = torch.matmul(z, self.weight.T) + self.bias
         if self.batch_offset is not None:
@@ -103,7 +107,9 @@ class MLPDecoder(nn.Module):
         """The first layer's weight on ``z`` (hidden x latent)."""
         return self.hidden.linears[0].data.weight
 
-    def forward(self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None) -> DecoderOutput:
+    def forward(
+        self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None
+    ) -> DecoderOutput:
         """Decode ``z`` of shape (cells, n_latent) or (samples, cells, n_latent)."""
         lead = z.shape[:-1]
         flat = z.reshape(-1, z.shape[-1])

@@ -57,6 +57,7 @@ class _GeneVectorDistribution(TorchDistribution):
 
     @property
     def mean(self) -> torch.Tensor:
+        """Expected counts."""
         return torch.exp(self.log_mean)
 
     def expand(self, batch_shape, _instance=None):
@@ -74,7 +75,7 @@ class PoissonLogMean(_GeneVectorDistribution):
         const = _nonzero_lgamma_terms(value, None)
         return (value * self.log_mean - torch.exp(self.log_mean)).sum(-1) + const
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
         """Draw counts."""
         with torch.no_grad():
             return dist.Poisson(torch.exp(self.log_mean)).sample(sample_shape)
@@ -102,7 +103,7 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
         const = _nonzero_lgamma_terms(value, torch.exp(self.log_theta))
         return self._mean_terms(value).sum(-1) + const
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
         """Draw counts (gamma-Poisson mixture)."""
         with torch.no_grad():
             theta = torch.exp(self.log_theta).expand_as(self.log_mean)
@@ -118,6 +119,7 @@ class ZeroInflatedNegativeBinomialLogMean(NegativeBinomialLogMean):
 
     @property
     def mean(self) -> torch.Tensor:
+        """Expected counts, ``(1 - pi) mu``."""
         return torch.sigmoid(-self.gate_logits) * torch.exp(self.log_mean)
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
@@ -130,7 +132,7 @@ class ZeroInflatedNegativeBinomialLogMean(NegativeBinomialLogMean):
         per_gene = torch.where(value > 0, log_keep + nb_terms, at_zero)
         return per_gene.sum(-1) + const
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
         """Draw counts."""
         with torch.no_grad():
             counts = super().sample(sample_shape)

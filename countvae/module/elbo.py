@@ -41,6 +41,7 @@ def per_cell_elbo(
     -------
     torch.Tensor
         ELBO per cell, shape (cells,), in nats (a log density: higher is better).
+
     """
     q = module.posterior_distribution(x, batch_index)
     z = q.rsample()
@@ -82,6 +83,7 @@ def minibatch_loss(
         For ``"pyro"``: positions of the minibatch's cells among ``n_total``, so
         the plate scales minibatch terms to the whole data set (the result is
         divided back to a per-cell mean).
+
     """
     if engine == "direct":
         return -per_cell_elbo(module, x, batch_index, kl_weight).mean()

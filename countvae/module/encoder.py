@@ -22,6 +22,7 @@ class GaussianEncoder(nn.Module):
         Input width, latent width and number of batch categories (0 for none).
     n_hidden, n_layers, dropout_rate, batch_norm
         Shape of the hidden network, see :class:`FullyConnected`.
+
     """
 
     def __init__(

@@ -44,6 +44,7 @@ class FullyConnected(nn.Module):
         Dropout after each activation.
     batch_norm
         Batch normalisation before each activation (scVI's momentum 0.01, eps 1e-3).
+
     """
 
     def __init__(

@@ -26,6 +26,7 @@ class LatentPrior(nn.Module):
         flips (and permutations among equal scales) leave it unchanged.
     n_latent
         Number of latent dimensions.
+
     """
 
     def __init__(self, kind: PriorName, n_latent: int):

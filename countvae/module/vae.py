@@ -55,6 +55,7 @@ class CountVAEModule(nn.Module):
         :func:`countvae.invariance.reparameterize`: the guide then returns the
         law of ``A z`` for ``z ~ Normal(mu, diag sigma^2)``, a full-covariance
         Gaussian with mean ``A mu`` and covariance ``A diag(sigma^2) A^T``.
+
     """
 
     def __init__(
@@ -82,8 +83,15 @@ class CountVAEModule(nn.Module):
             self.decoder = LinearDecoder(n_latent, n_genes, n_batches, init_bias=init_log_proportions)
         else:
             self.decoder = MLPDecoder(
-                n_latent, n_genes, n_cov, n_hidden, n_layers, 0.0, batch_norm,
-                predict_gate=likelihood == "zinb", init_bias=init_log_proportions,
+                n_latent,
+                n_genes,
+                n_cov,
+                n_hidden,
+                n_layers,
+                0.0,
+                batch_norm,
+                predict_gate=likelihood == "zinb",
+                init_bias=init_log_proportions,
             )
         self.likelihood = CountLikelihood(
             likelihood, n_genes, n_batches, dispersion, gene_gate=(likelihood == "zinb" and decoder == "linear")
