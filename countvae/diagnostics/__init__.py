@@ -1,1 +1,6 @@
 """Multi-seed fits, their alignment, and the report of which quantities are stable across fits."""
+
+from countvae.diagnostics.adapters import CountVAEFit, FittedModel
+from countvae.diagnostics.seedfits import SeedFits
+
+__all__ = ["CountVAEFit", "FittedModel", "SeedFits"]

@@ -1,0 +1,60 @@
+"""The result of fitting one model from several seeds on a shared held-out split."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+
+from countvae.diagnostics.adapters import FittedModel
+
+
+@dataclass
+class SeedFits:
+    """Fits of the same model from several seeds, with the cells they share.
+
+    Produced by :func:`countvae.diagnostics.fit_seeds`; consumed by
+    :func:`countvae.diagnostics.report`. Every fit was trained on
+    ``adata_fit`` and none saw ``adata_heldout``.
+
+    Attributes
+    ----------
+    fits
+        One :class:`FittedModel` per seed, in the order of the seeds given.
+    adata_fit
+        Cells the models were trained on.
+    adata_heldout
+        Cells held out from every fit (the same split for all seeds).
+    settings
+        Everything needed to reproduce the fits: model class and arguments,
+        training arguments, seeds, held-out fraction and split seed, data
+        checksum, package versions.
+    seconds
+        Wall time of each fit, by seed (0 for a fit reused from ``out_dir``).
+    out_dir
+        Folder holding the saved fits, or ``None``.
+    """
+
+    fits: list[FittedModel]
+    adata_fit: ad.AnnData
+    adata_heldout: ad.AnnData
+    settings: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+    out_dir: Path | None = None
+
+    def __len__(self) -> int:
+        return len(self.fits)
+
+    def __iter__(self) -> Iterator[FittedModel]:
+        return iter(self.fits)
+
+    def __getitem__(self, i: int) -> FittedModel:
+        return self.fits[i]
+
+    @property
+    def seeds(self) -> list[int]:
+        """Seeds of the fits, in order."""
+        return [f.seed for f in self.fits]
