@@ -109,5 +109,9 @@ def query_source(
         if indices.size and (indices.min() < 0 or indices.max() >= adata.n_obs):
             raise InvalidArgumentError(f"indices must lie in [0, {adata.n_obs}).")
     if validate:
-        validate_counts(matrix if len(indices) == adata.n_obs else matrix[np.sort(indices)], registry.describe_counts())
+        validate_counts(
+            matrix if len(indices) == adata.n_obs else matrix[np.sort(indices)],
+            registry.describe_counts(),
+            allow_empty_genes=True,  # a trained model applies to cells in which some genes are not detected
+        )
     return CountSource(matrix, batch_codes(adata, registry)), indices
