@@ -1,0 +1,117 @@
+"""Every call into arviz lives here, so that a move to arviz 1.x touches one file.
+
+arviz 0.23 is used for two things: the model-comparison table (``az.compare``)
+built from held-out pointwise log predictive densities, and the convergence
+diagnostics R-hat and ESS (``az.rhat``, ``az.ess``) with seeds as chains.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+with warnings.catch_warnings():
+    # arviz 0.23 announces its 1.x refactor with a FutureWarning at import.
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+    import xarray as xr
+
+
+def arviz_version() -> str:
+    """The installed arviz version."""
+    return str(az.__version__)
+
+
+def _elpd_data(pointwise: np.ndarray) -> az.ELPDData:
+    """Held-out pointwise ``log p(x_i)`` as arviz ELPD data.
+
+    arviz keys its comparison on the label ``elpd_loo``; the values here are
+    test-set log predictive densities of held-out cells, not PSIS-LOO estimates,
+    so ``p_loo`` is 0 and there is no Pareto-k warning.
+    """
+    values = np.asarray(pointwise, dtype=np.float64)
+    n = values.size
+    return az.ELPDData(
+        data=[
+            values.sum(),
+            float(np.sqrt(n * values.var())),
+            0.0,
+            1,
+            n,
+            False,
+            xr.DataArray(values, dims=["cell"]),
+            "log",
+        ],
+        index=["elpd_loo", "se", "p_loo", "n_samples", "n_data_points", "warning", "loo_i", "scale"],
+    )
+
+
+def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """An ``az.compare`` table from held-out pointwise log predictive densities.
+
+    Stacking weights are computed from the values minus their per-cell maximum
+    over models: with per-cell log densities in the hundreds of nats the weights
+    otherwise underflow to uniform (shared/notes/scvi_pyro_anchors.md, section 5).
+    The shift is common to all models, so ``elpd_diff`` and ``dse`` are
+    unchanged; the ``elpd`` and ``se`` columns are then restored from the
+    unshifted values.
+
+    Parameters
+    ----------
+    pointwise
+        Model name -> per-cell ``log p(x)`` on the same held-out cells (nats).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by model, best first, with ``rank``, ``elpd`` (sum over cells),
+        ``elpd_diff`` (to the best), ``dse`` (paired standard error of the
+        difference), ``se``, ``weight`` (stacking).
+
+    """
+    names = list(pointwise)
+    matrix = np.stack([np.asarray(pointwise[k], dtype=np.float64) for k in names])
+    shifted = matrix - matrix.max(axis=0, keepdims=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        table = az.compare({k: _elpd_data(row) for k, row in zip(names, shifted, strict=True)}, ic="loo")
+    raw = {k: _elpd_data(row) for k, row in zip(names, matrix, strict=True)}
+    out = pd.DataFrame(
+        {
+            "rank": table["rank"].astype(int),
+            "elpd": [float(raw[k]["elpd_loo"]) for k in table.index],
+            "elpd_diff": table["elpd_diff"].astype(float),
+            "dse": table["dse"].astype(float),
+            "se": [float(raw[k]["se"]) for k in table.index],
+            "weight": table["weight"].astype(float),
+        },
+        index=pd.Index(table.index, name="fit"),
+    )
+    return out
+
+
+def rhat_ess(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rank-normalised split R-hat, bulk ESS and tail ESS of each parameter.
+
+    Parameters
+    ----------
+    draws
+        (chains, draws, parameters).
+
+    Returns
+    -------
+    rhat, ess_bulk, ess_tail
+        One value per parameter.
+
+    """
+    values = np.asarray(draws, dtype=np.float64)
+    data = az.convert_to_dataset({"q": values})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        rhat = az.rhat(data, method="rank")["q"].to_numpy()
+        bulk = az.ess(data, method="bulk")["q"].to_numpy()
+        tail = az.ess(data, method="tail")["q"].to_numpy()
+    return rhat, bulk, tail

@@ -1,0 +1,410 @@
+"""Writing a :class:`DiagnosticReport` as report.html, report.json and report.md.
+
+The HTML file is self-contained: figures are inline PNG (base64) images, the
+style sheet is inline, and nothing is fetched from a network. Every string
+that comes from the data or the fits (gene names, obs categories, fit names,
+file names) is HTML-escaped, through :func:`html.escape` or pandas'
+``to_html(escape=True)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from countvae import plotting
+from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from countvae.diagnostics.report import DiagnosticReport
+
+#: JSON/report format version of the report files.
+REPORT_FORMAT = 1
+
+_MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc")
+
+#: Figure name -> (title, tables whose numbers it shows, caption).
+FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "invariants": (
+        "What survives a re-run",
+        ("invariants",),
+        "Agreement between seeds for each quantity (worst pair of seeds; 1 is perfect agreement), coloured by "
+        "verdict. Dashed outlines: the same after rotating each pair of seeds onto each other. A quantity that "
+        "only agrees after rotation is a property of the arbitrary coordinates, not of the data.",
+    ),
+    "lpd": (
+        "Held-out log predictive density per seed",
+        ("predictive",),
+        "Mean held-out log p(x) per cell with ±2 standard errors over cells (blue) and ±2 Monte Carlo standard "
+        "errors of the importance sampler (orange). Equal values mean the seeds fit the data equally well; "
+        "the pairwise paired differences are in the table below.",
+    ),
+    "alignment": (
+        "Seed-pair alignment by map class",
+        ("alignment",),
+        "Mean distance per cell between one seed's latent means mapped onto another's, as a fraction of the "
+        "latent diameter, for maps fitted on half of the held-out cells and scored on the other half. A large "
+        "drop from 'permutation' to 'orthogonal' means the seeds differ by a rotation, not by a relabelling "
+        "of dimensions.",
+    ),
+    "angles": (
+        "Principal angles between gene-space spans",
+        ("subspace",),
+        "Angles between the gene-space directions the decoders of two seeds move along (loadings for a "
+        "linear decoder, Jacobians for an MLP). Small angles: the seeds span the same programmes, whatever "
+        "their coordinates.",
+    ),
+    "spectra": (
+        "Latent covariance spectra",
+        ("covariance_spectra",),
+        "Eigenvalues of each seed's latent covariance; a rotation leaves them unchanged.",
+    ),
+    "marker_heatmaps": (
+        "Per-dimension marker correlations, per seed",
+        ("marker_correlations",),
+        "Correlation of each latent dimension (columns) with each marker (rows). The same marker lights up "
+        "different dimensions with different signs in different seeds: reading a dimension as 'the CD14 axis' "
+        "is a statement about one seed's coordinates.",
+    ),
+    "marker_r2": (
+        "Rotation-invariant marker association",
+        ("marker_r2",),
+        "R² of each marker regressed on all latent dimensions, one point per seed. It does not depend on the "
+        "coordinates, so it is what can be reported.",
+    ),
+    "rhat": (
+        "Cross-seed R-hat",
+        ("rhat",),
+        "Seeds as chains, draws from each seed's posterior as draws. Raw coordinates have R-hat far above 1 "
+        "because every seed sits in its own rotation; invariant quantities and aligned coordinates near 1 "
+        "mean the seeds agree within their posterior uncertainty. Dashed line: 1.01.",
+    ),
+    "ppc": (
+        "Posterior predictive check: zero fraction per gene",
+        ("ppc_genes",),
+        "Observed against predicted fraction of zero counts per gene, one colour per seed. Points on the "
+        "diagonal: the model reproduces the sparsity of the data.",
+    ),
+}
+
+_STYLE = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
+padding:0 1em;color:#222;line-height:1.45}
+h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+.verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}
+.verdict li{margin:.35em 0}
+table{border-collapse:collapse;font-size:.82em;margin:.6em 0}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+figure{margin:1em 0}figcaption{font-size:.88em;color:#444;max-width:900px}
+img{max-width:100%}
+.v-stable{color:#1b7837;font-weight:bold}.v-rotation{color:#e08214;font-weight:bold}
+.v-unstable{color:#b2182b;font-weight:bold}.small{font-size:.85em;color:#555}
+"""
+
+
+# ----- JSON ---------------------------------------------------------------------------------------------
+def json_safe(value: Any) -> Any:
+    """Convert numpy/pandas values to JSON types; NaN and infinities become ``None``."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [json_safe(v) for v in value.tolist()]
+    if isinstance(value, pd.DataFrame):
+        return [json_safe(r) for r in value.to_dict(orient="records")]
+    if isinstance(value, np.bool_ | bool):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if value is None or isinstance(value, int | str):
+        return value
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return str(value)
+
+
+def report_to_dict(rep: DiagnosticReport) -> dict[str, Any]:
+    """Everything in the report as JSON-safe objects."""
+    tables = {name: getattr(rep, name) for name in _MAIN_TABLES}
+    tables.update(rep.tables)
+    return json_safe(
+        {
+            "format": REPORT_FORMAT,
+            "headline": rep.headline,
+            "tables": tables,
+            "figures": {name: {"title": t, "tables": list(src), "caption": c} for name, (t, src, c) in FIGURES.items()},
+            "settings": rep.settings,
+            "subsampling": rep.subsampling,
+            "provenance": rep.provenance,
+            "timings_seconds": rep.timings,
+        }
+    )
+
+
+# ----- figures --------------------------------------------------------------------------------------------
+def _png(draw: Callable[[], Any]) -> str:
+    """Run a plotting call that returns axes and encode its figure as a base64 PNG."""
+    result = draw()
+    first = np.asarray(result).ravel()[0] if isinstance(result, np.ndarray) else result
+    fig = first.figure
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _figures(rep: DiagnosticReport) -> dict[str, str]:
+    t = rep.tables
+    draw: dict[str, Callable[[], Any]] = {
+        "invariants": lambda: plotting.invariants(rep.invariants),
+        "alignment": lambda: plotting.alignment_errors(rep.alignment),
+        "spectra": lambda: plotting.covariance_spectra(t["covariance_spectra"]),
+        "rhat": lambda: plotting.rhat(rep.rhat),
+        "ppc": lambda: plotting.zero_fraction(t["ppc_genes"]),
+    }
+    if len(rep.predictive) and "lpd_per_cell" in rep.predictive:
+        draw["lpd"] = lambda: plotting.log_predictive_density(rep.predictive)
+    if "angles_deg" in rep.subspace:
+        draw["angles"] = lambda: plotting.principal_angles(rep.subspace)
+    if len(t.get("marker_correlations", ())):
+        draw["marker_heatmaps"] = lambda: plotting.marker_correlations(t["marker_correlations"])
+        draw["marker_r2"] = lambda: plotting.marker_r2(t["marker_r2"])
+    return {name: _png(fn) for name, fn in draw.items()}
+
+
+# ----- HTML -----------------------------------------------------------------------------------------------
+def _fmt(value: Any) -> str:
+    if isinstance(value, float | np.floating):
+        if not math.isfinite(value):
+            return "–"
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def _html_table(frame: pd.DataFrame, max_rows: int = 60) -> str:
+    shown = frame.head(max_rows).map(_fmt) if len(frame) else frame
+    out = shown.to_html(index=False, escape=True, border=0)
+    if len(frame) > max_rows:
+        out += f'<p class="small">First {max_rows} of {len(frame)} rows; all rows are in report.json.</p>'
+    return out
+
+
+def _figure_html(name: str, images: dict[str, str]) -> str:
+    if name not in images:
+        return ""
+    title, _, caption = FIGURES[name]
+    return (
+        f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{images[name]}">'
+        f"<figcaption><b>{html.escape(title)}.</b> {html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _verdict_class(verdict: str) -> str:
+    return {"stable": "v-stable", "stable up to rotation": "v-rotation", "unstable": "v-unstable"}.get(verdict, "")
+
+
+def _invariants_html(frame: pd.DataFrame) -> str:
+    head = "".join(
+        f"<th>{html.escape(c)}</th>"
+        for c in ("quantity", "invariant in theory", "metric", "agreement (worst pair)", "mean over pairs")
+    )
+    head += "".join(f"<th>{html.escape(c)}</th>" for c in ("after rotation", "threshold", "verdict", "report instead"))
+    rows = []
+    for r in frame.itertuples():
+        cells = [r.quantity, r.invariant_in_theory, r.metric]
+        nums = [_fmt(r.agreement), _fmt(r.agreement_mean), _fmt(r.aligned_agreement), r.threshold]
+        cells_html = "".join(f"<td>{html.escape(str(c))}</td>" for c in [*cells, *nums])
+        cells_html += f'<td class="{_verdict_class(r.verdict)}">{html.escape(r.verdict)}</td>'
+        cells_html += f"<td>{html.escape(r.report_instead)}</td>"
+        rows.append(f"<tr>{cells_html}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _dict_html(mapping: dict[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v) if not isinstance(v, dict) else str(v))}</td></tr>"
+        for k, v in mapping.items()
+    )
+    return f"<table><tbody>{rows}</tbody></table>"
+
+
+def render_html(rep: DiagnosticReport) -> str:
+    """The self-contained HTML report."""
+    images = _figures(rep)
+    t = rep.tables
+    fits = ", ".join(f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", []))
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>countvae multi-seed diagnostics</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        "<h1>Multi-seed diagnostics: what these fits identify</h1>",
+        f'<p class="small">{len(rep.provenance.get("fits", []))} fits: {html.escape(fits)}; '
+        f"{rep.provenance.get('heldout_cells')} held-out cells, {rep.provenance.get('genes')} genes.</p>",
+        '<h2>Verdict</h2><div class="verdict"><ul>',
+        *(f"<li>{html.escape(line)}</li>" for line in rep.headline),
+        "</ul></div>",
+        "<h2>1. The invariants table</h2>",
+        "<p>One row per output. <i>Invariant in theory</i>: whether the prior's symmetry (every rotation of the "
+        "latent space) leaves it unchanged. <i>Agreement</i>: how closely the seeds agree (the metric is named; "
+        "see the definitions at the end). <i>Verdict</i>: stable (agrees as it is), stable up to rotation "
+        "(agrees only after rotating the seeds onto each other), unstable (does not agree).</p>",
+        _invariants_html(rep.invariants),
+        _figure_html("invariants", images),
+        "<h2>2. Predictive equivalence</h2>",
+        _figure_html("lpd", images),
+        _html_table(rep.predictive),
+        "<h3>Pairwise paired differences</h3>",
+        _html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>",
+        "<h3>arviz comparison</h3>",
+        _html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>",
+        "<h2>3. Alignment of latent spaces</h2>",
+        _figure_html("alignment", images),
+        _html_table(t["alignment_summary"]),
+    ]
+    if "ica_efficiency" in t:
+        parts += ["<h3>ICA efficiency per seed pair</h3>", _html_table(t["ica_efficiency"])]
+    parts += [
+        "<h3>All pairs</h3>",
+        _html_table(rep.alignment),
+        "<h2>4. Subspaces and geometry</h2>",
+        _figure_html("angles", images),
+        _figure_html("spectra", images),
+        _html_table(rep.subspace),
+        "<h2>5. The marker pitfall</h2>",
+        "<p>A latent dimension's correlation with a marker gene is a property of one seed's coordinates. "
+        "The R² of the marker on all dimensions together is not.</p>",
+        _figure_html("marker_heatmaps", images),
+        _figure_html("marker_r2", images),
+        _html_table(rep.markers),
+        "<h2>6. Cross-seed R-hat</h2>",
+        _figure_html("rhat", images),
+        _html_table(rep.rhat),
+        "<h2>7. Posterior predictive checks</h2>",
+        _figure_html("ppc", images),
+        _html_table(rep.ppc),
+        "<h2>What was subsampled</h2>",
+        "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",
+        _dict_html(rep.subsampling),
+        "<h2>Definitions</h2>",
+        _DEFINITIONS,
+        "<h2>Reproducibility</h2>",
+        _dict_html(
+            {
+                "held-out data checksum (SHA-256)": rep.provenance.get("heldout_checksum_sha256"),
+                **{f"version of {k}": v for k, v in rep.provenance.get("versions", {}).items()},
+                **{f"setting {k}": v for k, v in rep.settings.get("report", {}).items()},
+                "markers": ", ".join(rep.settings.get("markers", [])),
+            }
+        ),
+        "<h3>Time per step (seconds)</h3>",
+        _dict_html(rep.timings),
+        "</body></html>",
+    ]
+    return "\n".join(p for p in parts if p)
+
+
+_DEFINITIONS = (
+    "<ul>"
+    + "".join(
+        f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>"
+        for k, v in {
+            "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
+            "Expression matrices are first centred per gene.",
+            "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
+            "overlap": "mean squared cosine of the principal angles between gene-space spans.",
+            "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
+            "mcc": "mean correlation of ICA components after matching them by a signed permutation.",
+            "|z|": "largest paired difference in held-out log p(x) between two seeds, in paired standard errors.",
+            "noise ratio": "seed-to-seed difference of the predicted per-gene coefficient of variation and zero "
+            "fraction, over the difference between two halves of one seed's draws (about 1 when the seeds agree).",
+            "alignment error": "mean Euclidean distance per held-out cell between mapped and target latent means, "
+            "over the target's diameter (largest pairwise distance) or RMS pairwise distance, averaged over both "
+            "directions.",
+            "ICA efficiency": "(e_permutation - e_ICA) / (e_permutation - e_orthogonal).",
+            "R-hat": "rank-normalised split R-hat (Vehtari et al. 2021, arviz) with seeds as chains.",
+            "predictively equivalent": "every pair of seeds differs in held-out log p(x) by less than 2 paired "
+            "standard errors.",
+        }.items()
+    )
+    + "</ul>"
+)
+
+
+# ----- Markdown -------------------------------------------------------------------------------------------
+def _md_cell(value: Any) -> str:
+    return _fmt(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(frame: pd.DataFrame, max_rows: int = 60) -> str:
+    """A GitHub-flavoured Markdown table of (the first ``max_rows`` rows of) a DataFrame."""
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in frame.head(max_rows).itertuples(index=False):
+        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
+    if len(frame) > max_rows:
+        lines.append(f"\n_First {max_rows} of {len(frame)} rows; all rows are in report.json._")
+    return "\n".join(lines)
+
+
+def render_markdown(rep: DiagnosticReport) -> str:
+    """The report as Markdown (tables only; the figures are in report.html)."""
+    t = rep.tables
+    sections = [
+        "# Multi-seed diagnostics: what these fits identify",
+        "## Verdict",
+        "\n".join(f"- {line}" for line in rep.headline),
+        "## Invariants",
+        markdown_table(rep.invariants),
+        "## Predictive equivalence",
+        markdown_table(rep.predictive),
+    ]
+    if "predictive_pairs" in t:
+        sections.append(markdown_table(t["predictive_pairs"]))
+    sections += ["## Alignment (mean over seed pairs)", markdown_table(t["alignment_summary"])]
+    if "ica_efficiency" in t:
+        sections.append(markdown_table(t["ica_efficiency"]))
+    sections += [
+        "## Subspaces and geometry",
+        markdown_table(rep.subspace),
+        "## Markers",
+        markdown_table(rep.markers),
+        "## Cross-seed R-hat",
+        markdown_table(rep.rhat),
+        "## Posterior predictive checks",
+        markdown_table(rep.ppc),
+        "## Subsampling",
+        "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),
+        "## Provenance",
+        f"- held-out data SHA-256: {rep.provenance.get('heldout_checksum_sha256')}",
+        "- versions: " + ", ".join(f"{k} {v}" for k, v in rep.provenance.get("versions", {}).items()),
+    ]
+    return "\n\n".join(sections) + "\n"
+
+
+# ----- saving ---------------------------------------------------------------------------------------------
+def save_report(rep: DiagnosticReport, path: Path, overwrite: bool = False) -> Path:
+    """Write the three report files into ``path`` atomically (see :func:`countvae._io.atomic_directory`)."""
+    html_text = render_html(rep)
+    markdown = render_markdown(rep)
+    record = report_to_dict(rep)
+    with atomic_directory(path, overwrite=overwrite) as tmp:
+        write_text_atomic(tmp / "report.html", html_text)
+        write_json_atomic(tmp / "report.json", record)
+        write_text_atomic(tmp / "report.md", markdown)
+    return path

@@ -1,0 +1,215 @@
+"""Rotation-invariant comparisons of two fits: gene-space spans, CKA, k-NN graphs, covariance spectra.
+
+Every quantity here is unchanged when one fit's latents are replaced by ``z Q^T``
+and its decoder by ``f(Q^T z)`` for an orthogonal ``Q``: the principal angles
+between gene-space spans (the span of ``W`` equals that of ``W Q^T``), linear CKA
+(``(ZQ)^T (ZQ) = Q^T Z^T Z Q`` has the same Frobenius norm), the k-nearest-neighbour
+sets (distances are preserved) and the eigenvalues of the latent covariance. They
+are what two seeds can be compared on without aligning them first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+from scipy.linalg import subspace_angles
+from sklearn.neighbors import NearestNeighbors
+from sklearn.utils.extmath import randomized_svd
+
+from countvae.errors import InvalidArgumentError
+
+#: Cells whose k-NN graphs are compared at most (the k-NN search is O(n log n) per fit).
+MAX_KNN_CELLS = 5_000
+#: Cells whose decoder Jacobians are stacked at most.
+MAX_JACOBIAN_CELLS = 500
+
+
+def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Principal angles (radians, smallest first) between the column spans of ``a`` and ``b``.
+
+    Parameters
+    ----------
+    a, b
+        Matrices with the same number of rows (e.g. genes x latent loadings).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; ``cos`` of each is a
+        canonical correlation between the two subspaces.
+
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
+        raise InvalidArgumentError(
+            f"Principal angles need two matrices with equal row counts, got {a.shape}, {b.shape}."
+        )
+    return np.sort(subspace_angles(a, b))
+
+
+def subspace_overlap(angles: np.ndarray) -> float:
+    """Mean squared cosine of the principal angles: 1 for equal spans, 0 for orthogonal ones."""
+    return float(np.mean(np.cos(angles) ** 2))
+
+
+def jacobian_span(jacobians: np.ndarray, rank: int, seed: int = 0) -> np.ndarray:
+    """Top-``rank`` left singular vectors of decoder Jacobians stacked over cells.
+
+    Parameters
+    ----------
+    jacobians
+        (cells, genes, n_latent) derivatives of each gene's log rate with respect to ``z``.
+    rank
+        Dimension of the span returned (usually ``n_latent``).
+    seed
+        Seed of the randomized SVD.
+
+    Returns
+    -------
+    numpy.ndarray
+        Orthonormal basis (genes, rank) of the directions in gene space the
+        decoder moves along; for a linear decoder, the span of the loadings.
+
+    """
+    n_cells, n_genes, n_latent = jacobians.shape
+    stacked = np.transpose(jacobians, (1, 0, 2)).reshape(n_genes, n_cells * n_latent)
+    rank = min(rank, *stacked.shape)
+    u, _, _ = randomized_svd(stacked.astype(np.float64), n_components=rank, n_iter=7, random_state=seed)
+    return u
+
+
+def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
+    """Linear centred kernel alignment (Kornblith et al., 2019) of two representations of the same cells.
+
+    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)`` on column-centred ``X``, ``Y``:
+    1 when ``Y`` is a rotation (and scaling) of ``X``, near 0 for unrelated data.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape[0] != y.shape[0]:
+        raise InvalidArgumentError(f"CKA compares the same cells; got {x.shape[0]} and {y.shape[0]} rows.")
+    x = x - x.mean(0)
+    y = y - y.mean(0)
+    cross = np.linalg.norm(y.T @ x) ** 2
+    denom = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
+    return float(cross / denom) if denom > 0 else np.nan
+
+
+def knn_sets(z: np.ndarray, k: int) -> np.ndarray:
+    """Indices of each cell's ``k`` nearest other cells (Euclidean), (cells, k)."""
+    if k >= len(z):
+        raise InvalidArgumentError(f"k={k} neighbours need more than {k} cells, got {len(z)}.")
+    nn = NearestNeighbors(n_neighbors=k + 1).fit(z)
+    idx = nn.kneighbors(z, return_distance=False)
+    # Drop each cell itself (not always in column 0 when there are exact ties).
+    is_other = idx != np.arange(len(z))[:, None]
+    order = np.argsort(~is_other, axis=1, kind="stable")
+    return np.take_along_axis(idx, order, axis=1)[:, :k]
+
+
+def knn_jaccard(x: np.ndarray, y: np.ndarray, k: int = 15) -> float:
+    """Mean over cells of the Jaccard overlap of the cell's ``k``-NN sets in ``x`` and in ``y``.
+
+    1 when both representations give every cell the same neighbours; about
+    ``k / (2 n)`` for unrelated representations of ``n`` cells.
+    """
+    if x.shape[0] != y.shape[0]:
+        raise InvalidArgumentError(f"k-NN overlap compares the same cells; got {x.shape[0]} and {y.shape[0]} rows.")
+    return float(np.mean(knn_jaccard_per_cell(knn_sets(x, k), knn_sets(y, k))))
+
+
+def knn_jaccard_per_cell(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-cell Jaccard overlap of two neighbour-index arrays of shape (cells, k)."""
+    k = a.shape[1]
+    shared = np.array([np.intersect1d(ra, rb, assume_unique=True).size for ra, rb in zip(a, b, strict=True)])
+    return shared / (2 * k - shared)
+
+
+def covariance_spectrum(z: np.ndarray) -> np.ndarray:
+    """Eigenvalues of the latent covariance, largest first."""
+    z = np.asarray(z, dtype=np.float64)
+    return np.sort(np.linalg.eigvalsh(np.cov(z, rowvar=False).reshape(z.shape[1], z.shape[1])))[::-1]
+
+
+def spectrum_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Relative difference of two covariance spectra: ``||a - b|| / sqrt(||a|| ||b||)``."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise InvalidArgumentError(f"Spectra of different lengths cannot be compared: {a.shape} vs {b.shape}.")
+    scale = np.sqrt(np.linalg.norm(a) * np.linalg.norm(b))
+    return float(np.linalg.norm(a - b) / scale) if scale > 0 else np.nan
+
+
+def subsample(n: int, max_n: int, seed: int) -> np.ndarray:
+    """Sorted positions of at most ``max_n`` of ``n`` items, at random (all when ``n <= max_n``)."""
+    if n <= max_n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, max_n, replace=False))
+
+
+def geometry_table(
+    latents: Mapping[str, np.ndarray],
+    spans: Mapping[str, np.ndarray] | None = None,
+    k: int = 15,
+    max_knn_cells: int = MAX_KNN_CELLS,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Rotation-invariant comparison of every pair of fits.
+
+    Parameters
+    ----------
+    latents
+        Fit name -> latent means on the same cells.
+    spans
+        Fit name -> orthonormal gene-space basis (genes, rank), e.g. from
+        :func:`jacobian_span`; principal angles are skipped when ``None``.
+    k
+        Neighbours per cell for the k-NN overlap.
+    max_knn_cells
+        Cells the k-NN graphs are built on at most (a random subset, the same for all fits).
+    seed
+        Seed of that subset.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``,
+        ``n_knn_cells``, ``spectrum_distance``, and with spans
+        ``subspace_overlap`` (mean cos^2), ``max_angle_deg``, ``mean_angle_deg``
+        and ``angles_deg`` (all angles, smallest first).
+
+    """
+    names = list(latents)
+    if len(names) < 2:
+        raise InvalidArgumentError("Comparing geometry needs at least two fits.")
+    n = len(next(iter(latents.values())))
+    keep = subsample(n, max_knn_cells, seed)
+    k_eff = min(k, len(keep) - 1)
+    neighbours = {name: knn_sets(np.asarray(z)[keep], k_eff) for name, z in latents.items()}
+    spectra = {name: covariance_spectrum(z) for name, z in latents.items()}
+    rows = []
+    for a, b in combinations(names, 2):
+        row = {
+            "fit_a": a,
+            "fit_b": b,
+            "cka": linear_cka(latents[a], latents[b]),
+            "knn_jaccard": float(np.mean(knn_jaccard_per_cell(neighbours[a], neighbours[b]))),
+            "k": k_eff,
+            "n_knn_cells": len(keep),
+            "spectrum_distance": spectrum_distance(spectra[a], spectra[b]),
+        }
+        if spans is not None:
+            angles = np.degrees(principal_angles(spans[a], spans[b]))
+            row.update(
+                subspace_overlap=subspace_overlap(np.radians(angles)),
+                max_angle_deg=float(angles.max()),
+                mean_angle_deg=float(angles.mean()),
+                angles_deg=[float(v) for v in angles],
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,137 @@
+"""Known answers of the seed-pair alignment scores (Table-1 style)."""
+
+import numpy as np
+import pytest
+from diagnostics_helpers import random_rotation
+
+from countvae.diagnostics.alignment import (
+    MAP_CLASSES,
+    alignment_errors,
+    fit_map,
+    ica_efficiency,
+    latent_diameter,
+    rms_distance,
+    signed_permutation,
+    summarize_alignment,
+)
+from countvae.errors import InvalidArgumentError
+
+
+def laplace_latents(n=3000, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.laplace(0.0, 1.0 / np.sqrt(2.0), (n, d))
+
+
+def errors_by_map(table):
+    return table.set_index("map")["error_diameter"].to_dict()
+
+
+def test_rotation_plus_noise_orthogonal_near_zero_permutation_clearly_higher():
+    z = laplace_latents()
+    zb = z @ random_rotation(5, 1).T + 0.02 * np.random.default_rng(1).standard_normal(z.shape)
+    e = errors_by_map(alignment_errors({"a": z, "b": zb}))
+    # The mapped error is then the noise alone: E||eps|| = 0.02 * E chi_5 ~= 0.0430, over a diameter ~ 8.
+    assert e["orthogonal"] < 0.01
+    assert e["permutation"] > 5 * e["orthogonal"] and e["permutation"] > 0.05
+    assert e["identity"] > e["permutation"]
+    # Nested classes: linear <= orthogonal <= permutation (linear may only lose by the overfit of d^2 params).
+    assert e["linear"] <= e["orthogonal"] * 1.02
+    # Laplace sources: ICA finds the aligning rotation without the pairing.
+    assert e["ica"] < 1.1 * e["orthogonal"]
+
+
+def test_signed_permutation_gives_zero_permutation_error():
+    z = laplace_latents(d=4)
+    p = np.zeros((4, 4))
+    p[[0, 1, 2, 3], [2, 0, 3, 1]] = [1, -1, -1, 1]
+    e = errors_by_map(alignment_errors({"a": z, "b": z @ p + 3.0}, seed=2))
+    assert e["permutation"] < 1e-10
+    assert e["orthogonal"] < 1e-10
+    assert e["identity"] > 0.1
+
+
+def test_signed_permutation_recovers_the_permutation():
+    z = laplace_latents(d=4)
+    p = np.zeros((4, 4))
+    p[[0, 1, 2, 3], [1, 3, 0, 2]] = [-1, 1, 1, -1]
+    np.testing.assert_array_equal(signed_permutation(z, z @ p * 5.0), p)
+
+
+def test_general_linear_map_ordering_linear_best():
+    rng = np.random.default_rng(3)
+    z = laplace_latents(d=4)
+    a = rng.normal(size=(4, 4))
+    zb = z @ a + 0.05 * rng.standard_normal(z.shape)
+    e = errors_by_map(alignment_errors({"a": z, "b": zb}))
+    assert e["linear"] < e["orthogonal"] <= e["permutation"]
+    assert e["linear"] < 0.02
+
+
+def test_ica_efficiency_one_for_rotated_laplace_and_definition():
+    z = laplace_latents(d=4)
+    zb = z @ random_rotation(4, 5).T + 0.02 * np.random.default_rng(5).standard_normal(z.shape)
+    table = alignment_errors({"a": z, "b": zb, "c": z @ random_rotation(4, 6).T})
+    eff = ica_efficiency(table)
+    assert len(eff) == 3
+    np.testing.assert_allclose(
+        eff["ica_efficiency"], (eff["e_permutation"] - eff["e_ica"]) / (eff["e_permutation"] - eff["e_orthogonal"])
+    )
+    assert np.all(np.abs(eff["ica_efficiency"] - 1.0) < 0.05)
+
+
+def test_ica_efficiency_nan_when_no_gap():
+    z = laplace_latents(d=3)
+    eff = ica_efficiency(alignment_errors({"a": z, "b": z.copy()}))
+    assert np.isnan(eff["ica_efficiency"].iloc[0])
+
+
+def test_symmetrized_error_averages_directions_and_rms_normalizer():
+    z = laplace_latents(d=3)
+    zb = 2.0 * z  # a scaling: directions differ because each is normalised by its target's size
+    row = alignment_errors({"a": z, "b": zb}, map_classes=["identity"]).iloc[0]
+    assert row["error_diameter"] == pytest.approx(0.5 * (row["error_a_to_b"] + row["error_b_to_a"]))
+    # a -> b: mean|z - 2z| / diam(2z); b -> a: mean|2z - z| / diam(z), twice as large.
+    assert row["error_b_to_a"] == pytest.approx(2.0 * row["error_a_to_b"], rel=1e-9)
+    assert row["error_rms"] > row["error_diameter"]
+
+
+def test_diameter_and_rms_closed_forms():
+    # Four corners of a 3 x 4 rectangle: diameter 5 (the diagonal).
+    z = np.array([[0.0, 0.0], [3.0, 0.0], [0.0, 4.0], [3.0, 4.0]])
+    assert latent_diameter(z) == pytest.approx(5.0)
+    # RMS pairwise distance sqrt(2 tr Cov): Var_x = 3 (ddof=1: 9/4*4/3), Var_y = 16/3.
+    assert rms_distance(z) == pytest.approx(np.sqrt(2 * (3.0 + 16.0 / 3.0)))
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal((20_000, 2))
+    # Subsampled diameter never exceeds the exact one and is close for a dense cloud.
+    assert latent_diameter(big, max_cells=5000) <= latent_diameter(big, max_cells=20_000) + 1e-12
+
+
+def test_maps_fitted_on_one_half_scored_on_the_other():
+    z = laplace_latents(n=100, d=3)
+    table = alignment_errors({"a": z, "b": z}, map_classes=["linear"])
+    assert table["n_fit_cells"].iloc[0] + table["n_score_cells"].iloc[0] == 100
+
+
+def test_summary_rows_in_map_order():
+    z = laplace_latents(n=400, d=3)
+    table = alignment_errors({"a": z, "b": z @ random_rotation(3, 1).T, "c": z})
+    summary = summarize_alignment(table)
+    assert list(summary["map"]) == list(MAP_CLASSES)
+    assert {"error_diameter_mean", "error_rms_max"} <= set(summary.columns)
+
+
+def test_bad_inputs():
+    z = laplace_latents(n=50, d=3)
+    with pytest.raises(InvalidArgumentError, match="two fits"):
+        alignment_errors({"a": z})
+    with pytest.raises(InvalidArgumentError, match="same cells"):
+        alignment_errors({"a": z, "b": z[:40]})
+    with pytest.raises(InvalidArgumentError, match="Unknown map"):
+        alignment_errors({"a": z, "b": z}, map_classes=["affine"])
+    bad = z.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(InvalidArgumentError, match="NaN"):
+        alignment_errors({"a": z, "b": bad})
+    with pytest.raises(InvalidArgumentError, match="equal width"):
+        fit_map("orthogonal", z, z[:, :2])

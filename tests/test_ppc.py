@@ -1,0 +1,83 @@
+"""Posterior predictive statistics against closed forms."""
+
+import numpy as np
+import pytest
+
+from countvae.diagnostics.ppc import (
+    calibration,
+    observed_statistics,
+    ppc_agreement,
+    ppc_table,
+    predictive_statistics,
+    split_half_statistics,
+)
+from countvae.errors import InvalidArgumentError
+
+
+def poisson_data(n=3000, rates=(0.5, 2.0, 8.0), draws=30, seed=0):
+    rng = np.random.default_rng(seed)
+    lam = np.asarray(rates)
+    observed = rng.poisson(lam, (n, len(lam)))
+    predicted = rng.poisson(lam[None, :, None], (n, len(lam), draws))
+    return observed, predicted, lam
+
+
+def test_statistics_of_a_correct_model_match_closed_forms():
+    observed, predicted, lam = poisson_data()
+    stats = predictive_statistics(observed, predicted)
+    # Poisson: CV over cells = 1/sqrt(lambda); zero fraction = exp(-lambda).
+    np.testing.assert_allclose(stats.cv_gene, 1 / np.sqrt(lam), rtol=0.03)
+    np.testing.assert_allclose(stats.zero_fraction, np.exp(-lam), atol=0.01)
+    obs = observed_statistics(observed)
+    np.testing.assert_allclose(obs.cv_gene, 1 / np.sqrt(lam), rtol=0.05)
+    table = ppc_table(obs, {"right": stats}).iloc[0]
+    assert table["cv_gene_rel_error"] < 0.05 and table["zero_fraction_abs_error"] < 0.02
+
+
+def test_wrong_model_is_detected():
+    observed, predicted, lam = poisson_data()
+    too_high = np.random.default_rng(1).poisson(3 * lam[None, :, None], predicted.shape)
+    obs = observed_statistics(observed)
+    right, wrong = predictive_statistics(observed, predicted), predictive_statistics(observed, too_high)
+    table = ppc_table(obs, {"right": right, "wrong": wrong}).set_index("fit")
+    assert table.loc["wrong", "zero_fraction_abs_error"] > 5 * table.loc["right", "zero_fraction_abs_error"]
+    assert table.loc["wrong", "calibration_error"] > 5 * table.loc["right", "calibration_error"]
+    halves = {"right": split_half_statistics(observed, predicted), "wrong": split_half_statistics(observed, too_high)}
+    pair = ppc_agreement(obs, halves).iloc[0]
+    assert pair["cv_gene_rel_diff"] > 0.3
+    assert pair["noise_ratio"] > 5
+
+
+def test_equivalent_models_differ_only_by_monte_carlo_noise():
+    observed, predicted, lam = poisson_data(rates=tuple(np.linspace(0.2, 20, 40)), n=500, draws=20)
+    other = np.random.default_rng(7).poisson(lam[None, :, None], predicted.shape)
+    halves = {"a": split_half_statistics(observed, predicted), "b": split_half_statistics(observed, other)}
+    pair = ppc_agreement(observed_statistics(observed), halves).iloc[0]
+    assert pair["cv_gene_noise"] > 0 and pair["zero_fraction_noise"] > 0
+    assert 0.5 < pair["noise_ratio"] < 2.0
+
+
+def test_calibration_of_a_continuous_correct_model_is_near_zero():
+    rng = np.random.default_rng(2)
+    observed = rng.normal(size=(400, 50))
+    draws = rng.normal(size=(400, 50, 400))
+    error, coverage = calibration(observed, draws)
+    assert error < 1e-3
+    assert coverage[0.95] == pytest.approx(0.95, abs=0.01)
+    assert coverage[0.65] == pytest.approx(0.65, abs=0.01)
+
+
+def test_calibration_known_value_for_a_degenerate_predictive():
+    # Every draw equals the observation: all counts inside every interval; error = sum (1 - width)^2.
+    observed = np.full((5, 3), 2.0)
+    draws = np.full((5, 3, 10), 2.0)
+    error, _ = calibration(observed, draws)
+    widths = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65]
+    assert error == pytest.approx(sum((1 - w) ** 2 for w in widths))
+
+
+def test_bad_shapes():
+    with pytest.raises(InvalidArgumentError):
+        predictive_statistics(np.zeros((3, 2)), np.zeros((3, 2)))
+    with pytest.raises(InvalidArgumentError):
+        calibration(np.zeros((3, 2)), np.zeros((3, 2, 4)), levels=(0.1, 0.5, 0.9))

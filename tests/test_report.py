@@ -1,0 +1,166 @@
+"""diagnostics.report: known answers on simulated seeds, the saved files, escaping, bad input."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from diagnostics_helpers import RotatedFit, random_rotation, rotated_copies
+
+import countvae as cv
+from countvae.data import split_indices
+from countvae.diagnostics import CountVAEFit, DiagnosticReport, SeedFits, report
+from countvae.errors import InvalidArgumentError, OutputExistsError
+
+MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc")
+SMALL = dict(n_lpd_samples=20, max_lpd_cells=150, n_rhat_draws=40, n_rhat_cells=8, max_jacobian_cells=60)
+
+
+@pytest.fixture(scope="module")
+def seed_fits():
+    """Three seeds of a linear NB model on counts from 3 Laplace sources, with a shared held-out split."""
+    adata = cv.data.simulate(
+        n_cells=1000, n_genes=60, n_latent=3, decoder="linear", sources="laplace", n_batches=2, seed=11
+    )
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    fit_idx, held_idx = split_indices(adata.n_obs, 0.7, 0)
+    fit_data, held = adata[fit_idx].copy(), adata[held_idx].copy()
+    fits = []
+    for seed in (0, 1, 2):
+        model = cv.CountVAE(fit_data, n_latent=3, decoder="linear", likelihood="nb")
+        model.train(max_epochs=100, batch_size=256, lr=3e-3, progress_bar=False, seed=seed)
+        fits.append(CountVAEFit(model, seed))
+    return SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
+
+
+@pytest.fixture(scope="module")
+def seed_report(seed_fits):
+    return report(seed_fits, **SMALL)
+
+
+def test_real_seeds_known_answer_on_simulated_data(seed_report):
+    table = seed_report.invariants.set_index("quantity")
+    # Invariant under the prior's symmetry: agree across seeds.
+    for quantity in ("decoded means", "latent distances", "latent subspace (gene space)", "W W^T / decoder Gram"):
+        assert table.loc[quantity, "verdict"] == "stable", (quantity, table.loc[quantity, "agreement"])
+    # Coordinate-level: differ between seeds, agree once the seeds are rotated onto each other.
+    for quantity in ("per-dimension coordinates", "per-dimension loadings", "per-dimension marker correlations"):
+        assert table.loc[quantity, "verdict"] == "stable up to rotation", quantity
+    errors = seed_report.tables["alignment_summary"].set_index("map")["error_diameter_mean"]
+    assert errors["orthogonal"] < 0.5 * errors["permutation"] < errors["identity"]
+    assert errors["linear"] <= errors["orthogonal"] * 1.05
+
+
+def test_report_tables_and_headline(seed_report):
+    assert isinstance(seed_report, DiagnosticReport)
+    for name in MAIN_TABLES:
+        assert isinstance(getattr(seed_report, name), pd.DataFrame) and len(getattr(seed_report, name)), name
+    assert len(seed_report.alignment) == 3 * 5  # 3 pairs x 5 map classes
+    assert set(seed_report.predictive["fit"]) == {"seed 0", "seed 1", "seed 2"}
+    assert seed_report.headline[0].startswith("Identified here")
+    assert any("ICA efficiency" in line for line in seed_report.headline)
+    assert seed_report.settings["fits"] == {"note": "test"}
+    assert "pairwise latent distances" in seed_report.subsampling
+    assert seed_report.timings["total"] > 0
+    raw = seed_report.rhat.set_index("quantity")
+    assert raw.loc["raw coordinates", "rhat_median"] > raw.loc["aligned coordinates", "rhat_median"]
+
+
+def test_rotated_copies_are_predictively_equivalent(trained_linear):
+    fits = rotated_copies(CountVAEFit(trained_linear, 0), [0, 1, 2])
+    rep = report(fits, trained_linear.adata[:300].copy(), markers=["gene3", "batch"], **SMALL)
+    assert rep.settings["predictively_equivalent"] is True
+    assert np.allclose(rep.tables["predictive_pairs"]["diff"], 0.0)
+    assert rep.settings["markers"] == ["gene3", "batch"]
+    assert set(rep.markers["marker"]) == {"gene3", "batch=batch0", "batch=batch1"}
+    r2 = rep.tables["marker_r2"].pivot(index="marker", columns="fit", values="r2")
+    assert np.allclose(r2.max(axis=1) - r2.min(axis=1), 0.0, atol=1e-8)
+
+
+def test_save_writes_self_contained_html_json_and_markdown(seed_report, tmp_path):
+    out = seed_report.save(tmp_path / "rep")
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.md"]
+    text = (out / "report.html").read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    assert text.count('src="data:image/png;base64,') >= 8
+    # Nothing fetched from a network, no scripts.
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', text)
+    assert "<script" not in text.lower()
+    # The verdict comes first.
+    assert text.index("Verdict") < text.index("The invariants table") < text.index("Predictive equivalence")
+
+    def refuse(token):
+        raise AssertionError(f"non-JSON constant {token}")
+
+    record = json.loads((out / "report.json").read_text(), parse_constant=refuse)
+    assert record["provenance"]["versions"]["countvae"]
+    assert len(record["provenance"]["heldout_checksum_sha256"]) == 64
+    assert record["settings"]["report"]["n_lpd_samples"] == SMALL["n_lpd_samples"]
+    for name, figure in record["figures"].items():
+        for table in figure["tables"]:
+            assert table in record["tables"], (name, table)
+    assert len(record["tables"]["alignment"]) == 15
+    md = (out / "report.md").read_text()
+    assert md.startswith("# Multi-seed diagnostics") and "| quantity |" in md
+
+
+def test_save_refuses_existing_folder_unless_overwrite(seed_report, tmp_path):
+    seed_report.save(tmp_path / "rep")
+    with pytest.raises(OutputExistsError):
+        seed_report.save(tmp_path / "rep")
+    seed_report.save(tmp_path / "rep", overwrite=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_json_has_no_nan(seed_report):
+    record = seed_report.to_dict()
+    json.dumps(record, allow_nan=False)
+
+
+def test_data_derived_strings_are_escaped_in_html(tmp_path):
+    evil_gene = "<script>alert(1)</script>"
+    evil_category = '<img src=x onerror="alert(2)">'
+    adata = cv.data.simulate(n_cells=400, n_genes=30, n_latent=2, decoder="linear", seed=5)
+    adata.var_names = [evil_gene, *adata.var_names[1:]]
+    adata.obs["label"] = pd.Categorical(np.where(np.arange(400) % 2 == 0, evil_category, "plain"))
+    cv.CountVAE.setup_anndata(adata)
+    model = cv.CountVAE(adata, n_latent=2, decoder="linear")
+    model.train(max_epochs=5, progress_bar=False, seed=0)
+    base = CountVAEFit(model, 0)
+    fits = [RotatedFit(base, np.eye(2), 0, name="<b>seed 0</b>"), RotatedFit(base, random_rotation(2, 1), 1)]
+    rep = report(fits, adata[:200].copy(), markers=[evil_gene, "label"], **SMALL)
+    text = (rep.save(tmp_path / "evil") / "report.html").read_text()
+    assert evil_gene not in text and "<script" not in text.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "<img src=x" not in text and "&lt;img src=x" in text
+    assert "<b>seed 0</b>" not in text and "&lt;b&gt;seed 0&lt;/b&gt;" in text
+
+
+class OtherGenes(RotatedFit):
+    @property
+    def var_names(self):
+        return self.base.var_names[::-1]
+
+
+def test_bad_inputs(trained_linear, seed_fits):
+    base = CountVAEFit(trained_linear, 0)
+    held = trained_linear.adata[:100].copy()
+    with pytest.raises(InvalidArgumentError, match="at least two fits"):
+        report([base], held)
+    with pytest.raises(InvalidArgumentError, match="more than once"):
+        report([base, RotatedFit(base, np.eye(2), 0, name="copy")], held)
+    with pytest.raises(InvalidArgumentError, match="other genes"):
+        report([base, OtherGenes(base, np.eye(2), 5)], held)
+    with pytest.raises(InvalidArgumentError, match="n_latent"):
+        report([seed_fits[0], RotatedFit(base, np.eye(2), 5)], seed_fits.adata_heldout)
+    with pytest.raises(InvalidArgumentError, match="CD14"):
+        report(rotated_copies(base, [0, 1]), held, markers=["CD14"])
+    with pytest.raises(InvalidArgumentError, match="adata_heldout is required"):
+        report(rotated_copies(base, [0, 1]))
+    with pytest.raises(InvalidArgumentError, match="Unknown report settings"):
+        report(rotated_copies(base, [0, 1]), held, n_samples=3)
+    with pytest.raises(InvalidArgumentError, match="n_rhat_draws"):
+        report(rotated_copies(base, [0, 1]), held, n_rhat_draws=1)
+    with pytest.raises(InvalidArgumentError, match="FittedModel"):
+        report([base, "seed 1"], held)

@@ -1,0 +1,60 @@
+"""Cross-seed R-hat: fits identical up to a rotation have raw R-hat >> 1 and invariant R-hat ~ 1."""
+
+import numpy as np
+import pytest
+from diagnostics_helpers import rotated_copies
+
+from countvae.diagnostics import CountVAEFit
+from countvae.diagnostics.rhat import collect_draws, procrustes_to_reference, rhat_table
+from countvae.errors import InvalidArgumentError
+
+
+@pytest.fixture(scope="module")
+def rotated_summary(trained_linear):
+    fits = rotated_copies(CountVAEFit(trained_linear, 0), [0, 1, 2, 3])
+    adata = trained_linear.adata
+    latents = {f.name: f.latent(adata) for f in fits}
+    maps = procrustes_to_reference(latents, fits[0].name)
+    cells = adata[np.arange(0, 800, 40)].copy()
+    draws = collect_draws(fits, cells, n_draws=100, gene_positions=np.arange(5), maps=maps, seed=0)
+    summary, per_parameter = rhat_table(draws)
+    return summary.set_index("quantity"), per_parameter, draws
+
+
+def test_rotated_fits_raw_rhat_far_above_one_invariants_near_one(rotated_summary):
+    summary, _, _ = rotated_summary
+    assert summary.loc["raw coordinates", "rhat_median"] > 1.5
+    assert summary.loc["raw coordinates", "ess_bulk_median"] < 20
+    for quantity in ("aligned coordinates", "pairwise distances", "decoded log means"):
+        assert summary.loc[quantity, "rhat_median"] < 1.02, quantity
+        assert summary.loc[quantity, "rhat_max"] < 1.06, quantity
+        assert summary.loc[quantity, "ess_bulk_median"] > 150, quantity
+
+
+def test_shapes_and_per_parameter_table(rotated_summary):
+    summary, per_parameter, draws = rotated_summary
+    assert draws["raw coordinates"].shape == (4, 100, 20 * 2)
+    assert draws["pairwise distances"].shape == (4, 100, 20 * 19 // 2)
+    assert draws["decoded log means"].shape == (4, 100, 20 * 5)
+    assert summary.loc["pairwise distances", "n_parameters"] == 190
+    assert set(per_parameter["quantity"]) == set(summary.index)
+    assert np.all(per_parameter["rhat"] > 0.9)
+
+
+def test_different_posteriors_are_flagged(trained_linear, trained_mlp):
+    # Two genuinely different models of the same data: their invariants disagree too.
+    fits = [CountVAEFit(trained_linear, 0), CountVAEFit(trained_mlp, 1)]
+    cells = trained_linear.adata[np.arange(0, 800, 80)].copy()
+    draws = collect_draws(fits, cells, n_draws=50, seed=0)
+    summary, _ = rhat_table(draws)
+    assert summary.set_index("quantity").loc["pairwise distances", "rhat_max"] > 1.1
+
+
+def test_bad_inputs(trained_linear):
+    fit = CountVAEFit(trained_linear, 0)
+    with pytest.raises(InvalidArgumentError, match="2 cells"):
+        collect_draws([fit, fit], trained_linear.adata[:1].copy())
+    with pytest.raises(InvalidArgumentError, match="4 draws"):
+        collect_draws([fit, fit], trained_linear.adata[:5].copy(), n_draws=2)
+    with pytest.raises(InvalidArgumentError, match="chains"):
+        rhat_table({"x": np.zeros((1, 10, 3))})

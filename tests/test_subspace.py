@@ -1,0 +1,113 @@
+"""Rotation-invariant geometry: principal angles, CKA, k-NN overlap, covariance spectra."""
+
+import numpy as np
+import pytest
+from diagnostics_helpers import random_rotation
+
+from countvae.diagnostics.subspace import (
+    covariance_spectrum,
+    geometry_table,
+    jacobian_span,
+    knn_jaccard,
+    knn_sets,
+    linear_cka,
+    principal_angles,
+    spectrum_distance,
+    subspace_overlap,
+)
+from countvae.errors import InvalidArgumentError
+
+
+def test_principal_angles_known_value():
+    t = 0.3
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+    b = np.array([[2.0, 0.0], [0.0, np.cos(t)], [0.0, np.sin(t)], [0.0, 0.0]])
+    np.testing.assert_allclose(principal_angles(a, b), [0.0, t], atol=1e-12)
+    assert subspace_overlap(principal_angles(a, b)) == pytest.approx((1 + np.cos(t) ** 2) / 2)
+    c = np.array([[0.0], [0.0], [0.0], [1.0]])
+    np.testing.assert_allclose(principal_angles(a, c), [np.pi / 2])
+
+
+def test_principal_angles_invariant_under_rotating_the_latent_side():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(50, 4))
+    q = random_rotation(4, 3)
+    np.testing.assert_allclose(principal_angles(w, w @ q.T), 0.0, atol=1e-6)
+
+
+def test_jacobian_span_of_a_linear_decoder_is_the_loading_span():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(80, 3))
+    jac = np.broadcast_to(w, (40, 80, 3)) + 0.0
+    u = jacobian_span(jac, 3)
+    np.testing.assert_allclose(u.T @ u, np.eye(3), atol=1e-10)
+    np.testing.assert_allclose(principal_angles(u, w), 0.0, atol=1e-6)
+    # Rotating every cell's Jacobian (J -> J Q^T) leaves the span unchanged.
+    u_rot = jacobian_span(jac @ random_rotation(3, 2).T, 3)
+    np.testing.assert_allclose(principal_angles(u, u_rot), 0.0, atol=1e-6)
+
+
+def test_linear_cka_known_values_and_invariance():
+    rng = np.random.default_rng(2)
+    # Two orthonormal centred columns X = [a, b], Y = [a]: ||Y^T X||^2 = 1, ||X^T X|| = sqrt2, ||Y^T Y|| = 1.
+    raw = rng.normal(size=(500, 2))
+    x, _ = np.linalg.qr(raw - raw.mean(0))
+    assert linear_cka(x, x[:, :1]) == pytest.approx(1 / np.sqrt(2), rel=1e-9)
+    z = rng.normal(size=(1000, 5))
+    assert linear_cka(z, 3.0 * z @ random_rotation(5, 1).T + 7.0) == pytest.approx(1.0)
+    assert linear_cka(z, rng.normal(size=(1000, 5))) < 0.05
+
+
+def test_knn_jaccard_known_values():
+    # Pairs far apart: each point's single nearest neighbour is its partner.
+    x = np.array([[0.0], [1.0], [10.0], [11.0]])
+    y = np.array([[0.0], [10.0], [1.0], [11.0]])  # partners swapped: 0-2 and 1-3
+    assert knn_jaccard(x, x, k=1) == 1.0
+    assert knn_jaccard(x, y, k=1) == 0.0
+    np.testing.assert_array_equal(knn_sets(x, 1).ravel(), [1, 0, 3, 2])
+    # Cells 2 and 3 swap clusters: cells 0, 1, 4, 5 keep one of two neighbours (Jaccard 1/3), 2 and 3 none.
+    xs = np.array([[0.0], [1.0], [1.9], [30.0], [31.0], [31.9]])
+    ys = np.array([[0.0], [1.0], [30.0], [1.9], [31.0], [31.9]])
+    assert knn_jaccard(xs, ys, k=2) == pytest.approx((4 / 3) / 6)
+
+
+def test_knn_jaccard_rotation_invariant():
+    z = np.random.default_rng(3).normal(size=(300, 4))
+    assert knn_jaccard(z, z @ random_rotation(4, 4).T, k=10) == pytest.approx(1.0)
+
+
+def test_covariance_spectrum_known_and_invariant():
+    rng = np.random.default_rng(4)
+    z = rng.normal(size=(200_000, 2)) * np.array([2.0, 1.0])
+    np.testing.assert_allclose(covariance_spectrum(z), [4.0, 1.0], rtol=0.02)
+    rotated = covariance_spectrum(z @ random_rotation(2, 5).T)
+    np.testing.assert_allclose(rotated, covariance_spectrum(z), rtol=1e-9)
+    assert spectrum_distance(rotated, covariance_spectrum(z)) < 1e-9
+    assert spectrum_distance(np.array([4.0, 1.0]), np.array([1.0, 1.0])) == pytest.approx(
+        3.0 / np.sqrt(np.sqrt(17 * 2))
+    )
+
+
+def test_geometry_table_on_rotated_copies():
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(600, 3))
+    w = rng.normal(size=(40, 3))
+    q = random_rotation(3, 7)
+    table = geometry_table({"a": z, "b": z @ q.T}, spans={"a": w, "b": w @ q.T}, k=10)
+    row = table.iloc[0]
+    assert row["cka"] == pytest.approx(1.0)
+    assert row["knn_jaccard"] == pytest.approx(1.0)
+    assert row["spectrum_distance"] < 1e-9
+    assert row["subspace_overlap"] == pytest.approx(1.0)
+    assert row["max_angle_deg"] < 1e-3
+
+
+def test_bad_inputs():
+    with pytest.raises(InvalidArgumentError):
+        principal_angles(np.ones((3, 2)), np.ones((4, 2)))
+    with pytest.raises(InvalidArgumentError):
+        linear_cka(np.ones((3, 2)), np.ones((4, 2)))
+    with pytest.raises(InvalidArgumentError):
+        knn_sets(np.ones((3, 2)), 3)
+    with pytest.raises(InvalidArgumentError):
+        geometry_table({"a": np.ones((3, 2))})
