@@ -1,0 +1,98 @@
+"""countvae.plotting: each figure draws the numbers it is given, on Agg, without pyplot."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from countvae import plotting
+from countvae.errors import InvalidArgumentError
+
+
+def alignment_table():
+    rows = []
+    for pair, scale in (("a", 1.0), ("b", 2.0)):
+        for i, m in enumerate(("identity", "permutation", "orthogonal", "linear", "ica")):
+            rows.append({"fit_a": pair, "fit_b": "z", "map": m, "error_diameter": scale * (5 - i) / 10})
+    return pd.DataFrame(rows)
+
+
+def test_alignment_errors_bar_heights_are_means_per_map():
+    ax = plotting.alignment_errors(alignment_table())
+    heights = [p.get_height() for p in ax.patches]
+    np.testing.assert_allclose(heights, [1.5 * (5 - i) / 10 for i in range(5)])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["identity", "permutation", "orthogonal", "linear", "ica"]
+    assert plt.get_fignums() == []  # no pyplot figure was opened
+
+
+def test_principal_angles_one_line_per_pair():
+    table = pd.DataFrame({"fit_a": ["a", "a"], "fit_b": ["b", "c"], "angles_deg": [[1.0, 5.0], [2.0, 30.0]]})
+    ax = plotting.principal_angles(table)
+    lines = [line for line in ax.get_lines() if len(line.get_ydata()) == 2 and line.get_linestyle() == "-"]
+    np.testing.assert_allclose(lines[1].get_ydata(), [2.0, 30.0])
+
+
+def test_log_predictive_density_points_and_error_bars():
+    table = pd.DataFrame(
+        {"fit": ["s0", "s1"], "lpd_per_cell": [-10.0, -11.0], "se_per_cell": [0.5, 0.4], "mc_se_per_cell": [0.1, 0.1]}
+    )
+    ax = plotting.log_predictive_density(table)
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [-10.0, -11.0])
+
+
+def test_marker_heatmaps_one_per_fit_with_the_correlations():
+    rows = [
+        {"fit": f, "marker": m, "dim": d, "corr": (1 if f == "s0" else -1) * (d + 1) / 10}
+        for f in ("s0", "s1")
+        for m in ("G1", "G2")
+        for d in range(3)
+    ]
+    axes = plotting.marker_correlations(pd.DataFrame(rows))
+    assert len(axes) == 2
+    np.testing.assert_allclose(axes[1].images[0].get_array(), -np.tile([0.1, 0.2, 0.3], (2, 1)))
+
+
+def test_marker_r2_rhat_invariants_ppc_spectra_draw_their_values():
+    r2 = pd.DataFrame({"fit": ["a", "b"], "marker": ["G", "G"], "r2": [0.5, 0.52]})
+    ax = plotting.marker_r2(r2)
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [0.5, 0.52])
+
+    rhat = pd.DataFrame({"quantity": ["raw", "dist"], "rhat_median": [2.0, 1.005], "rhat_max": [3.0, 1.02]})
+    ax = plotting.rhat(rhat)
+    np.testing.assert_allclose([p.get_height() for p in ax.patches], [1.0, 0.005])
+
+    inv = pd.DataFrame(
+        {
+            "quantity": ["lpd", "distances", "coordinates"],
+            "metric": ["|z|", "ccc", "ccc"],
+            "agreement": [1.0, 0.97, 0.1],
+            "aligned_agreement": [np.nan, np.nan, 0.95],
+            "verdict": ["stable", "stable", "stable up to rotation"],
+        }
+    )
+    ax = plotting.invariants(inv)
+    widths = [p.get_width() for p in ax.patches]
+    assert widths[:2] == [0.97, 0.1] and widths[2] == pytest.approx(0.95)
+
+    genes = pd.DataFrame({"fit": ["a"] * 3, "observed_zero_fraction": [0.1, 0.5, 0.9], "predicted_zero_fraction": [0.2] * 3})
+    ax = plotting.zero_fraction(genes)
+    np.testing.assert_allclose(ax.collections[0].get_offsets()[:, 0], [0.1, 0.5, 0.9])
+
+    spectra = pd.DataFrame({"fit": ["a", "a"], "component": [0, 1], "eigenvalue": [4.0, 1.0]})
+    ax = plotting.covariance_spectra(spectra)
+    np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [4.0, 1.0])
+
+
+def test_draws_into_given_axes():
+    fig, ax = plt.subplots()
+    assert plotting.alignment_errors(alignment_table(), ax=ax) is ax
+    plt.close(fig)
+
+
+def test_missing_columns_are_a_clear_error():
+    with pytest.raises(InvalidArgumentError, match="rhat_median"):
+        plotting.rhat(pd.DataFrame({"quantity": ["x"]}))
