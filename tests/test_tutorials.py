@@ -33,6 +33,10 @@ def test_tutorial_runs(path, tmp_path):
         else:
             os.environ["MPLBACKEND"] = env_backup
     errors = [
-        out for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", []) if out.output_type == "error"
+        out
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if out.output_type == "error"
     ]
     assert not errors
