@@ -36,6 +36,9 @@ class SeedFits:
         Wall time of each fit, by seed (0 for a fit reused from ``out_dir``).
     out_dir
         Folder holding the saved fits, or ``None``.
+    reused_seeds
+        Seeds whose fits were read from ``out_dir`` rather than fitted by this
+        call (completed by an earlier, possibly interrupted, run).
     """
 
     fits: list[FittedModel]
@@ -44,6 +47,7 @@ class SeedFits:
     settings: dict[str, Any] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)
     out_dir: Path | None = None
+    reused_seeds: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.fits)
