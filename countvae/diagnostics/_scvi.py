@@ -116,8 +116,15 @@ def preserved_global_rng() -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_scvi() -> Iterator[None]:
-    """Silence scvi-tools' and Lightning's INFO messages (setup transfer, "GPU available", seeds)."""
-    loggers = [logging.getLogger(name) for name in ("scvi", "lightning", "lightning_fabric", "pytorch_lightning")]
+    """Silence scvi-tools' and Lightning's INFO messages (setup transfer, "GPU available", seeds).
+
+    Lightning sets levels on its sub-loggers (``lightning.pytorch``,
+    ``lightning.fabric``), so every existing logger under these prefixes is
+    raised to WARNING for the block and restored afterwards.
+    """
+    prefixes = ("scvi", "lightning", "lightning_fabric", "pytorch_lightning")
+    names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in prefixes]
+    loggers = [logging.getLogger(n) for n in sorted(set(names) | set(prefixes))]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.WARNING)
