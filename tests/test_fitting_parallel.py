@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import countvae as cv
 from countvae.diagnostics import fit_seeds
@@ -15,6 +16,12 @@ OPTIONS = {
     "torch_threads": 1,
     "progress_bar": False,
 }
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # One torch thread: on a shared 2-core machine two threads can be 15x slower (spin-waiting).
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
