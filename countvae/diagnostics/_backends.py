@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import anndata as ad
 import joblib
@@ -63,12 +65,21 @@ def _import_ray():
     return ray
 
 
+def _pythonpath_with_this_countvae() -> str:
+    """PYTHONPATH under which Ray workers import the same countvae as this process (e.g. a source checkout)."""
+    import countvae
+
+    package_parent = str(Path(countvae.__file__).resolve().parent.parent)
+    return os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
+
+
 def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
     """Fit each seed as a Ray task on the cluster ``ray.init`` connected to.
 
     If Ray is not initialised, a local instance is started with a small
-    footprint (``n_jobs`` CPUs, no dashboard, a 128 MB object store) and shut
-    down when the fits are done. Each task asks Ray for as many CPUs as it uses
+    footprint (``n_jobs`` CPUs, no dashboard, a 128 MB object store), whose
+    workers import the same countvae as this process, and it is shut down when
+    the fits are done. Each task asks Ray for as many CPUs as it uses
     torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
     """
     if not tasks:
@@ -84,6 +95,7 @@ def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Ite
             log_to_driver=False,
             object_store_memory=128 * 1024**2,
             configure_logging=False,
+            runtime_env={"env_vars": {"PYTHONPATH": _pythonpath_with_this_countvae()}},
         )
         started_here = True
     in_flight_limit = len(tasks) if n_jobs == -1 else n_jobs

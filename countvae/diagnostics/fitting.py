@@ -472,9 +472,8 @@ def fit_seeds(
         "torch_threads": threads,
         "versions": package_versions(with_scvi=family != "countvae"),
     }
-    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    tasks = {
-        s: FitTask(
+    tasks = [
+        FitTask(
             seed=s,
             model_cls=model_cls,
             model_kwargs=model_kwargs,
@@ -483,9 +482,32 @@ def fit_seeds(
             torch_threads=threads,
         )
         for s in seeds
-    }
+    ]
     loader = _Loader(model_cls, family, adata_fit, registry)
+    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
+    fits, seconds, reused = _fit_or_reuse(tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar)
+    return SeedFits(
+        fits=[fits[s] for s in seeds],
+        adata_fit=loader.adata_for_fits,
+        adata_heldout=adata_heldout,
+        settings={**settings, "seeds": seeds, "backend": backend, "n_jobs": n_jobs},
+        seconds=seconds,
+        out_dir=None if out_dir is None else Path(out_dir),
+        reused_seeds=reused,
+    )
 
+
+def _fit_or_reuse(
+    tasks: list[FitTask],
+    loader: _Loader,
+    backend: str,
+    n_jobs: int,
+    out_dir: str | os.PathLike | None,
+    manifest: dict[str, Any],
+    overwrite: bool,
+    progress_bar: bool,
+) -> tuple[dict[int, FittedModel], dict[int, float], list[int]]:
+    """Load the completed seeds from ``out_dir``, fit and store the others; return fits, seconds, reused seeds."""
     with contextlib.ExitStack() as stack:
         if out_dir is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
@@ -496,35 +518,23 @@ def fit_seeds(
             stack.enter_context(_locked(root))
         _prepare_out_dir(root, manifest, overwrite)
         fits_dir = root / FITS_FOLDER
-        done = [s for s in seeds if _seed_folder(fits_dir, s).is_dir()]
-        todo = [s for s in seeds if s not in done]
+        reused = [t.seed for t in tasks if _seed_folder(fits_dir, t.seed).is_dir()]
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
-        for s in done:
+        for s in reused:
             logger.info("Seed %d: reusing the completed fit in %s.", s, _seed_folder(fits_dir, s))
             fits[s] = loader.load(fits_dir, s)
             seconds[s] = 0.0
-        bar = tqdm(total=len(seeds), initial=len(done), desc="Seeds", unit="fit", disable=not progress_bar)
-        try:
-            for outcome in run_tasks(backend, [tasks[s] for s in todo], adata_fit, n_jobs):
-                _store(fits_dir, outcome, family)
+        todo = [t for t in tasks if t.seed not in reused]
+        with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
+            for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
+                _store(fits_dir, outcome, loader.family)
                 fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
                 seconds[outcome.seed] = outcome.seconds
                 logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
                 bar.set_postfix_str(f"seed {outcome.seed} done")
                 bar.update(1)
-        finally:
-            bar.close()
-
-    return SeedFits(
-        fits=[fits[s] for s in seeds],
-        adata_fit=loader.adata_for_fits,
-        adata_heldout=adata_heldout,
-        settings={**settings, "seeds": seeds, "backend": backend, "n_jobs": n_jobs},
-        seconds=seconds,
-        out_dir=None if out_dir is None else Path(out_dir),
-        reused_seeds=done,
-    )
+    return fits, seconds, reused
 
 
 def _sha256_ints(values: np.ndarray) -> str:

@@ -25,7 +25,8 @@ class SeedFits:
     fits
         One :class:`FittedModel` per seed, in the order of the seeds given.
     adata_fit
-        Cells the models were trained on.
+        Cells the models were trained on (for scvi-tools models, set up with
+        the model class's ``setup_anndata``).
     adata_heldout
         Cells held out from every fit (the same split for all seeds).
     settings
