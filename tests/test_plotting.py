@@ -78,7 +78,9 @@ def test_marker_r2_rhat_invariants_ppc_spectra_draw_their_values():
     widths = [p.get_width() for p in ax.patches]
     assert widths[:2] == [0.97, 0.1] and widths[2] == pytest.approx(0.95)
 
-    genes = pd.DataFrame({"fit": ["a"] * 3, "observed_zero_fraction": [0.1, 0.5, 0.9], "predicted_zero_fraction": [0.2] * 3})
+    genes = pd.DataFrame(
+        {"fit": ["a"] * 3, "observed_zero_fraction": [0.1, 0.5, 0.9], "predicted_zero_fraction": [0.2] * 3}
+    )
     ax = plotting.zero_fraction(genes)
     np.testing.assert_allclose(ax.collections[0].get_offsets()[:, 0], [0.1, 0.5, 0.9])
 

@@ -7,12 +7,15 @@ diagnostics R-hat and ESS (``az.rhat``, ``az.ess``) with seeds as chains.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
+# arviz 0.23 logs at INFO which of its 1.x preview packages are missing; that is noise for our users.
+logging.getLogger("arviz.preview").setLevel(logging.WARNING)
 with warnings.catch_warnings():
     # arviz 0.23 announces its 1.x refactor with a FutureWarning at import.
     warnings.simplefilter("ignore", FutureWarning)

@@ -1,0 +1,99 @@
+"""countvae diagnose: the report on a file, resuming, refusing an existing report, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", sources="laplace", seed=2)
+    path = tmp_path_factory.mktemp("data") / "sim.h5ad"
+    adata.write_h5ad(path)
+    return path
+
+
+def run(argv, capsys):
+    code = main(["diagnose", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
+
+
+def test_help_has_examples(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["diagnose", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--seeds" in out and "--markers" in out and "--ica" in out
+
+
+def test_diagnose_writes_report_then_resumes_and_refuses(data_file, tmp_path, capsys):
+    out = tmp_path / "diag"
+    code, stdout, _ = run([str(data_file), *FAST, "--markers", "gene0,gene5", "--out", str(out), "--json"], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    assert result["report"] == str(out / "report" / "report.html")
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
+    assert result["seeds"] == [0, 1] and result["reused_seeds"] == []
+    assert "per-dimension coordinates" in result["stable_up_to_rotation"] + result["unstable"]
+    assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear", "ica"}
+    first = json.loads((out / "report" / "report.json").read_text())
+    assert first["settings"]["markers"] == ["gene0", "gene5"]
+
+    # A finished report is not replaced without --overwrite (one line on stderr, exit code 1).
+    code, _, err = run([str(data_file), *FAST, "--out", str(out)], capsys)
+    assert code == 1 and "--overwrite" in err and len(err.strip().splitlines()) == 1
+
+    # An interrupted run (fits done, no report yet) resumes: every seed is reused, the numbers are identical.
+    import shutil
+
+    shutil.rmtree(out / "report")
+    code, stdout, _ = run([str(data_file), *FAST, "--markers", "gene0,gene5", "--out", str(out), "--json"], capsys)
+    assert code == 0
+    assert json.loads(stdout)["reused_seeds"] == [0, 1]
+    second = json.loads((out / "report" / "report.json").read_text())
+    assert second["tables"] == first["tables"]
+    assert second["provenance"]["heldout_checksum_sha256"] == first["provenance"]["heldout_checksum_sha256"]
+
+
+def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--seeds", "2", "--max-epochs", "2", "--n-lpd-samples", "10", "--no-ica", "--decoder", "linear"]
+    code, stdout, _ = run([*argv, "--json"], capsys)
+    assert code == 0
+    result = json.loads(stdout)
+    assert result["data"].startswith("embedded")
+    record = json.loads((tmp_path / "countvae_diagnose" / "report" / "report.json").read_text())
+    assert record["settings"]["markers"] == [f"true_source_{k}" for k in range(5)]
+    assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear"}
+    code, stdout, _ = run([*argv, "--overwrite"], capsys)
+    assert code == 0 and "Report:" in stdout and "Identified here" in stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--seeds", "1"], "at least 2"),
+        (["--markers", "NOT_A_GENE"], "NOT_A_GENE"),
+        (["--markers", " , "], "--markers is empty"),
+        (["--layer", "nope"], "nope"),
+    ],
+)
+def test_bad_input_one_line_errors(data_file, tmp_path, capsys, extra, message):
+    argv = [str(data_file), *FAST, "--out", str(tmp_path / "o"), *extra]
+    code, _, err = run(argv, capsys)
+    assert code == 1
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_missing_file(tmp_path, capsys):
+    code, _, err = run([str(tmp_path / "missing.h5ad"), "--out", str(tmp_path / "o")], capsys)
+    assert code == 1 and "does not exist" in err
