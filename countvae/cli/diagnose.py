@@ -27,7 +27,6 @@ from countvae.cli.common import (
 )
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
-from countvae.diagnostics.markers import marker_matrix
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 logger = logging.getLogger("countvae.cli")
@@ -140,7 +139,9 @@ def _markers(text: str | None) -> list[str] | None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``countvae diagnose``."""
+    # Imported here so that `countvae --help` does not load arviz, scikit-learn and scvi-tools.
     from countvae.diagnostics import fit_seeds, report
+    from countvae.diagnostics.markers import marker_matrix
 
     started = time.perf_counter()
     out = Path(args.out)
