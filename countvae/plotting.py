@@ -66,7 +66,7 @@ def alignment_errors(alignment: pd.DataFrame, ax: Axes | None = None, column: st
         values = alignment.loc[alignment["map"] == m, column].to_numpy()
         ax.bar(i, np.mean(values), color="#c6dbef", edgecolor="#2171b5", width=0.6)
         ax.scatter(i + rng.uniform(-0.15, 0.15, len(values)), values, s=14, color="#08306b", zorder=3)
-    ax.set_xticks(range(len(maps)), maps)
+    ax.set_xticks(range(len(maps)), maps, rotation=20, ha="right")
     label = "diameter" if column == "error_diameter" else "RMS distance"
     ax.set_ylabel(f"mean error / latent {label}")
     ax.set_title("Seed-pair alignment error by map class")
@@ -105,7 +105,7 @@ def log_predictive_density(predictive: pd.DataFrame, ax: Axes | None = None) -> 
 
 
 def marker_correlations(
-    correlations: pd.DataFrame, axes: np.ndarray | None = None, max_markers: int = 12
+    correlations: pd.DataFrame, axes: np.ndarray | None = None, max_markers: int = 24
 ) -> np.ndarray:
     """One heatmap per seed: correlation of each latent dimension (columns) with each marker (rows).
 
@@ -132,7 +132,7 @@ def marker_correlations(
     return axes
 
 
-def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 12) -> Axes:
+def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 24) -> Axes:
     """Rotation-invariant R^2 of each marker on all latent dimensions, one point per seed."""
     _require(r2, ["fit", "marker", "r2"], "marker_r2")
     ax = _ax(ax)
@@ -159,11 +159,11 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     top = max(float(np.nanmax(summary["rhat_max"])), threshold) * 1.15
-    ticks = [t for t in (1.0, 1.01, 1.1, 1.5, 2, 3, 5, 10, 20, 50, 100) if t <= top]
+    ticks = [t for t in (1.0, 1.1, 1.5, 2, 3, 5, 10, 20, 50, 100) if t <= top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_ylim(0.99, top)
     ax.set_xticks(x, summary["quantity"], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("R-hat (seeds as chains)")
+    ax.set_ylabel(f"R-hat (seeds as chains; dashed: {threshold:g})")
     ax.set_title("Cross-seed R-hat")
     ax.legend(fontsize=8)
     return ax
@@ -177,7 +177,7 @@ def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """
     _require(table, ["quantity", "agreement", "aligned_agreement", "verdict", "metric"], "invariants")
     ax = _ax(ax, size=(7.5, 4.0))
-    rows = table[table["metric"].isin(["ccc", "jaccard", "overlap", "cosine", "mcc"])].reset_index(drop=True)
+    rows = table[table["metric"].isin(["ccc", "jaccard", "weighted overlap", "cosine", "mcc"])].reset_index(drop=True)
     y = np.arange(len(rows))[::-1]
     colours = [_VERDICT_COLOURS.get(v, "#999999") for v in rows["verdict"]]
     ax.barh(y, rows["agreement"].fillna(0), color=colours, height=0.6)

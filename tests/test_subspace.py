@@ -14,6 +14,7 @@ from countvae.diagnostics.subspace import (
     principal_angles,
     spectrum_distance,
     subspace_overlap,
+    weighted_overlap,
 )
 from countvae.errors import InvalidArgumentError
 
@@ -39,12 +40,24 @@ def test_jacobian_span_of_a_linear_decoder_is_the_loading_span():
     rng = np.random.default_rng(1)
     w = rng.normal(size=(80, 3))
     jac = np.broadcast_to(w, (40, 80, 3)) + 0.0
-    u = jacobian_span(jac, 3)
-    np.testing.assert_allclose(u.T @ u, np.eye(3), atol=1e-10)
-    np.testing.assert_allclose(principal_angles(u, w), 0.0, atol=1e-6)
-    # Rotating every cell's Jacobian (J -> J Q^T) leaves the span unchanged.
-    u_rot = jacobian_span(jac @ random_rotation(3, 2).T, 3)
-    np.testing.assert_allclose(principal_angles(u, u_rot), 0.0, atol=1e-6)
+    basis = jacobian_span(jac, 3)
+    np.testing.assert_allclose(principal_angles(basis, w), 0.0, atol=1e-6)
+    # Columns are singular vectors scaled by the singular values of the stacked Jacobians: sqrt(40) svals(W).
+    np.testing.assert_allclose(
+        np.linalg.norm(basis, axis=0), np.sqrt(40) * np.linalg.svd(w, compute_uv=False), rtol=1e-8
+    )
+    # Rotating every cell's Jacobian (J -> J Q^T) leaves the span and the weights unchanged.
+    rotated = jacobian_span(jac @ random_rotation(3, 2).T, 3)
+    np.testing.assert_allclose(principal_angles(basis, rotated), 0.0, atol=1e-6)
+    assert weighted_overlap(basis, rotated) == pytest.approx(1.0)
+
+
+def test_weighted_overlap_known_value():
+    e = np.eye(4)
+    a = np.column_stack([2 * e[:, 0], e[:, 1]])  # 4/5 of a's energy is along e1, which b contains
+    b = np.column_stack([e[:, 0], e[:, 2]])  # half of b's energy (e1) lies in span a
+    assert weighted_overlap(a, b) == pytest.approx(0.5 * (0.8 + 0.5))
+    assert weighted_overlap(a, a @ random_rotation(2, 3)) == pytest.approx(1.0)
 
 
 def test_linear_cka_known_values_and_invariance():
@@ -99,6 +112,7 @@ def test_geometry_table_on_rotated_copies():
     assert row["knn_jaccard"] == pytest.approx(1.0)
     assert row["spectrum_distance"] < 1e-9
     assert row["subspace_overlap"] == pytest.approx(1.0)
+    assert row["weighted_overlap"] == pytest.approx(1.0)
     assert row["max_angle_deg"] < 1e-3
 
 

@@ -327,7 +327,8 @@ _DEFINITIONS = (
             "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
             "Expression matrices are first centred per gene.",
             "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
-            "overlap": "mean squared cosine of the principal angles between gene-space spans.",
+            "weighted overlap": "share of one seed's decoder variation in gene space that lies in the other seed's "
+            "gene-space span (1 = same span), averaged over both directions.",
             "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
             "mcc": "mean correlation of ICA components after matching them by a signed permutation.",
             "|z|": "largest paired difference in held-out log p(x) between two seeds, in paired standard errors.",

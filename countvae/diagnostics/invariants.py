@@ -19,8 +19,11 @@ Agreement scores
     mean expression between genes does not make any two fits look alike.
 ``jaccard``
     Mean over cells of the Jaccard overlap of the ``k`` nearest neighbours.
-``overlap``
-    Mean ``cos^2`` of the principal angles between gene-space spans.
+``weighted overlap``
+    Share of one seed's decoder variation in gene space (Jacobian or loading
+    energy) that lies in the other seed's gene-space span, averaged over both
+    directions (:func:`countvae.diagnostics.subspace.weighted_overlap`). The
+    principal angles themselves are in ``DiagnosticReport.subspace``.
 ``cosine``
     ``<G_a, G_b>_F / (||G_a||_F ||G_b||_F)`` of two gene x gene Gram matrices.
 ``mcc``
@@ -50,7 +53,7 @@ Verdicts
     The fits' API does not provide what the quantity needs.
 
 Thresholds (module constants, conventions rather than laws): concordance,
-subspace overlap, Gram cosine and ICA MCC at least 0.9 (seeds share at least
+weighted subspace overlap, Gram cosine and ICA MCC at least 0.9 (seeds share at least
 90% of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
 held-out ``log p(x)`` within 2 paired standard errors; posterior predictive
 statistics within twice their own Monte Carlo noise.
@@ -68,7 +71,7 @@ import pandas as pd
 from countvae.diagnostics.alignment import fit_ica_axes, fit_map, signed_permutation
 from countvae.diagnostics.markers import dimension_correlations
 from countvae.diagnostics.predictive import EQUIVALENCE_Z
-from countvae.diagnostics.subspace import knn_jaccard_per_cell, knn_sets, principal_angles, subsample, subspace_overlap
+from countvae.diagnostics.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
 from countvae.errors import InvalidArgumentError
 
 #: Agreement (concordance, overlap, cosine, MCC) at or above which a quantity counts as stable.
@@ -206,7 +209,7 @@ _INVARIANT_ROWS = (
     QuantitySpec(
         "latent subspace (gene space)",
         "yes",
-        "overlap",
+        "weighted overlap",
         AGREEMENT_THRESHOLD,
         True,
         "the gene-space span of the decoder, compared by principal angles",
@@ -327,7 +330,8 @@ class InvariantInputs:
     normalized
         ``log1p`` normalized expression, (cells, genes) on the same subset.
     spans
-        Orthonormal gene-space bases (genes, L).
+        Gene-space bases (genes, L) scaled by singular values (see
+        :func:`countvae.diagnostics.subspace.jacobian_span`).
     grams
         Gene x gene decoder Gram matrices on a gene subset.
     loadings
@@ -429,7 +433,7 @@ def invariants_table(
     neighbours = {n: knn_sets(z[knn_cells], k_eff) for n, z in latents.items()}
     add(_INVARIANT_ROWS[5], True, lambda a, b: float(np.mean(knn_jaccard_per_cell(neighbours[a], neighbours[b]))))
     spans, grams = inputs.spans, inputs.grams
-    add(_INVARIANT_ROWS[6], spans is not None, lambda a, b: subspace_overlap(principal_angles(spans[a], spans[b])))
+    add(_INVARIANT_ROWS[6], spans is not None, lambda a, b: weighted_overlap(spans[a], spans[b]))
     add(_INVARIANT_ROWS[7], grams is not None, lambda a, b: gram_cosine(grams[a], grams[b]))
 
     add(

@@ -57,29 +57,55 @@ def subspace_overlap(angles: np.ndarray) -> float:
 
 
 def jacobian_span(jacobians: np.ndarray, rank: int, seed: int = 0) -> np.ndarray:
-    """Top-``rank`` left singular vectors of decoder Jacobians stacked over cells.
+    """Leading gene-space directions of decoder Jacobians stacked over cells, scaled by their singular values.
 
     Parameters
     ----------
     jacobians
         (cells, genes, n_latent) derivatives of each gene's log rate with respect to ``z``.
     rank
-        Dimension of the span returned (usually ``n_latent``).
+        Number of directions returned (usually ``n_latent``).
     seed
         Seed of the randomized SVD.
 
     Returns
     -------
     numpy.ndarray
-        Orthonormal basis (genes, rank) of the directions in gene space the
-        decoder moves along; for a linear decoder, the span of the loadings.
+        ``U diag(s)``, (genes, rank): the top-``rank`` left singular vectors
+        ``U`` of the stacked Jacobians, each scaled by its singular value ``s``
+        (the root of the Jacobian energy along it, over cells). Its column span
+        is the gene-space span of the decoder (for a linear decoder, the span of
+        the loadings); the scaling lets :func:`weighted_overlap` weigh each
+        direction by how much the decoder uses it. For an MLP decoder the
+        stacked Jacobians are not of rank ``n_latent`` (they vary over cells),
+        so the last of the ``rank`` directions can be poorly determined.
 
     """
     n_cells, n_genes, n_latent = jacobians.shape
     stacked = np.transpose(jacobians, (1, 0, 2)).reshape(n_genes, n_cells * n_latent)
     rank = min(rank, *stacked.shape)
-    u, _, _ = randomized_svd(stacked.astype(np.float64), n_components=rank, n_iter=7, random_state=seed)
-    return u
+    u, sv, _ = randomized_svd(stacked.astype(np.float64), n_components=rank, n_iter=7, random_state=seed)
+    return u * sv
+
+
+def weighted_overlap(a: np.ndarray, b: np.ndarray) -> float:
+    """Share of each basis' squared norm that lies in the other's column span, averaged over both directions.
+
+    With ``a = U_a diag(s_a)`` this is ``sum_i s_i^2 cos^2(u_i, span b) / sum_i s_i^2``:
+    the fraction of one fit's decoder variation (in gene space) that the other
+    fit's span contains. 1 for equal spans; unlike the mean ``cos^2`` of the
+    principal angles it is not driven by weak, poorly determined directions.
+    Invariant under rotations of either latent space (``a -> a Q``).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
+        raise InvalidArgumentError(f"Overlap needs two matrices with equal row counts, got {a.shape}, {b.shape}.")
+    qa, _ = np.linalg.qr(a)
+    qb, _ = np.linalg.qr(b)
+    share_a = np.linalg.norm(qb.T @ a) ** 2 / np.linalg.norm(a) ** 2
+    share_b = np.linalg.norm(qa.T @ b) ** 2 / np.linalg.norm(b) ** 2
+    return float(0.5 * (share_a + share_b))
 
 
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
@@ -166,8 +192,8 @@ def geometry_table(
     latents
         Fit name -> latent means on the same cells.
     spans
-        Fit name -> orthonormal gene-space basis (genes, rank), e.g. from
-        :func:`jacobian_span`; principal angles are skipped when ``None``.
+        Fit name -> gene-space basis (genes, rank), e.g. from :func:`jacobian_span`
+        or linear loadings; skipped when ``None``.
     k
         Neighbours per cell for the k-NN overlap.
     max_knn_cells
@@ -180,8 +206,9 @@ def geometry_table(
     pandas.DataFrame
         One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``,
         ``n_knn_cells``, ``spectrum_distance``, and with spans
-        ``subspace_overlap`` (mean cos^2), ``max_angle_deg``, ``mean_angle_deg``
-        and ``angles_deg`` (all angles, smallest first).
+        ``weighted_overlap`` (see :func:`weighted_overlap`), ``subspace_overlap``
+        (mean cos^2 of the principal angles), ``max_angle_deg``,
+        ``mean_angle_deg`` and ``angles_deg`` (all angles, smallest first).
 
     """
     names = list(latents)
@@ -206,6 +233,7 @@ def geometry_table(
         if spans is not None:
             angles = np.degrees(principal_angles(spans[a], spans[b]))
             row.update(
+                weighted_overlap=weighted_overlap(spans[a], spans[b]),
                 subspace_overlap=subspace_overlap(np.radians(angles)),
                 max_angle_deg=float(angles.max()),
                 mean_angle_deg=float(angles.mean()),
