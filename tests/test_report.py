@@ -160,6 +160,8 @@ def test_bad_inputs(trained_linear, seed_fits):
         report(rotated_copies(base, [0, 1]))
     with pytest.raises(InvalidArgumentError, match="Unknown report settings"):
         report(rotated_copies(base, [0, 1]), held, n_samples=3)
+    with pytest.raises(InvalidArgumentError, match="blas_threads"):
+        report(rotated_copies(base, [0, 1]), held, blas_threads=0)
     with pytest.raises(InvalidArgumentError, match="n_rhat_draws"):
         report(rotated_copies(base, [0, 1]), held, n_rhat_draws=1)
     with pytest.raises(InvalidArgumentError, match="FittedModel"):

@@ -1,4 +1,10 @@
-"""Reading the observed counts of the held-out cells the way the fits see them."""
+"""Reading the observed counts of the held-out cells the way the fits see them.
+
+These helpers avoid copying the whole count matrix: with 100,000 held-out
+cells a float64 copy of a typical sparse matrix is several hundred megabytes.
+Columns are only selected (a copy) when the AnnData's genes differ from the
+fits' genes or when a caller asks for a few genes.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +19,7 @@ from countvae.data.registry import Registry, get_count_matrix, get_registry, get
 from countvae.errors import InvalidDataError
 
 
-def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
-    """Raw counts of ``adata`` (registered layer, ``raw`` or ``X``) for the genes ``var_names``, in that order.
-
-    Raises
-    ------
-    InvalidDataError
-        If some of the genes are missing.
-
-    """
+def _matrix_and_positions(adata: ad.AnnData, var_names: pd.Index):
     registry = get_registry(adata) or Registry()
     matrix = get_count_matrix(adata, registry)
     names = pd.Index(get_var_names(adata, registry))
@@ -32,22 +30,56 @@ def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
             f"The held-out AnnData lacks {int((positions < 0).sum())} of the fits' genes (e.g. {missing}); "
             "pass cells with the genes the models were trained on."
         )
-    matrix = sp.csr_matrix(matrix) if not sp.issparse(matrix) else matrix.tocsr()
-    return matrix[:, positions].astype(np.float64)
+    matrix = matrix.tocsr() if sp.issparse(matrix) else sp.csr_matrix(np.asarray(matrix))
+    identity = len(positions) == matrix.shape[1] and bool((positions == np.arange(len(positions))).all())
+    return matrix, None if identity else positions
 
 
-def log1p_normalized(counts: sp.spmatrix | np.ndarray, target_sum: float = 1e4) -> sp.csr_matrix:
+def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
+    """Raw counts of ``adata`` (registered layer, ``raw`` or ``X``) for the genes ``var_names``, in that order.
+
+    The stored dtype is kept; the matrix is not copied when its genes already
+    are ``var_names`` in order.
+
+    Raises
+    ------
+    InvalidDataError
+        If some of the genes are missing.
+
+    """
+    matrix, positions = _matrix_and_positions(adata, var_names)
+    return matrix if positions is None else matrix[:, positions]
+
+
+def library_sizes(adata: ad.AnnData, var_names: pd.Index) -> np.ndarray:
+    """Total counts per cell over the genes ``var_names``."""
+    return np.asarray(observed_counts(adata, var_names).sum(axis=1), dtype=np.float64).ravel()
+
+
+def log1p_normalized(
+    adata: ad.AnnData, var_names: pd.Index, genes: pd.Index | None = None, target_sum: float = 1e4
+) -> sp.csr_matrix:
     """``log1p`` of counts scaled to ``target_sum`` per cell (scanpy's ``normalize_total`` + ``log1p``), sparse.
 
-    The cell totals are taken over all columns given, so select genes *after*
-    normalizing.
+    Cell totals are taken over all of ``var_names`` (the fits' genes); only the
+    columns ``genes`` (default: all of ``var_names``) are returned.
     """
-    counts = sp.csr_matrix(counts, dtype=np.float64)
-    totals = np.asarray(counts.sum(axis=1)).ravel()
-    scale = np.divide(target_sum, totals, out=np.zeros_like(totals, dtype=np.float64), where=totals > 0)
-    out = sp.csr_matrix(sp.diags(scale) @ counts)
+    counts = observed_counts(adata, var_names)
+    totals = np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()
+    if genes is not None:
+        counts = counts[:, var_names.get_indexer(genes)]
+    scale = np.divide(target_sum, totals, out=np.zeros_like(totals), where=totals > 0)
+    out = sp.csr_matrix(sp.diags(scale) @ counts.astype(np.float64))
     out.data = np.log1p(out.data)
     return out
+
+
+def gene_variance(adata: ad.AnnData, var_names: pd.Index, max_cells: int = 20_000, seed: int = 0) -> np.ndarray:
+    """Variance of each gene's ``log1p`` normalized expression, on at most ``max_cells`` random cells."""
+    if adata.n_obs > max_cells:
+        keep = np.sort(np.random.default_rng(seed).choice(adata.n_obs, max_cells, replace=False))
+        adata = adata[keep]
+    return column_variance(log1p_normalized(adata, var_names))
 
 
 def column_variance(matrix: sp.csr_matrix) -> np.ndarray:
@@ -58,12 +90,16 @@ def column_variance(matrix: sp.csr_matrix) -> np.ndarray:
 
 
 def data_checksum(adata: ad.AnnData, var_names: pd.Index) -> str:
-    """SHA-256 over the held-out counts (CSR arrays), cell names and gene names."""
+    """SHA-256 over the held-out counts (as float64 CSR arrays), cell names and gene names."""
     counts = observed_counts(adata, var_names)
-    counts.sort_indices()
     digest = hashlib.sha256()
-    for array in (counts.indptr, counts.indices, counts.data):
-        digest.update(np.ascontiguousarray(array).tobytes())
+    chunk = 20_000
+    for start in range(0, counts.shape[0], chunk):
+        block = counts[start : start + chunk].astype(np.float64)  # a copy: safe to canonicalise
+        block.eliminate_zeros()
+        block.sort_indices()
+        for array in (np.diff(block.indptr), block.indices, block.data):
+            digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
     for names in (adata.obs_names, var_names):
         digest.update("\x1f".join(map(str, names)).encode("utf-8"))
     return digest.hexdigest()

@@ -21,7 +21,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics._data import column_variance, log1p_normalized, observed_counts
+from countvae.diagnostics._data import gene_variance, log1p_normalized
 from countvae.errors import InvalidArgumentError
 
 #: Categories of an obs column expanded into indicators at most.
@@ -30,8 +30,7 @@ MAX_CATEGORIES = 50
 
 def default_markers(adata: ad.AnnData, var_names: pd.Index, n: int = 8) -> list[str]:
     """The ``n`` genes with the largest variance of ``log1p`` normalized expression in ``adata``."""
-    values = log1p_normalized(observed_counts(adata, var_names))
-    order = np.argsort(-column_variance(values), kind="stable")[:n]
+    order = np.argsort(-gene_variance(adata, var_names), kind="stable")[:n]
     return [str(var_names[i]) for i in order]
 
 
@@ -62,7 +61,7 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
         )
     gene_values: dict[str, np.ndarray] = {}
     if genes:
-        values = log1p_normalized(observed_counts(adata, var_names))[:, var_names.get_indexer(genes)].toarray()
+        values = log1p_normalized(adata, var_names, pd.Index(genes)).toarray()
         gene_values = {g: values[:, i] for i, g in enumerate(genes)}
     parts: dict[str, np.ndarray] = {}
     for m in markers:

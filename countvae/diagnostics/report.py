@@ -10,6 +10,7 @@ random subset of the held-out cells whose size is recorded in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
 import time
@@ -21,11 +22,12 @@ from typing import Any
 import anndata as ad
 import numpy as np
 import pandas as pd
+from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 from tqdm.auto import tqdm
 
 from countvae.data.registry import get_registry
 from countvae.diagnostics import _arviz
-from countvae.diagnostics._data import column_variance, data_checksum, log1p_normalized, observed_counts
+from countvae.diagnostics._data import data_checksum, gene_variance, observed_counts
 from countvae.diagnostics.adapters import FittedModel
 from countvae.diagnostics.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
 from countvae.diagnostics.invariants import ROTATION, STABLE, UNSTABLE, InvariantInputs, invariants_table
@@ -80,6 +82,11 @@ class ReportSettings:
         Add the ICA map class, the ICA efficiency and the ICA coordinates row.
     seed
         Seed of every subset and Monte Carlo draw.
+    blas_threads
+        BLAS threads during the analysis (``None``: leave as set). The matrices
+        here are small (cells x latent dims), so extra threads gain little, while
+        on a busy machine spin-waiting BLAS threads made single calls up to 100x
+        slower in our measurements; hence 1.
 
     """
 
@@ -99,6 +106,7 @@ class ReportSettings:
     n_markers: int = 8
     ica: bool = True
     seed: int = 0
+    blas_threads: int | None = 1
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
@@ -118,6 +126,8 @@ class ReportSettings:
             "k": 1,
             "n_markers": 1,
         }
+        if self.blas_threads is not None and (not isinstance(self.blas_threads, int) or self.blas_threads < 1):
+            raise InvalidArgumentError(f"blas_threads must be None or an integer >= 1, got {self.blas_threads!r}.")
         for name, low in minimum.items():
             value = getattr(self, name)
             if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < low:
@@ -287,7 +297,7 @@ class _Subsets:
 
 def _subsets(adata: ad.AnnData, var_names: pd.Index, s: ReportSettings) -> _Subsets:
     n = adata.n_obs
-    variance = column_variance(log1p_normalized(observed_counts(adata, var_names)))
+    variance = gene_variance(adata, var_names, seed=s.seed)
     genes = np.sort(np.argsort(-variance, kind="stable")[: min(s.max_genes, len(var_names))])
     top = np.argsort(-variance, kind="stable")[: s.n_rhat_genes]
     return _Subsets(
@@ -397,6 +407,20 @@ def report(
     s = ReportSettings(**{**s.__dict__, **overrides})
     s.validate()
     fit_list, adata, fit_settings = _resolve_inputs(fits, adata_heldout)
+    limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
+    with limit:
+        return _report(fit_list, adata, fit_settings, markers, s, progress_bar, started)
+
+
+def _report(
+    fit_list: list[FittedModel],
+    adata: ad.AnnData,
+    fit_settings: dict[str, Any],
+    markers: Sequence[str] | None,
+    s: ReportSettings,
+    progress_bar: bool,
+    started: float,
+) -> DiagnosticReport:
     var_names = pd.Index(fit_list[0].var_names)
     timings: dict[str, float] = {}
 

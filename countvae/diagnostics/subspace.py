@@ -84,7 +84,7 @@ def jacobian_span(jacobians: np.ndarray, rank: int, seed: int = 0) -> np.ndarray
     n_cells, n_genes, n_latent = jacobians.shape
     stacked = np.transpose(jacobians, (1, 0, 2)).reshape(n_genes, n_cells * n_latent)
     rank = min(rank, *stacked.shape)
-    u, sv, _ = randomized_svd(stacked.astype(np.float64), n_components=rank, n_iter=7, random_state=seed)
+    u, sv, _ = randomized_svd(stacked.astype(np.float64), n_components=rank, n_iter=4, random_state=seed)
     return u * sv
 
 

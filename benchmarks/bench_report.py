@@ -1,0 +1,197 @@
+"""Time of the multi-seed analysis (``diagnostics.report``) on Kang and at 100,000 held-out cells.
+
+The analysis must stay under 10% of ``countvae diagnose`` on Kang with 5 seeds (whose fits take
+2-3 minutes each) and scale to 100,000 held-out cells. The analysis time does not depend on how
+long the models were trained, so the fits here are short; what is timed is ``report()`` with its
+default settings, per step, plus writing the three report files.
+
+    python benchmarks/bench_report.py kang            # 5 seeds on Kang (10% held out), default settings
+    python benchmarks/bench_report.py scale           # 2 seeds, 100,000 simulated held-out cells
+    python benchmarks/bench_report.py scale --cells 20000 --quick
+
+Prints a Markdown section with the command, the machine load, the time per step and the peak
+resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _load() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _current_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return float(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+class _RssSampler(threading.Thread):
+    """Largest resident memory seen while a block runs (sampled every 20 ms)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.start_mb = _current_rss_mb()
+        self.peak_mb = self.start_mb
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.02):
+            self.peak_mb = max(self.peak_mb, _current_rss_mb())
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+
+REPORT_MEMORY: dict[str, float] = {}
+
+
+def _time_report(fits, heldout, markers=None) -> tuple[dict[str, float], float]:
+    from countvae.diagnostics import report
+
+    sampler = _RssSampler()
+    sampler.start()
+    try:
+        rep = report(fits, heldout, markers=markers)
+    finally:
+        sampler.stop()
+    REPORT_MEMORY.update(before=sampler.start_mb, peak=sampler.peak_mb)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        rep.save(Path(tmp) / "report")
+        save_seconds = time.perf_counter() - t0
+    return rep.timings, save_seconds
+
+
+def kang(args: argparse.Namespace) -> list[str]:
+    """Five seeds of the default model (NB, MLP, 10 latent dims) on Kang; the report timed per step."""
+    import countvae as cv
+    from countvae.diagnostics import fit_seeds
+
+    adata = cv.data.load_dataset("kang2018")
+    cv.CountVAE.setup_anndata(adata, batch_key="batch", labels_key="cell_type")
+    t0 = time.perf_counter()
+    fits = fit_seeds(
+        adata,
+        seeds=range(args.seeds),
+        model_kwargs={"n_latent": 10},
+        train_kwargs={"max_epochs": args.epochs, "progress_bar": False},
+        heldout_fraction=0.1,
+        progress_bar=False,
+        torch_threads=args.threads,
+    )
+    fit_seconds = time.perf_counter() - t0
+    timings, save_seconds = _time_report(fits, fits.adata_heldout)
+    analysis = timings["total"] + save_seconds
+    budget = args.seeds * 150.0
+    return [
+        f"Kang: {args.seeds} seeds, {fits.adata_heldout.n_obs} held-out cells x {adata.n_vars} genes; fits trained "
+        f"{args.epochs} epochs (fit_seeds took {fit_seconds:.0f} s).",
+        "",
+        _table(timings, save_seconds),
+        "",
+        f"Analysis {analysis:.1f} s = {100 * analysis / (budget + analysis):.1f}% of a diagnose run whose "
+        f"{args.seeds} fits take 2.5 min each ({budget:.0f} s). Resident memory during report(): "
+        f"{REPORT_MEMORY['before']:.0f} MB before, peak {REPORT_MEMORY['peak']:.0f} MB.",
+    ]
+
+
+def scale(args: argparse.Namespace) -> list[str]:
+    """Two quick fits on 5,000 cells, then the report on ``--cells`` held-out cells.
+
+    The held-out cells are drawn with replacement from 20,000 simulated cells (same
+    model, so the same distribution) to keep the simulator's dense intermediate
+    arrays small; the peak memory is then mostly the report's.
+    """
+    import anndata as ad
+
+    import countvae as cv
+    from countvae.diagnostics import CountVAEFit
+
+    n_fit, n_pool = 5_000, 20_000
+    sim = cv.data.simulate(n_cells=n_fit + n_pool, n_genes=args.genes, n_latent=5, decoder="mlp", sources="laplace")
+    fit_data = sim[:n_fit].copy()
+    rows = n_fit + np.random.default_rng(1).choice(n_pool, args.cells, replace=True)
+    heldout = ad.AnnData(X=sim.X[rows], var=sim.var.copy())
+    heldout.obs_names = [f"held{i}" for i in range(args.cells)]
+    del sim
+    cv.CountVAE.setup_anndata(fit_data)
+    rss_data = _peak_rss_mb()
+    fits = []
+    for seed in range(2):
+        model = cv.CountVAE(fit_data, n_latent=5)
+        model.train(max_epochs=args.epochs, batch_size=256, progress_bar=False, seed=seed)
+        fits.append(CountVAEFit(model, seed))
+    timings, save_seconds = _time_report(fits, heldout)
+    return [
+        f"Scale: 2 seeds, {heldout.n_obs} held-out cells x {heldout.n_vars} genes (simulated, MLP decoder).",
+        "",
+        _table(timings, save_seconds),
+        "",
+        f"Resident memory during report(): {REPORT_MEMORY['before']:.0f} MB before, peak "
+        f"{REPORT_MEMORY['peak']:.0f} MB (process peak {_peak_rss_mb():.0f} MB, {rss_data:.0f} MB of it while "
+        "simulating the data).",
+    ]
+
+
+def _table(timings: dict[str, float], save_seconds: float) -> str:
+    lines = ["| step | seconds |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in timings.items() if k != "total"]
+    lines += [f"| **report() total** | **{timings['total']:.2f}** |", f"| save (html, json, md) | {save_seconds:.2f} |"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one benchmark and print its Markdown section."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=["kang", "scale"])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=5, help="training epochs per fit (not what is timed)")
+    parser.add_argument("--cells", type=int, default=100_000, help="held-out cells for 'scale'")
+    parser.add_argument("--genes", type=int, default=2_000, help="genes for 'scale'")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 seeds, 1 epoch, fewer cells")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.epochs, args.cells, args.genes = 2, 1, min(args.cells, 5_000), min(args.genes, 300)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    load_before = _load()
+    lines = kang(args) if args.which == "kang" else scale(args)
+    header = [
+        f"### `diagnostics.report` timing: {args.which}",
+        "",
+        f"Command: `python benchmarks/bench_report.py {' '.join(sys.argv[1:] if argv is None else argv)}` "
+        f"({started}); torch threads {args.threads}; load average before / after: {load_before} / {_load()}.",
+        "",
+    ]
+    print("\n".join(header + lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
