@@ -17,7 +17,7 @@ from countvae.errors import InvalidArgumentError, NotTrainedError
 N_CELLS = 48
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model(likelihood: str, decoder: str, n_batches: int, dtype: str, n_latent: int) -> cv.CountVAE:
     """A small model trained for two epochs (cached: tests must not modify it)."""
     adata = cv.data.simulate(

@@ -391,11 +391,14 @@ def verify(
             raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {value!r}.")
     if quadrature not in (True, False, "auto"):
         raise InvalidArgumentError(f"quadrature must be True, False or 'auto', got {quadrature!r}.")
+    n_cells = getattr(adata, "n_obs", 0) if indices is None else len(np.asarray(indices).ravel())
+    if indices is not None and len(np.unique(np.asarray(indices))) != n_cells:
+        raise InvalidArgumentError("indices must not repeat a cell.")
+    if n_cells < 2 and hasattr(adata, "n_obs"):
+        raise InvalidArgumentError(f"verify needs at least 2 cells, got {n_cells}.")
     base = copy_model(model, dtype)
     base.module.eval()
     source, idx = query_source(adata, base.registry, base.var_names, indices=indices, validate=True)
-    if len(np.unique(idx)) != len(idx) or len(idx) < 2:
-        raise InvalidArgumentError("verify needs at least 2 distinct cells (indices must not repeat).")
     L = base.n_latent
     maps = _resolve_transforms(transforms, L, seed, controls)
     reason = quadrature_unsupported_reason(base)
