@@ -230,9 +230,13 @@ class InvarianceReport:
         def md_table(frame: pd.DataFrame, index: bool = False) -> str:
             if index:
                 frame = frame.reset_index()
-            header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+
+            def cell(text: str) -> str:
+                return text.replace("|", "\\|")
+
+            header = "| " + " | ".join(cell(str(c)) for c in frame.columns) + " |"
             rule = "|" + "|".join(" --- " for _ in frame.columns) + "|"
-            body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+            body = ["| " + " | ".join(cell(_fmt(v)) for v in row) + " |" for row in frame.itertuples(index=False)]
             return "\n".join([header, rule, *body])
 
         parts = ["# Rotation invariance check", "", self._headline(), ""]
