@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 
 import numpy as np
@@ -159,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
         print(report.summary())
         print(f"\nwritten: {args.out}/invariance.json, {args.out}/invariance.md")
     if not report.passed:
-        logger.error(
-            "countvae verify-invariance: %d checks disagree with the theory; see %s/invariance.md",
-            len(report.failures),
-            args.out,
+        print(
+            f"countvae verify-invariance: error: {len(report.failures)} checks disagree with the theory; "
+            f"see {args.out}/invariance.md",
+            file=sys.stderr,
         )
         return 1
     return 0
