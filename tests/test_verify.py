@@ -254,3 +254,11 @@ def test_figures(poisson_fit, poisson_report):
     ax = plots.plot_outputs(rep.outputs)
     assert len(ax.get_yticklabels()) == len(rep.outputs)
     plt.close("all")
+
+
+def test_verify_an_already_reparameterized_model(poisson_fit):
+    model, held = poisson_fit
+    rotated = inv.reparameterize(model, inv.random_orthogonal(2, 11))
+    rep = inv.verify(rotated, held[:60], n_samples=60, prior_controls=False, elbo_refit_steps=5, n_elbo_samples=8)
+    assert rep.passed, rep.summary()
+    assert _value(rep, "fitted", "rotation", "latent_map_max_abs_error").value < 1e-9
