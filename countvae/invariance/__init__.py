@@ -7,6 +7,7 @@
 >>> report.passed, report.to_frame()  # doctest: +SKIP
 """
 
+from countvae.invariance.laplace_is import laplace_log_predictive_density
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
 from countvae.invariance.reparameterize import copy_model, reparameterize
 from countvae.invariance.report import InvarianceReport
@@ -45,6 +46,7 @@ __all__ = [
     "default_scaling",
     "default_transforms",
     "is_signed_permutation",
+    "laplace_log_predictive_density",
     "log_marginal_linear",
     "nearest_orthogonal",
     "permutation",
