@@ -163,7 +163,7 @@ def _pointwise(
     """Max |log p(x|z) - log p'(x|Az)|, max |log p(z) - log p'(Az)|, and the largest |log p(x|z)|."""
     m0, m1 = original.module.eval(), transformed.module.eval()
     dtype = next(m0.parameters()).dtype
-    At = torch.as_tensor(A, dtype=dtype)
+    At = torch.as_tensor(A, dtype=dtype, device=original.device)
     gen = torch.Generator().manual_seed(seed)
     worst_ll, worst_prior, scale = 0.0, 0.0, 0.0
     for _, mb in cell_chunks(source, idx):
