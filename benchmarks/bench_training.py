@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -237,56 +238,90 @@ def main(argv=None) -> None:
     if args.quick:
         args.repeats, args.warmup, args.lpd_samples, args.lpd_cells = 1, 1, 10, 20
     runners = args.runners.split(",")
+    for ds in _datasets(args):
+        _run_dataset(args, ds, runners)
+
+
+def _previous_times(results: Path, section: str) -> dict[str, float]:
+    """Runner -> s/epoch in the section as last written (for the regression check)."""
+    if not results.exists():
+        return {}
+    text = results.read_text()
+    match = re.search(rf"<!-- section: {re.escape(section)} -->(.*?)<!-- end: {re.escape(section)} -->", text, re.S)
+    if not match:
+        return {}
+    out = {}
+    for line in match.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 4 and cells[1] in RUNNERS:
+            try:
+                out[cells[1]] = float(cells[4])
+            except ValueError:
+                pass
+    return out
+
+
+def _run_dataset(args, ds: dict, runners: list[str]) -> None:
     rows, loads = [], []
     started = time.strftime("%Y-%m-%d %H:%M")
-    for ds in _datasets(args):
-        epochs = args.epochs or (3 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
-        for repeat in range(args.repeats):
-            order = runners[repeat % len(runners) :] + runners[: repeat % len(runners)]  # rotate: interleave
-            for runner in order:
-                spec = dict(
-                    ds,
-                    runner=runner,
-                    repeat=repeat,
-                    epochs=epochs,
-                    threads=args.threads,
-                    lpd=repeat == 0,
-                    lpd_samples=args.lpd_samples,
-                    lpd_cells=args.lpd_cells,
-                    heldout_fraction=0.1,
-                )
-                loads.append(load_average())
-                result = run_worker(Path(__file__), spec)
-                print(
-                    f"{ds['dataset']:>10} {runner:>16} repeat {repeat}: "
-                    f"{np.median(result['epoch_seconds'][args.warmup :] or result['epoch_seconds']):.3f} s/epoch, "
-                    f"LPD {result.get('lpd_mean', float('nan')):.2f}, peak {result['peak_rss_mb']:.0f} MiB",
-                    flush=True,
-                )
-                rows.append(result)
+    epochs = args.epochs or (3 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
+    for repeat in range(args.repeats):
+        order = runners[repeat % len(runners) :] + runners[: repeat % len(runners)]  # rotate: interleave
+        for runner in order:
+            spec = dict(
+                ds,
+                runner=runner,
+                repeat=repeat,
+                epochs=epochs,
+                threads=args.threads,
+                lpd=repeat == 0,
+                lpd_samples=args.lpd_samples,
+                lpd_cells=args.lpd_cells,
+                heldout_fraction=0.1,
+            )
+            loads.append(load_average())
+            result = run_worker(Path(__file__), spec)
+            print(
+                f"{ds['dataset']:>10} {runner:>16} repeat {repeat}: "
+                f"{np.median(result['epoch_seconds'][args.warmup :] or result['epoch_seconds']):.3f} s/epoch, "
+                f"LPD {result.get('lpd_mean', float('nan')):.2f}, peak {result['peak_rss_mb']:.0f} MiB",
+                flush=True,
+            )
+            rows.append(result)
     loads.append(load_average())
     table = _summarise(rows, args.warmup)
+    section = f"{args.section}-{ds['dataset']}"
+    previous = _previous_times(Path(args.results), section)
+    notes = []
+    for _, row in table.iterrows():
+        before = previous.get(row["runner"])
+        if before and row["s/epoch"] > 1.2 * before:
+            notes.append(
+                f"**Regression**: {row['runner']} took {row['s/epoch']:.3f} s/epoch, more than 20% above the "
+                f"last recorded {before:.3f} s/epoch (check the load average before concluding)."
+            )
     print(table.to_string())
-    epochs_note = ", ".join(f"{d}: {len(g['epoch_seconds'].iloc[0])}" for d, g in pd.DataFrame(rows).groupby("dataset"))
-    body = f"""## Training throughput and held-out fit against scvi-tools (`bench_training.py`)
+    body = f"""## Training throughput and held-out fit against scvi-tools on {ds["dataset"]} (`bench_training.py`)
 
 Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""})
 
 Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before each run: {"; ".join(loads)}.
 
-Epochs per fit ({epochs_note}); s/epoch is the median over epochs after the first {args.warmup}, per repeat, then
-the median over {args.repeats} interleaved repeats. Held-out LPD: mean over {args.lpd_cells} held-out cells (10% of
+{epochs} epochs per fit; s/epoch is the median over epochs after the first {args.warmup}, per repeat, then the
+median over {args.repeats} interleaved repeats. Held-out LPD: mean over {args.lpd_cells} held-out cells (10% of
 the data, never trained on) of log p(x) in nats with {args.lpd_samples} importance samples (countvae
 `get_log_predictive_density`, scvi `get_marginal_ll`), after the same number of epochs. Peak RSS is the worker
 process's high-water mark (data, model, training and LPD).
 
 {markdown_table(table)}
 
+{chr(10).join(notes) if notes else "No runner is more than 20% slower than the figures this section held before."}
+
 Set-up: n_latent 10, 1 hidden layer of 128, NB with gene dispersion, batch one-hot in encoder and decoder,
 batch size 128, train_size 0.9, lr 1e-3. SCVI: default KL warm-up (400 epochs) and no per-epoch validation;
 countvae: no KL warm-up, one validation pass per epoch (included in its time).
 """
-    write_section(Path(args.results), args.section, body)
+    write_section(Path(args.results), section, body)
 
 
 if __name__ == "__main__":
