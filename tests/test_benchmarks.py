@@ -83,7 +83,7 @@ def test_bench_scale_quick(results, tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("name", ["bench_lpd", "bench_flops", "bench_gpu", "bench_diagnose_budget"])
+@pytest.mark.parametrize("name", ["bench_lpd", "bench_flops", "bench_gpu", "bench_diagnose_budget", "bench_profile"])
 def test_in_process_benchmarks_quick(name, results):
     _module(name).main(["--quick", "--results", str(results)])
     section = {
