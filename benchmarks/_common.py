@@ -96,7 +96,7 @@ def write_section(results: Path, name: str, body: str) -> None:
     write_text_atomic(results, text, overwrite=True)
 
 
-def markdown_table(frame: pd.DataFrame, floatfmt: str = "{:.4g}") -> str:
+def markdown_table(frame: pd.DataFrame, floatfmt: str = "{:.5g}") -> str:
     """A GitHub-flavoured markdown table (no tabulate dependency)."""
     cols = list(frame.columns)
     lines = ["| " + " | ".join(str(c) for c in cols) + " |", "|" + "---|" * len(cols)]

@@ -76,6 +76,9 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
     try:
         yield Path(tmp)
         os.replace(tmp, path)

@@ -94,3 +94,26 @@ def test_in_process_benchmarks_quick(name, results):
     }
     body = _section(results.read_text(), section[name])
     assert "QUICK" in body and "Command:" in body
+
+
+def test_simulate_h5ad_writes_chunked_csr_counts_atomically(tmp_path):
+    import anndata as ad
+    import numpy as np
+
+    from countvae._io import atomic_file_path
+
+    common = _module("_common")
+    path = common.simulate_h5ad(tmp_path / "sim.h5ad", n_cells=250, n_genes=30, seed=3, chunk_cells=100)
+    backed = ad.read_h5ad(path, backed="r")
+    assert backed.shape == (250, 30) and backed.X.format == "csr"
+    memory = ad.read_h5ad(path)
+    counts = memory.X.toarray()
+    assert np.array_equal(counts, np.round(counts)) and (counts >= 0).all() and (counts.sum(1) > 0).all()
+    # the same seed and chunking give the same file
+    again = common.simulate_h5ad(tmp_path / "again.h5ad", n_cells=250, n_genes=30, seed=3, chunk_cells=100)
+    assert np.array_equal(ad.read_h5ad(again).X.toarray(), counts)
+    # a failing writer leaves nothing behind
+    with pytest.raises(RuntimeError), atomic_file_path(tmp_path / "broken.h5ad") as tmp:
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("writer failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.h5ad", "sim.h5ad"]
