@@ -9,7 +9,7 @@ train_size 0.9 (so an epoch also includes a validation pass over 10% of the cell
 Each size runs in its own process so that its peak resident memory is its own.
 
     python benchmarks/bench_scale.py                 # 10k, 100k, 1M cells; writes RESULTS.md and scale.png
-    python benchmarks/bench_scale.py --quick         # 2k and 5k cells, 100 genes
+    python benchmarks/bench_scale.py --quick         # 1k and 2k cells, 60 genes
     python benchmarks/bench_scale.py --max-steps 1500   # time 1,500 steps per size and extrapolate
 
 With ``--max-steps`` the training part of the epoch is extrapolated from the first
@@ -140,7 +140,7 @@ def _plot(table: pd.DataFrame) -> bytes:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="2k and 5k cells x 100 genes: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="1k and 2k cells x 60 genes: a smoke run")
     parser.add_argument("--cells", default="10000,100000,1000000", help="comma list of dataset sizes")
     parser.add_argument("--genes", type=int, default=2000)
     parser.add_argument("--max-steps", type=int, default=None, help="time this many training steps and extrapolate")
@@ -154,7 +154,7 @@ def main(argv=None) -> None:
         print(json.dumps(worker(json.loads(args.worker))))
         return
     if args.quick:
-        args.cells, args.genes = "2000,5000", 100
+        args.cells, args.genes = "1000,2000", 60
     rows, loads = [], []
     started = time.strftime("%Y-%m-%d %H:%M")
     for n in [int(c) for c in args.cells.split(",")]:

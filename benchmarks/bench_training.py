@@ -218,7 +218,7 @@ def _summarise(rows: list[dict], warmup: int) -> pd.DataFrame:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="tiny simulated data, 3 epochs: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="tiny simulated data, 2 epochs: a smoke run")
     parser.add_argument("--datasets", default="kang2018,sim100k", help="comma list of kang2018, sim100k")
     parser.add_argument("--epochs", type=int, default=None, help="epochs per fit (default 12; sim100k 4)")
     parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the median")
@@ -264,7 +264,7 @@ def _previous_times(results: Path, section: str) -> dict[str, float]:
 def _run_dataset(args, ds: dict, runners: list[str]) -> None:
     rows, loads = [], []
     started = time.strftime("%Y-%m-%d %H:%M")
-    epochs = args.epochs or (3 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
+    epochs = args.epochs or (2 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
     for repeat in range(args.repeats):
         order = runners[repeat % len(runners) :] + runners[: repeat % len(runners)]  # rotate: interleave
         for runner in order:

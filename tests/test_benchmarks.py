@@ -79,7 +79,7 @@ def test_bench_scale_quick(results, tmp_path):
     plot = tmp_path / "scale.png"
     _run_script("bench_scale", "--quick", "--results", str(results), "--data-dir", str(tmp_path), "--plot", str(plot))
     body = _section(results.read_text(), "scale")
-    assert "5000" in body and "peak RSS MiB" in body
+    assert "2000" in body and "peak RSS MiB" in body
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -91,6 +91,7 @@ def test_in_process_benchmarks_quick(name, results):
         "bench_flops": "flops",
         "bench_gpu": "gpu",
         "bench_diagnose_budget": "diagnose-budget",
+        "bench_profile": "profile",
     }
     body = _section(results.read_text(), section[name])
     assert "QUICK" in body and "Command:" in body
