@@ -209,7 +209,8 @@ high-water mark, including Python, torch and the in-memory obs table.
 
 {markdown_table(table)}
 
-Seconds per epoch per 1,000 cells: {", ".join(f"{1000 * v:.3g}" for v in per_cell)} (constant = linear in cells).
+Seconds per epoch per 1,000 cells: {", ".join(f"{1000 * v:.3g}" for v in per_cell)} (constant = linear in cells; the
+smallest size's one epoch also carries the first steps' warm-up, so compare ms/step).
 Plot: `{Path(args.plot).name}` (left: time per epoch against cells with a line of slope 1; right: peak resident
 memory against the dense matrix size and the 4 GB target).
 """
