@@ -28,7 +28,7 @@ from countvae.data.registry import (
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
 from countvae.data.validation import column_totals
-from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
+from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
 from countvae.model import inference
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import check_genes, query_source, resolve_registry
@@ -127,6 +127,14 @@ class CountVAE:
             raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
         var_names = get_var_names(adata, registry)
         gene_totals = column_totals(get_count_matrix(adata, registry))
+        n_empty = int(np.count_nonzero(gene_totals == 0))
+        if n_empty:
+            # possible when a registered AnnData is subset after setup_anndata
+            raise InvalidDataError(
+                f"{n_empty} of {len(gene_totals)} genes have zero total counts in the training cells; a model cannot "
+                "learn their expression. Remove them (e.g. `sc.pp.filter_genes(adata, min_counts=1)`) and call "
+                "CountVAE.setup_anndata again."
+            )
         self._configure(
             registry,
             pd.Index(var_names),

@@ -151,7 +151,8 @@ def train_module(
     dtype, device = _dtype_device(module)
     if optimizer is None:
         optimizer = make_optimizer(module, plan.lr, plan.weight_decay)
-    rng = np.random.default_rng(plan.seed)
+    # Continued training (epoch_offset > 0) draws new minibatch orders and noise, still fixed by the seed.
+    rng = np.random.default_rng([plan.seed, epoch_offset])
     rows: list[dict] = []
     parameters = list(module.parameters())
     live = list(module.state_dict().values())
@@ -160,7 +161,7 @@ def train_module(
     stale = 0
     bar = tqdm(range(plan.max_epochs), desc="Training", disable=not plan.progress_bar, unit="epoch")
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(plan.seed)
+        torch.manual_seed(plan.seed if epoch_offset == 0 else int(rng.integers(2**62)))
         for epoch in bar:
             module.train()
             kl_weight = _kl_weight(epoch_offset + epoch, plan.kl_warmup_epochs)
