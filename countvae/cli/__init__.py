@@ -14,12 +14,12 @@ import argparse
 import logging
 import sys
 
-from countvae.cli import diagnose, fit
+from countvae.cli import diagnose, fit, verify_invariance
 from countvae.errors import CountVAEError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-_COMMANDS = (fit, diagnose)
+_COMMANDS = (fit, verify_invariance, diagnose)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,16 @@ def iter_row_chunks(matrix, chunk_rows: int = _CHUNK_ROWS) -> Iterator[tuple[int
         yield start, matrix[start : min(start + chunk_rows, n)]
 
 
+def column_totals(matrix) -> np.ndarray:
+    """Total counts of each gene (column sums, float64), reading backed data chunk by chunk."""
+    if sp.issparse(matrix) or isinstance(matrix, np.ndarray):
+        return np.asarray(matrix.sum(axis=0), dtype=np.float64).ravel()
+    totals = np.zeros(matrix.shape[1], dtype=np.float64)
+    for _, block in iter_row_chunks(matrix):
+        totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
+    return totals
+
+
 def _values_of(block) -> np.ndarray:
     """The stored values of a block: the non-zeros of a sparse block, all of a dense one."""
     if sp.issparse(block):
@@ -64,9 +74,9 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     what
         How to name the matrix in error messages, e.g. ``"adata.layers['counts']"``.
     allow_empty_genes
-        Accept genes with no counts. Training data must not have them, but cells
-        a fitted model is applied to (held-out or query cells, small subsets)
-        often do, and a zero column is valid data for a trained model.
+        Accept genes with no counts. Training data must not have them, but a
+        handful of query or held-out cells often leaves some gene at zero, and that
+        is valid data for a fitted model.
 
     Returns
     -------
