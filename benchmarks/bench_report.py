@@ -9,14 +9,13 @@ default settings, per step, plus writing the three report files.
     python benchmarks/bench_report.py scale           # 2 seeds, 100,000 simulated held-out cells
     python benchmarks/bench_report.py scale --cells 20000 --quick
 
-Prints a Markdown section with the command, the machine load, the time per step and the peak
-resident memory.
+Writes the section ``report-kang`` or ``report-scale`` of RESULTS.md (``--results``) with the
+command, the machine, the load, the time per step and the resident memory during ``report()``.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import sys
 import tempfile
 import threading
@@ -25,18 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-def _load() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, peak_rss_mb, write_section  # noqa: E402
 
 
 def _current_rss_mb() -> float:
@@ -137,7 +126,7 @@ def scale(args: argparse.Namespace) -> list[str]:
     heldout.obs_names = [f"held{i}" for i in range(args.cells)]
     del sim
     cv.CountVAE.setup_anndata(fit_data)
-    rss_data = _peak_rss_mb()
+    rss_data = peak_rss_mb()
     fits = []
     for seed in range(2):
         model = cv.CountVAE(fit_data, n_latent=5)
@@ -150,7 +139,7 @@ def scale(args: argparse.Namespace) -> list[str]:
         _table(timings, save_seconds),
         "",
         f"Resident memory during report(): {REPORT_MEMORY['before']:.0f} MB before, peak "
-        f"{REPORT_MEMORY['peak']:.0f} MB (process peak {_peak_rss_mb():.0f} MB, {rss_data:.0f} MB of it while "
+        f"{REPORT_MEMORY['peak']:.0f} MB (process peak {peak_rss_mb():.0f} MB, {rss_data:.0f} MB of it while "
         "simulating the data).",
     ]
 
@@ -172,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genes", type=int, default=2_000, help="genes for 'scale'")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 seeds, 1 epoch, fewer cells")
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to write the section into")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.epochs, args.cells, args.genes = 2, 1, min(args.cells, 5_000), min(args.genes, 300)
@@ -180,16 +170,21 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(args.threads)
     started = time.strftime("%Y-%m-%d %H:%M")
-    load_before = _load()
+    load_before = load_average()
     lines = kang(args) if args.which == "kang" else scale(args)
-    header = [
-        f"### `diagnostics.report` timing: {args.which}",
-        "",
-        f"Command: `python benchmarks/bench_report.py {' '.join(sys.argv[1:] if argv is None else argv)}` "
-        f"({started}); torch threads {args.threads}; load average before / after: {load_before} / {_load()}.",
-        "",
-    ]
-    print("\n".join(header + lines))
+    body = "\n".join(
+        [
+            f"## Time of the multi-seed analysis, {args.which} (`bench_report.py`)",
+            "",
+            f"Command: `{command_line()}` ({started}{', QUICK smoke run' if args.quick else ''})",
+            "",
+            f"Machine: {machine_line(args.threads)}. Load average before / after: {load_before} / {load_average()}.",
+            "",
+            *lines,
+        ]
+    )
+    write_section(Path(args.results), f"report-{args.which}", body)
+    print(body)
     return 0
 
 
