@@ -97,3 +97,11 @@ def test_bad_input_one_line_errors(data_file, tmp_path, capsys, extra, message):
 def test_missing_file(tmp_path, capsys):
     code, _, err = run([str(tmp_path / "missing.h5ad"), "--out", str(tmp_path / "o")], capsys)
     assert code == 1 and "does not exist" in err
+
+
+def test_default_epochs_budget():
+    from countvae.cli.diagnose import default_epochs
+
+    assert default_epochs(7816) == 77  # Kang with 10% held out: 600,000 cell passes
+    assert default_epochs(500) == 400  # small data: scvi-tools' cap
+    assert default_epochs(1_000_000) == 20  # large data: at least 20 epochs
