@@ -8,6 +8,7 @@ default settings, per step, plus writing the three report files.
     python benchmarks/bench_report.py kang            # 5 seeds on Kang (10% held out), default settings
     python benchmarks/bench_report.py scale           # 2 seeds, 100,000 simulated held-out cells
     python benchmarks/bench_report.py scale --cells 20000 --quick
+    python benchmarks/bench_report.py diagnose        # `countvae diagnose` end to end on Kang, default settings
 
 Writes the section ``report-kang`` or ``report-scale`` of RESULTS.md (``--results``) with the
 command, the machine, the load, the time per step and the resident memory during ``report()``.
@@ -144,6 +145,70 @@ def scale(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def diagnose(args: argparse.Namespace) -> list[str]:
+    """``countvae diagnose`` on Kang at its default settings, end to end; wall time and the report's numbers."""
+    import json
+
+    import pandas as pd
+
+    from countvae.cli import main as cli_main
+    from countvae.data import find_dataset
+
+    data = find_dataset("kang2018")
+    extra = ["--max-epochs", "1", "--seeds", "2"] if args.quick else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "diag"
+        t0 = time.perf_counter()
+        argv = [*map(str, ["diagnose", data, "--batch-key", "batch", "--labels-key", "cell_type"]), *extra]
+        code = cli_main([*argv, "--out", str(out), "--quiet", "--json"])
+        wall = time.perf_counter() - t0
+        if code != 0:
+            raise RuntimeError(f"countvae diagnose exited with {code}")
+        record = json.loads((out / "report" / "report.json").read_text())
+    tables = record["tables"]
+    invariants = pd.DataFrame(tables["invariants"])[
+        ["quantity", "invariant_in_theory", "metric", "agreement", "aligned_agreement", "verdict"]
+    ]
+    alignment = pd.DataFrame(tables["alignment_summary"])[["map", "error_diameter_mean", "error_rms_mean"]]
+    predictive = pd.DataFrame(tables["predictive"])[["fit", "lpd_per_cell", "se_per_cell", "mc_se_per_cell"]]
+    rhat = pd.DataFrame(tables["rhat"])[["quantity", "rhat_median", "rhat_max", "ess_bulk_median"]]
+    analysis = record["timings_seconds"]["total"]
+    efficiency = pd.DataFrame(tables.get("ica_efficiency", []))
+    epochs = record["settings"]["fits"]["train_kwargs"]["max_epochs"]
+    lines = [
+        f"`countvae diagnose {data.name} --batch-key batch --labels-key cell_type {' '.join(extra)}` "
+        f"(default: 5 seeds, NB, MLP decoder, 10 latent dims, {epochs} epochs, 10% of cells held out): "
+        f"**{wall / 60:.1f} min wall time**, of which report() {analysis:.1f} s ({100 * analysis / wall:.1f}%).",
+        "",
+        "Verdict, as the report states it:",
+        "",
+        *[f"- {line}" for line in record["headline"]],
+        "",
+        _frame(invariants),
+        "",
+        "Seed-pair alignment error (mean over pairs; fraction of the latent diameter / of the RMS distance):",
+        "",
+        _frame(alignment),
+    ]
+    if len(efficiency):
+        eff = efficiency["ica_efficiency"]
+        lines += [
+            "",
+            f"ICA efficiency over seed pairs: mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}.",
+        ]
+    lines += ["", "Held-out log p(x) per cell:", "", _frame(predictive), "", "Cross-seed R-hat:", "", _frame(rhat)]
+    return lines
+
+
+def _frame(frame) -> str:
+    cols = list(frame.columns)
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for values in frame.itertuples(index=False):
+        cells = ["–" if v is None or v != v else f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def _table(timings: dict[str, float], save_seconds: float) -> str:
     lines = ["| step | seconds |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in timings.items() if k != "total"]
@@ -154,7 +219,7 @@ def _table(timings: dict[str, float], save_seconds: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one benchmark and print its Markdown section."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", choices=["kang", "scale"])
+    parser.add_argument("which", choices=["kang", "scale", "diagnose"])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=5, help="training epochs per fit (not what is timed)")
     parser.add_argument("--cells", type=int, default=100_000, help="held-out cells for 'scale'")
@@ -171,10 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     started = time.strftime("%Y-%m-%d %H:%M")
     load_before = load_average()
-    lines = kang(args) if args.which == "kang" else scale(args)
+    lines = {"kang": kang, "scale": scale, "diagnose": diagnose}[args.which](args)
     body = "\n".join(
         [
-            f"## Time of the multi-seed analysis, {args.which} (`bench_report.py`)",
+            f"## Multi-seed diagnostics, {args.which} (`bench_report.py`)",
             "",
             f"Command: `{command_line()}` ({started}{', QUICK smoke run' if args.quick else ''})",
             "",

@@ -644,13 +644,12 @@ def _headline(
 ) -> list[str]:
     by = {v: invariants.loc[invariants["verdict"] == v, "quantity"].tolist() for v in (STABLE, ROTATION, UNSTABLE)}
     theory = dict(zip(invariants["quantity"], invariants["invariant_in_theory"], strict=True))
-    lines = [
-        f"Identified here (agree across all {n_fits} seeds): {_listing(by[STABLE])}.",
-        (
+    lines = [f"Identified here (agree across all {n_fits} seeds): {_listing(by[STABLE])}."]
+    if by[ROTATION]:
+        lines.append(
             f"Determined only up to a rotation of the latent space (differ between seeds, agree after aligning "
             f"them): {_listing(by[ROTATION])}. Do not interpret these one dimension at a time."
-        ),
-    ]
+        )
     unstable_invariant = [q for q in by[UNSTABLE] if theory.get(q) == "yes"]
     unstable_other = [q for q in by[UNSTABLE] if theory.get(q) != "yes"]
     if unstable_invariant:
@@ -660,6 +659,18 @@ def _headline(
         )
     if unstable_other:
         lines.append(f"Not reproducible even after alignment: {_listing(unstable_other)}.")
+        rows = invariants.set_index("quantity").loc[unstable_other]
+        gain = rows["aligned_agreement"] - rows["agreement"]
+        mostly = rows[gain >= 0.3]
+        if len(mostly):
+            changes = ", ".join(
+                f"{q} from {r.agreement:.2f} to {r.aligned_agreement:.2f}" for q, r in mostly.iterrows()
+            )
+            lines.append(
+                f"Rotating the seeds onto each other raises the agreement of {changes} (threshold "
+                f"{mostly['threshold'].iloc[0].split()[-1]}): most of their seed-to-seed difference is the arbitrary "
+                "rotation, the remainder a genuine difference between the solutions."
+            )
     lines.append(predictive_sentence)
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]
     lines.append(
