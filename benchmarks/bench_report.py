@@ -205,6 +205,7 @@ def _frame(frame) -> str:
     rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for values in frame.itertuples(index=False):
         cells = ["–" if v is None or v != v else f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+        cells = [c.replace("|", "\\|") for c in cells]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
