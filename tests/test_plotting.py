@@ -44,6 +44,22 @@ def test_log_predictive_density_points_and_error_bars():
     np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [-10.0, -11.0])
 
 
+def test_paired_differences_relative_to_the_best_seed():
+    predictive = pd.DataFrame({"fit": ["s0", "s1", "s2"], "lpd_per_cell": [-10.0, -9.5, -9.8]})
+    pairs = pd.DataFrame(
+        {
+            "fit_a": ["s0", "s0", "s1"],
+            "fit_b": ["s1", "s2", "s2"],
+            "diff_per_cell": [-0.5, -0.2, 0.3],
+            "se_diff_per_cell": [0.1, 0.1, 0.05],
+        }
+    )
+    ax = plotting.paired_lpd_differences(predictive, pairs)
+    points = [line for line in ax.get_lines() if line.get_marker() == "o"][0]
+    np.testing.assert_allclose(np.asarray(points.get_ydata(), dtype=float), [-0.5, 0.0, -0.3])
+    assert "s1" in ax.get_ylabel()
+
+
 def test_marker_heatmaps_one_per_fit_with_the_correlations():
     rows = [
         {"fit": f, "marker": m, "dim": d, "corr": (1 if f == "s0" else -1) * (d + 1) / 10}
