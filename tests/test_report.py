@@ -135,6 +135,8 @@ def test_data_derived_strings_are_escaped_in_html(tmp_path):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert "<img src=x" not in text and "&lt;img src=x" in text
     assert "<b>seed 0</b>" not in text and "&lt;b&gt;seed 0&lt;/b&gt;" in text
+    fragment = rep._repr_html_()
+    assert "<script" not in fragment.lower() and "per-dimension coordinates" in fragment
 
 
 class OtherGenes(RotatedFit):

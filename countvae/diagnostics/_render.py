@@ -249,6 +249,12 @@ def _dict_html(mapping: dict[str, Any]) -> str:
     return f"<table><tbody>{rows}</tbody></table>"
 
 
+def summary_html(rep: DiagnosticReport) -> str:
+    """The verdict and the invariants table as an HTML fragment (for notebooks)."""
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in rep.headline)
+    return f"<b>Multi-seed diagnostics</b><ul>{items}</ul>{_invariants_html(rep.invariants)}"
+
+
 def render_html(rep: DiagnosticReport) -> str:
     """The self-contained HTML report."""
     images = _figures(rep)

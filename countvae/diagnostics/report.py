@@ -193,6 +193,12 @@ class DiagnosticReport:
         fits = self.provenance.get("fits", [])
         return f"DiagnosticReport({len(fits)} fits)\n{self.summary()}"
 
+    def _repr_html_(self) -> str:
+        """The verdict and the invariants table, for notebooks (data-derived strings escaped)."""
+        from countvae.diagnostics._render import summary_html
+
+        return summary_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         """Every table and setting as JSON-safe Python objects (NaN and infinities become ``None``)."""
         from countvae.diagnostics._render import report_to_dict
