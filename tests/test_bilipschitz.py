@@ -31,6 +31,12 @@ def test_poisson_linear_decoder_closed_form():
     )
 
 
+def test_rank_deficient_decoder_has_infinite_constant():
+    sv = np.array([[2.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(bilipschitz_constant(sv), [np.inf, np.inf, 1.0])
+    np.testing.assert_array_equal(bilipschitz_constant(sv, scale_free=False), [np.inf, np.inf, 1.0])
+
+
 def test_nb_weight_is_the_fisher_information_of_the_log_mean():
     # For NB(mean mu, inverse dispersion theta) the Fisher information of eta = log mu is mu^2 / Var.
     mu, theta = np.array([0.5, 3.0, 40.0]), np.array([2.0, 10.0, 0.7])

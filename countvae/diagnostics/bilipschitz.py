@@ -70,13 +70,17 @@ def fisher_singular_values(jacobian: np.ndarray, mean: np.ndarray, theta: np.nda
 
 
 def bilipschitz_constant(singular_values: np.ndarray, scale_free: bool = True) -> np.ndarray:
-    """``sqrt(sigma_max / sigma_min)`` per cell (or ``max(sigma_max, 1 / sigma_min)`` when not scale-free)."""
+    """``sqrt(sigma_max / sigma_min)`` per cell (or ``max(sigma_max, 1 / sigma_min)`` when not scale-free).
+
+    Infinite where ``sigma_min = 0``: the decoder is locally not injective (e.g.
+    a ReLU layer with too few active units), so no finite constant bounds it.
+    """
     sv = np.asarray(singular_values, dtype=np.float64)
     smax, smin = sv.max(axis=-1), sv.min(axis=-1)
-    with np.errstate(divide="ignore"):
-        if scale_free:
-            return np.sqrt(smax / smin)
-        return np.maximum(smax, 1.0 / smin)
+    out = np.full(smin.shape, np.inf)
+    ok = smin > 0
+    out[ok] = np.sqrt(smax[ok] / smin[ok]) if scale_free else np.maximum(smax[ok], 1.0 / smin[ok])
+    return out
 
 
 def variance_stabilized(mean: np.ndarray, theta: np.ndarray | None = None) -> np.ndarray:
