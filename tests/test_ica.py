@@ -57,6 +57,9 @@ def test_non_gaussianity_measures_known_values():
     np.testing.assert_allclose(excess_kurtosis(s), [3.0, -1.2, 0.0], atol=0.1)
     j = negentropy(s)
     assert j[2] < 2e-6 < 5e-4 < j[1] < j[0]
+    # a Gaussian sample of n values has expected negentropy about 0.006 / n
+    columns = np.random.default_rng(3).standard_normal((1000, 2000))
+    assert 1000 * negentropy(columns).mean() == pytest.approx(0.006, rel=0.15)
     # negentropy is a property of the distribution: unchanged by sign and scale
     np.testing.assert_allclose(negentropy(-3.0 * s + 7.0), j, rtol=1e-10)
 
