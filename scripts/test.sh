@@ -2,5 +2,5 @@
 # Run the whole test suite (unit tests, real-data tests, tutorials) with the project's environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/python -m ruff check countvae tests benchmarks tutorials
+.venv/bin/python -m ruff check .
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -18,7 +18,7 @@ REQUIRE_DATA_ENV = "COUNTVAE_REQUIRE_DATA"
 
 @pytest.fixture(autouse=True)
 def _quiet_and_fixed_threads():
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     logging.getLogger("countvae").setLevel(logging.WARNING)
     yield
 

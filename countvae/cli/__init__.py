@@ -14,12 +14,12 @@ import argparse
 import logging
 import sys
 
-from countvae.cli import fit
+from countvae.cli import fit, verify_invariance
 from countvae.errors import CountVAEError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-_COMMANDS = (fit,)
+_COMMANDS = (fit, verify_invariance)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,8 @@ class SeedFits:
     fits
         One :class:`FittedModel` per seed, in the order of the seeds given.
     adata_fit
-        Cells the models were trained on.
+        Cells the models were trained on (for scvi-tools models, set up with
+        the model class's ``setup_anndata``).
     adata_heldout
         Cells held out from every fit (the same split for all seeds).
     settings
@@ -36,6 +37,9 @@ class SeedFits:
         Wall time of each fit, by seed (0 for a fit reused from ``out_dir``).
     out_dir
         Folder holding the saved fits, or ``None``.
+    reused_seeds
+        Seeds whose fits were read from ``out_dir`` rather than fitted by this
+        call (completed by an earlier, possibly interrupted, run).
     """
 
     fits: list[FittedModel]
@@ -44,6 +48,7 @@ class SeedFits:
     settings: dict[str, Any] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)
     out_dir: Path | None = None
+    reused_seeds: list[int] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.fits)

@@ -1,5 +1,66 @@
-"""Orthogonal reparameterizations of a fitted model and the proof that p(x) is unchanged."""
+"""Orthogonal reparameterizations of a fitted model and the proof that p(x) is unchanged by them.
 
+>>> from countvae import invariance
+>>> Q = invariance.random_orthogonal(model.n_latent, seed=0)  # doctest: +SKIP
+>>> rotated = invariance.reparameterize(model, Q)  # an equivalent fitted CountVAE, z' = Qz  # doctest: +SKIP
+>>> report = invariance.verify(model, adata_heldout)  # doctest: +SKIP
+>>> report.passed, report.to_frame()  # doctest: +SKIP
+"""
+
+from countvae.invariance.laplace_is import laplace_log_predictive_density
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
+from countvae.invariance.reparameterize import copy_model, reparameterize
+from countvae.invariance.report import InvarianceReport
+from countvae.invariance.transforms import (
+    axis_scaling,
+    check_orthogonal,
+    classify,
+    default_scaling,
+    is_signed_permutation,
+    nearest_orthogonal,
+    permutation,
+    random_orthogonal,
+    random_permutation,
+    random_reflection,
+    random_rotation,
+    random_signed_permutation,
+    reflection,
+    shear,
+    signed_permutation,
+)
+from countvae.invariance.verify import (
+    control_transforms,
+    default_transforms,
+    prior_preserves,
+    verify,
+    with_prior,
+)
 
-__all__ = ["log_marginal_linear", "quadrature_log_marginal"]
+__all__ = [
+    "InvarianceReport",
+    "axis_scaling",
+    "check_orthogonal",
+    "classify",
+    "control_transforms",
+    "copy_model",
+    "default_scaling",
+    "default_transforms",
+    "is_signed_permutation",
+    "laplace_log_predictive_density",
+    "log_marginal_linear",
+    "nearest_orthogonal",
+    "permutation",
+    "prior_preserves",
+    "quadrature_log_marginal",
+    "random_orthogonal",
+    "random_permutation",
+    "random_reflection",
+    "random_rotation",
+    "random_signed_permutation",
+    "reflection",
+    "reparameterize",
+    "shear",
+    "signed_permutation",
+    "verify",
+    "with_prior",
+]

@@ -125,6 +125,19 @@ def log_marginal_linear(
     return torch.logsumexp(values, dim=0) + log_det - 0.5 * L * np.log(2 * np.pi)
 
 
+def quadrature_unsupported_reason(model) -> str | None:
+    """Why :func:`quadrature_log_marginal` cannot evaluate ``model``, or ``None`` when it can."""
+    s = model.settings
+    if s["decoder"] != "linear" or s["likelihood"] not in ("poisson", "nb") or s["prior"] not in ("normal", "diagonal"):
+        return (
+            "Quadrature needs decoder='linear', likelihood 'poisson' or 'nb' and prior 'normal' or 'diagonal'; "
+            f"got decoder={s['decoder']!r}, likelihood={s['likelihood']!r}, prior={s['prior']!r}."
+        )
+    if model.n_latent > 3:
+        return f"Quadrature is limited to n_latent <= 3; this model has {model.n_latent}."
+    return None
+
+
 def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) -> np.ndarray:
     """Exact ``log p(x)`` per cell of a fitted linear-decoder Poisson or NB ``CountVAE``.
 
@@ -134,9 +147,11 @@ def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) 
     ----------
     model
         A trained :class:`countvae.CountVAE` with ``decoder="linear"``,
-        ``likelihood`` ``"poisson"`` or ``"nb"``, ``prior="normal"`` and
-        ``n_latent <= 3``. A reparameterized model (``latent_map`` set) is
-        handled: its decoder weight already acts on the new coordinates.
+        ``likelihood`` ``"poisson"`` or ``"nb"``, ``prior`` ``"normal"`` or
+        ``"diagonal"`` (``z = diag(s) u`` with ``u ~ N(0, I)``: the scales are
+        folded into ``W``) and ``n_latent <= 3``. A reparameterized model
+        (``latent_map`` set) is handled: its decoder weight already acts on the
+        new coordinates.
     adata, indices
         Cells to evaluate (default: the model's AnnData, all cells).
     n_nodes
@@ -150,18 +165,15 @@ def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) 
     """
     from countvae.model.training import to_tensors
 
-    s = model.settings
-    if s["decoder"] != "linear" or s["likelihood"] not in ("poisson", "nb") or s["prior"] != "normal":
-        raise InvalidArgumentError(
-            "Quadrature needs decoder='linear', likelihood 'poisson' or 'nb' and prior='normal'; "
-            f"got decoder={s['decoder']!r}, likelihood={s['likelihood']!r}, prior={s['prior']!r}."
-        )
-    if model.n_latent > 3:
-        raise InvalidArgumentError(f"Quadrature is limited to n_latent <= 3; this model has {model.n_latent}.")
+    reason = quadrature_unsupported_reason(model)
+    if reason is not None:
+        raise InvalidArgumentError(reason)
     _, source, idx = model._source(adata, indices)
     module = model.module
     dec = module.decoder
     W = dec.weight.detach().cpu().double()
+    if module.prior.kind == "diagonal":  # z = diag(s) u with u ~ N(0, I): fold the scales into W
+        W = W * torch.exp(module.prior.log_scale.detach().cpu().double())
     out = np.empty(len(idx))
     order = np.argsort(idx)
     sorted_idx = idx[order]

@@ -1,0 +1,127 @@
+"""Where seeds are fitted: in this process, in joblib worker processes, or as Ray tasks.
+
+Each backend yields :class:`~countvae.diagnostics._seedjob.FitOutcome` objects
+as fits finish (not in seed order), so the caller can store every fit the
+moment it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import anndata as ad
+import joblib
+
+from countvae.diagnostics._seedjob import FitOutcome, FitTask, run_fit
+from countvae.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("local", "ray")
+#: Seconds an idle joblib worker lives on after the last fit (joblib's default is 300).
+_IDLE_WORKER_SECONDS = 5
+
+
+def available_cores() -> int:
+    """CPU cores this process may use (affinity and cgroup quotas respected, as joblib counts them)."""
+    return max(1, int(joblib.cpu_count()))
+
+
+def default_torch_threads(backend: str, n_jobs: int) -> int:
+    """Threads per fit: ``max(1, cores // n_jobs)`` locally; 1 per Ray task (cluster nodes differ)."""
+    if backend == "ray":
+        return 1
+    return max(1, available_cores() // n_jobs)
+
+
+def run_local(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
+    """Fit in this process (``n_jobs=1``) or in ``n_jobs`` joblib (loky) worker processes."""
+    if n_jobs == 1 or len(tasks) <= 1:
+        for task in tasks:
+            yield run_fit(task, adata_fit)
+        return
+    threads = max(task.torch_threads for task in tasks)
+    parallel = joblib.Parallel(
+        n_jobs=min(n_jobs, len(tasks)),
+        backend="loky",
+        return_as="generator_unordered",
+        inner_max_num_threads=threads,
+        idle_worker_timeout=_IDLE_WORKER_SECONDS,
+    )
+    yield from parallel(joblib.delayed(run_fit)(task, adata_fit) for task in tasks)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            f"backend='ray' needs Ray, which cannot be imported ({exc}); install it with `pip install 'countvae[ray]'`."
+        ) from None
+    return ray
+
+
+def _pythonpath_with_this_countvae() -> str:
+    """PYTHONPATH under which Ray workers import the same countvae as this process (e.g. a source checkout)."""
+    import countvae
+
+    package_parent = str(Path(countvae.__file__).resolve().parent.parent)
+    return os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
+
+
+def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
+    """Fit each seed as a Ray task on the cluster ``ray.init`` connected to.
+
+    If Ray is not initialised, a local instance is started with a small
+    footprint (``n_jobs`` CPUs, no dashboard, a 128 MB object store), whose
+    workers import the same countvae as this process, and it is shut down when
+    the fits are done. Each task asks Ray for as many CPUs as it uses
+    torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
+    """
+    if not tasks:
+        return
+    ray = _import_ray()
+    started_here = False
+    if not ray.is_initialized():
+        n_cpus = max(len(tasks) if n_jobs == -1 else n_jobs, max(t.torch_threads for t in tasks))
+        logger.info("Starting a local Ray instance with %d CPUs.", n_cpus)
+        ray.init(
+            num_cpus=n_cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=128 * 1024**2,
+            configure_logging=False,
+            runtime_env={"env_vars": {"PYTHONPATH": _pythonpath_with_this_countvae()}},
+        )
+        started_here = True
+    in_flight_limit = len(tasks) if n_jobs == -1 else n_jobs
+    pending: dict = {}
+    queue = list(tasks)
+    try:
+        data_ref = ray.put(adata_fit)
+        while queue or pending:
+            while queue and len(pending) < in_flight_limit:
+                task = queue.pop(0)
+                remote = ray.remote(num_cpus=task.torch_threads, max_retries=0)(run_fit)
+                pending[remote.remote(task, data_ref)] = task.seed
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                pending.pop(ref)
+                yield ray.get(ref)
+    finally:
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+
+
+def run_tasks(backend: str, tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
+    """Dispatch to :func:`run_local` or :func:`run_ray`."""
+    if backend == "ray":
+        return run_ray(tasks, adata_fit, n_jobs)
+    return run_local(tasks, adata_fit, n_jobs)

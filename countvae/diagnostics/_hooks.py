@@ -1,0 +1,29 @@
+"""Checkpoints that the interruption tests use to stop a multi-seed run at a chosen moment.
+
+With ``COUNTVAE_TEST_MARKER_DIR`` unset (always, outside the tests) a
+checkpoint does nothing. When it is set, each checkpoint touches a marker file
+``<event>-<seed>`` in that folder, and the checkpoint named by
+``COUNTVAE_TEST_PAUSE_AT`` (``"<event>:<seed>"``) then waits forever, so a test
+can SIGKILL the process at exactly that point (for example while a fit's folder
+is written under its temporary name).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+MARKER_DIR_ENV = "COUNTVAE_TEST_MARKER_DIR"
+PAUSE_AT_ENV = "COUNTVAE_TEST_PAUSE_AT"
+
+
+def checkpoint(event: str, seed: int) -> None:
+    """Mark that ``event`` was reached for ``seed`` and pause there if a test asked for it."""
+    marker_dir = os.environ.get(MARKER_DIR_ENV)
+    if not marker_dir:
+        return
+    Path(marker_dir, f"{event}-{seed}").touch()
+    if os.environ.get(PAUSE_AT_ENV) == f"{event}:{seed}":
+        while True:
+            time.sleep(0.5)

@@ -1,0 +1,170 @@
+"""The record of a multi-seed run: settings, a checksum of the data, and the check that a rerun matches it.
+
+``out_dir/manifest.json`` is written once, before the first fit, and names
+everything that determines the fits' numbers. A rerun on the same ``out_dir``
+computes the same record and compares it field by field, so completed seeds are
+reused only when they are exactly what this run would produce.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from importlib import metadata
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
+from countvae.errors import InvalidArgumentError
+
+MANIFEST_FORMAT = "countvae-seedfits"
+MANIFEST_VERSION = 1
+
+#: Training options that change what is shown, not the numbers; a rerun may change them freely.
+COSMETIC_TRAIN_KWARGS = frozenset({"progress_bar", "enable_progress_bar"})
+
+#: Packages whose versions are compared on resume: a different version may give different numbers.
+_NUMERIC_PACKAGES = ("countvae", "torch", "pyro-ppl", "numpy", "scipy", "anndata", "scikit-learn")
+_ROWS_PER_CHUNK = 4096
+
+
+def package_versions(with_scvi: bool) -> dict[str, str]:
+    """Versions of the packages that determine the fits (scvi-tools and lightning when they fit)."""
+    names = list(_NUMERIC_PACKAGES) + (["scvi-tools", "lightning"] if with_scvi else [])
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def to_json_value(value: Any, where: str) -> Any:
+    """A JSON-ready copy of ``value`` (torch dtypes and numpy scalars become plain values).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``value`` holds something JSON cannot record (the manifest must be
+        able to say exactly which settings made the fits).
+
+    """
+
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, torch.dtype):
+            return str(obj).removeprefix("torch.")
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, tuple | set | frozenset):
+            return list(obj)
+        raise TypeError(type(obj).__name__)
+
+    try:
+        return json.loads(json.dumps(value, default=encode, allow_nan=False, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(
+            f"{where} holds a value that cannot be recorded in manifest.json ({exc}); use numbers, strings, "
+            "booleans, lists and dicts so the run can be reproduced from its record."
+        ) from None
+
+
+def _sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _csr_chunks(matrix) -> Any:
+    """Row blocks of a count matrix as canonical CSR (sorted indices, no stored zeros)."""
+    if sp.issparse(matrix) and matrix.format != "csr":
+        matrix = matrix.tocsr()
+    n_rows = matrix.shape[0]
+    for start in range(0, n_rows, _ROWS_PER_CHUNK):
+        block = matrix[start : min(start + _ROWS_PER_CHUNK, n_rows)]
+        block = sp.csr_matrix(block, dtype=np.float64) if not sp.issparse(block) else block.tocsr().astype(np.float64)
+        block.sum_duplicates()
+        block.eliminate_zeros()
+        block.sort_indices()
+        yield block
+
+
+def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
+    """SHA-256 checksums of the registered counts, genes, cells and batches.
+
+    The counts are hashed as canonical CSR (values as float64, column indices
+    and per-row non-zero counts as int64), in blocks of rows, so the checksum
+    does not depend on the storage format (dense, CSR, CSC), the integer or
+    float type of equal values, or explicitly stored zeros: the fits depend on
+    none of these. Gene and cell names and each cell's batch are hashed
+    separately so a mismatch can be named.
+
+    Returns
+    -------
+    dict
+        ``sha256`` (over all parts), ``counts_sha256``, ``genes_sha256``,
+        ``cells_sha256``, ``batches_sha256``, ``n_cells``, ``n_genes``.
+
+    """
+    values, columns, row_nnz = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
+    for block in _csr_chunks(get_count_matrix(adata, registry)):
+        values.update(np.ascontiguousarray(block.data, dtype="<f8").tobytes())
+        columns.update(np.ascontiguousarray(block.indices, dtype="<i8").tobytes())
+        row_nnz.update(np.ascontiguousarray(np.diff(block.indptr), dtype="<i8").tobytes())
+    counts = hashlib.sha256(
+        (values.hexdigest() + columns.hexdigest() + row_nnz.hexdigest()).encode("ascii")
+    ).hexdigest()
+    parts = {
+        "counts_sha256": counts,
+        "genes_sha256": _sha256_json([str(v) for v in get_var_names(adata, registry)]),
+        "cells_sha256": _sha256_json([str(v) for v in adata.obs_names]),
+        "batches_sha256": _sha256_json(
+            {"categories": registry.batch_categories, "codes": batch_codes(adata, registry).tolist()}
+        ),
+    }
+    return {
+        "sha256": _sha256_json(parts),
+        **parts,
+        "n_cells": int(adata.n_obs),
+        "n_genes": int(len(get_var_names(adata, registry))),
+    }
+
+
+def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Human-readable lines naming every setting that differs between two manifests' settings."""
+    lines = []
+    data_old, data_new = recorded.get("data", {}), current.get("data", {})
+    if data_old.get("sha256") != data_new.get("sha256"):
+        what = {
+            "genes_sha256": "genes (var_names or their order)",
+            "cells_sha256": "cells (obs_names or their order)",
+            "counts_sha256": "count values",
+            "batches_sha256": "batch assignments",
+        }
+        differing = [label for key, label in what.items() if data_old.get(key) != data_new.get(key)]
+        lines.append(
+            f"data: the fits were made on other data ({data_old.get('n_cells')} cells x {data_old.get('n_genes')} "
+            f"genes; this AnnData has {data_new.get('n_cells')} x {data_new.get('n_genes')}); differing: "
+            f"{', '.join(differing) or 'checksum'}"
+        )
+    for key in sorted(set(recorded) | set(current)):
+        if key == "data":
+            continue
+        old, new = recorded.get(key), current.get(key)
+        if old != new:
+            lines.append(f"{key}: recorded {json.dumps(old, sort_keys=True)}, now {json.dumps(new, sort_keys=True)}")
+    return lines
+
+
+def comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    """The part of a manifest's settings that must match for completed fits to be reused."""
+    out = dict(settings)
+    train = dict(out.get("train_kwargs", {}))
+    for key in COSMETIC_TRAIN_KWARGS:
+        train.pop(key, None)
+    out["train_kwargs"] = train
+    return out

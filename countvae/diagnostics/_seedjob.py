@@ -1,0 +1,103 @@
+"""One seed's fit as a self-contained job: train, save into a scratch folder, return the files' bytes.
+
+A job returns the saved model as bytes instead of writing into the output
+folder itself, so the calling process is the only writer of ``out_dir`` (it
+stores each folder atomically as results arrive) and a Ray worker on another
+machine needs no shared file system. The function is importable at module
+level so that joblib and Ray can send it to worker processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+import torch
+
+from countvae.data.registry import get_registry
+from countvae.diagnostics import _scvi
+from countvae.diagnostics._hooks import checkpoint
+
+#: Folder, inside each ``fits/seed_<s>/``, that holds the saved model.
+MODEL_FOLDER = "model"
+
+
+@dataclass(frozen=True)
+class FitTask:
+    """What one worker needs to fit one seed.
+
+    Attributes
+    ----------
+    seed
+        Seed of the fit (``CountVAE.train(seed=...)``, or ``scvi.settings.seed``).
+    model_cls
+        ``CountVAE`` (or a subclass), ``scvi.model.SCVI`` or ``scvi.model.LinearSCVI``.
+    model_kwargs, train_kwargs
+        Passed to the constructor and to ``train``.
+    model_kwargs_record
+        ``model_kwargs`` as recorded in JSON (stored with scvi-tools fits, which are rebuilt from it).
+    torch_threads
+        ``torch.set_num_threads`` for the fit.
+
+    """
+
+    seed: int
+    model_cls: type
+    model_kwargs: dict[str, Any]
+    train_kwargs: dict[str, Any]
+    model_kwargs_record: dict[str, Any]
+    torch_threads: int
+
+
+@dataclass
+class FitOutcome:
+    """A finished fit: the files of its model folder, and how it was made."""
+
+    seed: int
+    files: dict[str, bytes]
+    seconds: float
+    torch_threads: int
+    host: str
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
+    """Fit one seed on ``adata_fit`` (registered with ``CountVAE.setup_anndata``) and return its saved files.
+
+    The number of torch threads is set for the fit and restored afterwards,
+    so running a job in the calling process leaves its settings unchanged.
+    """
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(task.torch_threads)
+    try:
+        start = time.perf_counter()
+        checkpoint("fit_started", task.seed)
+        with tempfile.TemporaryDirectory(prefix="countvae-fit-") as scratch:
+            folder = Path(scratch) / MODEL_FOLDER
+            if _scvi.is_scvi_class(task.model_cls):
+                adata_scvi = _scvi.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)
+                model = _scvi.fit_scvi(task.model_cls, adata_scvi, task.model_kwargs, task.train_kwargs, task.seed)
+                seconds = time.perf_counter() - start
+                checkpoint("fit_trained", task.seed)
+                folder.mkdir()
+                _scvi.save_scvi_fit(model, folder, task.model_kwargs_record)
+            else:
+                model = task.model_cls(adata_fit, **task.model_kwargs)
+                model.train(**{"progress_bar": False, **task.train_kwargs, "seed": task.seed})
+                seconds = time.perf_counter() - start
+                checkpoint("fit_trained", task.seed)
+                model.save(folder)
+            files = _read_tree(folder)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return FitOutcome(
+        seed=task.seed, files=files, seconds=seconds, torch_threads=task.torch_threads, host=socket.gethostname()
+    )

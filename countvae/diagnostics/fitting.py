@@ -1,0 +1,618 @@
+"""Fit one model from several seeds on a shared held-out split, saving each fit as it finishes.
+
+:func:`fit_seeds` is the first step of the multi-seed diagnostics. All seeds
+train on the same cells (``adata_fit``); the held-out cells (``adata_heldout``)
+are never seen by any fit, so predictive comparisons between seeds are paired
+on the same cells.
+
+With ``out_dir`` the run is resumable:
+
+* ``out_dir/manifest.json`` records everything that determines the fits (model
+  class and arguments, training arguments, held-out split, torch threads, a
+  SHA-256 of the data, package versions) before the first fit starts;
+* each fit is stored in ``out_dir/fits/seed_<s>/`` the moment it finishes,
+  built under a temporary name and renamed into place, so a folder under its
+  final name is always complete;
+* a rerun with the same settings loads the completed seeds and fits only the
+  missing ones; the result is bit-identical to an uninterrupted run, because
+  every fit (new or reused) is read back from its folder, and a fit depends
+  only on its seed, the data, the settings and the number of torch threads;
+* a rerun with other settings or other data is refused (``overwrite=True``
+  starts afresh).
+
+A lock file (``out_dir/.lock``) keeps two runs from writing the same folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+import numpy as np
+from tqdm.auto import tqdm
+
+from countvae._io import atomic_directory, write_bytes_atomic, write_json_atomic
+from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
+from countvae.data.split import split_indices
+from countvae.diagnostics import _scvi
+from countvae.diagnostics._backends import BACKENDS, available_cores, default_torch_threads, run_tasks
+from countvae.diagnostics._hooks import checkpoint
+from countvae.diagnostics._manifest import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    comparable,
+    data_fingerprint,
+    describe_mismatch,
+    package_versions,
+    to_json_value,
+)
+from countvae.diagnostics._seedjob import MODEL_FOLDER, FitOutcome, FitTask
+from countvae.diagnostics.adapters import CountVAEFit, FittedModel, SCVIFit
+from countvae.diagnostics.seedfits import SeedFits
+from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, OutputExistsError, SetupError
+from countvae.model import CountVAE
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+FITS_FOLDER = "fits"
+FIT_RECORD = "fit.json"
+LOCK_FILE = ".lock"
+_MAX_SEED = 2**32 - 1
+#: Classes that ``load_seed_fits`` may import by the name recorded in a manifest (nothing else is imported).
+_LOADABLE_CLASSES = {
+    "countvae.CountVAE": ("countvae", "CountVAE"),
+    "scvi.model.SCVI": ("scvi.model", "SCVI"),
+    "scvi.model.LinearSCVI": ("scvi.model", "LinearSCVI"),
+}
+
+
+# ----- input checks ----------------------------------------------------------------------------
+def _check_seeds(seeds: Iterable[int]) -> list[int]:
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Iterable):
+        raise InvalidArgumentError(f"seeds must be a sequence of integers such as range(5), got {seeds!r}.")
+    values = list(seeds)
+    for s in values:
+        if isinstance(s, bool) or not isinstance(s, int | np.integer):
+            raise InvalidArgumentError(f"Every seed must be an integer; got {s!r} ({type(s).__name__}) in {values}.")
+        if not 0 <= int(s) <= _MAX_SEED:
+            raise InvalidArgumentError(f"Seeds must lie in [0, 2**32 - 1]; got {s}.")
+    values = [int(s) for s in values]
+    if len(values) < 2:
+        raise InvalidArgumentError(
+            f"fit_seeds needs at least two seeds to compare fits, got {values}; for example seeds=range(5)."
+        )
+    duplicated = sorted({s for s in values if values.count(s) > 1})
+    if duplicated:
+        raise InvalidArgumentError(
+            f"Seeds {duplicated} are given more than once; identical seeds give identical fits, so each seed "
+            "must be distinct."
+        )
+    return values
+
+
+def _check_registered(adata: Any) -> Registry:
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"fit_seeds expects an AnnData, got {type(adata).__name__}.")
+    registry = get_registry(adata)
+    if registry is None:
+        raise SetupError(
+            "This AnnData is not set up; call countvae.CountVAE.setup_anndata(adata, layer=..., batch_key=...) "
+            "first (also for scvi-tools models: fit_seeds sets them up with the same layer and batch key)."
+        )
+    return registry
+
+
+def _check_fraction(heldout_fraction: Any) -> float:
+    if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, float | int | np.floating):
+        raise InvalidArgumentError(f"heldout_fraction must be a number in (0, 1), got {heldout_fraction!r}.")
+    value = float(heldout_fraction)
+    if not 0.0 < value < 1.0:
+        raise InvalidArgumentError(
+            f"heldout_fraction must lie strictly between 0 and 1, got {value}; 0.1 holds out a tenth of the cells."
+        )
+    return value
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < minimum:
+        raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def _check_n_jobs(n_jobs: Any) -> int:
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or (n_jobs < 1 and n_jobs != -1):
+        raise InvalidArgumentError(f"n_jobs must be a positive integer or -1 (all cores), got {n_jobs!r}.")
+    return int(n_jobs)
+
+
+def _check_kwargs(name: str, kwargs: dict[str, Any] | None, forbidden: dict[str, str]) -> dict[str, Any]:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgumentError(f"{name} must be a dict of keyword arguments, got {kwargs!r}.")
+    for key, why in forbidden.items():
+        if key in kwargs:
+            raise InvalidArgumentError(f"{name} must not contain {key!r}: {why}")
+    return dict(kwargs)
+
+
+def _model_family(model_cls: Any) -> str:
+    """``"countvae"``, ``"scvi"`` or ``"linearscvi"``."""
+    if isinstance(model_cls, type) and issubclass(model_cls, CountVAE):
+        return "countvae"
+    if _scvi.is_scvi_class(model_cls):
+        return _scvi.scvi_kind(model_cls)
+    raise InvalidArgumentError(
+        f"model_cls must be countvae.CountVAE, scvi.model.SCVI or scvi.model.LinearSCVI, got {model_cls!r}."
+    )
+
+
+# ----- data ------------------------------------------------------------------------------------
+def _subset(adata: ad.AnnData, idx: np.ndarray) -> ad.AnnData:
+    view = adata[idx]
+    return view.to_memory() if adata.isbacked else view.copy()
+
+
+def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
+    """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
+    totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
+    empty = np.flatnonzero(totals == 0)
+    if empty.size:
+        names = list(get_var_names(adata_fit, registry)[empty[:5]])
+        raise InvalidDataError(
+            f"{empty.size} genes have no counts in the cells left for fitting after the held-out split "
+            f"(e.g. {names}). Remove rarely detected genes first (e.g. scanpy.pp.filter_genes(adata, min_cells=3)) "
+            "or hold out fewer cells."
+        )
+
+
+def heldout_split(n_obs: int, heldout_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the fit cells and the held-out cells (sorted), as :func:`fit_seeds` splits them."""
+    fit_idx, heldout_idx = split_indices(n_obs, 1.0 - heldout_fraction, split_seed)
+    if len(heldout_idx) < 2 or len(fit_idx) < 2:
+        raise InvalidArgumentError(
+            f"heldout_fraction={heldout_fraction} of {n_obs} cells leaves {len(fit_idx)} cells to fit and "
+            f"{len(heldout_idx)} held out; both need at least 2 cells."
+        )
+    return fit_idx, heldout_idx
+
+
+# ----- the output folder -----------------------------------------------------------------------
+def _seed_folder(fits_dir: Path, seed: int) -> Path:
+    return fits_dir / f"seed_{seed}"
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``root/.lock`` (released by the kernel even if the process is killed)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputExistsError(
+                f"{root} is being written by another running fit_seeds (it holds {root / LOCK_FILE}); wait for it "
+                "to finish or use another out_dir."
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove_stale_partials(fits_dir: Path) -> None:
+    """Remove folders left under temporary names by a run that was killed while storing a fit."""
+    if not fits_dir.is_dir():
+        return
+    for path in fits_dir.iterdir():
+        if path.name.startswith(".") and path.name.endswith((".partial", ".old")):
+            logger.info("Removing %s, left by an interrupted run.", path)
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def _prepare_out_dir(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
+    """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
+    manifest_path = root / MANIFEST_FILE
+    fits_dir = root / FITS_FOLDER
+    if manifest_path.is_file():
+        try:
+            recorded = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ModelFileError(f"{manifest_path} is not valid JSON: {exc}") from None
+        if recorded.get("format") != MANIFEST_FORMAT or recorded.get("format_version") != MANIFEST_VERSION:
+            raise ModelFileError(
+                f"{manifest_path} is not a version-{MANIFEST_VERSION} {MANIFEST_FORMAT} manifest "
+                f"(format {recorded.get('format')!r}, version {recorded.get('format_version')!r})."
+            )
+        differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
+        if differences and not overwrite:
+            raise OutputExistsError(
+                f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
+                + "\n  - ".join(differences)
+                + "\nRerun with the recorded settings to resume, choose another out_dir, or pass overwrite=True "
+                "to discard the earlier fits."
+            )
+        if differences:
+            logger.warning("Discarding the fits in %s (settings changed, overwrite=True).", root)
+        if overwrite:
+            _discard(fits_dir)
+    else:
+        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, FITS_FOLDER)]
+        if unexpected and not overwrite:
+            raise OutputExistsError(
+                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
+                "no manifest.json); choose another out_dir or pass overwrite=True."
+            )
+        # fits/ without a manifest cannot be trusted to match this run.
+        _discard(fits_dir)
+    write_json_atomic(manifest_path, manifest, overwrite=True)
+    fits_dir.mkdir(exist_ok=True)
+    _remove_stale_partials(fits_dir)
+
+
+def _discard(fits_dir: Path) -> None:
+    if fits_dir.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{fits_dir.name}.", suffix=".old", dir=fits_dir.parent))
+        aside.rmdir()
+        os.replace(fits_dir, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _store(fits_dir: Path, outcome: FitOutcome, family: str) -> None:
+    """Write one finished fit to ``fits/seed_<s>/`` atomically (temporary name, then rename)."""
+    final = _seed_folder(fits_dir, outcome.seed)
+    with atomic_directory(final) as tmp:
+        for relative, data in outcome.files.items():
+            path = tmp / MODEL_FOLDER / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(path, data)
+        record = {
+            "seed": outcome.seed,
+            "family": family,
+            "seconds": outcome.seconds,
+            "torch_threads": outcome.torch_threads,
+            "host": outcome.host,
+        }
+        write_json_atomic(tmp / FIT_RECORD, record)
+        checkpoint("storing", outcome.seed)
+    checkpoint("stored", outcome.seed)
+
+
+def _read_fit_record(folder: Path) -> dict[str, Any]:
+    path = folder / FIT_RECORD
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing; delete {folder} to refit that seed.")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path} is not valid JSON ({exc}); delete {folder} to refit that seed.") from None
+
+
+class _Loader:
+    """Reads stored fits back as :class:`FittedModel` adapters, on the fit cells."""
+
+    def __init__(self, model_cls: type, family: str, adata_fit: ad.AnnData, registry: Registry):
+        self.model_cls = model_cls
+        self.family = family
+        self.adata_fit = adata_fit
+        self._adata_scvi = None
+        if family != "countvae":
+            self._adata_scvi = _scvi.setup_for_scvi(adata_fit, registry, model_cls)
+
+    @property
+    def adata_for_fits(self) -> ad.AnnData:
+        """The fit cells as the models hold them (set up for scvi-tools when the models are scvi-tools')."""
+        return self.adata_fit if self._adata_scvi is None else self._adata_scvi
+
+    def load(self, fits_dir: Path, seed: int) -> FittedModel:
+        folder = _seed_folder(fits_dir, seed)
+        record = _read_fit_record(folder)
+        if record.get("seed") != seed or record.get("family") != self.family:
+            raise ModelFileError(
+                f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
+                f"not seed {seed} of a {self.family} model; delete {folder} to refit it."
+            )
+        if self.family == "countvae":
+            model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
+            return CountVAEFit(model, seed=seed)
+        model = _scvi.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
+        return SCVIFit(model, seed=seed)
+
+
+# ----- public API ------------------------------------------------------------------------------
+def fit_seeds(
+    adata: ad.AnnData,
+    seeds: Iterable[int] = range(5),
+    model_kwargs: dict[str, Any] | None = None,
+    train_kwargs: dict[str, Any] | None = None,
+    heldout_fraction: float = 0.1,
+    split_seed: int = 0,
+    n_jobs: int = 1,
+    out_dir: str | os.PathLike | None = None,
+    backend: str = "local",
+    model_cls: type = CountVAE,
+    overwrite: bool = False,
+    progress_bar: bool = True,
+    *,
+    torch_threads: int | None = None,
+) -> SeedFits:
+    """Fit the same model from several seeds on one shared train/held-out split.
+
+    Parameters
+    ----------
+    adata
+        Cells x genes, registered with :meth:`countvae.CountVAE.setup_anndata`
+        (also for scvi-tools models: each fit's cells are then set up with
+        ``model_cls.setup_anndata`` using the same layer, batch key and labels
+        key, so both kinds of model see the same counts and covariates).
+    seeds
+        At least two distinct integers in ``[0, 2**32 - 1]``. A countvae fit
+        uses ``CountVAE.train(seed=s)``; an scvi-tools fit sets
+        ``scvi.settings.seed = s`` before construction and training (global
+        random states are restored afterwards).
+    model_kwargs
+        Constructor arguments (e.g. ``{"n_latent": 10, "likelihood": "nb"}``
+        for countvae, ``{"n_latent": 10, "gene_likelihood": "nb"}`` for scvi).
+    train_kwargs
+        Arguments of ``train`` (e.g. ``{"max_epochs": 100}``); not ``seed``.
+    heldout_fraction
+        Fraction of cells, in (0, 1), held out from every fit.
+    split_seed
+        Seed of the held-out split (the same split for all seeds).
+    n_jobs
+        Seeds fitted at once: joblib worker processes (local backend; ``-1``:
+        one per core) or Ray tasks in flight (``-1``: all). ``1`` fits in this
+        process.
+    out_dir
+        Folder to save the fits in (see the module docstring: resumable). With
+        ``None`` the fits live in memory only.
+    backend
+        ``"local"`` or ``"ray"`` (each seed a Ray task on whatever ``ray.init``
+        connects to; a small local instance is started when Ray is not
+        initialised). Ray is an optional dependency (the ``[ray]`` extra).
+    model_cls
+        :class:`countvae.CountVAE` (default), ``scvi.model.SCVI`` or ``scvi.model.LinearSCVI``.
+    overwrite
+        Discard fits already in ``out_dir`` and fit every seed again.
+    progress_bar
+        Show a progress bar over seeds (each fit's own bar is off unless
+        ``train_kwargs`` turns it on).
+    torch_threads
+        Torch threads per fit. Default: ``max(1, cores // n_jobs)`` locally,
+        1 per Ray task. Recorded in the manifest: on CPU the numbers depend on
+        it, so a resumed run must use the same value.
+
+    Returns
+    -------
+    SeedFits
+        The fits in the order of ``seeds``, with ``adata_fit``, ``adata_heldout``
+        and the recorded settings.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For fewer than two seeds, repeated or non-integer seeds, a held-out
+        fraction outside (0, 1), an unknown backend or model class.
+    SetupError
+        If ``adata`` was not registered with ``CountVAE.setup_anndata``.
+    InvalidDataError
+        If a gene has no counts among the fit cells.
+    OutputExistsError
+        If ``out_dir`` holds fits made with other settings or data (or is not a
+        fit_seeds folder) and ``overwrite`` is False.
+
+    Examples
+    --------
+    >>> import countvae as cv
+    >>> adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, seed=0)
+    >>> cv.CountVAE.setup_anndata(adata)
+    >>> fits = cv.diagnostics.fit_seeds(
+    ...     adata, seeds=[0, 1], model_kwargs={"n_latent": 2}, train_kwargs={"max_epochs": 5}, progress_bar=False
+    ... )
+    >>> fits.seeds, fits.adata_heldout.n_obs
+    ([0, 1], 30)
+
+    """
+    seeds = _check_seeds(seeds)
+    registry = _check_registered(adata)
+    heldout_fraction = _check_fraction(heldout_fraction)
+    split_seed = _check_int("split_seed", split_seed, 0)
+    n_jobs = _check_n_jobs(n_jobs)
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+    family = _model_family(model_cls)
+    model_kwargs = _check_kwargs("model_kwargs", model_kwargs, {"adata": "fit_seeds passes the fit cells itself."})
+    train_kwargs = _check_kwargs("train_kwargs", train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."})
+    if backend == "local" and n_jobs == -1:
+        n_jobs = available_cores()
+    threads = (
+        default_torch_threads(backend, n_jobs)
+        if torch_threads is None
+        else _check_int("torch_threads", torch_threads, 1)
+    )
+
+    fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
+    adata_fit, adata_heldout = _subset(adata, fit_idx), _subset(adata, heldout_idx)
+    _check_fit_genes(adata_fit, registry)
+    model_record = to_json_value(model_kwargs, "model_kwargs")
+    settings = {
+        "model_class": _scvi.class_path(model_cls),
+        "model_family": family,
+        "model_kwargs": model_record,
+        "train_kwargs": to_json_value(train_kwargs, "train_kwargs"),
+        "heldout_fraction": heldout_fraction,
+        "split_seed": split_seed,
+        "registry": {
+            "layer": registry.layer,
+            "use_raw": registry.use_raw,
+            "batch_key": registry.batch_key,
+            "labels_key": registry.labels_key,
+        },
+        "data": data_fingerprint(adata, registry),
+        "split": {
+            "n_fit": int(len(fit_idx)),
+            "n_heldout": int(len(heldout_idx)),
+            "heldout_sha256": _sha256_ints(heldout_idx),
+        },
+        "torch_threads": threads,
+        "versions": package_versions(with_scvi=family != "countvae"),
+    }
+    tasks = [
+        FitTask(
+            seed=s,
+            model_cls=model_cls,
+            model_kwargs=model_kwargs,
+            train_kwargs=train_kwargs,
+            model_kwargs_record=model_record,
+            torch_threads=threads,
+        )
+        for s in seeds
+    ]
+    loader = _Loader(model_cls, family, adata_fit, registry)
+    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
+    fits, seconds, reused = _fit_or_reuse(tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar)
+    return SeedFits(
+        fits=[fits[s] for s in seeds],
+        adata_fit=loader.adata_for_fits,
+        adata_heldout=adata_heldout,
+        settings={**settings, "seeds": seeds, "backend": backend, "n_jobs": n_jobs},
+        seconds=seconds,
+        out_dir=None if out_dir is None else Path(out_dir),
+        reused_seeds=reused,
+    )
+
+
+def _fit_or_reuse(
+    tasks: list[FitTask],
+    loader: _Loader,
+    backend: str,
+    n_jobs: int,
+    out_dir: str | os.PathLike | None,
+    manifest: dict[str, Any],
+    overwrite: bool,
+    progress_bar: bool,
+) -> tuple[dict[int, FittedModel], dict[int, float], list[int]]:
+    """Load the completed seeds from ``out_dir``, fit and store the others; return fits, seconds, reused seeds."""
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
+        else:
+            root = Path(out_dir)
+            if root.exists() and not root.is_dir():
+                raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
+            stack.enter_context(_locked(root))
+        _prepare_out_dir(root, manifest, overwrite)
+        fits_dir = root / FITS_FOLDER
+        reused = [t.seed for t in tasks if _seed_folder(fits_dir, t.seed).is_dir()]
+        fits: dict[int, FittedModel] = {}
+        seconds: dict[int, float] = {}
+        for s in reused:
+            logger.info("Seed %d: reusing the completed fit in %s.", s, _seed_folder(fits_dir, s))
+            fits[s] = loader.load(fits_dir, s)
+            seconds[s] = 0.0
+        todo = [t for t in tasks if t.seed not in reused]
+        with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
+            for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
+                _store(fits_dir, outcome, loader.family)
+                fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
+                seconds[outcome.seed] = outcome.seconds
+                logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
+                bar.set_postfix_str(f"seed {outcome.seed} done")
+                bar.update(1)
+    return fits, seconds, reused
+
+
+def _sha256_ints(values: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(values, dtype="<i8").tobytes()).hexdigest()
+
+
+def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: type | None = None) -> SeedFits:
+    """Read the completed fits of a :func:`fit_seeds` output folder, on the data they were made from.
+
+    Parameters
+    ----------
+    out_dir
+        Folder written by :func:`fit_seeds`.
+    adata
+        The full AnnData given to :func:`fit_seeds` (registered with
+        ``CountVAE.setup_anndata``); it is checked against the recorded checksum
+        and split the same way.
+    model_cls
+        The model class; by default the one recorded (only countvae's and
+        scvi-tools' supported classes are imported by name).
+
+    Raises
+    ------
+    InvalidDataError
+        If ``adata`` is not the data the fits were made on (naming whether the
+        genes, cells, counts or batches differ).
+    ModelFileError
+        If ``out_dir`` has no manifest or fewer than two completed fits.
+
+    """
+    root = Path(out_dir)
+    manifest_path = root / MANIFEST_FILE
+    if not manifest_path.is_file():
+        raise ModelFileError(f"{manifest_path} is missing; {root} is not a fit_seeds output folder.")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{manifest_path} is not valid JSON: {exc}") from None
+    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("format_version") != MANIFEST_VERSION:
+        raise ModelFileError(f"{manifest_path} is not a version-{MANIFEST_VERSION} {MANIFEST_FORMAT} manifest.")
+    settings = manifest["settings"]
+    registry = _check_registered(adata)
+    current = data_fingerprint(adata, registry)
+    if current["sha256"] != settings["data"]["sha256"]:
+        raise InvalidDataError(
+            f"The fits in {root} were made on other data than this AnnData: "
+            + "; ".join(describe_mismatch({"data": settings["data"]}, {"data": current}))
+            + ". Pass the AnnData the fits were made from."
+        )
+    if model_cls is None:
+        name = settings["model_class"]
+        if name not in _LOADABLE_CLASSES:
+            raise InvalidArgumentError(
+                f"{manifest_path} records model class {name!r}; pass model_cls=... to load fits of this class."
+            )
+        module, attr = _LOADABLE_CLASSES[name]
+        model_cls = getattr(importlib.import_module(module), attr)
+    family = _model_family(model_cls)
+    if family != settings["model_family"]:
+        raise InvalidArgumentError(
+            f"{root} holds {settings['model_family']} fits; model_cls={model_cls.__name__} is a {family} model."
+        )
+    fit_idx, heldout_idx = heldout_split(adata.n_obs, settings["heldout_fraction"], settings["split_seed"])
+    adata_fit, adata_heldout = _subset(adata, fit_idx), _subset(adata, heldout_idx)
+    loader = _Loader(model_cls, family, adata_fit, registry)
+    fits_dir = root / FITS_FOLDER
+    seeds = [s for s in manifest["seeds"] if _seed_folder(fits_dir, s).is_dir()]
+    if len(seeds) < 2:
+        raise ModelFileError(
+            f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "
+            "same settings and out_dir to finish them."
+        )
+    return SeedFits(
+        fits=[loader.load(fits_dir, s) for s in seeds],
+        adata_fit=loader.adata_for_fits,
+        adata_heldout=adata_heldout,
+        settings={**settings, "seeds": seeds},
+        seconds=dict.fromkeys(seeds, 0.0),
+        out_dir=root,
+        reused_seeds=seeds,
+    )

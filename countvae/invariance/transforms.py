@@ -1,0 +1,262 @@
+"""Linear maps of the latent space: orthogonal symmetries of the N(0, I) prior and non-orthogonal controls.
+
+Every function returns a float64 numpy array ``A`` of shape (L, L) acting on
+column vectors, ``z' = A z`` (for a matrix of latents with cells in rows,
+``Z' = Z A^T``). Random maps take an integer ``seed`` and use their own
+``numpy.random.Generator``, so the global random state is never touched.
+
+The orthogonal maps (:func:`random_orthogonal`, :func:`random_rotation`,
+:func:`reflection`, :func:`permutation`, :func:`signed_permutation`) leave
+N(0, I) unchanged and therefore ``p(x)``; the non-orthogonal controls
+(:func:`axis_scaling`, :func:`shear`) do not, even when the decoder is
+compensated by ``A^{-1}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from countvae.errors import InvalidArgumentError
+
+
+def _check_dimension(L: int) -> int:
+    if isinstance(L, bool) or not isinstance(L, int | np.integer) or L < 1:
+        raise InvalidArgumentError(f"The latent dimension must be a positive integer, got {L!r}.")
+    return int(L)
+
+
+def _rng(seed: int | None) -> np.random.Generator:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
+        raise InvalidArgumentError(f"seed must be an integer, got {seed!r}.")
+    return np.random.default_rng(seed)
+
+
+def as_matrix(A, name: str = "A", n_latent: int | None = None) -> np.ndarray:
+    """``A`` as a finite, square float64 array, optionally of a required size.
+
+    Parameters
+    ----------
+    A
+        Array-like or torch tensor.
+    name
+        Name used in error messages.
+    n_latent
+        Required size ``L`` of an (L, L) matrix, or ``None`` for any square size.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``A`` is not a 2-d square finite matrix of the required size.
+
+    """
+    if hasattr(A, "detach"):
+        A = A.detach().cpu().numpy()
+    try:
+        M = np.asarray(A, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{name} must be a numeric matrix: {exc}") from None
+    if M.ndim != 2:
+        raise InvalidArgumentError(f"{name} must be a 2-d matrix, got an array of shape {M.shape}.")
+    if M.shape[0] != M.shape[1]:
+        raise InvalidArgumentError(f"{name} must be square (L x L), got shape {M.shape}.")
+    if n_latent is not None and M.shape[0] != n_latent:
+        raise InvalidArgumentError(
+            f"{name} has shape {M.shape} but the model has n_latent={n_latent}; pass an {n_latent} x {n_latent} matrix."
+        )
+    if not np.isfinite(M).all():
+        raise InvalidArgumentError(f"{name} contains NaN or infinite entries.")
+    return M
+
+
+def orthogonality_error(Q) -> float:
+    """``max |Q^T Q - I|``, the largest entry of the deviation from orthogonality."""
+    M = as_matrix(Q, "Q")
+    return float(np.abs(M.T @ M - np.eye(M.shape[0])).max())
+
+
+def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.ndarray:
+    """Check that ``Q`` is an orthogonal matrix and return it as float64.
+
+    Parameters
+    ----------
+    Q
+        Candidate matrix (array-like or tensor).
+    atol
+        Largest accepted entry of ``|Q^T Q - I|``.
+    n_latent
+        Required size, or ``None``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``Q`` as a float64 array.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``Q`` is not a finite square matrix (of size ``n_latent``), or if it is
+        not orthogonal within ``atol``; the message gives ``||Q^T Q - I||``.
+
+    """
+    M = as_matrix(Q, "Q", n_latent)
+    deviation = M.T @ M - np.eye(M.shape[0])
+    worst = float(np.abs(deviation).max())
+    if worst > atol:
+        raise InvalidArgumentError(
+            f"Q is not orthogonal: max |Q^T Q - I| = {worst:.3g} (Frobenius norm "
+            f"{np.linalg.norm(deviation):.3g}) exceeds atol={atol:g}. Only orthogonal maps leave a N(0, I) "
+            "prior unchanged; pass check=False to apply a non-orthogonal map as a control."
+        )
+    return M
+
+
+def nearest_orthogonal(Q) -> np.ndarray:
+    """The orthogonal matrix closest to ``Q`` in Frobenius norm (the polar factor ``U V^T`` of its SVD)."""
+    U, _, Vt = np.linalg.svd(as_matrix(Q, "Q"))
+    return U @ Vt
+
+
+def random_orthogonal(L: int, seed: int | None = 0) -> np.ndarray:
+    """A Haar-distributed (uniformly random) orthogonal matrix; its determinant is +1 or -1.
+
+    QR decomposition of a standard Gaussian matrix, with the signs of ``R``'s
+    diagonal moved into ``Q`` so that the law is exactly Haar (Mezzadri 2007,
+    "How to generate random matrices from the classical compact groups").
+    """
+    L = _check_dimension(L)
+    G = _rng(seed).standard_normal((L, L))
+    Q, R = np.linalg.qr(G)
+    return Q * np.sign(np.diag(R))
+
+
+def random_rotation(L: int, seed: int | None = 0) -> np.ndarray:
+    """A Haar-distributed rotation (orthogonal, determinant +1).
+
+    A Haar orthogonal matrix with negative determinant has its first column
+    negated; multiplying by a fixed reflection preserves Haar measure, so the
+    result is uniform on the rotation group. For ``L = 1`` the only rotation is
+    the identity.
+    """
+    Q = random_orthogonal(L, seed)
+    if np.linalg.det(Q) < 0:
+        Q[:, 0] = -Q[:, 0]
+    return Q
+
+
+def reflection(signs: Sequence[float]) -> np.ndarray:
+    """``diag(signs)`` for signs of +1 or -1: flips the chosen latent axes."""
+    s = np.asarray(signs, dtype=np.float64)
+    if s.ndim != 1 or s.size == 0 or not np.isin(s, (-1.0, 1.0)).all():
+        raise InvalidArgumentError(f"signs must be a non-empty sequence of +1 and -1, got {signs!r}.")
+    return np.diag(s)
+
+
+def random_reflection(L: int, seed: int | None = 0) -> np.ndarray:
+    """Random sign flips of the axes, never the identity (at least one axis is flipped)."""
+    L = _check_dimension(L)
+    rng = _rng(seed)
+    signs = rng.choice([-1.0, 1.0], size=L)
+    if (signs > 0).all():
+        signs[rng.integers(L)] = -1.0
+    return reflection(signs)
+
+
+def permutation(order: Sequence[int]) -> np.ndarray:
+    """The permutation matrix ``P`` with ``(P z)_i = z_{order[i]}``."""
+    o = np.asarray(order)
+    L = o.size
+    if o.ndim != 1 or L == 0 or not np.issubdtype(o.dtype, np.integer) or sorted(o.tolist()) != list(range(L)):
+        raise InvalidArgumentError(f"order must be a permutation of 0..L-1, got {order!r}.")
+    P = np.zeros((L, L))
+    P[np.arange(L), o] = 1.0
+    return P
+
+
+def random_permutation(L: int, seed: int | None = 0) -> np.ndarray:
+    """A uniformly random permutation matrix other than the identity (for ``L >= 2``)."""
+    L = _check_dimension(L)
+    if L < 2:
+        raise InvalidArgumentError("A non-identity permutation needs at least 2 latent dimensions.")
+    rng = _rng(seed)
+    while True:
+        order = rng.permutation(L)
+        if (order != np.arange(L)).any():
+            return permutation(order)
+
+
+def signed_permutation(order: Sequence[int], signs: Sequence[float]) -> np.ndarray:
+    """``diag(signs) @ permutation(order)``: permute the axes, then flip the chosen ones."""
+    P = permutation(order)
+    S = reflection(signs)
+    if S.shape != P.shape:
+        raise InvalidArgumentError(f"order and signs must have the same length, got {P.shape[0]} and {S.shape[0]}.")
+    return S @ P
+
+
+def random_signed_permutation(L: int, seed: int | None = 0) -> np.ndarray:
+    """A random non-identity permutation (for ``L >= 2``) combined with random sign flips."""
+    L = _check_dimension(L)
+    rng = _rng(seed)
+    order = rng.permutation(L)
+    while L >= 2 and (order == np.arange(L)).all():
+        order = rng.permutation(L)
+    signs = rng.choice([-1.0, 1.0], size=L)
+    return signed_permutation(order, signs)
+
+
+def is_signed_permutation(A, atol: float = 1e-12) -> bool:
+    """Whether every row and column of ``A`` has exactly one entry of +-1 and zeros elsewhere (within ``atol``)."""
+    M = as_matrix(A, "A")
+    nonzero = np.abs(M) > atol
+    if not (nonzero.sum(0) == 1).all() or not (nonzero.sum(1) == 1).all():
+        return False
+    return bool(np.allclose(np.abs(M[nonzero]), 1.0, rtol=0, atol=atol))
+
+
+def axis_scaling(scales: Sequence[float]) -> np.ndarray:
+    """``diag(scales)``: stretch or shrink latent axes (a non-orthogonal control unless all scales are +-1)."""
+    s = np.asarray(scales, dtype=np.float64)
+    if s.ndim != 1 or s.size == 0 or not np.isfinite(s).all() or (s == 0).any():
+        raise InvalidArgumentError(f"scales must be a non-empty sequence of finite non-zero numbers, got {scales!r}.")
+    return np.diag(s)
+
+
+def default_scaling(L: int, factor: float = 1.5) -> np.ndarray:
+    """Axis scaling by ``factor, 1/factor, factor, ...``: every axis is changed, det = 1 for even ``L``."""
+    L = _check_dimension(L)
+    if not factor > 0 or factor == 1.0:
+        raise InvalidArgumentError(f"factor must be positive and different from 1, got {factor!r}.")
+    return axis_scaling([factor if k % 2 == 0 else 1.0 / factor for k in range(L)])
+
+
+def shear(L: int, amount: float = 1.0) -> np.ndarray:
+    """``I + amount * N`` with ``N`` all ones above the diagonal: a volume-preserving (det 1) non-orthogonal control.
+
+    Every latent coordinate but the last receives ``amount`` times the ones after it,
+    so every pair of axes is coupled.
+    """
+    L = _check_dimension(L)
+    if L < 2:
+        raise InvalidArgumentError("A shear needs at least 2 latent dimensions.")
+    if not np.isfinite(amount) or amount == 0:
+        raise InvalidArgumentError(f"amount must be a finite non-zero number, got {amount!r}.")
+    return np.eye(L) + float(amount) * np.triu(np.ones((L, L)), k=1)
+
+
+def classify(A, atol: float = 1e-10) -> str:
+    """Name the kind of map: ``"identity"``, ``"sign flip"``, ``"permutation"``, ``"signed permutation"``,
+    ``"rotation"`` (orthogonal, det +1), ``"orthogonal"`` (det -1), or ``"linear"`` (not orthogonal).
+    """  # noqa: D205
+    M = as_matrix(A, "A")
+    L = M.shape[0]
+    if np.allclose(M, np.eye(L), rtol=0, atol=atol):
+        return "identity"
+    if is_signed_permutation(M, atol):
+        if np.allclose(np.abs(M), np.eye(L), rtol=0, atol=atol):
+            return "sign flip"
+        return "permutation" if (M > 0.5).sum() == L else "signed permutation"
+    if np.abs(M.T @ M - np.eye(L)).max() <= atol:
+        return "rotation" if np.linalg.det(M) > 0 else "orthogonal"
+    return "linear"

@@ -1,0 +1,103 @@
+"""The command line: help, the embedded default, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from countvae.cli import main
+
+
+def _write_counts(path, **obs):
+    rng = np.random.default_rng(0)
+    X = rng.poisson(4.0, (120, 30)).astype(np.float32) + 1
+    a = ad.AnnData(X=sp.csr_matrix(X))
+    a.obs_names = [f"c{i}" for i in range(120)]
+    a.var_names = [f"g{j}" for j in range(30)]
+    for k, v in obs.items():
+        a.obs[k] = v
+    a.write_h5ad(path)
+    return path
+
+
+def test_help_lists_commands_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "fit" in out and "Exit codes" in out
+
+
+def test_fit_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_fit_on_file_writes_results(tmp_path, capsys):
+    data = _write_counts(tmp_path / "d.h5ad", batch=["a", "b"] * 60)
+    out = tmp_path / "out"
+    code = main(
+        [
+            "fit",
+            str(data),
+            "--batch-key",
+            "batch",
+            "--n-latent",
+            "2",
+            "--max-epochs",
+            "3",
+            "--n-samples",
+            "20",
+            "--out",
+            str(out),
+            "--json",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_cells"] == 120 and result["n_heldout"] == 12 and result["heldout_lpd_per_cell"] < 0
+    assert sorted(p.name for p in out.iterdir()) == ["fit.json", "heldout_lpd.csv", "latent.csv", "model"]
+    # the same command again refuses to overwrite, before doing any work
+    assert main(["fit", str(data), "--out", str(out), "--quiet"]) == 1
+    assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "make, args, message",
+    [
+        (lambda p: None, [], "does not exist"),
+        (lambda p: p.write_text("not an hdf5 file"), [], "not an HDF5"),
+        (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64), [], "could not be read as AnnData"),
+        (lambda p: _write_counts(p), ["--layer", "counts"], "layer 'counts' is not in adata.layers"),
+        (lambda p: _write_counts(p), ["--batch-key", "donor"], "batch_key 'donor' is not a column"),
+        (lambda p: _write_counts(p), ["--n-latent", "500"], "n_latent=500 is too large"),
+    ],
+)
+def test_bad_input_gives_one_line_error(tmp_path, make, args, message):
+    path = tmp_path / "data.h5ad"
+    make(path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "countvae", "fit", str(path), "--out", str(tmp_path / "o"), "--quiet", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_wrong_command_line_is_exit_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--likelihood", "gaussian"])
+    assert info.value.code == 2

@@ -1,0 +1,118 @@
+"""The ``countvae verify-invariance`` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+
+FAST = ["--max-epochs", "30", "--max-cells", "60", "--n-samples", "60", "--elbo-refit-steps", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def h5ad(tmp_path_factory):
+    adata = cv.data.simulate(n_cells=400, n_genes=30, n_latent=2, likelihood="poisson", library_size=300, seed=4)
+    path = tmp_path_factory.mktemp("data") / "sim.h5ad"
+    adata.write_h5ad(path)
+    return path
+
+
+def test_embedded_default_writes_json_and_markdown(tmp_path, capsys):
+    out = tmp_path / "inv"
+    assert main(["verify-invariance", "--out", str(out), *FAST, "--no-prior-controls"]) == 0
+    printed = capsys.readouterr().out
+    assert "PASSED" in printed and "rotation" in printed and "invariance.md" in printed
+    record = json.loads((out / "invariance.json").read_text())
+    assert record["passed"] is True
+    assert record["run"]["data"] == "embedded simulation" and record["run"]["n_heldout_evaluated"] == 60
+    assert record["settings"]["quadrature"] is True
+    md = (out / "invariance.md").read_text()
+    assert md.startswith("# Rotation invariance check") and "CRN max \\|diff\\|" in md
+    assert (out / "model" / "model.json").is_file()
+    # the folder exists now: a second run refuses it with a one-line error
+    assert main(["verify-invariance", "--out", str(out), *FAST]) == 1
+    err = capsys.readouterr().err
+    assert "already exists" in err and err.strip().count("\n") == 0
+
+
+def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
+    assert (
+        main(
+            [
+                "fit",
+                str(h5ad),
+                "--n-latent",
+                "2",
+                "--decoder",
+                "linear",
+                "--likelihood",
+                "poisson",
+                "--max-epochs",
+                "20",
+                "--n-samples",
+                "20",
+                "--out",
+                str(tmp_path / "fit"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    args = ["verify-invariance", str(h5ad), "--model", str(tmp_path / "fit" / "model"), "--out", str(tmp_path / "v")]
+    assert main([*args, *FAST, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["passed"] is True
+    record = json.loads((tmp_path / "v" / "invariance.json").read_text())
+    assert record["run"]["model"].endswith("model") and not (tmp_path / "v" / "model").exists()
+    # the held-out cells are those `countvae fit` held out (same split function, fraction and seed)
+    held = cv.data.split_indices(400, 0.9, 0)[1]
+    assert record["run"]["n_heldout_evaluated"] == min(60, len(held))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--heldout-fraction", "0"], "--heldout-fraction"),
+        (["--n-samples", "1"], "--n-samples"),
+        (["--model", "/nonexistent/model"], "not a model folder"),
+    ],
+)
+def test_bad_input_is_one_line_exit_1(h5ad, tmp_path, capsys, extra, message):
+    assert main(["verify-invariance", str(h5ad), "--out", str(tmp_path / "o"), *FAST, *extra]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.strip().count("\n") == 0
+    assert not (tmp_path / "o").exists()
+
+
+def test_genes_mismatch_with_saved_model(h5ad, tmp_path, capsys):
+    other = cv.data.simulate(n_cells=200, n_genes=25, n_latent=2, seed=9)
+    cv.CountVAE.setup_anndata(other)
+    model = cv.CountVAE(other, n_latent=2, decoder="linear")
+    model.train(max_epochs=1, progress_bar=False)
+    model.save(tmp_path / "m")
+    rc = main(["verify-invariance", str(h5ad), "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o"), *FAST])
+    err = capsys.readouterr().err
+    assert rc == 1 and "genes" in err and err.strip().count("\n") == 0
+
+
+def test_help_lists_the_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["verify-invariance", "--help"])
+    text = capsys.readouterr().out
+    assert "--model" in text and "default here: 2" in text and "invariance.json" in text
+
+
+def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    module = importlib.import_module("countvae.invariance.verify")
+    monkeypatch.setattr(module, "prior_preserves", lambda prior, A, atol=1e-8: True)  # a wrong theory
+    rc = main(["verify-invariance", "--out", str(tmp_path / "o"), *FAST, "--no-prior-controls"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "FAILED" in captured.out
+    assert "disagree with the theory" in captured.err and captured.err.strip().count("\n") == 0
+    assert json.loads((tmp_path / "o" / "invariance.json").read_text())["passed"] is False

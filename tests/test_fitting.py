@@ -1,0 +1,288 @@
+"""fit_seeds: the shared held-out split, saving and resuming, the manifest's checks, and bad input."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+
+import anndata as ad
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+import countvae as cv
+from countvae.data.registry import get_registry
+from countvae.diagnostics import CountVAEFit, FittedModel, fit_seeds, heldout_split, load_seed_fits
+from countvae.diagnostics._manifest import data_fingerprint
+from countvae.errors import (
+    InvalidArgumentError,
+    InvalidDataError,
+    ModelFileError,
+    OutputExistsError,
+    SetupError,
+)
+
+MODEL = {"n_latent": 2, "n_hidden": 16, "decoder": "linear"}
+TRAIN = {"max_epochs": 3, "batch_size": 64}
+
+
+def _data(seed: int = 1, n_cells: int = 160, n_genes: int = 25) -> ad.AnnData:
+    adata = cv.data.simulate(n_cells=n_cells, n_genes=n_genes, n_latent=2, n_batches=2, seed=seed)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # One torch thread: on a shared 2-core machine two threads can be 15x slower (spin-waiting).
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def adata() -> ad.AnnData:
+    return _data()
+
+
+def _run(adata, **kwargs):
+    options = {"seeds": [0, 1], "model_kwargs": MODEL, "train_kwargs": TRAIN, "progress_bar": False, "torch_threads": 1}
+    options.update(kwargs)
+    return fit_seeds(adata, **options)
+
+
+def test_one_split_shared_by_all_seeds_and_never_seen(adata):
+    fits = _run(adata, heldout_fraction=0.25, split_seed=3)
+    fit_idx, held_idx = heldout_split(adata.n_obs, 0.25, 3)
+    assert len(held_idx) == 40 and len(fit_idx) == 120
+    assert list(fits.adata_heldout.obs_names) == list(adata.obs_names[held_idx])
+    assert list(fits.adata_fit.obs_names) == list(adata.obs_names[fit_idx])
+    assert fits.seeds == [0, 1] and len(fits) == 2
+    for fit in fits:
+        assert isinstance(fit, CountVAEFit) and isinstance(fit, FittedModel)
+        # Each model was trained on the fit cells only: its training data holds no held-out cell.
+        assert set(fit.model.adata.obs_names).isdisjoint(fits.adata_heldout.obs_names)
+        assert fit.model.adata.n_obs == 120
+        assert fit.latent(fits.adata_heldout).shape == (40, 2)
+    assert not np.array_equal(fits[0].latent(fits.adata_heldout), fits[1].latent(fits.adata_heldout))
+    assert fits.settings["split"] == {
+        "n_fit": 120,
+        "n_heldout": 40,
+        "heldout_sha256": fits.settings["split"]["heldout_sha256"],
+    }
+    assert fits.settings["seeds"] == [0, 1] and fits.out_dir is None and fits.reused_seeds == []
+
+
+def test_a_fit_equals_training_that_seed_directly(adata):
+    torch.set_num_threads(1)
+    fits = _run(adata)
+    direct = cv.CountVAE(fits.adata_fit, **MODEL)
+    direct.train(**TRAIN, seed=1, progress_bar=False)
+    np.testing.assert_array_equal(
+        fits[1].latent(fits.adata_heldout), direct.get_latent_representation(fits.adata_heldout)
+    )
+    assert torch.get_num_threads() == 1
+
+
+def test_no_global_side_effects(adata):
+    torch.set_num_threads(2)
+    state = torch.get_rng_state()
+    _run(adata, torch_threads=1)
+    assert torch.get_num_threads() == 2
+    assert torch.equal(torch.get_rng_state(), state)
+    assert "_scvi_batch" not in adata.obs.columns and list(adata.uns) == ["simulation", "_countvae"]
+
+
+def test_resume_reuses_completed_seeds_and_adds_new_ones(adata, tmp_path):
+    first = _run(adata, out_dir=tmp_path)
+    folder = tmp_path / "fits" / "seed_0"
+    stamp = (folder.stat().st_ino, (folder / "model" / "params.pt").stat().st_mtime_ns)
+    again = _run(adata, seeds=[0, 1, 2], out_dir=tmp_path)
+    assert again.reused_seeds == [0, 1]
+    assert again.seconds[0] == 0.0 and again.seconds[1] == 0.0 and again.seconds[2] > 0.0
+    assert (folder.stat().st_ino, (folder / "model" / "params.pt").stat().st_mtime_ns) == stamp
+    for a, b in zip(first, again, strict=False):
+        np.testing.assert_array_equal(a.latent(first.adata_heldout), b.latent(again.adata_heldout))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["seeds"] == [0, 1, 2]
+    assert manifest["settings"]["model_kwargs"] == MODEL
+    assert manifest["settings"]["data"]["n_cells"] == adata.n_obs
+    assert set(manifest["settings"]["versions"]) >= {"countvae", "torch", "pyro-ppl", "numpy"}
+    record = json.loads((folder / "fit.json").read_text())
+    assert record["seed"] == 0 and record["torch_threads"] == manifest["settings"]["torch_threads"]
+    # A progress bar is cosmetic: switching it on does not invalidate the fits.
+    shown = _run(adata, out_dir=tmp_path, train_kwargs={**TRAIN, "progress_bar": False})
+    assert shown.reused_seeds == [0, 1]
+
+
+def test_stale_temporary_folders_are_removed(adata, tmp_path):
+    _run(adata, out_dir=tmp_path)
+    stale = tmp_path / "fits" / ".seed_1.abc.partial"
+    stale.mkdir()
+    (stale / "fit.json").write_text("{")
+    again = _run(adata, out_dir=tmp_path)
+    assert again.reused_seeds == [0, 1] and not stale.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_kwargs": {**MODEL, "n_latent": 3}}, "model_kwargs"),
+        ({"train_kwargs": {**TRAIN, "max_epochs": 4}}, "train_kwargs"),
+        ({"heldout_fraction": 0.2}, "heldout_fraction"),
+        ({"split_seed": 1}, "split_seed"),
+        ({"torch_threads": 2}, "torch_threads"),
+        ({"model_kwargs": {**MODEL, "decoder": "mlp"}}, "model_kwargs"),
+    ],
+)
+def test_other_settings_are_refused(adata, tmp_path, change, message):
+    _run(adata, out_dir=tmp_path, torch_threads=1)
+    options = {"torch_threads": 1, **change}
+    with pytest.raises(OutputExistsError, match=message):
+        _run(adata, out_dir=tmp_path, **options)
+    redone = _run(adata, out_dir=tmp_path, overwrite=True, **options)
+    assert redone.reused_seeds == []
+    assert _run(adata, out_dir=tmp_path, **options).reused_seeds == [0, 1]
+
+
+def test_other_data_is_refused_naming_what_differs(adata, tmp_path):
+    _run(adata, out_dir=tmp_path)
+    counts = adata.copy()
+    counts.X = counts.X.copy()
+    counts.X[0, 0] += 1
+    with pytest.raises(OutputExistsError, match="count values"):
+        _run(counts, out_dir=tmp_path)
+    genes = adata.copy()
+    genes.var_names = [f"other{i}" for i in range(genes.n_vars)]
+    with pytest.raises(OutputExistsError, match=r"genes \(var_names"):
+        _run(genes, out_dir=tmp_path)
+    fewer = adata[:, :20].copy()
+    with pytest.raises(OutputExistsError, match="25 genes; this AnnData has 160 x 20"):
+        _run(fewer, out_dir=tmp_path)
+
+
+def test_load_seed_fits(adata, tmp_path):
+    fits = _run(adata, out_dir=tmp_path)
+    loaded = load_seed_fits(tmp_path, adata)
+    assert loaded.seeds == [0, 1] and loaded.reused_seeds == [0, 1]
+    assert list(loaded.adata_heldout.obs_names) == list(fits.adata_heldout.obs_names)
+    for a, b in zip(fits, loaded, strict=True):
+        np.testing.assert_array_equal(a.latent(fits.adata_heldout), b.latent(loaded.adata_heldout))
+    genes = adata[:, 1:].copy()
+    with pytest.raises(InvalidDataError, match="genes"):
+        load_seed_fits(tmp_path, genes)
+    with pytest.raises(ModelFileError, match="manifest.json is missing"):
+        load_seed_fits(tmp_path / "fits", adata)
+
+
+def test_load_needs_two_completed_fits(adata, tmp_path):
+    _run(adata, out_dir=tmp_path)
+    import shutil
+
+    shutil.rmtree(tmp_path / "fits" / "seed_1")
+    with pytest.raises(ModelFileError, match="1 completed fit"):
+        load_seed_fits(tmp_path, adata)
+
+
+def test_corrupted_fit_is_named(adata, tmp_path):
+    _run(adata, out_dir=tmp_path)
+    params = tmp_path / "fits" / "seed_0" / "model" / "params.pt"
+    params.write_bytes(params.read_bytes()[:-10])
+    with pytest.raises(ModelFileError, match="params.pt"):
+        _run(adata, out_dir=tmp_path)
+
+
+def test_out_dir_checks(adata, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="not a fit_seeds output folder"):
+        _run(adata, out_dir=tmp_path)
+    fits = _run(adata, out_dir=tmp_path, overwrite=True)
+    assert (tmp_path / "notes.txt").read_text() == "mine" and len(fits) == 2
+    file_path = tmp_path / "file"
+    file_path.write_text("")
+    with pytest.raises(OutputExistsError, match="not a folder"):
+        _run(adata, out_dir=file_path)
+
+
+def test_a_running_fit_locks_its_out_dir(adata, tmp_path):
+    _run(adata, out_dir=tmp_path)
+    with open(tmp_path / ".lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(OutputExistsError, match="another running fit_seeds"):
+            _run(adata, out_dir=tmp_path)
+
+
+def test_fingerprint_ignores_storage_but_not_values():
+    adata = _data(n_cells=30, n_genes=8)
+    registry = get_registry(adata)
+    base = data_fingerprint(adata, registry)
+    dense = np.asarray(adata.X.todense() if sp.issparse(adata.X) else adata.X)
+    for matrix in (dense, sp.csr_matrix(dense), sp.csc_matrix(dense), dense.astype(np.float32)):
+        other = adata.copy()
+        other.X = matrix
+        assert data_fingerprint(other, registry) == base
+    stored_zero = sp.csr_matrix(dense)
+    stored_zero.data[0] = 0.0  # an explicitly stored zero where there was a count changes the values
+    other = adata.copy()
+    other.X = stored_zero
+    changed = data_fingerprint(other, registry)
+    assert changed["counts_sha256"] != base["counts_sha256"]
+    assert changed["genes_sha256"] == base["genes_sha256"] and changed["cells_sha256"] == base["cells_sha256"]
+    renamed = adata.copy()
+    renamed.obs_names = [f"c{i}" for i in range(renamed.n_obs)]
+    fp = data_fingerprint(renamed, registry)
+    assert fp["cells_sha256"] != base["cells_sha256"] and fp["counts_sha256"] == base["counts_sha256"]
+    moved = adata.copy()
+    moved.obs["batch"] = moved.obs["batch"].iloc[::-1].to_numpy()
+    assert data_fingerprint(moved, registry)["batches_sha256"] != base["batches_sha256"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"seeds": [3]}, InvalidArgumentError, "at least two seeds"),
+        ({"seeds": []}, InvalidArgumentError, "at least two seeds"),
+        ({"seeds": [1, 2, 1]}, InvalidArgumentError, r"Seeds \[1\] are given more than once"),
+        ({"seeds": [0, 1.5]}, InvalidArgumentError, "must be an integer"),
+        ({"seeds": [0, True]}, InvalidArgumentError, "must be an integer"),
+        ({"seeds": ["0", "1"]}, InvalidArgumentError, "must be an integer"),
+        ({"seeds": [0, -1]}, InvalidArgumentError, r"\[0, 2\*\*32 - 1\]"),
+        ({"seeds": 5}, InvalidArgumentError, "sequence of integers"),
+        ({"heldout_fraction": 0.0}, InvalidArgumentError, "strictly between 0 and 1"),
+        ({"heldout_fraction": 1.0}, InvalidArgumentError, "strictly between 0 and 1"),
+        ({"heldout_fraction": -0.1}, InvalidArgumentError, "strictly between 0 and 1"),
+        ({"heldout_fraction": "0.1"}, InvalidArgumentError, "a number"),
+        ({"heldout_fraction": 0.001}, InvalidArgumentError, "at least 2 cells"),
+        ({"split_seed": -1}, InvalidArgumentError, "split_seed"),
+        ({"n_jobs": 0}, InvalidArgumentError, "n_jobs"),
+        ({"backend": "dask"}, InvalidArgumentError, "backend"),
+        ({"model_cls": dict}, InvalidArgumentError, "model_cls"),
+        ({"train_kwargs": {"seed": 3}}, InvalidArgumentError, "sets each fit's seed"),
+        ({"model_kwargs": {"adata": None}}, InvalidArgumentError, "adata"),
+        ({"model_kwargs": {"n_latent": object()}}, InvalidArgumentError, "cannot be recorded"),
+        ({"model_kwargs": [("n_latent", 2)]}, InvalidArgumentError, "dict of keyword arguments"),
+        ({"torch_threads": 0}, InvalidArgumentError, "torch_threads"),
+    ],
+)
+def test_bad_input(adata, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        _run(adata, **kwargs)
+
+
+def test_unregistered_or_not_anndata():
+    raw = cv.data.simulate(n_cells=40, n_genes=10, n_latent=2, seed=0)
+    with pytest.raises(SetupError, match="setup_anndata"):
+        _run(raw)
+    with pytest.raises(InvalidArgumentError, match="expects an AnnData"):
+        _run(np.ones((5, 5)))
+
+
+def test_gene_without_counts_among_fit_cells():
+    adata = _data(n_cells=60, n_genes=10)
+    fit_idx, held_idx = heldout_split(adata.n_obs, 0.1, 0)
+    x = np.asarray(adata.X.todense() if sp.issparse(adata.X) else adata.X).copy()
+    x[fit_idx, 4] = 0
+    x[held_idx, 4] = 1
+    adata.X = x
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    with pytest.raises(InvalidDataError, match="no counts in the cells left for fitting"):
+        _run(adata)

@@ -1,0 +1,279 @@
+"""SCVIFit against scvi-tools' own outputs, and fit_seeds with scvi-tools models."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scvi  # noqa: E402  (the [scvi] extra is part of [dev])
+import torch
+
+import countvae as cv
+from countvae.diagnostics import SCVIFit, fit_seeds
+from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError
+
+MODEL = {"n_latent": 2, "n_hidden": 16}
+TRAIN = {"max_epochs": 30, "accelerator": "cpu"}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_one_thread():
+    # One torch thread: on a shared 2-core machine two threads can be 15x slower (spin-waiting).
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.fixture(scope="module")
+def adata():
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, n_batches=2, seed=5)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+@pytest.fixture(scope="module")
+def scvi_fits(adata, tmp_path_factory):
+    torch.set_num_threads(1)
+    return fit_seeds(
+        adata,
+        seeds=[0, 1],
+        model_cls=scvi.model.SCVI,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        out_dir=tmp_path_factory.mktemp("scvi"),
+        torch_threads=1,
+        progress_bar=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def linear_fits(adata):
+    return fit_seeds(
+        adata,
+        seeds=[0, 1],
+        model_cls=scvi.model.LinearSCVI,
+        model_kwargs=MODEL,
+        train_kwargs={**TRAIN, "max_epochs": 60},
+        torch_threads=1,
+        progress_bar=False,
+    )
+
+
+@pytest.fixture(params=["scvi", "linearscvi"])
+def fits(request, scvi_fits, linear_fits):
+    return scvi_fits if request.param == "scvi" else linear_fits
+
+
+def _own(fit, adata):
+    """The AnnData set up for the model, as scvi-tools' methods need it."""
+    return fit._prepared(adata)
+
+
+def test_attributes(fits):
+    fit = fits[1]
+    assert isinstance(fit, SCVIFit)
+    assert fit.kind == ("linearscvi" if isinstance(fit.model, scvi.model.LinearSCVI) else "scvi")
+    assert fit.symmetry == "orthogonal" and fit.n_latent == 2 and fit.seed == 1 and fit.name == "seed 1"
+    assert list(fit.var_names) == list(fits.adata_heldout.var_names)
+    assert fits.settings["model_class"] in ("scvi.model.SCVI", "scvi.model.LinearSCVI")
+    assert "scvi-tools" in fits.settings["versions"]
+
+
+def test_a_fit_equals_scvi_trained_directly_with_that_seed(scvi_fits):
+    adata_fit = scvi_fits.adata_fit  # set up for scvi-tools by fit_seeds
+    state = np.random.get_state()  # noqa: NPY002
+    scvi.settings.seed = 1
+    direct = scvi.model.SCVI(adata_fit, **MODEL)
+    direct.train(**TRAIN, enable_progress_bar=False)
+    np.random.set_state(state)  # noqa: NPY002
+    held = scvi_fits.adata_heldout
+    fit = scvi_fits[1]
+    np.testing.assert_array_equal(fit.latent(held), direct.get_latent_representation(fit._prepared(held)))
+
+
+def test_latent_and_samples(fits):
+    held = fits.adata_heldout
+    fit = fits[0]
+    before = list(held.obs.columns), list(held.uns)
+    latent = fit.latent(held)
+    np.testing.assert_array_equal(latent, fit.model.get_latent_representation(_own(fit, held)))
+    assert latent.shape == (held.n_obs, 2)
+    assert (list(held.obs.columns), list(held.uns)) == before, "the caller's AnnData must not be modified"
+    mean, var = fit.model.get_latent_representation(_own(fit, held), return_dist=True)
+    draws = fit.latent_samples(held, 4000, seed=3)
+    assert draws.shape == (4000, held.n_obs, 2)
+    np.testing.assert_array_equal(draws, fit.latent_samples(held, 4000, seed=3))
+    # Known answer: the draws' mean and variance are those of q(z | x) (5 standard errors).
+    assert np.all(np.abs(draws.mean(0) - mean) < 5 * np.sqrt(var / 4000))
+    assert np.all(np.abs(draws.var(0) / var - 1) < 5 * np.sqrt(2 / 4000))
+
+
+def test_log_predictive_density_is_scvis_marginal_ll(fits):
+    held = fits.adata_heldout
+    for fit in fits:
+        fit.samples_per_pass = 5
+        torch.manual_seed(7)
+        expected = fit.model.get_marginal_ll(
+            _own(fit, held), n_mc_samples=20, n_mc_samples_per_pass=5, return_mean=False
+        )
+        frame = fit.log_predictive_density(held, n_samples=20, seed=7)
+        fit.samples_per_pass = None
+        assert isinstance(expected, torch.Tensor)
+        assert list(frame.columns) == ["lpd", "mc_se", "ess"] and list(frame.index) == list(held.obs_names)
+        np.testing.assert_allclose(frame["lpd"].to_numpy(), expected.numpy(), rtol=1e-6)
+        assert np.all(frame["lpd"] < 0) and np.all((frame["ess"] >= 1) & (frame["ess"] <= 20))
+
+
+def test_mc_se_matches_the_spread_of_repeated_estimates(scvi_fits):
+    """Known answer: the standard error is the standard deviation of the estimate over independent seeds."""
+    held = scvi_fits.adata_heldout[:15].copy()
+    fit = scvi_fits[0]
+    runs = [fit.log_predictive_density(held, n_samples=400, seed=s) for s in range(30)]
+    spread = np.std([r["lpd"].to_numpy() for r in runs], axis=0, ddof=1)
+    claimed = np.mean([r["mc_se"].to_numpy() for r in runs], axis=0)
+    ratio = np.median(spread / claimed)
+    assert 0.5 < ratio < 2.0, ratio
+
+
+def test_normalized_expression_is_scvi_at_the_posterior_mean(fits, monkeypatch):
+    held = fits.adata_heldout
+    fit = fits[1]
+    ours = fit.normalized_expression(held, library_size=1e4)
+    assert ours.shape == (held.n_obs, held.n_vars)
+    np.testing.assert_allclose(ours.sum(1), 1e4, rtol=1e-4)
+    # scvi-tools decodes one posterior draw; with the draw replaced by the mean it must give the same numbers.
+    monkeypatch.setattr(
+        torch.distributions.Normal,
+        "rsample",
+        lambda self, sample_shape=(): self.loc.expand(torch.Size(sample_shape) + self.loc.shape),
+    )
+    theirs = fit.model.get_normalized_expression(_own(fit, held), library_size=1e4, return_numpy=True)
+    np.testing.assert_allclose(ours, theirs, rtol=2e-5)
+
+
+def test_decode_log_rate(fits):
+    held = fits.adata_heldout
+    fit = fits[0]
+    z = np.random.default_rng(0).standard_normal((3, held.n_obs, 2))
+    log_rate = fit.decode_log_rate(held, z)
+    assert log_rate.shape == (3, held.n_obs, held.n_vars)
+    # Known answer: px_scale is a softmax over genes, so the shares sum to one.
+    np.testing.assert_allclose(np.exp(log_rate).sum(-1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(log_rate[1], fit.decode_log_rate(held, z[1]))
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        fit.decode_log_rate(held, z[:, :5])
+
+
+def test_jacobian_matches_finite_differences(fits):
+    held = fits.adata_heldout
+    fit = fits[1]
+    jac = fit.decoder_jacobian(held)
+    assert jac.shape == (held.n_obs, held.n_vars, 2)
+    z0 = fit.latent(held).astype(np.float64)
+    # Central differences in float64 (the module converted in place, then back), with a step far
+    # smaller than the distance to most ReLU kinks.
+    h = 1e-6
+    module = fit.model.module
+    module.double()
+    try:
+        if not module.use_observed_lib_size:
+            # scvi-tools computes the (here unused) library prior with a float32 one-hot: keep it float32.
+            module.library_log_means = module.library_log_means.float()
+            module.library_log_vars = module.library_log_vars.float()
+        columns = []
+        for k in range(2):
+            step = np.zeros_like(z0)
+            step[:, k] = h
+            columns.append((fit.decode_log_rate(held, z0 + step) - fit.decode_log_rate(held, z0 - step)) / (2 * h))
+    finally:
+        module.float()
+    np.testing.assert_allclose(jac, np.stack(columns, axis=-1), atol=1e-5, rtol=1e-4)
+
+
+def test_linear_loadings_and_their_jacobian(linear_fits, scvi_fits):
+    held = linear_fits.adata_heldout
+    fit = linear_fits[0]
+    loadings = fit.loadings()
+    np.testing.assert_array_equal(loadings, fit.model.get_loadings().to_numpy())
+    assert loadings.shape == (held.n_vars, 2)
+    # Known answer: log softmax(W z + c) has Jacobian W - sum_g p_g W_g (p: the decoded shares).
+    shares = np.exp(fit.decode_log_rate(held, fit.latent(held)))
+    expected = loadings[None] - np.einsum("cg,gk->ck", shares, loadings)[:, None, :]
+    np.testing.assert_allclose(fit.decoder_jacobian(held), expected, atol=1e-4)
+    assert scvi_fits[0].loadings() is None
+
+
+def test_posterior_predictive_is_scvis_sample(fits):
+    held = fits.adata_heldout
+    fit = fits[0]
+    state = torch.get_rng_state()
+    draws = fit.posterior_predictive(held, n_samples=3, seed=4)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert draws.shape == (held.n_obs, held.n_vars, 3)
+    assert np.all(draws >= 0) and np.array_equal(draws, np.round(draws))
+    torch.manual_seed(4)
+    theirs = fit.model.posterior_predictive_sample(_own(fit, held), n_samples=3).todense()
+    np.testing.assert_array_equal(draws, theirs)
+    assert fit.posterior_predictive(held, n_samples=1, seed=4).shape == (held.n_obs, held.n_vars, 1)
+    assert not np.array_equal(draws, fit.posterior_predictive(held, n_samples=3, seed=5))
+
+
+def test_resume_reuses_scvi_fits_exactly(adata, scvi_fits):
+    np_state = np.random.get_state()  # noqa: NPY002
+    again = fit_seeds(
+        adata,
+        seeds=[0, 1],
+        model_cls=scvi.model.SCVI,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        out_dir=scvi_fits.out_dir,
+        torch_threads=1,
+        progress_bar=False,
+    )
+    assert again.reused_seeds == [0, 1]
+    for a, b in zip(scvi_fits, again, strict=True):
+        np.testing.assert_array_equal(a.latent(scvi_fits.adata_heldout), b.latent(again.adata_heldout))
+    assert np.random.get_state()[1].tolist() == np_state[1].tolist()  # noqa: NPY002
+
+
+def test_tampered_scvi_fit_is_refused(adata, scvi_fits, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(scvi_fits.out_dir, copy)
+    params = copy / "fits" / "seed_1" / "model" / "params.pt"
+    params.write_bytes(params.read_bytes()[:-7])
+    with pytest.raises(ModelFileError, match="params.pt"):
+        fit_seeds(
+            adata,
+            seeds=[0, 1],
+            model_cls=scvi.model.SCVI,
+            model_kwargs=MODEL,
+            train_kwargs=TRAIN,
+            out_dir=copy,
+            torch_threads=1,
+            progress_bar=False,
+        )
+
+
+def test_bad_models_and_data(adata, scvi_fits):
+    raw = adata.copy()
+    scvi.model.SCVI.setup_anndata(raw, batch_key="batch")
+    untrained = scvi.model.SCVI(raw, n_latent=2)
+    with pytest.raises(NotTrainedError):
+        SCVIFit(untrained, seed=0)
+    ln = scvi.model.SCVI(raw, n_latent=2, latent_distribution="ln")
+    ln.is_trained_ = True
+    with pytest.raises(InvalidArgumentError, match="normal latent"):
+        SCVIFit(ln, seed=0)
+    with pytest.raises(InvalidDataError, match="genes"):
+        scvi_fits[0].latent(scvi_fits.adata_heldout[:, :30].copy())
+    with pytest.raises(InvalidArgumentError, match="supports the scvi-tools classes"):
+        fit_seeds(adata, seeds=[0, 1], model_cls=scvi.model.TOTALVI, progress_bar=False)
+    on_raw = adata.copy()
+    on_raw.raw = on_raw
+    cv.CountVAE.setup_anndata(on_raw, use_raw=True, batch_key="batch")
+    with pytest.raises(InvalidArgumentError, match="adata.raw"):
+        fit_seeds(on_raw, seeds=[0, 1], model_cls=scvi.model.SCVI, train_kwargs={"max_epochs": 1}, progress_bar=False)
