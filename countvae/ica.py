@@ -648,3 +648,64 @@ def _best_match(reference: np.ndarray, other: np.ndarray, method: str, match_com
     out = np.zeros(reference.shape[1])
     out[match.rows] = np.abs(match.correlations)
     return out
+
+
+# ----- a fitted model re-expressed in ICA axes -----------------------------------------------------
+
+
+def reparameterize_ica(model: Any, rotation: Literal["ica"] | ICARotation = "ica") -> Any:
+    """A copy of a fitted :class:`countvae.CountVAE` whose latent coordinates are the ICA axes.
+
+    With ``A = ica.components_`` (k = n_latent components), the copy's latent is
+    ``z' = A z`` and its decoder ``f'(z') = f(A^{-1} z')``, through
+    :func:`countvae.invariance.reparameterize` (the guide returns the law of
+    ``A z``; the prior stays N(0, I)). What this preserves, exactly:
+
+    * decoded means at mapped points, ``f'(A z) = f(z)``: normalized expression,
+      posterior-predictive draws and every per-cell decoder output are unchanged
+      (to rounding);
+    * the latent *space*: posterior means become ``A mu = transform(mu) + A mean_``,
+      the ICA sources up to the constant ``A @ ica.mean_`` (near 0 for centred
+      latents), and posterior covariances ``A diag(sigma^2) A^T``;
+    * for a linear decoder, the loadings become ``W A^{-1} = W @ ica.mixing_``:
+      ``get_loadings()`` of the copy has one gene-loading column per ICA component.
+
+    What it does not preserve, unless ``A`` is orthogonal (``ICARotation(whiten=False)``):
+
+    * ``p(x)``: the copy keeps the N(0, I) prior on ``z'``, which on the original
+      coordinates is the prior ``N(0, (A^T A)^{-1})`` = ``N(0, Sigma)`` with ``Sigma``
+      the covariance of the posterior means, not N(0, I). ``log p(x)``, the ELBO
+      and the held-out predictive density therefore change (they are the
+      original decoder's under that prior); with ``whiten=False`` ``A`` is
+      orthogonal and they are exactly unchanged.
+    * Euclidean distances and k-NN graphs of the latents, and the decoder's
+      stretch ``B(z)`` (the Jacobian becomes ``J A^{-1}``).
+
+    Parameters
+    ----------
+    model
+        A trained ``CountVAE``.
+    rotation
+        ``"ica"`` (the model's stored ICA, fitted on first use as in
+        :meth:`countvae.CountVAE.get_latent_representation`) or an
+        :class:`ICARotation` (fitted to the training cells if not fitted). It must
+        keep all ``n_latent`` components.
+
+    Returns
+    -------
+    CountVAE
+        The re-expressed copy; the original is untouched.
+
+    """
+    from countvae.invariance import reparameterize
+    from countvae.model import CountVAE
+
+    if not isinstance(model, CountVAE):
+        raise InvalidArgumentError(f"reparameterize_ica needs a countvae.CountVAE, got {type(model).__name__}.")
+    ica = model._ica_for(rotation)
+    if ica.components_.shape != (model.n_latent, model.n_latent):
+        raise InvalidArgumentError(
+            f"The ICA keeps {ica.components_.shape[0]} of {model.n_latent} dimensions; re-expressing the model "
+            "needs an invertible map, so fit it with n_components=None."
+        )
+    return reparameterize(model, ica.components_, check=not ica.whiten)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import countvae as cv
 from countvae.errors import InvalidArgumentError
@@ -14,6 +15,7 @@ from countvae.metrics import mcc
 @pytest.fixture(scope="module")
 def laplace_model():
     """Counts from 3 Laplace sources through a log-softmax-linear decoder; an MLP CountVAE fitted to them."""
+    torch.set_num_threads(1)  # module fixtures run before conftest's per-test thread setting
     adata = cv.data.simulate(
         n_cells=800, n_genes=80, n_latent=3, sources="laplace", decoder="mlp", leaky_slope=1.0, seed=11
     )
@@ -96,3 +98,74 @@ def test_simulated_source_labels_and_kinds():
     np.testing.assert_array_equal(again.X.toarray(), adata.X.toarray())
     with pytest.raises(InvalidArgumentError, match="n_source_bins"):
         cv.data.simulate(n_cells=10, n_genes=5, n_latent=1, n_source_bins=1)
+
+
+@pytest.fixture(scope="module")
+def linear_poisson_model():
+    """A 2-d linear-decoder Poisson model on counts from two Laplace sources (quadrature applies)."""
+    torch.set_num_threads(1)
+    adata = cv.data.simulate(
+        n_cells=600, n_genes=40, n_latent=2, sources="laplace", likelihood="poisson", decoder="linear", seed=13
+    )
+    cv.CountVAE.setup_anndata(adata)
+    model = cv.CountVAE(adata, n_latent=2, likelihood="poisson", decoder="linear", n_hidden=16)
+    model.train(max_epochs=30, lr=3e-3, progress_bar=False, seed=0)
+    return model
+
+
+def test_reparameterize_ica_preserves_decoded_means_and_gives_ica_latents(laplace_model):
+    from countvae.ica import reparameterize_ica
+
+    model = laplace_model
+    model.ica = None
+    new = reparameterize_ica(model)
+    ica = model.ica
+    z = model.get_latent_representation()
+    np.testing.assert_allclose(
+        new.get_latent_representation(), ica.transform(z) + ica.components_ @ ica.mean_, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        new.get_normalized_expression(return_numpy=True),
+        model.get_normalized_expression(return_numpy=True),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    # the original is untouched
+    np.testing.assert_array_equal(model.get_latent_representation(), z)
+
+
+def test_reparameterize_ica_loadings_and_log_marginal(linear_poisson_model):
+    from countvae.ica import reparameterize_ica
+    from countvae.invariance import log_marginal_linear, quadrature_log_marginal
+
+    model = linear_poisson_model
+    cells = np.arange(40)
+    whitened_ica = ICARotation(n_null=0).fit(model.get_latent_representation())
+    new = reparameterize_ica(model, whitened_ica)
+    W = model.get_loadings().to_numpy().astype(np.float64)
+    # loadings per ICA component: W A^{-1} = W @ mixing_
+    np.testing.assert_allclose(new.get_loadings().to_numpy(), W @ whitened_ica.mixing_, rtol=1e-4, atol=1e-6)
+
+    before = quadrature_log_marginal(model, indices=cells)
+    after = quadrature_log_marginal(new, indices=cells)
+    # whitening is not orthogonal: log p(x) changes ...
+    assert np.max(np.abs(after - before)) > 0.01
+    # ... to the original decoder's log p(x) under the prior N(0, (A^T A)^{-1}) = N(0, Sigma)
+    A = whitened_ica.components_
+    chol = np.linalg.cholesky(np.linalg.inv(A.T @ A))
+    x = torch.as_tensor(model.adata.X[cells].toarray(), dtype=torch.float64)
+    offset = torch.log(x.sum(-1, keepdim=True)) + model.module.decoder.bias.detach().double()
+    expected = log_marginal_linear(x, offset, torch.as_tensor(W @ chol)).numpy()
+    np.testing.assert_allclose(after, expected, atol=1e-6)
+    # an orthogonal ICA (no whitening) leaves log p(x) exactly as it was
+    rotated = reparameterize_ica(model, ICARotation(whiten=False, n_null=0))
+    np.testing.assert_allclose(quadrature_log_marginal(rotated, indices=cells), before, atol=1e-6)
+
+
+def test_reparameterize_ica_needs_all_components(linear_poisson_model):
+    from countvae.ica import reparameterize_ica
+
+    with pytest.raises(InvalidArgumentError, match="n_components"):
+        reparameterize_ica(linear_poisson_model, ICARotation(n_components=1, n_null=0))
+    with pytest.raises(InvalidArgumentError, match="CountVAE"):
+        reparameterize_ica(object())

@@ -29,5 +29,7 @@ def test_tutorial_runs(path, monkeypatch):
         notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(TUTORIALS)}}
     )
     client.execute()  # raises CellExecutionError on the first failing cell
-    errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    errors = [
+        o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+    ]
     assert not errors
