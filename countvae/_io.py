@@ -65,6 +65,31 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, overwrite: bool = False
 
 
 @contextlib.contextmanager
+def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` for a writer that opens files itself (h5py, anndata).
+
+    The temporary file is renamed to ``path`` when the block succeeds and removed
+    when it raises.
+    """
+    path = Path(path)
+    _refuse_existing(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Build a folder under a temporary name; rename it to ``path`` when the block succeeds.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 import torch
 
 import countvae as cv
@@ -221,3 +222,31 @@ def test_accelerator_argument(small_adata):
     if not torch.cuda.is_available():
         with pytest.raises(cv.errors.InvalidArgumentError, match="CUDA"):
             cv.CountVAE(small_adata, n_latent=2).train(max_epochs=1, accelerator="gpu", progress_bar=False)
+
+
+def test_continued_training_draws_new_minibatch_orders(small_adata, monkeypatch):
+    from countvae.data.loader import CountSource
+
+    orders = []
+    original = CountSource.iterate
+
+    def recording(self, indices, batch_size, shuffle=False, rng=None, **kwargs):
+        batches = list(original(self, indices, batch_size, shuffle=shuffle, rng=rng, **kwargs))
+        if shuffle:
+            orders.append(np.concatenate([mb.indices for mb in batches]))
+        return iter(batches)
+
+    monkeypatch.setattr(CountSource, "iterate", recording)
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    m.train(max_epochs=1, progress_bar=False, seed=4)
+    m.train(max_epochs=1, progress_bar=False, seed=4)
+    assert len(orders) == 2 and not np.array_equal(orders[0], orders[1])
+
+
+def test_genes_without_counts_in_a_subset_are_refused(small_adata):
+    sub = small_adata[:40].copy()
+    dense = sub.X.toarray()
+    dense[:, 5] = 0
+    sub.X = sp.csr_matrix(dense)
+    with pytest.raises(cv.errors.InvalidDataError, match="1 of 60 genes have zero total counts"):
+        cv.CountVAE(sub, n_latent=2)

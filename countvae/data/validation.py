@@ -42,6 +42,16 @@ def iter_row_chunks(matrix, chunk_rows: int = _CHUNK_ROWS) -> Iterator[tuple[int
         yield start, matrix[start : min(start + chunk_rows, n)]
 
 
+def column_totals(matrix) -> np.ndarray:
+    """Total counts of each gene (column sums, float64), reading backed data chunk by chunk."""
+    if sp.issparse(matrix) or isinstance(matrix, np.ndarray):
+        return np.asarray(matrix.sum(axis=0), dtype=np.float64).ravel()
+    totals = np.zeros(matrix.shape[1], dtype=np.float64)
+    for _, block in iter_row_chunks(matrix):
+        totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
+    return totals
+
+
 def _values_of(block) -> np.ndarray:
     """The stored values of a block: the non-zeros of a sparse block, all of a dense one."""
     if sp.issparse(block):
@@ -49,7 +59,7 @@ def _values_of(block) -> np.ndarray:
     return np.asarray(block)
 
 
-def validate_counts(matrix, what: str = "adata.X") -> CountSummary:
+def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = False) -> CountSummary:
     """Check that ``matrix`` holds finite, non-negative integer counts.
 
     Nothing is modified or coerced. Cells and genes whose counts are all zero are
@@ -63,6 +73,10 @@ def validate_counts(matrix, what: str = "adata.X") -> CountSummary:
         backed anndata dataset.
     what
         How to name the matrix in error messages, e.g. ``"adata.layers['counts']"``.
+    allow_empty_genes
+        Accept genes with no counts. Training data must not have them, but a
+        handful of query or held-out cells often leaves some gene at zero, and that
+        is valid data for a fitted model.
 
     Returns
     -------
@@ -139,7 +153,7 @@ def validate_counts(matrix, what: str = "adata.X") -> CountSummary:
             "e.g. `sc.pp.filter_cells(adata, min_counts=1)`; countvae never drops cells silently."
         )
     n_empty_genes = int(np.count_nonzero(gene_totals == 0))
-    if n_empty_genes:
+    if n_empty_genes and not allow_empty_genes:
         raise InvalidDataError(
             f"{n_empty_genes} of {n_vars} genes in {what} have zero total counts. Remove them before setup, "
             "e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never drops genes silently."

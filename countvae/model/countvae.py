@@ -27,7 +27,8 @@ from countvae.data.registry import (
 )
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
-from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
+from countvae.data.validation import column_totals
+from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
 from countvae.ica import ICARotation
 from countvae.model import inference
 from countvae.model.persistence import read_model_folder, write_model_folder
@@ -126,8 +127,15 @@ class CountVAE:
         if registry is None:
             raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
         var_names = get_var_names(adata, registry)
-        matrix = get_count_matrix(adata, registry)
-        gene_totals = np.asarray(matrix.sum(axis=0), dtype=np.float64).ravel()
+        gene_totals = column_totals(get_count_matrix(adata, registry))
+        n_empty = int(np.count_nonzero(gene_totals == 0))
+        if n_empty:
+            # possible when a registered AnnData is subset after setup_anndata
+            raise InvalidDataError(
+                f"{n_empty} of {len(gene_totals)} genes have zero total counts in the training cells; a model cannot "
+                "learn their expression. Remove them (e.g. `sc.pp.filter_genes(adata, min_counts=1)`) and call "
+                "CountVAE.setup_anndata again."
+            )
         self._configure(
             registry,
             pd.Index(var_names),
@@ -271,6 +279,7 @@ class CountVAE:
         weight_decay: float = 0.0,
         accelerator: str = "auto",
         engine: Literal["direct", "pyro"] = "direct",
+        shuffle_block_cells: int | None = None,
     ) -> CountVAE:
         """Fit the model by stochastic variational inference on minibatches.
 
@@ -311,6 +320,14 @@ class CountVAE:
         engine
             ``"direct"`` (default) or ``"pyro"``: same loss and gradients, see
             :func:`countvae.module.minibatch_loss`.
+        shuffle_block_cells
+            How minibatches are drawn. ``None`` (default): a uniform random
+            permutation of the training cells each epoch for in-memory data, and block
+            shuffling with blocks of 1,024 consecutive cells for backed data
+            (``anndata.read_h5ad(..., backed="r")``), which reads the file in large
+            contiguous slices and keeps memory bounded. An integer forces block
+            shuffling with that block size; see :mod:`countvae.data.loader` for the
+            exact order. In-memory and backed data give identical fits for the same value.
 
         Returns
         -------
@@ -327,6 +344,10 @@ class CountVAE:
             raise InvalidArgumentError(f"max_epochs must be a positive integer, got {max_epochs!r}.")
         if not (isinstance(lr, float | int) and lr > 0):
             raise InvalidArgumentError(f"lr must be a positive number, got {lr!r}.")
+        if shuffle_block_cells is not None and (
+            not isinstance(shuffle_block_cells, int | np.integer) or shuffle_block_cells < 1
+        ):
+            raise InvalidArgumentError(f"shuffle_block_cells must be a positive integer, got {shuffle_block_cells!r}.")
         if engine not in ("direct", "pyro"):
             raise InvalidArgumentError(f"engine must be 'direct' or 'pyro', got {engine!r}.")
         device = _resolve_device(accelerator)
@@ -354,6 +375,7 @@ class CountVAE:
             engine=engine,
             seed=int(seed),
             progress_bar=progress_bar,
+            shuffle_block_cells=None if shuffle_block_cells is None else int(shuffle_block_cells),
         )
         offset = int(self.history["epoch"].max()) if len(self.history) else 0
         self.ica = None  # the latents are about to change; a stored ICA fit would no longer apply

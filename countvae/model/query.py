@@ -108,6 +108,10 @@ def query_source(
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= adata.n_obs):
             raise InvalidArgumentError(f"indices must lie in [0, {adata.n_obs}).")
+    source = CountSource(matrix, batch_codes(adata, registry))
     if validate:
-        validate_counts(matrix if len(indices) == adata.n_obs else matrix[np.sort(indices)], registry.describe_counts())
-    return CountSource(matrix, batch_codes(adata, registry)), indices
+        # Genes without counts among the query cells are valid data for a fitted model; a subset
+        # of a backed matrix is read in contiguous runs rather than by fancy indexing.
+        subset = matrix if len(indices) == adata.n_obs else source.read_rows(np.unique(indices))
+        validate_counts(subset, registry.describe_counts(), allow_empty_genes=True)
+    return source, indices

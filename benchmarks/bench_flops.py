@@ -1,0 +1,195 @@
+"""Dense-layer FLOP rate of a training step against the machine's measured matmul peak.
+
+Counts the matrix-multiply FLOPs of one training step (forward and backward of
+the encoder and decoder linear layers; 2 FLOPs per multiply-add), times training
+steps of the default architecture (n_latent 10, 1 x 128 hidden, NB, batch 128) on
+the Kang data, and times ``torch.mm`` alone at the same shapes and at a large
+square shape as the physical reference. Also splits the step time with the torch
+profiler into matmuls, the rest of forward/backward, the optimiser and loading.
+
+    python benchmarks/bench_flops.py           # writes the "flops" section of RESULTS.md
+    python benchmarks/bench_flops.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    DEFAULT_RESULTS,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    write_section,
+)
+
+
+def step_matmul_flops(batch: int, genes: int, hidden: int, latent: int, covariates: int) -> dict[str, float]:
+    """Matmul FLOPs of one training step, by layer (forward + backward).
+
+    A linear layer ``(B x n_in) @ (n_in x n_out)`` costs ``2 B n_in n_out`` forward,
+    the same again for the weight gradient, and the same again for the input
+    gradient unless its input is data (the encoder's first layer reads counts).
+    """
+
+    def layer(n_in, n_out, input_grad=True):
+        return 2 * batch * n_in * n_out * (3 if input_grad else 2)
+
+    return {
+        "encoder hidden (genes -> hidden)": layer(genes, hidden, input_grad=False),
+        "encoder covariates": layer(covariates, hidden, input_grad=False),
+        "encoder heads (hidden -> 2 x latent)": 2 * layer(hidden, latent),
+        "decoder hidden (latent -> hidden)": layer(latent, hidden),
+        "decoder covariates": layer(covariates, hidden, input_grad=False),
+        "decoder output (hidden -> genes)": layer(hidden, genes),
+    }
+
+
+def time_mm(m: int, k: int, n: int, dtype, repeats: int) -> float:
+    """Best-of-repeats GFLOP/s of ``(m x k) @ (k x n)``."""
+    import torch
+
+    a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+    for _ in range(3):
+        torch.mm(a, b)
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best / 1e9
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS))
+    parser.add_argument("--section", default="flops")
+    args = parser.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import countvae as cv
+    from countvae.data.loader import CountSource
+    from countvae.data.registry import batch_codes, get_count_matrix
+    from countvae.model.training import _total_grad_norm, make_optimizer, to_tensors
+    from countvae.module.elbo import minibatch_loss
+
+    torch.set_num_threads(args.threads)
+    if args.quick:
+        adata = cv.data.simulate(n_cells=600, n_genes=120, n_latent=3, n_batches=2, seed=0)
+        args.steps = 10
+    else:
+        adata = cv.data.load_dataset("kang2018")
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    model = cv.CountVAE(adata, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
+    module = model.module.train()
+    source = CountSource(get_count_matrix(adata, model.registry), batch_codes(adata, model.registry))
+    opt = make_optimizer(module, 1e-3, 0.0)
+    params = list(module.parameters())
+    rng = np.random.default_rng(0)
+    batch = 128
+    n_cov = model.registry.n_batches if model.registry.n_batches > 1 else 0
+
+    def minibatches():
+        while True:
+            yield from source.iterate(np.arange(adata.n_obs), batch, shuffle=True, rng=rng)
+
+    stream = minibatches()
+
+    def step():
+        mb = next(stream)
+        while len(mb.indices) != batch:  # keep every timed step at the full batch size
+            mb = next(stream)
+        x, b = to_tensors(mb, torch.float32, torch.device("cpu"))
+        loss = minibatch_loss(module, x, b)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        _total_grad_norm(params)
+        opt.step()
+
+    loads = [load_average()]
+    for _ in range(5):
+        step()
+    times = []
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    step_s = float(np.median(times))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(min(args.steps, 30)):
+            step()
+    n_prof = min(args.steps, 30)
+    by_name = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total_us = sum(by_name.values())
+    matmul_us = sum(v for k, v in by_name.items() if k in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul"))
+    adam_us = sum(v for k, v in by_name.items() if "adam" in k.lower())
+    flops = step_matmul_flops(batch, adata.n_vars, 128, 10, n_cov)
+    total_flops = sum(flops.values())
+    mm_time_per_step = matmul_us / 1e6 / n_prof
+    repeats = 5 if args.quick else 20
+    g = adata.n_vars
+    peaks = {
+        f"mm {batch}x{g} @ {g}x128 (encoder forward)": time_mm(batch, g, 128, torch.float32, repeats),
+        f"mm {g}x{batch} @ {batch}x128 (weight gradient)": time_mm(g, batch, 128, torch.float32, repeats),
+        f"mm {batch}x128 @ 128x{g} (decoder forward)": time_mm(batch, 128, g, torch.float32, repeats),
+        "mm 2048x2048 @ 2048x2048 (large square)": time_mm(2048, 2048, 2048, torch.float32, max(3, repeats // 4)),
+    }
+    loads.append(load_average())
+    flop_table = pd.DataFrame({"layer": list(flops), "MFLOP per step": [v / 1e6 for v in flops.values()]})
+    rate_table = pd.DataFrame(
+        [
+            {"what": "whole training step (dense FLOPs / median step time)", "GFLOP/s": total_flops / step_s / 1e9},
+            {"what": "inside the matmul kernels (profiler self time)", "GFLOP/s": total_flops / mm_time_per_step / 1e9},
+            *({"what": k, "GFLOP/s": v} for k, v in peaks.items()),
+        ]
+    )
+    split = pd.DataFrame(
+        [
+            {"part": "matmuls (mm, addmm)", "share of profiled CPU time": matmul_us / total_us},
+            {"part": "Adam (fused)", "share of profiled CPU time": adam_us / total_us},
+            {
+                "part": "everything else (element-wise, lgamma, loading, Python)",
+                "share of profiled CPU time": 1 - (matmul_us + adam_us) / total_us,
+            },
+        ]
+    )
+    print(flop_table.to_string(), rate_table.to_string(), split.to_string(), f"step {1000 * step_s:.2f} ms", sep="\n")
+    large = peaks["mm 2048x2048 @ 2048x2048 (large square)"]
+    body = f"""## Dense-layer FLOP rate against the measured matmul peak (`bench_flops.py`)
+
+Command: `{command_line()}` ({time.strftime("%Y-%m-%d %H:%M")}{", QUICK smoke run" if args.quick else ""})
+
+Machine: {machine_line(args.threads)}. Load average before/after: {"; ".join(loads)}.
+
+Default architecture on {adata.n_obs} x {adata.n_vars} cells x genes, batch {batch}, float32: median training step
+{1000 * step_s:.2f} ms over {args.steps} steps; {total_flops / 1e6:.0f} MFLOP of matrix multiplies per step
+(forward + backward, 2 FLOPs per multiply-add):
+
+{markdown_table(flop_table)}
+
+{markdown_table(rate_table)}
+
+The step reaches {100 * total_flops / step_s / 1e9 / large:.1f}% of the large-square matmul rate. The rest of
+the step is element-wise work over the (cells x genes) block (likelihood, softmax, log1p), the optimiser and
+per-op overhead:
+
+{markdown_table(split)}
+"""
+    write_section(Path(args.results), args.section, body)
+
+
+if __name__ == "__main__":
+    main()

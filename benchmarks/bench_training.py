@@ -1,0 +1,328 @@
+"""Training speed and held-out fit: countvae (both loss engines) against scvi-tools' SCVI.
+
+Same architecture on both sides: n_latent 10, one hidden layer of 128 units, NB
+likelihood with gene-wise dispersion, batch one-hot into encoder and decoder
+(SCVI with ``encode_covariates=True``), observed library size, batch size 128,
+``train_size=0.9``, Adam at lr 1e-3, each package's default KL schedule (SCVI
+warms the KL weight up over 400 epochs; countvae trains the plain ELBO). SCVI
+runs with its default of no validation pass per epoch; countvae computes a
+validation loss every epoch, so the comparison is conservative for countvae.
+
+10% of the cells (fixed seed) are held out from both models; the held-out log
+predictive density per cell is countvae's ``get_log_predictive_density`` and
+scvi's ``get_marginal_ll`` with the same number of importance samples on the same
+cells. Each (dataset, runner, repeat) runs in its own process, in an interleaved
+order; time per epoch is the median over the epochs after ``--warmup``.
+
+    python benchmarks/bench_training.py            # Kang and simulated 100k x 2k; writes RESULTS.md
+    python benchmarks/bench_training.py --quick    # tiny simulated data, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    DEFAULT_DATA_DIR,
+    DEFAULT_RESULTS,
+    Stopwatch,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    peak_rss_mb,
+    run_worker,
+    simulate_h5ad,
+    write_section,
+)
+
+RUNNERS = ("countvae-direct", "scvi", "countvae-pyro")
+
+
+# ----- worker side --------------------------------------------------------------------------------
+def _load(spec: dict):
+    import anndata as ad
+
+    import countvae as cv
+
+    if spec["dataset"] == "kang2018":
+        return cv.data.load_dataset("kang2018")
+    return ad.read_h5ad(spec["path"])
+
+
+def _split(adata, heldout_fraction: float, lpd_cells: int):
+    from countvae.data.split import split_indices
+
+    fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - heldout_fraction, seed=12345)
+    held_idx = held_idx[:lpd_cells]
+    return adata[fit_idx].copy(), adata[held_idx].copy()
+
+
+def _train_countvae(spec: dict, train, held) -> dict:
+    import countvae as cv
+    from countvae.model import training
+
+    cv.CountVAE.setup_anndata(train, batch_key="batch")
+    model = cv.CountVAE(train, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
+    watch = Stopwatch()
+    original = training.evaluate_loss
+
+    def timed_evaluate(*args, **kwargs):  # called once at the end of every epoch
+        value = original(*args, **kwargs)
+        watch.mark()
+        return value
+
+    training.evaluate_loss = timed_evaluate
+    try:
+        watch.t0 = time.perf_counter()
+        model.train(
+            max_epochs=spec["epochs"],
+            batch_size=128,
+            train_size=0.9,
+            seed=0,
+            progress_bar=False,
+            engine=spec["runner"].split("-")[1],
+        )
+    finally:
+        training.evaluate_loss = original
+    out = {"epoch_seconds": watch.intervals(), "loss_validation_last": float(model.history["loss_validation"].iloc[-1])}
+    if spec["lpd"]:
+        t0 = time.perf_counter()
+        lpd = model.get_log_predictive_density(held, n_samples=spec["lpd_samples"], seed=0)
+        out.update(lpd_mean=float(lpd["lpd"].mean()), lpd_mc_se=float(lpd["mc_se"].mean()))
+        out["lpd_seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _train_scvi(spec: dict, train, held) -> dict:
+    import logging
+
+    import scvi
+    from lightning.pytorch.callbacks import Callback
+
+    logging.getLogger("scvi").setLevel(logging.WARNING)
+    logging.getLogger("lightning").setLevel(logging.WARNING)
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    scvi.settings.seed = 0
+    scvi.model.SCVI.setup_anndata(train, batch_key="batch")
+    model = scvi.model.SCVI(
+        train, n_latent=10, n_hidden=128, n_layers=1, gene_likelihood="nb", dispersion="gene", encode_covariates=True
+    )
+    watch = Stopwatch()
+
+    class EpochTimer(Callback):
+        def on_train_start(self, trainer, pl_module):
+            watch.t0 = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer, pl_module):
+            watch.mark()
+
+    model.train(
+        max_epochs=spec["epochs"],
+        batch_size=128,
+        train_size=0.9,
+        accelerator="cpu",
+        devices=1,
+        enable_progress_bar=False,
+        callbacks=[EpochTimer()],
+    )
+    out = {"epoch_seconds": watch.intervals()}
+    if spec["lpd"]:
+        t0 = time.perf_counter()
+        ll = model.get_marginal_ll(held, n_mc_samples=spec["lpd_samples"], return_mean=False)
+        values = np.asarray(ll.detach().cpu().numpy() if hasattr(ll, "detach") else ll, dtype=float)
+        out.update(lpd_mean=float(values.mean()), lpd_seconds=time.perf_counter() - t0)
+    return out
+
+
+def worker(spec: dict) -> dict:
+    """Train one runner on one dataset; return timings, held-out LPD and peak memory."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    adata = _load(spec)
+    train, held = _split(adata, spec["heldout_fraction"], spec["lpd_cells"])
+    del adata
+    run = _train_scvi if spec["runner"] == "scvi" else _train_countvae
+    out = run(spec, train, held)
+    out.update(
+        runner=spec["runner"],
+        dataset=spec["dataset"],
+        repeat=spec["repeat"],
+        threads=torch.get_num_threads(),
+        n_train_cells=int(train.n_obs),
+        n_genes=int(train.n_vars),
+        n_heldout=int(held.n_obs),
+        peak_rss_mb=peak_rss_mb(),
+    )
+    return out
+
+
+# ----- driver side --------------------------------------------------------------------------------
+def _datasets(args) -> list[dict]:
+    data_dir = Path(args.data_dir)
+    if args.quick:
+        path = simulate_h5ad(data_dir / "sim_quick_600x120.h5ad", 600, 120, seed=1, chunk_cells=250)
+        return [{"dataset": "sim600x120", "path": str(path)}]
+    out = []
+    for name in args.datasets.split(","):
+        if name == "kang2018":
+            out.append({"dataset": "kang2018"})
+        elif name == "sim100k":
+            path = simulate_h5ad(data_dir / "sim_100000x2000.h5ad", 100_000, 2000, seed=0)
+            out.append({"dataset": "sim100k", "path": str(path)})
+        else:
+            raise SystemExit(f"unknown dataset {name!r}; use kang2018 and/or sim100k")
+    return out
+
+
+def _summarise(rows: list[dict], warmup: int) -> pd.DataFrame:
+    records = []
+    for r in rows:
+        per_epoch = np.asarray(r["epoch_seconds"][warmup:] or r["epoch_seconds"], dtype=float)
+        records.append({**r, "s_per_epoch": float(np.median(per_epoch))})
+    frame = pd.DataFrame(records)
+    table = []
+    for (dataset, runner), g in frame.groupby(["dataset", "runner"], sort=False):
+        lpd = g["lpd_mean"].dropna() if "lpd_mean" in g else pd.Series(dtype=float)
+        lpd_s = g["lpd_seconds"].dropna() if "lpd_seconds" in g else pd.Series(dtype=float)
+        table.append(
+            {
+                "dataset": dataset,
+                "runner": runner,
+                "cells x genes (train)": f"{int(g['n_train_cells'].iloc[0])} x {int(g['n_genes'].iloc[0])}",
+                "s/epoch (median per repeat)": ", ".join(f"{v:.3f}" for v in g["s_per_epoch"]),
+                "s/epoch": float(g["s_per_epoch"].median()),
+                "held-out LPD/cell": float(lpd.iloc[0]) if len(lpd) else float("nan"),
+                "LPD seconds": float(lpd_s.iloc[0]) if len(lpd_s) else float("nan"),
+                "peak RSS MiB": float(g["peak_rss_mb"].max()),
+                "threads": int(g["threads"].iloc[0]),
+            }
+        )
+    table = pd.DataFrame(table)
+    scvi_time = table[table["runner"] == "scvi"].set_index("dataset")["s/epoch"]
+    ratios = [row["s/epoch"] / scvi_time.get(row["dataset"], float("nan")) for _, row in table.iterrows()]
+    table.insert(5, "ratio to SCVI", ratios)
+    return table
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="tiny simulated data, 2 epochs: a smoke run")
+    parser.add_argument("--datasets", default="kang2018,sim100k", help="comma list of kang2018, sim100k")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per fit (default 12; sim100k 4)")
+    parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the median")
+    parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every runner")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--lpd-samples", type=int, default=100, help="importance samples per held-out cell")
+    parser.add_argument("--lpd-cells", type=int, default=500, help="held-out cells evaluated")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help="comma list of " + ", ".join(RUNNERS))
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR), help="where simulated h5ad files are cached")
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to update")
+    parser.add_argument("--section", default="training", help="section name in RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+
+    if args.quick:
+        args.repeats, args.warmup, args.lpd_samples, args.lpd_cells = 1, 1, 10, 20
+    runners = args.runners.split(",")
+    for ds in _datasets(args):
+        _run_dataset(args, ds, runners)
+
+
+def _previous_times(results: Path, section: str) -> dict[str, float]:
+    """Runner -> s/epoch in the section as last written (for the regression check)."""
+    if not results.exists():
+        return {}
+    text = results.read_text()
+    match = re.search(rf"<!-- section: {re.escape(section)} -->(.*?)<!-- end: {re.escape(section)} -->", text, re.S)
+    if not match:
+        return {}
+    out = {}
+    for line in match.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 4 and cells[1] in RUNNERS:
+            try:
+                out[cells[1]] = float(cells[4])
+            except ValueError:
+                pass
+    return out
+
+
+def _run_dataset(args, ds: dict, runners: list[str]) -> None:
+    rows, loads = [], []
+    started = time.strftime("%Y-%m-%d %H:%M")
+    epochs = args.epochs or (2 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
+    for repeat in range(args.repeats):
+        order = runners[repeat % len(runners) :] + runners[: repeat % len(runners)]  # rotate: interleave
+        for runner in order:
+            spec = dict(
+                ds,
+                runner=runner,
+                repeat=repeat,
+                epochs=epochs,
+                threads=args.threads,
+                lpd=repeat == 0,
+                lpd_samples=args.lpd_samples,
+                lpd_cells=args.lpd_cells,
+                heldout_fraction=0.1,
+            )
+            loads.append(load_average())
+            result = run_worker(Path(__file__), spec)
+            print(
+                f"{ds['dataset']:>10} {runner:>16} repeat {repeat}: "
+                f"{np.median(result['epoch_seconds'][args.warmup :] or result['epoch_seconds']):.3f} s/epoch, "
+                f"LPD {result.get('lpd_mean', float('nan')):.2f}, peak {result['peak_rss_mb']:.0f} MiB",
+                flush=True,
+            )
+            rows.append(result)
+    loads.append(load_average())
+    table = _summarise(rows, args.warmup)
+    section = f"{args.section}-{ds['dataset']}"
+    previous = _previous_times(Path(args.results), section)
+    notes = []
+    for _, row in table.iterrows():
+        before = previous.get(row["runner"])
+        if before and row["s/epoch"] > 1.2 * before:
+            notes.append(
+                f"**Regression**: {row['runner']} took {row['s/epoch']:.3f} s/epoch, more than 20% above the "
+                f"last recorded {before:.3f} s/epoch (check the load average before concluding)."
+            )
+    print(table.to_string())
+    body = f"""## Training throughput and held-out fit against scvi-tools on {ds["dataset"]} (`bench_training.py`)
+
+Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""})
+
+Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before each run: {"; ".join(loads)}.
+
+{epochs} epochs per fit; s/epoch is the median over epochs after the first {args.warmup}, per repeat, then the
+median over {args.repeats} interleaved repeats. Held-out LPD: mean over {args.lpd_cells} held-out cells (10% of
+the data, never trained on) of log p(x) in nats with {args.lpd_samples} importance samples (countvae
+`get_log_predictive_density`, scvi `get_marginal_ll`), after the same number of epochs. Peak RSS is the worker
+process's high-water mark (data, model, training and LPD).
+
+{markdown_table(table)}
+
+{chr(10).join(notes) if notes else "No runner is more than 20% slower than the figures this section held before."}
+
+Set-up: n_latent 10, 1 hidden layer of 128, NB with gene dispersion, batch one-hot in encoder and decoder,
+batch size 128, train_size 0.9, lr 1e-3. SCVI: default KL warm-up (400 epochs) and no per-epoch validation;
+countvae: no KL warm-up, one validation pass per epoch (included in its time).
+"""
+    write_section(Path(args.results), section, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Every benchmark script runs end to end in its --quick mode and writes only its own RESULTS.md sections."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_script(name: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=str(BENCH.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture
+def results(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Results\n\n<!-- section: other -->\nkept as is\n<!-- end: other -->\n")
+    return path
+
+
+def _section(text: str, name: str) -> str:
+    start = text.index(f"<!-- section: {name} -->")
+    return text[start : text.index(f"<!-- end: {name} -->", start)]
+
+
+def test_write_section_replaces_only_its_own(results):
+    common = _module("_common")
+    common.write_section(results, "mine", "first")
+    common.write_section(results, "mine", "second")
+    text = results.read_text()
+    assert text.count("<!-- section: mine -->") == 1 and "second" in text and "first" not in text
+    assert "kept as is" in text
+
+
+def test_matmul_flop_count_of_a_step():
+    flops = _module("bench_flops").step_matmul_flops(batch=128, genes=2000, hidden=128, latent=10, covariates=0)
+    # encoder first layer: forward + weight gradient (its input is data); decoder output: forward + 2 gradients
+    assert flops["encoder hidden (genes -> hidden)"] == 2 * 2 * 128 * 2000 * 128
+    assert flops["decoder output (hidden -> genes)"] == 3 * 2 * 128 * 128 * 2000
+    assert flops["encoder covariates"] == 0
+
+
+def test_bench_training_quick(results, tmp_path):
+    out = _run_script(
+        "bench_training",
+        "--quick",
+        "--runners",
+        "countvae-pyro,scvi",
+        "--results",
+        str(results),
+        "--data-dir",
+        str(tmp_path),
+    )
+    assert "countvae-pyro" in out and "scvi" in out
+    text = results.read_text()
+    body = _section(text, "training-sim600x120")
+    assert "ratio to SCVI" in body and "QUICK" in body and "kept as is" in text
+
+
+def test_bench_scale_quick(results, tmp_path):
+    plot = tmp_path / "scale.png"
+    _run_script("bench_scale", "--quick", "--results", str(results), "--data-dir", str(tmp_path), "--plot", str(plot))
+    body = _section(results.read_text(), "scale")
+    assert "2000" in body and "peak RSS MiB" in body
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("name", ["bench_lpd", "bench_flops", "bench_gpu", "bench_diagnose_budget", "bench_profile"])
+def test_in_process_benchmarks_quick(name, results):
+    _module(name).main(["--quick", "--results", str(results)])
+    section = {
+        "bench_lpd": "lpd",
+        "bench_flops": "flops",
+        "bench_gpu": "gpu",
+        "bench_diagnose_budget": "diagnose-budget",
+        "bench_profile": "profile",
+    }
+    body = _section(results.read_text(), section[name])
+    assert "QUICK" in body and "Command:" in body
+
+
+def test_simulate_h5ad_writes_chunked_csr_counts_atomically(tmp_path):
+    import anndata as ad
+    import numpy as np
+
+    from countvae._io import atomic_file_path
+
+    common = _module("_common")
+    path = common.simulate_h5ad(tmp_path / "sim.h5ad", n_cells=250, n_genes=30, seed=3, chunk_cells=100)
+    backed = ad.read_h5ad(path, backed="r")
+    assert backed.shape == (250, 30) and backed.X.format == "csr"
+    memory = ad.read_h5ad(path)
+    counts = memory.X.toarray()
+    assert np.array_equal(counts, np.round(counts)) and (counts >= 0).all() and (counts.sum(1) > 0).all()
+    # the same seed and chunking give the same file
+    again = common.simulate_h5ad(tmp_path / "again.h5ad", n_cells=250, n_genes=30, seed=3, chunk_cells=100)
+    assert np.array_equal(ad.read_h5ad(again).X.toarray(), counts)
+    # a failing writer leaves nothing behind
+    with pytest.raises(RuntimeError), atomic_file_path(tmp_path / "broken.h5ad") as tmp:
+        tmp.write_bytes(b"partial")
+        raise RuntimeError("writer failed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again.h5ad", "sim.h5ad"]
