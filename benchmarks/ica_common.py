@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import platform
-import re
 import time
 import warnings
 from pathlib import Path
@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from _common import DEFAULT_RESULTS, load_average
+from _common import write_section as _write_section
 
 import countvae as cv
-from countvae._io import write_text_atomic
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+QUICK_NOTE = "QUICK run (smoke-test sizes: the numbers below are not meaningful)."
 
 
 def quiet() -> None:
@@ -32,13 +33,16 @@ def quiet() -> None:
 
 def machine_note() -> str:
     """Python, torch and the load average, for the record next to every timing."""
-    try:
-        load = Path("/proc/loadavg").read_text().split()[:3]
-    except OSError:
-        load = ["?"]
     return (
-        f"Python {platform.python_version()}, torch {torch.__version__}, 1 torch thread, load average {' '.join(load)}"
+        f"Python {platform.python_version()}, torch {torch.__version__}, 1 torch thread, load average {load_average()}"
     )
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--results``, ``--quick`` and ``--no-write``, shared by the ICA benchmarks."""
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="RESULTS.md to update")
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes (seconds); marks the section QUICK")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave the results file alone")
 
 
 def fit_countvae(adata, n_latent: int, seed: int, max_epochs: int, lr: float = 3e-3, **model_kwargs):
@@ -135,10 +139,16 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def write_section(name: str, body: str, path: Path = RESULTS) -> None:
-    """Replace (or append) the block between ``<!-- section: NAME -->`` and ``<!-- end: NAME -->``."""
-    block = f"<!-- section: {name} -->\n{body.strip()}\n<!-- end: {name} -->"
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"<!-- section: {re.escape(name)} -->.*?<!-- end: {re.escape(name)} -->", re.DOTALL)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block + "\n"
-    write_text_atomic(path, text, overwrite=True)
+def write_section(args: argparse.Namespace, name: str, body: str) -> None:
+    """Replace this script's section of ``args.results`` (marked QUICK for quick runs) unless ``--no-write``."""
+    if args.no_write:
+        return
+    _write_section(args.results, name, (QUICK_NOTE + "\n\n" if args.quick else "") + body)
+
+
+def apply_quick(args: argparse.Namespace, **sizes) -> argparse.Namespace:
+    """With ``--quick``, replace the size arguments by the given smoke-test values."""
+    if args.quick:
+        for key, value in sizes.items():
+            setattr(args, key, value)
+    return args

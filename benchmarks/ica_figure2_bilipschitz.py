@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from ica_common import (
+    add_output_arguments,
+    apply_quick,
     fit_countvae,
     ica_quietly,
     linear_alignment_error,
@@ -98,7 +100,7 @@ def run_decoder(decoder: str, slope: float, args) -> tuple[dict, dict[str, np.nd
     return row, {"true": b_true, "model": np.concatenate(b_model)}
 
 
-def draw(frame: pd.DataFrame, distributions: dict[str, dict[str, np.ndarray]]) -> None:
+def draw(frame: pd.DataFrame, distributions: dict[str, dict[str, np.ndarray]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,8 +140,9 @@ def draw(frame: pd.DataFrame, distributions: dict[str, dict[str, np.ndarray]]) -
     ax.legend(frameon=False, fontsize=8)
     ax.set_title("Ambiguity left across seeds")
     fig.tight_layout()
-    FIGURE.parent.mkdir(exist_ok=True)
-    fig.savefig(FIGURE, dpi=90)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -150,8 +153,9 @@ def main() -> None:
     parser.add_argument("--n-genes", type=int, default=150)
     parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--sim-hidden", type=int, default=8, help="hidden units of the simulating MLP decoder")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--figure", type=Path, default=FIGURE, help="where to write the figure")
+    add_output_arguments(parser)
+    args = apply_quick(parser.parse_args(), seeds=[0, 1], n_cells=400, n_genes=60, epochs=3)
     quiet()
     start = time.perf_counter()
     rows, distributions = [], {}
@@ -166,11 +170,11 @@ def main() -> None:
     minutes = (time.perf_counter() - start) / 60
     if args.no_write:
         return
-    draw(frame, distributions)
+    draw(frame, distributions, args.figure)
     body = f"""## Figure 2 on count data: decoder bi-Lipschitz constant and cross-seed ambiguity
 
 Command: `PYTHONPATH=$PWD python benchmarks/ica_figure2_bilipschitz.py` ({minutes:.1f} min; {machine_note()}).
-Figure: `benchmarks/figures/{FIGURE.name}`.
+Figure: `benchmarks/figures/{args.figure.name}`.
 
 Data: `cv.data.simulate(n_cells={args.n_cells}, n_genes={args.n_genes}, n_latent=3, sources="laplace",
 likelihood="nb", n_hidden={args.sim_hidden}, seed={args.data_seed})` with each decoder below (few hidden
@@ -192,7 +196,7 @@ models. "log-linear" is the simulator's unnormalized log-linear decoder, whose l
 with z; the CountVAE conditions on the observed library size, so it fits this decoder only
 approximately.
 """
-    write_section("ica-figure2", body)
+    write_section(args, "ica-figure2", body)
 
 
 if __name__ == "__main__":

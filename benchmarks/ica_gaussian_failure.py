@@ -23,7 +23,15 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from ica_common import fit_countvae, machine_note, markdown_table, quiet, write_section
+from ica_common import (
+    add_output_arguments,
+    apply_quick,
+    fit_countvae,
+    machine_note,
+    markdown_table,
+    quiet,
+    write_section,
+)
 
 import countvae as cv
 from countvae.errors import NonIdentifiableComponentsWarning
@@ -63,8 +71,8 @@ def main() -> None:
     parser.add_argument("--n-cells", type=int, default=2000)
     parser.add_argument("--n-genes", type=int, default=150)
     parser.add_argument("--epochs", type=int, default=80)
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    add_output_arguments(parser)
+    args = apply_quick(parser.parse_args(), seeds=[0, 1], n_cells=500, n_genes=60, epochs=3)
     quiet()
     start = time.perf_counter()
     rows = []
@@ -106,8 +114,7 @@ component over the other seeds, ICA estimated on disjoint halves of the cells (r
 
 {markdown_table(frame)}
 """
-    if not args.no_write:
-        write_section("ica-gaussian-failure", body)
+    write_section(args, "ica-gaussian-failure", body)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import time
 import numpy as np
 import pandas as pd
 from ica_common import (
+    add_output_arguments,
+    apply_quick,
     fit_countvae,
     fit_scvi,
     ica_quietly,
@@ -88,8 +90,8 @@ def main() -> None:
     parser.add_argument("--n-genes", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--leaky-slope", type=float, default=0.2)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
-    args = parser.parse_args()
+    add_output_arguments(parser)
+    args = apply_quick(parser.parse_args(), seeds=[0], n_cells=600, n_genes=60, epochs=3)
     quiet()
     start = time.perf_counter()
     rows = [row for seed in args.seeds for row in run_seed(seed, args)]
@@ -125,8 +127,7 @@ not its axes. InfoM, InfoC and MCC measure the axes. The random-rotation row sho
 are worth when nothing picks them; ICA's gain over the raw rows is what a non-Gaussianity
 criterion adds on top of the VAE's own (mean-field) axis preference.
 """
-    if not args.no_write:
-        write_section("ica-table2", body)
+    write_section(args, "ica-table2", body)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,17 @@ import time
 
 import numpy as np
 import pandas as pd
-from ica_common import fit_countvae, ica_quietly, machine_note, markdown_table, mean_sd, quiet, write_section
+from ica_common import (
+    add_output_arguments,
+    apply_quick,
+    fit_countvae,
+    ica_quietly,
+    machine_note,
+    markdown_table,
+    mean_sd,
+    quiet,
+    write_section,
+)
 from scipy.stats import ortho_group
 
 import countvae as cv
@@ -39,14 +49,21 @@ from countvae import metrics
 EMBEDDINGS = ["Base", "PCA-whitened", "PCA + ICA", "PCA + Rand"]
 
 
-def load(name: str, n_genes: int):
-    """The dataset with its most variable genes (variance of log1p counts per 10,000)."""
+def load(name: str, n_genes: int, max_cells: int | None = None):
+    """The dataset (optionally a random subset of cells) with its most variable genes.
+
+    Genes are ranked by the variance of log1p counts per 10,000.
+    """
     adata = cv.data.load_dataset(name)
+    if max_cells is not None and adata.n_obs > max_cells:
+        keep = np.sort(np.random.default_rng(0).choice(adata.n_obs, max_cells, replace=False))
+        adata = adata[keep].copy()
     if adata.n_vars > n_genes:
         x = adata.X.toarray()
         logged = np.log1p(x / x.sum(1, keepdims=True) * 1e4)
         keep = np.sort(np.argsort(logged.var(0))[::-1][:n_genes])
         adata = adata[:, keep].copy()
+    adata = adata[np.asarray(adata.X.sum(1)).ravel() > 0].copy()  # a subset of genes can leave a cell empty
     cv.CountVAE.setup_anndata(adata)
     return adata
 
@@ -80,12 +97,13 @@ def main() -> None:
     parser.add_argument("--n-latent", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=None, help="default: 30 (kang2018) or 100 (pbmc_3tech)")
     parser.add_argument("--n-repeats", type=int, default=3, help="permutations per feature for the importances")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--max-cells", type=int, default=None, help="random subset of cells (default: all)")
+    add_output_arguments(parser)
+    args = apply_quick(parser.parse_args(), seeds=[0], n_genes=200, epochs=2, n_repeats=1, max_cells=900)
     quiet()
     epochs = args.epochs or (30 if args.dataset == "kang2018" else 100)
     start = time.perf_counter()
-    adata = load(args.dataset, args.n_genes)
+    adata = load(args.dataset, args.n_genes, args.max_cells)
     results: dict[str, list[dict]] = {name: [] for name in EMBEDDINGS}
     flags = []
     for seed in args.seeds:
@@ -141,8 +159,7 @@ so they carry the same information; differences come from how an axis-aligned le
 and axis-wise summaries (importance sparsity, concentration) see the axes. Base coordinates have
 unequal scales, which the tree classifier ignores but the concentration share does not.
 """
-    if not args.no_write:
-        write_section(f"ica-tables34-{args.dataset}", body)
+    write_section(args, f"ica-tables34-{args.dataset}", body)
 
 
 if __name__ == "__main__":
