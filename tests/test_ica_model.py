@@ -169,3 +169,20 @@ def test_reparameterize_ica_needs_all_components(linear_poisson_model):
         reparameterize_ica(linear_poisson_model, ICARotation(n_components=1, n_null=0))
     with pytest.raises(InvalidArgumentError, match="CountVAE"):
         reparameterize_ica(object())
+
+
+def test_a_reparameterized_copy_does_not_reuse_the_stored_ica(laplace_model):
+    from countvae.invariance import random_orthogonal, reparameterize
+
+    model = laplace_model
+    model.ica = None
+    model.get_latent_representation(rotation="ica")
+    rotated = reparameterize(model, random_orthogonal(3, seed=4))
+    assert rotated.ica is not None  # inherited by the copy...
+    inherited = rotated.ica
+    out = rotated.get_latent_representation(rotation="ica")
+    assert rotated.ica is not inherited  # ...but refitted in the copy's coordinates
+    np.testing.assert_allclose(rotated.ica.mean_, rotated.get_latent_representation().mean(0), atol=1e-6)
+    # ICA is equivariant: the rotated model's ICA axes are the original's (up to sign)
+    np.testing.assert_allclose(np.abs(out), np.abs(model.get_latent_representation(rotation="ica")), atol=0.02)
+    assert model.ica is not rotated.ica

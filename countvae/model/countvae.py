@@ -451,7 +451,8 @@ class CountVAE:
         if isinstance(rotation, ICARotation) and hasattr(rotation, "components_"):
             return rotation
         if isinstance(rotation, str) and rotation == "ica":
-            if self.ica is not None:
+            # A reparameterized copy (countvae.invariance) inherits ``ica`` but not its coordinates.
+            if self.ica is not None and getattr(self, "_ica_coordinates", None) == self._latent_coordinates():
                 return self.ica
             rotation = ICARotation()
         if not isinstance(rotation, ICARotation):
@@ -460,7 +461,13 @@ class CountVAE:
             raise SetupError("Fitting the ICA needs the training cells; this model was loaded without data.")
         _, source, idx = self._source(None, None)
         self.ica = rotation.fit(inference.latent_representation(self.module, source, idx, True, 0, 1024))
+        self._ica_coordinates = self._latent_coordinates()
         return self.ica
+
+    def _latent_coordinates(self) -> bytes | None:
+        """Identifies the latent coordinates: the latent map set by a reparameterization, if any."""
+        latent_map = self.module.latent_map
+        return None if latent_map is None else latent_map.detach().cpu().numpy().tobytes()
 
     def get_normalized_expression(
         self,
