@@ -168,6 +168,11 @@ def main() -> None:
     shown = frame.set_index("decoder").map(lambda v: f"{v:.3f}")
     print(shown.to_string())
     minutes = (time.perf_counter() - start) / 60
+    rho = {
+        "cross-seed affine error": spearmanr(frame["model B median"], frame["cross-seed affine error"]).statistic,
+        "ICA cross-seed match": spearmanr(frame["model B median"], -frame["ICA cross-seed match"]).statistic,
+        "MCC ICA": spearmanr(frame["model B median"], -frame["MCC ICA"]).statistic,
+    }
     if args.no_write:
         return
     draw(frame, distributions, args.figure)
@@ -190,6 +195,10 @@ distance (0: affine images of each other). ICA cross-seed match: mean best-match
 components across seeds (split halves). MCC: against the true sources.
 
 {markdown_table(shown)}
+
+Across the decoders, Spearman correlation of the fitted decoders' median B(z) with the cross-seed
+affine error: {rho["cross-seed affine error"]:+.2f}; with 1 - ICA cross-seed match:
+{rho["ICA cross-seed match"]:+.2f}; with 1 - MCC(ICA, truth): {rho["MCC ICA"]:+.2f} ({len(frame)} decoders).
 
 Reading: B(z) is invariant to rotations of the latents, so it is comparable across seeds and
 models. "log-linear" is the simulator's unnormalized log-linear decoder, whose library size varies
