@@ -11,9 +11,7 @@ import torch
 import countvae as cv
 from countvae import invariance as inv
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
-
-# the package exports the function verify(), which shadows the module of the same name
-from countvae.invariance import verification as verify_module  # noqa: E402
+from countvae.invariance import verification as verify_module
 
 
 @pytest.fixture(scope="module")
