@@ -8,7 +8,7 @@ alignment and the report) and :mod:`countvae.ica` (ICA axes for latents).
 
 from importlib import metadata as _metadata
 
-from countvae import data, errors
+from countvae import data, errors, ica, metrics
 from countvae.model import CountVAE
 
 try:
@@ -16,4 +16,4 @@ try:
 except _metadata.PackageNotFoundError:  # running from a source checkout
     __version__ = "0.0.0+unknown"
 
-__all__ = ["CountVAE", "__version__", "data", "errors"]
+__all__ = ["CountVAE", "__version__", "data", "errors", "ica", "metrics"]

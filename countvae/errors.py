@@ -44,3 +44,15 @@ class ModelFileError(CountVAEError, OSError):
 
 class OutputExistsError(CountVAEError, FileExistsError):
     """An output would overwrite an existing file or folder without ``overwrite=True``."""
+
+
+class CountVAEWarning(UserWarning):
+    """Base class of the warnings countvae issues on purpose."""
+
+
+class NonIdentifiableComponentsWarning(CountVAEWarning):
+    """Several ICA components are too close to Gaussian for ICA to tell them apart.
+
+    Their span is determined by the data, the axes inside it are not: report them
+    as one subspace (compare it across fits by principal angles), not as axes.
+    """

@@ -109,7 +109,7 @@ def test_help_lists_the_command(capsys):
 def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
     import importlib
 
-    module = importlib.import_module("countvae.invariance.verify")
+    module = importlib.import_module("countvae.invariance.verification")
     monkeypatch.setattr(module, "prior_preserves", lambda prior, A, atol=1e-8: True)  # a wrong theory
     rc = main(["verify-invariance", "--out", str(tmp_path / "o"), *FAST, "--no-prior-controls"])
     captured = capsys.readouterr()

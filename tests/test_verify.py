@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import numpy as np
@@ -12,9 +11,7 @@ import torch
 import countvae as cv
 from countvae import invariance as inv
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
-
-# the package exports the function verify(), which shadows the module of the same name
-verify_module = importlib.import_module("countvae.invariance.verify")
+from countvae.invariance import verification as verify_module
 
 
 @pytest.fixture(scope="module")

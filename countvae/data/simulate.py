@@ -75,6 +75,7 @@ def simulate(
     n_hidden: int = 32,
     leaky_slope: float = 0.2,
     seed: int = 0,
+    n_source_bins: int = 10,
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
@@ -113,20 +114,27 @@ def simulate(
         Median size factor and the standard deviation of its logarithm.
     seed
         Seed of every random draw.
+    n_source_bins
+        Continuous sources are also given as labels of this many equally populated
+        bins (``obsm['z_true_labels']``); discrete sources keep their levels.
 
     Returns
     -------
     AnnData
         CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical),
-        ``obs['size_factor']``; ``obsm['z_true']``; ``uns['simulation']`` with the
-        true parameters (``W``, ``b``, ``batch_offset``, ``theta``, ``dropout`` and
-        the MLP weights).
+        ``obs['size_factor']``; ``obsm['z_true']``; ``obsm['z_true_labels']``
+        (integer labels of the sources, the discrete factors that InfoMEC needs);
+        ``uns['simulation']`` with the true parameters (``W``, ``b``,
+        ``batch_offset``, ``theta``, ``dropout``, the MLP weights, and
+        ``source_kinds``, the distribution of each source).
 
     """
     if likelihood not in ("poisson", "nb", "zinb"):
         raise InvalidArgumentError(f"likelihood must be 'poisson', 'nb' or 'zinb', got {likelihood!r}.")
     if decoder not in ("linear", "mlp"):
         raise InvalidArgumentError(f"decoder must be 'linear' or 'mlp', got {decoder!r}.")
+    if not isinstance(n_source_bins, int) or n_source_bins < 2:
+        raise InvalidArgumentError(f"n_source_bins must be an integer of at least 2, got {n_source_bins!r}.")
     if min(n_cells, n_genes, n_latent, n_batches) < 1:
         raise InvalidArgumentError("n_cells, n_genes, n_latent and n_batches must all be at least 1.")
     rng = np.random.default_rng(seed)
@@ -173,6 +181,7 @@ def simulate(
     )
     adata.obs["size_factor"] = np.exp(log_size)
     adata.obsm["z_true"] = z
+    adata.obsm["z_true_labels"] = _source_labels(z, n_source_bins)
     params.update(
         batch_offset=batch_offset,
         theta=theta_g,
@@ -180,10 +189,61 @@ def simulate(
         likelihood=likelihood,
         decoder=decoder,
         sources=sources if isinstance(sources, str) else ",".join(sources),
+        source_kinds=np.array([sources] * n_latent if isinstance(sources, str) else list(sources), dtype=str),
         seed=seed,
     )
     adata.uns["simulation"] = params
     return adata
+
+
+def _source_labels(z: np.ndarray, n_bins: int) -> np.ndarray:
+    """Integer labels of each source: its levels if it has at most ``n_bins`` values, else quantile bins."""
+    labels = np.empty(z.shape, dtype=np.int64)
+    for j in range(z.shape[1]):
+        levels = np.unique(z[:, j])
+        if levels.size <= n_bins:
+            labels[:, j] = np.searchsorted(levels, z[:, j])
+        else:
+            edges = np.quantile(z[:, j], np.linspace(0.0, 1.0, n_bins + 1)[1:-1])
+            labels[:, j] = np.searchsorted(edges, z[:, j], side="right")
+    return labels
+
+
+def true_log_rate_jacobian(adata: ad.AnnData, z: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The simulating decoder's log mean and its Jacobian with respect to the sources.
+
+    Parameters
+    ----------
+    adata
+        Output of :func:`simulate` (its ``uns['simulation']`` and ``obs``).
+    z
+        Source values, (cells, n_latent); default ``obsm['z_true']``.
+
+    Returns
+    -------
+    log_mean, jacobian
+        ``log mu`` (cells, genes), including each cell's size factor and batch
+        offset, and ``d log mu / d z`` (cells, genes, n_latent). For the MLP
+        decoder the Jacobian includes the softmax normalisation:
+        ``(I - 1 p^T) V2 diag(leaky_relu'(u)) V1`` with ``p`` the gene shares.
+
+    """
+    params = adata.uns["simulation"]
+    z = np.asarray(adata.obsm["z_true"] if z is None else z, dtype=np.float64)
+    batch = adata.obs["batch"].cat.codes.to_numpy()
+    offset = np.asarray(params["batch_offset"])[batch] + np.log(adata.obs["size_factor"].to_numpy())[:, None]
+    if params["decoder"] == "linear":
+        W = np.asarray(params["W"])
+        log_mean = np.asarray(params["b"]) + z @ W.T + offset
+        return log_mean, np.broadcast_to(W, (z.shape[0], *W.shape)).copy()
+    V1, a1, V2 = (np.asarray(params[k]) for k in ("V1", "a1", "V2"))
+    slope = float(params["leaky_slope"])
+    pre = z @ V1.T + a1
+    eta = log_softmax(np.asarray(params["b"]) + _leaky_relu(pre, slope) @ V2.T, axis=1)
+    inner = np.einsum("gh,nh,hl->ngl", V2, np.where(pre > 0, 1.0, slope), V1)
+    shares = np.exp(eta)
+    jacobian = inner - np.einsum("ng,ngl->nl", shares, inner)[:, None, :]
+    return eta + offset, jacobian
 
 
 def _draw_counts(

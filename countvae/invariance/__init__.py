@@ -28,7 +28,7 @@ from countvae.invariance.transforms import (
     shear,
     signed_permutation,
 )
-from countvae.invariance.verify import (
+from countvae.invariance.verification import (
     control_transforms,
     default_transforms,
     prior_preserves,

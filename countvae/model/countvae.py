@@ -29,6 +29,7 @@ from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
 from countvae.data.validation import column_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
+from countvae.ica import ICARotation
 from countvae.model import inference
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import check_genes, query_source, resolve_registry
@@ -199,6 +200,7 @@ class CountVAE:
         self.validation_indices = np.arange(0)
         self._optimizer: torch.optim.Optimizer | None = None
         self.device = torch.device("cpu")
+        self.ica: ICARotation | None = None
 
     def _build_module(self, seed: int) -> CountVAEModule:
         s = self._settings
@@ -376,6 +378,7 @@ class CountVAE:
             shuffle_block_cells=None if shuffle_block_cells is None else int(shuffle_block_cells),
         )
         offset = int(self.history["epoch"].max()) if len(self.history) else 0
+        self.ica = None  # the latents are about to change; a stored ICA fit would no longer apply
         try:
             history, self._optimizer = train_module(
                 self.module, source, self.train_indices, self.validation_indices, plan, self._optimizer, offset
@@ -408,17 +411,63 @@ class CountVAE:
         give_mean: bool = True,
         seed: int = 0,
         batch_size: int = 1024,
+        rotation: Literal["ica"] | ICARotation | None = None,
     ) -> np.ndarray:
         """Posterior mean of ``z`` per cell (or one draw with ``give_mean=False``).
+
+        Parameters
+        ----------
+        adata, indices
+            Cells to encode (default: the training AnnData, all cells).
+        give_mean
+            Posterior means (default) or one draw per cell.
+        seed
+            Seed of the draw.
+        batch_size
+            Cells per forward pass.
+        rotation
+            ``None``: the model's own (arbitrary) coordinates. ``"ica"``: ICA
+            coordinates, from an :class:`countvae.ica.ICARotation` fitted once to
+            the posterior means of all training cells and kept in ``model.ica``,
+            so every call uses the same axes (training again discards it). An
+            ``ICARotation``: used as is when fitted; fitted to the training
+            cells' posterior means and kept in ``model.ica`` when not. The ICA
+            map whitens and is therefore not orthogonal: see :mod:`countvae.ica`
+            for what it preserves.
 
         Returns
         -------
         numpy.ndarray
-            Shape (cells, n_latent).
+            Shape (cells, n_latent), or (cells, n_components) in ICA coordinates.
 
         """
         _, source, idx = self._source(adata, indices)
-        return inference.latent_representation(self.module, source, idx, give_mean, seed, batch_size)
+        z = inference.latent_representation(self.module, source, idx, give_mean, seed, batch_size)
+        if rotation is None:
+            return z
+        return self._ica_for(rotation).transform(z)
+
+    def _ica_for(self, rotation: Literal["ica"] | ICARotation) -> ICARotation:
+        if isinstance(rotation, ICARotation) and hasattr(rotation, "components_"):
+            return rotation
+        if isinstance(rotation, str) and rotation == "ica":
+            # A reparameterized copy (countvae.invariance) inherits ``ica`` but not its coordinates.
+            if self.ica is not None and getattr(self, "_ica_coordinates", None) == self._latent_coordinates():
+                return self.ica
+            rotation = ICARotation()
+        if not isinstance(rotation, ICARotation):
+            raise InvalidArgumentError(f"rotation must be None, 'ica' or an ICARotation, got {rotation!r}.")
+        if self.adata is None:
+            raise SetupError("Fitting the ICA needs the training cells; this model was loaded without data.")
+        _, source, idx = self._source(None, None)
+        self.ica = rotation.fit(inference.latent_representation(self.module, source, idx, True, 0, 1024))
+        self._ica_coordinates = self._latent_coordinates()
+        return self.ica
+
+    def _latent_coordinates(self) -> bytes | None:
+        """Identifies the latent coordinates: the latent map set by a reparameterization, if any."""
+        latent_map = self.module.latent_map
+        return None if latent_map is None else latent_map.detach().cpu().numpy().tobytes()
 
     def get_normalized_expression(
         self,

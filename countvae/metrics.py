@@ -1,0 +1,611 @@
+"""Metrics against ground truth (InfoMEC, MCC, DCI) and downstream metrics of embeddings.
+
+Ground-truth metrics compare latents with known sources (simulations):
+
+* :func:`infomec`: InfoM, InfoE, InfoC of Hsu et al. (NeurIPS 2023, "Disentanglement
+  via latent quantization"), with an unbiased InfoE for imbalanced labels;
+* :func:`mcc`: mean correlation coefficient after Hungarian matching (Pearson
+  or Spearman), as in ICE-BeeM (Khemakhem et al. 2020);
+* :func:`dci`: disentanglement, completeness, informativeness (Eastwood and
+  Williams 2018) from random-forest importances.
+
+Downstream metrics need only labels (cell types, batches):
+:func:`heldout_batch_classification` (AUROC of a gradient-boosted classifier
+trained on some batches and tested on another, with permutation importances),
+:func:`normalized_gini` (sparsity of importances) and :func:`concentration`
+(share of between-group variance carried by the top features).
+
+Which metrics depend on the latent coordinates: InfoE, DCI-I and the held-out
+AUROC of a linear model do not change under an invertible linear map of the
+latents; InfoM, InfoC, MCC, DCI-D/C, importance sparsity and concentration do
+(they reward axis-aligned sources), and so does the AUROC of tree ensembles,
+whose splits are axis-aligned.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from scipy.optimize import linear_sum_assignment
+from sklearn.exceptions import ConvergenceWarning
+from threadpoolctl import threadpool_limits
+
+from countvae.errors import InvalidArgumentError, InvalidDataError
+
+CorrelationMethod = Literal["pearson", "spearman"]
+
+
+# ----- input checks ------------------------------------------------------------------------------
+
+
+def _as_matrix(values: Any, name: str) -> np.ndarray:
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidDataError(f"{name} must be a numeric (cells, columns) array.") from None
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.ndim != 2:
+        raise InvalidDataError(f"{name} must be 2-dimensional (cells, columns), got shape {x.shape}.")
+    if not np.all(np.isfinite(x)):
+        raise InvalidDataError(f"{name} contains NaN or infinite values.")
+    return x
+
+
+def _same_cells(a: np.ndarray, b: np.ndarray, names: tuple[str, str]) -> None:
+    if a.shape[0] != b.shape[0]:
+        raise InvalidDataError(f"{names[0]} has {a.shape[0]} cells but {names[1]} has {b.shape[0]}.")
+
+
+def _encode_labels(sources: Any) -> np.ndarray:
+    """Integer codes 0..C-1 for each column of discrete sources (strings, categories or integers)."""
+    frame = pd.DataFrame(np.asarray(sources) if not isinstance(sources, pd.DataFrame) else sources)
+    codes = []
+    for column in frame.columns:
+        values = frame[column]
+        if pd.api.types.is_float_dtype(values) and not np.all(np.mod(values.to_numpy(), 1.0) == 0.0):
+            raise InvalidDataError(
+                f"Source column {column!r} holds non-integer values; InfoMEC needs discrete sources. "
+                "Bin continuous sources first, e.g. countvae.metrics.discretize(sources, n_bins=10)."
+            )
+        code = pd.factorize(values, sort=True)[0]
+        if np.any(code < 0):
+            raise InvalidDataError(f"Source column {column!r} has missing values.")
+        if code.max() < 1:
+            raise InvalidDataError(f"Source column {column!r} has a single value; it carries no information.")
+        codes.append(code)
+    return np.stack(codes, axis=1)
+
+
+def discretize(values: Any, n_bins: int = 10) -> np.ndarray:
+    """Bin each column into ``n_bins`` equally populated (quantile) bins, labelled 0..n_bins-1.
+
+    Columns with fewer distinct values than ``n_bins`` keep their distinct
+    values as labels (a discrete source stays as it is).
+    """
+    x = _as_matrix(values, "values")
+    if not isinstance(n_bins, int) or n_bins < 2:
+        raise InvalidArgumentError(f"n_bins must be an integer of at least 2, got {n_bins!r}.")
+    out = np.empty(x.shape, dtype=np.int64)
+    for j in range(x.shape[1]):
+        distinct = np.unique(x[:, j])
+        if distinct.size <= n_bins:
+            out[:, j] = np.searchsorted(distinct, x[:, j])
+        else:
+            edges = np.quantile(x[:, j], np.linspace(0, 1, n_bins + 1)[1:-1])
+            out[:, j] = np.searchsorted(edges, x[:, j], side="right")
+    return out
+
+
+def _entropy(codes: np.ndarray) -> float:
+    return float(stats.entropy(np.bincount(codes)))
+
+
+# ----- correlation matching and MCC --------------------------------------------------------------
+
+
+@dataclass
+class ComponentMatch:
+    """A one-to-one matching of the columns of two matrices.
+
+    Attributes
+    ----------
+    rows, cols
+        Matched column indices of the first and second matrix.
+    correlations
+        Signed correlation of each matched pair.
+    matrix
+        All correlations, (columns of the first, columns of the second).
+
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    correlations: np.ndarray
+    matrix: np.ndarray
+
+
+def correlation_matrix(a: Any, b: Any, method: CorrelationMethod = "pearson") -> np.ndarray:
+    """Correlations between every column of ``a`` and every column of ``b`` over the cells."""
+    x, y = _as_matrix(a, "a"), _as_matrix(b, "b")
+    _same_cells(x, y, ("a", "b"))
+    if method == "spearman":
+        x, y = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
+    elif method != "pearson":
+        raise InvalidArgumentError(f"method must be 'pearson' or 'spearman', got {method!r}.")
+    x = x - x.mean(axis=0)
+    y = y - y.mean(axis=0)
+    sx, sy = np.linalg.norm(x, axis=0), np.linalg.norm(y, axis=0)
+    if np.any(sx == 0) or np.any(sy == 0):
+        raise InvalidDataError("A column is constant; its correlation is undefined.")
+    return (x / sx).T @ (y / sy)
+
+
+def match_components(a: Any, b: Any, method: CorrelationMethod = "pearson") -> ComponentMatch:
+    """Match columns of ``a`` to columns of ``b`` maximising the total |correlation| (Hungarian)."""
+    corr = correlation_matrix(a, b, method)
+    rows, cols = linear_sum_assignment(-np.abs(corr))
+    return ComponentMatch(rows=rows, cols=cols, correlations=corr[rows, cols], matrix=corr)
+
+
+def mcc(latents: Any, sources: Any, method: CorrelationMethod = "pearson") -> float:
+    """Mean |correlation| between sources and their Hungarian-matched latents.
+
+    1 exactly when the latents are the sources up to a signed permutation and
+    per-coordinate scaling (Pearson) or monotone maps (Spearman). With unequal
+    numbers of columns, the ``min`` of the two are matched.
+    """
+    return float(np.mean(np.abs(match_components(sources, latents, method).correlations)))
+
+
+# ----- InfoMEC ---------------------------------------------------------------------------------
+
+
+@dataclass
+class InfoMEC:
+    """Modularity, explicitness and compactness of latents with respect to discrete sources.
+
+    Attributes
+    ----------
+    infom, infoe, infoc
+        The three scores in [0, 1] (NaN for InfoM with one source or InfoC with one active latent).
+    nmi
+        Normalized mutual information ``I(s_i; z_j) / H(s_i)``, sources x latents.
+    active
+        Which latents counted as active (InfoM and InfoC use only those).
+    infoe_per_source
+        Explicitness of each source.
+
+    """
+
+    infom: float
+    infoe: float
+    infoc: float
+    nmi: pd.DataFrame
+    active: np.ndarray
+    infoe_per_source: pd.Series
+
+    def as_dict(self) -> dict[str, float]:
+        """``{"InfoM": ..., "InfoE": ..., "InfoC": ...}``."""
+        return {"InfoM": self.infom, "InfoE": self.infoe, "InfoC": self.infoc}
+
+
+def _normalized_share(matrix: np.ndarray, axis: int, n: int) -> float:
+    if n < 2:
+        return float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.max(matrix, axis=axis) / np.sum(matrix, axis=axis)
+    share = np.where(np.isfinite(share), share, 1.0 / n)  # a row without information is as uninformative as uniform
+    return float((np.mean(share) - 1.0 / n) / (1.0 - 1.0 / n))
+
+
+def explicitness(latents: Any, codes: np.ndarray, max_iter: int = 1000) -> float:
+    """``(H(s) - CE) / H(s)`` for one discrete source ``s`` given all latents.
+
+    ``CE`` is the in-sample cross-entropy (nats) of an unpenalized multinomial
+    logistic regression of ``s`` on the standardized latents; ``H(s)`` is the
+    plug-in entropy of ``s``, which is the in-sample cross-entropy of the
+    intercept-only (null) model. This is McFadden's pseudo-R^2.
+
+    Unlike Hsu et al.'s reference code, no class weights are used: with
+    ``class_weight='balanced'`` the null model predicts the uniform law, its
+    cross-entropy is ``log C`` rather than ``H(s)``, and InfoE is biased upward
+    for imbalanced labels (cell types): for shares (0.8, 0.15, 0.05),
+    ``log 3 = 1.10`` nats against ``H(s) = 0.62``. Unweighted, both terms are
+    cross-entropies of the observed labels and a model that ignores the
+    latents scores exactly 0. The score is invariant under any invertible
+    affine map of the latents (the fitted model absorbs it).
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    z = _as_matrix(latents, "latents")
+    std = z.std(axis=0)
+    z = (z - z.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    h = _entropy(codes)
+    with warnings.catch_warnings():
+        # Separable sources drive an unpenalized fit to the iteration limit; the loss is then near 0, as it should be.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = LogisticRegression(C=np.inf, max_iter=max_iter).fit(z, codes)
+    ce = log_loss(codes, model.predict_proba(z), labels=model.classes_)
+    return float((h - ce) / h)
+
+
+def infomec(
+    latents: Any,
+    sources: Any,
+    *,
+    n_neighbors: int = 10,
+    random_state: int = 0,
+    active_iqr_fraction: float = 0.1,
+    max_iter: int = 1000,
+    source_names: list[str] | None = None,
+) -> InfoMEC:
+    """InfoM, InfoE and InfoC (Hsu et al. 2023) of continuous latents against discrete sources.
+
+    * ``NMI_ij = I(s_i; z_j) / H(s_i)``: the k-NN (Kraskov-type) estimate of
+      mutual information between source ``i`` and standardized latent ``j``
+      (scikit-learn's ``mutual_info_classif``, ``n_neighbors``, seeded),
+      divided by the plug-in entropy of the source, in nats.
+    * Active latents: interquartile range above ``active_iqr_fraction`` times the
+      largest (the reference code's rule); ``L`` of them, ``K`` sources.
+    * ``InfoM = (mean_j max_i NMI_ij / sum_i NMI_ij - 1/K) / (1 - 1/K)`` over active latents:
+      does each latent carry information about one source only?
+    * ``InfoC = (mean_i max_j NMI_ij / sum_j NMI_ij - 1/L) / (1 - 1/L)``: is each source
+      carried by one latent only?
+    * ``InfoE``: mean over sources of :func:`explicitness` using all latents: how
+      much of each source is linearly decodable.
+
+    Parameters
+    ----------
+    latents
+        (cells, latents) continuous values.
+    sources
+        (cells, sources) discrete labels (integers, strings or categoricals);
+        bin continuous sources with :func:`discretize`.
+    n_neighbors
+        Neighbours of the mutual-information estimator.
+    random_state
+        Seed of the estimator's jitter.
+    active_iqr_fraction
+        Activity threshold relative to the largest interquartile range.
+    max_iter
+        Iterations of the logistic regressions.
+    source_names
+        Labels of the sources in the ``nmi`` table.
+
+    Returns
+    -------
+    InfoMEC
+
+    """
+    from sklearn.feature_selection import mutual_info_classif
+
+    z = _as_matrix(latents, "latents")
+    codes = _encode_labels(sources)
+    _same_cells(z, codes, ("latents", "sources"))
+    n_sources = codes.shape[1]
+    names = source_names or [f"source_{i}" for i in range(n_sources)]
+    if len(names) != n_sources:
+        raise InvalidArgumentError(f"Got {len(names)} source names for {n_sources} sources.")
+    std = z.std(axis=0)
+    if np.any(std == 0):
+        raise InvalidDataError("A latent column is constant; drop it before computing InfoMEC.")
+    z_std = (z - z.mean(axis=0)) / std
+    nmi = np.empty((n_sources, z.shape[1]))
+    for i in range(n_sources):
+        mi = mutual_info_classif(
+            z_std, codes[:, i], discrete_features=False, n_neighbors=n_neighbors, random_state=random_state
+        )
+        nmi[i] = mi / _entropy(codes[:, i])
+    q75, q25 = np.percentile(z, [75, 25], axis=0)
+    iqr = q75 - q25
+    active = iqr > active_iqr_fraction * iqr.max()
+    pruned = nmi[:, active]
+    infom = _normalized_share(pruned, axis=0, n=n_sources)
+    infoc = _normalized_share(pruned, axis=1, n=int(active.sum()))
+    per_source = pd.Series([explicitness(z, codes[:, i], max_iter) for i in range(n_sources)], index=names)
+    return InfoMEC(
+        infom=infom,
+        infoe=float(per_source.mean()),
+        infoc=infoc,
+        nmi=pd.DataFrame(nmi, index=names, columns=[f"z_{j}" for j in range(z.shape[1])]),
+        active=active,
+        infoe_per_source=per_source,
+    )
+
+
+# ----- DCI -------------------------------------------------------------------------------------
+
+
+@dataclass
+class DCI:
+    """Disentanglement, completeness and informativeness (Eastwood and Williams 2018).
+
+    Attributes
+    ----------
+    disentanglement, completeness, informativeness
+        Scores in [0, 1]; informativeness is the mean held-out accuracy.
+    importance
+        Random-forest importance of each latent (rows) for each source (columns).
+
+    """
+
+    disentanglement: float
+    completeness: float
+    informativeness: float
+    importance: pd.DataFrame
+
+
+def dci(
+    latents: Any,
+    sources: Any,
+    *,
+    n_estimators: int = 100,
+    max_depth: int = 10,
+    test_size: float = 0.1,
+    random_state: int = 0,
+) -> DCI:
+    """DCI from one random-forest classifier (entropy criterion) per discrete source.
+
+    ``R_jk`` is latent ``j``'s importance for source ``k`` (normalized per source).
+    Disentanglement is ``sum_j rho_j (1 - H_K(R_j. / sum R_j.))`` with
+    ``rho_j = sum_k R_jk / sum R`` and entropies in base ``K``; completeness is
+    the same per source with base ``L``; informativeness is the mean accuracy
+    on a held-out ``test_size`` share of cells.
+    """
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.model_selection import train_test_split
+
+    z = _as_matrix(latents, "latents")
+    codes = _encode_labels(sources)
+    _same_cells(z, codes, ("latents", "sources"))
+    n_latents, n_sources = z.shape[1], codes.shape[1]
+    importance = np.zeros((n_latents, n_sources))
+    accuracy = []
+    for k in range(n_sources):
+        z_train, z_test, y_train, y_test = train_test_split(
+            z, codes[:, k], test_size=test_size, random_state=random_state
+        )
+        forest = RandomForestClassifier(
+            n_estimators=n_estimators, criterion="entropy", max_depth=max_depth, random_state=random_state
+        ).fit(z_train, y_train)
+        importance[:, k] = forest.feature_importances_
+        accuracy.append(float(np.mean(forest.predict(z_test) == y_test)))
+    total = importance.sum()
+    weights = importance / total if total > 0 else np.full_like(importance, 1.0 / importance.size)
+
+    def one_minus_entropy(rows: np.ndarray, base: int) -> np.ndarray:
+        if base < 2:
+            return np.ones(rows.shape[0])
+        return 1.0 - stats.entropy(rows.T + 1e-11, base=base)
+
+    disentanglement = float(np.sum(one_minus_entropy(importance, n_sources) * weights.sum(axis=1)))
+    completeness = float(np.sum(one_minus_entropy(importance.T, n_latents) * weights.sum(axis=0)))
+    return DCI(
+        disentanglement=disentanglement,
+        completeness=completeness,
+        informativeness=float(np.mean(accuracy)),
+        importance=pd.DataFrame(importance, index=[f"z_{j}" for j in range(n_latents)]),
+    )
+
+
+# ----- sparsity and concentration ------------------------------------------------------------------
+
+
+def normalized_gini(values: Any) -> float:
+    """Gini coefficient of non-negative values, scaled so that one non-zero value gives 1 and equal values 0.
+
+    ``G = sum_ij |x_i - x_j| / (2 p^2 mean(x))``, divided by its maximum
+    ``1 - 1/p`` (as ``normalized_gini`` in Hsu et al.'s code), computed in
+    ``O(p log p)`` from the sorted values.
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size < 2:
+        raise InvalidDataError("normalized_gini needs at least two values.")
+    if np.any(~np.isfinite(x)) or np.any(x < 0):
+        raise InvalidDataError("normalized_gini needs finite non-negative values (clip negative importances first).")
+    if x.sum() == 0:
+        raise InvalidDataError("normalized_gini is undefined when every value is zero.")
+    p = x.size
+    ranks = np.arange(1, p + 1)
+    abs_diff_sum = 2.0 * np.sum((2 * ranks - p - 1) * np.sort(x))
+    gini = abs_diff_sum / (2.0 * p**2 * x.mean())
+    return float(gini / (1.0 - 1.0 / p))
+
+
+def group_variance(features: Any, labels: Any, within: Any = None) -> np.ndarray:
+    """Variance of each feature explained by ``labels`` (between-group variance), (features,).
+
+    ``v_j = sum_g (n_g / n) (mean_gj - mean_j)^2``. With ``within`` (e.g. cell
+    types when ``labels`` are batches) each feature is first centred in each
+    ``within`` group, so ``v_j`` is the variance of the label means inside those
+    groups: batch effects not explained by cell-type composition.
+    """
+    x = _as_matrix(features, "features")
+    frame = pd.DataFrame(x)
+    keys = [np.asarray(labels)]
+    if within is not None:
+        groups = np.asarray(within)
+        if groups.shape[0] != x.shape[0]:
+            raise InvalidDataError(f"within has {groups.shape[0]} entries for {x.shape[0]} cells.")
+        frame = frame - frame.groupby(groups).transform("mean")
+        keys = [groups, keys[0]]
+    if keys[-1].shape[0] != x.shape[0]:
+        raise InvalidDataError(f"labels has {keys[-1].shape[0]} entries for {x.shape[0]} cells.")
+    means = frame.groupby(keys).transform("mean").to_numpy()
+    return np.mean((means - means.mean(axis=0)) ** 2, axis=0)
+
+
+def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within: Any = None) -> float:
+    """Share of the between-group variance carried by the top ``ceil(top_fraction * p)`` features.
+
+    ``sum_{top} v_j / sum_j v_j`` with ``v`` from :func:`group_variance`; about
+    ``top_fraction`` when variation is spread evenly, 1 when it sits in the top
+    features. Computed on the features as given (their scales count): compare
+    embeddings with unit-variance features (whitened, ICA, rotated) with care
+    against raw latents.
+    """
+    if not 0.0 < top_fraction <= 1.0:
+        raise InvalidArgumentError(f"top_fraction must lie in (0, 1], got {top_fraction!r}.")
+    v = group_variance(features, labels, within)
+    if v.sum() == 0:
+        raise InvalidDataError("The features do not vary between groups; concentration is undefined.")
+    top = math.ceil(top_fraction * v.size)
+    return float(np.sort(v)[::-1][:top].sum() / v.sum())
+
+
+# ----- held-out-batch classification ---------------------------------------------------------------
+
+
+@dataclass
+class HeldoutClassification:
+    """Cell-type classification on held-out batches.
+
+    Attributes
+    ----------
+    auroc
+        One-vs-rest AUROC, held-out batch (rows) x class (columns); NaN where a
+        class is absent from the held-out batch.
+    importance
+        Permutation importance (drop of the mean AUROC) of each feature (columns)
+        per held-out batch (rows).
+    sparsity
+        :func:`normalized_gini` of each row of ``importance`` after clipping at 0.
+
+    """
+
+    auroc: pd.DataFrame
+    importance: pd.DataFrame
+    sparsity: pd.Series
+
+    @property
+    def mean_auroc(self) -> float:
+        """Mean AUROC over classes and held-out batches."""
+        return float(np.nanmean(self.auroc.to_numpy()))
+
+
+def _mean_ovr_auroc(y: np.ndarray, proba: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    from sklearn.metrics import roc_auc_score
+
+    out = np.full(classes.size, np.nan)
+    for c, label in enumerate(classes):
+        positive = y == label
+        if 0 < positive.sum() < y.size:
+            out[c] = roc_auc_score(positive, proba[:, c])
+    return out
+
+
+def heldout_batch_classification(
+    features: Any,
+    labels: Any,
+    batches: Any,
+    *,
+    test_batches: list[Any] | None = None,
+    n_repeats: int = 5,
+    random_state: int = 0,
+    classifier_params: dict[str, Any] | None = None,
+    n_threads: int | None = 1,
+) -> HeldoutClassification:
+    """Train a gradient-boosted classifier on all batches but one and score it on the held-out batch.
+
+    For each held-out batch a ``HistGradientBoostingClassifier`` (scikit-learn;
+    a LightGBM-style model) is trained on the other batches' cells; its
+    one-vs-rest AUROC per label on the held-out cells measures how well the
+    label is read from the features across batches. Feature importance is the
+    mean drop of that AUROC when a feature's values are permuted among the
+    held-out cells (``n_repeats`` permutations), the same for every embedding.
+
+    Parameters
+    ----------
+    features
+        (cells, features) embedding.
+    labels
+        Cell labels to classify (e.g. cell types).
+    batches
+        Batch of each cell.
+    test_batches
+        Batches to hold out in turn (default: every batch).
+    n_repeats
+        Permutations per feature.
+    random_state
+        Seed of the classifier and the permutations.
+    classifier_params
+        Extra arguments of ``HistGradientBoostingClassifier``.
+    n_threads
+        OpenMP threads of the classifier (``None``: all cores). The default of 1
+        avoids the large slow-down of OpenMP's busy-waiting on a shared machine.
+
+    Returns
+    -------
+    HeldoutClassification
+
+    """
+    x = _as_matrix(features, "features")
+    y = np.asarray(labels)
+    b = np.asarray(batches)
+    if y.shape[0] != x.shape[0] or b.shape[0] != x.shape[0]:
+        raise InvalidDataError("features, labels and batches must describe the same cells.")
+    held = list(pd.unique(b)) if test_batches is None else list(test_batches)
+    if len(pd.unique(b)) < 2:
+        raise InvalidDataError("Held-out-batch classification needs at least two batches.")
+    classes = np.unique(y)
+    rng = np.random.default_rng(random_state)
+    aurocs, importances = [], []
+    with threadpool_limits(limits=n_threads, user_api="openmp"):
+        for batch in held:
+            auroc, drops = _heldout_one(
+                x, y, b == batch, batch, classes, rng, n_repeats, random_state, classifier_params
+            )
+            aurocs.append(auroc)
+            importances.append(drops)
+    index = pd.Index([str(h) for h in held], name="held_out_batch")
+    index = pd.Index([str(h) for h in held], name="held_out_batch")
+    importance = pd.DataFrame(importances, index=index)
+    sparsity = importance.clip(lower=0.0).apply(
+        lambda row: normalized_gini(row.to_numpy()) if row.sum() > 0 else np.nan, axis=1
+    )
+    return HeldoutClassification(
+        auroc=pd.DataFrame(aurocs, index=index, columns=[str(c) for c in classes]),
+        importance=importance,
+        sparsity=sparsity,
+    )
+
+
+def _heldout_one(
+    x: np.ndarray,
+    y: np.ndarray,
+    test: np.ndarray,
+    batch: Any,
+    classes: np.ndarray,
+    rng: np.random.Generator,
+    n_repeats: int,
+    random_state: int,
+    classifier_params: dict[str, Any] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """AUROC per class on one held-out batch and the permutation importance of each feature."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    if not test.any():
+        raise InvalidArgumentError(f"Batch {batch!r} has no cells.")
+    params = dict(random_state=random_state, **(classifier_params or {}))
+    model = HistGradientBoostingClassifier(**params).fit(x[~test], y[~test])
+    columns = np.searchsorted(classes, model.classes_)
+    proba = np.zeros((int(test.sum()), classes.size))
+    proba[:, columns] = model.predict_proba(x[test])
+    auroc = _mean_ovr_auroc(y[test], proba, classes)
+    baseline = np.nanmean(auroc)
+    drops = np.zeros(x.shape[1])
+    for j in range(x.shape[1]):
+        for _ in range(n_repeats):
+            shuffled = x[test].copy()
+            shuffled[:, j] = rng.permutation(shuffled[:, j])
+            proba[:, columns] = model.predict_proba(shuffled)
+            drops[j] += baseline - np.nanmean(_mean_ovr_auroc(y[test], proba, classes))
+    return auroc, drops / n_repeats

@@ -1,0 +1,270 @@
+"""ICARotation and ica_stability against sources known by construction."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from scipy import integrate
+from scipy.linalg import subspace_angles
+from scipy.stats import norm, ortho_group
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from countvae.errors import InvalidArgumentError, InvalidDataError, NonIdentifiableComponentsWarning
+from countvae.ica import (
+    EXPECTED_LOGCOSH_NORMAL,
+    ICARotation,
+    excess_kurtosis,
+    ica_stability,
+    negentropy,
+)
+from countvae.metrics import mcc
+
+
+def _sources(n: int, kinds: list[str], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    columns = {
+        "laplace": lambda: rng.laplace(size=n),
+        "uniform": lambda: rng.uniform(-1.0, 1.0, n),
+        "skewed": lambda: rng.exponential(size=n) - 1.0,
+        "normal": lambda: rng.standard_normal(n),
+    }
+    s = np.column_stack([columns[k]() for k in kinds])
+    return (s - s.mean(0)) / s.std(0)
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    """Three non-Gaussian sources, an invertible non-orthogonal mixing and an offset."""
+    s = _sources(3000, ["laplace", "uniform", "skewed"], seed=0)
+    mixing = np.random.default_rng(1).normal(size=(3, 3))
+    return s, s @ mixing.T + np.array([5.0, -2.0, 1.0]), mixing
+
+
+def test_logcosh_constant_matches_integral():
+    def integrand(x):
+        return (np.logaddexp(x, -x) - np.log(2.0)) * norm.pdf(x)  # log cosh x, without overflow
+
+    value, _ = integrate.quad(integrand, -40.0, 40.0, epsabs=1e-13)
+    assert EXPECTED_LOGCOSH_NORMAL == pytest.approx(value, abs=1e-10)
+    assert EXPECTED_LOGCOSH_NORMAL == pytest.approx(0.3746, abs=1e-4)
+
+
+def test_non_gaussianity_measures_known_values():
+    s = _sources(200_000, ["laplace", "uniform", "normal"], seed=2)
+    np.testing.assert_allclose(excess_kurtosis(s), [3.0, -1.2, 0.0], atol=0.1)
+    j = negentropy(s)
+    assert j[2] < 2e-6 < 5e-4 < j[1] < j[0]
+    # a Gaussian sample of n values has expected negentropy about 0.006 / n
+    columns = np.random.default_rng(3).standard_normal((1000, 2000))
+    assert 1000 * negentropy(columns).mean() == pytest.approx(0.006, rel=0.15)
+    # negentropy is a property of the distribution: unchanged by sign and scale
+    np.testing.assert_allclose(negentropy(-3.0 * s + 7.0), j, rtol=1e-10)
+
+
+@pytest.mark.parametrize("algorithm", ["fastica", "picard"])
+def test_recovers_independent_sources(mixed, algorithm):
+    s, z, _ = mixed
+    ica = ICARotation(algorithm=algorithm).fit(z)
+    recovered = ica.transform(z)
+    assert mcc(recovered, s) > 0.99
+    assert mcc(z, s) < 0.9  # the mixing did hide them
+    assert not ica.gaussian_.any()
+
+
+def test_whitening_and_rotation_algebra(mixed):
+    _, z, _ = mixed
+    ica = ICARotation().fit(z)
+    centred = z - z.mean(0)
+    cov = centred.T @ centred / len(z)
+    np.testing.assert_allclose(ica.whitening_ @ cov @ ica.whitening_.T, np.eye(3), atol=1e-10)
+    np.testing.assert_allclose(ica.rotation_ @ ica.rotation_.T, np.eye(3), atol=1e-12)
+    np.testing.assert_allclose(ica.components_, ica.rotation_ @ ica.whitening_, atol=1e-12)
+    s = ica.transform(z)
+    np.testing.assert_allclose(s.mean(0), 0.0, atol=1e-10)
+    np.testing.assert_allclose(s.T @ s / len(s), np.eye(3), atol=1e-10)
+    np.testing.assert_allclose(ica.inverse_transform(s), z, atol=1e-10)
+    np.testing.assert_allclose(ica.fit_transform(z), s, atol=1e-12)
+
+
+def test_whiten_false_is_an_orthogonal_map_that_preserves_distances(mixed):
+    _, z, _ = mixed
+    ica = ICARotation(whiten=False).fit(z)
+    np.testing.assert_allclose(ica.components_ @ ica.components_.T, np.eye(3), atol=1e-12)
+    s = ica.transform(z)
+    d_before = np.linalg.norm(z[:50, None] - z[None, :50], axis=-1)
+    d_after = np.linalg.norm(s[:50, None] - s[None, :50], axis=-1)
+    np.testing.assert_allclose(d_after, d_before, atol=1e-9)
+
+
+def test_order_and_sign_convention(mixed):
+    s, z, _ = mixed
+    ica = ICARotation().fit(z)
+    assert np.all(np.diff(ica.negentropy_) <= 0)
+    out = ica.transform(z)
+    # the skewed (exponential) source is recovered with a positive skew
+    skewed = np.argmax(np.abs(ica.skewness_))
+    assert ica.skewness_[skewed] > 1.0
+    assert np.corrcoef(out[:, skewed], s[:, 2])[0, 1] > 0.99
+    # symmetric components: largest |mixing| entry positive
+    for i in range(3):
+        if abs(ica.skewness_[i]) < 2 * np.sqrt(6 / len(z)):
+            assert ica.mixing_[np.argmax(np.abs(ica.mixing_[:, i])), i] > 0
+
+
+def test_repeated_fits_agree_across_ica_seeds_and_input_rotations(mixed):
+    _, z, _ = mixed
+    base = ICARotation(random_state=0).fit_transform(z)
+    other_seed = ICARotation(random_state=7).fit_transform(z)
+    np.testing.assert_allclose(other_seed, base, atol=5e-3)
+    # an orthogonal map of the latents (another seed of a VAE, say) gives the same sources
+    q = ortho_group.rvs(3, random_state=3)
+    rotated = ICARotation(random_state=0).fit_transform(z @ q.T)
+    np.testing.assert_allclose(np.abs(rotated), np.abs(base), atol=5e-3)
+    # the skewed source keeps its sign: skewness is a property of the source, not of the coordinates
+    skewed = np.argmax(np.abs(ICARotation().fit(z).skewness_))
+    assert np.corrcoef(rotated[:, skewed], base[:, skewed])[0, 1] > 0.999
+
+
+def test_picard_and_fastica_find_the_same_rotation(mixed):
+    _, z, _ = mixed
+    fast = ICARotation(algorithm="fastica").fit_transform(z)
+    pic = ICARotation(algorithm="picard").fit_transform(z)
+    np.testing.assert_allclose(np.abs(pic), np.abs(fast), atol=5e-3)
+
+
+def test_same_seed_same_numbers(mixed):
+    _, z, _ = mixed
+    a = ICARotation(random_state=3).fit(z)
+    b = ICARotation(random_state=3).fit(z)
+    np.testing.assert_array_equal(a.components_, b.components_)
+    assert a.negentropy_threshold_ == b.negentropy_threshold_
+
+
+def test_fewer_components_keeps_leading_principal_directions():
+    s = _sources(3000, ["laplace", "laplace", "normal"], seed=4)
+    z = s * np.array([3.0, 2.0, 0.1])  # the third direction has little variance
+    ica = ICARotation(n_components=2).fit(z)
+    assert ica.transform(z).shape == (3000, 2)
+    assert mcc(ica.transform(z), s[:, :2]) > 0.99
+    reconstructed = ica.inverse_transform(ica.transform(z))
+    projection = ica.dewhitening_ @ ica.whitening_  # onto the two leading principal directions
+    np.testing.assert_allclose(reconstructed, ica.mean_ + (z - ica.mean_) @ projection.T, atol=1e-9)
+    np.testing.assert_allclose(reconstructed[:, :2], z[:, :2], atol=0.02)
+
+
+def test_warning_names_the_gaussian_components_and_their_subspace():
+    s = _sources(3000, ["laplace", "normal", "laplace", "normal"], seed=5)
+    mixing = np.random.default_rng(6).normal(size=(4, 4))
+    z = s @ mixing.T
+    with pytest.warns(NonIdentifiableComponentsWarning, match=r"IC_2, IC_3") as record:
+        ica = ICARotation().fit(z)
+    assert "subspace" in str(record[0].message)
+    np.testing.assert_array_equal(ica.gaussian_, [False, False, True, True])
+    # the flagged span is the span of the true Gaussian mixing columns
+    angles = subspace_angles(ica.gaussian_subspace_, mixing[:, [1, 3]])
+    assert np.max(angles) < 0.1
+    # the non-Gaussian sources are still recovered as axes
+    assert mcc(ica.transform(z)[:, :2], s[:, [0, 2]]) > 0.98
+    assert ica.summary()["gaussian"].tolist() == [False, False, True, True]
+
+
+def test_no_warning_without_gaussian_components(mixed):
+    _, z, _ = mixed
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonIdentifiableComponentsWarning)
+        ica = ICARotation().fit(z)
+    assert ica.gaussian_subspace_.shape == (3, 0)
+
+
+def test_a_single_gaussian_component_is_flagged_but_identified():
+    s = _sources(3000, ["laplace", "uniform", "normal"], seed=8)
+    z = s @ np.random.default_rng(9).normal(size=(3, 3)).T
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NonIdentifiableComponentsWarning)
+        ica = ICARotation().fit(z)
+    np.testing.assert_array_equal(ica.gaussian_, [False, False, True])
+    assert mcc(ica.transform(z), s) > 0.99
+
+
+def test_bootstrap_stability_laplace_high_gaussian_low():
+    laplace = _sources(2000, ["laplace"] * 3, seed=10) @ np.random.default_rng(11).normal(size=(3, 3)).T
+    gaussian = _sources(2000, ["normal"] * 3, seed=12) @ np.random.default_rng(13).normal(size=(3, 3)).T
+    good = ica_stability(laplace, n_bootstrap=8)
+    assert good.mode == "bootstrap" and good.resample == "halves"
+    assert good.table["mean"].min() > 0.97
+    assert good.table["reproducible"].all() and good.unstable == []
+    bad = ica_stability(gaussian, n_bootstrap=8)
+    # a random rotation of a 3-d space matches at 0.83 on average
+    assert bad.table["mean"].mean() < 0.9
+    assert not bad.table["reproducible"].any()
+    assert bad.table["gaussian"].all()
+    classic = ica_stability(laplace, n_bootstrap=4, resample="bootstrap")
+    assert classic.table["mean"].min() > 0.97
+
+
+def test_seed_stability_of_noisy_rotated_copies():
+    """Fits that agree up to rotation + noise: non-Gaussian axes reproduce, Gaussian ones do not."""
+    rng = np.random.default_rng(14)
+    truth_l = _sources(2000, ["laplace", "uniform", "skewed"], seed=15)
+    truth_g = _sources(2000, ["normal"] * 3, seed=16)
+
+    def copies(truth):
+        return [
+            truth @ ortho_group.rvs(3, random_state=k).T * 2.0 + 0.05 * rng.standard_normal(truth.shape)
+            for k in range(6)
+        ]
+
+    good = ica_stability(copies(truth_l))
+    assert good.mode == "seeds" and good.matches.shape == (5, 3)
+    assert good.mcc.min() > 0.99
+    assert good.table["reproducible"].all()
+    bad = ica_stability(copies(truth_g))
+    assert bad.mcc.mean() < 0.93  # chance level of a random 3-d rotation: 0.83
+    assert not bad.table["reproducible"].all()
+    # without a fresh resample and start per fit, ICA returns the same accidental axes every time
+    fooled = ica_stability(copies(truth_g), resample="none")
+    assert fooled.mcc.mean() > bad.mcc.mean()
+
+
+def test_spearman_matching_option():
+    z = _sources(2000, ["laplace"] * 3, seed=17)
+    result = ica_stability(z, n_bootstrap=3, method="spearman")
+    assert result.table["mean"].min() > 0.95
+
+
+def test_invalid_inputs():
+    z = _sources(500, ["laplace"] * 3, seed=18)
+    with pytest.raises(InvalidArgumentError, match="algorithm"):
+        ICARotation(algorithm="jade").fit(z)
+    with pytest.raises(InvalidArgumentError, match="n_components"):
+        ICARotation(n_components=4).fit(z)
+    with pytest.raises(InvalidArgumentError, match="whiten=False"):
+        ICARotation(whiten=False, n_components=2).fit(z)
+    bad = z.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(InvalidDataError, match="NaN"):
+        ICARotation().fit(bad)
+    with pytest.raises(InvalidDataError, match="zero variance"):
+        ICARotation().fit(np.column_stack([z[:, :2], z[:, 0] + z[:, 1]]))
+    with pytest.raises(NotFittedError):
+        ICARotation().transform(z)
+    fitted = ICARotation().fit(z)
+    with pytest.raises(InvalidDataError, match="shape"):
+        fitted.transform(z[:, :2])
+    with pytest.raises(InvalidDataError, match="same cells"):
+        ica_stability([z, z[:100]])
+    with pytest.raises(InvalidArgumentError, match="threshold"):
+        ica_stability(z, threshold=1.5)
+    with pytest.raises(InvalidArgumentError, match="resample"):
+        ica_stability(z, resample="none")
+    with pytest.raises(InvalidArgumentError, match="resample"):
+        ica_stability(z, resample="jackknife")
+
+
+def test_is_a_scikit_learn_estimator():
+    est = ICARotation(algorithm="picard", n_components=2, random_state=4)
+    copy = clone(est)
+    assert copy.get_params() == est.get_params()
