@@ -17,7 +17,7 @@ flatter itself in-sample). The classes, from most to least restrictive:
 ``linear``
     A general affine map (least squares with intercept).
 ``ica``
-    Each fit is rotated separately into ICA axes; the axes are matched by a
+    Each fit is rotated separately into ICA axes (:class:`countvae.ica.ICARotation`); the axes are matched by a
     signed permutation and a scale per axis. The rotation comes from each fit's
     own latents; the pairing of cells only picks the order, signs and scales.
 
@@ -38,6 +38,7 @@ without using the cell pairing: 1 means ICA found the aligning rotation.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -53,7 +54,7 @@ MAP_CLASSES: tuple[str, ...] = ("identity", "permutation", "orthogonal", "linear
 
 #: Cells on which the diameter (an O(n^2) maximum) is computed at most.
 MAX_DIAMETER_CELLS = 10_000
-#: Cells FastICA is fitted on at most (the rotation is then applied to every cell).
+#: Cells ICA is fitted on at most (the rotation is then applied to every cell).
 MAX_ICA_CELLS = 10_000
 
 
@@ -83,44 +84,33 @@ class ICAAxes:
 
 
 def fit_ica_axes(z: np.ndarray, random_state: int = 0, max_iter: int = 1000, max_cells: int = MAX_ICA_CELLS) -> ICAAxes:
-    """Whiten ``z`` and rotate it to maximally non-Gaussian axes (scikit-learn's FastICA).
+    """Whiten ``z`` and rotate it to maximally non-Gaussian axes with :class:`countvae.ica.ICARotation`.
 
-    A small internal helper: :mod:`countvae.ica` holds the full ICA
-    post-processing (component order, signs, Gaussianity warnings). Here only the
-    rotation matters, because components are matched across fits afterwards.
+    Only the rotation matters here (components are matched across fits
+    afterwards), so the Gaussian null behind ``ICARotation``'s flags is skipped
+    (``n_null=0``); :func:`countvae.ica.ica_stability` reports those flags.
 
     Parameters
     ----------
     z
         Latent means, (cells, d).
     random_state
-        Seed of FastICA's initial rotation.
+        Seed of the ICA's initial rotation (and of the cell subset).
     max_iter
-        FastICA iterations.
+        ICA iterations.
     max_cells
         Fit on a random subset of at most this many cells.
 
     """
-    import warnings
+    from countvae.ica import ICARotation
 
-    from sklearn.decomposition import FastICA
-    from sklearn.exceptions import ConvergenceWarning
-
-    ica = FastICA(
-        n_components=z.shape[1],
-        whiten="unit-variance",
-        whiten_solver="eigh",
-        max_iter=max_iter,
-        tol=1e-4,
-        random_state=random_state,
-    )
+    if len(z) > max_cells:
+        z = z[np.sort(np.random.default_rng(random_state).choice(len(z), max_cells, replace=False))]
     with warnings.catch_warnings():
-        # A non-converged FastICA still returns a valid rotation; the cross-fit
-        # error (and the ICA efficiency) then shows how useful it is.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        if len(z) > max_cells:
-            z = z[np.sort(np.random.default_rng(random_state).choice(len(z), max_cells, replace=False))]
-        ica.fit(z)
+        # A non-converged ICA still returns a valid rotation; the cross-fit error
+        # (and the ICA efficiency) then shows how useful it is.
+        warnings.simplefilter("ignore")
+        ica = ICARotation(random_state=random_state, max_iter=max_iter, n_null=0).fit(z)
     return ICAAxes(mean=ica.mean_.copy(), unmixing=ica.components_.T.copy(), mixing=ica.mixing_.T.copy())
 
 
@@ -268,7 +258,7 @@ def alignment_errors(
     map_classes
         Which of :data:`MAP_CLASSES` to score.
     seed
-        Seed of the fit/score split of the cells (and of FastICA and of the
+        Seed of the fit/score split of the cells (and of the ICA and of the
         diameter's subsample).
 
     Returns

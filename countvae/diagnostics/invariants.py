@@ -375,7 +375,7 @@ def invariants_table(
         Random subsets of cells for the k-NN graph and for pairwise distances
         (the number of distances is quadratic in cells).
     seed
-        Seed of the subsets and of FastICA.
+        Seed of the subsets and of the ICA.
 
     Returns
     -------
