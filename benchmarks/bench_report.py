@@ -160,7 +160,7 @@ def diagnose(args: argparse.Namespace) -> list[str]:
         out = Path(tmp) / "diag"
         t0 = time.perf_counter()
         argv = [*map(str, ["diagnose", data, "--batch-key", "batch", "--labels-key", "cell_type"]), *extra]
-        code = cli_main([*argv, "--out", str(out), "--quiet", "--json"])
+        code = cli_main([*argv, "--out", str(out), "--quiet"])
         wall = time.perf_counter() - t0
         if code != 0:
             raise RuntimeError(f"countvae diagnose exited with {code}")
