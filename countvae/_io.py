@@ -25,6 +25,13 @@ def _refuse_existing(path: Path, overwrite: bool) -> None:
         raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
 
 
+def _usual_permissions(path: str | os.PathLike, mode: int) -> None:
+    """Give a temporary file (0600) or folder (0700) the permissions a plain ``open``/``mkdir`` would."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
@@ -40,6 +47,7 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = F
     _refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    _usual_permissions(tmp, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -76,9 +84,7 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual permissions
+    _usual_permissions(tmp, 0o666)
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -103,6 +109,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     _refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+    _usual_permissions(tmp, 0o777)
     try:
         yield tmp
         _fsync_dir(tmp)

@@ -76,3 +76,17 @@ def test_save_is_atomic_when_interrupted(trained_linear, tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         trained_linear.save(tmp_path / "m")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one is left
+
+
+def test_written_files_get_the_usual_permissions(trained_linear, tmp_path):
+    import stat
+
+    umask = os.umask(0o022)
+    try:
+        trained_linear.save(tmp_path / "m")
+    finally:
+        os.umask(umask)
+    folder = tmp_path / "m"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    for name in ("model.json", "params.pt"):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o644
