@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
 
 from countvae.errors import InvalidArgumentError
 
@@ -80,8 +80,12 @@ def principal_angles(subspace: pd.DataFrame, ax: Axes | None = None) -> Axes:
     ax = _ax(ax)
     for row in subspace.itertuples():
         angles = np.asarray(row.angles_deg, dtype=float)
-        ax.plot(np.arange(1, len(angles) + 1), angles, marker="o", ms=3, lw=1, alpha=0.8)
+        label = f"{row.fit_a} vs {row.fit_b}"
+        ax.plot(np.arange(1, len(angles) + 1), angles, marker="o", ms=3, lw=1, alpha=0.8, label=label)
     ax.axhline(90, color="grey", lw=0.8, ls=":")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if 0 < len(subspace) <= 10:
+        ax.legend(fontsize=7, loc="upper left")
     ax.set_xlabel("principal angle index (smallest first)")
     ax.set_ylabel("angle (degrees)")
     ax.set_ylim(0, 92)
@@ -259,6 +263,7 @@ def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
     for fit, sub in spectra.groupby("fit", sort=False):
         ax.plot(sub["component"] + 1, sub["eigenvalue"], marker="o", ms=3, label=str(fit))
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("component")
     ax.set_ylabel("eigenvalue of latent covariance")
     ax.set_title("Latent covariance spectra")

@@ -5,7 +5,7 @@ Each subcommand lives in its own module and registers itself with
 
 Exit codes: 0 success; 1 the input or the run failed (bad data, missing file,
 diverged training), with a one-line message on stderr; 2 the command line itself
-is wrong (argparse's usage error).
+is wrong (argparse's usage error); 130 interrupted by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Exit codes: 0 success, 1 bad input or a failed run (one-line message on stderr), "
-            "2 wrong command line. Run 'countvae COMMAND --help' for each command's options and examples."
+            "2 wrong command line, 130 interrupted. Every command takes --json (the result as JSON on stdout) "
+            "and --quiet. Run 'countvae COMMAND --help' for each command's options and examples."
         ),
     )
     parser.add_argument("--version", action="version", version=f"countvae {__version__}")

@@ -17,6 +17,17 @@ from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExist
 logger = logging.getLogger("countvae.cli")
 
 
+def exit_codes(failure_also: str = "") -> str:
+    """The exit-code paragraph of a command's ``--help`` (the same codes for every command)."""
+    return (
+        "exit codes:\n"
+        "  0    success\n"
+        f"  1    bad input or a failed run, with a one-line message on stderr{failure_also}\n"
+        "  2    wrong command line (unknown option, invalid value)\n"
+        "  130  interrupted (Ctrl-C)\n"
+    )
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``DATA`` (an .h5ad path; optional where an embedded default exists), ``--layer``, ``--batch-key``."""
     parser.add_argument(

@@ -22,6 +22,7 @@ from countvae.cli.common import (
     add_model_arguments,
     add_output_arguments,
     emit,
+    exit_codes,
     progress_enabled,
     read_h5ad,
 )
@@ -70,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "of map, rotation-invariant geometry, cross-seed R-hat, the marker pitfall and posterior predictive "
             "checks. Writes OUT/report/report.html (self-contained), report.json and report.md."
         ),
-        epilog=EXAMPLES,
+        epilog=EXAMPLES + "\n" + exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_data_arguments(p)

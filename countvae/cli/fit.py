@@ -15,6 +15,7 @@ from countvae.cli.common import (
     add_model_arguments,
     add_output_arguments,
     emit,
+    exit_codes,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "Train a count VAE on the cells not held out, save it, and write the per-cell latent "
             "means and the held-out log predictive density (importance sampling, nats)."
         ),
-        epilog=EXAMPLES,
+        epilog=EXAMPLES + "\n" + exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_data_arguments(p)

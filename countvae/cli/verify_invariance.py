@@ -16,6 +16,7 @@ from countvae.cli.common import (
     add_model_arguments,
     add_output_arguments,
     emit,
+    exit_codes,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
@@ -36,7 +37,6 @@ EXAMPLES = """examples:
 
 With --model, the held-out cells are chosen exactly as `countvae fit` chose them
 (same --heldout-fraction and --seed), so pass the values used for the fit.
-Exit code 1 also when the check itself fails (a measurement disagrees with the theory).
 """
 
 #: This command fits a small model by default, so that the exact quadrature reference applies.
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "latent distances are unchanged while coordinates and loadings change; controls (non-orthogonal "
             "maps, non-Gaussian priors) must change log p(x). Writes invariance.json and invariance.md."
         ),
-        epilog=EXAMPLES,
+        epilog=EXAMPLES + "\n" + exit_codes("; also when a measurement disagrees with the theory"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_data_arguments(p)

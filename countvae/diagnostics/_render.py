@@ -103,14 +103,25 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
 _STYLE = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;
 padding:0 1em;color:#222;line-height:1.45}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.8em}
+h3{font-size:1.05em;margin:1.2em 0 .3em}
 .verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}
 .verdict li{margin:.35em 0}
+.glance{display:grid;grid-template-columns:repeat(auto-fit,minmax(250px,1fr));gap:.8em;margin:1em 0}
+.glance div{border:1px solid #ddd;border-top:5px solid;padding:.5em .8em;font-size:.9em}
+.glance .g-stable{border-top-color:#1b7837}.glance .g-rotation{border-top-color:#e08214}
+.glance .g-unstable{border-top-color:#b2182b}.glance .g-unmeasured{border-top-color:#999}
+.glance b{display:block;margin-bottom:.2em}.glance span{color:#555;font-size:.9em}
+.glance ul{margin:.3em 0 0 1.1em;padding:0}
+nav{font-size:.9em;color:#444;margin:1em 0}nav a{color:#2171b5;text-decoration:none;margin-right:.9em}
+.scroll{overflow-x:auto}
 table{border-collapse:collapse;font-size:.82em;margin:.6em 0}
-th,td{border:1px solid #ddd;padding:.25em .5em;text-align:right}
-th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}
+th,td{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f0f0f0}th.num,td.num{text-align:right;font-variant-numeric:tabular-nums}.nw{white-space:nowrap}
+.figrow{display:grid;grid-template-columns:repeat(auto-fit,minmax(460px,1fr));gap:1em;align-items:start}
 figure{margin:1em 0}figcaption{font-size:.88em;color:#444;max-width:900px}
-img{max-width:100%}
+img{max-width:100%;height:auto}
+details{margin:.8em 0}summary{cursor:pointer;color:#2171b5}
 .v-stable{color:#1b7837;font-weight:bold}.v-rotation{color:#e08214;font-weight:bold}
 .v-unstable{color:#b2182b;font-weight:bold}.small{font-size:.85em;color:#555}
 """
@@ -202,9 +213,29 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _is_numeric(column: pd.Series) -> bool:
+    return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
+
+
+def _cell_html(text: str, numeric: bool) -> str:
+    """A table cell; numbers and short labels (``seed 0``) are kept on one line."""
+    classes = [c for c, wanted in (("num", numeric), ("nw", numeric or len(text) <= 16)) if wanted]
+    attribute = f' class="{" ".join(classes)}"' if classes else ""
+    return f"<td{attribute}>{html.escape(text)}</td>"
+
+
 def _html_table(frame: pd.DataFrame, max_rows: int = 60) -> str:
-    shown = frame.head(max_rows).map(_fmt) if len(frame) else frame
-    out = shown.to_html(index=False, escape=True, border=0)
+    """A table with escaped cells; numeric columns right-aligned, text left-aligned."""
+    numeric = [_is_numeric(frame[c]) for c in frame.columns]
+    head = "".join(
+        f"<th{' class=num' if num else ''}>{html.escape(str(c))}</th>"
+        for c, num in zip(frame.columns, numeric, strict=True)
+    )
+    rows = []
+    for row in frame.head(max_rows).itertuples(index=False):
+        cells = "".join(_cell_html(_fmt(v), num) for v, num in zip(row, numeric, strict=True))
+        rows.append(f"<tr>{cells}</tr>")
+    out = f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
     if len(frame) > max_rows:
         out += f'<p class="small">First {max_rows} of {len(frame)} rows; all rows are in report.json.</p>'
     return out
@@ -220,25 +251,63 @@ def _figure_html(name: str, images: dict[str, str]) -> str:
     )
 
 
+def _figure_row(names: tuple[str, ...], images: dict[str, str]) -> str:
+    """Figures side by side (they wrap onto separate lines on narrow screens)."""
+    figures = "".join(_figure_html(n, images) for n in names)
+    return f'<div class="figrow">{figures}</div>' if figures else ""
+
+
+def _details(summary: str, body: str) -> str:
+    """A collapsed block for tables that back up a figure (opened with a click, no script)."""
+    return f"<details><summary>{html.escape(summary)}</summary>{body}</details>"
+
+
 def _verdict_class(verdict: str) -> str:
     return {"stable": "v-stable", "stable up to rotation": "v-rotation", "unstable": "v-unstable"}.get(verdict, "")
 
 
+#: The verdict columns at a glance: verdict -> (CSS class, heading, what it means for the reader).
+_GLANCE = {
+    "stable": ("g-stable", "Stable", "agrees across seeds as it is: report it"),
+    "stable up to rotation": (
+        "g-rotation",
+        "Stable only up to a rotation",
+        "agrees only after aligning the seeds: never read it one dimension at a time",
+    ),
+    "unstable": ("g-unstable", "Unstable", "differs between seeds: report the spread, or do not report it"),
+    "not measured": ("g-unmeasured", "Not measured", "not available for these fits"),
+}
+
+
+def _glance_html(frame: pd.DataFrame) -> str:
+    """One box per verdict listing its quantities: the invariants table in one look."""
+    boxes = []
+    for verdict, (css, heading, meaning) in _GLANCE.items():
+        quantities = frame.loc[frame["verdict"] == verdict, "quantity"].tolist()
+        if not quantities and verdict == "not measured":
+            continue
+        items = "".join(f"<li>{html.escape(str(q))}</li>" for q in quantities) or "<li>none</li>"
+        boxes.append(
+            f'<div class="{css}"><b>{html.escape(heading)}</b><span>{html.escape(meaning)}</span><ul>{items}</ul></div>'
+        )
+    return f'<div class="glance">{"".join(boxes)}</div>'
+
+
 def _invariants_html(frame: pd.DataFrame) -> str:
-    head = "".join(
-        f"<th>{html.escape(c)}</th>"
-        for c in ("quantity", "invariant in theory", "metric", "agreement (worst pair)", "mean over pairs")
-    )
-    head += "".join(f"<th>{html.escape(c)}</th>" for c in ("after rotation", "threshold", "verdict", "report instead"))
+    text_head = ("quantity", "invariant in theory", "metric")
+    number_head = ("agreement (worst pair)", "mean over pairs", "after rotation", "threshold")
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in text_head)
+    head += "".join(f"<th class=num>{html.escape(c)}</th>" for c in number_head)
+    head += "".join(f"<th>{html.escape(c)}</th>" for c in ("verdict", "report instead"))
     rows = []
     for r in frame.itertuples():
-        cells = [r.quantity, r.invariant_in_theory, r.metric]
-        nums = [_fmt(r.agreement), _fmt(r.agreement_mean), _fmt(r.aligned_agreement), r.threshold]
-        cells_html = "".join(f"<td>{html.escape(str(c))}</td>" for c in [*cells, *nums])
+        cells_html = "".join(f"<td>{html.escape(str(c))}</td>" for c in (r.quantity, r.invariant_in_theory, r.metric))
+        numbers = (_fmt(r.agreement), _fmt(r.agreement_mean), _fmt(r.aligned_agreement), r.threshold)
+        cells_html += "".join(f"<td class=num>{html.escape(str(c))}</td>" for c in numbers)
         cells_html += f'<td class="{_verdict_class(r.verdict)}">{html.escape(r.verdict)}</td>'
         cells_html += f"<td>{html.escape(r.report_instead)}</td>"
         rows.append(f"<tr>{cells_html}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def _dict_html(mapping: dict[str, Any]) -> str:
@@ -255,11 +324,29 @@ def summary_html(rep: DiagnosticReport) -> str:
     return f"<b>Multi-seed diagnostics</b><ul>{items}</ul>{_invariants_html(rep.invariants)}"
 
 
+#: Section anchor -> title, in reading order after the verdict.
+_SECTIONS = {
+    "invariants": "1. The invariants table",
+    "predictive": "2. Predictive equivalence",
+    "alignment": "3. Alignment of latent spaces",
+    "subspace": "4. Subspaces and geometry",
+    "markers": "5. The marker pitfall",
+    "rhat": "6. Cross-seed R-hat",
+    "ppc": "7. Posterior predictive checks",
+    "about": "About this report",
+}
+
+
+def _h2(anchor: str) -> str:
+    return f'<h2 id="{anchor}">{html.escape(_SECTIONS[anchor])}</h2>'
+
+
 def render_html(rep: DiagnosticReport) -> str:
-    """The self-contained HTML report."""
+    """The self-contained HTML report: verdict first, then the evidence, figures before tables."""
     images = _figures(rep)
     t = rep.tables
     fits = ", ".join(f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", []))
+    nav = " ".join(f'<a href="#{a}">{html.escape(title)}</a>' for a, title in _SECTIONS.items())
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -269,65 +356,72 @@ def render_html(rep: DiagnosticReport) -> str:
         "<h1>Multi-seed diagnostics: what these fits identify</h1>",
         f'<p class="small">{len(rep.provenance.get("fits", []))} fits: {html.escape(fits)}; '
         f"{rep.provenance.get('heldout_cells')} held-out cells, {rep.provenance.get('genes')} genes.</p>",
-        '<h2>Verdict</h2><div class="verdict"><ul>',
+        '<h2 id="verdict">Verdict</h2>',
+        _glance_html(rep.invariants),
+        '<div class="verdict"><ul>',
         *(f"<li>{html.escape(line)}</li>" for line in rep.headline),
         "</ul></div>",
-        "<h2>1. The invariants table</h2>",
+        f"<nav>Evidence: {nav}</nav>",
+        _h2("invariants"),
         "<p>One row per output. <i>Invariant in theory</i>: whether the prior's symmetry (every rotation of the "
         "latent space) leaves it unchanged. <i>Agreement</i>: how closely the seeds agree (the metric is named; "
         "see the definitions at the end). <i>Verdict</i>: stable (agrees as it is), stable up to rotation "
         "(agrees only after rotating the seeds onto each other), unstable (does not agree).</p>",
-        _invariants_html(rep.invariants),
         _figure_html("invariants", images),
-        "<h2>2. Predictive equivalence</h2>",
-        _figure_html("lpd_pairs", images),
-        _figure_html("lpd", images),
+        _invariants_html(rep.invariants),
+        _h2("predictive"),
+        _figure_row(("lpd_pairs", "lpd"), images),
         _html_table(rep.predictive),
-        "<h3>Pairwise paired differences</h3>",
-        _html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>",
-        "<h3>arviz comparison</h3>",
-        _html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>",
-        "<h2>3. Alignment of latent spaces</h2>",
+        _details(
+            "Pairwise paired differences and the arviz comparison",
+            "<h3>Pairwise paired differences</h3>"
+            + (_html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>")
+            + "<h3>arviz comparison</h3>"
+            + (_html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>"),
+        ),
+        _h2("alignment"),
         _figure_html("alignment", images),
+        "<h3>Mean over seed pairs</h3>",
         _html_table(t["alignment_summary"]),
     ]
     if "ica_efficiency" in t:
         parts += ["<h3>ICA efficiency per seed pair</h3>", _html_table(t["ica_efficiency"])]
     parts += [
-        "<h3>All pairs</h3>",
-        _html_table(rep.alignment),
-        "<h2>4. Subspaces and geometry</h2>",
-        _figure_html("angles", images),
-        _figure_html("spectra", images),
+        _details("Every seed pair and map class", _html_table(rep.alignment)),
+        _h2("subspace"),
+        _figure_row(("angles", "spectra"), images),
         _html_table(rep.subspace),
-        "<h2>5. The marker pitfall</h2>",
+        _h2("markers"),
         "<p>A latent dimension's correlation with a marker gene is a property of one seed's coordinates. "
         "The R² of the marker on all dimensions together is not.</p>",
         _figure_html("marker_heatmaps", images),
         _figure_html("marker_r2", images),
         _html_table(rep.markers),
-        "<h2>6. Cross-seed R-hat</h2>",
+        _h2("rhat"),
         _figure_html("rhat", images),
         _html_table(rep.rhat),
-        "<h2>7. Posterior predictive checks</h2>",
+        _h2("ppc"),
         _figure_html("ppc", images),
         _html_table(rep.ppc),
-        "<h2>What was subsampled</h2>",
+        _h2("about"),
+        "<h3>What was subsampled</h3>",
         "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",
         _dict_html(rep.subsampling),
-        "<h2>Definitions</h2>",
+        "<h3>Definitions</h3>",
         _DEFINITIONS,
-        "<h2>Reproducibility</h2>",
-        _dict_html(
-            {
-                "held-out data checksum (SHA-256)": rep.provenance.get("heldout_checksum_sha256"),
-                **{f"version of {k}": v for k, v in rep.provenance.get("versions", {}).items()},
-                **{f"setting {k}": v for k, v in rep.settings.get("report", {}).items()},
-                "markers": ", ".join(rep.settings.get("markers", [])),
-            }
+        "<h3>Reproducibility</h3>",
+        _details(
+            "Data checksum, package versions and settings",
+            _dict_html(
+                {
+                    "held-out data checksum (SHA-256)": rep.provenance.get("heldout_checksum_sha256"),
+                    **{f"version of {k}": v for k, v in rep.provenance.get("versions", {}).items()},
+                    **{f"setting {k}": v for k, v in rep.settings.get("report", {}).items()},
+                    "markers": ", ".join(rep.settings.get("markers", [])),
+                }
+            ),
         ),
-        "<h3>Time per step (seconds)</h3>",
-        _dict_html(rep.timings),
+        _details("Time per step (seconds)", _dict_html(rep.timings)),
         "</body></html>",
     ]
     return "\n".join(p for p in parts if p)

@@ -650,7 +650,8 @@ def _headline(
 ) -> list[str]:
     by = {v: invariants.loc[invariants["verdict"] == v, "quantity"].tolist() for v in (STABLE, ROTATION, UNSTABLE)}
     theory = dict(zip(invariants["quantity"], invariants["invariant_in_theory"], strict=True))
-    lines = [f"Identified here (agree across all {n_fits} seeds): {_listing(by[STABLE])}."]
+    seeds = "both seeds" if n_fits == 2 else f"all {n_fits} seeds"
+    lines = [f"Identified here (agree across {seeds}): {_listing(by[STABLE])}."]
     if by[ROTATION]:
         lines.append(
             f"Determined only up to a rotation of the latent space (differ between seeds, agree after aligning "

@@ -30,7 +30,7 @@ from countvae.data.split import split_indices
 from countvae.data.validation import column_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
 from countvae.ica import ICARotation
-from countvae.model import inference
+from countvae.model import anndata_results, inference
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import check_genes, query_source, resolve_registry
 from countvae.model.training import TrainingPlan, default_max_epochs, train_module
@@ -592,6 +592,41 @@ class CountVAE:
         self._require_trained()
         weight = self.module.decoder.weight.detach().cpu().numpy()
         return pd.DataFrame(weight, index=self.var_names, columns=[f"Z_{i}" for i in range(self.n_latent)])
+
+    def write_results(
+        self,
+        adata: ad.AnnData | None = None,
+        *,
+        latent_key: str | None = anndata_results.LATENT_KEY,
+        layer: str | None = anndata_results.LAYER_KEY,
+        loadings_key: str | None = anndata_results.LOADINGS_KEY,
+        uns_key: str | None = anndata_results.UNS_KEY,
+        library_size: float = 1e4,
+        overwrite: bool = False,
+    ) -> dict[str, str]:
+        """Store the embedding, normalized expression, loadings and a record in ``adata``, for scanpy.
+
+        Default keys: ``obsm["X_countvae"]``, ``layers["countvae_normalized"]``,
+        ``varm["countvae_loadings"]`` (linear decoder only) and ``uns["countvae"]``.
+        See :func:`countvae.model.anndata_results.write_results` for every
+        argument; existing keys are kept unless ``overwrite=True``.
+
+        Returns
+        -------
+        dict
+            The slots written and their keys.
+
+        """
+        return anndata_results.write_results(
+            self,
+            adata,
+            latent_key=latent_key,
+            layer=layer,
+            loadings_key=loadings_key,
+            uns_key=uns_key,
+            library_size=library_size,
+            overwrite=overwrite,
+        )
 
     # ----- files -----------------------------------------------------------------------------
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False, save_anndata: bool = False) -> None:

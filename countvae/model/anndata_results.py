@@ -1,0 +1,232 @@
+"""Storing a fitted model's results in the AnnData slots scanpy users look in.
+
+=============================== ============================================== =========================
+slot and default key            content                                        shape
+=============================== ============================================== =========================
+``obsm["X_countvae"]``          posterior means of ``z`` (the embedding for     cells x n_latent
+                                ``sc.pp.neighbors(adata, use_rep="X_countvae")``)
+``layers["countvae_normalized"]`` expected counts per ``library_size`` (1e4)    cells x genes
+                                decoded from the posterior mean (optional)
+``varm["countvae_loadings"]``   linear-decoder weights ``W`` (linear decoder    genes x n_latent
+                                only)
+``uns["countvae"]``             settings, registration, training summary,       dict
+                                package versions, the keys written, and what
+                                the coordinates do and do not mean
+=============================== ============================================== =========================
+
+scvi-tools leaves storing to the user (``adata.obsm["X_scVI"] =
+model.get_latent_representation()``); countvae writes all slots in one call so
+that the keys, and the record of what produced them, are always the same.
+Existing keys are never replaced unless ``overwrite=True``, and nothing is
+written when any key is taken.
+
+The layer and the loadings follow ``adata.var_names``. When the model reads its
+counts from ``adata.raw`` (``setup_anndata(use_raw=True)``), ``.raw`` usually holds
+more genes than ``.X`` (scanpy keeps all genes in ``.raw`` before selecting
+highly variable genes); the layer and loadings then hold the model's values for
+the genes of ``.X``, looked up by name, and every gene of ``.X`` must be a gene of
+the model.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+
+if TYPE_CHECKING:
+    from countvae.model.countvae import CountVAE
+
+#: Default keys (documented in the module docstring and the README).
+LATENT_KEY = "X_countvae"
+LAYER_KEY = "countvae_normalized"
+LOADINGS_KEY = "countvae_loadings"
+UNS_KEY = "countvae"
+
+_COORDINATES_NOTE = (
+    "The latent coordinates (obsm columns, loading columns) are determined only up to a rotation of the latent "
+    "space: read distances, neighbourhoods, the span of the loadings and W W^T, not single dimensions. "
+    "countvae.diagnostics measures which outputs survive a re-run."
+)
+
+
+def _check_key(name: str, key: Any) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"{name} must be a non-empty string or None, got {key!r}.")
+    return key
+
+
+def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
+    """Positions of ``adata.var_names`` among the model's genes (``None`` when they are the same, in order)."""
+    names = pd.Index(adata.var_names)
+    if len(names) == len(model.var_names) and bool((names == model.var_names).all()):
+        return None
+    positions = model.var_names.get_indexer(names)
+    if (positions < 0).any():
+        missing = list(names[positions < 0][:5])
+        raise InvalidDataError(
+            f"{int((positions < 0).sum())} genes of adata.var_names are not genes of the model (e.g. {missing}), so "
+            "a layer or varm entry cannot be filled for them. Pass layer=None and loadings_key=None to store the "
+            "embedding only, or subset adata to the model's genes."
+        )
+    return positions
+
+
+def _history_summary(history: pd.DataFrame) -> dict[str, Any]:
+    """Epochs trained and the final and best losses (negative ELBO per cell; lower is better)."""
+    if not len(history):
+        return {"epochs": 0}
+    out: dict[str, Any] = {"epochs": int(history["epoch"].max())}
+    for column in ("loss_train", "loss_validation"):
+        values = history[column].astype(float).to_numpy()
+        finite = values[np.isfinite(values)]
+        if finite.size:
+            out[f"{column}_final"] = float(values[-1]) if math.isfinite(values[-1]) else float(finite[-1])
+            out[f"{column}_min"] = float(finite.min())
+    return out
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in ("countvae", "torch", "pyro-ppl", "anndata", "numpy"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "unknown"
+    return out
+
+
+def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | None) -> dict[str, Any]:
+    """A record h5ad can store: no ``None`` values (an unset registry field is written as ``""``)."""
+    registry = {k: ("" if v is None else v) for k, v in model.registry.to_dict().items()}
+    record = {
+        "settings": model.settings,
+        "registry": registry,
+        "training": _history_summary(model.history),
+        "versions": _versions(),
+        "keys": dict(written),
+        "note": _COORDINATES_NOTE,
+    }
+    if library_size is not None:
+        record["library_size"] = float(library_size)
+    return record
+
+
+def write_results(
+    model: CountVAE,
+    adata: ad.AnnData | None = None,
+    *,
+    latent_key: str | None = LATENT_KEY,
+    layer: str | None = LAYER_KEY,
+    loadings_key: str | None = LOADINGS_KEY,
+    uns_key: str | None = UNS_KEY,
+    library_size: float = 1e4,
+    overwrite: bool = False,
+) -> dict[str, str]:
+    """Write the model's results into ``adata`` (in place) under scanpy-style keys.
+
+    Parameters
+    ----------
+    model
+        A trained :class:`countvae.CountVAE`.
+    adata
+        The AnnData to write into (default: the model's training AnnData). Its
+        cells are encoded by the model, so it may be new data with the model's
+        genes (registered like the training data, or not registered at all).
+    latent_key
+        ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
+    layer
+        ``layers`` key for the normalized expression at ``library_size``
+        (float32, dense: cells x genes, so pass ``None`` for data too large to
+        hold densely).
+    loadings_key
+        ``varm`` key for the linear decoder's weights; only written for
+        ``decoder="linear"`` (an MLP decoder has no loadings), ``None`` skips it.
+    uns_key
+        ``uns`` key for the record of settings, training summary, versions and
+        the keys written; ``None`` skips it.
+    library_size
+        Library size of the normalized expression (counts per 10,000 by default;
+        scvi-tools' default of 1 gives proportions).
+    overwrite
+        Replace keys that already exist; otherwise an existing key is an error
+        and nothing is written.
+
+    Returns
+    -------
+    dict
+        The slots written and their keys, e.g. ``{"obsm": "X_countvae", "layers": "countvae_normalized",
+        "varm": "countvae_loadings", "uns": "countvae"}``.
+
+    Raises
+    ------
+    OutputExistsError
+        If a key exists and ``overwrite`` is False.
+    InvalidDataError
+        If a layer or loadings are requested and ``adata`` has genes the model lacks.
+
+    Examples
+    --------
+    >>> import countvae as cv
+    >>> adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, seed=0)
+    >>> cv.CountVAE.setup_anndata(adata)
+    >>> model = cv.CountVAE(adata, n_latent=2, decoder="linear").train(max_epochs=3, progress_bar=False)
+    >>> model.write_results()
+    {'obsm': 'X_countvae', 'layers': 'countvae_normalized', 'varm': 'countvae_loadings', 'uns': 'countvae'}
+    >>> adata.obsm["X_countvae"].shape, adata.varm["countvae_loadings"].shape
+    ((300, 2), (40, 2))
+
+    """
+    model._require_trained()
+    if adata is None:
+        adata = model.adata
+        if adata is None:
+            raise InvalidArgumentError("This model was loaded without data; pass the AnnData to write into.")
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
+    latent_key = _check_key("latent_key", latent_key)
+    layer = _check_key("layer", layer)
+    loadings_key = _check_key("loadings_key", loadings_key)
+    uns_key = _check_key("uns_key", uns_key)
+    if not (isinstance(library_size, int | float) and not isinstance(library_size, bool) and library_size > 0):
+        raise InvalidArgumentError(f"library_size must be a positive number, got {library_size!r}.")
+    if model.settings["decoder"] != "linear":
+        loadings_key = None  # documented: an MLP decoder has no loadings to store
+    targets = {
+        "obsm": (latent_key, adata.obsm),
+        "layers": (layer, adata.layers),
+        "varm": (loadings_key, adata.varm),
+        "uns": (uns_key, adata.uns),
+    }
+    taken = [f"{slot}[{key!r}]" for slot, (key, store) in targets.items() if key is not None and key in store]
+    if taken and not overwrite:
+        raise OutputExistsError(
+            f"adata already has {', '.join(taken)}; pass overwrite=True to replace them, or choose other keys."
+        )
+    positions = _gene_positions(model, adata) if layer is not None or loadings_key is not None else None
+
+    values: dict[str, Any] = {}
+    if latent_key is not None:
+        values["obsm"] = model.get_latent_representation(adata)
+    if layer is not None:
+        expression = model.get_normalized_expression(adata, library_size=library_size, return_numpy=True)
+        expression = expression if positions is None else expression[:, positions]
+        values["layers"] = np.ascontiguousarray(expression, dtype=np.float32)
+    if loadings_key is not None:
+        weights = model.get_loadings().to_numpy()
+        values["varm"] = weights if positions is None else weights[positions]
+    written = {slot: targets[slot][0] for slot in ("obsm", "layers", "varm", "uns") if targets[slot][0] is not None}
+    if uns_key is not None:
+        values["uns"] = _uns_record(model, written, library_size if layer is not None else None)
+    for slot, value in values.items():
+        key, store = targets[slot]
+        store[key] = value
+    return written
