@@ -272,8 +272,10 @@ def ica_stability(
     """Best-match |correlation| of each ICA component across seeds (bar: mean; points: one per other seed).
 
     Bars are green for components that reproduce and red for those that do not;
-    hatched bars mark components too close to Gaussian to be identified. The
-    dashed line is the reproducibility threshold.
+    hatched bars mark components too close to Gaussian to be identified. Black
+    ticks (``same_fit_match``, when present) are the baseline within one seed:
+    its ICA on the other half of the cells. The dashed line is the
+    reproducibility threshold.
 
     Parameters
     ----------
@@ -304,6 +306,10 @@ def ica_stability(
         pts = matches[matches["component"].isin(position)]
         xs = pts["component"].map(position).to_numpy(dtype=float) + rng.uniform(-0.15, 0.15, len(pts))
         ax.scatter(xs, pts["best_match"].astype(float), s=12, color="#08306b", zorder=3, label="one other seed")
+    if "same_fit_match" in table:
+        ax.scatter(
+            x, table["same_fit_match"].astype(float), marker="_", s=250, color="black", zorder=4, label="same seed"
+        )
     ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
     ax.set_xticks(x, table["component"], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0.0, 1.02)

@@ -24,7 +24,7 @@ SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6
 N_CELLS, DIM = 2000, 4
 
 
-def rotated_sources(kind: str, n_fits: int = 3, seed: int = 0) -> np.ndarray:
+def rotated_sources(kind: str, seed: int = 0) -> np.ndarray:
     """Shared sources of one kind, unit variance, (cells, DIM)."""
     rng = np.random.default_rng(seed)
     s = rng.laplace(size=(N_CELLS, DIM)) if kind == "laplace" else rng.standard_normal((N_CELLS, DIM))
@@ -48,6 +48,7 @@ def test_rotated_laplace_sources_reproduce_every_component():
     assert (table["reference_fit"] == "seed 0").all()
     assert table["reproducible"].all() and not table["gaussian"].any()
     assert table["mean_match"].min() > 0.97
+    assert table["same_fit_match"].min() > 0.97
     # Laplace sources have excess kurtosis 3; the recovered components are close to it.
     assert table["excess_kurtosis"].min() > 2.0
     # One row per (other seed, component); the table's mean is the mean over those rows.
@@ -62,6 +63,8 @@ def test_rotated_gaussian_sources_are_flagged_and_do_not_reproduce():
     assert table["gaussian"].sum() >= 3
     assert table["reproducible"].sum() <= 1
     assert table["mean_match"].mean() < 0.9
+    # Not a difference between seeds: within one seed the Gaussian axes do not reproduce either.
+    assert table["same_fit_match"].mean() < 0.9
     assert np.abs(table["excess_kurtosis"]).max() < 0.5
 
 
@@ -70,12 +73,15 @@ def test_headline_names_the_components():
         {
             "component": ["IC_0", "IC_1", "IC_2"],
             "mean_match": [0.99, 0.8, 0.7],
+            "same_fit_match": [1.0, 0.99, 0.6],
             "gaussian": [False, True, False],
             "reproducible": [True, False, False],
         }
     )
     sentence = headline_sentence(table, 0.95)
     assert "1 of 3 reproduce across seeds (IC_0); IC_1, IC_2 do not, 1 of them too close to Gaussian" in sentence
+    assert "1 reproduce between the two halves of the cells within one seed, so the seeds' solutions differ" in sentence
+    assert "1 do not reproduce even within one seed" in sentence
     assert sentence.endswith("as one subspace, not as separate axes.")
     table["reproducible"] = True
     assert "all 3 reproduce" in headline_sentence(table, 0.95)
@@ -103,6 +109,7 @@ def test_plot_bars_are_mean_matches_coloured_by_verdict():
     threshold_lines = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.9, 0.9]]
     assert len(threshold_lines) == 1
     assert len(ax.collections[0].get_offsets()) == len(matches)
+    np.testing.assert_allclose(ax.collections[1].get_offsets()[:, 1], table["same_fit_match"].to_numpy())
 
 
 # ----- in the report -----------------------------------------------------------------------------------
@@ -176,3 +183,13 @@ def test_report_without_ica_has_an_empty_table(base_and_heldout, tmp_path):
     assert "ICA components: which reproduce" not in html
     with pytest.raises(InvalidArgumentError, match="ica_threshold"):
         report(fixed_fits(base, "laplace")[:2], heldout[:400].copy(), ica_threshold=0.0, **SMALL)
+
+
+def test_same_fit_baseline_separates_seed_differences_from_sampling():
+    """Seeds whose solutions differ (unrelated Laplace latents): each reproduces its own axes, they share none."""
+    latents = {f"seed {k}": rotated_sources("laplace", seed=k) for k in range(3)}
+    table, _ = ica_component_stability(latents)
+    assert table["same_fit_match"].min() > 0.97
+    assert not table["reproducible"].any() and table["mean_match"].max() < 0.3
+    sentence = headline_sentence(table, 0.95)
+    assert f"{DIM} reproduce between the two halves of the cells within one seed" in sentence

@@ -66,7 +66,9 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "For each ICA component of the first seed (IC_0 is its most non-Gaussian), the best-match |correlation| "
         "with the ICA components of each other seed (points) and its mean (bar), with each seed's ICA estimated on "
         "a different half of the held-out cells. Green: reproduces (mean at or above the dashed threshold); red: "
-        "does not; hatched: too close to Gaussian to be identified. Only reproducible components can be read as "
+        "does not; hatched: too close to Gaussian to be identified. Black ticks: the same comparison within the "
+        "first seed (its own ICA on the other half): high there but low across seeds means the seeds' solutions "
+        "differ; low in both means too few cells to fix that axis. Only reproducible components can be read as "
         "axes; the others are identified as a subspace at most. A random rotation of a d-dimensional Gaussian "
         "space gives about 0.90 (d = 2) to 0.7 (d = 6) by chance.",
     ),

@@ -9,6 +9,13 @@ ICA on the other half, and each component of the first fit is matched
 other fit. A component reproduces when its best-match |correlation|, averaged
 over the other fits, is at least the threshold (0.95).
 
+A component can fail to reproduce for two reasons, which the table tells apart
+with a baseline: ``same_fit_match`` is the same comparison between the first
+fit's ICA on one half of the cells and the *same fit's* ICA on the other half.
+When that is high but the match across seeds is low, the seeds' solutions
+differ along that component; when both are low, the cells are too few (or the
+direction too close to Gaussian) to fix the axis even within one fit.
+
 Estimating the ICAs on disjoint halves matters: seeds of a VAE agree nearly up
 to a linear map on the same cells, so ICA on the same cells finds the same
 accidental non-Gaussian directions of a Gaussian sample in every seed, and even
@@ -31,6 +38,7 @@ COMPONENT_COLUMNS = (
     "mean_match",
     "median_match",
     "min_match",
+    "same_fit_match",
     "excess_kurtosis",
     "negentropy",
     "gaussian",
@@ -66,7 +74,8 @@ def ica_component_stability(
         One row per component of the reference fit's ICA (``IC_0`` is its most
         non-Gaussian component), with the columns :data:`COMPONENT_COLUMNS`:
         ``mean_match``, ``median_match`` and ``min_match`` over the other fits,
-        the reference component's ``excess_kurtosis`` and ``negentropy``,
+        ``same_fit_match`` (the baseline within the first fit: its own ICA on
+        the other half of the cells), the reference component's ``excess_kurtosis`` and ``negentropy``,
         ``gaussian`` (too close to Gaussian to be identified, see
         :class:`countvae.ica.ICARotation`) and ``reproducible``.
     matches : pandas.DataFrame
@@ -91,6 +100,9 @@ def ica_component_stability(
         random_state=seed,
     )
     reference = result.reference
+    # Same halves and the same reference ICA (same random_state and cell count); the other ICA is the first fit's own.
+    first = np.asarray(latents[names[0]], dtype=np.float64)
+    baseline = ica_stability([first, first], resample="halves", threshold=threshold, random_state=seed)
     table = pd.DataFrame(
         {
             "component": list(result.table.index),
@@ -98,6 +110,7 @@ def ica_component_stability(
             "mean_match": result.table["mean"].to_numpy(),
             "median_match": result.table["median"].to_numpy(),
             "min_match": result.table["min"].to_numpy(),
+            "same_fit_match": baseline.table["mean"].to_numpy(),
             "excess_kurtosis": reference.kurtosis_,
             "negentropy": reference.negentropy_,
             "gaussian": result.table["gaussian"].to_numpy(dtype=bool),
@@ -129,10 +142,23 @@ def headline_sentence(table: pd.DataFrame, threshold: float) -> str | None:
         return (
             f"{lead} all {len(table)} reproduce across seeds, so the ICA axes are a reproducible choice of coordinates."
         )
-    gaussian = int(table.loc[~table["reproducible"], "gaussian"].sum())
+    failing = table.loc[~table["reproducible"]]
+    gaussian = int(failing["gaussian"].sum())
     why = f", {gaussian} of them too close to Gaussian to be identified" if gaussian else ""
     kept = f" ({', '.join(good)})" if good else ""
+    within = int((failing["same_fit_match"] >= threshold).sum())
+    causes = []
+    if within:
+        causes.append(
+            f"{within} reproduce between the two halves of the cells within one seed, so the seeds' "
+            "solutions differ along them"
+        )
+    if len(failing) - within:
+        causes.append(
+            f"{len(failing) - within} do not reproduce even within one seed (too few cells, or too close to "
+            "Gaussian, to fix those axes)"
+        )
     return (
-        f"{lead} {len(good)} of {len(table)} reproduce across seeds{kept}; {', '.join(bad)} do not{why}. Report the "
-        "components that do not reproduce as one subspace, not as separate axes."
+        f"{lead} {len(good)} of {len(table)} reproduce across seeds{kept}; {', '.join(bad)} do not{why}. "
+        f"Of the components that do not, {'; '.join(causes)}. Report them as one subspace, not as separate axes."
     )
