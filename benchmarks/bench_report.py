@@ -196,6 +196,16 @@ def diagnose(args: argparse.Namespace) -> list[str]:
             "",
             f"ICA efficiency over seed pairs: mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}.",
         ]
+    ica = pd.DataFrame(tables.get("ica", []))
+    if len(ica):
+        columns = ["component", "mean_match", "min_match", "excess_kurtosis", "gaussian", "reproducible"]
+        lines += [
+            "",
+            "ICA components across seeds (ICA of seed 0 and of each other seed on disjoint halves of the held-out "
+            "cells; best-match |corr| over the other seeds; reproducible at a mean >= 0.95):",
+            "",
+            _frame(ica[columns]),
+        ]
     lines += ["", "Held-out log p(x) per cell:", "", _frame(predictive), "", "Cross-seed R-hat:", "", _frame(rhat)]
     return lines
 

@@ -269,3 +269,67 @@ def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
     ax.set_title("Latent covariance spectra")
     ax.legend(fontsize=7)
     return ax
+
+
+def ica_stability(
+    table: pd.DataFrame, matches: pd.DataFrame | None = None, ax: Axes | None = None, threshold: float = 0.95
+) -> Axes:
+    """Best-match |correlation| of each ICA component across seeds (bar: mean; points: one per other seed).
+
+    Bars are green for components that reproduce and red for those that do not;
+    hatched bars mark components too close to Gaussian to be identified. Black
+    ticks (``same_fit_match``, when present) are the baseline within one seed:
+    its ICA on the other half of the cells. The dashed line is the
+    reproducibility threshold.
+
+    Parameters
+    ----------
+    table
+        ``DiagnosticReport.ica`` (or the first table of
+        :func:`countvae.diagnostics.components.ica_component_stability`).
+    matches
+        ``DiagnosticReport.tables["ica_matches"]``: adds one point per other seed.
+    ax
+        Axes to draw into (default: a new figure).
+    threshold
+        Line drawn at this best-match correlation.
+
+    """
+    _require(table, ["component", "mean_match", "gaussian", "reproducible"], "ica_stability")
+    ax = _ax(ax, size=(max(6.0, 0.5 * len(table) + 3.0), 3.4))
+    x = np.arange(len(table))
+    colours = [_VERDICT_COLOURS["stable"] if r else _VERDICT_COLOURS["unstable"] for r in table["reproducible"]]
+    bars = ax.bar(x, table["mean_match"].astype(float), color=colours, width=0.6, alpha=0.8)
+    for bar, gaussian in zip(bars, table["gaussian"], strict=True):
+        if gaussian:
+            bar.set_hatch("///")
+            bar.set_edgecolor("black")
+    if matches is not None and len(matches):
+        _require(matches, ["component", "best_match"], "ica_stability")
+        position = {c: i for i, c in enumerate(table["component"])}
+        rng = np.random.default_rng(0)
+        pts = matches[matches["component"].isin(position)]
+        xs = pts["component"].map(position).to_numpy(dtype=float) + rng.uniform(-0.15, 0.15, len(pts))
+        ax.scatter(xs, pts["best_match"].astype(float), s=12, color="#08306b", zorder=3, label="one other seed")
+    if "same_fit_match" in table:
+        ax.scatter(
+            x, table["same_fit_match"].astype(float), marker="_", s=250, color="black", zorder=4, label="same seed"
+        )
+    ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
+    ax.set_xticks(x, table["component"], rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_ylabel("best-match |corr| across seeds")
+    ax.set_title("ICA components: reproducible across seeds?")
+    handles = [
+        Patch(color=_VERDICT_COLOURS["stable"], label="reproducible"),
+        Patch(color=_VERDICT_COLOURS["unstable"], label="not reproducible"),
+        Patch(facecolor="white", edgecolor="black", hatch="///", label="flagged Gaussian"),
+    ]
+    ax.legend(
+        handles=handles + ax.get_legend_handles_labels()[0],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
+    return ax

@@ -47,6 +47,15 @@ def test_diagnose_writes_report_then_resumes_and_refuses(data_file, tmp_path, ca
     assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear", "ica"}
     first = json.loads((out / "report" / "report.json").read_text())
     assert first["settings"]["markers"] == ["gene0", "gene5"]
+    # --ica (default on): ICA map class, efficiency, the invariants row and the per-component stability table.
+    components = result["ica_components"]
+    assert sorted(components["reproducible"] + components["not_reproducible"]) == ["IC_0", "IC_1"]
+    assert [row["component"] for row in first["tables"]["ica"]] == ["IC_0", "IC_1"]
+    assert first["tables"]["ica_efficiency"] and "ICA coordinates" in [
+        r["quantity"] for r in first["tables"]["invariants"]
+    ]
+    assert any(line.startswith("ICA components") for line in first["headline"])
+    assert "## ICA components across seeds" in (out / "report" / "report.md").read_text()
 
     # A finished report is not replaced without --overwrite (one line on stderr, exit code 1).
     code, _, err = run([str(data_file), *FAST, "--out", str(out)], capsys)
@@ -74,6 +83,7 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
     record = json.loads((tmp_path / "countvae_diagnose" / "report" / "report.json").read_text())
     assert record["settings"]["markers"] == [f"true_source_{k}" for k in range(5)]
     assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear"}
+    assert "ica_components" not in result and record["tables"]["ica"] == []
     code, stdout, _ = run([*argv, "--overwrite"], capsys)
     assert code == 0 and "Report:" in stdout and "Identified here" in stdout
 

@@ -68,3 +68,21 @@ def test_tables34_quick(results):
     body = _section(results, "ica-tables34-pbmc_3tech")
     for row in ("Base", "PCA-whitened", "PCA + ICA", "PCA + Rand"):
         assert f"| {row}" in body
+
+
+def test_table1_quick_resumes_from_saved_fits(results, tmp_path):
+    real_dataset("kang2018")
+    fits = tmp_path / "fits"
+    first = _run("ica_table1_alignment", "--results", str(results), "--fits-dir", str(fits))
+    body = _section(results, "ica-table1")
+    assert "QUICK" in body
+    for row in ("CountVAE (MLP decoder)", "scvi-tools SCVI", "CountVAE (linear decoder)", "scvi-tools LinearSCVI"):
+        assert body.count(f"| {row} |") == 3, row  # Table 1a, Table 1b and the details
+    assert "| identity | permutation | orthogonal | linear | ica | ICA efficiency per pair |" in body
+    assert "reused seeds []" in first
+    # A rerun reuses every saved fit and writes the same table.
+    second = _run("ica_table1_alignment", "--results", str(results), "--fits-dir", str(fits))
+    assert second.count("reused seeds [0, 1, 2]") == 4
+    again = _section(results, "ica-table1")
+    table = body[body.index("Table 1a") : body.index("Table 1b")]
+    assert table == again[again.index("Table 1a") : again.index("Table 1b")]

@@ -96,7 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--ica",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="add the ICA map class, ICA efficiency and ICA coordinates to the report (default: on)",
+        help="add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
+        "across seeds to the report (default: on)",
     )
     p.add_argument("--n-lpd-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
     add_output_arguments(p, "countvae_diagnose")
@@ -255,6 +256,13 @@ def run(args: argparse.Namespace) -> int:
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
     }
+    if args.ica:
+        reproducible = rep.ica["reproducible"].astype(bool)
+        result["ica_components"] = {
+            "reproducible": rep.ica.loc[reproducible, "component"].tolist(),
+            "not_reproducible": rep.ica.loc[~reproducible, "component"].tolist(),
+            "flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist(),
+        }
     emit(result, args.json)
     if not args.json and not args.quiet:
         print("\n" + rep.summary())

@@ -30,6 +30,7 @@ from countvae.diagnostics import _arviz
 from countvae.diagnostics._data import data_checksum, gene_variance, observed_counts
 from countvae.diagnostics.adapters import FittedModel
 from countvae.diagnostics.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
+from countvae.diagnostics.components import empty_tables, headline_sentence, ica_component_stability
 from countvae.diagnostics.invariants import ROTATION, STABLE, UNSTABLE, InvariantInputs, invariants_table
 from countvae.diagnostics.markers import (
     default_markers,
@@ -79,7 +80,11 @@ class ReportSettings:
     n_markers
         Default markers (genes of largest variance) when none are given.
     ica
-        Add the ICA map class, the ICA efficiency and the ICA coordinates row.
+        Add the ICA map class, the ICA efficiency, the ICA coordinates row and
+        the per-component stability of ICA across seeds (``DiagnosticReport.ica``).
+    ica_threshold
+        An ICA component reproduces across seeds when its mean best-match
+        |correlation| is at least this (see :mod:`countvae.diagnostics.components`).
     seed
         Seed of every subset and Monte Carlo draw.
     blas_threads
@@ -105,6 +110,7 @@ class ReportSettings:
     k: int = 15
     n_markers: int = 8
     ica: bool = True
+    ica_threshold: float = 0.95
     seed: int = 0
     blas_threads: int | None = 1
 
@@ -126,6 +132,10 @@ class ReportSettings:
             "k": 1,
             "n_markers": 1,
         }
+        if isinstance(self.ica_threshold, bool) or not (
+            isinstance(self.ica_threshold, float | int) and 0.0 < self.ica_threshold <= 1.0
+        ):
+            raise InvalidArgumentError(f"ica_threshold must be a number in (0, 1], got {self.ica_threshold!r}.")
         if self.blas_threads is not None and (not isinstance(self.blas_threads, int) or self.blas_threads < 1):
             raise InvalidArgumentError(f"blas_threads must be None or an integer >= 1, got {self.blas_threads!r}.")
         for name, low in minimum.items():
@@ -157,6 +167,13 @@ class DiagnosticReport:
         Per marker: invariant R^2 across seeds against the per-dimension story.
     ppc
         Posterior predictive checks per seed.
+    ica
+        Per ICA component of the first fit: its best-match |correlation| with
+        the other fits' ICA components (``mean_match``, ``median_match``,
+        ``min_match``; ICAs estimated on disjoint halves of the held-out
+        cells), excess kurtosis, negentropy, the Gaussian flag and whether it
+        ``reproducible`` (see :mod:`countvae.diagnostics.components`). No rows
+        when the report was made with ``ica=False``.
     tables
         Every other table (pairwise details, per-parameter R-hat, per-gene PPC,
         arviz comparison, spectra, marker correlations, ...), by name.
@@ -179,6 +196,7 @@ class DiagnosticReport:
     rhat: pd.DataFrame
     markers: pd.DataFrame
     ppc: pd.DataFrame
+    ica: pd.DataFrame = field(default_factory=lambda: empty_tables()[0])
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     subsampling: dict[str, Any] = field(default_factory=dict)
@@ -480,6 +498,12 @@ def _report(
         tables["ica_efficiency"] = ica_efficiency(alignment)
     t = lap("alignment", t)
 
+    if s.ica:
+        ica_table, tables["ica_matches"] = ica_component_stability(latents, threshold=s.ica_threshold, seed=s.seed)
+    else:
+        ica_table, tables["ica_matches"] = empty_tables()
+    t = lap("ica components", t)
+
     spans = {name: o.span for name, o in outputs.items()}
     subspace = geometry_table(latents, spans, k=s.k, max_knn_cells=s.max_knn_cells, seed=s.seed)
     tables["covariance_spectra"] = pd.DataFrame(
@@ -572,6 +596,11 @@ def _report(
         ),
         "alignment maps": "fitted on a random half of the held-out cells, scored on the other half",
     }
+    if s.ica:
+        subsampling["ICA component stability"] = (
+            f"ICA of {fit_list[0].name} on a random half of the {n} held-out cells, of every other fit on the other "
+            "half; components matched on all held-out cells"
+        )
     provenance = _provenance(fit_list, adata, var_names)
     alignment_mean = tables["alignment_summary"].set_index("map")["error_diameter_mean"]
     headline = _headline(
@@ -581,6 +610,7 @@ def _report(
         tables.get("ica_efficiency"),
         marker_summary_table,
         len(fit_list),
+        ica_sentence=headline_sentence(ica_table, s.ica_threshold),
     )
     timings["total"] = round(time.perf_counter() - started, 3)
     return DiagnosticReport(
@@ -592,6 +622,7 @@ def _report(
         rhat=rhat,
         markers=marker_summary_table,
         ppc=ppc,
+        ica=ica_table,
         tables=tables,
         settings={
             "report": dict(s.__dict__),
@@ -647,6 +678,7 @@ def _headline(
     efficiency: pd.DataFrame | None,
     markers: pd.DataFrame,
     n_fits: int,
+    ica_sentence: str | None = None,
 ) -> list[str]:
     by = {v: invariants.loc[invariants["verdict"] == v, "quantity"].tolist() for v in (STABLE, ROTATION, UNSTABLE)}
     theory = dict(zip(invariants["quantity"], invariants["invariant_in_theory"], strict=True))
@@ -689,6 +721,8 @@ def _headline(
             f"ICA efficiency (share of the permutation-to-rotation gap that ICA closes; 1 = all): "
             f"mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}."
         )
+    if ica_sentence:
+        lines.append(ica_sentence)
     if len(markers):
         moved = int((~markers["best_dim_agrees"]).sum())
         spread = float((markers["r2_max"] - markers["r2_min"]).max())
