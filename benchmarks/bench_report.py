@@ -9,6 +9,7 @@ default settings, per step, plus writing the three report files.
     python benchmarks/bench_report.py scale           # 2 seeds, 100,000 simulated held-out cells
     python benchmarks/bench_report.py scale --cells 20000 --quick
     python benchmarks/bench_report.py diagnose        # `countvae diagnose` end to end on Kang, default settings
+    python benchmarks/bench_report.py diagnose --keep kang_diag   # ... and keep its folder (report/report.html)
 
 Writes the section ``report-kang`` or ``report-scale`` of RESULTS.md (``--results``) with the
 command, the machine, the load, the time per step and the resident memory during ``report()``.
@@ -157,7 +158,7 @@ def diagnose(args: argparse.Namespace) -> list[str]:
     data = find_dataset("kang2018")
     extra = ["--max-epochs", "1", "--seeds", "2"] if args.quick else []
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "diag"
+        out = Path(args.keep) if args.keep else Path(tmp) / "diag"
         t0 = time.perf_counter()
         argv = [*map(str, ["diagnose", data, "--batch-key", "batch", "--labels-key", "cell_type"]), *extra]
         code = cli_main([*argv, "--out", str(out), "--quiet"])
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--genes", type=int, default=2_000, help="genes for 'scale'")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 seeds, 1 epoch, fewer cells")
+    parser.add_argument("--keep", default=None, help="'diagnose': write the run to this new folder, not a temp dir")
     parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to write the section into")
     args = parser.parse_args(argv)
     if args.quick:
