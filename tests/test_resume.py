@@ -196,3 +196,46 @@ def test_same_seed_is_bit_identical_across_processes(tmp_path, data_path, refere
     _assert_equal_results(results, reference)
     lat = reference["latent_0"]
     assert not np.array_equal(lat, reference["latent_1"]), "different seeds should give different fits"
+
+
+def test_killed_while_writing_the_report_then_resumed(tmp_path):
+    """`countvae diagnose` SIGKILLed mid-report: no report is visible; rerun, it finishes reusing the fits."""
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", sources="laplace", seed=2)
+    data = tmp_path / "sim.h5ad"
+    adata.write_h5ad(data)
+    fast = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
+
+    def command(out: Path) -> list[str]:
+        return [sys.executable, "-m", "countvae", "diagnose", str(data), *fast, "--out", str(out), "--quiet", "--json"]
+
+    def run(out: Path, markers: Path, pause_at: str | None = None) -> subprocess.Popen:
+        markers.mkdir(parents=True, exist_ok=True)
+        env = _env(markers, pause_at)
+        env["OMP_NUM_THREADS"] = "1"
+        return subprocess.Popen(command(out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    reference_out, out, markers = tmp_path / "reference", tmp_path / "diag", tmp_path / "markers"
+    _finish_cli(run(reference_out, tmp_path / "markers_reference"))
+
+    proc = run(out, markers, pause_at="report_writing")
+    _wait_for(markers / "report_writing", proc)
+    _kill(proc)
+    assert not (out / "report").exists(), "a half-written report is visible under its final name"
+    partial = [p for p in out.iterdir() if p.name.startswith(".report.") and p.name.endswith(".partial")]
+    assert len(partial) == 1 and (partial[0] / "report.html").is_file() and not (partial[0] / "report.json").exists()
+    assert _complete_folders(out / "fits" / "fits") == [0, 1]
+
+    result = _finish_cli(run(out, markers))
+    assert result["reused_seeds"] == [0, 1]
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
+    finished = json.loads((out / "report" / "report.json").read_text())
+    expected = json.loads((reference_out / "report" / "report.json").read_text())
+    assert finished["tables"] == expected["tables"]
+    assert finished["headline"] == expected["headline"]
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".report.")], "the unfinished report was left behind"
+
+
+def _finish_cli(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=WAIT_SECONDS)
+    assert proc.returncode == 0, f"countvae diagnose failed:\n{out}\n{err}"
+    return json.loads(out)

@@ -18,12 +18,17 @@ MARKER_DIR_ENV = "COUNTVAE_TEST_MARKER_DIR"
 PAUSE_AT_ENV = "COUNTVAE_TEST_PAUSE_AT"
 
 
-def checkpoint(event: str, seed: int) -> None:
-    """Mark that ``event`` was reached for ``seed`` and pause there if a test asked for it."""
+def checkpoint(event: str, seed: int | None = None) -> None:
+    """Mark that ``event`` was reached (for ``seed``, if given) and pause there if a test asked for it.
+
+    The marker is ``<event>-<seed>`` and the pause key ``<event>:<seed>``; for an
+    event that belongs to no seed (the report) both are just ``<event>``.
+    """
     marker_dir = os.environ.get(MARKER_DIR_ENV)
     if not marker_dir:
         return
-    Path(marker_dir, f"{event}-{seed}").touch()
-    if os.environ.get(PAUSE_AT_ENV) == f"{event}:{seed}":
+    name, key = (event, event) if seed is None else (f"{event}-{seed}", f"{event}:{seed}")
+    Path(marker_dir, name).touch()
+    if os.environ.get(PAUSE_AT_ENV) == key:
         while True:
             time.sleep(0.5)

@@ -22,6 +22,7 @@ import pandas as pd
 
 from countvae import plotting
 from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
+from countvae.diagnostics._hooks import checkpoint
 
 if TYPE_CHECKING:
     from countvae.diagnostics.report import DiagnosticReport
@@ -543,6 +544,7 @@ def save_report(rep: DiagnosticReport, path: Path, overwrite: bool = False) -> P
     record = report_to_dict(rep)
     with atomic_directory(path, overwrite=overwrite) as tmp:
         write_text_atomic(tmp / "report.html", html_text)
+        checkpoint("report_writing")  # the interruption tests kill the run here, mid-report
         write_json_atomic(tmp / "report.json", record)
         write_text_atomic(tmp / "report.md", markdown)
     return path
