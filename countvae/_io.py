@@ -127,6 +127,29 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         raise
 
 
+def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
+    """Remove what a writer killed mid-way left in ``folder`` under temporary names.
+
+    The atomic writers above build ``.<name>.<random>.partial`` (and, while
+    replacing, ``.<name>.<random>.old``) beside their target; a SIGKILL leaves
+    them behind. Only call this where no other writer can be at work (the
+    caller owns ``folder``). ``name`` limits the clean-up to one target's
+    leftovers. Returns the paths removed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in folder.glob(f".{name}.*"):
+        if path.name.endswith((".partial", ".old")):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex SHA-256 of a file's bytes."""
     digest = hashlib.sha256()

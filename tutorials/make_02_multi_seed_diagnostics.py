@@ -3,10 +3,7 @@
 Run from the repository root: ``python tutorials/make_02_multi_seed_diagnostics.py``.
 """
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from _notebook import write
 
 CELLS = [
     (
@@ -245,15 +242,5 @@ runs the whole pipeline.""",
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    """The notebook with empty outputs."""
-    nb = new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in CELLS]
-    return nb
-
-
 if __name__ == "__main__":
-    out = Path(__file__).resolve().parent / "02_multi_seed_diagnostics.ipynb"
-    nbformat.write(build(), out)
-    print(f"wrote {out}")
+    write(CELLS, "02_multi_seed_diagnostics.ipynb")

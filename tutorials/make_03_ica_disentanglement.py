@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from _notebook import write
 
 CELLS = [
     (
@@ -254,17 +251,5 @@ individual axes.""",
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    """The notebook, outputs empty."""
-    cells = [new_markdown_cell(text) if kind == "md" else new_code_cell(text) for kind, text in CELLS]
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    return nb
-
-
 if __name__ == "__main__":
-    from countvae._io import write_text_atomic
-
-    out = Path(__file__).resolve().parent / "03_ica_disentanglement.ipynb"
-    write_text_atomic(out, nbformat.writes(build()), overwrite=True)
-    print(f"wrote {out}")
+    write(CELLS, "03_ica_disentanglement.ipynb")

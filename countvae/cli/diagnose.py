@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from countvae._io import remove_interrupted_writes
 from countvae.cli.common import (
     add_data_arguments,
     add_model_arguments,
@@ -48,16 +48,6 @@ EMBEDDED_MAX_EPOCHS = 100
 #: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
 #: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
 CELL_PASSES_PER_SEED = 600_000
-
-
-def _remove_unfinished_reports(report_dir: Path) -> None:
-    """Remove report folders left under temporary names by a run killed while writing its report."""
-    if not report_dir.parent.is_dir():
-        return
-    for path in report_dir.parent.glob(f".{report_dir.name}.*"):
-        if path.is_dir() and path.name.endswith((".partial", ".old")):
-            logger.info("Removing %s, left by an interrupted run.", path)
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def default_epochs(n_fit_cells: int) -> int:
@@ -249,7 +239,8 @@ def run(args: argparse.Namespace) -> int:
     fitted = time.perf_counter()
     logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
     rep = report(fits, markers=markers, ica=args.ica, n_lpd_samples=args.n_lpd_samples, progress_bar=show)
-    _remove_unfinished_reports(report_dir)
+    for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
+        logger.info("Removed %s, left by a run interrupted while writing its report.", path)
     rep.save(report_dir, overwrite=args.overwrite)
     finished = time.perf_counter()
     table = rep.invariants.set_index("quantity")["verdict"]

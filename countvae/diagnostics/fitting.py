@@ -42,7 +42,7 @@ import anndata as ad
 import numpy as np
 from tqdm.auto import tqdm
 
-from countvae._io import atomic_directory, write_bytes_atomic, write_json_atomic
+from countvae._io import atomic_directory, remove_interrupted_writes, write_bytes_atomic, write_json_atomic
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.split import split_indices
 from countvae.diagnostics import _scvi
@@ -214,15 +214,8 @@ def _locked(root: Path) -> Iterator[None]:
 
 def _remove_stale_partials(fits_dir: Path) -> None:
     """Remove folders left under temporary names by a run that was killed while storing a fit."""
-    if not fits_dir.is_dir():
-        return
-    for path in fits_dir.iterdir():
-        if path.name.startswith(".") and path.name.endswith((".partial", ".old")):
-            logger.info("Removing %s, left by an interrupted run.", path)
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+    for path in remove_interrupted_writes(fits_dir):
+        logger.info("Removed %s, left by an interrupted run.", path)
 
 
 def _prepare_out_dir(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
