@@ -143,6 +143,21 @@ class Stopwatch:
 
 
 # ----- simulated data -------------------------------------------------------------------------------
+def kang_or_smoke_data(quick: bool, n_cells: int = 600, n_genes: int = 120):
+    """The Kang PBMC data (or, with ``quick``, small simulated counts), registered with its batch key.
+
+    The single-model benchmarks (flops, profile, gpu) all time the default architecture on this data.
+    """
+    import countvae as cv
+
+    if quick:
+        adata = cv.data.simulate(n_cells=n_cells, n_genes=n_genes, n_latent=3, n_batches=2, seed=0)
+    else:
+        adata = cv.data.load_dataset("kang2018")
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
 def _leaky_relu(x: np.ndarray, slope: float = 0.2) -> np.ndarray:
     return np.where(x > 0, x, slope * x)
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_RESULTS,
     command_line,
+    kang_or_smoke_data,
     load_average,
     machine_line,
     markdown_table,
@@ -87,12 +88,9 @@ def main(argv=None) -> None:
     from countvae.module.elbo import minibatch_loss
 
     torch.set_num_threads(args.threads)
+    adata = kang_or_smoke_data(args.quick)
     if args.quick:
-        adata = cv.data.simulate(n_cells=600, n_genes=120, n_latent=3, n_batches=2, seed=0)
         args.steps = 10
-    else:
-        adata = cv.data.load_dataset("kang2018")
-    cv.CountVAE.setup_anndata(adata, batch_key="batch")
     model = cv.CountVAE(adata, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
     module = model.module.train()
     source = CountSource(get_count_matrix(adata, model.registry), batch_codes(adata, model.registry))

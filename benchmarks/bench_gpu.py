@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_RESULTS,
     command_line,
+    kang_or_smoke_data,
     load_average,
     machine_line,
     markdown_table,
@@ -64,15 +65,10 @@ def main(argv=None) -> None:
 
     import torch
 
-    import countvae as cv
-
     torch.set_num_threads(args.threads)
+    adata = kang_or_smoke_data(args.quick, n_cells=800, n_genes=100)
     if args.quick:
-        adata = cv.data.simulate(n_cells=800, n_genes=100, n_latent=3, n_batches=2, seed=0)
         args.epochs = 2
-    else:
-        adata = cv.data.load_dataset("kang2018")
-    cv.CountVAE.setup_anndata(adata, batch_key="batch")
     has_gpu = torch.cuda.is_available()
     other = "gpu" if has_gpu else "cpu"
     device_name = torch.cuda.get_device_name(0) if has_gpu else "none (CPU compared with itself)"

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     DEFAULT_RESULTS,
     command_line,
+    kang_or_smoke_data,
     load_average,
     machine_line,
     markdown_table,
@@ -69,12 +70,9 @@ def main(argv=None) -> None:
     from countvae.module.elbo import minibatch_loss
 
     torch.set_num_threads(args.threads)
+    adata = kang_or_smoke_data(args.quick)
     if args.quick:
-        adata = cv.data.simulate(n_cells=600, n_genes=120, n_latent=3, n_batches=2, seed=0)
         args.repeats = 5
-    else:
-        adata = cv.data.load_dataset("kang2018")
-    cv.CountVAE.setup_anndata(adata, batch_key="batch")
     model = cv.CountVAE(adata, n_latent=10)
     module = model.module.train()
     matrix = get_count_matrix(adata, model.registry)
