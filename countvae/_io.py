@@ -11,13 +11,16 @@ import contextlib
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from countvae.errors import OutputExistsError
+import torch
+
+from countvae.errors import ModelFileError, OutputExistsError
 
 
 def _refuse_existing(path: Path, overwrite: bool) -> None:
@@ -157,3 +160,70 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_versioned_json(path: str | os.PathLike, format_name: str, version: int, what: str) -> dict[str, Any]:
+    """Read a JSON record that countvae wrote and check its ``format`` and ``format_version``.
+
+    Parameters
+    ----------
+    path
+        The JSON file.
+    format_name, version
+        What the record must declare in its ``format`` and ``format_version`` fields.
+    what
+        How to name the folder the record belongs to in errors (e.g. ``"a countvae model folder"``).
+
+    Raises
+    ------
+    ModelFileError
+        If the file is missing, not valid JSON (truncated or corrupted), or of another format or version.
+
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing; {path.parent} is not {what}.")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path} is not valid JSON (truncated or corrupted): {exc}") from None
+    if not isinstance(record, dict) or record.get("format") != format_name:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        raise ModelFileError(f"{path} is not a {format_name} record (format {found!r}); {path.parent} is not {what}.")
+    if record.get("format_version") != version:
+        raise ModelFileError(
+            f"{path} has format version {record.get('format_version')!r}; this countvae reads version {version}. "
+            "Read it with the countvae release that wrote it."
+        )
+    return record
+
+
+def load_checked_tensors(path: str | os.PathLike, expected_sha256: str | None) -> dict[str, Any]:
+    """Load a dict of tensors saved with ``torch.save`` after checking its recorded SHA-256.
+
+    The file is read with ``weights_only=True``, so a file that holds anything but
+    tensors (a pickle that would run code) is refused, never executed.
+
+    Raises
+    ------
+    ModelFileError
+        If the file is missing, its checksum is not the recorded one (truncated, altered or
+        replaced), no checksum was recorded, or it does not hold a dict of tensors.
+
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing.")
+    if expected_sha256 is None:
+        raise ModelFileError(f"No checksum is recorded for {path}; refusing to load it.")
+    if sha256_file(path) != expected_sha256:
+        raise ModelFileError(
+            f"{path} does not match its recorded checksum (truncated, altered or replaced); refusing to load it."
+        )
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        raise ModelFileError(f"{path} could not be read as tensors only, refusing to load it: {exc}") from None
+    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
+        raise ModelFileError(f"{path} does not hold a dict of tensors.")
+    return tensors

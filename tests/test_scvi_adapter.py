@@ -121,7 +121,7 @@ def test_log_predictive_density_is_scvis_marginal_ll(fits):
         frame = fit.log_predictive_density(held, n_samples=20, seed=7)
         fit.samples_per_pass = None
         assert isinstance(expected, torch.Tensor)
-        assert list(frame.columns) == ["lpd", "mc_se", "ess"] and list(frame.index) == list(held.obs_names)
+        assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat"] and list(frame.index) == list(held.obs_names)
         np.testing.assert_allclose(frame["lpd"].to_numpy(), expected.numpy(), rtol=1e-6)
         assert np.all(frame["lpd"] < 0) and np.all((frame["ess"] >= 1) & (frame["ess"] <= 20))
 

@@ -8,13 +8,12 @@ fits' genes or when a caller asks for a few genes.
 
 from __future__ import annotations
 
-import hashlib
-
 import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
 
+from countvae._provenance import counts_sha256, json_sha256, names_sha256
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.errors import InvalidDataError
 
@@ -90,16 +89,11 @@ def column_variance(matrix: sp.csr_matrix) -> np.ndarray:
 
 
 def data_checksum(adata: ad.AnnData, var_names: pd.Index) -> str:
-    """SHA-256 over the held-out counts (as float64 CSR arrays), cell names and gene names."""
-    counts = observed_counts(adata, var_names)
-    digest = hashlib.sha256()
-    chunk = 20_000
-    for start in range(0, counts.shape[0], chunk):
-        block = counts[start : start + chunk].astype(np.float64)  # a copy: safe to canonicalise
-        block.eliminate_zeros()
-        block.sort_indices()
-        for array in (np.diff(block.indptr), block.indices, block.data):
-            digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
-    for names in (adata.obs_names, var_names):
-        digest.update("\x1f".join(map(str, names)).encode("utf-8"))
-    return digest.hexdigest()
+    """SHA-256 over the held-out counts (canonical form, see ``counts_sha256``), cell and gene names."""
+    return json_sha256(
+        {
+            "counts_sha256": counts_sha256(observed_counts(adata, var_names)),
+            "cells_sha256": names_sha256(adata.obs_names),
+            "genes_sha256": names_sha256(var_names),
+        }
+    )

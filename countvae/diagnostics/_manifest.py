@@ -8,17 +8,13 @@ reused only when they are exactly what this run would produce.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
-from importlib import metadata
 from typing import Any
 
 import anndata as ad
-import numpy as np
-import scipy.sparse as sp
-import torch
 
+from countvae._formatting import json_ready
+from countvae._provenance import counts_sha256, json_sha256, names_sha256
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
 from countvae.errors import InvalidArgumentError
 
@@ -27,23 +23,6 @@ MANIFEST_VERSION = 1
 
 #: Training options that change what is shown, not the numbers; a rerun may change them freely.
 COSMETIC_TRAIN_KWARGS = frozenset({"progress_bar", "enable_progress_bar"})
-
-#: Packages whose versions are compared on resume: a different version may give different numbers.
-_NUMERIC_PACKAGES = ("countvae", "torch", "pyro-ppl", "numpy", "scipy", "anndata", "scikit-learn")
-_ROWS_PER_CHUNK = 4096
-
-
-def package_versions(with_scvi: bool) -> dict[str, str]:
-    """Versions of the packages that determine the fits (scvi-tools and lightning when they fit)."""
-    names = list(_NUMERIC_PACKAGES) + (["scvi-tools", "lightning"] if with_scvi else [])
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    versions["python"] = platform.python_version()
-    return versions
 
 
 def to_json_value(value: Any, where: str) -> Any:
@@ -56,41 +35,13 @@ def to_json_value(value: Any, where: str) -> Any:
         able to say exactly which settings made the fits).
 
     """
-
-    def encode(obj: Any) -> Any:
-        if isinstance(obj, torch.dtype):
-            return str(obj).removeprefix("torch.")
-        if isinstance(obj, np.generic):
-            return obj.item()
-        if isinstance(obj, tuple | set | frozenset):
-            return list(obj)
-        raise TypeError(type(obj).__name__)
-
     try:
-        return json.loads(json.dumps(value, default=encode, allow_nan=False, sort_keys=True))
+        return json_ready(value, strict=True)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(
             f"{where} holds a value that cannot be recorded in manifest.json ({exc}); use numbers, strings, "
             "booleans, lists and dicts so the run can be reproduced from its record."
         ) from None
-
-
-def _sha256_json(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()
-
-
-def _csr_chunks(matrix) -> Any:
-    """Row blocks of a count matrix as canonical CSR (sorted indices, no stored zeros)."""
-    if sp.issparse(matrix) and matrix.format != "csr":
-        matrix = matrix.tocsr()
-    n_rows = matrix.shape[0]
-    for start in range(0, n_rows, _ROWS_PER_CHUNK):
-        block = matrix[start : min(start + _ROWS_PER_CHUNK, n_rows)]
-        block = sp.csr_matrix(block, dtype=np.float64) if not sp.issparse(block) else block.tocsr().astype(np.float64)
-        block.sum_duplicates()
-        block.eliminate_zeros()
-        block.sort_indices()
-        yield block
 
 
 def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
@@ -110,24 +61,17 @@ def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
         ``cells_sha256``, ``batches_sha256``, ``n_cells``, ``n_genes``.
 
     """
-    values, columns, row_nnz = hashlib.sha256(), hashlib.sha256(), hashlib.sha256()
-    for block in _csr_chunks(get_count_matrix(adata, registry)):
-        values.update(np.ascontiguousarray(block.data, dtype="<f8").tobytes())
-        columns.update(np.ascontiguousarray(block.indices, dtype="<i8").tobytes())
-        row_nnz.update(np.ascontiguousarray(np.diff(block.indptr), dtype="<i8").tobytes())
-    counts = hashlib.sha256(
-        (values.hexdigest() + columns.hexdigest() + row_nnz.hexdigest()).encode("ascii")
-    ).hexdigest()
+    counts = counts_sha256(get_count_matrix(adata, registry))
     parts = {
         "counts_sha256": counts,
-        "genes_sha256": _sha256_json([str(v) for v in get_var_names(adata, registry)]),
-        "cells_sha256": _sha256_json([str(v) for v in adata.obs_names]),
-        "batches_sha256": _sha256_json(
+        "genes_sha256": names_sha256(get_var_names(adata, registry)),
+        "cells_sha256": names_sha256(adata.obs_names),
+        "batches_sha256": json_sha256(
             {"categories": registry.batch_categories, "codes": batch_codes(adata, registry).tolist()}
         ),
     }
     return {
-        "sha256": _sha256_json(parts),
+        "sha256": json_sha256(parts),
         **parts,
         "n_cells": int(adata.n_obs),
         "n_genes": int(len(get_var_names(adata, registry))),

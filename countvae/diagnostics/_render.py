@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from countvae import plotting
+from countvae._formatting import format_value, json_ready, markdown_table
 from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
 from countvae.diagnostics._hooks import checkpoint
 
@@ -141,35 +141,11 @@ details{margin:.8em 0}summary{cursor:pointer;color:#2171b5}
 
 
 # ----- JSON ---------------------------------------------------------------------------------------------
-def json_safe(value: Any) -> Any:
-    """Convert numpy/pandas values to JSON types; NaN and infinities become ``None``."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return [json_safe(v) for v in value.tolist()]
-    if isinstance(value, pd.DataFrame):
-        return [json_safe(r) for r in value.to_dict(orient="records")]
-    if isinstance(value, np.bool_ | bool):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        return v if math.isfinite(v) else None
-    if value is None or isinstance(value, int | str):
-        return value
-    if value is pd.NA or value is pd.NaT:
-        return None
-    return str(value)
-
-
 def report_to_dict(rep: DiagnosticReport) -> dict[str, Any]:
     """Everything in the report as JSON-safe objects."""
     tables = {name: getattr(rep, name) for name in _MAIN_TABLES}
     tables.update(rep.tables)
-    return json_safe(
+    return json_ready(
         {
             "format": REPORT_FORMAT,
             "headline": rep.headline,
@@ -219,16 +195,6 @@ def _figures(rep: DiagnosticReport) -> dict[str, str]:
 
 
 # ----- HTML -----------------------------------------------------------------------------------------------
-def _fmt(value: Any) -> str:
-    if isinstance(value, float | np.floating):
-        if not math.isfinite(value):
-            return "–"
-        return f"{value:.4g}"
-    if isinstance(value, list):
-        return ", ".join(_fmt(v) for v in value)
-    return str(value)
-
-
 def _is_numeric(column: pd.Series) -> bool:
     return pd.api.types.is_numeric_dtype(column) and not pd.api.types.is_bool_dtype(column)
 
@@ -249,7 +215,7 @@ def _html_table(frame: pd.DataFrame, max_rows: int = 60) -> str:
     )
     rows = []
     for row in frame.head(max_rows).itertuples(index=False):
-        cells = "".join(_cell_html(_fmt(v), num) for v, num in zip(row, numeric, strict=True))
+        cells = "".join(_cell_html(format_value(v), num) for v, num in zip(row, numeric, strict=True))
         rows.append(f"<tr>{cells}</tr>")
     out = f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
     if len(frame) > max_rows:
@@ -318,7 +284,12 @@ def _invariants_html(frame: pd.DataFrame) -> str:
     rows = []
     for r in frame.itertuples():
         cells_html = "".join(f"<td>{html.escape(str(c))}</td>" for c in (r.quantity, r.invariant_in_theory, r.metric))
-        numbers = (_fmt(r.agreement), _fmt(r.agreement_mean), _fmt(r.aligned_agreement), r.threshold)
+        numbers = (
+            format_value(r.agreement),
+            format_value(r.agreement_mean),
+            format_value(r.aligned_agreement),
+            r.threshold,
+        )
         cells_html += "".join(f"<td class=num>{html.escape(str(c))}</td>" for c in numbers)
         cells_html += f'<td class="{_verdict_class(r.verdict)}">{html.escape(r.verdict)}</td>'
         cells_html += f"<td>{html.escape(r.report_instead)}</td>"
@@ -327,10 +298,8 @@ def _invariants_html(frame: pd.DataFrame) -> str:
 
 
 def _dict_html(mapping: dict[str, Any]) -> str:
-    rows = "".join(
-        f"<tr><td>{html.escape(str(k))}</td><td>{html.escape(_fmt(v) if not isinstance(v, dict) else str(v))}</td></tr>"
-        for k, v in mapping.items()
-    )
+    shown = {str(k): str(v) if isinstance(v, dict) else format_value(v) for k, v in mapping.items()}
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in shown.items())
     return f"<table><tbody>{rows}</tbody></table>"
 
 
@@ -484,19 +453,8 @@ _DEFINITIONS = (
 
 
 # ----- Markdown -------------------------------------------------------------------------------------------
-def _md_cell(value: Any) -> str:
-    return _fmt(value).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(frame: pd.DataFrame, max_rows: int = 60) -> str:
-    """A GitHub-flavoured Markdown table of (the first ``max_rows`` rows of) a DataFrame."""
-    cols = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(_md_cell(c) for c in cols) + " |", "|" + "---|" * len(cols)]
-    for row in frame.head(max_rows).itertuples(index=False):
-        lines.append("| " + " | ".join(_md_cell(v) for v in row) + " |")
-    if len(frame) > max_rows:
-        lines.append(f"\n_First {max_rows} of {len(frame)} rows; all rows are in report.json._")
-    return "\n".join(lines)
+def _md(frame: pd.DataFrame) -> str:
+    return markdown_table(frame, max_rows=60, note="all rows are in report.json")
 
 
 def render_markdown(rep: DiagnosticReport) -> str:
@@ -507,26 +465,26 @@ def render_markdown(rep: DiagnosticReport) -> str:
         "## Verdict",
         "\n".join(f"- {line}" for line in rep.headline),
         "## Invariants",
-        markdown_table(rep.invariants),
+        _md(rep.invariants),
         "## Predictive equivalence",
-        markdown_table(rep.predictive),
+        _md(rep.predictive),
     ]
     if "predictive_pairs" in t:
-        sections.append(markdown_table(t["predictive_pairs"]))
-    sections += ["## Alignment (mean over seed pairs)", markdown_table(t["alignment_summary"])]
+        sections.append(_md(t["predictive_pairs"]))
+    sections += ["## Alignment (mean over seed pairs)", _md(t["alignment_summary"])]
     if "ica_efficiency" in t:
-        sections.append(markdown_table(t["ica_efficiency"]))
+        sections.append(_md(t["ica_efficiency"]))
     if len(rep.ica):
-        sections += ["## ICA components across seeds", markdown_table(rep.ica)]
+        sections += ["## ICA components across seeds", _md(rep.ica)]
     sections += [
         "## Subspaces and geometry",
-        markdown_table(rep.subspace),
+        _md(rep.subspace),
         "## Markers",
-        markdown_table(rep.markers),
+        _md(rep.markers),
         "## Cross-seed R-hat",
-        markdown_table(rep.rhat),
+        _md(rep.rhat),
         "## Posterior predictive checks",
-        markdown_table(rep.ppc),
+        _md(rep.ppc),
         "## Subsampling",
         "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),
         "## Provenance",

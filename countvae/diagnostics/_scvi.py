@@ -17,10 +17,8 @@ included) is restored exactly.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import pickle
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from countvae._io import sha256_file, write_json_atomic
+from countvae._io import load_checked_tensors, read_versioned_json, sha256_file, write_json_atomic
 from countvae.data.registry import Registry
 from countvae.errors import InvalidArgumentError, ModelFileError
 
@@ -196,33 +194,10 @@ def load_scvi_fit(folder: Path, model_cls: type, adata_scvi: ad.AnnData) -> Any:
 
     """
     settings_path = folder / _SETTINGS_FILE
-    params_path = folder / _PARAMS_FILE
-    if not settings_path.is_file():
-        raise ModelFileError(f"{settings_path} is missing; {folder} is not a complete scvi-tools fit.")
-    try:
-        record = json.loads(settings_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{settings_path} is not valid JSON (truncated or corrupted): {exc}") from None
-    if record.get("format") != SCVI_FIT_FORMAT or record.get("format_version") != SCVI_FIT_VERSION:
-        raise ModelFileError(
-            f"{settings_path} is not a version-{SCVI_FIT_VERSION} {SCVI_FIT_FORMAT} record "
-            f"(format {record.get('format')!r}, version {record.get('format_version')!r})."
-        )
+    record = read_versioned_json(settings_path, SCVI_FIT_FORMAT, SCVI_FIT_VERSION, "a complete scvi-tools fit")
     if record.get("model_class") != class_path(model_cls):
         raise ModelFileError(f"{settings_path} holds a {record.get('model_class')} fit, not a {class_path(model_cls)}.")
-    if not params_path.is_file():
-        raise ModelFileError(f"{params_path} is missing from the scvi-tools fit.")
-    if sha256_file(params_path) != record.get("checksums", {}).get(_PARAMS_FILE):
-        raise ModelFileError(
-            f"{params_path} does not match the checksum recorded in {_SETTINGS_FILE} (truncated, altered or "
-            "replaced); refusing to load it."
-        )
-    try:
-        state = torch.load(params_path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        raise ModelFileError(f"{params_path} could not be read as tensors only, refusing to load it: {exc}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ModelFileError(f"{params_path} does not hold a dict of tensors.")
+    state = load_checked_tensors(folder / _PARAMS_FILE, record.get("checksums", {}).get(_PARAMS_FILE))
     if [str(v) for v in adata_scvi.var_names] != record.get("var_names"):
         raise ModelFileError(f"{folder} was fitted on other genes than the AnnData given to load it.")
     with preserved_global_rng(), quiet_scvi():
@@ -230,7 +205,8 @@ def load_scvi_fit(folder: Path, model_cls: type, adata_scvi: ad.AnnData) -> Any:
     try:
         model.module.load_state_dict(state)
     except RuntimeError as exc:
-        raise ModelFileError(f"{params_path}: its parameters do not fit the recorded settings: {exc}") from None
+        where = folder / _PARAMS_FILE
+        raise ModelFileError(f"{where}: its parameters do not fit the recorded settings: {exc}") from None
     model.is_trained_ = True
     model.module.eval()
     return model

@@ -9,7 +9,6 @@ needs it is reported as not available for that model rather than guessed.
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +22,8 @@ from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedEr
 from countvae.model import CountVAE
 from countvae.model.query import check_genes, query_source
 from countvae.model.training import to_tensors
+from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.vae import sample_latent
 
 
 @runtime_checkable
@@ -114,13 +115,11 @@ class CountVAEFit:
     @torch.no_grad()
     def latent_samples(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
         """Posterior draws, (n_samples, cells, n_latent)."""
-        from countvae.model.inference import _sample_latent
-
         module, (x, b) = self._tensors(adata)
         loc, scale = module.encode(x, b)
         gen = torch.Generator().manual_seed(seed)
         eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=loc.dtype)
-        return _sample_latent(loc, scale, eps).numpy()
+        return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
         """Importance-sampled per-cell ``log p(x)``."""
@@ -333,14 +332,14 @@ class SCVIFit:
         The log weights are those of scvi-tools' ``VAE.marginal_ll``:
         ``log p(x | z, l) + log p(z) - log q(z | x)``, plus
         ``log p(l) - log q(l | x)`` when the library size is latent (LinearSCVI's
-        default). ``mc_se`` and ``ess`` follow from the normalised weights as in
-        :func:`countvae.model.inference.log_predictive_density`. Torch's global
+        default). ``mc_se``, ``ess`` and ``khat`` are those of
+        :func:`countvae.module.importance.summarize_log_weights`. Torch's global
         generator is seeded with ``seed`` inside a forked random state.
 
         Returns
         -------
         pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se`` and ``ess``, indexed by cell.
+            Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed by cell.
 
         """
         from torch.distributions import Normal
@@ -353,7 +352,7 @@ class SCVIFit:
         per_pass = self.samples_per_pass or max(
             1, min(n_samples, _LPD_ELEMENTS_PER_PASS // (self.batch_size * len(self.var_names)))
         )
-        lpd, se, ess = [], [], []
+        parts = []
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             for tensors in self._loader(prepared):
@@ -381,17 +380,8 @@ class SCVIFit:
                             - inference["ql"].log_prob(library).sum(-1)
                         )
                     log_w.append(w.reshape(k, -1))
-                log_w = torch.cat(log_w, dim=0).double()
-                total = torch.logsumexp(log_w, dim=0)
-                normalised = torch.exp(log_w - total)
-                sum_sq = (normalised**2).sum(0)
-                lpd.append((total - math.log(n_samples)).numpy())
-                se.append(torch.sqrt(torch.clamp(n_samples * sum_sq - 1.0, min=0.0) / (n_samples - 1)).numpy())
-                ess.append((1.0 / sum_sq).numpy())
-        return pd.DataFrame(
-            {"lpd": np.concatenate(lpd), "mc_se": np.concatenate(se), "ess": np.concatenate(ess)},
-            index=adata.obs_names,
-        )
+                parts.append(summarize_log_weights(torch.cat(log_w, dim=0)))
+        return ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """``library_size * px_scale`` decoded at each cell's posterior mean, (cells, genes)."""

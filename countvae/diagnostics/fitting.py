@@ -42,7 +42,14 @@ import anndata as ad
 import numpy as np
 from tqdm.auto import tqdm
 
-from countvae._io import atomic_directory, remove_interrupted_writes, write_bytes_atomic, write_json_atomic
+from countvae._io import (
+    atomic_directory,
+    read_versioned_json,
+    remove_interrupted_writes,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from countvae._provenance import package_versions
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.split import split_indices
 from countvae.diagnostics import _scvi
@@ -54,7 +61,6 @@ from countvae.diagnostics._manifest import (
     comparable,
     data_fingerprint,
     describe_mismatch,
-    package_versions,
     to_json_value,
 )
 from countvae.diagnostics._seedjob import MODEL_FOLDER, FitOutcome, FitTask
@@ -100,6 +106,10 @@ def _check_seeds(seeds: Iterable[int]) -> list[int]:
             "must be distinct."
         )
     return values
+
+
+#: How errors name a folder written by :func:`fit_seeds`.
+_WHAT = "a fit_seeds output folder"
 
 
 def _check_registered(adata: Any) -> Registry:
@@ -223,15 +233,7 @@ def _prepare_out_dir(root: Path, manifest: dict[str, Any], overwrite: bool) -> N
     manifest_path = root / MANIFEST_FILE
     fits_dir = root / FITS_FOLDER
     if manifest_path.is_file():
-        try:
-            recorded = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ModelFileError(f"{manifest_path} is not valid JSON: {exc}") from None
-        if recorded.get("format") != MANIFEST_FORMAT or recorded.get("format_version") != MANIFEST_VERSION:
-            raise ModelFileError(
-                f"{manifest_path} is not a version-{MANIFEST_VERSION} {MANIFEST_FORMAT} manifest "
-                f"(format {recorded.get('format')!r}, version {recorded.get('format_version')!r})."
-            )
+        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, _WHAT)
         differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
         if differences and not overwrite:
             raise OutputExistsError(
@@ -463,7 +465,7 @@ def fit_seeds(
             "heldout_sha256": _sha256_ints(heldout_idx),
         },
         "torch_threads": threads,
-        "versions": package_versions(with_scvi=family != "countvae"),
+        "versions": package_versions(*(() if family == "countvae" else ("scvi-tools", "lightning"))),
     }
     tasks = [
         FitTask(
@@ -560,14 +562,7 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
     """
     root = Path(out_dir)
     manifest_path = root / MANIFEST_FILE
-    if not manifest_path.is_file():
-        raise ModelFileError(f"{manifest_path} is missing; {root} is not a fit_seeds output folder.")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{manifest_path} is not valid JSON: {exc}") from None
-    if manifest.get("format") != MANIFEST_FORMAT or manifest.get("format_version") != MANIFEST_VERSION:
-        raise ModelFileError(f"{manifest_path} is not a version-{MANIFEST_VERSION} {MANIFEST_FORMAT} manifest.")
+    manifest = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, _WHAT)
     settings = manifest["settings"]
     registry = _check_registered(adata)
     current = data_fingerprint(adata, registry)

@@ -31,7 +31,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics import _arviz
+from countvae import _arviz
 from countvae.errors import InvalidArgumentError
 
 #: Pairwise differences smaller than this many paired standard errors count as equivalent.

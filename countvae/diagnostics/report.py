@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,8 +24,8 @@ import pandas as pd
 from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 from tqdm.auto import tqdm
 
+from countvae._provenance import package_versions
 from countvae.data.registry import get_registry
-from countvae.diagnostics import _arviz
 from countvae.diagnostics._data import data_checksum, gene_variance, observed_counts
 from countvae.diagnostics.adapters import FittedModel
 from countvae.diagnostics.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
@@ -645,18 +644,8 @@ def _default_markers(adata: ad.AnnData, var_names: pd.Index, n: int) -> list[str
 
 
 def _provenance(fits: list[FittedModel], adata: ad.AnnData, var_names: pd.Index) -> dict[str, Any]:
-    from importlib import metadata
-
-    import countvae
-
-    versions = {"python": platform.python_version(), "countvae": countvae.__version__, "arviz": _arviz.arviz_version()}
-    for pkg in ("numpy", "scipy", "pandas", "scikit-learn", "torch", "pyro-ppl", "anndata", "matplotlib"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
     return {
-        "versions": versions,
+        "versions": package_versions("arviz", "matplotlib"),
         "heldout_checksum_sha256": data_checksum(adata, var_names),
         "heldout_cells": int(adata.n_obs),
         "genes": int(len(var_names)),

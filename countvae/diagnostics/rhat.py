@@ -22,7 +22,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics import _arviz
+from countvae import _arviz
 from countvae.diagnostics.adapters import FittedModel
 from countvae.diagnostics.alignment import AffineMap, fit_map
 from countvae.errors import InvalidArgumentError

@@ -26,8 +26,8 @@ import torch
 
 from countvae.data.loader import CountSource
 from countvae.model import CountVAE
-from countvae.model.inference import _sample_latent
 from countvae.model.training import to_tensors
+from countvae.module.vae import log_library_size, sample_latent
 
 #: Cells evaluated together.
 CELLS_PER_CHUNK = 256
@@ -73,21 +73,16 @@ def elbo_comparison(
     push_worst, diffs, variances, e0_all, ep_all = 0.0, [], [], [], []
     for _, mb in cell_chunks(source, idx):
         x, b = to_tensors(mb, dtype, original.device)
-        n = x.shape[0]
-        log_library = torch.log(x.sum(-1, keepdim=True))
+        log_library = log_library_size(x)
 
-        def integrand(module, q, z, x=x, b=b, n=n, log_library=log_library):
-            return (
-                module.conditional(z, log_library, b).log_prob(x)
-                + module.prior.distribution(n, x).log_prob(z)
-                - q.log_prob(z)
-            )
+        def integrand(module, q, z, x=x, b=b, log_library=log_library):
+            return module.log_joint(z, x, b, log_library) - q.log_prob(z)
 
         loc0, sd0 = m0.encode(x, b)
         loc1, sd1 = m1.encode(x, b)
         eps = torch.randn((n_draws, *loc0.shape), generator=gen, dtype=dtype).to(loc0.device)
-        e0 = integrand(m0, m0.posterior_distribution(x, b), _sample_latent(loc0, sd0, eps))
-        e1 = integrand(m1, m1.posterior_distribution(x, b), _sample_latent(loc1, sd1, eps))
+        e0 = integrand(m0, m0.posterior_distribution(x, b), sample_latent(loc0, sd0, eps))
+        e1 = integrand(m1, m1.posterior_distribution(x, b), sample_latent(loc1, sd1, eps))
         marginal_sd = torch.sqrt((sd1**2).sum(-1)) if sd1.dim() == 3 else sd1
         projected = dist.Normal(loc1, marginal_sd).to_event(1)
         # rotate the base noise too (A eps is again standard normal): for a signed permutation the
@@ -145,17 +140,16 @@ def refit_mean_field_elbo(
     for pos, mb in cell_chunks(source, idx):
         x, b = to_tensors(mb, dtype, model.device)
         n = x.shape[0]
-        log_library = torch.log(x.sum(-1, keepdim=True))
+        log_library = log_library_size(x)
         with torch.no_grad():
             loc0, scale0 = module.encode(x, b)
             sd0 = torch.sqrt((scale0**2).sum(-1)) if scale0.dim() == 3 else scale0
         loc = loc0.detach().clone().requires_grad_(True)
         log_sd = torch.log(sd0).detach().clone().requires_grad_(True)
 
-        def per_draw(eps, loc=loc, log_sd=log_sd, x=x, b=b, n=n, log_library=log_library):
+        def per_draw(eps, loc=loc, log_sd=log_sd, x=x, b=b, log_library=log_library):
             z = loc + torch.exp(log_sd) * eps
-            joint = module.conditional(z, log_library, b).log_prob(x) + module.prior.distribution(n, x).log_prob(z)
-            return joint + log_sd.sum(-1) + half_log_2pie
+            return module.log_joint(z, x, b, log_library) + log_sd.sum(-1) + half_log_2pie
 
         fit_eps = torch.randn((n_draws, n, L), generator=gen, dtype=dtype).to(x.device)
         optimizer = torch.optim.Adam([loc, log_sd], lr=lr)

@@ -22,30 +22,26 @@ cross-check of held-out ``log p(x)``, e.g. against exact quadrature.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
+import pyro.distributions as dist
 import torch
 
 from countvae.errors import InvalidArgumentError
 from countvae.invariance.elbo import cell_chunks
 from countvae.model import CountVAE
 from countvae.model.training import to_tensors
+from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.vae import log_library_size
 
 #: Smallest eigenvalue kept in the negative Hessian (a proposal no wider than 1000 prior sd's).
 MIN_CURVATURE = 1e-6
 
 
-def _log_joint(module, z: torch.Tensor, x: torch.Tensor, b: torch.Tensor, log_library: torch.Tensor):
-    """``log p(x | z) + log p(z)`` for latent values of shape (..., cells, L)."""
-    return module.conditional(z, log_library, b).log_prob(x) + module.prior.distribution(x.shape[0], x).log_prob(z)
-
-
 def _gradient_and_hessian(module, z, x, b, log_library):
     """Per-cell gradient (cells, L) and Hessian (cells, L, L) of the log joint at ``z`` (cells, L)."""
     z = z.detach().requires_grad_(True)
-    value = _log_joint(module, z, x, b, log_library)
+    value = module.log_joint(z, x, b, log_library)
     (grad,) = torch.autograd.grad(value.sum(), z, create_graph=True)
     rows = [torch.autograd.grad(grad[:, k].sum(), z, retain_graph=True)[0] for k in range(z.shape[1])]
     return value.detach(), grad.detach(), torch.stack(rows, dim=1).detach()
@@ -67,7 +63,7 @@ def posterior_modes(model: CountVAE, x, b, max_steps: int = 50, tol: float = 1e-
 
     """
     module = model.module.eval()
-    log_library = torch.log(x.sum(-1, keepdim=True))
+    log_library = log_library_size(x)
     with torch.no_grad():
         z, _ = module.encode(x, b)
     for _ in range(max_steps):
@@ -78,7 +74,7 @@ def posterior_modes(model: CountVAE, x, b, max_steps: int = 50, tol: float = 1e-
         with torch.no_grad():
             for _ in range(30):  # backtrack where a full step lowers the log joint
                 proposal = z + scale * step
-                worse = ~(_log_joint(module, proposal, x, b, log_library) >= value - 1e-10)
+                worse = ~(module.log_joint(proposal, x, b, log_library) >= value - 1e-10)
                 if not worse.any():
                     break
                 scale = torch.where(worse.unsqueeze(-1), 0.5 * scale, scale)
@@ -115,7 +111,7 @@ def laplace_log_predictive_density(
     Returns
     -------
     pandas.DataFrame
-        Columns ``lpd`` (nats; a log density), ``mc_se`` and ``ess``, indexed by cell name.
+        Columns ``lpd`` (nats; a log density), ``mc_se``, ``ess`` and ``khat``, indexed by cell name.
 
     """
     if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
@@ -125,33 +121,18 @@ def laplace_log_predictive_density(
     adata, source, idx = model._source(adata, indices)
     module = model.module.eval()
     dtype = next(module.parameters()).dtype
-    L = model.n_latent
-    gen = torch.Generator().manual_seed(seed)
-    lpd, se, ess = (np.empty(len(idx)) for _ in range(3))
-    for pos, mb in cell_chunks(source, idx, size=64):
-        x, b = to_tensors(mb, dtype, model.device)
-        n = x.shape[0]
-        mode, precision = posterior_modes(model, x, b)
-        cov_chol = torch.linalg.cholesky(torch.linalg.inv(precision))
-        log_det_chol = torch.log(torch.diagonal(cov_chol, dim1=-2, dim2=-1)).sum(-1)
-        log_library = torch.log(x.sum(-1, keepdim=True))
-        with torch.no_grad():
-            normal = torch.randn((n_samples, n, L), generator=gen, dtype=dtype).to(x.device)
-            chi2 = 2.0 * torch._standard_gamma(torch.full((n_samples, n, 1), df / 2.0, dtype=dtype), generator=gen)
-            u = normal * torch.sqrt(df / chi2.to(x.device))  # standard multivariate t draws
-            z = mode + torch.einsum("nij,snj->sni", cov_chol, u)
-            log_t = (
-                math.lgamma((df + L) / 2.0)
-                - math.lgamma(df / 2.0)
-                - 0.5 * L * math.log(df * math.pi)
-                - log_det_chol
-                - 0.5 * (df + L) * torch.log1p((u**2).sum(-1) / df)
+    parts, positions = [], []
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for pos, mb in cell_chunks(source, idx, size=64):
+            x, b = to_tensors(mb, dtype, model.device)
+            mode, precision = posterior_modes(model, x, b)
+            proposal = dist.MultivariateStudentT(
+                torch.as_tensor(df, dtype=dtype), mode, torch.linalg.cholesky(torch.linalg.inv(precision))
             )
-            log_w = _log_joint(module, z, x, b, log_library) - log_t
-            total = torch.logsumexp(log_w, dim=0)
-            weights = torch.exp(log_w - total)
-            sum_sq = (weights**2).sum(0)
-        lpd[pos] = (total - math.log(n_samples)).cpu().numpy()
-        se[pos] = torch.sqrt(torch.clamp(n_samples * sum_sq - 1.0, min=0.0) / (n_samples - 1)).cpu().numpy()
-        ess[pos] = (1.0 / sum_sq).cpu().numpy()
-    return pd.DataFrame({"lpd": lpd, "mc_se": se, "ess": ess}, index=adata.obs_names[idx])
+            with torch.no_grad():
+                z = proposal.sample((n_samples,))
+                parts.append(summarize_log_weights(module.log_joint(z, x, b) - proposal.log_prob(z)))
+            positions.append(pos)
+    summary = ImportanceSummary.concatenate(parts).take(np.argsort(np.concatenate(positions)))
+    return summary.to_frame(index=adata.obs_names[idx])

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from countvae._formatting import format_value, json_ready, markdown_table
 
 #: Columns of :meth:`InvarianceReport.to_frame`.
 CHECK_COLUMNS = [
@@ -53,36 +54,6 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     "is_minus_quadrature_mean": "mean importance-sampling estimate - exact log p(x), original model (nats)",
     "is_within_4se_fraction": "fraction of cells with |IS - exact| <= 4 MC standard errors + 0.01",
 }
-
-
-def _json_value(value: Any) -> Any:
-    """Plain Python values for JSON: numpy scalars unwrapped, NaN and infinities as ``None``."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, np.ndarray):
-        return [_json_value(v) for v in value.tolist()]
-    if isinstance(value, list | tuple):
-        return [_json_value(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
-    return value
-
-
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, bool | np.bool_):
-        return "yes" if value else "no"
-    if isinstance(value, float | np.floating):
-        v = float(value)
-        if v == 0.0:
-            return "0"
-        if 1e-3 <= abs(v) < 1e4:
-            return f"{v:.3f}"
-        return f"{v:.2e}"
-    return str(value)
 
 
 @dataclass
@@ -173,22 +144,22 @@ class InvarianceReport:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dictionary: settings, verdict, transforms, variants, checks and the outputs table."""
         checks = [
-            {k: _json_value(v) for k, v in row.items()}
+            {k: json_ready(v) for k, v in row.items()}
             for row in self.checks.astype(object).where(self.checks.notna(), None).to_dict(orient="records")
         ]
         outputs = {}
         if len(self.outputs):
             outputs = {
-                str(idx): {str(c): _json_value(v) for c, v in row.items()}
+                str(idx): {str(c): json_ready(v) for c, v in row.items()}
                 for idx, row in self.outputs.astype(object).where(self.outputs.notna(), None).iterrows()
             }
         return {
             "passed": self.passed,
-            "settings": _json_value(self.settings),
-            "transforms": {k: _json_value(np.asarray(v)) for k, v in self.transforms.items()},
-            "variants": _json_value(self.variants),
+            "settings": json_ready(self.settings),
+            "transforms": {k: json_ready(np.asarray(v)) for k, v in self.transforms.items()},
+            "variants": json_ready(self.variants),
             "verdicts": [
-                {k: _json_value(v) for k, v in row.items()} for row in self.verdicts().to_dict(orient="records")
+                {k: json_ready(v) for k, v in row.items()} for row in self.verdicts().to_dict(orient="records")
             ],
             "checks": checks,
             "outputs": outputs,
@@ -209,15 +180,15 @@ class InvarianceReport:
         table = self.verdicts()
         lines = [self._headline(), ""]
         if len(table):
-            shown = table.map(_fmt) if hasattr(table, "map") else table.applymap(_fmt)
+            shown = table.map(format_value)
             lines.append(shown.to_string(index=False))
         if not self.passed and len(self.failures):
             lines.append("")
             lines.append("Disagreements:")
             for _, row in self.failures.iterrows():
                 lines.append(
-                    f"  {row['variant']} / {row['transform']}: {row['check']} = {_fmt(row['value'])} "
-                    f"(expected {'<=' if row['expect'] == 'equal' else '>'} {_fmt(row['threshold'])})"
+                    f"  {row['variant']} / {row['transform']}: {row['check']} = {format_value(row['value'])} "
+                    f"(expected {'<=' if row['expect'] == 'equal' else '>'} {format_value(row['threshold'])})"
                 )
         return "\n".join(lines)
 
@@ -226,19 +197,6 @@ class InvarianceReport:
 
     def to_markdown(self) -> str:
         """The report as Markdown: verdict, per-map table, outputs table, and how to read them."""
-
-        def md_table(frame: pd.DataFrame, index: bool = False) -> str:
-            if index:
-                frame = frame.reset_index()
-
-            def cell(text: str) -> str:
-                return text.replace("|", "\\|")
-
-            header = "| " + " | ".join(cell(str(c)) for c in frame.columns) + " |"
-            rule = "|" + "|".join(" --- " for _ in frame.columns) + "|"
-            body = ["| " + " | ".join(cell(_fmt(v)) for v in row) + " |" for row in frame.itertuples(index=False)]
-            return "\n".join([header, rule, *body])
-
         parts = ["# Rotation invariance check", "", self._headline(), ""]
         parts += [
             "Each latent map `A` gives a reparameterized model with `z' = A z`, the decoder's weight on `z` "
@@ -248,7 +206,7 @@ class InvarianceReport:
             "",
             "## Per map",
             "",
-            md_table(self.verdicts()),
+            markdown_table(self.verdicts()),
             "",
         ]
         if len(self.outputs):
@@ -257,12 +215,12 @@ class InvarianceReport:
                 "",
                 "Values are changes between the original and the reparameterized model (0 = identical).",
                 "",
-                md_table(self.outputs, index=True),
+                markdown_table(self.outputs.reset_index()),
                 "",
             ]
         other = self.checks[self.checks["transform"] == "(none)"]
         if len(other):
-            parts += ["## Estimator accuracy (original model)", "", md_table(other[["check", "value"]]), ""]
+            parts += ["## Estimator accuracy (original model)", "", markdown_table(other[["check", "value"]]), ""]
         parts += ["## Checks", ""]
         parts += [f"- `{k}`: {v}" for k, v in CHECK_DESCRIPTIONS.items() if k in set(self.checks["check"])]
         parts += [

@@ -57,10 +57,10 @@ from countvae.invariance.quadrature import quadrature_log_marginal, quadrature_u
 from countvae.invariance.reparameterize import _require_model, copy_model, reparameterize
 from countvae.invariance.report import InvarianceReport
 from countvae.model import CountVAE, inference
-from countvae.model.inference import _sample_latent
 from countvae.model.query import query_source
 from countvae.model.training import to_tensors
 from countvae.module.priors import LatentPrior
+from countvae.module.vae import log_library_size, sample_latent
 
 logger = logging.getLogger(__name__)
 
@@ -170,9 +170,9 @@ def _pointwise(
         x, b = to_tensors(mb, dtype, original.device)
         loc, sd = m0.encode(x, b)
         eps = torch.randn((n_draws, *loc.shape), generator=gen, dtype=dtype).to(loc.device)
-        z = _sample_latent(loc, sd, eps)
+        z = sample_latent(loc, sd, eps)
         z_t = z @ At.T
-        log_library = torch.log(x.sum(-1, keepdim=True))
+        log_library = log_library_size(x)
         ll0 = m0.conditional(z, log_library, b).log_prob(x)
         ll1 = m1.conditional(z_t, log_library, b).log_prob(x)
         lp0 = m0.prior.distribution(x.shape[0], x).log_prob(z)

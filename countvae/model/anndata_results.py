@@ -31,13 +31,13 @@ the model.
 from __future__ import annotations
 
 import math
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._provenance import package_versions
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
 if TYPE_CHECKING:
@@ -94,16 +94,6 @@ def _history_summary(history: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for package in ("countvae", "torch", "pyro-ppl", "anndata", "numpy"):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            out[package] = "unknown"
-    return out
-
-
 def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | None) -> dict[str, Any]:
     """A record h5ad can store: no ``None`` values (an unset registry field is written as ``""``)."""
     registry = {k: ("" if v is None else v) for k, v in model.registry.to_dict().items()}
@@ -111,7 +101,7 @@ def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | 
         "settings": model.settings,
         "registry": registry,
         "training": _history_summary(model.history),
-        "versions": _versions(),
+        "versions": package_versions(),
         "keys": dict(written),
         "note": _COORDINATES_NOTE,
     }

@@ -7,8 +7,6 @@ given positions. All of them run in eval mode without gradients.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 import torch
@@ -16,7 +14,9 @@ from tqdm.auto import tqdm
 
 from countvae.data.loader import CountSource
 from countvae.model.training import to_tensors
-from countvae.module.vae import CountVAEModule
+from countvae.module.elbo import per_cell_elbo
+from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.vae import CountVAEModule, log_library_size, sample_latent
 
 #: Largest number of (sample x cell x gene) elements the importance sampler holds at once.
 _ELEMENTS_PER_CHUNK = 2**22
@@ -41,13 +41,6 @@ def _check_unique(indices: np.ndarray) -> None:
         raise ValueError("indices contain duplicates")
 
 
-def _sample_latent(loc: torch.Tensor, scale: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """``loc + scale * eps`` (vector scale) or ``loc + scale @ eps`` (matrix scale)."""
-    if scale.dim() == loc.dim():
-        return loc + scale * eps
-    return loc + torch.einsum("nij,...nj->...ni", scale, eps)
-
-
 @torch.no_grad()
 def latent_representation(
     module: CountVAEModule,
@@ -68,7 +61,7 @@ def latent_representation(
         loc, scale = module.encode(x, b)
         if not give_mean:
             eps = torch.randn(loc.shape, generator=gen, dtype=dtype).to(device)
-            loc = _sample_latent(loc, scale, eps)
+            loc = sample_latent(loc, scale, eps)
         out.append(loc.cpu().numpy())
     z = np.concatenate(out, axis=0)
     return z[_ordered(indices, np.unique(indices))]
@@ -104,7 +97,7 @@ def normalized_expression(
             rate = torch.exp(module.decode(loc, decode_batch).log_rate)
         else:
             eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=dtype).to(device)
-            rate = torch.exp(module.decode(_sample_latent(loc, scale, eps), decode_batch).log_rate).mean(0)
+            rate = torch.exp(module.decode(sample_latent(loc, scale, eps), decode_batch).log_rate).mean(0)
         out.append((library_size * rate).cpu().numpy())
     values = np.concatenate(out, axis=0)
     return values[_ordered(indices, np.unique(indices))]
@@ -126,9 +119,8 @@ def log_predictive_density(
     weights ``w_s = p(x | z_s) p(z_s) / q(z_s | x)``, the estimate is
     ``log(mean_s w_s)`` (the importance-weighted bound of Burda et al. 2016, a
     lower bound in expectation that tightens as ``S`` grows; it is what scvi-tools'
-    ``get_marginal_ll`` computes). Its Monte Carlo standard error follows from
-    the delta method: ``se = sd(w) / (sqrt(S) mean(w)) = sqrt((S sum_s wn_s^2 - 1) / (S - 1))``
-    with normalised weights ``wn``; ``ess = 1 / sum_s wn_s^2``.
+    ``get_marginal_ll`` computes). The standard error, effective sample size and
+    Pareto k-hat are those of :func:`countvae.module.importance.summarize_log_weights`.
 
     The noise ``eps`` is drawn from a generator seeded with ``seed`` in a fixed
     order (cells in sorted chunks of ``cells_per_chunk``), so two models
@@ -138,7 +130,7 @@ def log_predictive_density(
     Returns
     -------
     pandas.DataFrame
-        Columns ``lpd`` (nats), ``mc_se`` and ``ess``, one row per cell in the order of ``indices``.
+        Columns ``lpd`` (nats), ``mc_se``, ``ess`` and ``khat``, one row per cell in the order of ``indices``.
 
     """
     _check_unique(indices)
@@ -148,7 +140,7 @@ def log_predictive_density(
     dtype, device = _dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
     n_genes = source.n_vars
-    lpd, se, ess = [], [], []
+    parts: list[ImportanceSummary] = []
     order = np.unique(indices)
     bar = tqdm(total=len(order), desc="log p(x)", unit="cell", disable=not progress_bar)
     for mb in source.iterate(order, cells_per_chunk, drop_last_singleton=False):
@@ -156,32 +148,18 @@ def log_predictive_density(
         n = x.shape[0]
         loc, scale = module.encode(x, b)
         q = module.posterior_distribution(x, b)
-        log_library = torch.log(x.sum(-1, keepdim=True))
+        log_library = log_library_size(x)
         per_draw = max(1, _ELEMENTS_PER_CHUNK // (n * n_genes))
         log_w = []
         for start in range(0, n_samples, per_draw):
             k = min(per_draw, n_samples - start)
             eps = torch.randn((k, n, module.n_latent), generator=gen, dtype=dtype).to(device)
-            z = _sample_latent(loc, scale, eps)
-            prior = module.prior.distribution(n, x)
-            log_w.append(module.conditional(z, log_library, b).log_prob(x) + prior.log_prob(z) - q.log_prob(z))
-        log_w = torch.cat(log_w, dim=0)  # (S, cells)
-        total = torch.logsumexp(log_w, dim=0)
-        normalised = torch.exp(log_w - total)
-        sum_sq = (normalised**2).sum(0)
-        lpd.append((total - math.log(n_samples)).cpu().numpy())
-        se.append(torch.sqrt(torch.clamp(n_samples * sum_sq - 1.0, min=0.0) / (n_samples - 1)).cpu().numpy())
-        ess.append((1.0 / sum_sq).cpu().numpy())
+            z = sample_latent(loc, scale, eps)
+            log_w.append(module.log_joint(z, x, b, log_library) - q.log_prob(z))
+        parts.append(summarize_log_weights(torch.cat(log_w, dim=0)))
         bar.update(n)
     bar.close()
-    pos = _ordered(indices, order)
-    return pd.DataFrame(
-        {
-            "lpd": np.concatenate(lpd)[pos],
-            "mc_se": np.concatenate(se)[pos],
-            "ess": np.concatenate(ess)[pos],
-        }
-    )
+    return ImportanceSummary.concatenate(parts).take(_ordered(indices, order)).to_frame()
 
 
 @torch.no_grad()
@@ -194,8 +172,6 @@ def elbo_per_cell(
     batch_size: int = 512,
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
-    from countvae.module.elbo import per_cell_elbo
-
     _check_unique(indices)
     module.eval()
     dtype, device = _dtype_device(module)
@@ -230,8 +206,7 @@ def posterior_predictive(
             x, b = to_tensors(mb, dtype, device)
             loc, scale = module.encode(x, b)
             eps = torch.randn((n_samples, *loc.shape), dtype=dtype).to(device)
-            log_library = torch.log(x.sum(-1, keepdim=True))
-            draws = module.conditional(_sample_latent(loc, scale, eps), log_library, b).sample()
+            draws = module.conditional(sample_latent(loc, scale, eps), log_library_size(x), b).sample()
             out.append(draws.permute(1, 2, 0).cpu().numpy())
     values = np.concatenate(out, axis=0)
     return values[_ordered(indices, np.unique(indices))]

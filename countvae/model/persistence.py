@@ -15,16 +15,20 @@ The folder is built under a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from countvae._io import atomic_directory, sha256_file, write_json_atomic
+from countvae._io import (
+    atomic_directory,
+    load_checked_tensors,
+    read_versioned_json,
+    sha256_file,
+    write_json_atomic,
+)
+from countvae._provenance import package_versions
 from countvae.errors import ModelFileError
 
 FORMAT_NAME = "countvae-model"
@@ -32,17 +36,6 @@ FORMAT_VERSION = 1
 SETTINGS_FILE = "model.json"
 PARAMS_FILE = "params.pt"
 ADATA_FILE = "adata.h5ad"
-
-
-def package_versions() -> dict[str, str]:
-    """Versions of the packages that determine a fit's numbers."""
-    versions = {}
-    for name in ("countvae", "torch", "pyro-ppl", "numpy", "scipy", "anndata", "scikit-learn"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
 
 
 def write_model_folder(
@@ -88,40 +81,14 @@ def read_model_folder(dir_path: str | os.PathLike) -> tuple[dict[str, Any], dict
     folder = Path(dir_path)
     if not folder.is_dir():
         raise ModelFileError(f"{folder} is not a model folder (it does not exist or is not a directory).")
-    settings_path = folder / SETTINGS_FILE
-    if not settings_path.is_file():
-        raise ModelFileError(f"{settings_path} is missing; {folder} is not a complete countvae model folder.")
-    try:
-        settings = json.loads(settings_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{settings_path} is not valid JSON (truncated or corrupted): {exc}") from None
-    if not isinstance(settings, dict) or settings.get("format") != FORMAT_NAME:
-        raise ModelFileError(f"{settings_path} does not describe a countvae model (format {settings.get('format')!r}).")
-    version = settings.get("format_version")
-    if version != FORMAT_VERSION:
-        raise ModelFileError(
-            f"{settings_path} has format version {version!r}; this countvae reads version {FORMAT_VERSION}. "
-            "Load it with the countvae release that wrote it."
-        )
+    settings = read_versioned_json(folder / SETTINGS_FILE, FORMAT_NAME, FORMAT_VERSION, "a countvae model folder")
     checksums = settings.get("checksums", {})
+    tensors = load_checked_tensors(folder / PARAMS_FILE, checksums.get(PARAMS_FILE))
     for name, expected in checksums.items():
-        path = folder / name
-        if not path.is_file():
-            raise ModelFileError(f"{path} is missing from the model folder.")
-        actual = sha256_file(path)
-        if actual != expected:
+        if name != PARAMS_FILE and (not (folder / name).is_file() or sha256_file(folder / name) != expected):
             raise ModelFileError(
-                f"{path} does not match the checksum recorded in {SETTINGS_FILE} (truncated, altered or "
-                "replaced); refusing to load it."
+                f"{folder / name} is missing or does not match the checksum recorded in {SETTINGS_FILE} "
+                "(truncated, altered or replaced); refusing to load it."
             )
-    params_path = folder / PARAMS_FILE
-    if PARAMS_FILE not in checksums:
-        raise ModelFileError(f"{settings_path} records no checksum for {PARAMS_FILE}.")
-    try:
-        tensors = torch.load(params_path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        raise ModelFileError(f"{params_path} could not be read as tensors only, refusing to load it: {exc}") from None
-    if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-        raise ModelFileError(f"{params_path} does not hold a dict of tensors.")
     adata_path = folder / ADATA_FILE
     return settings, tensors, (adata_path if adata_path.is_file() else None)

@@ -12,7 +12,7 @@ import torch
 from pyro.infer import TraceMeanField_ELBO
 from torch.distributions import kl_divergence
 
-from countvae.module.vae import CountVAEModule
+from countvae.module.vae import CountVAEModule, log_library_size
 
 LossEngine = Literal["direct", "pyro"]
 
@@ -46,8 +46,7 @@ def per_cell_elbo(
     q = module.posterior_distribution(x, batch_index)
     z = q.rsample()
     p = module.prior.distribution(x.shape[0], x)
-    log_library = torch.log(x.sum(-1, keepdim=True))
-    log_lik = module.conditional(z, log_library, batch_index).log_prob(x)
+    log_lik = module.conditional(z, log_library_size(x), batch_index).log_prob(x)
     kl = _kl_or_none(q, p)
     if kl is None:
         kl = q.log_prob(z) - p.log_prob(z)

@@ -25,6 +25,23 @@ from countvae.module.likelihoods import CountLikelihood, DispersionName, Likelih
 from countvae.module.priors import LatentPrior, PriorName
 
 
+def log_library_size(x: torch.Tensor) -> torch.Tensor:
+    """Log of each cell's observed total count, shape (cells, 1): the offset of every count model here."""
+    return torch.log(x.sum(-1, keepdim=True))
+
+
+def sample_latent(loc: torch.Tensor, scale: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+    """Reparameterized draws ``z = loc + scale eps`` from the guide's parameters (see :meth:`CountVAEModule.encode`).
+
+    ``scale`` is a vector per cell (mean-field guide; ``loc + scale * eps``) or a
+    matrix per cell (after a reparameterization; ``loc + scale @ eps``). ``eps``
+    has shape (..., cells, L), standard normal; the result has its shape.
+    """
+    if scale.dim() == loc.dim():
+        return loc + scale * eps
+    return loc + torch.einsum("nij,...nj->...ni", scale, eps)
+
+
 class CountVAEModule(nn.Module):
     """Generative model ``p(z) p(x | z, batch, library)`` and amortized guide ``q(z | x, batch)``.
 
@@ -137,6 +154,25 @@ class CountVAEModule(nn.Module):
         out = self.decode(z, batch_index)
         return self.likelihood.distribution(log_library + out.log_rate, batch_index, out.gate_logits)
 
+    def log_joint(
+        self,
+        z: torch.Tensor,
+        x: torch.Tensor,
+        batch_index: torch.Tensor,
+        log_library: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``log p(x | z, batch, library) + log p(z)`` per cell, in nats, for ``z`` of shape (..., cells, L).
+
+        This is the log density of the sample sites of :meth:`model` (tested against
+        its Pyro trace); every estimator of ``log p(x)`` in the package and the
+        invariance checks evaluate it through this method. ``log_library`` defaults to
+        :func:`log_library_size` of ``x``. Returns shape (..., cells).
+        """
+        if log_library is None:
+            log_library = log_library_size(x)
+        log_lik = self.conditional(z, log_library, batch_index).log_prob(x)
+        return log_lik + self.prior.distribution(x.shape[0], x).log_prob(z)
+
     # ----- Pyro model and guide ------------------------------------------------------------------
     def _plate(self, x: torch.Tensor, cell_index: torch.Tensor | None, n_total: int | None):
         if cell_index is None or n_total is None:
@@ -157,7 +193,7 @@ class CountVAEModule(nn.Module):
         cells, so minibatch terms are scaled to the whole data set;
         ``kl_weight`` scales the latent site (KL warm-up).
         """
-        log_library = torch.log(x.sum(-1, keepdim=True))
+        log_library = log_library_size(x)
         with self._plate(x, cell_index, n_total):
             with poutine.scale(scale=kl_weight):
                 z = pyro.sample("z", self.prior.distribution(x.shape[0], x))

@@ -1,8 +1,10 @@
 """Every call into arviz lives here, so that a move to arviz 1.x touches one file.
 
-arviz 0.23 is used for two things: the model-comparison table (``az.compare``)
-built from held-out pointwise log predictive densities, and the convergence
-diagnostics R-hat and ESS (``az.rhat``, ``az.ess``) with seeds as chains.
+arviz 0.23 is used for three things: the model-comparison table (``az.compare``)
+built from held-out pointwise log predictive densities, the convergence
+diagnostics R-hat and ESS (``az.rhat``, ``az.ess``), and the Pareto k-hat of
+importance weights (``az.psislw``) that says when an importance-sampling
+estimate and its standard error cannot be trusted.
 """
 
 from __future__ import annotations
@@ -21,11 +23,6 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az
     import xarray as xr
-
-
-def arviz_version() -> str:
-    """The installed arviz version."""
-    return str(az.__version__)
 
 
 def _elpd_data(pointwise: np.ndarray) -> az.ELPDData:
@@ -94,6 +91,31 @@ def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
         index=pd.Index(table.index, name="fit"),
     )
     return out
+
+
+def pareto_khat(log_weights: np.ndarray) -> np.ndarray:
+    """Pareto k-hat of the importance weights of each row (Vehtari et al. 2024, PSIS).
+
+    Parameters
+    ----------
+    log_weights
+        (rows, draws): log importance ratios of independent draws (``reff = 1``).
+
+    Returns
+    -------
+    numpy.ndarray
+        One k-hat per row. Above 0.7 the weights' tail is too heavy for the
+        importance-sampling estimate to be reliable, whatever its reported
+        standard error; ``inf`` where a row has too few draws to fit the tail (unreliable too).
+
+    """
+    values = np.asarray(log_weights, dtype=np.float64)
+    with warnings.catch_warnings():
+        # arviz warns once per call about rows whose tail is too short or too heavy; k-hat reports both
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        _, khat = az.psislw(values, reff=1.0)
+    return np.asarray(khat, dtype=np.float64).reshape(values.shape[:-1])
 
 
 def rhat_ess(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
