@@ -67,7 +67,7 @@ def main(argv=None) -> None:
     from countvae.data.registry import batch_codes, get_count_matrix
     from countvae.model.training import _total_grad_norm, make_optimizer, to_tensors
     from countvae.module.distributions import _nonzero_lgamma_terms
-    from countvae.module.elbo import minibatch_loss
+    from countvae.module.loss import minibatch_loss
 
     torch.set_num_threads(args.threads)
     adata = kang_or_smoke_data(args.quick)

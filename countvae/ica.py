@@ -48,10 +48,15 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
+from picard import picard
+from scipy import linalg, stats
 from sklearn.base import BaseEstimator, TransformerMixin
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.decomposition import FastICA
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
+from countvae._checks import check_choice, check_int, check_number
 from countvae.errors import InvalidArgumentError, InvalidDataError, NonIdentifiableComponentsWarning
+from countvae.metrics import match_components
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +89,16 @@ def standardize(values: np.ndarray) -> np.ndarray:
 
 
 def excess_kurtosis(values: np.ndarray) -> np.ndarray:
-    """Excess kurtosis ``E y^4 - 3`` of each standardized column (Gaussian 0, Laplace 3, uniform -1.2)."""
-    y = standardize(values)
-    return np.mean(y**4, axis=0) - 3.0
+    """Excess kurtosis ``E y^4 - 3`` of each standardized column (Gaussian 0, Laplace 3, uniform -1.2).
+
+    ``scipy.stats.kurtosis`` with Fisher's definition and the plain moment estimator (``bias=True``).
+    """
+    return stats.kurtosis(np.asarray(values, dtype=np.float64), axis=0, fisher=True, bias=True)
 
 
 def skewness(values: np.ndarray) -> np.ndarray:
-    """Skewness ``E y^3`` of each standardized column."""
-    return np.mean(standardize(values) ** 3, axis=0)
+    """Skewness ``E y^3`` of each standardized column (``scipy.stats.skew`` with ``bias=True``)."""
+    return stats.skew(np.asarray(values, dtype=np.float64), axis=0, bias=True)
 
 
 def negentropy(values: np.ndarray) -> np.ndarray:
@@ -119,14 +126,7 @@ def _check_latents(latents: Any, name: str = "latents") -> np.ndarray:
     return z
 
 
-def _nearest_orthogonal(matrix: np.ndarray) -> np.ndarray:
-    u, _, vt = np.linalg.svd(matrix)
-    return u @ vt
-
-
 def _fastica_rotation(white: np.ndarray, random_state: int, max_iter: int, tol: float) -> tuple[np.ndarray, int]:
-    from sklearn.decomposition import FastICA
-
     ica = FastICA(
         whiten=False, fun="logcosh", algorithm="parallel", max_iter=max_iter, tol=tol, random_state=random_state
     )
@@ -135,8 +135,6 @@ def _fastica_rotation(white: np.ndarray, random_state: int, max_iter: int, tol: 
 
 
 def _picard_rotation(white: np.ndarray, random_state: int, max_iter: int, tol: float) -> tuple[np.ndarray, int]:
-    from picard import picard
-
     # ortho=True, extended=True reaches FastICA's (logcosh) solution and handles sub-Gaussian sources.
     _, unmixing, _, n_iter = picard(
         white.T,
@@ -297,20 +295,14 @@ class ICARotation(TransformerMixin, BaseEstimator):
 
     # ----- fitting ---------------------------------------------------------------------------
     def _check_params(self, n_dims: int) -> int:
-        if self.algorithm not in ("fastica", "picard"):
-            raise InvalidArgumentError(f"algorithm must be 'fastica' or 'picard', got {self.algorithm!r}.")
-        k = n_dims if self.n_components is None else self.n_components
-        if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= n_dims:
-            raise InvalidArgumentError(f"n_components must be an integer in [1, {n_dims}], got {self.n_components!r}.")
+        check_choice("algorithm", self.algorithm, ("fastica", "picard"))
+        k = n_dims if self.n_components is None else check_int("n_components", self.n_components, 1, n_dims)
         if not self.whiten and k != n_dims:
             raise InvalidArgumentError("whiten=False keeps every dimension; leave n_components=None.")
-        if not isinstance(self.max_iter, int | np.integer) or self.max_iter < 1:
-            raise InvalidArgumentError(f"max_iter must be a positive integer, got {self.max_iter!r}.")
-        if not isinstance(self.n_null, int | np.integer) or self.n_null < 0:
-            raise InvalidArgumentError(f"n_null must be a non-negative integer, got {self.n_null!r}.")
-        if not 0.0 < float(self.null_alpha) < 1.0:
-            raise InvalidArgumentError(f"null_alpha must lie in (0, 1), got {self.null_alpha!r}.")
-        return int(k)
+        check_int("max_iter", self.max_iter, 1)
+        check_int("n_null", self.n_null, 0)
+        check_number("null_alpha", self.null_alpha, 0.0, 1.0, low_open=True, high_open=True)
+        return k
 
     def fit(self, latents: np.ndarray, y: Any = None) -> ICARotation:
         """Fit the whitening and the rotation to latent means of shape (cells, d).
@@ -345,7 +337,7 @@ class ICARotation(TransformerMixin, BaseEstimator):
             warnings.simplefilter("ignore", ConvergenceWarning)  # reported below, with its likely cause
             rotation, self.n_iter_ = backend(white, int(self.random_state), int(self.max_iter), float(self.tol))
         self.converged_ = self.n_iter_ < int(self.max_iter)
-        rotation = _nearest_orthogonal(rotation)
+        rotation = linalg.polar(rotation)[0]  # the nearest orthogonal matrix
         sources = white @ rotation.T
         order = np.argsort(-negentropy(sources), kind="stable")
         rotation, sources = rotation[order], sources[:, order]
@@ -408,8 +400,6 @@ class ICARotation(TransformerMixin, BaseEstimator):
     # ----- mapping -----------------------------------------------------------------------------
     def _require_fitted(self) -> None:
         if not hasattr(self, "components_"):
-            from sklearn.exceptions import NotFittedError
-
             raise NotFittedError("This ICARotation is not fitted yet; call fit(latents) first.")
 
     def transform(self, latents: np.ndarray) -> np.ndarray:
@@ -497,25 +487,15 @@ def _fit_quiet(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
         return ICARotation(**params).fit(latents)
 
 
-def _latents_from(inputs: Any, adata: Any) -> list[np.ndarray]:
-    from countvae.diagnostics.seedfits import SeedFits
-
-    if isinstance(inputs, SeedFits):
-        cells = inputs.adata_fit if adata is None else adata
-        return [np.asarray(fit.latent(cells)) for fit in inputs.fits]
-    if isinstance(inputs, np.ndarray):
-        return [inputs]
-    items = list(inputs)
-    if items and all(hasattr(item, "latent") for item in items):
-        if adata is None:
-            raise InvalidArgumentError("Pass adata=... : the cells on which to compare the fits' latents.")
-        return [np.asarray(item.latent(adata)) for item in items]
-    return [np.asarray(item) for item in items]
+def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One (cells, d) array, or several, as a list of checked float64 arrays."""
+    if isinstance(latents, np.ndarray) and latents.ndim == 2:
+        return [_check_latents(latents)]
+    return [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
 
 
 def ica_stability(
-    latents_or_fits: np.ndarray | Sequence[np.ndarray] | Any,
-    adata: Any = None,
+    latents: np.ndarray | Sequence[np.ndarray],
     *,
     resample: Literal["halves", "bootstrap", "none"] = "halves",
     n_bootstrap: int = 20,
@@ -530,9 +510,8 @@ def ica_stability(
     |correlation| over all cells) to the components of every other ICA fit,
     and its best-match |correlation| is reported per fit and on average.
 
-    *Seeds mode* (several latent matrices of the same cells, one per model fit,
-    fitted models, or a :class:`countvae.diagnostics.SeedFits`): the reference
-    is the first fit's ICA, the others are the later fits' ICAs. *Bootstrap
+    *Seeds mode* (several latent matrices of the same cells, one per model fit):
+    the reference is the first fit's ICA, the others are the later fits' ICAs. *Bootstrap
     mode* (one latent matrix): the others are ICAs of ``n_bootstrap`` resamples
     of the cells (Icasso-style, Himberg et al. 2004).
 
@@ -559,12 +538,9 @@ def ica_stability(
 
     Parameters
     ----------
-    latents_or_fits
-        One (cells, d) array (bootstrap mode), several arrays of the same cells,
-        a sequence of :class:`countvae.diagnostics.FittedModel`, or a ``SeedFits``.
-    adata
-        Cells on which to take fitted models' latents (default for ``SeedFits``:
-        its ``adata_fit``).
+    latents
+        One (cells, d) array (bootstrap mode), or several arrays of the same
+        cells (seeds mode), e.g. ``[m.get_latent_representation(adata) for m in models]``.
     resample
         ``"halves"``, ``"bootstrap"`` or ``"none"``, see above.
     n_bootstrap
@@ -583,13 +559,9 @@ def ica_stability(
     ICAStability
 
     """
-    from countvae.metrics import match_components
-
-    if not 0.0 < threshold <= 1.0:
-        raise InvalidArgumentError(f"threshold must lie in (0, 1], got {threshold!r}.")
-    if resample not in ("halves", "bootstrap", "none"):
-        raise InvalidArgumentError(f"resample must be 'halves', 'bootstrap' or 'none', got {resample!r}.")
-    runs = [_check_latents(z) for z in _latents_from(latents_or_fits, adata)]
+    check_number("threshold", threshold, 0.0, 1.0, low_open=True)
+    check_choice("resample", resample, ("halves", "bootstrap", "none"))
+    runs = _runs(latents)
     if len({z.shape[0] for z in runs}) != 1:
         raise InvalidDataError(
             f"The latent matrices must describe the same cells; got cell counts {sorted({z.shape[0] for z in runs})}."
@@ -597,8 +569,8 @@ def ica_stability(
     mode = "bootstrap" if len(runs) == 1 else "seeds"
     if mode == "bootstrap" and resample == "none":
         raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
-    if mode == "bootstrap" and (not isinstance(n_bootstrap, int) or n_bootstrap < 1):
-        raise InvalidArgumentError(f"n_bootstrap must be a positive integer, got {n_bootstrap!r}.")
+    if mode == "bootstrap":
+        check_int("n_bootstrap", n_bootstrap, 1)
     rng = np.random.default_rng(random_state)
     n = runs[0].shape[0]
     if resample == "halves":
@@ -616,13 +588,13 @@ def ica_stability(
         for b in range(n_bootstrap):
             sample = runs[0][other_cells[rng.integers(0, other_cells.size, other_cells.size)]]
             ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + b + 1))
-            rows.append(_best_match(ref_sources, ica.transform(runs[0]), method, match_components))
+            rows.append(_best_match(ref_sources, ica.transform(runs[0]), method))
             labels.append(f"bootstrap {b}")
     else:
         for i, z in enumerate(runs[1:], start=1):
             sample = z[other_cells[rng.integers(0, n, n)]] if resample == "bootstrap" else z[other_cells]
             ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + i))
-            rows.append(_best_match(ref_sources, ica.transform(z), method, match_components))
+            rows.append(_best_match(ref_sources, ica.transform(z), method))
             labels.append(f"run {i}")
     matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
     table = pd.DataFrame(
@@ -643,69 +615,8 @@ def ica_stability(
     )
 
 
-def _best_match(reference: np.ndarray, other: np.ndarray, method: str, match_components) -> np.ndarray:
+def _best_match(reference: np.ndarray, other: np.ndarray, method: str) -> np.ndarray:
     match = match_components(reference, other, method=method)
     out = np.zeros(reference.shape[1])
     out[match.rows] = np.abs(match.correlations)
     return out
-
-
-# ----- a fitted model re-expressed in ICA axes -----------------------------------------------------
-
-
-def reparameterize_ica(model: Any, rotation: Literal["ica"] | ICARotation = "ica") -> Any:
-    """A copy of a fitted :class:`countvae.CountVAE` whose latent coordinates are the ICA axes.
-
-    With ``A = ica.components_`` (k = n_latent components), the copy's latent is
-    ``z' = A z`` and its decoder ``f'(z') = f(A^{-1} z')``, through
-    :func:`countvae.invariance.reparameterize` (the guide returns the law of
-    ``A z``; the prior stays N(0, I)). What this preserves, exactly:
-
-    * decoded means at mapped points, ``f'(A z) = f(z)``: normalized expression,
-      posterior-predictive draws and every per-cell decoder output are unchanged
-      (to rounding);
-    * the latent *space*: posterior means become ``A mu = transform(mu) + A mean_``,
-      the ICA sources up to the constant ``A @ ica.mean_`` (near 0 for centred
-      latents), and posterior covariances ``A diag(sigma^2) A^T``;
-    * for a linear decoder, the loadings become ``W A^{-1} = W @ ica.mixing_``:
-      ``get_loadings()`` of the copy has one gene-loading column per ICA component.
-
-    What it does not preserve, unless ``A`` is orthogonal (``ICARotation(whiten=False)``):
-
-    * ``p(x)``: the copy keeps the N(0, I) prior on ``z'``, which on the original
-      coordinates is the prior ``N(0, (A^T A)^{-1})`` = ``N(0, Sigma)`` with ``Sigma``
-      the covariance of the posterior means, not N(0, I). ``log p(x)``, the ELBO
-      and the held-out predictive density therefore change (they are the
-      original decoder's under that prior); with ``whiten=False`` ``A`` is
-      orthogonal and they are exactly unchanged.
-    * Euclidean distances and k-NN graphs of the latents, and the decoder's
-      stretch ``B(z)`` (the Jacobian becomes ``J A^{-1}``).
-
-    Parameters
-    ----------
-    model
-        A trained ``CountVAE``.
-    rotation
-        ``"ica"`` (the model's stored ICA, fitted on first use as in
-        :meth:`countvae.CountVAE.get_latent_representation`) or an
-        :class:`ICARotation` (fitted to the training cells if not fitted). It must
-        keep all ``n_latent`` components.
-
-    Returns
-    -------
-    CountVAE
-        The re-expressed copy; the original is untouched.
-
-    """
-    from countvae.invariance import reparameterize
-    from countvae.model import CountVAE
-
-    if not isinstance(model, CountVAE):
-        raise InvalidArgumentError(f"reparameterize_ica needs a countvae.CountVAE, got {type(model).__name__}.")
-    ica = model._ica_for(rotation)
-    if ica.components_.shape != (model.n_latent, model.n_latent):
-        raise InvalidArgumentError(
-            f"The ICA keeps {ica.components_.shape[0]} of {model.n_latent} dimensions; re-expressing the model "
-            "needs an invertible map, so fit it with n_components=None."
-        )
-    return reparameterize(model, ica.components_, check=not ica.whiten)

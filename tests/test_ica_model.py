@@ -9,6 +9,13 @@ import torch
 import countvae as cv
 from countvae.errors import InvalidArgumentError
 from countvae.ica import ICARotation
+from countvae.invariance import (
+    log_marginal_linear,
+    quadrature_log_marginal,
+    random_orthogonal,
+    reparameterize,
+    reparameterize_ica,
+)
 from countvae.metrics import mcc
 
 
@@ -28,52 +35,33 @@ def laplace_model():
 def test_ica_axes_recover_laplace_sources_better_than_raw_axes(laplace_model):
     truth = laplace_model.adata.obsm["z_true"]
     raw = laplace_model.get_latent_representation()
-    ica = laplace_model.get_latent_representation(rotation="ica")
+    ica = ICARotation().fit(raw).transform(raw)
     assert mcc(ica, truth) > 0.9
     assert mcc(ica, truth) > mcc(raw, truth) + 0.05
 
 
-def test_rotation_ica_is_stored_and_repeatable(laplace_model):
-    model = laplace_model
-    model.ica = None
-    first = model.get_latent_representation(rotation="ica")
-    stored = model.ica
-    assert isinstance(stored, ICARotation)
-    second = model.get_latent_representation(rotation="ica")
-    np.testing.assert_array_equal(first, second)
-    assert model.ica is stored
-    np.testing.assert_allclose(first, stored.transform(model.get_latent_representation()), atol=1e-12)
-    # a subset of cells gets the same coordinates as in the full set
-    subset = model.get_latent_representation(indices=np.array([5, 2, 9]), rotation="ica")
-    np.testing.assert_allclose(subset, first[[5, 2, 9]], atol=1e-6)
-    # the ICA was fitted to all training cells
-    np.testing.assert_allclose(stored.mean_, model.get_latent_representation().mean(0), atol=1e-6)
-
-
-def test_rotation_accepts_fitted_and_unfitted_estimators(laplace_model):
+def test_ica_composes_with_the_model_like_a_scikit_learn_transformer(laplace_model):
     model = laplace_model
     latents = model.get_latent_representation()
-    fitted = ICARotation(algorithm="picard", random_state=1).fit(latents[:500])
-    out = model.get_latent_representation(rotation=fitted)
-    np.testing.assert_allclose(out, fitted.transform(latents), atol=1e-12)
-    unfitted = ICARotation(algorithm="picard")
-    model.get_latent_representation(rotation=unfitted)
-    assert model.ica is unfitted and hasattr(unfitted, "components_")
+    ica = ICARotation().fit(latents)
+    first = ica.transform(latents)
+    # refitting with the same random_state gives the same axes
+    np.testing.assert_array_equal(ICARotation().fit(latents).transform(latents), first)
+    # a subset of cells gets the same coordinates as in the full set
+    subset = ica.transform(model.get_latent_representation(indices=np.array([5, 2, 9])))
+    np.testing.assert_allclose(subset, first[[5, 2, 9]], atol=1e-6)
+    np.testing.assert_allclose(ica.mean_, latents.mean(0), atol=1e-6)
     # picard and fastica agree on these axes
-    fast = ICARotation().fit(latents).transform(latents)
-    np.testing.assert_allclose(np.abs(model.get_latent_representation(rotation="ica")), np.abs(fast), atol=0.02)
-    model.ica = None
+    picard = ICARotation(algorithm="picard", random_state=1).fit(latents).transform(latents)
+    np.testing.assert_allclose(np.abs(picard), np.abs(first), atol=0.02)
 
 
-def test_rotation_errors_and_reset_on_training(small_adata):
+def test_the_model_class_knows_nothing_of_ica(small_adata):
     model = cv.CountVAE(small_adata, n_latent=2, decoder="linear", n_hidden=16)
-    model.train(max_epochs=2, progress_bar=False)
-    with pytest.raises(InvalidArgumentError, match="rotation"):
-        model.get_latent_representation(rotation="pca")
-    model.get_latent_representation(rotation=ICARotation(n_null=0))
-    assert model.ica is not None
     model.train(max_epochs=1, progress_bar=False)
-    assert model.ica is None
+    assert not hasattr(model, "ica")
+    with pytest.raises(TypeError, match="rotation"):
+        model.get_latent_representation(rotation="ica")
 
 
 def test_simulated_source_labels_and_kinds():
@@ -114,13 +102,11 @@ def linear_poisson_model():
 
 
 def test_reparameterize_ica_preserves_decoded_means_and_gives_ica_latents(laplace_model):
-    from countvae.ica import reparameterize_ica
-
     model = laplace_model
-    model.ica = None
-    new = reparameterize_ica(model)
-    ica = model.ica
+    ica = ICARotation()
+    new = reparameterize_ica(model, ica)  # an unfitted ICA is fitted to the training cells' latents
     z = model.get_latent_representation()
+    np.testing.assert_allclose(ica.mean_, z.mean(0), atol=1e-6)
     np.testing.assert_allclose(
         new.get_latent_representation(), ica.transform(z) + ica.components_ @ ica.mean_, atol=1e-4
     )
@@ -132,12 +118,13 @@ def test_reparameterize_ica_preserves_decoded_means_and_gives_ica_latents(laplac
     )
     # the original is untouched
     np.testing.assert_array_equal(model.get_latent_representation(), z)
+    # without an ICA, a default one is fitted the same way
+    np.testing.assert_allclose(
+        reparameterize_ica(model).get_latent_representation(), new.get_latent_representation(), atol=1e-12
+    )
 
 
 def test_reparameterize_ica_loadings_and_log_marginal(linear_poisson_model):
-    from countvae.ica import reparameterize_ica
-    from countvae.invariance import log_marginal_linear, quadrature_log_marginal
-
     model = linear_poisson_model
     cells = np.arange(40)
     whitened_ica = ICARotation(n_null=0).fit(model.get_latent_representation())
@@ -163,26 +150,19 @@ def test_reparameterize_ica_loadings_and_log_marginal(linear_poisson_model):
 
 
 def test_reparameterize_ica_needs_all_components(linear_poisson_model):
-    from countvae.ica import reparameterize_ica
-
     with pytest.raises(InvalidArgumentError, match="n_components"):
         reparameterize_ica(linear_poisson_model, ICARotation(n_components=1, n_null=0))
     with pytest.raises(InvalidArgumentError, match="CountVAE"):
         reparameterize_ica(object())
+    with pytest.raises(InvalidArgumentError, match="ICARotation"):
+        reparameterize_ica(linear_poisson_model, "ica")
 
 
-def test_a_reparameterized_copy_does_not_reuse_the_stored_ica(laplace_model):
-    from countvae.invariance import random_orthogonal, reparameterize
-
+def test_ica_of_a_rotated_model_finds_the_same_axes(laplace_model):
     model = laplace_model
-    model.ica = None
-    model.get_latent_representation(rotation="ica")
     rotated = reparameterize(model, random_orthogonal(3, seed=4))
-    assert rotated.ica is not None  # inherited by the copy...
-    inherited = rotated.ica
-    out = rotated.get_latent_representation(rotation="ica")
-    assert rotated.ica is not inherited  # ...but refitted in the copy's coordinates
-    np.testing.assert_allclose(rotated.ica.mean_, rotated.get_latent_representation().mean(0), atol=1e-6)
+    z_rotated = rotated.get_latent_representation()
+    out = ICARotation().fit(z_rotated).transform(z_rotated)
+    z = model.get_latent_representation()
     # ICA is equivariant: the rotated model's ICA axes are the original's (up to sign)
-    np.testing.assert_allclose(np.abs(out), np.abs(model.get_latent_representation(rotation="ica")), atol=0.02)
-    assert model.ica is not rotated.ica
+    np.testing.assert_allclose(np.abs(out), np.abs(ICARotation().fit(z).transform(z)), atol=0.02)

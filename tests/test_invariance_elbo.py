@@ -8,7 +8,7 @@ import torch
 
 import countvae as cv
 from countvae import invariance as inv
-from countvae.invariance.elbo import elbo_comparison, refit_mean_field_elbo
+from countvae.invariance.elbo_geometry import elbo_comparison, refit_mean_field_elbo
 from countvae.invariance.quadrature import _log_lik_terms
 from countvae.model.query import query_source
 

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
+from nb_baseline import per_gene_nb_log_likelihood
 
 import countvae as cv
 from countvae.errors import ModelFileError, OutputExistsError, TrainingDivergedError
-from countvae.model.baseline import per_gene_nb_log_likelihood
 
 
 def _params(model):

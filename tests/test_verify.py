@@ -10,8 +10,10 @@ import torch
 
 import countvae as cv
 from countvae import invariance as inv
+from countvae import plotting
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
 from countvae.invariance import verification as verify_module
+from countvae.invariance.checks import replication_ratio
 
 
 @pytest.fixture(scope="module")
@@ -220,37 +222,31 @@ def test_bad_input(poisson_fit, small_adata):
 def test_replication_ratio_is_one_without_change_and_grows_with_it():
     rng = np.random.default_rng(0)
     noise = rng.standard_t(df=3, size=(2, 4000))  # heavy-tailed Monte Carlo errors
-    assert verify_module._replication_ratio(noise[0], noise[1]) == pytest.approx(1.0, abs=0.1)
+    assert replication_ratio(noise[0], noise[1]) == pytest.approx(1.0, abs=0.1)
     change = rng.normal(0.0, 5.0, 4000)
-    assert verify_module._replication_ratio(change + noise[0], change + noise[1]) > 3.0
-    assert verify_module._replication_ratio(np.zeros(5), np.zeros(5)) == 0.0
+    assert replication_ratio(change + noise[0], change + noise[1]) > 3.0
+    assert replication_ratio(np.zeros(5), np.zeros(5)) == 0.0
 
 
 def test_figures(poisson_fit, poisson_report):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from countvae.invariance import plots
-
     model, held = poisson_fit
     rep = poisson_report
     Z = rep.latent
     A = rep.transforms["rotation"]
-    axes = plots.plot_latent_before_after(Z, Z @ A.T, labels=held.obs["batch"])
+    axes = plotting.latent_before_after(Z, Z @ A.T, labels=held.obs["batch"])
     assert len(axes) == 2 and len(axes[1].get_legend().get_texts()) == 2
     np.testing.assert_allclose(axes[1].collections[0].get_offsets()[:, 0], (Z @ A.T)[held.obs["batch"] == "batch0", 0])
     W = model.get_loadings().to_numpy()
-    ax = plots.plot_loadings(W, W @ A.T, model.var_names, genes=["gene0", "gene3"])
+    ax = plotting.loadings_before_after(W, W @ A.T, model.var_names, genes=["gene0", "gene3"])
     assert [t.get_text() for t in ax.get_yticklabels()] == ["gene0", "gene3"]
-    with pytest.raises(ValueError, match="not found"):
-        plots.plot_loadings(W, W, model.var_names, genes=["nope"])
-    ax = plots.plot_differences(rep.per_cell, threshold=1e-9)
+    with pytest.raises(InvalidArgumentError, match="not found"):
+        plotting.loadings_before_after(W, W, model.var_names, genes=["nope"])
+    ax = plotting.lpd_differences(rep.per_cell, threshold=1e-9)
     assert ax.get_xscale() == "log" and len(ax.collections) == len(rep.per_cell)
-    ax = plots.plot_outputs(rep.outputs)
+    ax = plotting.output_changes(rep.outputs)
     assert len(ax.get_yticklabels()) == len(rep.outputs)
-    plt.close("all")
+    with pytest.raises(InvalidArgumentError, match="two panels"):
+        plotting.latent_before_after(Z, Z, axes=plotting.new_axes(ncols=3)[0])
 
 
 def test_verify_an_already_reparameterized_model(poisson_fit):

@@ -20,7 +20,7 @@ import torch
 
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
 from countvae.model import CountVAE
-from countvae.model.query import check_genes, query_source
+from countvae.model.query import check_genes
 from countvae.model.training import to_tensors
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
 from countvae.module.vae import sample_latent
@@ -138,7 +138,7 @@ class CountVAEFit:
 
     def loadings(self) -> np.ndarray | None:
         """Linear decoder weight, else ``None``."""
-        if self.model.settings["decoder"] != "linear":
+        if self.model.settings.decoder != "linear":
             return None
         return self.model.get_loadings().to_numpy()
 
@@ -167,9 +167,9 @@ class CountVAEFit:
 
     def _tensors(self, adata: ad.AnnData):
         m = self.model
-        m._require_trained()
-        source, idx = query_source(adata, m.registry, m.var_names, validate=adata is not m.adata)
-        mb = source.rows(idx)
+        m.require_trained()
+        cells = m.cells(adata)
+        mb = cells.source.rows(cells.indices)
         module = m.module.eval()
         return module, to_tensors(mb, next(module.parameters()).dtype, torch.device("cpu"))
 

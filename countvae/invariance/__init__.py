@@ -7,10 +7,11 @@
 >>> report.passed, report.to_frame()  # doctest: +SKIP
 """
 
+from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
 from countvae.invariance.laplace_is import laplace_log_predictive_density
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
-from countvae.invariance.reparameterize import copy_model, reparameterize
-from countvae.invariance.report import InvarianceReport
+from countvae.invariance.reparameterize import check_trained_model, reparameterize, reparameterize_ica
+from countvae.invariance.result import InvarianceReport
 from countvae.invariance.transforms import (
     axis_scaling,
     check_orthogonal,
@@ -28,18 +29,14 @@ from countvae.invariance.transforms import (
     shear,
     signed_permutation,
 )
-from countvae.invariance.verification import (
-    control_transforms,
-    default_transforms,
-    prior_preserves,
-    verify,
-    with_prior,
-)
+from countvae.invariance.verification import verify
+from countvae.model import copy_model
 
 __all__ = [
     "InvarianceReport",
     "axis_scaling",
     "check_orthogonal",
+    "check_trained_model",
     "classify",
     "control_transforms",
     "copy_model",
@@ -59,6 +56,7 @@ __all__ = [
     "random_signed_permutation",
     "reflection",
     "reparameterize",
+    "reparameterize_ica",
     "shear",
     "signed_permutation",
     "verify",

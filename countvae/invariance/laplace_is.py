@@ -27,8 +27,8 @@ import pandas as pd
 import pyro.distributions as dist
 import torch
 
-from countvae.errors import InvalidArgumentError
-from countvae.invariance.elbo import cell_chunks
+from countvae._checks import check_int, check_number
+from countvae.invariance.elbo_geometry import cell_chunks
 from countvae.model import CountVAE
 from countvae.model.training import to_tensors
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
@@ -114,11 +114,11 @@ def laplace_log_predictive_density(
         Columns ``lpd`` (nats; a log density), ``mc_se``, ``ess`` and ``khat``, indexed by cell name.
 
     """
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
-        raise InvalidArgumentError(f"n_samples must be an integer >= 2, got {n_samples!r}.")
-    if not df > 2:
-        raise InvalidArgumentError(f"df must be larger than 2, got {df!r}.")
-    adata, source, idx = model._source(adata, indices)
+    check_int("n_samples", n_samples, 2)
+    check_number("df", df, 2.0, low_open=True)
+    model.require_trained()
+    cells = model.cells(adata, indices)
+    source, idx = cells.source, cells.indices
     module = model.module.eval()
     dtype = next(module.parameters()).dtype
     parts, positions = [], []
@@ -135,4 +135,4 @@ def laplace_log_predictive_density(
                 parts.append(summarize_log_weights(module.log_joint(z, x, b) - proposal.log_prob(z)))
             positions.append(pos)
     summary = ImportanceSummary.concatenate(parts).take(np.argsort(np.concatenate(positions)))
-    return summary.to_frame(index=adata.obs_names[idx])
+    return summary.to_frame(index=cells.obs_names)

@@ -128,7 +128,7 @@ def model_outputs(
     module = model.module
     latent = inference.latent_representation(module, source, indices)
     expression = inference.normalized_expression(module, source, indices, library_size=1e4)
-    if model.settings["decoder"] == "linear":
+    if model.settings.decoder == "linear":
         W = module.decoder.weight.detach().cpu().double().numpy()
         gram = W @ W.T
     else:

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from countvae.errors import InvalidArgumentError
+from countvae.model import CountVAE
+from countvae.model.training import to_tensors
 
 
 def _log_lik_terms(x: torch.Tensor, eta: torch.Tensor, theta: torch.Tensor | None):
@@ -125,20 +127,20 @@ def log_marginal_linear(
     return torch.logsumexp(values, dim=0) + log_det - 0.5 * L * np.log(2 * np.pi)
 
 
-def quadrature_unsupported_reason(model) -> str | None:
+def quadrature_unsupported_reason(model: CountVAE) -> str | None:
     """Why :func:`quadrature_log_marginal` cannot evaluate ``model``, or ``None`` when it can."""
     s = model.settings
-    if s["decoder"] != "linear" or s["likelihood"] not in ("poisson", "nb") or s["prior"] not in ("normal", "diagonal"):
+    if s.decoder != "linear" or s.likelihood not in ("poisson", "nb") or s.prior not in ("normal", "diagonal"):
         return (
             "Quadrature needs decoder='linear', likelihood 'poisson' or 'nb' and prior 'normal' or 'diagonal'; "
-            f"got decoder={s['decoder']!r}, likelihood={s['likelihood']!r}, prior={s['prior']!r}."
+            f"got decoder={s.decoder!r}, likelihood={s.likelihood!r}, prior={s.prior!r}."
         )
     if model.n_latent > 3:
         return f"Quadrature is limited to n_latent <= 3; this model has {model.n_latent}."
     return None
 
 
-def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) -> np.ndarray:
+def quadrature_log_marginal(model: CountVAE, adata=None, indices=None, n_nodes: int = 20) -> np.ndarray:
     """Exact ``log p(x)`` per cell of a fitted linear-decoder Poisson or NB ``CountVAE``.
 
     Computed in float64 from the model's parameters, independently of the guide.
@@ -163,12 +165,12 @@ def quadrature_log_marginal(model, adata=None, indices=None, n_nodes: int = 20) 
         ``log p(x)`` per cell in nats, in the order of ``indices``.
 
     """
-    from countvae.model.training import to_tensors
-
     reason = quadrature_unsupported_reason(model)
     if reason is not None:
         raise InvalidArgumentError(reason)
-    _, source, idx = model._source(adata, indices)
+    model.require_trained()
+    cells = model.cells(adata, indices)
+    source, idx = cells.source, cells.indices
     module = model.module
     dec = module.decoder
     W = dec.weight.detach().cpu().double()

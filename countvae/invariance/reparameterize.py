@@ -16,16 +16,13 @@ For orthogonal ``A`` and the N(0, I) prior the new model has exactly the same
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 
-from countvae.errors import InvalidArgumentError, NotTrainedError
+from countvae.errors import InvalidArgumentError
+from countvae.ica import ICARotation
 from countvae.invariance.transforms import as_matrix, check_orthogonal, nearest_orthogonal, orthogonality_error
-from countvae.model import CountVAE
-
-_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+from countvae.model import CountVAE, copy_model
 
 #: Condition number above which a non-orthogonal map is refused: its inverse would lose most digits.
 MAX_CONDITION = 1e8
@@ -34,45 +31,27 @@ MAX_CONDITION = 1e8
 _ROUNDING = 1e-14
 
 
-def _require_model(model) -> None:
-    if not isinstance(model, CountVAE):
-        raise InvalidArgumentError(f"Expected a fitted countvae.CountVAE, got {type(model).__name__}.")
-    if not model.is_trained:
-        raise NotTrainedError("The model is not trained yet; call model.train() before reparameterizing it.")
+def check_trained_model(model) -> CountVAE:
+    """``model`` itself when it is a trained :class:`countvae.CountVAE`.
 
-
-def copy_model(model: CountVAE, dtype: torch.dtype | None = None) -> CountVAE:
-    """An independent copy of a model, optionally converted to another floating-point type.
-
-    Parameters and history are deep-copied; the AnnData is shared by reference
-    (it is never modified), and the optimiser state is dropped (a copy that is
-    trained further starts a fresh optimiser).
-
-    Parameters
-    ----------
-    model
-        The model to copy.
-    dtype
-        ``torch.float32`` or ``torch.float64``; ``None`` keeps the model's.
+    Raises
+    ------
+    InvalidArgumentError
+        If it is something else.
+    NotTrainedError
+        If it has not been trained.
 
     """
-    if dtype is not None and dtype not in _DTYPE_NAMES:
-        raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
-    memo: dict[int, object] = {}
-    if model.adata is not None:
-        memo[id(model.adata)] = model.adata
-    new = copy.deepcopy(model, memo)
-    new._optimizer = None
-    if dtype is not None:
-        new.module.to(dtype=dtype)
-        new._settings["dtype"] = _DTYPE_NAMES[dtype]
-    return new
+    if not isinstance(model, CountVAE):
+        raise InvalidArgumentError(f"Expected a fitted countvae.CountVAE, got {type(model).__name__}.")
+    model.require_trained()
+    return model
 
 
 def latent_weight(model: CountVAE) -> torch.nn.Parameter:
     """The decoder parameter that multiplies ``z``: (genes x L) for linear, (hidden x L) for the MLP."""
     dec = model.module.decoder
-    return dec.weight if model.settings["decoder"] == "linear" else dec.hidden.linears[0].data.weight
+    return dec.weight if model.settings.decoder == "linear" else dec.hidden.linears[0].data.weight
 
 
 def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6) -> CountVAE:
@@ -121,7 +100,7 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     True
 
     """
-    _require_model(model)
+    check_trained_model(model)
     L = model.n_latent
     if check:
         A = check_orthogonal(Q, atol=atol, n_latent=L)
@@ -147,3 +126,70 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
         rewritten = weight.detach().cpu().double() @ torch.as_tensor(A_inv, dtype=torch.float64)
         weight.copy_(rewritten.to(dtype=dtype, device=device))
     return new
+
+
+def reparameterize_ica(model: CountVAE, ica: ICARotation | None = None) -> CountVAE:
+    """A copy of a fitted :class:`countvae.CountVAE` whose latent coordinates are ICA axes.
+
+    With ``A = ica.components_`` (k = n_latent components), the copy's latent is
+    ``z' = A z`` and its decoder ``f'(z') = f(A^{-1} z')``, through
+    :func:`reparameterize` (the guide returns the law of ``A z``; the prior stays
+    N(0, I)). What this preserves, exactly:
+
+    * decoded means at mapped points, ``f'(A z) = f(z)``: normalized expression,
+      posterior-predictive draws and every per-cell decoder output are unchanged
+      (to rounding);
+    * the latent *space*: posterior means become ``A mu = ica.transform(mu) + A mean_``,
+      the ICA sources up to the constant ``A @ ica.mean_`` (near 0 for centred
+      latents), and posterior covariances ``A diag(sigma^2) A^T``;
+    * for a linear decoder, the loadings become ``W A^{-1} = W @ ica.mixing_``:
+      ``get_loadings()`` of the copy has one gene-loading column per ICA component.
+
+    What it does not preserve, unless ``A`` is orthogonal (``ICARotation(whiten=False)``):
+
+    * ``p(x)``: the copy keeps the N(0, I) prior on ``z'``, which on the original
+      coordinates is the prior ``N(0, (A^T A)^{-1})`` = ``N(0, Sigma)`` with ``Sigma``
+      the covariance of the posterior means, not N(0, I). ``log p(x)``, the ELBO
+      and the held-out predictive density therefore change (they are the
+      original decoder's under that prior); with ``whiten=False`` ``A`` is
+      orthogonal and they are exactly unchanged.
+    * Euclidean distances and k-NN graphs of the latents, and the decoder's
+      stretch ``B(z)`` (the Jacobian becomes ``J A^{-1}``).
+
+    Parameters
+    ----------
+    model
+        A trained ``CountVAE``.
+    ica
+        A fitted :class:`countvae.ica.ICARotation` of this model's latents, used as
+        is. When it is not fitted (or ``None``: ``ICARotation()``), it is fitted
+        here to the posterior means of the model's training cells,
+        ``ica.fit(model.get_latent_representation())``. It must keep all
+        ``n_latent`` components.
+
+    Returns
+    -------
+    CountVAE
+        The re-expressed copy; the original is untouched.
+
+    Examples
+    --------
+    >>> from countvae.ica import ICARotation
+    >>> ica = ICARotation().fit(model.get_latent_representation())  # doctest: +SKIP
+    >>> in_ica_axes = reparameterize_ica(model, ica)  # doctest: +SKIP
+
+    """
+    check_trained_model(model)
+    if ica is None:
+        ica = ICARotation()
+    if not isinstance(ica, ICARotation):
+        raise InvalidArgumentError(f"ica must be an ICARotation or None, got {type(ica).__name__}.")
+    if not hasattr(ica, "components_"):
+        ica.fit(model.get_latent_representation())
+    if ica.components_.shape != (model.n_latent, model.n_latent):
+        raise InvalidArgumentError(
+            f"The ICA keeps {ica.components_.shape[0]} of {model.n_latent} dimensions (of {ica.mean_.shape[0]} "
+            "inputs); re-expressing the model needs an invertible map of its latent space, so fit it to this "
+            "model's latents with n_components=None."
+        )
+    return reparameterize(model, ica.components_, check=not ica.whiten)

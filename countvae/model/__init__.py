@@ -1,5 +1,8 @@
-"""The user-facing model class and the functions it delegates to."""
+"""The user-facing model class, its settings, and the functions it delegates to."""
 
-from countvae.model.countvae import CountVAE
+from countvae.model.countvae import CountVAE, copy_model
+from countvae.model.query import ModelCells
+from countvae.model.settings import DataSummary, ModelSettings
+from countvae.model.training import TrainingPlan
 
-__all__ = ["CountVAE"]
+__all__ = ["CountVAE", "DataSummary", "ModelCells", "ModelSettings", "TrainingPlan", "copy_model"]

@@ -98,7 +98,7 @@ def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | 
     """A record h5ad can store: no ``None`` values (an unset registry field is written as ``""``)."""
     registry = {k: ("" if v is None else v) for k, v in model.registry.to_dict().items()}
     record = {
-        "settings": model.settings,
+        "settings": model.settings.to_dict(),
         "registry": registry,
         "training": _history_summary(model.history),
         "versions": package_versions(),
@@ -175,7 +175,7 @@ def write_results(
     ((300, 2), (40, 2))
 
     """
-    model._require_trained()
+    model.require_trained()
     if adata is None:
         adata = model.adata
         if adata is None:
@@ -188,7 +188,7 @@ def write_results(
     uns_key = _check_key("uns_key", uns_key)
     if not (isinstance(library_size, int | float) and not isinstance(library_size, bool) and library_size > 0):
         raise InvalidArgumentError(f"library_size must be a positive number, got {library_size!r}.")
-    if model.settings["decoder"] != "linear":
+    if model.settings.decoder != "linear":
         loadings_key = None  # documented: an MLP decoder has no loadings to store
     targets = {
         "obsm": (latent_key, adata.obsm),

@@ -2,15 +2,20 @@
 
 The class holds state (the AnnData registration, the Pyro module, the training
 history) and delegates each task to a plain function beside its concern:
-training in :mod:`countvae.model.training`, per-cell quantities in
-:mod:`countvae.model.inference`, files in :mod:`countvae.model.persistence`.
+settings in :mod:`countvae.model.settings`, training in
+:mod:`countvae.model.training`, reading cells in :mod:`countvae.model.query`,
+per-cell quantities in :mod:`countvae.model.inference`, files in
+:mod:`countvae.model.persistence`. It knows nothing of ICA or of the invariance
+checks: those take a model (or its latents) from the layers above.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Literal
 
 import anndata as ad
 import numpy as np
@@ -18,50 +23,21 @@ import pandas as pd
 import torch
 
 from countvae.data.loader import CountSource
-from countvae.data.registry import (
-    Registry,
-    batch_codes,
-    get_count_matrix,
-    get_registry,
-    get_var_names,
-)
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
-from countvae.data.validation import column_totals
-from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
-from countvae.ica import ICARotation
+from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
 from countvae.model import anndata_results, inference
 from countvae.model.persistence import read_model_folder, write_model_folder
-from countvae.model.query import check_genes, query_source, resolve_registry
-from countvae.model.training import TrainingPlan, default_max_epochs, train_module
+from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
+from countvae.model.settings import DataSummary, ModelSettings, dtype_name
+from countvae.model.training import TrainingPlan, resolve_device, train_module
+from countvae.module.priors import LatentPrior
 from countvae.module.vae import CountVAEModule
 
 logger = logging.getLogger(__name__)
 
-_LIKELIHOODS = ("poisson", "nb", "zinb")
-_DECODERS = ("linear", "mlp")
-_DISPERSIONS = ("gene", "gene-batch")
-_PRIORS = ("normal", "laplace", "diagonal")
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _dtype_name(dtype: torch.dtype | str) -> str:
-    for name, value in _DTYPES.items():
-        if dtype in (value, name):
-            return name
-    raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
-
-
-def _resolve_device(accelerator: str) -> torch.device:
-    if accelerator == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if accelerator == "cpu":
-        return torch.device("cpu")
-    if accelerator in ("gpu", "cuda"):
-        if not torch.cuda.is_available():
-            raise InvalidArgumentError("accelerator='gpu' was requested but torch sees no CUDA device.")
-        return torch.device("cuda")
-    raise InvalidArgumentError(f"accelerator must be 'auto', 'cpu' or 'gpu', got {accelerator!r}.")
+_HISTORY_COLUMNS = ["epoch", "loss_train", "loss_validation", "kl_weight"]
 
 
 class CountVAE:
@@ -75,7 +51,10 @@ class CountVAE:
     Parameters
     ----------
     adata
-        AnnData registered with :meth:`setup_anndata`.
+        AnnData registered with :meth:`setup_anndata`; or a
+        :class:`countvae.model.settings.DataSummary` (what :meth:`load` passes:
+        the registration, genes and gene shares of the training data, without
+        the data).
     n_latent
         Latent dimensions; at least 1 and fewer than the number of genes and cells.
     likelihood
@@ -94,6 +73,19 @@ class CountVAE:
     dtype
         ``torch.float32`` (default) or ``torch.float64``.
 
+    Attributes
+    ----------
+    settings
+        The validated :class:`countvae.model.settings.ModelSettings`.
+    registry, var_names
+        Where the training AnnData keeps its counts, and the training genes.
+    adata
+        The training AnnData (``None`` for a model loaded without data).
+    module
+        The Pyro module (:class:`countvae.module.CountVAEModule`).
+    history, train_indices, validation_indices, is_trained, device
+        Training state.
+
     Examples
     --------
     >>> import countvae as cv
@@ -104,11 +96,17 @@ class CountVAE:
     >>> model.get_latent_representation().shape
     (500, 3)
 
+    ICA axes are a separate, scikit-learn-style step on the latents:
+
+    >>> from countvae.ica import ICARotation
+    >>> ica = ICARotation().fit(model.get_latent_representation())  # doctest: +SKIP
+    >>> sources = ica.transform(model.get_latent_representation(adata_new))  # doctest: +SKIP
+
     """
 
     def __init__(
         self,
-        adata: ad.AnnData,
+        adata: ad.AnnData | DataSummary,
         n_latent: int = 10,
         likelihood: Literal["poisson", "nb", "zinb"] = "nb",
         decoder: Literal["linear", "mlp"] = "mlp",
@@ -121,107 +119,52 @@ class CountVAE:
         batch_norm: bool = True,
         dtype: torch.dtype | str = torch.float32,
     ):
-        if not isinstance(adata, ad.AnnData):
-            raise InvalidArgumentError(f"CountVAE expects an AnnData, got {type(adata).__name__}.")
-        registry = get_registry(adata)
-        if registry is None:
-            raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
-        var_names = get_var_names(adata, registry)
-        gene_totals = column_totals(get_count_matrix(adata, registry))
-        n_empty = int(np.count_nonzero(gene_totals == 0))
-        if n_empty:
-            # possible when a registered AnnData is subset after setup_anndata
-            raise InvalidDataError(
-                f"{n_empty} of {len(gene_totals)} genes have zero total counts in the training cells; a model cannot "
-                "learn their expression. Remove them (e.g. `sc.pp.filter_genes(adata, min_counts=1)`) and call "
-                "CountVAE.setup_anndata again."
-            )
-        self._configure(
-            registry,
-            pd.Index(var_names),
-            n_cells=adata.n_obs,
-            settings=dict(
-                n_latent=n_latent,
-                likelihood=likelihood,
-                decoder=decoder,
-                n_hidden=n_hidden,
-                n_layers=n_layers,
-                dropout_rate=dropout_rate,
-                dispersion=dispersion,
-                prior=prior,
-                batch_norm=batch_norm,
-                dtype=_dtype_name(dtype),
-            ),
-            gene_totals=gene_totals,
+        settings = ModelSettings(
+            n_latent=n_latent,
+            likelihood=likelihood,
+            decoder=decoder,
+            n_hidden=n_hidden,
+            n_layers=n_layers,
+            dropout_rate=dropout_rate,
+            dispersion=dispersion,
+            prior=prior,
+            batch_norm=batch_norm,
+            dtype=dtype,
         )
-        self.adata: ad.AnnData | None = adata
-        self.module = self._build_module(seed=0)
-
-    # ----- construction --------------------------------------------------------------------
-    def _configure(
-        self, registry: Registry, var_names: pd.Index, n_cells: int, settings: dict[str, Any], gene_totals
-    ) -> None:
-        s = settings
-        n_genes = len(var_names)
-        n_latent = s["n_latent"]
-        if not isinstance(n_latent, int | np.integer) or isinstance(n_latent, bool) or n_latent < 1:
-            raise InvalidArgumentError(f"n_latent must be a positive integer, got {n_latent!r}.")
-        if n_latent >= n_genes or n_latent >= n_cells:
-            raise InvalidArgumentError(
-                f"n_latent={n_latent} is too large for {n_cells} cells x {n_genes} genes: it must be smaller "
-                "than both (a latent space as large as the data cannot compress it)."
-            )
-        for key, allowed in (
-            ("likelihood", _LIKELIHOODS),
-            ("decoder", _DECODERS),
-            ("dispersion", _DISPERSIONS),
-            ("prior", _PRIORS),
-        ):
-            if s[key] not in allowed:
-                raise InvalidArgumentError(f"{key} must be one of {allowed}, got {s[key]!r}.")
-        if s["dispersion"] == "gene-batch" and registry.batch_key is None:
-            raise InvalidArgumentError("dispersion='gene-batch' needs a batch_key registered with setup_anndata.")
-        if not (
-            isinstance(s["n_hidden"], int)
-            and s["n_hidden"] >= 1
-            and isinstance(s["n_layers"], int)
-            and s["n_layers"] >= 1
-        ):
-            raise InvalidArgumentError("n_hidden and n_layers must be positive integers.")
-        if not 0.0 <= float(s["dropout_rate"]) < 1.0:
-            raise InvalidArgumentError(f"dropout_rate must lie in [0, 1), got {s['dropout_rate']!r}.")
-        self.registry = registry
-        self.var_names = var_names
-        self._settings = dict(s, n_latent=int(n_latent))
-        self._log_proportions = np.log(np.asarray(gene_totals, dtype=np.float64) / float(np.sum(gene_totals)))
+        data = adata if isinstance(adata, DataSummary) else DataSummary.from_anndata(adata)
+        settings.check_data(data)
+        self._settings = settings
+        self._data = data
+        self.registry: Registry = data.registry
+        self.var_names: pd.Index = data.var_names
+        self.adata: ad.AnnData | None = None if isinstance(adata, DataSummary) else adata
         self.is_trained = False
-        self.history = pd.DataFrame(columns=["epoch", "loss_train", "loss_validation", "kl_weight"])
+        self.history = pd.DataFrame(columns=_HISTORY_COLUMNS)
         self.train_indices = np.arange(0)
         self.validation_indices = np.arange(0)
-        self._optimizer: torch.optim.Optimizer | None = None
         self.device = torch.device("cpu")
-        self.ica: ICARotation | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self.module = self._build_module(seed=0)
 
     def _build_module(self, seed: int) -> CountVAEModule:
         s = self._settings
-        dtype = _DTYPES[s["dtype"]]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             module = CountVAEModule(
                 n_genes=len(self.var_names),
-                n_latent=s["n_latent"],
+                n_latent=s.n_latent,
                 n_batches=self.registry.n_batches,
-                likelihood=s["likelihood"],
-                decoder=s["decoder"],
-                n_hidden=s["n_hidden"],
-                n_layers=s["n_layers"],
-                dropout_rate=s["dropout_rate"],
-                dispersion=s["dispersion"],
-                prior=s["prior"],
-                batch_norm=s["batch_norm"],
-                init_log_proportions=torch.tensor(self._log_proportions, dtype=torch.float32),
+                likelihood=s.likelihood,
+                decoder=s.decoder,
+                n_hidden=s.n_hidden,
+                n_layers=s.n_layers,
+                dropout_rate=s.dropout_rate,
+                dispersion=s.dispersion,
+                prior=s.prior,
+                batch_norm=s.batch_norm,
+                init_log_proportions=torch.tensor(self._data.log_proportions, dtype=torch.float32),
             )
-        return module.to(dtype=dtype, device=self.device)
+        return module.to(dtype=s.torch_dtype, device=self.device)
 
     @staticmethod
     def setup_anndata(
@@ -240,27 +183,27 @@ class CountVAE:
 
     # ----- properties ------------------------------------------------------------------------
     @property
-    def n_latent(self) -> int:
-        """Number of latent dimensions."""
-        return self._settings["n_latent"]
+    def settings(self) -> ModelSettings:
+        """The constructor settings (a frozen :class:`countvae.model.settings.ModelSettings`)."""
+        return self._settings
 
     @property
-    def settings(self) -> dict[str, Any]:
-        """Constructor settings (a copy)."""
-        return dict(self._settings)
+    def n_latent(self) -> int:
+        """Number of latent dimensions."""
+        return self._settings.n_latent
 
     @property
     def dtype(self) -> torch.dtype:
         """Floating-point type of the parameters."""
-        return _DTYPES[self._settings["dtype"]]
+        return self._settings.torch_dtype
 
     def __repr__(self) -> str:
         s = self._settings
         status = "trained" if self.is_trained else "not trained"
         batches = f", {self.registry.n_batches} batches" if self.registry.batch_key else ""
         return (
-            f"CountVAE(n_latent={s['n_latent']}, likelihood={s['likelihood']!r}, decoder={s['decoder']!r}, "
-            f"prior={s['prior']!r}, {len(self.var_names)} genes{batches}, {s['dtype']}; {status})"
+            f"CountVAE(n_latent={s.n_latent}, likelihood={s.likelihood!r}, decoder={s.decoder!r}, "
+            f"prior={s.prior!r}, {len(self.var_names)} genes{batches}, {s.dtype}; {status})"
         )
 
     # ----- training --------------------------------------------------------------------------
@@ -335,27 +278,29 @@ class CountVAE:
             ``self``, so calls can be chained.
 
         """
+        plan = TrainingPlan(
+            max_epochs=max_epochs,
+            batch_size=batch_size,
+            lr=lr,
+            train_size=train_size,
+            weight_decay=weight_decay,
+            kl_warmup_epochs=kl_warmup_epochs,
+            early_stopping=early_stopping,
+            early_stopping_patience=early_stopping_patience,
+            engine=engine,
+            seed=seed,
+            progress_bar=progress_bar,
+            shuffle_block_cells=shuffle_block_cells,
+            accelerator=accelerator,
+        )
         if self.adata is None:
             raise SetupError("This model was loaded without data; pass adata to CountVAE.load to train it.")
-        for name, value in (("batch_size", batch_size), ("early_stopping_patience", early_stopping_patience)):
-            if not isinstance(value, int | np.integer) or value < 1:
-                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}.")
-        if max_epochs is not None and (not isinstance(max_epochs, int | np.integer) or max_epochs < 1):
-            raise InvalidArgumentError(f"max_epochs must be a positive integer, got {max_epochs!r}.")
-        if not (isinstance(lr, float | int) and lr > 0):
-            raise InvalidArgumentError(f"lr must be a positive number, got {lr!r}.")
-        if shuffle_block_cells is not None and (
-            not isinstance(shuffle_block_cells, int | np.integer) or shuffle_block_cells < 1
-        ):
-            raise InvalidArgumentError(f"shuffle_block_cells must be a positive integer, got {shuffle_block_cells!r}.")
-        if engine not in ("direct", "pyro"):
-            raise InvalidArgumentError(f"engine must be 'direct' or 'pyro', got {engine!r}.")
-        device = _resolve_device(accelerator)
+        device = resolve_device(plan.accelerator)
         source = CountSource(get_count_matrix(self.adata, self.registry), batch_codes(self.adata, self.registry))
         if not self.is_trained:
             self.device = device
-            self.module = self._build_module(seed)
-            self.train_indices, self.validation_indices = split_indices(source.n_obs, train_size, seed)
+            self.module = self._build_module(plan.seed)
+            self.train_indices, self.validation_indices = split_indices(source.n_obs, plan.train_size, plan.seed)
             self._optimizer = None
             if len(self.train_indices) < 2:
                 raise InvalidArgumentError("Training needs at least 2 cells in the training split.")
@@ -363,22 +308,7 @@ class CountVAE:
             self.module.to(device)
             self.device = device
             self._optimizer = None
-        epochs = max_epochs if max_epochs is not None else default_max_epochs(len(self.train_indices))
-        plan = TrainingPlan(
-            max_epochs=int(epochs),
-            batch_size=int(batch_size),
-            lr=float(lr),
-            weight_decay=float(weight_decay),
-            kl_warmup_epochs=int(kl_warmup_epochs),
-            early_stopping=bool(early_stopping),
-            early_stopping_patience=int(early_stopping_patience),
-            engine=engine,
-            seed=int(seed),
-            progress_bar=progress_bar,
-            shuffle_block_cells=None if shuffle_block_cells is None else int(shuffle_block_cells),
-        )
         offset = int(self.history["epoch"].max()) if len(self.history) else 0
-        self.ica = None  # the latents are about to change; a stored ICA fit would no longer apply
         try:
             history, self._optimizer = train_module(
                 self.module, source, self.train_indices, self.validation_indices, plan, self._optimizer, offset
@@ -388,13 +318,50 @@ class CountVAE:
         self.history = pd.concat([self.history, history], ignore_index=True) if len(self.history) else history
         return self
 
-    # ----- per-cell outputs ------------------------------------------------------------------
-    def _require_trained(self) -> None:
+    # ----- cells ----------------------------------------------------------------------------
+    def require_trained(self) -> None:
+        """Raise :class:`countvae.errors.NotTrainedError` unless :meth:`train` has run.
+
+        Raises
+        ------
+        NotTrainedError
+            If the model is not trained.
+
+        """
         if not self.is_trained:
             raise NotTrainedError("The model is not trained yet; call model.train() first.")
 
-    def _source(self, adata: ad.AnnData | None, indices) -> tuple[ad.AnnData, CountSource, np.ndarray]:
-        self._require_trained()
+    def cells(self, adata: ad.AnnData | None = None, indices: np.ndarray | None = None) -> ModelCells:
+        """The cells of ``adata`` as the model reads them, checked against the training data.
+
+        Every per-cell method of the class, and every estimator built on a model
+        (:mod:`countvae.invariance`, the diagnostics), reads its cells through
+        this: the counts and batch codes in the model's registration and gene
+        order, for the positions ``indices``.
+
+        Parameters
+        ----------
+        adata
+            Cells with the training genes (default: the training AnnData). A new
+            AnnData is checked (genes, batch categories, counts); it may be
+            registered on its own with the same batch key, or not at all.
+        indices
+            Positions of a subset of the cells (default: all, in order).
+
+        Returns
+        -------
+        countvae.model.query.ModelCells
+            The AnnData, a :class:`countvae.data.CountSource` over it and the positions.
+
+        Raises
+        ------
+        SetupError
+            If ``adata`` is omitted and the model was loaded without data, or it is
+            registered with another batch key.
+        InvalidDataError
+            If its genes, batches or counts do not fit the model.
+
+        """
         if adata is None:
             if self.adata is None:
                 raise SetupError("This model was loaded without data; pass adata=... explicitly.")
@@ -402,8 +369,13 @@ class CountVAE:
         source, idx = query_source(
             adata, self.registry, self.var_names, indices=indices, validate=adata is not self.adata
         )
-        return adata, source, idx
+        return ModelCells(adata=adata, source=source, indices=idx)
 
+    def _trained_cells(self, adata: ad.AnnData | None, indices: np.ndarray | None) -> ModelCells:
+        self.require_trained()
+        return self.cells(adata, indices)
+
+    # ----- per-cell outputs ------------------------------------------------------------------
     def get_latent_representation(
         self,
         adata: ad.AnnData | None = None,
@@ -411,9 +383,12 @@ class CountVAE:
         give_mean: bool = True,
         seed: int = 0,
         batch_size: int = 1024,
-        rotation: Literal["ica"] | ICARotation | None = None,
     ) -> np.ndarray:
         """Posterior mean of ``z`` per cell (or one draw with ``give_mean=False``).
+
+        The coordinates are the model's own, determined only up to an orthogonal
+        map (:mod:`countvae.invariance`). For ICA axes, fit
+        :class:`countvae.ica.ICARotation` to these latents and transform them.
 
         Parameters
         ----------
@@ -425,49 +400,15 @@ class CountVAE:
             Seed of the draw.
         batch_size
             Cells per forward pass.
-        rotation
-            ``None``: the model's own (arbitrary) coordinates. ``"ica"``: ICA
-            coordinates, from an :class:`countvae.ica.ICARotation` fitted once to
-            the posterior means of all training cells and kept in ``model.ica``,
-            so every call uses the same axes (training again discards it). An
-            ``ICARotation``: used as is when fitted; fitted to the training
-            cells' posterior means and kept in ``model.ica`` when not. The ICA
-            map whitens and is therefore not orthogonal: see :mod:`countvae.ica`
-            for what it preserves.
 
         Returns
         -------
         numpy.ndarray
-            Shape (cells, n_latent), or (cells, n_components) in ICA coordinates.
+            Shape (cells, n_latent).
 
         """
-        _, source, idx = self._source(adata, indices)
-        z = inference.latent_representation(self.module, source, idx, give_mean, seed, batch_size)
-        if rotation is None:
-            return z
-        return self._ica_for(rotation).transform(z)
-
-    def _ica_for(self, rotation: Literal["ica"] | ICARotation) -> ICARotation:
-        if isinstance(rotation, ICARotation) and hasattr(rotation, "components_"):
-            return rotation
-        if isinstance(rotation, str) and rotation == "ica":
-            # A reparameterized copy (countvae.invariance) inherits ``ica`` but not its coordinates.
-            if self.ica is not None and getattr(self, "_ica_coordinates", None) == self._latent_coordinates():
-                return self.ica
-            rotation = ICARotation()
-        if not isinstance(rotation, ICARotation):
-            raise InvalidArgumentError(f"rotation must be None, 'ica' or an ICARotation, got {rotation!r}.")
-        if self.adata is None:
-            raise SetupError("Fitting the ICA needs the training cells; this model was loaded without data.")
-        _, source, idx = self._source(None, None)
-        self.ica = rotation.fit(inference.latent_representation(self.module, source, idx, True, 0, 1024))
-        self._ica_coordinates = self._latent_coordinates()
-        return self.ica
-
-    def _latent_coordinates(self) -> bytes | None:
-        """Identifies the latent coordinates: the latent map set by a reparameterization, if any."""
-        latent_map = self.module.latent_map
-        return None if latent_map is None else latent_map.detach().cpu().numpy().tobytes()
+        c = self._trained_cells(adata, indices)
+        return inference.latent_representation(self.module, c.source, c.indices, give_mean, seed, batch_size)
 
     def get_normalized_expression(
         self,
@@ -508,7 +449,7 @@ class CountVAE:
             Cells x genes, labelled unless ``return_numpy``.
 
         """
-        adata, source, idx = self._source(adata, indices)
+        c = self._trained_cells(adata, indices)
         code = None
         if transform_batch is not None:
             if transform_batch not in self.registry.batch_categories:
@@ -517,10 +458,10 @@ class CountVAE:
                     f"known: {self.registry.batch_categories}."
                 )
             code = self.registry.batch_categories.index(transform_batch)
-        values = inference.normalized_expression(self.module, source, idx, library_size, n_samples, code, seed)
+        values = inference.normalized_expression(self.module, c.source, c.indices, library_size, n_samples, code, seed)
         if return_numpy:
             return values
-        return pd.DataFrame(values, index=adata.obs_names[idx], columns=self.var_names)
+        return pd.DataFrame(values, index=c.obs_names, columns=self.var_names)
 
     def get_log_predictive_density(
         self,
@@ -542,9 +483,11 @@ class CountVAE:
             ``mc_se`` and ``ess`` (effective sample size of the importance weights).
 
         """
-        adata, source, idx = self._source(adata, indices)
-        frame = inference.log_predictive_density(self.module, source, idx, n_samples, seed, progress_bar=progress_bar)
-        frame.index = adata.obs_names[idx]
+        c = self._trained_cells(adata, indices)
+        frame = inference.log_predictive_density(
+            self.module, c.source, c.indices, n_samples, seed, progress_bar=progress_bar
+        )
+        frame.index = c.obs_names
         return frame
 
     def get_elbo(
@@ -556,8 +499,8 @@ class CountVAE:
         return_mean: bool = True,
     ) -> float | np.ndarray:
         """ELBO per cell (a log density, higher is better); the mean over cells unless ``return_mean=False``."""
-        _, source, idx = self._source(adata, indices)
-        values = inference.elbo_per_cell(self.module, source, idx, n_samples, seed)
+        c = self._trained_cells(adata, indices)
+        values = inference.elbo_per_cell(self.module, c.source, c.indices, n_samples, seed)
         return float(values.mean()) if return_mean else values
 
     def posterior_predictive_sample(
@@ -576,8 +519,8 @@ class CountVAE:
             scvi-tools returns a ``sparse.GCXS`` array of the second shape.
 
         """
-        _, source, idx = self._source(adata, indices)
-        draws = inference.posterior_predictive(self.module, source, idx, n_samples, seed)
+        c = self._trained_cells(adata, indices)
+        draws = inference.posterior_predictive(self.module, c.source, c.indices, n_samples, seed)
         return draws[..., 0] if n_samples == 1 else draws
 
     def get_loadings(self) -> pd.DataFrame:
@@ -587,9 +530,9 @@ class CountVAE:
         (see :mod:`countvae.invariance`): compare loadings across fits by their
         span, not column by column.
         """
-        if self._settings["decoder"] != "linear":
+        if self._settings.decoder != "linear":
             raise InvalidArgumentError("get_loadings() needs decoder='linear'; an MLP decoder has no loadings.")
-        self._require_trained()
+        self.require_trained()
         weight = self.module.decoder.weight.detach().cpu().numpy()
         return pd.DataFrame(weight, index=self.var_names, columns=[f"Z_{i}" for i in range(self.n_latent)])
 
@@ -646,9 +589,9 @@ class CountVAE:
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
         tensors["train_indices"] = torch.as_tensor(self.train_indices, dtype=torch.long)
         tensors["validation_indices"] = torch.as_tensor(self.validation_indices, dtype=torch.long)
-        tensors["log_proportions"] = torch.as_tensor(self._log_proportions)
+        tensors["log_proportions"] = torch.as_tensor(self._data.log_proportions)
         settings = {
-            "settings": self._settings,
+            "settings": self._settings.to_dict(),
             "registry": self.registry.to_dict(),
             "var_names": [str(v) for v in self.var_names],
             "is_trained": self.is_trained,
@@ -662,6 +605,10 @@ class CountVAE:
     @classmethod
     def load(cls, dir_path: str | os.PathLike, adata: ad.AnnData | None = None, accelerator: str = "cpu") -> CountVAE:
         """Read a model saved with :meth:`save`.
+
+        The model is built by the constructor, from the saved settings and
+        :class:`countvae.model.settings.DataSummary`, then given the saved
+        parameters and training state.
 
         Parameters
         ----------
@@ -680,39 +627,85 @@ class CountVAE:
 
         """
         record, tensors, adata_path = read_model_folder(dir_path)
-        registry = Registry.from_dict(record["registry"])
-        var_names = pd.Index(record["var_names"])
-        if adata is None and adata_path is not None:
-            adata = ad.read_h5ad(adata_path)
-        self = cls.__new__(cls)
-        log_proportions = tensors["log_proportions"].numpy()
+        device = resolve_device(accelerator)
         n_cells = len(tensors["train_indices"]) + len(tensors["validation_indices"])
-        self._configure(
-            registry,
-            var_names,
-            max(n_cells, record["settings"]["n_latent"] + 1),
-            record["settings"],
-            np.exp(log_proportions),
+        data = DataSummary(
+            registry=Registry.from_dict(record["registry"]),
+            var_names=pd.Index(record["var_names"]),
+            log_proportions=tensors["log_proportions"].numpy(),
+            n_cells=n_cells or None,
         )
-        self.device = _resolve_device(accelerator)
-        self.module = self._build_module(seed=0)
+        model = cls(data, **ModelSettings.from_dict(record["settings"]).to_dict())
+        module = model.module
         if record.get("has_latent_map"):
-            self.module.latent_map = torch.zeros(self.n_latent, self.n_latent, dtype=self.dtype, device=self.device)
+            module.latent_map = torch.zeros(model.n_latent, model.n_latent, dtype=model.dtype)
         state = {k[len("module.") :]: v for k, v in tensors.items() if k.startswith("module.")}
         try:
-            self.module.load_state_dict(state)
+            module.load_state_dict(state)
         except RuntimeError as exc:
             raise ModelFileError(f"{dir_path}: its parameters do not fit the recorded settings: {exc}") from None
-        self.module.to(self.device)
-        self.train_indices = tensors["train_indices"].numpy()
-        self.validation_indices = tensors["validation_indices"].numpy()
-        self.is_trained = bool(record["is_trained"])
-        self.history = pd.DataFrame(record["history"]).astype(float)
-        if len(self.history):
-            self.history["epoch"] = self.history["epoch"].astype(int)
-        self.adata = None
+        model.device = device
+        module.to(device)
+        model.train_indices = tensors["train_indices"].numpy()
+        model.validation_indices = tensors["validation_indices"].numpy()
+        model.is_trained = bool(record["is_trained"])
+        model.history = pd.DataFrame(record["history"]).astype(float)
+        if len(model.history):
+            model.history["epoch"] = model.history["epoch"].astype(int)
+        if adata is None and adata_path is not None:
+            adata = ad.read_h5ad(adata_path)
         if adata is not None:
-            check_genes(get_var_names(adata, resolve_registry(adata, registry)), var_names)
-            self.adata = adata
-        self.module.eval()
-        return self
+            check_genes(get_var_names(adata, resolve_registry(adata, model.registry)), model.var_names)
+            model.adata = adata
+        module.eval()
+        return model
+
+
+def copy_model(
+    model: CountVAE, dtype: torch.dtype | str | None = None, *, prior: LatentPrior | None = None
+) -> CountVAE:
+    """An independent copy of a model, optionally in another floating-point type or with another prior.
+
+    Parameters and history are deep-copied; the AnnData is shared by reference
+    (it is never modified), and the optimiser state is dropped (a copy that is
+    trained further starts a fresh optimiser).
+
+    Parameters
+    ----------
+    model
+        The model to copy.
+    dtype
+        ``torch.float32`` or ``torch.float64`` (or their names); ``None`` keeps the model's.
+    prior
+        A :class:`countvae.module.LatentPrior` to use instead of the model's
+        (moved to the copy's dtype and device); the copy's ``settings.prior``
+        becomes its kind. The networks are unchanged.
+
+    Returns
+    -------
+    CountVAE
+        The copy.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``model`` is not a ``CountVAE`` or ``dtype`` is not float32 or float64.
+
+    """
+    if not isinstance(model, CountVAE):
+        raise InvalidArgumentError(f"Expected a countvae.CountVAE, got {type(model).__name__}.")
+    settings = model.settings if dtype is None else replace(model.settings, dtype=dtype_name(dtype))
+    if prior is not None:
+        if not isinstance(prior, LatentPrior):
+            raise InvalidArgumentError(f"prior must be a countvae.module.LatentPrior, got {type(prior).__name__}.")
+        settings = replace(settings, prior=prior.kind)
+    memo: dict[int, object] = {}
+    if model.adata is not None:
+        memo[id(model.adata)] = model.adata
+    new = copy.deepcopy(model, memo)
+    new._optimizer = None
+    new._settings = settings
+    if prior is not None:
+        new.module.prior = copy.deepcopy(prior)
+    new.module.to(dtype=settings.torch_dtype, device=new.device)
+    return new

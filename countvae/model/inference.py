@@ -14,8 +14,8 @@ from tqdm.auto import tqdm
 
 from countvae.data.loader import CountSource
 from countvae.model.training import to_tensors
-from countvae.module.elbo import per_cell_elbo
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.loss import per_cell_elbo
 from countvae.module.vae import CountVAEModule, log_library_size, sample_latent
 
 #: Largest number of (sample x cell x gene) elements the importance sampler holds at once.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -16,6 +18,34 @@ from countvae.data.registry import (
 )
 from countvae.data.validation import validate_counts
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
+
+
+@dataclass(frozen=True)
+class ModelCells:
+    """Cells of an AnnData as a fitted model reads them (see ``CountVAE.cells``).
+
+    Attributes
+    ----------
+    adata
+        The AnnData the cells belong to.
+    source
+        Counts (in the model's gene order) and batch codes of all its cells.
+    indices
+        Positions of the selected cells, in the order results are returned.
+
+    """
+
+    adata: ad.AnnData
+    source: CountSource
+    indices: np.ndarray
+
+    @property
+    def obs_names(self) -> pd.Index:
+        """Names of the selected cells, in order."""
+        return self.adata.obs_names[self.indices]
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 def check_genes(var_names: pd.Index, expected: pd.Index) -> None:

@@ -12,13 +12,17 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from countvae._checks import check_choice, check_int, check_number
 from countvae.data.loader import CountSource, Minibatch
-from countvae.errors import TrainingDivergedError
+from countvae.errors import InvalidArgumentError, TrainingDivergedError
 from countvae.module.distributions import attach_nonzero_index
-from countvae.module.elbo import LossEngine, minibatch_loss
+from countvae.module.loss import LossEngine, minibatch_loss
 from countvae.module.vae import CountVAEModule
 
 logger = logging.getLogger(__name__)
+
+#: Values of ``CountVAE.train(accelerator=...)``: ``"gpu"`` and ``"cuda"`` are the same.
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
 def default_max_epochs(n_cells: int) -> int:
@@ -26,13 +30,19 @@ def default_max_epochs(n_cells: int) -> int:
     return int(min(round(20000 / max(n_cells, 1) * 400), 400))
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainingPlan:
-    """Settings of one call to :func:`train_module` (see ``CountVAE.train``)."""
+    """The arguments of one call to ``CountVAE.train`` (documented there), checked once when created.
 
-    max_epochs: int
+    ``max_epochs=None`` means :func:`default_max_epochs` of the number of training
+    cells (:meth:`epochs_for`). ``train_size`` and ``accelerator`` are used by
+    ``CountVAE.train`` (the split and the device); :func:`train_module` reads the rest.
+    """
+
+    max_epochs: int | None = None
     batch_size: int = 128
     lr: float = 1e-3
+    train_size: float = 0.9
     weight_decay: float = 0.0
     kl_warmup_epochs: int = 0
     early_stopping: bool = False
@@ -42,6 +52,47 @@ class TrainingPlan:
     seed: int = 0
     progress_bar: bool = True
     shuffle_block_cells: int | None = None
+    accelerator: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every argument and store plain Python values.
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the first argument that is out of range.
+
+        """
+        normalised = {
+            "max_epochs": None if self.max_epochs is None else check_int("max_epochs", self.max_epochs, 1),
+            "batch_size": check_int("batch_size", self.batch_size, 1),
+            "lr": check_number("lr", self.lr, 0.0, low_open=True),
+            "train_size": check_number("train_size", self.train_size, 0.0, 1.0, low_open=True),
+            "weight_decay": check_number("weight_decay", self.weight_decay, 0.0),
+            "kl_warmup_epochs": check_int("kl_warmup_epochs", self.kl_warmup_epochs, 0),
+            "early_stopping_patience": check_int("early_stopping_patience", self.early_stopping_patience, 1),
+            "early_stopping_min_delta": check_number("early_stopping_min_delta", self.early_stopping_min_delta, 0.0),
+            "engine": check_choice("engine", self.engine, ("direct", "pyro")),
+            "seed": check_int("seed", self.seed, 0),
+            "shuffle_block_cells": None
+            if self.shuffle_block_cells is None
+            else check_int("shuffle_block_cells", self.shuffle_block_cells, 1),
+            "accelerator": check_choice("accelerator", self.accelerator, ACCELERATORS),
+        }
+        for name in ("early_stopping", "progress_bar"):
+            value = getattr(self, name)
+            if not isinstance(value, bool | np.bool_):
+                raise InvalidArgumentError(f"{name} must be True or False, got {value!r}.")
+            normalised[name] = bool(value)
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)  # frozen: normalised once, at creation
+
+    def epochs_for(self, n_train_cells: int) -> int:
+        """``max_epochs``, or scvi-tools' default for ``n_train_cells`` when it is ``None``."""
+        return self.max_epochs if self.max_epochs is not None else default_max_epochs(n_train_cells)
 
 
 def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,7 +210,7 @@ def train_module(
     last_good = [t.detach().clone() for t in live]
     best = (math.inf, None, -1)  # validation loss, state, epoch
     stale = 0
-    bar = tqdm(range(plan.max_epochs), desc="Training", disable=not plan.progress_bar, unit="epoch")
+    bar = tqdm(range(plan.epochs_for(len(train_indices))), desc="Training", disable=not plan.progress_bar, unit="epoch")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(plan.seed if epoch_offset == 0 else int(rng.integers(2**62)))
         for epoch in bar:
@@ -244,3 +295,22 @@ def _diverged(epoch: int, step: int, what: str, value: float) -> None:
         "of the last good step are kept. Lower the learning rate (lr=...), enable KL warm-up "
         "(kl_warmup_epochs=...), or train in float64 (dtype=torch.float64)."
     )
+
+
+def resolve_device(accelerator: str) -> torch.device:
+    """The torch device for ``accelerator``: ``"auto"`` (CUDA when torch sees it), ``"cpu"``, ``"gpu"``/``"cuda"``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For another value, or for ``"gpu"`` when torch sees no CUDA device.
+
+    """
+    check_choice("accelerator", accelerator, ACCELERATORS)
+    if accelerator == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise InvalidArgumentError("accelerator='gpu' was requested but torch sees no CUDA device.")
+    return torch.device("cuda")

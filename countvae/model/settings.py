@@ -1,0 +1,184 @@
+"""What a :class:`countvae.CountVAE` is built from: its settings and what it keeps of its training data.
+
+Both are plain, validated dataclasses, so that ``CountVAE.__init__`` and
+``CountVAE.load`` build a model the same way: from a :class:`ModelSettings` and
+a :class:`DataSummary` (computed from an AnnData, or read back from a model
+folder).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+import torch
+
+from countvae._checks import check_choice, check_int, check_number
+from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
+from countvae.data.validation import column_totals
+from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
+
+LIKELIHOODS = ("poisson", "nb", "zinb")
+DECODERS = ("linear", "mlp")
+DISPERSIONS = ("gene", "gene-batch")
+PRIORS = ("normal", "laplace", "diagonal")
+
+#: Floating-point types a model can use, by the name stored in its settings.
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``"float32"`` or ``"float64"`` for a torch dtype or its name.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For any other type.
+
+    """
+    for name, value in DTYPES.items():
+        if dtype in (value, name):
+            return name
+    raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The constructor settings of a :class:`countvae.CountVAE` (see its docstring for each one).
+
+    An instance is always valid: it is checked when created (:meth:`validate`).
+    ``dtype`` may be given as a torch dtype and is stored by name.
+    """
+
+    n_latent: int = 10
+    likelihood: Literal["poisson", "nb", "zinb"] = "nb"
+    decoder: Literal["linear", "mlp"] = "mlp"
+    n_hidden: int = 128
+    n_layers: int = 1
+    dropout_rate: float = 0.1
+    dispersion: Literal["gene", "gene-batch"] = "gene"
+    prior: Literal["normal", "laplace", "diagonal"] = "normal"
+    batch_norm: bool = True
+    dtype: Literal["float32", "float64"] = "float32"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every setting and store plain Python values (numpy integers and torch dtypes are accepted).
+
+        Raises
+        ------
+        InvalidArgumentError
+            Naming the first setting that is out of range.
+
+        """
+        normalised = {
+            "n_latent": check_int("n_latent", self.n_latent, 1),
+            "likelihood": check_choice("likelihood", self.likelihood, LIKELIHOODS),
+            "decoder": check_choice("decoder", self.decoder, DECODERS),
+            "n_hidden": check_int("n_hidden", self.n_hidden, 1),
+            "n_layers": check_int("n_layers", self.n_layers, 1),
+            "dropout_rate": check_number("dropout_rate", self.dropout_rate, 0.0, 1.0, high_open=True),
+            "dispersion": check_choice("dispersion", self.dispersion, DISPERSIONS),
+            "prior": check_choice("prior", self.prior, PRIORS),
+            "dtype": dtype_name(self.dtype),
+        }
+        if not isinstance(self.batch_norm, bool | np.bool_):
+            raise InvalidArgumentError(f"batch_norm must be True or False, got {self.batch_norm!r}.")
+        normalised["batch_norm"] = bool(self.batch_norm)
+        for name, value in normalised.items():
+            object.__setattr__(self, name, value)  # frozen: normalised once, at creation
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The floating-point type of the parameters."""
+        return DTYPES[self.dtype]
+
+    def check_data(self, data: DataSummary) -> None:
+        """Check the settings against the training data they will be used with.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If ``n_latent`` is not smaller than the numbers of genes and cells, or
+            ``dispersion="gene-batch"`` is asked for without a registered batch key.
+
+        """
+        n_genes = len(data.var_names)
+        if self.n_latent >= n_genes or (data.n_cells is not None and self.n_latent >= data.n_cells):
+            raise InvalidArgumentError(
+                f"n_latent={self.n_latent} is too large for {data.n_cells} cells x {n_genes} genes: it must be "
+                "smaller than both (a latent space as large as the data cannot compress it)."
+            )
+        if self.dispersion == "gene-batch" and data.registry.batch_key is None:
+            raise InvalidArgumentError("dispersion='gene-batch' needs a batch_key registered with setup_anndata.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as a JSON-safe dictionary (the keyword arguments of ``CountVAE``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> ModelSettings:
+        """Settings from :meth:`to_dict` output (keys it does not know are an error)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise InvalidArgumentError(f"Unknown model settings {unknown}; known: {sorted(known)}.")
+        return cls(**record)
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What a model keeps of its training data: enough to build it again without the data.
+
+    Attributes
+    ----------
+    registry
+        Where the AnnData keeps its counts and covariates (:func:`countvae.data.setup_anndata`).
+    var_names
+        The training genes, in order.
+    log_proportions
+        Each gene's log share of all training counts (float64); initialises the decoder's output bias.
+    n_cells
+        Number of training cells, or ``None`` when unknown (a model folder saved before training).
+
+    """
+
+    registry: Registry
+    var_names: pd.Index
+    log_proportions: np.ndarray
+    n_cells: int | None = None
+
+    @classmethod
+    def from_anndata(cls, adata: ad.AnnData) -> DataSummary:
+        """The summary of an AnnData registered with :func:`countvae.data.setup_anndata`.
+
+        Raises
+        ------
+        InvalidArgumentError
+            If ``adata`` is not an AnnData.
+        SetupError
+            If it is not registered.
+        InvalidDataError
+            If a gene has no counts at all (possible when an AnnData is subset after registration).
+
+        """
+        if not isinstance(adata, ad.AnnData):
+            raise InvalidArgumentError(f"CountVAE expects an AnnData, got {type(adata).__name__}.")
+        registry = get_registry(adata)
+        if registry is None:
+            raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
+        gene_totals = column_totals(get_count_matrix(adata, registry))
+        n_empty = int(np.count_nonzero(gene_totals == 0))
+        if n_empty:
+            raise InvalidDataError(
+                f"{n_empty} of {len(gene_totals)} genes have zero total counts in the training cells; a model cannot "
+                "learn their expression. Remove them (e.g. `sc.pp.filter_genes(adata, min_counts=1)`) and call "
+                "CountVAE.setup_anndata again."
+            )
+        log_proportions = np.log(gene_totals / float(np.sum(gene_totals)))
+        return cls(registry, pd.Index(get_var_names(adata, registry)), log_proportions, int(adata.n_obs))
