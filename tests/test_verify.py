@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 import countvae as cv
 from countvae import invariance as inv
 from countvae import plotting
-from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
+from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, OutputExistsError
 from countvae.invariance import verification as verify_module
 from countvae.invariance.checks import replication_ratio
 
@@ -142,6 +143,29 @@ def test_report_exports(poisson_report):
     md = rep.to_markdown()
     assert md.startswith("# Rotation invariance check") and "| variant |" in md and "decoded expression" in md
     assert len(rep.failures) == 0
+    tables = rep.tables
+    assert set(tables) == {"verdicts", "checks", "outputs", "estimator_accuracy"}
+    assert tables["verdicts"].equals(rep.verdicts()) and tables["checks"].equals(frame)
+    assert set(tables["estimator_accuracy"]["check"]) == {"is_minus_quadrature_mean", "is_within_4se_fraction"}
+
+
+def test_report_html_and_folder(poisson_report, tmp_path):
+    rep = poisson_report
+    page = rep.to_html()
+    assert page.startswith("<!DOCTYPE html>") and page.count("data:image/png;base64,") == 2
+    assert "shear (control)" in page and "decoded expression" in page
+    # text from the data is escaped
+    renamed = dataclasses.replace(rep, checks=rep.checks.replace({"transform": {"rotation": "<script>x</script>"}}))
+    assert "<script>x" not in renamed.to_html() and "&lt;script&gt;x" in renamed.to_html()
+    folder = rep.save(tmp_path / "inv")
+    assert sorted(p.name for p in folder.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((folder / "report.json").read_text()) == json.loads(json.dumps(rep.to_dict()))
+    assert (folder / "report.md").read_text() == rep.to_markdown()
+    with pytest.raises(OutputExistsError):
+        rep.save(folder)
+    (folder / "report.md").write_text("stale")
+    rep.save(folder, overwrite=True)
+    assert (folder / "report.md").read_text() == rep.to_markdown()
 
 
 def test_verify_fails_when_the_expectation_is_wrong(poisson_fit, monkeypatch):

@@ -1,14 +1,58 @@
-"""The result of :func:`countvae.invariance.verify`: every measurement, its threshold and its verdict."""
+"""The result of :func:`countvae.invariance.verify`: every measurement, its threshold and its verdict.
+
+:class:`InvarianceReport` shares its verbs with
+:class:`countvae.diagnostics.DiagnosticReport`: ``summary()``, ``to_frame()``,
+``tables``, ``to_dict()``, ``to_markdown()``, ``to_html()`` and
+``save(dir_path)``, which writes ``report.json``, ``report.md`` and
+``report.html`` into a new folder atomically (:mod:`countvae._report_files`).
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from countvae import plotting
 from countvae._formatting import format_value, json_ready, markdown_table
+from countvae._report_files import (
+    escape,
+    figure_png_base64,
+    html_figure,
+    html_figure_row,
+    html_key_values,
+    html_list,
+    html_page,
+    html_table,
+    write_report_folder,
+)
+
+#: Title of the report (Markdown and HTML).
+TITLE = "Rotation invariance check"
+
+#: What the per-map table means (Markdown and HTML).
+INTRODUCTION = (
+    "Each latent map `A` gives a reparameterized model with `z' = A z`, the decoder's weight on `z` "
+    "multiplied by `A^-1` and the guide pushed forward. `p(x)` is expected to be unchanged exactly "
+    "when `A` preserves the prior (any orthogonal map for N(0, I); signed permutations for a "
+    "Laplace prior; sign flips for a diagonal prior with distinct scales)."
+)
+
+#: What the measurements show and what they do not (Markdown and HTML).
+CONCLUSIONS = (
+    "Maps that preserve the prior leave the held-out log predictive density, decoded expression, "
+    "latent distances and neighbour graphs unchanged, so predictive fit cannot tell such models apart.",
+    "Latent coordinates, per-dimension loadings and per-dimension gene correlations change under "
+    "the same maps: reading meaning into a single latent coordinate is a choice, not a finding.",
+    "The controls change `p(x)` although the decoder is compensated: the prior, not the decoder, "
+    "fixes the symmetry group.",
+    "A mean-field guide is not closed under rotations, so the ELBO (unlike `p(x)`) can prefer "
+    "some coordinates: the 'near' in near-identifiability.",
+)
 
 #: Columns of :meth:`InvarianceReport.to_frame`.
 CHECK_COLUMNS = [
@@ -116,6 +160,20 @@ class InvarianceReport:
         """
         return self.checks.copy()
 
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Every table of the report by name: ``verdicts``, ``checks``, ``outputs`` and ``estimator_accuracy``."""
+        return {
+            "verdicts": self.verdicts(),
+            "checks": self.to_frame(),
+            "outputs": self.outputs.copy(),
+            "estimator_accuracy": self._estimator_accuracy(),
+        }
+
+    def _estimator_accuracy(self) -> pd.DataFrame:
+        other = self.checks[self.checks["transform"] == "(none)"]
+        return other[["check", "value"]].reset_index(drop=True)
+
     def verdicts(self) -> pd.DataFrame:
         """One row per model variant and map: the headline numbers and whether all its checks agree."""
         rows = []
@@ -195,20 +253,14 @@ class InvarianceReport:
     def __str__(self) -> str:
         return self.summary()
 
+    def _descriptions(self) -> list[tuple[str, str]]:
+        present = set(self.checks["check"])
+        return [(k, v) for k, v in CHECK_DESCRIPTIONS.items() if k in present]
+
     def to_markdown(self) -> str:
         """The report as Markdown: verdict, per-map table, outputs table, and how to read them."""
-        parts = ["# Rotation invariance check", "", self._headline(), ""]
-        parts += [
-            "Each latent map `A` gives a reparameterized model with `z' = A z`, the decoder's weight on `z` "
-            "multiplied by `A^-1` and the guide pushed forward. `p(x)` is expected to be unchanged exactly "
-            "when `A` preserves the prior (any orthogonal map for N(0, I); signed permutations for a "
-            "Laplace prior; sign flips for a diagonal prior with distinct scales).",
-            "",
-            "## Per map",
-            "",
-            markdown_table(self.verdicts()),
-            "",
-        ]
+        parts = [f"# {TITLE}", "", self._headline(), "", INTRODUCTION, "", "## Per map", ""]
+        parts += [markdown_table(self.verdicts()), ""]
         if len(self.outputs):
             parts += [
                 "## Which outputs change (fitted model)",
@@ -218,23 +270,87 @@ class InvarianceReport:
                 markdown_table(self.outputs.reset_index()),
                 "",
             ]
-        other = self.checks[self.checks["transform"] == "(none)"]
-        if len(other):
-            parts += ["## Estimator accuracy (original model)", "", markdown_table(other[["check", "value"]]), ""]
+        accuracy = self._estimator_accuracy()
+        if len(accuracy):
+            parts += ["## Estimator accuracy (original model)", "", markdown_table(accuracy), ""]
         parts += ["## Checks", ""]
-        parts += [f"- `{k}`: {v}" for k, v in CHECK_DESCRIPTIONS.items() if k in set(self.checks["check"])]
-        parts += [
-            "",
-            "## What this shows and what it does not",
-            "",
-            "- Maps that preserve the prior leave the held-out log predictive density, decoded expression, "
-            "latent distances and neighbour graphs unchanged, so predictive fit cannot tell such models apart.",
-            "- Latent coordinates, per-dimension loadings and per-dimension gene correlations change under "
-            "the same maps: reading meaning into a single latent coordinate is a choice, not a finding.",
-            "- The controls change `p(x)` although the decoder is compensated: the prior, not the decoder, "
-            "fixes the symmetry group.",
-            "- A mean-field guide is not closed under rotations, so the ELBO (unlike `p(x)`) can prefer "
-            "some coordinates: the 'near' in near-identifiability.",
-            "",
-        ]
+        parts += [f"- `{k}`: {v}" for k, v in self._descriptions()]
+        parts += ["", "## What this shows and what it does not", ""]
+        parts += [f"- {line}" for line in CONCLUSIONS]
+        parts += [""]
         return "\n".join(parts)
+
+    def _figures(self) -> list[str]:
+        """The report's figures as inline HTML (each drawn on its own Agg figure and closed)."""
+        figures = []
+        if self.per_cell:
+            tolerance = self.settings.get("tolerances", {}).get("abs")
+            ax = plotting.lpd_differences(self.per_cell, threshold=tolerance)
+            figures.append(
+                html_figure(
+                    figure_png_base64(ax),
+                    "log p(x) with the same base noise",
+                    "Per-cell |log p(x) transformed - original| for every map; maps that preserve the prior sit at "
+                    "rounding level, the controls at the size of a real change.",
+                )
+            )
+        if len(self.outputs):
+            ax = plotting.output_changes(self.outputs)
+            figures.append(
+                html_figure(
+                    figure_png_base64(ax),
+                    "Which outputs change",
+                    "log10 change of each output of the fitted model under each map (-17: none).",
+                )
+            )
+        return figures
+
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page (inline figures; text from the data escaped)."""
+        body = [
+            f"<h1>{escape(TITLE)}</h1>",
+            f"<p><b>{escape(self._headline())}</b></p>",
+            f"<p>{escape(INTRODUCTION)}</p>",
+            "<h2>Per map</h2>",
+            html_table(self.verdicts(), max_rows=None),
+            html_figure_row(self._figures()),
+        ]
+        if len(self.outputs):
+            body += ["<h2>Which outputs change (fitted model)</h2>", html_table(self.outputs.reset_index(), None)]
+        accuracy = self._estimator_accuracy()
+        if len(accuracy):
+            body += ["<h2>Estimator accuracy (original model)</h2>", html_table(accuracy, None)]
+        if len(self.failures):
+            body += ["<h2>Disagreements with the theory</h2>", html_table(self.failures, None)]
+        body += ["<h2>Checks</h2>", f"<ul>{html_list(f'{k}: {v}' for k, v in self._descriptions())}</ul>"]
+        body += ["<h2>What this shows and what it does not</h2>", f"<ul>{html_list(CONCLUSIONS)}</ul>"]
+        body += ["<h2>Settings</h2>", html_key_values(self.settings)]
+        return html_page(TITLE, body)
+
+    def _repr_html_(self) -> str:
+        """The verdict and the per-map table, for notebooks (text escaped)."""
+        return f"<p><b>{escape(self._headline())}</b></p>" + html_table(self.verdicts(), max_rows=None)
+
+    def save(self, dir_path: str | os.PathLike, overwrite: bool = False) -> Path:
+        """Write ``report.json`` (:meth:`to_dict`), ``report.md`` and ``report.html`` into a new folder.
+
+        The folder is built under a temporary name and renamed into place, so it
+        either appears complete or not at all.
+
+        Parameters
+        ----------
+        dir_path
+            Destination folder.
+        overwrite
+            Replace an existing folder; otherwise an existing folder is an error
+            (:class:`countvae.errors.OutputExistsError`).
+
+        Returns
+        -------
+        Path
+            The folder.
+
+        """
+        return write_report_folder(
+            dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
+        )
