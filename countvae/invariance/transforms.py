@@ -17,20 +17,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy import linalg
+from scipy.stats import ortho_group
 
+from countvae._checks import check_int, check_number
 from countvae.errors import InvalidArgumentError
 
 
 def _check_dimension(L: int) -> int:
-    if isinstance(L, bool) or not isinstance(L, int | np.integer) or L < 1:
-        raise InvalidArgumentError(f"The latent dimension must be a positive integer, got {L!r}.")
-    return int(L)
+    return check_int("the latent dimension L", L, 1)
 
 
 def _rng(seed: int | None) -> np.random.Generator:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)):
-        raise InvalidArgumentError(f"seed must be an integer, got {seed!r}.")
-    return np.random.default_rng(seed)
+    return np.random.default_rng(None if seed is None else check_int("seed", seed, 0))
 
 
 def as_matrix(A, name: str = "A", n_latent: int | None = None) -> np.ndarray:
@@ -113,22 +112,17 @@ def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.n
 
 
 def nearest_orthogonal(Q) -> np.ndarray:
-    """The orthogonal matrix closest to ``Q`` in Frobenius norm (the polar factor ``U V^T`` of its SVD)."""
-    U, _, Vt = np.linalg.svd(as_matrix(Q, "Q"))
-    return U @ Vt
+    """The orthogonal matrix closest to ``Q`` in Frobenius norm: the unitary polar factor (``scipy.linalg.polar``)."""
+    return linalg.polar(as_matrix(Q, "Q"))[0]
 
 
 def random_orthogonal(L: int, seed: int | None = 0) -> np.ndarray:
     """A Haar-distributed (uniformly random) orthogonal matrix; its determinant is +1 or -1.
 
-    QR decomposition of a standard Gaussian matrix, with the signs of ``R``'s
-    diagonal moved into ``Q`` so that the law is exactly Haar (Mezzadri 2007,
-    "How to generate random matrices from the classical compact groups").
+    Drawn by ``scipy.stats.ortho_group`` from a generator seeded with ``seed``.
     """
     L = _check_dimension(L)
-    G = _rng(seed).standard_normal((L, L))
-    Q, R = np.linalg.qr(G)
-    return Q * np.sign(np.diag(R))
+    return np.asarray(ortho_group.rvs(L, random_state=_rng(seed)), dtype=np.float64).reshape(L, L)
 
 
 def random_rotation(L: int, seed: int | None = 0) -> np.ndarray:
@@ -226,7 +220,7 @@ def axis_scaling(scales: Sequence[float]) -> np.ndarray:
 def default_scaling(L: int, factor: float = 1.5) -> np.ndarray:
     """Axis scaling by ``factor, 1/factor, factor, ...``: every axis is changed, det = 1 for even ``L``."""
     L = _check_dimension(L)
-    if not factor > 0 or factor == 1.0:
+    if check_number("factor", factor, 0.0, low_open=True) == 1.0:
         raise InvalidArgumentError(f"factor must be positive and different from 1, got {factor!r}.")
     return axis_scaling([factor if k % 2 == 0 else 1.0 / factor for k in range(L)])
 
@@ -240,7 +234,7 @@ def shear(L: int, amount: float = 1.0) -> np.ndarray:
     L = _check_dimension(L)
     if L < 2:
         raise InvalidArgumentError("A shear needs at least 2 latent dimensions.")
-    if not np.isfinite(amount) or amount == 0:
+    if check_number("amount", amount) == 0.0:
         raise InvalidArgumentError(f"amount must be a finite non-zero number, got {amount!r}.")
     return np.eye(L) + float(amount) * np.triu(np.ones((L, L)), k=1)
 
