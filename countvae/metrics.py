@@ -36,6 +36,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.exceptions import ConvergenceWarning
 from threadpoolctl import threadpool_limits
 
+from countvae._checks import check_choice, check_int, check_number
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 CorrelationMethod = Literal["pearson", "spearman"]
@@ -90,8 +91,7 @@ def discretize(values: Any, n_bins: int = 10) -> np.ndarray:
     values as labels (a discrete source stays as it is).
     """
     x = _as_matrix(values, "values")
-    if not isinstance(n_bins, int) or n_bins < 2:
-        raise InvalidArgumentError(f"n_bins must be an integer of at least 2, got {n_bins!r}.")
+    check_int("n_bins", n_bins, 2)
     out = np.empty(x.shape, dtype=np.int64)
     for j in range(x.shape[1]):
         distinct = np.unique(x[:, j])
@@ -135,10 +135,8 @@ def correlation_matrix(a: Any, b: Any, method: CorrelationMethod = "pearson") ->
     """Correlations between every column of ``a`` and every column of ``b`` over the cells."""
     x, y = _as_matrix(a, "a"), _as_matrix(b, "b")
     _same_cells(x, y, ("a", "b"))
-    if method == "spearman":
+    if check_choice("method", method, ("pearson", "spearman")) == "spearman":
         x, y = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
-    elif method != "pearson":
-        raise InvalidArgumentError(f"method must be 'pearson' or 'spearman', got {method!r}.")
     x = x - x.mean(axis=0)
     y = y - y.mean(axis=0)
     sx, sy = np.linalg.norm(x, axis=0), np.linalg.norm(y, axis=0)
@@ -452,8 +450,7 @@ def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within
     embeddings with unit-variance features (whitened, ICA, rotated) with care
     against raw latents.
     """
-    if not 0.0 < top_fraction <= 1.0:
-        raise InvalidArgumentError(f"top_fraction must lie in (0, 1], got {top_fraction!r}.")
+    check_number("top_fraction", top_fraction, 0.0, 1.0, low_open=True)
     v = group_variance(features, labels, within)
     if v.sum() == 0:
         raise InvalidDataError("The features do not vary between groups; concentration is undefined.")

@@ -128,7 +128,8 @@ def test_setup_and_model_on_backed_data_never_read_the_whole_matrix(h5ad_path, m
     np.testing.assert_allclose(summary.gene_totals, expected_totals)
     model = cv.CountVAE(backed, n_latent=2, n_hidden=8)
     model.train(max_epochs=1, progress_bar=False)
-    assert model.get_log_predictive_density(indices=np.arange(0, 700, 7), n_samples=5).shape == (100, 3)
+    lpd = model.get_log_predictive_density(indices=np.arange(0, 700, 7), n_samples=5)
+    assert lpd.shape == (100, 4) and list(lpd.columns) == ["lpd", "mc_se", "ess", "khat"]
 
 
 def test_backed_csc_matrix_is_refused(tmp_path):

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae._checks import check_int
+from countvae.errors import InvalidDataError
 
 logger = logging.getLogger(__name__)
 
@@ -210,8 +211,8 @@ class CountSource:
         if shuffle and shuffle_block_cells is None and self.is_backed:
             shuffle_block_cells = DEFAULT_BLOCK_CELLS
         if shuffle and shuffle_block_cells is not None:
-            if shuffle_block_cells < 1 or buffer_blocks < 1:
-                raise InvalidArgumentError("shuffle_block_cells and buffer_blocks must be positive integers.")
+            check_int("shuffle_block_cells", shuffle_block_cells, 1)
+            check_int("buffer_blocks", buffer_blocks, 1)
             order, segments = block_shuffle_order(np.sort(indices), shuffle_block_cells, buffer_blocks, rng)
         else:
             order = indices[rng.permutation(len(indices))] if shuffle else indices

@@ -15,6 +15,7 @@ import pandas as pd
 import scipy.sparse as sp
 from scipy.special import log_softmax
 
+from countvae._checks import check_choice, check_int
 from countvae.errors import InvalidArgumentError
 
 SourceKind = Literal["normal", "laplace", "uniform", "discrete"]
@@ -129,14 +130,11 @@ def simulate(
         ``source_kinds``, the distribution of each source).
 
     """
-    if likelihood not in ("poisson", "nb", "zinb"):
-        raise InvalidArgumentError(f"likelihood must be 'poisson', 'nb' or 'zinb', got {likelihood!r}.")
-    if decoder not in ("linear", "mlp"):
-        raise InvalidArgumentError(f"decoder must be 'linear' or 'mlp', got {decoder!r}.")
-    if not isinstance(n_source_bins, int) or n_source_bins < 2:
-        raise InvalidArgumentError(f"n_source_bins must be an integer of at least 2, got {n_source_bins!r}.")
-    if min(n_cells, n_genes, n_latent, n_batches) < 1:
-        raise InvalidArgumentError("n_cells, n_genes, n_latent and n_batches must all be at least 1.")
+    check_choice("likelihood", likelihood, ("poisson", "nb", "zinb"))
+    check_choice("decoder", decoder, ("linear", "mlp"))
+    check_int("n_source_bins", n_source_bins, 2)
+    for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
+        check_int(name, value, 1)
     rng = np.random.default_rng(seed)
     z = draw_sources(sources, n_cells, n_latent, rng)
     batch = rng.integers(0, n_batches, n_cells)

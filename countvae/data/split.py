@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from countvae.errors import InvalidArgumentError
+from countvae._checks import check_int, check_number
 
 
 def split_indices(n_obs: int, first_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -26,8 +26,8 @@ def split_indices(n_obs: int, first_fraction: float, seed: int) -> tuple[np.ndar
         Sorted integer positions; ``second`` is empty when ``first_fraction == 1``.
 
     """
-    if not 0.0 < first_fraction <= 1.0:
-        raise InvalidArgumentError(f"The fraction must lie in (0, 1], got {first_fraction}.")
+    check_int("n_obs", n_obs, 0)
+    check_number("first_fraction", first_fraction, 0.0, 1.0, low_open=True)
     n_first = min(n_obs, max(1, int(round(first_fraction * n_obs))))
     order = np.random.default_rng(seed).permutation(n_obs)
     return np.sort(order[:n_first]), np.sort(order[n_first:])

@@ -37,6 +37,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._checks import check_number
 from countvae._provenance import package_versions
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
@@ -186,8 +187,7 @@ def write_results(
     layer = _check_key("layer", layer)
     loadings_key = _check_key("loadings_key", loadings_key)
     uns_key = _check_key("uns_key", uns_key)
-    if not (isinstance(library_size, int | float) and not isinstance(library_size, bool) and library_size > 0):
-        raise InvalidArgumentError(f"library_size must be a positive number, got {library_size!r}.")
+    check_number("library_size", library_size, 0.0, low_open=True)
     if model.settings.decoder != "linear":
         loadings_key = None  # documented: an MLP decoder has no loadings to store
     targets = {
