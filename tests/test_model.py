@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,8 @@ from nb_baseline import per_gene_nb_log_likelihood
 
 import countvae as cv
 from countvae.errors import ModelFileError, OutputExistsError, TrainingDivergedError
+from countvae.model import DataSummary, ModelSettings, TrainingPlan, copy_model
+from countvae.module import LatentPrior
 
 
 def _params(model):
@@ -250,3 +254,96 @@ def test_genes_without_counts_in_a_subset_are_refused(small_adata):
     sub.X = sp.csr_matrix(dense)
     with pytest.raises(cv.errors.InvalidDataError, match="1 of 60 genes have zero total counts"):
         cv.CountVAE(sub, n_latent=2)
+
+
+def test_settings_are_one_validated_frozen_dataclass():
+    s = ModelSettings(n_latent=np.int64(3), dtype=torch.float64, decoder="linear")
+    assert s.n_latent == 3 and type(s.n_latent) is int and s.dtype == "float64" and s.torch_dtype == torch.float64
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.n_latent = 4
+    assert ModelSettings.from_dict(s.to_dict()) == s
+    with pytest.raises(cv.errors.InvalidArgumentError, match="Unknown model settings"):
+        ModelSettings.from_dict({**s.to_dict(), "n_hiden": 3})
+    for kwargs, name in [
+        ({"n_latent": 0}, "n_latent"),
+        ({"n_hidden": 2.5}, "n_hidden"),
+        ({"n_layers": True}, "n_layers"),
+        ({"dropout_rate": 1.0}, "dropout_rate"),
+        ({"batch_norm": "yes"}, "batch_norm"),
+        ({"likelihood": "gaussian"}, "likelihood"),
+    ]:
+        with pytest.raises(cv.errors.InvalidArgumentError, match=name):
+            ModelSettings(**kwargs)
+
+
+def test_training_plan_is_checked_before_anything_changes(small_adata):
+    assert TrainingPlan().epochs_for(800) == 400 and TrainingPlan(max_epochs=7).epochs_for(800) == 7
+    assert TrainingPlan().epochs_for(100_000) == 80  # scvi-tools' default: round(20000 / n * 400)
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    before = _params(m)
+    for kwargs, name in [
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"kl_warmup_epochs": -1}, "kl_warmup_epochs"),
+        ({"seed": -1}, "seed"),
+        ({"early_stopping": "no"}, "early_stopping"),
+        ({"shuffle_block_cells": 0}, "shuffle_block_cells"),
+    ]:
+        with pytest.raises(cv.errors.InvalidArgumentError, match=name):
+            m.train(progress_bar=False, **kwargs)
+    assert not m.is_trained and len(m.train_indices) == 0 and torch.equal(_params(m), before)
+
+
+def test_load_builds_the_model_through_the_constructor(trained_linear, tmp_path, monkeypatch):
+    m = trained_linear
+    m.save(tmp_path / "m")
+    built_from = []
+    original_init = cv.CountVAE.__init__
+
+    def spy(self, adata, *args, **kwargs):
+        built_from.append(type(adata))
+        original_init(self, adata, *args, **kwargs)
+
+    monkeypatch.setattr(cv.CountVAE, "__init__", spy)
+    loaded = cv.CountVAE.load(tmp_path / "m")
+    assert built_from == [DataSummary]
+    assert loaded.settings == m.settings and loaded.adata is None
+    # the summary of the training data survives the round trip exactly
+    summary = DataSummary.from_anndata(m.adata)
+    saved = torch.load(tmp_path / "m" / "params.pt", weights_only=True)["log_proportions"].numpy()
+    np.testing.assert_array_equal(saved, summary.log_proportions)
+    # a model built from the summary starts from the same parameters as one built from the data
+    from_data = cv.CountVAE(m.adata, n_latent=2, decoder="linear")
+    from_summary = cv.CountVAE(summary, n_latent=2, decoder="linear")
+    assert torch.equal(_params(from_data), _params(from_summary)) and from_summary.adata is None
+
+
+def test_cells_as_the_model_reads_them(trained_linear, small_adata):
+    m = trained_linear
+    cells = m.cells()
+    assert cells.adata is m.adata and len(cells) == m.adata.n_obs
+    np.testing.assert_array_equal(cells.indices, np.arange(m.adata.n_obs))
+    picked = m.cells(small_adata, indices=[7, 3])
+    assert list(picked.obs_names) == list(small_adata.obs_names[[7, 3]])
+    np.testing.assert_array_equal(picked.source.rows(picked.indices).counts, small_adata.X[[3, 7]].toarray())  # sorted
+    with pytest.raises(cv.errors.InvalidDataError, match="different order"):
+        m.cells(small_adata[:, ::-1].copy())
+    untrained = cv.CountVAE(small_adata, n_latent=2)
+    assert len(untrained.cells()) == small_adata.n_obs  # reading cells needs no training...
+    with pytest.raises(cv.errors.NotTrainedError, match="train"):
+        untrained.require_trained()  # ...outputs do
+
+
+def test_copy_model_converts_dtype_and_swaps_the_prior(trained_linear):
+    m = trained_linear
+    copy64 = copy_model(m, torch.float64)
+    assert copy64.settings.dtype == "float64" and copy64.module.decoder.weight.dtype == torch.float64
+    assert m.settings.dtype == "float32" and m.module.decoder.weight.dtype == torch.float32
+    assert copy64.adata is m.adata
+    np.testing.assert_allclose(copy64.get_latent_representation(), m.get_latent_representation(), atol=1e-5)
+    laplace = copy_model(m, prior=LatentPrior("laplace", 2))
+    assert laplace.settings.prior == "laplace" and laplace.module.prior.kind == "laplace"
+    assert m.settings.prior == "normal" and m.module.prior.kind == "normal"
+    with pytest.raises(cv.errors.InvalidArgumentError, match="CountVAE"):
+        copy_model(object())
+    with pytest.raises(cv.errors.InvalidArgumentError, match="dtype"):
+        copy_model(m, torch.float16)
