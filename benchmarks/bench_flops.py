@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     import countvae as cv
     from countvae.data.loader import CountSource
     from countvae.data.registry import batch_codes, get_count_matrix
-    from countvae.model.training import _total_grad_norm, make_optimizer, to_tensors
+    from countvae.model.training import make_optimizer, to_tensors, total_grad_norm
     from countvae.module.loss import minibatch_loss
 
     torch.set_num_threads(args.threads)
@@ -114,7 +114,7 @@ def main(argv=None) -> None:
         loss = minibatch_loss(module, x, b)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        _total_grad_norm(params)
+        total_grad_norm(params)
         opt.step()
 
     loads = [load_average()]

@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     import countvae as cv
     from countvae.data.loader import CountSource
     from countvae.data.registry import batch_codes, get_count_matrix
-    from countvae.model.training import _total_grad_norm, make_optimizer, to_tensors
+    from countvae.model.training import make_optimizer, to_tensors, total_grad_norm
     from countvae.module.distributions import _nonzero_lgamma_terms
     from countvae.module.loss import minibatch_loss
 
@@ -108,7 +108,7 @@ def main(argv=None) -> None:
         load()
         forward(engine)
         backward()
-        _total_grad_norm(params)
+        total_grad_norm(params)
         opt.step()
 
     load()
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
         _median_ms(lambda: (forward(), backward()), args.repeats)
         - parts["loss forward (encoder, decoder, NB log-prob, KL)"]
     )
-    parts["finite-gradient check (total norm)"] = _median_ms(lambda: _total_grad_norm(params), args.repeats)
+    parts["finite-gradient check (total norm)"] = _median_ms(lambda: total_grad_norm(params), args.repeats)
     parts["optimiser (fused Adam)"] = _median_ms(opt.step, args.repeats)
     step_direct = _median_ms(whole, args.repeats)
     step_pyro = _median_ms(lambda: whole("pyro"), args.repeats)

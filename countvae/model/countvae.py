@@ -188,6 +188,11 @@ class CountVAE:
         return self._settings
 
     @property
+    def data_summary(self) -> DataSummary:
+        """What the model keeps of its training data (registry, genes, gene shares, number of cells)."""
+        return self._data
+
+    @property
     def n_latent(self) -> int:
         """Number of latent dimensions."""
         return self._settings.n_latent
@@ -666,9 +671,11 @@ def copy_model(
 ) -> CountVAE:
     """An independent copy of a model, optionally in another floating-point type or with another prior.
 
-    Parameters and history are deep-copied; the AnnData is shared by reference
-    (it is never modified), and the optimiser state is dropped (a copy that is
-    trained further starts a fresh optimiser).
+    The copy is built by the constructor from the model's settings and
+    :class:`countvae.model.settings.DataSummary` (the path :meth:`CountVAE.load`
+    takes), then given a deep copy of the module and of the training state. The
+    AnnData is shared by reference (it is never modified), and the optimiser
+    state is not copied (a copy that is trained further starts a fresh optimiser).
 
     Parameters
     ----------
@@ -678,8 +685,8 @@ def copy_model(
         ``torch.float32`` or ``torch.float64`` (or their names); ``None`` keeps the model's.
     prior
         A :class:`countvae.module.LatentPrior` to use instead of the model's
-        (moved to the copy's dtype and device); the copy's ``settings.prior``
-        becomes its kind. The networks are unchanged.
+        (copied, and moved to the copy's dtype and device); the copy's
+        ``settings.prior`` becomes its kind. The networks are unchanged.
 
     Returns
     -------
@@ -689,7 +696,8 @@ def copy_model(
     Raises
     ------
     InvalidArgumentError
-        If ``model`` is not a ``CountVAE`` or ``dtype`` is not float32 or float64.
+        If ``model`` is not a ``CountVAE``, ``dtype`` is not float32 or float64, or
+        ``prior`` is not a ``LatentPrior``.
 
     """
     if not isinstance(model, CountVAE):
@@ -699,13 +707,15 @@ def copy_model(
         if not isinstance(prior, LatentPrior):
             raise InvalidArgumentError(f"prior must be a countvae.module.LatentPrior, got {type(prior).__name__}.")
         settings = replace(settings, prior=prior.kind)
-    memo: dict[int, object] = {}
-    if model.adata is not None:
-        memo[id(model.adata)] = model.adata
-    new = copy.deepcopy(model, memo)
-    new._optimizer = None
-    new._settings = settings
+    new = CountVAE(model.data_summary, **settings.to_dict())
+    new.module = copy.deepcopy(model.module)
     if prior is not None:
         new.module.prior = copy.deepcopy(prior)
-    new.module.to(dtype=settings.torch_dtype, device=new.device)
+    new.module.to(dtype=settings.torch_dtype, device=model.device)
+    new.device = model.device
+    new.adata = model.adata
+    new.is_trained = model.is_trained
+    new.history = model.history.copy()
+    new.train_indices = model.train_indices.copy()
+    new.validation_indices = model.validation_indices.copy()
     return new

@@ -122,12 +122,12 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float) -> t
         return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay)
 
 
-def _total_grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Euclidean norm of all gradients together (``inf``/``nan`` when any entry is)."""
+def total_grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Euclidean norm of all gradients together (``inf``/``nan`` when any entry is), by ``get_total_norm``."""
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    return torch.nn.utils.get_total_norm(grads)
 
 
 def _kl_weight(epoch: int, warmup: int) -> float:
@@ -230,7 +230,7 @@ def train_module(
                     _restore(live, last_good)
                     _diverged(epoch_offset + epoch, step, "loss", float(loss.detach()))
                 loss.backward()
-                grad_norm = _total_grad_norm(parameters)
+                grad_norm = total_grad_norm(parameters)
                 if not torch.isfinite(grad_norm):
                     optimizer.zero_grad(set_to_none=True)
                     _restore(live, last_good)
