@@ -37,7 +37,7 @@ import torch
 
 import countvae as cv
 from countvae import invariance as inv
-from countvae.invariance import plots
+from countvae import plotting
 
 torch.set_num_threads(1)
 pd.set_option("display.width", 160)""",
@@ -107,7 +107,8 @@ Z = model.get_latent_representation(held)
 Z_rot = rotated.get_latent_representation(held)
 print("max |Z_rot - Z Q^T| =", np.abs(Z_rot - Z @ Q.T).max())
 
-plots.plot_latent_before_after(Z, Z_rot, labels=held.obs["cell_type"], titles=("fitted model", "rotated model"))
+fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.8))
+plotting.latent_before_after(Z, Z_rot, labels=held.obs["cell_type"], titles=("fitted model", "rotated model"), axes=axes)
 plt.tight_layout()""",
     ),
     (
@@ -175,8 +176,8 @@ would be reading the choice of `Q`.""",
         """W = model.get_loadings()
 W_rot = rotated.get_loadings()
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-plots.plot_loadings(W.to_numpy(), W_rot.to_numpy(), W.index, genes=markers, dim=0, ax=axes[0])
-plots.plot_loadings(W.to_numpy(), W_rot.to_numpy(), W.index, genes=markers, dim=1, ax=axes[1])
+plotting.loadings_before_after(W.to_numpy(), W_rot.to_numpy(), W.index, genes=markers, dim=0, ax=axes[0])
+plotting.loadings_before_after(W.to_numpy(), W_rot.to_numpy(), W.index, genes=markers, dim=1, ax=axes[1])
 plt.tight_layout()
 
 log_expr = np.log1p(held[:, markers].X.toarray() / np.asarray(held.X.sum(1)) * 1e4)
@@ -258,8 +259,8 @@ print(report.summary())""",
     (
         "code",
         """fig, axes = plt.subplots(1, 2, figsize=(14, 4.2), gridspec_kw={"width_ratios": [1.1, 1]})
-plots.plot_differences(report.per_cell, threshold=1e-9, ax=axes[0])
-plots.plot_outputs(report.outputs, ax=axes[1])
+plotting.lpd_differences(report.per_cell, threshold=1e-9, ax=axes[0])
+plotting.output_changes(report.outputs, ax=axes[1])
 plt.tight_layout()""",
     ),
     (
