@@ -12,7 +12,9 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from countvae._checks import check_int, check_number
 from countvae.data.loader import CountSource
+from countvae.errors import InvalidArgumentError
 from countvae.model.training import to_tensors
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
 from countvae.module.loss import per_cell_elbo
@@ -38,7 +40,7 @@ def _iterate_sorted(source: CountSource, indices: np.ndarray, batch_size: int):
 
 def _check_unique(indices: np.ndarray) -> None:
     if len(np.unique(indices)) != len(indices):
-        raise ValueError("indices contain duplicates")
+        raise InvalidArgumentError("indices contain duplicates; pass each cell once.")
 
 
 @torch.no_grad()
@@ -84,6 +86,8 @@ def normalized_expression(
     the decoded expression over draws from ``q(z | x)``. ``transform_batch``
     decodes every cell as if it came from that batch (integer code).
     """
+    check_number("library_size", library_size, 0.0, low_open=True)
+    check_int("n_samples", n_samples, 1)
     _check_unique(indices)
     module.eval()
     dtype, device = _dtype_device(module)
@@ -134,8 +138,7 @@ def log_predictive_density(
 
     """
     _check_unique(indices)
-    if n_samples < 2:
-        raise ValueError("n_samples must be at least 2 to estimate a Monte Carlo standard error")
+    check_int("n_samples", n_samples, 2)  # a Monte Carlo standard error needs two draws
     module.eval()
     dtype, device = _dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
@@ -172,6 +175,7 @@ def elbo_per_cell(
     batch_size: int = 512,
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
+    check_int("n_samples", n_samples, 1)
     _check_unique(indices)
     module.eval()
     dtype, device = _dtype_device(module)
@@ -196,6 +200,7 @@ def posterior_predictive(
     batch_size: int = 512,
 ) -> np.ndarray:
     """Counts drawn from ``p(x | z)`` with ``z ~ q(z | x)``; shape (cells, genes, n_samples)."""
+    check_int("n_samples", n_samples, 1)
     _check_unique(indices)
     module.eval()
     dtype, device = _dtype_device(module)
