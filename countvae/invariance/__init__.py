@@ -5,6 +5,11 @@
 >>> rotated = invariance.reparameterize(model, Q)  # an equivalent fitted CountVAE, z' = Qz  # doctest: +SKIP
 >>> report = invariance.verify(model, adata_heldout)  # doctest: +SKIP
 >>> report.passed, report.to_frame()  # doctest: +SKIP
+>>> report.save("invariance_report")  # report.json, report.md, report.html  # doctest: +SKIP
+
+``verify`` (verification.py) puts together the maps and prior controls
+(controls.py), the models evaluated on the cells (evaluation.py) and the checks
+(checks.py, one function each); the result is an ``InvarianceReport`` (result.py).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
