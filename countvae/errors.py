@@ -46,6 +46,10 @@ class OutputExistsError(CountVAEError, FileExistsError):
     """An output would overwrite an existing file or folder without ``overwrite=True``."""
 
 
+class MissingDependencyError(CountVAEError, ImportError):
+    """An optional package that a feature needs is not installed; the message names the extra to install."""
+
+
 class CountVAEWarning(UserWarning):
     """Base class of the warnings countvae issues on purpose."""
 

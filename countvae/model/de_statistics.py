@@ -60,9 +60,11 @@ def fdr_calls(proba_de: np.ndarray, fdr_target: float) -> np.ndarray:
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """Jaccard index of two boolean call sets; 1 when both are empty (they agree)."""
+    """Jaccard index of two boolean call sets over the same genes; 1 when both are empty (they agree)."""
     a = np.asarray(a, dtype=bool)
     b = np.asarray(b, dtype=bool)
+    if a.shape != b.shape:
+        raise InvalidArgumentError(f"Call sets over different genes: shapes {a.shape} and {b.shape}.")
     union = np.count_nonzero(a | b)
     return 1.0 if union == 0 else np.count_nonzero(a & b) / union
 
