@@ -60,3 +60,7 @@ class NonIdentifiableComponentsWarning(CountVAEWarning):
     Their span is determined by the data, the axes inside it are not: report them
     as one subspace (compare it across fits by principal angles), not as axes.
     """
+
+
+class MonteCarloWarning(CountVAEWarning):
+    """A Monte Carlo estimate is too noisy for its purpose; the message says which and how many draws to use."""

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import norm
 
 import countvae as cv
-from countvae.errors import InvalidArgumentError, NotTrainedError
+from countvae.errors import InvalidArgumentError, MonteCarloWarning, NotTrainedError
 from countvae.invariance import copy_model, reparameterize
 from countvae.model.de_statistics import (
     change_statistics,
@@ -22,6 +22,9 @@ from countvae.model.de_statistics import (
     jaccard,
     raw_count_properties,
 )
+
+# small n_samples_overall keeps the tests fast; the warning it triggers is tested on its own
+pytestmark = pytest.mark.filterwarnings("ignore::countvae.errors.MonteCarloWarning")
 
 SCVI_COLUMNS = [
     "proba_de",
@@ -331,3 +334,10 @@ def test_planted_effects_change_the_means_by_the_stated_fold():
         cv.data.simulate(n_cells=50, n_genes=20, n_de_genes=3)
     with pytest.raises(InvalidArgumentError, match="de_lfc"):
         cv.data.simulate(n_cells=50, n_genes=20, n_groups=2, n_de_genes=3, de_lfc=(2.0, 1.0))
+
+
+def test_too_few_pairs_warn_with_the_predicted_agreement(planted):
+    with pytest.warns(MonteCarloWarning, match="mc_call_jaccard") as record:
+        frame = planted.differential_expression(groupby="group", group1="group1", n_samples_overall=20, seed=1)
+    assert frame["mc_call_jaccard"].iloc[0] < 0.95
+    assert "group1 vs Rest" in str(record[0].message)
