@@ -252,7 +252,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     epochs = args.epochs or (10 if args.quick else 100)
     n_seeds = args.seeds or (2 if args.quick else 4)
-    sizes = [500, 2000] if args.quick else [1000, 2000, 5000, 10000, 20000]
+    sizes = [300, 1000] if args.quick else [1000, 2000, 5000, 10000, 20000]
+    n_pairs = 1000 if args.quick else DEFAULT_N_SAMPLES
     runners = ["countvae"] if args.no_scvi else ["countvae", "scvi"]
     started = time.strftime("%Y-%m-%d %H:%M")
     loads = [load_average()]
@@ -266,7 +267,7 @@ def main(argv=None) -> None:
             model, seconds = (fit_countvae if runner == "countvae" else fit_scvi)(adata, epochs)
             fits.append(f"{runner} on {dataset} {seconds:.0f} s")
             for batch_correction in (False, True):
-                frame, secs = run_de(runner, model, 0, DEFAULT_N_SAMPLES, batch_correction)
+                frame, secs = run_de(runner, model, 0, n_pairs, batch_correction)
                 row = {"data": dataset, "runner": runner, "batch_correction": batch_correction}
                 row.update(score(frame, truth))
                 row["max proba_de"] = float(frame["proba_de"].max())
@@ -276,7 +277,7 @@ def main(argv=None) -> None:
             if planted:
                 stability += stability_rows(runner, model, "simulated (planted)", sizes, n_seeds)
     if args.kang:
-        kang_sizes = [1000, 2000] if args.quick else sizes
+        kang_sizes = [300, 1000] if args.quick else sizes
         stability += kang_stability(kang_sizes, n_seeds, 3 if args.quick else 25)
     loads.append(load_average())
 
@@ -306,7 +307,7 @@ the genes get a log2 fold change in `group1` with |LFC| uniform on [0.5, 3] and 
 the same architecture (n_latent 10, one hidden layer of 128, NB, gene dispersion, batch in encoder and
 decoder) with the same training ({epochs} epochs, plain ELBO without KL warm-up, lr 1e-3, batch size 128,
 train_size 0.9, seed 0). DE: `differential_expression(groupby="group", group1="group1", group2="group0")`
-in change mode, delta {DELTA}, fdr_target {FDR_TARGET}, {DEFAULT_N_SAMPLES} posterior pairs, seed 0. FDP:
+in change mode, delta {DELTA}, fdr_target {FDR_TARGET}, {n_pairs} posterior pairs, seed 0. FDP:
 called genes that were not planted, over called genes. Fit times:
 {", ".join(fits)}.
 
