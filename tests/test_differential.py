@@ -126,6 +126,32 @@ def test_monte_carlo_errors_match_the_spread_over_seeds():
     assert abs(predicted - observed) < 0.02
 
 
+def test_definitions_match_scvi_tools_on_the_same_draws():
+    """Given the same expression draws, every change-mode quantity equals scvi-tools' own functions."""
+    from scvi.model.base._de_core import _fdr_de_prediction
+    from scvi.model.base._differential import describe_continuous_distrib, estimate_pseudocounts_offset
+
+    rng = np.random.default_rng(11)
+    n, genes = 3000, 50
+    log_scale = rng.normal(-6, 2, genes)
+    s1 = np.exp(log_scale + 0.5 * rng.standard_normal((n, genes)) + rng.normal(0, 1, genes)).astype(np.float32)
+    s2 = np.exp(log_scale + 0.5 * rng.standard_normal((n, genes))).astype(np.float32)
+    raw1, raw2 = rng.uniform(0, 0.05, genes), rng.uniform(0, 0.05, genes)
+    ours_pc = estimate_pseudocount(s1, s2, raw1, raw2)
+    scvi_pc = estimate_pseudocounts_offset(s1, s2, raw1 < 0.01, raw2 < 0.01, quantile=0.9)
+    assert ours_pc == pytest.approx(float(scvi_pc), rel=1e-6)
+    out = change_statistics(s1, s2, delta=0.25, pseudocount=ours_pc, fdr_target=0.05, n_bootstrap=4)
+    test_lfc = np.log2(s1.astype(np.float64) + ours_pc) - np.log2(s2.astype(np.float64) + ours_pc)
+    scvi_proba = np.maximum(np.mean(test_lfc >= 0.25, 0), np.mean(test_lfc < -0.25, 0))
+    np.testing.assert_allclose(out["proba_de"], scvi_proba, atol=2.0 / n)  # float32 logs may flip a tie
+    summary_lfc = np.log2(s1.astype(np.float64) + 1e-3 * ours_pc) - np.log2(s2.astype(np.float64) + 1e-3 * ours_pc)
+    for key, value in describe_continuous_distrib(summary_lfc).items():
+        np.testing.assert_allclose(out[f"lfc_{key}"], value, rtol=1e-5, atol=1e-5)
+    proba = pd.Series(out["proba_de"], index=[f"g{i}" for i in range(genes)])
+    np.testing.assert_array_equal(out["is_de"], _fdr_de_prediction(proba, fdr=0.05).to_numpy())
+    np.testing.assert_allclose(out["scale1"], s1.mean(0, dtype=np.float64), rtol=1e-12)
+
+
 def test_pseudocount_estimate_known_answer():
     scales1 = np.array([[0.1, 0.01, 0.3], [0.2, 0.02, 0.1]])
     scales2 = np.array([[0.1, 0.05, 0.3], [0.2, 0.04, 0.1]])
