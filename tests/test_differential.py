@@ -3,6 +3,7 @@ calls against planted truth, and the scvi-tools-style interface."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 
 import numpy as np
@@ -330,6 +331,14 @@ def test_given_pseudocount_is_used(planted):
 
 
 # ----- simulator with planted groups ----------------------------------------------------------------
+def test_default_simulation_is_the_one_before_groups_existed():
+    """Counts recorded from the simulator before n_groups/n_de_genes/de_lfc were added (commit 2078547)."""
+    adata = cv.data.simulate(n_cells=50, n_genes=10, n_latent=1, seed=3)
+    digest = hashlib.sha256(adata.X.toarray().astype(np.int64).tobytes())
+    digest.update(adata.obs["batch"].cat.codes.to_numpy().astype(np.int64).tobytes())
+    assert digest.hexdigest() == "95ad9314343f89bab97022f1984eaa5d4f0a05f0b9591d99746db43b3f0ee7d2"
+
+
 def test_groups_without_effects_leave_the_simulation_unchanged():
     base = cv.data.simulate(n_cells=200, n_genes=30, n_batches=2, seed=9)
     grouped = cv.data.simulate(n_cells=200, n_genes=30, n_batches=2, seed=9, n_groups=3)
