@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from diagnostics_helpers import random_rotation
 
-from countvae.diagnostics.alignment import (
+from countvae.diagnostics.analyses.alignment import (
     MAP_CLASSES,
     alignment_errors,
     fit_map,

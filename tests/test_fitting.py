@@ -14,7 +14,7 @@ import torch
 import countvae as cv
 from countvae.data.registry import get_registry
 from countvae.diagnostics import CountVAEFit, FittedModel, fit_seeds, heldout_split, load_seed_fits
-from countvae.diagnostics._manifest import data_fingerprint
+from countvae.diagnostics.fitting.manifest import data_fingerprint
 from countvae.errors import (
     InvalidArgumentError,
     InvalidDataError,

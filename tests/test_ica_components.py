@@ -12,7 +12,7 @@ from diagnostics_helpers import RotatedFit, random_rotation
 import countvae as cv
 from countvae import plotting
 from countvae.diagnostics import CountVAEFit, report
-from countvae.diagnostics.components import (
+from countvae.diagnostics.analyses.components import (
     COMPONENT_COLUMNS,
     MATCH_COLUMNS,
     headline_sentence,

@@ -6,14 +6,14 @@ import pytest
 from diagnostics_helpers import ScrambledFit, random_rotation, rotated_copies
 
 from countvae.diagnostics import CountVAEFit
-from countvae.diagnostics.invariants import (
+from countvae.diagnostics.analyses.invariants import (
     InvariantInputs,
     concordance,
     gene_centred_concordance,
     gram_cosine,
     invariants_table,
 )
-from countvae.diagnostics.markers import marker_matrix
+from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.errors import InvalidArgumentError
 
 INVARIANT = [

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from countvae.diagnostics.predictive import (
+from countvae.diagnostics.analyses.predictive import (
     compare_table,
     equivalence_verdict,
     pairwise_table,

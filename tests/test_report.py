@@ -171,7 +171,7 @@ def test_bad_inputs(trained_linear, seed_fits):
 
 
 def test_headline_says_when_most_of_a_difference_is_the_rotation():
-    from countvae.diagnostics.report import _headline
+    from countvae.diagnostics.reporting.pipeline import _headline
 
     invariants = pd.DataFrame(
         {

@@ -18,7 +18,7 @@ from PIL import Image
 
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, report
-from countvae.diagnostics._render import _GLANCE
+from countvae.diagnostics.reporting.render import _GLANCE
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 EVIL_GENE = "<script>alert(1)</script>"

@@ -5,7 +5,7 @@ import pytest
 from diagnostics_helpers import rotated_copies
 
 from countvae.diagnostics import CountVAEFit
-from countvae.diagnostics.rhat import collect_draws, procrustes_to_reference, rhat_table
+from countvae.diagnostics.analyses.rhat import collect_draws, procrustes_to_reference, rhat_table
 from countvae.errors import InvalidArgumentError
 
 

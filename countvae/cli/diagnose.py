@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``countvae diagnose``."""
     # Imported here so that `countvae --help` does not load arviz, scikit-learn and scvi-tools.
     from countvae.diagnostics import fit_seeds, report
-    from countvae.diagnostics.markers import marker_matrix
+    from countvae.diagnostics.analyses.markers import marker_matrix
 
     started = time.perf_counter()
     out = Path(args.out)

@@ -1,9 +1,9 @@
 """Multi-seed fits, their alignment, and the report of which quantities are stable across fits."""
 
-from countvae.diagnostics.adapters import CountVAEFit, FittedModel, SCVIFit
-from countvae.diagnostics.fitting import fit_seeds, heldout_split, load_seed_fits
-from countvae.diagnostics.report import DiagnosticReport, ReportSettings, report
-from countvae.diagnostics.seedfits import SeedFits
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel, SCVIFit
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
 
 __all__ = [
     "CountVAEFit",

@@ -26,19 +26,18 @@ from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
 from countvae.data.registry import get_registry
-from countvae.diagnostics._data import data_checksum, gene_variance, observed_counts
-from countvae.diagnostics.adapters import FittedModel
-from countvae.diagnostics.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
-from countvae.diagnostics.components import empty_tables, headline_sentence, ica_component_stability
-from countvae.diagnostics.invariants import ROTATION, STABLE, UNSTABLE, InvariantInputs, invariants_table
-from countvae.diagnostics.markers import (
+from countvae.diagnostics.analyses.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
+from countvae.diagnostics.analyses.components import empty_tables, headline_sentence, ica_component_stability
+from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
+from countvae.diagnostics.analyses.invariants import ROTATION, STABLE, UNSTABLE, InvariantInputs, invariants_table
+from countvae.diagnostics.analyses.markers import (
     default_markers,
     marker_correlations,
     marker_matrix,
     marker_r2_table,
     marker_summary,
 )
-from countvae.diagnostics.ppc import (
+from countvae.diagnostics.analyses.ppc import (
     PPCStatistics,
     observed_statistics,
     ppc_agreement,
@@ -46,10 +45,11 @@ from countvae.diagnostics.ppc import (
     predictive_statistics,
     split_half_statistics,
 )
-from countvae.diagnostics.predictive import compare_table, equivalence_verdict, pairwise_table, per_fit_table
-from countvae.diagnostics.rhat import collect_draws, procrustes_to_reference, rhat_table
-from countvae.diagnostics.seedfits import SeedFits
-from countvae.diagnostics.subspace import covariance_spectrum, geometry_table, jacobian_span, subsample
+from countvae.diagnostics.analyses.predictive import compare_table, equivalence_verdict, pairwise_table, per_fit_table
+from countvae.diagnostics.analyses.rhat import collect_draws, procrustes_to_reference, rhat_table
+from countvae.diagnostics.analyses.subspace import covariance_spectrum, geometry_table, jacobian_span, subsample
+from countvae.diagnostics.fitting.fitted_model import FittedModel
+from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class ReportSettings:
         the per-component stability of ICA across seeds (``DiagnosticReport.ica``).
     ica_threshold
         An ICA component reproduces across seeds when its mean best-match
-        |correlation| is at least this (see :mod:`countvae.diagnostics.components`).
+        |correlation| is at least this (see :mod:`countvae.diagnostics.analyses.components`).
     seed
         Seed of every subset and Monte Carlo draw.
     blas_threads
@@ -154,7 +154,7 @@ class DiagnosticReport:
     invariants
         One row per quantity: invariant in theory, agreement across seeds, verdict, what to report instead.
     alignment
-        Seed-pair alignment errors per map class (see :mod:`countvae.diagnostics.alignment`).
+        Seed-pair alignment errors per map class (see :mod:`countvae.diagnostics.analyses.alignment`).
     predictive
         Held-out log predictive density per seed.
     subspace
@@ -171,7 +171,7 @@ class DiagnosticReport:
         the other fits' ICA components (``mean_match``, ``median_match``,
         ``min_match``; ICAs estimated on disjoint halves of the held-out
         cells), excess kurtosis, negentropy, the Gaussian flag and whether it
-        ``reproducible`` (see :mod:`countvae.diagnostics.components`). No rows
+        ``reproducible`` (see :mod:`countvae.diagnostics.analyses.components`). No rows
         when the report was made with ``ica=False``.
     tables
         Every other table (pairwise details, per-parameter R-hat, per-gene PPC,
@@ -212,13 +212,13 @@ class DiagnosticReport:
 
     def _repr_html_(self) -> str:
         """The verdict and the invariants table, for notebooks (data-derived strings escaped)."""
-        from countvae.diagnostics._render import summary_html
+        from countvae.diagnostics.reporting.render import summary_html
 
         return summary_html(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Every table and setting as JSON-safe Python objects (NaN and infinities become ``None``)."""
-        from countvae.diagnostics._render import report_to_dict
+        from countvae.diagnostics.reporting.render import report_to_dict
 
         return report_to_dict(self)
 
@@ -241,7 +241,7 @@ class DiagnosticReport:
             The folder.
 
         """
-        from countvae.diagnostics._render import save_report
+        from countvae.diagnostics.reporting.render import save_report
 
         return save_report(self, Path(dir_path), overwrite=overwrite)
 

@@ -1,6 +1,6 @@
 """Which ICA components of a model reproduce across seeds: the report's per-component stability table.
 
-The alignment step (:mod:`countvae.diagnostics.alignment`) asks how well ICA
+The alignment step (:mod:`countvae.diagnostics.analyses.alignment`) asks how well ICA
 aligns two seeds as a whole; this module asks it per component, Icasso-style
 (Himberg et al. 2004), with :func:`countvae.ica.ica_stability`: the first fit's
 ICA is estimated on one random half of the held-out cells, every other fit's

@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from countvae import _arviz
-from countvae.diagnostics.adapters import FittedModel
-from countvae.diagnostics.alignment import AffineMap, fit_map
+from countvae.diagnostics.analyses.alignment import AffineMap, fit_map
+from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.errors import InvalidArgumentError
 
 #: R-hat above this marks a parameter whose chains (seeds) disagree (Vehtari et al., 2021).

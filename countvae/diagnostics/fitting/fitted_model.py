@@ -225,7 +225,7 @@ class SCVIFit:
     _cache: tuple[Any, ad.AnnData] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from countvae.diagnostics._scvi import scvi_kind
+        from countvae.diagnostics.fitting.scvi_storage import scvi_kind
 
         if not self.name:
             self.name = f"seed {self.seed}"
@@ -267,7 +267,7 @@ class SCVIFit:
     # ----- data ----------------------------------------------------------------------------
     def _prepared(self, adata: ad.AnnData) -> ad.AnnData:
         """``adata`` itself if it is set up for the model, else a set-up copy (cached for the last one)."""
-        from countvae.diagnostics._scvi import quiet_scvi
+        from countvae.diagnostics.fitting.scvi_storage import quiet_scvi
 
         if not isinstance(adata, ad.AnnData):
             raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")

@@ -22,7 +22,7 @@ Agreement scores
 ``weighted overlap``
     Share of one seed's decoder variation in gene space (Jacobian or loading
     energy) that lies in the other seed's gene-space span, averaged over both
-    directions (:func:`countvae.diagnostics.subspace.weighted_overlap`). The
+    directions (:func:`countvae.diagnostics.analyses.subspace.weighted_overlap`). The
     principal angles themselves are in ``DiagnosticReport.subspace``.
 ``cosine``
     ``<G_a, G_b>_F / (||G_a||_F ||G_b||_F)`` of two gene x gene Gram matrices.
@@ -30,12 +30,12 @@ Agreement scores
     Mean correlation of matched components after a signed permutation (Hungarian).
 ``|z|``
     Held-out ``log p(x)``: the largest paired difference in standard errors
-    (see :mod:`countvae.diagnostics.predictive`); smaller is better.
+    (see :mod:`countvae.diagnostics.analyses.predictive`); smaller is better.
 ``noise ratio``
     Posterior predictive statistics: the seed-to-seed difference of the
     predicted per-gene coefficient of variation and zero fraction, divided by
     the difference between two independent halves of one seed's draws (the
-    larger of the two ratios; see :func:`countvae.diagnostics.ppc.ppc_agreement`);
+    larger of the two ratios; see :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`);
     about 1 for equivalent seeds, smaller is better.
 
 Verdicts
@@ -68,10 +68,10 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.alignment import fit_ica_axes, fit_map, signed_permutation
-from countvae.diagnostics.markers import dimension_correlations
-from countvae.diagnostics.predictive import EQUIVALENCE_Z
-from countvae.diagnostics.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
+from countvae.diagnostics.analyses.alignment import fit_ica_axes, fit_map, signed_permutation
+from countvae.diagnostics.analyses.markers import dimension_correlations
+from countvae.diagnostics.analyses.predictive import EQUIVALENCE_Z
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
 from countvae.errors import InvalidArgumentError
 
 #: Agreement (concordance, overlap, cosine, MCC) at or above which a quantity counts as stable.
@@ -322,16 +322,16 @@ class InvariantInputs:
     symmetry
         The fits' symmetry group (``"orthogonal"`` for a N(0, I) prior).
     lpd_pairs
-        :func:`countvae.diagnostics.predictive.pairwise_table`.
+        :func:`countvae.diagnostics.analyses.predictive.pairwise_table`.
     ppc_pairs
-        :func:`countvae.diagnostics.ppc.ppc_agreement`.
+        :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`.
     log_rates
         Decoded log means at the latent means, (cells, genes) on a subset.
     normalized
         ``log1p`` normalized expression, (cells, genes) on the same subset.
     spans
         Gene-space bases (genes, L) scaled by singular values (see
-        :func:`countvae.diagnostics.subspace.jacobian_span`).
+        :func:`countvae.diagnostics.analyses.subspace.jacobian_span`).
     grams
         Gene x gene decoder Gram matrices on a gene subset.
     loadings

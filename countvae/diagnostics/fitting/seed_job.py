@@ -20,8 +20,8 @@ import anndata as ad
 import torch
 
 from countvae.data.registry import get_registry
-from countvae.diagnostics import _scvi
 from countvae.diagnostics._hooks import checkpoint
+from countvae.diagnostics.fitting import scvi_storage
 
 #: Folder, inside each ``fits/seed_<s>/``, that holds the saved model.
 MODEL_FOLDER = "model"
@@ -82,13 +82,15 @@ def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
         checkpoint("fit_started", task.seed)
         with tempfile.TemporaryDirectory(prefix="countvae-fit-") as scratch:
             folder = Path(scratch) / MODEL_FOLDER
-            if _scvi.is_scvi_class(task.model_cls):
-                adata_scvi = _scvi.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)
-                model = _scvi.fit_scvi(task.model_cls, adata_scvi, task.model_kwargs, task.train_kwargs, task.seed)
+            if scvi_storage.is_scvi_class(task.model_cls):
+                adata_scvi = scvi_storage.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)
+                model = scvi_storage.fit_scvi(
+                    task.model_cls, adata_scvi, task.model_kwargs, task.train_kwargs, task.seed
+                )
                 seconds = time.perf_counter() - start
                 checkpoint("fit_trained", task.seed)
                 folder.mkdir()
-                _scvi.save_scvi_fit(model, folder, task.model_kwargs_record)
+                scvi_storage.save_scvi_fit(model, folder, task.model_kwargs_record)
             else:
                 model = task.model_cls(adata_fit, **task.model_kwargs)
                 model.train(**{"progress_bar": False, **task.train_kwargs, "seed": task.seed})

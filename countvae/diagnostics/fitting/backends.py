@@ -1,6 +1,6 @@
 """Where seeds are fitted: in this process, in joblib worker processes, or as Ray tasks.
 
-Each backend yields :class:`~countvae.diagnostics._seedjob.FitOutcome` objects
+Each backend yields :class:`~countvae.diagnostics.fitting.seed_job.FitOutcome` objects
 as fits finish (not in seed order), so the caller can store every fit the
 moment it is done.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import anndata as ad
 import joblib
 
-from countvae.diagnostics._seedjob import FitOutcome, FitTask, run_fit
+from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask, run_fit
 from countvae.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)

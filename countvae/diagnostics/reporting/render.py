@@ -25,7 +25,7 @@ from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
 from countvae.diagnostics._hooks import checkpoint
 
 if TYPE_CHECKING:
-    from countvae.diagnostics.report import DiagnosticReport
+    from countvae.diagnostics.reporting.pipeline import DiagnosticReport
 
 #: JSON/report format version of the report files.
 REPORT_FORMAT = 1

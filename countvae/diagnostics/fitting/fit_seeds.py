@@ -52,10 +52,11 @@ from countvae._io import (
 from countvae._provenance import package_versions
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.split import split_indices
-from countvae.diagnostics import _scvi
-from countvae.diagnostics._backends import BACKENDS, available_cores, default_torch_threads, run_tasks
 from countvae.diagnostics._hooks import checkpoint
-from countvae.diagnostics._manifest import (
+from countvae.diagnostics.fitting import scvi_storage
+from countvae.diagnostics.fitting.backends import BACKENDS, available_cores, default_torch_threads, run_tasks
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel, SCVIFit
+from countvae.diagnostics.fitting.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     comparable,
@@ -63,9 +64,8 @@ from countvae.diagnostics._manifest import (
     describe_mismatch,
     to_json_value,
 )
-from countvae.diagnostics._seedjob import MODEL_FOLDER, FitOutcome, FitTask
-from countvae.diagnostics.adapters import CountVAEFit, FittedModel, SCVIFit
-from countvae.diagnostics.seedfits import SeedFits
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.fitting.seed_job import MODEL_FOLDER, FitOutcome, FitTask
 from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, OutputExistsError, SetupError
 from countvae.model import CountVAE
 
@@ -162,8 +162,8 @@ def _model_family(model_cls: Any) -> str:
     """``"countvae"``, ``"scvi"`` or ``"linearscvi"``."""
     if isinstance(model_cls, type) and issubclass(model_cls, CountVAE):
         return "countvae"
-    if _scvi.is_scvi_class(model_cls):
-        return _scvi.scvi_kind(model_cls)
+    if scvi_storage.is_scvi_class(model_cls):
+        return scvi_storage.scvi_kind(model_cls)
     raise InvalidArgumentError(
         f"model_cls must be countvae.CountVAE, scvi.model.SCVI or scvi.model.LinearSCVI, got {model_cls!r}."
     )
@@ -307,7 +307,7 @@ class _Loader:
         self.adata_fit = adata_fit
         self._adata_scvi = None
         if family != "countvae":
-            self._adata_scvi = _scvi.setup_for_scvi(adata_fit, registry, model_cls)
+            self._adata_scvi = scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
 
     @property
     def adata_for_fits(self) -> ad.AnnData:
@@ -325,7 +325,7 @@ class _Loader:
         if self.family == "countvae":
             model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
             return CountVAEFit(model, seed=seed)
-        model = _scvi.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
+        model = scvi_storage.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
         return SCVIFit(model, seed=seed)
 
 
@@ -446,7 +446,7 @@ def fit_seeds(
     _check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
-        "model_class": _scvi.class_path(model_cls),
+        "model_class": scvi_storage.class_path(model_cls),
         "model_family": family,
         "model_kwargs": model_record,
         "train_kwargs": to_json_value(train_kwargs, "train_kwargs"),

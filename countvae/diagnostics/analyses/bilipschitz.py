@@ -132,7 +132,7 @@ def model_bilipschitz(fit: Any, adata: Any, library_size: float | None = None, n
     Parameters
     ----------
     fit
-        A :class:`countvae.CountVAE` or a :class:`countvae.diagnostics.adapters.CountVAEFit`.
+        A :class:`countvae.CountVAE` or a :class:`countvae.diagnostics.fitting.fitted_model.CountVAEFit`.
     adata
         Cells at whose posterior means the decoder is evaluated.
     library_size
@@ -148,7 +148,7 @@ def model_bilipschitz(fit: Any, adata: Any, library_size: float | None = None, n
         The zero-inflation of a ZINB model is ignored (the NB part's metric is used).
 
     """
-    from countvae.diagnostics.adapters import CountVAEFit
+    from countvae.diagnostics.fitting.fitted_model import CountVAEFit
     from countvae.model import CountVAE
 
     if isinstance(fit, CountVAE):
