@@ -54,7 +54,8 @@ from countvae.cli.diagnose import default_epochs
 from countvae.diagnostics import fit_seeds
 from countvae.diagnostics.analyses.alignment import MAP_CLASSES, alignment_errors, ica_efficiency
 from countvae.diagnostics.analyses.components import ica_component_stability
-from countvae.diagnostics.fitting.fit_seeds import FIT_RECORD, FITS_FOLDER, heldout_split
+from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.output_folder import FIT_RECORD, FITS_FOLDER
 
 #: The paper's range of ICA efficiency over its model pairs (Nelson et al. 2026, as quoted in issue 5).
 PAPER_EFFICIENCY = (0.25, 0.59)

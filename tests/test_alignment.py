@@ -7,13 +7,12 @@ from diagnostics_helpers import random_rotation
 from countvae.diagnostics.analyses.alignment import (
     MAP_CLASSES,
     alignment_errors,
-    fit_map,
     ica_efficiency,
     latent_diameter,
     rms_distance,
-    signed_permutation,
     summarize_alignment,
 )
+from countvae.diagnostics.analyses.maps import fit_map, fit_signed_permutation
 from countvae.errors import InvalidArgumentError
 
 
@@ -54,7 +53,7 @@ def test_signed_permutation_recovers_the_permutation():
     z = laplace_latents(d=4)
     p = np.zeros((4, 4))
     p[[0, 1, 2, 3], [1, 3, 0, 2]] = [-1, 1, 1, -1]
-    np.testing.assert_array_equal(signed_permutation(z, z @ p * 5.0), p)
+    np.testing.assert_array_equal(fit_signed_permutation(z, z @ p * 5.0), p)
 
 
 def test_general_linear_map_ordering_linear_best():

@@ -1,12 +1,15 @@
-"""The invariants table: which outputs of the fits survive a re-run, and which are a choice of coordinates.
+"""The numbers of the invariants table: how well the fits agree on each output, as it is and after alignment.
 
-One row per quantity. For each: whether the model's symmetry group leaves it
-unchanged in theory; how well the seeds agree on it (a number with its
+One row per quantity, defined by a :class:`Quantity` in the registry
+:data:`QUANTITIES` (looked up by name in :data:`QUANTITY_BY_NAME`), which
+carries its score function. For each: whether the model's symmetry group leaves
+it unchanged in theory; how well the seeds agree on it (a number with its
 definition, for the worst pair of seeds, and its mean over pairs); the same
 after aligning each pair of seeds by the orthogonal Procrustes map of their
 latent means (only for coordinate-level quantities, where alignment changes
-anything); a verdict; and what to report instead when the quantity is not
-stable.
+anything); and its :class:`Threshold`, a number with a comparison. The verdict
+and what to report instead are decided from these numbers by
+:mod:`countvae.diagnostics.reporting.verdicts`.
 
 Agreement scores
 ----------------
@@ -38,20 +41,6 @@ Agreement scores
     larger of the two ratios; see :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`);
     about 1 for equivalent seeds, smaller is better.
 
-Verdicts
---------
-``stable``
-    The worst pair of seeds meets the threshold as the quantity stands.
-``stable up to rotation``
-    It does not, but it does after the orthogonal alignment: the seeds agree
-    on the thing itself, not on its coordinates.
-``unstable``
-    It does not, even after alignment. For a quantity that is invariant in
-    theory this means the seeds reached different optima (or did not
-    converge), not that they picked different coordinates.
-``not measured``
-    The fits' API does not provide what the quantity needs.
-
 Thresholds (module constants, conventions rather than laws): concordance,
 weighted subspace overlap, Gram cosine and ICA MCC at least 0.9 (seeds share at least
 90% of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
@@ -62,13 +51,14 @@ statistics within twice their own Monte Carlo noise.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
 import pandas as pd
+from scipy.spatial.distance import pdist
 
-from countvae.diagnostics.analyses.alignment import fit_ica_axes, fit_map, signed_permutation
+from countvae.diagnostics.analyses.maps import PairMaps, fit_signed_permutation
 from countvae.diagnostics.analyses.markers import dimension_correlations
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_Z
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
@@ -83,9 +73,22 @@ PPC_THRESHOLD = 2.0
 #: Cells whose pairwise latent distances are compared at most (the number of pairs is quadratic).
 MAX_DISTANCE_CELLS = 1_000
 
-STABLE, ROTATION, UNSTABLE, NOT_MEASURED = "stable", "stable up to rotation", "unstable", "not measured"
+#: Columns of the table :func:`invariants_table` returns.
+TABLE_COLUMNS = (
+    "quantity",
+    "invariant_in_theory",
+    "metric",
+    "agreement",
+    "agreement_mean",
+    "aligned_agreement",
+    "threshold",
+    "comparison",
+)
+#: Columns of its per-pair table.
+PAIR_COLUMNS = ("quantity", "fit_a", "fit_b", "agreement", "aligned_agreement")
 
 
+# ----- agreement scores ---------------------------------------------------------------------------------
 def concordance(a: np.ndarray, b: np.ndarray) -> float:
     """Lin's concordance correlation coefficient of two arrays (flattened)."""
     a = np.asarray(a, dtype=np.float64).ravel()
@@ -119,198 +122,17 @@ def gram_cosine(ga: np.ndarray, gb: np.ndarray) -> float:
 
 def pairwise_distances(z: np.ndarray) -> np.ndarray:
     """Condensed Euclidean distances between the rows of ``z``."""
-    from scipy.spatial.distance import pdist
-
     return pdist(np.asarray(z, dtype=np.float64))
 
 
 def matched_component_correlation(sa: np.ndarray, sb: np.ndarray) -> float:
     """Mean correlation of components after the best signed permutation (MCC)."""
-    p = signed_permutation(sa, sb)
+    p = fit_signed_permutation(sa, sb)
     matched = sa @ p
     return float(np.mean([np.corrcoef(matched[:, k], sb[:, k])[0, 1] for k in range(sb.shape[1])]))
 
 
-@dataclass(frozen=True)
-class QuantitySpec:
-    """How one row of the table is defined."""
-
-    quantity: str
-    invariant: str
-    metric: str
-    threshold: float
-    higher_is_better: bool
-    report_when_stable: str
-    report_when_rotation: str
-    report_when_unstable: str
-
-
-_INVARIANT_ROWS = (
-    QuantitySpec(
-        "held-out log p(x)",
-        "yes",
-        "|z|",
-        EQUIVALENCE_Z,
-        False,
-        "held-out log p(x) of any seed",
-        "",
-        "the seeds reached different optima: train longer, or keep the seed with the best held-out log p(x)",
-    ),
-    QuantitySpec(
-        "posterior predictive statistics",
-        "yes",
-        "noise ratio",
-        PPC_THRESHOLD,
-        False,
-        "posterior predictive checks of any seed",
-        "",
-        "check convergence; report the checks of every seed",
-    ),
-    QuantitySpec(
-        "decoded means",
-        "yes",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "decoded means (log rate per gene and cell) of any seed",
-        "",
-        "average decoded means over seeds and report their spread",
-    ),
-    QuantitySpec(
-        "normalized expression",
-        "yes",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "normalized expression of any seed",
-        "",
-        "average normalized expression over seeds and report the spread",
-    ),
-    QuantitySpec(
-        "latent distances",
-        "yes",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "distances between cells in latent space",
-        "",
-        "distances averaged over seeds, with their spread",
-    ),
-    QuantitySpec(
-        "k-NN graph",
-        "yes",
-        "jaccard",
-        KNN_THRESHOLD,
-        True,
-        "the k-NN graph (clusters, UMAP) of any seed",
-        "",
-        "a consensus graph over seeds (neighbours shared by most seeds); check clusters on every seed",
-    ),
-    QuantitySpec(
-        "latent subspace (gene space)",
-        "yes",
-        "weighted overlap",
-        AGREEMENT_THRESHOLD,
-        True,
-        "the gene-space span of the decoder, compared by principal angles",
-        "",
-        "only the leading directions that agree (small principal angles)",
-    ),
-    QuantitySpec(
-        "W W^T / decoder Gram",
-        "yes",
-        "cosine",
-        AGREEMENT_THRESHOLD,
-        True,
-        "gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
-        "",
-        "the Gram matrix averaged over seeds, with its spread",
-    ),
-)
-
-_COORDINATE_ROWS = (
-    QuantitySpec(
-        "per-dimension coordinates",
-        "no",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "latent coordinates (the seeds happen to agree; the model does not guarantee it)",
-        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates if they are stable",
-        "latent distances, the k-NN graph or the latent subspace",
-    ),
-    QuantitySpec(
-        "per-dimension loadings",
-        "no",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "the span of the loadings (principal angles) or W W^T; loadings per ICA component if ICA is stable",
-        "the span of the loadings (principal angles) or W W^T",
-    ),
-    QuantitySpec(
-        "per-dimension marker correlations",
-        "no",
-        "ccc",
-        AGREEMENT_THRESHOLD,
-        True,
-        "marker correlations per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
-    ),
-)
-
-_ICA_ROW = QuantitySpec(
-    "ICA coordinates",
-    "convention (up to order and sign)",
-    "mcc",
-    AGREEMENT_THRESHOLD,
-    True,
-    "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
-    "",
-    "the ICA subspace, not individual components (the latents are too close to Gaussian to fix axes)",
-)
-
-#: Symmetry group -> what "invariant" means for coordinate-level rows.
-_COORDINATE_THEORY = {
-    "orthogonal": "no (changes with every rotation)",
-    "signed permutation": "up to order and sign",
-    "sign flip": "up to sign",
-}
-
-
-def _verdict(spec: QuantitySpec, value: float, aligned: float) -> str:
-    def ok(v: float) -> bool:
-        if not np.isfinite(v):
-            return False
-        return v >= spec.threshold if spec.higher_is_better else v < spec.threshold
-
-    if not np.isfinite(value):
-        return NOT_MEASURED
-    if ok(value):
-        return STABLE
-    if ok(aligned):
-        return ROTATION
-    return UNSTABLE
-
-
-def _pair_lookup(frame: pd.DataFrame | None, column: str, absolute: bool = False) -> Callable[[str, str], float]:
-    """A score function reading one column of a per-pair table (either order of the pair)."""
-    values = {}
-    if frame is not None:
-        for a, b, v in zip(frame["fit_a"], frame["fit_b"], frame[column], strict=True):
-            values[a, b] = values[b, a] = abs(float(v)) if absolute else float(v)
-    return lambda a, b: values.get((a, b), np.nan)
-
-
-def _worst(values: list[float], higher_is_better: bool) -> float:
-    finite = [v for v in values if np.isfinite(v)]
-    if not finite:
-        return np.nan
-    return min(finite) if higher_is_better else max(finite)
-
-
+# ----- what is compared ---------------------------------------------------------------------------------
 @dataclass
 class InvariantInputs:
     """What the table compares, all on the same held-out cells, keyed by fit name.
@@ -356,14 +178,395 @@ class InvariantInputs:
     ica: bool = True
 
 
+@dataclass
+class Comparison:
+    """What the score functions read: the inputs, and what is computed once per fit or per pair.
+
+    Built by :func:`invariants_table`; a score function takes it and two fit names.
+
+    Attributes
+    ----------
+    inputs
+        The per-fit quantities.
+    latents
+        Latent means as float64, by fit.
+    maps
+        The orthogonal maps between fits and each fit's ICA axes, on the cells of ``latents``.
+    distances
+        Condensed pairwise latent distances on a subset of cells, by fit.
+    neighbours
+        k-NN index sets on a subset of cells, by fit.
+
+    """
+
+    inputs: InvariantInputs
+    latents: dict[str, np.ndarray]
+    maps: PairMaps
+    distances: dict[str, np.ndarray]
+    neighbours: dict[str, np.ndarray]
+    lpd_z: Callable[[str, str], float]
+    ppc_noise_ratio: Callable[[str, str], float]
+    _marker_correlations: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def marker_correlations(self, name: str) -> np.ndarray:
+        """(markers, dims) correlations of fit ``name``'s latent dimensions with each marker (computed once)."""
+        if name not in self._marker_correlations:
+            self._marker_correlations[name] = self.marker_correlations_of(self.latents[name])
+        return self._marker_correlations[name]
+
+    def marker_correlations_of(self, z: np.ndarray) -> np.ndarray:
+        """(markers, dims) correlations of the columns of ``z`` with each marker."""
+        markers = self.inputs.markers
+        return np.stack([dimension_correlations(z, markers[m].to_numpy()) for m in markers.columns])
+
+
+# ----- the quantities -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Threshold:
+    """A threshold with its direction: agreement ``>=`` value, or a discrepancy ``<`` value, counts as met.
+
+    Attributes
+    ----------
+    value
+        The number.
+    comparison
+        ``">="`` (higher is better) or ``"<"`` (lower is better).
+
+    """
+
+    value: float
+    comparison: str
+
+    def __post_init__(self) -> None:
+        if self.comparison not in (">=", "<"):
+            raise InvalidArgumentError(f"comparison must be '>=' or '<', got {self.comparison!r}.")
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether larger numbers mean closer agreement."""
+        return self.comparison == ">="
+
+    def met(self, value: float) -> bool:
+        """Whether ``value`` meets the threshold (never for NaN)."""
+        if not np.isfinite(value):
+            return False
+        return value >= self.value if self.higher_is_better else value < self.value
+
+    def worst(self, values: list[float]) -> float:
+        """The worst of ``values`` (the smallest when higher is better), ignoring NaN; NaN if none is finite."""
+        finite = [v for v in values if np.isfinite(v)]
+        if not finite:
+            return np.nan
+        return min(finite) if self.higher_is_better else max(finite)
+
+
+#: A score: how well fits ``a`` and ``b`` agree on a quantity.
+ScoreFunction = Callable[[Comparison, str, str], float]
+
+
+def _always(inputs: InvariantInputs) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One row of the invariants table: what it measures, how it is scored, and what to report instead.
+
+    Attributes
+    ----------
+    name
+        The row's label, e.g. ``"latent distances"``.
+    invariant_in_theory
+        ``"yes"`` for outputs the prior's symmetry leaves unchanged; for
+        coordinate-level rows (``coordinate_level``) the table states what the
+        fits' symmetry group leaves of them instead.
+    coordinate_level
+        Whether the quantity changes with the latent coordinates (aligned scores then apply).
+    metric
+        Name of the agreement score (defined in the module docstring).
+    threshold
+        When the agreement counts as stable.
+    report_when_stable, report_when_rotation, report_when_unstable
+        What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`).
+    score
+        Agreement of two fits.
+    aligned_score
+        Agreement after the orthogonal map of one fit onto the other (coordinate-level rows).
+    available
+        Whether the inputs hold what the score needs (else the row is not measured).
+    included
+        Whether the row is in the table at all for these inputs.
+
+    """
+
+    name: str
+    invariant_in_theory: str
+    coordinate_level: bool
+    metric: str
+    threshold: Threshold
+    report_when_stable: str
+    report_when_rotation: str
+    report_when_unstable: str
+    score: ScoreFunction
+    aligned_score: ScoreFunction | None = None
+    available: Callable[[InvariantInputs], bool] = _always
+    included: Callable[[InvariantInputs], bool] = _always
+
+
+def _lpd(c: Comparison, a: str, b: str) -> float:
+    return c.lpd_z(a, b)
+
+
+def _ppc(c: Comparison, a: str, b: str) -> float:
+    return c.ppc_noise_ratio(a, b)
+
+
+def _decoded_means(c: Comparison, a: str, b: str) -> float:
+    return gene_centred_concordance(c.inputs.log_rates[a], c.inputs.log_rates[b])
+
+
+def _normalized(c: Comparison, a: str, b: str) -> float:
+    return gene_centred_concordance(c.inputs.normalized[a], c.inputs.normalized[b])
+
+
+def _distances(c: Comparison, a: str, b: str) -> float:
+    return concordance(c.distances[a], c.distances[b])
+
+
+def _knn(c: Comparison, a: str, b: str) -> float:
+    return float(np.mean(knn_jaccard_per_cell(c.neighbours[a], c.neighbours[b])))
+
+
+def _subspace(c: Comparison, a: str, b: str) -> float:
+    return weighted_overlap(c.inputs.spans[a], c.inputs.spans[b])
+
+
+def _gram(c: Comparison, a: str, b: str) -> float:
+    return gram_cosine(c.inputs.grams[a], c.inputs.grams[b])
+
+
+def _coordinates(c: Comparison, a: str, b: str) -> float:
+    return per_column_concordance(c.latents[a], c.latents[b])
+
+
+def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
+    return per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
+
+
+def _loadings(c: Comparison, a: str, b: str) -> float:
+    return per_column_concordance(c.inputs.loadings[a], c.inputs.loadings[b])
+
+
+def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
+    return per_column_concordance(c.inputs.loadings[a] @ c.maps.orthogonal(a, b).matrix, c.inputs.loadings[b])
+
+
+def _markers(c: Comparison, a: str, b: str) -> float:
+    return concordance(c.marker_correlations(a), c.marker_correlations(b))
+
+
+def _markers_aligned(c: Comparison, a: str, b: str) -> float:
+    mapped = c.maps.orthogonal(a, b)(c.latents[a])
+    return concordance(c.marker_correlations_of(mapped), c.marker_correlations(b))
+
+
+def _ica(c: Comparison, a: str, b: str) -> float:
+    return matched_component_correlation(c.maps.ica_sources(a), c.maps.ica_sources(b))
+
+
+def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
+    def available(inputs: InvariantInputs) -> bool:
+        return getattr(inputs, field_name) is not None
+
+    return available
+
+
+def _has_markers(inputs: InvariantInputs) -> bool:
+    return inputs.markers is not None and inputs.markers.shape[1] > 0
+
+
+def _with_ica(inputs: InvariantInputs) -> bool:
+    return inputs.ica
+
+
+_AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
+
+#: Every row of the table, in order.
+QUANTITIES: tuple[Quantity, ...] = (
+    Quantity(
+        "held-out log p(x)",
+        "yes",
+        False,
+        "|z|",
+        Threshold(EQUIVALENCE_Z, "<"),
+        "held-out log p(x) of any seed",
+        "",
+        "the seeds reached different optima: train longer, or keep the seed with the best held-out log p(x)",
+        score=_lpd,
+        available=_has("lpd_pairs"),
+    ),
+    Quantity(
+        "posterior predictive statistics",
+        "yes",
+        False,
+        "noise ratio",
+        Threshold(PPC_THRESHOLD, "<"),
+        "posterior predictive checks of any seed",
+        "",
+        "check convergence; report the checks of every seed",
+        score=_ppc,
+        available=_has("ppc_pairs"),
+    ),
+    Quantity(
+        "decoded means",
+        "yes",
+        False,
+        "ccc",
+        _AGREE,
+        "decoded means (log rate per gene and cell) of any seed",
+        "",
+        "average decoded means over seeds and report their spread",
+        score=_decoded_means,
+        available=_has("log_rates"),
+    ),
+    Quantity(
+        "normalized expression",
+        "yes",
+        False,
+        "ccc",
+        _AGREE,
+        "normalized expression of any seed",
+        "",
+        "average normalized expression over seeds and report the spread",
+        score=_normalized,
+        available=_has("normalized"),
+    ),
+    Quantity(
+        "latent distances",
+        "yes",
+        False,
+        "ccc",
+        _AGREE,
+        "distances between cells in latent space",
+        "",
+        "distances averaged over seeds, with their spread",
+        score=_distances,
+    ),
+    Quantity(
+        "k-NN graph",
+        "yes",
+        False,
+        "jaccard",
+        Threshold(KNN_THRESHOLD, ">="),
+        "the k-NN graph (clusters, UMAP) of any seed",
+        "",
+        "a consensus graph over seeds (neighbours shared by most seeds); check clusters on every seed",
+        score=_knn,
+    ),
+    Quantity(
+        "latent subspace (gene space)",
+        "yes",
+        False,
+        "weighted overlap",
+        _AGREE,
+        "the gene-space span of the decoder, compared by principal angles",
+        "",
+        "only the leading directions that agree (small principal angles)",
+        score=_subspace,
+        available=_has("spans"),
+    ),
+    Quantity(
+        "W W^T / decoder Gram",
+        "yes",
+        False,
+        "cosine",
+        _AGREE,
+        "gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
+        "",
+        "the Gram matrix averaged over seeds, with its spread",
+        score=_gram,
+        available=_has("grams"),
+    ),
+    Quantity(
+        "per-dimension coordinates",
+        "no",
+        True,
+        "ccc",
+        _AGREE,
+        "latent coordinates (the seeds happen to agree; the model does not guarantee it)",
+        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates if they are stable",
+        "latent distances, the k-NN graph or the latent subspace",
+        score=_coordinates,
+        aligned_score=_coordinates_aligned,
+    ),
+    Quantity(
+        "per-dimension loadings",
+        "no",
+        True,
+        "ccc",
+        _AGREE,
+        "loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
+        "the span of the loadings (principal angles) or W W^T; loadings per ICA component if ICA is stable",
+        "the span of the loadings (principal angles) or W W^T",
+        score=_loadings,
+        aligned_score=_loadings_aligned,
+        available=_has("loadings"),
+    ),
+    Quantity(
+        "per-dimension marker correlations",
+        "no",
+        True,
+        "ccc",
+        _AGREE,
+        "marker correlations per dimension (the seeds happen to agree; the model does not guarantee it)",
+        "R^2 of each marker on all latent dimensions (rotation-invariant)",
+        "R^2 of each marker on all latent dimensions (rotation-invariant)",
+        score=_markers,
+        aligned_score=_markers_aligned,
+        available=_has_markers,
+    ),
+    Quantity(
+        "ICA coordinates",
+        "convention (up to order and sign)",
+        False,
+        "mcc",
+        _AGREE,
+        "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
+        "",
+        "the ICA subspace, not individual components (the latents are too close to Gaussian to fix axes)",
+        score=_ica,
+        included=_with_ica,
+    ),
+)
+#: The quantities by name.
+QUANTITY_BY_NAME: dict[str, Quantity] = {q.name: q for q in QUANTITIES}
+
+#: Symmetry group -> what "invariant" means for coordinate-level rows.
+COORDINATE_THEORY = {
+    "orthogonal": "no (changes with every rotation)",
+    "signed permutation": "up to order and sign",
+    "sign flip": "up to sign",
+}
+
+
+def _pair_lookup(frame: pd.DataFrame | None, column: str, absolute: bool = False) -> Callable[[str, str], float]:
+    """A score function reading one column of a per-pair table (either order of the pair)."""
+    values = {}
+    if frame is not None:
+        for a, b, v in zip(frame["fit_a"], frame["fit_b"], frame[column], strict=True):
+            values[a, b] = values[b, a] = abs(float(v)) if absolute else float(v)
+    return lambda a, b: values.get((a, b), np.nan)
+
+
 def invariants_table(
     inputs: InvariantInputs,
     k: int = 15,
     max_knn_cells: int = 5_000,
     max_distance_cells: int = MAX_DISTANCE_CELLS,
     seed: int = 0,
+    maps: PairMaps | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Build the invariants table.
+    """Measure how well every pair of fits agrees on each quantity of :data:`QUANTITIES`.
 
     Parameters
     ----------
@@ -375,7 +578,10 @@ def invariants_table(
         Random subsets of cells for the k-NN graph and for pairwise distances
         (the number of distances is quadratic in cells).
     seed
-        Seed of the subsets and of the ICA.
+        Seed of the subsets and of the ICAs.
+    maps
+        The maps between the fits on the cells of ``inputs.latents`` (shared
+        with other analyses); by default they are fitted here.
 
     Returns
     -------
@@ -383,118 +589,75 @@ def invariants_table(
         One row per quantity: ``quantity``, ``invariant_in_theory``,
         ``metric``, ``agreement`` (worst pair), ``agreement_mean`` (over pairs),
         ``aligned_agreement`` (worst pair after orthogonal alignment; NaN where
-        alignment does not apply), ``threshold``, ``verdict``, ``report_instead``.
+        alignment does not apply), ``threshold`` (a number) and ``comparison``
+        (``">="`` or ``"<"``: how ``agreement`` must compare with it to count
+        as stable). :func:`countvae.diagnostics.reporting.verdicts.judge_invariants`
+        adds the verdicts.
     pairs
         One row per quantity and pair of fits: ``quantity``, ``fit_a``,
         ``fit_b``, ``agreement``, ``aligned_agreement``.
 
     """
+    comparison = _compare(inputs, maps, k, max_knn_cells, max_distance_cells, seed)
+    pairs = list(combinations(list(comparison.latents), 2))
+    theory_coord = COORDINATE_THEORY.get(inputs.symmetry, "no")
+    per_pair: list[dict] = []
+    rows = []
+    for q in QUANTITIES:
+        if not q.included(inputs):
+            continue
+        agreement = aligned = []
+        if q.available(inputs):
+            agreement = [q.score(comparison, a, b) for a, b in pairs]
+            aligned = [q.aligned_score(comparison, a, b) if q.aligned_score else np.nan for a, b in pairs]
+            per_pair += [
+                {"quantity": q.name, "fit_a": a, "fit_b": b, "agreement": v, "aligned_agreement": w}
+                for (a, b), v, w in zip(pairs, agreement, aligned, strict=True)
+            ]
+        measured = bool(agreement)
+        rows.append(
+            {
+                "quantity": q.name,
+                "invariant_in_theory": theory_coord if q.coordinate_level else q.invariant_in_theory,
+                "metric": q.metric,
+                "agreement": q.threshold.worst(agreement) if measured else np.nan,
+                "agreement_mean": float(np.nanmean(agreement)) if measured else np.nan,
+                "aligned_agreement": q.threshold.worst(aligned) if measured else np.nan,
+                "threshold": q.threshold.value,
+                "comparison": q.threshold.comparison,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)), pd.DataFrame(per_pair, columns=list(PAIR_COLUMNS))
+
+
+def _compare(
+    inputs: InvariantInputs,
+    maps: PairMaps | None,
+    k: int,
+    max_knn_cells: int,
+    max_distance_cells: int,
+    seed: int,
+) -> Comparison:
     latents = {name: np.asarray(z, dtype=np.float64) for name, z in inputs.latents.items()}
     names = list(latents)
     if len(names) < 2:
         raise InvalidArgumentError("The invariants table needs at least two fits.")
-    pairs = list(combinations(names, 2))
-    maps = {(a, b): fit_map("orthogonal", latents[a], latents[b]) for a, b in pairs}
+    if maps is None:
+        maps = PairMaps(latents, seed=seed)
+    elif maps.names != names or any(maps.latents[n].shape != latents[n].shape for n in names):
+        raise InvalidArgumentError(f"maps were fitted on other fits or cells than the latents ({maps.names}).")
     n_cells = len(latents[names[0]])
+    if inputs.markers is not None and len(inputs.markers) != n_cells:
+        raise InvalidArgumentError(f"markers cover {len(inputs.markers)} cells but the latents {n_cells}.")
     knn_cells = subsample(n_cells, max_knn_cells, seed)
     dist_cells = subsample(n_cells, max_distance_cells, seed + 1)
-
-    per_pair: list[dict] = []
-
-    def record(spec: QuantitySpec, score: Callable[[str, str], float], aligned=None) -> None:
-        for a, b in pairs:
-            per_pair.append(
-                {
-                    "quantity": spec.quantity,
-                    "fit_a": a,
-                    "fit_b": b,
-                    "agreement": score(a, b),
-                    "aligned_agreement": aligned(a, b) if aligned is not None else np.nan,
-                }
-            )
-
-    rows_specs: list[QuantitySpec] = []
-    available: dict[str, bool] = {}
-
-    def add(spec: QuantitySpec, ok: bool, score=None, aligned=None) -> None:
-        rows_specs.append(spec)
-        available[spec.quantity] = ok
-        if ok:
-            record(spec, score, aligned)
-
-    add(_INVARIANT_ROWS[0], inputs.lpd_pairs is not None, _pair_lookup(inputs.lpd_pairs, "z", absolute=True))
-    add(_INVARIANT_ROWS[1], inputs.ppc_pairs is not None, _pair_lookup(inputs.ppc_pairs, "noise_ratio"))
-    lr, ne = inputs.log_rates, inputs.normalized
-    add(_INVARIANT_ROWS[2], lr is not None, lambda a, b: gene_centred_concordance(lr[a], lr[b]))
-    add(_INVARIANT_ROWS[3], ne is not None, lambda a, b: gene_centred_concordance(ne[a], ne[b]))
-    dists = {n: pairwise_distances(z[dist_cells]) for n, z in latents.items()}
-    add(_INVARIANT_ROWS[4], True, lambda a, b: concordance(dists[a], dists[b]))
     k_eff = min(k, len(knn_cells) - 1)
-    neighbours = {n: knn_sets(z[knn_cells], k_eff) for n, z in latents.items()}
-    add(_INVARIANT_ROWS[5], True, lambda a, b: float(np.mean(knn_jaccard_per_cell(neighbours[a], neighbours[b]))))
-    spans, grams = inputs.spans, inputs.grams
-    add(_INVARIANT_ROWS[6], spans is not None, lambda a, b: weighted_overlap(spans[a], spans[b]))
-    add(_INVARIANT_ROWS[7], grams is not None, lambda a, b: gram_cosine(grams[a], grams[b]))
-
-    add(
-        _COORDINATE_ROWS[0],
-        True,
-        lambda a, b: per_column_concordance(latents[a], latents[b]),
-        lambda a, b: per_column_concordance(maps[a, b](latents[a]), latents[b]),
+    return Comparison(
+        inputs=inputs,
+        latents=latents,
+        maps=maps,
+        distances={n: pairwise_distances(z[dist_cells]) for n, z in latents.items()},
+        neighbours={n: knn_sets(z[knn_cells], k_eff) for n, z in latents.items()},
+        lpd_z=_pair_lookup(inputs.lpd_pairs, "z", absolute=True),
+        ppc_noise_ratio=_pair_lookup(inputs.ppc_pairs, "noise_ratio"),
     )
-    w = inputs.loadings
-    add(
-        _COORDINATE_ROWS[1],
-        w is not None,
-        lambda a, b: per_column_concordance(w[a], w[b]),
-        lambda a, b: per_column_concordance(w[a] @ maps[a, b].matrix, w[b]),
-    )
-    markers = inputs.markers
-    if markers is not None and len(markers) != n_cells:
-        raise InvalidArgumentError(f"markers cover {len(markers)} cells but the latents {n_cells}.")
-
-    def marker_corr(z: np.ndarray) -> np.ndarray:
-        return np.stack([dimension_correlations(z, markers[m].to_numpy()) for m in markers.columns])
-
-    add(
-        _COORDINATE_ROWS[2],
-        markers is not None and markers.shape[1] > 0,
-        lambda a, b: concordance(marker_corr(latents[a]), marker_corr(latents[b])),
-        lambda a, b: concordance(marker_corr(maps[a, b](latents[a])), marker_corr(latents[b])),
-    )
-    if inputs.ica:
-        sources = {n: fit_ica_axes(z, random_state=seed).transform(z) for n, z in latents.items()}
-        add(_ICA_ROW, True, lambda a, b: matched_component_correlation(sources[a], sources[b]))
-
-    pair_frame = pd.DataFrame(per_pair, columns=["quantity", "fit_a", "fit_b", "agreement", "aligned_agreement"])
-    theory_coord = _COORDINATE_THEORY.get(inputs.symmetry, "no")
-    rows = []
-    for spec in rows_specs:
-        sub = pair_frame[pair_frame["quantity"] == spec.quantity]
-        if not available[spec.quantity] or sub.empty:
-            value = mean = aligned = np.nan
-        else:
-            value = _worst(sub["agreement"].tolist(), spec.higher_is_better)
-            mean = float(np.nanmean(sub["agreement"]))
-            aligned = _worst(sub["aligned_agreement"].tolist(), spec.higher_is_better)
-        verdict = _verdict(spec, value, aligned)
-        instead = {
-            STABLE: spec.report_when_stable,
-            ROTATION: spec.report_when_rotation,
-            UNSTABLE: spec.report_when_unstable,
-            NOT_MEASURED: "not available for these fits",
-        }[verdict]
-        rows.append(
-            {
-                "quantity": spec.quantity,
-                "invariant_in_theory": theory_coord if spec in _COORDINATE_ROWS else spec.invariant,
-                "metric": spec.metric,
-                "agreement": value,
-                "agreement_mean": mean,
-                "aligned_agreement": aligned,
-                "threshold": f"{'>=' if spec.higher_is_better else '<'} {spec.threshold:g}",
-                "verdict": verdict,
-                "report_instead": instead,
-            }
-        )
-    return pd.DataFrame(rows), pair_frame
