@@ -498,7 +498,7 @@ def _fit_quiet(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
 
 
 def _latents_from(inputs: Any, adata: Any) -> list[np.ndarray]:
-    from countvae.diagnostics.seedfits import SeedFits
+    from countvae.diagnostics.fitting.seed_fits import SeedFits
 
     if isinstance(inputs, SeedFits):
         cells = inputs.adata_fit if adata is None else adata
