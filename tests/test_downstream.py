@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import ortho_group
 from sklearn.metrics import adjusted_rand_score
 
-from countvae.diagnostics import downstream as ds
+from countvae.diagnostics.analyses import downstream as ds
 from countvae.errors import InvalidArgumentError, MissingDependencyError
 
 

@@ -44,7 +44,7 @@ from scipy.stats import spearmanr
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from sklearn.neighbors import kneighbors_graph
 
-from countvae.diagnostics.subspace import knn_jaccard_per_cell, knn_sets
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError, MissingDependencyError
 from countvae.model.de_statistics import jaccard
 
