@@ -18,7 +18,7 @@ al. 2018, 8,684 cells x 2,511 genes, batch = donor) for count VAEs:
 Each model is fitted from 5 seeds with :func:`countvae.diagnostics.fit_seeds`
 on one held-out split (10% of the cells, split seed 0, as ``countvae diagnose``);
 the latent means of the held-out cells are aligned pair by pair with
-:func:`countvae.diagnostics.alignment.alignment_errors` (maps fitted on one
+:func:`countvae.diagnostics.analyses.alignment.alignment_errors` (maps fitted on one
 half of the held-out cells, scored on the other; error = mean distance per cell
 over the latent diameter, symmetrised), exactly as the multi-seed report does.
 Per model, the table gives the mean and spread over the 10 seed pairs, the ICA
@@ -52,9 +52,10 @@ import countvae as cv
 from countvae._io import write_json_atomic
 from countvae.cli.diagnose import default_epochs
 from countvae.diagnostics import fit_seeds
-from countvae.diagnostics.alignment import MAP_CLASSES, alignment_errors, ica_efficiency
-from countvae.diagnostics.components import ica_component_stability
-from countvae.diagnostics.fitting import FIT_RECORD, FITS_FOLDER, heldout_split
+from countvae.diagnostics.analyses.alignment import MAP_CLASSES, alignment_errors, ica_efficiency
+from countvae.diagnostics.analyses.components import ica_component_stability
+from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.output_folder import FIT_RECORD, FITS_FOLDER
 
 #: The paper's range of ICA efficiency over its model pairs (Nelson et al. 2026, as quoted in issue 5).
 PAPER_EFFICIENCY = (0.25, 0.59)
@@ -336,7 +337,7 @@ lr {args.lr:g}, {args.epochs} epochs ({epochs_note}),
 seeds 0-{args.seeds - 1} per model via `countvae.diagnostics.fit_seeds`. SCVI/LinearSCVI: scvi-tools defaults
 otherwise (encoder dropout 0.1, batch norm), KL warm-up switched off to optimise the same ELBO as CountVAE.
 
-Alignment (`countvae.diagnostics.alignment`, as in the multi-seed report): for each of the
+Alignment (`countvae.diagnostics.analyses.alignment`, as in the multi-seed report): for each of the
 {len(next(iter(results.values()))["analysis"]["efficiency"])} seed pairs, a map from one seed's held-out latent
 means to the other's is fitted on a random half of the held-out cells and scored on the other half; error =
 mean distance per cell / the target's latent diameter (largest pairwise distance), averaged over both
@@ -356,7 +357,7 @@ Table 1b: the same errors / RMS pairwise distance (less sensitive to one outlyin
 
 Details: the ICA efficiency's sensitivity to which half of the held-out cells fits the maps (mean over pairs
 for each of 5 random fit/score splits). ICA components that reproduce
-(`countvae.diagnostics.components.ica_component_stability`, as in the report: ICA of seed 0 on one half of the
+(`countvae.diagnostics.analyses.components.ica_component_stability`, as in the report: ICA of seed 0 on one half of the
 cells, of every other seed on the other half; reproducible when the best-match |corr| averaged over the other
 seeds is >= 0.95), on the held-out cells (as the report) and on the fit cells (ten times as many). "Within
 seed 0" is the baseline of seed 0's own ICA on the other half: a component that reproduces within a seed but

@@ -46,6 +46,10 @@ class OutputExistsError(CountVAEError, FileExistsError):
     """An output would overwrite an existing file or folder without ``overwrite=True``."""
 
 
+class MissingDependencyError(CountVAEError, ImportError):
+    """An optional package that a feature needs is not installed; the message names the extra to install."""
+
+
 class CountVAEWarning(UserWarning):
     """Base class of the warnings countvae issues on purpose."""
 
@@ -56,3 +60,7 @@ class NonIdentifiableComponentsWarning(CountVAEWarning):
     Their span is determined by the data, the axes inside it are not: report them
     as one subspace (compare it across fits by principal angles), not as axes.
     """
+
+
+class MonteCarloWarning(CountVAEWarning):
+    """A Monte Carlo estimate is too noisy for its purpose; the message says which and how many draws to use."""

@@ -56,7 +56,7 @@ def alignment_errors(alignment: pd.DataFrame, ax: Axes | None = None, column: st
     Parameters
     ----------
     alignment
-        ``DiagnosticReport.alignment`` (or :func:`countvae.diagnostics.alignment.alignment_errors`).
+        ``DiagnosticReport.alignment`` (or :func:`countvae.diagnostics.analyses.alignment.alignment_errors`).
     ax
         Axes to draw into (default: a new figure).
     column
@@ -291,7 +291,7 @@ def ica_stability(
     ----------
     table
         ``DiagnosticReport.ica`` (or the first table of
-        :func:`countvae.diagnostics.components.ica_component_stability`).
+        :func:`countvae.diagnostics.analyses.components.ica_component_stability`).
     matches
         ``DiagnosticReport.tables["ica_matches"]``: adds one point per other seed.
     ax

@@ -4,16 +4,15 @@ import numpy as np
 import pytest
 from diagnostics_helpers import random_rotation
 
-from countvae.diagnostics.alignment import (
+from countvae.diagnostics.analyses.alignment import (
     MAP_CLASSES,
     alignment_errors,
-    fit_map,
     ica_efficiency,
     latent_diameter,
     rms_distance,
-    signed_permutation,
     summarize_alignment,
 )
+from countvae.diagnostics.analyses.maps import PairMaps, fit_map, fit_signed_permutation
 from countvae.errors import InvalidArgumentError
 
 
@@ -54,7 +53,7 @@ def test_signed_permutation_recovers_the_permutation():
     z = laplace_latents(d=4)
     p = np.zeros((4, 4))
     p[[0, 1, 2, 3], [1, 3, 0, 2]] = [-1, 1, 1, -1]
-    np.testing.assert_array_equal(signed_permutation(z, z @ p * 5.0), p)
+    np.testing.assert_array_equal(fit_signed_permutation(z, z @ p * 5.0), p)
 
 
 def test_general_linear_map_ordering_linear_best():
@@ -135,3 +134,24 @@ def test_bad_inputs():
         alignment_errors({"a": z, "b": bad})
     with pytest.raises(InvalidArgumentError, match="equal width"):
         fit_map("orthogonal", z, z[:, :2])
+
+
+def test_pair_maps_fit_each_symmetric_map_once_and_its_inverse_is_the_map_fitted_back():
+    z = laplace_latents(n=600, d=3)
+    rng = np.random.default_rng(1)
+    latents = {"a": z, "b": z @ random_rotation(3, 2).T + 0.1 * rng.standard_normal(z.shape), "c": z[:, ::-1]}
+    maps = PairMaps(latents, seed=0)
+    for kind in ("orthogonal", "permutation"):
+        back = maps.map(kind, "b", "a")  # asked backwards first: fitted a -> b, then inverted
+        fresh = fit_map(kind, latents["b"], latents["a"])
+        np.testing.assert_allclose(back.matrix, fresh.matrix, atol=1e-12)
+        np.testing.assert_allclose(back(latents["b"]), fresh(latents["b"]), atol=1e-10)
+        assert maps.map(kind, "a", "b") is maps.map(kind, "a", "b")
+    maps.map("linear", "a", "b")
+    maps.map("linear", "b", "a")  # least squares is not symmetric: fitted both ways
+    maps.map("ica", "a", "c")
+    maps.map("ica", "c", "a")
+    references = maps.to_reference("a")
+    np.testing.assert_array_equal(references["a"].matrix, np.eye(3))
+    assert references["b"] is maps.map("orthogonal", "b", "a")
+    assert maps.fit_counts == {"orthogonal": 2, "permutation": 1, "linear": 2, "ica": 2, "ica axes": 2}

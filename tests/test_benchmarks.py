@@ -118,3 +118,12 @@ def test_simulate_h5ad_writes_chunked_csr_counts_atomically(tmp_path):
         tmp.write_bytes(b"partial")
         raise RuntimeError("writer failed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again.h5ad", "sim.h5ad"]
+
+
+def test_bench_de_quick(results, tmp_path):
+    figure = tmp_path / "de.png"
+    _run_script("bench_de", "--quick", "--results", str(results), "--figure", str(figure))
+    body = _section(results.read_text(), "de-known-truth")
+    assert "QUICK" in body and "Command:" in body and "sensitivity" in body and "Jaccard min" in body
+    assert "| scvi |" in body and "| countvae |" in body
+    assert figure.read_bytes()[:4] == b"\x89PNG"

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import ortho_group
 
 import countvae as cv
-from countvae.diagnostics.bilipschitz import (
+from countvae.diagnostics.analyses.bilipschitz import (
     bilipschitz_constant,
     fisher_singular_values,
     fisher_weights,
@@ -123,7 +123,7 @@ def test_model_bilipschitz_of_a_linear_poisson_model():
 
 
 def test_model_bilipschitz_nb_weights_use_the_fitted_dispersion(trained_mlp):
-    from countvae.diagnostics.adapters import CountVAEFit
+    from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 
     adata = trained_mlp.adata
     table = model_bilipschitz(trained_mlp, adata, library_size=500.0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 
 import anndata as ad
@@ -10,11 +9,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from filelock import FileLock
 
 import countvae as cv
 from countvae.data.registry import get_registry
 from countvae.diagnostics import CountVAEFit, FittedModel, fit_seeds, heldout_split, load_seed_fits
-from countvae.diagnostics._manifest import data_fingerprint
+from countvae.diagnostics.fitting.manifest import data_fingerprint
+from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STARTED, SEED_STORED, SEED_TRAINED, SEED_WRITTEN
 from countvae.errors import (
     InvalidArgumentError,
     InvalidDataError,
@@ -93,10 +94,18 @@ def test_no_global_side_effects(adata):
 
 
 def test_resume_reuses_completed_seeds_and_adds_new_ones(adata, tmp_path):
-    first = _run(adata, out_dir=tmp_path)
+    events = []
+    first = _run(adata, out_dir=tmp_path, progress=events.append)
+    # In this process every step of every seed is reported, in order.
+    steps = [SEED_STARTED, SEED_TRAINED, SEED_WRITTEN, SEED_STORED]
+    assert [(e.kind, e.seed) for e in events] == [(kind, s) for s in (0, 1) for kind in steps]
+    assert all(e.seconds > 0 for e in events if e.kind != SEED_STARTED)
+    assert events[3].seconds == first.seconds[0]
     folder = tmp_path / "fits" / "seed_0"
     stamp = (folder.stat().st_ino, (folder / "model" / "params.pt").stat().st_mtime_ns)
-    again = _run(adata, seeds=[0, 1, 2], out_dir=tmp_path)
+    events.clear()
+    again = _run(adata, seeds=[0, 1, 2], out_dir=tmp_path, progress=events.append)
+    assert [(e.kind, e.seed) for e in events] == [(SEED_REUSED, 0), (SEED_REUSED, 1)] + [(k, 2) for k in steps]
     assert again.reused_seeds == [0, 1]
     assert again.seconds[0] == 0.0 and again.seconds[1] == 0.0 and again.seconds[2] > 0.0
     assert (folder.stat().st_ino, (folder / "model" / "params.pt").stat().st_mtime_ns) == stamp
@@ -205,10 +214,10 @@ def test_out_dir_checks(adata, tmp_path):
 
 def test_a_running_fit_locks_its_out_dir(adata, tmp_path):
     _run(adata, out_dir=tmp_path)
-    with open(tmp_path / ".lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with FileLock(tmp_path / ".lock", timeout=0):
         with pytest.raises(OutputExistsError, match="another running fit_seeds"):
             _run(adata, out_dir=tmp_path)
+    assert len(_run(adata, out_dir=tmp_path)) == 2  # released: the next run proceeds
 
 
 def test_fingerprint_ignores_storage_but_not_values():
@@ -247,13 +256,14 @@ def test_fingerprint_ignores_storage_but_not_values():
         ({"seeds": ["0", "1"]}, InvalidArgumentError, "must be an integer"),
         ({"seeds": [0, -1]}, InvalidArgumentError, r"\[0, 2\*\*32 - 1\]"),
         ({"seeds": 5}, InvalidArgumentError, "sequence of integers"),
-        ({"heldout_fraction": 0.0}, InvalidArgumentError, "strictly between 0 and 1"),
-        ({"heldout_fraction": 1.0}, InvalidArgumentError, "strictly between 0 and 1"),
-        ({"heldout_fraction": -0.1}, InvalidArgumentError, "strictly between 0 and 1"),
+        ({"heldout_fraction": 0.0}, InvalidArgumentError, r"heldout_fraction must be a number in \(0, 1\)"),
+        ({"heldout_fraction": 1.0}, InvalidArgumentError, r"heldout_fraction must be a number in \(0, 1\)"),
+        ({"heldout_fraction": -0.1}, InvalidArgumentError, r"heldout_fraction must be a number in \(0, 1\)"),
         ({"heldout_fraction": "0.1"}, InvalidArgumentError, "a number"),
         ({"heldout_fraction": 0.001}, InvalidArgumentError, "at least 2 cells"),
         ({"split_seed": -1}, InvalidArgumentError, "split_seed"),
         ({"n_jobs": 0}, InvalidArgumentError, "n_jobs"),
+        ({"progress": "print"}, InvalidArgumentError, "progress must be a callable"),
         ({"backend": "dask"}, InvalidArgumentError, "backend"),
         ({"model_cls": dict}, InvalidArgumentError, "model_cls"),
         ({"train_kwargs": {"seed": 3}}, InvalidArgumentError, "sets each fit's seed"),

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 import countvae as cv
 from countvae.diagnostics import fit_seeds
+from countvae.diagnostics.fitting.progress import SEED_STORED, SEED_WRITTEN
+from countvae.errors import InvalidArgumentError
 
 OPTIONS = {
     "seeds": [0, 1],
@@ -47,8 +51,13 @@ def _assert_same_fits(fits, reference):
 
 
 def test_joblib_processes_match_in_process(adata, in_process, tmp_path):
-    fits = fit_seeds(adata, n_jobs=2, out_dir=tmp_path, **OPTIONS)
+    events = []
+    fits = fit_seeds(adata, n_jobs=2, out_dir=tmp_path, progress=events.append, **OPTIONS)
     _assert_same_fits(fits, in_process)
+    # Started and trained happen in the workers, on copies of `progress`; this process sees the storing.
+    assert sorted((e.seed, e.kind) for e in events) == [
+        (s, kind) for s in (0, 1) for kind in sorted([SEED_STORED, SEED_WRITTEN])
+    ]
     assert sorted(p.name for p in (tmp_path / "fits").iterdir()) == ["seed_0", "seed_1"]
     assert fits.settings["n_jobs"] == 2 and all(fits.seconds[s] > 0 for s in (0, 1))
 
@@ -62,3 +71,14 @@ def test_ray_tasks_match_local(adata, in_process, tmp_path):
     # The folder is resumable whichever backend wrote it.
     again = fit_seeds(adata, out_dir=tmp_path, **OPTIONS)
     assert again.reused_seeds == [0, 1]
+
+
+def test_progress_for_workers_must_be_picklable(adata):
+    lock = threading.Lock()  # a lock cannot be copied into another process
+
+    def progress(event):
+        with lock:
+            pass
+
+    with pytest.raises(InvalidArgumentError, match="picklable"):
+        fit_seeds(adata, n_jobs=2, progress=progress, **OPTIONS)

@@ -12,12 +12,12 @@ from diagnostics_helpers import RotatedFit, random_rotation
 import countvae as cv
 from countvae import plotting
 from countvae.diagnostics import CountVAEFit, report
-from countvae.diagnostics.components import (
+from countvae.diagnostics.analyses.components import (
     COMPONENT_COLUMNS,
     MATCH_COLUMNS,
-    headline_sentence,
     ica_component_stability,
 )
+from countvae.diagnostics.reporting.headline import ica_sentence
 from countvae.errors import InvalidArgumentError
 
 SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6, max_jacobian_cells=30)
@@ -78,14 +78,14 @@ def test_headline_names_the_components():
             "reproducible": [True, False, False],
         }
     )
-    sentence = headline_sentence(table, 0.95)
+    sentence = ica_sentence(table, 0.95)
     assert "1 of 3 reproduce across seeds (IC_0); IC_1, IC_2 do not, 1 of them too close to Gaussian" in sentence
     assert "1 reproduce between the two halves of the cells within one seed, so the seeds' solutions differ" in sentence
     assert "1 do not reproduce even within one seed" in sentence
     assert sentence.endswith("as one subspace, not as separate axes.")
     table["reproducible"] = True
-    assert "all 3 reproduce" in headline_sentence(table, 0.95)
-    assert headline_sentence(table.iloc[:0], 0.95) is None
+    assert "all 3 reproduce" in ica_sentence(table, 0.95)
+    assert ica_sentence(table.iloc[:0], 0.95) is None
 
 
 def test_bad_input():
@@ -191,5 +191,5 @@ def test_same_fit_baseline_separates_seed_differences_from_sampling():
     table, _ = ica_component_stability(latents)
     assert table["same_fit_match"].min() > 0.97
     assert not table["reproducible"].any() and table["mean_match"].max() < 0.3
-    sentence = headline_sentence(table, 0.95)
+    sentence = ica_sentence(table, 0.95)
     assert f"{DIM} reproduce between the two halves of the cells within one seed" in sentence

@@ -6,14 +6,19 @@ import pytest
 from diagnostics_helpers import ScrambledFit, random_rotation, rotated_copies
 
 from countvae.diagnostics import CountVAEFit
-from countvae.diagnostics.invariants import (
+from countvae.diagnostics.analyses.invariants import (
+    QUANTITIES,
+    QUANTITY_BY_NAME,
     InvariantInputs,
+    Threshold,
     concordance,
     gene_centred_concordance,
     gram_cosine,
-    invariants_table,
 )
-from countvae.diagnostics.markers import marker_matrix
+from countvae.diagnostics.analyses.invariants import invariants_table as invariant_numbers
+from countvae.diagnostics.analyses.maps import PairMaps
+from countvae.diagnostics.analyses.markers import marker_matrix
+from countvae.diagnostics.reporting.verdicts import judge_invariants
 from countvae.errors import InvalidArgumentError
 
 INVARIANT = [
@@ -25,6 +30,12 @@ INVARIANT = [
     "W W^T / decoder Gram",
 ]
 COORDINATE = ["per-dimension coordinates", "per-dimension loadings", "per-dimension marker correlations"]
+
+
+def invariants_table(inputs, **kwargs):
+    """The numbers of the invariants table, judged (verdicts added) as the report does."""
+    numbers, pairs = invariant_numbers(inputs, **kwargs)
+    return judge_invariants(numbers), pairs
 
 
 def inputs_for(fits, adata, markers=("gene0", "gene1", "batch")):
@@ -99,7 +110,8 @@ def test_lpd_and_ppc_rows_use_their_thresholds():
     pairs = pd.DataFrame({"fit_a": ["a"], "fit_b": ["b"], "z": [-2.5]})
     table = invariants_table(InvariantInputs(latents={"a": z, "b": z}, lpd_pairs=pairs, ica=False))[0]
     row = table.set_index("quantity").loc["held-out log p(x)"]
-    assert row["agreement"] == 2.5 and row["verdict"] == "unstable" and row["threshold"] == "< 2"
+    assert row["agreement"] == 2.5 and row["verdict"] == "unstable"
+    assert row["threshold"] == 2.0 and row["comparison"] == "<"
     pairs["z"] = [1.2]
     table = invariants_table(InvariantInputs(latents={"a": z, "b": z}, lpd_pairs=pairs, ica=False))[0]
     assert table.set_index("quantity").loc["held-out log p(x)", "verdict"] == "stable"
@@ -124,3 +136,50 @@ def test_agreement_scores_known_values():
 def test_needs_two_fits():
     with pytest.raises(InvalidArgumentError):
         invariants_table(InvariantInputs(latents={"a": np.zeros((5, 2))}))
+
+
+def test_rows_are_tied_to_their_quantities_by_name():
+    """Each row carries its own quantity's metric and threshold, whatever the order of the registry."""
+    z = np.random.default_rng(2).standard_normal((300, 2))
+    numbers, _ = invariant_numbers(InvariantInputs(latents={"a": z, "b": z @ random_rotation(2, 3).T}, ica=True))
+    assert list(numbers["quantity"]) == [q.name for q in QUANTITIES]
+    for row in numbers.itertuples():
+        quantity = QUANTITY_BY_NAME[row.quantity]
+        assert (row.metric, row.threshold, row.comparison) == (
+            quantity.metric,
+            quantity.threshold.value,
+            quantity.threshold.comparison,
+        )
+    # Rotated copies: distances agree exactly, coordinates only after the map; the verdicts follow.
+    judged = judge_invariants(numbers).set_index("quantity")
+    assert judged.loc["latent distances", "agreement"] == pytest.approx(1.0)
+    assert judged.loc["per-dimension coordinates", "verdict"] == "stable up to rotation"
+    assert judged.loc["decoded means", "verdict"] == "not measured"
+
+
+def test_threshold_directions():
+    agree, discrepancy = Threshold(0.9, ">="), Threshold(2.0, "<")
+    assert agree.met(0.9) and not agree.met(0.89) and not agree.met(np.nan)
+    assert discrepancy.met(1.99) and not discrepancy.met(2.0)
+    assert agree.worst([0.95, 0.91, np.nan]) == 0.91 and discrepancy.worst([0.5, 3.0]) == 3.0
+    assert np.isnan(agree.worst([np.nan]))
+    with pytest.raises(InvalidArgumentError, match="comparison"):
+        Threshold(1.0, ">")
+
+
+def test_shared_maps_give_the_same_table_and_are_fitted_once_per_pair():
+    rng = np.random.default_rng(0)
+    z = rng.laplace(0, 1 / np.sqrt(2), (800, 3))
+    latents = {f"s{k}": z @ random_rotation(3, k).T + 0.05 * rng.standard_normal(z.shape) for k in range(4)}
+    inputs = InvariantInputs(latents=latents, ica=True)
+    alone, _ = invariant_numbers(inputs)
+    maps = PairMaps(latents)
+    shared, _ = invariant_numbers(inputs, maps=maps)
+    pd.testing.assert_frame_equal(alone, shared)
+    assert maps.fit_counts == {"orthogonal": 6, "ica axes": 4}
+    # Another analysis asking for the maps (either direction) fits nothing more.
+    maps.to_reference("s0")
+    maps.orthogonal("s3", "s1")
+    assert maps.fit_counts == {"orthogonal": 6, "ica axes": 4}
+    with pytest.raises(InvalidArgumentError, match="other fits or cells"):
+        invariant_numbers(inputs, maps=PairMaps({k: v[:100] for k, v in latents.items()}))

@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 from diagnostics_helpers import random_rotation
 
-from countvae.diagnostics.markers import (
+from countvae.diagnostics.analyses.markers import (
     default_markers,
     dimension_correlations,
     marker_correlations,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from countvae.diagnostics.ppc import (
+from countvae.diagnostics.analyses.ppc import (
     calibration,
     observed_statistics,
     ppc_agreement,

@@ -4,12 +4,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from countvae.diagnostics.predictive import (
+from countvae.diagnostics.analyses.predictive import (
     compare_table,
-    equivalence_verdict,
     pairwise_table,
     per_fit_table,
 )
+from countvae.diagnostics.reporting.headline import predictive_sentence
+from countvae.diagnostics.reporting.verdicts import predictive_verdict
 from countvae.errors import InvalidArgumentError
 
 
@@ -48,12 +49,17 @@ def test_paired_difference_and_its_standard_error():
 
 
 def test_verdict_equivalent_and_not():
-    ok, sentence = equivalence_verdict(pairwise_table(frames(shifts=(0.0, 0.0, 0.0))))
-    assert ok and sentence.startswith("Predictively equivalent")
+    verdict = predictive_verdict(pairwise_table(frames(shifts=(0.0, 0.0, 0.0))))
+    assert verdict.equivalent and predictive_sentence(verdict).startswith("Predictively equivalent")
     pairs = pairwise_table(frames(shifts=(0.0, 0.0, -1.0)))
-    ok, sentence = equivalence_verdict(pairs)
-    assert not ok and "2 of 3 pairs" in sentence
+    verdict = predictive_verdict(pairs)
+    assert not verdict.equivalent and "2 of 3 pairs" in predictive_sentence(verdict)
+    assert (verdict.n_pairs, verdict.n_different) == (3, 2)
+    assert verdict.worst["fit_b"] == "seed 2" and abs(verdict.worst["z"]) == pairs["z"].abs().max()
     assert list(pairs["equivalent"]) == [True, False, False]
+    # Without log p(x) for every fit there is no verdict, and the sentence says so.
+    untested = predictive_verdict(None)
+    assert untested.equivalent is None and "untested" in predictive_sentence(untested)
 
 
 def test_arviz_compare_matches_paired_differences_and_weights_do_not_underflow():

@@ -11,6 +11,8 @@ from diagnostics_helpers import RotatedFit, random_rotation, rotated_copies
 import countvae as cv
 from countvae.data import split_indices
 from countvae.diagnostics import CountVAEFit, DiagnosticReport, SeedFits, report
+from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN
+from countvae.diagnostics.reporting.headline import headline
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc")
@@ -105,6 +107,31 @@ def test_save_writes_self_contained_html_json_and_markdown(seed_report, tmp_path
     assert md.startswith("# Multi-seed diagnostics") and "| quantity |" in md
 
 
+def test_report_verbs_and_save_events(seed_report, tmp_path):
+    assert seed_report.summary().splitlines() == [f"- {line}" for line in seed_report.headline]
+    frame = seed_report.to_frame()
+    assert frame.equals(seed_report.invariants) and frame is not seed_report.invariants
+    # Every table by name, the main ones first in the order of the report's sections.
+    assert list(seed_report.tables)[:8] == [*MAIN_TABLES, "ica"]
+    assert {"predictive_pairs", "alignment_summary", "rhat_parameters", "invariant_pairs"} <= set(seed_report.tables)
+    assert seed_report.tables["alignment"] is seed_report.alignment
+    # Thresholds are numbers with a direction; the renderers show them as text.
+    thresholds = seed_report.invariants.set_index("quantity")[["threshold", "comparison"]]
+    assert thresholds.loc["latent distances"].tolist() == [0.9, ">="]
+    assert thresholds.loc["k-NN graph"].tolist() == [0.5, ">="]
+    assert thresholds.loc["held-out log p(x)"].tolist() == [2.0, "<"]
+    markdown = seed_report.to_markdown()
+    assert "| >= 0.9 | stable |" in markdown and "| < 2 |" in markdown
+    assert seed_report.to_html().startswith("<!DOCTYPE html>")
+    events = []
+    out = seed_report.save(tmp_path / "rep", progress=events.append)
+    assert [(e.kind, e.name) for e in events] == [
+        (REPORT_FILE_WRITTEN, name) for name in ("report.html", "report.json", "report.md")
+    ]
+    assert (out / "report.md").read_text() == markdown
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(seed_report.to_dict()))
+
+
 def test_save_refuses_existing_folder_unless_overwrite(seed_report, tmp_path):
     seed_report.save(tmp_path / "rep")
     with pytest.raises(OutputExistsError):
@@ -171,20 +198,19 @@ def test_bad_inputs(trained_linear, seed_fits):
 
 
 def test_headline_says_when_most_of_a_difference_is_the_rotation():
-    from countvae.diagnostics.report import _headline
-
     invariants = pd.DataFrame(
         {
             "quantity": ["latent distances", "per-dimension coordinates", "per-dimension loadings"],
             "invariant_in_theory": ["yes", "no (changes with every rotation)", "no (changes with every rotation)"],
             "agreement": [0.95, -0.2, 0.1],
             "aligned_agreement": [np.nan, 0.77, 0.2],
-            "threshold": [">= 0.9"] * 3,
+            "threshold": [0.9] * 3,
+            "comparison": [">="] * 3,
             "verdict": ["stable", "unstable", "unstable"],
         }
     )
     markers = pd.DataFrame({"best_dim_agrees": [False], "r2_max": [0.5], "r2_min": [0.49]})
-    lines = _headline(invariants, "Predictively equivalent.", pd.Series({"orthogonal": 0.1}), None, markers, 3)
+    lines = headline(invariants, "Predictively equivalent.", pd.Series({"orthogonal": 0.1}), None, markers, 3)
     assert lines[0] == "Identified here (agree across all 3 seeds): latent distances."
     assert not any(line.startswith("Determined only up to a rotation") for line in lines)
     gain = [line for line in lines if line.startswith("Rotating the seeds")]

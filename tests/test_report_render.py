@@ -18,7 +18,7 @@ from PIL import Image
 
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, report
-from countvae.diagnostics._render import _GLANCE
+from countvae.diagnostics.reporting.render_html import GLANCE
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 EVIL_GENE = "<script>alert(1)</script>"
@@ -104,7 +104,7 @@ def test_report_reads_verdict_first_then_evidence(saved_report):
     # Every quantity of the invariants table sits in the at-a-glance box of its verdict.
     glance = text[text.index('class="glance"') : text.index('class="verdict"')]
     for quantity, verdict in zip(rep.invariants["quantity"], rep.invariants["verdict"], strict=True):
-        box = glance[glance.index(f'class="{_GLANCE[verdict][0]}"') :].split("</div>", 1)[0]
+        box = glance[glance.index(f'class="{GLANCE[verdict][0]}"') :].split("</div>", 1)[0]
         assert f"<li>{html.escape(quantity)}</li>" in box, (quantity, verdict)
 
 

@@ -1,9 +1,10 @@
 """Interrupted multi-seed runs, for real: a subprocess running fit_seeds is SIGKILLed, then rerun.
 
-The subprocess is ``tests/seedrun.py``. Checkpoints in fit_seeds (see
-``countvae/diagnostics/_hooks.py``) touch marker files and, when asked, pause,
-so each kill lands at a known point: between seeds, in the middle of a fit,
-and while a fit's folder is being written under its temporary name.
+The subprocess is ``tests/seedrun.py``. Its ``progress`` callable (the public
+event hook of ``fit_seeds`` and ``DiagnosticReport.save``) touches a marker file
+per event and, when asked, pauses, so each kill lands at a known point: between
+seeds, in the middle of a fit, while a fit's folder is being written under its
+temporary name, and while the report is being written.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import torch
 
 import countvae as cv
 from countvae.diagnostics import fit_seeds
-from countvae.diagnostics._hooks import MARKER_DIR_ENV, PAUSE_AT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "seedrun.py"
@@ -64,24 +64,23 @@ def reference(data_path) -> dict[str, np.ndarray]:
     return out
 
 
-def _env(markers: Path, pause_at: str | None) -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env[MARKER_DIR_ENV] = str(markers)
-    env.pop(PAUSE_AT_ENV, None)
-    if pause_at is not None:
-        env[PAUSE_AT_ENV] = pause_at
-    return env
+    return env | extra
+
+
+def _seedrun(markers: Path, pause_at: str | None, mode: str, *args: str) -> list[str]:
+    pause = [] if pause_at is None else ["--pause-at", pause_at]
+    return [sys.executable, str(SCRIPT), "--markers", str(markers), *pause, mode, *args]
 
 
 def _start(data_path: Path, out_dir: Path | str, results: Path, markers: Path, pause_at: str | None = None):
     markers.mkdir(parents=True, exist_ok=True)
     for marker in markers.iterdir():
         marker.unlink()
-    cmd = [sys.executable, str(SCRIPT), str(data_path), str(out_dir), str(results), *map(str, SEEDS)]
-    return subprocess.Popen(
-        cmd, env=_env(markers, pause_at), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
-    )
+    cmd = _seedrun(markers, pause_at, "fit", str(data_path), str(out_dir), str(results), *map(str, SEEDS))
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
 def _wait_for(marker: Path, proc: subprocess.Popen) -> None:
@@ -143,26 +142,27 @@ def test_killed_between_seeds_during_a_fit_and_while_writing_then_resumed(tmp_pa
     fits_dir = out_dir / "fits"
 
     # 1. Killed between seeds: seed 0 is stored, seed 1 has not started.
-    proc = _start(data_path, out_dir, results, markers, pause_at="stored:0")
-    _wait_for(markers / "stored-0", proc)
+    proc = _start(data_path, out_dir, results, markers, pause_at="seed_stored:0")
+    _wait_for(markers / "seed_stored-0", proc)
     _kill(proc)
     assert _complete_folders(fits_dir) == [0]
-    assert not (markers / "fit_started-1").exists()
+    assert not (markers / "seed_started-1").exists()
     seed0 = _stamp(fits_dir / "seed_0")
 
     # 2. Killed in the middle of seed 1's fit (started, not finished training).
     proc = _start(data_path, out_dir, results, markers)
-    _wait_for(markers / "fit_started-1", proc)
+    _wait_for(markers / "seed_started-1", proc)
     time.sleep(0.3)
-    assert not (markers / "fit_trained-1").exists(), "seed 1 finished training before the kill; the kill was late"
+    assert not (markers / "seed_trained-1").exists(), "seed 1 finished training before the kill; the kill was late"
     _kill(proc)
-    assert not (markers / "fit_started-0").exists(), "seed 0 was refitted although it was complete"
+    assert (markers / "seed_reused-0").exists()
+    assert not (markers / "seed_started-0").exists(), "seed 0 was refitted although it was complete"
     assert _complete_folders(fits_dir) == [0]
     assert not any(p.name.startswith(".seed_1") for p in fits_dir.iterdir())
 
     # 3. Killed while seed 2's folder is being written: it exists only under a temporary name.
-    proc = _start(data_path, out_dir, results, markers, pause_at="storing:2")
-    _wait_for(markers / "storing-2", proc)
+    proc = _start(data_path, out_dir, results, markers, pause_at="seed_written:2")
+    _wait_for(markers / "seed_written-2", proc)
     _kill(proc)
     assert _complete_folders(fits_dir) == [0, 1]
     partial = [p for p in fits_dir.iterdir() if p.name.startswith(".seed_2.") and p.name.endswith(".partial")]
@@ -175,7 +175,8 @@ def test_killed_between_seeds_during_a_fit_and_while_writing_then_resumed(tmp_pa
     assert report["reused"] == [0, 1]
     assert report["seconds"]["0"] == 0.0 and report["seconds"]["1"] == 0.0 and report["seconds"]["2"] > 0.0
     assert "Seed 0: reusing" in log and "Seed 1: reusing" in log and "Seed 2: fitted" in log
-    assert not (markers / "fit_started-0").exists() and not (markers / "fit_started-1").exists()
+    assert not (markers / "seed_started-0").exists() and not (markers / "seed_started-1").exists()
+    assert (markers / "seed_stored-2").exists()
     assert _stamp(fits_dir / "seed_0") == seed0 and _stamp(fits_dir / "seed_1") == seed1
     assert _complete_folders(fits_dir) == SEEDS
     assert not [p.name for p in fits_dir.iterdir() if p.name.startswith(".")], "a temporary folder was left behind"
@@ -184,7 +185,8 @@ def test_killed_between_seeds_during_a_fit_and_while_writing_then_resumed(tmp_pa
     # 5. Once more: nothing is refitted and the numbers are the same.
     report, _ = _finish(_start(data_path, out_dir, results, markers))
     assert report["reused"] == SEEDS
-    assert not list(markers.glob("fit_started-*"))
+    assert not list(markers.glob("seed_started-*"))
+    assert sorted(p.name for p in markers.glob("seed_reused-*")) == [f"seed_reused-{s}" for s in SEEDS]
     _assert_equal_results(results, reference)
 
 
@@ -205,20 +207,21 @@ def test_killed_while_writing_the_report_then_resumed(tmp_path):
     adata.write_h5ad(data)
     fast = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
 
-    def command(out: Path) -> list[str]:
-        return [sys.executable, "-m", "countvae", "diagnose", str(data), *fast, "--out", str(out), "--quiet", "--json"]
-
     def run(out: Path, markers: Path, pause_at: str | None = None) -> subprocess.Popen:
         markers.mkdir(parents=True, exist_ok=True)
-        env = _env(markers, pause_at)
-        env["OMP_NUM_THREADS"] = "1"
-        return subprocess.Popen(command(out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cmd = _seedrun(markers, pause_at, "diagnose", str(data), *fast, "--out", str(out), "--quiet", "--json")
+        env = _env(OMP_NUM_THREADS="1")
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
     reference_out, out, markers = tmp_path / "reference", tmp_path / "diag", tmp_path / "markers"
     _finish_cli(run(reference_out, tmp_path / "markers_reference"))
+    # The reference run reported its seeds and its three report files, in the order they were written.
+    assert (tmp_path / "markers_reference" / "seed_stored-1").exists()
+    for name in ("report.html", "report.json", "report.md"):
+        assert (tmp_path / "markers_reference" / f"report_file_written-{name}").exists()
 
-    proc = run(out, markers, pause_at="report_writing")
-    _wait_for(markers / "report_writing", proc)
+    proc = run(out, markers, pause_at="report_file_written:report.html")
+    _wait_for(markers / "report_file_written-report.html", proc)
     _kill(proc)
     assert not (out / "report").exists(), "a half-written report is visible under its final name"
     partial = [p for p in out.iterdir() if p.name.startswith(".report.") and p.name.endswith(".partial")]

@@ -5,8 +5,21 @@ import pytest
 from diagnostics_helpers import rotated_copies
 
 from countvae.diagnostics import CountVAEFit
-from countvae.diagnostics.rhat import collect_draws, procrustes_to_reference, rhat_table
+from countvae.diagnostics.analyses.maps import PairMaps
+from countvae.diagnostics.analyses.rhat import rhat_chains, rhat_table
+from countvae.diagnostics.reporting.collect import guide_draws
 from countvae.errors import InvalidArgumentError
+
+
+def collect_draws(fits, cells, n_draws=100, gene_positions=None, maps=None, seed=0):
+    """Guide draws of every fit (chain c with seed + c, as the report draws them), as R-hat chains."""
+    draws = {f.name: guide_draws(f, cells, n_draws, seed + c, gene_positions) for c, f in enumerate(fits)}
+    decoded = {name: d.log_rate for name, d in draws.items()}
+    return rhat_chains(
+        {name: d.latent for name, d in draws.items()},
+        decoded=None if any(v is None for v in decoded.values()) else decoded,
+        maps=maps,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +27,7 @@ def rotated_summary(trained_linear):
     fits = rotated_copies(CountVAEFit(trained_linear, 0), [0, 1, 2, 3])
     adata = trained_linear.adata
     latents = {f.name: f.latent(adata) for f in fits}
-    maps = procrustes_to_reference(latents, fits[0].name)
+    maps = PairMaps(latents).to_reference(fits[0].name)
     cells = adata[np.arange(0, 800, 40)].copy()
     draws = collect_draws(fits, cells, n_draws=100, gene_positions=np.arange(5), maps=maps, seed=0)
     summary, per_parameter = rhat_table(draws)
@@ -58,3 +71,5 @@ def test_bad_inputs(trained_linear):
         collect_draws([fit, fit], trained_linear.adata[:5].copy(), n_draws=2)
     with pytest.raises(InvalidArgumentError, match="chains"):
         rhat_table({"x": np.zeros((1, 10, 3))})
+    with pytest.raises(InvalidArgumentError, match="alike for every fit"):
+        rhat_chains({"a": np.zeros((10, 3, 2)), "b": np.zeros((10, 4, 2))})

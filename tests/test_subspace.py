@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from diagnostics_helpers import random_rotation
 
-from countvae.diagnostics.subspace import (
+from countvae.diagnostics.analyses.subspace import (
     covariance_spectrum,
     geometry_table,
     jacobian_span,

@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 
+from countvae import __version__
 from countvae.cli import diagnose, fit, verify_invariance
 from countvae.errors import CountVAEError
 
@@ -24,8 +25,6 @@ _COMMANDS = (fit, verify_invariance, diagnose)
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    from countvae import __version__
-
     parser = argparse.ArgumentParser(
         prog="countvae",
         description=(

@@ -7,7 +7,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, Protocol
 
 import anndata as ad
 import h5py
@@ -15,6 +17,13 @@ import h5py
 from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
 
 logger = logging.getLogger("countvae.cli")
+
+
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns (argparse names its class only privately)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add a subcommand's parser."""
 
 
 def exit_codes(failure_also: str = "") -> str:
@@ -50,17 +59,34 @@ def add_output_arguments(parser: argparse.ArgumentParser, default_out: str) -> N
     parser.add_argument("--quiet", action="store_true", help="no progress bars or log messages")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model and training options shared by ``fit`` and ``diagnose``."""
-    parser.add_argument("--n-latent", type=int, default=10, help="latent dimensions (default: 10)")
-    parser.add_argument("--likelihood", choices=["poisson", "nb", "zinb"], default="nb")
-    parser.add_argument("--decoder", choices=["linear", "mlp"], default="mlp")
-    parser.add_argument("--n-hidden", type=int, default=128)
-    parser.add_argument("--n-layers", type=int, default=1)
-    parser.add_argument("--max-epochs", type=int, default=None, help="default: as scvi-tools, from the data size")
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--early-stopping", action="store_true", help="stop when the validation loss stalls")
+def add_model_arguments(parser: argparse.ArgumentParser, help_text: Mapping[str, str] | None = None) -> None:
+    """Model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
+
+    ``help_text`` replaces the help of options by their ``dest`` (e.g. where a
+    command sets other defaults than ``fit``).
+    """
+    options: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+        (("--n-latent",), {"type": int, "default": 10, "help": "latent dimensions (default: 10)"}),
+        (("--likelihood",), {"choices": ["poisson", "nb", "zinb"], "default": "nb"}),
+        (("--decoder",), {"choices": ["linear", "mlp"], "default": "mlp"}),
+        (("--n-hidden",), {"type": int, "default": 128}),
+        (("--n-layers",), {"type": int, "default": 1}),
+        (
+            ("--max-epochs",),
+            {"type": int, "default": None, "help": "default: as scvi-tools, from the data size"},
+        ),
+        (("--batch-size",), {"type": int, "default": 128}),
+        (("--lr",), {"type": float, "default": 1e-3}),
+        (("--early-stopping",), {"action": "store_true", "help": "stop when the validation loss stalls"}),
+    ]
+    help_text = dict(help_text or {})
+    for flags, kwargs in options:
+        dest = flags[0].removeprefix("--").replace("-", "_")
+        if dest in help_text:
+            kwargs = {**kwargs, "help": help_text.pop(dest)}
+        parser.add_argument(*flags, **kwargs)
+    if help_text:
+        raise ValueError(f"help_text names options that do not exist: {sorted(help_text)}")
 
 
 def read_h5ad(path: str) -> ad.AnnData:

@@ -5,6 +5,9 @@ interrupted run started again with the same command refits only the seeds that
 had not finished) and ``report/`` (report.html, report.json, report.md), written
 at the end in one atomic step. A folder that already holds a finished report is
 refused unless ``--overwrite`` is given, which also refits every seed.
+
+Per-seed progress messages come from ``fit_seeds``' progress events
+(:mod:`countvae.diagnostics.fitting.progress`), not from its log text.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pandas as pd
 
 from countvae._io import remove_interrupted_writes
 from countvae.cli.common import (
+    Subcommands,
     add_data_arguments,
     add_model_arguments,
     add_output_arguments,
@@ -29,6 +33,9 @@ from countvae.cli.common import (
 )
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
+from countvae.diagnostics import fit_seeds, report
+from countvae.diagnostics.analyses.markers import marker_matrix
+from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 logger = logging.getLogger("countvae.cli")
@@ -61,7 +68,7 @@ def default_epochs(n_fit_cells: int) -> int:
     return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     """Add the ``diagnose`` subcommand."""
     p = sub.add_parser(
         "diagnose",
@@ -76,13 +83,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_data_arguments(p)
-    add_model_arguments(p)
+    add_model_arguments(
+        p,
+        help_text={
+            "max_epochs": "epochs per seed (default: 600,000 cell passes, 20 to 400 epochs; 100 on the embedded data)",
+            "n_latent": "latent dimensions (default: 10; 5 on the embedded data)",
+        },
+    )
     p.set_defaults(n_latent=None, max_epochs=None)
-    for action in p._actions:  # the shared options' help describes `fit`'s defaults
-        if action.dest == "max_epochs":
-            action.help = "epochs per seed (default: 600,000 cell passes, 20 to 400 epochs; 100 on the embedded data)"
-        elif action.dest == "n_latent":
-            action.help = "latent dimensions (default: 10; 5 on the embedded data)"
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
@@ -118,31 +126,44 @@ def default_data():
     return adata
 
 
-class _SeedProgress(logging.Handler):
-    """Turns fit_seeds' per-seed log records into 'k of n seeds done, about T left' messages.
+class SeedProgressMessages:
+    """Turns fit_seeds' progress events into 'k of n seeds done, about T left' messages.
 
-    fit_seeds logs one INFO record per completed (or reused) seed; the estimate
-    of the time left is wall time so far per fitted seed times the seeds left,
-    so it accounts for seeds fitted in parallel.
+    Counts the seeds stored or reused (events of the calling process); the
+    estimate of the time left is wall time so far per fitted seed times the
+    seeds left, so it accounts for seeds fitted in parallel. Picklable, as
+    ``fit_seeds`` requires of a ``progress`` sent to worker processes (where it
+    ignores the events it receives).
     """
 
     def __init__(self, n_seeds: int):
-        super().__init__(level=logging.INFO)
         self.n_seeds = n_seeds
         self.done = 0
         self.fitted = 0
         self.started = time.perf_counter()
 
-    def emit(self, record: logging.LogRecord) -> None:
-        message = str(record.msg)
-        if not (message.startswith("Seed %d: fitted") or message.startswith("Seed %d: reusing")):
+    def __call__(self, event: ProgressEvent) -> None:
+        """Log a message when a seed is done (stored or reused)."""
+        if event.kind not in (SEED_STORED, SEED_REUSED):
             return
         self.done += 1
-        self.fitted += message.startswith("Seed %d: fitted")
+        self.fitted += event.kind == SEED_STORED
         left = self.n_seeds - self.done
         elapsed = time.perf_counter() - self.started
         estimate = f"; about {_duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
         logger.info("%d of %d seeds done (%s elapsed%s).", self.done, self.n_seeds, _duration(elapsed), estimate)
+
+
+class _Both:
+    """Calls two progress callables in turn (picklable, unlike a closure over them)."""
+
+    def __init__(self, first: Progress, second: Progress | None):
+        self.first, self.second = first, second
+
+    def __call__(self, event: ProgressEvent) -> None:
+        self.first(event)
+        if self.second is not None:
+            self.second(event)
 
 
 def _duration(seconds: float) -> str:
@@ -159,12 +180,19 @@ def _markers(text: str | None) -> list[str] | None:
     return markers
 
 
-def run(args: argparse.Namespace) -> int:
-    """Execute ``countvae diagnose``."""
-    # Imported here so that `countvae --help` does not load arviz, scikit-learn and scvi-tools.
-    from countvae.diagnostics import fit_seeds, report
-    from countvae.diagnostics.markers import marker_matrix
+def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
+    """Execute ``countvae diagnose``.
 
+    Parameters
+    ----------
+    args
+        The parsed command line.
+    progress
+        Also called with every progress event of the run (the seeds' from
+        ``fit_seeds`` and the report files' from ``DiagnosticReport.save``),
+        after the command's own messages; see :mod:`countvae.diagnostics.fitting.progress`.
+
+    """
     started = time.perf_counter()
     out = Path(args.out)
     report_dir = out / "report"
@@ -218,30 +246,25 @@ def run(args: argparse.Namespace) -> int:
         adata.n_obs,
         adata.n_vars,
     )
-    progress = _SeedProgress(args.seeds)
-    fitting_logger = logging.getLogger("countvae.diagnostics.fitting")
-    fitting_logger.addHandler(progress)
-    try:
-        fits = fit_seeds(
-            adata,
-            seeds=range(args.seeds),
-            model_kwargs=model_kwargs,
-            train_kwargs=train_kwargs,
-            heldout_fraction=args.heldout_fraction,
-            split_seed=args.split_seed,
-            n_jobs=args.n_jobs,
-            out_dir=out / "fits",
-            overwrite=args.overwrite,
-            progress_bar=show,
-        )
-    finally:
-        fitting_logger.removeHandler(progress)
+    fits = fit_seeds(
+        adata,
+        seeds=range(args.seeds),
+        model_kwargs=model_kwargs,
+        train_kwargs=train_kwargs,
+        heldout_fraction=args.heldout_fraction,
+        split_seed=args.split_seed,
+        n_jobs=args.n_jobs,
+        out_dir=out / "fits",
+        overwrite=args.overwrite,
+        progress_bar=show,
+        progress=_Both(SeedProgressMessages(args.seeds), progress),
+    )
     fitted = time.perf_counter()
     logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
     rep = report(fits, markers=markers, ica=args.ica, n_lpd_samples=args.n_lpd_samples, progress_bar=show)
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
         logger.info("Removed %s, left by a run interrupted while writing its report.", path)
-    rep.save(report_dir, overwrite=args.overwrite)
+    rep.save(report_dir, overwrite=args.overwrite, progress=progress)
     finished = time.perf_counter()
     table = rep.invariants.set_index("quantity")["verdict"]
     result = {

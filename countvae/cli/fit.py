@@ -11,6 +11,7 @@ import pandas as pd
 
 from countvae._io import atomic_directory, write_json_atomic
 from countvae.cli.common import (
+    Subcommands,
     add_data_arguments,
     add_model_arguments,
     add_output_arguments,
@@ -34,7 +35,7 @@ EXAMPLES = """examples:
 """
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     """Add the ``fit`` subcommand."""
     p = sub.add_parser(
         "fit",

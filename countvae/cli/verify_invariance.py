@@ -12,6 +12,7 @@ import torch
 
 from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
 from countvae.cli.common import (
+    Subcommands,
     add_data_arguments,
     add_model_arguments,
     add_output_arguments,
@@ -43,7 +44,7 @@ With --model, the held-out cells are chosen exactly as `countvae fit` chose them
 MODEL_DEFAULTS = {"n_latent": 2, "likelihood": "poisson", "decoder": "linear", "max_epochs": 100}
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: Subcommands) -> None:
     """Add the ``verify-invariance`` subcommand."""
     p = sub.add_parser(
         "verify-invariance",
@@ -59,11 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_data_arguments(p)
     p.add_argument("--model", default=None, metavar="DIR", help="a saved model folder instead of fitting one")
-    add_model_arguments(p)
+    add_model_arguments(p, help_text={dest: f"default here: {value}" for dest, value in MODEL_DEFAULTS.items()})
     p.set_defaults(**MODEL_DEFAULTS)
-    for action in p._actions:  # the shared options state the defaults of `countvae fit`
-        if action.dest in MODEL_DEFAULTS:
-            action.help = f"default here: {MODEL_DEFAULTS[action.dest]}"
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument("--max-cells", type=int, default=500, help="held-out cells evaluated at most (default 500)")
     p.add_argument("--n-samples", type=int, default=500, help="importance samples per cell (default 500)")

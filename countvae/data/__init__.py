@@ -3,7 +3,7 @@
 from countvae.data.datasets import DATASETS, find_dataset, load_dataset
 from countvae.data.loader import CountSource, Minibatch
 from countvae.data.registry import Registry, get_registry, setup_anndata
-from countvae.data.simulate import draw_sources, simulate, true_log_rate_jacobian
+from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_log_rate_jacobian
 from countvae.data.split import split_indices
 from countvae.data.validation import CountSummary, validate_counts
 
@@ -17,6 +17,7 @@ __all__ = [
     "find_dataset",
     "get_registry",
     "load_dataset",
+    "planted_lfc",
     "setup_anndata",
     "simulate",
     "split_indices",

@@ -77,6 +77,9 @@ def simulate(
     leaky_slope: float = 0.2,
     seed: int = 0,
     n_source_bins: int = 10,
+    n_groups: int = 1,
+    n_de_genes: int = 0,
+    de_lfc: tuple[float, float] = (1.0, 2.0),
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
@@ -118,6 +121,19 @@ def simulate(
     n_source_bins
         Continuous sources are also given as labels of this many equally populated
         bins (``obsm['z_true_labels']``); discrete sources keep their levels.
+    n_groups
+        Groups of cells (``obs['group']``, ``"group0"``, ``"group1"``, ...), assigned
+        uniformly at random and independently of the sources and batches. With the
+        default 1 nothing about groups is drawn or stored and the output is the same
+        as without these arguments.
+    n_de_genes
+        Genes with planted differential expression in each group other than the
+        reference ``group0``, chosen at random for each group. Gene ``g`` of group
+        ``k`` gets ``eta_ng += log(2) * lfc_kg``, so its mean at fixed sources, batch
+        and size factor is ``2 ** lfc_kg`` times the reference group's.
+    de_lfc
+        ``(low, high)``: each planted ``|lfc_kg|`` (log2 fold change) is uniform on
+        this interval; its sign is + or - with probability 1/2.
 
     Returns
     -------
@@ -127,7 +143,19 @@ def simulate(
         (integer labels of the sources, the discrete factors that InfoMEC needs);
         ``uns['simulation']`` with the true parameters (``W``, ``b``,
         ``batch_offset``, ``theta``, ``dropout``, the MLP weights, and
-        ``source_kinds``, the distribution of each source).
+        ``source_kinds``, the distribution of each source). With ``n_groups > 1``
+        also ``obs['group']``, ``var['de_lfc_group<k>']`` (the planted log2 fold
+        change of group ``k`` against ``group0``, 0 for genes without one) and in
+        ``uns['simulation']`` ``de_lfc`` (groups x genes, row 0 zero) and
+        ``group_names``; :func:`planted_lfc` gives the true log2 fold change
+        between two groups. The groups and their effects come from a separate
+        random stream, so the rest of the simulation is the same as with
+        ``n_groups=1`` whenever ``n_de_genes=0``.
+
+        The planted effect is on each gene's mean; a cell's expected share of its
+        library (what a model's normalised expression estimates) moves in addition
+        by ``-log2`` of the group's total fold change over all genes, which is small
+        when few genes are planted with balanced signs.
 
     """
     check_choice("likelihood", likelihood, ("poisson", "nb", "zinb"))
@@ -135,6 +163,7 @@ def simulate(
     check_int("n_source_bins", n_source_bins, 2)
     for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
         check_int(name, value, 1)
+    groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
     rng = np.random.default_rng(seed)
     z = draw_sources(sources, n_cells, n_latent, rng)
     batch = rng.integers(0, n_batches, n_cells)
@@ -157,6 +186,8 @@ def simulate(
         eta = log_softmax(logits, axis=1)
         params.update(V1=V1, a1=a1, V2=V2, b=b, leaky_slope=leaky_slope)
     eta = eta + batch_offset[batch]
+    if de_lfc_matrix is not None and n_de_genes > 0:
+        eta = eta + np.log(2.0) * de_lfc_matrix[groups]
     mu = np.exp(log_size[:, None] + eta)
 
     theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
@@ -190,8 +221,71 @@ def simulate(
         source_kinds=np.array([sources] * n_latent if isinstance(sources, str) else list(sources), dtype=str),
         seed=seed,
     )
+    if de_lfc_matrix is not None:
+        names = [f"group{k}" for k in range(n_groups)]
+        adata.obs["group"] = pd.Categorical([names[k] for k in groups], categories=names)
+        for k in range(1, n_groups):
+            adata.var[f"de_lfc_{names[k]}"] = de_lfc_matrix[k]
+        params.update(de_lfc=de_lfc_matrix, group_names=np.array(names, dtype=str))
     adata.uns["simulation"] = params
     return adata
+
+
+def _draw_groups(
+    n_cells: int, n_genes: int, n_groups: int, n_de_genes: int, de_lfc: tuple[float, float], seed: int
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Group of each cell and the planted log2 fold changes (groups x genes), from their own random stream."""
+    check_int("n_groups", n_groups, 1)
+    check_int("n_de_genes", n_de_genes, 0, n_genes)
+    if n_de_genes > 0 and n_groups < 2:
+        raise InvalidArgumentError("n_de_genes > 0 plants differences between groups; set n_groups to 2 or more.")
+    low, high = (float(v) for v in de_lfc)
+    if not 0.0 < low <= high:
+        raise InvalidArgumentError(f"de_lfc must be (low, high) with 0 < low <= high, got {de_lfc!r}.")
+    if n_groups == 1:
+        return None, None
+    # A stream of its own keeps every draw of the base simulation unchanged.
+    rng = np.random.default_rng([int(seed), 0xDE])
+    groups = rng.integers(0, n_groups, n_cells)
+    lfc = np.zeros((n_groups, n_genes))
+    for k in range(1, n_groups):
+        genes = rng.choice(n_genes, n_de_genes, replace=False)
+        lfc[k, genes] = rng.uniform(low, high, n_de_genes) * rng.choice([-1.0, 1.0], n_de_genes)
+    return groups, lfc
+
+
+def planted_lfc(adata: ad.AnnData, group1: str, group2: str | None = None) -> pd.Series:
+    """True log2 fold change of each gene's mean between two simulated groups.
+
+    Parameters
+    ----------
+    adata
+        Output of :func:`simulate` with ``n_groups > 1``.
+    group1, group2
+        Group names (``"group0"``, ...). ``group2=None`` means the other cells,
+        defined only with two groups (with more, the rest is a mixture whose fold
+        change depends on each cell's sources).
+
+    Returns
+    -------
+    pandas.Series
+        ``lfc[group1] - lfc[group2]`` per gene (index: gene names), the log2 ratio
+        of the means at fixed sources, batch and size factor.
+
+    """
+    params = adata.uns.get("simulation", {})
+    if "de_lfc" not in params:
+        raise InvalidArgumentError("This AnnData has no simulated groups; simulate with n_groups >= 2.")
+    names = [str(n) for n in np.asarray(params["group_names"])]
+    if group2 is None:
+        if len(names) != 2:
+            raise InvalidArgumentError(f"group2=None (the other cells) needs exactly 2 groups, got {len(names)}.")
+        group2 = names[1 - names.index(group1)] if group1 in names else None
+    for g in (group1, group2):
+        if g not in names:
+            raise InvalidArgumentError(f"Unknown group {g!r}; the simulated groups are {names}.")
+    lfc = np.asarray(params["de_lfc"])
+    return pd.Series(lfc[names.index(group1)] - lfc[names.index(group2)], index=adata.var_names, name="lfc_true")
 
 
 def _source_labels(z: np.ndarray, n_bins: int) -> np.ndarray:
@@ -220,8 +314,8 @@ def true_log_rate_jacobian(adata: ad.AnnData, z: np.ndarray | None = None) -> tu
     Returns
     -------
     log_mean, jacobian
-        ``log mu`` (cells, genes), including each cell's size factor and batch
-        offset, and ``d log mu / d z`` (cells, genes, n_latent). For the MLP
+        ``log mu`` (cells, genes), including each cell's size factor, batch
+        offset and planted group effect, and ``d log mu / d z`` (cells, genes, n_latent). For the MLP
         decoder the Jacobian includes the softmax normalisation:
         ``(I - 1 p^T) V2 diag(leaky_relu'(u)) V1`` with ``p`` the gene shares.
 
@@ -230,6 +324,8 @@ def true_log_rate_jacobian(adata: ad.AnnData, z: np.ndarray | None = None) -> tu
     z = np.asarray(adata.obsm["z_true"] if z is None else z, dtype=np.float64)
     batch = adata.obs["batch"].cat.codes.to_numpy()
     offset = np.asarray(params["batch_offset"])[batch] + np.log(adata.obs["size_factor"].to_numpy())[:, None]
+    if "de_lfc" in params:
+        offset = offset + np.log(2.0) * np.asarray(params["de_lfc"])[adata.obs["group"].cat.codes.to_numpy()]
     if params["decoder"] == "linear":
         W = np.asarray(params["W"])
         log_mean = np.asarray(params["b"]) + z @ W.T + offset

@@ -1,14 +1,23 @@
-"""Multi-seed fits, their alignment, and the report of which quantities are stable across fits."""
+"""Multi-seed fits, their alignment, and the report of which quantities are stable across fits.
 
-from countvae.diagnostics.adapters import CountVAEFit, FittedModel, SCVIFit
-from countvae.diagnostics.fitting import fit_seeds, heldout_split, load_seed_fits
-from countvae.diagnostics.report import DiagnosticReport, ReportSettings, report
-from countvae.diagnostics.seedfits import SeedFits
+Three rooms, imports pointing down only: :mod:`.reporting` (the report as a
+pipeline) uses :mod:`.analyses` (functions over arrays), which use
+:mod:`.fitting` (seeds, backends, storage, the fits' common interface).
+"""
+
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
+from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
+from countvae.diagnostics.fitting.scvi_fit import SCVIFit
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
 
 __all__ = [
     "CountVAEFit",
     "DiagnosticReport",
     "FittedModel",
+    "ProgressEvent",
+    "ProgressKind",
     "ReportSettings",
     "SCVIFit",
     "SeedFits",

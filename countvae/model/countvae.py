@@ -27,7 +27,7 @@ from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
-from countvae.model import anndata_results, inference
+from countvae.model import anndata_results, differential, inference
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
@@ -527,6 +527,59 @@ class CountVAE:
         c = self._trained_cells(adata, indices)
         draws = inference.posterior_predictive(self.module, c.source, c.indices, n_samples, seed)
         return draws[..., 0] if n_samples == 1 else draws
+
+    def differential_expression(
+        self,
+        adata: ad.AnnData | None = None,
+        groupby: str | None = None,
+        group1: str | list[str] | None = None,
+        group2: str | None = None,
+        idx1: np.ndarray | list[int] | list[bool] | None = None,
+        idx2: np.ndarray | list[int] | list[bool] | None = None,
+        *,
+        delta: float = 0.25,
+        fdr_target: float = 0.05,
+        batch_correction: bool = False,
+        n_samples_overall: int = differential.DEFAULT_N_SAMPLES,
+        test_mode: Literal["two", "three"] = "three",
+        pseudocounts: float | None = None,
+        all_stats: bool = True,
+        n_bootstrap: int = differential.DEFAULT_N_BOOTSTRAP,
+        seed: int = 0,
+    ) -> pd.DataFrame:
+        """Differential expression between groups of cells, as scvi-tools' ``mode="change"``.
+
+        Per gene: the posterior probability that the log2 fold change exceeds
+        ``delta`` (``proba_de``), the Bayes factor, LFC summaries, mean expression
+        per group, the FDR-controlled call ``is_de_fdr_<fdr_target>``, and the Monte
+        Carlo error of each. See :mod:`countvae.model.differential` for the
+        definitions and :func:`countvae.model.differential.differential_expression`
+        for every argument.
+
+        Returns
+        -------
+        pandas.DataFrame
+            One row per gene (and comparison), sorted by ``proba_de``.
+
+        """
+        return differential.differential_expression(
+            self,
+            adata,
+            groupby,
+            group1,
+            group2,
+            idx1,
+            idx2,
+            delta=delta,
+            fdr_target=fdr_target,
+            batch_correction=batch_correction,
+            n_samples_overall=n_samples_overall,
+            test_mode=test_mode,
+            pseudocounts=pseudocounts,
+            all_stats=all_stats,
+            n_bootstrap=n_bootstrap,
+            seed=seed,
+        )
 
     def get_loadings(self) -> pd.DataFrame:
         """Decoder weights ``W`` of the linear decoder, genes x latent (like ``LinearSCVI.get_loadings``).

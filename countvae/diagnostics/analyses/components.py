@@ -1,6 +1,6 @@
 """Which ICA components of a model reproduce across seeds: the report's per-component stability table.
 
-The alignment step (:mod:`countvae.diagnostics.alignment`) asks how well ICA
+The alignment step (:mod:`countvae.diagnostics.analyses.alignment`) asks how well ICA
 aligns two seeds as a whole; this module asks it per component, Icasso-style
 (Himberg et al. 2004), with :func:`countvae.ica.ica_stability`: the first fit's
 ICA is estimated on one random half of the held-out cells, every other fit's
@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.errors import InvalidArgumentError
+from countvae.ica import ica_stability
 
 #: Columns of the per-component table, in order.
 COMPONENT_COLUMNS = (
@@ -88,8 +89,6 @@ def ica_component_stability(
         For fewer than two fits or a threshold outside (0, 1].
 
     """
-    from countvae.ica import ica_stability
-
     names = list(latents)
     if len(names) < 2:
         raise InvalidArgumentError(f"ICA component stability needs at least two fits, got {len(names)}.")
@@ -126,39 +125,3 @@ def ica_component_stability(
         .loc[:, list(MATCH_COLUMNS)]
     )
     return table, long
-
-
-def headline_sentence(table: pd.DataFrame, threshold: float) -> str | None:
-    """One sentence for the report's verdict: which components reproduce, which do not, and why."""
-    if not len(table):
-        return None
-    good = table.loc[table["reproducible"], "component"].tolist()
-    bad = table.loc[~table["reproducible"], "component"].tolist()
-    lead = (
-        f"ICA components (ICAs of different seeds estimated on disjoint halves of the held-out cells; reproducible "
-        f"at a mean best-match |corr| >= {threshold:g}):"
-    )
-    if not bad:
-        return (
-            f"{lead} all {len(table)} reproduce across seeds, so the ICA axes are a reproducible choice of coordinates."
-        )
-    failing = table.loc[~table["reproducible"]]
-    gaussian = int(failing["gaussian"].sum())
-    why = f", {gaussian} of them too close to Gaussian to be identified" if gaussian else ""
-    kept = f" ({', '.join(good)})" if good else ""
-    within = int((failing["same_fit_match"] >= threshold).sum())
-    causes = []
-    if within:
-        causes.append(
-            f"{within} reproduce between the two halves of the cells within one seed, so the seeds' "
-            "solutions differ along them"
-        )
-    if len(failing) - within:
-        causes.append(
-            f"{len(failing) - within} do not reproduce even within one seed (too few cells, or too close to "
-            "Gaussian, to fix those axes)"
-        )
-    return (
-        f"{lead} {len(good)} of {len(table)} reproduce across seeds{kept}; {', '.join(bad)} do not{why}. "
-        f"Of the components that do not, {'; '.join(causes)}. Report them as one subspace, not as separate axes."
-    )

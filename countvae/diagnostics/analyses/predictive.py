@@ -17,9 +17,11 @@ Definitions (all log densities in nats, higher is better):
   between-cell variation that both fits share. The paired per-cell differences
   already carry each cell's Monte Carlo noise, so ``se_diff`` includes it.
 - The fits are **predictively equivalent** when every pair has
-  ``|diff| < 2 se_diff``: no difference in held-out fit is detectable on these
-  cells at about the 5% level. It is a statement about what this many cells can
-  resolve, not a proof of equal ``p(x)``: more held-out cells shrink ``se_diff``
+  ``|diff| < 2 se_diff`` (the ``equivalent`` column of :func:`pairwise_table`,
+  read by :func:`countvae.diagnostics.reporting.verdicts.predictive_verdict`):
+  no difference in held-out fit is detectable on these cells at about the 5%
+  level. It is a statement about what this many cells can resolve, not a proof
+  of equal ``p(x)``: more held-out cells shrink ``se_diff``
   like ``1 / sqrt(n)`` relative to the total.
 """
 
@@ -133,34 +135,6 @@ def pairwise_table(lpds: Mapping[str, pd.DataFrame], z: float = EQUIVALENCE_Z) -
 
 
 def compare_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """The arviz comparison table (ranks, ``elpd_diff``, ``dse``, stacking weights), see :mod:`._arviz`."""
+    """The arviz comparison table (ranks, ``elpd_diff``, ``dse``, stacking weights), see :mod:`countvae._arviz`."""
     _check(lpds)
     return _arviz.compare_pointwise({k: v["lpd"].to_numpy() for k, v in lpds.items()})
-
-
-def equivalence_verdict(pairs: pd.DataFrame, z: float = EQUIVALENCE_Z) -> tuple[bool, str]:
-    """Whether all fits are predictively equivalent, with one plain sentence saying why.
-
-    Parameters
-    ----------
-    pairs
-        Output of :func:`pairwise_table`.
-    z
-        The threshold in paired standard errors.
-
-    """
-    worst = pairs.loc[pairs["z"].abs().idxmax()]
-    cells = f" on {int(worst['n_cells'])} held-out cells"
-    detail = (
-        f"the largest difference is {worst['fit_a']} vs {worst['fit_b']}: "
-        f"{worst['diff_per_cell']:+.3f} ± {worst['se_diff_per_cell']:.3f} nats per cell ({worst['z']:+.1f} SE)"
-    )
-    if bool(pairs["equivalent"].all()):
-        return True, (
-            f"Predictively equivalent: no pair of fits differs by {z:g} paired standard errors{cells}; {detail}."
-        )
-    bad = int((~pairs["equivalent"]).sum())
-    return False, (
-        f"Not predictively equivalent: {bad} of {len(pairs)} pairs differ by more than {z:g} paired standard "
-        f"errors{cells}, so the seeds reached different optima (or did not converge); {detail}."
-    )

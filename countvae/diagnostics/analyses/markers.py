@@ -21,7 +21,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics._data import gene_variance, log1p_normalized
+from countvae.diagnostics.analyses.heldout_data import gene_variance, log1p_normalized
 from countvae.errors import InvalidArgumentError
 
 #: Categories of an obs column expanded into indicators at most.

@@ -9,7 +9,7 @@ from typing import Any
 
 import anndata as ad
 
-from countvae.diagnostics.adapters import FittedModel
+from countvae.diagnostics.fitting.fitted_model import FittedModel
 
 
 @dataclass

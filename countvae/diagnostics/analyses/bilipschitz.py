@@ -32,8 +32,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from sklearn.neighbors import NearestNeighbors
 
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.model import CountVAE
 
 
 def fisher_weights(mean: np.ndarray, theta: np.ndarray | None = None) -> np.ndarray:
@@ -109,8 +112,6 @@ def knn_stretch(latents: np.ndarray, embedded: np.ndarray, n_neighbors: int = 10
         a lower estimate of the scale-free ``B(z)`` (only ``n_neighbors`` directions are probed).
 
     """
-    from sklearn.neighbors import NearestNeighbors
-
     z = np.asarray(latents, dtype=np.float64)
     f = np.asarray(embedded, dtype=np.float64)
     if z.ndim != 2 or f.ndim != 2 or z.shape[0] != f.shape[0]:
@@ -132,7 +133,7 @@ def model_bilipschitz(fit: Any, adata: Any, library_size: float | None = None, n
     Parameters
     ----------
     fit
-        A :class:`countvae.CountVAE` or a :class:`countvae.diagnostics.adapters.CountVAEFit`.
+        A :class:`countvae.CountVAE` or a :class:`countvae.diagnostics.fitting.fitted_model.CountVAEFit`.
     adata
         Cells at whose posterior means the decoder is evaluated.
     library_size
@@ -148,14 +149,11 @@ def model_bilipschitz(fit: Any, adata: Any, library_size: float | None = None, n
         The zero-inflation of a ZINB model is ignored (the NB part's metric is used).
 
     """
-    from countvae.diagnostics.adapters import CountVAEFit
-    from countvae.model import CountVAE
-
     if isinstance(fit, CountVAE):
         fit = CountVAEFit(fit, seed=0)
     if not isinstance(fit, CountVAEFit):
         raise InvalidArgumentError(f"model_bilipschitz needs a CountVAE or CountVAEFit, got {type(fit).__name__}.")
-    module, (x, batch) = fit._tensors(adata)
+    module, (x, batch) = fit.tensors(adata)
     if library_size is None:
         library_size = float(np.median(x.sum(-1).cpu().numpy()))
     z = fit.latent(adata)

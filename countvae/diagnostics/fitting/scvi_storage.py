@@ -17,6 +17,7 @@ included) is restored exactly.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import random
@@ -43,7 +44,7 @@ _SUPPORTED = ("SCVI", "LinearSCVI")
 def import_scvi():
     """Import scvi-tools, or explain how to install it."""
     try:
-        import scvi
+        import scvi  # optional (the [scvi] extra) and slow to import, so only when an scvi-tools model is used
     except ImportError as exc:
         raise InvalidArgumentError(
             f"model_cls is an scvi-tools class but scvi-tools cannot be imported ({exc}); "
@@ -82,8 +83,6 @@ def class_path(model_cls: type) -> str:
     public = {"scvi": "scvi.model", "countvae": "countvae"}.get(model_cls.__module__.split(".")[0])
     if public is not None:
         with contextlib.suppress(ImportError):
-            import importlib
-
             if getattr(importlib.import_module(public), model_cls.__name__, None) is model_cls:
                 return f"{public}.{model_cls.__name__}"
     return f"{model_cls.__module__}.{model_cls.__qualname__}"

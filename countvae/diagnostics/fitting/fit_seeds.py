@@ -20,61 +20,62 @@ With ``out_dir`` the run is resumable:
 * a rerun with other settings or other data is refused (``overwrite=True``
   starts afresh).
 
-A lock file (``out_dir/.lock``) keeps two runs from writing the same folder.
+A lock file (``out_dir/.lock``) keeps two runs from writing the same folder
+(see :mod:`.output_folder`). ``progress`` reports each step (see :mod:`.progress`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import importlib
-import json
 import logging
 import os
-import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import anndata as ad
+import cloudpickle
 import numpy as np
 from tqdm.auto import tqdm
 
-from countvae._io import (
-    atomic_directory,
-    read_versioned_json,
-    remove_interrupted_writes,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from countvae._checks import check_choice, check_int, check_number
+from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
-from countvae.data.split import split_indices
-from countvae.diagnostics import _scvi
-from countvae.diagnostics._backends import BACKENDS, available_cores, default_torch_threads, run_tasks
-from countvae.diagnostics._hooks import checkpoint
-from countvae.diagnostics._manifest import (
+from countvae.diagnostics.fitting import scvi_storage
+from countvae.diagnostics.fitting.backends import BACKENDS, available_cores, default_torch_threads, run_tasks
+from countvae.diagnostics.fitting.fitted_model import FittedModel
+from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
-    comparable,
     data_fingerprint,
     describe_mismatch,
     to_json_value,
 )
-from countvae.diagnostics._seedjob import MODEL_FOLDER, FitOutcome, FitTask
-from countvae.diagnostics.adapters import CountVAEFit, FittedModel, SCVIFit
-from countvae.diagnostics.seedfits import SeedFits
+from countvae.diagnostics.fitting.output_folder import (
+    FITS_FOLDER,
+    MANIFEST_FILE,
+    WHAT,
+    FitLoader,
+    locked,
+    prepare,
+    seed_folder,
+    store,
+)
+from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.fitting.seed_job import FitTask
 from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, OutputExistsError, SetupError
 from countvae.model import CountVAE
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FILE = "manifest.json"
-FITS_FOLDER = "fits"
-FIT_RECORD = "fit.json"
-LOCK_FILE = ".lock"
+__all__ = ["fit_seeds", "heldout_split", "load_seed_fits"]
+
 _MAX_SEED = 2**32 - 1
 #: Classes that ``load_seed_fits`` may import by the name recorded in a manifest (nothing else is imported).
 _LOADABLE_CLASSES = {
@@ -108,10 +109,6 @@ def _check_seeds(seeds: Iterable[int]) -> list[int]:
     return values
 
 
-#: How errors name a folder written by :func:`fit_seeds`.
-_WHAT = "a fit_seeds output folder"
-
-
 def _check_registered(adata: Any) -> Registry:
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"fit_seeds expects an AnnData, got {type(adata).__name__}.")
@@ -124,27 +121,26 @@ def _check_registered(adata: Any) -> Registry:
     return registry
 
 
-def _check_fraction(heldout_fraction: Any) -> float:
-    if isinstance(heldout_fraction, bool) or not isinstance(heldout_fraction, float | int | np.floating):
-        raise InvalidArgumentError(f"heldout_fraction must be a number in (0, 1), got {heldout_fraction!r}.")
-    value = float(heldout_fraction)
-    if not 0.0 < value < 1.0:
-        raise InvalidArgumentError(
-            f"heldout_fraction must lie strictly between 0 and 1, got {value}; 0.1 holds out a tenth of the cells."
-        )
-    return value
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or int(value) < minimum:
-        raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
-
-
 def _check_n_jobs(n_jobs: Any) -> int:
-    if isinstance(n_jobs, bool) or not isinstance(n_jobs, int | np.integer) or (n_jobs < 1 and n_jobs != -1):
-        raise InvalidArgumentError(f"n_jobs must be a positive integer or -1 (all cores), got {n_jobs!r}.")
-    return int(n_jobs)
+    if isinstance(n_jobs, int | np.integer) and not isinstance(n_jobs, bool) and n_jobs == -1:
+        return -1
+    return check_int("n_jobs (or -1 for all cores)", n_jobs, minimum=1)
+
+
+def _check_progress(progress: Any, parallel: bool) -> None:
+    if progress is None:
+        return
+    if not callable(progress):
+        raise InvalidArgumentError(f"progress must be a callable taking a ProgressEvent, or None; got {progress!r}.")
+    if parallel:
+        try:
+            cloudpickle.dumps(progress)
+        except Exception as exc:  # cloudpickle raises several types for objects it cannot copy
+            raise InvalidArgumentError(
+                f"progress cannot be copied into worker processes ({type(exc).__name__}: {exc}); with n_jobs > 1 "
+                "or backend='ray' it must be picklable (see countvae.diagnostics.fitting.progress), or fit with "
+                "n_jobs=1."
+            ) from None
 
 
 def _check_kwargs(name: str, kwargs: dict[str, Any] | None, forbidden: dict[str, str]) -> dict[str, Any]:
@@ -162,19 +158,14 @@ def _model_family(model_cls: Any) -> str:
     """``"countvae"``, ``"scvi"`` or ``"linearscvi"``."""
     if isinstance(model_cls, type) and issubclass(model_cls, CountVAE):
         return "countvae"
-    if _scvi.is_scvi_class(model_cls):
-        return _scvi.scvi_kind(model_cls)
+    if scvi_storage.is_scvi_class(model_cls):
+        return scvi_storage.scvi_kind(model_cls)
     raise InvalidArgumentError(
         f"model_cls must be countvae.CountVAE, scvi.model.SCVI or scvi.model.LinearSCVI, got {model_cls!r}."
     )
 
 
-# ----- data ------------------------------------------------------------------------------------
-def _subset(adata: ad.AnnData, idx: np.ndarray) -> ad.AnnData:
-    view = adata[idx]
-    return view.to_memory() if adata.isbacked else view.copy()
-
-
+# ----- data ---
 def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
     totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
@@ -186,147 +177,6 @@ def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
             f"(e.g. {names}). Remove rarely detected genes first (e.g. scanpy.pp.filter_genes(adata, min_cells=3)) "
             "or hold out fewer cells."
         )
-
-
-def heldout_split(n_obs: int, heldout_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of the fit cells and the held-out cells (sorted), as :func:`fit_seeds` splits them."""
-    fit_idx, heldout_idx = split_indices(n_obs, 1.0 - heldout_fraction, split_seed)
-    if len(heldout_idx) < 2 or len(fit_idx) < 2:
-        raise InvalidArgumentError(
-            f"heldout_fraction={heldout_fraction} of {n_obs} cells leaves {len(fit_idx)} cells to fit and "
-            f"{len(heldout_idx)} held out; both need at least 2 cells."
-        )
-    return fit_idx, heldout_idx
-
-
-# ----- the output folder -----------------------------------------------------------------------
-def _seed_folder(fits_dir: Path, seed: int) -> Path:
-    return fits_dir / f"seed_{seed}"
-
-
-@contextlib.contextmanager
-def _locked(root: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``root/.lock`` (released by the kernel even if the process is killed)."""
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / LOCK_FILE, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise OutputExistsError(
-                f"{root} is being written by another running fit_seeds (it holds {root / LOCK_FILE}); wait for it "
-                "to finish or use another out_dir."
-            ) from None
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-def _remove_stale_partials(fits_dir: Path) -> None:
-    """Remove folders left under temporary names by a run that was killed while storing a fit."""
-    for path in remove_interrupted_writes(fits_dir):
-        logger.info("Removed %s, left by an interrupted run.", path)
-
-
-def _prepare_out_dir(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
-    """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
-    manifest_path = root / MANIFEST_FILE
-    fits_dir = root / FITS_FOLDER
-    if manifest_path.is_file():
-        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, _WHAT)
-        differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
-        if differences and not overwrite:
-            raise OutputExistsError(
-                f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
-                + "\n  - ".join(differences)
-                + "\nRerun with the recorded settings to resume, choose another out_dir, or pass overwrite=True "
-                "to discard the earlier fits."
-            )
-        if differences:
-            logger.warning("Discarding the fits in %s (settings changed, overwrite=True).", root)
-        if overwrite:
-            _discard(fits_dir)
-    else:
-        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, FITS_FOLDER)]
-        if unexpected and not overwrite:
-            raise OutputExistsError(
-                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
-                "no manifest.json); choose another out_dir or pass overwrite=True."
-            )
-        # fits/ without a manifest cannot be trusted to match this run.
-        _discard(fits_dir)
-    write_json_atomic(manifest_path, manifest, overwrite=True)
-    fits_dir.mkdir(exist_ok=True)
-    _remove_stale_partials(fits_dir)
-
-
-def _discard(fits_dir: Path) -> None:
-    if fits_dir.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{fits_dir.name}.", suffix=".old", dir=fits_dir.parent))
-        aside.rmdir()
-        os.replace(fits_dir, aside)
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _store(fits_dir: Path, outcome: FitOutcome, family: str) -> None:
-    """Write one finished fit to ``fits/seed_<s>/`` atomically (temporary name, then rename)."""
-    final = _seed_folder(fits_dir, outcome.seed)
-    with atomic_directory(final) as tmp:
-        for relative, data in outcome.files.items():
-            path = tmp / MODEL_FOLDER / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(path, data)
-        record = {
-            "seed": outcome.seed,
-            "family": family,
-            "seconds": outcome.seconds,
-            "torch_threads": outcome.torch_threads,
-            "host": outcome.host,
-        }
-        write_json_atomic(tmp / FIT_RECORD, record)
-        checkpoint("storing", outcome.seed)
-    checkpoint("stored", outcome.seed)
-
-
-def _read_fit_record(folder: Path) -> dict[str, Any]:
-    path = folder / FIT_RECORD
-    if not path.is_file():
-        raise ModelFileError(f"{path} is missing; delete {folder} to refit that seed.")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path} is not valid JSON ({exc}); delete {folder} to refit that seed.") from None
-
-
-class _Loader:
-    """Reads stored fits back as :class:`FittedModel` adapters, on the fit cells."""
-
-    def __init__(self, model_cls: type, family: str, adata_fit: ad.AnnData, registry: Registry):
-        self.model_cls = model_cls
-        self.family = family
-        self.adata_fit = adata_fit
-        self._adata_scvi = None
-        if family != "countvae":
-            self._adata_scvi = _scvi.setup_for_scvi(adata_fit, registry, model_cls)
-
-    @property
-    def adata_for_fits(self) -> ad.AnnData:
-        """The fit cells as the models hold them (set up for scvi-tools when the models are scvi-tools')."""
-        return self.adata_fit if self._adata_scvi is None else self._adata_scvi
-
-    def load(self, fits_dir: Path, seed: int) -> FittedModel:
-        folder = _seed_folder(fits_dir, seed)
-        record = _read_fit_record(folder)
-        if record.get("seed") != seed or record.get("family") != self.family:
-            raise ModelFileError(
-                f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
-                f"not seed {seed} of a {self.family} model; delete {folder} to refit it."
-            )
-        if self.family == "countvae":
-            model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
-            return CountVAEFit(model, seed=seed)
-        model = _scvi.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
-        return SCVIFit(model, seed=seed)
 
 
 # ----- public API ------------------------------------------------------------------------------
@@ -345,6 +195,7 @@ def fit_seeds(
     progress_bar: bool = True,
     *,
     torch_threads: int | None = None,
+    progress: Progress | None = None,
 ) -> SeedFits:
     """Fit the same model from several seeds on one shared train/held-out split.
 
@@ -391,6 +242,12 @@ def fit_seeds(
         Torch threads per fit. Default: ``max(1, cores // n_jobs)`` locally,
         1 per Ray task. Recorded in the manifest: on CPU the numbers depend on
         it, so a resumed run must use the same value.
+    progress
+        Called with a :class:`~countvae.diagnostics.fitting.progress.ProgressEvent`
+        as each seed is started, trained, written, stored or reused. Started and
+        trained are reported where the fit runs: with worker processes or Ray
+        tasks, ``progress`` is copied into them and must be picklable (see
+        :mod:`countvae.diagnostics.fitting.progress`).
 
     Returns
     -------
@@ -425,11 +282,11 @@ def fit_seeds(
     """
     seeds = _check_seeds(seeds)
     registry = _check_registered(adata)
-    heldout_fraction = _check_fraction(heldout_fraction)
-    split_seed = _check_int("split_seed", split_seed, 0)
+    heldout_fraction = check_number("heldout_fraction", heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    split_seed = check_int("split_seed", split_seed, minimum=0)
     n_jobs = _check_n_jobs(n_jobs)
-    if backend not in BACKENDS:
-        raise InvalidArgumentError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+    check_choice("backend", backend, BACKENDS)
+    _check_progress(progress, parallel=backend == "ray" or n_jobs != 1)
     family = _model_family(model_cls)
     model_kwargs = _check_kwargs("model_kwargs", model_kwargs, {"adata": "fit_seeds passes the fit cells itself."})
     train_kwargs = _check_kwargs("train_kwargs", train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."})
@@ -438,15 +295,15 @@ def fit_seeds(
     threads = (
         default_torch_threads(backend, n_jobs)
         if torch_threads is None
-        else _check_int("torch_threads", torch_threads, 1)
+        else check_int("torch_threads", torch_threads, minimum=1)
     )
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
-    adata_fit, adata_heldout = _subset(adata, fit_idx), _subset(adata, heldout_idx)
+    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
     _check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
-        "model_class": _scvi.class_path(model_cls),
+        "model_class": scvi_storage.class_path(model_cls),
         "model_family": family,
         "model_kwargs": model_record,
         "train_kwargs": to_json_value(train_kwargs, "train_kwargs"),
@@ -475,12 +332,15 @@ def fit_seeds(
             train_kwargs=train_kwargs,
             model_kwargs_record=model_record,
             torch_threads=threads,
+            progress=progress,
         )
         for s in seeds
     ]
-    loader = _Loader(model_cls, family, adata_fit, registry)
+    loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    fits, seconds, reused = _fit_or_reuse(tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar)
+    fits, seconds, reused = _fit_or_reuse(
+        tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
+    )
     return SeedFits(
         fits=[fits[s] for s in seeds],
         adata_fit=loader.adata_for_fits,
@@ -494,13 +354,14 @@ def fit_seeds(
 
 def _fit_or_reuse(
     tasks: list[FitTask],
-    loader: _Loader,
+    loader: FitLoader,
     backend: str,
     n_jobs: int,
     out_dir: str | os.PathLike | None,
     manifest: dict[str, Any],
     overwrite: bool,
     progress_bar: bool,
+    progress: Progress | None,
 ) -> tuple[dict[int, FittedModel], dict[int, float], list[int]]:
     """Load the completed seeds from ``out_dir``, fit and store the others; return fits, seconds, reused seeds."""
     with contextlib.ExitStack() as stack:
@@ -510,20 +371,21 @@ def _fit_or_reuse(
             root = Path(out_dir)
             if root.exists() and not root.is_dir():
                 raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
-            stack.enter_context(_locked(root))
-        _prepare_out_dir(root, manifest, overwrite)
+            stack.enter_context(locked(root))
+        prepare(root, manifest, overwrite)
         fits_dir = root / FITS_FOLDER
-        reused = [t.seed for t in tasks if _seed_folder(fits_dir, t.seed).is_dir()]
+        reused = [t.seed for t in tasks if seed_folder(fits_dir, t.seed).is_dir()]
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
         for s in reused:
-            logger.info("Seed %d: reusing the completed fit in %s.", s, _seed_folder(fits_dir, s))
+            logger.info("Seed %d: reusing the completed fit in %s.", s, seed_folder(fits_dir, s))
             fits[s] = loader.load(fits_dir, s)
             seconds[s] = 0.0
+            notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
             for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
-                _store(fits_dir, outcome, loader.family)
+                store(fits_dir, outcome, loader.family, progress)
                 fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
                 seconds[outcome.seed] = outcome.seconds
                 logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
@@ -562,7 +424,7 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
     """
     root = Path(out_dir)
     manifest_path = root / MANIFEST_FILE
-    manifest = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, _WHAT)
+    manifest = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
     settings = manifest["settings"]
     registry = _check_registered(adata)
     current = data_fingerprint(adata, registry)
@@ -586,10 +448,10 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {settings['model_family']} fits; model_cls={model_cls.__name__} is a {family} model."
         )
     fit_idx, heldout_idx = heldout_split(adata.n_obs, settings["heldout_fraction"], settings["split_seed"])
-    adata_fit, adata_heldout = _subset(adata, fit_idx), _subset(adata, heldout_idx)
-    loader = _Loader(model_cls, family, adata_fit, registry)
+    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
+    loader = FitLoader(model_cls, family, adata_fit, registry)
     fits_dir = root / FITS_FOLDER
-    seeds = [s for s in manifest["seeds"] if _seed_folder(fits_dir, s).is_dir()]
+    seeds = [s for s in manifest["seeds"] if seed_folder(fits_dir, s).is_dir()]
     if len(seeds) < 2:
         raise ModelFileError(
             f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "

@@ -1,178 +1,30 @@
-"""One interface over fitted models, so that diagnostics treat countvae and scvi-tools fits alike.
+""":class:`SCVIFit`: the :class:`~countvae.diagnostics.fitting.fitted_model.FittedModel` of an scvi-tools model.
 
-The diagnostics never call a model's own methods directly; they call a
-:class:`FittedModel`. :class:`CountVAEFit` wraps a :class:`countvae.CountVAE`;
-scvi-tools models get their own adapters (``SCVI``, ``LinearSCVI``). A method
-that a model's API cannot support returns ``None``, and the diagnostic that
-needs it is reported as not available for that model rather than guessed.
+scvi-tools is an optional dependency; this module does not import it (the
+model object brings its own classes). Where the adapter calls scvi-tools'
+private methods (``_validate_anndata``, ``_make_data_loader``,
+``_compute_local_library_params``) it is because scvi-tools offers no public
+way to set up a new AnnData like the training data, to iterate over it in the
+model's minibatches, or to read the library-size prior; these are the calls
+its own ``get_marginal_ll`` makes.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import anndata as ad
 import numpy as np
 import pandas as pd
 import torch
+from torch.distributions import Normal
 
+from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
-from countvae.model import CountVAE
 from countvae.model.query import check_genes
-from countvae.model.training import to_tensors
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
-from countvae.module.vae import sample_latent
-
-
-@runtime_checkable
-class FittedModel(Protocol):
-    """What the diagnostics need from one fitted model (one seed).
-
-    Attributes
-    ----------
-    name
-        Label in reports, e.g. ``"seed 3"``.
-    seed
-        The seed of the fit.
-    kind
-        ``"countvae"``, ``"scvi"`` or ``"linearscvi"``.
-    symmetry
-        The group of latent maps that leaves the model's ``p(x)`` unchanged:
-        ``"orthogonal"`` for a N(0, I) prior.
-    var_names
-        Genes, in the model's order.
-    n_latent
-        Latent dimensions.
-
-    """
-
-    name: str
-    seed: int
-    kind: str
-    symmetry: str
-    var_names: pd.Index
-    n_latent: int
-
-    def latent(self, adata: ad.AnnData) -> np.ndarray:
-        """Posterior means of ``z``, (cells, n_latent)."""
-
-    def latent_samples(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
-        """Draws from ``q(z | x)``, (n_samples, cells, n_latent)."""
-
-    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame | None:
-        """Per-cell ``log p(x)`` (nats) with columns ``lpd`` and ``mc_se``, indexed by cell."""
-
-    def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
-        """Expected counts at ``library_size`` decoded from the posterior mean, (cells, genes)."""
-
-    def decode_log_rate(self, adata: ad.AnnData, z: np.ndarray) -> np.ndarray:
-        """Log expected share (log rate per unit library) at latent values ``z`` (..., cells, n_latent)."""
-
-    def loadings(self) -> np.ndarray | None:
-        """Decoder weight on ``z`` in gene space, (genes, n_latent); ``None`` for non-linear decoders."""
-
-    def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
-        """Jacobian of the log rate with respect to ``z`` at each cell's posterior mean, (cells, genes, n_latent)."""
-
-    def posterior_predictive(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
-        """Counts drawn from the fitted model for each cell, (cells, genes, n_samples)."""
-
-
-@dataclass
-class CountVAEFit:
-    """:class:`FittedModel` over a trained :class:`countvae.CountVAE`."""
-
-    model: CountVAE
-    seed: int
-    name: str = ""
-    kind: str = "countvae"
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            self.name = f"seed {self.seed}"
-
-    @property
-    def symmetry(self) -> str:
-        """Symmetry group of the model's prior."""
-        return self.model.module.prior.symmetry
-
-    @property
-    def var_names(self) -> pd.Index:
-        """Genes."""
-        return self.model.var_names
-
-    @property
-    def n_latent(self) -> int:
-        """Latent dimensions."""
-        return self.model.n_latent
-
-    def latent(self, adata: ad.AnnData) -> np.ndarray:
-        """Posterior means."""
-        return self.model.get_latent_representation(adata)
-
-    @torch.no_grad()
-    def latent_samples(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
-        """Posterior draws, (n_samples, cells, n_latent)."""
-        module, (x, b) = self._tensors(adata)
-        loc, scale = module.encode(x, b)
-        gen = torch.Generator().manual_seed(seed)
-        eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=loc.dtype)
-        return sample_latent(loc, scale, eps).numpy()
-
-    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x)``."""
-        return self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed)
-
-    def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
-        """Decoded expected counts at the posterior mean."""
-        return self.model.get_normalized_expression(adata, library_size=library_size, return_numpy=True)
-
-    @torch.no_grad()
-    def decode_log_rate(self, adata: ad.AnnData, z: np.ndarray) -> np.ndarray:
-        """Log rate at given latent values (cells' batches taken from ``adata``)."""
-        module, (_, b) = self._tensors(adata)
-        zt = torch.as_tensor(z, dtype=next(module.parameters()).dtype)
-        return module.decode(zt, b).log_rate.numpy()
-
-    def loadings(self) -> np.ndarray | None:
-        """Linear decoder weight, else ``None``."""
-        if self.model.settings.decoder != "linear":
-            return None
-        return self.model.get_loadings().to_numpy()
-
-    def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
-        """Jacobian of the log rate at posterior means: one forward-mode pass per latent direction.
-
-        In eval mode each cell's output depends on its own ``z`` only, so pushing
-        the tangent ``e_k`` for every cell at once gives column ``k`` of every
-        cell's Jacobian.
-        """
-        module, (x, b) = self._tensors(adata)
-        with torch.no_grad():
-            loc, _ = module.encode(x, b)
-        columns = []
-        for k in range(loc.shape[-1]):
-            tangent = torch.zeros_like(loc)
-            tangent[:, k] = 1.0
-            _, col = torch.func.jvp(lambda z: module.decode(z, b).log_rate, (loc,), (tangent,))
-            columns.append(col.detach())
-        return torch.stack(columns, dim=-1).numpy()
-
-    def posterior_predictive(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
-        """Posterior predictive counts, (cells, genes, n_samples)."""
-        draws = self.model.posterior_predictive_sample(adata, n_samples=n_samples, seed=seed)
-        return draws[..., None] if n_samples == 1 else draws
-
-    def _tensors(self, adata: ad.AnnData):
-        m = self.model
-        m.require_trained()
-        cells = m.cells(adata)
-        mb = cells.source.rows(cells.indices)
-        module = m.module.eval()
-        return module, to_tensors(mb, next(module.parameters()).dtype, torch.device("cpu"))
-
 
 #: Elements (samples x cells x genes) per forward pass when estimating scvi-tools' log p(x).
 _LPD_ELEMENTS_PER_PASS = 1 << 22
@@ -225,8 +77,6 @@ class SCVIFit:
     _cache: tuple[Any, ad.AnnData] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from countvae.diagnostics._scvi import scvi_kind
-
         if not self.name:
             self.name = f"seed {self.seed}"
         if not self.kind:
@@ -267,8 +117,6 @@ class SCVIFit:
     # ----- data ----------------------------------------------------------------------------
     def _prepared(self, adata: ad.AnnData) -> ad.AnnData:
         """``adata`` itself if it is set up for the model, else a set-up copy (cached for the last one)."""
-        from countvae.diagnostics._scvi import quiet_scvi
-
         if not isinstance(adata, ad.AnnData):
             raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")
         check_genes(pd.Index(adata.var_names), self.var_names)
@@ -342,8 +190,6 @@ class SCVIFit:
             Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed by cell.
 
         """
-        from torch.distributions import Normal
-
         if n_samples < 2:
             raise InvalidArgumentError("n_samples must be at least 2 to estimate a Monte Carlo standard error.")
         prepared = self._prepared(adata)

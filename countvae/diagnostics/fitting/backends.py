@@ -1,6 +1,6 @@
 """Where seeds are fitted: in this process, in joblib worker processes, or as Ray tasks.
 
-Each backend yields :class:`~countvae.diagnostics._seedjob.FitOutcome` objects
+Each backend yields :class:`~countvae.diagnostics.fitting.seed_job.FitOutcome` objects
 as fits finish (not in seed order), so the caller can store every fit the
 moment it is done.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import anndata as ad
 import joblib
 
-from countvae.diagnostics._seedjob import FitOutcome, FitTask, run_fit
+from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask, run_fit
 from countvae.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def run_local(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> I
 
 def _import_ray():
     try:
-        import ray
+        import ray  # an optional dependency (the [ray] extra), imported only when asked for
     except ImportError as exc:
         raise InvalidArgumentError(
             f"backend='ray' needs Ray, which cannot be imported ({exc}); install it with `pip install 'countvae[ray]'`."
@@ -67,9 +67,7 @@ def _import_ray():
 
 def _pythonpath_with_this_countvae() -> str:
     """PYTHONPATH under which Ray workers import the same countvae as this process (e.g. a source checkout)."""
-    import countvae
-
-    package_parent = str(Path(countvae.__file__).resolve().parent.parent)
+    package_parent = str(Path(__file__).resolve().parents[3])  # countvae/diagnostics/fitting/backends.py
     return os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
 
 

@@ -9,22 +9,26 @@ and coordinates after aligning each seed to a reference seed with an orthogonal
 Procrustes map should have R-hat near 1; where they do not, the seeds differ by
 more than their posterior uncertainty, which no choice of coordinates explains.
 
+The draws come from each fit's guide on a few held-out cells
+(:func:`countvae.diagnostics.reporting.collect.guide_draws`); the maps into the
+reference fit's coordinates are those of
+:meth:`countvae.diagnostics.analyses.maps.PairMaps.to_reference`, shared with the
+invariants table.
+
 R-hat is the rank-normalised split R-hat of Vehtari et al. (2021) as computed by
 arviz, with its recommended threshold of 1.01; ESS is arviz's bulk and tail ESS.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from itertools import combinations
 
-import anndata as ad
 import numpy as np
 import pandas as pd
 
 from countvae import _arviz
-from countvae.diagnostics.adapters import FittedModel
-from countvae.diagnostics.alignment import AffineMap, fit_map
+from countvae.diagnostics.analyses.maps import AffineMap
 from countvae.errors import InvalidArgumentError
 
 #: R-hat above this marks a parameter whose chains (seeds) disagree (Vehtari et al., 2021).
@@ -33,71 +37,55 @@ RHAT_THRESHOLD = 1.01
 QUANTITIES = ("raw coordinates", "aligned coordinates", "pairwise distances", "decoded log means")
 
 
-def procrustes_to_reference(latents: Mapping[str, np.ndarray], reference: str) -> dict[str, AffineMap]:
-    """Orthogonal Procrustes maps taking each fit's latent means to the reference fit's.
-
-    Parameters
-    ----------
-    latents
-        Fit name -> latent means on the same cells.
-    reference
-        Name of the fit whose coordinates the others are expressed in.
-
-    """
-    ref = np.asarray(latents[reference], dtype=np.float64)
-    return {k: fit_map("orthogonal", np.asarray(v, dtype=np.float64), ref) for k, v in latents.items()}
-
-
 def _pairwise_distances(draws: np.ndarray) -> np.ndarray:
     """(draws, cells, d) -> (draws, cell pairs) Euclidean distances."""
     pairs = np.array(list(combinations(range(draws.shape[1]), 2)))
     return np.linalg.norm(draws[:, pairs[:, 0]] - draws[:, pairs[:, 1]], axis=-1)
 
 
-def collect_draws(
-    fits: Sequence[FittedModel],
-    adata_cells: ad.AnnData,
-    n_draws: int = 100,
-    gene_positions: np.ndarray | None = None,
+def rhat_chains(
+    latent_draws: Mapping[str, np.ndarray],
+    decoded: Mapping[str, np.ndarray] | None = None,
     maps: Mapping[str, AffineMap] | None = None,
-    seed: int = 0,
 ) -> dict[str, np.ndarray]:
-    """Draws of each quantity from each fit's guide, shaped (chains, draws, parameters).
-
-    Chain ``c`` (fit ``c``) uses the guide noise seed ``seed + c`` so that the
-    chains are independent even when two fits are identical.
+    """Each quantity's draws from every fit, shaped (chains, draws, parameters).
 
     Parameters
     ----------
-    fits
-        The fits (chains).
-    adata_cells
-        The few held-out cells whose posteriors are compared (at least 2).
-    n_draws
-        Draws per chain.
-    gene_positions
-        Positions of the genes whose decoded log means are tracked; none when ``None``.
+    latent_draws
+        Fit name -> draws from its guide, (draws, cells, n_latent), the same cells for every fit (the chains).
+    decoded
+        Fit name -> decoded log means at those draws, (draws, cells, genes), for the genes tracked; none when ``None``.
     maps
-        Fit name -> map into the reference fit's coordinates (see
-        :func:`procrustes_to_reference`); aligned coordinates are skipped when ``None``.
-    seed
-        Base seed of the draws.
+        Fit name -> map into the reference fit's coordinates; aligned coordinates are skipped when ``None``.
+
+    Returns
+    -------
+    dict
+        ``"raw coordinates"``, ``"aligned coordinates"``, ``"pairwise distances"``
+        (between the cells) and ``"decoded log means"`` -> (chains, draws, parameters),
+        for those that apply.
 
     """
-    if adata_cells.n_obs < 2:
+    draws = {name: np.asarray(z, dtype=np.float64) for name, z in latent_draws.items()}
+    shapes = {z.shape for z in draws.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 3:
+        raise InvalidArgumentError(
+            f"Guide draws must be (draws, cells, n_latent) and alike for every fit, got {shapes}."
+        )
+    n_draws, n_cells, _ = shapes.pop()
+    if n_cells < 2:
         raise InvalidArgumentError("Cross-seed R-hat needs at least 2 cells.")
     if n_draws < 4:
         raise InvalidArgumentError(f"Cross-seed R-hat needs at least 4 draws per seed, got {n_draws}.")
     out: dict[str, list[np.ndarray]] = {q: [] for q in QUANTITIES}
-    for c, fit in enumerate(fits):
-        z = np.asarray(fit.latent_samples(adata_cells, n_draws, seed + c), dtype=np.float64)
+    for name, z in draws.items():
         out["raw coordinates"].append(z.reshape(n_draws, -1))
         if maps is not None:
-            out["aligned coordinates"].append(maps[fit.name](z).reshape(n_draws, -1))
+            out["aligned coordinates"].append(maps[name](z).reshape(n_draws, -1))
         out["pairwise distances"].append(_pairwise_distances(z))
-        if gene_positions is not None and len(gene_positions):
-            log_rate = np.asarray(fit.decode_log_rate(adata_cells, z.astype(np.float32)), dtype=np.float64)
-            out["decoded log means"].append(log_rate[..., gene_positions].reshape(n_draws, -1))
+        if decoded is not None:
+            out["decoded log means"].append(np.asarray(decoded[name], dtype=np.float64).reshape(n_draws, -1))
     return {q: np.stack(v) for q, v in out.items() if v}
 
 
@@ -107,7 +95,7 @@ def rhat_table(draws: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFr
     Parameters
     ----------
     draws
-        Quantity -> (chains, draws, parameters), e.g. from :func:`collect_draws`.
+        Quantity -> (chains, draws, parameters), e.g. from :func:`rhat_chains`.
 
     Returns
     -------

@@ -4,7 +4,8 @@ A job returns the saved model as bytes instead of writing into the output
 folder itself, so the calling process is the only writer of ``out_dir`` (it
 stores each folder atomically as results arrive) and a Ray worker on another
 machine needs no shared file system. The function is importable at module
-level so that joblib and Ray can send it to worker processes.
+level so that joblib and Ray can send it to worker processes; a task's
+``progress`` callable travels with it (see :mod:`.progress` for what that means).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import anndata as ad
 import torch
 
 from countvae.data.registry import get_registry
-from countvae.diagnostics import _scvi
-from countvae.diagnostics._hooks import checkpoint
+from countvae.diagnostics.fitting import scvi_storage
+from countvae.diagnostics.fitting.progress import SEED_STARTED, SEED_TRAINED, Progress, ProgressEvent, notify
 
 #: Folder, inside each ``fits/seed_<s>/``, that holds the saved model.
 MODEL_FOLDER = "model"
@@ -43,6 +44,9 @@ class FitTask:
         ``model_kwargs`` as recorded in JSON (stored with scvi-tools fits, which are rebuilt from it).
     torch_threads
         ``torch.set_num_threads`` for the fit.
+    progress
+        Receives :data:`~.progress.SEED_STARTED` and :data:`~.progress.SEED_TRAINED`
+        where the fit runs (a copy of it in a worker process).
 
     """
 
@@ -52,6 +56,7 @@ class FitTask:
     train_kwargs: dict[str, Any]
     model_kwargs_record: dict[str, Any]
     torch_threads: int
+    progress: Progress | None = None
 
 
 @dataclass
@@ -79,21 +84,23 @@ def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
     torch.set_num_threads(task.torch_threads)
     try:
         start = time.perf_counter()
-        checkpoint("fit_started", task.seed)
+        notify(task.progress, ProgressEvent(SEED_STARTED, seed=task.seed))
         with tempfile.TemporaryDirectory(prefix="countvae-fit-") as scratch:
             folder = Path(scratch) / MODEL_FOLDER
-            if _scvi.is_scvi_class(task.model_cls):
-                adata_scvi = _scvi.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)
-                model = _scvi.fit_scvi(task.model_cls, adata_scvi, task.model_kwargs, task.train_kwargs, task.seed)
+            if scvi_storage.is_scvi_class(task.model_cls):
+                adata_scvi = scvi_storage.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)
+                model = scvi_storage.fit_scvi(
+                    task.model_cls, adata_scvi, task.model_kwargs, task.train_kwargs, task.seed
+                )
                 seconds = time.perf_counter() - start
-                checkpoint("fit_trained", task.seed)
+                notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 folder.mkdir()
-                _scvi.save_scvi_fit(model, folder, task.model_kwargs_record)
+                scvi_storage.save_scvi_fit(model, folder, task.model_kwargs_record)
             else:
                 model = task.model_cls(adata_fit, **task.model_kwargs)
                 model.train(**{"progress_bar": False, **task.train_kwargs, "seed": task.seed})
                 seconds = time.perf_counter() - start
-                checkpoint("fit_trained", task.seed)
+                notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 model.save(folder)
             files = _read_tree(folder)
     finally:

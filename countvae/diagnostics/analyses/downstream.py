@@ -1,0 +1,392 @@
+"""How much of the seed-to-seed variation of downstream results is the model's (arrays in, frames out).
+
+Analysts publish differentially expressed genes, clusters and embeddings, not
+latent coordinates. Each of these changes between two fits with different seeds
+for two reasons: the fits differ (the model's share), and the downstream step is
+itself random (Monte Carlo draws of the DE posterior, the Leiden seed, the UMAP
+seed). The functions here separate the two by comparing
+
+* **between fits**: results of two fits with different model seeds, each computed
+  with its own downstream randomness, and
+* **within a fit** (the baseline): two results of *one* fit that differ only in the
+  downstream seed (two DE sampling seeds; two Leiden seeds on the same k-NN graph;
+  two UMAP seeds on the same latent).
+
+For an agreement score ``a`` (1 = identical; Jaccard, Spearman, ARI, NMI, k-NN
+overlap) the disagreement is ``d = 1 - a``. With ``d_between`` and ``d_within`` the
+mean disagreements of the between-fit and within-fit pairs,
+
+    model_share = (d_between - d_within) / d_between, clipped to [0, 1],
+
+the fraction of the between-seed disagreement that the downstream randomness alone
+does not produce (NaN when ``d_between = 0``: nothing varies). 0 means re-running
+the downstream step on one fit already moves the result as much as refitting
+does; 1 means the downstream step is reproducible and every change comes from the
+fit. It is a difference of means over few pairs: read it with the pair counts and
+the per-pair table, not to two decimals.
+
+Leiden needs ``igraph`` and ``leidenalg``; UMAP needs ``umap-learn``. They are the
+optional extra ``countvae[downstream]``; the k-NN, DE and label-agreement functions
+need only scikit-learn and scipy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from itertools import combinations
+from types import ModuleType
+
+import numpy as np
+import pandas as pd
+import scipy.sparse as sp
+from scipy.stats import spearmanr
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+from sklearn.neighbors import kneighbors_graph
+
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
+from countvae.errors import InvalidArgumentError, MissingDependencyError
+from countvae.model.de_statistics import jaccard
+
+BETWEEN = "between fits"
+WITHIN = "within fit"
+
+
+def _require(module: str, feature: str) -> ModuleType:
+    """Import an optional dependency or say which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{feature} needs the package {module!r}, which cannot be imported ({exc}); install the optional "
+            "dependencies with `pip install 'countvae[downstream]'` (igraph, leidenalg, umap-learn)."
+        ) from None
+
+
+# ----- agreement scores ------------------------------------------------------------------------------
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two per-gene values (e.g. LFCs); NaN if either is constant."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise InvalidArgumentError(f"Values over different genes: shapes {a.shape} and {b.shape}.")
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b)[0])
+
+
+def neighbourhood_overlap(a: np.ndarray, b: np.ndarray, k: int = 15) -> float:
+    """Mean over cells of the Jaccard overlap of the cell's ``k`` nearest neighbours in ``a`` and in ``b``.
+
+    ``a`` and ``b`` are two representations of the same cells (latent means,
+    UMAP coordinates). 1 when every cell keeps its neighbours; about
+    ``k / (2 n)`` for unrelated representations of ``n`` cells.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape[0] != b.shape[0]:
+        raise InvalidArgumentError(f"Neighbourhoods compare the same cells; got {a.shape[0]} and {b.shape[0]} rows.")
+    return float(np.mean(knn_jaccard_per_cell(knn_sets(a, k), knn_sets(b, k))))
+
+
+# ----- the decomposition -----------------------------------------------------------------------------
+def model_share(between: Sequence[float], within: Sequence[float]) -> dict[str, float]:
+    """Split the between-fit disagreement into the downstream baseline and the model's excess.
+
+    Parameters
+    ----------
+    between
+        Agreement scores of pairs of fits with different model seeds.
+    within
+        Agreement scores of pairs of results of one fit that differ only in the
+        downstream seed. Empty when the downstream step is deterministic (its
+        disagreement is then 0).
+
+    Returns
+    -------
+    dict
+        ``between_mean``, ``between_min``, ``within_mean`` (NaN without pairs),
+        ``n_between``, ``n_within``, ``disagreement_between``,
+        ``disagreement_within``, ``model_excess`` (their difference) and
+        ``model_share`` (see the module docstring).
+
+    """
+    between = np.asarray(list(between), dtype=np.float64)
+    within = np.asarray(list(within), dtype=np.float64)
+    if between.size == 0:
+        raise InvalidArgumentError("model_share needs at least one pair of fits (two model seeds).")
+    d_between = 1.0 - float(np.nanmean(between))
+    d_within = 1.0 - float(np.nanmean(within)) if within.size else 0.0
+    excess = d_between - d_within
+    share = float(np.clip(excess / d_between, 0.0, 1.0)) if d_between > 0 else float("nan")
+    return {
+        "between_mean": float(np.nanmean(between)),
+        "between_min": float(np.nanmin(between)),
+        "within_mean": float(np.nanmean(within)) if within.size else float("nan"),
+        "n_between": int(between.size),
+        "n_within": int(within.size),
+        "disagreement_between": d_between,
+        "disagreement_within": d_within,
+        "model_excess": excess,
+        "model_share": share,
+    }
+
+
+def summarize(pairs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per metric of a pair table (column ``kind``: between/within fits) with :func:`model_share`."""
+    rows = []
+    for metric in metrics:
+        between = pairs.loc[pairs["kind"] == BETWEEN, metric].to_numpy()
+        within = pairs.loc[pairs["kind"] == WITHIN, metric].to_numpy()
+        rows.append({"metric": metric, **model_share(between, within)})
+    return pd.DataFrame(rows)
+
+
+def _pair_table(
+    results: Mapping[str, object],
+    resampled: Mapping[str, object],
+    scores: Mapping[str, Callable[[object, object], float]],
+) -> pd.DataFrame:
+    """Scores of every pair of fits (``results``) and of each fit against its own resampled result."""
+    if len(results) < 2:
+        raise InvalidArgumentError(f"Comparing fits needs at least two, got {len(results)}.")
+    unknown = sorted(set(resampled) - set(results))
+    if unknown:
+        raise InvalidArgumentError(f"Resampled results for fits that have no result: {unknown}.")
+    rows = []
+    for a, b in combinations(results, 2):
+        rows.append(
+            {"kind": BETWEEN, "fit_a": a, "fit_b": b, **{n: f(results[a], results[b]) for n, f in scores.items()}}
+        )
+    for a, other in resampled.items():
+        rows.append({"kind": WITHIN, "fit_a": a, "fit_b": a, **{n: f(results[a], other) for n, f in scores.items()}})
+    return pd.DataFrame(rows)
+
+
+# ----- differential expression -------------------------------------------------------------------------
+def de_agreement(
+    calls: Mapping[str, np.ndarray],
+    lfc: Mapping[str, np.ndarray],
+    resampled_calls: Mapping[str, np.ndarray],
+    resampled_lfc: Mapping[str, np.ndarray],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Agreement of DE results between fits, against two sampling seeds of one fit.
+
+    Parameters
+    ----------
+    calls, lfc
+        Fit name -> boolean calls and LFC estimates (e.g. ``lfc_mean``) per gene,
+        in one gene order, each computed with the fit's own sampling seed.
+    resampled_calls, resampled_lfc
+        Fit name -> the same for (some of) the fits recomputed with another
+        sampling seed: the Monte Carlo baseline.
+
+    Returns
+    -------
+    pairs, summary
+        ``pairs``: one row per pair (``kind``, ``fit_a``, ``fit_b``, ``jaccard`` of
+        the calls, ``spearman`` of the LFCs). ``summary``: one row per metric with
+        :func:`model_share`.
+
+    """
+    if set(calls) != set(lfc) or set(resampled_calls) != set(resampled_lfc):
+        raise InvalidArgumentError("calls and lfc (and their resampled versions) must name the same fits.")
+    results = {name: (np.asarray(calls[name], bool), np.asarray(lfc[name], float)) for name in calls}
+    resampled = {
+        name: (np.asarray(resampled_calls[name], bool), np.asarray(resampled_lfc[name], float))
+        for name in resampled_calls
+    }
+    scores = {
+        "jaccard": lambda x, y: jaccard(x[0], y[0]),
+        "spearman": lambda x, y: rank_correlation(x[1], y[1]),
+    }
+    pairs = _pair_table(results, resampled, scores)
+    return pairs, summarize(pairs, list(scores))
+
+
+# ----- clusters -------------------------------------------------------------------------------------------
+def knn_adjacency(latent: np.ndarray, n_neighbors: int = 15) -> sp.csr_matrix:
+    """Symmetric 0/1 adjacency of the exact ``n_neighbors``-nearest-neighbour graph (Euclidean).
+
+    Cells ``i`` and ``j`` are joined when either is among the other's nearest
+    neighbours. Exact search makes the graph a deterministic function of the
+    latent, so the only randomness left in clustering it is the clustering seed.
+    (scanpy weights the edges by UMAP's fuzzy connectivities and searches
+    approximately for large data; plain edges keep the graph free of both.)
+    """
+    latent = np.asarray(latent, dtype=np.float64)
+    if latent.ndim != 2 or n_neighbors >= latent.shape[0]:
+        raise InvalidArgumentError(
+            f"A {n_neighbors}-NN graph needs a (cells, dims) array with more than {n_neighbors} cells, "
+            f"got shape {latent.shape}."
+        )
+    graph = kneighbors_graph(latent, n_neighbors, mode="connectivity", include_self=False)
+    return graph.maximum(graph.T).tocsr()
+
+
+def leiden_labels(adjacency: sp.spmatrix, resolution: float = 1.0, seed: int = 0, n_iterations: int = -1) -> np.ndarray:
+    """Leiden clusters (RB configuration model, modularity at ``resolution``) of an undirected graph.
+
+    Parameters
+    ----------
+    adjacency
+        Symmetric adjacency, e.g. from :func:`knn_adjacency`.
+    resolution
+        Resolution parameter; larger gives more clusters.
+    seed
+        Seed of Leiden's random node order and moves.
+    n_iterations
+        Leiden iterations; negative: until no move improves the partition.
+
+    Returns
+    -------
+    numpy.ndarray
+        Integer cluster label of each node.
+
+    """
+    ig = _require("igraph", "Leiden clustering")
+    leidenalg = _require("leidenalg", "Leiden clustering")
+    upper = sp.triu(sp.csr_matrix(adjacency), k=1).tocoo()
+    graph = ig.Graph(n=adjacency.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
+    partition = leidenalg.find_partition(
+        graph,
+        leidenalg.RBConfigurationVertexPartition,
+        resolution_parameter=float(resolution),
+        seed=int(seed),
+        n_iterations=int(n_iterations),
+    )
+    return np.asarray(partition.membership, dtype=np.int64)
+
+
+def label_agreement(
+    labels: Mapping[str, np.ndarray], resampled_labels: Mapping[str, np.ndarray]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """ARI and NMI of cluster labels between fits, against two clustering seeds of one fit.
+
+    Parameters
+    ----------
+    labels
+        Fit name -> cluster label of each cell (same cells, same order).
+    resampled_labels
+        Fit name -> labels of the same fit's graph clustered with another seed.
+
+    Returns
+    -------
+    pairs, summary
+        As :func:`de_agreement`, with metrics ``ari`` and ``nmi``.
+
+    """
+    scores = {"ari": adjusted_rand_score, "nmi": normalized_mutual_info_score}
+    pairs = _pair_table(
+        {k: np.asarray(v) for k, v in labels.items()}, {k: np.asarray(v) for k, v in resampled_labels.items()}, scores
+    )
+    return pairs, summarize(pairs, list(scores))
+
+
+def cluster_agreement(
+    latents: Mapping[str, np.ndarray],
+    n_neighbors: int = 15,
+    resolution: float = 1.0,
+    seeds: tuple[int, int] = (0, 1),
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Leiden clusters of each fit's k-NN graph compared between fits and between two Leiden seeds.
+
+    Each fit's graph is built once from its latent means (:func:`knn_adjacency`)
+    and clustered with ``seeds[0]`` (compared between fits) and ``seeds[1]`` (the
+    baseline: same graph, another Leiden seed).
+
+    Returns
+    -------
+    pairs, summary
+        As :func:`label_agreement`.
+
+    """
+    if seeds[0] == seeds[1]:
+        raise InvalidArgumentError("The baseline needs two different Leiden seeds.")
+    labels, resampled = {}, {}
+    for name, latent in latents.items():
+        adjacency = knn_adjacency(latent, n_neighbors)
+        labels[name] = leiden_labels(adjacency, resolution, seeds[0])
+        resampled[name] = leiden_labels(adjacency, resolution, seeds[1])
+    return label_agreement(labels, resampled)
+
+
+# ----- embeddings ------------------------------------------------------------------------------------------
+def umap_embedding(latent: np.ndarray, seed: int = 0, n_neighbors: int = 15, min_dist: float = 0.5) -> np.ndarray:
+    """2-D UMAP of latent means with a fixed seed (umap-learn; scanpy's default ``min_dist=0.5``).
+
+    With a seed umap-learn runs single-threaded and gives the same coordinates
+    for the same input on the same machine.
+    """
+    umap = _require("umap", "UMAP embedding")
+    reducer = umap.UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=int(seed), n_jobs=1)
+    return np.asarray(reducer.fit_transform(np.asarray(latent, dtype=np.float32)), dtype=np.float64)
+
+
+def neighbourhood_agreement(
+    representations: Mapping[str, np.ndarray],
+    resampled: Mapping[str, np.ndarray] | None = None,
+    k: int = 15,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """k-NN overlap of representations of the same cells between fits, against a downstream-seed baseline.
+
+    Parameters
+    ----------
+    representations
+        Fit name -> (cells, dims): latent means, or an embedding computed with one seed.
+    resampled
+        Fit name -> the same fit's embedding computed with another seed (e.g. two
+        UMAP seeds). ``None`` for a deterministic representation (latent means):
+        the baseline disagreement is then 0.
+    k
+        Neighbours per cell.
+
+    Returns
+    -------
+    pairs, summary
+        As :func:`de_agreement`, with the metric ``knn_overlap``.
+
+    """
+    scores = {"knn_overlap": lambda a, b: neighbourhood_overlap(a, b, k)}
+    pairs = _pair_table(dict(representations), dict(resampled or {}), scores)
+    return pairs, summarize(pairs, list(scores))
+
+
+def umap_agreement(
+    latents: Mapping[str, np.ndarray],
+    k: int = 15,
+    seeds: tuple[int, int] = (0, 1),
+    n_neighbors: int = 15,
+    embed: Callable[[np.ndarray, int], np.ndarray] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Embedding neighbourhoods compared between fits and between two embedding seeds of each fit.
+
+    Parameters
+    ----------
+    latents
+        Fit name -> latent means of the same cells.
+    k
+        Neighbours per cell in the embedding.
+    seeds
+        Embedding seed of the between-fit comparison, and the baseline's second seed.
+    n_neighbors
+        UMAP's neighbourhood size.
+    embed
+        ``embed(latent, seed) -> (cells, 2)``; default :func:`umap_embedding`.
+
+    Returns
+    -------
+    pairs, summary
+        As :func:`neighbourhood_agreement`.
+
+    """
+    if seeds[0] == seeds[1]:
+        raise InvalidArgumentError("The baseline needs two different embedding seeds.")
+    if embed is None:
+
+        def embed(latent: np.ndarray, seed: int) -> np.ndarray:
+            return umap_embedding(latent, seed, n_neighbors)
+
+    first = {name: embed(z, seeds[0]) for name, z in latents.items()}
+    second = {name: embed(z, seeds[1]) for name, z in latents.items()}
+    return neighbourhood_agreement(first, second, k)

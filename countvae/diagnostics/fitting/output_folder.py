@@ -1,0 +1,201 @@
+"""The resumable output folder of :func:`countvae.diagnostics.fit_seeds`: lock, manifest check, storing, reading back.
+
+Layout::
+
+    out_dir/
+      .lock              held while a run writes the folder (filelock; released even if the process is killed)
+      manifest.json      what determines the fits (see :mod:`.manifest`), written before the first fit
+      fits/seed_<s>/     one complete fit per seed: fit.json and model/ (see :mod:`.seed_job`)
+
+Each ``fits/seed_<s>/`` is built under a temporary name and renamed into place,
+so a folder under its final name is always complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+from filelock import FileLock, Timeout
+
+from countvae._io import (
+    atomic_directory,
+    read_versioned_json,
+    remove_interrupted_writes,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from countvae.data.registry import Registry
+from countvae.diagnostics.fitting import scvi_storage
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
+from countvae.diagnostics.fitting.manifest import MANIFEST_FORMAT, MANIFEST_VERSION, comparable, describe_mismatch
+from countvae.diagnostics.fitting.progress import SEED_STORED, SEED_WRITTEN, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.scvi_fit import SCVIFit
+from countvae.diagnostics.fitting.seed_job import MODEL_FOLDER, FitOutcome
+from countvae.errors import ModelFileError, OutputExistsError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+FITS_FOLDER = "fits"
+FIT_RECORD = "fit.json"
+LOCK_FILE = ".lock"
+#: How errors name a folder written by :func:`fit_seeds`.
+WHAT = "a fit_seeds output folder"
+
+
+def seed_folder(fits_dir: Path, seed: int) -> Path:
+    """Where seed ``seed``'s fit is stored."""
+    return fits_dir / f"seed_{seed}"
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``root/.lock`` for the block, or fail at once if another run holds it.
+
+    The lock is an OS file lock (:class:`filelock.FileLock`), released by the
+    operating system when the process ends, even when it is killed.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputExistsError(
+            f"{root} is being written by another running fit_seeds (it holds {root / LOCK_FILE}); wait for it "
+            "to finish or use another out_dir."
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
+    """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
+    manifest_path = root / MANIFEST_FILE
+    fits_dir = root / FITS_FOLDER
+    if manifest_path.is_file():
+        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
+        differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
+        if differences and not overwrite:
+            raise OutputExistsError(
+                f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
+                + "\n  - ".join(differences)
+                + "\nRerun with the recorded settings to resume, choose another out_dir, or pass overwrite=True "
+                "to discard the earlier fits."
+            )
+        if differences:
+            logger.warning("Discarding the fits in %s (settings changed, overwrite=True).", root)
+        if overwrite:
+            _discard(fits_dir)
+    else:
+        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, FITS_FOLDER)]
+        if unexpected and not overwrite:
+            raise OutputExistsError(
+                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
+                "no manifest.json); choose another out_dir or pass overwrite=True."
+            )
+        # fits/ without a manifest cannot be trusted to match this run.
+        _discard(fits_dir)
+    write_json_atomic(manifest_path, manifest, overwrite=True)
+    fits_dir.mkdir(exist_ok=True)
+    for path in remove_interrupted_writes(fits_dir):
+        logger.info("Removed %s, left by an interrupted run.", path)
+
+
+def _discard(fits_dir: Path) -> None:
+    if fits_dir.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{fits_dir.name}.", suffix=".old", dir=fits_dir.parent))
+        aside.rmdir()
+        os.replace(fits_dir, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress | None = None) -> None:
+    """Write one finished fit to ``fits/seed_<s>/`` atomically (temporary name, then rename).
+
+    ``progress`` receives :data:`~.progress.SEED_WRITTEN` when the files are
+    complete under the temporary name and :data:`~.progress.SEED_STORED` once
+    the folder is in place.
+    """
+    final = seed_folder(fits_dir, outcome.seed)
+    with atomic_directory(final) as tmp:
+        for relative, data in outcome.files.items():
+            path = tmp / MODEL_FOLDER / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(path, data)
+        record = {
+            "seed": outcome.seed,
+            "family": family,
+            "seconds": outcome.seconds,
+            "torch_threads": outcome.torch_threads,
+            "host": outcome.host,
+        }
+        write_json_atomic(tmp / FIT_RECORD, record)
+        notify(progress, ProgressEvent(SEED_WRITTEN, seed=outcome.seed, seconds=outcome.seconds))
+    notify(progress, ProgressEvent(SEED_STORED, seed=outcome.seed, seconds=outcome.seconds))
+
+
+def read_fit_record(folder: Path) -> dict[str, Any]:
+    """The ``fit.json`` of a stored fit."""
+    path = folder / FIT_RECORD
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing; delete {folder} to refit that seed.")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path} is not valid JSON ({exc}); delete {folder} to refit that seed.") from None
+
+
+class FitLoader:
+    """Reads stored fits back as :class:`FittedModel` adapters, on the fit cells.
+
+    Parameters
+    ----------
+    model_cls
+        The model class the fits were made with.
+    family
+        ``"countvae"``, ``"scvi"`` or ``"linearscvi"``.
+    adata_fit
+        The cells the fits were trained on, registered with ``CountVAE.setup_anndata``.
+    registry
+        That registration (scvi-tools models get a copy of the cells set up the same way).
+
+    """
+
+    def __init__(self, model_cls: type, family: str, adata_fit: ad.AnnData, registry: Registry):
+        self.model_cls = model_cls
+        self.family = family
+        self.adata_fit = adata_fit
+        self._adata_scvi = None
+        if family != "countvae":
+            self._adata_scvi = scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
+
+    @property
+    def adata_for_fits(self) -> ad.AnnData:
+        """The fit cells as the models hold them (set up for scvi-tools when the models are scvi-tools')."""
+        return self.adata_fit if self._adata_scvi is None else self._adata_scvi
+
+    def load(self, fits_dir: Path, seed: int) -> FittedModel:
+        """The stored fit of ``seed``."""
+        folder = seed_folder(fits_dir, seed)
+        record = read_fit_record(folder)
+        if record.get("seed") != seed or record.get("family") != self.family:
+            raise ModelFileError(
+                f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
+                f"not seed {seed} of a {self.family} model; delete {folder} to refit it."
+            )
+        if self.family == "countvae":
+            model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
+            return CountVAEFit(model, seed=seed)
+        model = scvi_storage.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
+        return SCVIFit(model, seed=seed)

@@ -1,0 +1,11 @@
+"""Reporting room: ``report(fits, adata_heldout)`` as a pipeline, and the report it returns.
+
+:mod:`.pipeline` runs the steps in order: :mod:`.collect` visits each fit once for the
+arrays the analyses need, :mod:`.analyze` runs the analyses on those arrays (fitting
+each pairwise map once), :mod:`.verdicts` turns numbers into verdicts,
+:mod:`.headline` states them in sentences, and :mod:`.diagnostic_report` holds the
+result, which :mod:`.render_html` and :mod:`.render_markdown` only render.
+
+The room is named ``reporting`` rather than ``report`` because
+``countvae.diagnostics.report`` is the public function.
+"""

@@ -1,0 +1,165 @@
+"""``report(fits, adata_heldout)``: every multi-seed diagnostic on the shared held-out cells, in one object.
+
+The report is a pipeline of four steps, each in its own module:
+
+1. :mod:`.collect` visits each fit once for what it must provide (latent means,
+   held-out log p(x), decoded means, Jacobians, posterior predictive draws,
+   guide draws) and keeps the arrays;
+2. :mod:`.analyze` runs every analysis on those arrays (the maps between fits
+   are fitted once per pair and shared);
+3. :mod:`.verdicts` decides the verdicts from the numbers and thresholds, and
+   :mod:`.headline` states them;
+4. :class:`~.diagnostic_report.DiagnosticReport` holds the result; its
+   renderers only render.
+
+Work that grows faster than linearly in cells, or that is expensive per cell,
+runs on a random subset of the held-out cells whose size is recorded in
+``DiagnosticReport.subsampling`` and stated in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import anndata as ad
+import pandas as pd
+from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+
+from countvae.diagnostics.fitting.fitted_model import FittedModel
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.analyze import Analyses, analyze
+from countvae.diagnostics.reporting.collect import Collected, collect, resolve_inputs
+from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
+from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence
+from countvae.diagnostics.reporting.report_content import MAIN_TABLES
+from countvae.diagnostics.reporting.settings import ReportSettings
+from countvae.diagnostics.reporting.stopwatch import Stopwatch
+from countvae.diagnostics.reporting.verdicts import judge_invariants, predictive_verdict
+
+__all__ = ["DiagnosticReport", "ReportSettings", "report"]
+
+
+def report(
+    fits: SeedFits | Sequence[FittedModel],
+    adata_heldout: ad.AnnData | None = None,
+    markers: Sequence[str] | None = None,
+    *,
+    settings: ReportSettings | None = None,
+    progress_bar: bool = False,
+    **overrides: Any,
+) -> DiagnosticReport:
+    """Compare fits of one model from several seeds on shared held-out cells.
+
+    Parameters
+    ----------
+    fits
+        A :class:`SeedFits` (from :func:`fit_seeds`) or a list of
+        :class:`FittedModel` (e.g. ``[CountVAEFit(model, seed) ...]``), at least
+        two, with distinct seeds, the same genes and the same latent width.
+    adata_heldout
+        Cells none of the fits was trained on (default: ``fits.adata_heldout``).
+    markers
+        Gene names or ``obs`` columns for the marker analysis; default: the
+        genes of largest variance, plus the registered ``labels_key`` column.
+    settings
+        Sizes and seeds, see :class:`ReportSettings`.
+    progress_bar
+        Show a progress bar over the fits.
+    **overrides
+        Single fields of :class:`ReportSettings` to replace, e.g. ``n_lpd_samples=500``.
+
+    Returns
+    -------
+    DiagnosticReport
+
+    Raises
+    ------
+    InvalidArgumentError
+        For one fit, duplicated seeds, fits on different genes or of different
+        width, a marker that is neither a gene nor an obs column.
+
+    """
+    stopwatch = Stopwatch()
+    s = (settings or ReportSettings()).replace(**overrides)
+    fit_list, adata, fit_settings = resolve_inputs(fits, adata_heldout)
+    limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
+    with limit:
+        collected = collect(fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar)
+        analyses = analyze(collected, s, stopwatch)
+    invariants = judge_invariants(analyses.invariants)
+    predictive = predictive_verdict(analyses.predictive_pairs)
+    lines = headline(
+        invariants,
+        predictive_sentence(predictive),
+        analyses.alignment_summary.set_index("map")["error_diameter_mean"],
+        analyses.ica_efficiency,
+        analyses.markers,
+        len(fit_list),
+        ica=ica_sentence(analyses.ica, s.ica_threshold),
+    )
+    stopwatch.timings["total"] = stopwatch.total()
+    return DiagnosticReport(
+        headline=lines,
+        tables=_tables(invariants, analyses),
+        settings={
+            "report": s.to_dict(),
+            "markers": collected.marker_names,
+            "predictively_equivalent": predictive.equivalent,
+            "fits": collected.fit_settings,
+        },
+        subsampling=_subsampling(collected, s),
+        provenance=collected.provenance(),
+        timings=stopwatch.timings,
+    )
+
+
+def _tables(invariants: pd.DataFrame, a: Analyses) -> dict[str, pd.DataFrame]:
+    """Every table by name: the main ones (:data:`MAIN_TABLES`, in the order of the sections), then the details."""
+    main = [invariants, a.alignment, a.predictive, a.subspace, a.rhat, a.markers, a.ppc, a.ica]
+    details = {
+        "predictive_pairs": a.predictive_pairs,
+        "predictive_compare": a.predictive_compare,
+        "alignment_summary": a.alignment_summary,
+        "ica_efficiency": a.ica_efficiency,
+        "ica_matches": a.ica_matches,
+        "covariance_spectra": a.covariance_spectra,
+        "rhat_parameters": a.rhat_parameters,
+        "marker_correlations": a.marker_correlations,
+        "marker_r2": a.marker_r2,
+        "ppc_pairs": a.ppc_pairs,
+        "ppc_genes": a.ppc_genes,
+        "invariant_pairs": a.invariant_pairs,
+    }
+    return dict(zip(MAIN_TABLES, main, strict=True)) | {k: v for k, v in details.items() if v is not None}
+
+
+def _subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
+    """What was computed on a subset of cells or genes, and how large it was (stated in the report)."""
+    sub, var_names = c.subsets, c.var_names
+    n = c.n_cells
+    subsampling = {
+        "heldout_cells": n,
+        "genes": len(var_names),
+        "log predictive density": f"{len(sub.lpd)} of {n} cells",
+        "decoded means, normalized expression, decoder Gram": (
+            f"{len(sub.expression)} of {n} cells; {len(sub.genes)} of {len(var_names)} genes "
+            "(largest variance of log1p-normalized counts)"
+        ),
+        "gene-space span (decoder Jacobians)": f"{len(sub.jacobian)} of {n} cells",
+        "posterior predictive checks": f"{len(sub.ppc)} of {n} cells, {s.n_ppc_samples} draws per cell",
+        "pairwise latent distances": f"{min(n, s.max_distance_cells)} of {n} cells (quadratic in cells)",
+        "k-NN graphs": f"{min(n, s.max_knn_cells)} of {n} cells, k={min(s.k, min(n, s.max_knn_cells) - 1)}",
+        "latent diameter": f"{min((n + 1) // 2, 10_000)} scoring cells at most (quadratic in cells)",
+        "cross-seed R-hat": (
+            f"{len(sub.rhat)} cells, {s.n_rhat_draws} guide draws per seed, {len(sub.rhat_genes)} genes"
+        ),
+        "alignment maps": "fitted on a random half of the held-out cells, scored on the other half",
+    }
+    if s.ica:
+        subsampling["ICA component stability"] = (
+            f"ICA of {c.names[0]} on a random half of the {n} held-out cells, of every other fit on the other "
+            "half; components matched on all held-out cells"
+        )
+    return subsampling

@@ -1,0 +1,243 @@
+"""report.html: one self-contained page, verdict first, then the evidence (figures before tables).
+
+Built with :mod:`countvae._report_files`: the style sheet is inline, figures
+are inline PNG images, nothing is fetched, and every string that comes from the
+data or the fits (gene names, obs categories, fit names) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from countvae._formatting import format_value
+from countvae._report_files import (
+    escape,
+    html_details,
+    html_figure,
+    html_figure_row,
+    html_key_values,
+    html_list,
+    html_page,
+    html_table,
+)
+from countvae.diagnostics.reporting.display import threshold_text
+from countvae.diagnostics.reporting.figures import FIGURES, draw_figures
+from countvae.diagnostics.reporting.report_content import ReportContent
+from countvae.diagnostics.reporting.verdicts import NOT_MEASURED, ROTATION, STABLE, UNSTABLE
+
+#: The report's own style rules, added to :data:`countvae._report_files.STYLE`.
+_STYLE = """
+.verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}
+.verdict li{margin:.35em 0}
+.glance{display:grid;grid-template-columns:repeat(auto-fit,minmax(250px,1fr));gap:.8em;margin:1em 0}
+.glance div{border:1px solid #ddd;border-top:5px solid;padding:.5em .8em;font-size:.9em}
+.glance .g-stable{border-top-color:#1b7837}.glance .g-rotation{border-top-color:#e08214}
+.glance .g-unstable{border-top-color:#b2182b}.glance .g-unmeasured{border-top-color:#999}
+.glance b{display:block;margin-bottom:.2em}.glance span{color:#555;font-size:.9em}
+.glance ul{margin:.3em 0 0 1.1em;padding:0}
+.v-stable{color:#1b7837;font-weight:bold}.v-rotation{color:#e08214;font-weight:bold}
+.v-unstable{color:#b2182b;font-weight:bold}
+"""
+
+
+def _verdict_class(verdict: str) -> str:
+    return {STABLE: "v-stable", ROTATION: "v-rotation", UNSTABLE: "v-unstable"}.get(verdict, "")
+
+
+#: The verdict columns at a glance: verdict -> (CSS class, heading, what it means for the reader).
+GLANCE = {
+    STABLE: ("g-stable", "Stable", "agrees across seeds as it is: report it"),
+    ROTATION: (
+        "g-rotation",
+        "Stable only up to a rotation",
+        "agrees only after aligning the seeds: never read it one dimension at a time",
+    ),
+    UNSTABLE: ("g-unstable", "Unstable", "differs between seeds: report the spread, or do not report it"),
+    NOT_MEASURED: ("g-unmeasured", "Not measured", "not available for these fits"),
+}
+
+
+def _glance_html(frame: pd.DataFrame) -> str:
+    """One box per verdict listing its quantities: the invariants table in one look."""
+    boxes = []
+    for verdict, (css, heading, meaning) in GLANCE.items():
+        quantities = frame.loc[frame["verdict"] == verdict, "quantity"].tolist()
+        if not quantities and verdict == NOT_MEASURED:
+            continue
+        items = html_list(quantities) or "<li>none</li>"
+        boxes.append(f'<div class="{css}"><b>{escape(heading)}</b><span>{escape(meaning)}</span><ul>{items}</ul></div>')
+    return f'<div class="glance">{"".join(boxes)}</div>'
+
+
+def _invariants_html(frame: pd.DataFrame) -> str:
+    text_head = ("quantity", "invariant in theory", "metric")
+    number_head = ("agreement (worst pair)", "mean over pairs", "after rotation", "threshold")
+    head = "".join(f"<th>{escape(c)}</th>" for c in text_head)
+    head += "".join(f"<th class=num>{escape(c)}</th>" for c in number_head)
+    head += "".join(f"<th>{escape(c)}</th>" for c in ("verdict", "report instead"))
+    rows = []
+    for r in frame.itertuples():
+        cells_html = "".join(f"<td>{escape(c)}</td>" for c in (r.quantity, r.invariant_in_theory, r.metric))
+        numbers = (
+            format_value(r.agreement),
+            format_value(r.agreement_mean),
+            format_value(r.aligned_agreement),
+            threshold_text(r.threshold, r.comparison),
+        )
+        cells_html += "".join(f"<td class=num>{escape(c)}</td>" for c in numbers)
+        cells_html += f'<td class="{_verdict_class(r.verdict)}">{escape(r.verdict)}</td>'
+        cells_html += f"<td>{escape(r.report_instead)}</td>"
+        rows.append(f"<tr>{cells_html}</tr>")
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+def summary_html(rep: ReportContent) -> str:
+    """The verdict and the invariants table as an HTML fragment (for notebooks)."""
+    return f"<b>Multi-seed diagnostics</b><ul>{html_list(rep.headline)}</ul>{_invariants_html(rep.invariants)}"
+
+
+#: Section anchor -> title, in reading order after the verdict.
+_SECTIONS = {
+    "invariants": "1. The invariants table",
+    "predictive": "2. Predictive equivalence",
+    "alignment": "3. Alignment of latent spaces",
+    "subspace": "4. Subspaces and geometry",
+    "markers": "5. The marker pitfall",
+    "rhat": "6. Cross-seed R-hat",
+    "ppc": "7. Posterior predictive checks",
+    "about": "About this report",
+}
+
+
+def _h2(anchor: str) -> str:
+    return f'<h2 id="{anchor}">{escape(_SECTIONS[anchor])}</h2>'
+
+
+def render_html(rep: ReportContent) -> str:
+    """The self-contained HTML report: verdict first, then the evidence, figures before tables."""
+    images = draw_figures(rep)
+    t = rep.tables
+
+    def figure(name: str) -> str:
+        if name not in images:
+            return ""
+        title, _, caption = FIGURES[name]
+        return html_figure(images[name], title, caption)
+
+    def figure_row(*names: str) -> str:
+        return html_figure_row(figure(n) for n in names)
+
+    fits = ", ".join(f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", []))
+    nav = " ".join(f'<a href="#{a}">{escape(title)}</a>' for a, title in _SECTIONS.items())
+    parts = [
+        "<h1>Multi-seed diagnostics: what these fits identify</h1>",
+        f'<p class="small">{len(rep.provenance.get("fits", []))} fits: {escape(fits)}; '
+        f"{rep.provenance.get('heldout_cells')} held-out cells, {rep.provenance.get('genes')} genes.</p>",
+        '<h2 id="verdict">Verdict</h2>',
+        _glance_html(rep.invariants),
+        '<div class="verdict"><ul>',
+        html_list(rep.headline),
+        "</ul></div>",
+        f"<nav>Evidence: {nav}</nav>",
+        _h2("invariants"),
+        "<p>One row per output. <i>Invariant in theory</i>: whether the prior's symmetry (every rotation of the "
+        "latent space) leaves it unchanged. <i>Agreement</i>: how closely the seeds agree (the metric is named; "
+        "see the definitions at the end). <i>Verdict</i>: stable (agrees as it is), stable up to rotation "
+        "(agrees only after rotating the seeds onto each other), unstable (does not agree).</p>",
+        figure("invariants"),
+        _invariants_html(rep.invariants),
+        _h2("predictive"),
+        figure_row("lpd_pairs", "lpd"),
+        html_table(rep.predictive),
+        html_details(
+            "Pairwise paired differences and the arviz comparison",
+            "<h3>Pairwise paired differences</h3>"
+            + (html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>")
+            + "<h3>arviz comparison</h3>"
+            + (html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>"),
+        ),
+        _h2("alignment"),
+        figure("alignment"),
+        "<h3>Mean over seed pairs</h3>",
+        html_table(t["alignment_summary"]),
+    ]
+    if "ica_efficiency" in t:
+        parts += ["<h3>ICA efficiency per seed pair</h3>", html_table(t["ica_efficiency"])]
+    if len(rep.ica):
+        parts += [
+            "<h3>ICA components: which reproduce across seeds</h3>",
+            "<p>ICA picks the rotation that makes the coordinates most non-Gaussian. That choice is reproducible "
+            "only along directions that are clearly non-Gaussian; inside a Gaussian subspace every rotation is "
+            "equally good and the axes are noise.</p>",
+            figure("ica_stability"),
+            html_table(rep.ica),
+        ]
+    parts += [
+        html_details("Every seed pair and map class", html_table(rep.alignment)),
+        _h2("subspace"),
+        figure_row("angles", "spectra"),
+        html_table(rep.subspace),
+        _h2("markers"),
+        "<p>A latent dimension's correlation with a marker gene is a property of one seed's coordinates. "
+        "The R² of the marker on all dimensions together is not.</p>",
+        figure("marker_heatmaps"),
+        figure("marker_r2"),
+        html_table(rep.markers),
+        _h2("rhat"),
+        figure("rhat"),
+        html_table(rep.rhat),
+        _h2("ppc"),
+        figure("ppc"),
+        html_table(rep.ppc),
+        _h2("about"),
+        "<h3>What was subsampled</h3>",
+        "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",
+        html_key_values(rep.subsampling),
+        "<h3>Definitions</h3>",
+        _DEFINITIONS,
+        "<h3>Reproducibility</h3>",
+        html_details(
+            "Data checksum, package versions and settings",
+            html_key_values(
+                {
+                    "held-out data checksum (SHA-256)": rep.provenance.get("heldout_checksum_sha256"),
+                    **{f"version of {k}": v for k, v in rep.provenance.get("versions", {}).items()},
+                    **{f"setting {k}": v for k, v in rep.settings.get("report", {}).items()},
+                    "markers": ", ".join(rep.settings.get("markers", [])),
+                }
+            ),
+        ),
+        html_details("Time per step (seconds)", html_key_values(rep.timings)),
+    ]
+    return html_page("countvae multi-seed diagnostics", parts, extra_style=_STYLE)
+
+
+_DEFINITIONS = (
+    "<ul>"
+    + "".join(
+        f"<li><b>{escape(k)}</b>: {escape(v)}</li>"
+        for k, v in {
+            "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
+            "Expression matrices are first centred per gene.",
+            "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
+            "weighted overlap": "share of one seed's decoder variation in gene space that lies in the other seed's "
+            "gene-space span (1 = same span), averaged over both directions.",
+            "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
+            "mcc": "mean correlation of ICA components after matching them by a signed permutation.",
+            "|z|": "largest paired difference in held-out log p(x) between two seeds, in paired standard errors.",
+            "noise ratio": "seed-to-seed difference of the predicted per-gene coefficient of variation and zero "
+            "fraction, over the difference between two halves of one seed's draws (about 1 when the seeds agree).",
+            "alignment error": "mean Euclidean distance per held-out cell between mapped and target latent means, "
+            "over the target's diameter (largest pairwise distance) or RMS pairwise distance, averaged over both "
+            "directions.",
+            "ICA efficiency": "(e_permutation - e_ICA) / (e_permutation - e_orthogonal).",
+            "best-match |corr|": "for one ICA component of the first seed, the largest |correlation| with a "
+            "component of another seed's ICA after matching all components one to one (Hungarian); a component "
+            "reproduces when its mean over the other seeds is at least the threshold (0.95 by default).",
+            "R-hat": "rank-normalised split R-hat (Vehtari et al. 2021, arviz) with seeds as chains.",
+            "predictively equivalent": "every pair of seeds differs in held-out log p(x) by less than 2 paired "
+            "standard errors.",
+        }.items()
+    )
+    + "</ul>"
+)

@@ -1,0 +1,105 @@
+"""What a diagnostics report holds: the headline, every table by name, and the record of how it was made.
+
+:class:`ReportContent` is the data the renderers (:mod:`.render_html`,
+:mod:`.render_markdown`, :mod:`.render_json`) read;
+:class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport` adds
+the verbs (``summary``, ``to_frame``, ``to_dict``, ``to_markdown``, ``to_html``,
+``save``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+#: The main tables, in the order of the report's sections; every report has them (``ica`` may have no rows).
+MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc", "ica")
+
+
+@dataclass
+class ReportContent:
+    """The multi-seed diagnostics of one model on shared held-out cells.
+
+    Attributes
+    ----------
+    headline
+        The verdict in plain sentences, most important first.
+    tables
+        Every table by name: first the main ones (:data:`MAIN_TABLES`, also
+        available as attributes, e.g. ``rep.invariants``), then the details
+        (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
+        spectra, marker correlations, ...).
+    settings
+        Sizes, seeds, markers, the predictive-equivalence verdict and the fits' settings.
+    subsampling
+        What was computed on a subset of cells or genes, and how large it was.
+    provenance
+        Package versions, data checksum, fits.
+    timings
+        Seconds per step.
+
+    """
+
+    headline: list[str]
+    tables: dict[str, pd.DataFrame]
+    settings: dict[str, Any] = field(default_factory=dict)
+    subsampling: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def invariants(self) -> pd.DataFrame:
+        """One row per quantity: invariant in theory, agreement across seeds, threshold, verdict, what to report.
+
+        Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement``
+        (worst pair), ``agreement_mean``, ``aligned_agreement``, ``threshold`` (a
+        number), ``comparison`` (``">="`` or ``"<"``: how the agreement must
+        compare with the threshold to count as stable), ``verdict``,
+        ``report_instead``.
+        """
+        return self.tables["invariants"]
+
+    @property
+    def alignment(self) -> pd.DataFrame:
+        """Seed-pair alignment errors per map class (see :mod:`countvae.diagnostics.analyses.alignment`)."""
+        return self.tables["alignment"]
+
+    @property
+    def predictive(self) -> pd.DataFrame:
+        """Held-out log predictive density per seed."""
+        return self.tables["predictive"]
+
+    @property
+    def subspace(self) -> pd.DataFrame:
+        """Rotation-invariant geometry per seed pair: CKA, k-NN overlap, spectra distance, principal angles."""
+        return self.tables["subspace"]
+
+    @property
+    def rhat(self) -> pd.DataFrame:
+        """Cross-seed R-hat and ESS per quantity."""
+        return self.tables["rhat"]
+
+    @property
+    def markers(self) -> pd.DataFrame:
+        """Per marker: invariant R^2 across seeds against the per-dimension story."""
+        return self.tables["markers"]
+
+    @property
+    def ppc(self) -> pd.DataFrame:
+        """Posterior predictive checks per seed."""
+        return self.tables["ppc"]
+
+    @property
+    def ica(self) -> pd.DataFrame:
+        """Per ICA component of the first fit: how well it reproduces in the other fits.
+
+        Its best-match |correlation| with the other fits' ICA components
+        (``mean_match``, ``median_match``, ``min_match``; ICAs estimated on
+        disjoint halves of the held-out cells), excess kurtosis, negentropy, the
+        Gaussian flag and whether it is ``reproducible`` (see
+        :mod:`countvae.diagnostics.analyses.components`). No rows when the
+        report was made with ``ica=False``.
+        """
+        return self.tables["ica"]

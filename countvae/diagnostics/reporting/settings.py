@@ -1,0 +1,120 @@
+"""The sizes and seeds of a diagnostics report (all recorded in the report)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from countvae._checks import check_int, check_number
+from countvae.errors import InvalidArgumentError
+
+#: The smallest value of each integer size that can work.
+MINIMUM = {
+    "n_lpd_samples": 2,
+    "max_lpd_cells": 2,
+    "max_expression_cells": 2,
+    "max_genes": 1,
+    "max_jacobian_cells": 1,
+    "max_ppc_cells": 2,
+    "n_ppc_samples": 4,
+    "n_rhat_cells": 2,
+    "n_rhat_draws": 4,
+    "n_rhat_genes": 0,
+    "max_distance_cells": 3,
+    "max_knn_cells": 3,
+    "k": 1,
+    "n_markers": 1,
+}
+
+
+@dataclass
+class ReportSettings:
+    """Sizes and seeds of the diagnostics (all recorded in the report).
+
+    Attributes
+    ----------
+    n_lpd_samples
+        Importance samples per cell for the held-out log predictive density.
+    max_lpd_cells
+        Held-out cells whose log predictive density is estimated at most.
+    max_expression_cells, max_genes
+        Cells and genes (largest variance of log1p-normalized counts) on which
+        decoded means, normalized expression and the decoder Gram are compared.
+    max_jacobian_cells
+        Cells whose decoder Jacobians span the gene-space subspace.
+    max_ppc_cells, n_ppc_samples
+        Cells and draws of the posterior predictive checks.
+    n_rhat_cells, n_rhat_draws, n_rhat_genes
+        Cells, guide draws per seed, and genes of the cross-seed R-hat.
+    max_distance_cells, max_knn_cells, k
+        Cells whose pairwise distances and k-NN graphs (``k`` neighbours) are compared.
+    n_markers
+        Default markers (genes of largest variance) when none are given.
+    ica
+        Add the ICA map class, the ICA efficiency, the ICA coordinates row and
+        the per-component stability of ICA across seeds (``DiagnosticReport.ica``).
+    ica_threshold
+        An ICA component reproduces across seeds when its mean best-match
+        |correlation| is at least this (see :mod:`countvae.diagnostics.analyses.components`).
+    seed
+        Seed of every subset and Monte Carlo draw.
+    blas_threads
+        BLAS threads during the analysis (``None``: leave as set). The matrices
+        here are small (cells x latent dims), so extra threads gain little, while
+        on a busy machine spin-waiting BLAS threads made single calls up to 100x
+        slower in our measurements; hence 1.
+
+    """
+
+    n_lpd_samples: int = 100
+    max_lpd_cells: int = 500
+    max_expression_cells: int = 1_000
+    max_genes: int = 500
+    max_jacobian_cells: int = 200
+    max_ppc_cells: int = 300
+    n_ppc_samples: int = 10
+    n_rhat_cells: int = 20
+    n_rhat_draws: int = 100
+    n_rhat_genes: int = 10
+    max_distance_cells: int = 1_000
+    max_knn_cells: int = 5_000
+    k: int = 15
+    n_markers: int = 8
+    ica: bool = True
+    ica_threshold: float = 0.95
+    seed: int = 0
+    blas_threads: int | None = 1
+
+    def validate(self) -> None:
+        """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
+        check_number("ica_threshold", self.ica_threshold, 0.0, 1.0, low_open=True)
+        if self.blas_threads is not None:
+            check_int("blas_threads (or None)", self.blas_threads, minimum=1)
+        for name, low in MINIMUM.items():
+            check_int(name, getattr(self, name), minimum=low)
+
+    def replace(self, **overrides: Any) -> ReportSettings:
+        """A validated copy with some fields replaced.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a name that is not a field, or a value :meth:`validate` refuses.
+
+        """
+        unknown = sorted(set(overrides) - set(fields_of(self)))
+        if unknown:
+            raise InvalidArgumentError(f"Unknown report settings {unknown}; see ReportSettings.")
+        out = dataclasses.replace(self, **overrides)
+        out.validate()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings by name."""
+        return dataclasses.asdict(self)
+
+
+def fields_of(settings: ReportSettings) -> list[str]:
+    """The names of the settings."""
+    return [f.name for f in dataclasses.fields(settings)]

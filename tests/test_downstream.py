@@ -1,0 +1,184 @@
+"""Downstream agreement between fits (DE calls, Leiden clusters, neighbourhoods) against known answers."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from scipy.stats import ortho_group
+from sklearn.metrics import adjusted_rand_score
+
+from countvae.diagnostics.analyses import downstream as ds
+from countvae.errors import InvalidArgumentError, MissingDependencyError
+
+
+def _blobs(n_per: int, centres: np.ndarray, scale: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(len(centres)), n_per)
+    return centres[labels] + scale * rng.standard_normal((len(labels), centres.shape[1])), labels
+
+
+# ----- the decomposition ------------------------------------------------------------------------------
+def test_model_share_known_answers():
+    half = ds.model_share([0.8, 0.8], [0.9])
+    assert half["disagreement_between"] == pytest.approx(0.2)
+    assert half["disagreement_within"] == pytest.approx(0.1)
+    assert half["model_share"] == pytest.approx(0.5)
+    assert ds.model_share([0.6], [])["model_share"] == 1.0  # deterministic downstream step: all the model's
+    assert ds.model_share([0.7, 0.9], [0.7])["model_share"] == pytest.approx(0.0, abs=1e-12)  # baseline as bad
+    assert ds.model_share([0.9], [0.5])["model_share"] == 0.0  # clipped, never negative
+    assert np.isnan(ds.model_share([1.0, 1.0], [1.0])["model_share"])  # nothing varies
+    with pytest.raises(InvalidArgumentError, match="two model seeds"):
+        ds.model_share([], [0.5])
+
+
+# ----- differential expression ---------------------------------------------------------------------------
+def test_de_agreement_known_answers():
+    genes = 40
+    first_ten = np.arange(genes) < 10
+    shifted = (np.arange(genes) < 5) | ((np.arange(genes) >= 10) & (np.arange(genes) < 15))
+    lfc = np.linspace(-2, 2, genes)
+    calls = {"seed0": first_ten, "seed1": shifted, "seed2": first_ten}
+    lfcs = {"seed0": lfc, "seed1": lfc[::-1], "seed2": lfc}
+    pairs, summary = ds.de_agreement(calls, lfcs, {"seed0": first_ten}, {"seed0": lfc})
+    between = pairs[pairs["kind"] == ds.BETWEEN].set_index(["fit_a", "fit_b"])
+    assert between.loc[("seed0", "seed1"), "jaccard"] == pytest.approx(5 / 15)
+    assert between.loc[("seed0", "seed2"), "jaccard"] == 1.0
+    assert between.loc[("seed0", "seed1"), "spearman"] == pytest.approx(-1.0)
+    within = pairs[pairs["kind"] == ds.WITHIN]
+    assert len(within) == 1 and within["jaccard"].iloc[0] == 1.0
+    row = summary.set_index("metric").loc["jaccard"]
+    assert row["between_mean"] == pytest.approx((1 / 3 + 1 + 1 / 3) / 3)
+    assert row["model_share"] == 1.0  # resampling one fit changes nothing; fits differ
+    with pytest.raises(InvalidArgumentError, match="same fits"):
+        ds.de_agreement(calls, {"seed0": lfc}, {}, {})
+    with pytest.raises(InvalidArgumentError, match="different genes"):
+        ds.de_agreement({"a": first_ten, "b": first_ten[:5]}, {"a": lfc, "b": lfc}, {}, {})
+
+
+def test_de_agreement_when_all_disagreement_is_monte_carlo():
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(200)
+    # every result is the same truth plus independent noise: fits and resamples alike
+    noisy = {f"fit{i}": base + 0.3 * rng.standard_normal(200) for i in range(4)}
+    again = {f"fit{i}": base + 0.3 * rng.standard_normal(200) for i in range(4)}
+    pairs, summary = ds.de_agreement(
+        {k: v > 1 for k, v in noisy.items()}, noisy, {k: v > 1 for k, v in again.items()}, again
+    )
+    shares = summary.set_index("metric")["model_share"]
+    assert shares["spearman"] < 0.3 and shares["jaccard"] < 0.3
+
+
+# ----- clusters ---------------------------------------------------------------------------------------
+def test_label_agreement_identical_permuted_and_independent():
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 5, 3000)
+    renamed = (labels + 2) % 5
+    independent = rng.integers(0, 5, 3000)
+    pairs, summary = ds.label_agreement({"a": labels, "b": renamed, "c": independent}, {"a": labels})
+    between = pairs[pairs["kind"] == ds.BETWEEN].set_index(["fit_a", "fit_b"])
+    assert between.loc[("a", "b"), "ari"] == pytest.approx(1.0)
+    assert between.loc[("a", "b"), "nmi"] == pytest.approx(1.0)
+    assert abs(between.loc[("a", "c"), "ari"]) < 0.01 and between.loc[("a", "c"), "nmi"] < 0.01
+    assert set(summary["metric"]) == {"ari", "nmi"}
+
+
+def test_knn_adjacency_known_graph():
+    points = np.array([[0.0], [1.0], [3.0], [6.0], [10.0]])
+    adjacency = ds.knn_adjacency(points, n_neighbors=1).toarray()
+    expected = np.zeros((5, 5))
+    for i, j in [(0, 1), (1, 2), (2, 3), (3, 4)]:
+        expected[i, j] = expected[j, i] = 1
+    np.testing.assert_array_equal(adjacency, expected)
+    with pytest.raises(InvalidArgumentError, match="more than"):
+        ds.knn_adjacency(points, n_neighbors=5)
+
+
+def test_leiden_recovers_separated_blobs_for_every_seed():
+    centres = np.array([[0.0, 0.0, 0.0], [12.0, 0.0, 0.0], [0.0, 12.0, 0.0]])
+    z, truth = _blobs(60, centres, 1.0, seed=2)
+    adjacency = ds.knn_adjacency(z, 10)
+    for seed in (0, 1, 2):
+        labels = ds.leiden_labels(adjacency, resolution=0.3, seed=seed)
+        assert adjusted_rand_score(truth, labels) == 1.0
+
+
+def test_cluster_agreement_rotation_is_no_change_and_unrelated_fits_are():
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((300, 4))
+    q = ortho_group.rvs(4, random_state=4)
+    # a rotated copy has the same k-NN graph: same seed, same clusters
+    pairs, _ = ds.cluster_agreement({"fit": z, "rotated": z @ q}, n_neighbors=10)
+    between = pairs[pairs["kind"] == ds.BETWEEN]
+    assert between["ari"].iloc[0] == 1.0 and between["nmi"].iloc[0] == pytest.approx(1.0)
+    # unrelated latents: clusters agree far less between fits than between Leiden seeds of one fit
+    unrelated = {f"fit{i}": np.random.default_rng(10 + i).standard_normal((300, 4)) for i in range(3)}
+    pairs, summary = ds.cluster_agreement(unrelated, n_neighbors=10)
+    ari = summary.set_index("metric").loc["ari"]
+    assert ari["between_mean"] < 0.1 < ari["within_mean"]
+    assert ari["model_share"] > 0.5
+    with pytest.raises(InvalidArgumentError, match="two different"):
+        ds.cluster_agreement(unrelated, seeds=(1, 1))
+
+
+def test_missing_optional_dependency_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "leidenalg", None)
+    with pytest.raises(MissingDependencyError, match=r"countvae\[downstream\]"):
+        ds.leiden_labels(ds.knn_adjacency(np.random.default_rng(0).standard_normal((20, 2)), 3))
+    monkeypatch.setitem(sys.modules, "umap", None)
+    with pytest.raises(ImportError, match="umap"):
+        ds.umap_embedding(np.zeros((20, 2)))
+
+
+# ----- neighbourhoods ------------------------------------------------------------------------------------
+def test_neighbourhood_overlap_identical_rotated_and_independent():
+    rng = np.random.default_rng(5)
+    z = rng.standard_normal((500, 5))
+    assert ds.neighbourhood_overlap(z, z, k=10) == 1.0
+    assert ds.neighbourhood_overlap(z, 3.0 * z @ ortho_group.rvs(5, random_state=6), k=10) == pytest.approx(1.0)
+    independent = ds.neighbourhood_overlap(z, rng.standard_normal((500, 5)), k=10)
+    assert independent < 0.03  # about k / (2 n) = 0.01
+    pairs, summary = ds.neighbourhood_agreement({"a": z, "b": z @ ortho_group.rvs(5, random_state=7)}, k=10)
+    row = summary.iloc[0]
+    assert row["between_mean"] == pytest.approx(1.0) and row["n_within"] == 0 and np.isnan(row["model_share"])
+
+
+class _FakeUMAP:
+    """Stands in for umap.UMAP (numba compilation alone takes tens of seconds): records its settings."""
+
+    calls: list[dict] = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        _FakeUMAP.calls.append(kwargs)
+
+    def fit_transform(self, x):
+        rng = np.random.default_rng(self.kwargs["random_state"])
+        return x[:, :2] + 0.3 * rng.standard_normal((len(x), 2))
+
+
+def test_umap_embedding_is_seeded_two_dimensional(monkeypatch):
+    fake = type(sys)("umap")
+    fake.UMAP = _FakeUMAP
+    monkeypatch.setitem(sys.modules, "umap", fake)
+    _FakeUMAP.calls.clear()
+    z = np.random.default_rng(0).standard_normal((50, 3))
+    out = ds.umap_embedding(z, seed=4, n_neighbors=7)
+    assert out.shape == (50, 2) and out.dtype == np.float64
+    assert _FakeUMAP.calls == [dict(n_components=2, n_neighbors=7, min_dist=0.5, random_state=4, n_jobs=1)]
+
+
+def test_umap_agreement_baseline_varies_only_the_embedding_seed():
+    z = np.random.default_rng(9).standard_normal((200, 3))
+
+    def embed(latent, seed):  # deterministic in (latent, seed), like seeded UMAP
+        return _FakeUMAP(random_state=seed).fit_transform(latent)
+
+    pairs, summary = ds.umap_agreement({"fit": z, "copy": z.copy()}, k=10, embed=embed)
+    assert list(pairs["kind"]) == [ds.BETWEEN, ds.WITHIN, ds.WITHIN]
+    row = summary.iloc[0]
+    # the fits are equal, so between fits (same seed) nothing changes; the seed alone moves neighbours
+    assert row["between_mean"] == 1.0 and row["within_mean"] < 0.9 and np.isnan(row["model_share"])
+    with pytest.raises(InvalidArgumentError, match="two different"):
+        ds.umap_agreement({"fit": z, "copy": z}, seeds=(2, 2), embed=embed)

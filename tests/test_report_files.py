@@ -1,0 +1,87 @@
+"""countvae._report_files: the page, tables and figures every report shares, and the atomic report folder."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from countvae._report_files import (
+    REPORT_FILES,
+    escape,
+    figure_png_base64,
+    html_details,
+    html_figure,
+    html_figure_row,
+    html_key_values,
+    html_list,
+    html_page,
+    html_table,
+    write_report_folder,
+)
+from countvae.errors import OutputExistsError
+
+EVIL = "<script>alert(1)</script>"
+
+
+def test_every_helper_escapes_what_it_is_given():
+    frame = pd.DataFrame({EVIL: [EVIL], "x": [1.5]})
+    for fragment in (
+        html_table(frame),
+        html_key_values({EVIL: EVIL}),
+        html_details(EVIL, "<p>body</p>"),
+        html_list([EVIL]),
+        html_figure("AAAA", EVIL, EVIL),
+        html_page(EVIL, ["<p>trusted</p>"]),
+    ):
+        assert "<script" not in fragment and "&lt;script&gt;" in fragment
+    assert escape('"a" & <b>') == "&quot;a&quot; &amp; &lt;b&gt;"
+
+
+def test_table_aligns_numbers_formats_them_and_says_when_it_is_cut():
+    frame = pd.DataFrame({"fit": ["seed 0", "seed 1", "seed 2"], "value": [0.123456, np.nan, 3.0], "ok": [True] * 3})
+    text = html_table(frame, max_rows=2)
+    assert "<th class=num>value</th>" in text and "<th>ok</th>" in text
+    assert '<td class="num nw">0.1235</td>' in text and "–" in text and ">yes<" in text
+    assert "seed 2" not in text and "First 2 of 3 rows; all rows are in report.json." in text
+    assert "First" not in html_table(frame)
+
+
+def test_page_is_self_contained():
+    page = html_page("A report", ["<h1>A report</h1>", "", "<p>text</p>"], extra_style=".mine{color:red}")
+    assert page.startswith("<!DOCTYPE html>") and page.endswith("</body></html>")
+    assert "<title>A report</title>" in page and ".mine{color:red}" in page and "table{" in page
+    assert "http" not in page and "\n\n" not in page  # empty fragments are dropped
+
+
+def test_figure_becomes_an_inline_png_and_is_closed():
+    _, axes = plt.subplots(1, 2)
+    axes[0].plot([0, 1], [1, 0])
+    figure = axes[0].figure
+    png = base64.b64decode(figure_png_base64(axes))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert figure.number not in plt.get_fignums()
+    assert html_figure_row([]) == "" and html_figure_row(["<figure></figure>"]).startswith('<div class="figrow">')
+
+
+def test_report_folder_is_written_in_order_atomically_and_never_silently_replaced(tmp_path):
+    written = []
+    folder = write_report_folder(
+        tmp_path / "rep", html_text="<p>one</p>", record={"a": 1}, markdown="# one", on_file_written=written.append
+    )
+    assert written == list(REPORT_FILES)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(REPORT_FILES)
+    assert json.loads((folder / "report.json").read_text()) == {"a": 1}
+    with pytest.raises(OutputExistsError):
+        write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two")
+    assert (folder / "report.md").read_text() == "# one"
+    write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two", overwrite=True)
+    assert (folder / "report.md").read_text() == "# two"
+    # A record that JSON cannot hold (NaN) fails the write: no folder appears, nothing is left behind.
+    with pytest.raises(ValueError):
+        write_report_folder(tmp_path / "bad", html_text="", record={"a": float("nan")}, markdown="")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
