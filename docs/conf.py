@@ -105,6 +105,10 @@ myst_heading_anchors = 3
 html_theme = "sphinx_book_theme"
 html_title = f"countvae {release}"
 html_theme_options = {
+    # the sidebar shows the current page's branch only: with a page per API object, expanding every
+    # branch on every page was a third of the build time
+    "collapse_navbar": True,
+    "max_navbar_depth": 3,
     "show_toc_level": 2,
     "use_download_button": False,
     "use_fullscreen_button": False,

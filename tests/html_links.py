@@ -85,10 +85,15 @@ def is_remote(url: str) -> bool:
     return bool(_REMOTE.match(url.strip()))
 
 
+def pages(site: Path) -> list[Path]:
+    """The site's HTML pages: every ``.html`` file except the theme's templates copied into ``_static/``."""
+    return sorted(p for p in site.rglob("*.html") if "_static" not in p.relative_to(site).parts)
+
+
 def remote_loads(site: Path) -> list[str]:
     """``file: url`` for every remote URL that a page or a stylesheet of the site would fetch."""
     problems = []
-    for path in sorted(site.rglob("*.html")):
+    for path in pages(site):
         page = parse_page(path.read_text(encoding="utf-8", errors="replace"))
         problems += [f"{path.relative_to(site)}: {url}" for url in page.loads if is_remote(url)]
     for path in sorted(site.rglob("*.css")):
@@ -105,11 +110,11 @@ def broken_internal_links(site: Path) -> list[str]:
     and links that leave the site count as broken.
     """
     site = site.resolve()
-    pages = {path: parse_page(path.read_text(encoding="utf-8", errors="replace")) for path in site.rglob("*.html")}
+    parsed = {path: parse_page(path.read_text(encoding="utf-8", errors="replace")) for path in pages(site)}
     problems = []
-    for path, page in sorted(pages.items()):
+    for path, page in parsed.items():
         for link in page.links:
-            why = _why_broken(site, path, link, pages)
+            why = _why_broken(site, path, link, parsed)
             if why:
                 problems.append(f"{path.relative_to(site)}: {link} ({why})")
     return problems
@@ -132,6 +137,6 @@ def _why_broken(site: Path, page: Path, link: str, pages: dict[Path, Page]) -> s
     if not target.is_file():
         return "no such file"
     fragment = unquote(fragment)
-    if fragment and target.suffix == ".html" and fragment not in pages[target].ids:
+    if fragment and target in pages and fragment not in pages[target].ids:
         return f"no id {fragment!r} in {target.relative_to(site)}"
     return None
