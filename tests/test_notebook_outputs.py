@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -125,3 +126,16 @@ def test_comparable_outputs_keeps_the_order_of_displays():
     b = _display({"text/plain": "second"})
     assert comparable_outputs(_notebook([a, b])) == [["text/plain: first", "text/plain: second"]]
     assert not _same([[a, b]], [[b, a]])
+
+
+def test_the_kernel_runs_on_one_thread_with_fixed_hashing():
+    from _execute import kernel_env
+
+    probe = "import joblib, os; print(joblib.cpu_count(), os.environ['OMP_NUM_THREADS'], hash('countvae'))"
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], env=kernel_env(), capture_output=True, text=True, check=True)
+        for _ in range(2)
+    ]
+    cores, omp, first_hash = runs[0].stdout.split()
+    assert (cores, omp) == ("1", "1")  # fit_seeds then gives each fit one torch thread
+    assert runs[1].stdout.split()[2] == first_hash
