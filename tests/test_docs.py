@@ -1,6 +1,6 @@
 """The documentation site: builds with warnings as errors, links resolve, opens offline, says what the code does.
 
-One build (about a minute on 2 cores) serves every test of the built site. Notebooks are not executed
+One build (about 30 s on 2 cores) serves every test of the built site. Notebooks are not executed
 by the build: the pages show the outputs stored in ``tutorials/*.ipynb``, which ``test_tutorials.py``
 checks against a fresh run.
 """
