@@ -14,6 +14,8 @@ from countvae.errors import DataFileNotFoundError
 
 #: Set by .ci/run: a missing real dataset fails the test instead of skipping it.
 REQUIRE_DATA_ENV = "COUNTVAE_REQUIRE_DATA"
+#: Set by .ci/run, which installs Chromium: a missing browser fails the rendering tests instead of skipping them.
+REQUIRE_BROWSER_ENV = "COUNTVAE_REQUIRE_BROWSER"
 
 
 @pytest.fixture(autouse=True)

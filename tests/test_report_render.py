@@ -1,18 +1,20 @@
 """report.html as a reader meets it: no network fetches, rendered in headless Chromium, verdict first.
 
-The Chromium tests skip when no Chromium is installed (CI images may lack it);
-everything that can be checked without a browser runs everywhere.
+The Chromium tests skip when no Chromium is installed, except under COUNTVAE_REQUIRE_BROWSER=1 (set by
+.ci/run, which installs it), where they fail; everything that can be checked without a browser runs everywhere.
 """
 
 from __future__ import annotations
 
 import html
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import REQUIRE_BROWSER_ENV
 from diagnostics_helpers import RotatedFit, random_rotation
 from PIL import Image
 
@@ -38,10 +40,13 @@ rr = _render_module()
 def _require_chromium() -> str:
     binary = rr.find_chromium()
     if binary is None:
-        pytest.skip(
+        message = (
             "Chromium is not installed, so report.html cannot be rendered; install it with "
             "`apt-get install chromium` (Debian/Ubuntu) or set COUNTVAE_CHROMIUM to a Chromium/Chrome binary."
         )
+        if os.environ.get(REQUIRE_BROWSER_ENV) == "1":
+            pytest.fail(f"{REQUIRE_BROWSER_ENV}=1 and {message}")
+        pytest.skip(message)
     return binary
 
 
@@ -120,10 +125,18 @@ def test_content_fraction_known_answers(tmp_path):
 # ----- in Chromium -------------------------------------------------------------------------------
 def test_missing_chromium_skips_with_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(rr, "find_chromium", lambda: None)
+    monkeypatch.delenv(REQUIRE_BROWSER_ENV, raising=False)
     with pytest.raises(pytest.skip.Exception, match="apt-get install chromium"):
         _require_chromium()
     assert rr.main(["--report", "unused"]) == 1
     assert "apt-get install chromium" in capsys.readouterr().err
+
+
+def test_missing_chromium_fails_where_the_browser_is_required(monkeypatch):
+    monkeypatch.setattr(rr, "find_chromium", lambda: None)
+    monkeypatch.setenv(REQUIRE_BROWSER_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match=f"{REQUIRE_BROWSER_ENV}=1 and Chromium is not installed"):
+        _require_chromium()
 
 
 def test_chromium_renders_a_non_blank_page_with_the_verdict(saved_report, tmp_path):

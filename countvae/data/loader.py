@@ -180,6 +180,9 @@ class CountSource:
     ) -> Iterator[Minibatch]:
         """Yield minibatches covering ``indices``.
 
+        The epoch's order (``indices`` as given, or shuffled) is cut into consecutive
+        minibatches; each minibatch holds its cells sorted by position.
+
         Parameters
         ----------
         indices
@@ -195,14 +198,11 @@ class CountSource:
             normalisation cannot train on a single cell.
         shuffle_block_cells
             With ``shuffle``: ``None`` for per-cell shuffling (default for in-memory
-            data; backed data then uses :data:`DEFAULT_BLOCK_CELLS`), or the block size
+            data; backed data then uses ``DEFAULT_BLOCK_CELLS``), or the block size
             ``B`` of block shuffling (see the module docstring). ``1`` with a buffer
             covering all cells is a per-cell shuffle drawn differently.
         buffer_blocks
             Blocks per shuffling buffer (block shuffling only).
-
-        The epoch's order (``indices`` as given, or shuffled) is cut into consecutive
-        minibatches; each minibatch holds its cells sorted by position.
 
         """
         indices = np.asarray(indices, dtype=np.int64)

@@ -1,0 +1,94 @@
+"""Write one API reference page per public namespace of countvae, from what the namespace exports.
+
+The pages list the namespace's ``__all__`` (or, without one, the public functions and classes it
+defines) in autosummary tables; autosummary then writes a page per object. Moving code between
+private modules therefore changes nothing here: only a new or renamed public namespace needs an
+entry in :data:`NAMESPACES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from types import ModuleType
+
+#: Public namespaces of the API reference, in page order; each gets a page listing what it exports.
+NAMESPACES = [
+    "countvae",
+    "countvae.data",
+    "countvae.invariance",
+    "countvae.diagnostics",
+    "countvae.ica",
+    "countvae.metrics",
+    "countvae.plotting",
+    "countvae.errors",
+]
+
+#: Section title and the predicate that puts an object in it, in page order.
+_GROUPS = (
+    ("Classes", lambda obj: inspect.isclass(obj) and not issubclass(obj, BaseException | Warning)),
+    ("Functions", inspect.isroutine),
+    ("Exceptions and warnings", lambda obj: inspect.isclass(obj) and issubclass(obj, BaseException | Warning)),
+)
+
+
+def public_names(module: ModuleType) -> list[str]:
+    """The functions and classes a namespace offers: its ``__all__``, or the public ones it defines itself."""
+    if hasattr(module, "__all__"):
+        names = [n for n in module.__all__ if not n.startswith("_")]
+    else:
+        names = [
+            n
+            for n, obj in vars(module).items()
+            if not n.startswith("_") and getattr(obj, "__module__", None) == module.__name__
+        ]
+    return sorted(n for n in names if inspect.isclass(getattr(module, n)) or inspect.isroutine(getattr(module, n)))
+
+
+def namespace_page(namespace: str) -> str:
+    """The reStructuredText of one namespace's page: its docstring, then one autosummary table per kind."""
+    module = importlib.import_module(namespace)
+    lines = [f"``{namespace}``", "=" * (len(namespace) + 4), "", f".. automodule:: {namespace}", "   :no-members:", ""]
+    lines += [f".. currentmodule:: {namespace}", ""]
+    names = public_names(module)
+    for title, belongs in _GROUPS:
+        members = [n for n in names if belongs(getattr(module, n))]
+        if not members:
+            continue
+        lines += [title, "-" * len(title), "", ".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""]
+        lines += [f"   {n}" for n in members] + [""]
+    return "\n".join(lines)
+
+
+def index_page(namespaces: list[str]) -> str:
+    """The reStructuredText of the reference's front page: one entry per namespace, in the given order."""
+    lines = ["API reference", "=============", ""]
+    lines += ["Every public function and class, by the namespace it is imported from.", ""]
+    lines += [".. toctree::", "   :maxdepth: 1", ""] + [f"   {namespace}" for namespace in namespaces]
+    return "\n".join(lines) + "\n"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    # unchanged pages keep their timestamps, so incremental builds stay incremental
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+
+
+def write_api_pages(namespaces: list[str], out_dir: Path) -> None:
+    """Write ``index.rst`` and ``<namespace>.rst`` for each namespace into ``out_dir``.
+
+    Pages of namespaces or objects that no longer exist (autosummary's stubs in ``generated/``) are
+    removed, so a renamed function leaves no page behind that fails to import.
+    """
+    (out_dir / "generated").mkdir(parents=True, exist_ok=True)
+    _write_if_changed(out_dir / "index.rst", index_page(namespaces))
+    objects = set()
+    for namespace in namespaces:
+        _write_if_changed(out_dir / f"{namespace}.rst", namespace_page(namespace))
+        objects |= {f"{namespace}.{name}.rst" for name in public_names(importlib.import_module(namespace))}
+    wanted = {"index.rst", *(f"{namespace}.rst" for namespace in namespaces)}
+    for stale in [p for p in out_dir.glob("*.rst") if p.name not in wanted]:
+        stale.unlink()
+    for stale in [p for p in (out_dir / "generated").glob("*.rst") if p.name not in objects]:
+        stale.unlink()

@@ -1,0 +1,271 @@
+"""The documentation site: builds with warnings as errors, links resolve, opens offline, says what the code does.
+
+One build (about 30 s on 2 cores) serves every test of the built site. Notebooks are not executed
+by the build: the pages show the outputs stored in ``tutorials/*.ipynb``, which ``test_tutorials.py``
+checks against a fresh run.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+from html_links import broken_internal_links, parse_page, remote_loads
+
+from countvae.cli import build_parser
+from countvae.diagnostics.analyses.invariants import InvariantInputs, invariants_table
+from countvae.diagnostics.reporting.display import invariants_for_display
+from countvae.diagnostics.reporting.verdicts import NOT_MEASURED, ROTATION, STABLE, UNSTABLE
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(DOCS / "_ext"))
+from api_pages import NAMESPACES  # noqa: E402
+from cli_help import help_texts, subcommands  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The HTML site built from this checkout with ``-W --keep-going -n`` into a fresh folder."""
+    out = tmp_path_factory.mktemp("docs")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-q", "-b", "html"]
+    command += ["-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    started = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    print(f"docs build: {time.perf_counter() - started:.1f} s")
+    assert proc.returncode == 0, f"the docs build failed or warned:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+    return out / "html"
+
+
+def _text(path: Path) -> str:
+    """The visible text of an HTML page, whitespace collapsed."""
+    raw = re.sub(r"<(script|style)\b.*?</\1>", " ", path.read_text(encoding="utf-8"), flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", raw)).split())
+
+
+def _strip_roles(rst: str) -> str:
+    """``:class:`~a.B``` -> ``B``, ``:func:`f``` -> ``f``: the text Sphinx shows for a cross-reference."""
+    return re.sub(r":[\w:]+:`(~?)([^`]*)`", lambda m: m.group(2).split(".")[-1] if m.group(1) else m.group(2), rst)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"\w+", text)
+
+
+# ----- the link checker itself, on known answers ---------------------------------------------------
+def _tiny_site(root: Path, pages: dict[str, str]) -> Path:
+    for name, body in pages.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"<html><head></head><body>{body}</body></html>", encoding="utf-8")
+    return root
+
+
+def test_link_checker_accepts_a_sound_site(tmp_path):
+    site = _tiny_site(
+        tmp_path,
+        {
+            "index.html": '<a href="sub/page.html#part">x</a><a href="#top" id="top">t</a><a href="sub/">dir</a>'
+            '<a href="https://example.org/">out</a><img src="img/a.png"><a href="#">nothing</a>',
+            "sub/page.html": '<h1 id="part">p</h1><a href="../index.html?highlight=x#top">back</a>',
+            "sub/index.html": "<p>dir index</p>",
+        },
+    )
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "a.png").write_bytes(b"png")
+    assert broken_internal_links(site) == []
+    assert remote_loads(site) == []
+
+
+def test_link_checker_finds_every_kind_of_broken_link(tmp_path):
+    site = _tiny_site(
+        tmp_path / "site",
+        {
+            "index.html": '<a href="missing.html">a</a><a href="page.html#nowhere">b</a><a href="#gone">c</a>'
+            '<img src="img/none.png"><a href="../outside.html">d</a><a href="file:///etc/passwd">e</a>',
+            "page.html": '<p id="here">p</p>',
+        },
+    )
+    (tmp_path / "outside.html").write_text("<p>outside</p>", encoding="utf-8")
+    problems = broken_internal_links(site)
+    assert [p.split(" (")[0] for p in problems] == [
+        "index.html: missing.html",
+        "index.html: page.html#nowhere",
+        "index.html: #gone",
+        "index.html: img/none.png",
+        "index.html: ../outside.html",
+        "index.html: file:///etc/passwd",
+    ], problems
+
+
+def test_remote_loads_finds_scripts_styles_fonts_and_images(tmp_path):
+    site = _tiny_site(
+        tmp_path,
+        {
+            "index.html": '<script src="https://cdn.example/mathjax.js"></script><link rel="stylesheet" '
+            'href="//fonts.example/css"><link rel="next" href="https://example.org/not-loaded">'
+            '<img srcset="a.png 1x, http://example.org/b.png 2x"><a href="https://example.org/">a link</a>'
+            "<style>@import 'https://example.org/x.css'; body{background:url(http://example.org/bg.png)}</style>",
+        },
+    )
+    (tmp_path / "theme.css").write_text("@font-face{src:url('https://fonts.example/f.woff2')}", encoding="utf-8")
+    assert remote_loads(site) == [
+        "index.html: https://cdn.example/mathjax.js",
+        "index.html: //fonts.example/css",
+        "index.html: http://example.org/b.png",
+        "index.html: https://example.org/x.css",
+        "index.html: http://example.org/bg.png",
+        "theme.css: https://fonts.example/f.woff2",
+    ]
+    assert parse_page('<a id="x" name="y"></a>').ids == {"x", "y"}
+
+
+# ----- the built site ----------------------------------------------------------------------------------
+def test_every_internal_link_and_anchor_resolves(site):
+    problems = broken_internal_links(site)
+    assert not problems, "\n".join(problems[:30])
+
+
+def test_the_site_loads_nothing_from_the_network(site):
+    problems = remote_loads(site)
+    assert not problems, "pages that need the network to render:\n" + "\n".join(problems[:30])
+    assert "mathjax" not in (site / "index.html").read_text(encoding="utf-8").lower()
+
+
+def _expected_objects() -> dict[str, list[str]]:
+    """Per namespace, the public classes and functions a user can import from it (independent of api_pages)."""
+    expected = {}
+    for namespace in NAMESPACES:
+        module = importlib.import_module(namespace)
+        names = getattr(module, "__all__", None) or [
+            n for n, o in vars(module).items() if not n.startswith("_") and getattr(o, "__module__", "") == namespace
+        ]
+        objects = [getattr(module, n) for n in names]
+        expected[namespace] = [
+            n for n, o in zip(names, objects, strict=True) if inspect.isclass(o) or inspect.isfunction(o)
+        ]
+    return expected
+
+
+def test_api_reference_has_a_page_per_public_function_and_class(site):
+    expected = _expected_objects()
+    assert "CountVAE" in expected["countvae"] and "verify" in expected["countvae.invariance"]
+    assert "ICARotation" in expected["countvae.ica"] and "infomec" in expected["countvae.metrics"]
+    missing = []
+    for namespace, names in expected.items():
+        for name in names:
+            page = site / "api" / "generated" / f"{namespace}.{name}.html"
+            if not page.is_file():
+                missing.append(str(page.relative_to(site)))
+                continue
+            # the page shows the object's own docstring, not just a title
+            summary = inspect.getdoc(getattr(importlib.import_module(namespace), name)).split("\n")[0]
+            if " ".join(_words(_strip_roles(summary))[:6]) not in " ".join(_words(_text(page))):
+                missing.append(f"{page.relative_to(site)} (docstring not shown)")
+    assert not missing, missing
+    # methods are documented on their class's page
+    assert "get_log_predictive_density" in _text(site / "api" / "generated" / "countvae.CountVAE.html")
+
+
+def test_cli_reference_is_every_commands_help(site):
+    text = _text(site / "cli.html")
+    parser = build_parser()
+    assert set(subcommands(parser)) >= {"fit", "diagnose", "verify-invariance"}
+    for command, sub in subcommands(parser).items():
+        for action in sub._actions:
+            for option in action.option_strings:
+                assert option in text, f"countvae {command} {option} is missing from the CLI reference"
+    for _, help_text in help_texts(parser):
+        first = " ".join(help_text.split("\n\n")[1].split()) if "\n\n" in help_text else ""
+        assert first in text
+
+
+def test_tutorial_pages_show_their_stored_outputs_and_figures(site):
+    notebooks = sorted((ROOT / "tutorials").glob("*.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        notebook = nbformat.read(path, as_version=4)
+        page = site / "tutorials" / f"{path.stem}.html"
+        figures = sum(
+            "image/png" in o.get("data", {}) for c in notebook.cells if c.cell_type == "code" for o in c.outputs
+        )
+        shown = page.read_text(encoding="utf-8").count('src="../_images/')
+        assert figures > 0 and shown >= figures, f"{path.name}: {figures} figures stored, {shown} shown"
+        printed = [
+            o.text for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "stream"
+        ]
+        assert printed, f"{path.name} is stored without printed output; run python tutorials/build_all.py"
+        last_line = next(line for line in reversed(printed[-1].splitlines()) if line.strip())
+        assert " ".join(last_line.split()) in _text(page)
+
+
+def test_benchmarks_page_is_results_md(site):
+    text = _text(site / "benchmarks.html")
+    headings = re.findall(r"^#+ (.+)$", (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), re.M)
+    assert len(headings) > 5
+    page_words = " ".join(_words(text))
+    for heading in headings:
+        assert " ".join(_words(heading)) in page_words, heading
+
+
+def test_citing_page_has_citation_cff(site):
+    text = _text(site / "citing.html")
+    cff = (ROOT / "CITATION.cff").read_text(encoding="utf-8")
+    title = re.search(r'^title: "(.+)"$', cff, re.M).group(1)
+    assert title in text and "Lopez, Regier, Cole, Jordan, Yosef (2018)" in text
+
+
+# ----- the concepts page against the code ---------------------------------------------------------------
+def _code_rows() -> pd.DataFrame:
+    """The invariants table's rows, from the code, with every input present (values do not matter here)."""
+    rng = np.random.default_rng(0)
+    fits, n, latent, genes = ("a", "b"), 40, 2, 6
+
+    def per_fit(*shape):
+        return {f: rng.normal(size=shape) for f in fits}
+
+    pairs = pd.DataFrame({"fit_a": ["a"], "fit_b": ["b"], "z": [0.5], "noise_ratio": [1.0]})
+    inputs = InvariantInputs(
+        latents=per_fit(n, latent),
+        lpd_pairs=pairs,
+        ppc_pairs=pairs,
+        log_rates=per_fit(n, genes),
+        normalized=per_fit(n, genes),
+        spans=per_fit(genes, latent),
+        grams={f: np.eye(genes) for f in fits},
+        loadings=per_fit(genes, latent),
+        markers=pd.DataFrame(rng.normal(size=(n, 2)), columns=["m1", "m2"]),
+    )
+    table, _ = invariants_table(inputs)
+    return invariants_for_display(table)[["quantity", "invariant_in_theory", "metric", "threshold"]]
+
+
+def _page_rows(page: Path) -> list[list[str]]:
+    text = page.read_text(encoding="utf-8")
+    block = text[text.index("<!-- rows:start -->") : text.index("<!-- rows:end -->")]
+    lines = [line for line in block.splitlines() if line.startswith("|")][2:]  # skip header and rule
+    return [[cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+
+
+def test_concepts_page_lists_the_report_rows_of_the_code():
+    code = _code_rows()
+    expected = [[str(v) for v in row] for row in code.itertuples(index=False)]
+    page = DOCS / "concepts" / "report-rows.md"
+    assert _page_rows(page) == expected, (
+        f"{page.relative_to(ROOT)} no longer matches the invariants table of the code; paste these rows:\n"
+        + "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in expected)
+    )
+    text = page.read_text(encoding="utf-8")
+    for verdict in (STABLE, ROTATION, UNSTABLE, NOT_MEASURED):
+        assert f"\n{verdict}\n: " in text, f"the verdict {verdict!r} is not explained on {page.name}"
