@@ -118,6 +118,14 @@ def pareto_khat(log_weights: np.ndarray) -> np.ndarray:
     return np.asarray(khat, dtype=np.float64).reshape(values.shape[:-1])
 
 
+def rank_rhat(draws: np.ndarray) -> np.ndarray:
+    """Rank-normalised split R-hat of each parameter of (chains, draws, parameters), without the ESS."""
+    data = az.convert_to_dataset({"q": np.asarray(draws, dtype=np.float64)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return az.rhat(data, method="rank")["q"].to_numpy()
+
+
 def rhat_ess(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rank-normalised split R-hat, bulk ESS and tail ESS of each parameter.
 

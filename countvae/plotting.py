@@ -26,9 +26,10 @@ ZERO_FLOOR = 1e-17
 
 _MAP_ORDER = ("identity", "permutation", "orthogonal", "linear", "ica")
 _VERDICT_COLOURS = {
-    "stable": "#1b7837",
-    "stable up to rotation": "#e08214",
-    "unstable": "#b2182b",
+    "agree": "#1b7837",
+    "agree after alignment": "#e08214",
+    "differ": "#b2182b",
+    "undetermined": "#6a51a3",
     "not measured": "#999999",
 }
 
@@ -114,11 +115,13 @@ def log_predictive_density(predictive: pd.DataFrame, ax: Axes | None = None) -> 
 
 
 def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
-    """Each seed's held-out log p(x) per cell minus the best seed's, with ±2 paired standard errors.
+    """Each seed's held-out log p(x) per cell minus the best seed's, with the equivalence test's intervals.
 
     Cells differ far more from each other than seeds do, so unpaired error bars
     hide every difference between seeds; paired per cell, the differences and
-    their uncertainty are on the same scale.
+    their uncertainty are on the same scale. The bars are the pairs'
+    simultaneous intervals (``ci_low``, ``ci_high``; ±2 paired standard errors
+    when the table has none); the shaded band is the equivalence margin.
 
     Parameters
     ----------
@@ -135,24 +138,36 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
     ax = _ax(ax)
     best = str(predictive.loc[predictive["lpd_per_cell"].idxmax(), "fit"])
     fits = predictive["fit"].astype(str).tolist()
-    diff, err = [], []
+    intervals = {"ci_low", "ci_high"} <= set(pairs.columns)
+    diff, below, above = [], [], []
     for fit in fits:
         if fit == best:
             diff.append(0.0)
-            err.append(0.0)
+            below.append(0.0)
+            above.append(0.0)
             continue
         row = pairs[
             ((pairs["fit_a"] == fit) & (pairs["fit_b"] == best)) | ((pairs["fit_a"] == best) & (pairs["fit_b"] == fit))
-        ]
-        sign = 1.0 if row["fit_a"].iloc[0] == fit else -1.0
-        diff.append(sign * float(row["diff_per_cell"].iloc[0]))
-        err.append(2.0 * float(row["se_diff_per_cell"].iloc[0]))
+        ].iloc[0]
+        sign = 1.0 if row["fit_a"] == fit else -1.0
+        d = sign * float(row["diff_per_cell"])
+        if intervals:
+            lo, hi = sorted((sign * float(row["ci_low"]), sign * float(row["ci_high"])))
+        else:
+            lo, hi = d - 2.0 * float(row["se_diff_per_cell"]), d + 2.0 * float(row["se_diff_per_cell"])
+        diff.append(d)
+        below.append(d - lo)
+        above.append(hi - d)
     x = np.arange(len(fits))
+    if "margin" in pairs and np.isfinite(pairs["margin"].astype(float)).all():
+        margin = float(pairs["margin"].iloc[0])
+        ax.axhspan(-margin, margin, color="#c7e9c0", alpha=0.6, label=f"margin ±{margin:.3g}")
+        ax.legend(fontsize=7)
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.errorbar(x, diff, yerr=err, fmt="o", color="#08306b", capsize=4)
+    ax.errorbar(x, diff, yerr=[below, above], fmt="o", color="#08306b", capsize=4)
     ax.set_xticks(x, fits, rotation=30, ha="right")
     ax.set_ylabel(f"log p(x) per cell minus {best} (nats)")
-    ax.set_title("Paired difference to the best seed (±2 SE)")
+    ax.set_title("Paired difference to the best seed" + (" (simultaneous intervals)" if intervals else " (±2 SE)"))
     return ax
 
 
@@ -200,12 +215,21 @@ def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 24) -
 
 
 def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01) -> Axes:
-    """Median (bar) and maximum (tick) cross-seed R-hat per quantity, log scale."""
+    """Median (bar) and maximum (tick) cross-seed R-hat of guide draws per quantity, log scale.
+
+    With ``baseline_rhat_max`` in ``summary`` (two independent draw sets of one
+    seed), diamonds mark that within-seed baseline: what R-hat is when nothing
+    but the draws differ. The dashed line is Vehtari et al.'s 1.01, for reference.
+    """
     _require(summary, ["quantity", "rhat_median", "rhat_max"], "rhat")
     ax = _ax(ax)
     x = np.arange(len(summary))
     ax.bar(x, summary["rhat_median"] - 1, bottom=1, color="#9ecae1", edgecolor="#2171b5", label="median")
     ax.scatter(x, summary["rhat_max"], marker="_", s=300, color="#b2182b", label="max", zorder=3)
+    if "baseline_rhat_max" in summary and summary["baseline_rhat_max"].notna().any():
+        ax.scatter(
+            x, summary["baseline_rhat_max"], marker="D", s=25, color="black", label="max within one seed", zorder=4
+        )
     ax.axhline(threshold, color="grey", ls="--", lw=0.8)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
@@ -215,30 +239,42 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_ylim(0.99, top)
     ax.set_xticks(x, summary["quantity"], rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(f"R-hat (seeds as chains; dashed: {threshold:g})")
-    ax.set_title("Cross-seed R-hat")
+    ax.set_ylabel(f"R-hat of guide draws (dashed: {threshold:g})")
+    ax.set_title("Spread of guide draws across seeds")
     ax.legend(fontsize=8)
     return ax
 
 
 def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
-    """Cross-seed agreement of each quantity (worst pair), coloured by verdict; hollow bars after alignment.
+    """Cross-seed agreement of each quantity (worst pair) with its interval, coloured by verdict.
 
-    Rows whose metric is not a 0-1 agreement (held-out log p(x), predictive
-    statistics) are left out of the bars; the table states them.
+    Hollow dashed bars: the same after alignment (coordinate rows). Rows whose
+    metric is not a 0-1 agreement (held-out log p(x), predictive statistics) are
+    left out of the bars; the table states them.
     """
     _require(table, ["quantity", "agreement", "aligned_agreement", "verdict", "metric"], "invariants")
     ax = _ax(ax, size=(7.5, 4.0))
-    rows = table[table["metric"].isin(["ccc", "jaccard", "weighted overlap", "cosine", "mcc"])].reset_index(drop=True)
+    keep = ["ccc", "jaccard", "weighted overlap", "cosine", "worst best-match |corr|", "mcc"]
+    rows = table[table["metric"].isin(keep)].reset_index(drop=True)
     y = np.arange(len(rows))[::-1]
     colours = [_VERDICT_COLOURS.get(v, "#999999") for v in rows["verdict"]]
     ax.barh(y, rows["agreement"].fillna(0), color=colours, height=0.6)
+    if {"low", "high"} <= set(rows.columns):
+        value = rows["agreement"].to_numpy(dtype=float)
+        low, high = rows["low"].to_numpy(dtype=float), rows["high"].to_numpy(dtype=float)
+        ok = np.isfinite(low) & np.isfinite(high) & np.isfinite(value)
+        ax.errorbar(
+            value[ok], y[ok], xerr=[value[ok] - low[ok], high[ok] - value[ok]], fmt="none", color="black", capsize=3
+        )
     aligned = rows["aligned_agreement"]
     has = aligned.notna().to_numpy()
     ax.barh(y[has], aligned[has], fill=False, edgecolor="black", height=0.6, ls="--")
+    if "threshold" in rows:
+        for yi, t in zip(y, rows["threshold"].astype(float), strict=True):
+            ax.plot([t, t], [yi - 0.4, yi + 0.4], color="grey", lw=1.2)
     ax.set_yticks(y, rows["quantity"], fontsize=8)
     ax.set_xlim(min(0.0, float(np.nanmin(rows["agreement"].fillna(0)))), 1.0)
-    ax.set_xlabel("agreement across seeds (worst pair)")
+    ax.set_xlabel("agreement across seeds (worst pair; bars: interval; grey ticks: threshold)")
     handles = [Patch(color=c, label=v) for v, c in _VERDICT_COLOURS.items() if v in set(rows["verdict"])]
     if has.any():
         handles.append(Patch(fill=False, edgecolor="black", ls="--", label="after rotation"))
@@ -279,19 +315,19 @@ def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
 def ica_stability(
     table: pd.DataFrame, matches: pd.DataFrame | None = None, ax: Axes | None = None, threshold: float = 0.95
 ) -> Axes:
-    """Best-match |correlation| of each ICA component across seeds (bar: mean; points: one per other seed).
+    """Worst best-match |correlation| of each ICA component across seeds, with its interval and verdict.
 
-    Bars are green for components that reproduce and red for those that do not;
-    hatched bars mark components too close to Gaussian to be identified. Black
-    ticks (``same_fit_match``, when present) are the baseline within one seed:
-    its ICA on the other half of the cells. The dashed line is the
-    reproducibility threshold.
+    Bars (coloured by verdict: agree, differ, undetermined) are the worst match
+    over the other seeds, with the interval of :mod:`countvae.diagnostics.analyses.components`;
+    hatched bars mark components too close to Gaussian to be identified; points
+    are the other seeds one by one. Black ticks (``same_fit_match``) are the
+    baseline within one seed: its ICA on the other half of the cells. The dashed
+    line is the threshold.
 
     Parameters
     ----------
     table
-        ``DiagnosticReport.ica`` (or the first table of
-        :func:`countvae.diagnostics.analyses.components.ica_component_stability`).
+        ``DiagnosticReport.ica`` (columns ``component``, ``worst_match``, ``gaussian``, ``verdict``).
     matches
         ``DiagnosticReport.tables["ica_matches"]``: adds one point per other seed.
     ax
@@ -300,15 +336,20 @@ def ica_stability(
         Line drawn at this best-match correlation.
 
     """
-    _require(table, ["component", "mean_match", "gaussian", "reproducible"], "ica_stability")
+    _require(table, ["component", "worst_match", "gaussian", "verdict"], "ica_stability")
     ax = _ax(ax, size=(max(6.0, 0.5 * len(table) + 3.0), 3.4))
     x = np.arange(len(table))
-    colours = [_VERDICT_COLOURS["stable"] if r else _VERDICT_COLOURS["unstable"] for r in table["reproducible"]]
-    bars = ax.bar(x, table["mean_match"].astype(float), color=colours, width=0.6, alpha=0.8)
+    colours = [_VERDICT_COLOURS.get(v, "#999999") for v in table["verdict"]]
+    value = table["worst_match"].to_numpy(dtype=float)
+    bars = ax.bar(x, value, color=colours, width=0.6, alpha=0.8)
     for bar, gaussian in zip(bars, table["gaussian"], strict=True):
         if gaussian:
             bar.set_hatch("///")
             bar.set_edgecolor("black")
+    if {"low", "high"} <= set(table.columns):
+        low, high = table["low"].to_numpy(dtype=float), table["high"].to_numpy(dtype=float)
+        ok = np.isfinite(low) & np.isfinite(high)
+        ax.errorbar(x[ok], value[ok], yerr=[value[ok] - low[ok], high[ok] - value[ok]], fmt="none", color="black")
     if matches is not None and len(matches):
         _require(matches, ["component", "best_match"], "ica_stability")
         position = {c: i for i, c in enumerate(table["component"])}
@@ -323,13 +364,10 @@ def ica_stability(
     ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
     ax.set_xticks(x, table["component"], rotation=30, ha="right", fontsize=8)
     ax.set_ylim(0.0, 1.02)
-    ax.set_ylabel("best-match |corr| across seeds")
-    ax.set_title("ICA components: reproducible across seeds?")
-    handles = [
-        Patch(color=_VERDICT_COLOURS["stable"], label="reproducible"),
-        Patch(color=_VERDICT_COLOURS["unstable"], label="not reproducible"),
-        Patch(facecolor="white", edgecolor="black", hatch="///", label="flagged Gaussian"),
-    ]
+    ax.set_ylabel("worst best-match |corr| across seeds")
+    ax.set_title("ICA components: do they agree across seeds?")
+    handles = [Patch(color=c, label=v) for v, c in _VERDICT_COLOURS.items() if v in set(table["verdict"])]
+    handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="flagged Gaussian"))
     ax.legend(
         handles=handles + ax.get_legend_handles_labels()[0],
         fontsize=7,

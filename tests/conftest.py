@@ -8,9 +8,13 @@ import os
 import numpy as np
 import pytest
 import torch
+from diagnostics_helpers import SMALL, random_rotation
 
 import countvae as cv
+from countvae.data import split_indices
+from countvae.diagnostics import CountVAEFit, SeedFits, report
 from countvae.errors import DataFileNotFoundError
+from countvae.invariance import reparameterize
 
 #: Set by .ci/run: a missing real dataset fails the test instead of skipping it.
 REQUIRE_DATA_ENV = "COUNTVAE_REQUIRE_DATA"
@@ -69,3 +73,36 @@ def trained_mlp(sim_linear):
 
 def assert_close(a, b, atol=0.0, rtol=0.0):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=rtol)
+
+
+# ----- real seeds for the multi-seed report (shared by the report tests) ---------------------------------
+@pytest.fixture(scope="session")
+def seed_fits():
+    """Three seeds of a linear NB model on counts from 3 Laplace sources, with a shared held-out split."""
+    adata = cv.data.simulate(
+        n_cells=1000, n_genes=60, n_latent=3, decoder="linear", sources="laplace", n_batches=2, seed=11
+    )
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    fit_idx, held_idx = split_indices(adata.n_obs, 0.7, 0)
+    fit_data, held = adata[fit_idx].copy(), adata[held_idx].copy()
+    fits = []
+    for seed in (0, 1, 2):
+        model = cv.CountVAE(fit_data, n_latent=3, decoder="linear", likelihood="nb")
+        model.train(max_epochs=100, batch_size=256, lr=3e-3, progress_bar=False, seed=seed)
+        fits.append(CountVAEFit(model, seed, lpd_proposal="student-t"))
+    return SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
+
+
+@pytest.fixture(scope="session")
+def seed_report(seed_fits):
+    return report(seed_fits, **SMALL)
+
+
+@pytest.fixture(scope="session")
+def copies_report(seed_fits):
+    """Seed 0 and two exact copies of it in other orthogonal coordinates (real models, known truth)."""
+    base = seed_fits[0].model
+    fits = [seed_fits[0]] + [
+        CountVAEFit(reparameterize(base, random_rotation(3, k)), k, lpd_proposal="student-t") for k in (1, 2)
+    ]
+    return report(fits, seed_fits.adata_heldout, adata_fit=seed_fits.adata_fit, **SMALL)

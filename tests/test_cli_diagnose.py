@@ -37,19 +37,30 @@ def test_help_has_examples(capsys):
 
 def test_diagnose_writes_report_then_resumes_and_refuses(data_file, tmp_path, capsys):
     out = tmp_path / "diag"
-    code, stdout, _ = run([str(data_file), *FAST, "--markers", "gene0,gene5", "--out", str(out), "--json"], capsys)
+    argv = [str(data_file), *FAST, "--markers", "gene0,gene5", "--equivalence-margin", "0.05", "--out", str(out)]
+    code, stdout, _ = run([*argv, "--json"], capsys)
     assert code == 0
     result = json.loads(stdout)
     assert result["report"] == str(out / "report" / "report.html")
     assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
     assert result["seeds"] == [0, 1] and result["reused_seeds"] == []
-    assert "per-dimension coordinates" in result["stable_up_to_rotation"] + result["unstable"]
+    verdicts = ("agree", "agree_after_alignment", "differ", "undetermined")
+    assert "per-dimension coordinates" in result["agree_after_alignment"] + result["differ"] + result["undetermined"]
+    named = sorted(q for key in verdicts for q in result[key])
+    assert named == sorted(
+        r["quantity"]
+        for r in json.loads((out / "report" / "report.json").read_text())["tables"]["invariants"]
+        if r["verdict"] != "not measured"
+    )
+    assert result["predictive_equivalence"] in ("equivalent", "not equivalent", "undetermined")
     assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear", "ica"}
     first = json.loads((out / "report" / "report.json").read_text())
     assert first["settings"]["markers"] == ["gene0", "gene5"]
+    assert first["settings"]["report"]["equivalence_margin"] == 0.05
+    assert first["settings"]["predictive_equivalence"]["margin_fraction"] == 0.05
     # --ica (default on): ICA map class, efficiency, the invariants row and the per-component stability table.
     components = result["ica_components"]
-    assert sorted(components["reproducible"] + components["not_reproducible"]) == ["IC_0", "IC_1"]
+    assert sorted(components["agree"] + components["differ"] + components["undetermined"]) == ["IC_0", "IC_1"]
     assert [row["component"] for row in first["tables"]["ica"]] == ["IC_0", "IC_1"]
     assert first["tables"]["ica_efficiency"] and "ICA coordinates" in [
         r["quantity"] for r in first["tables"]["invariants"]
@@ -65,7 +76,7 @@ def test_diagnose_writes_report_then_resumes_and_refuses(data_file, tmp_path, ca
     import shutil
 
     shutil.rmtree(out / "report")
-    code, stdout, _ = run([str(data_file), *FAST, "--markers", "gene0,gene5", "--out", str(out), "--json"], capsys)
+    code, stdout, _ = run([*argv, "--json"], capsys)
     assert code == 0
     assert json.loads(stdout)["reused_seeds"] == [0, 1]
     second = json.loads((out / "report" / "report.json").read_text())
@@ -85,7 +96,7 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
     assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear"}
     assert "ica_components" not in result and record["tables"]["ica"] == []
     code, stdout, _ = run([*argv, "--overwrite"], capsys)
-    assert code == 0 and "Report:" in stdout and "Identified here" in stdout
+    assert code == 0 and "Report:" in stdout and "Agree across both seeds" in stdout
 
 
 @pytest.mark.parametrize(
@@ -95,6 +106,7 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
         (["--markers", "NOT_A_GENE"], "NOT_A_GENE"),
         (["--markers", " , "], "--markers is empty"),
         (["--layer", "nope"], "nope"),
+        (["--equivalence-margin", "0"], "equivalence_margin"),
     ],
 )
 def test_bad_input_one_line_errors(data_file, tmp_path, capsys, extra, message):

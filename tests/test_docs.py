@@ -26,7 +26,7 @@ from html_links import broken_internal_links, parse_page, remote_loads
 from countvae.cli import build_parser
 from countvae.diagnostics.analyses.invariants import InvariantInputs, invariants_table
 from countvae.diagnostics.reporting.display import invariants_for_display
-from countvae.diagnostics.reporting.verdicts import NOT_MEASURED, ROTATION, STABLE, UNSTABLE
+from countvae.diagnostics.reporting.verdicts import VERDICTS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -235,7 +235,13 @@ def _code_rows() -> pd.DataFrame:
     def per_fit(*shape):
         return {f: rng.normal(size=shape) for f in fits}
 
-    pairs = pd.DataFrame({"fit_a": ["a"], "fit_b": ["b"], "z": [0.5], "noise_ratio": [1.0]})
+    pairs = pd.DataFrame(
+        {"fit_a": ["a"], "fit_b": ["b"], "n_cells": [n], "diff_per_cell": [0.1], "ci_low": [0.0], "ci_high": [0.2]}
+        | {"margin": [0.5], "agreement": [0.99]}
+    )
+    components = pd.DataFrame(
+        {"component": ["IC_0"], "worst_match": [1.0], "low": [1.0], "high": [1.0], "n_matching_cells": [n]}
+    )
     inputs = InvariantInputs(
         latents=per_fit(n, latent),
         lpd_pairs=pairs,
@@ -246,6 +252,7 @@ def _code_rows() -> pd.DataFrame:
         grams={f: np.eye(genes) for f in fits},
         loadings=per_fit(genes, latent),
         markers=pd.DataFrame(rng.normal(size=(n, 2)), columns=["m1", "m2"]),
+        components=components,
     )
     table, _ = invariants_table(inputs)
     return invariants_for_display(table)[["quantity", "invariant_in_theory", "metric", "threshold"]]
@@ -267,5 +274,5 @@ def test_concepts_page_lists_the_report_rows_of_the_code():
         + "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in expected)
     )
     text = page.read_text(encoding="utf-8")
-    for verdict in (STABLE, ROTATION, UNSTABLE, NOT_MEASURED):
+    for verdict in VERDICTS:
         assert f"\n{verdict}\n: " in text, f"the verdict {verdict!r} is not explained on {page.name}"

@@ -84,10 +84,10 @@ def test_marker_r2_rhat_invariants_ppc_spectra_draw_their_values():
     inv = pd.DataFrame(
         {
             "quantity": ["lpd", "distances", "coordinates"],
-            "metric": ["|z|", "ccc", "ccc"],
+            "metric": ["|diff| / margin", "ccc", "ccc"],
             "agreement": [1.0, 0.97, 0.1],
             "aligned_agreement": [np.nan, np.nan, 0.95],
-            "verdict": ["stable", "stable", "stable up to rotation"],
+            "verdict": ["agree", "agree", "agree after alignment"],
         }
     )
     ax = plotting.invariants(inv)

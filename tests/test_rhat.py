@@ -1,14 +1,15 @@
-"""Cross-seed R-hat: fits identical up to a rotation have raw R-hat >> 1 and invariant R-hat ~ 1."""
+"""Spread of guide draws across seeds: copies identical up to a rotation have raw R-hat >> 1 and invariant R-hat ~ 1."""
 
 import numpy as np
 import pytest
-from diagnostics_helpers import rotated_copies
+from diagnostics_helpers import random_rotation
 
 from countvae.diagnostics import CountVAEFit
-from countvae.diagnostics.analyses.maps import PairMaps
-from countvae.diagnostics.analyses.rhat import rhat_chains, rhat_table
+from countvae.diagnostics.analyses.maps import AffineMap, PairMaps
+from countvae.diagnostics.analyses.rhat import add_baseline, rhat_chains, rhat_table
 from countvae.diagnostics.reporting.collect import guide_draws
 from countvae.errors import InvalidArgumentError
+from countvae.invariance import reparameterize
 
 
 def collect_draws(fits, cells, n_draws=100, gene_positions=None, maps=None, seed=0):
@@ -24,7 +25,9 @@ def collect_draws(fits, cells, n_draws=100, gene_positions=None, maps=None, seed
 
 @pytest.fixture(scope="module")
 def rotated_summary(trained_linear):
-    fits = rotated_copies(CountVAEFit(trained_linear, 0), [0, 1, 2, 3])
+    fits = [CountVAEFit(trained_linear, 0)] + [
+        CountVAEFit(reparameterize(trained_linear, random_rotation(2, k)), k) for k in (1, 2, 3)
+    ]
     adata = trained_linear.adata
     latents = {f.name: f.latent(adata) for f in fits}
     maps = PairMaps(latents).to_reference(fits[0].name)
@@ -42,6 +45,27 @@ def test_rotated_fits_raw_rhat_far_above_one_invariants_near_one(rotated_summary
         assert summary.loc[quantity, "rhat_median"] < 1.02, quantity
         assert summary.loc[quantity, "rhat_max"] < 1.06, quantity
         assert summary.loc[quantity, "ess_bulk_median"] > 150, quantity
+
+
+def test_within_seed_baseline_is_near_one_and_below_the_cross_seed_spread(trained_linear, trained_mlp):
+    """Two independent draw sets of one fit: what R-hat is when nothing differs but the draws."""
+    fit = CountVAEFit(trained_linear, 0)
+    cells = trained_linear.adata[np.arange(0, 800, 40)].copy()
+    first, second = (guide_draws(fit, cells, 100, seed, np.arange(5)) for seed in (0, 7))
+    identity = AffineMap(np.eye(2), np.zeros(2))
+    baseline = rhat_chains(
+        {"draws": first.latent, "repeat": second.latent},
+        decoded={"draws": first.log_rate, "repeat": second.log_rate},
+        maps={"draws": identity, "repeat": identity},
+    )
+    other = CountVAEFit(trained_mlp, 1)
+    cross = collect_draws([fit, other], cells, n_draws=100, gene_positions=np.arange(5))
+    summary, per_parameter = rhat_table(cross)
+    table = add_baseline(summary, per_parameter, baseline).set_index("quantity")
+    assert (table["baseline_rhat_median"] < 1.02).all() and (table["baseline_rhat_max"] < 1.1).all()
+    # A genuinely different model of the same data sits above the baseline on most cell pairs' distances.
+    assert table.loc["pairwise distances", "fraction_above_baseline"] > 0.5
+    assert table.loc["raw coordinates", "fraction_above_baseline"] > 0.5
 
 
 def test_shapes_and_per_parameter_table(rotated_summary):

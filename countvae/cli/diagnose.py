@@ -33,8 +33,9 @@ from countvae.cli.common import (
 )
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
-from countvae.diagnostics import fit_seeds, report
+from countvae.diagnostics import ReportSettings, fit_seeds, report
 from countvae.diagnostics.analyses.markers import marker_matrix
+from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
@@ -49,6 +50,13 @@ EXAMPLES = """examples:
 An interrupted run resumes when started again with the same command (completed seeds are reused).
 """
 
+#: Keys of the JSON result -> verdict of the invariants table.
+VERDICT_KEYS = {
+    "agree": "agree",
+    "agree_after_alignment": "agree after alignment",
+    "differ": "differ",
+    "undetermined": "undetermined",
+}
 #: Latent dimensions and training epochs of the embedded default when not given on the command line.
 EMBEDDED_N_LATENT = 5
 EMBEDDED_MAX_EPOCHS = 100
@@ -109,6 +117,13 @@ def register(sub: Subcommands) -> None:
         "across seeds to the report (default: on)",
     )
     p.add_argument("--n-lpd-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
+    p.add_argument(
+        "--equivalence-margin",
+        type=float,
+        default=EQUIVALENCE_MARGIN,
+        help="margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
+        f"latent variables add over a model without them (default {EQUIVALENCE_MARGIN:g})",
+    )
     add_output_arguments(p, "countvae_diagnose")
     p.set_defaults(run=run)
 
@@ -220,6 +235,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         markers = [f"true_source_{k}" for k in range(adata.obsm["z_true"].shape[1])]
     if markers is not None:  # fail before hours of fitting, not after
         marker_matrix(adata, markers, get_var_names(adata, get_registry(adata)))
+    ReportSettings().replace(n_lpd_samples=args.n_lpd_samples, equivalence_margin=args.equivalence_margin)
     show = progress_enabled(args)
     model_kwargs = {
         "n_latent": n_latent,
@@ -261,7 +277,14 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     )
     fitted = time.perf_counter()
     logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
-    rep = report(fits, markers=markers, ica=args.ica, n_lpd_samples=args.n_lpd_samples, progress_bar=show)
+    rep = report(
+        fits,
+        markers=markers,
+        ica=args.ica,
+        n_lpd_samples=args.n_lpd_samples,
+        equivalence_margin=args.equivalence_margin,
+        progress_bar=show,
+    )
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
         logger.info("Removed %s, left by a run interrupted while writing its report.", path)
     rep.save(report_dir, overwrite=args.overwrite, progress=progress)
@@ -273,22 +296,19 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "seeds": fits.seeds,
         "reused_seeds": list(fits.reused_seeds),
         "heldout_cells": int(fits.adata_heldout.n_obs),
-        "predictively_equivalent": rep.settings["predictively_equivalent"],
-        "stable": [q for q, v in table.items() if v == "stable"],
-        "stable_up_to_rotation": [q for q, v in table.items() if v == "stable up to rotation"],
-        "unstable": [q for q, v in table.items() if v == "unstable"],
+        "predictive_equivalence": rep.settings["predictive_equivalence"]["state"],
+        **{key: [q for q, v in table.items() if v == verdict] for key, verdict in VERDICT_KEYS.items()},
         "seconds_fitting": round(fitted - started, 1),
         "seconds_analysis": round(finished - fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
     }
     if args.ica:
-        reproducible = rep.ica["reproducible"].astype(bool)
         result["ica_components"] = {
-            "reproducible": rep.ica.loc[reproducible, "component"].tolist(),
-            "not_reproducible": rep.ica.loc[~reproducible, "component"].tolist(),
-            "flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist(),
-        }
+            key: rep.ica.loc[rep.ica["verdict"] == verdict, "component"].tolist()
+            for key, verdict in VERDICT_KEYS.items()
+            if verdict != "agree after alignment"
+        } | {"flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist()}
     emit(result, args.json)
     if not args.json and not args.quiet:
         print("\n" + rep.summary())

@@ -1,15 +1,15 @@
-"""The numbers of the invariants table: how well the fits agree on each output, as it is and after alignment.
+"""The numbers of the invariants table: how well the fits agree on each output, with an interval, as it is and aligned.
 
 One row per quantity, defined by a :class:`Quantity` in the registry
 :data:`QUANTITIES` (looked up by name in :data:`QUANTITY_BY_NAME`), which
-carries its score function. For each: whether the model's symmetry group leaves
-it unchanged in theory; how well the seeds agree on it (a number with its
-definition, for the worst pair of seeds, and its mean over pairs); the same
-after aligning each pair of seeds by the orthogonal Procrustes map of their
-latent means (only for coordinate-level quantities, where alignment changes
-anything); and its :class:`Threshold`, a number with a comparison. The verdict
-and what to report instead are decided from these numbers by
-:mod:`countvae.diagnostics.reporting.verdicts`.
+carries its score function and how its interval is obtained. For each: whether
+the model's symmetry group leaves it unchanged in theory; how well the seeds
+agree on it (a number with its definition, for the worst pair of seeds, with an
+interval, and its mean over pairs); the same after aligning each pair of seeds
+by the orthogonal Procrustes map of their latent means (coordinate-level
+quantities only); and its :class:`Threshold`, a number with a comparison. The
+verdict, its reason and what to report instead are decided from these numbers
+by :mod:`countvae.diagnostics.reporting.verdicts`.
 
 Agreement scores
 ----------------
@@ -25,27 +25,37 @@ Agreement scores
 ``weighted overlap``
     Share of one seed's decoder variation in gene space (Jacobian or loading
     energy) that lies in the other seed's gene-space span, averaged over both
-    directions (:func:`countvae.diagnostics.analyses.subspace.weighted_overlap`). The
-    principal angles themselves are in ``DiagnosticReport.subspace``.
+    directions (:func:`countvae.diagnostics.analyses.subspace.weighted_overlap`).
 ``cosine``
     ``<G_a, G_b>_F / (||G_a||_F ||G_b||_F)`` of two gene x gene Gram matrices.
-``mcc``
-    Mean correlation of matched components after a signed permutation (Hungarian).
-``|z|``
-    Held-out ``log p(x)``: the largest paired difference in standard errors
-    (see :mod:`countvae.diagnostics.analyses.predictive`); smaller is better.
-``noise ratio``
-    Posterior predictive statistics: the seed-to-seed difference of the
-    predicted per-gene coefficient of variation and zero fraction, divided by
-    the difference between two independent halves of one seed's draws (the
-    larger of the two ratios; see :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`);
-    about 1 for equivalent seeds, smaller is better.
+``|diff| / margin``
+    Held-out ``log p(x)``: the largest mean per-cell difference between two
+    fits, in units of the equivalence margin (see
+    :mod:`countvae.diagnostics.analyses.predictive`); smaller is better.
+``ccc`` of posterior predictive statistics
+    The smaller of the concordances over genes of the two seeds' predicted
+    per-gene coefficient of variation and zero fraction
+    (:func:`countvae.diagnostics.analyses.ppc.ppc_agreement`).
+``worst best-match |corr|``
+    ICA coordinates: the smallest best-match |correlation| of an ICA component
+    with the components of another seed (:mod:`countvae.diagnostics.analyses.components`).
+
+Intervals
+---------
+``low`` and ``high`` (and ``aligned_low``, ``aligned_high``) bound the row's
+worst-pair agreement at level ``1 - 2 alpha``: a paired bootstrap over the cells
+the score is computed on, the same resampled cells for every pair
+(:mod:`countvae.diagnostics.analyses.resampling`); the simultaneous equivalence
+intervals of the pairs for held-out ``log p(x)``; a bootstrap over genes for the
+posterior predictive statistics (per-gene statistics); the per-component
+intervals for ICA. A linear decoder's loadings involve no cells: their interval
+is the point.
 
 Thresholds (module constants, conventions rather than laws): concordance,
-weighted subspace overlap, Gram cosine and ICA MCC at least 0.9 (seeds share at least
-90% of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
-held-out ``log p(x)`` within 2 paired standard errors; posterior predictive
-statistics within twice their own Monte Carlo noise.
+weighted subspace overlap and Gram cosine at least 0.9 (seeds share at least 90%
+of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
+held-out ``log p(x)`` within the margin; ICA components matched at the report's
+``ica_threshold`` (0.95).
 """
 
 from __future__ import annotations
@@ -56,20 +66,47 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
-from scipy.spatial.distance import pdist
+from scipy.spatial.distance import pdist, squareform
 
-from countvae.diagnostics.analyses.maps import PairMaps, fit_signed_permutation
+from countvae.diagnostics.analyses.maps import PairMaps
 from countvae.diagnostics.analyses.markers import dimension_correlations
-from countvae.diagnostics.analyses.predictive import EQUIVALENCE_Z
+from countvae.diagnostics.analyses.ppc import PPCStatistics, statistics_concordance
+from countvae.diagnostics.analyses.reduced_jacobians import (
+    ReducedJacobians,
+    energy_replicates,
+    gram_cosine_replicates,
+    loading_concordance_replicates,
+    loading_replicates,
+    overlap_replicates,
+    span_replicates,
+)
+from countvae.diagnostics.analyses.resampling import (
+    MAX_CELLS,
+    N_REPLICATES,
+    CellBootstrap,
+    Interval,
+    PairSums,
+    cell_bootstrap,
+    distance_concordance,
+    pair_sums,
+    rowwise_concordance,
+    weighted_column_concordance,
+    weighted_concordance,
+    weighted_correlations,
+    weighted_mean,
+    worst_interval,
+)
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
 from countvae.errors import InvalidArgumentError
 
-#: Agreement (concordance, overlap, cosine, MCC) at or above which a quantity counts as stable.
+#: Agreement (concordance, overlap, cosine) at or above which a quantity counts as agreeing.
 AGREEMENT_THRESHOLD = 0.9
-#: Mean k-NN Jaccard overlap at or above which the neighbour graph counts as stable.
+#: Mean k-NN Jaccard overlap at or above which the neighbour graph counts as agreeing.
 KNN_THRESHOLD = 0.5
-#: Largest ratio of seed-to-seed difference to Monte Carlo noise of the predictive checks that counts as stable.
-PPC_THRESHOLD = 2.0
+#: Largest ``|diff| / margin`` of held-out log p(x) that counts as equivalent.
+LPD_THRESHOLD = 1.0
+#: Default threshold of the ICA row (the report's ``ica_threshold``).
+ICA_THRESHOLD = 0.95
 #: Cells whose pairwise latent distances are compared at most (the number of pairs is quadratic).
 MAX_DISTANCE_CELLS = 1_000
 
@@ -79,10 +116,17 @@ TABLE_COLUMNS = (
     "invariant_in_theory",
     "metric",
     "agreement",
+    "low",
+    "high",
     "agreement_mean",
     "aligned_agreement",
+    "aligned_low",
+    "aligned_high",
     "threshold",
     "comparison",
+    "interval",
+    "n_cells",
+    "cells_setting",
 )
 #: Columns of its per-pair table.
 PAIR_COLUMNS = ("quantity", "fit_a", "fit_b", "agreement", "aligned_agreement")
@@ -125,13 +169,6 @@ def pairwise_distances(z: np.ndarray) -> np.ndarray:
     return pdist(np.asarray(z, dtype=np.float64))
 
 
-def matched_component_correlation(sa: np.ndarray, sb: np.ndarray) -> float:
-    """Mean correlation of components after the best signed permutation (MCC)."""
-    p = fit_signed_permutation(sa, sb)
-    matched = sa @ p
-    return float(np.mean([np.corrcoef(matched[:, k], sb[:, k])[0, 1] for k in range(sb.shape[1])]))
-
-
 # ----- what is compared ---------------------------------------------------------------------------------
 @dataclass
 class InvariantInputs:
@@ -144,9 +181,12 @@ class InvariantInputs:
     symmetry
         The fits' symmetry group (``"orthogonal"`` for a N(0, I) prior).
     lpd_pairs
-        :func:`countvae.diagnostics.analyses.predictive.pairwise_table`.
+        :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (columns
+        ``fit_a``, ``fit_b``, ``diff_per_cell``, ``ci_low``, ``ci_high``, ``margin``).
     ppc_pairs
         :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`.
+    ppc_predicted
+        Each fit's predicted statistics from all its draws (for the interval of the PPC row).
     log_rates
         Decoded log means at the latent means, (cells, genes) on a subset.
     normalized
@@ -158,10 +198,18 @@ class InvariantInputs:
         Gene x gene decoder Gram matrices on a gene subset.
     loadings
         Per-dimension loadings (genes, L): linear weights, or mean decoder Jacobians.
+    loadings_are_weights
+        Whether ``loadings`` are a linear decoder's weights (no cell informs them: exact interval).
+    jacobians, gram_jacobians
+        Each fit's decoder Jacobians in a small gene-space basis, on all genes
+        (span, loadings) and on the Gram's genes (for the intervals of those rows).
     markers
         Marker values (cells, markers) on the cells of ``latents``.
-    ica
-        Whether to add the ICA row.
+    components
+        The ICA component table (:mod:`countvae.diagnostics.analyses.components`);
+        the ICA row is left out when ``None``.
+    ica_threshold
+        Threshold of the ICA row.
 
     """
 
@@ -169,13 +217,28 @@ class InvariantInputs:
     symmetry: str = "orthogonal"
     lpd_pairs: pd.DataFrame | None = None
     ppc_pairs: pd.DataFrame | None = None
+    ppc_predicted: Mapping[str, PPCStatistics] | None = None
     log_rates: Mapping[str, np.ndarray] | None = None
     normalized: Mapping[str, np.ndarray] | None = None
     spans: Mapping[str, np.ndarray] | None = None
     grams: Mapping[str, np.ndarray] | None = None
     loadings: Mapping[str, np.ndarray] | None = None
+    loadings_are_weights: bool = False
+    jacobians: Mapping[str, ReducedJacobians] | None = None
+    gram_jacobians: Mapping[str, ReducedJacobians] | None = None
     markers: pd.DataFrame | None = None
-    ica: bool = True
+    components: pd.DataFrame | None = None
+    ica_threshold: float = ICA_THRESHOLD
+
+
+@dataclass(frozen=True)
+class ResamplingSettings:
+    """How the intervals are made: error per side, replicates, seed, cells resampled at most."""
+
+    alpha: float = 0.05
+    n_replicates: int = N_REPLICATES
+    seed: int = 0
+    max_cells: int = MAX_CELLS
 
 
 @dataclass
@@ -191,11 +254,16 @@ class Comparison:
     latents
         Latent means as float64, by fit.
     maps
-        The orthogonal maps between fits and each fit's ICA axes, on the cells of ``latents``.
+        The orthogonal maps between fits, on the cells of ``latents``.
     distances
-        Condensed pairwise latent distances on a subset of cells, by fit.
+        Square matrices of pairwise latent distances on a subset of cells, by fit.
     neighbours
         k-NN index sets on a subset of cells, by fit.
+    bootstraps
+        Bootstrap weights per set of cells (``"heldout"``, ``"expression"``,
+        ``"distance"``, ``"knn"``, ``"jacobian"``), the same for every pair.
+    resampling
+        Interval settings.
 
     """
 
@@ -204,20 +272,36 @@ class Comparison:
     maps: PairMaps
     distances: dict[str, np.ndarray]
     neighbours: dict[str, np.ndarray]
-    lpd_z: Callable[[str, str], float]
-    ppc_noise_ratio: Callable[[str, str], float]
-    _marker_correlations: dict[str, np.ndarray] = field(default_factory=dict)
+    bootstraps: dict[str, CellBootstrap]
+    resampling: ResamplingSettings
+    cache: dict = field(default_factory=dict)
+
+    def once(self, key: tuple, compute: Callable[[], object]) -> object:
+        """``compute()`` the first time ``key`` is asked for, the stored value afterwards."""
+        if key not in self.cache:
+            self.cache[key] = compute()
+        return self.cache[key]
 
     def marker_correlations(self, name: str) -> np.ndarray:
         """(markers, dims) correlations of fit ``name``'s latent dimensions with each marker (computed once)."""
-        if name not in self._marker_correlations:
-            self._marker_correlations[name] = self.marker_correlations_of(self.latents[name])
-        return self._marker_correlations[name]
+        return self.once(("markers", name), lambda: self.marker_correlations_of(self.latents[name]))
 
     def marker_correlations_of(self, z: np.ndarray) -> np.ndarray:
         """(markers, dims) correlations of the columns of ``z`` with each marker."""
         markers = self.inputs.markers
         return np.stack([dimension_correlations(z, markers[m].to_numpy()) for m in markers.columns])
+
+    def knn_overlap(self, a: str, b: str) -> np.ndarray:
+        """Per-cell k-NN Jaccard overlap of fits ``a`` and ``b`` (computed once per pair)."""
+        return self.once(("knn", a, b), lambda: knn_jaccard_per_cell(self.neighbours[a], self.neighbours[b]))
+
+    def pair_sums(self, name: str) -> PairSums:
+        """Weighted sums over pairs of cells of fit ``name``'s distances, per replicate (computed once)."""
+        boot = self.bootstraps["distance"]
+        return self.once(
+            ("pair sums", name),
+            lambda: pair_sums(boot.weights, self.distances[name][np.ix_(boot.positions, boot.positions)]),
+        )
 
 
 # ----- the quantities -----------------------------------------------------------------------------------
@@ -262,6 +346,10 @@ class Threshold:
 
 #: A score: how well fits ``a`` and ``b`` agree on a quantity.
 ScoreFunction = Callable[[Comparison, str, str], float]
+#: Bootstrap replicates of a score, element 0 the reference (see :mod:`.resampling`).
+ReplicateFunction = Callable[[Comparison, str, str], np.ndarray]
+#: The interval of a whole row, for rows whose interval is not a bootstrap over cells.
+RowInterval = Callable[[Comparison, list[tuple[str, str]]], Interval]
 
 
 def _always(inputs: InvariantInputs) -> bool:
@@ -285,17 +373,28 @@ class Quantity:
     metric
         Name of the agreement score (defined in the module docstring).
     threshold
-        When the agreement counts as stable.
-    report_when_stable, report_when_rotation, report_when_unstable
+        When the agreement counts as agreeing.
+    report_when_agree, report_when_aligned, report_when_differ
         What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`).
     score
         Agreement of two fits.
+    cells
+        The set of cells its bootstrap resamples (a key of ``Comparison.bootstraps``),
+        or ``""`` when the interval comes from ``row_interval`` (or is exact).
+    cells_setting
+        The report setting that caps those cells (the remedy names it), or ``""``.
+    replicates, aligned_replicates
+        Bootstrap replicates of ``score`` and of ``aligned_score``.
+    row_interval
+        The row's interval, for rows whose interval is not a bootstrap over cells.
     aligned_score
         Agreement after the orthogonal map of one fit onto the other (coordinate-level rows).
     available
         Whether the inputs hold what the score needs (else the row is not measured).
     included
         Whether the row is in the table at all for these inputs.
+    pairwise
+        Whether the row is scored per pair of fits (the ICA row is one number for all fits).
 
     """
 
@@ -304,21 +403,80 @@ class Quantity:
     coordinate_level: bool
     metric: str
     threshold: Threshold
-    report_when_stable: str
-    report_when_rotation: str
-    report_when_unstable: str
+    report_when_agree: str
+    report_when_aligned: str
+    report_when_differ: str
     score: ScoreFunction
+    cells: str = ""
+    cells_setting: str = ""
+    replicates: ReplicateFunction | None = None
+    aligned_replicates: ReplicateFunction | None = None
+    row_interval: RowInterval | None = None
     aligned_score: ScoreFunction | None = None
     available: Callable[[InvariantInputs], bool] = _always
     included: Callable[[InvariantInputs], bool] = _always
+    pairwise: bool = True
+
+
+# ----- scores and their replicates ----------------------------------------------------------------------
+def _pair_value(frame: pd.DataFrame | None, column: str, a: str, b: str) -> float:
+    if frame is None:
+        return np.nan
+    hit = frame[((frame["fit_a"] == a) & (frame["fit_b"] == b)) | ((frame["fit_a"] == b) & (frame["fit_b"] == a))]
+    return float(hit[column].iloc[0]) if len(hit) else np.nan
 
 
 def _lpd(c: Comparison, a: str, b: str) -> float:
-    return c.lpd_z(a, b)
+    margin = _pair_value(c.inputs.lpd_pairs, "margin", a, b)
+    return abs(_pair_value(c.inputs.lpd_pairs, "diff_per_cell", a, b)) / margin if margin > 0 else np.nan
+
+
+def _lpd_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
+    """The simultaneous box of the pairs' intervals, for the largest ``|diff|`` in units of the margin."""
+    frame = c.inputs.lpd_pairs
+    margin = float(frame["margin"].iloc[0])
+    if not margin > 0:
+        return Interval.missing()
+    low, high = frame["ci_low"].to_numpy() / margin, frame["ci_high"].to_numpy() / margin
+    nearest = np.where((low <= 0) & (high >= 0), 0.0, np.minimum(np.abs(low), np.abs(high)))
+    farthest = np.maximum(np.abs(low), np.abs(high))
+    value = float(np.max(np.abs(frame["diff_per_cell"].to_numpy()) / margin))
+    return Interval(value, float(np.max(nearest)), float(np.max(farthest)))
+
+
+def _has_margin(inputs: InvariantInputs) -> bool:
+    pairs = inputs.lpd_pairs
+    return pairs is not None and len(pairs) > 0 and bool(np.isfinite(pairs["margin"]).all())
 
 
 def _ppc(c: Comparison, a: str, b: str) -> float:
-    return c.ppc_noise_ratio(a, b)
+    return _pair_value(c.inputs.ppc_pairs, "agreement", a, b)
+
+
+def _ppc_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
+    """A bootstrap over genes (the statistics are per gene), the same resampled genes for every pair."""
+    inputs, r = c.inputs, c.resampling
+    values = [_ppc(c, a, b) for a, b in pairs]
+    if inputs.ppc_predicted is None:
+        return Interval(min(values), np.nan, np.nan)
+    n_genes = len(next(iter(inputs.ppc_predicted.values())).cv_gene)
+    rng = np.random.default_rng([r.seed, 7])
+    genes = np.vstack([np.arange(n_genes), rng.integers(0, n_genes, (r.n_replicates, n_genes))])
+    replicates = [
+        statistics_concordance(inputs.ppc_predicted[a], inputs.ppc_predicted[b], genes)["agreement"] for a, b in pairs
+    ]
+    return worst_interval(values, replicates, 1.0, r.alpha, higher_is_better=True)
+
+
+def _expression_replicates(field_name: str) -> ReplicateFunction:
+    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+        boot = c.bootstraps["expression"]
+        values = getattr(c.inputs, field_name)
+        return weighted_concordance(
+            boot.weights, values[a][boot.positions], values[b][boot.positions], centre_columns=True
+        )
+
+    return replicates
 
 
 def _decoded_means(c: Comparison, a: str, b: str) -> float:
@@ -330,19 +488,56 @@ def _normalized(c: Comparison, a: str, b: str) -> float:
 
 
 def _distances(c: Comparison, a: str, b: str) -> float:
-    return concordance(c.distances[a], c.distances[b])
+    da, db = c.distances[a], c.distances[b]
+    upper = np.triu_indices(len(da), k=1)
+    return concordance(da[upper], db[upper])
+
+
+def _distances_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    boot = c.bootstraps["distance"]
+    cells = np.ix_(boot.positions, boot.positions)
+    return distance_concordance(
+        boot.weights, c.distances[a][cells], c.distances[b][cells], c.pair_sums(a), c.pair_sums(b)
+    )
 
 
 def _knn(c: Comparison, a: str, b: str) -> float:
-    return float(np.mean(knn_jaccard_per_cell(c.neighbours[a], c.neighbours[b])))
+    return float(np.mean(c.knn_overlap(a, b)))
+
+
+def _knn_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    boot = c.bootstraps["knn"]
+    return weighted_mean(boot.weights, c.knn_overlap(a, b)[boot.positions])
+
+
+def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
+    def compute() -> np.ndarray:
+        boot = c.bootstraps["jacobian"]
+        reduced = getattr(c.inputs, which)[name]
+        coefficients = reduced.coefficients[boot.positions]
+        return energy_replicates(boot.weights, ReducedJacobians(reduced.basis, coefficients, reduced.kept_energy))
+
+    return c.once(("energy", which, name), compute)
 
 
 def _subspace(c: Comparison, a: str, b: str) -> float:
     return weighted_overlap(c.inputs.spans[a], c.inputs.spans[b])
 
 
+def _subspace_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    ja, jb = c.inputs.jacobians[a], c.inputs.jacobians[b]
+    xa = c.once(("span", a), lambda: span_replicates(_energy(c, "jacobians", a), ja.n_latent))
+    xb = c.once(("span", b), lambda: span_replicates(_energy(c, "jacobians", b), jb.n_latent))
+    return overlap_replicates(xa, xb, ja.basis, jb.basis)
+
+
 def _gram(c: Comparison, a: str, b: str) -> float:
     return gram_cosine(c.inputs.grams[a], c.inputs.grams[b])
+
+
+def _gram_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    ja, jb = c.inputs.gram_jacobians[a], c.inputs.gram_jacobians[b]
+    return gram_cosine_replicates(_energy(c, "gram_jacobians", a), _energy(c, "gram_jacobians", b), ja.basis, jb.basis)
 
 
 def _coordinates(c: Comparison, a: str, b: str) -> float:
@@ -353,12 +548,46 @@ def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
     return per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
 
 
+def _coordinates_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    boot = c.bootstraps["heldout"]
+    return weighted_column_concordance(boot.weights, c.latents[a][boot.positions], c.latents[b][boot.positions])
+
+
+def _coordinates_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    boot = c.bootstraps["heldout"]
+    mapped = c.maps.orthogonal(a, b)(c.latents[a][boot.positions])
+    return weighted_column_concordance(boot.weights, mapped, c.latents[b][boot.positions])
+
+
 def _loadings(c: Comparison, a: str, b: str) -> float:
     return per_column_concordance(c.inputs.loadings[a], c.inputs.loadings[b])
 
 
 def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
     return per_column_concordance(c.inputs.loadings[a] @ c.maps.orthogonal(a, b).matrix, c.inputs.loadings[b])
+
+
+def _mean_loadings(c: Comparison, name: str) -> np.ndarray:
+    def compute() -> np.ndarray:
+        boot = c.bootstraps["jacobian"]
+        reduced = c.inputs.jacobians[name]
+        return loading_replicates(
+            boot.weights, ReducedJacobians(reduced.basis, reduced.coefficients[boot.positions], reduced.kept_energy)
+        )
+
+    return c.once(("loadings", name), compute)
+
+
+def _loadings_replicates_of(aligned: bool) -> ReplicateFunction:
+    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+        if c.inputs.loadings_are_weights or c.inputs.jacobians is None:
+            value = _loadings_aligned(c, a, b) if aligned else _loadings(c, a, b)
+            return np.full(1 + c.resampling.n_replicates, value)
+        rotation = c.maps.orthogonal(a, b).matrix if aligned else None
+        ja, jb = c.inputs.jacobians[a], c.inputs.jacobians[b]
+        return loading_concordance_replicates(_mean_loadings(c, a), _mean_loadings(c, b), ja.basis, jb.basis, rotation)
+
+    return replicates
 
 
 def _markers(c: Comparison, a: str, b: str) -> float:
@@ -370,8 +599,40 @@ def _markers_aligned(c: Comparison, a: str, b: str) -> float:
     return concordance(c.marker_correlations_of(mapped), c.marker_correlations(b))
 
 
+def _marker_values(c: Comparison) -> np.ndarray:
+    def compute() -> np.ndarray:
+        values = c.inputs.markers.to_numpy(dtype=np.float64)[c.bootstraps["heldout"].positions]
+        means = np.nanmean(np.where(np.isfinite(values), values, np.nan), axis=0)
+        return np.where(np.isfinite(values), values, np.nan_to_num(means)[None, :])
+
+    return c.once(("marker values",), compute)
+
+
+def _marker_replicates_of(aligned: bool) -> ReplicateFunction:
+    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+        boot = c.bootstraps["heldout"]
+        za = c.latents[a][boot.positions]
+        if aligned:
+            za = c.maps.orthogonal(a, b)(za)
+        zb = c.latents[b][boot.positions]
+        values = _marker_values(c)
+        ca = weighted_correlations(boot.weights, za, values)
+        cb = c.once(("marker replicates", b), lambda: weighted_correlations(boot.weights, zb, values))
+        return rowwise_concordance(ca, cb)
+
+    return replicates
+
+
 def _ica(c: Comparison, a: str, b: str) -> float:
-    return matched_component_correlation(c.maps.ica_sources(a), c.maps.ica_sources(b))
+    return np.nan  # the ICA row is one number for all fits, from the component table (_ica_interval)
+
+
+def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
+    """The smallest ``worst_match`` over components, within the box of the components' intervals."""
+    table = c.inputs.components
+    if table is None or not len(table):
+        return Interval.missing()
+    return Interval(float(table["worst_match"].min()), float(table["low"].min()), float(table["high"].min()))
 
 
 def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
@@ -381,12 +642,16 @@ def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
     return available
 
 
+def _has_ppc_agreement(inputs: InvariantInputs) -> bool:
+    return inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs
+
+
 def _has_markers(inputs: InvariantInputs) -> bool:
     return inputs.markers is not None and inputs.markers.shape[1] > 0
 
 
 def _with_ica(inputs: InvariantInputs) -> bool:
-    return inputs.ica
+    return inputs.components is not None
 
 
 _AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
@@ -397,25 +662,29 @@ QUANTITIES: tuple[Quantity, ...] = (
         "held-out log p(x)",
         "yes",
         False,
-        "|z|",
-        Threshold(EQUIVALENCE_Z, "<"),
+        "|diff| / margin",
+        Threshold(LPD_THRESHOLD, "<"),
         "held-out log p(x) of any seed",
         "",
         "the seeds reached different optima: train longer, or keep the seed with the best held-out log p(x)",
         score=_lpd,
-        available=_has("lpd_pairs"),
+        row_interval=_lpd_interval,
+        cells_setting="max_lpd_cells",
+        available=_has_margin,
     ),
     Quantity(
         "posterior predictive statistics",
         "yes",
         False,
-        "noise ratio",
-        Threshold(PPC_THRESHOLD, "<"),
+        "ccc",
+        _AGREE,
         "posterior predictive checks of any seed",
         "",
         "check convergence; report the checks of every seed",
         score=_ppc,
-        available=_has("ppc_pairs"),
+        row_interval=_ppc_interval,
+        cells_setting="max_ppc_cells",
+        available=_has_ppc_agreement,
     ),
     Quantity(
         "decoded means",
@@ -427,6 +696,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "average decoded means over seeds and report their spread",
         score=_decoded_means,
+        cells="expression",
+        cells_setting="max_expression_cells",
+        replicates=_expression_replicates("log_rates"),
         available=_has("log_rates"),
     ),
     Quantity(
@@ -439,6 +711,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "average normalized expression over seeds and report the spread",
         score=_normalized,
+        cells="expression",
+        cells_setting="max_expression_cells",
+        replicates=_expression_replicates("normalized"),
         available=_has("normalized"),
     ),
     Quantity(
@@ -451,6 +726,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "distances averaged over seeds, with their spread",
         score=_distances,
+        cells="distance",
+        cells_setting="max_distance_cells",
+        replicates=_distances_replicates,
     ),
     Quantity(
         "k-NN graph",
@@ -462,6 +740,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "a consensus graph over seeds (neighbours shared by most seeds); check clusters on every seed",
         score=_knn,
+        cells="knn",
+        cells_setting="max_knn_cells",
+        replicates=_knn_replicates,
     ),
     Quantity(
         "latent subspace (gene space)",
@@ -473,6 +754,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "only the leading directions that agree (small principal angles)",
         score=_subspace,
+        cells="jacobian",
+        cells_setting="max_jacobian_cells",
+        replicates=_subspace_replicates,
         available=_has("spans"),
     ),
     Quantity(
@@ -485,6 +769,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "",
         "the Gram matrix averaged over seeds, with its spread",
         score=_gram,
+        cells="jacobian",
+        cells_setting="max_jacobian_cells",
+        replicates=_gram_replicates,
         available=_has("grams"),
     ),
     Quantity(
@@ -494,9 +781,12 @@ QUANTITIES: tuple[Quantity, ...] = (
         "ccc",
         _AGREE,
         "latent coordinates (the seeds happen to agree; the model does not guarantee it)",
-        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates if they are stable",
+        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates where they agree",
         "latent distances, the k-NN graph or the latent subspace",
         score=_coordinates,
+        cells="heldout",
+        replicates=_coordinates_replicates,
+        aligned_replicates=_coordinates_aligned_replicates,
         aligned_score=_coordinates_aligned,
     ),
     Quantity(
@@ -506,9 +796,13 @@ QUANTITIES: tuple[Quantity, ...] = (
         "ccc",
         _AGREE,
         "loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "the span of the loadings (principal angles) or W W^T; loadings per ICA component if ICA is stable",
+        "the span of the loadings (principal angles) or W W^T; loadings per ICA component where ICA agrees",
         "the span of the loadings (principal angles) or W W^T",
         score=_loadings,
+        cells="jacobian",
+        cells_setting="max_jacobian_cells",
+        replicates=_loadings_replicates_of(aligned=False),
+        aligned_replicates=_loadings_replicates_of(aligned=True),
         aligned_score=_loadings_aligned,
         available=_has("loadings"),
     ),
@@ -522,6 +816,9 @@ QUANTITIES: tuple[Quantity, ...] = (
         "R^2 of each marker on all latent dimensions (rotation-invariant)",
         "R^2 of each marker on all latent dimensions (rotation-invariant)",
         score=_markers,
+        cells="heldout",
+        replicates=_marker_replicates_of(aligned=False),
+        aligned_replicates=_marker_replicates_of(aligned=True),
         aligned_score=_markers_aligned,
         available=_has_markers,
     ),
@@ -529,13 +826,15 @@ QUANTITIES: tuple[Quantity, ...] = (
         "ICA coordinates",
         "convention (up to order and sign)",
         False,
-        "mcc",
-        _AGREE,
+        "worst best-match |corr|",
+        Threshold(ICA_THRESHOLD, ">="),
         "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
         "",
-        "the ICA subspace, not individual components (the latents are too close to Gaussian to fix axes)",
+        "the ICA subspace, not individual components",
         score=_ica,
+        row_interval=_ica_interval,
         included=_with_ica,
+        pairwise=False,
     ),
 )
 #: The quantities by name.
@@ -549,13 +848,31 @@ COORDINATE_THEORY = {
 }
 
 
-def _pair_lookup(frame: pd.DataFrame | None, column: str, absolute: bool = False) -> Callable[[str, str], float]:
-    """A score function reading one column of a per-pair table (either order of the pair)."""
-    values = {}
-    if frame is not None:
-        for a, b, v in zip(frame["fit_a"], frame["fit_b"], frame[column], strict=True):
-            values[a, b] = values[b, a] = abs(float(v)) if absolute else float(v)
-    return lambda a, b: values.get((a, b), np.nan)
+def threshold_of(quantity: Quantity, inputs: InvariantInputs) -> Threshold:
+    """The row's threshold for these inputs (the ICA row's is the report's ``ica_threshold``)."""
+    if quantity.name == "ICA coordinates":
+        return Threshold(inputs.ica_threshold, ">=")
+    return quantity.threshold
+
+
+def _interval_text(q: Quantity, c: Comparison) -> tuple[str, int]:
+    """How the row's interval was obtained, and on how many cells (or genes)."""
+    if q.name == "held-out log p(x)":
+        return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
+    if q.name == "posterior predictive statistics":
+        predicted = c.inputs.ppc_predicted
+        return "bootstrap over genes", len(next(iter(predicted.values())).cv_gene) if predicted else 0
+    if q.name == "ICA coordinates":
+        return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
+    if q.name == "per-dimension loadings" and c.inputs.loadings_are_weights:
+        return "exact (linear decoder weights: no cells)", 0
+    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
+        return "none (the inputs cannot be resampled)", 0
+    boot = c.bootstraps[q.cells]
+    m = len(boot.positions)
+    if m < boot.n_cells:
+        return f"bootstrap over {m} of {boot.n_cells} cells (m-out-of-n)", boot.n_cells
+    return f"bootstrap over {boot.n_cells} cells", boot.n_cells
 
 
 def invariants_table(
@@ -565,8 +882,9 @@ def invariants_table(
     max_distance_cells: int = MAX_DISTANCE_CELLS,
     seed: int = 0,
     maps: PairMaps | None = None,
+    resampling: ResamplingSettings | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Measure how well every pair of fits agrees on each quantity of :data:`QUANTITIES`.
+    """Measure how well every pair of fits agrees on each quantity of :data:`QUANTITIES`, with intervals.
 
     Parameters
     ----------
@@ -578,27 +896,32 @@ def invariants_table(
         Random subsets of cells for the k-NN graph and for pairwise distances
         (the number of distances is quadratic in cells).
     seed
-        Seed of the subsets and of the ICAs.
+        Seed of the subsets.
     maps
         The maps between the fits on the cells of ``inputs.latents`` (shared
         with other analyses); by default they are fitted here.
+    resampling
+        How the intervals are made (default: :class:`ResamplingSettings` with ``seed``).
 
     Returns
     -------
     table
-        One row per quantity: ``quantity``, ``invariant_in_theory``,
-        ``metric``, ``agreement`` (worst pair), ``agreement_mean`` (over pairs),
-        ``aligned_agreement`` (worst pair after orthogonal alignment; NaN where
-        alignment does not apply), ``threshold`` (a number) and ``comparison``
-        (``">="`` or ``"<"``: how ``agreement`` must compare with it to count
-        as stable). :func:`countvae.diagnostics.reporting.verdicts.judge_invariants`
+        One row per quantity, columns :data:`TABLE_COLUMNS`: ``agreement``
+        (worst pair) with its interval ``low``-``high``, ``agreement_mean``
+        (over pairs), ``aligned_agreement`` with ``aligned_low``-``aligned_high``
+        (worst pair after orthogonal alignment; NaN where alignment does not
+        apply), ``threshold`` (a number) and ``comparison`` (``">="`` or
+        ``"<"``), ``interval`` (how it was obtained), ``n_cells`` (cells, or
+        genes, behind it) and ``cells_setting`` (the report setting capping
+        them). :func:`countvae.diagnostics.reporting.verdicts.judge_invariants`
         adds the verdicts.
     pairs
         One row per quantity and pair of fits: ``quantity``, ``fit_a``,
         ``fit_b``, ``agreement``, ``aligned_agreement``.
 
     """
-    comparison = _compare(inputs, maps, k, max_knn_cells, max_distance_cells, seed)
+    resampling = resampling or ResamplingSettings(seed=seed)
+    comparison = _compare(inputs, maps, k, max_knn_cells, max_distance_cells, seed, resampling)
     pairs = list(combinations(list(comparison.latents), 2))
     theory_coord = COORDINATE_THEORY.get(inputs.symmetry, "no")
     per_pair: list[dict] = []
@@ -606,28 +929,75 @@ def invariants_table(
     for q in QUANTITIES:
         if not q.included(inputs):
             continue
-        agreement = aligned = []
+        threshold = threshold_of(q, inputs)
+        row = {
+            "quantity": q.name,
+            "invariant_in_theory": theory_coord if q.coordinate_level else q.invariant_in_theory,
+            "metric": q.metric,
+            "threshold": threshold.value,
+            "comparison": threshold.comparison,
+            "cells_setting": q.cells_setting,
+        }
         if q.available(inputs):
             agreement = [q.score(comparison, a, b) for a, b in pairs]
             aligned = [q.aligned_score(comparison, a, b) if q.aligned_score else np.nan for a, b in pairs]
-            per_pair += [
-                {"quantity": q.name, "fit_a": a, "fit_b": b, "agreement": v, "aligned_agreement": w}
-                for (a, b), v, w in zip(pairs, agreement, aligned, strict=True)
-            ]
-        measured = bool(agreement)
-        rows.append(
-            {
-                "quantity": q.name,
-                "invariant_in_theory": theory_coord if q.coordinate_level else q.invariant_in_theory,
-                "metric": q.metric,
-                "agreement": q.threshold.worst(agreement) if measured else np.nan,
-                "agreement_mean": float(np.nanmean(agreement)) if measured else np.nan,
-                "aligned_agreement": q.threshold.worst(aligned) if measured else np.nan,
-                "threshold": q.threshold.value,
-                "comparison": q.threshold.comparison,
+            if q.pairwise:
+                per_pair += [
+                    {"quantity": q.name, "fit_a": a, "fit_b": b, "agreement": v, "aligned_agreement": w}
+                    for (a, b), v, w in zip(pairs, agreement, aligned, strict=True)
+                ]
+            interval = _row_interval(q, comparison, pairs, agreement, q.replicates, threshold)
+            aligned_interval = (
+                _row_interval(q, comparison, pairs, aligned, q.aligned_replicates, threshold)
+                if q.aligned_score
+                else Interval.missing()
+            )
+            text, n_cells = _interval_text(q, comparison)
+            finite = [v for v in agreement if np.isfinite(v)]
+            row |= {
+                "agreement": interval.value,
+                "low": interval.low,
+                "high": interval.high,
+                "agreement_mean": float(np.mean(finite)) if finite else interval.value,
+                "aligned_agreement": aligned_interval.value,
+                "aligned_low": aligned_interval.low,
+                "aligned_high": aligned_interval.high,
+                "interval": text,
+                "n_cells": n_cells,
             }
-        )
+        else:
+            row |= dict.fromkeys(
+                ("agreement", "low", "high", "agreement_mean", "aligned_agreement", "aligned_low", "aligned_high"),
+                np.nan,
+            ) | {"interval": "", "n_cells": 0}
+        rows.append(row)
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)), pd.DataFrame(per_pair, columns=list(PAIR_COLUMNS))
+
+
+def _row_interval(
+    q: Quantity,
+    c: Comparison,
+    pairs: list[tuple[str, str]],
+    values: list[float],
+    replicates: ReplicateFunction | None,
+    threshold: Threshold,
+) -> Interval:
+    if q.row_interval is not None and replicates is None:
+        return q.row_interval(c, pairs)
+    if replicates is None:
+        return Interval.exact(threshold.worst(values))
+    if q.name == "per-dimension loadings" and c.inputs.loadings_are_weights:
+        return Interval.exact(threshold.worst(values))
+    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
+        return Interval(threshold.worst(values), np.nan, np.nan)  # the inputs cannot be resampled
+    boot = c.bootstraps[q.cells]
+    reps = [replicates(c, a, b) for a, b in pairs]
+    return worst_interval(values, reps, boot.shrink, c.resampling.alpha, threshold.higher_is_better)
+
+
+def _has_reduced(q: Quantity, inputs: InvariantInputs) -> bool:
+    """Whether the reduced Jacobians a decoder row's replicates need are given."""
+    return (inputs.gram_jacobians if q.name == "W W^T / decoder Gram" else inputs.jacobians) is not None
 
 
 def _compare(
@@ -637,6 +1007,7 @@ def _compare(
     max_knn_cells: int,
     max_distance_cells: int,
     seed: int,
+    resampling: ResamplingSettings,
 ) -> Comparison:
     latents = {name: np.asarray(z, dtype=np.float64) for name, z in inputs.latents.items()}
     names = list(latents)
@@ -652,12 +1023,23 @@ def _compare(
     knn_cells = subsample(n_cells, max_knn_cells, seed)
     dist_cells = subsample(n_cells, max_distance_cells, seed + 1)
     k_eff = min(k, len(knn_cells) - 1)
+    r = resampling
+
+    def boot(n: int, offset: int) -> CellBootstrap:
+        return cell_bootstrap(n, r.n_replicates, seed=r.seed + 1000 + offset, max_cells=r.max_cells)
+
+    bootstraps = {"heldout": boot(n_cells, 0), "knn": boot(len(knn_cells), 1), "distance": boot(len(dist_cells), 2)}
+    if inputs.log_rates is not None:
+        bootstraps["expression"] = boot(len(next(iter(inputs.log_rates.values()))), 3)
+    reduced = inputs.jacobians if inputs.jacobians is not None else inputs.gram_jacobians
+    if reduced is not None:
+        bootstraps["jacobian"] = boot(len(next(iter(reduced.values())).coefficients), 4)
     return Comparison(
         inputs=inputs,
         latents=latents,
         maps=maps,
-        distances={n: pairwise_distances(z[dist_cells]) for n, z in latents.items()},
+        distances={n: squareform(pairwise_distances(z[dist_cells])) for n, z in latents.items()},
         neighbours={n: knn_sets(z[knn_cells], k_eff) for n, z in latents.items()},
-        lpd_z=_pair_lookup(inputs.lpd_pairs, "z", absolute=True),
-        ppc_noise_ratio=_pair_lookup(inputs.ppc_pairs, "noise_ratio"),
+        bootstraps=bootstraps,
+        resampling=r,
     )

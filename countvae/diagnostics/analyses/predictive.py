@@ -1,28 +1,38 @@
-"""Are the seeds predictively equivalent? Held-out log predictive densities and their paired differences.
+"""Are the seeds predictively equivalent? Held-out log predictive densities, paired, with an equivalence test.
 
 Every orthogonal reparameterization of a fit has exactly the same ``p(x)``, so
-seeds that found the same solution up to a rotation must predict held-out cells
-equally well. Differences beyond Monte Carlo and sampling noise mean the seeds
-reached different optima (or did not converge), not that they chose different
-coordinates.
+seeds that found the same solution up to a rotation predict held-out cells
+equally well. Failing to detect a difference is not evidence of equivalence;
+this module therefore tests equivalence itself, against a stated margin.
 
 Definitions (all log densities in nats, higher is better):
 
-- ``elpd`` of a fit: the sum over held-out cells of its estimated ``log p(x_i)``.
-- ``se``: the sampling standard error of that sum over cells, ``sqrt(n) sd_i``.
-- ``mc_se``: the Monte Carlo standard error of the sum from the importance
-  sampler, ``sqrt(sum_i mc_se_i^2)`` (cells are estimated independently).
-- For two fits, ``diff = elpd_a - elpd_b`` and its paired standard error
-  ``se_diff = sqrt(n) sd_i(lpd_ai - lpd_bi)``; the pairing removes the large
-  between-cell variation that both fits share. The paired per-cell differences
-  already carry each cell's Monte Carlo noise, so ``se_diff`` includes it.
-- The fits are **predictively equivalent** when every pair has
-  ``|diff| < 2 se_diff`` (the ``equivalent`` column of :func:`pairwise_table`,
-  read by :func:`countvae.diagnostics.reporting.verdicts.predictive_verdict`):
-  no difference in held-out fit is detectable on these cells at about the 5%
-  level. It is a statement about what this many cells can resolve, not a proof
-  of equal ``p(x)``: more held-out cells shrink ``se_diff``
-  like ``1 / sqrt(n)`` relative to the total.
+- ``elpd`` of a fit: the sum over held-out cells of its estimated ``log p(x_i)``;
+  ``se`` its sampling standard error ``sqrt(n) sd_i``; ``mc_se`` the Monte Carlo
+  standard error of the sum, ``sqrt(sum_i mc_se_i^2)``.
+- For two fits, the paired per-cell differences ``d_i = lpd_ai - lpd_bi``; their
+  mean ``diff_per_cell`` and its standard error ``se_diff_per_cell = sd(d) / sqrt(n)``.
+  The pairing removes the large between-cell variation both fits share, and the
+  differences carry each cell's Monte Carlo noise.
+- **Margin** ``delta`` (nats per cell): a fraction (``equivalence_margin``) of
+  the mean per-cell gain of the fits' held-out ``log p(x)`` over a model
+  without latent variables (:mod:`countvae.diagnostics.analyses.baseline`):
+  differences smaller than that share of what the latent variables explain
+  are taken to be immaterial. Stated this way it means the same on data of any
+  size or gene count.
+- **Equivalence test** (two one-sided tests, Schuirmann 1987) per pair, with a
+  Bonferroni correction over the ``K = m (m - 1) / 2`` pairs of ``m`` fits: the
+  simultaneous interval ``diff_per_cell +- t_{n-1}(1 - alpha / K) se_diff_per_cell``
+  (``ci_low``, ``ci_high``; level at least ``1 - 2 alpha`` for all pairs at once).
+  A pair is ``equivalent`` when its interval lies inside ``(-delta, delta)``,
+  ``not equivalent`` when it lies outside ``[-delta, delta]``, otherwise
+  ``undetermined``. ``p_equivalence`` is the TOST p-value times ``K`` (capped at 1).
+- **Reliability of the estimator**, a precondition (:func:`estimator_reliability`):
+  Pareto k-hat at most 0.7 on at least 95% of each fit's cells (above it an
+  importance-sampling estimate and its error are not to be believed), and the
+  bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the
+  delta-method bound) small against the margin (its mean at most a tenth of it).
+  :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
 """
 
 from __future__ import annotations
@@ -32,12 +42,20 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from countvae import _arviz
 from countvae.errors import InvalidArgumentError
+from countvae.module.importance import KHAT_THRESHOLD
 
-#: Pairwise differences smaller than this many paired standard errors count as equivalent.
-EQUIVALENCE_Z = 2.0
+#: Default margin: differences below this share of the per-cell gain over the no-latent baseline are immaterial.
+EQUIVALENCE_MARGIN = 0.02
+#: Share of a fit's cells whose importance weights may have a Pareto k-hat above 0.7 for its estimates to count.
+MAX_UNRELIABLE_SHARE = 0.05
+#: Largest mean per-cell Monte Carlo bias bound (``mc_se^2 / 2``), as a share of the margin.
+MAX_BIAS_SHARE = 0.1
+#: Decisions of one pair (and of the fits as a whole) in the equivalence table.
+EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED = "equivalent", "not equivalent", "undetermined"
 
 
 def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
@@ -96,39 +114,128 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def pairwise_table(lpds: Mapping[str, pd.DataFrame], z: float = EQUIVALENCE_Z) -> pd.DataFrame:
-    """Paired differences in held-out ``elpd`` for every pair of fits.
+def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: float = 0.05) -> pd.DataFrame:
+    """Paired differences in held-out ``log p(x)`` and the equivalence test of every pair of fits.
+
+    Parameters
+    ----------
+    lpds
+        Fit name -> per-cell frame with columns ``lpd`` and ``mc_se``, on the same cells.
+    margin
+        ``delta``, in nats per cell (see the module docstring); NaN when it cannot be stated.
+    alpha
+        Error rate of each one-sided test for all pairs together (Bonferroni over pairs).
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``), ``se_diff``
-        (paired, per cell), ``mc_se_diff``, ``diff_per_cell``,
-        ``se_diff_per_cell``, ``z`` (``diff / se_diff``) and ``equivalent``
-        (``|diff| < z * se_diff``).
+        Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``),
+        ``se_diff``, ``mc_se_diff``, ``diff_per_cell``, ``se_diff_per_cell``,
+        ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high`` (simultaneous,
+        nats per cell), ``ci_level``, ``margin``, ``p_equivalence`` and
+        ``decision`` (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`).
 
     """
     _check(lpds)
+    names = list(lpds)
+    n_pairs = len(names) * (len(names) - 1) // 2
     rows = []
-    for a, b in combinations(list(lpds), 2):
+    for a, b in combinations(names, 2):
         d = lpds[a]["lpd"].to_numpy(dtype=np.float64) - lpds[b]["lpd"].to_numpy(dtype=np.float64)
         n = d.size
-        se = float(np.sqrt(n) * d.std(ddof=1)) if n > 1 else np.nan
+        mean = float(d.mean())
+        se = float(d.std(ddof=1) / np.sqrt(n)) if n > 1 else np.nan
+        t = float(stats.t.ppf(1.0 - alpha / n_pairs, df=max(n - 1, 1)))
+        low, high = (mean - t * se, mean + t * se) if np.isfinite(se) else (np.nan, np.nan)
         mc = float(np.sqrt(np.sum(lpds[a]["mc_se"].to_numpy() ** 2 + lpds[b]["mc_se"].to_numpy() ** 2)))
-        diff = float(d.sum())
-        ratio = diff / se if se > 0 else (0.0 if diff == 0 else np.inf)
         rows.append(
             {
                 "fit_a": a,
                 "fit_b": b,
                 "n_cells": n,
-                "diff": diff,
-                "se_diff": se,
+                "diff": mean * n,
+                "se_diff": se * n,
                 "mc_se_diff": mc,
-                "diff_per_cell": diff / n,
-                "se_diff_per_cell": se / n,
-                "z": ratio,
-                "equivalent": bool(abs(ratio) < z),
+                "diff_per_cell": mean,
+                "se_diff_per_cell": se,
+                "z": mean / se if se > 0 else (0.0 if mean == 0 else np.inf),
+                "ci_low": low,
+                "ci_high": high,
+                "ci_level": 1.0 - 2.0 * alpha / n_pairs,
+                "margin": margin,
+                "p_equivalence": _tost_p(mean, se, n, margin, n_pairs),
+                "decision": _pair_decision(low, high, margin),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _tost_p(mean: float, se: float, n: int, margin: float, n_pairs: int) -> float:
+    """The larger of the two one-sided p-values (H0: diff <= -delta; H0: diff >= delta), times the pairs."""
+    if not (np.isfinite(margin) and np.isfinite(se)):
+        return np.nan
+    if se == 0:
+        return 0.0 if abs(mean) < margin else 1.0
+    df = max(n - 1, 1)
+    p = max(stats.t.sf((mean + margin) / se, df), stats.t.cdf((mean - margin) / se, df))
+    return float(min(1.0, p * n_pairs))
+
+
+def _pair_decision(low: float, high: float, margin: float) -> str:
+    if not (np.isfinite(margin) and np.isfinite(low) and np.isfinite(high)):
+        return UNDETERMINED
+    if -margin < low and high < margin:
+        return EQUIVALENT
+    if low > margin or high < -margin:
+        return NOT_EQUIVALENT
+    return UNDETERMINED
+
+
+def equivalence_margin(lpds: Mapping[str, pd.DataFrame], baseline: np.ndarray | None, fraction: float) -> tuple:
+    """The margin in nats per cell, and the mean per-cell gain over the no-latent baseline it is a share of.
+
+    Returns ``(margin, gain)``; both NaN without a baseline, and the margin NaN
+    when the fits explain no more than the baseline (a non-positive gain).
+    """
+    if baseline is None:
+        return np.nan, np.nan
+    mean_lpd = np.mean([frame["lpd"].to_numpy(dtype=np.float64) for frame in lpds.values()], axis=0)
+    gain = float(np.mean(mean_lpd - np.asarray(baseline, dtype=np.float64)))
+    return (fraction * gain if gain > 0 else np.nan), gain
+
+
+def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd.DataFrame:
+    """Whether each fit's ``log p(x)`` estimates can be believed, at the precision the margin asks for.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per fit: ``fit``, ``share_khat_above`` (cells with Pareto k-hat
+        above 0.7, or NaN without a ``khat`` column), ``median_khat``,
+        ``mc_bias_bound`` (mean per-cell ``mc_se^2 / 2``, nats), and ``reliable``:
+        at most :data:`MAX_UNRELIABLE_SHARE` of cells above 0.7 and a bias bound
+        at most :data:`MAX_BIAS_SHARE` of the margin.
+
+    """
+    rows = []
+    for name, frame in lpds.items():
+        mc = frame["mc_se"].to_numpy(dtype=np.float64)
+        bias = float(np.mean(mc**2) / 2.0)
+        if "khat" in frame:
+            khat = frame["khat"].to_numpy(dtype=np.float64)
+            share = float(np.mean(~(khat <= KHAT_THRESHOLD)))  # NaN k-hat counts as unreliable
+            median = float(np.nanmedian(khat)) if np.isfinite(khat).any() else np.nan
+        else:
+            share = median = np.nan
+        ok_khat = bool(np.isfinite(share) and share <= MAX_UNRELIABLE_SHARE)
+        ok_bias = bool(np.isfinite(margin) and bias <= MAX_BIAS_SHARE * margin)
+        rows.append(
+            {
+                "fit": name,
+                "share_khat_above": share,
+                "median_khat": median,
+                "mc_bias_bound": bias,
+                "reliable": ok_khat and ok_bias,
             }
         )
     return pd.DataFrame(rows)

@@ -1,22 +1,32 @@
-"""Cross-seed R-hat: seeds as chains, draws from each fit's guide as draws.
+"""Spread of guide draws across seeds: R-hat with seeds as chains and amortized-guide draws as draws.
 
-If the seeds had found one and the same posterior, draws of any quantity from
-different seeds would be draws from one distribution and R-hat would be near 1.
-For latent coordinates under a rotation-invariant prior each seed lands in its own
-rotation, so R-hat of raw coordinates is far above 1 even for perfectly
-equivalent fits. Invariant quantities (distances between cells, decoded means)
-and coordinates after aligning each seed to a reference seed with an orthogonal
-Procrustes map should have R-hat near 1; where they do not, the seeds differ by
-more than their posterior uncertainty, which no choice of coordinates explains.
+This is **not** an MCMC convergence diagnostic. The draws come from each fit's
+amortized guide ``q(z | x)`` on a few held-out cells
+(:func:`countvae.diagnostics.reporting.collect.guide_draws`), independent and
+exact for that guide, so within one seed there is nothing to converge. R-hat
+(the rank-normalised split R-hat of Vehtari et al. 2021, as computed by arviz)
+is used here as a number for one question: is the seed-to-seed spread of a
+quantity's draws larger than the spread of one seed's draws?
 
-The draws come from each fit's guide on a few held-out cells
-(:func:`countvae.diagnostics.reporting.collect.guide_draws`); the maps into the
-reference fit's coordinates are those of
-:meth:`countvae.diagnostics.analyses.maps.PairMaps.to_reference`, shared with the
-invariants table.
+* Raw coordinates: each seed lands in its own rotation, so R-hat is far above 1
+  even for exactly equivalent fits.
+* Coordinates after the orthogonal map to a reference seed
+  (:meth:`countvae.diagnostics.analyses.maps.PairMaps.to_reference`), distances
+  between cells and decoded means: near 1 only when the seeds' guides agree to
+  within the width of one guide's posterior.
 
-R-hat is the rank-normalised split R-hat of Vehtari et al. (2021) as computed by
-arviz, with its recommended threshold of 1.01; ESS is arviz's bulk and tail ESS.
+**Baseline.** Two independent sets of draws from the *same* fit give the value
+R-hat takes when nothing differs but the draws (the ``baseline_*`` columns);
+``fraction_above_baseline`` is the share of parameters whose cross-seed R-hat
+exceeds the largest baseline value. A guide's posterior for one cell is narrow
+(its standard deviation is a fraction of the between-cell spread), so two seeds
+whose decoded means agree to a concordance of 0.98 can still sit several
+guide-widths apart: measured on the report's calibration scenarios
+(``benchmarks/calibration.py``), the cross-seed R-hat of aligned coordinates,
+distances and decoded means is far above the within-seed baseline for
+converged seeds whose every invariant agrees, just as for seeds trained far too
+briefly. It therefore does not separate equivalent from non-equivalent fits and
+is left out of the verdicts; the report shows it as a description of the spread.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from countvae import _arviz
 from countvae.diagnostics.analyses.maps import AffineMap
 from countvae.errors import InvalidArgumentError
 
-#: R-hat above this marks a parameter whose chains (seeds) disagree (Vehtari et al., 2021).
+#: Vehtari et al.'s (2021) convergence threshold, shown for reference (``fraction_above``); not a verdict here.
 RHAT_THRESHOLD = 1.01
 
 QUANTITIES = ("raw coordinates", "aligned coordinates", "pairwise distances", "decoded log means")
@@ -114,7 +124,17 @@ def rhat_table(draws: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFr
             raise InvalidArgumentError(
                 f"{quantity}: draws must be (chains >= 2, draws, parameters), got {values.shape}."
             )
-        rhat, bulk, tail = _arviz.rhat_ess(values)
+    # One arviz call for every quantity at once (its overhead per call dominates at these sizes).
+    names = list(draws)
+    sizes = np.cumsum([draws[q].shape[2] for q in names])[:-1]
+    shapes = {draws[q].shape[:2] for q in names}
+    if len(shapes) == 1:
+        together = _arviz.rhat_ess(np.concatenate([draws[q] for q in names], axis=2))
+        results = dict(zip(names, zip(*(np.split(v, sizes) for v in together), strict=True), strict=True))
+    else:
+        results = {q: _arviz.rhat_ess(draws[q]) for q in names}
+    for quantity, values in draws.items():
+        rhat, bulk, tail = results[quantity]
         rows.append(
             {
                 "quantity": quantity,
@@ -136,3 +156,49 @@ def rhat_table(draws: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFr
             )
         )
     return pd.DataFrame(rows), pd.concat(per, ignore_index=True)
+
+
+def add_baseline(
+    summary: pd.DataFrame, per_parameter: pd.DataFrame, baseline_draws: Mapping[str, np.ndarray]
+) -> pd.DataFrame:
+    """Add the within-seed baseline to :func:`rhat_table`'s summary.
+
+    Parameters
+    ----------
+    summary, per_parameter
+        The cross-seed summary (one row per quantity) and per-parameter table of :func:`rhat_table`.
+    baseline_draws
+        Quantity -> (2, draws, parameters): two independent draw sets of one fit
+        (as :func:`rhat_chains` shapes them, with the fit's own coordinates as
+        "aligned" ones).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``summary`` with ``baseline_rhat_median``, ``baseline_rhat_max`` and
+        ``fraction_above_baseline`` (share of parameters whose cross-seed R-hat
+        is above ``baseline_rhat_max``).
+
+    """
+    out = summary.copy()
+    medians, maxima, above = [], [], []
+    # One arviz call for every quantity at once (its overhead per call dominates at these sizes).
+    names = list(baseline_draws)
+    sizes = [baseline_draws[q].shape[2] for q in names]
+    values = _arviz.rank_rhat(np.concatenate([baseline_draws[q] for q in names], axis=2))
+    per = dict(zip(names, np.split(values, np.cumsum(sizes)[:-1]), strict=True))
+    for row in summary.itertuples(index=False):
+        base = per.get(row.quantity)
+        if base is None:
+            medians.append(np.nan)
+            maxima.append(np.nan)
+            above.append(np.nan)
+            continue
+        medians.append(float(np.nanmedian(base)))
+        maxima.append(float(np.nanmax(base)))
+        cross = per_parameter.loc[per_parameter["quantity"] == row.quantity, "rhat"].to_numpy()
+        above.append(float(np.mean(cross > maxima[-1])))
+    out["baseline_rhat_median"] = medians
+    out["baseline_rhat_max"] = maxima
+    out["fraction_above_baseline"] = above
+    return out

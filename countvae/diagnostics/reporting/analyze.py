@@ -4,24 +4,35 @@ No fitted model is called here. The maps between fits are fitted once per pair
 on each set of cells they are needed on: the alignment fits its own on half of
 the held-out cells (it scores them on the other half), and one
 :class:`~countvae.diagnostics.analyses.maps.PairMaps` on all held-out cells
-serves the cross-seed R-hat (maps to the first fit) and the invariants table
-(maps between every pair, and each fit's ICA axes).
+serves the cross-seed spread of guide draws (maps to the first fit) and the
+invariants table (maps between every pair). Each seed's ICA for the component
+table is estimated once, on halves of the fit cells when they are known; the
+invariants table's ICA row and the ground truth read that one result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.alignment import MAP_CLASSES, alignment_errors, ica_efficiency, summarize_alignment
-from countvae.diagnostics.analyses.components import empty_tables, ica_component_stability
-from countvae.diagnostics.analyses.invariants import InvariantInputs, invariants_table
+from countvae.diagnostics.analyses.components import ComponentStability, empty_stability, ica_component_stability
+from countvae.diagnostics.analyses.ground_truth import TRUTH_COLUMNS, ground_truth_table
+from countvae.diagnostics.analyses.invariants import InvariantInputs, ResamplingSettings, invariants_table
 from countvae.diagnostics.analyses.maps import PairMaps
 from countvae.diagnostics.analyses.markers import marker_correlations, marker_r2_table, marker_summary
 from countvae.diagnostics.analyses.ppc import PPCStatistics, observed_statistics, ppc_agreement, ppc_table
-from countvae.diagnostics.analyses.predictive import compare_table, pairwise_table, per_fit_table
-from countvae.diagnostics.analyses.rhat import rhat_chains, rhat_table
+from countvae.diagnostics.analyses.predictive import (
+    compare_table,
+    equivalence_margin,
+    equivalence_table,
+    estimator_reliability,
+    per_fit_table,
+)
+from countvae.diagnostics.analyses.resampling import cell_bootstrap
+from countvae.diagnostics.analyses.rhat import add_baseline, rhat_chains, rhat_table
 from countvae.diagnostics.analyses.subspace import covariance_spectrum, geometry_table
 from countvae.diagnostics.reporting.collect import Collected
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -32,21 +43,24 @@ from countvae.diagnostics.reporting.stopwatch import Stopwatch
 class Analyses:
     """The result of every analysis (tables by their name in the report).
 
-    ``predictive_pairs`` and ``predictive_compare`` are ``None`` when a fit
-    cannot estimate log p(x); ``ica_efficiency`` is ``None`` without ICA.
-    ``invariants`` holds the agreement numbers and thresholds; the verdicts
-    are added by :mod:`.verdicts`. ``heldout_maps`` are the maps fitted on all
-    held-out cells (shared by the R-hat and the invariants table).
+    ``predictive_pairs``, ``predictive_reliability`` and ``predictive_compare``
+    are ``None`` when a fit cannot estimate log p(x); ``ica_efficiency`` is
+    ``None`` without ICA. ``invariants`` holds the agreement numbers, intervals
+    and thresholds; the verdicts are added by :mod:`.verdicts`, as are those of
+    the ICA components (``ica``). ``heldout_maps`` are the maps fitted on all
+    held-out cells (shared by the guide spread and the invariants table).
     """
 
     predictive: pd.DataFrame
     predictive_pairs: pd.DataFrame | None
+    predictive_reliability: pd.DataFrame | None
     predictive_compare: pd.DataFrame | None
+    margin: float
+    gain: float
     alignment: pd.DataFrame
     alignment_summary: pd.DataFrame
     ica_efficiency: pd.DataFrame | None
-    ica: pd.DataFrame
-    ica_matches: pd.DataFrame
+    components: ComponentStability
     subspace: pd.DataFrame
     covariance_spectra: pd.DataFrame
     rhat: pd.DataFrame
@@ -59,6 +73,7 @@ class Analyses:
     ppc_genes: pd.DataFrame
     invariants: pd.DataFrame
     invariant_pairs: pd.DataFrame
+    ground_truth: pd.DataFrame
     heldout_maps: PairMaps
 
 
@@ -67,10 +82,16 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
     latents = c.per_fit("latent")
 
     lpds = {name: frame for name, frame in c.per_fit("lpd").items() if frame is not None}
+    pairs = reliability = compare = None
+    margin = gain = np.nan
     if len(lpds) == len(latents):
-        predictive, pairs, compare = per_fit_table(lpds), pairwise_table(lpds), compare_table(lpds).reset_index()
+        margin, gain = equivalence_margin(lpds, c.baseline_lpd, s.equivalence_margin)
+        pairs = equivalence_table(lpds, margin, s.alpha)
+        reliability = estimator_reliability(lpds, margin)
+        predictive = per_fit_table(lpds).merge(reliability, on="fit")
+        compare = compare_table(lpds).reset_index()
     else:
-        predictive, pairs, compare = pd.DataFrame(columns=["fit"]), None, None
+        predictive = pd.DataFrame(columns=["fit"])
     stopwatch.lap("predictive")
 
     map_classes = MAP_CLASSES if s.ica else tuple(m for m in MAP_CLASSES if m != "ica")
@@ -80,9 +101,17 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
     stopwatch.lap("alignment")
 
     if s.ica:
-        ica, ica_matches = ica_component_stability(latents, threshold=s.ica_threshold, seed=s.seed)
+        fit_latents = c.per_fit("latent_fit")
+        known = all(z is not None for z in fit_latents.values())
+        components = ica_component_stability(
+            latents,
+            cell_bootstrap(c.n_cells, s.n_bootstrap, seed=s.seed + 2000, max_cells=s.max_bootstrap_cells),
+            fit_cells=fit_latents if known else None,
+            alpha=s.alpha,
+            seed=s.seed,
+        )
     else:
-        ica, ica_matches = empty_tables()
+        components = empty_stability()
     stopwatch.lap("ica components")
 
     spans = c.per_fit("span")
@@ -97,14 +126,7 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
     stopwatch.lap("subspace")
 
     maps = PairMaps(latents, seed=s.seed)
-    guides = c.per_fit("guide")
-    decoded = {name: g.log_rate for name, g in guides.items()}
-    chains = rhat_chains(
-        {name: g.latent for name, g in guides.items()},
-        decoded=decoded if all(v is not None for v in decoded.values()) else None,
-        maps=maps.to_reference(c.names[0]),
-    )
-    rhat, rhat_parameters = rhat_table(chains)
+    rhat, rhat_parameters = _guide_spread(c, maps)
     stopwatch.lap("rhat")
 
     markers = marker_summary(latents, c.markers)
@@ -115,40 +137,55 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
     observed = observed_statistics(c.ppc_counts)
     predicted = c.per_fit("ppc")
     ppc = ppc_table(observed, predicted)
-    ppc_pairs = ppc_agreement(observed, c.per_fit("ppc_halves"))
+    ppc_pairs = ppc_agreement(observed, c.per_fit("ppc_halves"), predicted)
     ppc_genes = _ppc_genes(c, observed, predicted)
     stopwatch.lap("ppc")
 
+    first = next(iter(c.arrays.values()))
     invariants, invariant_pairs = invariants_table(
         InvariantInputs(
             latents=latents,
             symmetry=c.symmetry,
             lpd_pairs=pairs,
             ppc_pairs=ppc_pairs,
+            ppc_predicted=predicted,
             log_rates=c.per_fit("log_rate"),
             normalized=c.per_fit("normalized"),
             spans=spans,
             grams=c.per_fit("gram"),
             loadings=c.per_fit("loadings"),
+            loadings_are_weights=first.loadings_are_weights,
+            jacobians=c.per_fit("jacobians"),
+            gram_jacobians=c.per_fit("gram_jacobians"),
             markers=c.markers,
-            ica=s.ica,
+            components=components.table if s.ica else None,
+            ica_threshold=s.ica_threshold,
         ),
         k=s.k,
         max_knn_cells=s.max_knn_cells,
         max_distance_cells=s.max_distance_cells,
         seed=s.seed,
         maps=maps,
+        resampling=ResamplingSettings(s.alpha, s.n_bootstrap, s.seed, s.max_bootstrap_cells),
     )
     stopwatch.lap("invariants")
+
+    if c.true_sources is not None:
+        truth = ground_truth_table(latents, components.sources or None, c.true_sources, seed=s.seed)
+    else:
+        truth = pd.DataFrame(columns=list(TRUTH_COLUMNS))
+    stopwatch.lap("ground truth")
     return Analyses(
         predictive=predictive,
         predictive_pairs=pairs,
+        predictive_reliability=reliability,
         predictive_compare=compare,
+        margin=margin,
+        gain=gain,
         alignment=alignment,
         alignment_summary=alignment_summary,
         ica_efficiency=efficiency,
-        ica=ica,
-        ica_matches=ica_matches,
+        components=components,
         subspace=subspace,
         covariance_spectra=spectra,
         rhat=rhat,
@@ -161,8 +198,30 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
         ppc_genes=ppc_genes,
         invariants=invariants,
         invariant_pairs=invariant_pairs,
+        ground_truth=truth,
         heldout_maps=maps,
     )
+
+
+def _guide_spread(c: Collected, maps: PairMaps) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Cross-seed R-hat of guide draws with its within-seed baseline (two draw sets of the first fit)."""
+    guides = c.per_fit("guide")
+    decoded = {name: g.log_rate for name, g in guides.items()}
+    with_genes = all(v is not None for v in decoded.values())
+    chains = rhat_chains(
+        {name: g.latent for name, g in guides.items()},
+        decoded=decoded if with_genes else None,
+        maps=maps.to_reference(c.names[0]),
+    )
+    rhat, per_parameter = rhat_table(chains)
+    first = c.arrays[c.names[0]]
+    if first.guide_repeat is None:
+        return rhat, per_parameter
+    pair = {"draws": first.guide.latent, "repeat": first.guide_repeat.latent}
+    same = {"draws": first.guide.log_rate, "repeat": first.guide_repeat.log_rate}
+    identity = maps.to_reference(c.names[0])[c.names[0]]
+    baseline = rhat_chains(pair, decoded=same if with_genes else None, maps={"draws": identity, "repeat": identity})
+    return add_baseline(rhat, per_parameter, baseline), per_parameter
 
 
 def _ppc_genes(c: Collected, observed: PPCStatistics, predicted: dict[str, PPCStatistics]) -> pd.DataFrame:

@@ -1,12 +1,19 @@
 """Step 1 of the report: check the inputs, then visit each fit once for every array the analyses need.
 
 Everything a fitted model is asked for happens here, in one pass over the fits:
-latent means, held-out log p(x), decoded means, normalized expression, decoder
-Jacobians (reduced to their gene-space span and Gram matrix), loadings,
-posterior predictive draws (reduced to their statistics, see
+latent means (on the held-out cells, and on a subset of the cells the fits were
+trained on, for ICA), held-out log p(x), decoded means, normalized expression,
+decoder Jacobians (as contrasts between genes, see
+:func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their
+gene-space span, Gram matrix and a small gene-space basis for the intervals, see
+:mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior
+predictive draws (reduced to their statistics, see
 :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are not kept) and
-guide draws for the cross-seed R-hat. The analyses then work on
-:class:`Collected` alone.
+guide draws for the cross-seed spread (with a second, independent set of draws
+of the first fit as its baseline). From the data alone: the observed counts the
+no-latent baseline of the equivalence margin needs
+(:mod:`countvae.diagnostics.analyses.baseline`) and, for simulated data, the
+true sources. The analyses then work on :class:`Collected` alone.
 
 Work that grows faster than linearly in cells, or that is expensive per cell,
 runs on a random subset of the held-out cells (:class:`CellSubsets`), whose size
@@ -27,10 +34,12 @@ from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
 from countvae.data.registry import get_registry
+from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline
 from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
 from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
 from countvae.diagnostics.analyses.ppc import PPCStatistics, predictive_statistics, split_half_statistics
-from countvae.diagnostics.analyses.subspace import jacobian_span, subsample
+from countvae.diagnostics.analyses.reduced_jacobians import ReducedJacobians, reduce_jacobians
+from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -79,14 +88,16 @@ def check_fits(fits: Sequence[FittedModel]) -> None:
 
 
 def resolve_inputs(
-    fits: SeedFits | Sequence[FittedModel], adata_heldout: ad.AnnData | None
-) -> tuple[list[FittedModel], ad.AnnData, dict[str, Any]]:
-    """The fits as a list, the held-out cells, and the fits' recorded settings (from a :class:`SeedFits`)."""
+    fits: SeedFits | Sequence[FittedModel], adata_heldout: ad.AnnData | None, adata_fit: ad.AnnData | None = None
+) -> tuple[list[FittedModel], ad.AnnData, ad.AnnData | None, dict[str, Any]]:
+    """The fits as a list, the held-out cells, the fit cells (if known) and the fits' recorded settings."""
     fit_settings: dict[str, Any] = {}
     if isinstance(fits, SeedFits):
         fit_settings = dict(fits.settings)
         if adata_heldout is None:
             adata_heldout = fits.adata_heldout
+        if adata_fit is None:
+            adata_fit = fits.adata_fit
         fits = list(fits.fits)
     else:
         fits = list(fits)
@@ -96,10 +107,12 @@ def resolve_inputs(
         )
     if not isinstance(adata_heldout, ad.AnnData):
         raise InvalidArgumentError(f"adata_heldout must be an AnnData, got {type(adata_heldout).__name__}.")
+    if adata_fit is not None and not isinstance(adata_fit, ad.AnnData):
+        raise InvalidArgumentError(f"adata_fit must be an AnnData or None, got {type(adata_fit).__name__}.")
     check_fits(fits)
     if adata_heldout.n_obs < 8:
         raise InvalidDataError(f"The held-out data has {adata_heldout.n_obs} cells; the diagnostics need at least 8.")
-    return fits, adata_heldout, fit_settings
+    return fits, adata_heldout, adata_fit, fit_settings
 
 
 # ----- what is collected ------------------------------------------------------------------------------
@@ -114,9 +127,12 @@ class CellSubsets:
     rhat: np.ndarray
     genes: np.ndarray
     rhat_genes: np.ndarray
+    fit: np.ndarray | None = None
 
 
-def cell_subsets(adata: ad.AnnData, var_names: pd.Index, s: ReportSettings) -> CellSubsets:
+def cell_subsets(
+    adata: ad.AnnData, var_names: pd.Index, s: ReportSettings, n_fit_cells: int | None = None
+) -> CellSubsets:
     """The random subsets of the settings (each from its own seed, so they do not depend on each other)."""
     n = adata.n_obs
     variance = gene_variance(adata, var_names, seed=s.seed)
@@ -130,6 +146,7 @@ def cell_subsets(adata: ad.AnnData, var_names: pd.Index, s: ReportSettings) -> C
         rhat=subsample(n, s.n_rhat_cells, s.seed + 4),
         genes=genes,
         rhat_genes=np.sort(top),
+        fit=None if n_fit_cells is None else subsample(n_fit_cells, s.max_ica_fit_cells, s.seed + 5),
     )
 
 
@@ -185,10 +202,18 @@ class FitArrays:
         Mean Jacobian Gram matrix on ``CellSubsets.genes``, (genes, genes).
     loadings
         Linear decoder weights, or the mean Jacobian, (genes, n_latent).
+    loadings_are_weights
+        Whether ``loadings`` are a linear decoder's weights (else the mean Jacobian).
+    jacobians, gram_jacobians
+        The Jacobians in a small gene-space basis, on all genes and on ``CellSubsets.genes``.
     ppc, ppc_halves
         Posterior predictive statistics on ``CellSubsets.ppc`` (all draws, and the two halves of the draws).
     guide
         Guide draws on ``CellSubsets.rhat``.
+    guide_repeat
+        A second, independent set of guide draws of the first fit (the baseline of the cross-seed spread).
+    latent_fit
+        Posterior means on ``CellSubsets.fit`` of the fit cells (``None`` without them).
 
     """
 
@@ -199,9 +224,14 @@ class FitArrays:
     span: np.ndarray
     gram: np.ndarray
     loadings: np.ndarray
+    loadings_are_weights: bool
+    jacobians: ReducedJacobians
+    gram_jacobians: ReducedJacobians
     ppc: PPCStatistics
     ppc_halves: tuple[PPCStatistics, PPCStatistics]
     guide: GuideDraws
+    guide_repeat: GuideDraws | None = None
+    latent_fit: np.ndarray | None = None
 
 
 @dataclass
@@ -230,6 +260,14 @@ class Collected:
         The fits' recorded settings (from a ``SeedFits``), else empty.
     heldout_checksum
         SHA-256 of the held-out counts, cells and genes.
+    baseline_lpd
+        Per-cell held-out ``log p(x)`` on ``subsets.lpd`` under the no-latent baseline.
+    baseline_source
+        Which cells the baseline was estimated on.
+    true_sources
+        The simulation's sources on the held-out cells (``obsm["z_true"]``), or ``None``.
+    n_fit_cells
+        Cells the fits were trained on, when known.
 
     """
 
@@ -243,6 +281,10 @@ class Collected:
     arrays: dict[str, FitArrays]
     fit_settings: dict[str, Any]
     heldout_checksum: str
+    baseline_lpd: np.ndarray | None = None
+    baseline_source: str = ""
+    true_sources: np.ndarray | None = None
+    n_fit_cells: int | None = None
 
     @property
     def names(self) -> list[str]:
@@ -278,12 +320,13 @@ def _collect_fit(
     ppc_counts: np.ndarray,
     s: ReportSettings,
 ) -> FitArrays:
+    """Everything one fit provides (see :class:`FitArrays`)."""
     latent = np.asarray(fit.latent(adata), dtype=np.float64)
     lpd = fit.log_predictive_density(views["lpd"], s.n_lpd_samples, s.seed)
     z_expr = latent[sub.expression]
     log_rate = np.asarray(fit.decode_log_rate(views["expression"], z_expr.astype(np.float32)), dtype=np.float64)
     normalized = np.log1p(np.asarray(fit.normalized_expression(views["expression"]), dtype=np.float64))
-    jac = np.asarray(fit.decoder_jacobian(views["jacobian"]), dtype=np.float64)
+    jac = gene_contrasts(fit.decoder_jacobian(views["jacobian"]))
     span = jacobian_span(jac, fit.n_latent, seed=s.seed)
     sel = jac[:, sub.genes, :]
     stacked = np.transpose(sel, (1, 0, 2)).reshape(len(sub.genes), -1)
@@ -293,6 +336,9 @@ def _collect_fit(
     draws = np.asarray(fit.posterior_predictive(views["ppc"], s.n_ppc_samples, s.seed), dtype=np.float64)
     # Chain c draws with seed + c, so that the chains are independent even when two fits are identical.
     guide = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + chain, sub.rhat_genes)
+    # The first fit draws once more, independently (a seed no chain uses): the within-seed baseline.
+    repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes) if chain == 0 else None
+    latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64) if "fit" in views else None
     return FitArrays(
         latent=latent,
         lpd=lpd,
@@ -301,9 +347,14 @@ def _collect_fit(
         span=span,
         gram=gram,
         loadings=loadings,
+        loadings_are_weights=weights is not None,
+        jacobians=reduce_jacobians(jac, seed=s.seed),
+        gram_jacobians=reduce_jacobians(sel, seed=s.seed),
         ppc=predictive_statistics(ppc_counts, draws),
         ppc_halves=split_half_statistics(ppc_counts, draws),
         guide=guide,
+        guide_repeat=repeat,
+        latent_fit=latent_fit,
     )
 
 
@@ -316,6 +367,25 @@ def default_markers_with_labels(adata: ad.AnnData, var_names: pd.Index, n: int) 
     return markers
 
 
+def _batch_labels(adata: ad.AnnData) -> np.ndarray | None:
+    """Each cell's registered batch as text, or ``None`` without a registered batch column."""
+    registry = get_registry(adata)
+    if registry is None or not registry.batch_key or registry.batch_key not in adata.obs.columns:
+        return None
+    return adata.obs[registry.batch_key].astype(str).to_numpy()
+
+
+def no_latent_baseline(
+    heldout: ad.AnnData, adata_fit: ad.AnnData | None, var_names: pd.Index, max_cells: int, seed: int
+) -> tuple[np.ndarray, str]:
+    """Per-cell held-out log p(x) under the no-latent baseline, and the cells it was estimated on."""
+    source, text = (adata_fit, "the fit cells") if adata_fit is not None else (heldout, "the held-out cells")
+    if source.n_obs > max_cells:
+        source = source[subsample(source.n_obs, max_cells, seed)]
+    model = fit_baseline(observed_counts(source, var_names), _batch_labels(source))
+    return baseline_log_likelihood(model, observed_counts(heldout, var_names), _batch_labels(heldout)), text
+
+
 def collect(
     fits: list[FittedModel],
     adata: ad.AnnData,
@@ -324,12 +394,13 @@ def collect(
     fit_settings: dict[str, Any],
     stopwatch: Stopwatch,
     progress_bar: bool = False,
+    adata_fit: ad.AnnData | None = None,
 ) -> Collected:
-    """Visit each fit once on the held-out cells ``adata`` (steps timed by ``stopwatch``)."""
+    """Visit each fit once on the held-out cells ``adata`` (and ``adata_fit``'s cells; steps timed by ``stopwatch``)."""
     var_names = pd.Index(fits[0].var_names)
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
-    sub = cell_subsets(adata, var_names, s)
+    sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
     views = {
         "lpd": adata[sub.lpd].copy(),
         "expression": adata[sub.expression].copy(),
@@ -337,8 +408,12 @@ def collect(
         "ppc": adata[sub.ppc].copy(),
         "rhat": adata[sub.rhat].copy(),
     }
+    if adata_fit is not None and s.ica:
+        views["fit"] = adata_fit[sub.fit].copy()
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()
     checksum = data_checksum(adata, var_names)
+    baseline, baseline_source = no_latent_baseline(views["lpd"], adata_fit, var_names, s.max_baseline_cells, s.seed + 6)
+    truth = np.asarray(adata.obsm["z_true"], dtype=np.float64) if "z_true" in adata.obsm else None
     stopwatch.lap("prepare")
     arrays: dict[str, FitArrays] = {}
     for chain, fit in enumerate(tqdm(fits, desc="diagnostics", unit="fit", disable=not progress_bar)):
@@ -359,4 +434,8 @@ def collect(
         arrays=arrays,
         fit_settings=fit_settings,
         heldout_checksum=checksum,
+        baseline_lpd=baseline,
+        baseline_source=baseline_source,
+        true_sources=truth,
+        n_fit_cells=None if adata_fit is None else int(adata_fit.n_obs),
     )

@@ -18,9 +18,12 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "invariants": (
         "What survives a re-run",
         ("invariants",),
-        "Agreement between seeds for each quantity (worst pair of seeds; 1 is perfect agreement), coloured by "
-        "verdict. Dashed outlines: the same after rotating each pair of seeds onto each other. A quantity that "
-        "only agrees after rotation is a property of the arbitrary coordinates, not of the data.",
+        "Agreement between seeds for each quantity (worst pair of seeds; 1 is perfect agreement) with its "
+        "interval over resamples of the held-out cells, coloured by verdict; grey ticks mark the thresholds. "
+        "A row agrees when its whole interval meets the threshold, differs when the whole interval misses it, "
+        "and is undetermined otherwise. Dashed outlines: the same after rotating each pair of seeds onto each "
+        "other. A quantity that only agrees after rotation is a property of the arbitrary coordinates, not of "
+        "the data.",
     ),
     "lpd": (
         "Held-out log predictive density per seed",
@@ -31,8 +34,9 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "lpd_pairs": (
         "Paired difference to the best seed",
         ("predictive", "predictive_pairs"),
-        "Each seed's held-out log p(x) per cell minus the best seed's, with ±2 standard errors of the per-cell "
-        "paired difference. Bars crossing zero: no detectable difference in predictive fit.",
+        "Each seed's held-out log p(x) per cell minus the best seed's, with the equivalence test's intervals "
+        "(simultaneous over all pairs of seeds). Green band: the equivalence margin. An interval inside the "
+        "band: equivalent; outside it: not equivalent; across its edge: undetermined.",
     ),
     "alignment": (
         "Seed-pair alignment by map class",
@@ -46,13 +50,14 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "ICA components across seeds",
         ("ica", "ica_matches"),
         "For each ICA component of the first seed (IC_0 is its most non-Gaussian), the best-match |correlation| "
-        "with the ICA components of each other seed (points) and its mean (bar), with each seed's ICA estimated on "
-        "a different half of the held-out cells. Green: reproduces (mean at or above the dashed threshold); red: "
-        "does not; hatched: too close to Gaussian to be identified. Black ticks: the same comparison within the "
-        "first seed (its own ICA on the other half): high there but low across seeds means the seeds' solutions "
-        "differ; low in both means too few cells to fix that axis. Only reproducible components can be read as "
-        "axes; the others are identified as a subspace at most. A random rotation of a d-dimensional Gaussian "
-        "space gives about 0.90 (d = 2) to 0.7 (d = 6) by chance.",
+        "with the ICA components of each other seed (points) and the worst of them (bar, with its interval over "
+        "resamples of the held-out cells), each seed's ICA estimated on a different half of the fit cells (or of "
+        "the held-out cells when the fit cells are not known). Green: agrees (whole interval at or above the "
+        "dashed threshold); red: differs; purple: undetermined; hatched: too close to Gaussian to be identified. "
+        "Black ticks: the same comparison within the first seed (its own ICA on the other half): high there but "
+        "low across seeds means the seeds' solutions differ; low in both means too few cells to fix that axis. "
+        "Only components that agree can be read as axes; the others are identified as a subspace at most. A "
+        "random rotation of a d-dimensional Gaussian space gives about 0.90 (d = 2) to 0.7 (d = 6) by chance.",
     ),
     "angles": (
         "Principal angles between gene-space spans",
@@ -80,11 +85,13 @@ FIGURES: dict[str, tuple[str, tuple[str, ...], str]] = {
         "coordinates, so it is what can be reported.",
     ),
     "rhat": (
-        "Cross-seed R-hat",
+        "Spread of guide draws across seeds",
         ("rhat",),
-        "Seeds as chains, draws from each seed's posterior as draws. Raw coordinates have R-hat far above 1 "
-        "because every seed sits in its own rotation; invariant quantities and aligned coordinates near 1 "
-        "mean the seeds agree within their posterior uncertainty. Dashed line: 1.01.",
+        "R-hat with seeds as chains and draws of each seed's amortized guide as draws: not a convergence "
+        "diagnostic and not a verdict. Raw coordinates are far above 1 because every seed sits in its own "
+        "rotation. Diamonds: the largest value for two independent draw sets of one seed (nothing differs but "
+        "the draws). A guide's posterior for one cell is narrow, so seeds that agree on every invariant still "
+        "sit far above that baseline. Dashed line: 1.01.",
     ),
     "ppc": (
         "Posterior predictive check: zero fraction per gene",

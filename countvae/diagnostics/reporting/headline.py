@@ -1,72 +1,118 @@
 """Step 4 of the report: the verdict in plain sentences, most important first (``DiagnosticReport.headline``).
 
 The sentences only state what :mod:`.verdicts` decided and the numbers behind
-it; they make no decision of their own.
+it; they make no decision of their own. Each sentence that names quantities or
+components begins with a fixed label (:data:`LEADS`), so that a test can check
+every sentence against the tables (``tests/test_headline_consistency.py``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.reporting.verdicts import ROTATION, STABLE, UNSTABLE, PredictiveVerdict, quantities_by_verdict
+from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT
+from countvae.diagnostics.reporting.verdicts import (
+    AGREE,
+    ALIGNED,
+    DIFFER,
+    NOT_TESTED,
+    UNDETERMINED,
+    PredictiveVerdict,
+    quantities_by_verdict,
+)
 
-
-def predictive_sentence(verdict: PredictiveVerdict) -> str:
-    """Whether the seeds are predictively equivalent, with the pair that differs most."""
-    if verdict.equivalent is None:
-        return "Held-out log p(x) is not available for these fits, so predictive equivalence is untested."
-    worst, z = verdict.worst, verdict.z_threshold
-    cells = f" on {int(worst['n_cells'])} held-out cells"
-    detail = (
-        f"the largest difference is {worst['fit_a']} vs {worst['fit_b']}: "
-        f"{worst['diff_per_cell']:+.3f} ± {worst['se_diff_per_cell']:.3f} nats per cell ({worst['z']:+.1f} SE)"
-    )
-    if verdict.equivalent:
-        return f"Predictively equivalent: no pair of fits differs by {z:g} paired standard errors{cells}; {detail}."
-    return (
-        f"Not predictively equivalent: {verdict.n_different} of {verdict.n_pairs} pairs differ by more than {z:g} "
-        f"paired standard errors{cells}, so the seeds reached different optima (or did not converge); {detail}."
-    )
-
-
-def ica_sentence(table: pd.DataFrame, threshold: float) -> str | None:
-    """One sentence for the report's verdict: which components reproduce, which do not, and why."""
-    if not len(table):
-        return None
-    good = table.loc[table["reproducible"], "component"].tolist()
-    bad = table.loc[~table["reproducible"], "component"].tolist()
-    lead = (
-        f"ICA components (ICAs of different seeds estimated on disjoint halves of the held-out cells; reproducible "
-        f"at a mean best-match |corr| >= {threshold:g}):"
-    )
-    if not bad:
-        return (
-            f"{lead} all {len(table)} reproduce across seeds, so the ICA axes are a reproducible choice of coordinates."
-        )
-    failing = table.loc[~table["reproducible"]]
-    gaussian = int(failing["gaussian"].sum())
-    why = f", {gaussian} of them too close to Gaussian to be identified" if gaussian else ""
-    kept = f" ({', '.join(good)})" if good else ""
-    within = int((failing["same_fit_match"] >= threshold).sum())
-    causes = []
-    if within:
-        causes.append(
-            f"{within} reproduce between the two halves of the cells within one seed, so the seeds' "
-            "solutions differ along them"
-        )
-    if len(failing) - within:
-        causes.append(
-            f"{len(failing) - within} do not reproduce even within one seed (too few cells, or too close to "
-            "Gaussian, to fix those axes)"
-        )
-    return (
-        f"{lead} {len(good)} of {len(table)} reproduce across seeds{kept}; {', '.join(bad)} do not{why}. "
-        f"Of the components that do not, {'; '.join(causes)}. Report them as one subspace, not as separate axes."
-    )
+#: The first words of each sentence that lists quantities of one verdict.
+LEADS = {
+    AGREE: "Agree across {seeds}:",
+    ALIGNED: "Agree only after aligning the seeds by a rotation:",
+    "differ_invariant": "Differ between seeds although the model's symmetry cannot explain it:",
+    "differ_other": "Differ between seeds even after alignment:",
+    UNDETERMINED: "Undetermined on these cells:",
+}
+#: The first words of the predictive sentence, by state.
+PREDICTIVE_LEADS = {
+    EQUIVALENT: "Predictively equivalent:",
+    NOT_EQUIVALENT: "Not predictively equivalent:",
+    UNDETERMINED: "Predictive equivalence undetermined:",
+    NOT_TESTED: "Predictive equivalence not tested:",
+}
+#: The first words of the ICA components sentence and of the ground-truth sentence.
+ICA_LEAD = "ICA components"
+TRUTH_LEAD = "Against the simulation's true sources"
 
 
 def _listing(names: list[str]) -> str:
     return ", ".join(names) if names else "none"
+
+
+def predictive_sentence(verdict: PredictiveVerdict) -> str:
+    """Whether the seeds are predictively equivalent, against which margin, with the pair that differs most."""
+    lead = PREDICTIVE_LEADS[verdict.state]
+    if verdict.state == NOT_TESTED:
+        return f"{lead} {verdict.reason}."
+    worst = verdict.worst
+    detail = (
+        f"the largest difference is {worst['fit_a']} vs {worst['fit_b']}, {worst['diff_per_cell']:+.3f} nats per cell "
+        f"({100 * worst['ci_level']:.1f}% simultaneous interval {worst['ci_low']:+.3f} to {worst['ci_high']:+.3f}) "
+        f"on {int(worst['n_cells'])} held-out cells"
+    )
+    if np.isfinite(verdict.margin):
+        margin = (
+            f"margin +-{verdict.margin:.3g} nats per cell ({100 * verdict.margin_fraction:g}% of the "
+            f"{verdict.gain:.3g} nats per cell the latent variables add over a no-latent model)"
+        )
+    else:
+        margin = "no margin"
+    counts = verdict.counts
+    if verdict.state == EQUIVALENT:
+        return f"{lead} every pair of fits is within the {margin}; {detail}."
+    if verdict.state == NOT_EQUIVALENT:
+        return (
+            f"{lead} {counts[NOT_EQUIVALENT]} of {len(verdict.pairs)} pairs differ by more than the {margin}, so "
+            f"the seeds reached different optima (or did not converge); {detail}."
+        )
+    return f"{lead} {verdict.reason} ({margin}); {detail}. To decide: {verdict.remedy}."
+
+
+def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
+    """Which ICA components agree, differ and are undetermined across seeds, and why (``None`` without ICA)."""
+    if not len(components):
+        return None
+    first = components.iloc[0]
+    lead = (
+        f"{ICA_LEAD} (each seed's ICA estimated on {first['estimated_on']}, {int(first['n_estimation_cells']):,} "
+        f"cells per half, matched on {int(first['n_matching_cells']):,} held-out cells; agree when the worst "
+        f"best-match |corr| is at least {threshold:g} with confidence):"
+    )
+    parts = []
+    for verdict, text in ((AGREE, "agree across seeds"), (DIFFER, "differ between seeds")):
+        names = components.loc[components["verdict"] == verdict, "component"].tolist()
+        if names:
+            parts.append(f"{_listing(names)} {text}")
+    undecided = components[components["verdict"] == UNDETERMINED]
+    reasons: dict[str, list[str]] = {}
+    for row in undecided.itertuples(index=False):
+        reasons.setdefault(row.reason.split(":")[0], []).append(row.component)
+    for why, names in reasons.items():
+        parts.append(f"{_listing(names)} undetermined ({why})")
+    tail = ""
+    if len(undecided) or (components["verdict"] == DIFFER).any():
+        tail = " Report the components that do not agree as one subspace, not as separate axes."
+    return f"{lead} {'; '.join(parts)}.{tail}"
+
+
+def truth_sentence(truth: pd.DataFrame) -> str | None:
+    """MCC and InfoM of raw and ICA coordinates against the true sources, over seeds (``None`` if not simulated)."""
+    if truth is None or not len(truth):
+        return None
+    parts = []
+    for coordinates, sub in truth.groupby("coordinates", sort=False):
+        parts.append(
+            f"{coordinates} coordinates MCC {sub['mcc'].min():.2f} to {sub['mcc'].max():.2f}, "
+            f"InfoM {sub['infom'].min():.2f} to {sub['infom'].max():.2f}"
+        )
+    return f"{TRUTH_LEAD} (held-out cells, over seeds): {'; '.join(parts)}."
 
 
 def headline(
@@ -77,6 +123,7 @@ def headline(
     markers: pd.DataFrame,
     n_fits: int,
     ica: str | None = None,
+    truth: str | None = None,
 ) -> list[str]:
     """The verdict in sentences.
 
@@ -96,29 +143,33 @@ def headline(
         Number of fits.
     ica
         :func:`ica_sentence`, or ``None``.
+    truth
+        :func:`truth_sentence`, or ``None``.
 
     """
     by = quantities_by_verdict(invariants)
-    theory = dict(zip(invariants["quantity"], invariants["invariant_in_theory"], strict=True))
+    rows = invariants.set_index("quantity")
+    theory = rows["invariant_in_theory"].to_dict()
     seeds = "both seeds" if n_fits == 2 else f"all {n_fits} seeds"
-    lines = [f"Identified here (agree across {seeds}): {_listing(by[STABLE])}."]
-    if by[ROTATION]:
+    lines = [f"{LEADS[AGREE].format(seeds=seeds)} {_listing(by[AGREE])}."]
+    if by[ALIGNED]:
         lines.append(
-            f"Determined only up to a rotation of the latent space (differ between seeds, agree after aligning "
-            f"them): {_listing(by[ROTATION])}. Do not interpret these one dimension at a time."
+            f"{LEADS[ALIGNED]} {_listing(by[ALIGNED])}. They differ between seeds as they stand: do not "
+            "interpret them one dimension at a time."
         )
-    unstable_invariant = [q for q in by[UNSTABLE] if theory.get(q) == "yes"]
-    unstable_other = [q for q in by[UNSTABLE] if theory.get(q) != "yes"]
-    if unstable_invariant:
+    differ_invariant = [q for q in by[DIFFER] if theory.get(q) == "yes"]
+    differ_other = [q for q in by[DIFFER] if theory.get(q) != "yes"]
+    if differ_invariant:
         lines.append(
-            f"Not reproducible although the model's symmetry cannot explain it: {_listing(unstable_invariant)}. "
-            "The seeds reached different solutions (or did not converge); report their spread."
+            f"{LEADS['differ_invariant']} {_listing(differ_invariant)}. The seeds reached different solutions (or "
+            "did not converge); report their spread."
         )
-    if unstable_other:
-        lines.append(f"Not reproducible even after alignment: {_listing(unstable_other)}.")
-        rows = invariants.set_index("quantity").loc[unstable_other]
-        gain = rows["aligned_agreement"] - rows["agreement"]
-        mostly = rows[gain >= 0.3]
+    if differ_other:
+        lines.append(f"{LEADS['differ_other']} {_listing(differ_other)}.")
+        coordinate = rows.loc[differ_other]
+        coordinate = coordinate[np.isfinite(coordinate["aligned_agreement"].astype(float))]
+        gain = coordinate["aligned_agreement"] - coordinate["agreement"]
+        mostly = coordinate[gain >= 0.3]
         if len(mostly):
             changes = ", ".join(
                 f"{q} from {r.agreement:.2f} to {r.aligned_agreement:.2f}" for q, r in mostly.iterrows()
@@ -128,6 +179,11 @@ def headline(
                 f"{mostly['threshold'].iloc[0]:g}): most of their seed-to-seed difference is the arbitrary "
                 "rotation, the remainder a genuine difference between the solutions."
             )
+    if by[UNDETERMINED]:
+        details = "; ".join(
+            f"{q} ({rows.loc[q, 'reason']}; to decide: {rows.loc[q, 'remedy']})" for q in by[UNDETERMINED]
+        )
+        lines.append(f"{LEADS[UNDETERMINED]} {_listing(by[UNDETERMINED])}. Why, and what would decide: {details}.")
     lines.append(predictive)
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]
     lines.append(
@@ -136,11 +192,13 @@ def headline(
     if efficiency is not None and efficiency["ica_efficiency"].notna().any():
         eff = efficiency["ica_efficiency"]
         lines.append(
-            f"ICA efficiency (share of the permutation-to-rotation gap that ICA closes; 1 = all): "
-            f"mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}."
+            f"ICA efficiency (share of the permutation-to-rotation gap that ICA closes, fitted on held-out cells; "
+            f"1 = all): mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}."
         )
     if ica:
         lines.append(ica)
+    if truth:
+        lines.append(truth)
     if len(markers):
         moved = int((~markers["best_dim_agrees"]).sum())
         spread = float((markers["r2_max"] - markers["r2_min"]).max())

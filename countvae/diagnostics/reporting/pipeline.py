@@ -6,8 +6,9 @@ The report is a pipeline of four steps, each in its own module:
    held-out log p(x), decoded means, Jacobians, posterior predictive draws,
    guide draws) and keeps the arrays;
 2. :mod:`.analyze` runs every analysis on those arrays (the maps between fits
-   are fitted once per pair and shared);
-3. :mod:`.verdicts` decides the verdicts from the numbers and thresholds, and
+   are fitted once per pair and shared), each agreement with its interval;
+3. :mod:`.verdicts` decides the verdicts from the numbers, intervals and
+   thresholds (agree, agree after alignment, differ, undetermined), and
    :mod:`.headline` states them;
 4. :class:`~.diagnostic_report.DiagnosticReport` holds the result; its
    renderers only render.
@@ -32,11 +33,17 @@ from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.analyze import Analyses, analyze
 from countvae.diagnostics.reporting.collect import Collected, collect, resolve_inputs
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
-from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence
+from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence, truth_sentence
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
-from countvae.diagnostics.reporting.verdicts import judge_invariants, predictive_verdict
+from countvae.diagnostics.reporting.verdicts import (
+    PredictiveVerdict,
+    ica_row_judgement,
+    judge_components,
+    judge_invariants,
+    predictive_verdict,
+)
 
 __all__ = ["DiagnosticReport", "ReportSettings", "report"]
 
@@ -46,6 +53,7 @@ def report(
     adata_heldout: ad.AnnData | None = None,
     markers: Sequence[str] | None = None,
     *,
+    adata_fit: ad.AnnData | None = None,
     settings: ReportSettings | None = None,
     progress_bar: bool = False,
     **overrides: Any,
@@ -63,6 +71,11 @@ def report(
     markers
         Gene names or ``obs`` columns for the marker analysis; default: the
         genes of largest variance, plus the registered ``labels_key`` column.
+    adata_fit
+        Cells every fit was trained on (default: ``fits.adata_fit``). Each
+        seed's ICA is estimated on two disjoint halves of them (many cells, none
+        held out); without them, on halves of the held-out cells. The no-latent
+        baseline of the equivalence margin is also estimated on them.
     settings
         Sizes and seeds, see :class:`ReportSettings`.
     progress_bar
@@ -83,13 +96,24 @@ def report(
     """
     stopwatch = Stopwatch()
     s = (settings or ReportSettings()).replace(**overrides)
-    fit_list, adata, fit_settings = resolve_inputs(fits, adata_heldout)
+    fit_list, adata, adata_fit, fit_settings = resolve_inputs(fits, adata_heldout, adata_fit)
     limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
     with limit:
-        collected = collect(fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar)
+        collected = collect(
+            fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar, adata_fit=adata_fit
+        )
         analyses = analyze(collected, s, stopwatch)
-    invariants = judge_invariants(analyses.invariants)
-    predictive = predictive_verdict(analyses.predictive_pairs)
+    components = judge_components(analyses.components.table, s.ica_threshold)
+    predictive = predictive_verdict(
+        analyses.predictive_pairs,
+        analyses.predictive_reliability,
+        analyses.margin,
+        analyses.gain,
+        s.equivalence_margin,
+        s.alpha,
+        s.n_lpd_samples,
+    )
+    invariants = judge_invariants(analyses.invariants, predictive, ica_row_judgement(components) if s.ica else None)
     lines = headline(
         invariants,
         predictive_sentence(predictive),
@@ -97,15 +121,17 @@ def report(
         analyses.ica_efficiency,
         analyses.markers,
         len(fit_list),
-        ica=ica_sentence(analyses.ica, s.ica_threshold),
+        ica=ica_sentence(components, s.ica_threshold),
+        truth=truth_sentence(analyses.ground_truth),
     )
     stopwatch.timings["total"] = stopwatch.total()
     return DiagnosticReport(
         headline=lines,
-        tables=_tables(invariants, analyses),
+        tables=_tables(invariants, components, analyses),
         settings={
             "report": s.to_dict(),
             "markers": collected.marker_names,
+            "predictive_equivalence": _predictive_record(predictive),
             "predictively_equivalent": predictive.equivalent,
             "fits": collected.fit_settings,
         },
@@ -115,15 +141,30 @@ def report(
     )
 
 
-def _tables(invariants: pd.DataFrame, a: Analyses) -> dict[str, pd.DataFrame]:
+def _predictive_record(verdict: PredictiveVerdict) -> dict[str, Any]:
+    """The predictive-equivalence decision as plain values (report.json, ``settings``)."""
+    return {
+        "state": verdict.state,
+        "reason": verdict.reason,
+        "remedy": verdict.remedy,
+        "margin_nats_per_cell": verdict.margin,
+        "gain_over_no_latent_nats_per_cell": verdict.gain,
+        "margin_fraction": verdict.margin_fraction,
+        "alpha": verdict.alpha,
+        "pairs": dict(verdict.counts),
+    }
+
+
+def _tables(invariants: pd.DataFrame, components: pd.DataFrame, a: Analyses) -> dict[str, pd.DataFrame]:
     """Every table by name: the main ones (:data:`MAIN_TABLES`, in the order of the sections), then the details."""
-    main = [invariants, a.alignment, a.predictive, a.subspace, a.rhat, a.markers, a.ppc, a.ica]
+    main = [invariants, a.alignment, a.predictive, a.subspace, a.rhat, a.markers, a.ppc, components]
     details = {
         "predictive_pairs": a.predictive_pairs,
         "predictive_compare": a.predictive_compare,
         "alignment_summary": a.alignment_summary,
         "ica_efficiency": a.ica_efficiency,
-        "ica_matches": a.ica_matches,
+        "ica_matches": a.components.matches,
+        "ground_truth": a.ground_truth if len(a.ground_truth) else None,
         "covariance_spectra": a.covariance_spectra,
         "rhat_parameters": a.rhat_parameters,
         "marker_correlations": a.marker_correlations,
@@ -152,14 +193,28 @@ def _subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
         "pairwise latent distances": f"{min(n, s.max_distance_cells)} of {n} cells (quadratic in cells)",
         "k-NN graphs": f"{min(n, s.max_knn_cells)} of {n} cells, k={min(s.k, min(n, s.max_knn_cells) - 1)}",
         "latent diameter": f"{min((n + 1) // 2, 10_000)} scoring cells at most (quadratic in cells)",
-        "cross-seed R-hat": (
-            f"{len(sub.rhat)} cells, {s.n_rhat_draws} guide draws per seed, {len(sub.rhat_genes)} genes"
+        "spread of guide draws (R-hat)": (
+            f"{len(sub.rhat)} cells, {s.n_rhat_draws} guide draws per seed, {len(sub.rhat_genes)} genes; "
+            "baseline: a second set of draws of the first fit"
         ),
         "alignment maps": "fitted on a random half of the held-out cells, scored on the other half",
+        "intervals": (
+            f"paired bootstrap over cells, {s.n_bootstrap} replicates, at most {s.max_bootstrap_cells} cells "
+            f"resampled (m-out-of-n beyond), level {1 - 2 * s.alpha:g}"
+        ),
+        "no-latent baseline (equivalence margin)": (
+            f"estimated on {c.baseline_source} (at most {s.max_baseline_cells} cells), evaluated on the "
+            f"{len(sub.lpd)} cells of the log predictive density"
+        ),
     }
     if s.ica:
+        where = (
+            f"two disjoint halves of {len(sub.fit)} of the {c.n_fit_cells} fit cells"
+            if sub.fit is not None and c.n_fit_cells is not None
+            else f"two disjoint halves of the {n} held-out cells"
+        )
         subsampling["ICA component stability"] = (
-            f"ICA of {c.names[0]} on a random half of the {n} held-out cells, of every other fit on the other "
-            "half; components matched on all held-out cells"
+            f"ICA of {c.names[0]} on one of {where}, of every other fit on the other; components matched on all "
+            f"{n} held-out cells"
         )
     return subsampling

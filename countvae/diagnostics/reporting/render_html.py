@@ -23,7 +23,7 @@ from countvae._report_files import (
 from countvae.diagnostics.reporting.display import threshold_text
 from countvae.diagnostics.reporting.figures import FIGURES, draw_figures
 from countvae.diagnostics.reporting.report_content import ReportContent
-from countvae.diagnostics.reporting.verdicts import NOT_MEASURED, ROTATION, STABLE, UNSTABLE
+from countvae.diagnostics.reporting.verdicts import AGREE, ALIGNED, DIFFER, NOT_MEASURED, UNDETERMINED
 
 #: The report's own style rules, added to :data:`countvae._report_files.STYLE`.
 _STYLE = """
@@ -31,28 +31,34 @@ _STYLE = """
 .verdict li{margin:.35em 0}
 .glance{display:grid;grid-template-columns:repeat(auto-fit,minmax(250px,1fr));gap:.8em;margin:1em 0}
 .glance div{border:1px solid #ddd;border-top:5px solid;padding:.5em .8em;font-size:.9em}
-.glance .g-stable{border-top-color:#1b7837}.glance .g-rotation{border-top-color:#e08214}
-.glance .g-unstable{border-top-color:#b2182b}.glance .g-unmeasured{border-top-color:#999}
+.glance .g-agree{border-top-color:#1b7837}.glance .g-aligned{border-top-color:#e08214}
+.glance .g-differ{border-top-color:#b2182b}.glance .g-undetermined{border-top-color:#6a51a3}
+.glance .g-unmeasured{border-top-color:#999}
 .glance b{display:block;margin-bottom:.2em}.glance span{color:#555;font-size:.9em}
 .glance ul{margin:.3em 0 0 1.1em;padding:0}
-.v-stable{color:#1b7837;font-weight:bold}.v-rotation{color:#e08214;font-weight:bold}
-.v-unstable{color:#b2182b;font-weight:bold}
+.v-agree{color:#1b7837;font-weight:bold}.v-aligned{color:#e08214;font-weight:bold}
+.v-differ{color:#b2182b;font-weight:bold}.v-undetermined{color:#6a51a3;font-weight:bold}
 """
 
 
 def _verdict_class(verdict: str) -> str:
-    return {STABLE: "v-stable", ROTATION: "v-rotation", UNSTABLE: "v-unstable"}.get(verdict, "")
+    return {AGREE: "v-agree", ALIGNED: "v-aligned", DIFFER: "v-differ", UNDETERMINED: "v-undetermined"}.get(verdict, "")
 
 
 #: The verdict columns at a glance: verdict -> (CSS class, heading, what it means for the reader).
 GLANCE = {
-    STABLE: ("g-stable", "Stable", "agrees across seeds as it is: report it"),
-    ROTATION: (
-        "g-rotation",
-        "Stable only up to a rotation",
-        "agrees only after aligning the seeds: never read it one dimension at a time",
+    AGREE: ("g-agree", "Agree", "agrees across seeds as it is, with confidence: report it"),
+    ALIGNED: (
+        "g-aligned",
+        "Agree only after alignment",
+        "agrees only after rotating the seeds onto each other: never read it one dimension at a time",
     ),
-    UNSTABLE: ("g-unstable", "Unstable", "differs between seeds: report the spread, or do not report it"),
+    DIFFER: ("g-differ", "Differ", "differs between seeds, with confidence: report the spread, or do not report it"),
+    UNDETERMINED: (
+        "g-undetermined",
+        "Undetermined",
+        "these cells cannot tell: see the reason and what would decide it",
+    ),
     NOT_MEASURED: ("g-unmeasured", "Not measured", "not available for these fits"),
 }
 
@@ -62,33 +68,67 @@ def _glance_html(frame: pd.DataFrame) -> str:
     boxes = []
     for verdict, (css, heading, meaning) in GLANCE.items():
         quantities = frame.loc[frame["verdict"] == verdict, "quantity"].tolist()
-        if not quantities and verdict == NOT_MEASURED:
+        if not quantities and verdict in (NOT_MEASURED, UNDETERMINED):
             continue
         items = html_list(quantities) or "<li>none</li>"
         boxes.append(f'<div class="{css}"><b>{escape(heading)}</b><span>{escape(meaning)}</span><ul>{items}</ul></div>')
     return f'<div class="glance">{"".join(boxes)}</div>'
 
 
+def _interval(low: float, high: float) -> str:
+    return "" if not (pd.notna(low) and pd.notna(high)) else f"[{format_value(low)}, {format_value(high)}]"
+
+
 def _invariants_html(frame: pd.DataFrame) -> str:
     text_head = ("quantity", "invariant in theory", "metric")
-    number_head = ("agreement (worst pair)", "mean over pairs", "after rotation", "threshold")
+    number_head = ("agreement (worst pair)", "interval", "mean over pairs", "after rotation", "threshold")
     head = "".join(f"<th>{escape(c)}</th>" for c in text_head)
     head += "".join(f"<th class=num>{escape(c)}</th>" for c in number_head)
-    head += "".join(f"<th>{escape(c)}</th>" for c in ("verdict", "report instead"))
+    head += "".join(f"<th>{escape(c)}</th>" for c in ("verdict", "why / to decide", "report instead"))
     rows = []
     for r in frame.itertuples():
         cells_html = "".join(f"<td>{escape(c)}</td>" for c in (r.quantity, r.invariant_in_theory, r.metric))
+        aligned = format_value(r.aligned_agreement)
+        if pd.notna(r.aligned_agreement):
+            aligned += " " + _interval(r.aligned_low, r.aligned_high)
         numbers = (
             format_value(r.agreement),
+            _interval(r.low, r.high),
             format_value(r.agreement_mean),
-            format_value(r.aligned_agreement),
+            aligned,
             threshold_text(r.threshold, r.comparison),
         )
         cells_html += "".join(f"<td class=num>{escape(c)}</td>" for c in numbers)
         cells_html += f'<td class="{_verdict_class(r.verdict)}">{escape(r.verdict)}</td>'
-        cells_html += f"<td>{escape(r.report_instead)}</td>"
+        why = "; to decide: ".join(t for t in (r.reason, r.remedy) if t)
+        cells_html += f"<td>{escape(why)}</td><td>{escape(r.report_instead)}</td>"
         rows.append(f"<tr>{cells_html}</tr>")
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+def _level(rep: ReportContent) -> str:
+    alpha = float(rep.settings.get("report", {}).get("alpha", 0.05))
+    return f"{100 * (1 - 2 * alpha):g}%"
+
+
+def _predictive_intro(rep: ReportContent) -> str:
+    record = rep.settings.get("predictive_equivalence", {})
+    margin = record.get("margin_nats_per_cell")
+    fraction = record.get("margin_fraction")
+    gain = record.get("gain_over_no_latent_nats_per_cell")
+    state = record.get("state", "not tested")
+    stated = (
+        f"margin +-{format_value(margin)} nats per cell, {100 * fraction:g}% of the {format_value(gain)} nats per "
+        "cell the latent variables add over a model without them"
+        if margin is not None and fraction is not None and gain is not None and margin == margin
+        else "no margin could be stated"
+    )
+    return (
+        f"<p>Decision: <b>{escape(state)}</b> ({escape(stated)}). Two one-sided tests per pair of seeds on the "
+        "paired per-cell differences, with intervals simultaneous over all pairs; a pair is equivalent when its "
+        "interval lies inside the margin, not equivalent when it lies outside, undetermined otherwise. "
+        f"{escape(record.get('reason', ''))}</p>"
+    )
 
 
 def summary_html(rep: ReportContent) -> str:
@@ -103,8 +143,9 @@ _SECTIONS = {
     "alignment": "3. Alignment of latent spaces",
     "subspace": "4. Subspaces and geometry",
     "markers": "5. The marker pitfall",
-    "rhat": "6. Cross-seed R-hat",
+    "rhat": "6. Spread of guide draws across seeds (R-hat)",
     "ppc": "7. Posterior predictive checks",
+    "truth": "8. Against the simulation's truth",
     "about": "About this report",
 }
 
@@ -128,7 +169,8 @@ def render_html(rep: ReportContent) -> str:
         return html_figure_row(figure(n) for n in names)
 
     fits = ", ".join(f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", []))
-    nav = " ".join(f'<a href="#{a}">{escape(title)}</a>' for a, title in _SECTIONS.items())
+    sections = {a: title for a, title in _SECTIONS.items() if a != "truth" or "ground_truth" in t}
+    nav = " ".join(f'<a href="#{a}">{escape(title)}</a>' for a, title in sections.items())
     parts = [
         "<h1>Multi-seed diagnostics: what these fits identify</h1>",
         f'<p class="small">{len(rep.provenance.get("fits", []))} fits: {escape(fits)}; '
@@ -141,20 +183,24 @@ def render_html(rep: ReportContent) -> str:
         f"<nav>Evidence: {nav}</nav>",
         _h2("invariants"),
         "<p>One row per output. <i>Invariant in theory</i>: whether the prior's symmetry (every rotation of the "
-        "latent space) leaves it unchanged. <i>Agreement</i>: how closely the seeds agree (the metric is named; "
-        "see the definitions at the end). <i>Verdict</i>: stable (agrees as it is), stable up to rotation "
-        "(agrees only after rotating the seeds onto each other), unstable (does not agree).</p>",
+        "latent space) leaves it unchanged. <i>Agreement</i>: how closely the worst pair of seeds agrees (the "
+        "metric is named; see the definitions at the end), with its interval over resamples of the held-out "
+        f"cells (level {_level(rep)}). <i>Verdict</i>: agree (the whole interval meets the threshold), agree "
+        "after alignment (only after rotating the seeds onto each other), differ (the whole interval misses "
+        "it), undetermined (the interval contains the threshold: the row says why and what would decide "
+        "it).</p>",
         figure("invariants"),
         _invariants_html(rep.invariants),
         _h2("predictive"),
+        _predictive_intro(rep),
         figure_row("lpd_pairs", "lpd"),
+        "<h3>Equivalence test per pair of seeds</h3>",
+        html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>",
+        "<h3>Per seed, with the estimator's reliability</h3>",
         html_table(rep.predictive),
         html_details(
-            "Pairwise paired differences and the arviz comparison",
-            "<h3>Pairwise paired differences</h3>"
-            + (html_table(t["predictive_pairs"]) if "predictive_pairs" in t else "<p>Not available.</p>")
-            + "<h3>arviz comparison</h3>"
-            + (html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>"),
+            "The arviz comparison",
+            html_table(t["predictive_compare"]) if "predictive_compare" in t else "<p>Not available.</p>",
         ),
         _h2("alignment"),
         figure("alignment"),
@@ -168,7 +214,10 @@ def render_html(rep: ReportContent) -> str:
             "<h3>ICA components: which reproduce across seeds</h3>",
             "<p>ICA picks the rotation that makes the coordinates most non-Gaussian. That choice is reproducible "
             "only along directions that are clearly non-Gaussian; inside a Gaussian subspace every rotation is "
-            "equally good and the axes are noise.</p>",
+            "equally good and the axes are noise. Each seed's ICA is estimated on other cells than those it is "
+            "compared on; a component agrees when its worst match with another seed is at the threshold with "
+            "confidence, and is undetermined when it is too close to Gaussian or does not reproduce even within "
+            "one seed.</p>",
             figure("ica_stability"),
             html_table(rep.ica),
         ]
@@ -184,11 +233,26 @@ def render_html(rep: ReportContent) -> str:
         figure("marker_r2"),
         html_table(rep.markers),
         _h2("rhat"),
+        "<p>Not a convergence diagnostic and not part of the verdicts: seeds as chains, draws of each seed's "
+        "amortized guide as draws. The baseline columns give the same statistic for two independent draw sets "
+        "of one seed. A guide's posterior for one cell is narrow, so seeds that agree on every invariant can "
+        "still lie several posterior widths apart.</p>",
         figure("rhat"),
         html_table(rep.rhat),
         _h2("ppc"),
         figure("ppc"),
         html_table(rep.ppc),
+    ]
+    if "ground_truth" in t:
+        parts += [
+            _h2("truth"),
+            "<p>The held-out cells were simulated: their true sources are known. MCC is the mean |correlation| of "
+            "the true sources with their best-matched coordinates; InfoM the modularity of Hsu et al. (2023). Raw "
+            "coordinates sit in an arbitrary rotation of the sources; ICA coordinates recover non-Gaussian "
+            "sources up to order and sign.</p>",
+            html_table(t["ground_truth"]),
+        ]
+    parts += [
         _h2("about"),
         "<h3>What was subsampled</h3>",
         "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",
@@ -224,19 +288,27 @@ _DEFINITIONS = (
             "gene-space span (1 = same span), averaged over both directions.",
             "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
             "mcc": "mean correlation of ICA components after matching them by a signed permutation.",
-            "|z|": "largest paired difference in held-out log p(x) between two seeds, in paired standard errors.",
-            "noise ratio": "seed-to-seed difference of the predicted per-gene coefficient of variation and zero "
-            "fraction, over the difference between two halves of one seed's draws (about 1 when the seeds agree).",
+            "|diff| / margin": "largest mean per-cell difference in held-out log p(x) between two seeds, in units of "
+            "the equivalence margin (a share of what the latent variables add over a no-latent model).",
+            "worst best-match |corr|": "for the ICA row, the smallest best-match |correlation| of an ICA component "
+            "of the first seed with the components of another seed.",
+            "ccc (posterior predictive)": "for the posterior predictive statistics, the smaller of the "
+            "concordances over genes of two seeds' predicted coefficient of variation and zero fraction.",
             "alignment error": "mean Euclidean distance per held-out cell between mapped and target latent means, "
             "over the target's diameter (largest pairwise distance) or RMS pairwise distance, averaged over both "
             "directions.",
             "ICA efficiency": "(e_permutation - e_ICA) / (e_permutation - e_orthogonal).",
             "best-match |corr|": "for one ICA component of the first seed, the largest |correlation| with a "
             "component of another seed's ICA after matching all components one to one (Hungarian); a component "
-            "reproduces when its mean over the other seeds is at least the threshold (0.95 by default).",
-            "R-hat": "rank-normalised split R-hat (Vehtari et al. 2021, arviz) with seeds as chains.",
-            "predictively equivalent": "every pair of seeds differs in held-out log p(x) by less than 2 paired "
-            "standard errors.",
+            "agrees when the interval of its worst match over the other seeds lies at or above the threshold "
+            "(0.95 by default).",
+            "R-hat": "rank-normalised split R-hat (Vehtari et al. 2021, arviz) with seeds as chains and guide draws "
+            "as draws: a description of the seed-to-seed spread, not a verdict.",
+            "interval": "percentile interval of a paired bootstrap over the held-out cells (the same resampled cells "
+            "for every pair of seeds; the row's replicate is its worst pair).",
+            "predictively equivalent": "two one-sided tests per pair of seeds on the paired per-cell differences in "
+            "held-out log p(x), against the margin, Bonferroni-corrected over pairs, on reliable estimates "
+            "(Pareto k-hat <= 0.7 on at least 95% of cells).",
         }.items()
     )
     + "</ul>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from countvae._formatting import markdown_table
@@ -14,6 +15,21 @@ def _md(frame: pd.DataFrame) -> str:
     return markdown_table(frame, max_rows=60, note=ALL_ROWS_NOTE)
 
 
+def _predictive_line(rep: ReportContent) -> str:
+    record = rep.settings.get("predictive_equivalence", {})
+    parts = [f"Decision: **{record.get('state', 'not tested')}**"]
+    margin = record.get("margin_nats_per_cell")
+    if margin is not None and np.isfinite(margin):
+        parts.append(
+            f"margin +-{record['margin_nats_per_cell']:.4g} nats per cell ({100 * record['margin_fraction']:g}% of "
+            f"the {record['gain_over_no_latent_nats_per_cell']:.4g} nats per cell the latent variables add over a "
+            "no-latent model)"
+        )
+    if record.get("reason"):
+        parts.append(record["reason"])
+    return "; ".join(parts) + "."
+
+
 def render_markdown(rep: ReportContent) -> str:
     """The report as Markdown (tables only; the figures are in report.html)."""
     t = rep.tables
@@ -24,10 +40,11 @@ def render_markdown(rep: ReportContent) -> str:
         "## Invariants",
         _md(invariants_for_display(rep.invariants)),
         "## Predictive equivalence",
-        _md(rep.predictive),
+        _predictive_line(rep),
     ]
     if "predictive_pairs" in t:
         sections.append(_md(t["predictive_pairs"]))
+    sections.append(_md(rep.predictive))
     sections += ["## Alignment (mean over seed pairs)", _md(t["alignment_summary"])]
     if "ica_efficiency" in t:
         sections.append(_md(t["ica_efficiency"]))
@@ -38,10 +55,14 @@ def render_markdown(rep: ReportContent) -> str:
         _md(rep.subspace),
         "## Markers",
         _md(rep.markers),
-        "## Cross-seed R-hat",
+        "## Spread of guide draws across seeds (R-hat; not a verdict)",
         _md(rep.rhat),
         "## Posterior predictive checks",
         _md(rep.ppc),
+    ]
+    if "ground_truth" in t:
+        sections += ["## Against the simulation's truth", _md(t["ground_truth"])]
+    sections += [
         "## Subsampling",
         "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),
         "## Provenance",

@@ -32,7 +32,8 @@ class ReportContent:
         (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
         spectra, marker correlations, ...).
     settings
-        Sizes, seeds, markers, the predictive-equivalence verdict and the fits' settings.
+        Sizes, seeds, markers, the predictive-equivalence decision (``predictive_equivalence``:
+        state, reason, remedy, margin) and the fits' settings.
     subsampling
         What was computed on a subset of cells or genes, and how large it was.
     provenance
@@ -51,13 +52,18 @@ class ReportContent:
 
     @property
     def invariants(self) -> pd.DataFrame:
-        """One row per quantity: invariant in theory, agreement across seeds, threshold, verdict, what to report.
+        """One row per quantity: invariant in theory, agreement across seeds with its interval, verdict, why.
 
         Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement``
-        (worst pair), ``agreement_mean``, ``aligned_agreement``, ``threshold`` (a
-        number), ``comparison`` (``">="`` or ``"<"``: how the agreement must
-        compare with the threshold to count as stable), ``verdict``,
-        ``report_instead``.
+        (worst pair) with its interval ``low``-``high``, ``agreement_mean``,
+        ``aligned_agreement`` with ``aligned_low``-``aligned_high``,
+        ``threshold`` (a number), ``comparison`` (``">="`` or ``"<"``: how the
+        agreement must compare with the threshold), ``interval`` (how the
+        interval was made), ``n_cells``, ``cells_setting``, ``verdict``
+        (``agree``, ``agree after alignment``, ``differ``, ``undetermined`` or
+        ``not measured``), ``reason`` and ``remedy`` (why it is undetermined and
+        what would decide it), ``report_instead``. See
+        :mod:`countvae.diagnostics.reporting.verdicts` for the decision rule.
         """
         return self.tables["invariants"]
 
@@ -78,7 +84,7 @@ class ReportContent:
 
     @property
     def rhat(self) -> pd.DataFrame:
-        """Cross-seed R-hat and ESS per quantity."""
+        """Spread of guide draws across seeds (R-hat, seeds as chains) per quantity, with its within-seed baseline."""
         return self.tables["rhat"]
 
     @property
@@ -93,12 +99,14 @@ class ReportContent:
 
     @property
     def ica(self) -> pd.DataFrame:
-        """Per ICA component of the first fit: how well it reproduces in the other fits.
+        """Per ICA component of the first fit: whether it agrees across seeds, and why not.
 
-        Its best-match |correlation| with the other fits' ICA components
-        (``mean_match``, ``median_match``, ``min_match``; ICAs estimated on
-        disjoint halves of the held-out cells), excess kurtosis, negentropy, the
-        Gaussian flag and whether it is ``reproducible`` (see
+        Its worst best-match |correlation| with the other fits' ICA components
+        (``worst_match`` with its interval ``low``-``high``, and ``mean_match``;
+        ICAs estimated on disjoint halves of the fit cells, or of the held-out
+        cells without them), the same comparison within the first fit
+        (``same_fit_match``), excess kurtosis, negentropy, the Gaussian flag,
+        and the ``verdict`` with its ``reason`` and ``remedy`` (see
         :mod:`countvae.diagnostics.analyses.components`). No rows when the
         report was made with ``ica=False``.
         """

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from countvae._checks import check_int, check_number
+from countvae.diagnostics.analyses.invariants import ICA_THRESHOLD
+from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
+from countvae.diagnostics.analyses.resampling import MAX_CELLS, N_REPLICATES
 from countvae.errors import InvalidArgumentError
 
 #: The smallest value of each integer size that can work.
@@ -25,6 +28,10 @@ MINIMUM = {
     "max_knn_cells": 3,
     "k": 1,
     "n_markers": 1,
+    "n_bootstrap": 20,
+    "max_bootstrap_cells": 10,
+    "max_ica_fit_cells": 20,
+    "max_baseline_cells": 10,
 }
 
 
@@ -55,8 +62,25 @@ class ReportSettings:
         Add the ICA map class, the ICA efficiency, the ICA coordinates row and
         the per-component stability of ICA across seeds (``DiagnosticReport.ica``).
     ica_threshold
-        An ICA component reproduces across seeds when its mean best-match
-        |correlation| is at least this (see :mod:`countvae.diagnostics.analyses.components`).
+        An ICA component agrees across seeds when its worst best-match
+        |correlation| with another seed's components is at least this, with
+        confidence (see :mod:`countvae.diagnostics.analyses.components`).
+    max_ica_fit_cells
+        Cells of the fit cells (when known) on which each seed's ICA is
+        estimated, in two disjoint halves.
+    alpha
+        Each side of every interval, and each one-sided test of predictive
+        equivalence, errs with this probability (intervals at level ``1 - 2 alpha``).
+    n_bootstrap, max_bootstrap_cells
+        Replicates of the paired bootstrap over cells behind each row's
+        interval, and cells resampled at most (beyond, an m-out-of-n bootstrap;
+        see :mod:`countvae.diagnostics.analyses.resampling`).
+    equivalence_margin
+        Margin of the predictive equivalence test, as a share of the mean
+        per-cell gain of the fits' held-out log p(x) over a model without
+        latent variables (see :mod:`countvae.diagnostics.analyses.predictive`).
+    max_baseline_cells
+        Cells the no-latent baseline is estimated on at most.
     seed
         Seed of every subset and Monte Carlo draw.
     blas_threads
@@ -82,13 +106,21 @@ class ReportSettings:
     k: int = 15
     n_markers: int = 8
     ica: bool = True
-    ica_threshold: float = 0.95
+    ica_threshold: float = ICA_THRESHOLD
+    max_ica_fit_cells: int = 10_000
+    alpha: float = 0.05
+    n_bootstrap: int = N_REPLICATES
+    max_bootstrap_cells: int = MAX_CELLS
+    equivalence_margin: float = EQUIVALENCE_MARGIN
+    max_baseline_cells: int = 5_000
     seed: int = 0
     blas_threads: int | None = 1
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
         check_number("ica_threshold", self.ica_threshold, 0.0, 1.0, low_open=True)
+        check_number("alpha", self.alpha, 0.0, 0.5, low_open=True, high_open=True)
+        check_number("equivalence_margin", self.equivalence_margin, 0.0, 1.0, low_open=True)
         if self.blas_threads is not None:
             check_int("blas_threads (or None)", self.blas_threads, minimum=1)
         for name, low in MINIMUM.items():

@@ -1,79 +1,199 @@
-"""Step 3 of the report: verdicts, decided from the analyses' numbers and thresholds alone.
+"""Step 3 of the report: verdicts, decided from the analyses' numbers, intervals and thresholds alone.
 
-Every rule that turns a number into a claim about the fits lives here, so that
-changing how verdicts are made (intervals, calibration) touches this module only.
+Every rule that turns a number into a claim about the fits lives here.
 
-Invariants
-----------
-``stable``
-    The worst pair of seeds meets the quantity's threshold as the quantity stands.
-``stable up to rotation``
-    It does not, but it does after the orthogonal alignment: the seeds agree
-    on the thing itself, not on its coordinates.
-``unstable``
-    It does not, even after alignment. For a quantity that is invariant in
-    theory this means the seeds reached different optima (or did not
-    converge), not that they picked different coordinates.
-``not measured``
-    The fits' API does not provide what the quantity needs.
+The decision rule
+-----------------
+Each row of the invariants table has a score for its worst pair of seeds, an
+interval ``[low, high]`` at level ``1 - 2 alpha`` (each side errs with
+probability ``alpha``, 0.05 by default) and a threshold. For a score where higher
+is better (agreement ``>=`` threshold):
 
-Predictive equivalence
-----------------------
-The fits are predictively equivalent when no pair differs in held-out log p(x)
-by :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_Z` paired
-standard errors or more (the ``equivalent`` column of the pairwise table).
+``agree``
+    ``low >= threshold``: even the pessimistic end of the interval meets it.
+``differ``
+    ``high < threshold``: even the optimistic end misses it.
+``undetermined``
+    The interval contains the threshold: these cells cannot tell. The row says
+    why and what would decide it: about how many cells would shrink the
+    interval (its width falls like ``1 / sqrt(cells)``) to clear the threshold
+    at the same score, or which setting caps them.
+
+For a discrepancy (lower is better, ``<`` threshold) the sides swap. Coordinate
+rows (whose values change with a rotation of the latent space) add a fourth
+verdict: ``agree after alignment`` when the raw coordinates do not agree but the
+same score after the orthogonal Procrustes map of each pair does (``aligned_low
+>= threshold``); they ``differ`` only when the aligned score's interval lies
+below the threshold. ``not measured``: the fits' API does not provide what the
+row needs.
+
+Two rows have preconditions besides their interval:
+
+held-out log p(x)
+    The equivalence test of :mod:`countvae.diagnostics.analyses.predictive`:
+    ``equivalent`` (``agree``), ``not equivalent`` (``differ``) or
+    ``undetermined``; undetermined whatever the intervals when the estimator is
+    not reliable (Pareto k-hat, Monte Carlo bias against the margin) or when
+    the fits explain no more than a model without latent variables.
+ICA coordinates
+    Per component (:func:`judge_components`): ``undetermined`` when each half
+    of the cells the ICAs were estimated on holds fewer than
+    :data:`MIN_ICA_CELLS_PER_DIMENSION` cells per latent dimension, when the
+    component is too close to Gaussian to be identified, or when it does not
+    reproduce even within one seed (split-half baseline below the threshold: too
+    few cells to fix the axis); otherwise by its interval. The row agrees when
+    every component agrees, differs when one differs, and is undetermined
+    otherwise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME, Threshold
-from countvae.diagnostics.analyses.predictive import EQUIVALENCE_Z
+from countvae.diagnostics.analyses.predictive import (
+    EQUIVALENT,
+    MAX_BIAS_SHARE,
+    MAX_UNRELIABLE_SHARE,
+    NOT_EQUIVALENT,
+    UNDETERMINED,
+)
 
-STABLE, ROTATION, UNSTABLE, NOT_MEASURED = "stable", "stable up to rotation", "unstable", "not measured"
+AGREE, ALIGNED, DIFFER, NOT_MEASURED = "agree", "agree after alignment", "differ", "not measured"
 #: Every verdict of the invariants table, from best to worst (``not measured`` last).
-VERDICTS = (STABLE, ROTATION, UNSTABLE, NOT_MEASURED)
+VERDICTS = (AGREE, ALIGNED, DIFFER, UNDETERMINED, NOT_MEASURED)
+#: Not measured (the predictive equivalence verdict when log p(x) is not available).
+NOT_TESTED = "not tested"
+#: Columns the verdicts step adds to the invariants table.
+VERDICT_COLUMNS = ("verdict", "reason", "remedy", "report_instead")
 
 
-def invariant_verdict(threshold: Threshold, agreement: float, aligned_agreement: float) -> str:
-    """The verdict of one quantity from its worst-pair agreement, before and after alignment."""
-    if not np.isfinite(agreement):
-        return NOT_MEASURED
-    if threshold.met(agreement):
-        return STABLE
-    if threshold.met(aligned_agreement):
-        return ROTATION
-    return UNSTABLE
+@dataclass(frozen=True)
+class Judgement:
+    """A verdict with, for ``undetermined`` (and ``differ`` where it helps), why and what would decide it."""
+
+    verdict: str
+    reason: str = ""
+    remedy: str = ""
 
 
-def judge_invariants(numbers: pd.DataFrame) -> pd.DataFrame:
-    """Add ``verdict`` and ``report_instead`` to the table of :func:`.invariants.invariants_table`.
+def interval_verdict(threshold: Threshold, low: float, high: float) -> str:
+    """``agree``, ``differ`` or ``undetermined`` from an interval and a threshold (see the module docstring)."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return UNDETERMINED
+    if threshold.higher_is_better:
+        return AGREE if low >= threshold.value else DIFFER if high < threshold.value else UNDETERMINED
+    return AGREE if high < threshold.value else DIFFER if low >= threshold.value else UNDETERMINED
 
-    Each row's verdict comes from its ``agreement`` and ``aligned_agreement``
-    against its ``threshold`` and ``comparison``; what to report instead comes
-    from the quantity of that name (:data:`~countvae.diagnostics.analyses.invariants.QUANTITY_BY_NAME`).
+
+def cells_needed(value: float, low: float, high: float, threshold: float, n_cells: int) -> int | None:
+    """Cells at which the interval, narrowing like ``1 / sqrt(cells)``, would clear ``threshold`` at this score.
+
+    ``None`` when the score sits on the threshold (no number of cells decides it) or nothing is known.
+    """
+    if not all(np.isfinite(v) for v in (value, low, high)) or n_cells <= 0:
+        return None
+    gap = abs(value - threshold)
+    facing = (value - low) if value >= threshold else (high - value)
+    if gap <= 1e-12 * max(1.0, abs(threshold)):
+        return None
+    return _ceil(n_cells * (facing / gap) ** 2)
+
+
+def _ceil(value: float) -> int:
+    """``ceil`` that does not round 400.00000000000006 up to 401."""
+    return int(math.ceil(value - 1e-9 * max(1.0, abs(value))))
+
+
+def _more_cells(needed: int | None, n_cells: int, setting: str) -> str:
+    if needed is None:
+        return "more seeds or a closer look: the score sits on the threshold, so more cells alone will not decide it"
+    cap = f" (raise {setting} and hold out that many cells)" if setting else ""
+    return f"about {needed:,} cells instead of {n_cells:,}{cap}"
+
+
+def _straddle(low: float, high: float, threshold: Threshold) -> str:
+    return f"its interval {low:.3g} to {high:.3g} contains the threshold ({threshold.comparison} {threshold.value:g})"
+
+
+# ----- the invariants rows ------------------------------------------------------------------------------
+def judge_row(row: pd.Series) -> Judgement:
+    """The verdict of one row from its numbers (rows with preconditions are judged by their own functions)."""
+    threshold = Threshold(row["threshold"], row["comparison"])
+    if not np.isfinite(row["agreement"]):
+        return Judgement(NOT_MEASURED, "not available for these fits")
+    if not (np.isfinite(row["low"]) and np.isfinite(row["high"])):
+        return Judgement(UNDETERMINED, "no interval: the inputs cannot be resampled", "pass what the row needs")
+    n, setting = int(row["n_cells"]), str(row["cells_setting"])
+    raw = interval_verdict(threshold, row["low"], row["high"])
+    coordinate = np.isfinite(row["aligned_agreement"])
+    if raw == AGREE:
+        return Judgement(AGREE)
+    if not coordinate:
+        if raw == DIFFER:
+            return Judgement(DIFFER)
+        needed = cells_needed(row["agreement"], row["low"], row["high"], threshold.value, n)
+        return Judgement(UNDETERMINED, _straddle(row["low"], row["high"], threshold), _more_cells(needed, n, setting))
+    aligned = interval_verdict(threshold, row["aligned_low"], row["aligned_high"])
+    if aligned == AGREE:
+        return Judgement(ALIGNED)
+    if aligned == DIFFER:
+        return Judgement(DIFFER)
+    needed = cells_needed(row["aligned_agreement"], row["aligned_low"], row["aligned_high"], threshold.value, n)
+    return Judgement(
+        UNDETERMINED,
+        "after alignment, " + _straddle(row["aligned_low"], row["aligned_high"], threshold),
+        _more_cells(needed, n, setting),
+    )
+
+
+def judge_invariants(
+    numbers: pd.DataFrame, predictive: PredictiveVerdict | None = None, ica: Judgement | None = None
+) -> pd.DataFrame:
+    """Add :data:`VERDICT_COLUMNS` to the table of :func:`~countvae.diagnostics.analyses.invariants.invariants_table`.
+
+    Parameters
+    ----------
+    numbers
+        The invariants table (numbers, intervals, thresholds).
+    predictive
+        The predictive-equivalence verdict: the held-out log p(x) row takes it
+        (its precondition on the estimator included); judged from its interval without it.
+    ica
+        The ICA row's verdict (:func:`ica_row_judgement`); judged from its interval without it.
+
     """
     out = numbers.copy()
-    verdicts, instead = [], []
-    for row in numbers.itertuples(index=False):
-        verdict = invariant_verdict(Threshold(row.threshold, row.comparison), row.agreement, row.aligned_agreement)
-        quantity = QUANTITY_BY_NAME[row.quantity]
-        verdicts.append(verdict)
-        instead.append(
-            {
-                STABLE: quantity.report_when_stable,
-                ROTATION: quantity.report_when_rotation,
-                UNSTABLE: quantity.report_when_unstable,
-                NOT_MEASURED: "not available for these fits",
-            }[verdict]
-        )
-    out["verdict"] = verdicts
-    out["report_instead"] = instead
+    judged = []
+    for _, row in numbers.iterrows():
+        if row["quantity"] == "held-out log p(x)" and predictive is not None:
+            judged.append(predictive.as_row_judgement())
+        elif row["quantity"] == "ICA coordinates" and ica is not None:
+            judged.append(ica)
+        else:
+            judged.append(judge_row(row))
+    out["verdict"] = [j.verdict for j in judged]
+    out["reason"] = [j.reason for j in judged]
+    out["remedy"] = [j.remedy for j in judged]
+    out["report_instead"] = [
+        _report_instead(name, j.verdict) for name, j in zip(numbers["quantity"], judged, strict=True)
+    ]
     return out
+
+
+def _report_instead(name: str, verdict: str) -> str:
+    q = QUANTITY_BY_NAME[name]
+    return {
+        AGREE: q.report_when_agree,
+        ALIGNED: q.report_when_aligned,
+        DIFFER: q.report_when_differ,
+        UNDETERMINED: f"until decided: {q.report_when_differ}",
+        NOT_MEASURED: "not available for these fits",
+    }[verdict]
 
 
 def quantities_by_verdict(invariants: pd.DataFrame) -> dict[str, list[str]]:
@@ -81,38 +201,230 @@ def quantities_by_verdict(invariants: pd.DataFrame) -> dict[str, list[str]]:
     return {v: invariants.loc[invariants["verdict"] == v, "quantity"].tolist() for v in VERDICTS}
 
 
+# ----- ICA components -----------------------------------------------------------------------------------
+GAUSSIAN_REASON = "too close to Gaussian to be identified"
+FEW_CELLS_REASON = "does not reproduce even within one seed (too few cells to fix the axis)"
+TOO_FEW_REASON = "too few cells to estimate ICA"
+#: Cells per half and per latent dimension below which no ICA component is judged (its estimation error,
+#: which the intervals over matching cells do not cover, is then comparable to the threshold's margin).
+MIN_ICA_CELLS_PER_DIMENSION = 100
+
+
+def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component (see the module docstring)."""
+    out = table.copy()
+    rule = Threshold(threshold, ">=")
+    judged = []
+    needed = MIN_ICA_CELLS_PER_DIMENSION * len(table)
+    for row in table.itertuples(index=False):
+        if int(row.n_estimation_cells) < needed:
+            judged.append(
+                Judgement(
+                    UNDETERMINED,
+                    f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for "
+                    f"{len(table)} dimensions",
+                    f"at least {needed:,} cells per half ({2 * needed:,} fit cells, or held-out cells without them)",
+                )
+            )
+        elif bool(row.gaussian):
+            judged.append(
+                Judgement(
+                    UNDETERMINED,
+                    GAUSSIAN_REASON,
+                    "none: a Gaussian direction has no preferred axis; report the span of these components",
+                )
+            )
+        elif row.same_fit_match < threshold:
+            judged.append(
+                Judgement(
+                    UNDETERMINED,
+                    f"{FEW_CELLS_REASON}: split-half match {row.same_fit_match:.2f} < {threshold:g}",
+                    f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
+                )
+            )
+        else:
+            verdict = interval_verdict(rule, row.low, row.high)
+            if verdict == UNDETERMINED:
+                needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
+                judged.append(
+                    Judgement(
+                        UNDETERMINED,
+                        _straddle(row.low, row.high, rule),
+                        _more_cells(needed, int(row.n_matching_cells), ""),
+                    )
+                )
+            elif verdict == DIFFER:
+                judged.append(
+                    Judgement(
+                        DIFFER,
+                        f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
+                        "the seeds' solutions differ along it",
+                    )
+                )
+            else:
+                judged.append(Judgement(AGREE))
+    out["verdict"] = [j.verdict for j in judged]
+    out["reason"] = [j.reason for j in judged]
+    out["remedy"] = [j.remedy for j in judged]
+    return out
+
+
+def ica_row_judgement(components: pd.DataFrame) -> Judgement:
+    """The ICA row's verdict from the judged components: agree if all agree, differ if one differs."""
+    if not len(components):
+        return Judgement(NOT_MEASURED, "ICA was not part of this report")
+    verdicts = components["verdict"]
+    if (verdicts == AGREE).all():
+        return Judgement(AGREE)
+    if (verdicts == DIFFER).any():
+        bad = components.loc[verdicts == DIFFER, "component"].tolist()
+        return Judgement(DIFFER, f"{', '.join(bad)} differ between seeds (each reproduces within one seed)")
+    undecided = components[verdicts == UNDETERMINED]
+    groups: dict[str, list[str]] = {}
+    remedies: dict[str, str] = {}
+    for row in undecided.itertuples(index=False):
+        key = row.reason.split(":")[0]
+        groups.setdefault(key, []).append(row.component)
+        remedies.setdefault(key, row.remedy)
+    reason = "; ".join(f"{', '.join(names)} {why}" for why, names in groups.items())
+    return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
+
+
+# ----- predictive equivalence ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PredictiveVerdict:
-    """Whether the fits are predictively equivalent, and the pair that differs most.
+    """Whether the fits are predictively equivalent: the decision, why, and the numbers behind it.
 
     Attributes
     ----------
-    equivalent
-        ``True``/``False``, or ``None`` when log p(x) is not available for every fit.
-    n_pairs, n_different
-        Pairs compared, and pairs that differ by at least ``z_threshold`` paired standard errors.
-    worst
-        The row of the pairwise table with the largest ``|z|`` (``None`` when not measured).
-    z_threshold
-        The threshold, in paired standard errors.
+    state
+        ``"equivalent"``, ``"not equivalent"``, ``"undetermined"`` or ``"not tested"``.
+    reason, remedy
+        Why it is undetermined (or not tested), and what would decide it.
+    pairs
+        The equivalence table (one row per pair), or ``None``.
+    reliability
+        The estimator's reliability per fit, or ``None``.
+    margin, gain, margin_fraction
+        The margin (nats per cell), the mean per-cell gain over the no-latent
+        baseline, and the share of it the margin is.
+    alpha
+        Error per side of the tests (for all pairs together).
 
     """
 
-    equivalent: bool | None
-    n_pairs: int = 0
-    n_different: int = 0
-    worst: pd.Series | None = None
-    z_threshold: float = EQUIVALENCE_Z
+    state: str
+    reason: str = ""
+    remedy: str = ""
+    pairs: pd.DataFrame | None = None
+    reliability: pd.DataFrame | None = None
+    margin: float = np.nan
+    gain: float = np.nan
+    margin_fraction: float = np.nan
+    alpha: float = 0.05
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def equivalent(self) -> bool | None:
+        """``True`` / ``False`` when decided, ``None`` when undetermined or not tested."""
+        return {EQUIVALENT: True, NOT_EQUIVALENT: False}.get(self.state)
+
+    @property
+    def worst(self) -> pd.Series | None:
+        """The pair with the largest ``|diff_per_cell|``."""
+        if self.pairs is None or not len(self.pairs):
+            return None
+        return self.pairs.loc[self.pairs["diff_per_cell"].abs().idxmax()]
+
+    def as_row_judgement(self) -> Judgement:
+        """The held-out log p(x) row's verdict."""
+        verdict = {EQUIVALENT: AGREE, NOT_EQUIVALENT: DIFFER, UNDETERMINED: UNDETERMINED}.get(self.state, NOT_MEASURED)
+        return Judgement(verdict, self.reason, self.remedy)
 
 
-def predictive_verdict(pairs: pd.DataFrame | None, z: float = EQUIVALENCE_Z) -> PredictiveVerdict:
-    """Decide predictive equivalence from :func:`~countvae.diagnostics.analyses.predictive.pairwise_table`."""
+def predictive_verdict(
+    pairs: pd.DataFrame | None,
+    reliability: pd.DataFrame | None = None,
+    margin: float = np.nan,
+    gain: float = np.nan,
+    margin_fraction: float = np.nan,
+    alpha: float = 0.05,
+    n_lpd_samples: int | None = None,
+) -> PredictiveVerdict:
+    """Decide predictive equivalence from the equivalence table and the estimator's reliability.
+
+    See :mod:`countvae.diagnostics.analyses.predictive` for the test; the
+    decision is ``equivalent`` when every pair is, ``not equivalent`` when one
+    pair is, ``undetermined`` otherwise, and ``undetermined`` whatever the
+    pairs when the estimates are unreliable or no margin can be stated.
+    """
     if pairs is None:
-        return PredictiveVerdict(equivalent=None, z_threshold=z)
-    return PredictiveVerdict(
-        equivalent=bool(pairs["equivalent"].all()),
-        n_pairs=len(pairs),
-        n_different=int((~pairs["equivalent"]).sum()),
-        worst=pairs.loc[pairs["z"].abs().idxmax()],
-        z_threshold=z,
+        return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")
+    common = dict(
+        pairs=pairs,
+        reliability=reliability,
+        margin=margin,
+        gain=gain,
+        margin_fraction=margin_fraction,
+        alpha=alpha,
+        counts={d: int((pairs["decision"] == d).sum()) for d in (EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED)},
     )
+    if not np.isfinite(margin):
+        if np.isfinite(gain):
+            return PredictiveVerdict(
+                UNDETERMINED,
+                f"no margin can be stated: the fits' held-out log p(x) is {gain:.3g} nats per cell above a model "
+                "without latent variables, so they explain nothing beyond it",
+                "check the fits (training, likelihood) before comparing them",
+                **common,
+            )
+        return PredictiveVerdict(
+            UNDETERMINED,
+            "no margin: the no-latent baseline could not be evaluated on these cells",
+            "pass held-out cells with counts for the fits' genes",
+            **common,
+        )
+    if reliability is not None and not reliability["reliable"].all():
+        return PredictiveVerdict(UNDETERMINED, *_unreliable(reliability, margin, n_lpd_samples), **common)
+    decisions = pairs["decision"]
+    if (decisions == NOT_EQUIVALENT).any():
+        return PredictiveVerdict(NOT_EQUIVALENT, **common)
+    if (decisions == EQUIVALENT).all():
+        return PredictiveVerdict(EQUIVALENT, **common)
+    return PredictiveVerdict(UNDETERMINED, *_undecided_pairs(pairs, margin), **common)
+
+
+def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | None) -> tuple[str, str]:
+    problems = []
+    for row in reliability[~reliability["reliable"]].itertuples(index=False):
+        if not np.isfinite(row.share_khat_above):
+            problems.append(f"{row.fit}: no Pareto k-hat to check the estimates against")
+        elif row.share_khat_above > MAX_UNRELIABLE_SHARE:
+            problems.append(f"{row.fit}: Pareto k-hat above 0.7 on {100 * row.share_khat_above:.0f}% of cells")
+        if row.mc_bias_bound > MAX_BIAS_SHARE * margin:
+            problems.append(
+                f"{row.fit}: Monte Carlo bias up to {row.mc_bias_bound:.2g} nats per cell, more than "
+                f"{MAX_BIAS_SHARE:g} of the margin ({margin:.2g})"
+            )
+    samples = f" (now {n_lpd_samples})" if n_lpd_samples else ""
+    return (
+        "unreliable log p(x): " + "; ".join(problems),
+        f"more importance samples per cell (n_lpd_samples{samples}) or an estimator whose proposal fits each "
+        "cell's posterior",
+    )
+
+
+def _undecided_pairs(pairs: pd.DataFrame, margin: float) -> tuple[str, str]:
+    undecided = pairs[pairs["decision"] == UNDETERMINED]
+    n = int(pairs["n_cells"].iloc[0])
+    needed = []
+    for row in undecided.itertuples(index=False):
+        half = row.ci_high - row.diff_per_cell
+        gap = abs(margin - abs(row.diff_per_cell))
+        needed.append(_ceil(n * (half / gap) ** 2) if gap > 1e-12 else None)
+    reason = (
+        f"the intervals of {len(undecided)} of {len(pairs)} pairs contain the margin (+-{margin:.3g} nats per cell)"
+    )
+    if any(v is None for v in needed):
+        return reason, "more seeds or a closer look: a difference sits on the margin, so more cells will not decide it"
+    return reason, f"about {max(needed):,} held-out cells instead of {n:,} (raise max_lpd_cells and hold out that many)"

@@ -1,0 +1,362 @@
+"""Calibration of the multi-seed report's verdicts on simulations whose truth is known.
+
+Each replicate simulates fresh counts (a linear NB model with Laplace sources, and
+one with Gaussian sources), fits seeds of countvae to them and runs the whole
+report (:func:`countvae.diagnostics.report`) in six scenarios:
+
+``copies``
+    Seed 0 and two exact copies of it in other orthogonal coordinates
+    (:func:`countvae.invariance.reparameterize`): every invariant row agrees,
+    coordinate rows agree only after alignment, the fits are equivalent, and
+    (Laplace data) the ICA components agree.
+``seeds``
+    Three seeds trained to convergence on Laplace sources: what the theory says
+    (invariant rows agree, coordinate rows agree after alignment, equivalent,
+    ICA components agree).
+``gaussian``
+    Three seeds on Gaussian sources: as ``seeds``, except that ICA must not be
+    credited (its row is correct when undetermined or differ).
+``different``
+    Two converged seeds and one trained for a few epochs: not equivalent, decoded
+    means differ (the other rows are not scored).
+``few cells``
+    The seeds of ``seeds`` on 40 held-out cells: every verdict is the truth of
+    ``seeds`` or undetermined, never the opposite.
+``few cells, copies``
+    The copies of ``copies`` on the same 40 cells: the truth or undetermined.
+
+Held-out log p(x) is estimated with the Student-t proposal at each cell's mode
+(``CountVAEFit(lpd_proposal="student-t")``); the default guide proposal has
+Pareto k-hat above 0.7 on most cells of these data, so the report would call
+every predictive comparison undetermined (which the suite records too, as
+``guide k-hat``). A verdict is *correct* when it is the truth, *undetermined*
+when the report says so, *wrong* otherwise; the goal is at least 95% correct in
+every scenario where the data are adequate, and undetermined in under 20% of
+those runs.
+
+    python benchmarks/calibration.py                       # 20 replicates, 2 workers
+    python benchmarks/calibration.py --replicates 2 --quick --workers 1
+    python benchmarks/calibration.py --out runs.csv       # also keep every verdict
+
+Writes the section ``calibration`` of RESULTS.md (``--results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section  # noqa: E402
+
+#: The invariants table's rows, in order.
+INVARIANT_ROWS = (
+    "posterior predictive statistics",
+    "decoded means",
+    "normalized expression",
+    "latent distances",
+    "k-NN graph",
+    "latent subspace (gene space)",
+    "W W^T / decoder Gram",
+)
+COORDINATE_ROWS = ("per-dimension coordinates", "per-dimension loadings", "per-dimension marker correlations")
+LPD, ICA = "held-out log p(x)", "ICA coordinates"
+AGREE, ALIGNED, DIFFER, UNDETERMINED = "agree", "agree after alignment", "differ", "undetermined"
+
+_SAME = {row: {AGREE} for row in INVARIANT_ROWS} | {row: {ALIGNED} for row in COORDINATE_ROWS} | {LPD: {AGREE}}
+#: Scenario -> row -> the verdicts that are correct. Rows not listed are not scored.
+TRUTH: dict[str, dict[str, set[str]]] = {
+    "copies": _SAME | {ICA: {AGREE}},
+    "seeds": _SAME | {ICA: {AGREE}},
+    "gaussian": _SAME | {ICA: {UNDETERMINED, DIFFER}},
+    "different": {LPD: {DIFFER}, "decoded means": {DIFFER}},
+    "few cells": _SAME | {ICA: {AGREE}},
+    "few cells, copies": _SAME | {ICA: {AGREE}},
+}
+#: Scenarios whose data are adequate (undetermined counts against the goal there).
+ADEQUATE = ("copies", "seeds", "gaussian", "different")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of one replicate."""
+
+    n_cells: int = 1500
+    n_genes: int = 300
+    n_latent: int = 3
+    heldout_fraction: float = 0.2
+    epochs: int = 150
+    short_epochs: int = 3
+    lr: float = 1e-2
+    batch_size: int = 256
+    n_seeds: int = 3
+    few_cells: int = 40
+    max_lpd_cells: int = 200
+    n_lpd_samples: int = 100
+
+
+QUICK = Config(n_cells=600, n_genes=60, n_latent=2, epochs=30, short_epochs=1, max_lpd_cells=60, n_lpd_samples=30)
+
+
+def _lpd_cache(fit_class):
+    """A :class:`CountVAEFit` that estimates each (cells, samples, seed) once: scenarios share fits and cells."""
+
+    class Cached(fit_class):
+        def log_predictive_density(self, adata, n_samples, seed):
+            key = (tuple(adata.obs_names), n_samples, seed)
+            store = self.__dict__.setdefault("_lpd_store", {})
+            if key not in store:
+                store[key] = super().log_predictive_density(adata, n_samples, seed)
+            return store[key].copy()
+
+    return Cached
+
+
+def _fit(cv, adata_fit, cfg: Config, seed: int, epochs: int):
+    model = cv.CountVAE(adata_fit, n_latent=cfg.n_latent, decoder="linear", likelihood="nb")
+    model.train(max_epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, progress_bar=False, seed=seed)
+    return model
+
+
+def _verdicts(rep, scenario: str, replicate: int, seconds: float) -> list[dict]:
+    rows = [
+        {
+            "scenario": scenario,
+            "replicate": replicate,
+            "row": r.quantity,
+            "verdict": r.verdict,
+            "reason": r.reason,
+            "agreement": r.agreement,
+            "low": r.low,
+            "high": r.high,
+            "aligned_low": r.aligned_low,
+            "seconds": seconds,
+        }
+        for r in rep.invariants.itertuples(index=False)
+    ]
+    pairs = rep.tables.get("predictive_pairs")
+    record = rep.settings["predictive_equivalence"]
+    gain = record["gain_over_no_latent_nats_per_cell"]
+    if pairs is not None and len(pairs):
+        worst = float(pairs["diff_per_cell"].abs().max())
+        rows.append(
+            {
+                "scenario": scenario,
+                "replicate": replicate,
+                "row": "|diff| / gain (largest pair)",
+                "verdict": "",
+                "agreement": worst / gain if gain and gain > 0 else np.nan,
+            }
+        )
+    spread = rep.rhat.set_index("quantity")
+    for quantity in ("aligned coordinates", "decoded log means"):
+        if quantity in spread.index:
+            rows.append(
+                {
+                    "scenario": scenario,
+                    "replicate": replicate,
+                    "row": f"R-hat median: {quantity}",
+                    "verdict": "",
+                    "agreement": float(spread.loc[quantity, "rhat_median"]),
+                    "low": float(spread.loc[quantity].get("baseline_rhat_median", np.nan)),
+                    "high": float(spread.loc[quantity].get("baseline_rhat_max", np.nan)),
+                }
+            )
+    return rows
+
+
+def run_replicate(replicate: int, cfg: Config) -> list[dict]:
+    """Every scenario of one replicate; one row per (scenario, report row) with its verdict."""
+    import torch
+
+    torch.set_num_threads(1)
+    import countvae as cv
+    from countvae.diagnostics import CountVAEFit, report
+    from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+    from countvae.invariance import random_orthogonal, reparameterize
+
+    fit_class = _lpd_cache(CountVAEFit)
+    settings = dict(max_lpd_cells=cfg.max_lpd_cells, n_lpd_samples=cfg.n_lpd_samples)
+    out: list[dict] = []
+
+    def data(sources: str):
+        adata = cv.data.simulate(
+            n_cells=cfg.n_cells,
+            n_genes=cfg.n_genes,
+            n_latent=cfg.n_latent,
+            decoder="linear",
+            sources=sources,
+            seed=10_000 + 2 * replicate + (sources == "normal"),
+        )
+        cv.CountVAE.setup_anndata(adata)
+        fit_idx, held_idx = heldout_split(adata.n_obs, cfg.heldout_fraction, replicate)
+        return cells_at(adata, fit_idx), cells_at(adata, held_idx)
+
+    def run(scenario: str, fits, heldout, adata_fit):
+        started = time.perf_counter()
+        rep = report(fits, heldout, adata_fit=adata_fit, **settings)
+        out.extend(_verdicts(rep, scenario, replicate, time.perf_counter() - started))
+
+    fit_cells, heldout = data("laplace")
+    started = time.perf_counter()
+    models = [_fit(cv, fit_cells, cfg, s, cfg.epochs) for s in range(cfg.n_seeds)]
+    fit_seconds = time.perf_counter() - started
+    seeds = [fit_class(m, s, lpd_proposal="student-t") for s, m in enumerate(models)]
+    copies = [seeds[0]] + [
+        fit_class(reparameterize(models[0], random_orthogonal(cfg.n_latent, seed=100 + k)), k, lpd_proposal="student-t")
+        for k in range(1, cfg.n_seeds)
+    ]
+    short = fit_class(_fit(cv, fit_cells, cfg, cfg.n_seeds, cfg.short_epochs), cfg.n_seeds, lpd_proposal="student-t")
+    few = heldout[: cfg.few_cells].copy()
+    run("copies", copies, heldout, fit_cells)
+    run("seeds", seeds, heldout, fit_cells)
+    run("different", [*seeds[:2], short], heldout, fit_cells)
+    run("few cells", seeds, few, fit_cells)
+    run("few cells, copies", copies, few, fit_cells)
+    guide = report(
+        [CountVAEFit(m, s) for s, m in enumerate(models)], heldout, adata_fit=fit_cells, ica=False, **settings
+    )
+    share = float(guide.predictive["share_khat_above"].mean())
+    out.append({"scenario": "seeds", "replicate": replicate, "row": "guide k-hat", "verdict": "", "agreement": share})
+
+    fit_cells, heldout = data("normal")
+    gaussian = [
+        fit_class(_fit(cv, fit_cells, cfg, s, cfg.epochs), s, lpd_proposal="student-t") for s in range(cfg.n_seeds)
+    ]
+    run("gaussian", gaussian, heldout, fit_cells)
+    for row in out:
+        row["fit_seconds_per_seed"] = fit_seconds / cfg.n_seeds
+    return out
+
+
+def confusion(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per scenario, one row per report row: the count of each verdict, the truth, correct, undetermined, wrong."""
+    tables = {}
+    verdicts = [AGREE, ALIGNED, DIFFER, UNDETERMINED]
+    for scenario, truth in TRUTH.items():
+        sub = runs[(runs["scenario"] == scenario) & runs["row"].isin(truth)]
+        if not len(sub):
+            continue
+        rows = []
+        for row, correct in truth.items():
+            values = sub.loc[sub["row"] == row, "verdict"]
+            counts = {v: int((values == v).sum()) for v in verdicts}
+            n = len(values)
+            right = int(values.isin(correct).sum())
+            undecided = 0 if UNDETERMINED in correct else int((values == UNDETERMINED).sum())
+            rows.append(
+                {"row": row, "truth": " or ".join(sorted(correct)), **counts, "runs": n}
+                | {"correct": right, "undetermined (not the truth)": undecided, "wrong": n - right - undecided}
+            )
+        tables[scenario] = pd.DataFrame(rows)
+    return tables
+
+
+def summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Per scenario: the share of verdicts that are correct, undetermined and wrong (over rows and replicates)."""
+    rows = []
+    for scenario, table in tables.items():
+        total = table["runs"].sum()
+        rows.append(
+            {
+                "scenario": scenario,
+                "verdicts": int(total),
+                "correct %": 100 * table["correct"].sum() / total,
+                "undetermined %": 100 * table["undetermined (not the truth)"].sum() / total,
+                "wrong %": 100 * table["wrong"].sum() / total,
+                "adequate data": scenario in ADEQUATE,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _describe(runs: pd.DataFrame, label: str) -> str:
+    values = runs.loc[runs["row"] == label, ["scenario", "agreement"]].dropna()
+    parts = [
+        f"{s} median {v['agreement'].median():.3g} (range {v['agreement'].min():.3g}-{v['agreement'].max():.3g})"
+        for s, v in values.groupby("scenario", sort=False)
+    ]
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the suite and write its section."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicates", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2, help="replicates run at once (one torch thread each)")
+    parser.add_argument("--quick", action="store_true", help="tiny data and training (a smoke run, not a calibration)")
+    parser.add_argument("--out", default=None, help="also write every verdict to this CSV")
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to write the section into")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    started_at, load_before = time.strftime("%Y-%m-%d %H:%M"), load_average()
+    wall = time.perf_counter()
+    cpu = time.process_time()
+    if args.workers > 1:
+        from joblib import Parallel, delayed
+
+        parts = Parallel(n_jobs=args.workers, backend="loky")(
+            delayed(run_replicate)(r, cfg) for r in range(args.replicates)
+        )
+        child_cpu = None
+    else:
+        parts = [run_replicate(r, cfg) for r in range(args.replicates)]
+        child_cpu = time.process_time() - cpu
+    wall = time.perf_counter() - wall
+    runs = pd.DataFrame([row for part in parts for row in part])
+    if args.out:
+        runs.to_csv(args.out, index=False)
+    tables = confusion(runs)
+    report_seconds = runs.drop_duplicates(["scenario", "replicate"])["seconds"]
+    lines = [
+        "## Calibration of the report's verdicts (`calibration.py`)",
+        "",
+        f"Command: `{command_line()}` ({started_at}{', QUICK smoke run' if args.quick else ''})",
+        "",
+        f"Machine: {machine_line(1)}. Load average before / after: {load_before} / {load_average()}. "
+        f"{args.replicates} replicates in {args.workers} worker(s): **{wall / 60:.1f} min wall time**"
+        + (f" ({child_cpu / 60:.1f} min CPU)" if child_cpu is not None else "")
+        + f"; per replicate, each seed's fit took {runs['fit_seconds_per_seed'].median():.0f} s and each report "
+        f"{report_seconds.median():.0f} s (medians).",
+        "",
+        f"Data per replicate: {cfg.n_cells} cells x {cfg.n_genes} genes, NB counts from {cfg.n_latent} Laplace (or "
+        f"Gaussian) sources through a linear decoder; {cfg.heldout_fraction:.0%} held out. Fits: linear NB countvae, "
+        f"{cfg.epochs} epochs (lr {cfg.lr:g}, batch {cfg.batch_size}); the under-trained fit of 'different' "
+        f"{cfg.short_epochs} epochs. Report: default settings except {cfg.max_lpd_cells} cells for log p(x) with "
+        f"{cfg.n_lpd_samples} importance samples (Student-t proposal at each cell's mode). Config: `{asdict(cfg)}`.",
+        "",
+        "Share of verdicts per scenario (rows x replicates; 'undetermined' counts only where the truth is a decision):",
+        "",
+        markdown_table(summary(tables), floatfmt="{:.1f}"),
+        "",
+    ]
+    for scenario, table in tables.items():
+        lines += [f"Scenario **{scenario}**: verdict counts per row against the truth.", "", markdown_table(table), ""]
+    lines += [
+        "Largest |difference| in held-out log p(x) per cell between two fits, as a share of the gain over the "
+        f"no-latent baseline (what the 2% margin is a share of): {_describe(runs, '|diff| / gain (largest pair)')}.",
+        "",
+        "Median cross-seed R-hat of guide draws (aligned coordinates): "
+        f"{_describe(runs, 'R-hat median: aligned coordinates')}; within-seed baseline median "
+        f"{runs.loc[runs['row'] == 'R-hat median: aligned coordinates', 'low'].median():.3g}. Decoded log means: "
+        f"{_describe(runs, 'R-hat median: decoded log means')}.",
+        "",
+        "Share of cells with Pareto k-hat above 0.7 under the default guide proposal (same seeds): "
+        f"{_describe(runs, 'guide k-hat')}.",
+    ]
+    body = "\n".join(lines)
+    write_section(Path(args.results), "calibration", body)
+    print(body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

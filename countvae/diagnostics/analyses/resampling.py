@@ -1,0 +1,240 @@
+"""Paired bootstrap over held-out cells: an interval for every agreement score of the report.
+
+Every agreement score compares two fits on a sample of held-out cells; another
+sample would give another score. The interval of a score comes from a paired
+bootstrap over those cells:
+
+* one set of replicates per set of cells, drawn once and used for **every** pair
+  of fits (replicate ``r`` weighs cell ``i`` by the number of times it was
+  drawn), so that the replicate of a row's worst pair is computed from one
+  resample of the cells;
+* each replicate recomputes the score from weighted moments of the arrays the
+  score reads (no copies of the data);
+* the interval is the percentile interval of the replicates, at level
+  ``1 - 2 alpha`` (each side errs with probability ``alpha``).
+
+Where a score is computed on more cells than ``max_cells``, the replicates
+resample ``m = max_cells`` of the ``n`` cells (an m-out-of-n bootstrap): the
+spread of the replicates around the score of those ``m`` cells is scaled by
+``sqrt(m / n)`` (the spread of a smooth statistic shrinks like ``1 / sqrt(n)``)
+and centred on the score of all ``n`` cells.
+
+What the intervals cover: the sampling of held-out cells. What they do not: the
+fits themselves (the seeds' randomness is what a row measures) and the maps,
+neighbour sets and ICA unmixings, which are fitted once and held fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from countvae.errors import InvalidArgumentError
+
+#: Replicates of each bootstrap (the percentile interval's tails then hold 10 replicates each at alpha = 0.05).
+N_REPLICATES = 200
+#: Cells resampled at most; beyond, an m-out-of-n bootstrap (see the module docstring).
+MAX_CELLS = 2_000
+
+
+@dataclass(frozen=True)
+class CellBootstrap:
+    """Bootstrap weights over a set of ``n_cells`` cells, the same for every pair of fits.
+
+    Attributes
+    ----------
+    weights
+        (1 + replicates, m): row 0 weighs every resampled cell once (the
+        reference: the score of the ``m`` cells themselves); row ``r`` holds
+        how often each cell was drawn in replicate ``r``.
+    positions
+        The ``m`` cells resampled, as positions among the ``n_cells``.
+    n_cells
+        Cells the score itself is computed on.
+
+    """
+
+    weights: np.ndarray
+    positions: np.ndarray
+    n_cells: int
+
+    @property
+    def shrink(self) -> float:
+        """``sqrt(m / n)``: how much narrower the spread of ``n`` cells is than that of the ``m`` resampled."""
+        return float(np.sqrt(len(self.positions) / self.n_cells))
+
+    @property
+    def n_replicates(self) -> int:
+        """Bootstrap replicates (rows of ``weights`` after the reference)."""
+        return self.weights.shape[0] - 1
+
+
+def cell_bootstrap(
+    n_cells: int, n_replicates: int = N_REPLICATES, seed: int = 0, max_cells: int = MAX_CELLS
+) -> CellBootstrap:
+    """Multinomial bootstrap weights over ``min(n_cells, max_cells)`` of ``n_cells`` cells (seeded)."""
+    if n_cells < 2:
+        raise InvalidArgumentError(f"A bootstrap over cells needs at least 2 cells, got {n_cells}.")
+    rng = np.random.default_rng(seed)
+    m = min(n_cells, max_cells)
+    positions = np.arange(n_cells) if m == n_cells else np.sort(rng.choice(n_cells, m, replace=False))
+    draws = rng.integers(0, m, size=(n_replicates, m))
+    counts = np.zeros((n_replicates, m))
+    np.add.at(counts, (np.repeat(np.arange(n_replicates), m), draws.ravel()), 1.0)
+    return CellBootstrap(np.vstack([np.ones((1, m)), counts]), positions, int(n_cells))
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A score with its bootstrap interval (``low <= high``; NaN when not measured)."""
+
+    value: float
+    low: float
+    high: float
+
+    @staticmethod
+    def exact(value: float) -> Interval:
+        """A score without sampling error (e.g. of a linear decoder's weights, which no cell informs)."""
+        return Interval(float(value), float(value), float(value))
+
+    @staticmethod
+    def missing() -> Interval:
+        """No score."""
+        return Interval(np.nan, np.nan, np.nan)
+
+
+def percentile_interval(value: float, replicates: np.ndarray, shrink: float, alpha: float) -> Interval:
+    """The interval of ``value`` from replicates whose element 0 is the reference (see :class:`CellBootstrap`).
+
+    The deviations of the replicates from the reference, scaled by ``shrink``,
+    are added to ``value``; with ``shrink = 1`` and ``value`` equal to the
+    reference this is the plain percentile interval. The interval is widened,
+    where needed, to contain ``value`` (the percentile interval of a worst
+    pair, a minimum, can otherwise lie beside it).
+    """
+    replicates = np.asarray(replicates, dtype=np.float64)
+    if not np.isfinite(value) or not np.isfinite(replicates[0]):
+        return Interval(float(value), np.nan, np.nan)
+    deviations = (replicates[1:] - replicates[0]) * shrink
+    deviations = deviations[np.isfinite(deviations)]
+    if deviations.size == 0:
+        return Interval.exact(value)
+    low, high = np.quantile(deviations, [alpha, 1.0 - alpha])
+    return Interval(float(value), float(value + min(low, 0.0)), float(value + max(high, 0.0)))
+
+
+def worst_interval(
+    values: Sequence[float], replicates: Sequence[np.ndarray], shrink: float, alpha: float, higher_is_better: bool
+) -> Interval:
+    """The interval of the worst pair: replicate ``r`` of the row is the worst of the pairs' replicates ``r``."""
+    pick: Callable = np.nanmin if higher_is_better else np.nanmax
+    finite = [v for v in values if np.isfinite(v)]
+    if not finite:
+        return Interval.missing()
+    stacked = np.vstack([np.asarray(r, dtype=np.float64) for r in replicates])
+    with np.errstate(all="ignore"):
+        worst = pick(np.where(np.isfinite(stacked), stacked, np.nan), axis=0)
+    return percentile_interval(float(pick(finite)), worst, shrink, alpha)
+
+
+# ----- weighted scores --------------------------------------------------------------------------------
+def _ccc(mean_a, mean_b, var_a, var_b, cov):
+    with np.errstate(invalid="ignore", divide="ignore"):
+        denom = var_a + var_b + (mean_a - mean_b) ** 2
+        return np.where(denom > 0, 2.0 * cov / np.where(denom > 0, denom, 1.0), 1.0)
+
+
+def weighted_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray, centre_columns: bool = False) -> np.ndarray:
+    """Lin's concordance of two (cells, columns) arrays, flattened, for each row of cell weights.
+
+    With ``centre_columns`` each column is first centred by the pooled weighted
+    mean of both arrays (as :func:`countvae.diagnostics.analyses.invariants.gene_centred_concordance`).
+    """
+    w = weights / weights.sum(axis=1, keepdims=True)
+    ma, mb = w @ a, w @ b
+    saa, sbb, sab = w @ (a * a), w @ (b * b), w @ (a * b)
+    c = 0.5 * (ma + mb) if centre_columns else np.zeros_like(ma)
+    mean_a = np.mean(ma - c, axis=1)
+    mean_b = np.mean(mb - c, axis=1)
+    e_aa = np.mean(saa - 2.0 * c * ma + c * c, axis=1)
+    e_bb = np.mean(sbb - 2.0 * c * mb + c * c, axis=1)
+    e_ab = np.mean(sab - c * (ma + mb) + c * c, axis=1)
+    return _ccc(mean_a, mean_b, e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b)
+
+
+def weighted_column_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Mean over columns of the concordance of column ``k`` of ``a`` with column ``k`` of ``b``, per weight row."""
+    w = weights / weights.sum(axis=1, keepdims=True)
+    ma, mb = w @ a, w @ b
+    var_a, var_b = w @ (a * a) - ma**2, w @ (b * b) - mb**2
+    cov = w @ (a * b) - ma * mb
+    return np.nanmean(_ccc(ma, mb, var_a, var_b, cov), axis=1)
+
+
+def weighted_mean(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Weighted mean of per-cell values, per weight row."""
+    return weights @ values / weights.sum(axis=1)
+
+
+@dataclass(frozen=True)
+class PairSums:
+    """Sums over pairs of distinct cells of one fit's distances, per weight row (see :func:`pair_sums`)."""
+
+    count: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+
+
+def pair_sums(weights: np.ndarray, distances: np.ndarray) -> PairSums:
+    """Weighted number of cell pairs, and sums of distances and squared distances over them.
+
+    ``distances`` is a square matrix with zero diagonal; a pair of cells ``(i, j)``
+    counts ``w_i w_j`` times (copies of one cell are not a pair).
+    """
+    total = weights.sum(axis=1)
+    count = 0.5 * (total**2 - np.sum(weights**2, axis=1))
+    first = 0.5 * np.sum((weights @ distances) * weights, axis=1)
+    second = 0.5 * np.sum((weights @ (distances * distances)) * weights, axis=1)
+    return PairSums(count, first, second)
+
+
+def distance_concordance(
+    weights: np.ndarray, da: np.ndarray, db: np.ndarray, sums_a: PairSums, sums_b: PairSums
+) -> np.ndarray:
+    """Concordance of two fits' pairwise distances over the weighted pairs of cells, per weight row."""
+    cross = 0.5 * np.sum((weights @ (da * db)) * weights, axis=1)
+    n = sums_a.count
+    mean_a, mean_b = sums_a.first / n, sums_b.first / n
+    return _ccc(
+        mean_a, mean_b, sums_a.second / n - mean_a**2, sums_b.second / n - mean_b**2, cross / n - mean_a * mean_b
+    )
+
+
+def weighted_correlations(weights: np.ndarray, z: np.ndarray, markers: np.ndarray) -> np.ndarray:
+    """(rows, markers, dims) weighted Pearson correlations of every latent dimension with every marker."""
+    w = weights / weights.sum(axis=1, keepdims=True)
+    mz, mm = w @ z, w @ markers
+    vz, vm = w @ (z * z) - mz**2, w @ (markers * markers) - mm**2
+    n, d = z.shape
+    cross = (w @ (markers[:, :, None] * z[:, None, :]).reshape(n, -1)).reshape(len(w), markers.shape[1], d)
+    cov = cross - mm[:, :, None] * mz[:, None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return cov / np.sqrt(vm[:, :, None] * vz[:, None, :])
+
+
+def rowwise_concordance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Concordance of ``a[r]`` and ``b[r]`` (flattened, non-finite entries dropped) for each leading index ``r``."""
+    a = a.reshape(len(a), -1)
+    b = b.reshape(len(b), -1)
+    ok = np.isfinite(a) & np.isfinite(b)
+    count = ok.sum(axis=1)
+    a0, b0 = np.where(ok, a, 0.0), np.where(ok, b, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ma, mb = a0.sum(1) / count, b0.sum(1) / count
+        var_a = np.where(ok, (a0 - ma[:, None]) ** 2, 0.0).sum(1) / count
+        var_b = np.where(ok, (b0 - mb[:, None]) ** 2, 0.0).sum(1) / count
+        cov = np.where(ok, (a0 - ma[:, None]) * (b0 - mb[:, None]), 0.0).sum(1) / count
+    out = _ccc(ma, mb, var_a, var_b, cov)
+    return np.where(count >= 2, out, np.nan)

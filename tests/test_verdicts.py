@@ -1,0 +1,162 @@
+"""The decision rules of the report: interval against threshold, preconditions, and what would decide."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from countvae.diagnostics.analyses.invariants import Threshold
+from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED
+from countvae.diagnostics.reporting.verdicts import (
+    AGREE,
+    ALIGNED,
+    DIFFER,
+    NOT_MEASURED,
+    NOT_TESTED,
+    cells_needed,
+    ica_row_judgement,
+    interval_verdict,
+    judge_components,
+    judge_invariants,
+    predictive_verdict,
+)
+
+AGREE_09, BELOW_2 = Threshold(0.9, ">="), Threshold(2.0, "<")
+
+
+@pytest.mark.parametrize(
+    ("threshold", "low", "high", "expected"),
+    [
+        (AGREE_09, 0.91, 0.99, AGREE),
+        (AGREE_09, 0.90, 0.99, AGREE),  # the threshold itself meets ">="
+        (AGREE_09, 0.80, 0.89, DIFFER),
+        (AGREE_09, 0.85, 0.95, UNDETERMINED),
+        (AGREE_09, np.nan, 0.95, UNDETERMINED),
+        (BELOW_2, 0.5, 1.9, AGREE),
+        (BELOW_2, 2.0, 3.0, DIFFER),
+        (BELOW_2, 1.5, 2.5, UNDETERMINED),
+    ],
+)
+def test_interval_against_threshold(threshold, low, high, expected):
+    assert interval_verdict(threshold, low, high) == expected
+
+
+def test_cells_needed_shrinks_the_interval_like_one_over_root_n():
+    # value 0.95, interval down to 0.85 (half-width 0.10 towards the threshold 0.9 at distance 0.05):
+    # (0.10 / 0.05)^2 = 4 times the cells.
+    assert cells_needed(0.95, 0.85, 0.99, 0.9, 100) == 400
+    # below the threshold, the upper half-width faces it
+    assert cells_needed(0.85, 0.84, 0.95, 0.9, 100) == 400
+    assert cells_needed(0.9, 0.8, 1.0, 0.9, 100) is None  # on the threshold: cells alone will not decide
+    assert cells_needed(np.nan, 0.8, 1.0, 0.9, 100) is None
+
+
+def _row(quantity, agreement, low, high, aligned=(np.nan, np.nan, np.nan), threshold=0.9, comparison=">="):
+    return {
+        "quantity": quantity,
+        "agreement": agreement,
+        "low": low,
+        "high": high,
+        "aligned_agreement": aligned[0],
+        "aligned_low": aligned[1],
+        "aligned_high": aligned[2],
+        "threshold": threshold,
+        "comparison": comparison,
+        "n_cells": 300,
+        "cells_setting": "max_distance_cells",
+    }
+
+
+def test_invariant_rows_are_judged_by_their_intervals():
+    table = pd.DataFrame(
+        [
+            _row("latent distances", 0.97, 0.95, 0.98),
+            _row("k-NN graph", 0.55, 0.45, 0.6, threshold=0.5),
+            _row("decoded means", 0.7, 0.6, 0.8),
+            _row("per-dimension coordinates", 0.1, 0.0, 0.2, aligned=(0.99, 0.98, 0.995)),
+            _row("per-dimension loadings", 0.95, 0.93, 0.97, aligned=(0.99, 0.98, 0.995)),
+            _row("per-dimension marker correlations", 0.1, 0.0, 0.2, aligned=(0.6, 0.5, 0.7)),
+            _row("normalized expression", np.nan, np.nan, np.nan),
+        ]
+    )
+    judged = judge_invariants(table).set_index("quantity")
+    assert judged.loc["latent distances", "verdict"] == AGREE
+    assert judged.loc["k-NN graph", "verdict"] == UNDETERMINED
+    assert "contains the threshold" in judged.loc["k-NN graph", "reason"]
+    assert "max_distance_cells" in judged.loc["k-NN graph", "remedy"]
+    assert judged.loc["decoded means", "verdict"] == DIFFER
+    assert judged.loc["per-dimension coordinates", "verdict"] == ALIGNED
+    assert judged.loc["per-dimension loadings", "verdict"] == AGREE  # agrees as it stands
+    assert judged.loc["per-dimension marker correlations", "verdict"] == DIFFER
+    assert judged.loc["normalized expression", "verdict"] == NOT_MEASURED
+    assert judged.loc["latent distances", "report_instead"] == "distances between cells in latent space"
+    assert judged.loc["k-NN graph", "report_instead"].startswith("until decided:")
+
+
+def _components(**overrides):
+    base = {
+        "component": ["IC_0", "IC_1", "IC_2", "IC_3", "IC_4"],
+        "worst_match": [0.99, 0.99, 0.7, 0.96, 0.97],
+        "low": [0.98, 0.98, 0.6, 0.93, 0.96],
+        "high": [0.995, 0.995, 0.8, 0.98, 0.98],
+        "same_fit_match": [0.99, 0.99, 0.99, 0.99, 0.5],
+        "gaussian": [False, True, False, False, False],
+        "estimated_on": "halves of the fit cells",
+        "n_estimation_cells": 1000,  # 200 per dimension
+        "n_matching_cells": 300,
+    }
+    return pd.DataFrame(base | overrides)
+
+
+def test_ica_components_gaussian_or_too_few_cells_are_undetermined_with_the_reason():
+    judged = judge_components(_components(), threshold=0.95).set_index("component")
+    assert judged.loc["IC_0", "verdict"] == AGREE
+    assert judged.loc["IC_1", "verdict"] == UNDETERMINED and "Gaussian" in judged.loc["IC_1", "reason"]
+    assert judged.loc["IC_2", "verdict"] == DIFFER and "within one seed" in judged.loc["IC_2", "reason"]
+    assert judged.loc["IC_3", "verdict"] == UNDETERMINED and "contains the threshold" in judged.loc["IC_3", "reason"]
+    assert judged.loc["IC_4", "verdict"] == UNDETERMINED and "too few cells" in judged.loc["IC_4", "reason"]
+    # The row: one component differs -> differ; none differs but some undetermined -> undetermined.
+    assert ica_row_judgement(judged.reset_index()).verdict == DIFFER
+    rest = judge_components(_components().drop(index=2), threshold=0.95)
+    row = ica_row_judgement(rest)
+    assert row.verdict == UNDETERMINED and "IC_1" in row.reason and "IC_4" in row.reason
+    every = judge_components(_components().iloc[[0]], threshold=0.95)
+    assert ica_row_judgement(every).verdict == AGREE
+
+
+def _pairs(decisions, diffs=None):
+    n = len(decisions)
+    diffs = np.zeros(n) if diffs is None else np.asarray(diffs)
+    return pd.DataFrame(
+        {
+            "fit_a": [f"a{i}" for i in range(n)],
+            "fit_b": [f"b{i}" for i in range(n)],
+            "n_cells": 200,
+            "diff_per_cell": diffs,
+            "ci_low": diffs - 0.3,
+            "ci_high": diffs + 0.3,
+            "ci_level": 0.98,
+            "decision": decisions,
+        }
+    )
+
+
+def _reliability(reliable=True, share=0.01, bias=0.001):
+    return pd.DataFrame({"fit": ["a"], "share_khat_above": [share], "mc_bias_bound": [bias], "reliable": [reliable]})
+
+
+def test_predictive_verdict_states_and_preconditions():
+    ok = _reliability()
+    assert predictive_verdict(_pairs([EQUIVALENT] * 3), ok, margin=0.5, gain=25.0).state == EQUIVALENT
+    assert predictive_verdict(_pairs([EQUIVALENT, NOT_EQUIVALENT]), ok, 0.5, 25.0).state == NOT_EQUIVALENT
+    undecided = predictive_verdict(_pairs([EQUIVALENT, UNDETERMINED], diffs=[0.0, 0.4]), ok, 0.5, 25.0)
+    # the undecided pair: half-width 0.3, distance to the margin 0.1 -> (0.3/0.1)^2 = 9 times the 200 cells
+    assert undecided.state == UNDETERMINED and "1,800 held-out cells" in undecided.remedy
+    # An unreliable estimator makes every decision undetermined, whatever the pairs say.
+    bad = predictive_verdict(_pairs([NOT_EQUIVALENT]), _reliability(False, share=0.4), 0.5, 25.0, n_lpd_samples=100)
+    assert bad.state == UNDETERMINED and "k-hat above 0.7 on 40%" in bad.reason and "n_lpd_samples" in bad.remedy
+    # No margin: the fits explain nothing beyond a model without latent variables.
+    none = predictive_verdict(_pairs([EQUIVALENT]), ok, margin=np.nan, gain=-3.0)
+    assert none.state == UNDETERMINED and "explain nothing" in none.reason
+    assert predictive_verdict(None).state == NOT_TESTED
+    assert predictive_verdict(None).equivalent is None
+    assert predictive_verdict(_pairs([EQUIVALENT]), ok, 0.5, 25.0).as_row_judgement().verdict == AGREE
