@@ -23,6 +23,7 @@ Trained models and gold-standard values are cached under ``benchmarks/_data/lpd/
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -117,8 +118,13 @@ def train_seconds(key: str) -> float:
 # ----- estimators compared ------------------------------------------------------------------------
 INF = math.inf
 
+#: Cells whose k-hat exceeds 0.7 after the first pass are estimated again with this (4x the draws, more starts).
+ESCALATE = est.EstimatorSpec(
+    n_samples=4000, guide_weight=0.1, pilot_samples=400, mode_starts=6, prior_starts=12, explore_steps=12
+)
+
 #: The recommended default (see the section's conclusion).
-CHOSEN = est.EstimatorSpec(
+CHOSEN_FIRST_PASS = est.EstimatorSpec(
     kind="mixture",
     n_samples=1000,
     df=4.0,
@@ -126,9 +132,15 @@ CHOSEN = est.EstimatorSpec(
     hessian="gauss-newton",
     newton_steps=20,
     pilot_samples=200,
-    mode_starts=5,
-    explore_steps=5,
-    name="chosen: t4 at modes (GN) + 0.1 guide, 5 extra modes from 200 pilot, S=1000",
+    mode_starts=3,
+    prior_starts=6,
+    explore_steps=8,
+    name="chosen without escalation",
+)
+CHOSEN = replace(
+    CHOSEN_FIRST_PASS,
+    escalate=ESCALATE,
+    name="chosen: t4 at 10 Newton modes (GN) + 0.1 guide, S=1000; k-hat>0.7 cells redone with S=4000",
 )
 
 #: Today's defaults: the guide, and countvae.invariance.laplace_is (exact Hessian, converged Newton).
@@ -152,7 +164,7 @@ LINEAR_CANDIDATES = [
     est.EstimatorSpec(guide_weight=0.5, name="t4@mode GN +0.5 guide S=1000"),
     est.EstimatorSpec(guide_weight=0.1, prior_weight=0.05, name="t4@mode GN +0.1 guide +0.05 prior S=1000"),
     CHOSEN,
-    replace(CHOSEN, n_samples=300, pilot_samples=100, mode_starts=3, name="chosen, S=300 (100 pilot, 3 modes)"),
+    replace(CHOSEN, n_samples=300, pilot_samples=100, name="chosen, S=300 (100 pilot)"),
 ]
 
 MLP_CANDIDATES = [
@@ -161,18 +173,30 @@ MLP_CANDIDATES = [
     est.EstimatorSpec(guide_weight=0.1, name="t4@mode GN +0.1 guide S=1000"),
     est.EstimatorSpec(guide_weight=0.1, n_samples=5000, name="t4@mode GN +0.1 guide S=5000"),
     est.EstimatorSpec(
-        guide_weight=0.1, refit_samples=200, refit_weight=0.6, name="t4 GN +0.1 guide, moment refit after 200, S=1000"
+        guide_weight=0.1,
+        refit_samples=200,
+        refit_weight=0.6,
+        name="t4@mode GN +0.1 guide, moment refit after 200, S=1000",
     ),
-    replace(CHOSEN, mode_starts=3, name="chosen with 3 extra modes"),
-    replace(CHOSEN, hessian="exact", name="chosen with exact Hessian"),
+    replace(
+        CHOSEN_FIRST_PASS, mode_starts=5, prior_starts=0, explore_steps=5, name="modes from pilot draws only, S=1000"
+    ),
+    replace(CHOSEN_FIRST_PASS, hessian="exact", name="chosen without escalation, exact Hessian"),
+    CHOSEN_FIRST_PASS,
     CHOSEN,
-    replace(CHOSEN, n_samples=2000, pilot_samples=300, name="chosen, S=2000 (300 pilot)"),
 ]
 
 #: Gold standard for models without quadrature: the multi-mode mixture with 10x the draws, more starts.
 GOLD = est.EstimatorSpec(
-    n_samples=10_000, guide_weight=0.1, pilot_samples=1000, mode_starts=8, explore_steps=20, name="gold"
+    n_samples=10_000,
+    guide_weight=0.1,
+    pilot_samples=1000,
+    mode_starts=8,
+    prior_starts=16,
+    explore_steps=20,
+    name="gold",
 )
+GOLD_VERSION = "v2"
 AIS = {"n_chains": 8, "n_temps": 100, "n_leapfrog": 5}
 
 
@@ -188,8 +212,33 @@ def cell_tensors(model, adata, idx: np.ndarray, dtype=None) -> tuple[torch.Tenso
     return x, b
 
 
-def evaluate(model, adata, idx, spec, seed: int, chunk: int, dtype=None) -> tuple[pd.DataFrame, float]:
-    """Per-cell estimates of one estimator over ``idx`` (minibatches of ``chunk`` cells) and seconds taken."""
+def _spec_digest(spec, *extra) -> str:
+    return hashlib.sha1(repr((replace(spec, name=""), *extra)).encode()).hexdigest()[:12]
+
+
+def evaluate(
+    model, adata, idx, spec, seed: int, chunk: int, dtype=None, cache: str | None = None
+) -> tuple[pd.DataFrame, float]:
+    """Per-cell estimates of one estimator over ``idx`` (minibatches of ``chunk`` cells) and seconds taken.
+
+    With ``cache`` (a name for the model), the result is stored under ``benchmarks/_data/lpd/results/`` and
+    read back on a rerun with the same estimator, cells, seed, chunking and dtype (seconds included).
+    """
+    path = None
+    if cache is not None:
+        digest = _spec_digest(spec, seed, chunk, str(dtype), len(idx), int(np.asarray(idx).sum()))
+        path = CACHE / "results" / f"{cache}_{digest}.csv"
+        if path.exists():
+            frame = pd.read_csv(path)
+            return frame.drop(columns="seconds"), float(frame["seconds"].iloc[0])
+    frame, seconds = _evaluate(model, adata, idx, spec, seed, chunk, dtype)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.assign(seconds=seconds).to_csv(path, index=False)
+    return frame, seconds
+
+
+def _evaluate(model, adata, idx, spec, seed: int, chunk: int, dtype=None) -> tuple[pd.DataFrame, float]:
     module = model.module if dtype is None else _module_as(model, dtype)
     frames, seconds = [], 0.0
     for k, start in enumerate(range(0, len(idx), chunk)):
@@ -253,6 +302,7 @@ def accuracy(frame: pd.DataFrame, reference: np.ndarray, reference_se: np.ndarra
         "median ESS": float(frame["ess"].median()),
         "high-count mean abs err": float(np.abs(err[high]).mean()),
         "high-count within 3 se": float(within[high].mean()),
+        "share redone": float(frame["escalated"].mean()) if "escalated" in frame else 0.0,
     }
 
 
@@ -297,7 +347,7 @@ def linear_section(quick: bool, n_cells: int) -> tuple[pd.DataFrame, pd.DataFram
         idx = model.validation_indices[:n_cells]
         exact = quadrature_log_marginal(model, indices=idx)
         for spec in LINEAR_CANDIDATES:
-            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=256)
+            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=256, cache=key)
             rows.append({"model": label, "estimator": spec.label(), **accuracy(frame, exact), "seconds": seconds})
             if spec is CHOSEN:
                 cells.append(frame.assign(model=label, exact=exact))
@@ -346,7 +396,7 @@ def gold_standard(model, adata, idx, key: str, quick: bool) -> dict[str, pd.Data
     spec = replace(GOLD, n_samples=3000, pilot_samples=300) if quick else GOLD
     out = {}
     for name, seed, dtype in (("gold seed 1, float32", 1, None), ("gold seed 2, float64", 2, torch.float64)):
-        path = CACHE / f"{key}_{name.split(',')[0].replace(' ', '')}_{len(idx)}.csv"
+        path = CACHE / f"{key}_{GOLD_VERSION}_{name.split(',')[0].replace(' ', '')}_{len(idx)}.csv"
         if path.exists():
             frame = pd.read_csv(path)
         else:
@@ -354,7 +404,7 @@ def gold_standard(model, adata, idx, key: str, quick: bool) -> dict[str, pd.Data
             frame["seconds"] = seconds
             frame.to_csv(path, index=False)
         out[name] = frame
-    path = CACHE / f"{key}_ais_{len(idx)}.csv"
+    path = CACHE / f"{key}_{GOLD_VERSION}_ais_{len(idx)}.csv"
     if path.exists():
         frame = pd.read_csv(path)
     else:
@@ -382,7 +432,7 @@ def mlp_section(quick: bool, n_cells: int) -> tuple[pd.DataFrame, pd.DataFrame]:
             row = {"model": label, "reference": name, **accuracy(frame, ref, None if name == names[0] else ref_se)}
             gold_rows.append({**row, "seconds": float(golds[name]["seconds"].iloc[0])})
         for spec in MLP_CANDIDATES:
-            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=64)
+            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=64, cache=key)
             rows.append({"model": label, "estimator": spec.label(), **accuracy(frame, ref, ref_se), "seconds": seconds})
             print(rows[-1], flush=True)
     return pd.DataFrame(rows), pd.DataFrame(gold_rows)
@@ -478,15 +528,16 @@ def reliability_section(quick: bool, n_cells: int) -> pd.DataFrame:
     from countvae.invariance.quadrature import quadrature_log_marginal
 
     rows = []
-    for scenario, model, adata, kind in reliability_cases(quick):
+    for k, (scenario, model, adata, kind) in enumerate(reliability_cases(quick)):
         idx = model.validation_indices[:n_cells]
+        cache = f"{'quick_' if quick else ''}reliability{k}"
         if kind == "quadrature":
             ref, ref_se = quadrature_log_marginal(model, indices=idx), None
         else:
-            gold, _ = evaluate(model, adata, idx, GOLD, seed=1, chunk=64)
+            gold, _ = evaluate(model, adata, idx, GOLD, seed=1, chunk=64, cache=cache)
             ref, ref_se = gold["lpd"].to_numpy(), gold["mc_se"].to_numpy()
         for spec in RELIABILITY_ESTIMATORS:
-            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=256)
+            frame, seconds = evaluate(model, adata, idx, spec, seed=0, chunk=256, cache=cache)
             err = frame["lpd"].to_numpy() - ref
             wrong = np.abs(err) > 1.0
             flagged = frame["khat"].to_numpy() > est.KHAT_THRESHOLD
@@ -529,6 +580,7 @@ def speed_section(quick: bool, n_cells: int, repeats: int = 2) -> pd.DataFrame:
         "countvae get_log_predictive_density(n_samples=1000) (guide, today)": lambda: model.get_log_predictive_density(
             indices=idx, n_samples=1000, seed=0
         ),
+        CHOSEN_FIRST_PASS.label(): lambda: evaluate(model, adata, idx, CHOSEN_FIRST_PASS, seed=0, chunk=128),
         CHOSEN.label(): lambda: evaluate(model, adata, idx, CHOSEN, seed=0, chunk=128),
     }
     rows = []
@@ -627,8 +679,8 @@ Today's default (guide, S=1000) per model, for contrast:
 
 ### 2. Default NB/MLP models (n_latent 10, 1 x 128 hidden) against a gold standard
 
-Gold standard: the multi-mode mixture with {GOLD.n_samples:,} draws ({GOLD.pilot_samples} pilot, {GOLD.mode_starts} extra Newton starts of up
-to {GOLD.explore_steps} steps), run twice (seed 1 in float32, seed 2 on a float64 copy of the model), and an independent
+Gold standard: the multi-mode mixture with {GOLD.n_samples:,} draws ({GOLD.pilot_samples} pilot; Newton from {GOLD.mode_starts} pilot draws
+and {GOLD.prior_starts} N(0, I) points, up to {GOLD.explore_steps} steps each), run twice (seed 1 in float32, seed 2 on a float64 copy of the model), and an independent
 reference by annealed importance sampling ({AIS["n_chains"]} chains x {AIS["n_temps"]} temperatures x {AIS["n_leapfrog"]} leapfrog HMC, started
 from a Gaussian at the Newton mode). Errors are against the float32 gold run; "within 3 se" uses the
 combined SE of the estimate and the gold run.

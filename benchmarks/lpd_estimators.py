@@ -443,7 +443,10 @@ class EstimatorSpec:
     mode_starts: int = 0
     mode_floor: float = 0.2
     explore_steps: int = 5
+    prior_starts: int = 0
     explore_khat: float = -math.inf
+    escalate: EstimatorSpec | None = None
+    escalate_khat: float = KHAT_THRESHOLD
     name: str = field(default="", compare=False)
 
     def label(self) -> str:
@@ -461,6 +464,12 @@ class EstimatorSpec:
             else ""
         )
         multi = f", +{self.mode_starts} modes from {self.pilot_samples} pilot" if self.pilot_samples else ""
+        if self.pilot_samples and self.prior_starts:
+            multi += f" +{self.prior_starts} from N(0, I)"
+        if self.pilot_samples:
+            multi += f" ({self.explore_steps} steps, floor {self.mode_floor:g})"
+        if self.escalate is not None:
+            multi += f"; k-hat>{self.escalate_khat:g} cells redone with [{self.escalate.label()}]"
         if self.pilot_samples and math.isfinite(self.explore_khat):
             multi += f" where k-hat>{self.explore_khat:g}"
         return f"{df}@mode[{self.hessian}, {self.newton_steps} steps]{mix}{refit}{multi} S={self.n_samples}"
@@ -485,19 +494,26 @@ def _weights(module, proposal, x, batch_index, log_library, n_samples, generator
 
 
 def more_modes(
-    module, x, batch_index, log_library, z, log_w, spec, fallback, base: ModeResult, explore: torch.Tensor
+    module, x, batch_index, log_library, z, log_w, spec, fallback, base: ModeResult, explore: torch.Tensor, generator
 ) -> list[ModeResult]:
-    """Newton runs started from each cell's ``spec.mode_starts`` highest-weight pilot draws.
+    """Newton runs started from each cell's ``spec.mode_starts`` highest-weight pilot draws and from
+    ``spec.prior_starts`` standard normal points.
 
     With a ReLU decoder the log joint is piecewise smooth and has several local
     maxima within a few posterior sd; a pilot draw of large weight lies in mass the
     first mode's proposal under-covers, and Newton from there finds its local mode.
-    Only cells with ``explore`` set are searched; the others repeat ``base``.
+    The encoder's mean can also sit in the basin of a local maximum tens of nats
+    below the highest one (measured on pbmc_3tech), which no draw near it reveals;
+    starts spread over the prior reach other basins. Only cells with ``explore`` set
+    are searched; the others repeat ``base``.
     """
     order = torch.argsort(log_w, dim=0, descending=True)[: spec.mode_starts]  # (k, cells)
+    cells = torch.arange(z.shape[1], device=z.device)
+    starts = [z[order[j], cells] for j in range(order.shape[0])]
+    starts += list(torch.randn((spec.prior_starts, *z.shape[1:]), generator=generator, dtype=z.dtype).to(z.device))
     idx = torch.nonzero(explore).squeeze(1)
     out = []
-    for j in range(order.shape[0]):
+    for start in starts:
         mode, precision, value = base.mode.clone(), base.precision.clone(), base.log_joint.clone()
         converged, concave = base.converged.clone(), base.concave.clone()
         if idx.numel():
@@ -506,7 +522,7 @@ def more_modes(
                 x[idx],
                 batch_index[idx],
                 log_library[idx],
-                z[order[j, idx], idx],
+                start[idx],
                 hessian=spec.hessian,
                 max_steps=spec.explore_steps,
                 tol=spec.newton_tol,
@@ -629,7 +645,17 @@ def estimate_log_marginal(
             pilot_khat = torch.as_tensor(summarize_log_weights(lwp)["khat"])
             explore = ~(pilot_khat < spec.explore_khat)  # NaN/inf k-hat: explore
             found = more_modes(
-                module, x, batch_index, log_library, zp, lwp, spec, precision_of(guide), result, explore.to(x.device)
+                module,
+                x,
+                batch_index,
+                log_library,
+                zp,
+                lwp,
+                spec,
+                precision_of(guide),
+                result,
+                explore.to(x.device),
+                generator,
             )
             extra["explored"] = explore.cpu().numpy()
             shares = mode_shares([result, *found], spec.mode_floor)
@@ -651,6 +677,15 @@ def estimate_log_marginal(
     out = {**summarize_log_weights(log_w), **extra}
     if return_log_weights:
         out["log_w"] = log_w.cpu().numpy()
+    if spec.escalate is not None:
+        redo = ~(out["khat"] <= spec.escalate_khat)  # NaN k-hat is redone too
+        out["escalated"] = redo
+        if redo.any():
+            rows = torch.as_tensor(np.nonzero(redo)[0], device=x.device)
+            again = estimate_log_marginal(module, x[rows], batch_index[rows], spec.escalate, generator)
+            for key in ("lpd", "mc_se", "ess", "khat"):
+                out[key] = out[key].copy()
+                out[key][redo] = again[key]
     return out
 
 

@@ -60,7 +60,8 @@ def test_location_scale_density_matches_scipy(df):
     gen = torch.Generator().manual_seed(0)
     loc = torch.tensor([[0.5, -1.0, 2.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
     A = torch.tensor(
-        [[[1.0, 0, 0], [0.3, 0.5, 0], [-0.2, 0.1, 2.0]], [[0.1, 0, 0], [0, 0.2, 0], [0, 0.05, 0.3]]], dtype=torch.float64
+        [[[1.0, 0, 0], [0.3, 0.5, 0], [-0.2, 0.1, 2.0]], [[0.1, 0, 0], [0, 0.2, 0], [0, 0.05, 0.3]]],
+        dtype=torch.float64,
     )
     prop = est.LocationScale(loc, A, df)
     z = prop.sample(50, gen)
