@@ -680,6 +680,7 @@ def estimate_log_marginal(
     if spec.escalate is not None:
         redo = ~(out["khat"] <= spec.escalate_khat)  # NaN k-hat is redone too
         out["escalated"] = redo
+        out["first_khat"] = out["khat"]
         if redo.any():
             rows = torch.as_tensor(np.nonzero(redo)[0], device=x.device)
             again = estimate_log_marginal(module, x[rows], batch_index[rows], spec.escalate, generator)

@@ -8,6 +8,7 @@ exact quadrature. When the estimator moves into the package, these move with it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -157,3 +158,70 @@ def test_ais_matches_quadrature(deep_poisson):
     err = out["lpd"] - exact
     assert np.all(np.abs(err) <= 4 * out["mc_se"] + 0.01), (err, out["mc_se"])
     assert abs(err.mean()) < 0.03
+
+
+def test_escalation_redoes_exactly_the_flagged_cells(deep_poisson):
+    model, x, b, _ = deep_poisson
+    first = est.EstimatorSpec(kind="guide", n_samples=200)
+    again = est.EstimatorSpec(n_samples=300, guide_weight=0.1)
+    plain = est.estimate_log_marginal(model.module, x, b, first, torch.Generator().manual_seed(5))
+    both = est.estimate_log_marginal(
+        model.module, x, b, dataclasses.replace(first, escalate=again), torch.Generator().manual_seed(5)
+    )
+    flagged = plain["khat"] > est.KHAT_THRESHOLD
+    assert flagged.any() and not flagged.all()
+    np.testing.assert_array_equal(both["escalated"], flagged)
+    np.testing.assert_array_equal(both["lpd"][~flagged], plain["lpd"][~flagged])  # same draws, untouched
+    assert np.all(both["khat"][flagged] < est.KHAT_THRESHOLD)  # the redo with a good proposal is reliable
+    assert np.all(both["lpd"][flagged] > plain["lpd"][flagged])  # and higher: the guide's estimate was too low
+
+
+class _MirrorModule(torch.nn.Module):
+    """A 1-d Poisson model whose log rates depend on |z|: two mirror-image posterior modes of equal mass.
+
+    The encoder points at the positive one, as an amortized guide stuck in one basin would.
+    """
+
+    def __init__(self, n_genes: int = 30):
+        from countvae.module.priors import LatentPrior
+
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.w = torch.randn(n_genes, generator=gen, dtype=torch.float64)
+        self.a = torch.log_softmax(torch.randn(n_genes, generator=gen, dtype=torch.float64), 0)
+        self.prior = LatentPrior("normal", 1)
+        self.likelihood = type("Poisson", (), {"kind": "poisson"})()
+
+    def encode(self, x, batch_index):
+        n = x.shape[0]
+        return torch.full((n, 1), 1.5, dtype=x.dtype), torch.full((n, 1), 0.1, dtype=x.dtype)
+
+    def decode(self, z, batch_index):
+        from countvae.module.decoders import DecoderOutput
+
+        return DecoderOutput(log_rate=self.a + self.w * z.abs())
+
+    def conditional(self, z, log_library, batch_index):
+        from countvae.module.distributions import PoissonLogMean
+
+        return PoissonLogMean(log_library + self.decode(z, batch_index).log_rate)
+
+
+def test_newton_starts_over_the_prior_find_a_mode_the_encoder_misses():
+    module = _MirrorModule()
+    z_true = torch.tensor([[1.2], [-0.8], [1.6]], dtype=torch.float64)
+    rate = torch.exp(torch.log(torch.tensor(300.0)) + module.decode(z_true, None).log_rate)
+    x = torch.poisson(rate, generator=torch.Generator().manual_seed(1))
+    b = torch.zeros(3, dtype=torch.long)
+    grid = torch.linspace(-8, 8, 160_001, dtype=torch.float64).view(-1, 1, 1)
+    log_library = torch.log(x.sum(-1, keepdim=True))
+    values = est.log_joint(module, grid.expand(-1, 3, 1), x, b, log_library)
+    exact = (torch.logsumexp(values, 0) + math.log(16 / 160_000)).numpy()
+    one_mode = est.estimate_log_marginal(
+        module, x, b, est.EstimatorSpec(kind="mode", guide_weight=0.0, n_samples=2000), torch.Generator().manual_seed(2)
+    )
+    spread = est.EstimatorSpec(n_samples=2000, guide_weight=0.1, pilot_samples=200, mode_starts=2, prior_starts=6)
+    found = est.estimate_log_marginal(module, x, b, spread, torch.Generator().manual_seed(2))
+    np.testing.assert_allclose(found["lpd"], exact, atol=0.03)
+    np.testing.assert_allclose(one_mode["lpd"], exact - math.log(2), atol=0.05)  # half the mass is missed ...
+    assert np.all(one_mode["khat"] < est.KHAT_THRESHOLD)  # ... and no weight diagnostic can see it
