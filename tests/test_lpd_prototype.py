@@ -225,3 +225,21 @@ def test_newton_starts_over_the_prior_find_a_mode_the_encoder_misses():
     np.testing.assert_allclose(found["lpd"], exact, atol=0.03)
     np.testing.assert_allclose(one_mode["lpd"], exact - math.log(2), atol=0.05)  # half the mass is missed ...
     assert np.all(one_mode["khat"] < est.KHAT_THRESHOLD)  # ... and no weight diagnostic can see it
+
+
+@pytest.mark.slow
+def test_accuracy_benchmark_quick_writes_its_section(tmp_path):
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lpd_accuracy_under_test", bench / "lpd_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n<!-- section: other -->\nkept\n<!-- end: other -->\n")
+    module.main(["--quick", "--results", str(results), "--cache-dir", str(tmp_path / "cache")])
+    text = results.read_text()
+    body = text[text.index("<!-- section: lpd-accuracy -->") : text.index("<!-- end: lpd-accuracy -->")]
+    assert "QUICK" in body and "### Conclusion" in body and "get_marginal_ll" in body and "kept" in text
+    module.main(["--quick", "--results", str(results), "--cache-dir", str(tmp_path / "cache"), "--render-only"])
+    assert results.read_text().count("<!-- section: lpd-accuracy -->") == 1
