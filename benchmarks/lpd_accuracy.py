@@ -122,30 +122,13 @@ def train_seconds(key: str) -> float:
 # ----- estimators compared ------------------------------------------------------------------------
 INF = math.inf
 
-#: Cells whose k-hat exceeds 0.7 after the first pass are estimated again with this (4x the draws, more starts).
-ESCALATE = est.EstimatorSpec(
-    n_samples=4000, guide_weight=0.1, pilot_samples=400, mode_starts=6, prior_starts=12, explore_steps=12
-)
-
-#: The recommended default (see the section's conclusion).
-CHOSEN_FIRST_PASS = est.EstimatorSpec(
-    kind="mixture",
-    n_samples=1000,
-    df=4.0,
-    guide_weight=0.1,
-    hessian="gauss-newton",
-    newton_steps=20,
-    pilot_samples=200,
-    mode_starts=3,
-    prior_starts=6,
-    explore_steps=8,
-    name="chosen without escalation",
-)
+#: The recommended default, and its first pass alone (no re-estimation of cells with k-hat > 0.7).
 CHOSEN = replace(
-    CHOSEN_FIRST_PASS,
-    escalate=ESCALATE,
+    est.RECOMMENDED,
     name="chosen: t4 at 10 Newton modes (GN) + 0.1 guide, S=1000; k-hat>0.7 cells redone with S=4000",
 )
+CHOSEN_FIRST_PASS = replace(est.RECOMMENDED, escalate=None, name="chosen without escalation")
+ESCALATE = est.RECOMMENDED.escalate
 
 #: Today's defaults: the guide, and countvae.invariance.laplace_is (exact Hessian, converged Newton).
 GUIDE_100 = est.EstimatorSpec(kind="guide", n_samples=100, name="guide S=100 (today)")

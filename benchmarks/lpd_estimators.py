@@ -28,16 +28,25 @@ Proposals:
     mode found by damped Newton steps from the encoder's mean, with scale matrix
     the inverse negative Hessian (exact by autograd, or Gauss-Newton);
 ``mixture``
-    a defensive mixture of the two (and optionally the prior), sampled with a
-    deterministic number of draws per component and weighted by the whole
-    mixture density (the balance heuristic; unbiased for ``p(x)``).
+    a defensive mixture of t's at one or more modes, the guide (and optionally the
+    prior), sampled with a deterministic number of draws per component and cell
+    and weighted by the whole mixture density (the balance heuristic; unbiased
+    for ``p(x)``). With ``pilot_samples`` > 0, more modes are searched first:
+    Newton from the pilot's highest-weight draws and from N(0, I) points.
+
+Entry point: :func:`estimate_log_marginal` ``(module, x, batch_index, spec, generator)
+-> dict`` of per-cell numpy arrays ``lpd, mc_se, ess, khat`` (and diagnostics), for
+one minibatch; :class:`EstimatorSpec` holds every setting, and ``spec.escalate``
+re-estimates the cells whose k-hat exceeds ``spec.escalate_khat`` with another spec.
+:func:`ais_log_marginal` is annealed importance sampling, used as an independent
+reference in ``benchmarks/lpd_accuracy.py``.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -129,6 +138,10 @@ class LocationScale:
     loc: torch.Tensor  # (cells, L)
     scale_tril: torch.Tensor  # (cells, L, L), lower triangular with positive diagonal
     df: float = math.inf
+
+    def __post_init__(self):
+        if math.isfinite(self.df) and (self.df < 1 or self.df != int(self.df)):
+            raise ValueError(f"df must be a positive integer or math.inf, got {self.df!r}.")
 
     def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """``n`` draws per cell, shape (n, cells, L)."""
@@ -421,8 +434,15 @@ class EstimatorSpec:
     """One estimator configuration.
 
     ``guide_weight`` and ``prior_weight`` are the defensive mixture's shares; the rest
-    goes to the mode proposal (``kind="mode"`` with both 0 is the plain t-at-mode).
-    With ``refit_samples > 0`` (two-stage adaptive IS), that many of the ``n_samples``
+    goes to the mode proposal(s) (``kind="mode"`` with both 0 is the plain t-at-mode).
+    Newton runs ``newton_steps`` at most, stopping at a decrement or gain below
+    ``newton_tol`` nats, with the ``hessian`` curvature. With ``pilot_samples > 0``,
+    that many draws (not counted in the estimate) rank starting points: Newton (at
+    most ``explore_steps``) from each cell's ``mode_starts`` highest-weight pilot draws
+    and from ``prior_starts`` N(0, I) points (only where the pilot's k-hat exceeds
+    ``explore_khat``); the modes share the mode weight by Laplace mass mixed with
+    ``mode_floor`` uniform. ``escalate``: a spec to redo cells with k-hat above
+    ``escalate_khat``. With ``refit_samples > 0`` (two-stage adaptive IS), that many of the ``n_samples``
     draws come from the mixture, a t with their importance-weighted mean and
     covariance is added with share ``refit_weight`` (taken from the mode proposal),
     and only the remaining draws, from that new mixture, enter the estimate.
@@ -475,9 +495,22 @@ class EstimatorSpec:
         return f"{df}@mode[{self.hessian}, {self.newton_steps} steps]{mix}{refit}{multi} S={self.n_samples}"
 
 
-def with_samples(spec: EstimatorSpec, n_samples: int) -> EstimatorSpec:
-    """The same estimator with another number of samples."""
-    return replace(spec, n_samples=n_samples, name="")
+#: The recommended default (measured in benchmarks/lpd_accuracy.py, section lpd-accuracy of RESULTS.md).
+RECOMMENDED = EstimatorSpec(
+    kind="mixture",
+    n_samples=1000,
+    df=4.0,
+    guide_weight=0.1,
+    hessian="gauss-newton",
+    newton_steps=20,
+    pilot_samples=200,
+    mode_starts=3,
+    prior_starts=6,
+    explore_steps=8,
+    escalate=EstimatorSpec(
+        n_samples=4000, guide_weight=0.1, pilot_samples=400, mode_starts=6, prior_starts=12, explore_steps=12
+    ),
+)
 
 
 def _draws_and_weights(module, proposal, x, batch_index, log_library, n_samples, generator):
