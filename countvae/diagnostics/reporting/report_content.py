@@ -20,27 +20,11 @@ MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "mar
 
 @dataclass
 class ReportContent:
-    """The multi-seed diagnostics of one model on shared held-out cells.
+    """The multi-seed diagnostics of one model on shared held-out cells: the fields and main tables.
 
-    Attributes
-    ----------
-    headline
-        The verdict in plain sentences, most important first.
-    tables
-        Every table by name: first the main ones (:data:`MAIN_TABLES`, also
-        available as attributes, e.g. ``rep.invariants``), then the details
-        (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
-        spectra, marker correlations, ...).
-    settings
-        Sizes, seeds, markers, the predictive-equivalence decision (``predictive_equivalence``:
-        state, reason, remedy, margin) and the fits' settings.
-    subsampling
-        What was computed on a subset of cells or genes, and how large it was.
-    provenance
-        Package versions, data checksum, fits.
-    timings
-        Seconds per step.
-
+    The fields are described in the docstring of
+    :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`,
+    the class users see; the main tables are :data:`MAIN_TABLES`.
     """
 
     headline: list[str]
@@ -79,7 +63,7 @@ class ReportContent:
 
     @property
     def subspace(self) -> pd.DataFrame:
-        """Rotation-invariant geometry per seed pair: CKA, k-NN overlap, spectra distance, principal angles."""
+        """Rotation-invariant geometry per seed pair (CKA, k-NN overlap, spectra distance, principal angles)."""
         return self.tables["subspace"]
 
     @property
@@ -89,7 +73,7 @@ class ReportContent:
 
     @property
     def markers(self) -> pd.DataFrame:
-        """Per marker: invariant R^2 across seeds against the per-dimension story."""
+        """Per marker, the invariant R^2 across seeds against the per-dimension story."""
         return self.tables["markers"]
 
     @property
