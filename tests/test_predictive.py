@@ -113,6 +113,30 @@ def test_estimator_reliability_from_khat_and_monte_carlo_bias():
     assert not estimator_reliability(no_khat, 0.5)["reliable"].any()
 
 
+def test_estimator_reliability_reads_the_estimators_frame():
+    """The package's estimator marks cells ``reliable`` and gives them no standard error where k-hat is too high."""
+    lpds = frames(n=100, shifts=(0.0, 0.0))
+    for frame in lpds.values():
+        frame["ess"] = np.linspace(5.0, 95.0, 100)
+        frame["reliable"] = True
+    bad = np.arange(100) < 8  # 8% of cells: above the 5% allowed
+    lpds["seed 1"].loc[bad, "reliable"] = False
+    lpds["seed 1"].loc[bad, "mc_se"] = np.nan
+    table = estimator_reliability(lpds, margin=0.5).set_index("fit")
+    assert table.loc["seed 0", "reliable"] and not table.loc["seed 1", "reliable"]
+    assert table.loc["seed 1", "share_khat_above"] == pytest.approx(0.08)  # from the column, k-hat being 0.3
+    assert table.loc["seed 1", "mc_bias_bound"] == pytest.approx(0.005)  # NaN standard errors left out
+    assert table.loc["seed 0", "min_ess"] == pytest.approx(5.0)
+    assert table.loc["seed 0", "median_ess"] == pytest.approx(50.0)
+    # No standard error on any cell: no bias bound, not reliable, and the verdict says why.
+    lpds["seed 0"]["mc_se"] = np.nan
+    table = estimator_reliability(lpds, margin=0.5)
+    verdict = predictive_verdict(pairwise_table(lpds, 0.5), table, 0.5, 25.0, 0.02)
+    assert verdict.state == "undetermined"
+    assert "seed 0: no Monte Carlo standard error" in verdict.reason
+    assert "seed 1: unreliable (Pareto k-hat above 0.7) on 8% of cells" in verdict.reason
+
+
 def test_verdict_equivalent_and_not():
     def decide(lpds, margin=0.5):
         return predictive_verdict(pairwise_table(lpds, margin), estimator_reliability(lpds, margin), margin, 25.0, 0.02)

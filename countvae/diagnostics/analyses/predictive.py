@@ -207,33 +207,53 @@ def equivalence_margin(lpds: Mapping[str, pd.DataFrame], baseline: np.ndarray | 
 def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd.DataFrame:
     """Whether each fit's ``log p(x)`` estimates can be believed, at the precision the margin asks for.
 
+    A cell's estimate is unreliable when its frame says so (a ``reliable``
+    column, as the package's estimator returns) or its Pareto k-hat is above
+    :data:`~countvae.module.importance.KHAT_THRESHOLD` or missing. Cells without
+    a Monte Carlo standard error (NaN, as the estimator reports where k-hat says
+    the weights' variance is infinite) are left out of the bias bound; they
+    already count as unreliable.
+
     Returns
     -------
     pandas.DataFrame
-        One row per fit: ``fit``, ``share_khat_above`` (cells with Pareto k-hat
-        above 0.7, or NaN without a ``khat`` column), ``median_khat``,
-        ``mc_bias_bound`` (mean per-cell ``mc_se^2 / 2``, nats), and ``reliable``:
-        at most :data:`MAX_UNRELIABLE_SHARE` of cells above 0.7 and a bias bound
-        at most :data:`MAX_BIAS_SHARE` of the margin.
+        One row per fit: ``fit``, ``share_khat_above`` (share of unreliable
+        cells; NaN when the frame has neither ``reliable`` nor ``khat``),
+        ``median_khat``, ``median_ess`` and ``min_ess`` (importance sampling's
+        effective sample size per cell, NaN without an ``ess`` column; shown,
+        not judged: a small ESS with an acceptable k-hat shows up as a large
+        Monte Carlo error, which the bias bound judges), ``mc_bias_bound``
+        (mean per-cell ``mc_se^2 / 2``, nats), and ``reliable``: at most
+        :data:`MAX_UNRELIABLE_SHARE` of cells unreliable and a bias bound at
+        most :data:`MAX_BIAS_SHARE` of the margin.
 
     """
     rows = []
     for name, frame in lpds.items():
         mc = frame["mc_se"].to_numpy(dtype=np.float64)
-        bias = float(np.mean(mc**2) / 2.0)
-        if "khat" in frame:
-            khat = frame["khat"].to_numpy(dtype=np.float64)
-            share = float(np.mean(~(khat <= KHAT_THRESHOLD)))  # NaN k-hat counts as unreliable
-            median = float(np.nanmedian(khat)) if np.isfinite(khat).any() else np.nan
+        bias = float(np.mean(mc[np.isfinite(mc)] ** 2) / 2.0) if np.isfinite(mc).any() else np.nan
+        khat = frame["khat"].to_numpy(dtype=np.float64) if "khat" in frame else None
+        if "reliable" in frame or khat is not None:
+            good = np.ones(len(frame), dtype=bool)
+            if "reliable" in frame:
+                good &= frame["reliable"].to_numpy(dtype=bool)
+            if khat is not None:
+                good &= khat <= KHAT_THRESHOLD  # a NaN k-hat counts as unreliable
+            share = float(np.mean(~good))
         else:
-            share = median = np.nan
+            share = np.nan
+        median = float(np.nanmedian(khat)) if khat is not None and np.isfinite(khat).any() else np.nan
+        ess = frame["ess"].to_numpy(dtype=np.float64) if "ess" in frame else np.full(1, np.nan)
+        finite_ess = ess[np.isfinite(ess)]
         ok_khat = bool(np.isfinite(share) and share <= MAX_UNRELIABLE_SHARE)
-        ok_bias = bool(np.isfinite(margin) and bias <= MAX_BIAS_SHARE * margin)
+        ok_bias = bool(np.isfinite(margin) and np.isfinite(bias) and bias <= MAX_BIAS_SHARE * margin)
         rows.append(
             {
                 "fit": name,
                 "share_khat_above": share,
                 "median_khat": median,
+                "median_ess": float(np.median(finite_ess)) if finite_ess.size else np.nan,
+                "min_ess": float(finite_ess.min()) if finite_ess.size else np.nan,
                 "mc_bias_bound": bias,
                 "reliable": ok_khat and ok_bias,
             }

@@ -400,8 +400,12 @@ def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | N
         if not np.isfinite(row.share_khat_above):
             problems.append(f"{row.fit}: no Pareto k-hat to check the estimates against")
         elif row.share_khat_above > MAX_UNRELIABLE_SHARE:
-            problems.append(f"{row.fit}: Pareto k-hat above 0.7 on {100 * row.share_khat_above:.0f}% of cells")
-        if row.mc_bias_bound > MAX_BIAS_SHARE * margin:
+            problems.append(
+                f"{row.fit}: unreliable (Pareto k-hat above 0.7) on {100 * row.share_khat_above:.0f}% of cells"
+            )
+        if not np.isfinite(row.mc_bias_bound):
+            problems.append(f"{row.fit}: no Monte Carlo standard error on any cell")
+        elif row.mc_bias_bound > MAX_BIAS_SHARE * margin:
             problems.append(
                 f"{row.fit}: Monte Carlo bias up to {row.mc_bias_bound:.2g} nats per cell, more than "
                 f"{MAX_BIAS_SHARE:g} of the margin ({margin:.2g})"
