@@ -1,0 +1,73 @@
+"""The calibration suite of the report's verdicts (``benchmarks/calibration.py``), reduced to what a test can afford.
+
+The full suite (RESULTS.md, section calibration) replicates every scenario on
+larger data. Here one replicate of the scenarios whose truth does not depend on
+the seeds converging (exact copies of one fit, on all held-out cells and on 40
+of them, and an under-trained fit against two copies) runs on tiny data, and
+the counting of verdicts against the truth is checked on a hand-made table.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _calibration():
+    spec = importlib.util.spec_from_file_location("calibration_under_test", BENCH / "calibration.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+calibration = _calibration()
+
+
+def test_confusion_counts_correct_undetermined_and_wrong():
+    runs = pd.DataFrame(
+        {
+            "scenario": ["different"] * 4 + ["gaussian"] * 2,
+            "replicate": [0, 1, 0, 1, 0, 1],
+            "row": ["held-out log p(x)"] * 2 + ["decoded means"] * 2 + ["ICA coordinates"] * 2,
+            "verdict": ["differ", "undetermined", "agree", "differ", "undetermined", "agree"],
+        }
+    )
+    tables = calibration.confusion(runs)
+    different = tables["different"].set_index("row")
+    assert different.loc["held-out log p(x)", ["correct", "undetermined (not the truth)", "wrong"]].tolist() == [
+        1,
+        1,
+        0,
+    ]
+    assert different.loc["decoded means", ["correct", "undetermined (not the truth)", "wrong"]].tolist() == [1, 0, 1]
+    # Where undetermined is part of the truth (ICA on Gaussian sources) it counts as correct, not as undetermined.
+    gaussian = tables["gaussian"].set_index("row").loc["ICA coordinates"]
+    assert (gaussian["correct"], gaussian["undetermined (not the truth)"], gaussian["wrong"]) == (1, 0, 1)
+    summary = calibration.summary(tables).set_index("scenario")
+    assert summary.loc["different", "correct %"] == pytest.approx(50.0)
+    assert summary.loc["different", "wrong %"] == pytest.approx(25.0)
+
+
+def test_reduced_calibration_reaches_the_known_truth():
+    """Exact copies agree on every row; an under-trained fit is caught; 40 cells never give a wrong verdict."""
+    cfg = replace(calibration.QUICK, n_seeds=3, epochs=30)
+    runs = pd.DataFrame(calibration.run_replicate(0, cfg, scenarios=("copies", "few cells, copies", "different")))
+    tables = calibration.confusion(runs)
+    assert set(tables) == {"copies", "few cells, copies", "different"}
+    for scenario, table in tables.items():
+        assert (table["wrong"] == 0).all(), (scenario, table)
+        assert (table["runs"] == 1).all(), (scenario, table)
+    copies = tables["copies"].set_index("row")
+    # Every row of exact copies is decided, and decided right (ICA may be undetermined on data this small).
+    decided = copies.drop(index="ICA coordinates")
+    assert (decided["correct"] == 1).all(), decided
+    different = tables["different"].set_index("row")
+    assert (different["correct"] == 1).all(), different
