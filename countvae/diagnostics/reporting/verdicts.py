@@ -410,7 +410,7 @@ def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | N
                 f"{row.fit}: Monte Carlo bias up to {row.mc_bias_bound:.2g} nats per cell, more than "
                 f"{MAX_BIAS_SHARE:g} of the margin ({margin:.2g})"
             )
-    samples = f" (now {n_lpd_samples})" if n_lpd_samples else ""
+    samples = f", now {n_lpd_samples}" if n_lpd_samples else ""
     return (
         "unreliable log p(x): " + "; ".join(problems),
         f"more importance samples per cell (n_lpd_samples{samples}) or an estimator whose proposal fits each "
