@@ -22,7 +22,7 @@ report (:func:`countvae.diagnostics.report`) in six scenarios:
 ``few cells``
     The seeds of ``seeds`` on 40 held-out cells: every verdict is the truth of
     ``seeds`` or undetermined, never the opposite.
-``few cells, copies``
+``copies on few cells``
     The copies of ``copies`` on the same 40 cells: the truth or undetermined.
 
 Held-out log p(x) is estimated with the Student-t proposal at each cell's mode
@@ -78,7 +78,7 @@ TRUTH: dict[str, dict[str, set[str]]] = {
     "gaussian": _SAME | {ICA: {UNDETERMINED, DIFFER}},
     "different": {LPD: {DIFFER}, "decoded means": {DIFFER}},
     "few cells": _SAME | {ICA: {AGREE}},
-    "few cells, copies": _SAME | {ICA: {AGREE}},
+    "copies on few cells": _SAME | {ICA: {AGREE}},
 }
 #: Scenarios whose data are adequate (undetermined counts against the goal there).
 ADEQUATE = ("copies", "seeds", "gaussian", "different")
@@ -175,8 +175,8 @@ def _verdicts(rep, scenario: str, replicate: int, seconds: float) -> list[dict]:
 def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tuple(TRUTH)) -> list[dict]:
     """The given scenarios of one replicate; one row per (scenario, report row) with its verdict.
 
-    Fits are made only for the scenarios asked for (``copies``, ``few cells,
-    copies`` and ``different`` need seed 0 and the under-trained fit alone).
+    Fits are made only for the scenarios asked for (``copies``, ``copies on
+    few cells`` and ``different`` need seed 0 and the under-trained fit alone).
     """
     import torch
 
@@ -221,7 +221,7 @@ def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tupl
         rep = report(fits, heldout, adata_fit=adata_fit, **settings)
         out.extend(_verdicts(rep, scenario, replicate, time.perf_counter() - started))
 
-    laplace = {"copies", "seeds", "different", "few cells", "few cells, copies"} & set(scenarios)
+    laplace = {"copies", "seeds", "different", "few cells", "copies on few cells"} & set(scenarios)
     if laplace:
         fit_cells, heldout = data("laplace")
         few = heldout[: cfg.few_cells].copy()
@@ -235,7 +235,7 @@ def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tupl
             for k in range(1, cfg.n_seeds)
         ]
         run("copies", copies, heldout, fit_cells)
-        run("few cells, copies", copies, few, fit_cells)
+        run("copies on few cells", copies, few, fit_cells)
         if "different" in laplace:
             short = fit(fit_cells, cfg.n_seeds, cfg.short_epochs)
             # Two identical solutions (seed 0 and a rotated copy) and an under-trained fit: the truth is known

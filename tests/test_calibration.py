@@ -52,6 +52,7 @@ def test_confusion_counts_correct_undetermined_and_wrong():
     gaussian = tables["gaussian"].set_index("row").loc["ICA coordinates"]
     assert (gaussian["correct"], gaussian["undetermined (not the truth)"], gaussian["wrong"]) == (1, 0, 1)
     summary = calibration.summary(tables).set_index("scenario")
+    assert not any("," in name for name in calibration.TRUTH)  # --scenarios is a comma-separated list
     assert summary.loc["different", "correct %"] == pytest.approx(50.0)
     assert summary.loc["different", "wrong %"] == pytest.approx(25.0)
 
@@ -59,9 +60,9 @@ def test_confusion_counts_correct_undetermined_and_wrong():
 def test_reduced_calibration_reaches_the_known_truth():
     """Exact copies agree on every row; an under-trained fit is caught; 40 cells never give a wrong verdict."""
     cfg = replace(calibration.QUICK, n_seeds=3, epochs=30)
-    runs = pd.DataFrame(calibration.run_replicate(0, cfg, scenarios=("copies", "few cells, copies", "different")))
+    runs = pd.DataFrame(calibration.run_replicate(0, cfg, scenarios=("copies", "copies on few cells", "different")))
     tables = calibration.confusion(runs)
-    assert set(tables) == {"copies", "few cells, copies", "different"}
+    assert set(tables) == {"copies", "copies on few cells", "different"}
     for scenario, table in tables.items():
         assert (table["wrong"] == 0).all(), (scenario, table)
         assert (table["runs"] == 1).all(), (scenario, table)
