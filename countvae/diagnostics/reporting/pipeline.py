@@ -32,13 +32,14 @@ from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.analyze import Analyses, analyze
 from countvae.diagnostics.reporting.collect import Collected, collect, resolve_inputs
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, downstream_section  # issue 18
 from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.diagnostics.reporting.verdicts import judge_invariants, predictive_verdict
 
-__all__ = ["DiagnosticReport", "ReportSettings", "report"]
+__all__ = ["DiagnosticReport", "DownstreamRequest", "ReportSettings", "report"]
 
 
 def report(
@@ -48,6 +49,7 @@ def report(
     *,
     settings: ReportSettings | None = None,
     progress_bar: bool = False,
+    downstream: DownstreamRequest | None = None,
     **overrides: Any,
 ) -> DiagnosticReport:
     """Compare fits of one model from several seeds on shared held-out cells.
@@ -67,6 +69,10 @@ def report(
         Sizes and seeds, see :class:`ReportSettings`.
     progress_bar
         Show a progress bar over the fits.
+    downstream
+        Add the downstream section (DE calls between two groups, Leiden clusters
+        and UMAP neighbourhoods across seeds, each against a within-fit
+        baseline); see :class:`~countvae.diagnostics.reporting.downstream_section.DownstreamRequest`.
     **overrides
         Single fields of :class:`ReportSettings` to replace, e.g. ``n_lpd_samples=500``.
 
@@ -88,6 +94,10 @@ def report(
     with limit:
         collected = collect(fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar)
         analyses = analyze(collected, s, stopwatch)
+        section = None  # downstream section (issue 18): all of its logic is in downstream_section.py
+        if downstream is not None:
+            section = downstream_section(fit_list, adata, downstream, collected.per_fit("latent"))
+            stopwatch.lap("downstream section")
     invariants = judge_invariants(analyses.invariants)
     predictive = predictive_verdict(analyses.predictive_pairs)
     lines = headline(
@@ -112,6 +122,7 @@ def report(
         subsampling=_subsampling(collected, s),
         provenance=collected.provenance(),
         timings=stopwatch.timings,
+        downstream=section,  # issue 18
     )
 
 

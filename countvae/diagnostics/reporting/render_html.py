@@ -189,6 +189,7 @@ def render_html(rep: ReportContent) -> str:
         _h2("ppc"),
         figure("ppc"),
         html_table(rep.ppc),
+        *(rep.downstream.html_parts() if rep.downstream is not None else []),  # downstream section (issue 18)
         _h2("about"),
         "<h3>What was subsampled</h3>",
         "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",

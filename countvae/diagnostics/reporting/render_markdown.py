@@ -42,6 +42,7 @@ def render_markdown(rep: ReportContent) -> str:
         _md(rep.rhat),
         "## Posterior predictive checks",
         _md(rep.ppc),
+        *([rep.downstream.markdown()] if rep.downstream is not None else []),  # downstream section (issue 18)
         "## Subsampling",
         "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),
         "## Provenance",
