@@ -280,3 +280,21 @@ def test_diagnose_de_adds_the_section(groups_file, tmp_path, capsys, fake_umap):
     assert result["downstream"]["not_computed"] == {}
     record = json.loads((out / "report" / "report.json").read_text())["downstream"]
     assert record["settings"]["group1"] == "group1" and record["settings"]["group2"] == "group0"
+
+
+def test_agreement_figure_draws_every_pair_at_its_value():
+    pairs = pd.DataFrame(
+        {
+            "output": ["de", "de", "de", "clusters"],
+            "metric": ["jaccard", "jaccard", "jaccard", "ari"],
+            "kind": [ds.BETWEEN, ds.BETWEEN, ds.WITHIN, ds.BETWEEN],
+            "value": [0.7, 0.8, 0.95, 0.4],
+        }
+    )
+    ax = cv.plotting.downstream_agreement(pairs)
+    drawn = sorted(float(x) for c in ax.collections for x in c.get_offsets()[:, 0])
+    assert drawn == [0.4, 0.7, 0.8, 0.95]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["de: jaccard", "clusters: ari"]
+    assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [ds.BETWEEN, ds.WITHIN]
+    with pytest.raises(InvalidArgumentError, match="kind"):
+        cv.plotting.downstream_agreement(pairs.drop(columns="kind"))

@@ -331,7 +331,10 @@ def reading(output: str, metric: str, row: Mapping[str, float]) -> str:
     chance = row.get("chance_mean", np.nan)
     if chance is not None and np.isfinite(chance):
         if chance == 1.0:
-            return f"{label} ({metric}): no fit calls any gene ({n_between} pairs of fits): nothing to compare."
+            return (
+                f"{label} ({metric}): no fit calls any gene with its own sampling seed ({n_between} pairs of "
+                "fits): nothing to compare."
+            )
         numbers += f"; random call sets of the same sizes would agree {chance:.2f}"
     if not np.isfinite(share):
         meaning = "identical across fits: nothing varies."
