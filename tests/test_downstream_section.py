@@ -298,3 +298,9 @@ def test_agreement_figure_draws_every_pair_at_its_value():
     assert sorted(t.get_text() for t in ax.get_legend().get_texts()) == [ds.BETWEEN, ds.WITHIN]
     with pytest.raises(InvalidArgumentError, match="kind"):
         cv.plotting.downstream_agreement(pairs.drop(columns="kind"))
+
+
+def test_settings_refuse_values_that_cannot_work():
+    for bad in (dict(n_de_samples=1), dict(k=1), dict(fdr_target=1.0), dict(max_cells=2), dict(n_baseline_fits=0)):
+        with pytest.raises(InvalidArgumentError):
+            DownstreamSettings(**bad)

@@ -119,7 +119,7 @@ class DownstreamSettings:
             check_int("n_baseline_fits", self.n_baseline_fits, 1)
         check_number("delta", self.delta, 0.0)
         check_number("fdr_target", self.fdr_target, 0.0, 1.0, low_open=True, high_open=True)
-        check_int("k", self.k, 1)
+        check_int("k", self.k, 2)
         check_number("leiden_resolution", self.leiden_resolution, 0.0, low_open=True)
         check_int("max_cells", self.max_cells, 3)
         check_int("seed", self.seed)
