@@ -30,6 +30,7 @@ unaffected.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,8 +54,8 @@ from countvae.diagnostics.analyses.downstream import (
 )
 from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
-from countvae.errors import InvalidArgumentError, MissingDependencyError
-from countvae.model.differential import DEFAULT_N_SAMPLES
+from countvae.errors import InvalidArgumentError, MissingDependencyError, MonteCarloWarning
+from countvae.model.differential import DEFAULT_N_SAMPLES, STABLE_CALL_JACCARD
 
 #: Output -> (label in the report, what the baseline re-runs on one fit).
 OUTPUTS = {
@@ -367,18 +368,21 @@ def fit_differential_expression(
             f"DE across seeds needs countvae fits (CountVAEFit); {fit.name!r} is {fit.kind!r}, whose DE has no "
             "sampling seed to hold fixed."
         )
-    frame = fit.model.differential_expression(
-        adata,
-        groupby=groupby,
-        group1=group1,
-        group2=None if group2 == "Rest" else group2,
-        delta=s.delta,
-        fdr_target=s.fdr_target,
-        batch_correction=s.batch_correction,
-        n_samples_overall=s.n_de_samples,
-        all_stats=False,
-        seed=seed,
-    )
+    with warnings.catch_warnings():
+        # the section states the DE's own Monte Carlo prediction (and measures it) instead of warning
+        warnings.simplefilter("ignore", MonteCarloWarning)
+        frame = fit.model.differential_expression(
+            adata,
+            groupby=groupby,
+            group1=group1,
+            group2=None if group2 == "Rest" else group2,
+            delta=s.delta,
+            fdr_target=s.fdr_target,
+            batch_correction=s.batch_correction,
+            n_samples_overall=s.n_de_samples,
+            all_stats=False,
+            seed=seed,
+        )
     return frame.reindex(pd.Index(fit.var_names))
 
 
@@ -533,6 +537,14 @@ def downstream_section(
         drop=True
     )
     statements = list(summary_frame["reading"])
+    if len(de_per_fit):
+        noisy = de_per_fit.loc[de_per_fit["predicted_resampling_jaccard"] < STABLE_CALL_JACCARD, "fit"].tolist()
+        if noisy:
+            statements.append(
+                f"DE sampling: with {s.n_de_samples} pairs of draws, the DE's own Monte Carlo estimate predicts a "
+                f"call-set Jaccard below {STABLE_CALL_JACCARD} between two sampling seeds for {', '.join(noisy)} "
+                "(column predicted_resampling_jaccard); more draws (n_de_samples) would narrow the baseline."
+            )
     statements += [f"{OUTPUTS[o][0]}: {m}" for o, m in status.items() if m.startswith("not computed")]
     if status["de"] == "not requested":
         statements.append(
