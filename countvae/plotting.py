@@ -544,3 +544,38 @@ def output_changes(outputs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     ax.set_yticks(range(values.shape[0]), rows)
     ax.figure.colorbar(image, ax=ax, label="log10 change (-17: none)")
     return ax
+
+
+def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
+    """Agreement of each compared pair per downstream output: between fits (filled) and within one fit (hollow).
+
+    ``pairs`` is the long table of the report's downstream section (columns
+    ``output``, ``metric``, ``kind``, ``value``; ``kind`` is ``"between fits"``
+    or ``"within fit"``). One row per output and metric, top to bottom in table order.
+    """
+    _require(pairs, ["output", "metric", "kind", "value"], "downstream_agreement")
+    rows = list(dict.fromkeys(zip(pairs["output"], pairs["metric"], strict=True)))
+    ax = _ax(ax, size=(6.0, 0.5 + 0.45 * max(len(rows), 1)))
+    offsets = {"between fits": 0.12, "within fit": -0.12}
+    labelled: set[str] = set()
+    for position, (output, metric) in enumerate(rows):
+        y = len(rows) - 1 - position
+        block = pairs[(pairs["output"] == output) & (pairs["metric"] == metric)]
+        for kind, offset in offsets.items():
+            values = block.loc[block["kind"] == kind, "value"].to_numpy(dtype=float)
+            filled = kind == "between fits"
+            ax.scatter(
+                values,
+                np.full(values.shape, y + offset),
+                s=22,
+                facecolors="#2171b5" if filled else "none",
+                edgecolors="#2171b5" if filled else "#e08214",
+                label=None if kind in labelled or not len(values) else kind,
+            )
+            if len(values):
+                labelled.add(kind)
+    ax.set_yticks(np.arange(len(rows))[::-1], [f"{o}: {m}" for o, m in rows], fontsize=8)
+    ax.set_xlabel("agreement (1 = identical)")
+    ax.legend(fontsize=7, loc="lower left", frameon=False)
+    ax.set_title("Downstream results: between fits vs within one fit")
+    return ax

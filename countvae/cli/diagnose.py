@@ -17,6 +17,7 @@ import logging
 import time
 from pathlib import Path
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 
@@ -37,6 +38,7 @@ from countvae.diagnostics import ReportSettings, fit_seeds, report
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups  # issue 18
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 logger = logging.getLogger("countvae.cli")
@@ -46,6 +48,7 @@ EXAMPLES = """examples:
   countvae diagnose pbmc.h5ad --batch-key donor --labels-key cell_type --seeds 5 --out diag_pbmc
   countvae diagnose pbmc.h5ad --layer counts --markers CD14,MS4A1,NKG7 --n-jobs 5 --json
   countvae diagnose pbmc.h5ad --decoder linear --likelihood poisson --no-ica --max-epochs 100
+  countvae diagnose pbmc.h5ad --labels-key cell_type --de cell_type --de-groups "CD14+ Monocytes" "NK cells"
 
 An interrupted run resumes when started again with the same command (completed seeds are reused).
 """
@@ -123,6 +126,22 @@ def register(sub: Subcommands) -> None:
         default=EQUIVALENCE_MARGIN,
         help="margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
         f"latent variables add over a model without them (default {EQUIVALENCE_MARGIN:g})",
+    )
+    p.add_argument(
+        "--de",
+        metavar="GROUPBY",
+        default=None,
+        help="add the downstream section: DE calls between two groups of this obs column on the held-out cells, "
+        "Leiden clusters and UMAP neighbourhoods, each compared across seeds against a baseline that re-runs "
+        "only the downstream step on one fit (Leiden and UMAP need `pip install 'countvae[downstream]'`)",
+    )
+    p.add_argument(
+        "--de-groups",
+        nargs="+",
+        metavar="G",
+        default=None,
+        help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
+        "(default: the column's two groups; required when it has more)",
     )
     add_output_arguments(p, "countvae_diagnose")
     p.set_defaults(run=run)
@@ -236,6 +255,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     if markers is not None:  # fail before hours of fitting, not after
         marker_matrix(adata, markers, get_var_names(adata, get_registry(adata)))
     ReportSettings().replace(n_lpd_samples=args.n_lpd_samples, equivalence_margin=args.equivalence_margin)
+    downstream = _downstream_request(args, adata)
     show = progress_enabled(args)
     model_kwargs = {
         "n_latent": n_latent,
@@ -284,6 +304,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         n_lpd_samples=args.n_lpd_samples,
         equivalence_margin=args.equivalence_margin,
         progress_bar=show,
+        downstream=downstream,
     )
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
         logger.info("Removed %s, left by a run interrupted while writing its report.", path)
@@ -309,6 +330,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             for key, verdict in VERDICT_KEYS.items()
             if verdict != "agree after alignment"
         } | {"flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist()}
+    if rep.downstream is not None:  # downstream section (issue 18)
+        result["downstream"] = _downstream_summary(rep.downstream.summary, rep.downstream.status)
     emit(result, args.json)
     if not args.json and not args.quiet:
         print("\n" + rep.summary())
@@ -318,3 +341,36 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
 def _alignment_summary(summary: pd.DataFrame) -> dict[str, float]:
     return {str(m): float(np.round(v, 4)) for m, v in zip(summary["map"], summary["error_diameter_mean"], strict=True)}
+
+
+def _downstream_request(args: argparse.Namespace, adata: ad.AnnData) -> DownstreamRequest | None:
+    """The downstream section asked for by ``--de``/``--de-groups``, checked against the data before any fitting."""
+    if args.de is None:
+        if args.de_groups is not None:
+            raise InvalidArgumentError("--de-groups needs --de GROUPBY (the obs column the groups are in).")
+        return None
+    groups = list(args.de_groups or [])
+    if len(groups) > 2:
+        raise InvalidArgumentError(f"--de-groups takes one or two groups (G1 [G2]), got {len(groups)}: {groups}.")
+    group1 = groups[0] if groups else None
+    group2 = groups[1] if len(groups) == 2 else None
+    try:
+        de_groups(adata.obs, args.de, group1, group2)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"--de {args.de}: {exc}") from None
+    return DownstreamRequest(groupby=args.de, group1=group1, group2=group2)
+
+
+def _downstream_summary(summary: pd.DataFrame, status: dict[str, str]) -> dict[str, object]:
+    out: dict[str, object] = {
+        f"{r.output} {r.metric}": {
+            "between_mean": round(float(r.between_mean), 4),
+            "within_mean": None if np.isnan(r.within_mean) else round(float(r.within_mean), 4),
+            "n_between": int(r.n_between),
+            "n_within": int(r.n_within),
+            "model_share": None if np.isnan(r.model_share) else round(float(r.model_share), 4),
+        }
+        for r in summary.itertuples()
+    }
+    out["not_computed"] = {k: v for k, v in status.items() if v.startswith("not computed")}
+    return out

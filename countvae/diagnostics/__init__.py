@@ -10,11 +10,14 @@ from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
 from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
 
 __all__ = [
     "CountVAEFit",
     "DiagnosticReport",
+    "DownstreamRequest",
+    "DownstreamSettings",
     "FittedModel",
     "ProgressEvent",
     "ProgressKind",

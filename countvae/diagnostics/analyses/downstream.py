@@ -40,7 +40,7 @@ from types import ModuleType
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
-from scipy.stats import spearmanr
+from scipy.stats import hypergeom, spearmanr
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from sklearn.neighbors import kneighbors_graph
 
@@ -87,6 +87,22 @@ def neighbourhood_overlap(a: np.ndarray, b: np.ndarray, k: int = 15) -> float:
     if a.shape[0] != b.shape[0]:
         raise InvalidArgumentError(f"Neighbourhoods compare the same cells; got {a.shape[0]} and {b.shape[0]} rows.")
     return float(np.mean(knn_jaccard_per_cell(knn_sets(a, k), knn_sets(b, k))))
+
+
+def chance_jaccard(n_a: int, n_b: int, n_genes: int) -> float:
+    """Expected Jaccard index of two call sets of sizes ``n_a`` and ``n_b`` drawn at random from ``n_genes`` genes.
+
+    The agreement two DE runs would reach by chance alone, with no shared signal:
+    the shared count ``X`` is hypergeometric, and ``E[X / (n_a + n_b - X)]`` is
+    summed exactly. 1 when both sets are empty (:func:`~countvae.model.de_statistics.jaccard`'s convention).
+    """
+    if not 0 <= n_a <= n_genes or not 0 <= n_b <= n_genes:
+        raise InvalidArgumentError(f"Call sets of sizes {n_a} and {n_b} do not fit in {n_genes} genes.")
+    if n_a == 0 and n_b == 0:
+        return 1.0
+    shared = np.arange(max(0, n_a + n_b - n_genes), min(n_a, n_b) + 1)
+    probability = hypergeom.pmf(shared, n_genes, n_a, n_b)
+    return float(np.sum(probability * shared / (n_a + n_b - shared)))
 
 
 # ----- the decomposition -----------------------------------------------------------------------------

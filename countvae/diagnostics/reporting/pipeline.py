@@ -33,6 +33,7 @@ from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.analyze import Analyses, analyze
 from countvae.diagnostics.reporting.collect import Collected, collect, resolve_inputs
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, downstream_section  # issue 18
 from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence, truth_sentence
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -45,7 +46,7 @@ from countvae.diagnostics.reporting.verdicts import (
     predictive_verdict,
 )
 
-__all__ = ["DiagnosticReport", "ReportSettings", "report"]
+__all__ = ["DiagnosticReport", "DownstreamRequest", "ReportSettings", "report"]
 
 
 def report(
@@ -56,6 +57,7 @@ def report(
     adata_fit: ad.AnnData | None = None,
     settings: ReportSettings | None = None,
     progress_bar: bool = False,
+    downstream: DownstreamRequest | None = None,
     **overrides: Any,
 ) -> DiagnosticReport:
     """Compare fits of one model from several seeds on shared held-out cells.
@@ -80,6 +82,10 @@ def report(
         Sizes and seeds, see :class:`ReportSettings`.
     progress_bar
         Show a progress bar over the fits.
+    downstream
+        Add the downstream section (DE calls between two groups, Leiden clusters
+        and UMAP neighbourhoods across seeds, each against a within-fit
+        baseline); see :class:`~countvae.diagnostics.reporting.downstream_section.DownstreamRequest`.
     **overrides
         Single fields of :class:`ReportSettings` to replace, e.g. ``n_lpd_samples=500``.
 
@@ -103,6 +109,10 @@ def report(
             fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar, adata_fit=adata_fit
         )
         analyses = analyze(collected, s, stopwatch)
+        section = None  # downstream section (issue 18): all of its logic is in downstream_section.py
+        if downstream is not None:
+            section = downstream_section(fit_list, adata, downstream, collected.per_fit("latent"))
+            stopwatch.lap("downstream section")
     components = judge_components(analyses.components.table, s.ica_threshold)
     predictive = predictive_verdict(
         analyses.predictive_pairs,
@@ -138,6 +148,7 @@ def report(
         subsampling=_subsampling(collected, s),
         provenance=collected.provenance(),
         timings=stopwatch.timings,
+        downstream=section,  # issue 18
     )
 
 

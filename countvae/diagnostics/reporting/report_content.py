@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from countvae.diagnostics.reporting.downstream_section import DownstreamSection  # downstream section (issue 18)
+
 #: The main tables, in the order of the report's sections; every report has them (``ica`` may have no rows).
 MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc", "ica")
 
@@ -33,6 +35,7 @@ class ReportContent:
     subsampling: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    downstream: DownstreamSection | None = None  # downstream section (issue 18): DE, clusters, UMAP across seeds
 
     @property
     def invariants(self) -> pd.DataFrame:

@@ -1,0 +1,573 @@
+"""The report's downstream section: which part of the seed-to-seed variation of DE, clusters and UMAPs is the model's.
+
+Given the fits and the report's held-out cells, this module runs the analyses of
+:mod:`countvae.diagnostics.analyses.downstream` and returns a
+:class:`DownstreamSection`: the tables, a JSON-ready record and the HTML and
+Markdown fragments the report's renderers insert.
+
+What is compared (every comparison has a baseline that holds the fit fixed and
+varies only the downstream seed):
+
+* **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`):
+  fit ``i`` (in the order given) is sampled with seed ``seed + i``; the baseline
+  recomputes (some of) the fits with the sampling seed ``seed + n_fits + i``.
+  Agreement: Jaccard of the call sets, Spearman correlation of ``lfc_mean``.
+* **Leiden clusters** of each fit's exact k-NN graph of latent means: Leiden seed
+  ``seed`` between fits, ``seed + 1`` for the baseline. Agreement: ARI, NMI.
+* **UMAP neighbourhoods**: UMAP of each fit's latent means with seed ``seed``
+  between fits, ``seed + 1`` for the baseline. Agreement: k-NN overlap in 2-D.
+* **latent k-NN**: the k-NN overlap of the latent means themselves, a
+  deterministic function of the fit (no downstream randomness: its baseline
+  disagreement is 0), shown for reference.
+
+The DE runs on the report's held-out cells, as every other part of the report:
+none of the fits was trained on them, and all fits see the same cells. Leiden
+and UMAP need the optional extra ``countvae[downstream]``; without it those rows
+say which extra to install and the rest of the section (and of the report) is
+unaffected.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae import plotting
+from countvae._checks import check_int, check_number
+from countvae._formatting import json_ready, markdown_table
+from countvae._report_files import escape, figure_png_base64, html_details, html_figure, html_list, html_table
+from countvae.diagnostics.analyses.downstream import (
+    BETWEEN,
+    WITHIN,
+    chance_jaccard,
+    cluster_agreement,
+    de_agreement,
+    neighbourhood_agreement,
+    umap_agreement,
+)
+from countvae.diagnostics.analyses.subspace import subsample
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
+from countvae.errors import InvalidArgumentError, MissingDependencyError, MonteCarloWarning
+from countvae.model.differential import DEFAULT_N_SAMPLES, STABLE_CALL_JACCARD
+
+#: Output -> (label in the report, what the baseline re-runs on one fit).
+OUTPUTS = {
+    "de": ("DE calls", "the DE sampling"),
+    "clusters": ("Leiden clusters", "Leiden with another seed"),
+    "umap": ("UMAP neighbourhoods", "UMAP with another seed"),
+    "latent_knn": ("latent k-NN (reference)", "nothing (the latent means are deterministic)"),
+}
+#: Between-fit disagreement (1 - mean agreement) up to which the fits are said to agree closely.
+CLOSE_AGREEMENT = 0.05
+#: Model shares from which the wording says "mostly the model's" / up to which "mostly downstream".
+#: These bins only choose words for the measured numbers; they are not a test.
+MOSTLY_MODEL, MOSTLY_DOWNSTREAM = 2 / 3, 1 / 3
+#: A summary over fewer pairs than these is flagged as a rough estimate.
+FEW_BETWEEN_PAIRS, FEW_WITHIN_PAIRS = 3, 2
+#: The extra that installs Leiden and UMAP.
+EXTRA = "countvae[downstream]"
+
+
+# ----- what is asked ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DownstreamSettings:
+    """Sizes and seeds of the downstream section (recorded in the report).
+
+    Attributes
+    ----------
+    n_de_samples
+        Pairs of draws per DE (``n_samples_overall``).
+    n_baseline_fits
+        Fits (the first ones) that are also sampled with a second DE seed for the
+        Monte Carlo baseline; ``None``: all.
+    delta, fdr_target, batch_correction
+        As in :meth:`countvae.CountVAE.differential_expression`.
+    k
+        Neighbours per cell of the k-NN graphs (Leiden, UMAP, overlaps).
+    leiden_resolution
+        Leiden's resolution parameter.
+    max_cells
+        Held-out cells (a random subset) clustered and embedded at most.
+    clusters, umap
+        Compute the Leiden and UMAP comparisons.
+    seed
+        Base seed of the DE sampling, Leiden, UMAP and the cell subset.
+
+    """
+
+    n_de_samples: int = DEFAULT_N_SAMPLES
+    n_baseline_fits: int | None = None
+    delta: float = 0.25
+    fdr_target: float = 0.05
+    batch_correction: bool = False
+    k: int = 15
+    leiden_resolution: float = 1.0
+    max_cells: int = 3_000
+    clusters: bool = True
+    umap: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("n_de_samples", self.n_de_samples, 2)
+        if self.n_baseline_fits is not None:
+            check_int("n_baseline_fits", self.n_baseline_fits, 1)
+        check_number("delta", self.delta, 0.0)
+        check_number("fdr_target", self.fdr_target, 0.0, 1.0, low_open=True, high_open=True)
+        check_int("k", self.k, 2)
+        check_number("leiden_resolution", self.leiden_resolution, 0.0, low_open=True)
+        check_int("max_cells", self.max_cells, 3)
+        check_int("seed", self.seed)
+
+
+@dataclass(frozen=True)
+class DownstreamRequest:
+    """Ask the report for the downstream section.
+
+    Attributes
+    ----------
+    groupby
+        ``obs`` column of the groups to compare by DE; ``None``: clusters and UMAP only.
+    group1, group2
+        The groups compared (``group2=None``: ``group1`` against all other cells).
+        Without ``group1`` the column must have exactly two groups, compared in
+        the order of its categories.
+    settings
+        Sizes and seeds.
+
+    """
+
+    groupby: str | None = None
+    group1: str | None = None
+    group2: str | None = None
+    settings: DownstreamSettings = field(default_factory=DownstreamSettings)
+
+
+def de_groups(obs: pd.DataFrame, groupby: str, group1: str | None = None, group2: str | None = None) -> tuple[str, str]:
+    """The two groups a DE request compares, checked against ``obs``: ``(group1, group2 or "Rest")``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a column that is not in ``obs``, missing values, a single group, more
+        than two groups without ``group1``, a group without cells, ``group2``
+        without ``group1``, or the same group twice.
+
+    """
+    if groupby not in obs.columns:
+        raise InvalidArgumentError(
+            f"DE groups: {groupby!r} is not an obs column; columns: {list(map(str, obs.columns))}."
+        )
+    column = obs[groupby]
+    if int(column.isna().sum()):
+        raise InvalidArgumentError(f"DE groups: obs[{groupby!r}] has missing values; give those cells a group.")
+    present = set(column.astype(str))
+    levels = (
+        [str(c) for c in column.cat.categories if str(c) in present]
+        if isinstance(column.dtype, pd.CategoricalDtype)
+        else sorted(present)
+    )
+    if len(levels) < 2:
+        raise InvalidArgumentError(
+            f"DE groups: obs[{groupby!r}] has a single group ({levels[0] if levels else 'none'}); DE compares two."
+        )
+    if group1 is None:
+        if group2 is not None:
+            raise InvalidArgumentError("DE groups: group2 needs group1.")
+        if len(levels) != 2:
+            raise InvalidArgumentError(
+                f"DE groups: obs[{groupby!r}] has {len(levels)} groups; name the two to compare (--de-groups G1 G2, "
+                f"or G1 alone for G1 against all other cells). Groups: {levels}."
+            )
+        return levels[0], levels[1]
+    for g in (group1, group2):
+        if g is not None and str(g) not in present:
+            raise InvalidArgumentError(f"DE groups: {g!r} has no cells in obs[{groupby!r}]; groups: {levels}.")
+    if group2 is not None and str(group1) == str(group2):
+        raise InvalidArgumentError(f"DE groups: both groups are {group1!r}; compare two different groups.")
+    return str(group1), "Rest" if group2 is None else str(group2)
+
+
+# ----- the result ----------------------------------------------------------------------------------------------------
+@dataclass
+class DownstreamSection:
+    """The downstream section of a report.
+
+    Attributes
+    ----------
+    summary
+        One row per output and metric: ``output``, ``metric``, the columns of
+        :func:`~countvae.diagnostics.analyses.downstream.model_share` (means,
+        pair counts, disagreements, ``model_share``), ``chance_mean`` (DE Jaccard:
+        the mean over pairs of fits of the agreement random call sets of the same
+        sizes would reach) and ``reading`` (the sentence).
+    pairs
+        Long table of every compared pair: ``output``, ``metric``, ``kind``
+        (between fits / within fit), ``fit_a``, ``fit_b``, ``value`` and, for
+        the DE Jaccard, ``chance``: the expected Jaccard of random call sets of
+        the pair's sizes (:func:`~countvae.diagnostics.analyses.downstream.chance_jaccard`).
+    de_per_fit
+        Per fit: sampling seeds, number of calls, the DE's own predicted
+        agreement of two sampling seeds (``mc_call_jaccard``) and, for the
+        baseline fits, the calls with the second seed.
+    status
+        Output -> ``"computed"``, ``"not requested"`` or why it was not computed
+        (e.g. which extra to install).
+    statements
+        The plain-language reading, one sentence per output.
+    settings
+        What was compared, on how many cells, with which seeds.
+    timings
+        Seconds per output.
+
+    """
+
+    summary: pd.DataFrame
+    pairs: pd.DataFrame
+    de_per_fit: pd.DataFrame
+    status: dict[str, str]
+    statements: list[str]
+    settings: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as JSON-ready values (NaN becomes ``None``)."""
+        return json_ready(
+            {
+                "statements": self.statements,
+                "status": self.status,
+                "summary": self.summary,
+                "pairs": self.pairs,
+                "de_per_fit": self.de_per_fit,
+                "settings": self.settings,
+                "timings_seconds": self.timings,
+            }
+        )
+
+    def html_parts(self) -> list[str]:
+        """The section as HTML fragments (heading, reading, figure, tables), data strings escaped."""
+        parts = [
+            '<h2 id="downstream">Downstream results across seeds: DE, clusters, UMAP</h2>',
+            f"<p>{escape(_INTRO)}</p>",
+            f"<ul>{html_list(self.statements)}</ul>",
+        ]
+        if len(self.pairs):
+            ax = plotting.downstream_agreement(self.pairs)
+            parts.append(html_figure(figure_png_base64(ax), "Agreement between fits and within one fit", _CAPTION))
+        if len(self.summary):
+            parts.append(html_table(self.summary[_SUMMARY_COLUMNS]))
+        if len(self.de_per_fit):
+            parts += ["<h3>DE per fit</h3>", html_table(self.de_per_fit)]
+        parts.append(html_details("Every compared pair", html_table(self.pairs, max_rows=None)))
+        parts.append(html_details("Settings", html_table(_settings_frame(self.settings), max_rows=None)))
+        return parts
+
+    def markdown(self) -> str:
+        """The section as Markdown."""
+        lines = [
+            "## Downstream results across seeds: DE, clusters, UMAP",
+            _INTRO,
+            "\n".join(f"- {s}" for s in self.statements),
+        ]
+        if len(self.summary):
+            lines.append(markdown_table(self.summary[_SUMMARY_COLUMNS]))
+        if len(self.de_per_fit):
+            lines += ["### DE per fit", markdown_table(self.de_per_fit)]
+        return "\n\n".join(lines)
+
+
+_INTRO = (
+    "Each output is compared between fits with different model seeds (between fits) and between two runs of the "
+    "downstream step on one fit that differ only in its seed (within fit: the baseline). The model's share is the "
+    "part of the between-fit disagreement (1 - agreement) that the within-fit baseline does not reach, "
+    "(d_between - d_within) / d_between; it is a difference of means over few pairs, so read it with the pair counts."
+)
+_CAPTION = (
+    "Agreement of each compared pair (1 = identical): between fits with different seeds (filled) and within one fit, "
+    "re-running only the downstream step with another seed (hollow). Points of both kinds at the same height: the "
+    "downstream step alone explains the differences between fits."
+)
+_SUMMARY_COLUMNS = [
+    "output",
+    "metric",
+    "between_mean",
+    "between_min",
+    "n_between",
+    "within_mean",
+    "n_within",
+    "chance_mean",
+    "model_share",
+    "reading",
+]
+
+
+def _settings_frame(settings: Mapping[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
+
+
+# ----- wording --------------------------------------------------------------------------------------------------------
+def reading(output: str, metric: str, row: Mapping[str, float]) -> str:
+    """One calibrated sentence for a summary row: the numbers, the pair counts, and what they support.
+
+    The wording bins (:data:`CLOSE_AGREEMENT`, :data:`MOSTLY_MODEL`,
+    :data:`MOSTLY_DOWNSTREAM`) only choose words for the measured numbers; the
+    numbers and pair counts are always stated.
+    """
+    label, rerun = OUTPUTS[output]
+    n_between, n_within = int(row["n_between"]), int(row["n_within"])
+    numbers = (
+        f"{label} ({metric}): fits agree {row['between_mean']:.2f} on average (lowest {row['between_min']:.2f}, "
+        f"{n_between} pairs of fits)"
+    )
+    if n_within:
+        numbers += f"; re-running {rerun} on one fit agrees {row['within_mean']:.2f} ({n_within} pairs)"
+    share = row["model_share"]
+    d_between = row["disagreement_between"]
+    chance = row.get("chance_mean", np.nan)
+    if chance is not None and np.isfinite(chance):
+        if chance == 1.0:
+            return (
+                f"{label} ({metric}): no fit calls any gene with its own sampling seed ({n_between} pairs of "
+                "fits): nothing to compare."
+            )
+        numbers += f"; random call sets of the same sizes would agree {chance:.2f}"
+    if not np.isfinite(share):
+        meaning = "identical across fits: nothing varies."
+    elif d_between <= CLOSE_AGREEMENT:
+        meaning = "the fits agree closely, so there is little variation to attribute."
+    elif not n_within:
+        meaning = "this output has no downstream randomness, so all of its variation is the model's."
+    else:
+        percent = f"about {10 * round(share * 10):.0f}% of the disagreement between fits exceeds the baseline"
+        if share >= MOSTLY_MODEL:
+            meaning = f"{percent}: most of the variation is the model's (its seed), not {rerun}."
+        elif share <= MOSTLY_DOWNSTREAM:
+            meaning = (
+                f"{percent}: re-running {rerun} on one fit already changes it nearly as much, "
+                "so most of the variation is not the model's."
+            )
+        else:
+            meaning = f"{percent}: the model's seed and {rerun} both contribute."
+    few = n_between < FEW_BETWEEN_PAIRS or (0 < n_within < FEW_WITHIN_PAIRS)
+    return f"{numbers}: {meaning}" + (" Few pairs: a rough estimate." if few else "")
+
+
+# ----- computing it --------------------------------------------------------------------------------------------------
+def fit_differential_expression(
+    fit: FittedModel, adata: ad.AnnData, groupby: str, group1: str, group2: str, seed: int, s: DownstreamSettings
+) -> pd.DataFrame:
+    """One fit's DE between the groups, in the fits' gene order (CountVAE fits only)."""
+    if not isinstance(fit, CountVAEFit):
+        raise InvalidArgumentError(
+            f"DE across seeds needs countvae fits (CountVAEFit); {fit.name!r} is {fit.kind!r}, whose DE has no "
+            "sampling seed to hold fixed."
+        )
+    with warnings.catch_warnings():
+        # the section states the DE's own Monte Carlo prediction (and measures it) instead of warning
+        warnings.simplefilter("ignore", MonteCarloWarning)
+        frame = fit.model.differential_expression(
+            adata,
+            groupby=groupby,
+            group1=group1,
+            group2=None if group2 == "Rest" else group2,
+            delta=s.delta,
+            fdr_target=s.fdr_target,
+            batch_correction=s.batch_correction,
+            n_samples_overall=s.n_de_samples,
+            all_stats=False,
+            seed=seed,
+        )
+    return frame.reindex(pd.Index(fit.var_names))
+
+
+def _chance(
+    pairs: pd.DataFrame, calls: Mapping[str, np.ndarray], resampled: Mapping[str, np.ndarray], n_genes: int
+) -> np.ndarray:
+    """Per pair, the Jaccard index random call sets of the two pair members' sizes reach by chance."""
+    out = []
+    for kind, a, b in zip(pairs["kind"], pairs["fit_a"], pairs["fit_b"], strict=True):
+        other = calls[b] if kind == BETWEEN else resampled[a]
+        out.append(chance_jaccard(int(calls[a].sum()), int(other.sum()), n_genes))
+    return np.asarray(out)
+
+
+def _long(pairs: pd.DataFrame, output: str, metrics: Sequence[str]) -> pd.DataFrame:
+    """One row per pair and metric; ``chance`` (DE Jaccard only) is the agreement of random call sets."""
+    frame = pairs.melt(id_vars=["kind", "fit_a", "fit_b"], value_vars=list(metrics), var_name="metric")
+    frame.insert(0, "output", output)
+    chance = pairs["chance"].to_numpy() if "chance" in pairs else np.full(len(pairs), np.nan)
+    frame["chance"] = np.where(frame["metric"] == "jaccard", np.tile(chance, len(metrics)), np.nan)
+    return frame[["output", "metric", "kind", "fit_a", "fit_b", "value", "chance"]]
+
+
+def _summary(summary: pd.DataFrame, output: str) -> pd.DataFrame:
+    out = summary.copy()
+    out.insert(0, "output", output)
+    if "chance_mean" not in out:
+        out["chance_mean"] = np.nan
+    out["reading"] = [reading(output, r["metric"], r) for r in out.to_dict("records")]
+    return out
+
+
+def downstream_section(
+    fits: Sequence[FittedModel],
+    adata: ad.AnnData,
+    request: DownstreamRequest,
+    latents: Mapping[str, np.ndarray] | None = None,
+) -> DownstreamSection:
+    """Compare the fits' DE calls, Leiden clusters and UMAP neighbourhoods against their within-fit baselines.
+
+    Parameters
+    ----------
+    fits
+        At least two fits of one model with different seeds.
+    adata
+        The report's held-out cells (with ``request.groupby`` in ``obs`` for DE).
+    request
+        The DE groups and the settings.
+    latents
+        Fit name -> latent means of ``adata``'s cells, if already computed.
+
+    Returns
+    -------
+    DownstreamSection
+
+    Raises
+    ------
+    InvalidArgumentError
+        For fewer than two fits, bad DE groups (:func:`de_groups`), or DE asked of
+        fits that are not countvae fits.
+
+    """
+    s = request.settings
+    if len(fits) < 2:
+        raise InvalidArgumentError(f"The downstream section compares fits; got {len(fits)}.")
+    names = [f.name for f in fits]
+    status = dict.fromkeys(OUTPUTS, "not requested")
+    long_parts, summaries = [], []
+    timings: dict[str, float] = {}
+    settings: dict[str, Any] = {"cells": int(adata.n_obs), **json_ready(vars(s))}
+    de_per_fit = pd.DataFrame()
+
+    if request.groupby is not None:
+        started = time.perf_counter()
+        try:
+            group1, group2 = de_groups(adata.obs, request.groupby, request.group1, request.group2)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"{exc} (DE runs on the report's {adata.n_obs} held-out cells.)") from None
+        n_baseline = len(fits) if s.n_baseline_fits is None else min(s.n_baseline_fits, len(fits))
+        calls, lfc, calls2, lfc2, rows = {}, {}, {}, {}, []
+        for i, fit in enumerate(fits):
+            frame = fit_differential_expression(fit, adata, request.groupby, group1, group2, s.seed + i, s)
+            call_column = f"is_de_fdr_{s.fdr_target}"
+            calls[fit.name] = frame[call_column].to_numpy(bool)
+            lfc[fit.name] = frame["lfc_mean"].to_numpy(float)
+            row = {
+                "fit": fit.name,
+                "sampling_seed": s.seed + i,
+                "n_calls": int(calls[fit.name].sum()),
+                "predicted_resampling_jaccard": float(frame["mc_call_jaccard"].iloc[0]),
+                "baseline_sampling_seed": None,
+                "n_calls_baseline": None,
+            }
+            if i < n_baseline:
+                second_seed = s.seed + len(fits) + i
+                again = fit_differential_expression(fit, adata, request.groupby, group1, group2, second_seed, s)
+                calls2[fit.name] = again[call_column].to_numpy(bool)
+                lfc2[fit.name] = again["lfc_mean"].to_numpy(float)
+                row.update(baseline_sampling_seed=second_seed, n_calls_baseline=int(calls2[fit.name].sum()))
+            rows.append(row)
+        de_per_fit = pd.DataFrame(rows)
+        pairs, summary = de_agreement(calls, lfc, calls2, lfc2)
+        pairs["chance"] = _chance(pairs, calls, calls2, len(fits[0].var_names))
+        summary["chance_mean"] = np.where(
+            summary["metric"] == "jaccard", pairs.loc[pairs["kind"] == BETWEEN, "chance"].mean(), np.nan
+        )
+        long_parts.append(_long(pairs, "de", ["jaccard", "spearman"]))
+        summaries.append(_summary(summary, "de"))
+        status["de"] = "computed"
+        settings.update(groupby=request.groupby, group1=group1, group2=group2, n_genes=len(fits[0].var_names))
+        timings["de"] = time.perf_counter() - started
+
+    if latents is None:
+        latents = {f.name: np.asarray(f.latent(adata), dtype=np.float64) for f in fits}
+    cells = subsample(adata.n_obs, s.max_cells, s.seed)
+    sub = {name: np.asarray(latents[name], dtype=np.float64)[cells] for name in names}
+    k = min(s.k, len(cells) - 1)
+    settings.update(cells_clustered_and_embedded=len(cells), k_used=k)
+
+    started = time.perf_counter()
+    pairs, summary = neighbourhood_agreement(sub, None, k)
+    long_parts.append(_long(pairs, "latent_knn", ["knn_overlap"]))
+    summaries.append(_summary(summary, "latent_knn"))
+    status["latent_knn"] = "computed"
+    timings["latent_knn"] = time.perf_counter() - started
+
+    for output, wanted, compute, metrics in (
+        (
+            "clusters",
+            s.clusters,
+            lambda: cluster_agreement(sub, k, s.leiden_resolution, (s.seed, s.seed + 1)),
+            ["ari", "nmi"],
+        ),
+        ("umap", s.umap, lambda: umap_agreement(sub, k, (s.seed, s.seed + 1), k), ["knn_overlap"]),
+    ):
+        if not wanted:
+            continue
+        started = time.perf_counter()
+        try:
+            pairs, summary = compute()
+        except MissingDependencyError as exc:
+            status[output] = f"not computed: {exc}"
+            continue
+        long_parts.append(_long(pairs, output, metrics))
+        summaries.append(_summary(summary, output))
+        status[output] = "computed"
+        timings[output] = time.perf_counter() - started
+
+    summary_frame = pd.concat(summaries, ignore_index=True)
+    order = {name: i for i, name in enumerate(OUTPUTS)}
+    summary_frame = summary_frame.sort_values("output", key=lambda c: c.map(order), kind="stable").reset_index(
+        drop=True
+    )
+    statements = list(summary_frame["reading"])
+    if len(de_per_fit):
+        noisy = de_per_fit.loc[de_per_fit["predicted_resampling_jaccard"] < STABLE_CALL_JACCARD, "fit"].tolist()
+        if noisy:
+            statements.append(
+                f"DE sampling: with {s.n_de_samples} pairs of draws, the DE's own Monte Carlo estimate predicts a "
+                f"call-set Jaccard below {STABLE_CALL_JACCARD} between two sampling seeds for {', '.join(noisy)} "
+                "(column predicted_resampling_jaccard); more draws (n_de_samples) would narrow the baseline."
+            )
+    statements += [f"{OUTPUTS[o][0]}: {m}" for o, m in status.items() if m.startswith("not computed")]
+    if status["de"] == "not requested":
+        statements.append(
+            "DE calls: not requested (give an obs column of groups, e.g. `countvae diagnose --de GROUPBY`)."
+        )
+    return DownstreamSection(
+        summary=summary_frame,
+        pairs=pd.concat(long_parts, ignore_index=True),
+        de_per_fit=de_per_fit,
+        status=status,
+        statements=statements,
+        settings=settings,
+        timings=timings,
+    )
+
+
+__all__ = [
+    "BETWEEN",
+    "WITHIN",
+    "DownstreamRequest",
+    "DownstreamSection",
+    "DownstreamSettings",
+    "de_groups",
+    "downstream_section",
+    "reading",
+]
