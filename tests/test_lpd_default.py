@@ -110,9 +110,7 @@ def _brute_force_1d(model, adata, idx, half_width=6.0, n_points=8001):
     b = torch.as_tensor(cells.source.batch[cells.indices], dtype=torch.long)
     grid = torch.linspace(-half_width, half_width, n_points, dtype=torch.float64)
     with torch.no_grad():
-        values = torch.cat(
-            [module.log_joint(z.view(-1, 1, 1).expand(-1, len(idx), 1), x, b) for z in grid.split(2000)]
-        )
+        values = torch.cat([module.log_joint(z.view(-1, 1, 1).expand(-1, len(idx), 1), x, b) for z in grid.split(2000)])
     step = float(grid[1] - grid[0])
     trapezoid = torch.full((n_points, 1), step, dtype=torch.float64)
     trapezoid[[0, -1]] = step / 2
