@@ -89,7 +89,7 @@ def seed_fits():
     for seed in (0, 1, 2):
         model = cv.CountVAE(fit_data, n_latent=3, decoder="linear", likelihood="nb")
         model.train(max_epochs=100, batch_size=256, lr=3e-3, progress_bar=False, seed=seed)
-        fits.append(CountVAEFit(model, seed, lpd_proposal="student-t"))
+        fits.append(CountVAEFit(model, seed))
     return SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
 
 
@@ -102,7 +102,5 @@ def seed_report(seed_fits):
 def copies_report(seed_fits):
     """Seed 0 and two exact copies of it in other orthogonal coordinates (real models, known truth)."""
     base = seed_fits[0].model
-    fits = [seed_fits[0]] + [
-        CountVAEFit(reparameterize(base, random_rotation(3, k)), k, lpd_proposal="student-t") for k in (1, 2)
-    ]
+    fits = [seed_fits[0]] + [CountVAEFit(reparameterize(base, random_rotation(3, k)), k) for k in (1, 2)]
     return report(fits, seed_fits.adata_heldout, adata_fit=seed_fits.adata_fit, **SMALL)

@@ -137,6 +137,17 @@ def test_estimator_reliability_reads_the_estimators_frame():
     assert "seed 1: unreliable (Pareto k-hat above 0.7) on 8% of cells" in verdict.reason
 
 
+def test_unreliable_cells_are_counted_per_fit_and_per_pair():
+    lpds = frames(n=5, shifts=(0.0, 0.0))
+    assert per_fit_table(lpds)["n_unreliable"].tolist() == [0, 0]  # frames without the column: none flagged
+    lpds["seed 0"]["reliable"] = [True, False, True, True, False]
+    lpds["seed 1"]["reliable"] = [True, False, False, True, True]
+    lpds["seed 0"].loc[["c1", "c4"], "mc_se"] = np.nan
+    assert per_fit_table(lpds)["n_unreliable"].tolist() == [2, 2]
+    assert np.isnan(per_fit_table(lpds)["mc_se"].iloc[0])  # no Monte Carlo total over cells without an SE
+    assert pairwise_table(lpds, margin=0.5)["n_unreliable"].tolist() == [3]
+
+
 def test_verdict_equivalent_and_not():
     def decide(lpds, margin=0.5):
         return predictive_verdict(pairwise_table(lpds, margin), estimator_reliability(lpds, margin), margin, 25.0, 0.02)

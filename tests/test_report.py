@@ -207,8 +207,6 @@ def test_bad_inputs(trained_linear, seed_fits):
         report(rotated_copies(base, [0, 1]), held, alpha=0.5)
     with pytest.raises(InvalidArgumentError, match="adata_fit"):
         report(rotated_copies(base, [0, 1]), held, adata_fit="cells")
-    with pytest.raises(InvalidArgumentError, match="lpd_proposal"):
-        CountVAEFit(trained_linear, 0, lpd_proposal="laplace")
 
 
 def test_headline_says_when_most_of_a_difference_is_the_rotation():

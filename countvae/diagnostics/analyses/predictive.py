@@ -33,6 +33,9 @@ Definitions (all log densities in nats, higher is better):
   bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the
   delta-method bound) small against the margin (its mean at most a tenth of it).
   :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
+- ``n_unreliable``: cells whose estimate failed the Pareto k-hat check (column
+  ``reliable`` of the per-cell frames, when present; their ``mc_se`` is NaN, so the
+  Monte Carlo totals are NaN too).
 """
 
 from __future__ import annotations
@@ -74,6 +77,13 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
             raise InvalidArgumentError(f"The log predictive densities of {name!r} contain NaN or infinite values.")
 
 
+def _unreliable(frame: pd.DataFrame) -> np.ndarray:
+    """Per cell, whether its estimate is flagged unreliable (all False without a ``reliable`` column)."""
+    if "reliable" not in frame:
+        return np.zeros(len(frame), dtype=bool)
+    return ~frame["reliable"].to_numpy(dtype=bool)
+
+
 def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per fit: held-out log predictive density with its sampling and Monte Carlo errors.
 
@@ -87,7 +97,7 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``fit``, ``n_cells``, ``elpd``, ``se``, ``mc_se``, ``lpd_per_cell``
-        (``elpd / n``), ``se_per_cell``, ``mc_se_per_cell`` and ``max_cell_mc_se``.
+        (``elpd / n``), ``se_per_cell``, ``mc_se_per_cell``, ``max_cell_mc_se`` and ``n_unreliable``.
 
     """
     _check(lpds)
@@ -109,6 +119,7 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
                 "se_per_cell": se / n,
                 "mc_se_per_cell": mc_total / n,
                 "max_cell_mc_se": float(mc.max()),
+                "n_unreliable": int(_unreliable(frame).sum()),
             }
         )
     return pd.DataFrame(rows)
@@ -133,7 +144,8 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
         ``se_diff``, ``mc_se_diff``, ``diff_per_cell``, ``se_diff_per_cell``,
         ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high`` (simultaneous,
         nats per cell), ``ci_level``, ``margin``, ``p_equivalence`` and
-        ``decision`` (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`).
+        ``decision`` (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`)
+        and ``n_unreliable`` (cells unreliable in either fit).
 
     """
     _check(lpds)
@@ -165,6 +177,7 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
                 "margin": margin,
                 "p_equivalence": _tost_p(mean, se, n, margin, n_pairs),
                 "decision": _pair_decision(low, high, margin),
+                "n_unreliable": int((_unreliable(lpds[a]) | _unreliable(lpds[b])).sum()),
             }
         )
     return pd.DataFrame(rows)
