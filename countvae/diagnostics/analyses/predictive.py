@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from countvae import _arviz
+from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.errors import InvalidArgumentError
 
 #: Pairwise differences smaller than this many paired standard errors count as equivalent.
@@ -54,6 +55,7 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
             raise InvalidArgumentError(f"The held-out cells of {name!r} differ from those of the first fit.")
         if not np.isfinite(frame["lpd"].to_numpy()).all():
             raise InvalidArgumentError(f"The log predictive densities of {name!r} contain NaN or infinite values.")
+    require_same_quantity(lpds)
 
 
 def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:

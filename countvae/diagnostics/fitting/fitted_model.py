@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, with_quantity
 from countvae.model import CountVAE
 from countvae.model.training import to_tensors
 from countvae.module.vae import sample_latent
@@ -58,7 +59,12 @@ class FittedModel(Protocol):
         """Draws from ``q(z | x)``, (n_samples, cells, n_latent)."""
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame | None:
-        """Per-cell ``log p(x)`` (nats) with columns ``lpd`` and ``mc_se``, indexed by cell."""
+        """Per-cell ``log p(x)`` (nats) with columns ``lpd`` and ``mc_se``, indexed by cell.
+
+        ``frame.attrs["quantity"]`` (:mod:`countvae.diagnostics.fitting.lpd_quantity`) says
+        which ``log p(x)`` it is: given the observed library size, or with a latent
+        library size integrated out. Fits of different quantities are not compared.
+        """
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """Expected counts at ``library_size`` decoded from the posterior mean, (cells, genes)."""
@@ -118,8 +124,9 @@ class CountVAEFit:
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x)``."""
-        return self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed)
+        """Importance-sampled per-cell ``log p(x | observed library size)`` (countvae scales by the total count)."""
+        frame = self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed)
+        return with_quantity(frame, GIVEN_OBSERVED_LIBRARY)
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """Decoded expected counts at the posterior mean."""

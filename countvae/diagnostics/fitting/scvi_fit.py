@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 from torch.distributions import Normal
 
+from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
 from countvae.model.query import check_genes
@@ -105,6 +106,17 @@ class SCVIFit:
         return "orthogonal"
 
     @property
+    def lpd_quantity(self) -> str:
+        """Which ``log p(x)`` the model defines: given the observed library size, or with the library integrated.
+
+        scvi-tools' ``use_observed_lib_size=True`` (SCVI's default) scales the
+        mean by each cell's observed total count; with ``False`` (LinearSCVI's
+        default) the log library size is latent with a per-batch normal prior and
+        ``log p(x)`` includes the density of the observed total.
+        """
+        return GIVEN_OBSERVED_LIBRARY if self.model.module.use_observed_lib_size else LIBRARY_INTEGRATED
+
+    @property
     def var_names(self) -> pd.Index:
         """Genes, in the model's order."""
         return pd.Index(self.model.adata.var_names)
@@ -174,8 +186,13 @@ class SCVIFit:
         return mean[None] + np.sqrt(var)[None] * eps
 
     @torch.no_grad()
-    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x)`` as in ``get_marginal_ll``, with its Monte Carlo error.
+    def scvi_marginal_ll(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
+        """scvi-tools' own estimate of per-cell ``log p(x)`` (``get_marginal_ll``), with its diagnostics.
+
+        Importance sampling with the amortized guide as the proposal, as
+        ``get_marginal_ll`` does it and with the same values; far from the truth
+        where the guide is (see :meth:`log_predictive_density`), which the
+        ``khat`` column shows.
 
         The log weights are those of scvi-tools' ``VAE.marginal_ll``:
         ``log p(x | z, l) + log p(z) - log q(z | x)``, plus
@@ -187,7 +204,8 @@ class SCVIFit:
         Returns
         -------
         pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed by cell.
+            Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed
+            by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity`.
 
         """
         if n_samples < 2:
@@ -227,7 +245,12 @@ class SCVIFit:
                         )
                     log_w.append(w.reshape(k, -1))
                 parts.append(summarize_log_weights(torch.cat(log_w, dim=0)))
-        return ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
+        frame = ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
+        return with_quantity(frame, self.lpd_quantity)
+
+    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
+        """Per-cell held-out ``log p(x)``; see :meth:`scvi_marginal_ll`."""
+        return self.scvi_marginal_ll(adata, n_samples, seed)
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """``library_size * px_scale`` decoded at each cell's posterior mean, (cells, genes)."""
