@@ -12,7 +12,7 @@ its own ``get_marginal_ll`` makes.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anndata as ad
@@ -22,10 +22,12 @@ import torch
 from torch.distributions import Normal
 
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
+from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
 from countvae.model.query import check_genes
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 
 #: Elements (samples x cells x genes) per forward pass when estimating scvi-tools' log p(x).
 _LPD_ELEMENTS_PER_PASS = 1 << 22
@@ -43,11 +45,12 @@ class SCVIFit:
 
     Where this adapter departs from calling scvi-tools' methods, and why:
 
-    * :meth:`log_predictive_density` computes the importance-sampling estimate of
-      ``get_marginal_ll`` itself, from the module's own inference and generative
-      passes in the same random order, so it returns the same per-cell values
-      (tested) together with the Monte Carlo standard error and effective
-      sample size that ``get_marginal_ll`` does not report;
+    * :meth:`log_predictive_density` estimates ``log p(x)`` with countvae's
+      estimator on the module's own log joint, in float64; scvi-tools'
+      ``get_marginal_ll`` (importance sampling from the guide, in float32) can be
+      far too low where the guide is poor. :meth:`scvi_marginal_ll` reproduces
+      ``get_marginal_ll``'s values (tested), with the Monte Carlo standard error,
+      effective sample size and Pareto k-hat it does not report;
     * :meth:`normalized_expression` decodes the posterior *mean*, as the
       protocol asks: ``get_normalized_expression`` decodes one posterior draw.
 
@@ -62,10 +65,13 @@ class SCVIFit:
     kind
         ``"scvi"`` or ``"linearscvi"`` (default: from the model's class).
     samples_per_pass
-        Monte Carlo samples per forward pass in :meth:`log_predictive_density`
+        Monte Carlo samples per forward pass in :meth:`scvi_marginal_ll`
         (default: as many as fit in about 4M elements).
     batch_size
         Cells per minibatch (scvi-tools' default is 128).
+    lpd_settings
+        The estimator's settings in :meth:`log_predictive_density` other than the number
+        of draws (default: :class:`~countvae.module.marginal.MarginalSettings`'s).
 
     """
 
@@ -75,7 +81,9 @@ class SCVIFit:
     kind: str = ""
     samples_per_pass: int | None = None
     batch_size: int = 128
+    lpd_settings: MarginalSettings | None = None
     _cache: tuple[Any, ad.AnnData] | None = field(default=None, init=False, repr=False, compare=False)
+    _module64: tuple[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -249,8 +257,57 @@ class SCVIFit:
         return with_quantity(frame, self.lpd_quantity)
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Per-cell held-out ``log p(x)``; see :meth:`scvi_marginal_ll`."""
-        return self.scvi_marginal_ll(adata, n_samples, seed)
+        """Per-cell ``log p(x)`` by countvae's estimator, through the scvi module's own generative pieces.
+
+        The log joint is scvi's (``module.generative``'s likelihood, the N(0, I)
+        prior, and the library-size prior when the library is latent), evaluated
+        in float64 (:class:`~countvae.diagnostics.fitting.scvi_log_joint.SCVICells`);
+        the estimator is :func:`countvae.module.marginal.estimate_log_marginal`
+        (Newton to each cell's posterior mode, a Student-t/guide mixture proposal,
+        Pareto k-hat, a second pass for unreliable cells), started from scvi's
+        guide. Where the guide is poor, this is far closer to the true ``log p(x)``
+        than scvi-tools' ``get_marginal_ll`` (:meth:`scvi_marginal_ll`).
+
+        Parameters
+        ----------
+        adata
+            Cells to evaluate (set up like the training data on a copy if needed).
+        n_samples
+            Final importance draws per cell (``MarginalSettings.n_draws``; the pilot,
+            restarts and second pass are the estimator's defaults, :attr:`lpd_settings`).
+        seed
+            Seed of the estimator's ``torch.Generator``: same seed, same numbers.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable),
+            ``ess``, ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is
+            :attr:`lpd_quantity` (with a latent library, ``log p(x)`` integrates it out).
+
+        """
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
+            raise InvalidArgumentError(f"n_samples must be an integer >= 2; got {n_samples!r}.")
+        settings = replace(self.lpd_settings or MarginalSettings(), n_draws=int(n_samples))
+        prepared = self._prepared(adata)
+        module = self._float64_module()
+        generator = torch.Generator().manual_seed(int(seed))
+        points = max(1, _LPD_ELEMENTS_PER_PASS // len(self.var_names))
+        parts = []
+        for tensors in self._loader(prepared):
+            cells = SCVICells.from_tensors(module, tensors)
+            loc, scale = cells.guide()
+            parts.append(
+                estimate_log_marginal(cells.log_joint, loc, scale, generator, settings, points_per_call=points)
+            )
+        frame = ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
+        return with_quantity(frame, self.lpd_quantity)
+
+    def _float64_module(self) -> Any:
+        """The float64 copy of the module the log joint is evaluated on (made once, then kept)."""
+        if self._module64 is None or self._module64[0] is not self.model.module:
+            self._module64 = (self.model.module, float64_copy(self.model.module))
+        return self._module64[1]
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """``library_size * px_scale`` decoded at each cell's posterior mean, (cells, genes)."""
