@@ -198,9 +198,9 @@ class SCVIFit:
         """scvi-tools' own estimate of per-cell ``log p(x)`` (``get_marginal_ll``), with its diagnostics.
 
         Importance sampling with the amortized guide as the proposal, as
-        ``get_marginal_ll`` does it and with the same values; far from the truth
-        where the guide is (see :meth:`log_predictive_density`), which the
-        ``khat`` column shows.
+        ``get_marginal_ll`` does it and with the same values; far below the truth
+        where the guide is poor (see :meth:`log_predictive_density`), which the
+        ``khat`` and ``reliable`` columns show.
 
         The log weights are those of scvi-tools' ``VAE.marginal_ll``:
         ``log p(x | z, l) + log p(z) - log q(z | x)``, plus
@@ -212,8 +212,8 @@ class SCVIFit:
         Returns
         -------
         pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed
-            by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity`.
+            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable), ``ess``,
+            ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity`.
 
         """
         if n_samples < 2:
