@@ -145,20 +145,27 @@ class EvaluatedModel:
         self.model = model
         self.cells = cells
         self.use_quadrature = use_quadrature
-        self._lpd: dict[int, pd.DataFrame] = {}
+        self._lpd: dict[tuple[int, str], pd.DataFrame] = {}
 
     @property
     def settings(self) -> VerifySettings:
         """The verification settings."""
         return self.cells.settings
 
-    def lpd(self, seed: int) -> pd.DataFrame:
-        """Importance-sampled ``log p(x)`` per cell with the guide proposal (``n_samples`` draws) at ``seed``."""
-        if seed not in self._lpd:
-            self._lpd[seed] = inference.log_predictive_density(
-                self.model.module, self.cells.source, self.cells.indices, self.settings.n_samples, seed
+    def lpd(self, seed: int, method: str = "guide") -> pd.DataFrame:
+        """Importance-sampled ``log p(x)`` per cell (``n_samples`` draws) at ``seed``.
+
+        ``method="guide"`` draws ``z = loc + scale @ eps`` with ``eps`` from the seed, so two
+        models at one seed share their base noise (the common-random-number check);
+        ``method="mixture"`` is the package's default estimator, with proposals built
+        from this model alone (:mod:`countvae.module.marginal`).
+        """
+        key = (seed, method)
+        if key not in self._lpd:
+            self._lpd[key] = inference.log_predictive_density(
+                self.model.module, self.cells.source, self.cells.indices, self.settings.n_samples, seed, method=method
             )
-        return self._lpd[seed]
+        return self._lpd[key]
 
     @functools.cached_property
     def quadrature(self) -> np.ndarray | None:

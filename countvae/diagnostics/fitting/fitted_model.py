@@ -59,8 +59,10 @@ class FittedModel(Protocol):
         """Draws from ``q(z | x)``, (n_samples, cells, n_latent)."""
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame | None:
-        """Per-cell ``log p(x)`` (nats) with columns ``lpd`` and ``mc_se``, indexed by cell.
+        """Per-cell ``log p(x)`` (nats), indexed by cell.
 
+        Columns ``lpd``, ``mc_se``, ``ess``, ``khat`` and ``reliable`` (Pareto k-hat <= 0.7;
+        ``mc_se`` is NaN where not), from :func:`countvae.module.marginal.estimate_log_marginal`.
         ``frame.attrs["quantity"]`` (:mod:`countvae.diagnostics.fitting.lpd_quantity`) says
         which ``log p(x)`` it is: given the observed library size, or with a latent
         library size integrated out. Fits of different quantities are not compared.
@@ -124,8 +126,11 @@ class CountVAEFit:
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x | observed library size)`` (countvae scales by the total count)."""
-        frame = self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed)
+        """Per-cell ``log p(x | observed library size)`` by the package's estimator (``method="mixture"``).
+
+        ``n_samples`` final draws; countvae scales each cell's mean by its observed total count.
+        """
+        frame = self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed, method="mixture")
         return with_quantity(frame, GIVEN_OBSERVED_LIBRARY)
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:

@@ -11,6 +11,7 @@ its own ``get_marginal_ll`` makes.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,9 +25,9 @@ from torch.distributions import Normal
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
-from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
+from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, UnreliableEstimateWarning
 from countvae.model.query import check_genes
-from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 
 #: Elements (samples x cells x genes) per forward pass when estimating scvi-tools' log p(x).
@@ -285,6 +286,11 @@ class SCVIFit:
             ``ess``, ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is
             :attr:`lpd_quantity` (with a latent library, ``log p(x)`` integrates it out).
 
+        Warns
+        -----
+        UnreliableEstimateWarning
+            With the number of cells whose k-hat stays above the threshold, and the remedy.
+
         """
         if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
             raise InvalidArgumentError(f"n_samples must be an integer >= 2; got {n_samples!r}.")
@@ -300,8 +306,18 @@ class SCVIFit:
             parts.append(
                 estimate_log_marginal(cells.log_joint, loc, scale, generator, settings, points_per_call=points)
             )
-        frame = ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
-        return with_quantity(frame, self.lpd_quantity)
+        summary = ImportanceSummary.concatenate(parts)
+        n_bad = int((~summary.reliable).sum())
+        if n_bad:
+            warnings.warn(
+                f"{n_bad} of {summary.lpd.size} cells have a Pareto k-hat above {KHAT_THRESHOLD}: their log p(x) "
+                "estimate is unreliable (column 'reliable' is False and 'mc_se' is NaN). To fix it, use more draws "
+                "(a larger n_samples, or SCVIFit(..., lpd_settings=MarginalSettings(escalation_draws=...))) or "
+                "train the scvi-tools model longer; until then leave these cells out of model comparisons.",
+                UnreliableEstimateWarning,
+                stacklevel=2,
+            )
+        return with_quantity(summary.to_frame(index=adata.obs_names), self.lpd_quantity)
 
     def _float64_module(self) -> Any:
         """The float64 copy of the module the log joint is evaluated on (made once, then kept)."""
