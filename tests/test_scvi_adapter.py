@@ -110,7 +110,7 @@ def test_latent_and_samples(fits):
     assert np.all(np.abs(draws.var(0) / var - 1) < 5 * np.sqrt(2 / 4000))
 
 
-def test_log_predictive_density_is_scvis_marginal_ll(fits):
+def test_scvi_marginal_ll_is_scvis_own_estimate(fits):
     held = fits.adata_heldout
     for fit in fits:
         fit.samples_per_pass = 5
@@ -118,21 +118,26 @@ def test_log_predictive_density_is_scvis_marginal_ll(fits):
         expected = fit.model.get_marginal_ll(
             _own(fit, held), n_mc_samples=20, n_mc_samples_per_pass=5, return_mean=False
         )
-        frame = fit.log_predictive_density(held, n_samples=20, seed=7)
+        frame = fit.scvi_marginal_ll(held, n_samples=20, seed=7)
         fit.samples_per_pass = None
+        assert frame.attrs["quantity"] == fit.lpd_quantity
         assert isinstance(expected, torch.Tensor)
-        assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat"] and list(frame.index) == list(held.obs_names)
+        assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]
+        assert list(frame.index) == list(held.obs_names)
         np.testing.assert_allclose(frame["lpd"].to_numpy(), expected.numpy(), rtol=1e-6)
         assert np.all(frame["lpd"] < 0) and np.all((frame["ess"] >= 1) & (frame["ess"] <= 20))
 
 
 def test_mc_se_matches_the_spread_of_repeated_estimates(scvi_fits):
     """Known answer: the standard error is the standard deviation of the estimate over independent seeds."""
-    held = scvi_fits.adata_heldout[:15].copy()
+    held = scvi_fits.adata_heldout[:12].copy()
     fit = scvi_fits[0]
-    runs = [fit.log_predictive_density(held, n_samples=400, seed=s) for s in range(30)]
-    spread = np.std([r["lpd"].to_numpy() for r in runs], axis=0, ddof=1)
-    claimed = np.mean([r["mc_se"].to_numpy() for r in runs], axis=0)
+    runs = [fit.log_predictive_density(held, n_samples=200, seed=s) for s in range(16)]
+    # a cell whose first pass has k-hat > 0.7 is estimated again with more draws (smaller SE): leave those out
+    first_pass = np.all([r["ess"].to_numpy() < 200 for r in runs], axis=0)
+    assert first_pass.sum() >= 6, first_pass.sum()
+    spread = np.std([r["lpd"].to_numpy()[first_pass] for r in runs], axis=0, ddof=1)
+    claimed = np.mean([r["mc_se"].to_numpy()[first_pass] for r in runs], axis=0)
     ratio = np.median(spread / claimed)
     assert 0.5 < ratio < 2.0, ratio
 

@@ -48,6 +48,7 @@ import pandas as pd
 from scipy import stats
 
 from countvae import _arviz
+from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.errors import InvalidArgumentError
 from countvae.module.importance import KHAT_THRESHOLD
 
@@ -75,6 +76,7 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
             raise InvalidArgumentError(f"The held-out cells of {name!r} differ from those of the first fit.")
         if not np.isfinite(frame["lpd"].to_numpy()).all():
             raise InvalidArgumentError(f"The log predictive densities of {name!r} contain NaN or infinite values.")
+    require_same_quantity(lpds)
 
 
 def _unreliable(frame: pd.DataFrame) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, with_quantity
 from countvae.model import CountVAE
 from countvae.model.training import to_tensors
 from countvae.module.vae import sample_latent
@@ -62,6 +63,9 @@ class FittedModel(Protocol):
 
         Columns ``lpd``, ``mc_se``, ``ess``, ``khat`` and ``reliable`` (Pareto k-hat <= 0.7;
         ``mc_se`` is NaN where not), from :func:`countvae.module.marginal.estimate_log_marginal`.
+        ``frame.attrs["quantity"]`` (:mod:`countvae.diagnostics.fitting.lpd_quantity`) says
+        which ``log p(x)`` it is: given the observed library size, or with a latent
+        library size integrated out. Fits of different quantities are not compared.
         """
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
@@ -131,8 +135,12 @@ class CountVAEFit:
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Per-cell ``log p(x)`` by the package's estimator (``method="mixture"``), ``n_samples`` final draws."""
-        return self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed, method="mixture")
+        """Per-cell ``log p(x | observed library size)`` by the package's estimator (``method="mixture"``).
+
+        ``n_samples`` final draws; countvae scales each cell's mean by its observed total count.
+        """
+        frame = self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed, method="mixture")
+        return with_quantity(frame, GIVEN_OBSERVED_LIBRARY)
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """Decoded expected counts at the posterior mean."""

@@ -11,8 +11,9 @@ its own ``get_marginal_ll`` makes.
 
 from __future__ import annotations
 
+import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anndata as ad
@@ -21,10 +22,13 @@ import pandas as pd
 import torch
 from torch.distributions import Normal
 
+from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
+from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
-from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError
+from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, UnreliableEstimateWarning
 from countvae.model.query import check_genes
-from countvae.module.importance import ImportanceSummary, summarize_log_weights
+from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
+from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 
 #: Elements (samples x cells x genes) per forward pass when estimating scvi-tools' log p(x).
 _LPD_ELEMENTS_PER_PASS = 1 << 22
@@ -42,11 +46,12 @@ class SCVIFit:
 
     Where this adapter departs from calling scvi-tools' methods, and why:
 
-    * :meth:`log_predictive_density` computes the importance-sampling estimate of
-      ``get_marginal_ll`` itself, from the module's own inference and generative
-      passes in the same random order, so it returns the same per-cell values
-      (tested) together with the Monte Carlo standard error and effective
-      sample size that ``get_marginal_ll`` does not report;
+    * :meth:`log_predictive_density` estimates ``log p(x)`` with countvae's
+      estimator on the module's own log joint, in float64; scvi-tools'
+      ``get_marginal_ll`` (importance sampling from the guide, in float32) can be
+      far too low where the guide is poor. :meth:`scvi_marginal_ll` reproduces
+      ``get_marginal_ll``'s values (tested), with the Monte Carlo standard error,
+      effective sample size and Pareto k-hat it does not report;
     * :meth:`normalized_expression` decodes the posterior *mean*, as the
       protocol asks: ``get_normalized_expression`` decodes one posterior draw.
 
@@ -61,10 +66,13 @@ class SCVIFit:
     kind
         ``"scvi"`` or ``"linearscvi"`` (default: from the model's class).
     samples_per_pass
-        Monte Carlo samples per forward pass in :meth:`log_predictive_density`
+        Monte Carlo samples per forward pass in :meth:`scvi_marginal_ll`
         (default: as many as fit in about 4M elements).
     batch_size
         Cells per minibatch (scvi-tools' default is 128).
+    lpd_settings
+        The estimator's settings in :meth:`log_predictive_density` other than the number
+        of draws (default: :class:`~countvae.module.marginal.MarginalSettings`'s).
 
     """
 
@@ -74,7 +82,9 @@ class SCVIFit:
     kind: str = ""
     samples_per_pass: int | None = None
     batch_size: int = 128
+    lpd_settings: MarginalSettings | None = None
     _cache: tuple[Any, ad.AnnData] | None = field(default=None, init=False, repr=False, compare=False)
+    _module64: tuple[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -103,6 +113,17 @@ class SCVIFit:
     def symmetry(self) -> str:
         """Symmetry group of the N(0, I) latent prior."""
         return "orthogonal"
+
+    @property
+    def lpd_quantity(self) -> str:
+        """Which ``log p(x)`` the model defines: given the observed library size, or with the library integrated.
+
+        scvi-tools' ``use_observed_lib_size=True`` (SCVI's default) scales the
+        mean by each cell's observed total count; with ``False`` (LinearSCVI's
+        default) the log library size is latent with a per-batch normal prior and
+        ``log p(x)`` includes the density of the observed total.
+        """
+        return GIVEN_OBSERVED_LIBRARY if self.model.module.use_observed_lib_size else LIBRARY_INTEGRATED
 
     @property
     def var_names(self) -> pd.Index:
@@ -174,8 +195,13 @@ class SCVIFit:
         return mean[None] + np.sqrt(var)[None] * eps
 
     @torch.no_grad()
-    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x)`` as in ``get_marginal_ll``, with its Monte Carlo error.
+    def scvi_marginal_ll(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
+        """scvi-tools' own estimate of per-cell ``log p(x)`` (``get_marginal_ll``), with its diagnostics.
+
+        Importance sampling with the amortized guide as the proposal, as
+        ``get_marginal_ll`` does it and with the same values; far below the truth
+        where the guide is poor (see :meth:`log_predictive_density`), which the
+        ``khat`` and ``reliable`` columns show.
 
         The log weights are those of scvi-tools' ``VAE.marginal_ll``:
         ``log p(x | z, l) + log p(z) - log q(z | x)``, plus
@@ -187,7 +213,8 @@ class SCVIFit:
         Returns
         -------
         pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se``, ``ess`` and ``khat``, indexed by cell.
+            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable), ``ess``,
+            ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity`.
 
         """
         if n_samples < 2:
@@ -227,7 +254,76 @@ class SCVIFit:
                         )
                     log_w.append(w.reshape(k, -1))
                 parts.append(summarize_log_weights(torch.cat(log_w, dim=0)))
-        return ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
+        frame = ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
+        return with_quantity(frame, self.lpd_quantity)
+
+    def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
+        """Per-cell ``log p(x)`` by countvae's estimator, through the scvi module's own generative pieces.
+
+        The log joint is scvi's (``module.generative``'s likelihood, the N(0, I)
+        prior, and the library-size prior when the library is latent), evaluated
+        in float64 (:class:`~countvae.diagnostics.fitting.scvi_log_joint.SCVICells`);
+        the estimator is :func:`countvae.module.marginal.estimate_log_marginal`
+        (Newton to each cell's posterior mode, a Student-t/guide mixture proposal,
+        Pareto k-hat, a second pass for unreliable cells), started from scvi's
+        guide. Where the guide is poor, this is far closer to the true ``log p(x)``
+        than scvi-tools' ``get_marginal_ll`` (:meth:`scvi_marginal_ll`).
+
+        Parameters
+        ----------
+        adata
+            Cells to evaluate (set up like the training data on a copy if needed).
+        n_samples
+            Final importance draws per cell (``MarginalSettings.n_draws``; the pilot,
+            restarts and second pass are the estimator's defaults, :attr:`lpd_settings`).
+        seed
+            Seed of the estimator's ``torch.Generator``: same seed, same numbers.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable),
+            ``ess``, ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is
+            :attr:`lpd_quantity` (with a latent library, ``log p(x)`` integrates it out).
+
+        Warns
+        -----
+        UnreliableEstimateWarning
+            With the number of cells whose k-hat stays above the threshold, and the remedy.
+
+        """
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int | np.integer) or n_samples < 2:
+            raise InvalidArgumentError(f"n_samples must be an integer >= 2; got {n_samples!r}.")
+        settings = replace(self.lpd_settings or MarginalSettings(), n_draws=int(n_samples))
+        prepared = self._prepared(adata)
+        module = self._float64_module()
+        generator = torch.Generator().manual_seed(int(seed))
+        points = max(1, _LPD_ELEMENTS_PER_PASS // len(self.var_names))
+        parts = []
+        for tensors in self._loader(prepared):
+            cells = SCVICells.from_tensors(module, tensors)
+            loc, scale = cells.guide()
+            parts.append(
+                estimate_log_marginal(cells.log_joint, loc, scale, generator, settings, points_per_call=points)
+            )
+        summary = ImportanceSummary.concatenate(parts)
+        n_bad = int((~summary.reliable).sum())
+        if n_bad:
+            warnings.warn(
+                f"{n_bad} of {summary.lpd.size} cells have a Pareto k-hat above {KHAT_THRESHOLD}: their log p(x) "
+                "estimate is unreliable (column 'reliable' is False and 'mc_se' is NaN). To fix it, use more draws "
+                "(a larger n_samples, or SCVIFit(..., lpd_settings=MarginalSettings(escalation_draws=...))) or "
+                "train the scvi-tools model longer; until then leave these cells out of model comparisons.",
+                UnreliableEstimateWarning,
+                stacklevel=2,
+            )
+        return with_quantity(summary.to_frame(index=adata.obs_names), self.lpd_quantity)
+
+    def _float64_module(self) -> Any:
+        """The float64 copy of the module the log joint is evaluated on (made once, then kept)."""
+        if self._module64 is None or self._module64[0] is not self.model.module:
+            self._module64 = (self.model.module, float64_copy(self.model.module))
+        return self._module64[1]
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """``library_size * px_scale`` decoded at each cell's posterior mean, (cells, genes)."""
