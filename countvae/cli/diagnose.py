@@ -44,6 +44,7 @@ from countvae.data.simulate import simulate
 from countvae.diagnostics import fit_seeds, report
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
+from countvae.diagnostics.fitting.fit_seeds import check_fit_genes
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
 from countvae.errors import InvalidArgumentError, OutputExistsError
@@ -265,6 +266,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     }
     check_number("--heldout-fraction", args.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
     fit_idx, heldout_idx = heldout_split(adata.n_obs, args.heldout_fraction, args.split_seed)
+    adata_fit = cells_at(adata, fit_idx)
+    check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
     announce(
         "diagnose",
         data="the embedded simulated data" if embedded else args.data,
@@ -275,7 +278,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         model_kwargs=model_kwargs,
         train_kwargs=train_kwargs,
         epochs=max_epochs,
-        timing=estimate(cells_at(adata, fit_idx), model_kwargs, train_kwargs, DEFAULT_TORCH_THREADS),
+        timing=estimate(adata_fit, model_kwargs, train_kwargs, DEFAULT_TORCH_THREADS),
         seeds=args.seeds,
         n_jobs=args.n_jobs if args.n_jobs != -1 else available_cores(),
         cores=available_cores(),

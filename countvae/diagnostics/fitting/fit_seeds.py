@@ -167,7 +167,7 @@ def _model_family(model_cls: Any) -> str:
 
 
 # ----- data ---
-def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
+def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
     totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
     empty = np.flatnonzero(totals == 0)
@@ -303,7 +303,7 @@ def fit_seeds(
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
     adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
-    _check_fit_genes(adata_fit, registry)
+    check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
         "model_class": scvi_storage.class_path(model_cls),

@@ -1,0 +1,94 @@
+"""Time the default ``countvae diagnose`` on a raw file of 1,408 cells x 11,533 genes (issue 16, first contact).
+
+No file of that shape is in ../shared/data, so one is built from real counts: 1,408 cells
+drawn (seed 0) from ``pbmc_3tech_savercat`` (2,000 PBMCs x 8,513 genes, raw UMI counts),
+its genes with counts in those cells, and as many more genes as make 11,533, each a copy
+of a real gene with its counts shuffled across the cells (same count distribution and
+sparsity, no structure; named ``<gene>-shuffled``). Fitting time depends on the shape
+and the kept genes, not on which genes they are.
+
+The command runs ``countvae diagnose FILE`` at its defaults in a subprocess, with one
+BLAS/OpenMP thread (as the fits use), and prints the wall time, the load average of the
+machine before and after, and the lines the command printed before fitting.
+
+Run from the repository root::
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 python benchmarks/bench_first_contact.py --work /tmp/fc_bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anndata as ad
+import numpy as np
+import scipy.sparse as sp
+
+from countvae.data import find_dataset
+
+SHAPE = (1_408, 11_533)
+
+
+def build_file(path: Path, seed: int = 0) -> ad.AnnData:
+    """Write the 1,408 x 11,533 raw-count file described in the module docstring."""
+    full = ad.read_h5ad(find_dataset("pbmc_3tech"))
+    rng = np.random.default_rng(seed)
+    cells = np.sort(rng.choice(full.n_obs, SHAPE[0], replace=False))
+    counts = sp.csc_matrix(full.X[cells])
+    expressed = np.flatnonzero(np.asarray(counts.sum(axis=0)).ravel() > 0)
+    counts = counts[:, expressed]
+    names = list(full.var_names[expressed])
+    n_extra = SHAPE[1] - counts.shape[1]
+    copies = rng.choice(counts.shape[1], n_extra, replace=False)
+    shuffled = [counts[:, [j]].toarray().ravel()[rng.permutation(SHAPE[0])] for j in copies]
+    extra = sp.csc_matrix(np.column_stack(shuffled).astype(np.float32))
+    adata = ad.AnnData(
+        X=sp.csr_matrix(sp.hstack([counts, extra]), dtype=np.float32),
+        obs=full.obs.iloc[cells].copy(),
+    )
+    adata.var_names = names + [f"{names[j]}-shuffled" for j in copies]
+    adata.write_h5ad(path, compression="gzip")
+    return adata
+
+
+def main() -> int:
+    """Build the file (once) and time ``countvae diagnose`` on it."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", required=True, help="folder for the data file and the diagnose output")
+    parser.add_argument("diagnose_args", nargs="*", help="extra options for countvae diagnose (after --)")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "raw_1408x11533.h5ad"
+    if not data.exists():
+        adata = build_file(data)
+        print(
+            f"wrote {data}: {adata.n_obs} cells x {adata.n_vars} genes, "
+            f"density {adata.X.nnz / np.prod(adata.shape):.3f}"
+        )
+    out = work / "diagnose"
+    if out.exists():
+        shutil.rmtree(out)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "countvae", "diagnose", str(data), "--out", str(out), *args.diagnose_args]
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    load_after = os.getloadavg()
+    print(done.stderr[-6000:])
+    print(done.stdout[-3000:])
+    print(f"command: {' '.join(command[1:])}")
+    print(f"exit code {done.returncode}; wall time {seconds:.0f} s ({seconds / 60:.1f} min)")
+    print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}; cores {os.cpu_count()}")
+    return done.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
