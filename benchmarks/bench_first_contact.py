@@ -9,7 +9,9 @@ and the kept genes, not on which genes they are.
 
 The command runs ``countvae diagnose FILE`` at its defaults in a subprocess, with one
 BLAS/OpenMP thread (as the fits use), and prints the wall time, the load average of the
-machine before and after, and the lines the command printed before fitting.
+machine before and after, the CPU time of the command (user + system, all its processes:
+on a machine of its own, with ``--n-jobs 1``, the wall time would be about this), and what
+the command printed (the block before fitting, the time per seed).
 
 Run from the repository root::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -82,10 +85,13 @@ def main() -> int:
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
     load_after = os.getloadavg()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime
     print(done.stderr[-6000:])
     print(done.stdout[-3000:])
     print(f"command: {' '.join(command[1:])}")
     print(f"exit code {done.returncode}; wall time {seconds:.0f} s ({seconds / 60:.1f} min)")
+    print(f"CPU time of the command (user + system, all its processes) {cpu:.0f} s ({cpu / 60:.1f} min)")
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}; cores {os.cpu_count()}")
     return done.returncode
 

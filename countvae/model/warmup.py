@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import anndata as ad
@@ -123,15 +123,15 @@ def estimate_training_time(
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     try:
-        started = time.perf_counter()
+        started = perf_counter()
         model = CountVAE(adata, **(model_kwargs or {}))
         module = model.module  # on the CPU, where CountVAE builds it
         source = CountSource(get_count_matrix(adata, registry), batch_codes(adata, registry))
         train_module(module, source, train_cells, validation_cells, plan)
-        timed_start = time.perf_counter()
+        timed_start = perf_counter()
         train_module(module, source, train_cells, validation_cells, plan)
-        timed = time.perf_counter() - timed_start
-        total = time.perf_counter() - started
+        timed = perf_counter() - timed_start
+        total = perf_counter() - started
     finally:
         torch.set_num_threads(previous_threads)
     timed_cells = n_train + n_validation
