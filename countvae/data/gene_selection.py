@@ -36,7 +36,7 @@ from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
 #: The selection procedure, under scanpy's name for it.
 FLAVOR = "seurat_v3"
-#: Where :func:`select_top_genes` records the selection on the AnnData it returns.
+#: Where :func:`countvae.data.select_top_genes` records the selection on the AnnData it returns.
 UNS_KEY = "countvae_gene_selection"
 #: Span of the loess of log variance on log mean (Seurat's and scanpy's default).
 LOESS_SPAN = 0.3
@@ -186,11 +186,11 @@ def highly_variable_genes(
 def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) -> ad.AnnData:
     """Keep the ``n_top_genes`` most variable genes of a registered AnnData, chosen on its raw counts.
 
-    Genes are chosen by :func:`highly_variable_genes` on the registered counts,
+    Genes are chosen by :func:`countvae.data.highly_variable_genes` on the registered counts,
     within each batch when a batch key is registered (as scvi-tools' tutorials
     do). The result is registered with the same layer, batch and labels keys
     (counts from ``adata.raw`` become the result's ``X``) and records the
-    selection in ``uns["countvae_gene_selection"]`` (see :func:`get_gene_selection`).
+    selection in ``uns["countvae_gene_selection"]`` (see :func:`countvae.data.get_gene_selection`).
 
     Parameters
     ----------
@@ -266,7 +266,7 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
 
 
 def get_gene_selection(adata: ad.AnnData) -> dict[str, Any] | None:
-    """The selection :func:`select_top_genes` recorded on ``adata`` (JSON-ready), or ``None``.
+    """The selection :func:`countvae.data.select_top_genes` recorded on ``adata`` (JSON-ready), or ``None``.
 
     Keys: ``flavor``, ``n_top_genes``, ``n_genes_before``, ``counts`` (which
     matrix the genes were chosen on), ``batch_key`` (``""``: none) and ``genes``.
