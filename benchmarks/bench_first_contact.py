@@ -60,10 +60,44 @@ def build_file(path: Path, seed: int = 0) -> ad.AnnData:
     return adata
 
 
+def cpu_estimates(data: Path) -> None:
+    """Print the warm-up estimate of one default seed in CPU seconds (not inflated by other users of the cores).
+
+    On the fit cells of the default split, for 2,000 and 1,000 most variable genes and for all genes
+    with counts in the fit cells.
+    """
+    import torch
+
+    from countvae.data import select_top_genes, setup_anndata
+    from countvae.diagnostics.fitting.heldout import heldout_split
+    from countvae.model import warmup
+
+    torch.set_num_threads(1)
+    warmup.perf_counter = time.process_time  # this process's CPU seconds instead of wall time
+    adata = ad.read_h5ad(data)
+    setup_anndata(adata)
+    fit_idx, _ = heldout_split(adata.n_obs, 0.1, 0)
+    model = {"n_latent": 10, "likelihood": "nb", "decoder": "mlp", "n_hidden": 128, "n_layers": 1}
+    train = {"max_epochs": 400, "batch_size": 128, "lr": 1e-3}
+    for n_top in (2000, 1000, None):
+        chosen = adata if n_top is None else select_top_genes(adata, n_top)
+        fit = chosen[fit_idx].copy()
+        fit = fit[:, np.asarray(fit.X.sum(axis=0)).ravel() > 0].copy()
+        setup_anndata(fit)
+        est = warmup.estimate_training_time(fit, model, train, n_steps=20, torch_threads=1)
+        print(
+            f"{fit.n_vars} genes: {est.seconds_per_epoch:.3f} CPU-s per epoch, "
+            f"{est.seconds_per_fit:.1f} CPU-s per seed of {est.epochs} epochs"
+        )
+
+
 def main() -> int:
     """Build the file (once) and time ``countvae diagnose`` on it."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True, help="folder for the data file and the diagnose output")
+    parser.add_argument(
+        "--cpu-estimates", action="store_true", help="print warm-up estimates in CPU seconds instead of running"
+    )
     parser.add_argument("diagnose_args", nargs="*", help="extra options for countvae diagnose (after --)")
     args = parser.parse_args()
     work = Path(args.work)
@@ -75,6 +109,9 @@ def main() -> int:
             f"wrote {data}: {adata.n_obs} cells x {adata.n_vars} genes, "
             f"density {adata.X.nnz / np.prod(adata.shape):.3f}"
         )
+    if args.cpu_estimates:
+        cpu_estimates(data)
+        return 0
     out = work / "diagnose"
     if out.exists():
         shutil.rmtree(out)

@@ -163,7 +163,7 @@ def announce(
         shorter.append(f"--n-jobs N fits N seeds at once (this machine has {cores or 1} core(s))")
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
-        "--n-top-genes N keeps only the N most variable genes (time grows with the genes)",
+        "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",
         "--early-stopping stops when the validation loss stalls",
     ]
     lines.append("  shorter   " + shorter[0])
