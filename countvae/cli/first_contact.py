@@ -11,7 +11,7 @@ from typing import Any
 import anndata as ad
 
 from countvae.data.gene_selection import FLAVOR, get_gene_selection, select_top_genes
-from countvae.data.registry import get_registry
+from countvae.data.registry import get_registry, get_var_names
 from countvae.model.warmup import TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
@@ -75,7 +75,7 @@ def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | 
     ``N`` larger than the number of genes or smaller than ``n_latent`` is an
     error; the command's ``default`` applies only when the data has more genes.
     """
-    n_genes = adata.n_vars if get_registry(adata) is None or not get_registry(adata).use_raw else adata.raw.n_vars
+    n_genes = len(get_var_names(adata, get_registry(adata)))
     if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
         return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
     n_top = int(default if requested is None else requested)
@@ -86,7 +86,7 @@ def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | 
 
 def missing_marker_genes(markers: Sequence[str], before: ad.AnnData, after: ad.AnnData) -> list[str]:
     """Markers that were genes of ``before`` but are neither genes nor obs columns of ``after``."""
-    genes_before = set(before.raw.var_names if get_registry(before).use_raw else before.var_names)
+    genes_before = set(get_var_names(before, get_registry(before)))
     kept = set(after.var_names) | set(after.obs.columns)
     return [m for m in markers if m in genes_before and m not in kept]
 
