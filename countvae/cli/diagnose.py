@@ -21,6 +21,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._checks import check_number
 from countvae._io import remove_interrupted_writes
 from countvae.cli.common import (
     Subcommands,
@@ -32,11 +33,21 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
 )
+from countvae.cli.first_contact import (
+    add_gene_selection_argument,
+    announce,
+    choose_genes,
+    estimate,
+    missing_marker_genes,
+)
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
 from countvae.diagnostics import ReportSettings, fit_seeds, report
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
+from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
+from countvae.diagnostics.fitting.fit_seeds import check_fit_genes
+from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups  # issue 18
 from countvae.errors import InvalidArgumentError, OutputExistsError
@@ -49,6 +60,10 @@ EXAMPLES = """examples:
   countvae diagnose pbmc.h5ad --layer counts --markers CD14,MS4A1,NKG7 --n-jobs 5 --json
   countvae diagnose pbmc.h5ad --decoder linear --likelihood poisson --no-ica --max-epochs 100
   countvae diagnose pbmc.h5ad --labels-key cell_type --de cell_type --de-groups "CD14+ Monocytes" "NK cells"
+  countvae diagnose raw_10x.h5ad --n-top-genes 4000 --n-jobs 2 --early-stopping
+
+Before fitting, the command prints the data size, the settings and the time it expects per seed
+(from a few timed training steps), with the options that shorten it.
 
 An interrupted run resumes when started again with the same command (completed seeds are reused).
 """
@@ -66,6 +81,10 @@ EMBEDDED_MAX_EPOCHS = 100
 #: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
 #: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
 CELL_PASSES_PER_SEED = 600_000
+#: Genes kept by default (the most variable, on the raw counts) when the data has more: fitting time
+#: grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with all of them
+#: (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
+DEFAULT_N_TOP_GENES = 2_000
 
 
 def default_epochs(n_fit_cells: int) -> int:
@@ -102,6 +121,7 @@ def register(sub: Subcommands) -> None:
         },
     )
     p.set_defaults(n_latent=None, max_epochs=None)
+    add_gene_selection_argument(p, DEFAULT_N_TOP_GENES)
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
@@ -245,6 +265,15 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     batch_key = "batch" if embedded and args.batch_key is None else args.batch_key
     setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
     n_latent = args.n_latent if args.n_latent is not None else (EMBEDDED_N_LATENT if embedded else 10)
+    genes = choose_genes(adata, args.n_top_genes, DEFAULT_N_TOP_GENES, n_latent)
+    if markers is not None and genes.selected:
+        dropped = missing_marker_genes(markers, adata, genes.adata)
+        if dropped:
+            raise InvalidArgumentError(
+                f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
+                "fitting; pass a larger --n-top-genes, --n-top-genes all, or other --markers."
+            )
+    adata = genes.adata
     n_fit_cells = int(round((1.0 - args.heldout_fraction) * adata.n_obs))
     if args.max_epochs is not None:
         max_epochs = args.max_epochs
@@ -271,16 +300,25 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "early_stopping": args.early_stopping,
         "progress_bar": False,
     }
-    logger.info(
-        "Fitting %d seeds of a %s/%s model with %d latent dimensions, %d epochs each, on %s (%d cells x %d genes).",
-        args.seeds,
-        args.likelihood,
-        args.decoder,
-        n_latent,
-        max_epochs,
-        "the embedded simulated data" if embedded else args.data,
-        adata.n_obs,
-        adata.n_vars,
+    check_number("--heldout-fraction", args.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    fit_idx, heldout_idx = heldout_split(adata.n_obs, args.heldout_fraction, args.split_seed)
+    adata_fit = cells_at(adata, fit_idx)
+    check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
+    announce(
+        "diagnose",
+        data="the embedded simulated data" if embedded else args.data,
+        adata=adata,
+        n_fit=len(fit_idx),
+        n_heldout=len(heldout_idx),
+        genes=genes,
+        model_kwargs=model_kwargs,
+        train_kwargs=train_kwargs,
+        epochs=max_epochs,
+        timing=estimate(adata_fit, model_kwargs, train_kwargs, DEFAULT_TORCH_THREADS),
+        seeds=args.seeds,
+        n_jobs=args.n_jobs if args.n_jobs != -1 else available_cores(),
+        cores=available_cores(),
+        torch_threads=DEFAULT_TORCH_THREADS,
     )
     fits = fit_seeds(
         adata,
@@ -319,6 +357,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "heldout_cells": int(fits.adata_heldout.n_obs),
         "predictive_equivalence": rep.settings["predictive_equivalence"]["state"],
         **{key: [q for q, v in table.items() if v == verdict] for key, verdict in VERDICT_KEYS.items()},
+        "n_genes": int(adata.n_vars),
+        "gene_selection": _selection_summary(genes.record()),
         "seconds_fitting": round(fitted - started, 1),
         "seconds_analysis": round(finished - fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
@@ -337,6 +377,11 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         print("\n" + rep.summary())
         print(f"\nReport: {report_dir / 'report.html'}")
     return 0
+
+
+def _selection_summary(record: dict | None) -> dict | None:
+    # The chosen genes themselves are in report.json (settings.fits.gene_selection).
+    return None if record is None else {k: v for k, v in record.items() if k != "genes"}
 
 
 def _alignment_summary(summary: pd.DataFrame) -> dict[str, float]:

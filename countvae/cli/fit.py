@@ -21,10 +21,12 @@ from countvae.cli.common import (
     read_h5ad,
     refuse_existing_output,
 )
+from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
 from countvae.data.registry import setup_anndata
 from countvae.data.simulate import simulate
 from countvae.data.split import split_indices
 from countvae.model import CountVAE
+from countvae.model.training import default_max_epochs
 
 logger = logging.getLogger("countvae.cli")
 
@@ -32,6 +34,10 @@ EXAMPLES = """examples:
   countvae fit                                   # embedded simulated data, writes ./countvae_fit
   countvae fit pbmc.h5ad --layer counts --batch-key donor --n-latent 10 --out fit_pbmc
   countvae fit pbmc.h5ad --decoder linear --likelihood poisson --max-epochs 100 --json
+  countvae fit raw_10x.h5ad --n-top-genes 2000 --early-stopping
+
+Before fitting, the command prints the data size, the settings and the time it expects
+(from a few timed training steps), with the options that shorten it.
 """
 
 
@@ -50,6 +56,7 @@ def register(sub: Subcommands) -> None:
     )
     add_data_arguments(p)
     add_model_arguments(p)
+    add_gene_selection_argument(p, None)
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
         "--n-samples",
@@ -74,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     adata = read_h5ad(args.data) if args.data else default_data()
     batch_key = args.batch_key if args.data else "batch"
     setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
+    genes = choose_genes(adata, args.n_top_genes, None, args.n_latent)
+    adata = genes.adata
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)
     fit_data = adata[fit_idx].copy()
     model = CountVAE(
@@ -85,19 +94,38 @@ def run(args: argparse.Namespace) -> int:
         n_layers=args.n_layers,
     )
     show = progress_enabled(args)
-    logger.info("Training %r on %d cells (%d held out)", model, len(fit_idx), len(held_idx))
-    model.train(
-        max_epochs=args.max_epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        early_stopping=args.early_stopping,
-        seed=args.seed,
-        progress_bar=show,
+    model_kwargs = {
+        "n_latent": args.n_latent,
+        "likelihood": args.likelihood,
+        "decoder": args.decoder,
+        "n_hidden": args.n_hidden,
+        "n_layers": args.n_layers,
+    }
+    train_kwargs = {
+        "max_epochs": args.max_epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "early_stopping": args.early_stopping,
+    }
+    timing = estimate(fit_data, model_kwargs, train_kwargs, None)
+    announce(
+        "fit",
+        data=args.data or "the embedded simulated data",
+        adata=adata,
+        n_fit=len(fit_idx),
+        n_heldout=len(held_idx),
+        genes=genes,
+        model_kwargs=model_kwargs,
+        train_kwargs=train_kwargs,
+        epochs=default_max_epochs(int(round(0.9 * len(fit_idx)))) if args.max_epochs is None else args.max_epochs,
+        timing=timing,
     )
+    model.train(**train_kwargs, seed=args.seed, progress_bar=show)
     result = {
         "data": args.data or "embedded simulation",
         "n_cells": int(adata.n_obs),
         "n_genes": int(adata.n_vars),
+        "gene_selection": genes.record(),
         "n_heldout": int(len(held_idx)),
         "epochs": int(model.history["epoch"].max()),
         "loss_train_final": float(model.history["loss_train"].iloc[-1]),

@@ -1,6 +1,7 @@
 """AnnData registration and validation, minibatches, splits, real and simulated datasets."""
 
 from countvae.data.datasets import DATASETS, find_dataset, load_dataset
+from countvae.data.gene_selection import get_gene_selection, highly_variable_genes, select_top_genes
 from countvae.data.loader import CountSource, Minibatch
 from countvae.data.registry import Registry, get_registry, setup_anndata
 from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_log_rate_jacobian
@@ -15,9 +16,12 @@ __all__ = [
     "Registry",
     "draw_sources",
     "find_dataset",
+    "get_gene_selection",
     "get_registry",
+    "highly_variable_genes",
     "load_dataset",
     "planted_lfc",
+    "select_top_genes",
     "setup_anndata",
     "simulate",
     "split_indices",

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from countvae._checks import check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
+from countvae.data.gene_selection import get_gene_selection
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, available_cores, run_tasks
@@ -166,7 +167,7 @@ def _model_family(model_cls: Any) -> str:
 
 
 # ----- data ---
-def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
+def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
     totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
     empty = np.flatnonzero(totals == 0)
@@ -206,6 +207,8 @@ def fit_seeds(
         (also for scvi-tools models: each fit's cells are then set up with
         ``model_cls.setup_anndata`` using the same layer, batch key and labels
         key, so both kinds of model see the same counts and covariates).
+        Genes chosen by :func:`countvae.data.select_top_genes` are recorded
+        in the settings (``gene_selection``).
     seeds
         At least two distinct integers in ``[0, 2**32 - 1]``. A countvae fit
         uses ``CountVAE.train(seed=s)``; an scvi-tools fit sets
@@ -300,7 +303,7 @@ def fit_seeds(
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
     adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
-    _check_fit_genes(adata_fit, registry)
+    check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
         "model_class": scvi_storage.class_path(model_cls),
@@ -324,6 +327,9 @@ def fit_seeds(
         "torch_threads": threads,
         "versions": package_versions(*(() if family == "countvae" else ("scvi-tools", "lightning"))),
     }
+    gene_selection = get_gene_selection(adata)
+    if gene_selection is not None:  # recorded only when genes were selected, so older folders still resume
+        settings["gene_selection"] = gene_selection
     tasks = [
         FitTask(
             seed=s,

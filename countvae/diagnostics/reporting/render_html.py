@@ -269,12 +269,25 @@ def render_html(rep: ReportContent) -> str:
                     **{f"version of {k}": v for k, v in rep.provenance.get("versions", {}).items()},
                     **{f"setting {k}": v for k, v in rep.settings.get("report", {}).items()},
                     "markers": ", ".join(rep.settings.get("markers", [])),
+                    **_gene_selection(rep.settings.get("fits", {}).get("gene_selection")),
                 }
             ),
         ),
         html_details("Time per step (seconds)", html_key_values(rep.timings)),
     ]
     return html_page("countvae multi-seed diagnostics", parts, extra_style=_STYLE)
+
+
+def _gene_selection(record: dict | None) -> dict[str, str]:
+    """The genes kept before fitting, when they were selected (``countvae.data.select_top_genes``)."""
+    if not record:
+        return {}
+    per_batch = f", per batch of {record['batch_key']}" if record.get("batch_key") else ""
+    return {
+        "gene selection": f"the {record['n_top_genes']} most variable of {record['n_genes_before']} genes "
+        f"({record['flavor']} on the raw counts in {record['counts']}{per_batch})",
+        "genes kept": ", ".join(record["genes"]),
+    }
 
 
 _DEFINITIONS = (

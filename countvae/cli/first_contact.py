@@ -1,0 +1,172 @@
+"""What ``fit`` and ``diagnose`` do before fitting: choose genes, and say what will run and for how long."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anndata as ad
+
+from countvae.data.gene_selection import FLAVOR, get_gene_selection, select_top_genes
+from countvae.data.registry import get_registry, get_var_names
+from countvae.model.warmup import TrainingTimeEstimate, estimate_training_time
+
+logger = logging.getLogger("countvae.cli")
+
+#: Value of ``--n-top-genes`` that keeps every gene.
+ALL_GENES = "all"
+
+
+def n_top_genes_value(text: str) -> int | str:
+    """Parse ``--n-top-genes``: a positive integer, or ``all``."""
+    if text.strip().lower() == ALL_GENES:
+        return ALL_GENES
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
+    return value
+
+
+def add_gene_selection_argument(parser: argparse.ArgumentParser, default: int | None) -> None:
+    """``--n-top-genes N|all``; ``default`` genes are kept when the data has more (``None``: all genes)."""
+    when = "default: all genes" if default is None else f"default: {default:,} when the data has more genes, else all"
+    parser.add_argument(
+        "--n-top-genes",
+        type=n_top_genes_value,
+        default=None,
+        metavar="N|all",
+        help=f"keep the N most variable genes, chosen on the raw counts before fitting (Seurat v3 / scanpy "
+        f"'{FLAVOR}', per batch with --batch-key) and recorded in the outputs; 'all' keeps every gene ({when})",
+    )
+
+
+@dataclass(frozen=True)
+class GeneChoice:
+    """The data to fit after gene selection, and how it was chosen."""
+
+    adata: ad.AnnData
+    n_genes_before: int
+    selected: bool
+    explicit: bool
+
+    def record(self) -> dict[str, Any] | None:
+        """The selection as recorded on the data (with the chosen genes), or ``None`` when all genes are kept."""
+        return get_gene_selection(self.adata) if self.selected else None
+
+    def describe(self) -> str:
+        """One line for the block printed before fitting."""
+        n = self.adata.n_vars
+        if self.selected:
+            how = "--n-top-genes" if self.explicit else "the default --n-top-genes; 'all' keeps every gene"
+            return f"the {n:,} most variable of {self.n_genes_before:,}, chosen on the raw counts ({FLAVOR}; {how})"
+        return f"all {n:,} (--n-top-genes N keeps the N most variable)"
+
+
+def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | None, n_latent: int) -> GeneChoice:
+    """Apply ``--n-top-genes`` to registered data.
+
+    ``requested`` is the parsed option (``None`` when not given): an explicit
+    ``N`` larger than the number of genes or smaller than ``n_latent`` is an
+    error; the command's ``default`` applies only when the data has more genes.
+    """
+    n_genes = len(get_var_names(adata, get_registry(adata)))
+    if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
+        return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
+    n_top = int(default if requested is None else requested)
+    return GeneChoice(
+        select_top_genes(adata, n_top, min_genes=n_latent), n_genes, selected=True, explicit=requested is not None
+    )
+
+
+def missing_marker_genes(markers: Sequence[str], before: ad.AnnData, after: ad.AnnData) -> list[str]:
+    """Markers that were genes of ``before`` but are neither genes nor obs columns of ``after``."""
+    genes_before = set(get_var_names(before, get_registry(before)))
+    kept = set(after.var_names) | set(after.obs.columns)
+    return [m for m in markers if m in genes_before and m not in kept]
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def estimate(
+    adata_fit: ad.AnnData, model_kwargs: dict[str, Any], train_kwargs: dict[str, Any], torch_threads: int | None
+) -> TrainingTimeEstimate | None:
+    """The warm-up estimate, or ``None`` when messages are off (``--quiet``: no time is spent on it)."""
+    if not logger.isEnabledFor(logging.INFO):
+        return None
+    return estimate_training_time(adata_fit, model_kwargs, train_kwargs, torch_threads=torch_threads)
+
+
+def announce(
+    command: str,
+    *,
+    data: str,
+    adata: ad.AnnData,
+    n_fit: int,
+    n_heldout: int,
+    genes: GeneChoice,
+    model_kwargs: dict[str, Any],
+    train_kwargs: dict[str, Any],
+    epochs: int,
+    timing: TrainingTimeEstimate | None,
+    seeds: int = 1,
+    n_jobs: int | None = None,
+    cores: int | None = None,
+    torch_threads: int | None = None,
+) -> None:
+    """Log the block printed before fitting: data size, settings, time estimate, and how to shorten it.
+
+    ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``).
+    """
+    hidden = f", {model_kwargs['n_layers']} hidden layer(s) of {model_kwargs['n_hidden']}"
+    fits = f"{seeds} seeds x {epochs} epochs" if n_jobs is not None else f"1 fit x {epochs} epochs"
+    stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
+    parallel = ""
+    if n_jobs is not None:
+        parallel = f", {n_jobs} seed(s) at a time"
+    if torch_threads is not None:
+        parallel += f", {torch_threads} torch thread(s) per fit"
+    lines = [
+        f"countvae {command}: before fitting",
+        f"  data      {data}: {adata.n_obs:,} cells x {genes.n_genes_before:,} genes; "
+        f"{n_fit:,} cells fitted, {n_heldout:,} held out",
+        f"  genes     {genes.describe()}",
+        f"  model     {model_kwargs['likelihood']} likelihood, {model_kwargs['decoder']} decoder, "
+        f"{model_kwargs['n_latent']} latent dimensions" + (hidden if model_kwargs["decoder"] == "mlp" else ""),
+        f"  training  {fits}, batch size {train_kwargs['batch_size']}, lr {train_kwargs['lr']:g}, "
+        f"early stopping {stopping}{parallel}",
+    ]
+    if timing is None:
+        lines.append("  estimate  (skipped)")
+    else:
+        per_fit = timing.seconds_per_fit
+        rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
+        total = f", about {_duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
+        lines.append(
+            f"  estimate  about {_duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
+            f"({timing.seconds_per_epoch:.2f} s per epoch, from {timing.warmup_steps} timed training steps)"
+        )
+    shorter = []
+    if n_jobs is not None:
+        shorter.append(f"--n-jobs N fits N seeds at once (this machine has {cores or 1} core(s))")
+    shorter += [
+        "--max-epochs N (time is proportional to epochs)",
+        "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",
+        "--early-stopping stops when the validation loss stalls",
+    ]
+    lines.append("  shorter   " + shorter[0])
+    lines += [" " * 12 + option for option in shorter[1:]]
+    for line in lines:
+        logger.info("%s", line)

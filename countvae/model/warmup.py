@@ -1,0 +1,144 @@
+"""How long training will take: a few timed training steps on the actual data and settings, extrapolated."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import torch
+
+from countvae.data.loader import CountSource
+from countvae.data.registry import batch_codes, get_count_matrix, get_registry
+from countvae.errors import InvalidArgumentError, SetupError
+from countvae.model.countvae import CountVAE
+from countvae.model.training import TrainingPlan, default_max_epochs, train_module
+
+#: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
+WARMUP_STEPS = 10
+
+
+@dataclass(frozen=True)
+class TrainingTimeEstimate:
+    """The time one fit is expected to take, from a timed warm-up.
+
+    Attributes
+    ----------
+    seconds_per_epoch
+        Extrapolated time of one epoch on all the cells (training steps and the
+        validation loss, at the fit's proportions).
+    epochs
+        Epochs of the fit (``max_epochs``, or the default for its size); with
+        early stopping, the most it can take.
+    warmup_seconds
+        Wall time of the whole warm-up (timed and untimed steps).
+    warmup_steps
+        Training minibatches timed.
+    warmup_cells
+        Cells of the timed pass (training and validation).
+
+    """
+
+    seconds_per_epoch: float
+    epochs: int
+    warmup_seconds: float
+    warmup_steps: int
+    warmup_cells: int
+
+    @property
+    def seconds_per_fit(self) -> float:
+        """Expected seconds of one fit: epochs times seconds per epoch (training only, not saving)."""
+        return self.epochs * self.seconds_per_epoch
+
+
+def estimate_training_time(
+    adata: ad.AnnData,
+    model_kwargs: dict[str, Any] | None = None,
+    train_kwargs: dict[str, Any] | None = None,
+    *,
+    n_steps: int = WARMUP_STEPS,
+    seed: int = 0,
+    torch_threads: int | None = None,
+) -> TrainingTimeEstimate:
+    """Time ``n_steps`` training minibatches of the model a fit would train, and extrapolate to the whole fit.
+
+    A fresh :class:`CountVAE` is built on ``adata`` with ``model_kwargs``; it
+    trains on a random subset of ``n_steps`` minibatches of cells (and
+    validation cells in the fit's proportion, whose loss is evaluated as in
+    every epoch) once untimed, then once timed. The time per cell of the timed
+    pass, times the cells of ``adata``, is the time per epoch. Nothing of the
+    warm-up is kept: the fits start from their own seeds.
+
+    Parameters
+    ----------
+    adata
+        The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`.
+    model_kwargs
+        Constructor arguments of :class:`CountVAE`.
+    train_kwargs
+        Arguments of :meth:`CountVAE.train` (``max_epochs``, ``batch_size``,
+        ``lr``, ``train_size``, ...); ``early_stopping`` and ``progress_bar``
+        are ignored here. The warm-up runs on the CPU.
+    n_steps
+        Minibatches timed (fewer when ``adata`` has fewer cells).
+    seed
+        Seed of the subset and of the warm-up model.
+    torch_threads
+        Torch threads during the warm-up (``None``: as set); give the number the fits use.
+
+    Returns
+    -------
+    TrainingTimeEstimate
+
+    Raises
+    ------
+    SetupError
+        If ``adata`` is not registered.
+    InvalidArgumentError
+        For ``n_steps`` below 1, or invalid model or training arguments.
+
+    """
+    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
+        raise InvalidArgumentError(f"n_steps must be a positive integer, got {n_steps!r}.")
+    registry = get_registry(adata)
+    if registry is None:
+        raise SetupError("Register the AnnData with countvae.data.setup_anndata before estimating training time.")
+    train = {k: v for k, v in (train_kwargs or {}).items() if k not in ("early_stopping", "progress_bar", "seed")}
+    plan = TrainingPlan(**{**train, "max_epochs": 1, "seed": seed, "progress_bar": False})
+    n_cells = adata.n_obs
+    n_train_cells = max(1, int(round(plan.train_size * n_cells)))
+    max_epochs = train.get("max_epochs")
+    epochs = default_max_epochs(n_train_cells) if max_epochs is None else int(max_epochs)
+
+    n_train = min(n_train_cells, n_steps * plan.batch_size)
+    n_validation = min(n_cells - n_train, int(round(n_train * (1.0 - plan.train_size) / plan.train_size)))
+    rng = np.random.default_rng(seed)
+    cells = rng.permutation(n_cells)[: n_train + n_validation]
+    train_cells, validation_cells = np.sort(cells[:n_train]), np.sort(cells[n_train:])
+
+    previous_threads = torch.get_num_threads()
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
+    try:
+        started = perf_counter()
+        model = CountVAE(adata, **(model_kwargs or {}))
+        module = model.module  # on the CPU, where CountVAE builds it
+        source = CountSource(get_count_matrix(adata, registry), batch_codes(adata, registry))
+        train_module(module, source, train_cells, validation_cells, plan)
+        timed_start = perf_counter()
+        train_module(module, source, train_cells, validation_cells, plan)
+        timed = perf_counter() - timed_start
+        total = perf_counter() - started
+    finally:
+        torch.set_num_threads(previous_threads)
+    timed_cells = n_train + n_validation
+    return TrainingTimeEstimate(
+        seconds_per_epoch=timed / timed_cells * n_cells,
+        epochs=int(epochs),
+        warmup_seconds=total,
+        warmup_steps=int(math.ceil(n_train / plan.batch_size)),
+        warmup_cells=int(timed_cells),
+    )

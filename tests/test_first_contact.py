@@ -1,0 +1,171 @@
+"""First contact on a raw file: the block printed before fitting, the warm-up estimate, --n-top-genes."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import countvae as cv
+from countvae.cli import main
+from countvae.data.gene_selection import highly_variable_genes
+from countvae.model import warmup
+from countvae.model.training import default_max_epochs
+
+FAST_DIAGNOSE = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "3", "--n-lpd-samples", "5"]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", n_batches=2, seed=5)
+    path = tmp_path_factory.mktemp("data") / "raw.h5ad"
+    adata.write_h5ad(path)
+    return path
+
+
+@pytest.fixture
+def messages(caplog):
+    caplog.set_level(logging.INFO, logger="countvae.cli")
+    return caplog
+
+
+def _block(caplog) -> list[str]:
+    lines = [r.getMessage() for r in caplog.records if r.name == "countvae.cli"]
+    start = next(i for i, line in enumerate(lines) if line.endswith("before fitting"))
+    return lines[start : start + 10]
+
+
+def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(data_file, tmp_path, messages, capsys):
+    out = tmp_path / "diag"
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--batch-key", "batch", "--n-top-genes", "15"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    block = "\n".join(_block(messages))
+    assert "countvae diagnose: before fitting" in block
+    assert "300 cells x 40 genes; 270 cells fitted, 30 held out" in block
+    assert "the 15 most variable of 40, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
+    assert "nb likelihood, linear decoder, 2 latent dimensions" in block
+    assert "2 seeds x 3 epochs, batch size 128" in block and "early stopping off" in block
+    assert "s per seed, about" in block and "for 2 seeds" in block and "timed training steps" in block
+    for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "--early-stopping"):
+        assert option in block
+    # The block comes before any seed is fitted.
+    lines = [r.getMessage() for r in messages.records]
+    assert lines.index("countvae diagnose: before fitting") < min(i for i, m in enumerate(lines) if "seeds done" in m)
+
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_genes"] == 15
+    assert result["gene_selection"] == {
+        "flavor": "seurat_v3",
+        "n_top_genes": 15,
+        "n_genes_before": 40,
+        "counts": "adata.X",
+        "batch_key": "batch",
+    }
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", n_batches=2, seed=5)
+    batches = adata.obs["batch"].astype(str).to_numpy()
+    expected = list(adata.var_names[highly_variable_genes(adata.X, 15, batches)["highly_variable"].to_numpy()])
+    recorded = json.loads((out / "report" / "report.json").read_text())["settings"]["fits"]["gene_selection"]
+    assert recorded["genes"] == expected and recorded["n_top_genes"] == 15
+    assert "gene selection" in (out / "report" / "report.html").read_text()
+
+
+def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, messages, capsys):
+    out = tmp_path / "fit"
+    argv = ["fit", str(data_file), "--n-latent", "2", "--max-epochs", "2", "--n-samples", "5", "--n-top-genes", "12"]
+    assert main([*argv, "--out", str(out), "--json"]) == 0
+    block = "\n".join(_block(messages))
+    assert "countvae fit: before fitting" in block and "1 fit x 2 epochs" in block
+    assert "the 12 most variable of 40" in block and "s per fit" in block
+    assert "--n-jobs" not in block  # fit has no such option
+    assert "--max-epochs N" in block and "--early-stopping" in block
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_genes"] == 12 and result["gene_selection"]["n_top_genes"] == 12
+    assert len(json.loads((out / "fit.json").read_text())["gene_selection"]["genes"]) == 12
+
+
+def test_quiet_skips_the_warmup(data_file, tmp_path, monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise AssertionError("the warm-up ran under --quiet")
+
+    monkeypatch.setattr("countvae.cli.first_contact.estimate_training_time", fail)
+    argv = ["fit", str(data_file), "--n-latent", "2", "--max-epochs", "1", "--n-samples", "5", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "q")]) == 0
+    assert "before fitting" not in capsys.readouterr().err
+
+
+def test_default_keeps_all_genes_of_small_data_and_all_keeps_every_gene(data_file, tmp_path, messages):
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--no-ica", "--n-top-genes", "all"]
+    assert main([*argv, "--out", str(tmp_path / "all"), "--quiet"]) == 0
+    report = json.loads((tmp_path / "all" / "report" / "report.json").read_text())
+    assert "gene_selection" not in report["settings"]["fits"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--n-top-genes", "41"], "more than the 40 genes"),
+        (["--n-top-genes", "1"], "fewer than 2 (the latent dimensions)"),
+        (["--n-top-genes", "10", "--markers", "gene0,gene1,gene2,gene3,gene4"], "not among the 10 most variable"),
+    ],
+)
+def test_gene_selection_errors_are_one_line(data_file, tmp_path, capsys, extra, message):
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, *extra, "--out", str(tmp_path / "x")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and not (tmp_path / "x").exists()
+
+
+def test_n_top_genes_must_be_positive_or_all(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--n-top-genes", "0"])
+    assert info.value.code == 2 and "positive integer or 'all'" in capsys.readouterr().err
+
+
+class FakeClock:
+    """perf_counter for the warm-up: each call advances by the next step."""
+
+    def __init__(self, steps):
+        self.now, self.steps = 0.0, list(steps)
+
+    def __call__(self):
+        self.now += self.steps.pop(0)
+        return self.now
+
+
+def test_warmup_extrapolates_the_timed_pass_per_cell_and_restores_threads(monkeypatch):
+    adata = cv.data.simulate(n_cells=2000, n_genes=30, n_latent=2, decoder="linear", seed=6)
+    cv.data.setup_anndata(adata)
+    # started at 1; the untimed pass ends at 1 + 5; the timed pass takes 2 s; total read 1 s later.
+    monkeypatch.setattr(warmup, "perf_counter", FakeClock([1.0, 5.0, 2.0, 1.0]))
+    threads = torch.get_num_threads()
+    rng_state = torch.random.get_rng_state()
+    est = warmup.estimate_training_time(
+        adata, {"n_latent": 2}, {"batch_size": 50, "max_epochs": None}, n_steps=4, torch_threads=1
+    )
+    monkeypatch.undo()
+    assert torch.get_num_threads() == threads
+    assert torch.equal(torch.random.get_rng_state(), rng_state)
+    # 4 minibatches of 50 training cells plus validation cells in the fit's proportion (0.9 / 0.1).
+    assert est.warmup_steps == 4 and est.warmup_cells == 200 + 22
+    assert est.seconds_per_epoch == pytest.approx(2.0 / 222 * 2000)
+    assert est.epochs == default_max_epochs(1800) and est.warmup_seconds == pytest.approx(8.0)
+    assert est.seconds_per_fit == pytest.approx(est.epochs * est.seconds_per_epoch)
+    given = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 7}, n_steps=1)
+    assert given.epochs == 7 and given.warmup_cells == min(2000, 128 + 14)
+
+
+def test_warmup_leaves_fits_unchanged():
+    adata = cv.data.simulate(n_cells=300, n_genes=20, n_latent=2, decoder="linear", seed=7)
+    cv.data.setup_anndata(adata)
+
+    def fit():
+        model = cv.CountVAE(adata, n_latent=2, decoder="linear")
+        model.train(max_epochs=2, seed=3, progress_bar=False)
+        return model.get_latent_representation()
+
+    before = fit()
+    warmup.estimate_training_time(adata, {"n_latent": 2, "decoder": "linear"}, {"max_epochs": 2}, n_steps=2)
+    np.testing.assert_array_equal(fit(), before)

@@ -1,0 +1,138 @@
+"""Seurat v3 highly variable genes on raw counts: equal to scanpy's, and the subset they make."""
+
+from __future__ import annotations
+
+import anndata as ad
+import numba
+import numpy as np
+import pandas as pd
+import pytest
+import scanpy as sc
+import scipy.sparse as sp
+
+import countvae as cv
+from countvae.data.gene_selection import UNS_KEY, highly_variable_genes, select_top_genes
+from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
+from tests.conftest import real_dataset
+
+
+@pytest.fixture
+def one_numba_thread():
+    # scanpy sums the counts on numba's threads, and their number changes the last digits, to which
+    # the loess is sensitive; countvae sums as scanpy does on one thread.
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(previous)
+
+
+@pytest.mark.realdata
+@pytest.mark.parametrize(("name", "batch_key"), [("pbmc_3tech", None), ("kang2018", "batch")])
+def test_same_genes_ranks_and_variances_as_scanpy(name, batch_key, one_numba_thread):
+    adata = real_dataset(name)
+    expected = sc.pp.highly_variable_genes(
+        adata, flavor="seurat_v3", n_top_genes=1000, batch_key=batch_key, inplace=False
+    )
+    batches = None if batch_key is None else adata.obs[batch_key].to_numpy()
+    got = highly_variable_genes(adata.X, 1000, batches)
+    assert got["highly_variable"].sum() == 1000
+    np.testing.assert_array_equal(got["highly_variable"].to_numpy(), expected["highly_variable"].to_numpy())
+    np.testing.assert_array_equal(
+        got["highly_variable_rank"].to_numpy(), expected["highly_variable_rank"].to_numpy().astype(np.float32)
+    )
+    np.testing.assert_allclose(got["variances_norm"].to_numpy(), expected["variances_norm"].to_numpy(), rtol=1e-12)
+    if batch_key is not None:
+        np.testing.assert_array_equal(
+            got["highly_variable_nbatches"].to_numpy(), expected["highly_variable_nbatches"].to_numpy()
+        )
+
+
+def _toy_counts(n_cells=400, n_genes=120, seed=0):
+    rng = np.random.default_rng(seed)
+    means = np.exp(rng.normal(1.0, 0.7, n_genes))
+    dispersion = np.where(np.arange(n_genes) < 20, 0.2, 50.0)  # the first 20 genes are overdispersed
+    rates = rng.gamma(dispersion, means / dispersion, size=(n_cells, n_genes))
+    return rng.poisson(rates).astype(np.float32)
+
+
+def test_overdispersed_genes_are_chosen_and_layout_does_not_matter():
+    counts = _toy_counts()
+    dense = highly_variable_genes(counts, 20)
+    # Genes of the same mean differ only in dispersion: the selection must find the overdispersed ones.
+    assert set(np.flatnonzero(dense["highly_variable"])) == set(range(20))
+    for layout in (sp.csr_matrix, sp.csc_matrix):
+        other = highly_variable_genes(layout(counts), 20)
+        pd.testing.assert_frame_equal(other, dense, check_exact=False, rtol=1e-12)
+
+
+def test_n_top_genes_and_batches_are_checked():
+    counts = _toy_counts(n_cells=50, n_genes=30)
+    with pytest.raises(InvalidArgumentError, match="between 1 and the number of genes"):
+        highly_variable_genes(counts, 31)
+    with pytest.raises(InvalidArgumentError, match="integer"):
+        highly_variable_genes(counts, 2.5)
+    with pytest.raises(InvalidDataError, match="at least 2 cells in batch"):
+        highly_variable_genes(counts, 10, np.array(["a"] * 49 + ["b"]))
+
+
+@pytest.fixture
+def registered():
+    adata = cv.data.simulate(n_cells=300, n_genes=60, n_latent=2, decoder="linear", n_batches=2, seed=4)
+    cv.data.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+def test_select_top_genes_keeps_the_ranked_genes_in_order_and_records_them(registered):
+    batches = cv.data.registry.batch_codes(registered, cv.data.get_registry(registered))
+    chosen = highly_variable_genes(registered.X, 25, batches)["highly_variable"].to_numpy()
+    subset = select_top_genes(registered, 25)
+    assert list(subset.var_names) == list(registered.var_names[chosen])
+    np.testing.assert_array_equal(subset.X.toarray(), registered.X[:, chosen].toarray())
+    assert cv.data.get_registry(subset).batch_key == "batch" and registered.n_vars == 60  # input untouched
+    record = cv.data.get_gene_selection(subset)
+    assert record == {
+        "flavor": "seurat_v3",
+        "n_top_genes": 25,
+        "n_genes_before": 60,
+        "counts": "adata.X",
+        "batch_key": "batch",
+        "genes": list(subset.var_names),
+    }
+    assert cv.data.get_gene_selection(registered) is None
+
+
+def test_select_top_genes_reads_layers_and_raw(registered):
+    expected = list(select_top_genes(registered, 10).var_names)
+    layered = registered.copy()
+    layered.layers["counts"] = layered.X.copy()
+    layered.X = sp.csr_matrix(np.log1p(layered.X.toarray()))
+    cv.data.setup_anndata(layered, layer="counts", batch_key="batch")
+    from_layer = select_top_genes(layered, 10)
+    assert list(from_layer.var_names) == expected and cv.data.get_registry(from_layer).layer == "counts"
+    assert from_layer.uns[UNS_KEY]["counts"] == "adata.layers['counts']"
+
+    with_raw = layered.copy()
+    with_raw.raw = ad.AnnData(X=registered.X.copy(), var=registered.var.copy(), obs=registered.obs.copy())
+    with_raw = with_raw[:, :30].copy()  # X keeps fewer genes than raw, as after a scanpy workflow
+    cv.data.setup_anndata(with_raw, use_raw=True, batch_key="batch")
+    from_raw = select_top_genes(with_raw, 10)
+    assert list(from_raw.var_names) == expected and from_raw.uns[UNS_KEY]["n_genes_before"] == 60
+
+
+def test_select_top_genes_errors(registered):
+    with pytest.raises(InvalidArgumentError, match="more than the 60 genes"):
+        select_top_genes(registered, 61)
+    with pytest.raises(InvalidArgumentError, match="fewer than 5"):
+        select_top_genes(registered, 4, min_genes=5)
+    with pytest.raises(SetupError, match="setup_anndata"):
+        select_top_genes(ad.AnnData(X=registered.X.copy()), 10)
+
+
+def test_a_cell_without_counts_in_the_chosen_genes_is_an_error():
+    counts = _toy_counts()
+    counts[0] = 0
+    counts[0, 100] = 1  # this cell's only count is in a gene that is not overdispersed
+    adata = ad.AnnData(X=sp.csr_matrix(counts))
+    cv.data.setup_anndata(adata)
+    with pytest.raises(InvalidDataError, match="1 of 400 cells have no counts in the 20 most variable genes"):
+        select_top_genes(adata, 20)
