@@ -3,10 +3,14 @@ and the comparison run end to end on simulated data with a known truth."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
+import countvae as cv
+from countvae.diagnostics import compare_restrictions
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
     IDENTIFIED,
@@ -14,16 +18,18 @@ from countvae.diagnostics.analyses.restrictions import (
     NOT_IDENTIFIED,
     UNDETERMINED,
     agreement_pairs,
+    depth_residuals,
     identification_verdict,
     pair_agreement,
     predictive_cost,
+    program_coherence,
     program_support,
     split_half_reading,
     summarize_agreement,
     truth_recovery,
 )
 from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs
-from countvae.errors import InvalidArgumentError
+from countvae.errors import InvalidArgumentError, InvalidDataError
 
 
 def _sources(n=600, k=3, seed=0):
@@ -160,20 +166,54 @@ def _program_loadings(genes, programs, nonzero):
 
 def test_program_support_tells_a_used_program_from_an_absent_one():
     rng = np.random.default_rng(0)
-    genes = [f"g{i}" for i in range(12)]
+    genes = [f"g{i}" for i in range(40)]
     programs = {"present": genes[:4], "absent": genes[6:10]}
-    expression = rng.normal(size=(400, 12))
-    present = expression[:, :4].sum(1) / 2 + rng.normal(0, 0.2, 400)
+    present = rng.normal(size=400)
+    expression = rng.normal(size=(400, 40))
+    expression[:, :4] += present[:, None]  # the present program's genes share a factor; the absent's do not
     latents = {f"seed {s}": np.column_stack([present, rng.normal(0, 0.01, 400)]) for s in range(3)}
     loadings = dict.fromkeys(latents, _program_loadings(genes, programs, {"present": True, "absent": False}))
     table = program_support(latents, loadings, expression, programs, genes).set_index("program")
-    assert table.loc["present", "supported"] and table.loc["present", "set_r2"] > 0.9
-    assert table.loc["present", "in_program_share"] == pytest.approx(4 / (4 + 8 * 1e-4))
+    # the factor from the mean of 4 genes with unit noise: R^2 = 1 / (1 + 1/4) = 0.8
+    assert table.loc["present", "supported"] and table.loc["present", "set_r2"] == pytest.approx(0.8, abs=0.05)
+    assert table.loc["present", "in_program_share"] == pytest.approx(4 / (4 + 36 * 1e-4))
+    assert table.loc["present", "coherence"] > 2 and table.loc["absent", "coherence"] <= 1.1
+    assert not table.loc["absent", "supported"] and "no more than random" in table.loc["absent", "reason"]
+    # the absent program's genes made coherent: now its unused dimension, then its loadings, are what fail
+    expression[:, 6:10] += rng.normal(size=400)[:, None]
+    table = program_support(latents, loadings, expression, programs, genes).set_index("program")
     assert not table.loc["absent", "supported"] and "unused" in table.loc["absent", "reason"]
-    # used, but on no credible gene of its own
     latents = {k: np.column_stack([v[:, 0], rng.normal(size=400)]) for k, v in latents.items()}
     table = program_support(latents, loadings, expression, programs, genes).set_index("program")
     assert not table.loc["absent", "supported"] and "credibly non-zero" in table.loc["absent", "reason"]
+    assert table.loc["present", "supported"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_program_coherence_is_at_par_for_random_genes_and_above_it_for_a_shared_factor(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.poisson(3.0, size=(300, 60)).astype(float)
+    assert 0.8 < program_coherence(x, range(8), seed=seed) <= 1.1
+    x[:, :8] += 0.7 * rng.normal(size=300)[:, None]
+    # gene-gene correlation 0.49 / 3.49 = 0.14: top eigenvalue about 1 + 7 * 0.14 = 1.98, random sets about 1.35
+    assert program_coherence(x, range(8), seed=seed) > 1.25
+    x[:, 8] = 1.0
+    assert np.isnan(program_coherence(x, [0, 8]))
+
+
+def test_depth_residuals_remove_a_trend_shared_through_sequencing_depth():
+    rng = np.random.default_rng(0)
+    library = np.exp(rng.normal(7, 0.5, 500))
+    x = np.log(library)[:, None] * rng.uniform(0.5, 1.5, 10) + rng.normal(size=(500, 10))
+    assert program_coherence(x, range(5)) > 1.5 or _top_corr(x) > 0.3  # the raw genes co-vary through depth
+    residuals = depth_residuals(x, library)
+    assert _top_corr(residuals) < 0.2
+    np.testing.assert_allclose(residuals.mean(0), 0.0, atol=1e-9)
+
+
+def _top_corr(x):
+    c = np.corrcoef(x, rowvar=False)
+    return float(np.max(np.abs(c - np.eye(len(c)))))
 
 
 def test_truth_recovery_is_one_for_the_sources_up_to_signed_permutation_and_scale():
@@ -209,3 +249,81 @@ def test_restrictions_are_parsed_from_names_with_clear_errors(tmp_path):
         restriction_programs(from_file, {"a": ["g1", "g2"]})
     with pytest.raises(InvalidArgumentError, match="needs gene programs"):
         restriction_programs(parse_restrictions("programs")[0], None)
+
+
+# ----- end to end on simulated data with a known truth -----------------------------------------------------
+@pytest.fixture(scope="module")
+def comparison():
+    """Sparse Laplace sources; the true gene programs plus one made of genes no source loads on."""
+    adata = cv.data.simulate(
+        n_cells=400, n_genes=60, n_latent=2, seed=0, sources="laplace", loading_sparsity=0.7, loading_scale=0.5
+    )
+    cv.CountVAE.setup_anndata(adata)
+    programs = cv.data.true_programs(adata)
+    noise = [
+        g for g, row in zip(adata.var_names, np.asarray(adata.uns["simulation"]["W"]), strict=True) if not row.any()
+    ]
+    programs["absent"] = noise[:6]
+    report = compare_restrictions(
+        adata,
+        "laplace,programs,ica",
+        seeds=[0, 1],
+        gene_programs=programs,
+        model_kwargs={"n_hidden": 16},
+        train_kwargs={"max_epochs": 40, "lr": 1e-2},
+        n_lpd_samples=10,
+    )
+    return adata, programs, report
+
+
+def test_comparison_reports_every_model_with_its_cost_agreement_and_truth(comparison):
+    adata, programs, report = comparison
+    table = report.restrictions.set_index("model")
+    assert list(table.index) == ["unrestricted", "laplace", "programs", "ica"]
+    assert list(table["symmetry"]) == ["orthogonal", "signed permutation", "sign flip", "orthogonal"]
+    assert table.loc["unrestricted", "predictive"] == "reference"
+    assert table.loc["ica", "predictive"] == "unchanged model" and table.loc["ica", "lpd_difference_per_cell"] == 0
+    for name in ("laplace", "programs"):
+        row = table.loc[name]
+        assert row["ci95_low"] < row["lpd_difference_per_cell"] < row["ci95_high"]
+        assert row["predictive"] in {"costs", "gains", "equivalent", "undetermined"}
+    assert table["sources_mcc"].between(0, 1).all() and table["loadings_mcc"].between(0, 1).all()
+    assert table["split_half_agreement"].notna().all()
+    # each model's declared symmetry checked numerically: the maps it keeps leave p(x) unchanged to rounding;
+    # of the maps it breaks, the gene programs' change log p(x, W) far beyond the Monte Carlo error (a
+    # briefly trained Laplace model's change under a rotation can be within it, and is then reported so)
+    symmetry = report.tables["symmetry"]
+    assert symmetry.loc[symmetry["p_x_expected"] == "unchanged", "confirmed"].all()
+    assert symmetry.loc[symmetry["model"] == "programs", "confirmed"].all()
+    assert set(report.tables["symmetry"]["model"]) == {"unrestricted", "laplace", "programs"}
+    assert len(report.tables["agreement_pairs"]) == 4  # one pair of seeds per model
+    assert any("simulated truth" in line for line in report.headline)
+
+
+def test_comparison_says_which_gene_programs_the_data_support(comparison):
+    _, programs, report = comparison
+    table = report.programs.set_index("program")
+    assert list(table.index) == list(programs)
+    assert not table.loc["absent", "supported"] and "no more than random" in table.loc["absent", "reason"]
+    assert table.loc[["source0", "source1"], "coherence"].gt(1.0).all()
+    assert any("not supported: absent" in line for line in report.headline)
+
+
+def test_comparison_report_is_saved_and_readable(comparison, tmp_path):
+    _, _, report = comparison
+    folder = report.save(tmp_path / "rep")
+    record = json.loads((folder / "report.json").read_text())
+    assert record["headline"] == report.headline and record["tables"]["restrictions"][0]["model"] == "unrestricted"
+    assert report.headline[0] in (folder / "report.md").read_text()
+    assert "<table" in (folder / "report.html").read_text()
+
+
+def test_comparison_refuses_bad_requests_before_fitting():
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match="'programs' is not among"):
+        compare_restrictions(adata, "laplace", gene_programs={"a": ["gene0", "gene1"]})
+    with pytest.raises(InvalidDataError, match="not in the data"):
+        compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
+    with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
+        compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})

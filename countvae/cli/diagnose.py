@@ -31,6 +31,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
 )
+from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
 from countvae.diagnostics import fit_seeds, report
@@ -45,6 +46,7 @@ EXAMPLES = """examples:
   countvae diagnose pbmc.h5ad --batch-key donor --labels-key cell_type --seeds 5 --out diag_pbmc
   countvae diagnose pbmc.h5ad --layer counts --markers CD14,MS4A1,NKG7 --n-jobs 5 --json
   countvae diagnose pbmc.h5ad --decoder linear --likelihood poisson --no-ica --max-epochs 100
+  countvae diagnose --decoder linear --restrictions laplace,horseshoe,ica   # what each restriction buys
 
 An interrupted run resumes when started again with the same command (completed seeds are reused).
 """
@@ -109,6 +111,7 @@ def register(sub: Subcommands) -> None:
         "across seeds to the report (default: on)",
     )
     p.add_argument("--n-lpd-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
+    add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
     p.set_defaults(run=run)
 
@@ -235,6 +238,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "early_stopping": args.early_stopping,
         "progress_bar": False,
     }
+    if args.restrictions is not None:
+        return run_restrictions(args, adata, model_kwargs, train_kwargs, markers, show)
     logger.info(
         "Fitting %d seeds of a %s/%s model with %d latent dimensions, %d epochs each, on %s (%d cells x %d genes).",
         args.seeds,

@@ -34,7 +34,10 @@ Split half
     initialisation: a conservative reading.)
 
 Gene programs
-    For each program's dimension: its activity (variance of the posterior means
+    For each program: whether its genes co-vary across the held-out cells more
+    than random gene sets of its size do, once sequencing depth is regressed
+    out (the data's own evidence for a shared program, with no model), and for
+    its dimension: its activity (variance of the posterior means
     over held-out cells; below :data:`ACTIVE_VARIANCE` the dimension is unused,
     Burda et al. 2016), the share of its loading energy on the program's genes,
     how many of them have a credibly non-zero loading, and the held-out ``R^2``
@@ -307,12 +310,57 @@ def program_dimension_r2(z: np.ndarray, expression: np.ndarray, seed: int = 0, a
     return float(1.0 - np.sum(residual**2) / total) if total > 0 else np.nan
 
 
+def depth_residuals(expression: np.ndarray, library: np.ndarray) -> np.ndarray:
+    """Expression with the sequencing depth regressed out, gene by gene.
+
+    ``log1p`` normalized expression still rises with depth for lowly expressed
+    genes (more of their zeros become counts), which makes every such gene
+    co-vary with every other; the least-squares fit on ``1, log(library),
+    log(library)^2`` per gene removes that shared trend.
+    """
+    x = np.asarray(expression, dtype=np.float64)
+    log_library = np.log(np.asarray(library, dtype=np.float64))
+    design = np.column_stack([np.ones_like(log_library), log_library, log_library**2])
+    coefficients, *_ = np.linalg.lstsq(design, x, rcond=None)
+    return x - design @ coefficients
+
+
+def _top_eigenvalue(x: np.ndarray) -> float:
+    return float(np.linalg.eigvalsh(np.corrcoef(x, rowvar=False))[-1])
+
+
+def program_coherence(residuals: np.ndarray, columns: Sequence[int], n_sets: int = 100, seed: int = 0) -> float:
+    """Whether a gene set co-varies across cells more than random gene sets of its size do: a ratio, 1 at par.
+
+    The largest eigenvalue of the set's gene-gene correlation matrix over cells,
+    divided by the 95th percentile of the same eigenvalue over ``n_sets`` random
+    sets of as many genes drawn from all non-constant genes of ``residuals``
+    (cells x genes, e.g. :func:`depth_residuals`). Above 1: the set's genes move
+    together more than 95% of random sets (evidence for a shared program from
+    the data alone, with no model); at or below 1: no more than chance genes.
+    Random sets, rather than each gene permuted on its own, are the reference
+    because normalization makes all genes co-vary a little (through the
+    library composition), and a program must stand out from that. NaN when
+    fewer than 2 of the set's genes vary.
+    """
+    x = np.asarray(residuals, dtype=np.float64)
+    varying = x.std(0) > 0
+    cols = [c for c in columns if varying[c]]
+    pool = np.flatnonzero(varying)
+    if len(cols) < 2 or len(pool) <= len(cols):
+        return np.nan
+    rng = np.random.default_rng([int(seed), 0xC0E])
+    null = [_top_eigenvalue(x[:, rng.choice(pool, len(cols), replace=False)]) for _ in range(n_sets)]
+    return _top_eigenvalue(x[:, cols]) / float(np.quantile(null, 0.95))
+
+
 def program_support(
     latents: Mapping[str, np.ndarray],
     loadings: Mapping[str, pd.DataFrame],
     expression: np.ndarray,
     programs: Mapping[str, Sequence[str]],
     var_names: Sequence[str],
+    library: np.ndarray | None = None,
     seed: int = 0,
     min_credible_genes: int = 2,
 ) -> pd.DataFrame:
@@ -326,6 +374,8 @@ def program_support(
         Fit name -> :meth:`countvae.CountVAE.loadings_posterior` table.
     expression
         ``log1p`` normalized expression of the held-out cells, (cells, genes) in the order of ``var_names``.
+    library
+        Their total counts, or ``None`` (the expression is then used as it is for the coherence).
     programs
         ``{name: [genes]}``, the dimensions' programs.
     var_names
@@ -333,21 +383,26 @@ def program_support(
     seed
         Seed of the half split for ``set_r2``.
     min_credible_genes
-        A program is supported when its dimension is active (variance of its
-        posterior means at least :data:`ACTIVE_VARIANCE`) in most fits and at
+        A program is supported when its genes co-vary across the held-out cells
+        more than random gene sets do (:func:`program_coherence` of the
+        depth residuals above 1: evidence from the data alone), its dimension is active (variance of its
+        posterior means at least :data:`ACTIVE_VARIANCE`) in most fits, and at
         least this many of its genes have a credibly non-zero loading (90%
-        interval excluding 0) in most fits.
+        interval excluding 0) in most fits. A dimension can be active on genes
+        that do not co-vary (it then fits their noise); coherence tells the two apart.
 
     Returns
     -------
     pandas.DataFrame
-        One row per program: ``program``, ``n_genes``, ``activity`` (median over
+        One row per program: ``program``, ``n_genes``, ``coherence``
+        (:func:`program_coherence` of its genes), ``activity`` (median over
         fits), ``in_program_share`` (loading energy on the program's genes),
         ``credible_genes``, ``set_r2`` (held-out R^2 of the dimension from its
         genes), ``supported`` and ``reason``.
 
     """
     index = {str(g): i for i, g in enumerate(var_names)}
+    residuals = expression if library is None else depth_residuals(expression, library)
     rows = []
     for k, (name, genes) in enumerate(programs.items()):
         cols = [index[g] for g in genes]
@@ -366,9 +421,13 @@ def program_support(
                 }
             )
         frame = pd.DataFrame(per_fit)
+        coherence = program_coherence(residuals, cols, seed=seed)
+        coherent = bool(coherence > 1.0)
         active = bool((frame["activity"] >= ACTIVE_VARIANCE).mean() > 0.5)
         credible = bool((frame["credible_genes"] >= min_credible_genes).mean() > 0.5)
-        if not active:
+        if not coherent:
+            reason = "its genes co-vary no more than random genes do (no shared program in the data)"
+        elif not active:
             reason = f"dimension unused (variance of its posterior means below {ACTIVE_VARIANCE})"
         elif not credible:
             reason = f"fewer than {min_credible_genes} program genes with a credibly non-zero loading"
@@ -378,11 +437,12 @@ def program_support(
             {
                 "program": name,
                 "n_genes": len(genes),
+                "coherence": coherence,
                 "activity": float(frame["activity"].median()),
                 "in_program_share": float(frame["in_program_share"].median()),
                 "credible_genes": float(frame["credible_genes"].median()),
                 "set_r2": float(frame["set_r2"].median()),
-                "supported": active and credible,
+                "supported": coherent and active and credible,
                 "reason": reason,
             }
         )

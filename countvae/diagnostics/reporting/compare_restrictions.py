@@ -38,7 +38,7 @@ from countvae._checks import check_int, check_number
 from countvae._provenance import package_versions
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
 from countvae.data.registry import get_registry
-from countvae.diagnostics.analyses.heldout_data import data_checksum, log1p_normalized
+from countvae.diagnostics.analyses.heldout_data import data_checksum, library_sizes, log1p_normalized
 from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
@@ -554,6 +554,7 @@ def compare_restrictions(
             log1p_normalized(heldout, var_names).toarray(),
             programs,
             var_names,
+            library_sizes(heldout, var_names),
             seed,
         )
     timings["analyses"] = time.perf_counter() - mark
