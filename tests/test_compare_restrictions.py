@@ -28,6 +28,7 @@ from countvae.diagnostics.analyses.restrictions import (
     summarize_agreement,
     truth_recovery,
 )
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
@@ -327,3 +328,19 @@ def test_comparison_refuses_bad_requests_before_fitting():
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
     with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+
+
+def test_a_fit_declares_the_symmetry_of_its_whole_model():
+    """The multi-seed report reads a fit's symmetry: a prior on the loadings narrows it as the z prior does."""
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    programs = {"a": ["gene0", "gene1"], "b": ["gene2", "gene3"]}
+    expected = [
+        ({}, "orthogonal"),
+        ({"prior": "laplace"}, "signed permutation"),
+        ({"loadings_prior": "horseshoe"}, "signed permutation"),
+        ({"gene_programs": programs}, "sign flip"),
+    ]
+    for kwargs, symmetry in expected:
+        model = cv.CountVAE(adata, n_latent=2, decoder="linear", **kwargs)
+        assert CountVAEFit(model, seed=0).symmetry == symmetry
