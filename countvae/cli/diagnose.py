@@ -33,6 +33,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
 )
+from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
 from countvae.cli.first_contact import (
     add_gene_selection_argument,
     announce,
@@ -64,6 +65,7 @@ EXAMPLES = """examples:
 
 Before fitting, the command prints the data size, the settings and the time it expects per seed
 (from a few timed training steps), with the options that shorten it.
+  countvae diagnose --decoder linear --restrictions laplace,horseshoe,ica   # what each restriction buys
 
 An interrupted run resumes when started again with the same command (completed seeds are reused).
 """
@@ -163,6 +165,7 @@ def register(sub: Subcommands) -> None:
         help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
         "(default: the column's two groups; required when it has more)",
     )
+    add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
     p.set_defaults(run=run)
 
@@ -300,6 +303,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "early_stopping": args.early_stopping,
         "progress_bar": False,
     }
+    if args.restrictions is not None:
+        return run_restrictions(args, adata, model_kwargs, train_kwargs, markers, show)
     check_number("--heldout-fraction", args.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
     fit_idx, heldout_idx = heldout_split(adata.n_obs, args.heldout_fraction, args.split_seed)
     adata_fit = cells_at(adata, fit_idx)

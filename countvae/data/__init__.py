@@ -2,9 +2,10 @@
 
 from countvae.data.datasets import DATASETS, find_dataset, load_dataset
 from countvae.data.gene_selection import get_gene_selection, highly_variable_genes, select_top_genes
+from countvae.data.gene_sets import as_gene_programs, check_gene_programs, read_gmt
 from countvae.data.loader import CountSource, Minibatch
 from countvae.data.registry import Registry, get_registry, setup_anndata
-from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_log_rate_jacobian
+from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_log_rate_jacobian, true_programs
 from countvae.data.split import split_indices
 from countvae.data.validation import CountSummary, validate_counts
 
@@ -14,6 +15,8 @@ __all__ = [
     "CountSummary",
     "Minibatch",
     "Registry",
+    "as_gene_programs",
+    "check_gene_programs",
     "draw_sources",
     "find_dataset",
     "get_gene_selection",
@@ -22,9 +25,11 @@ __all__ = [
     "load_dataset",
     "planted_lfc",
     "select_top_genes",
+    "read_gmt",
     "setup_anndata",
     "simulate",
     "split_indices",
     "true_log_rate_jacobian",
+    "true_programs",
     "validate_counts",
 ]

@@ -15,7 +15,7 @@ import pandas as pd
 import scipy.sparse as sp
 from scipy.special import log_softmax
 
-from countvae._checks import check_choice, check_int
+from countvae._checks import check_choice, check_int, check_number
 from countvae.errors import InvalidArgumentError
 
 SourceKind = Literal["normal", "laplace", "uniform", "discrete"]
@@ -80,6 +80,7 @@ def simulate(
     n_groups: int = 1,
     n_de_genes: int = 0,
     de_lfc: tuple[float, float] = (1.0, 2.0),
+    loading_sparsity: float = 0.0,
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
@@ -134,6 +135,14 @@ def simulate(
     de_lfc
         ``(low, high)``: each planted ``|lfc_kg|`` (log2 fold change) is uniform on
         this interval; its sign is + or - with probability 1/2.
+    loading_sparsity
+        Linear decoder: the share of loadings ``W_gk`` set to exactly 0, each
+        independently (every source keeps at least 3 loaded genes). The others are
+        scaled by ``1 / sqrt(1 - loading_sparsity)`` so that ``loading_scale`` keeps
+        its meaning on average. Each source then acts on its own gene set (its
+        true program, :func:`true_programs`), and genes with a zero row are noise.
+        The zeros come from a separate random stream: with the default 0 nothing
+        is drawn and the output is the same as without this argument.
 
     Returns
     -------
@@ -160,6 +169,9 @@ def simulate(
     """
     check_choice("likelihood", likelihood, ("poisson", "nb", "zinb"))
     check_choice("decoder", decoder, ("linear", "mlp"))
+    loading_sparsity = check_number("loading_sparsity", loading_sparsity, 0.0, 1.0, high_open=True)
+    if loading_sparsity > 0 and decoder != "linear":
+        raise InvalidArgumentError("loading_sparsity sets loadings of the linear decoder to 0; use decoder='linear'.")
     check_int("n_source_bins", n_source_bins, 2)
     for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
         check_int(name, value, 1)
@@ -175,6 +187,9 @@ def simulate(
     b = base - np.log(np.exp(base).sum())
     if decoder == "linear":
         W = rng.normal(0.0, loading_scale / np.sqrt(n_latent), (n_genes, n_latent))
+        if loading_sparsity > 0:
+            W = W * _loading_mask(n_genes, n_latent, loading_sparsity, seed) / np.sqrt(1.0 - loading_sparsity)
+            params["loading_sparsity"] = float(loading_sparsity)
         eta = b + z @ W.T
         params.update(W=W, b=b)
     else:
@@ -229,6 +244,34 @@ def simulate(
         params.update(de_lfc=de_lfc_matrix, group_names=np.array(names, dtype=str))
     adata.uns["simulation"] = params
     return adata
+
+
+#: Fewest genes each source loads on with ``loading_sparsity > 0``.
+MIN_LOADED_GENES = 3
+
+
+def _loading_mask(n_genes: int, n_latent: int, sparsity: float, seed: int) -> np.ndarray:
+    """Which loadings are non-zero (genes x latent), from a random stream of its own."""
+    rng = np.random.default_rng([int(seed), 0x5A])
+    mask = rng.random((n_genes, n_latent)) >= sparsity
+    for k in range(n_latent):
+        short = MIN_LOADED_GENES - int(mask[:, k].sum())
+        if short > 0:
+            mask[rng.choice(np.flatnonzero(~mask[:, k]), min(short, n_genes), replace=False), k] = True
+    return mask
+
+
+def true_programs(adata: ad.AnnData) -> dict[str, list[str]]:
+    """The genes each simulated source loads on, ``{"source<k>": [genes]}`` (linear decoder).
+
+    Every gene for dense loadings; with ``loading_sparsity > 0`` each source's own gene set.
+    """
+    params = adata.uns.get("simulation", {})
+    if params.get("decoder") != "linear":
+        raise InvalidArgumentError("true_programs needs data simulated with decoder='linear'.")
+    W = np.asarray(params["W"])
+    names = np.asarray(adata.var_names)
+    return {f"source{k}": [str(g) for g in names[W[:, k] != 0]] for k in range(W.shape[1])}
 
 
 def _draw_groups(

@@ -10,8 +10,10 @@ from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.compare_restrictions import compare_restrictions
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
 from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
+from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 
 __all__ = [
     "CountVAEFit",
@@ -22,8 +24,10 @@ __all__ = [
     "ProgressEvent",
     "ProgressKind",
     "ReportSettings",
+    "RestrictionReport",
     "SCVIFit",
     "SeedFits",
+    "compare_restrictions",
     "fit_seeds",
     "heldout_split",
     "load_seed_fits",

@@ -18,7 +18,9 @@ from countvae._checks import check_choice
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import transforms as T
 from countvae.model import CountVAE, copy_model
+from countvae.module.loadings import HorseshoeLoadings, LoadingsPrior, ProgramLoadings
 from countvae.module.priors import LatentPrior
+from countvae.module.vae import CountVAEModule
 
 #: Scales of the diagonal-prior control (geometric from 0.5 to 2): distinct, so only sign flips preserve it.
 CONTROL_SCALE_RANGE = (0.5, 2.0)
@@ -67,6 +69,34 @@ def prior_preserves(prior: LatentPrior, A: np.ndarray, atol: float = 1e-8) -> bo
     variances = np.exp(2.0 * prior.log_scale.detach().cpu().double().numpy())
     D2 = np.diag(variances)
     return bool(np.abs(A @ D2 @ A.T - D2).max() <= atol * variances.max())
+
+
+def loadings_preserve(loadings_prior: LoadingsPrior | None, A: np.ndarray, atol: float = 1e-8) -> bool | None:
+    """Whether ``p(W A^-1) = p(W)`` for every ``W`` under the prior on the loadings (``None`` without one).
+
+    ``z' = A z`` rewrites the loadings as ``W' = W A^-1``. Horseshoe (independent,
+    identically distributed, even entries): ``A`` is a signed permutation.
+    Gene programs (``W_gk ~ N(0, s_gk^2)``): ``A^-1 D_g A^-T = D_g`` for every gene
+    ``g``, with ``D_g = diag(1 / s_g^2)``; for orthogonal ``A`` this holds when
+    ``A`` only flips signs and swaps columns with the same gene set.
+    """
+    if loadings_prior is None:
+        return None
+    if isinstance(loadings_prior, HorseshoeLoadings):
+        return T.is_signed_permutation(A, atol)
+    if isinstance(loadings_prior, ProgramLoadings):
+        precision = 1.0 / loadings_prior.prior_scale.detach().cpu().double().numpy() ** 2
+        A_inv = np.linalg.inv(A)
+        mapped = np.einsum("ij,gj,kj->gik", A_inv, precision, A_inv)  # A^-1 D_g A^-T, per gene
+        diagonal = np.einsum("gk,ik->gik", precision, np.eye(len(A)))
+        return bool(np.abs(mapped - diagonal).max() <= atol * precision.max())
+    raise InvalidArgumentError(f"No invariance rule for the loadings prior {type(loadings_prior).__name__}.")
+
+
+def model_preserves(module: CountVAEModule, A: np.ndarray, atol: float = 1e-8) -> bool:
+    """Whether the whole model keeps ``p(x)`` under ``A``: its prior on ``z`` and, if any, its prior on ``W``."""
+    kept = loadings_preserve(module.loadings_prior, A, atol)
+    return prior_preserves(module.prior, A, atol) and kept is not False
 
 
 def with_prior(model: CountVAE, kind: Literal["normal", "laplace", "diagonal"], scales=None) -> CountVAE:

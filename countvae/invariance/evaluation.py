@@ -204,11 +204,14 @@ class MapComparison:
     kind
         What kind of map it is (:func:`countvae.invariance.transforms.classify`).
     invariant
-        Whether the theory says ``p(x)`` is unchanged (the map preserves the prior).
+        Whether the theory says ``p(x)`` is unchanged (the map preserves the prior on ``z``).
     original, transformed
         The two models on the evaluated cells.
     A
         The map relating their latents, ``z' = A z`` (as applied, after any polar correction).
+    loadings_invariant
+        With a prior on the loadings: whether the map preserves it (then ``log p(W)``
+        is unchanged); ``None`` without one.
 
     """
 
@@ -219,6 +222,7 @@ class MapComparison:
     original: EvaluatedModel
     transformed: EvaluatedModel
     A: np.ndarray
+    loadings_invariant: bool | None = None
 
     @property
     def orthogonal(self) -> bool:

@@ -12,6 +12,9 @@ Batch one-hot columns live in a separate ``covariate`` layer, and batch offsets,
 dispersions, zero-inflation gates and library handling are left as they are.
 For orthogonal ``A`` and the N(0, I) prior the new model has exactly the same
 ``p(x)``; for other maps (the controls) only the prior's mismatch changes it.
+With a prior on the loadings (:mod:`countvae.module.loadings`) the decoder weight is
+their posterior mean, rewritten as above; the guide's variances are mapped with it
+and the prior on ``W`` is kept, which is what makes a rotation change ``p(W)``.
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     with torch.no_grad():
         rewritten = weight.detach().cpu().double() @ torch.as_tensor(A_inv, dtype=torch.float64)
         weight.copy_(rewritten.to(dtype=dtype, device=device))
+    if module.loadings_prior is not None:  # the guide of W around the rewritten mean; its prior is kept
+        module.loadings_prior.map_guide(torch.as_tensor(A_inv, dtype=dtype, device=device))
     return new
 
 

@@ -39,7 +39,9 @@ INTRODUCTION = (
     "Each latent map `A` gives a reparameterized model with `z' = A z`, the decoder's weight on `z` "
     "multiplied by `A^-1` and the guide pushed forward. `p(x)` is expected to be unchanged exactly "
     "when `A` preserves the prior (any orthogonal map for N(0, I); signed permutations for a "
-    "Laplace prior; sign flips for a diagonal prior with distinct scales)."
+    "Laplace prior; sign flips for a diagonal prior with distinct scales). With a prior on the "
+    "loadings `W` the model's density is `log p(x_heldout, W)` at the posterior mean of `W`, and the "
+    "map must preserve that prior too (signed permutations for the horseshoe, sign flips for gene programs)."
 )
 
 #: What the measurements show and what they do not (Markdown and HTML).
@@ -97,6 +99,9 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     "elbo_refit_z": "that difference / its Monte Carlo standard error",
     "is_minus_quadrature_mean": "mean importance-sampling estimate - exact log p(x), original model (nats)",
     "is_within_4se_fraction": "fraction of cells with |IS - exact| <= 4 MC standard errors + 0.01",
+    "loadings_log_prior_abs_diff": "|log p(W A^-1) - log p(W)| under the prior on the loadings (nats)",
+    "joint_abs_change": "|change of log p(x_heldout, W)| with common noise: held-out sum plus log p(W) (nats)",
+    "joint_change_over_mc_error": "change of log p(x_heldout, W) at two seeds: their mean / half their difference",
 }
 
 

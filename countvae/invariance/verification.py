@@ -26,10 +26,13 @@ from countvae.invariance.checks import FITTED_MAP_CHECKS, MAP_CHECKS, Measuremen
 from countvae.invariance.controls import (
     control_transforms,
     default_transforms,
+    loadings_preserve,
+    model_preserves,
     prior_control_variants,
     prior_preserves,
 )
 from countvae.invariance.evaluation import FITTED, EvaluatedModel, EvaluationCells, MapComparison, VerifySettings
+from countvae.invariance.loadings_checks import LOADINGS_MAP_CHECKS
 from countvae.invariance.outputs import OUTPUT_ROWS
 from countvae.invariance.quadrature import quadrature_unsupported_reason
 from countvae.invariance.reparameterize import check_trained_model, reparameterize
@@ -86,6 +89,7 @@ def _comparison(variant: str, name: str, original: EvaluatedModel, A: np.ndarray
         original=original,
         transformed=EvaluatedModel(transformed, original.cells, original.use_quadrature),
         A=_applied_map(original.model, transformed),
+        loadings_invariant=loadings_preserve(original.model.module.loadings_prior, A),
     )
 
 
@@ -268,9 +272,10 @@ def verify(
             rows += _rows(label, "(none)", "-", "-", estimator_accuracy(original))
         for name, A in plan.items():
             c = _comparison(label, name, original, A)
-            checks = MAP_CHECKS + (FITTED_MAP_CHECKS if label == FITTED else ())
+            checks = MAP_CHECKS + LOADINGS_MAP_CHECKS + (FITTED_MAP_CHECKS if label == FITTED else ())
             measured = [m for check in checks for m in check(c)]
-            rows += _rows(label, name, c.kind, "invariant" if c.invariant else "changes", measured)
+            kept = c.invariant and c.loadings_invariant is not False
+            rows += _rows(label, name, c.kind, "invariant" if kept else "changes", measured)
             per_cell[f"{label} / {name}"] = _per_cell(c)
             bar.update(1)
     bar.close()
@@ -290,13 +295,19 @@ def verify(
         "z_threshold": float(z_threshold),
         "change_threshold": float(change_threshold),
         "tolerances": s.tolerances,
-        "expected_invariant": {name: bool(prior_preserves(base.module.prior, A)) for name, A in maps.items()},
+        "expected_invariant": {name: bool(model_preserves(base.module, A)) for name, A in maps.items()},
+        "loadings_prior": "none" if base.module.loadings_prior is None else base.module.loadings_prior.kind,
+        "symmetry": base.module.symmetry,
     }
     return InvarianceReport(
         checks=checks_frame,
         transforms={name: np.asarray(A) for name, A in maps.items()},
         variants={
-            label: {"prior": v.module.prior.kind, "symmetry": v.module.prior.symmetry}
+            label: {
+                "prior": v.module.prior.kind,
+                "loadings_prior": "none" if v.module.loadings_prior is None else v.module.loadings_prior.kind,
+                "symmetry": v.module.symmetry,
+            }
             for label, (v, _) in plans.items()
         },
         per_cell=per_cell,

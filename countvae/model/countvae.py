@@ -22,12 +22,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from countvae.data.gene_sets import as_gene_programs
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
 from countvae.model import anndata_results, differential, inference
+from countvae.model.loadings import build_loadings_prior, latent_names, loadings_posterior
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
@@ -57,7 +59,8 @@ class CountVAE:
         the registration, genes and gene shares of the training data, without
         the data).
     n_latent
-        Latent dimensions; at least 1 and fewer than the number of genes and cells.
+        Latent dimensions; at least 1 and fewer than the number of genes and cells
+        (default 10, or the number of ``gene_programs``).
     likelihood
         ``"poisson"``, ``"nb"`` or ``"zinb"``.
     decoder
@@ -67,8 +70,31 @@ class CountVAE:
     dispersion
         ``"gene"`` or ``"gene-batch"`` inverse dispersion (NB/ZINB).
     prior
-        ``"normal"`` (default). ``"laplace"`` and ``"diagonal"`` break the
-        rotation symmetry; they exist as controls for the invariance checks.
+        The prior on ``z``: ``"normal"`` (default, N(0, I): any rotation of the
+        axes fits equally well). ``"laplace"`` (independent unit-variance
+        Laplace) is a restriction: only signed permutations of the axes leave
+        ``p(x)`` unchanged, so non-Gaussian sources can fix the axes (measure
+        what it buys with :func:`countvae.diagnostics.compare_restrictions`).
+        ``"diagonal"`` (learned scales) exists as a control for the invariance checks.
+    loadings_prior
+        A prior on the linear decoder's loadings ``W``, which then has a
+        posterior (``get_loadings(return_uncertainty=True)``,
+        :meth:`loadings_posterior`): ``"horseshoe"`` (regularized horseshoe:
+        sparse loadings; axes fixed up to signed permutations) or ``"programs"``
+        (named gene programs, see ``gene_programs``). Default: ``"programs"``
+        when ``gene_programs`` are given, else ``"none"`` (point-estimated ``W``).
+        See :mod:`countvae.module.loadings`.
+    gene_programs
+        ``{name: [genes]}`` or the path of a GMT file: latent dimension ``k`` is
+        program ``k``, its loadings are shrunk to 0 outside the program's genes
+        (prior sd ``program_outside_scale``, against 1 inside), and the dimension
+        is named by it. Every gene must be in the data and every program needs at
+        least 2 (:func:`countvae.data.check_gene_programs` drops unknown genes
+        first if asked). ``n_latent`` defaults to the number of programs.
+    horseshoe_scale
+        Scale ``tau0`` of the half-Cauchy prior on the horseshoe's global shrinkage.
+    program_outside_scale
+        Prior standard deviation of the loadings outside a dimension's program.
     batch_norm
         Batch normalisation in hidden layers (scVI's default).
     dtype
@@ -106,7 +132,7 @@ class CountVAE:
     def __init__(
         self,
         adata: ad.AnnData | DataSummary,
-        n_latent: int = 10,
+        n_latent: int | None = None,
         likelihood: Literal["poisson", "nb", "zinb"] = "nb",
         decoder: Literal["linear", "mlp"] = "mlp",
         *,
@@ -117,7 +143,15 @@ class CountVAE:
         prior: Literal["normal", "laplace", "diagonal"] = "normal",
         batch_norm: bool = True,
         dtype: torch.dtype | str = torch.float32,
+        loadings_prior: Literal["none", "horseshoe", "programs"] | None = None,
+        gene_programs: dict[str, list[str]] | str | os.PathLike | None = None,
+        horseshoe_scale: float = 0.1,
+        program_outside_scale: float = 0.01,
     ):
+        if gene_programs is not None:
+            gene_programs = as_gene_programs(gene_programs)
+        if n_latent is None:
+            n_latent = len(gene_programs) if gene_programs else 10
         settings = ModelSettings(
             n_latent=n_latent,
             likelihood=likelihood,
@@ -129,6 +163,10 @@ class CountVAE:
             prior=prior,
             batch_norm=batch_norm,
             dtype=dtype,
+            loadings_prior=loadings_prior,
+            gene_programs=gene_programs,
+            horseshoe_scale=horseshoe_scale,
+            program_outside_scale=program_outside_scale,
         )
         data = adata if isinstance(adata, DataSummary) else DataSummary.from_anndata(adata)
         settings.check_data(data)
@@ -162,6 +200,14 @@ class CountVAE:
                 prior=s.prior,
                 batch_norm=s.batch_norm,
                 init_log_proportions=torch.tensor(self._data.log_proportions, dtype=torch.float32),
+                loadings_prior=build_loadings_prior(
+                    s.loadings_prior,
+                    s.n_latent,
+                    self.var_names,
+                    s.gene_programs,
+                    s.horseshoe_scale,
+                    s.program_outside_scale,
+                ),
             )
         return module.to(dtype=s.torch_dtype, device=self.device)
 
@@ -617,18 +663,58 @@ class CountVAE:
             seed=seed,
         )
 
-    def get_loadings(self) -> pd.DataFrame:
+    @property
+    def latent_names(self) -> list[str]:
+        """Names of the latent dimensions: the gene programs' names, else ``Z_0``, ``Z_1``, ..."""
+        return latent_names(self.n_latent, self._settings.gene_programs)
+
+    def get_loadings(self, return_uncertainty: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
         """Decoder weights ``W`` of the linear decoder, genes x latent (like ``LinearSCVI.get_loadings``).
 
-        The columns are only determined up to an orthogonal transformation
-        (see :mod:`countvae.invariance`): compare loadings across fits by their
-        span, not column by column.
+        With free loadings (the default) the columns are only determined up to
+        an orthogonal transformation (see :mod:`countvae.invariance`): compare
+        loadings across fits by their span, not column by column. With a prior
+        on the loadings this is their posterior mean, and the columns are
+        determined up to what that prior keeps (signed permutations for the
+        horseshoe, sign flips for gene programs, whose names are the columns).
+
+        Parameters
+        ----------
+        return_uncertainty
+            Also return the posterior standard deviations (needs a prior on the
+            loadings; :meth:`loadings_posterior` gives credible intervals).
+
+        Returns
+        -------
+        pandas.DataFrame, or (mean, sd) DataFrames
+            Genes x latent dimensions.
+
         """
         if self._settings.decoder != "linear":
             raise InvalidArgumentError("get_loadings() needs decoder='linear'; an MLP decoder has no loadings.")
         self.require_trained()
         weight = self.module.decoder.weight.detach().cpu().numpy()
-        return pd.DataFrame(weight, index=self.var_names, columns=[f"Z_{i}" for i in range(self.n_latent)])
+        mean = pd.DataFrame(weight, index=self.var_names, columns=self.latent_names)
+        if not return_uncertainty:
+            return mean
+        if self.module.loadings_prior is None:
+            raise InvalidArgumentError(
+                "These loadings are point estimates (loadings_prior='none'); posterior uncertainty needs a prior on "
+                "them: CountVAE(..., loadings_prior='horseshoe') or gene_programs=..."
+            )
+        sd = self.module.loadings_prior.weight_scale().detach().cpu().numpy()
+        return mean, pd.DataFrame(sd, index=self.var_names, columns=self.latent_names)
+
+    def loadings_posterior(self, credible_mass: float = 0.9) -> pd.DataFrame:
+        """The posterior of the loadings, one row per gene and dimension (needs a prior on the loadings).
+
+        Columns ``gene``, ``dimension``, ``mean``, ``sd``, ``lower``, ``upper`` (the
+        central ``credible_mass`` interval of the Gaussian guide), ``nonzero`` (the
+        interval excludes 0), and ``in_program`` for gene programs. See
+        :func:`countvae.model.loadings.loadings_posterior`.
+        """
+        self.get_loadings(return_uncertainty=True)  # the checks
+        return loadings_posterior(self.module, self.var_names, self.latent_names, credible_mass)
 
     def write_results(
         self,

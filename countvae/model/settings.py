@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import column_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
@@ -25,6 +26,7 @@ LIKELIHOODS = ("poisson", "nb", "zinb")
 DECODERS = ("linear", "mlp")
 DISPERSIONS = ("gene", "gene-batch")
 PRIORS = ("normal", "laplace", "diagonal")
+LOADINGS_PRIORS = ("none", "horseshoe", "programs")
 
 #: Floating-point types a model can use, by the name stored in its settings.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
@@ -51,6 +53,9 @@ class ModelSettings:
 
     An instance is always valid: it is checked when created (:meth:`validate`).
     ``dtype`` may be given as a torch dtype and is stored by name.
+    ``loadings_prior=None`` means ``"programs"`` when ``gene_programs`` are given,
+    else ``"none"``; ``gene_programs`` may be given as a GMT file path and is
+    stored as the ``{name: [genes]}`` dict it holds.
     """
 
     n_latent: int = 10
@@ -63,6 +68,10 @@ class ModelSettings:
     prior: Literal["normal", "laplace", "diagonal"] = "normal"
     batch_norm: bool = True
     dtype: Literal["float32", "float64"] = "float32"
+    loadings_prior: Literal["none", "horseshoe", "programs"] | None = None
+    gene_programs: dict[str, list[str]] | None = None
+    horseshoe_scale: float = 0.1
+    program_outside_scale: float = 0.01
 
     def __post_init__(self) -> None:
         self.validate()
@@ -90,8 +99,38 @@ class ModelSettings:
         if not isinstance(self.batch_norm, bool | np.bool_):
             raise InvalidArgumentError(f"batch_norm must be True or False, got {self.batch_norm!r}.")
         normalised["batch_norm"] = bool(self.batch_norm)
+        normalised.update(self._loadings_settings(normalised["n_latent"], normalised["decoder"]))
         for name, value in normalised.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, at creation
+
+    def _loadings_settings(self, n_latent: int, decoder: str) -> dict[str, Any]:
+        programs = None if self.gene_programs is None else as_gene_programs(self.gene_programs)
+        kind = self.loadings_prior if self.loadings_prior is not None else ("programs" if programs else "none")
+        kind = check_choice("loadings_prior", kind, LOADINGS_PRIORS)
+        if kind == "programs" and programs is None:
+            raise InvalidArgumentError("loadings_prior='programs' needs gene_programs={name: [genes]} (or a GMT path).")
+        if programs is not None and kind != "programs":
+            raise InvalidArgumentError(
+                f"gene_programs were given with loadings_prior={kind!r}; gene programs are their own prior on the "
+                "loadings (leave loadings_prior unset, or set it to 'programs')."
+            )
+        if kind != "none" and decoder != "linear":
+            raise InvalidArgumentError(
+                f"loadings_prior={kind!r} puts a prior on the loadings of the linear decoder; use decoder='linear'."
+            )
+        if programs is not None and len(programs) != n_latent:
+            raise InvalidArgumentError(
+                f"{len(programs)} gene programs were given with n_latent={n_latent}: each latent dimension is one "
+                f"program, so set n_latent={len(programs)} (or leave it unset)."
+            )
+        return {
+            "loadings_prior": kind,
+            "gene_programs": programs,
+            "horseshoe_scale": check_number("horseshoe_scale", self.horseshoe_scale, 0.0, low_open=True),
+            "program_outside_scale": check_number(
+                "program_outside_scale", self.program_outside_scale, 0.0, 1.0, low_open=True, high_open=True
+            ),
+        }
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -106,6 +145,9 @@ class ModelSettings:
         InvalidArgumentError
             If ``n_latent`` is not smaller than the numbers of genes and cells, or
             ``dispersion="gene-batch"`` is asked for without a registered batch key.
+        InvalidDataError
+            If a gene program names genes the data do not have, or keeps fewer
+            than :data:`countvae.data.gene_sets.MIN_PROGRAM_GENES` of them.
 
         """
         n_genes = len(data.var_names)
@@ -116,6 +158,8 @@ class ModelSettings:
             )
         if self.dispersion == "gene-batch" and data.registry.batch_key is None:
             raise InvalidArgumentError("dispersion='gene-batch' needs a batch_key registered with setup_anndata.")
+        if self.gene_programs is not None:
+            check_gene_programs(self.gene_programs, data.var_names)
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as a JSON-safe dictionary (the keyword arguments of ``CountVAE``)."""

@@ -137,9 +137,18 @@ def _kl_weight(epoch: int, warmup: int) -> float:
 
 @torch.no_grad()
 def evaluate_loss(
-    module: CountVAEModule, source: CountSource, indices: np.ndarray, batch_size: int, seed: int
+    module: CountVAEModule,
+    source: CountSource,
+    indices: np.ndarray,
+    batch_size: int,
+    seed: int,
+    n_train_cells: int | None = None,
 ) -> float:
-    """Mean negative ELBO per cell on ``indices`` (eval mode, fixed noise)."""
+    """Mean negative ELBO per cell on ``indices`` (eval mode, fixed noise).
+
+    ``n_train_cells`` is the number of training cells; with a prior on the
+    loadings, each cell's loss carries the global KL divided by it, as in training.
+    """
     was_training = module.training
     module.eval()
     dtype, device = _dtype_device(module)
@@ -148,7 +157,12 @@ def evaluate_loss(
         torch.manual_seed(seed)
         for mb in source.iterate(indices, batch_size, drop_last_singleton=False):
             x, b = to_tensors(mb, dtype, device)
-            total += float(minibatch_loss(module, x, b)) * len(mb.indices)
+            if n_train_cells is None:
+                loss = minibatch_loss(module, x, b)
+            else:
+                cell_index = torch.as_tensor(mb.indices, device=device)
+                loss = minibatch_loss(module, x, b, cell_index=cell_index, n_total=n_train_cells)
+            total += float(loss) * len(mb.indices)
             count += len(mb.indices)
     module.train(was_training)
     return total / max(count, 1)
@@ -225,7 +239,9 @@ def train_module(
             ):
                 x, b = to_tensors(mb, dtype, device)
                 cell_index = torch.as_tensor(mb.indices, device=device)
-                loss = minibatch_loss(module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=source.n_obs)
+                loss = minibatch_loss(
+                    module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=len(train_indices)
+                )
                 optimizer.zero_grad(set_to_none=True)
                 if not torch.isfinite(loss):
                     _restore(live, last_good)
@@ -242,7 +258,9 @@ def train_module(
                 seen += len(mb.indices)
             loss_train = running / max(seen, 1)
             loss_val = (
-                evaluate_loss(module, source, validation_indices, max(plan.batch_size, 512), plan.seed)
+                evaluate_loss(
+                    module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
+                )
                 if len(validation_indices)
                 else math.nan
             )

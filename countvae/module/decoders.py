@@ -64,10 +64,19 @@ class LinearDecoder(nn.Module):
         return self.weight
 
     def forward(
-        self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None
+        self,
+        z: torch.Tensor,
+        batch_index: torch.Tensor | None = None,
+        batch_onehot: torch.Tensor | None = None,
+        weight: torch.Tensor | None = None,
     ) -> DecoderOutput:
-        """Decode ``z`` of shape (..., cells, n_latent)."""
-        log_rate = torch.matmul(z, self.weight.T) + self.bias
+        """Decode ``z`` of shape (..., cells, n_latent), with ``weight`` in place of ``W`` when given.
+
+        ``weight`` is a draw of the loadings when they are a latent variable
+        (:mod:`countvae.module.loadings`); ``self.weight`` is then their posterior mean.
+        """
+        W = self.weight if weight is None else weight
+        log_rate = torch.matmul(z, W.T) + self.bias
         if self.batch_offset is not None:
             offsets = torch.cat([torch.zeros_like(self.batch_offset[:1]), self.batch_offset], dim=0)
             log_rate = log_rate + offsets[batch_index]

@@ -25,7 +25,11 @@ def _kl_or_none(q, p) -> torch.Tensor | None:
 
 
 def per_cell_elbo(
-    module: CountVAEModule, x: torch.Tensor, batch_index: torch.Tensor, kl_weight: float = 1.0
+    module: CountVAEModule,
+    x: torch.Tensor,
+    batch_index: torch.Tensor,
+    kl_weight: float = 1.0,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Single-sample ELBO of each cell, with the KL in closed form where it exists.
 
@@ -37,6 +41,11 @@ def per_cell_elbo(
     draw, as Pyro does. ``tests/test_module.py`` checks that both give the same
     number from the same random draw.
 
+    ``weight`` is a draw of the loadings ``W`` when they are a latent variable
+    (:meth:`CountVAEModule.sample_loadings`); by default the decoder's own weight
+    (their posterior mean). The KL divergence of ``W`` is not a per-cell term: it
+    is added by :func:`minibatch_loss`.
+
     Returns
     -------
     torch.Tensor
@@ -46,7 +55,7 @@ def per_cell_elbo(
     q = module.posterior_distribution(x, batch_index)
     z = q.rsample()
     p = module.prior.distribution(x.shape[0], x)
-    log_lik = module.conditional(z, log_library_size(x), batch_index).log_prob(x)
+    log_lik = module.conditional(z, log_library_size(x), batch_index, weight).log_prob(x)
     kl = _kl_or_none(q, p)
     if kl is None:
         kl = q.log_prob(z) - p.log_prob(z)
@@ -82,10 +91,20 @@ def minibatch_loss(
         For ``"pyro"``: positions of the minibatch's cells among ``n_total``, so
         the plate scales minibatch terms to the whole data set (the result is
         divided back to a per-cell mean).
+        Both engines treat them alike: with both given, the data set has
+        ``n_total`` cells, else it is the minibatch. With a prior on the loadings
+        (a global latent) ``n_total`` must be the number of training cells: the
+        KL divergence of the global sites enters the data set's ELBO once, so the
+        per-cell loss carries ``KL / n_total``.
 
     """
     if engine == "direct":
-        return -per_cell_elbo(module, x, batch_index, kl_weight).mean()
+        draw = module.sample_loadings()  # global sites first, in the guide's order
+        if draw is None:
+            return -per_cell_elbo(module, x, batch_index, kl_weight).mean()
+        weight, global_kl = draw
+        cells = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
+        return -per_cell_elbo(module, x, batch_index, kl_weight, weight).mean() + kl_weight * global_kl / cells
     elbo = TraceMeanField_ELBO()  # closed-form KL where torch has one, else a Monte Carlo KL
     scale = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
     loss = elbo.differentiable_loss(

@@ -22,7 +22,9 @@ from torch.nn import functional as F
 from countvae.module.decoders import DecoderOutput, LinearDecoder, MLPDecoder
 from countvae.module.encoder import GaussianEncoder
 from countvae.module.likelihoods import CountLikelihood, DispersionName, LikelihoodName
+from countvae.module.loadings import LoadingsPrior
 from countvae.module.priors import LatentPrior, PriorName
+from countvae.module.symmetry import intersect_symmetries
 
 
 def log_library_size(x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +66,11 @@ class CountVAEModule(nn.Module):
     init_log_proportions
         Optional per-gene log share of all counts; initialises the decoder's
         output bias so that training starts from the per-gene mean profile.
+    loadings_prior
+        ``None`` (the loadings ``W`` are a parameter), or a
+        :class:`countvae.module.loadings.LoadingsPrior`: ``W`` is then a global
+        latent variable (site ``"W"``, outside the cell plate) with that prior, and
+        the decoder's weight is the mean of its guide. Linear decoder only.
 
     Attributes
     ----------
@@ -89,8 +96,11 @@ class CountVAEModule(nn.Module):
         prior: PriorName = "normal",
         batch_norm: bool = True,
         init_log_proportions: torch.Tensor | None = None,
+        loadings_prior: LoadingsPrior | None = None,
     ):
         super().__init__()
+        if loadings_prior is not None and decoder != "linear":
+            raise ValueError("A prior on the loadings needs the linear decoder.")
         self.n_genes = n_genes
         self.n_latent = n_latent
         self.n_batches = n_batches
@@ -114,7 +124,20 @@ class CountVAEModule(nn.Module):
             likelihood, n_genes, n_batches, dispersion, gene_gate=(likelihood == "zinb" and decoder == "linear")
         )
         self.prior = LatentPrior(prior, n_latent)
+        self.loadings_prior = loadings_prior
         self.register_buffer("latent_map", None)
+
+    @property
+    def symmetry(self) -> str:
+        """The group of latent maps that leaves the whole model's ``p(x)`` unchanged (see :mod:`.symmetry`).
+
+        The prior on ``z`` and, when the loadings have one, the prior on ``W`` each
+        keep a group; the model keeps the maps both keep.
+        """
+        groups = [self.prior.symmetry]
+        if self.loadings_prior is not None:
+            groups.append(self.loadings_prior.symmetry)
+        return intersect_symmetries(*groups)
 
     # ----- pieces shared by the model, the guide and the estimators ---------------------------
     def batch_onehot(self, batch_index: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
@@ -143,15 +166,21 @@ class CountVAEModule(nn.Module):
             return dist.Normal(loc, scale).to_event(1)
         return dist.MultivariateNormal(loc, scale_tril=torch.linalg.cholesky(scale @ scale.transpose(-1, -2)))
 
-    def decode(self, z: torch.Tensor, batch_index: torch.Tensor) -> DecoderOutput:
-        """Decoder output for latent values of shape (cells, L) or (samples, cells, L)."""
-        return self.decoder(z, batch_index, self.batch_onehot(batch_index, z))
+    def decode(self, z: torch.Tensor, batch_index: torch.Tensor, weight: torch.Tensor | None = None) -> DecoderOutput:
+        """Decoder output for latent values of shape (cells, L) or (samples, cells, L).
+
+        ``weight`` replaces the linear decoder's loadings (a draw of ``W``); by
+        default the decoder's own weight (for a prior on ``W``: its posterior mean).
+        """
+        if weight is None:
+            return self.decoder(z, batch_index, self.batch_onehot(batch_index, z))
+        return self.decoder(z, batch_index, self.batch_onehot(batch_index, z), weight=weight)
 
     def conditional(
-        self, z: torch.Tensor, log_library: torch.Tensor, batch_index: torch.Tensor
+        self, z: torch.Tensor, log_library: torch.Tensor, batch_index: torch.Tensor, weight: torch.Tensor | None = None
     ) -> dist.TorchDistribution:
-        """``p(x | z)`` for cells with the given log library sizes (shape (cells, 1))."""
-        out = self.decode(z, batch_index)
+        """``p(x | z)`` (``p(x | z, W = weight)`` when given) for cells with log library sizes of shape (cells, 1)."""
+        out = self.decode(z, batch_index, weight)
         return self.likelihood.distribution(log_library + out.log_rate, batch_index, out.gate_logits)
 
     def log_joint(
@@ -165,7 +194,9 @@ class CountVAEModule(nn.Module):
 
         This is the log density of the sample sites of :meth:`model` (tested against
         its Pyro trace); every estimator of ``log p(x)`` in the package and the
-        invariance checks evaluate it through this method. ``log_library`` defaults to
+        invariance checks evaluate it through this method. With a prior on the
+        loadings it is ``log p(x | z, W) + log p(z)`` at ``W`` = the posterior mean
+        (the decoder's weight); ``log p(W)`` is :meth:`log_prior_loadings`. ``log_library`` defaults to
         :func:`log_library_size` of ``x``. Returns shape (..., cells).
         """
         if log_library is None:
@@ -204,6 +235,24 @@ class CountVAEModule(nn.Module):
             gauss_newton = torch.einsum("ng,kng,lng->nkl", curvature, jac, jac)
         return gauss_newton + torch.diag(self.prior.curvature(z))
 
+    def log_prior_loadings(self) -> torch.Tensor | None:
+        """``log p(W)`` at the posterior mean of the loadings (nats), or ``None`` without a prior on them.
+
+        See :meth:`countvae.module.loadings.LoadingsPrior.log_density` for each prior's definition.
+        """
+        if self.loadings_prior is None:
+            return None
+        return self.loadings_prior.log_density(self.decoder.weight)
+
+    def sample_loadings(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A draw of ``W`` from its guide and the KL divergence of the global sites; ``None`` without a prior on ``W``.
+
+        Draws in the order of the guide's global sites (see :meth:`guide`).
+        """
+        if self.loadings_prior is None:
+            return None
+        return self.loadings_prior.sample_with_kl(self.decoder.weight)
+
     # ----- Pyro model and guide ------------------------------------------------------------------
     def _plate(self, x: torch.Tensor, cell_index: torch.Tensor | None, n_total: int | None):
         if cell_index is None or n_total is None:
@@ -218,17 +267,22 @@ class CountVAEModule(nn.Module):
         n_total: int | None = None,
         kl_weight: float = 1.0,
     ) -> None:
-        """Generative model: ``z ~ p(z)``, ``x ~ p(x | z, batch, library)``.
+        """Generative model: (``W ~ p(W)``), ``z ~ p(z)``, ``x ~ p(x | z, (W,) batch, library)``.
 
         ``cell_index`` and ``n_total`` make the plate a subsample of ``n_total``
         cells, so minibatch terms are scaled to the whole data set;
-        ``kl_weight`` scales the latent site (KL warm-up).
+        ``kl_weight`` scales the latent sites (KL warm-up). With a prior on the
+        loadings, ``W`` and its hyper-parameters are global sites, outside the plate.
         """
         log_library = log_library_size(x)
+        weight = None
+        if self.loadings_prior is not None:
+            with poutine.scale(scale=kl_weight):
+                weight = self.loadings_prior.model_sites(self.decoder.weight)
         with self._plate(x, cell_index, n_total):
             with poutine.scale(scale=kl_weight):
                 z = pyro.sample("z", self.prior.distribution(x.shape[0], x))
-            pyro.sample("x", self.conditional(z, log_library, batch_index), obs=x)
+            pyro.sample("x", self.conditional(z, log_library, batch_index, weight), obs=x)
 
     def guide(
         self,
@@ -238,7 +292,10 @@ class CountVAEModule(nn.Module):
         n_total: int | None = None,
         kl_weight: float = 1.0,
     ) -> None:
-        """Amortized guide ``q(z | x, batch)``."""
+        """Amortized guide ``q(z | x, batch)`` (after ``q(W)`` and its hyper-parameters, with a prior on ``W``)."""
+        if self.loadings_prior is not None:
+            with poutine.scale(scale=kl_weight):
+                self.loadings_prior.guide_sites(self.decoder.weight)
         with self._plate(x, cell_index, n_total):
             with poutine.scale(scale=kl_weight):
                 pyro.sample("z", self.posterior_distribution(x, batch_index))

@@ -108,8 +108,8 @@ class CountVAEFit:
 
     @property
     def symmetry(self) -> str:
-        """Symmetry group of the model's prior."""
-        return self.model.module.prior.symmetry
+        """Symmetry group of the whole model: its prior on ``z`` and any prior on the loadings."""
+        return self.model.module.symmetry
 
     @property
     def var_names(self) -> pd.Index:

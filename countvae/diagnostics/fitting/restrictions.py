@@ -1,0 +1,160 @@
+"""Which restricted models to fit: the restriction names, their model settings, and the split-half fits.
+
+A restriction is named as on the command line (``countvae diagnose --restrictions``):
+
+``laplace``
+    a Laplace prior on ``z`` (``CountVAE(prior="laplace")``);
+``horseshoe``
+    a regularized horseshoe prior on the loadings (``loadings_prior="horseshoe"``);
+``programs`` or ``programs:<file.gmt>``
+    named gene programs (``gene_programs=...``): from the file, or from the
+    ``gene_programs`` argument of :func:`countvae.diagnostics.compare_restrictions`;
+``ica``
+    ICA of the unrestricted model's latents after the fact (nothing is refitted).
+
+Several are separated by commas: ``laplace,horseshoe,programs:markers.gmt,ica``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anndata as ad
+import numpy as np
+
+from countvae.data.gene_sets import GenePrograms, read_gmt
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit
+from countvae.diagnostics.fitting.heldout import cells_at
+from countvae.errors import InvalidArgumentError
+from countvae.model import CountVAE
+
+#: The restriction names, in the order of the report.
+RESTRICTION_NAMES = ("laplace", "horseshoe", "programs", "ica")
+#: What each restriction is, in the report's words.
+LABELS = {
+    "unrestricted": "N(0, I) prior, free loadings",
+    "laplace": "Laplace prior on z",
+    "horseshoe": "horseshoe prior on the loadings",
+    "programs": "gene programs",
+    "ica": "ICA after the fact",
+}
+#: The model settings each restriction changes.
+MODEL_SETTINGS: dict[str, dict[str, Any]] = {
+    "unrestricted": {},
+    "laplace": {"prior": "laplace"},
+    "horseshoe": {"loadings_prior": "horseshoe"},
+    "programs": {},
+    "ica": {},
+}
+SYNTAX = "laplace, horseshoe, programs (or programs:<file.gmt>), ica; several separated by commas"
+
+
+@dataclass(frozen=True)
+class Restriction:
+    """One restricted model of the comparison.
+
+    Attributes
+    ----------
+    name
+        ``"unrestricted"`` or one of :data:`RESTRICTION_NAMES`.
+    gene_programs_file
+        For ``programs:<file.gmt>``, the file.
+    model_kwargs
+        The model settings it changes (gene programs are added by the comparison).
+
+    """
+
+    name: str
+    gene_programs_file: str | None = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """What the restriction is, in words."""
+        return LABELS[self.name]
+
+    @property
+    def post_hoc(self) -> bool:
+        """Whether it re-reads the unrestricted fits rather than fitting a model of its own."""
+        return self.name == "ica"
+
+
+UNRESTRICTED = Restriction("unrestricted")
+
+
+def parse_restrictions(restrictions: str | Iterable[str | Restriction]) -> list[Restriction]:
+    """Restrictions from their names (a comma-separated string or a list), in the given order.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown name, a repeated one, or none at all.
+
+    """
+    items = restrictions.split(",") if isinstance(restrictions, str) else list(restrictions)
+    out: list[Restriction] = []
+    for item in items:
+        if isinstance(item, Restriction):
+            out.append(item)
+            continue
+        if not isinstance(item, str):
+            raise InvalidArgumentError(f"A restriction is named by a string ({SYNTAX}); got {item!r}.")
+        text = item.strip()
+        name, _, argument = text.partition(":")
+        name = name.strip().lower()
+        if name not in RESTRICTION_NAMES or (argument and name != "programs"):
+            raise InvalidArgumentError(f"Unknown restriction {text!r}; use {SYNTAX}.")
+        out.append(Restriction(name, argument.strip() or None, dict(MODEL_SETTINGS[name])))
+    if not out:
+        raise InvalidArgumentError(f"No restriction to compare; use {SYNTAX}.")
+    names = [r.name for r in out]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise InvalidArgumentError(f"Restrictions {repeated} are given more than once.")
+    return out
+
+
+def restriction_programs(restriction: Restriction, gene_programs: GenePrograms | None) -> GenePrograms:
+    """The gene programs of a ``programs`` restriction: its file's, else ``gene_programs``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If there are none, or both a file and ``gene_programs`` are given.
+
+    """
+    if restriction.gene_programs_file is not None:
+        if gene_programs is not None:
+            raise InvalidArgumentError(
+                "Gene programs are given twice (programs:<file.gmt> and gene_programs=...); give one."
+            )
+        return read_gmt(restriction.gene_programs_file)
+    if gene_programs is None:
+        raise InvalidArgumentError(
+            "The 'programs' restriction needs gene programs: 'programs:<file.gmt>', or gene_programs={name: [genes]}."
+        )
+    return gene_programs
+
+
+def fit_split_halves(
+    adata_fit: ad.AnnData,
+    model_kwargs: dict[str, Any],
+    train_kwargs: dict[str, Any],
+    seed: int,
+    split_seed: int = 0,
+) -> tuple[CountVAEFit, CountVAEFit]:
+    """The same model, with the same seed, fitted on two disjoint random halves of the training cells.
+
+    ``adata_fit`` must be registered (``CountVAE.setup_anndata``); the halves are
+    drawn with ``split_seed``. Returns the two fits, named ``"half 1"`` and ``"half 2"``.
+    """
+    order = np.random.default_rng([int(split_seed), 0x4A1F]).permutation(adata_fit.n_obs)
+    half = adata_fit.n_obs // 2
+    fits = []
+    for number, positions in enumerate((np.sort(order[:half]), np.sort(order[half:])), start=1):
+        model = CountVAE(cells_at(adata_fit, positions), **model_kwargs)
+        model.train(**{"progress_bar": False, **train_kwargs, "seed": seed})
+        fits.append(CountVAEFit(model, seed, name=f"half {number}"))
+    return fits[0], fits[1]

@@ -1,0 +1,595 @@
+"""``compare_restrictions``: what each restriction buys in identified coordinates and costs in held-out fit.
+
+It fits the unrestricted model and each restricted one over the same seeds.
+
+The steps:
+
+1. every model (the unrestricted one, then each restriction that is a model of its
+   own) is fitted by :func:`countvae.diagnostics.fit_seeds` with the same seeds,
+   training cells and held-out cells (with ``out_dir``, each in its own resumable
+   folder); ICA re-reads the unrestricted fits;
+2. each fit is read once on the held-out cells: coordinates, loadings, held-out
+   ``log p(x)`` per cell (the importance sampler of ``get_log_predictive_density``);
+3. the analyses of :mod:`countvae.diagnostics.analyses.restrictions` run on those
+   arrays: agreement across seeds after a signed permutation only, the split
+   half, the predictive cost against the unrestricted fit of each seed, the
+   support of each gene program, and :func:`countvae.invariance.verify` on the
+   first seed's fit of each model for the maps its declaration keeps and breaks;
+4. the verdicts are stated in sentences (:func:`headline`).
+
+The predictive cost goes through :func:`predictive_comparison`, the one place to
+replace with a two one-sided tests procedure when one is available in
+:mod:`countvae.diagnostics.analyses.predictive`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae._checks import check_int, check_number
+from countvae._provenance import package_versions
+from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
+from countvae.data.registry import get_registry
+from countvae.diagnostics.analyses.heldout_data import data_checksum, library_sizes, log1p_normalized
+from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
+from countvae.diagnostics.analyses.restrictions import (
+    ALREADY,
+    DEFAULT_MARGIN,
+    IDENTIFIED,
+    IDENTIFIED_AGREEMENT,
+    LOWERS,
+    NOT_IDENTIFIED,
+    agreement_pairs,
+    identification_verdict,
+    pair_agreement,
+    predictive_cost,
+    program_support,
+    split_half_reading,
+    summarize_agreement,
+    truth_recovery,
+)
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit
+from countvae.diagnostics.fitting.restrictions import (
+    LABELS,
+    UNRESTRICTED,
+    Restriction,
+    fit_split_halves,
+    parse_restrictions,
+    restriction_programs,
+)
+from countvae.diagnostics.reporting.restriction_report import RestrictionReport
+from countvae.errors import InvalidArgumentError
+from countvae.ica import ICARotation
+from countvae.invariance import random_reflection, random_rotation, random_signed_permutation, verify
+from countvae.model import CountVAE
+
+logger = logging.getLogger(__name__)
+
+#: Training cells an ICA is fitted on at most (a random subset beyond that).
+MAX_ICA_CELLS = 5_000
+#: Held-out cells on which each model's declared symmetry is checked numerically.
+SYMMETRY_CELLS = 200
+#: Importance samples per cell in that check.
+SYMMETRY_SAMPLES = 50
+
+
+# ----- reading the fits ---------------------------------------------------------------------------------
+class ModelReadout:
+    """One model's fits read on the held-out cells: coordinates, loadings and held-out ``log p(x)`` per seed."""
+
+    def __init__(self, restriction: Restriction, fits: list[CountVAEFit], seconds: dict[int, float]):
+        self.restriction = restriction
+        self.fits = fits
+        self.seconds = seconds
+        self.latents: dict[str, np.ndarray] = {}
+        self.loadings: dict[str, np.ndarray | None] = {}
+        self.lpd: dict[int, pd.DataFrame] = {}
+        self.split: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
+
+    def read(self, adata_heldout: ad.AnnData, n_lpd_samples: int, seed: int, lpd: bool = True) -> None:
+        """Held-out coordinates, loadings and (unless ``lpd=False``) ``log p(x)`` of every fit."""
+        for fit in self.fits:
+            self.latents[fit.name] = np.asarray(fit.latent(adata_heldout), dtype=np.float64)
+            self.loadings[fit.name] = fit.loadings()
+            if lpd:
+                self.lpd[fit.seed] = fit.log_predictive_density(adata_heldout, n_lpd_samples, seed)
+
+
+def ica_axes(model: CountVAE, adata_fit: ad.AnnData, cells: np.ndarray, seed: int) -> ICARotation:
+    """An ICA of a model's posterior means on the given training cells (at most :data:`MAX_ICA_CELLS`)."""
+    if len(cells) > MAX_ICA_CELLS:
+        cells = np.sort(np.random.default_rng(seed).choice(cells, MAX_ICA_CELLS, replace=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # near-Gaussian components are reported by the agreement itself
+        return ICARotation(random_state=seed, n_null=0).fit(model.get_latent_representation(adata_fit, indices=cells))
+
+
+def ica_readout(unrestricted: ModelReadout, adata_fit: ad.AnnData, seed: int) -> ModelReadout:
+    """The unrestricted fits re-read in ICA axes (fitted on the training cells): sources and loadings ``W @ mixing``."""
+    out = ModelReadout(Restriction("ica"), unrestricted.fits, dict.fromkeys(unrestricted.seconds, 0.0))
+    cells = np.arange(adata_fit.n_obs)
+    for fit in unrestricted.fits:
+        ica = ica_axes(fit.model, adata_fit, cells, seed)
+        out.latents[fit.name] = ica.transform(unrestricted.latents[fit.name])
+        weight = unrestricted.loadings[fit.name]
+        out.loadings[fit.name] = None if weight is None else weight @ ica.mixing_
+    return out
+
+
+# ----- analyses -----------------------------------------------------------------------------------------
+def predictive_comparison(
+    restricted: Mapping[int, pd.DataFrame], unrestricted: Mapping[int, pd.DataFrame], margin: float
+) -> dict[str, Any]:
+    """The predictive cost of a restriction: today :func:`countvae.diagnostics.analyses.restrictions.predictive_cost`.
+
+    The single place where the comparison of held-out ``log p(x)`` with an
+    equivalence margin is chosen; a two one-sided tests procedure with a margin
+    plugs in here.
+    """
+    return predictive_cost(restricted, unrestricted, margin)
+
+
+def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -> list[dict[str, Any]]:
+    """Whether each map keeps or changes ``p(x)`` as declared: :func:`countvae.invariance.verify` on the first fit."""
+    fit = readout.fits[0]
+    L = fit.n_latent
+    if L < 2:
+        return []
+    maps = {
+        "rotation": random_rotation(L, seed),
+        "signed permutation": random_signed_permutation(L, seed),
+        "sign flip": random_reflection(L, seed),
+    }
+    n = min(adata_heldout.n_obs, SYMMETRY_CELLS)
+    rep = verify(
+        fit.model,
+        adata_heldout,
+        maps,
+        indices=np.arange(n),
+        n_samples=SYMMETRY_SAMPLES,
+        seed=seed,
+        controls=False,
+        prior_controls=False,
+        quadrature=False,
+        elbo_refit_steps=0,
+        n_elbo_samples=2,
+        elbo_cells=min(n, 20),
+    )
+    checks = rep.to_frame()
+    with_loadings = fit.model.module.loadings_prior is not None
+    rows = []
+    for name in maps:
+        kept = bool(rep.settings["expected_invariant"][name])
+        judged = checks[(checks["variant"] == "fitted") & (checks["transform"] == name)]
+        relevant = judged[
+            judged["check"].isin(
+                [
+                    "crn_max_abs_diff",
+                    "crn_change_ratio",
+                    "loadings_log_prior_abs_diff",
+                    "joint_abs_change",
+                    "joint_change_over_mc_error",
+                ]
+            )
+            & judged["ok"].notna()
+        ]
+        if with_loadings:
+            key = "joint_abs_change" if kept else "joint_change_over_mc_error"
+        else:
+            key = "crn_max_abs_diff" if kept else "crn_change_ratio"
+        main = relevant[relevant["check"] == key].iloc[0]
+        rows.append(
+            {
+                "model": readout.restriction.name,
+                "declared_symmetry": fit.model.module.symmetry,
+                "map": name,
+                "p_x_expected": "unchanged" if kept else "changes",
+                "measurement": key,
+                "value": float(main["value"]),
+                "threshold": float(main["threshold"]),
+                "confirmed": bool(relevant["ok"].astype(bool).all()),
+            }
+        )
+    return rows
+
+
+def split_half_agreement(readout: ModelReadout, markers: np.ndarray | None, seed: int) -> dict[str, float]:
+    """Agreement of the two split-half fits (as across seeds)."""
+    za, zb, wa, wb = readout.split
+    return pair_agreement(za, zb, wa, wb, markers, seed)
+
+
+def simulated_truth(
+    adata: ad.AnnData, heldout: ad.AnnData, var_names: pd.Index
+) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The held-out cells' true sources and the true loadings, for data made by :func:`countvae.data.simulate`.
+
+    ``None`` unless the held-out cells carry ``obsm["z_true"]``; the loadings are
+    those of ``uns["simulation"]["W"]`` when it has one row per gene of the data.
+    """
+    if "z_true" not in heldout.obsm:
+        return None
+    w = adata.uns.get("simulation", {}).get("W")
+    w = None if w is None else np.asarray(w, dtype=np.float64)
+    if w is not None and w.shape[0] != len(var_names):
+        w = None
+    return np.asarray(heldout.obsm["z_true"], dtype=np.float64), w
+
+
+# ----- sentences -----------------------------------------------------------------------------------------
+def _cost_phrase(row: pd.Series) -> str:
+    if row["kind"] == "post hoc":
+        return "at no cost in held-out log p(x) (the model is unchanged; only its axes are re-read)"
+    d, se, m = row["lpd_difference_per_cell"], row["lpd_se_per_cell"], row["margin"]
+    verdict = row["predictive"]
+    if verdict == "equivalent":
+        return f"with no detectable cost in held-out log p(x) ({d:+.2f} ± {se:.2f} nats/cell, within ±{m:g})"
+    if verdict == "costs":
+        return f"at a cost of {-d:.2f} ± {se:.2f} nats/cell in held-out log p(x)"
+    if verdict == "gains":
+        return f"with a gain of {d:.2f} ± {se:.2f} nats/cell in held-out log p(x)"
+    return f"with a held-out log p(x) difference of {d:+.2f} ± {se:.2f} nats/cell (neither a cost nor within ±{m:g})"
+
+
+def headline(table: pd.DataFrame, n_seeds: int, programs: pd.DataFrame | None) -> list[str]:
+    """The verdicts in sentences, most important first (they only state the table's numbers and verdicts)."""
+    base = table.iloc[0]
+    lines = []
+    identified = table[table["identified"] == IDENTIFIED]
+    if len(identified):
+        for _, row in identified.iterrows():
+            lines.append(
+                f"Per-dimension coordinates are reproducible across {n_seeds} seeds under the {row['label']} "
+                f"(agreement {row['coordinates_agreement']:.2f}, worst pair {row['coordinates_agreement_min']:.2f}, "
+                f"vs {base['coordinates_agreement']:.2f} under the {base['label']}), {_cost_phrase(row)}; "
+                f"the axes are a consequence of that restriction ({row['split_half_reading']})."
+            )
+    else:
+        lines.append(
+            f"No restriction makes per-dimension coordinates reproducible across {n_seeds} seeds (threshold "
+            f"{IDENTIFIED_AGREEMENT:g} for every pair); read no single latent dimension of these fits."
+        )
+    lines.append(
+        f"Under the {base['label']} the seeds agree at {base['coordinates_agreement']:.2f} dimension by dimension and "
+        f"at {base['rotation_ceiling']:.2f} after the best rotation: "
+        + (
+            "the axes already agree without a restriction (credited to the fit, not to any restriction)."
+            if base["identified"] == ALREADY
+            else "the latent space reproduces, its axes do not."
+            if base["rotation_ceiling"] >= IDENTIFIED_AGREEMENT
+            else "even the latent space differs between seeds."
+        )
+    )
+    for _, row in table.iloc[1:].iterrows():
+        if row["identified"] == IDENTIFIED:
+            continue
+        verdict = {
+            NOT_IDENTIFIED: "does not make per-dimension coordinates reproducible",
+            ALREADY: "is not needed for agreement here",
+            LOWERS: "makes per-dimension coordinates agree less than without it",
+        }.get(row["identified"], "leaves the per-dimension agreement undetermined (some seed pairs agree, some do not)")
+        lines.append(
+            f"The {row['label']} {verdict} (agreement {row['coordinates_agreement']:.2f}, worst pair "
+            f"{row['coordinates_agreement_min']:.2f}), {_cost_phrase(row)}; {row['split_half_reading']}."
+        )
+    if "sources_mcc" in table:
+        parts = [f"{row['sources_mcc']:.2f} under the {row['label']}" for _, row in table.iterrows()]
+        lines.append(
+            "Against the simulated truth, the held-out sources are recovered dimension by dimension (MCC, mean "
+            f"over seeds) at {'; '.join(parts)}."
+        )
+    if programs is not None and len(programs):
+        bad = programs.loc[~programs["supported"].astype(bool), "program"].tolist()
+        good = programs.loc[programs["supported"].astype(bool), "program"].tolist()
+        lines.append(
+            f"Gene programs: {len(good)} of {len(programs)} supported by the data"
+            + (f" ({', '.join(good)})" if good else "")
+            + (f"; not supported: {', '.join(bad)}." if bad else ".")
+        )
+    return lines
+
+
+# ----- the comparison ------------------------------------------------------------------------------------
+def _resolve_programs(
+    restrictions: list[Restriction], gene_programs: Any, var_names: pd.Index, unknown_genes: str
+) -> GenePrograms | None:
+    chosen = [r for r in restrictions if r.name == "programs"]
+    if not chosen:
+        if gene_programs is not None:
+            raise InvalidArgumentError("gene_programs were given, but 'programs' is not among the restrictions.")
+        return None
+    given = None if gene_programs is None else as_gene_programs(gene_programs)
+    return check_gene_programs(restriction_programs(chosen[0], given), var_names, unknown_genes)
+
+
+def compare_restrictions(
+    adata: ad.AnnData,
+    restrictions: str | Iterable[str | Restriction] = ("laplace", "horseshoe", "ica"),
+    seeds: Iterable[int] = range(3),
+    *,
+    gene_programs: dict[str, list[str]] | str | None = None,
+    unknown_genes: str = "error",
+    model_kwargs: dict[str, Any] | None = None,
+    train_kwargs: dict[str, Any] | None = None,
+    heldout_fraction: float = 0.1,
+    split_seed: int = 0,
+    markers: list[str] | None = None,
+    split_half: bool = True,
+    check_symmetry: bool = True,
+    margin: float = DEFAULT_MARGIN,
+    n_lpd_samples: int = 100,
+    seed: int = 0,
+    n_jobs: int = 1,
+    out_dir: str | None = None,
+    overwrite: bool = False,
+    progress_bar: bool = False,
+) -> RestrictionReport:
+    """What each restriction buys in identified coordinates, and what it costs in held-out fit.
+
+    Fits the unrestricted model (N(0, I) prior, free loadings) and each restricted
+    one over the same seeds, training cells and held-out cells, and reports per
+    restriction: the predictive cost (paired held-out ``log p(x)`` against the
+    unrestricted fit of the same seed, with a 95% interval and an equivalence
+    margin); what it identifies (agreement of per-dimension coordinates,
+    loadings and marker correlations across seeds after a signed permutation
+    only, against the same for the unrestricted model); whether that agreement
+    holds with half of the cells (split half); for gene programs, whether each
+    program is supported by the data; and the numerical check of each model's
+    declared symmetry. See :mod:`countvae.diagnostics.analyses.restrictions` for
+    the definitions.
+
+    Parameters
+    ----------
+    adata
+        Counts registered with :meth:`countvae.CountVAE.setup_anndata`.
+    restrictions
+        Names (``"laplace"``, ``"horseshoe"``, ``"programs"`` or
+        ``"programs:<file.gmt>"``, ``"ica"``), as a list or one comma-separated string.
+    seeds
+        At least two seeds; every model is fitted from each.
+    gene_programs
+        ``{name: [genes]}`` or a GMT path for the ``"programs"`` restriction;
+        ``n_latent`` is then the number of programs for every model.
+    unknown_genes
+        ``"error"`` (default) or ``"drop"``: what to do with program genes the data lack.
+    model_kwargs
+        Settings shared by every model (default ``decoder="linear"``: the
+        horseshoe and gene programs restrict the linear decoder's loadings).
+    train_kwargs
+        Arguments of ``train`` shared by every fit (not ``seed``).
+    heldout_fraction, split_seed
+        The held-out cells shared by every model (see :func:`fit_seeds`).
+    markers
+        Genes or ``obs`` columns for the marker agreement; default: the 8 most
+        variable genes and the registered labels.
+    split_half
+        Fit each model again on two halves of the training cells (first seed).
+    check_symmetry
+        Run :func:`countvae.invariance.verify` on each model's first fit.
+    margin
+        Equivalence margin of the predictive cost, nats per cell.
+    n_lpd_samples
+        Importance samples per held-out cell.
+    seed
+        Seed of the analyses (cell halves, ICA, importance sampling).
+    n_jobs, out_dir, overwrite, progress_bar
+        As in :func:`fit_seeds`; with ``out_dir`` each model's fits are stored in
+        ``out_dir/<model>`` and a rerun reuses them.
+
+    Returns
+    -------
+    RestrictionReport
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown restriction, fewer than two seeds, a ``programs``
+        restriction without programs, or an ``n_latent`` that differs from the
+        number of programs.
+    InvalidDataError
+        For program genes the data lack (with ``unknown_genes="error"``) or a
+        program with fewer than 2 genes in the data.
+
+    """
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    seeds = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, str) else seeds
+    chosen = parse_restrictions(restrictions)
+    registry = get_registry(adata)
+    var_names = pd.Index(adata.raw.var_names if registry is not None and registry.use_raw else adata.var_names)
+    programs = _resolve_programs(chosen, gene_programs, var_names, unknown_genes)
+    margin = check_number("margin", margin, 0.0, low_open=True)
+    check_int("n_lpd_samples", n_lpd_samples, 2)
+    base_kwargs = {"decoder": "linear", **(model_kwargs or {})}
+    if programs is not None:
+        if base_kwargs.setdefault("n_latent", len(programs)) != len(programs):
+            raise InvalidArgumentError(
+                f"model_kwargs has n_latent={base_kwargs['n_latent']}, but there are {len(programs)} gene programs: "
+                "every model of the comparison has one dimension per program, so leave n_latent out."
+            )
+    train_kwargs = {"progress_bar": False, **(train_kwargs or {})}
+    models = [UNRESTRICTED] + [r for r in chosen if not r.post_hoc]
+
+    readouts: dict[str, ModelReadout] = {}
+    heldout = adata_fit = None
+    for restriction in models:
+        kwargs = {**base_kwargs, **restriction.model_kwargs}
+        if restriction.name == "programs":
+            kwargs["gene_programs"] = programs
+        logger.info("Fitting the %s model from %d seeds.", restriction.label, len(seeds))
+        fits = fit_seeds(
+            adata,
+            seeds=seeds,
+            model_kwargs=kwargs,
+            train_kwargs=train_kwargs,
+            heldout_fraction=heldout_fraction,
+            split_seed=split_seed,
+            n_jobs=n_jobs,
+            out_dir=None if out_dir is None else f"{out_dir}/{restriction.name}",
+            overwrite=overwrite,
+            progress_bar=progress_bar,
+        )
+        heldout, adata_fit = fits.adata_heldout, fits.adata_fit
+        readouts[restriction.name] = ModelReadout(restriction, list(fits.fits), fits.seconds)
+    timings["fitting"] = time.perf_counter() - started
+
+    mark = time.perf_counter()
+    for readout in readouts.values():
+        readout.read(heldout, n_lpd_samples, seed)
+    if any(r.post_hoc for r in chosen):
+        readouts["ica"] = ica_readout(readouts["unrestricted"], adata_fit, seed)
+    timings["reading fits"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    if split_half:
+        first = readouts["unrestricted"].fits[0].seed
+        for restriction in models:
+            kwargs = {**base_kwargs, **restriction.model_kwargs}
+            if restriction.name == "programs":
+                kwargs["gene_programs"] = programs
+            a, b = fit_split_halves(adata_fit, kwargs, train_kwargs, first, split_seed)
+            readouts[restriction.name].split = (a.latent(heldout), b.latent(heldout), a.loadings(), b.loadings())
+            if restriction.name == "unrestricted" and "ica" in readouts:
+                halves = np.random.default_rng([seed, 0x1CA]).permutation(adata_fit.n_obs)
+                half = adata_fit.n_obs // 2
+                model = readouts["unrestricted"].fits[0].model
+                ia = ica_axes(model, adata_fit, np.sort(halves[:half]), seed)
+                ib = ica_axes(model, adata_fit, np.sort(halves[half:]), seed)
+                z = readouts["unrestricted"].latents[readouts["unrestricted"].fits[0].name]
+                w = readouts["unrestricted"].loadings[readouts["unrestricted"].fits[0].name]
+                readouts["ica"].split = (
+                    ia.transform(z),
+                    ib.transform(z),
+                    None if w is None else w @ ia.mixing_,
+                    None if w is None else w @ ib.mixing_,
+                )
+    timings["split half"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    marker_names = markers
+    if marker_names is None:
+        marker_names = default_markers(heldout, var_names)
+        if registry is not None and registry.labels_key is not None:
+            marker_names = [*marker_names, registry.labels_key]
+    marker_values = marker_matrix(heldout, marker_names, var_names).to_numpy(dtype=np.float64)
+    n_seeds = len(readouts["unrestricted"].fits)
+
+    truth = simulated_truth(adata, heldout, var_names)
+    rows, pair_tables, split_rows, seed_rows, symmetry = [], [], [], [], []
+    base_summary = None
+    order = ["unrestricted"] + [r.name for r in chosen]
+    for name in order:
+        readout = readouts[name]
+        pairs = agreement_pairs(readout.latents, readout.loadings, marker_values, seed)
+        pair_tables.append(pairs.assign(model=name))
+        summary = summarize_agreement(pairs)
+        if base_summary is None:
+            base_summary = summary
+        verdict = identification_verdict(
+            summary["coordinates_agreement_min"],
+            summary["coordinates_agreement"],
+            base_summary["coordinates_agreement"],
+        )
+        if name == "unrestricted" and verdict != ALREADY:
+            verdict = "reference"
+        split = split_half_agreement(readout, marker_values, seed) if readout.split is not None else None
+        split_value = np.nan if split is None else split["coordinates"]
+        if split is not None:
+            split_rows.append({"model": name, **split})
+        row = {
+            "model": name,
+            "label": LABELS[name],
+            "kind": "post hoc" if readout.restriction.post_hoc else "model",
+            "symmetry": readouts[name].fits[0].model.module.symmetry if name != "ica" else "orthogonal",
+            **summary,
+            "identified": verdict,
+            "split_half_agreement": split_value,
+            "split_half_reading": split_half_reading(verdict, summary["coordinates_agreement"], split_value)
+            if name != "unrestricted"
+            else "reference",
+            "fit_seconds_per_seed": float(np.mean(list(readout.seconds.values()))),
+        }
+        if truth is not None:
+            row.update(truth_recovery(readout.latents, readout.loadings, *truth))
+        if name != "unrestricted" and not readout.restriction.post_hoc:
+            cost = predictive_comparison(readout.lpd, readouts["unrestricted"].lpd, margin)
+            row.update(
+                lpd_difference_per_cell=cost["difference_per_cell"],
+                lpd_se_per_cell=cost["se_per_cell"],
+                ci95_low=cost["ci95_low"],
+                ci95_high=cost["ci95_high"],
+                margin=margin,
+                predictive=cost["verdict"],
+            )
+            seed_rows.append({"model": name, "seed_differences_per_cell": cost["seed_differences"]})
+        else:
+            row.update(
+                lpd_difference_per_cell=0.0 if name == "ica" else np.nan,
+                lpd_se_per_cell=0.0 if name == "ica" else np.nan,
+                ci95_low=np.nan,
+                ci95_high=np.nan,
+                margin=margin,
+                predictive="unchanged model" if name == "ica" else "reference",
+            )
+        rows.append(row)
+        if check_symmetry and not readout.restriction.post_hoc:
+            symmetry += symmetry_rows(readout, heldout, seed)
+    table = pd.DataFrame(rows)
+
+    program_table = None
+    if programs is not None:
+        fits = readouts["programs"].fits
+        program_table = program_support(
+            {f.name: readouts["programs"].latents[f.name] for f in fits},
+            {f.name: f.model.loadings_posterior() for f in fits},
+            log1p_normalized(heldout, var_names).toarray(),
+            programs,
+            var_names,
+            library_sizes(heldout, var_names),
+            seed,
+        )
+    timings["analyses"] = time.perf_counter() - mark
+    timings["total"] = time.perf_counter() - started
+
+    tables = {"restrictions": table, "symmetry": pd.DataFrame(symmetry)}
+    if program_table is not None:
+        tables["programs"] = program_table
+    tables |= {
+        "agreement_pairs": pd.concat(pair_tables, ignore_index=True),
+        "split_half": pd.DataFrame(split_rows),
+        "predictive_seeds": pd.DataFrame(seed_rows),
+    }
+    settings = {
+        "restrictions": [r.name for r in chosen],
+        "seeds": [f.seed for f in readouts["unrestricted"].fits],
+        "model_kwargs": {k: v for k, v in base_kwargs.items() if k != "gene_programs"},
+        "train_kwargs": train_kwargs,
+        "heldout_fraction": heldout_fraction,
+        "split_seed": split_seed,
+        "heldout_cells": int(heldout.n_obs),
+        "markers": list(marker_names),
+        "margin_nats_per_cell": margin,
+        "identified_threshold": IDENTIFIED_AGREEMENT,
+        "n_lpd_samples": n_lpd_samples,
+        "gene_programs": programs,
+    }
+    provenance = {
+        "versions": package_versions(),
+        "heldout_checksum_sha256": data_checksum(heldout, var_names),
+    }
+    return RestrictionReport(
+        headline=headline(table, n_seeds, program_table),
+        tables=tables,
+        settings=settings,
+        provenance=provenance,
+        timings=timings,
+    )

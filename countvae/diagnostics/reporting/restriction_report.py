@@ -1,0 +1,155 @@
+""":class:`RestrictionReport`: what each restriction buys in identified coordinates and costs in fit.
+
+Made by :func:`countvae.diagnostics.compare_restrictions`. It has the verbs every
+countvae report shares (``summary``, ``to_frame``, ``tables``, ``to_dict``,
+``to_markdown``, ``to_html``, ``save``) and is saved the same way, as a folder of
+``report.html``, ``report.json`` and ``report.md`` written atomically
+(:mod:`countvae._report_files`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from countvae._formatting import json_ready, markdown_table
+from countvae._report_files import (
+    ALL_ROWS_NOTE,
+    escape,
+    html_details,
+    html_key_values,
+    html_list,
+    html_page,
+    html_table,
+    write_report_folder,
+)
+
+TITLE = "Restrictions: what each one identifies, and at what cost"
+
+#: How to read the tables (Markdown and HTML).
+INTRODUCTION = (
+    "Every model was fitted from the same seeds on the same training cells and evaluated on the same "
+    "held-out cells. Agreement is measured after a signed permutation of the latent dimensions only "
+    "(no rotation), so it is high only when the dimensions themselves reproduce; the rotation ceiling "
+    "is the same agreement after the best rotation. The split half fits the same seed on two disjoint "
+    "halves of the training cells (for ICA: the ICA of one fit estimated from each half of its cells). "
+    "Predictive cost is the held-out log p(x) of the restricted model minus the unrestricted one's, "
+    "per cell (negative: the restriction costs fit)."
+)
+
+#: The tables, in the order of the report's sections, with their headings.
+SECTIONS = {
+    "restrictions": "Per restriction",
+    "symmetry": "Declared symmetry and its numerical check",
+    "programs": "Gene programs: supported by the data?",
+    "agreement_pairs": "Agreement per pair of seeds",
+    "split_half": "Split half",
+    "predictive_seeds": "Predictive cost per seed",
+}
+
+
+@dataclass
+class RestrictionReport:
+    """The comparison of restricted models with the unrestricted one.
+
+    Attributes
+    ----------
+    headline
+        Sentences an analyst can paste into a methods section, most important first.
+    tables
+        ``restrictions`` (the main table: one row per model), ``symmetry``,
+        ``programs`` (with gene programs), ``agreement_pairs``, ``split_half``,
+        ``predictive_seeds``.
+    settings
+        The run's settings (seeds, models, margins, thresholds).
+    provenance
+        Versions and data checksums.
+    timings
+        Seconds per step.
+
+    """
+
+    headline: list[str]
+    tables: dict[str, pd.DataFrame]
+    settings: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def restrictions(self) -> pd.DataFrame:
+        """The main table: one row per model (the unrestricted one first)."""
+        return self.tables["restrictions"]
+
+    @property
+    def programs(self) -> pd.DataFrame | None:
+        """Per gene program: is its dimension used, on its genes, explained by them (``None`` without programs)."""
+        return self.tables.get("programs")
+
+    def summary(self) -> str:
+        """The headline, one sentence per line."""
+        return "\n".join(f"- {line}" for line in self.headline)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The main table (a copy)."""
+        return self.restrictions.copy()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every table and setting as JSON-safe Python objects (NaN and infinities become ``None``)."""
+        return json_ready(
+            {
+                "title": TITLE,
+                "headline": self.headline,
+                "tables": {name: frame for name, frame in self.tables.items()},
+                "settings": self.settings,
+                "provenance": self.provenance,
+                "timings": self.timings,
+            }
+        )
+
+    def to_markdown(self) -> str:
+        """The report as Markdown (the text of report.md)."""
+        parts = [f"# {TITLE}", "## Verdict", "\n".join(f"- {line}" for line in self.headline), INTRODUCTION]
+        for name, heading in SECTIONS.items():
+            if name in self.tables and len(self.tables[name]):
+                parts += [f"## {heading}", markdown_table(self.tables[name], max_rows=80, note=ALL_ROWS_NOTE)]
+        parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in self.settings.items())]
+        return "\n\n".join(parts) + "\n"
+
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page (the text of report.html)."""
+        body = [
+            f"<h1>{escape(TITLE)}</h1>",
+            f'<div class="verdict"><ul>{html_list(self.headline)}</ul></div>',
+            f"<p>{escape(INTRODUCTION)}</p>",
+        ]
+        for name, heading in SECTIONS.items():
+            if name in self.tables and len(self.tables[name]):
+                body += [f"<h2>{escape(heading)}</h2>", html_table(self.tables[name], max_rows=80)]
+        body += [
+            "<h2>Settings and provenance</h2>",
+            html_key_values(self.settings),
+            html_details("Provenance", html_key_values(self.provenance)),
+            html_details("Timings (seconds)", html_key_values(self.timings)),
+        ]
+        style = ".verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}"
+        return html_page(TITLE, body, extra_style=style)
+
+    def save(self, dir_path: str | Path, overwrite: bool = False) -> Path:
+        """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically."""
+        return write_report_folder(
+            dir_path,
+            html_text=self.to_html(),
+            record=self.to_dict(),
+            markdown=self.to_markdown(),
+            overwrite=overwrite,
+        )
+
+    def __repr__(self) -> str:
+        return f"RestrictionReport({len(self.restrictions)} models)\n{self.summary()}"
+
+    def _repr_html_(self) -> str:
+        """The verdict and the main table, for notebooks."""
+        return f"<ul>{html_list(self.headline)}</ul>{html_table(self.restrictions)}"

@@ -1,0 +1,49 @@
+"""countvae diagnose --restrictions: the comparison of restrictions from the command line, and its errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    adata = cv.data.simulate(n_cells=240, n_genes=30, n_latent=2, sources="laplace", loading_sparsity=0.5, seed=2)
+    path = tmp_path_factory.mktemp("data") / "sim.h5ad"
+    adata.write_h5ad(path)
+    return path
+
+
+FAST = ["--seeds", "2", "--n-latent", "2", "--max-epochs", "5", "--n-lpd-samples", "5", "--n-hidden", "16"]
+
+
+def test_restrictions_write_their_report(data_file, tmp_path, capsys):
+    out = tmp_path / "restr"
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", "laplace,horseshoe,ica"]
+    assert main([*argv, "--margin", "0.25", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["restrictions"] == ["laplace", "horseshoe", "ica"] and result["seeds"] == [0, 1]
+    assert list(result["identified"]) == ["unrestricted", "laplace", "horseshoe", "ica"]
+    assert result["predictive"]["ica"] == "unchanged model" and result["headline"]
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
+    assert sorted(p.name for p in (out / "fits").iterdir()) == ["horseshoe", "laplace", "unrestricted"]
+    record = json.loads((out / "report" / "report.json").read_text())
+    assert record["settings"]["margin_nats_per_cell"] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--restrictions", "horseshoe"], "add --decoder linear"),
+        (["--restrictions", "lasso"], "Unknown restriction 'lasso'"),
+        (["--decoder", "linear", "--restrictions", "programs"], "needs gene programs"),
+    ],
+)
+def test_bad_restrictions_are_one_line_errors(data_file, tmp_path, capsys, extra, message):
+    assert main(["diagnose", str(data_file), *FAST, *extra, "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert message in err and not (tmp_path / "o" / "report").exists()

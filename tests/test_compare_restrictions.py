@@ -1,0 +1,346 @@
+"""What a restriction buys and costs: the analyses of ``compare_restrictions`` against known answers,
+and the comparison run end to end on simulated data with a known truth."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import countvae as cv
+from countvae.diagnostics import compare_restrictions
+from countvae.diagnostics.analyses.restrictions import (
+    ALREADY,
+    IDENTIFIED,
+    LOWERS,
+    NOT_IDENTIFIED,
+    UNDETERMINED,
+    agreement_pairs,
+    depth_residuals,
+    identification_verdict,
+    pair_agreement,
+    predictive_cost,
+    program_coherence,
+    program_support,
+    split_half_reading,
+    summarize_agreement,
+    truth_recovery,
+)
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit
+from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs
+from countvae.errors import InvalidArgumentError, InvalidDataError
+
+
+def _sources(n=600, k=3, seed=0):
+    return np.random.default_rng(seed).laplace(size=(n, k))
+
+
+def _signed_permutation(order, signs):
+    return np.eye(len(order))[:, order] * np.asarray(signs, dtype=float)
+
+
+def _half_turn_of_two_axes(k=3):
+    """A 45 degree rotation in the plane of the first two axes: as far from every signed permutation as it gets."""
+    R = np.eye(k)
+    c = np.sqrt(0.5)
+    R[:2, :2] = [[c, -c], [c, c]]
+    return R
+
+
+# ----- agreement after a signed permutation only --------------------------------------------------------
+def test_agreement_is_one_after_a_signed_permutation_and_the_loadings_follow():
+    z = _sources()
+    w = np.random.default_rng(1).normal(size=(40, 3))
+    Q = _signed_permutation([2, 0, 1], [1, -1, 1])
+    markers = z @ np.random.default_rng(2).normal(size=(3, 4))
+    scores = pair_agreement(z, z @ Q, w, w @ Q, markers)
+    assert scores["coordinates"] == pytest.approx(1.0, abs=1e-12)
+    assert scores["loadings"] == pytest.approx(1.0, abs=1e-12)
+    assert scores["markers"] == pytest.approx(1.0, abs=1e-12)
+    assert scores["rotation_ceiling"] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_rotation_lowers_coordinate_agreement_but_not_the_rotation_ceiling():
+    """Two fits that share the latent space but not its axes: low per-dimension agreement, ceiling 1."""
+    z = _sources()
+    R = _half_turn_of_two_axes()
+    scores = pair_agreement(z, z @ R)
+    # two dimensions correlate at cos 45 degrees with their match, the third at 1
+    assert scores["coordinates"] == pytest.approx((2 * np.sqrt(0.5) + 1) / 3, abs=0.03)
+    assert scores["rotation_ceiling"] == pytest.approx(1.0, abs=1e-9)
+    assert np.isnan(scores["loadings"]) and np.isnan(scores["markers"])
+    with pytest.raises(InvalidArgumentError, match="different shapes"):
+        pair_agreement(z, z[:, :2])
+
+
+def test_agreement_pairs_and_their_summary():
+    z = _sources()
+    fits = {"a": z, "b": z @ _signed_permutation([1, 0, 2], [1, 1, -1]), "c": z @ _half_turn_of_two_axes()}
+    pairs = agreement_pairs(fits)
+    assert list(zip(pairs["fit_a"], pairs["fit_b"], strict=True)) == [("a", "b"), ("a", "c"), ("b", "c")]
+    summary = summarize_agreement(pairs)
+    assert summary["coordinates_agreement"] == pytest.approx(pairs["coordinates"].mean())
+    assert summary["coordinates_agreement_min"] == pytest.approx(pairs["coordinates"].min())
+    assert summary["coordinates_agreement_min"] < 0.85
+    with pytest.raises(InvalidArgumentError, match="at least two fits"):
+        agreement_pairs({"a": z})
+
+
+@pytest.mark.parametrize(
+    ("worst", "mean", "baseline", "expected"),
+    [
+        (0.95, 0.97, 0.40, IDENTIFIED),
+        (0.50, 0.60, 0.40, UNDETERMINED),  # better than without it, but not every pair agrees
+        (0.30, 0.42, 0.40, NOT_IDENTIFIED),
+        (0.90, 0.93, 0.95, ALREADY),  # the unrestricted seeds already agree: nothing to credit
+        (0.30, 0.42, 0.95, LOWERS),
+        (np.nan, np.nan, 0.5, UNDETERMINED),
+    ],
+)
+def test_identification_verdict(worst, mean, baseline, expected):
+    assert identification_verdict(worst, mean, baseline) == expected
+
+
+def test_split_half_reading_separates_too_few_cells_from_no_identification():
+    assert "too few cells" in split_half_reading(NOT_IDENTIFIED, 0.5, 0.3)
+    assert "would not identify" in split_half_reading(NOT_IDENTIFIED, 0.5, 0.5)
+    assert split_half_reading(IDENTIFIED, 0.95, 0.93) == "reproducible from half of the cells"
+    assert "close to too few cells" in split_half_reading(IDENTIFIED, 0.95, 0.7)
+    assert split_half_reading(IDENTIFIED, 0.95, np.nan) == "split half not measured"
+
+
+# ----- predictive cost --------------------------------------------------------------------------------------
+def _lpd(values):
+    return pd.DataFrame({"lpd": values, "mc_se": np.zeros_like(values)})
+
+
+def test_predictive_cost_is_the_paired_mean_difference_with_its_standard_error():
+    rng = np.random.default_rng(0)
+    base = rng.normal(-200, 30, 2000)  # cells differ a lot; the paired difference does not see it
+    d = rng.normal(-1.0, 0.5, 2000)
+    unrestricted = {s: _lpd(base) for s in (0, 1, 2)}
+    restricted = {s: _lpd(base + d) for s in (0, 1, 2)}
+    cost = predictive_cost(restricted, unrestricted, margin=0.5)
+    assert cost["difference_per_cell"] == pytest.approx(d.mean(), abs=1e-9)
+    assert cost["se_per_cell"] == pytest.approx(d.std(ddof=1) / np.sqrt(2000), rel=1e-9)
+    assert cost["verdict"] == "costs" and cost["n_seeds"] == 3 and cost["n_cells"] == 2000
+
+    # seeds that disagree widen the interval by their spread: sd of the per-seed means / sqrt(seeds)
+    shifts = {0: -0.4, 1: 0.0, 2: 0.4}
+    spread = predictive_cost({s: _lpd(base + d + shifts[s]) for s in shifts}, unrestricted, margin=0.5)
+    assert spread["se_per_cell"] == pytest.approx(np.sqrt(cost["se_per_cell"] ** 2 + 0.16 / 3), rel=1e-9)
+
+    tiny = predictive_cost({s: _lpd(base + d + 1.0) for s in (0, 1)}, unrestricted, margin=0.5)
+    assert tiny["verdict"] == "equivalent"
+    assert predictive_cost({0: _lpd(base + 3.0 + d)}, unrestricted)["verdict"] == "gains"
+    with pytest.raises(InvalidArgumentError, match="share no seed"):
+        predictive_cost({7: _lpd(base)}, unrestricted)
+
+
+def test_predictive_cost_undetermined_when_the_interval_is_wide():
+    rng = np.random.default_rng(1)
+    base = rng.normal(-200, 30, 50)
+    d = rng.normal(-0.3, 5.0, 50)
+    cost = predictive_cost({0: _lpd(base + d)}, {0: _lpd(base)}, margin=0.5)
+    assert cost["ci95_low"] < 0 < cost["ci95_high"] and cost["verdict"] == "undetermined"
+
+
+# ----- gene programs and the simulated truth -------------------------------------------------------------
+def _program_loadings(genes, programs, nonzero):
+    rows = []
+    for name, members in programs.items():
+        for g in genes:
+            inside = g in members
+            rows.append(
+                {
+                    "gene": g,
+                    "dimension": name,
+                    "mean": 1.0 if inside else 0.01,
+                    "in_program": inside,
+                    "nonzero": inside and nonzero[name],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_program_support_tells_a_used_program_from_an_absent_one():
+    rng = np.random.default_rng(0)
+    genes = [f"g{i}" for i in range(40)]
+    programs = {"present": genes[:4], "absent": genes[6:10]}
+    present = rng.normal(size=400)
+    expression = rng.normal(size=(400, 40))
+    expression[:, :4] += present[:, None]  # the present program's genes share a factor; the absent's do not
+    latents = {f"seed {s}": np.column_stack([present, rng.normal(0, 0.01, 400)]) for s in range(3)}
+    loadings = dict.fromkeys(latents, _program_loadings(genes, programs, {"present": True, "absent": False}))
+    table = program_support(latents, loadings, expression, programs, genes).set_index("program")
+    # the factor from the mean of 4 genes with unit noise: R^2 = 1 / (1 + 1/4) = 0.8
+    assert table.loc["present", "supported"] and table.loc["present", "set_r2"] == pytest.approx(0.8, abs=0.05)
+    assert table.loc["present", "in_program_share"] == pytest.approx(4 / (4 + 36 * 1e-4))
+    assert table.loc["present", "coherence"] > 2 and table.loc["absent", "coherence"] <= 1.1
+    assert not table.loc["absent", "supported"] and "no more than random" in table.loc["absent", "reason"]
+    # the absent program's genes made coherent: now its unused dimension, then its loadings, are what fail
+    expression[:, 6:10] += rng.normal(size=400)[:, None]
+    table = program_support(latents, loadings, expression, programs, genes).set_index("program")
+    assert not table.loc["absent", "supported"] and "unused" in table.loc["absent", "reason"]
+    latents = {k: np.column_stack([v[:, 0], rng.normal(size=400)]) for k, v in latents.items()}
+    table = program_support(latents, loadings, expression, programs, genes).set_index("program")
+    assert not table.loc["absent", "supported"] and "credibly non-zero" in table.loc["absent", "reason"]
+    assert table.loc["present", "supported"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_program_coherence_is_at_par_for_random_genes_and_above_it_for_a_shared_factor(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.poisson(3.0, size=(300, 60)).astype(float)
+    assert 0.8 < program_coherence(x, range(8), seed=seed) <= 1.1
+    x[:, :8] += 0.7 * rng.normal(size=300)[:, None]
+    # gene-gene correlation 0.49 / 3.49 = 0.14: top eigenvalue about 1 + 7 * 0.14 = 1.98, random sets about 1.35
+    assert program_coherence(x, range(8), seed=seed) > 1.25
+    x[:, 8] = 1.0
+    assert np.isnan(program_coherence(x, [0, 8]))
+
+
+def test_depth_residuals_remove_a_trend_shared_through_sequencing_depth():
+    rng = np.random.default_rng(0)
+    library = np.exp(rng.normal(7, 0.5, 500))
+    x = np.log(library)[:, None] * rng.uniform(0.5, 1.5, 10) + rng.normal(size=(500, 10))
+    assert program_coherence(x, range(5)) > 1.5 or _top_corr(x) > 0.3  # the raw genes co-vary through depth
+    residuals = depth_residuals(x, library)
+    assert _top_corr(residuals) < 0.2
+    np.testing.assert_allclose(residuals.mean(0), 0.0, atol=1e-9)
+
+
+def _top_corr(x):
+    c = np.corrcoef(x, rowvar=False)
+    return float(np.max(np.abs(c - np.eye(len(c)))))
+
+
+def test_truth_recovery_is_one_for_the_sources_up_to_signed_permutation_and_scale():
+    z = _sources()
+    w = np.random.default_rng(3).normal(size=(30, 3))
+    Q = _signed_permutation([1, 2, 0], [-1, 1, 1])
+    scores = truth_recovery({"a": 2.0 * z @ Q, "b": z}, {"a": w @ Q, "b": None}, z, w)
+    assert scores["sources_mcc"] == pytest.approx(1.0) and scores["loadings_mcc"] == pytest.approx(1.0)
+    rotated = truth_recovery({"a": z @ _half_turn_of_two_axes()}, {"a": None}, z)
+    assert rotated["sources_mcc"] < 0.9 and np.isnan(rotated["loadings_mcc"])
+
+
+# ----- naming the restrictions ---------------------------------------------------------------------------
+def test_restrictions_are_parsed_from_names_with_clear_errors(tmp_path):
+    chosen = parse_restrictions(" Laplace , horseshoe,programs:my.gmt,ica")
+    assert [r.name for r in chosen] == ["laplace", "horseshoe", "programs", "ica"]
+    assert chosen[0].model_kwargs == {"prior": "laplace"} and chosen[2].gene_programs_file == "my.gmt"
+    assert chosen[3].post_hoc and not chosen[0].post_hoc
+    for bad, message in [
+        ("lasso", "Unknown restriction 'lasso'"),
+        ("laplace:x", "Unknown restriction"),
+        ("laplace,laplace", "more than once"),
+        ([], "No restriction"),
+        ([3], "named by a string"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            parse_restrictions(bad)
+    gmt = tmp_path / "p.gmt"
+    gmt.write_text("a\t\tg1\tg2\n")
+    (from_file,) = parse_restrictions(f"programs:{gmt}")
+    assert restriction_programs(from_file, None) == {"a": ["g1", "g2"]}
+    with pytest.raises(InvalidArgumentError, match="given twice"):
+        restriction_programs(from_file, {"a": ["g1", "g2"]})
+    with pytest.raises(InvalidArgumentError, match="needs gene programs"):
+        restriction_programs(parse_restrictions("programs")[0], None)
+
+
+# ----- end to end on simulated data with a known truth -----------------------------------------------------
+@pytest.fixture(scope="module")
+def comparison():
+    """Sparse Laplace sources; the true gene programs plus one made of genes no source loads on."""
+    adata = cv.data.simulate(
+        n_cells=400, n_genes=60, n_latent=2, seed=0, sources="laplace", loading_sparsity=0.7, loading_scale=0.5
+    )
+    cv.CountVAE.setup_anndata(adata)
+    programs = cv.data.true_programs(adata)
+    noise = [
+        g for g, row in zip(adata.var_names, np.asarray(adata.uns["simulation"]["W"]), strict=True) if not row.any()
+    ]
+    programs["absent"] = noise[:6]
+    report = compare_restrictions(
+        adata,
+        "laplace,programs,ica",
+        seeds=[0, 1],
+        gene_programs=programs,
+        model_kwargs={"n_hidden": 16},
+        train_kwargs={"max_epochs": 40, "lr": 1e-2},
+        n_lpd_samples=10,
+    )
+    return adata, programs, report
+
+
+def test_comparison_reports_every_model_with_its_cost_agreement_and_truth(comparison):
+    adata, programs, report = comparison
+    table = report.restrictions.set_index("model")
+    assert list(table.index) == ["unrestricted", "laplace", "programs", "ica"]
+    assert list(table["symmetry"]) == ["orthogonal", "signed permutation", "sign flip", "orthogonal"]
+    assert table.loc["unrestricted", "predictive"] == "reference"
+    assert table.loc["ica", "predictive"] == "unchanged model" and table.loc["ica", "lpd_difference_per_cell"] == 0
+    for name in ("laplace", "programs"):
+        row = table.loc[name]
+        assert row["ci95_low"] < row["lpd_difference_per_cell"] < row["ci95_high"]
+        assert row["predictive"] in {"costs", "gains", "equivalent", "undetermined"}
+    assert table["sources_mcc"].between(0, 1).all() and table["loadings_mcc"].between(0, 1).all()
+    assert table["split_half_agreement"].notna().all()
+    # each model's declared symmetry checked numerically: the maps it keeps leave p(x) unchanged to rounding;
+    # of the maps it breaks, the gene programs' change log p(x, W) far beyond the Monte Carlo error (a
+    # briefly trained Laplace model's change under a rotation can be within it, and is then reported so)
+    symmetry = report.tables["symmetry"]
+    assert symmetry.loc[symmetry["p_x_expected"] == "unchanged", "confirmed"].all()
+    assert symmetry.loc[symmetry["model"] == "programs", "confirmed"].all()
+    assert set(report.tables["symmetry"]["model"]) == {"unrestricted", "laplace", "programs"}
+    assert len(report.tables["agreement_pairs"]) == 4  # one pair of seeds per model
+    assert any("simulated truth" in line for line in report.headline)
+
+
+def test_comparison_says_which_gene_programs_the_data_support(comparison):
+    _, programs, report = comparison
+    table = report.programs.set_index("program")
+    assert list(table.index) == list(programs)
+    assert not table.loc["absent", "supported"] and "no more than random" in table.loc["absent", "reason"]
+    assert table.loc[["source0", "source1"], "coherence"].gt(1.0).all()
+    assert any("not supported: absent" in line for line in report.headline)
+
+
+def test_comparison_report_is_saved_and_readable(comparison, tmp_path):
+    _, _, report = comparison
+    folder = report.save(tmp_path / "rep")
+    record = json.loads((folder / "report.json").read_text())
+    assert record["headline"] == report.headline and record["tables"]["restrictions"][0]["model"] == "unrestricted"
+    assert report.headline[0] in (folder / "report.md").read_text()
+    assert "<table" in (folder / "report.html").read_text()
+
+
+def test_comparison_refuses_bad_requests_before_fitting():
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match="'programs' is not among"):
+        compare_restrictions(adata, "laplace", gene_programs={"a": ["gene0", "gene1"]})
+    with pytest.raises(InvalidDataError, match="not in the data"):
+        compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
+    with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
+        compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+
+
+def test_a_fit_declares_the_symmetry_of_its_whole_model():
+    """The multi-seed report reads a fit's symmetry: a prior on the loadings narrows it as the z prior does."""
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    programs = {"a": ["gene0", "gene1"], "b": ["gene2", "gene3"]}
+    expected = [
+        ({}, "orthogonal"),
+        ({"prior": "laplace"}, "signed permutation"),
+        ({"loadings_prior": "horseshoe"}, "signed permutation"),
+        ({"gene_programs": programs}, "sign flip"),
+    ]
+    for kwargs, symmetry in expected:
+        model = cv.CountVAE(adata, n_latent=2, decoder="linear", **kwargs)
+        assert CountVAEFit(model, seed=0).symmetry == symmetry
