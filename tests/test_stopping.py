@@ -88,7 +88,9 @@ def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_checked_epo
     rule = ConvergenceRule(patience=6, relative_delta=1e-3)
     checked = h.dropna(subset=["loss_validation"])
     assert checked["epoch"].tolist() == list(range(2, len(h) + 1, 2))
-    stops = [rule.update(int(e), float(v))[1] for e, v in zip(checked["epoch"], checked["loss_validation"])]
+    stops = [
+        rule.update(int(e), float(v))[1] for e, v in zip(checked["epoch"], checked["loss_validation"], strict=True)
+    ]
     assert stops[-1] and not any(stops[:-1])
     best = checked.loc[checked["loss_validation"].idxmin()]
     assert summary["kept_epoch"] == int(best["epoch"]) == rule.best_epoch
@@ -96,9 +98,7 @@ def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_checked_epo
 
 
 def test_early_stopping_is_deterministic(small_adata):
-    kwargs = dict(
-        max_epochs=200, lr=3e-2, seed=5, progress_bar=False, early_stopping=True, early_stopping_patience=4
-    )
+    kwargs = dict(max_epochs=200, lr=3e-2, seed=5, progress_bar=False, early_stopping=True, early_stopping_patience=4)
     a = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
     b = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
     assert a.training_summary == b.training_summary
