@@ -152,7 +152,10 @@ def replay(losses: np.ndarray, every: int, patience: int, relative_delta: float,
     The same rule as ``countvae.model.training`` (tested there against this replay's definition).
     """
     reference, best, best_epoch, last_improvement = np.inf, np.inf, 0, 0
-    for epoch in range(every, max_epochs + 1, every):
+    checks = list(range(every, max_epochs + 1, every))
+    if not checks or checks[-1] != max_epochs:
+        checks.append(max_epochs)  # training always validates at its last epoch
+    for epoch in checks:
         loss = float(losses[epoch - 1])
         if loss < best:
             best, best_epoch = loss, epoch
@@ -176,7 +179,7 @@ def evaluate_rules(trajectories: list[dict]) -> pd.DataFrame:
         full_seconds = float(train_s.sum())  # the old default: no validation needed
         for every, patience, delta in itertools.product(CHECK_EVERY, PATIENCE, RELATIVE_DELTA):
             stop, kept = replay(losses, every, patience, delta, n)
-            seconds = float(train_s[:stop].sum()) + val_s * (stop // every)
+            seconds = float(train_s[:stop].sum()) + val_s * (stop // every + (stop % every > 0))
             out.append(
                 {
                     "dataset": traj["dataset"],

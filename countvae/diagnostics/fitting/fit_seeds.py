@@ -63,6 +63,7 @@ from countvae.diagnostics.fitting.output_folder import (
     FitLoader,
     locked,
     prepare,
+    read_fit_record,
     seed_folder,
     store,
 )
@@ -338,17 +339,24 @@ def fit_seeds(
     ]
     loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    fits, seconds, reused = _fit_or_reuse(
+    fits, seconds, reused, records = _fit_or_reuse(
         tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
     )
     return SeedFits(
         fits=[fits[s] for s in seeds],
         adata_fit=loader.adata_for_fits,
         adata_heldout=adata_heldout,
-        settings={**settings, "seeds": seeds, "backend": backend, "n_jobs": n_jobs},
+        settings={
+            **settings,
+            "seeds": seeds,
+            "backend": backend,
+            "n_jobs": n_jobs,
+            "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
+        },
         seconds=seconds,
         out_dir=None if out_dir is None else Path(out_dir),
         reused_seeds=reused,
+        records=records,
     )
 
 
@@ -362,8 +370,11 @@ def _fit_or_reuse(
     overwrite: bool,
     progress_bar: bool,
     progress: Progress | None,
-) -> tuple[dict[int, FittedModel], dict[int, float], list[int]]:
-    """Load the completed seeds from ``out_dir``, fit and store the others; return fits, seconds, reused seeds."""
+) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]]]:
+    """Load the completed seeds from ``out_dir``, fit and store the others.
+
+    Returns the fits, seconds, reused seeds and each seed's ``fit.json`` record.
+    """
     with contextlib.ExitStack() as stack:
         if out_dir is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
@@ -377,9 +388,11 @@ def _fit_or_reuse(
         reused = [t.seed for t in tasks if seed_folder(fits_dir, t.seed).is_dir()]
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
+        records: dict[int, dict[str, Any]] = {}
         for s in reused:
             logger.info("Seed %d: reusing the completed fit in %s.", s, seed_folder(fits_dir, s))
             fits[s] = loader.load(fits_dir, s)
+            records[s] = read_fit_record(seed_folder(fits_dir, s))
             seconds[s] = 0.0
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
@@ -387,11 +400,12 @@ def _fit_or_reuse(
             for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
                 store(fits_dir, outcome, loader.family, progress)
                 fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
+                records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
                 seconds[outcome.seed] = outcome.seconds
                 logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
                 bar.set_postfix_str(f"seed {outcome.seed} done")
                 bar.update(1)
-    return fits, seconds, reused
+    return fits, seconds, reused, records
 
 
 def _sha256_ints(values: np.ndarray) -> str:
@@ -457,12 +471,18 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "
             "same settings and out_dir to finish them."
         )
+    records = {s: read_fit_record(seed_folder(fits_dir, s)) for s in seeds}
     return SeedFits(
         fits=[loader.load(fits_dir, s) for s in seeds],
         adata_fit=loader.adata_for_fits,
         adata_heldout=adata_heldout,
-        settings={**settings, "seeds": seeds},
+        settings={
+            **settings,
+            "seeds": seeds,
+            "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
+        },
         seconds=dict.fromkeys(seeds, 0.0),
         out_dir=root,
         reused_seeds=seeds,
+        records=records,
     )

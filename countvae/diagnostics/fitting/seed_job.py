@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +61,20 @@ class FitTask:
 
 @dataclass
 class FitOutcome:
-    """A finished fit: the files of its model folder, and how it was made."""
+    """A finished fit: the files of its model folder, and how it was made.
+
+    ``training`` is the model's training summary (``CountVAE.training_summary``:
+    epochs trained, the epoch kept, whether it stopped early; for scvi-tools fits
+    the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
+    """
 
     seed: int
     files: dict[str, bytes]
     seconds: float
     torch_threads: int
     host: str
+    training: dict[str, Any] = field(default_factory=dict)
+    node: str = ""
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:
@@ -96,15 +103,22 @@ def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
                 notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 folder.mkdir()
                 scvi_storage.save_scvi_fit(model, folder, task.model_kwargs_record)
+                training = scvi_storage.training_summary(model)
             else:
                 model = task.model_cls(adata_fit, **task.model_kwargs)
                 model.train(**{"progress_bar": False, **task.train_kwargs, "seed": task.seed})
                 seconds = time.perf_counter() - start
                 notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 model.save(folder)
+                training = model.training_summary
             files = _read_tree(folder)
     finally:
         torch.set_num_threads(previous_threads)
     return FitOutcome(
-        seed=task.seed, files=files, seconds=seconds, torch_threads=task.torch_threads, host=socket.gethostname()
+        seed=task.seed,
+        files=files,
+        seconds=seconds,
+        torch_threads=task.torch_threads,
+        host=socket.gethostname(),
+        training=training,
     )

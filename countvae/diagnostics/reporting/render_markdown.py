@@ -42,6 +42,10 @@ def render_markdown(rep: ReportContent) -> str:
         _md(rep.rhat),
         "## Posterior predictive checks",
         _md(rep.ppc),
+    ]
+    if "training" in t:
+        sections += ["## Training of each seed", _md(t["training"])]
+    sections += [
         "## Subsampling",
         "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),
         "## Provenance",
