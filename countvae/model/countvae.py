@@ -85,6 +85,14 @@ class CountVAE:
         The Pyro module (:class:`countvae.module.CountVAEModule`).
     history, train_indices, validation_indices, is_trained, device
         Training state.
+    training_summary
+        How the last call to :meth:`train` ended, counting the epochs of earlier
+        calls: ``epochs_trained`` (epochs in the history), ``max_epochs`` (what they
+        could have been), ``stopped_early`` (the early-stopping rule ended training
+        before ``max_epochs``), ``kept_epoch`` (the epoch whose parameters the model
+        holds: with early stopping the one of the best validation loss, else the
+        last) and ``early_stopping``. Empty before training and for models saved
+        before it was recorded.
 
     Examples
     --------
@@ -140,7 +148,7 @@ class CountVAE:
         self.adata: ad.AnnData | None = None if isinstance(adata, DataSummary) else adata
         self.is_trained = False
         self.history = pd.DataFrame(columns=_HISTORY_COLUMNS)
-        self._training: dict = {}
+        self.training_summary: dict = {}
         self.train_indices = np.arange(0)
         self.validation_indices = np.arange(0)
         self.device = torch.device("cpu")
@@ -256,7 +264,7 @@ class CountVAE:
             epochs and restore the parameters of the best validation loss (unlike
             scvi-tools' Pyro models, which have no validation loss and reject this
             option). During KL warm-up the validation loss is not used for stopping.
-            :attr:`training_summary` records the epochs trained and the epoch kept.
+            ``training_summary`` records the epochs trained and the epoch kept.
         early_stopping_patience
             Epochs without an improvement that counts before stopping.
         early_stopping_relative_delta
@@ -341,7 +349,7 @@ class CountVAE:
         self._optimizer = run.optimizer
         history = run.history
         self.history = pd.concat([self.history, history], ignore_index=True) if len(self.history) else history
-        self._training = {
+        self.training_summary = {
             "epochs_trained": offset + run.epochs,
             "max_epochs": offset + run.max_epochs,
             "stopped_early": run.stopped_early,
@@ -349,19 +357,6 @@ class CountVAE:
             "early_stopping": plan.early_stopping,
         }
         return self
-
-    @property
-    def training_summary(self) -> dict:
-        """How the last call to :meth:`train` ended, counting the epochs of earlier calls.
-
-        Keys: ``epochs_trained`` (epochs in the history), ``max_epochs`` (what the
-        epochs could have been, earlier calls included), ``stopped_early`` (the
-        early-stopping rule ended training before ``max_epochs``), ``kept_epoch``
-        (the epoch whose parameters the model holds: with early stopping, the one of
-        the best validation loss; else the last) and ``early_stopping``. Empty
-        before training, and for models saved without it.
-        """
-        return dict(self._training)
 
     # ----- cells ----------------------------------------------------------------------------
     def require_trained(self) -> None:
@@ -695,7 +690,7 @@ class CountVAE:
             "is_trained": self.is_trained,
             "has_latent_map": latent_map is not None,
             "history": self.history.astype(float).replace({np.nan: None}).to_dict(orient="list"),
-            "training": self._training,
+            "training": self.training_summary,
         }
         if save_anndata and self.adata is None:
             raise SetupError("save_anndata=True, but this model holds no AnnData.")
@@ -749,7 +744,7 @@ class CountVAE:
         model.validation_indices = tensors["validation_indices"].numpy()
         model.is_trained = bool(record["is_trained"])
         model.history = pd.DataFrame(record["history"]).astype(float)
-        model._training = dict(record.get("training", {}))  # absent in folders saved before it was recorded
+        model.training_summary = dict(record.get("training", {}))  # absent in folders saved before it was recorded
         if len(model.history):
             model.history["epoch"] = model.history["epoch"].astype(int)
         if adata is None and adata_path is not None:
@@ -811,7 +806,7 @@ def copy_model(
     new.adata = model.adata
     new.is_trained = model.is_trained
     new.history = model.history.copy()
-    new._training = model.training_summary
+    new.training_summary = dict(model.training_summary)
     new.train_indices = model.train_indices.copy()
     new.validation_indices = model.validation_indices.copy()
     return new

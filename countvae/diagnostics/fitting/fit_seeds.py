@@ -44,11 +44,13 @@ from tqdm.auto import tqdm
 from countvae._checks import check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
+from countvae.data.file_cells import FileCells
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
+from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.backends import BACKENDS, available_cores, default_torch_threads, run_tasks
 from countvae.diagnostics.fitting.fitted_model import FittedModel
-from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
 from countvae.diagnostics.fitting.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -169,7 +171,7 @@ def _model_family(model_cls: Any) -> str:
 # ----- data ---
 def _check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
-    totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
+    totals = column_totals(get_count_matrix(adata_fit, registry))
     empty = np.flatnonzero(totals == 0)
     if empty.size:
         names = list(get_var_names(adata_fit, registry)[empty[:5]])
@@ -300,7 +302,9 @@ def fit_seeds(
     )
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
-    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
+    stream = adata.isbacked and family == "countvae"
+    adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
+    adata_heldout = cells_at(adata, heldout_idx)
     _check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
@@ -325,6 +329,8 @@ def fit_seeds(
         "torch_threads": threads,
         "versions": package_versions(*(() if family == "countvae" else ("scvi-tools", "lightning"))),
     }
+    if stream:  # minibatches come from the file in blocks, not from memory cell by cell: other fits
+        settings["fit_cells"] = "read from the backed file by each fit"
     tasks = [
         FitTask(
             seed=s,
@@ -340,7 +346,7 @@ def fit_seeds(
     loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
     fits, seconds, reused, records = _fit_or_reuse(
-        tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
+        tasks, loader, fit_data, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
     )
     return SeedFits(
         fits=[fits[s] for s in seeds],
@@ -363,6 +369,7 @@ def fit_seeds(
 def _fit_or_reuse(
     tasks: list[FitTask],
     loader: FitLoader,
+    fit_data: ad.AnnData | FileCells,
     backend: str,
     n_jobs: int,
     out_dir: str | os.PathLike | None,
@@ -397,7 +404,7 @@ def _fit_or_reuse(
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
-            for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
+            for outcome in run_tasks(backend, todo, fit_data, n_jobs):
                 store(fits_dir, outcome, loader.family, progress)
                 fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
                 records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
@@ -462,7 +469,8 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {settings['model_family']} fits; model_cls={model_cls.__name__} is a {family} model."
         )
     fit_idx, heldout_idx = heldout_split(adata.n_obs, settings["heldout_fraction"], settings["split_seed"])
-    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
+    adata_fit, _ = fit_cells(adata, fit_idx, registry, stream=adata.isbacked and family == "countvae")
+    adata_heldout = cells_at(adata, heldout_idx)
     loader = FitLoader(model_cls, family, adata_fit, registry)
     fits_dir = root / FITS_FOLDER
     seeds = [s for s in manifest["seeds"] if seed_folder(fits_dir, s).is_dir()]

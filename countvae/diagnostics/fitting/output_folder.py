@@ -140,6 +140,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
             "torch_threads": outcome.torch_threads,
             "host": outcome.host,
             "training": outcome.training,
+            "peak_rss_mib": round(outcome.peak_rss_mib, 1),
         }
         if outcome.node:
             record["ray_node"] = outcome.node
