@@ -58,6 +58,8 @@ from _common import (  # noqa: E402
 CHECK_EVERY = (1, 2, 5)
 PATIENCE = (5, 10, 15, 20, 30)
 RELATIVE_DELTA = (0.0, 1e-4, 3e-4, 1e-3)
+#: Genes kept: detected in at least this many cells of the whole data set.
+MIN_CELLS = 10
 
 
 # ----- worker side --------------------------------------------------------------------------------
@@ -68,6 +70,10 @@ def _data(spec: dict):
         adata = cv.data.simulate(n_cells=600, n_genes=150, n_latent=3, n_batches=2, seed=0)
     else:
         adata = cv.data.load_dataset(spec["dataset"])
+        # genes detected in at least MIN_CELLS cells (pbmc_3tech ships genes seen in 2 cells, some of which
+        # only the held-out cells have; a model cannot fit a gene without counts)
+        detected = np.asarray((adata.X > 0).sum(axis=0)).ravel()
+        adata = adata[:, detected >= MIN_CELLS].copy()
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     return adata
 
@@ -243,26 +249,30 @@ def main(argv=None) -> None:
     started = time.strftime("%Y-%m-%d %H:%M")
     loads = [load_average()]
     t_start = time.perf_counter()
-    if args.reuse and store.exists():
-        trajectories = json.loads(store.read_text())
-    else:
-        trajectories = []
-        for name in datasets:
-            epochs = 30 if name == "quick" else _old_default_epochs(2000 if name == "pbmc_3tech" else 8684)
-            for seed in seeds:
-                spec = {"dataset": name, "seed": seed, "epochs": epochs, "threads": args.threads}
-                result = run_worker(Path(__file__), spec)
-                loads.append(load_average())
-                frame = pd.DataFrame(result["rows"])
-                print(
-                    f"{name} seed {seed}: {len(frame)} epochs, {frame['train_seconds'].sum():.0f} s training, "
-                    f"held-out ELBO {frame['heldout_elbo'].iloc[-1]:.2f} (best {frame['heldout_elbo'].max():.2f} "
-                    f"at epoch {int(frame['heldout_elbo'].idxmax()) + 1})",
-                    flush=True,
-                )
-                trajectories.append(result)
-        store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(trajectories))
+    # Trajectories are stored as each finishes; --reuse keeps those stored and fits only the missing ones.
+    stored = json.loads(store.read_text()) if args.reuse and store.exists() else []
+    done = {(t["dataset"], t["seed"]): t for t in stored}
+    trajectories = []
+    for name in datasets:
+        epochs = 30 if name == "quick" else _old_default_epochs(2000 if name == "pbmc_3tech" else 8684)
+        for seed in seeds:
+            if (name, seed) in done:
+                trajectories.append(done[(name, seed)])
+                continue
+            spec = {"dataset": name, "seed": seed, "epochs": epochs, "threads": args.threads}
+            result = run_worker(Path(__file__), spec)
+            loads.append(load_average())
+            frame = pd.DataFrame(result["rows"])
+            print(
+                f"{name} seed {seed}: {len(frame)} epochs, {frame['train_seconds'].sum():.0f} s training, "
+                f"held-out ELBO {frame['heldout_elbo'].iloc[-1]:.2f} (best {frame['heldout_elbo'].max():.2f} "
+                f"at epoch {int(frame['heldout_elbo'].idxmax()) + 1})",
+                flush=True,
+            )
+            trajectories.append(result)
+            done[(name, seed)] = result
+            store.parent.mkdir(parents=True, exist_ok=True)
+            store.write_text(json.dumps(list(done.values())))
     rules = evaluate_rules(trajectories)
     ranking = choose_rule(rules, args.tolerance)
     print(ranking.head(15).to_string())

@@ -107,6 +107,7 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
         n_cpus = max(len(tasks) if n_jobs == -1 else n_jobs, max(t.torch_threads for t in tasks))
         logger.info("Starting a local Ray instance with %d CPUs.", n_cpus)
         ray.init(
+            address="local",  # a new instance: without it, ray.init joins any Ray cluster running on this machine
             num_cpus=n_cpus,
             include_dashboard=False,
             log_to_driver=False,
