@@ -446,7 +446,7 @@ def loadings_before_after(
 def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None = None, ax: Axes | None = None) -> Axes:
     """Per-cell ``|log p(x) transformed - original|`` (same base noise) for every map, on a log scale.
 
-    Exact zeros are drawn at :data:`ZERO_FLOOR`. The maps that preserve the
+    Exact zeros are drawn at ``ZERO_FLOOR`` (1e-17). The maps that preserve the
     prior sit at rounding level (about 1e-13 nats in float64); the controls sit
     at the size of a real change (about 1 nat).
 

@@ -20,17 +20,22 @@ def h5ad(tmp_path_factory):
     return path
 
 
-def test_embedded_default_writes_json_and_markdown(tmp_path, capsys):
+def test_embedded_default_writes_the_report_folder(tmp_path, capsys):
     out = tmp_path / "inv"
     assert main(["verify-invariance", "--out", str(out), *FAST, "--no-prior-controls"]) == 0
     printed = capsys.readouterr().out
-    assert "PASSED" in printed and "rotation" in printed and "invariance.md" in printed
-    record = json.loads((out / "invariance.json").read_text())
+    assert "PASSED" in printed and "rotation" in printed and str(out / "report" / "report.html") in printed
+    # the files InvarianceReport.save writes, and nothing else, in OUT/report
+    assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
+    record = json.loads((out / "report" / "report.json").read_text())
     assert record["passed"] is True
-    assert record["run"]["data"] == "embedded simulation" and record["run"]["n_heldout_evaluated"] == 60
+    run = record["settings"]["run"]
+    assert run["data"] == "embedded simulation" and run["n_heldout_evaluated"] == 60
     assert record["settings"]["quadrature"] is True
-    md = (out / "invariance.md").read_text()
+    md = (out / "report" / "report.md").read_text()
     assert md.startswith("# Rotation invariance check") and "CRN max \\|diff\\|" in md
+    page = (out / "report" / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "embedded simulation" in page
     assert (out / "model" / "model.json").is_file()
     # the folder exists now: a second run refuses it with a one-line error
     assert main(["verify-invariance", "--out", str(out), *FAST]) == 1
@@ -66,11 +71,11 @@ def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
     assert main([*args, *FAST, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["passed"] is True
-    record = json.loads((tmp_path / "v" / "invariance.json").read_text())
-    assert record["run"]["model"].endswith("model") and not (tmp_path / "v" / "model").exists()
+    run = json.loads((tmp_path / "v" / "report" / "report.json").read_text())["settings"]["run"]
+    assert run["model"].endswith("model") and not (tmp_path / "v" / "model").exists()
     # the held-out cells are those `countvae fit` held out (same split function, fraction and seed)
     held = cv.data.split_indices(400, 0.9, 0)[1]
-    assert record["run"]["n_heldout_evaluated"] == min(60, len(held))
+    assert run["n_heldout_evaluated"] == min(60, len(held))
 
 
 @pytest.mark.parametrize(
@@ -103,7 +108,7 @@ def test_help_lists_the_command(capsys):
     with pytest.raises(SystemExit):
         main(["verify-invariance", "--help"])
     text = capsys.readouterr().out
-    assert "--model" in text and "default here: 2" in text and "invariance.json" in text
+    assert "--model" in text and "default here: 2" in text and "OUT/report/report.html" in text
 
 
 def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
@@ -115,4 +120,5 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
     captured = capsys.readouterr()
     assert rc == 1 and "FAILED" in captured.out
     assert "disagree with the theory" in captured.err and captured.err.strip().count("\n") == 0
-    assert json.loads((tmp_path / "o" / "invariance.json").read_text())["passed"] is False
+    assert json.loads((tmp_path / "o" / "report" / "report.json").read_text())["passed"] is False
+    assert str(tmp_path / "o" / "report" / "report.md") in captured.err

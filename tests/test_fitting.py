@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import anndata as ad
+import joblib
 import numpy as np
 import pandas as pd
 import pytest
@@ -83,6 +84,27 @@ def test_a_fit_equals_training_that_seed_directly(adata):
         fits[1].latent(fits.adata_heldout), direct.get_latent_representation(fits.adata_heldout)
     )
     assert torch.get_num_threads() == 1
+
+
+def test_default_thread_count_is_one_on_every_machine(adata, monkeypatch):
+    # On CPU a fit's numbers depend on its torch thread count (the order of summation), so the default must
+    # not come from the machine: the same seeds give the same fits whatever joblib counts as cores (CPU count,
+    # affinity, quotas, LOKY_MAX_CPU_COUNT) and whatever the caller's torch setting.
+    used = []
+
+    def progress(event):
+        if event.kind == SEED_TRAINED:  # emitted inside the fit, with its thread count in force
+            used.append(torch.get_num_threads())
+
+    runs = []
+    for cores, caller_threads in ((1, 1), (3, 2)):
+        monkeypatch.setattr(joblib, "cpu_count", lambda cores=cores: cores)
+        torch.set_num_threads(caller_threads)
+        runs.append(_run(adata, torch_threads=None, progress=progress))
+        assert torch.get_num_threads() == caller_threads
+    assert [fits.settings["torch_threads"] for fits in runs] == [1, 1] and used == [1, 1, 1, 1]
+    for a, b in zip(*runs, strict=True):
+        np.testing.assert_array_equal(a.latent(runs[0].adata_heldout), b.latent(runs[1].adata_heldout))
 
 
 def test_no_global_side_effects(adata):

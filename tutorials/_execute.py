@@ -23,9 +23,6 @@ KERNEL_ENV = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
-    # fit_seeds gives each fit max(1, cores // n_jobs) torch threads, counting cores with joblib, which
-    # reads this cap: one thread per fit, as everywhere else here
-    "LOKY_MAX_CPU_COUNT": "1",
     "PYTHONHASHSEED": "0",
     "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     "TQDM_DISABLE": "1",

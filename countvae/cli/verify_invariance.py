@@ -6,11 +6,12 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
+from countvae._io import atomic_directory
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -36,6 +37,9 @@ EXAMPLES = """examples:
   countvae verify-invariance pbmc.h5ad --batch-key donor --n-latent 3 --out inv_pbmc
   countvae verify-invariance pbmc.h5ad --model countvae_fit/model --out inv_fit   # a model from `countvae fit`
 
+The report is OUT/report/report.html (one self-contained page); report.json holds
+every number, with this run's data, model and timing under settings.run.
+
 With --model, the held-out cells are chosen exactly as `countvae fit` chose them
 (same --heldout-fraction and --seed), so pass the values used for the fit.
 """
@@ -53,7 +57,8 @@ def register(sub: Subcommands) -> None:
             "Fit a count VAE (or load one with --model), then, on held-out cells, rewrite it in rotated, "
             "reflected and permuted latent coordinates and measure that log p(x), decoded expression and "
             "latent distances are unchanged while coordinates and loadings change; controls (non-orthogonal "
-            "maps, non-Gaussian priors) must change log p(x). Writes invariance.json and invariance.md."
+            "maps, non-Gaussian priors) must change log p(x). Writes OUT/report/report.html (self-contained), "
+            "report.json and report.md, and OUT/model when it fits the model."
         ),
         epilog=EXAMPLES + "\n" + exit_codes("; also when a measurement disagrees with the theory"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -139,28 +144,28 @@ def run(args: argparse.Namespace) -> int:
         elbo_refit_steps=args.elbo_refit_steps,
         progress_bar=show,
     )
-    record = report.to_dict()
-    record["run"] = {
+    report.settings["run"] = {
         "data": args.data or "embedded simulation",
         "model": args.model or "fitted by this command",
         "n_cells": int(adata.n_obs),
         "n_heldout_evaluated": int(len(held_idx)),
         "seconds": round(time.perf_counter() - started, 2),
     }
+    report_dir = Path(args.out) / "report"
     with atomic_directory(args.out, overwrite=args.overwrite) as out:
-        write_json_atomic(out / "invariance.json", record)
-        write_text_atomic(out / "invariance.md", report.to_markdown())
+        report.save(out / report_dir.name)
         if args.model is None:
             model.save(out / "model")
     if args.json:
-        emit({"passed": report.passed, "out": str(args.out), "verdicts": record["verdicts"]}, as_json=True)
+        verdicts = report.to_dict()["verdicts"]
+        emit({"passed": report.passed, "out": str(args.out), "verdicts": verdicts}, as_json=True)
     else:
         print(report.summary())
-        print(f"\nwritten: {args.out}/invariance.json, {args.out}/invariance.md")
+        print(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")
     if not report.passed:
         print(
             f"countvae verify-invariance: error: {len(report.failures)} checks disagree with the theory; "
-            f"see {args.out}/invariance.md",
+            f"see {report_dir / 'report.md'}",
             file=sys.stderr,
         )
         return 1

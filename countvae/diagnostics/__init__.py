@@ -1,8 +1,8 @@
 """Multi-seed fits, their alignment, and the report of which quantities are stable across fits.
 
-Three rooms, imports pointing down only: :mod:`.reporting` (the report as a
-pipeline) uses :mod:`.analyses` (functions over arrays), which use
-:mod:`.fitting` (seeds, backends, storage, the fits' common interface).
+Three rooms, imports pointing down only: ``reporting/`` (the report as a
+pipeline) uses ``analyses/`` (functions over arrays), which use ``fitting/``
+(seeds, backends, storage, the fits' common interface).
 """
 
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits

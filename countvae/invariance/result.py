@@ -162,7 +162,7 @@ class InvarianceReport:
 
     @property
     def tables(self) -> dict[str, pd.DataFrame]:
-        """Every table of the report by name: ``verdicts``, ``checks``, ``outputs`` and ``estimator_accuracy``."""
+        """Every table of the report, by name (``verdicts``, ``checks``, ``outputs``, ``estimator_accuracy``)."""
         return {
             "verdicts": self.verdicts(),
             "checks": self.to_frame(),

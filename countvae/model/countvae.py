@@ -52,7 +52,7 @@ class CountVAE:
     ----------
     adata
         AnnData registered with :meth:`setup_anndata`; or a
-        :class:`countvae.model.settings.DataSummary` (what :meth:`load` passes:
+        :class:`countvae.model.DataSummary` (what :meth:`load` passes:
         the registration, genes and gene shares of the training data, without
         the data).
     n_latent
@@ -75,8 +75,6 @@ class CountVAE:
 
     Attributes
     ----------
-    settings
-        The validated :class:`countvae.model.settings.ModelSettings`.
     registry, var_names
         Where the training AnnData keeps its counts, and the training genes.
     adata
@@ -193,7 +191,7 @@ class CountVAE:
     # ----- properties ------------------------------------------------------------------------
     @property
     def settings(self) -> ModelSettings:
-        """The constructor settings (a frozen :class:`countvae.model.settings.ModelSettings`)."""
+        """The constructor settings (a frozen :class:`countvae.model.ModelSettings`)."""
         return self._settings
 
     @property
@@ -701,7 +699,7 @@ class CountVAE:
         """Read a model saved with :meth:`save`.
 
         The model is built by the constructor, from the saved settings and
-        :class:`countvae.model.settings.DataSummary`, then given the saved
+        :class:`countvae.model.DataSummary`, then given the saved
         parameters and training state.
 
         Parameters
@@ -762,7 +760,7 @@ def copy_model(
     """An independent copy of a model, optionally in another floating-point type or with another prior.
 
     The copy is built by the constructor from the model's settings and
-    :class:`countvae.model.settings.DataSummary` (the path :meth:`CountVAE.load`
+    :class:`countvae.model.DataSummary` (the path :meth:`CountVAE.load`
     takes), then given a deep copy of the module and of the training state. The
     AnnData is shared by reference (it is never modified), and the optimiser
     state is not copied (a copy that is trained further starts a fresh optimiser).

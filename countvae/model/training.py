@@ -33,9 +33,10 @@ def default_max_epochs(n_cells: int) -> int:
 class TrainingPlan:
     """The arguments of one call to ``CountVAE.train`` (documented there), checked once when created.
 
-    ``max_epochs=None`` means :func:`default_max_epochs` of the number of training
-    cells (:meth:`epochs_for`). ``train_size`` and ``accelerator`` are used by
-    ``CountVAE.train`` (the split and the device); :func:`train_module` reads the rest.
+    ``max_epochs=None`` means :func:`~countvae.model.training.default_max_epochs`
+    of the number of training cells (:meth:`epochs_for`). ``train_size`` and
+    ``accelerator`` are used by ``CountVAE.train`` (the split and the device);
+    :func:`~countvae.model.training.train_module` reads the rest.
     """
 
     max_epochs: int | None = None

@@ -3,7 +3,9 @@
 The pages list the namespace's ``__all__`` (or, without one, the public functions and classes it
 defines) in autosummary tables; autosummary then writes a page per object. Moving code between
 private modules therefore changes nothing here: only a new or renamed public namespace needs an
-entry in :data:`NAMESPACES`.
+entry in :data:`NAMESPACES`. An object that several namespaces export (``CountVAE`` is in both
+``countvae`` and ``countvae.model``) is documented once, under the first of them in
+:data:`NAMESPACES`, so that every cross-reference to it has one target.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from types import ModuleType
 #: Public namespaces of the API reference, in page order; each gets a page listing what it exports.
 NAMESPACES = [
     "countvae",
+    "countvae.model",
     "countvae.data",
     "countvae.invariance",
     "countvae.diagnostics",
@@ -46,18 +49,36 @@ def public_names(module: ModuleType) -> list[str]:
     return sorted(n for n in names if inspect.isclass(getattr(module, n)) or inspect.isroutine(getattr(module, n)))
 
 
-def namespace_page(namespace: str) -> str:
-    """The reStructuredText of one namespace's page: its docstring, then one autosummary table per kind."""
+def home_namespaces(namespaces: list[str]) -> dict[str, dict[str, str]]:
+    """Per namespace, each public name and the namespace whose page documents it: the first one exporting it."""
+    home: dict[int, str] = {}
+    homes = {}
+    for namespace in namespaces:
+        module = importlib.import_module(namespace)
+        names = public_names(module)
+        homes[namespace] = {n: home.setdefault(id(getattr(module, n)), namespace) for n in names}
+    return homes
+
+
+def namespace_page(namespace: str, homes: dict[str, str]) -> str:
+    """The reStructuredText of one namespace's page: its docstring, then one autosummary table per kind.
+
+    ``homes`` maps each public name of the namespace to the namespace that documents it; names
+    documented elsewhere are listed as links after the tables.
+    """
     module = importlib.import_module(namespace)
     lines = [f"``{namespace}``", "=" * (len(namespace) + 4), "", f".. automodule:: {namespace}", "   :no-members:", ""]
     lines += [f".. currentmodule:: {namespace}", ""]
-    names = public_names(module)
+    own = [n for n, home in homes.items() if home == namespace]
     for title, belongs in _GROUPS:
-        members = [n for n in names if belongs(getattr(module, n))]
+        members = [n for n in own if belongs(getattr(module, n))]
         if not members:
             continue
         lines += [title, "-" * len(title), "", ".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""]
         lines += [f"   {n}" for n in members] + [""]
+    elsewhere = [f":obj:`~{home}.{n}`" for n, home in homes.items() if home != namespace]
+    if elsewhere:
+        lines += ["Also importable from here", "-" * 25, "", ", ".join(elsewhere) + ".", ""]
     return "\n".join(lines)
 
 
@@ -84,9 +105,9 @@ def write_api_pages(namespaces: list[str], out_dir: Path) -> None:
     (out_dir / "generated").mkdir(parents=True, exist_ok=True)
     _write_if_changed(out_dir / "index.rst", index_page(namespaces))
     objects = set()
-    for namespace in namespaces:
-        _write_if_changed(out_dir / f"{namespace}.rst", namespace_page(namespace))
-        objects |= {f"{namespace}.{name}.rst" for name in public_names(importlib.import_module(namespace))}
+    for namespace, homes in home_namespaces(namespaces).items():
+        _write_if_changed(out_dir / f"{namespace}.rst", namespace_page(namespace, homes))
+        objects |= {f"{namespace}.{name}.rst" for name, home in homes.items() if home == namespace}
     wanted = {"index.rst", *(f"{namespace}.rst" for namespace in namespaces)}
     for stale in [p for p in out_dir.glob("*.rst") if p.name not in wanted]:
         stale.unlink()

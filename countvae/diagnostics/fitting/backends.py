@@ -34,11 +34,11 @@ def available_cores() -> int:
     return max(1, int(joblib.cpu_count()))
 
 
-def default_torch_threads(backend: str, n_jobs: int) -> int:
-    """Threads per fit: ``max(1, cores // n_jobs)`` locally; 1 per Ray task (cluster nodes differ)."""
-    if backend == "ray":
-        return 1
-    return max(1, available_cores() // n_jobs)
+#: Torch threads per fit unless ``fit_seeds(torch_threads=...)`` says otherwise: one, on every machine.
+#: On CPU the numbers depend on the thread count (it sets the order in which torch sums), so a default
+#: taken from the machine (cores, CPU quota, affinity, ``LOKY_MAX_CPU_COUNT``, ``n_jobs``) would give the
+#: same seeds different fits on different machines. Seeds run in parallel through ``n_jobs`` instead.
+DEFAULT_TORCH_THREADS = 1
 
 
 def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:

@@ -48,7 +48,7 @@ from countvae.data.file_cells import FileCells
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
-from countvae.diagnostics.fitting.backends import BACKENDS, available_cores, default_torch_threads, run_tasks
+from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, available_cores, run_tasks
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
 from countvae.diagnostics.fitting.manifest import (
@@ -242,9 +242,13 @@ def fit_seeds(
         Show a progress bar over seeds (each fit's own bar is off unless
         ``train_kwargs`` turns it on).
     torch_threads
-        Torch threads per fit. Default: ``max(1, cores // n_jobs)`` locally,
-        1 per Ray task. Recorded in the manifest: on CPU the numbers depend on
-        it, so a resumed run must use the same value.
+        Torch threads per fit (``None``: 1, whatever the machine, the backend
+        and ``n_jobs``). On CPU the numbers depend on it (it sets the order in
+        which torch sums), so it is fixed rather than taken from the machine's
+        cores: the same seeds give the same fits on every machine. Recorded in
+        the manifest; a resumed run must use the same value. More threads can
+        speed up one large fit on an otherwise idle machine; ``n_jobs`` uses
+        the cores for several seeds at once without changing the numbers.
     progress
         Called with a :class:`~countvae.diagnostics.fitting.progress.ProgressEvent`
         as each seed is started, trained, written, stored or reused. Started and
@@ -295,11 +299,7 @@ def fit_seeds(
     train_kwargs = _check_kwargs("train_kwargs", train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."})
     if backend == "local" and n_jobs == -1:
         n_jobs = available_cores()
-    threads = (
-        default_torch_threads(backend, n_jobs)
-        if torch_threads is None
-        else check_int("torch_threads", torch_threads, minimum=1)
-    )
+    threads = DEFAULT_TORCH_THREADS if torch_threads is None else check_int("torch_threads", torch_threads, minimum=1)
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
     stream = adata.isbacked and family == "countvae"

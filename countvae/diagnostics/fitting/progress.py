@@ -62,9 +62,10 @@ class ProgressEvent:
     seed
         The seed concerned (``None`` for report files).
     seconds
-        Training time of the seed (for :data:`SEED_TRAINED` and :data:`SEED_STORED`), else ``None``.
+        Training time of the seed (for :attr:`ProgressKind.SEED_TRAINED` and
+        :attr:`ProgressKind.SEED_STORED`), else ``None``.
     name
-        The report file's name (for :data:`REPORT_FILE_WRITTEN`), else ``None``.
+        The report file's name (for :attr:`ProgressKind.REPORT_FILE_WRITTEN`), else ``None``.
 
     """
 

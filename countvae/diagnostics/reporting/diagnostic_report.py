@@ -21,11 +21,30 @@ from countvae.diagnostics.reporting.report_content import ReportContent
 
 
 class DiagnosticReport(ReportContent):
-    """The multi-seed diagnostics of one model on shared held-out cells (see :class:`ReportContent`).
+    """The multi-seed diagnostics of one model on shared held-out cells.
 
     Made by :func:`countvae.diagnostics.report`. The main tables are attributes
     (``invariants``, ``alignment``, ``predictive``, ``subspace``, ``rhat``,
     ``markers``, ``ppc``, ``ica``); every table, details included, is in ``tables``.
+
+    Attributes
+    ----------
+    headline
+        The verdict in plain sentences, most important first.
+    tables
+        Every table by name: first the main ones (in the order above, also
+        available as attributes, e.g. ``rep.invariants``), then the details
+        (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
+        spectra, marker correlations, ...).
+    settings
+        Sizes, seeds, markers, the predictive-equivalence verdict and the fits' settings.
+    subsampling
+        What was computed on a subset of cells or genes, and how large it was.
+    provenance
+        Package versions, data checksum, fits.
+    timings
+        Seconds per step.
+
     """
 
     def summary(self) -> str:
@@ -61,7 +80,7 @@ class DiagnosticReport(ReportContent):
         overwrite
             Replace an existing folder; otherwise an existing folder is an error.
         progress
-            Called in this process with a :data:`~countvae.diagnostics.fitting.progress.REPORT_FILE_WRITTEN`
+            Called in this process with a :attr:`~countvae.diagnostics.ProgressKind.REPORT_FILE_WRITTEN`
             event (``name``: the file) as each file is complete in the temporary folder.
 
         Returns

@@ -20,26 +20,11 @@ MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "mar
 
 @dataclass
 class ReportContent:
-    """The multi-seed diagnostics of one model on shared held-out cells.
+    """The multi-seed diagnostics of one model on shared held-out cells: the fields and main tables.
 
-    Attributes
-    ----------
-    headline
-        The verdict in plain sentences, most important first.
-    tables
-        Every table by name: first the main ones (:data:`MAIN_TABLES`, also
-        available as attributes, e.g. ``rep.invariants``), then the details
-        (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
-        spectra, marker correlations, ...).
-    settings
-        Sizes, seeds, markers, the predictive-equivalence verdict and the fits' settings.
-    subsampling
-        What was computed on a subset of cells or genes, and how large it was.
-    provenance
-        Package versions, data checksum, fits.
-    timings
-        Seconds per step.
-
+    The fields are described in the docstring of
+    :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`,
+    the class users see; the main tables are :data:`MAIN_TABLES`.
     """
 
     headline: list[str]
@@ -51,7 +36,7 @@ class ReportContent:
 
     @property
     def invariants(self) -> pd.DataFrame:
-        """One row per quantity: invariant in theory, agreement across seeds, threshold, verdict, what to report.
+        """One row per quantity (invariant in theory, agreement across seeds, threshold, verdict, what to report).
 
         Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement``
         (worst pair), ``agreement_mean``, ``aligned_agreement``, ``threshold`` (a
@@ -73,7 +58,7 @@ class ReportContent:
 
     @property
     def subspace(self) -> pd.DataFrame:
-        """Rotation-invariant geometry per seed pair: CKA, k-NN overlap, spectra distance, principal angles."""
+        """Rotation-invariant geometry per seed pair (CKA, k-NN overlap, spectra distance, principal angles)."""
         return self.tables["subspace"]
 
     @property
@@ -83,7 +68,7 @@ class ReportContent:
 
     @property
     def markers(self) -> pd.DataFrame:
-        """Per marker: invariant R^2 across seeds against the per-dimension story."""
+        """Per marker, the invariant R^2 across seeds against the per-dimension story."""
         return self.tables["markers"]
 
     @property
@@ -93,7 +78,7 @@ class ReportContent:
 
     @property
     def ica(self) -> pd.DataFrame:
-        """Per ICA component of the first fit: how well it reproduces in the other fits.
+        """How well each ICA component of the first fit reproduces in the other fits.
 
         Its best-match |correlation| with the other fits' ICA components
         (``mean_match``, ``median_match``, ``min_match``; ICAs estimated on
