@@ -339,6 +339,18 @@ def _trajectory_table(trajectories: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _reuse_note(args) -> str:
+    """Where reused trajectories came from: their fits ran in an earlier run, under that run's load."""
+    if not args.reuse:
+        return ""
+    store = Path(args.data_dir) / ("stopping_trajectories_quick.json" if args.quick else "stopping_trajectories.json")
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime(store.stat().st_mtime))
+    return (
+        f"The trajectories were reused (`--reuse`) from `{store.name}`, last written {written} by an earlier run of "
+        "phase 1 (its load averages were not stored; its seconds per epoch show the load it ran under).\n"
+    )
+
+
 def _write(args, trajectories, rules, ranking, chosen, verify_rows, started, loads, minutes) -> None:
     keys = ["every", "patience", "relative_delta"]
     chosen_rows = rules.merge(pd.DataFrame([chosen]), on=keys)
@@ -349,6 +361,7 @@ def _write(args, trajectories, rules, ranking, chosen, verify_rows, started, loa
 Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""}; {minutes:.0f} min)
 
 Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before and after each fit: {"; ".join(loads)}.
+{_reuse_note(args)}
 
 Each fit is made as `countvae diagnose` makes it: n_latent 10, 1 x 128 hidden, NB, batch 128, lr 1e-3; 10% of
 the cells held out (split seed 0, as `fit_seeds`), the fit cells split 90/10 into training and validation by the
