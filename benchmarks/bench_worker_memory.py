@@ -45,13 +45,12 @@ def worker(spec: dict) -> dict:
 
     import countvae as cv
     from countvae.diagnostics import fit_seeds
-    from countvae.diagnostics.fitting.output_folder import read_fit_record, seed_folder
 
     adata = ad.read_h5ad(spec["path"], backed="r" if spec["mode"] == "backed" else None)
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        fit_seeds(
+        fits = fit_seeds(
             adata,
             seeds=[0, 1],
             train_kwargs={"max_epochs": 1, "progress_bar": False},
@@ -60,7 +59,7 @@ def worker(spec: dict) -> dict:
             progress_bar=False,
         )
         seconds = time.perf_counter() - t0
-        records = [read_fit_record(seed_folder(Path(tmp) / "fits", s)) for s in (0, 1)]
+        records = [fits.records[s] for s in (0, 1)]
     return {
         "mode": spec["mode"],
         "seconds": seconds,
