@@ -119,9 +119,9 @@ def first_layer_dense_vs_sparse(counts, hidden: int, repeats: int) -> dict[str, 
         "dense ms": dense_ms,
         "sparse (CSR) ms": sparse_ms,
         "sparse / dense": sparse_ms / dense_ms,
-        "max |output difference|": float((out_d - out_s).abs().max()),
-        "max |weight-gradient difference|": float((grad_d - grad_s).abs().max()),
-        "largest |output|": float(out_d.abs().max()),
+        "max abs output difference": float((out_d - out_s).abs().max()),
+        "max abs weight-gradient difference": float((grad_d - grad_s).abs().max()),
+        "largest abs output": float(out_d.abs().max()),
     }
 
 
