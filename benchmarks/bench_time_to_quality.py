@@ -77,7 +77,11 @@ def _load_split(spec: dict):
     else:
         adata = ad.read_h5ad(spec["path"])
     fit_idx, held_idx = split_indices(adata.n_obs, 0.9, seed=12345)
-    return adata[fit_idx].copy(), adata[held_idx[: spec["lpd_cells"]]].copy()
+    # Both tools get the genes with a count among the fit cells (countvae refuses a gene without counts, SCVI
+    # accepts it; a few of 2,000 simulated genes have none among 900 cells).
+    totals = np.asarray(adata[fit_idx].X.sum(axis=0)).ravel()
+    genes = np.flatnonzero(totals > 0)
+    return adata[fit_idx][:, genes].copy(), adata[held_idx[: spec["lpd_cells"]]][:, genes].copy()
 
 
 def _scvi_worker(spec: dict, train, held) -> dict:
