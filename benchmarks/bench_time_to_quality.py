@@ -378,6 +378,7 @@ def main(argv=None) -> None:
 def _write(args, started, t_start, loads, quality_rows, speed_rows, stopping_rows) -> None:
     """Write the section with the data sets done so far (a long run leaves its finished part behind)."""
     minutes = (time.perf_counter() - t_start) / 60
+    every_text = args.eval_every.replace(":", ": ")
     quality, speed, stopping = (pd.DataFrame(r) for r in (quality_rows, speed_rows, stopping_rows))
     for frame in (quality, speed, stopping):
         print(frame.to_string(), flush=True)
@@ -397,13 +398,13 @@ held out), {args.lpd_samples} importance samples from the encoder (SCVI `get_mar
 
 SCVI at its default settings (default epochs and 400-epoch KL warm-up; where capped for time, its quality after
 the capped epochs is the target). countvae (no KL warm-up) trained for the same epochs; its held-out log p(x) is
-checked every {args.eval_every} epochs (time to quality is resolved to that grid, so it is an upper bound); its clock
+checked every {every_text} epochs (time to quality is resolved to that grid, so it is an upper bound); its clock
 counts a validation pass every {args.check_every} epochs and the set-up inside `train` (split, optimiser) and
 excludes the log p(x) checks; SCVI's is the wall time of `SCVI.train` (set-up included), without validation.
 
 {markdown_table(quality)}
 
-### Time per epoch (the same fits; sim100k: {args.per_epoch_epochs} epochs of each)
+### Time per epoch (the same fits; {args.per_epoch_only or "none"}: {args.per_epoch_epochs} epochs of each, timing only)
 
 Mean over epochs after the first (two, or one for short runs). countvae's default validates every epoch; the
 early-stopping rule in `diagnose` validates less often, so both are shown.
