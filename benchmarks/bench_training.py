@@ -1,20 +1,30 @@
-"""Training speed and held-out fit: countvae (both loss engines) against scvi-tools' SCVI.
+"""Training speed and held-out fit: countvae (both loss engines) against scvi-tools' SCVI, from 1k to 100k cells.
 
 Same architecture on both sides: n_latent 10, one hidden layer of 128 units, NB
 likelihood with gene-wise dispersion, batch one-hot into encoder and decoder
 (SCVI with ``encode_covariates=True``), observed library size, batch size 128,
 ``train_size=0.9``, Adam at lr 1e-3, each package's default KL schedule (SCVI
 warms the KL weight up over 400 epochs; countvae trains the plain ELBO). SCVI
-runs with its default of no validation pass per epoch; countvae computes a
-validation loss every epoch, so the comparison is conservative for countvae.
+runs with its default of no validation pass per epoch; countvae computes its
+validation loss at its default frequency (``check_val_every_n_epoch``), included in
+its time.
 
 10% of the cells (fixed seed) are held out from both models; the held-out log
-predictive density per cell is countvae's ``get_log_predictive_density(method="guide")``
-and scvi's ``get_marginal_ll``, the same estimator (the guide as proposal) with the same
-number of importance samples on the same cells. Each (dataset, runner, repeat) runs in
-its own process, in an interleaved order; time per epoch is the median over the epochs after ``--warmup``.
+predictive density per cell is countvae's ``get_log_predictive_density(method="guide")`` and
+scvi's ``get_marginal_ll``, the same estimator (the guide as proposal) with the
+same number of importance samples on the same cells (only for the data sets in ``LPD_DATASETS``: elsewhere the runs time epochs
+only). Each (dataset, runner, repeat) runs in its own process, in an interleaved
+order; time per epoch is the mean over the epochs after the warm-up epochs (so
+epochs with a validation pass count in proportion).
+
+Data sets: ``kang2018`` (8,684 x 2,511), ``kang1k`` (1,000 of its cells),
+``kang100k`` (100,000 cells drawn from it with replacement), ``pbmc_3tech``
+(2,000 x 8,513), ``sim1k``, ``sim10k``, ``sim100k`` (simulated NB counts, 2,000 genes).
+``--summary`` adds a section with the ratio to SCVI at every size run.
 
     python benchmarks/bench_training.py            # Kang and simulated 100k x 2k; writes RESULTS.md
+    python benchmarks/bench_training.py --datasets sim1k,kang1k,sim10k,kang2018,sim100k,kang100k \
+        --runners countvae-direct,scvi --threads 1 --summary
     python benchmarks/bench_training.py --quick    # tiny simulated data, a smoke run
 """
 
@@ -46,6 +56,18 @@ from _common import (  # noqa: E402
 )
 
 RUNNERS = ("countvae-direct", "scvi", "countvae-pyro")
+#: Data sets whose sections also report the held-out fit after the timed epochs.
+LPD_DATASETS = ("kang2018", "sim100k", "sim600x120")
+#: Default (epochs, warm-up epochs left out of the mean) per data set: more epochs where they are short.
+EPOCHS = {
+    "sim1k": (30, 3),
+    "kang1k": (30, 3),
+    "pbmc_3tech": (20, 2),
+    "sim10k": (10, 2),
+    "kang2018": (12, 2),
+    "sim100k": (4, 1),
+    "kang100k": (4, 1),
+}
 
 
 # ----- worker side --------------------------------------------------------------------------------
@@ -54,8 +76,17 @@ def _load(spec: dict):
 
     import countvae as cv
 
-    if spec["dataset"] == "kang2018":
-        return cv.data.load_dataset("kang2018")
+    name = spec["dataset"]
+    if name in ("kang2018", "pbmc_3tech"):
+        return cv.data.load_dataset(name)
+    if name in ("kang1k", "kang100k"):
+        kang = cv.data.load_dataset("kang2018")
+        n = 1000 if name == "kang1k" else 100_000
+        rng = np.random.default_rng(0)
+        cells = np.sort(rng.choice(kang.n_obs, n, replace=n > kang.n_obs))
+        out = kang[cells].copy()
+        out.obs_names = [f"cell{i}" for i in range(n)]
+        return out
     return ad.read_h5ad(spec["path"])
 
 
@@ -73,17 +104,17 @@ def _train_countvae(spec: dict, train, held) -> dict:
 
     cv.CountVAE.setup_anndata(train, batch_key="batch")
     model = cv.CountVAE(train, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
-    watch = Stopwatch()
-    original = training.evaluate_loss
+    marks: list[float] = []
+    original = training.tqdm
 
-    def timed_evaluate(*args, **kwargs):  # called once at the end of every epoch
-        value = original(*args, **kwargs)
-        watch.mark()
-        return value
+    def epochs_marked(iterable):  # a mark as each epoch starts and once after the last
+        for item in iterable:
+            marks.append(time.perf_counter())
+            yield item
+        marks.append(time.perf_counter())
 
-    training.evaluate_loss = timed_evaluate
+    training.tqdm = lambda iterable, *args, **kwargs: original(epochs_marked(iterable), *args, **kwargs)
     try:
-        watch.t0 = time.perf_counter()
         model.train(
             max_epochs=spec["epochs"],
             batch_size=128,
@@ -93,8 +124,13 @@ def _train_countvae(spec: dict, train, held) -> dict:
             engine=spec["runner"].split("-")[1],
         )
     finally:
-        training.evaluate_loss = original
-    out = {"epoch_seconds": watch.intervals(), "loss_validation_last": float(model.history["loss_validation"].iloc[-1])}
+        training.tqdm = original
+    validated = model.history["loss_validation"].notna()
+    out = {
+        "epoch_seconds": list(np.diff(marks)),
+        "validated_epochs": int(validated.sum()),
+        "loss_validation_last": float(model.history["loss_validation"][validated].iloc[-1]),
+    }
     if spec["lpd"]:
         t0 = time.perf_counter()
         lpd = model.get_log_predictive_density(held, n_samples=spec["lpd_samples"], seed=0, method="guide")
@@ -175,13 +211,15 @@ def _datasets(args) -> list[dict]:
         return [{"dataset": "sim600x120", "path": str(path)}]
     out = []
     for name in args.datasets.split(","):
-        if name == "kang2018":
-            out.append({"dataset": "kang2018"})
-        elif name == "sim100k":
-            path = simulate_h5ad(data_dir / "sim_100000x2000.h5ad", 100_000, 2000, seed=0)
-            out.append({"dataset": "sim100k", "path": str(path)})
+        sizes = {"sim1k": 1_000, "sim10k": 10_000, "sim100k": 100_000}
+        if name in ("kang2018", "kang1k", "kang100k", "pbmc_3tech"):
+            out.append({"dataset": name})
+        elif name in sizes:
+            n = sizes[name]
+            path = simulate_h5ad(data_dir / f"sim_{n}x2000.h5ad", n, 2000, seed=0)
+            out.append({"dataset": name, "path": str(path)})
         else:
-            raise SystemExit(f"unknown dataset {name!r}; use kang2018 and/or sim100k")
+            raise SystemExit(f"unknown dataset {name!r}; use {', '.join(EPOCHS)}")
     return out
 
 
@@ -189,7 +227,7 @@ def _summarise(rows: list[dict], warmup: int) -> pd.DataFrame:
     records = []
     for r in rows:
         per_epoch = np.asarray(r["epoch_seconds"][warmup:] or r["epoch_seconds"], dtype=float)
-        records.append({**r, "s_per_epoch": float(np.median(per_epoch))})
+        records.append({**r, "s_per_epoch": float(np.mean(per_epoch))})
     frame = pd.DataFrame(records)
     table = []
     for (dataset, runner), g in frame.groupby(["dataset", "runner"], sort=False):
@@ -200,7 +238,7 @@ def _summarise(rows: list[dict], warmup: int) -> pd.DataFrame:
                 "dataset": dataset,
                 "runner": runner,
                 "cells x genes (train)": f"{int(g['n_train_cells'].iloc[0])} x {int(g['n_genes'].iloc[0])}",
-                "s/epoch (median per repeat)": ", ".join(f"{v:.3f}" for v in g["s_per_epoch"]),
+                "s/epoch (mean per repeat)": ", ".join(f"{v:.3f}" for v in g["s_per_epoch"]),
                 "s/epoch": float(g["s_per_epoch"].median()),
                 "held-out LPD/cell": float(lpd.iloc[0]) if len(lpd) else float("nan"),
                 "LPD seconds": float(lpd_s.iloc[0]) if len(lpd_s) else float("nan"),
@@ -219,9 +257,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="tiny simulated data, 2 epochs: a smoke run")
-    parser.add_argument("--datasets", default="kang2018,sim100k", help="comma list of kang2018, sim100k")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per fit (default 12; sim100k 4)")
-    parser.add_argument("--warmup", type=int, default=2, help="epochs left out of the median")
+    parser.add_argument("--datasets", default="kang2018,sim100k", help="comma list of " + ", ".join(EPOCHS))
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per fit (default: per data set, EPOCHS)")
+    parser.add_argument("--warmup", type=int, default=None, help="epochs left out of the mean (default: EPOCHS)")
+    parser.add_argument("--summary", action="store_true", help="also write the training-sizes section")
     parser.add_argument("--repeats", type=int, default=2, help="interleaved repeats of every runner")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--lpd-samples", type=int, default=100, help="importance samples per held-out cell")
@@ -238,8 +277,9 @@ def main(argv=None) -> None:
     if args.quick:
         args.repeats, args.warmup, args.lpd_samples, args.lpd_cells = 1, 1, 10, 20
     runners = args.runners.split(",")
-    for ds in _datasets(args):
-        _run_dataset(args, ds, runners)
+    tables = [_run_dataset(args, ds, runners) for ds in _datasets(args)]
+    if args.summary:
+        _write_summary(args, tables)
 
 
 def _previous_times(results: Path, section: str) -> dict[str, float]:
@@ -261,10 +301,12 @@ def _previous_times(results: Path, section: str) -> dict[str, float]:
     return out
 
 
-def _run_dataset(args, ds: dict, runners: list[str]) -> None:
+def _run_dataset(args, ds: dict, runners: list[str]) -> pd.DataFrame:
     rows, loads = [], []
     started = time.strftime("%Y-%m-%d %H:%M")
-    epochs = args.epochs or (2 if args.quick else 4 if ds["dataset"] == "sim100k" else 12)
+    default_epochs, default_warmup = (2, 1) if args.quick else EPOCHS[ds["dataset"]]
+    epochs = args.epochs or default_epochs
+    warmup = args.warmup if args.warmup is not None else default_warmup
     for repeat in range(args.repeats):
         order = runners[repeat % len(runners) :] + runners[: repeat % len(runners)]  # rotate: interleave
         for runner in order:
@@ -274,7 +316,7 @@ def _run_dataset(args, ds: dict, runners: list[str]) -> None:
                 repeat=repeat,
                 epochs=epochs,
                 threads=args.threads,
-                lpd=repeat == 0,
+                lpd=repeat == 0 and ds["dataset"] in LPD_DATASETS,
                 lpd_samples=args.lpd_samples,
                 lpd_cells=args.lpd_cells,
                 heldout_fraction=0.1,
@@ -283,13 +325,13 @@ def _run_dataset(args, ds: dict, runners: list[str]) -> None:
             result = run_worker(Path(__file__), spec)
             print(
                 f"{ds['dataset']:>10} {runner:>16} repeat {repeat}: "
-                f"{np.median(result['epoch_seconds'][args.warmup :] or result['epoch_seconds']):.3f} s/epoch, "
+                f"{np.mean(result['epoch_seconds'][warmup:] or result['epoch_seconds']):.3f} s/epoch, "
                 f"LPD {result.get('lpd_mean', float('nan')):.2f}, peak {result['peak_rss_mb']:.0f} MiB",
                 flush=True,
             )
             rows.append(result)
     loads.append(load_average())
-    table = _summarise(rows, args.warmup)
+    table = _summarise(rows, warmup)
     section = f"{args.section}-{ds['dataset']}"
     previous = _previous_times(Path(args.results), section)
     notes = []
@@ -307,9 +349,9 @@ Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""
 
 Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before each run: {"; ".join(loads)}.
 
-{epochs} epochs per fit; s/epoch is the median over epochs after the first {args.warmup}, per repeat, then the
-median over {args.repeats} interleaved repeats. Held-out LPD: mean over {args.lpd_cells} held-out cells (10% of
-the data, never trained on) of log p(x) in nats with {args.lpd_samples} importance samples (countvae
+{epochs} epochs per fit; s/epoch is the mean over epochs after the first {warmup}, per repeat, then the
+median over {args.repeats} interleaved repeats. Held-out LPD (when measured): mean over {args.lpd_cells} held-out
+cells (10% of the data, never trained on) of log p(x) in nats with {args.lpd_samples} importance samples (countvae
 `get_log_predictive_density`, scvi `get_marginal_ll`), after the same number of epochs. Peak RSS is the worker
 process's high-water mark (data, model, training and LPD).
 
@@ -319,9 +361,39 @@ process's high-water mark (data, model, training and LPD).
 
 Set-up: n_latent 10, 1 hidden layer of 128, NB with gene dispersion, batch one-hot in encoder and decoder,
 batch size 128, train_size 0.9, lr 1e-3. SCVI: default KL warm-up (400 epochs) and no per-epoch validation;
-countvae: no KL warm-up, one validation pass per epoch (included in its time).
+countvae: no KL warm-up, its default validation passes ({_validation_note(rows)}; included in its time).
 """
     write_section(Path(args.results), section, body)
+    table.insert(1, "warm-up epochs", warmup)
+    table.insert(1, "epochs", epochs)
+    table.insert(1, "loads", "; ".join(loads))
+    return table
+
+
+def _validation_note(rows: list[dict]) -> str:
+    counts = sorted({(r["validated_epochs"], len(r["epoch_seconds"])) for r in rows if "validated_epochs" in r})
+    return ", ".join(f"{v} of {n} epochs" for v, n in counts) or "none"
+
+
+def _write_summary(args, tables: list[pd.DataFrame]) -> None:
+    """The ratio of countvae's time per epoch to SCVI's at every size of this run, in one table."""
+    frame = pd.concat(tables, ignore_index=True)
+    keep = ["dataset", "cells x genes (train)", "runner", "epochs", "warm-up epochs", "s/epoch", "ratio to SCVI"]
+    firsts = frame.drop_duplicates("dataset")
+    loads = "; ".join(f"{d}: {x.split(';')[0]}" for d, x in zip(firsts["dataset"], firsts["loads"], strict=True))
+    worst = frame.loc[frame["runner"] == "countvae-direct", "ratio to SCVI"].max()
+    body = f"""## Time per epoch against scvi-tools at every size (`bench_training.py --summary`)
+
+Command: `{command_line()}` ({time.strftime("%Y-%m-%d %H:%M")})
+
+Machine: {machine_line(args.threads)}. Load average (1/5/15 min) at the start of each data set: {loads}.
+Each data set's own section (`training-<dataset>`) has every repeat and the load before each run.
+
+{markdown_table(frame[keep].drop_duplicates())}
+
+Largest ratio to SCVI over countvae-direct rows: {worst:.3f}.
+"""
+    write_section(Path(args.results), f"{args.section}-sizes", body)
 
 
 if __name__ == "__main__":

@@ -127,3 +127,33 @@ def test_default_epochs_budget():
     assert default_epochs(7816) == 77  # Kang with 10% held out: 600,000 cell passes
     assert default_epochs(500) == 400  # small data: scvi-tools' cap
     assert default_epochs(1_000_000) == 20  # large data: at least 20 epochs
+
+
+class _Stop(Exception):
+    """Raised by the stand-in fit_seeds once it has recorded its arguments."""
+
+
+@pytest.mark.parametrize("flag", [None, "--early-stopping", "--no-early-stopping"])
+def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatch, flag):
+    from countvae.cli import diagnose
+
+    seen = {}
+
+    def record(adata, **kwargs):
+        seen.update(kwargs["train_kwargs"])
+        raise _Stop
+
+    monkeypatch.setattr(diagnose, "fit_seeds", record)
+    argv = ["diagnose", str(data_file), *FAST, "--out", str(tmp_path / "d"), *([flag] if flag else [])]
+    with pytest.raises(_Stop):
+        main(argv)
+    if flag == "--no-early-stopping":
+        assert seen["early_stopping"] is False
+        assert not set(diagnose.DEFAULT_STOPPING) & set(seen)  # the model's own defaults then apply
+    else:  # on by default, with the rule chosen in benchmarks/bench_stopping.py
+        assert seen["early_stopping"] is True
+        assert {k: seen[k] for k in diagnose.DEFAULT_STOPPING} == {
+            "check_val_every_n_epoch": 2,
+            "early_stopping_patience": 10,
+            "early_stopping_relative_delta": 1e-3,
+        }

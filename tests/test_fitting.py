@@ -7,6 +7,7 @@ import json
 import anndata as ad
 import joblib
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
@@ -318,3 +319,27 @@ def test_gene_without_counts_among_fit_cells():
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     with pytest.raises(InvalidDataError, match="no counts in the cells left for fitting"):
         _run(adata)
+
+
+def test_each_seed_records_how_it_was_trained(adata, tmp_path):
+    train = {"max_epochs": 40, "batch_size": 64, "lr": 3e-2, "early_stopping": True, "early_stopping_patience": 2}
+    fits = _run(adata, out_dir=tmp_path, train_kwargs=train)
+    table = fits.training.set_index("seed")
+    for fit in fits:
+        summary = fit.model.training_summary
+        row = table.loc[fit.seed]
+        # the record is the model's own summary: epochs trained, the cap, the epoch kept
+        assert row["epochs_trained"] == summary["epochs_trained"] == len(fit.model.history)
+        assert row["max_epochs"] == 40 and row["kept_epoch"] == summary["kept_epoch"] <= row["epochs_trained"]
+        assert row["stopped_early"] == (row["epochs_trained"] < 40)
+        record = json.loads((tmp_path / "fits" / f"seed_{fit.seed}" / "fit.json").read_text())
+        assert record["training"] == summary
+    assert table["stopped_early"].any(), "lr 3e-2 and patience 2 should stop some seed before 40 epochs"
+    assert fits.settings["training"] == [{"seed": s, **fits[i].model.training_summary} for i, s in enumerate([0, 1])]
+    # a resumed run reads the records back with the fits
+    again = _run(adata, out_dir=tmp_path, train_kwargs=train)
+    assert again.reused_seeds == [0, 1] and again.training["reused"].all()
+    pd.testing.assert_frame_equal(
+        again.training.drop(columns=["reused", "fit_seconds"]), fits.training.drop(columns=["reused", "fit_seconds"])
+    )
+    assert load_seed_fits(tmp_path, adata).settings["training"] == fits.settings["training"]

@@ -77,7 +77,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, help_text: Mapping[str,
         ),
         (("--batch-size",), {"type": int, "default": 128}),
         (("--lr",), {"type": float, "default": 1e-3}),
-        (("--early-stopping",), {"action": "store_true", "help": "stop when the validation loss stalls"}),
+        (
+            ("--early-stopping",),
+            {
+                "action": argparse.BooleanOptionalAction,
+                "default": False,
+                "help": "stop when the validation loss stalls (default: off)",
+            },
+        ),
     ]
     help_text = dict(help_text or {})
     for flags, kwargs in options:

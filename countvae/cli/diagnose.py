@@ -87,6 +87,14 @@ CELL_PASSES_PER_SEED = 600_000
 #: grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with all of them
 #: (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
 DEFAULT_N_TOP_GENES = 2_000
+#: Convergence-based stopping, on by default in ``diagnose`` (``--no-early-stopping`` turns it off), chosen in
+#: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
+#: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs.
+DEFAULT_STOPPING = {
+    "check_val_every_n_epoch": 2,
+    "early_stopping_patience": 10,
+    "early_stopping_relative_delta": 1e-3,
+}
 
 
 def default_epochs(n_fit_cells: int) -> int:
@@ -120,9 +128,11 @@ def register(sub: Subcommands) -> None:
         help_text={
             "max_epochs": "epochs per seed (default: 600,000 cell passes, 20 to 400 epochs; 100 on the embedded data)",
             "n_latent": "latent dimensions (default: 10; 5 on the embedded data)",
+            "early_stopping": "stop a seed when its validation loss stalls, keeping its best epoch (default: on; "
+            "validation every 2 epochs, patience 10 epochs, improvements under 0.1%% do not count)",
         },
     )
-    p.set_defaults(n_latent=None, max_epochs=None)
+    p.set_defaults(n_latent=None, max_epochs=None, early_stopping=True)
     add_gene_selection_argument(p, DEFAULT_N_TOP_GENES)
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
@@ -301,6 +311,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "batch_size": args.batch_size,
         "lr": args.lr,
         "early_stopping": args.early_stopping,
+        **(DEFAULT_STOPPING if args.early_stopping else {}),
         "progress_bar": False,
     }
     if args.restrictions is not None:

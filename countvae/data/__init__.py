@@ -1,6 +1,7 @@
 """AnnData registration and validation, minibatches, splits, real and simulated datasets."""
 
 from countvae.data.datasets import DATASETS, find_dataset, load_dataset
+from countvae.data.file_cells import FileCells
 from countvae.data.gene_selection import get_gene_selection, highly_variable_genes, select_top_genes
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs, read_gmt
 from countvae.data.loader import CountSource, Minibatch
@@ -13,6 +14,7 @@ __all__ = [
     "DATASETS",
     "CountSource",
     "CountSummary",
+    "FileCells",
     "Minibatch",
     "Registry",
     "as_gene_programs",

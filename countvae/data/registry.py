@@ -16,6 +16,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae.data.backed import backed_view_counts
 from countvae.data.validation import CountSummary, validate_counts
 from countvae.errors import InvalidDataError, SetupError
 
@@ -111,6 +112,10 @@ def get_count_matrix(adata: ad.AnnData, registry: Registry):
             raise SetupError("use_raw=True but adata.raw is None; pass layer=... or set adata.raw.")
         return adata.raw.X
     if registry.layer is None:
+        if adata.isbacked and adata.is_view:
+            rows = backed_view_counts(adata)  # a subset of a file larger than memory stays on disk
+            if rows is not None:
+                return rows
         if adata.X is None:
             raise SetupError("adata.X is None; pass the layer that holds raw counts with layer=...")
         return adata.X
@@ -190,6 +195,16 @@ def _to_uns(registry: Registry) -> dict:
     record = registry.to_dict()
     # h5ad cannot store None; "" means "not set" (see _none_if_empty).
     return {k: ("" if v is None else v) for k, v in record.items()}
+
+
+def attach_registry(adata: ad.AnnData, registry: Registry) -> None:
+    """Register ``adata`` as ``registry`` says without checking its counts again.
+
+    Only for data already checked under this registration, e.g. a file reopened in
+    another process (:class:`countvae.data.file_cells.FileCells`); anything else goes
+    through :func:`setup_anndata`.
+    """
+    adata.uns[UNS_KEY] = _to_uns(registry)
 
 
 def get_registry(adata: ad.AnnData) -> Registry | None:

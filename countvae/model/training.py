@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from dataclasses import dataclass
@@ -48,7 +47,8 @@ class TrainingPlan:
     kl_warmup_epochs: int = 0
     early_stopping: bool = False
     early_stopping_patience: int = 20
-    early_stopping_min_delta: float = 0.0
+    early_stopping_relative_delta: float = 0.0
+    check_val_every_n_epoch: int = 1
     engine: LossEngine = "direct"
     seed: int = 0
     progress_bar: bool = True
@@ -75,7 +75,10 @@ class TrainingPlan:
             "weight_decay": check_number("weight_decay", self.weight_decay, 0.0),
             "kl_warmup_epochs": check_int("kl_warmup_epochs", self.kl_warmup_epochs, 0),
             "early_stopping_patience": check_int("early_stopping_patience", self.early_stopping_patience, 1),
-            "early_stopping_min_delta": check_number("early_stopping_min_delta", self.early_stopping_min_delta, 0.0),
+            "early_stopping_relative_delta": check_number(
+                "early_stopping_relative_delta", self.early_stopping_relative_delta, 0.0, 1.0, high_open=True
+            ),
+            "check_val_every_n_epoch": check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1),
             "engine": check_choice("engine", self.engine, ("direct", "pyro")),
             "seed": check_int("seed", self.seed, 0),
             "shuffle_block_cells": None
@@ -94,6 +97,68 @@ class TrainingPlan:
     def epochs_for(self, n_train_cells: int) -> int:
         """``max_epochs``, or scvi-tools' default for ``n_train_cells`` when it is ``None``."""
         return self.max_epochs if self.max_epochs is not None else default_max_epochs(n_train_cells)
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What one call to :func:`train_module` did.
+
+    Attributes
+    ----------
+    history
+        One row per epoch (see :func:`train_module`).
+    optimizer
+        The optimiser, to continue with.
+    max_epochs
+        Epochs the call could train.
+    epochs
+        Epochs it trained (fewer than ``max_epochs`` when it stopped early).
+    stopped_early
+        Whether the stopping rule ended training before ``max_epochs``.
+    kept_epoch
+        The epoch (numbered as in the history) whose parameters the module holds:
+        with early stopping the one of the best validation loss, else the last.
+
+    """
+
+    history: pd.DataFrame
+    optimizer: torch.optim.Optimizer
+    max_epochs: int
+    epochs: int
+    stopped_early: bool
+    kept_epoch: int
+
+
+class ConvergenceRule:
+    """Early stopping on the validation loss (lower is better), checked at the epochs with a validation pass.
+
+    An improvement *counts* when the loss falls below the reference (the loss at
+    the last improvement that counted) by more than ``relative_delta`` times the
+    reference's magnitude; training stops once ``patience`` epochs have passed
+    since then. The parameters of the best loss seen (counting or not) are kept.
+    The relative delta makes one setting fit data sets whose losses differ in
+    scale (a negative ELBO per cell of hundreds to thousands of nats); scvi-tools'
+    ``early_stopping_min_delta`` is absolute instead.
+    """
+
+    def __init__(self, patience: int, relative_delta: float):
+        self.patience = patience
+        self.relative_delta = relative_delta
+        self.reference = math.inf
+        self.best = math.inf
+        self.best_epoch = 0
+        self.last_improvement = 0
+
+    def update(self, epoch: int, loss: float) -> tuple[bool, bool]:
+        """Record the validation loss of ``epoch``; return (is it the best so far, should training stop)."""
+        is_best = loss < self.best
+        if is_best:
+            self.best, self.best_epoch = loss, epoch
+        if math.isinf(self.reference) or loss < self.reference - self.relative_delta * abs(self.reference):
+            if math.isfinite(loss):
+                self.reference, self.last_improvement = loss, epoch
+            return is_best, False
+        return is_best, epoch - self.last_improvement >= self.patience
 
 
 def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,12 +246,19 @@ def train_module(
     plan: TrainingPlan,
     optimizer: torch.optim.Optimizer | None = None,
     epoch_offset: int = 0,
-) -> tuple[pd.DataFrame, torch.optim.Optimizer]:
+) -> TrainingRun:
     """Fit ``module`` by maximising the ELBO over minibatches of ``train_indices``.
 
     Each step checks that the loss and the gradient norm are finite *before*
     the parameters change, so a diverging step leaves the last good parameters
     in place and raises :class:`TrainingDivergedError` naming the epoch and step.
+
+    The validation loss is computed every ``plan.check_val_every_n_epoch`` epochs
+    and at the last epoch. It draws its noise from its own seeded generator and
+    runs in eval mode, so how often it is computed does not change the fit. With
+    ``plan.early_stopping``, :class:`ConvergenceRule` decides at each validation
+    (once the KL weight has reached 1) whether to stop, and the parameters of the
+    best validation loss are restored at the end.
 
     Parameters
     ----------
@@ -196,7 +268,7 @@ def train_module(
         Counts and batches of all cells.
     train_indices, validation_indices
         Cells to train on, and cells on which the validation loss is reported
-        each epoch (may be empty).
+        (may be empty).
     plan
         Settings.
     optimizer
@@ -207,11 +279,12 @@ def train_module(
 
     Returns
     -------
-    history, optimizer
-        One row per epoch: ``epoch``, ``loss_train`` (mean negative ELBO per
-        training cell, averaged over the epoch's minibatches),
-        ``loss_validation`` (negative ELBO per validation cell at the epoch's
-        end; NaN without validation cells) and ``kl_weight``.
+    TrainingRun
+        With ``history``: one row per epoch: ``epoch``, ``loss_train`` (mean
+        negative ELBO per training cell, averaged over the epoch's minibatches),
+        ``loss_validation`` (negative ELBO per validation cell at the epoch's end;
+        NaN at epochs without a validation pass, and without validation cells) and
+        ``kl_weight``.
 
     """
     dtype, device = _dtype_device(module)
@@ -223,9 +296,11 @@ def train_module(
     parameters = list(module.parameters())
     live = list(module.state_dict().values())
     last_good = [t.detach().clone() for t in live]
-    best = (math.inf, None, -1)  # validation loss, state, epoch
-    stale = 0
-    bar = tqdm(range(plan.epochs_for(len(train_indices))), desc="Training", disable=not plan.progress_bar, unit="epoch")
+    best_state: list[torch.Tensor] | None = None
+    rule = ConvergenceRule(plan.early_stopping_patience, plan.early_stopping_relative_delta)
+    n_epochs = plan.epochs_for(len(train_indices))
+    stopped_early = False
+    bar = tqdm(range(n_epochs), desc="Training", disable=not plan.progress_bar, unit="epoch")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(plan.seed if epoch_offset == 0 else int(rng.integers(2**62)))
         for epoch in bar:
@@ -257,11 +332,14 @@ def train_module(
                 running += float(loss.detach()) * len(mb.indices)
                 seen += len(mb.indices)
             loss_train = running / max(seen, 1)
+            validate = len(validation_indices) > 0 and (
+                (epoch + 1) % plan.check_val_every_n_epoch == 0 or epoch + 1 == n_epochs
+            )
             loss_val = (
                 evaluate_loss(
                     module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
                 )
-                if len(validation_indices)
+                if validate
                 else math.nan
             )
             rows.append(
@@ -272,27 +350,45 @@ def train_module(
                     "kl_weight": kl_weight,
                 }
             )
-            bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}")
-            if plan.early_stopping and len(validation_indices) and kl_weight >= 1.0:
-                if loss_val < best[0] - plan.early_stopping_min_delta:
-                    best = (loss_val, copy.deepcopy(module.state_dict()), epoch_offset + epoch + 1)
-                    stale = 0
-                else:
-                    stale += 1
-                    if stale >= plan.early_stopping_patience:
-                        logger.info(
-                            "Early stopping after epoch %d: validation loss has not improved for %d epochs; "
-                            "restoring the parameters of epoch %d.",
-                            epoch_offset + epoch + 1,
-                            stale,
-                            best[2],
-                        )
-                        break
+            bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)
+            if plan.early_stopping and validate and kl_weight >= 1.0:
+                is_best, stop = rule.update(epoch + 1, loss_val)
+                if is_best:
+                    best_state = _snapshot(live, best_state)
+                if stop:
+                    stopped_early = True
+                    logger.info(
+                        "Early stopping after epoch %d: the validation loss has not improved by more than %g of "
+                        "its value for %d epochs; restoring the parameters of epoch %d.",
+                        epoch_offset + epoch + 1,
+                        plan.early_stopping_relative_delta,
+                        epoch + 1 - rule.last_improvement,
+                        epoch_offset + rule.best_epoch,
+                    )
+                    break
     bar.close()
-    if plan.early_stopping and best[1] is not None:
-        module.load_state_dict(best[1])
+    kept = epoch_offset + len(rows)
+    if best_state is not None:
+        _restore(live, best_state)
+        kept = epoch_offset + rule.best_epoch
     module.eval()
-    return pd.DataFrame(rows), optimizer
+    return TrainingRun(
+        history=pd.DataFrame(rows, columns=["epoch", "loss_train", "loss_validation", "kl_weight"]),
+        optimizer=optimizer,
+        max_epochs=n_epochs,
+        epochs=len(rows),
+        stopped_early=stopped_early,
+        kept_epoch=kept,
+    )
+
+
+@torch.no_grad()
+def _snapshot(live: list[torch.Tensor], store: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use."""
+    if store is None:
+        return [t.detach().clone() for t in live]
+    torch._foreach_copy_(store, live)
+    return store
 
 
 @torch.no_grad()

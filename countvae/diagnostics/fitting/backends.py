@@ -16,12 +16,15 @@ from pathlib import Path
 import anndata as ad
 import joblib
 
+from countvae.data.file_cells import FileCells
 from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask, run_fit
 from countvae.errors import InvalidArgumentError
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("local", "ray")
+#: The fit cells as workers receive them: an AnnData in memory, or cells of a file that each worker opens.
+FitData = ad.AnnData | FileCells
 #: Seconds an idle joblib worker lives on after the last fit (joblib's default is 300).
 _IDLE_WORKER_SECONDS = 5
 
@@ -38,11 +41,15 @@ def available_cores() -> int:
 DEFAULT_TORCH_THREADS = 1
 
 
-def run_local(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
-    """Fit in this process (``n_jobs=1``) or in ``n_jobs`` joblib (loky) worker processes."""
+def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
+    """Fit in this process (``n_jobs=1``) or in ``n_jobs`` joblib (loky) worker processes.
+
+    Workers receive ``fit_data`` pickled: a copy of an in-memory AnnData, or, for a
+    :class:`~countvae.data.file_cells.FileCells`, only the file's path and the positions.
+    """
     if n_jobs == 1 or len(tasks) <= 1:
         for task in tasks:
-            yield run_fit(task, adata_fit)
+            yield run_fit(task, fit_data)
         return
     threads = max(task.torch_threads for task in tasks)
     parallel = joblib.Parallel(
@@ -52,7 +59,7 @@ def run_local(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> I
         inner_max_num_threads=threads,
         idle_worker_timeout=_IDLE_WORKER_SECONDS,
     )
-    yield from parallel(joblib.delayed(run_fit)(task, adata_fit) for task in tasks)
+    yield from parallel(joblib.delayed(run_fit)(task, fit_data) for task in tasks)
 
 
 def _import_ray():
@@ -71,7 +78,14 @@ def _pythonpath_with_this_countvae() -> str:
     return os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
 
 
-def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
+def _fit_on_ray_node(task: FitTask, fit_data: FitData) -> FitOutcome:
+    """:func:`run_fit` inside a Ray task, recording the node it ran on."""
+    outcome = run_fit(task, fit_data)
+    outcome.node = _import_ray().get_runtime_context().get_node_id()
+    return outcome
+
+
+def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
     """Fit each seed as a Ray task on the cluster ``ray.init`` connected to.
 
     If Ray is not initialised, a local instance is started with a small
@@ -79,6 +93,11 @@ def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Ite
     workers import the same countvae as this process, and it is shut down when
     the fits are done. Each task asks Ray for as many CPUs as it uses
     torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
+
+    ``fit_data`` goes into the object store once. For fit cells in a backed file
+    (:class:`~countvae.data.file_cells.FileCells`) that is the path and the cells'
+    positions, not the counts: every node must see the file at the same path (a
+    shared or copied file system) and each task reads its minibatches from it.
     """
     if not tasks:
         return
@@ -88,6 +107,7 @@ def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Ite
         n_cpus = max(len(tasks) if n_jobs == -1 else n_jobs, max(t.torch_threads for t in tasks))
         logger.info("Starting a local Ray instance with %d CPUs.", n_cpus)
         ray.init(
+            address="local",  # a new instance: without it, ray.init joins any Ray cluster running on this machine
             num_cpus=n_cpus,
             include_dashboard=False,
             log_to_driver=False,
@@ -100,11 +120,11 @@ def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Ite
     pending: dict = {}
     queue = list(tasks)
     try:
-        data_ref = ray.put(adata_fit)
+        data_ref = ray.put(fit_data)
         while queue or pending:
             while queue and len(pending) < in_flight_limit:
                 task = queue.pop(0)
-                remote = ray.remote(num_cpus=task.torch_threads, max_retries=0)(run_fit)
+                remote = ray.remote(num_cpus=task.torch_threads, max_retries=0)(_fit_on_ray_node)
                 pending[remote.remote(task, data_ref)] = task.seed
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
@@ -118,8 +138,8 @@ def run_ray(tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Ite
             ray.shutdown()
 
 
-def run_tasks(backend: str, tasks: Sequence[FitTask], adata_fit: ad.AnnData, n_jobs: int) -> Iterator[FitOutcome]:
+def run_tasks(backend: str, tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
     """Dispatch to :func:`run_local` or :func:`run_ray`."""
     if backend == "ray":
-        return run_ray(tasks, adata_fit, n_jobs)
-    return run_local(tasks, adata_fit, n_jobs)
+        return run_ray(tasks, fit_data, n_jobs)
+    return run_local(tasks, fit_data, n_jobs)

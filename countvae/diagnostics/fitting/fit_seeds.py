@@ -44,12 +44,14 @@ from tqdm.auto import tqdm
 from countvae._checks import check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
+from countvae.data.file_cells import FileCells
 from countvae.data.gene_selection import get_gene_selection
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
+from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, available_cores, run_tasks
 from countvae.diagnostics.fitting.fitted_model import FittedModel
-from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
 from countvae.diagnostics.fitting.manifest import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -64,6 +66,7 @@ from countvae.diagnostics.fitting.output_folder import (
     FitLoader,
     locked,
     prepare,
+    read_fit_record,
     seed_folder,
     store,
 )
@@ -169,7 +172,7 @@ def _model_family(model_cls: Any) -> str:
 # ----- data ---
 def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
-    totals = np.asarray(get_count_matrix(adata_fit, registry).sum(axis=0), dtype=np.float64).ravel()
+    totals = column_totals(get_count_matrix(adata_fit, registry))
     empty = np.flatnonzero(totals == 0)
     if empty.size:
         names = list(get_var_names(adata_fit, registry)[empty[:5]])
@@ -302,7 +305,9 @@ def fit_seeds(
     threads = DEFAULT_TORCH_THREADS if torch_threads is None else check_int("torch_threads", torch_threads, minimum=1)
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
-    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
+    stream = adata.isbacked and family == "countvae"
+    adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
+    adata_heldout = cells_at(adata, heldout_idx)
     check_fit_genes(adata_fit, registry)
     model_record = to_json_value(model_kwargs, "model_kwargs")
     settings = {
@@ -330,6 +335,8 @@ def fit_seeds(
     gene_selection = get_gene_selection(adata)
     if gene_selection is not None:  # recorded only when genes were selected, so older folders still resume
         settings["gene_selection"] = gene_selection
+    if stream:  # minibatches come from the file in blocks, not from memory cell by cell: other fits
+        settings["fit_cells"] = "read from the backed file by each fit"
     tasks = [
         FitTask(
             seed=s,
@@ -344,23 +351,31 @@ def fit_seeds(
     ]
     loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    fits, seconds, reused = _fit_or_reuse(
-        tasks, loader, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
+    fits, seconds, reused, records = _fit_or_reuse(
+        tasks, loader, fit_data, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
     )
     return SeedFits(
         fits=[fits[s] for s in seeds],
         adata_fit=loader.adata_for_fits,
         adata_heldout=adata_heldout,
-        settings={**settings, "seeds": seeds, "backend": backend, "n_jobs": n_jobs},
+        settings={
+            **settings,
+            "seeds": seeds,
+            "backend": backend,
+            "n_jobs": n_jobs,
+            "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
+        },
         seconds=seconds,
         out_dir=None if out_dir is None else Path(out_dir),
         reused_seeds=reused,
+        records=records,
     )
 
 
 def _fit_or_reuse(
     tasks: list[FitTask],
     loader: FitLoader,
+    fit_data: ad.AnnData | FileCells,
     backend: str,
     n_jobs: int,
     out_dir: str | os.PathLike | None,
@@ -368,8 +383,11 @@ def _fit_or_reuse(
     overwrite: bool,
     progress_bar: bool,
     progress: Progress | None,
-) -> tuple[dict[int, FittedModel], dict[int, float], list[int]]:
-    """Load the completed seeds from ``out_dir``, fit and store the others; return fits, seconds, reused seeds."""
+) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]]]:
+    """Load the completed seeds from ``out_dir``, fit and store the others.
+
+    Returns the fits, seconds, reused seeds and each seed's ``fit.json`` record.
+    """
     with contextlib.ExitStack() as stack:
         if out_dir is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
@@ -383,21 +401,24 @@ def _fit_or_reuse(
         reused = [t.seed for t in tasks if seed_folder(fits_dir, t.seed).is_dir()]
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
+        records: dict[int, dict[str, Any]] = {}
         for s in reused:
             logger.info("Seed %d: reusing the completed fit in %s.", s, seed_folder(fits_dir, s))
             fits[s] = loader.load(fits_dir, s)
+            records[s] = read_fit_record(seed_folder(fits_dir, s))
             seconds[s] = 0.0
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
-            for outcome in run_tasks(backend, todo, loader.adata_fit, n_jobs):
+            for outcome in run_tasks(backend, todo, fit_data, n_jobs):
                 store(fits_dir, outcome, loader.family, progress)
                 fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
+                records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
                 seconds[outcome.seed] = outcome.seconds
                 logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
                 bar.set_postfix_str(f"seed {outcome.seed} done")
                 bar.update(1)
-    return fits, seconds, reused
+    return fits, seconds, reused, records
 
 
 def _sha256_ints(values: np.ndarray) -> str:
@@ -454,7 +475,8 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {settings['model_family']} fits; model_cls={model_cls.__name__} is a {family} model."
         )
     fit_idx, heldout_idx = heldout_split(adata.n_obs, settings["heldout_fraction"], settings["split_seed"])
-    adata_fit, adata_heldout = cells_at(adata, fit_idx), cells_at(adata, heldout_idx)
+    adata_fit, _ = fit_cells(adata, fit_idx, registry, stream=adata.isbacked and family == "countvae")
+    adata_heldout = cells_at(adata, heldout_idx)
     loader = FitLoader(model_cls, family, adata_fit, registry)
     fits_dir = root / FITS_FOLDER
     seeds = [s for s in manifest["seeds"] if seed_folder(fits_dir, s).is_dir()]
@@ -463,12 +485,18 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "
             "same settings and out_dir to finish them."
         )
+    records = {s: read_fit_record(seed_folder(fits_dir, s)) for s in seeds}
     return SeedFits(
         fits=[loader.load(fits_dir, s) for s in seeds],
         adata_fit=loader.adata_for_fits,
         adata_heldout=adata_heldout,
-        settings={**settings, "seeds": seeds},
+        settings={
+            **settings,
+            "seeds": seeds,
+            "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
+        },
         seconds=dict.fromkeys(seeds, 0.0),
         out_dir=root,
         reused_seeds=seeds,
+        records=records,
     )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 
+from countvae.data.file_cells import FileCells
+from countvae.data.registry import Registry
 from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError
 
@@ -24,3 +26,22 @@ def cells_at(adata: ad.AnnData, positions: np.ndarray) -> ad.AnnData:
     """The cells at ``positions`` as an AnnData in memory (read from disk when ``adata`` is backed)."""
     view = adata[positions]
     return view.to_memory() if adata.isbacked else view.copy()
+
+
+def fit_cells(
+    adata: ad.AnnData, positions: np.ndarray, registry: Registry, stream: bool
+) -> tuple[ad.AnnData, ad.AnnData | FileCells]:
+    """The fit cells for this process, and what each fit's worker receives to read them.
+
+    With ``stream`` (a countvae model on a backed AnnData) the cells stay in the
+    file: this process gets a backed view of them, and workers get a
+    :class:`~countvae.data.file_cells.FileCells`, which names the file and the
+    positions, so each worker opens the file itself and reads minibatches from disk
+    (nothing is copied into worker processes or Ray's object store). Otherwise the
+    cells are an AnnData in memory, sent to the workers.
+    """
+    if stream:
+        cells = FileCells.of(adata, positions, registry)
+        return cells.open(), cells
+    in_memory = cells_at(adata, positions)
+    return in_memory, in_memory

@@ -139,7 +139,11 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
             "seconds": outcome.seconds,
             "torch_threads": outcome.torch_threads,
             "host": outcome.host,
+            "training": outcome.training,
+            "peak_rss_mib": round(outcome.peak_rss_mib, 1),
         }
+        if outcome.node:
+            record["ray_node"] = outcome.node
         write_json_atomic(tmp / FIT_RECORD, record)
         notify(progress, ProgressEvent(SEED_WRITTEN, seed=outcome.seed, seconds=outcome.seconds))
     notify(progress, ProgressEvent(SEED_STORED, seed=outcome.seed, seconds=outcome.seconds))

@@ -166,6 +166,15 @@ def history_record(model: Any) -> dict[str, list[float | None]]:
     return out
 
 
+def training_summary(model: Any) -> dict[str, Any]:
+    """Epochs an scvi-tools model trained (the length of its loss history), as ``CountVAE.training_summary``."""
+    history = getattr(model, "history", None) or {}
+    for key in ("elbo_train", "train_loss_epoch"):
+        if key in history:
+            return {"epochs_trained": len(history[key])}
+    return {}
+
+
 def save_scvi_fit(model: Any, folder: Path, model_kwargs: dict[str, Any]) -> None:
     """Write a trained scvi-tools model into an existing empty ``folder`` (see module docstring)."""
     params = folder / _PARAMS_FILE

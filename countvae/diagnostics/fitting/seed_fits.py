@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import anndata as ad
+import numpy as np
+import pandas as pd
 
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 
@@ -40,6 +42,10 @@ class SeedFits:
     reused_seeds
         Seeds whose fits were read from ``out_dir`` rather than fitted by this
         call (completed by an earlier, possibly interrupted, run).
+    records
+        Each seed's ``fit.json`` record: seconds, torch threads, host (and Ray
+        node), and its ``training`` summary (epochs trained, the epoch kept,
+        whether it stopped early; see ``CountVAE.training_summary``).
     """
 
     fits: list[FittedModel]
@@ -49,6 +55,7 @@ class SeedFits:
     seconds: dict[int, float] = field(default_factory=dict)
     out_dir: Path | None = None
     reused_seeds: list[int] = field(default_factory=list)
+    records: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.fits)
@@ -63,3 +70,29 @@ class SeedFits:
     def seeds(self) -> list[int]:
         """Seeds of the fits, in order."""
         return [f.seed for f in self.fits]
+
+    @property
+    def training(self) -> pd.DataFrame:
+        """One row per seed: epochs trained, the most it could have trained, whether it stopped early, the epoch kept.
+
+        Columns ``seed``, ``epochs_trained``, ``max_epochs``, ``stopped_early``,
+        ``kept_epoch``, ``fit_seconds`` (of the run that made the fit) and
+        ``reused`` (read from ``out_dir`` by this call). Missing values are NaN
+        (scvi-tools fits record only the epochs trained).
+        """
+        rows = []
+        for seed in self.seeds:
+            record = self.records.get(seed, {})
+            training = record.get("training", {})
+            rows.append(
+                {
+                    "seed": seed,
+                    "epochs_trained": training.get("epochs_trained", np.nan),
+                    "max_epochs": training.get("max_epochs", np.nan),
+                    "stopped_early": training.get("stopped_early", np.nan),
+                    "kept_epoch": training.get("kept_epoch", np.nan),
+                    "fit_seconds": record.get("seconds", np.nan),
+                    "reused": seed in self.reused_seeds,
+                }
+            )
+        return pd.DataFrame(rows)

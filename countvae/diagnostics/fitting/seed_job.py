@@ -10,16 +10,19 @@ level so that joblib and Ray can send it to worker processes; a task's
 
 from __future__ import annotations
 
+import resource
 import socket
+import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anndata as ad
 import torch
 
+from countvae.data.file_cells import FileCells
 from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.progress import SEED_STARTED, SEED_TRAINED, Progress, ProgressEvent, notify
@@ -61,27 +64,48 @@ class FitTask:
 
 @dataclass
 class FitOutcome:
-    """A finished fit: the files of its model folder, and how it was made."""
+    """A finished fit: the files of its model folder, and how it was made.
+
+    ``training`` is the model's training summary (``CountVAE.training_summary``:
+    epochs trained, the epoch kept, whether it stopped early; for scvi-tools fits
+    the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
+    ``peak_rss_mib`` is the peak resident memory of the process that fitted it, up to
+    the end of the fit (Linux ``ru_maxrss``; for a fit in the calling process, that
+    process's whole high-water mark).
+    """
 
     seed: int
     files: dict[str, bytes]
     seconds: float
     torch_threads: int
     host: str
+    training: dict[str, Any] = field(default_factory=dict)
+    node: str = ""
+    peak_rss_mib: float = 0.0
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
-    """Fit one seed on ``adata_fit`` (registered with ``CountVAE.setup_anndata``) and return its saved files.
+def _peak_rss_mib() -> float:
+    """Peak resident memory of this process in MiB (``ru_maxrss`` is in KiB on Linux, in bytes on macOS)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024.0**2 if sys.platform == "darwin" else 1024.0)
 
+
+def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
+    """Fit one seed and return its saved files.
+
+    ``fit_data`` is the fit cells: an AnnData registered with
+    ``CountVAE.setup_anndata``, or a :class:`~countvae.data.file_cells.FileCells`,
+    which this function opens (a backed view of the file: minibatches are read from
+    disk, the cells are never loaded whole) and closes when the fit is saved.
     The number of torch threads is set for the fit and restored afterwards,
     so running a job in the calling process leaves its settings unchanged.
     """
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(task.torch_threads)
+    adata_fit = fit_data.open() if isinstance(fit_data, FileCells) else fit_data
     try:
         start = time.perf_counter()
         notify(task.progress, ProgressEvent(SEED_STARTED, seed=task.seed))
@@ -96,15 +120,25 @@ def run_fit(task: FitTask, adata_fit: ad.AnnData) -> FitOutcome:
                 notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 folder.mkdir()
                 scvi_storage.save_scvi_fit(model, folder, task.model_kwargs_record)
+                training = scvi_storage.training_summary(model)
             else:
                 model = task.model_cls(adata_fit, **task.model_kwargs)
                 model.train(**{"progress_bar": False, **task.train_kwargs, "seed": task.seed})
                 seconds = time.perf_counter() - start
                 notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 model.save(folder)
+                training = model.training_summary
             files = _read_tree(folder)
     finally:
         torch.set_num_threads(previous_threads)
+        if isinstance(fit_data, FileCells):
+            adata_fit.file.close()
     return FitOutcome(
-        seed=task.seed, files=files, seconds=seconds, torch_threads=task.torch_threads, host=socket.gethostname()
+        seed=task.seed,
+        files=files,
+        seconds=seconds,
+        torch_threads=task.torch_threads,
+        host=socket.gethostname(),
+        training=training,
+        peak_rss_mib=_peak_rss_mib(),
     )

@@ -137,7 +137,7 @@ def report(
     stopwatch.timings["total"] = stopwatch.total()
     return DiagnosticReport(
         headline=lines,
-        tables=_tables(invariants, components, analyses),
+        tables=_tables(invariants, components, analyses) | _training_table(collected.fit_settings),
         settings={
             "report": s.to_dict(),
             "markers": collected.marker_names,
@@ -185,6 +185,19 @@ def _tables(invariants: pd.DataFrame, components: pd.DataFrame, a: Analyses) -> 
         "invariant_pairs": a.invariant_pairs,
     }
     return dict(zip(MAIN_TABLES, main, strict=True)) | {k: v for k, v in details.items() if v is not None}
+
+
+def _training_table(fit_settings: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """``{"training": one row per seed}`` when the fits record how they were trained (fits from ``fit_seeds``).
+
+    Columns: ``seed``, ``epochs_trained``, ``max_epochs``, ``stopped_early`` and
+    ``kept_epoch`` (the epoch whose parameters the fit holds), as far as recorded.
+    """
+    records = fit_settings.get("training")
+    if not records:
+        return {}
+    columns = ["seed", "epochs_trained", "max_epochs", "stopped_early", "kept_epoch"]
+    return {"training": pd.DataFrame(records).reindex(columns=columns)}
 
 
 def _subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:

@@ -255,6 +255,7 @@ def render_html(rep: ReportContent) -> str:
         ]
     parts += [
         _h2("about"),
+        *(["<h3>Training of each seed</h3>", html_table(t["training"])] if "training" in t else []),
         "<h3>What was subsampled</h3>",
         "<p>Quantities that are quadratic in cells, or expensive per cell, use random subsets:</p>",
         html_key_values(rep.subsampling),

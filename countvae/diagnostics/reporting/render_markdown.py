@@ -63,6 +63,8 @@ def render_markdown(rep: ReportContent) -> str:
     ]
     if "ground_truth" in t:
         sections += ["## Against the simulation's truth", _md(t["ground_truth"])]
+    if "training" in t:
+        sections += ["## Training of each seed", _md(t["training"])]
     sections += [
         "## Subsampling",
         "\n".join(f"- {k}: {v}" for k, v in rep.subsampling.items()),

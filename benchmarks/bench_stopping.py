@@ -1,0 +1,405 @@
+"""Convergence-based stopping for ``countvae diagnose``: which rule, and what it costs in held-out fit.
+
+``countvae diagnose`` used to train every seed for a fixed number of cell passes
+(600,000: 77 epochs on Kang, 333 on pbmc_3tech). This script measures what stopping
+on a held-back validation ELBO saves, and what it loses, on real data.
+
+Phase 1 (trajectories): for each data set and seed, one fit exactly as ``diagnose``
+makes it (``fit_seeds`` split: 10% of the cells held out with split seed 0; the fit
+cells split 90/10 into training and validation by the fit's seed), trained for the
+old default number of epochs. After every epoch it records the validation loss (the
+stopping signal), the ELBO of the held-out cells (the quality, never used for
+stopping; one reparameterized draw per cell with fixed noise, common to all epochs),
+and the seconds spent training, validating and evaluating. Validation and held-out
+evaluation draw their noise from a separate, fixed generator, so they do not change
+the fit: the trajectory of one long fit is the trajectory of every stopped fit.
+
+Phase 2 (rules): each stopping rule is replayed on the recorded validation losses:
+validate every ``k`` epochs; an improvement counts when the validation loss falls
+below the reference by more than ``relative_delta`` times the reference's magnitude;
+stop when ``patience`` epochs have passed since the last improvement that counted;
+keep the parameters of the best validation loss seen. A rule's cost is the training
+time up to its stop plus its validation passes; its loss is the held-out ELBO of the
+kept epoch against the held-out ELBO of the old default (the last epoch).
+
+Phase 3 (verification): the chosen rule is run through ``CountVAE.train`` itself
+and its stop epoch and held-out ELBO are compared with the replay.
+
+    python benchmarks/bench_stopping.py                      # Kang and pbmc_3tech, seeds 0-2 (~45 min)
+    python benchmarks/bench_stopping.py --reuse              # phases 2-3 on the stored trajectories
+    python benchmarks/bench_stopping.py --quick              # small simulated data, a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    DEFAULT_DATA_DIR,
+    DEFAULT_RESULTS,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    run_worker,
+    write_section,
+)
+
+#: The rules replayed in phase 2: validate every k epochs, patience (epochs), relative min delta.
+CHECK_EVERY = (1, 2, 5)
+PATIENCE = (5, 10, 15, 20, 30)
+RELATIVE_DELTA = (0.0, 1e-4, 3e-4, 1e-3)
+#: Genes kept: detected in at least this many cells of the whole data set.
+MIN_CELLS = 10
+
+
+# ----- worker side --------------------------------------------------------------------------------
+def _data(spec: dict):
+    import countvae as cv
+
+    if spec["dataset"] == "quick":
+        adata = cv.data.simulate(n_cells=600, n_genes=150, n_latent=3, n_batches=2, seed=0)
+    else:
+        adata = cv.data.load_dataset(spec["dataset"])
+        # genes detected in at least MIN_CELLS cells (pbmc_3tech ships genes seen in 2 cells, some of which
+        # only the held-out cells have; a model cannot fit a gene without counts)
+        detected = np.asarray((adata.X > 0).sum(axis=0)).ravel()
+        adata = adata[:, detected >= MIN_CELLS].copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+def _split(adata):
+    from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+
+    fit_idx, held_idx = heldout_split(adata.n_obs, 0.1, 0)
+    return cells_at(adata, fit_idx), cells_at(adata, held_idx)
+
+
+def trajectory_worker(spec: dict) -> dict:
+    """Phase 1: train one seed for ``spec['epochs']`` epochs, recording every epoch."""
+    import torch
+
+    import countvae as cv
+    from countvae.data.loader import CountSource
+    from countvae.data.registry import batch_codes, get_count_matrix, get_registry
+    from countvae.model import training
+
+    torch.set_num_threads(spec["threads"])
+    fit, held = _split(_data(spec))
+    held_source = CountSource(get_count_matrix(held, get_registry(held)), batch_codes(held, get_registry(held)))
+    held_idx = np.arange(held.n_obs)
+    model = cv.CountVAE(fit, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
+    rows: list[dict] = []
+    original = training.evaluate_loss
+    clock = {"last": 0.0}
+
+    def evaluate_and_record(module, source, indices, batch_size, seed):
+        t_train_end = time.perf_counter()
+        value = original(module, source, indices, batch_size, seed)
+        t_validated = time.perf_counter()
+        heldout_loss = original(module, held_source, held_idx, 512, 12345)
+        t_done = time.perf_counter()
+        rows.append(
+            {
+                "epoch": len(rows) + 1,
+                "train_seconds": t_train_end - clock["last"],
+                "validation_seconds": t_validated - t_train_end,
+                "loss_validation": value,
+                "heldout_elbo": -heldout_loss,
+            }
+        )
+        clock["last"] = t_done
+        return value
+
+    training.evaluate_loss = evaluate_and_record
+    try:
+        clock["last"] = time.perf_counter()
+        model.train(max_epochs=spec["epochs"], seed=spec["seed"], progress_bar=False)
+    finally:
+        training.evaluate_loss = original
+    return {**spec, "n_fit": int(fit.n_obs), "n_heldout": int(held.n_obs), "n_genes": int(fit.n_vars), "rows": rows}
+
+
+def verify_worker(spec: dict) -> dict:
+    """Phase 3: the chosen rule through ``CountVAE.train``; held-out ELBO of the kept parameters."""
+    import torch
+
+    import countvae as cv
+    from countvae.data.loader import CountSource
+    from countvae.data.registry import batch_codes, get_count_matrix, get_registry
+    from countvae.model.training import evaluate_loss
+
+    torch.set_num_threads(spec["threads"])
+    fit, held = _split(_data(spec))
+    model = cv.CountVAE(fit, n_latent=10, n_hidden=128, n_layers=1, likelihood="nb", decoder="mlp")
+    t0 = time.perf_counter()
+    model.train(max_epochs=spec["epochs"], seed=spec["seed"], progress_bar=False, **spec["rule"])
+    seconds = time.perf_counter() - t0
+    source = CountSource(get_count_matrix(held, get_registry(held)), batch_codes(held, get_registry(held)))
+    heldout = -evaluate_loss(model.module, source, np.arange(held.n_obs), 512, 12345)
+    summary = model.training_summary
+    return {**spec, "seconds": seconds, "heldout_elbo": heldout, **summary}
+
+
+# ----- replaying rules ----------------------------------------------------------------------------
+def replay(losses: np.ndarray, every: int, patience: int, relative_delta: float, max_epochs: int) -> tuple[int, int]:
+    """Stop epoch and kept (best) epoch of a rule on validation losses ``losses[e - 1]`` of epochs ``e``.
+
+    The same rule as ``countvae.model.training`` (tested there against this replay's definition).
+    """
+    reference, best, best_epoch, last_improvement = np.inf, np.inf, 0, 0
+    checks = list(range(every, max_epochs + 1, every))
+    if not checks or checks[-1] != max_epochs:
+        checks.append(max_epochs)  # training always validates at its last epoch
+    for epoch in checks:
+        loss = float(losses[epoch - 1])
+        if loss < best:
+            best, best_epoch = loss, epoch
+        if loss < reference - relative_delta * abs(reference) or not np.isfinite(reference):
+            reference, last_improvement = loss, epoch
+        elif epoch - last_improvement >= patience:
+            return epoch, best_epoch
+    return max_epochs, best_epoch if best_epoch else max_epochs
+
+
+def evaluate_rules(trajectories: list[dict]) -> pd.DataFrame:
+    """Every rule of the grid on every trajectory: epochs, time share and held-out ELBO gap."""
+    out = []
+    for traj in trajectories:
+        frame = pd.DataFrame(traj["rows"])
+        losses = frame["loss_validation"].to_numpy()
+        elbo = frame["heldout_elbo"].to_numpy()
+        train_s = frame["train_seconds"].to_numpy()
+        val_s = float(frame["validation_seconds"].median())
+        n = len(frame)
+        full_seconds = float(train_s.sum())  # the old default: no validation needed
+        for every, patience, delta in itertools.product(CHECK_EVERY, PATIENCE, RELATIVE_DELTA):
+            stop, kept = replay(losses, every, patience, delta, n)
+            seconds = float(train_s[:stop].sum()) + val_s * (stop // every + (stop % every > 0))
+            out.append(
+                {
+                    "dataset": traj["dataset"],
+                    "seed": traj["seed"],
+                    "every": every,
+                    "patience": patience,
+                    "relative_delta": delta,
+                    "stop_epoch": stop,
+                    "kept_epoch": kept,
+                    "max_epochs": n,
+                    "time_share": seconds / full_seconds,
+                    "elbo_gap": float(elbo[kept - 1] - elbo[n - 1]),
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def choose_rule(rules: pd.DataFrame, tolerance: float) -> pd.DataFrame:
+    """Per rule: worst held-out gap and mean time share over all fits; rules within ``tolerance`` first."""
+    keys = ["every", "patience", "relative_delta"]
+    summary = rules.groupby(keys).agg(
+        worst_gap=("elbo_gap", "min"),
+        mean_gap=("elbo_gap", "mean"),
+        mean_time_share=("time_share", "mean"),
+        max_time_share=("time_share", "max"),
+    )
+    summary["within_tolerance"] = summary["worst_gap"] >= -tolerance
+    return summary.reset_index().sort_values(["within_tolerance", "mean_time_share"], ascending=[False, True])
+
+
+# ----- driver -------------------------------------------------------------------------------------
+def _old_default_epochs(n_cells: int) -> int:
+    from countvae.cli.diagnose import CELL_PASSES_PER_SEED
+
+    n_fit = int(round(0.9 * n_cells))
+    return int(min(400, max(20, round(CELL_PASSES_PER_SEED / n_fit))))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="small simulated data, 30 epochs: a smoke run")
+    parser.add_argument("--datasets", default="kang2018,pbmc_3tech")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tolerance", type=float, default=0.5, help="largest held-out ELBO loss, nats per cell")
+    parser.add_argument("--reuse", action="store_true", help="replay the stored trajectories, do not refit them")
+    parser.add_argument("--no-verify", action="store_true", help="skip phase 3")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    parser.add_argument("--results", default=str(DEFAULT_RESULTS))
+    args = parser.parse_args(argv)
+    if args.worker:
+        spec = json.loads(args.worker)
+        result = verify_worker(spec) if spec.get("rule") else trajectory_worker(spec)
+        print(json.dumps(result))
+        return
+
+    datasets = ["quick"] if args.quick else args.datasets.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    store = Path(args.data_dir) / ("stopping_trajectories_quick.json" if args.quick else "stopping_trajectories.json")
+    started = time.strftime("%Y-%m-%d %H:%M")
+    loads = [load_average()]
+    t_start = time.perf_counter()
+    # Trajectories are stored as each finishes; --reuse keeps those stored and fits only the missing ones.
+    stored = json.loads(store.read_text()) if args.reuse and store.exists() else []
+    done = {(t["dataset"], t["seed"]): t for t in stored}
+    trajectories = []
+    for name in datasets:
+        epochs = 30 if name == "quick" else _old_default_epochs(2000 if name == "pbmc_3tech" else 8684)
+        for seed in seeds:
+            if (name, seed) in done:
+                trajectories.append(done[(name, seed)])
+                continue
+            spec = {"dataset": name, "seed": seed, "epochs": epochs, "threads": args.threads}
+            result = run_worker(Path(__file__), spec)
+            loads.append(load_average())
+            frame = pd.DataFrame(result["rows"])
+            print(
+                f"{name} seed {seed}: {len(frame)} epochs, {frame['train_seconds'].sum():.0f} s training, "
+                f"held-out ELBO {frame['heldout_elbo'].iloc[-1]:.2f} (best {frame['heldout_elbo'].max():.2f} "
+                f"at epoch {int(frame['heldout_elbo'].idxmax()) + 1})",
+                flush=True,
+            )
+            trajectories.append(result)
+            done[(name, seed)] = result
+            store.parent.mkdir(parents=True, exist_ok=True)
+            store.write_text(json.dumps(list(done.values())))
+    rules = evaluate_rules(trajectories)
+    ranking = choose_rule(rules, args.tolerance)
+    print(ranking.head(15).to_string())
+    best = ranking.iloc[0]
+    chosen = {"every": int(best["every"]), "patience": int(best["patience"]), "relative_delta": best["relative_delta"]}
+    verify_rows = []
+    if not args.no_verify:
+        for traj in trajectories:
+            rule = {
+                "early_stopping": True,
+                "check_val_every_n_epoch": chosen["every"],
+                "early_stopping_patience": chosen["patience"],
+                "early_stopping_relative_delta": float(chosen["relative_delta"]),
+            }
+            spec = {k: traj[k] for k in ("dataset", "seed", "epochs", "threads")} | {"rule": rule}
+            result = run_worker(Path(__file__), spec)
+            loads.append(load_average())
+            replayed = rules[
+                (rules["dataset"] == traj["dataset"])
+                & (rules["seed"] == traj["seed"])
+                & (rules["every"] == chosen["every"])
+                & (rules["patience"] == chosen["patience"])
+                & (rules["relative_delta"] == chosen["relative_delta"])
+            ].iloc[0]
+            full = pd.DataFrame(traj["rows"])
+            verify_rows.append(
+                {
+                    "dataset": traj["dataset"],
+                    "seed": traj["seed"],
+                    "old default epochs": traj["epochs"],
+                    "epochs trained": result["epochs_trained"],
+                    "kept epoch": result["best_epoch"],
+                    "replayed stop / kept": f"{int(replayed['stop_epoch'])} / {int(replayed['kept_epoch'])}",
+                    "seconds (stopped)": result["seconds"],
+                    "seconds (old default, training only)": float(full["train_seconds"].sum()),
+                    "held-out ELBO (stopped)": result["heldout_elbo"],
+                    "held-out ELBO (old default)": float(full["heldout_elbo"].iloc[-1]),
+                    "gap": result["heldout_elbo"] - float(full["heldout_elbo"].iloc[-1]),
+                }
+            )
+            print(verify_rows[-1], flush=True)
+    minutes = (time.perf_counter() - t_start) / 60
+    _write(args, trajectories, rules, ranking, chosen, verify_rows, started, loads, minutes)
+
+
+def _trajectory_table(trajectories: list[dict]) -> pd.DataFrame:
+    rows = []
+    for traj in trajectories:
+        f = pd.DataFrame(traj["rows"])
+        best = int(f["heldout_elbo"].idxmax())
+        rows.append(
+            {
+                "dataset": traj["dataset"],
+                "cells fit / held out x genes": f"{traj['n_fit']} / {traj['n_heldout']} x {traj['n_genes']}",
+                "seed": traj["seed"],
+                "old default epochs": len(f),
+                "s/epoch (training)": float(f["train_seconds"].iloc[1:].median()),
+                "validation s": float(f["validation_seconds"].median()),
+                "held-out ELBO at the end": float(f["heldout_elbo"].iloc[-1]),
+                "best held-out ELBO (epoch)": f"{f['heldout_elbo'].max():.2f} ({best + 1})",
+                "epoch of best validation loss": int(f["loss_validation"].idxmin()) + 1,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _reuse_note(args) -> str:
+    """Where reused trajectories came from: their fits ran in an earlier run, under that run's load."""
+    if not args.reuse:
+        return ""
+    store = Path(args.data_dir) / ("stopping_trajectories_quick.json" if args.quick else "stopping_trajectories.json")
+    written = time.strftime("%Y-%m-%d %H:%M", time.localtime(store.stat().st_mtime))
+    return (
+        f"The trajectories were reused (`--reuse`) from `{store.name}`, last written {written} by an earlier run of "
+        "phase 1 (its load averages were not stored; its seconds per epoch show the load it ran under).\n"
+    )
+
+
+def _write(args, trajectories, rules, ranking, chosen, verify_rows, started, loads, minutes) -> None:
+    keys = ["every", "patience", "relative_delta"]
+    chosen_rows = rules.merge(pd.DataFrame([chosen]), on=keys)
+    chosen_rows = chosen_rows[["dataset", "seed", "stop_epoch", "kept_epoch", "max_epochs", "time_share", "elbo_gap"]]
+    top = ranking.head(12)
+    body = f"""## Convergence-based stopping for `diagnose` (`bench_stopping.py`)
+
+Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""}; {minutes:.0f} min)
+
+Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before and after each fit: {"; ".join(loads)}.
+{_reuse_note(args)}
+
+Each fit is made as `countvae diagnose` makes it: n_latent 10, 1 x 128 hidden, NB, batch 128, lr 1e-3; 10% of
+the cells held out (split seed 0, as `fit_seeds`), the fit cells split 90/10 into training and validation by the
+fit's seed; trained for the old default of 600,000 cell passes. Held-out ELBO: mean over all held-out cells of
+the single-draw ELBO with fixed noise (nats per cell, higher is better); the quality criterion here until the
+accurate log p(x) estimator of issue 13 is in place.
+
+### The fits, trained to the old default
+
+{markdown_table(_trajectory_table(trajectories))}
+
+### Rules replayed on these trajectories
+
+Validate every `every` epochs; an improvement counts when the validation loss falls below the reference by more
+than `relative_delta` x |reference|; stop after `patience` epochs without one; keep the parameters of the best
+validation loss seen. Gap: held-out ELBO of the kept parameters minus that of the old default (negative = worse).
+Time share: training time to the stop plus the validation passes, over the old default's training time.
+Tolerance: a gap of at most {args.tolerance} nats per cell on every fit. Best 12 of
+{len(ranking)} rules (within tolerance first, then by mean time share):
+
+{markdown_table(top)}
+
+Chosen: validate every {chosen["every"]} epochs, patience {chosen["patience"]} epochs, relative delta
+{chosen["relative_delta"]:g}. Per fit:
+
+{markdown_table(chosen_rows)}
+"""
+    if verify_rows:
+        body += f"""
+### The chosen rule run through `CountVAE.train`
+
+The stop and kept epochs must equal the replay's (the rule in the training loop is the replayed rule); seconds
+are wall time of the whole `train` call, validation included, against the old default's training time.
+
+{markdown_table(pd.DataFrame(verify_rows))}
+"""
+    write_section(Path(args.results), "stopping-quick" if args.quick else "stopping", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Cells of a view of a backed (on-disk) AnnData, read from the file when needed, never loaded whole.
+
+``anndata.read_h5ad(path, backed="r")`` keeps the count matrix on disk, but a view of
+it (``adata[cells]``) reads all of its rows into memory as soon as ``.X`` is touched.
+:func:`backed_view_counts` gives countvae the view's rows as a :class:`BackedRows`
+instead: a matrix-like object that reads contiguous row slices of the file on demand,
+so a model can train on (and be evaluated on) a subset of a file larger than memory.
+"""
+
+from __future__ import annotations
+
+import anndata as ad
+import h5py
+import numpy as np
+
+
+def file_counts(adata: ad.AnnData):
+    """The whole ``X`` of backed ``adata``'s file, unread: anndata's sparse dataset or an h5py dataset."""
+    stored = adata.file["X"]
+    return ad.io.sparse_dataset(stored) if isinstance(stored, h5py.Group) else stored
+
+
+def backed_positions(adata: ad.AnnData) -> np.ndarray:
+    """Row positions, in its file, of the cells of a backed AnnData (all rows unless it is a view).
+
+    anndata has no public accessor for a view's rows in its parent; ``_oidx`` (a slice
+    or an integer array, as anndata normalises it) is the one private name read here.
+    """
+    every_row = np.arange(int(file_counts(adata).shape[0]), dtype=np.int64)
+    return every_row[adata._oidx] if adata.is_view else every_row
+
+
+class BackedRows:
+    """Rows ``positions`` (sorted, unique) of a backed matrix, read from disk on demand.
+
+    Supports what countvae's readers use: ``shape``, ``dtype``, ``format`` and row
+    slices ``rows[start:stop]``, which read the file rows from ``positions[start]`` to
+    ``positions[stop - 1]`` as one contiguous slice and keep the wanted ones, so rows
+    left out of the subset in between cost a little extra reading but no extra seeks.
+    """
+
+    def __init__(self, matrix, positions: np.ndarray):
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size and np.any(np.diff(positions) <= 0):
+            raise ValueError("positions must be sorted and unique")
+        self.matrix = matrix
+        self.positions = positions
+        self.dtype = matrix.dtype
+        self.format = getattr(matrix, "format", None)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """Rows in the subset x columns."""
+        return (len(self.positions), int(self.matrix.shape[1]))
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("BackedRows supports row slices with step 1 only")
+        start, stop, _ = key.indices(len(self.positions))
+        if stop <= start:
+            return self.matrix[0:0]
+        rows = self.positions[start:stop]
+        block = self.matrix[int(rows[0]) : int(rows[-1]) + 1]
+        if len(rows) == rows[-1] - rows[0] + 1:
+            return block
+        return block[rows - rows[0]]
+
+
+def backed_view_counts(adata: ad.AnnData) -> BackedRows | None:
+    """``X`` of a view of a backed AnnData as :class:`BackedRows` over its file (nothing is read yet).
+
+    ``None`` when the view's cells are not in file order (then anndata reads them into memory).
+    """
+    positions = backed_positions(adata)
+    if positions.size > 1 and np.any(np.diff(positions) <= 0):
+        return None
+    return BackedRows(file_counts(adata), positions)

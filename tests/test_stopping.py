@@ -1,0 +1,154 @@
+"""Convergence-based stopping: the rule, how often validation runs, and what is recorded."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import countvae as cv
+from countvae.data.loader import CountSource
+from countvae.data.registry import batch_codes, get_count_matrix
+from countvae.model.training import ConvergenceRule, evaluate_loss
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    torch.set_num_threads(1)
+
+
+def _params(model):
+    return torch.cat([p.detach().flatten().clone() for p in model.module.state_dict().values()])
+
+
+def _validation_loss(model, seed: int) -> float:
+    """The validation loss as training computes it (the noise is seeded by the fit's seed)."""
+    src = CountSource(get_count_matrix(model.adata, model.registry), batch_codes(model.adata, model.registry))
+    return evaluate_loss(model.module, src, model.validation_indices, 512, seed=seed)
+
+
+def test_rule_on_a_sequence_worked_by_hand():
+    # relative delta 1%: an improvement counts when the loss falls more than 1% below the reference
+    rule = ConvergenceRule(patience=3, relative_delta=0.01)
+    outcomes = [rule.update(epoch, loss) for epoch, loss in enumerate([100.0, 95.0, 94.5, 94.2, 94.1], start=1)]
+    # 100 sets the reference; 95 < 99 counts (reference 95, epoch 2); 94.5, 94.2, 94.1 are above 94.05:
+    # they are new bests but do not count, and at epoch 5, 3 epochs have passed since epoch 2
+    assert outcomes == [(True, False), (True, False), (True, False), (True, False), (True, True)]
+    assert rule.best == 94.1 and rule.best_epoch == 5 and rule.reference == 95.0 and rule.last_improvement == 2
+
+
+def test_rule_with_zero_delta_counts_every_improvement_and_ignores_worse_epochs():
+    rule = ConvergenceRule(patience=2, relative_delta=0.0)
+    losses = [10.0, 9.0, 9.5, 8.9, 9.2, 9.1]
+    stops = [rule.update(e, x)[1] for e, x in enumerate(losses, start=1)]
+    assert stops == [False, False, False, False, False, True]  # last improvement at epoch 4, stop at 4 + 2
+    assert rule.best_epoch == 4 and rule.best == 8.9
+
+
+def test_rule_never_takes_a_nan_loss_as_reference():
+    rule = ConvergenceRule(patience=1, relative_delta=0.0)
+    assert rule.update(1, math.nan) == (False, False)
+    assert rule.update(2, 5.0) == (True, False)
+    assert rule.update(3, math.nan) == (False, True)
+    assert rule.best_epoch == 2
+
+
+def test_validating_less_often_does_not_change_the_fit(small_adata):
+    every = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    every.train(max_epochs=7, seed=3, progress_bar=False)
+    sparse = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    sparse.train(max_epochs=7, seed=3, progress_bar=False, check_val_every_n_epoch=3)
+    assert torch.equal(_params(every), _params(sparse))
+    np.testing.assert_array_equal(every.history["loss_train"], sparse.history["loss_train"])
+    validated = sparse.history["loss_validation"].notna().to_numpy()
+    assert validated.tolist() == [False, False, True, False, False, True, True]  # every 3rd and the last
+    np.testing.assert_array_equal(
+        sparse.history["loss_validation"][validated], every.history["loss_validation"][validated]
+    )
+
+
+def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_checked_epoch(small_adata):
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    m.train(
+        max_epochs=300,
+        lr=3e-2,
+        seed=1,
+        progress_bar=False,
+        early_stopping=True,
+        early_stopping_patience=6,
+        early_stopping_relative_delta=1e-3,
+        check_val_every_n_epoch=2,
+    )
+    h = m.history
+    summary = m.training_summary
+    assert summary["stopped_early"] and summary["epochs_trained"] == len(h) < 300
+    # Replay the rule on the recorded validation losses: it must stop at the same epoch.
+    rule = ConvergenceRule(patience=6, relative_delta=1e-3)
+    checked = h.dropna(subset=["loss_validation"])
+    assert checked["epoch"].tolist() == list(range(2, len(h) + 1, 2))
+    stops = [
+        rule.update(int(e), float(v))[1] for e, v in zip(checked["epoch"], checked["loss_validation"], strict=True)
+    ]
+    assert stops[-1] and not any(stops[:-1])
+    best = checked.loc[checked["loss_validation"].idxmin()]
+    assert summary["kept_epoch"] == int(best["epoch"]) == rule.best_epoch
+    assert _validation_loss(m, seed=1) == pytest.approx(float(best["loss_validation"]), rel=1e-6)
+
+
+def test_early_stopping_is_deterministic(small_adata):
+    kwargs = dict(max_epochs=200, lr=3e-2, seed=5, progress_bar=False, early_stopping=True, early_stopping_patience=4)
+    a = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
+    b = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
+    assert a.training_summary == b.training_summary
+    assert torch.equal(_params(a), _params(b))
+
+
+def test_no_stopping_during_kl_warmup(small_adata):
+    # A delta of 50% never counts after the first check, so without warm-up training stops at epoch 1 + 1.
+    kwargs = dict(
+        max_epochs=30,
+        seed=0,
+        progress_bar=False,
+        early_stopping=True,
+        early_stopping_patience=1,
+        early_stopping_relative_delta=0.5,
+    )
+    plain = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
+    assert plain.training_summary["epochs_trained"] == 2
+    warm = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(kl_warmup_epochs=8, **kwargs)
+    # the KL weight reaches 1 at epoch 8: the first check that counts, then one more epoch
+    assert warm.training_summary["epochs_trained"] == 9
+    assert warm.history["kl_weight"].iloc[7] == 1.0 and warm.history["kl_weight"].iloc[6] < 1.0
+
+
+def test_training_summary_without_stopping_and_after_save(small_adata, tmp_path):
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    assert m.training_summary == {}
+    m.train(max_epochs=3, progress_bar=False)
+    assert m.training_summary == {
+        "epochs_trained": 3,
+        "max_epochs": 3,
+        "stopped_early": False,
+        "kept_epoch": 3,
+        "early_stopping": False,
+    }
+    m.train(max_epochs=2, progress_bar=False)
+    assert m.training_summary["epochs_trained"] == 5 and m.training_summary["max_epochs"] == 5
+    m.save(tmp_path / "m")
+    assert cv.CountVAE.load(tmp_path / "m").training_summary == m.training_summary
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"check_val_every_n_epoch": 0}, "check_val_every_n_epoch"),
+        ({"early_stopping_relative_delta": -0.1}, "early_stopping_relative_delta"),
+        ({"early_stopping_relative_delta": 1.0}, "early_stopping_relative_delta"),
+    ],
+)
+def test_bad_stopping_arguments_are_named(small_adata, kwargs, name):
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    with pytest.raises(cv.errors.InvalidArgumentError, match=name):
+        m.train(progress_bar=False, **kwargs)
