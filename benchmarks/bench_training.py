@@ -12,10 +12,10 @@ its time.
 10% of the cells (fixed seed) are held out from both models; the held-out log
 predictive density per cell is countvae's ``get_log_predictive_density(method="guide")`` and
 scvi's ``get_marginal_ll``, the same estimator (the guide as proposal) with the
-same number of importance samples on the same cells (only for the data sets in ``LPD_DATASETS``: elsewhere the runs time epochs
-only). Each (dataset, runner, repeat) runs in its own process, in an interleaved
-order; time per epoch is the mean over the epochs after the warm-up epochs (so
-epochs with a validation pass count in proportion).
+same number of importance samples on the same cells (only for the data sets in
+``LPD_DATASETS``: elsewhere the runs time epochs only). Each (dataset, runner,
+repeat) runs in its own process, in an interleaved order; time per epoch is the
+mean over the epochs after the warm-up epochs (so epochs with a validation pass count in proportion).
 
 Data sets: ``kang2018`` (8,684 x 2,511), ``kang1k`` (1,000 of its cells),
 ``kang100k`` (100,000 cells drawn from it with replacement), ``pbmc_3tech``

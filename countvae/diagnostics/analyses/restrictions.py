@@ -59,7 +59,7 @@ from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.invariants import concordance
 from countvae.diagnostics.analyses.maps import fit_signed_permutation
 from countvae.diagnostics.analyses.markers import dimension_correlations
-from countvae.diagnostics.analyses.predictive import pairwise_table
+from countvae.diagnostics.analyses.predictive import equivalence_table
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
 
@@ -241,7 +241,7 @@ def predictive_cost(
 
     Each seed's restricted fit is paired with the unrestricted fit of the same
     seed on the same held-out cells, through
-    :func:`countvae.diagnostics.analyses.predictive.pairwise_table` (paired
+    :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired
     differences). The estimate is the per-cell difference averaged over seeds and
     cells; its standard error combines the spread over cells of the seed-averaged
     per-cell differences (the table's paired ``se_diff_per_cell``) with the spread
@@ -263,7 +263,9 @@ def predictive_cost(
     seeds = [s for s in restricted if s in unrestricted]
     if not seeds:
         raise InvalidArgumentError("The restricted and unrestricted fits share no seed.")
-    per_seed = [pairwise_table({"restricted": restricted[s], "unrestricted": unrestricted[s]}).iloc[0] for s in seeds]
+    per_seed = [
+        equivalence_table({"restricted": restricted[s], "unrestricted": unrestricted[s]}, margin).iloc[0] for s in seeds
+    ]
     diffs = np.array([row["diff_per_cell"] for row in per_seed])
 
     def averaged(frames: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
@@ -271,7 +273,9 @@ def predictive_cost(
         mc = np.sqrt(np.mean([frames[s]["mc_se"].to_numpy() ** 2 for s in seeds], axis=0) / len(seeds))
         return pd.DataFrame({"lpd": lpd, "mc_se": mc}, index=frames[seeds[0]].index)
 
-    pooled = pairwise_table({"restricted": averaged(restricted), "unrestricted": averaged(unrestricted)}).iloc[0]
+    pooled = equivalence_table(
+        {"restricted": averaged(restricted), "unrestricted": averaged(unrestricted)}, margin
+    ).iloc[0]
     seed_var = float(np.var(diffs, ddof=1)) / len(seeds) if len(seeds) > 1 else 0.0
     se = float(np.sqrt(pooled["se_diff_per_cell"] ** 2 + seed_var))
     diff = float(pooled["diff_per_cell"])
