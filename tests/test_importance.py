@@ -51,8 +51,11 @@ def test_narrow_proposal_is_flagged_and_khat_follows_the_theoretical_pareto_shap
             # theory k = 1 - s^2 = 0.91; PSIS underestimates slowly converging tails by ~0.1 at 4,000 draws
             assert abs(medians[s] - 0.91) < 0.15
             assert (summary.khat > KHAT_THRESHOLD).mean() > 0.6
-            # the reported SE (at most 1 by construction) hides how far the too-narrow proposal falls short
             assert float(np.mean(summary.lpd - LOG_Z)) < -0.1
+            # the empirical SE formula is at most 1 whatever the error, so flagged cells report none
+            flagged = summary.khat > KHAT_THRESHOLD
+            assert np.isnan(summary.mc_se[flagged]).all() and not summary.reliable[flagged].any()
+            assert np.isfinite(summary.mc_se[~flagged]).all()
     assert medians[0.3] > medians[0.5] > medians[0.7]  # heavier tails for narrower proposals, as k = 1 - s^2
 
 
@@ -61,7 +64,13 @@ def test_summary_rows_concatenate_take_and_frame():
     b = summarize_log_weights(_log_weights(1.2, 100, 2, seed=3))
     both = ImportanceSummary.concatenate([a, b])
     frame = both.take(np.array([4, 0])).to_frame(index=["x", "y"])
-    assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat"]
+    assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]
     assert frame.loc["x", "lpd"] == b.lpd[1] and frame.loc["y", "lpd"] == a.lpd[0]
+    replaced = a.replace_rows(np.array([2, 0]), b)
+    assert replaced.lpd[2] == b.lpd[0] and replaced.lpd[0] == b.lpd[1] and replaced.lpd[1] == a.lpd[1]
     with pytest.raises(ValueError, match="at least 2"):
         summarize_log_weights(torch.zeros((1, 3)))
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        summarize_log_weights(torch.tensor([[0.0, float("nan")], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="every importance weight zero"):
+        summarize_log_weights(torch.tensor([[0.0, -math.inf], [0.0, -math.inf]]))

@@ -23,8 +23,11 @@ from countvae import _arviz
 #: (Vehtari et al. 2024, PSIS: with k > 0.7 the number of draws needed grows impractically fast).
 KHAT_THRESHOLD = 0.7
 
-#: Columns of :meth:`ImportanceSummary.to_frame`, in order.
+#: The per-cell arrays of an :class:`ImportanceSummary`, in order.
 COLUMNS = ("lpd", "mc_se", "ess", "khat")
+
+#: Columns of :meth:`ImportanceSummary.to_frame`, in order.
+FRAME_COLUMNS = (*COLUMNS, "reliable")
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,14 @@ class ImportanceSummary:
     mc_se
         Delta-method Monte Carlo standard error of ``lpd``,
         ``sd(w) / (sqrt(S) mean(w)) = sqrt((S sum_s wn_s^2 - 1) / (S - 1))`` with normalised
-        weights ``wn``. It cannot exceed 1 whatever the true error, so it is meaningful only
-        where ``khat`` is at most :data:`KHAT_THRESHOLD`.
+        weights ``wn``, where ``khat`` is at most :data:`KHAT_THRESHOLD`; NaN elsewhere. This
+        empirical formula cannot exceed 1 whatever the true error (one dominant weight gives
+        exactly 1), so where k-hat says the weights' variance is effectively infinite no
+        finite standard error is reported.
     ess
         Effective sample size ``1 / sum_s wn_s^2``.
     khat
-        Pareto k-hat of the weights (PSIS); above :data:`KHAT_THRESHOLD` the estimate is unreliable.
+        Pareto k-hat of the weights (PSIS); above :data:`KHAT_THRESHOLD` (or NaN) the estimate is unreliable.
 
     """
 
@@ -54,12 +59,20 @@ class ImportanceSummary:
 
     @property
     def reliable(self) -> np.ndarray:
-        """Cells whose Pareto k-hat is at most :data:`KHAT_THRESHOLD`."""
+        """Cells whose Pareto k-hat is at most :data:`KHAT_THRESHOLD` (a NaN k-hat is not)."""
         return self.khat <= KHAT_THRESHOLD
 
     def to_frame(self, index: Sequence | pd.Index | None = None) -> pd.DataFrame:
-        """The summary as a DataFrame with columns :data:`COLUMNS`."""
-        return pd.DataFrame({name: getattr(self, name) for name in COLUMNS}, index=index)
+        """The summary as a DataFrame with columns :data:`FRAME_COLUMNS`."""
+        columns = {name: getattr(self, name) for name in COLUMNS}
+        return pd.DataFrame({**columns, "reliable": self.reliable}, index=index)
+
+    def replace_rows(self, positions: np.ndarray, other: ImportanceSummary) -> ImportanceSummary:
+        """A copy whose rows at ``positions`` are the rows of ``other``, in order."""
+        arrays = {name: getattr(self, name).copy() for name in COLUMNS}
+        for name, values in arrays.items():
+            values[positions] = getattr(other, name)
+        return ImportanceSummary(**arrays)
 
     def take(self, positions: np.ndarray) -> ImportanceSummary:
         """The rows at ``positions``."""
@@ -85,16 +98,36 @@ def summarize_log_weights(log_weights: torch.Tensor) -> ImportanceSummary:
     -------
     ImportanceSummary
 
+    Raises
+    ------
+    ValueError
+        If a log weight is NaN or ``+inf`` (the log joint or the proposal density
+        overflowed), or every weight of a cell is zero.
+
     """
+    if log_weights.dim() != 2:
+        raise ValueError(f"log weights must have shape (draws, cells); got {tuple(log_weights.shape)}.")
     n_draws = log_weights.shape[0]
     if n_draws < 2:
         raise ValueError("at least 2 importance draws per cell are needed for a standard error")
     log_w = log_weights.detach().to(torch.float64)
+    bad = torch.isnan(log_w) | (log_w == math.inf)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{int(bad.sum())} log importance weights are NaN or +inf (in {int(bad.any(0).sum())} cells): "
+            "the log joint or the proposal density overflowed; fit in float64 or check the inputs."
+        )
+    if not bool(torch.isfinite(log_w.max(0).values).all()):
+        raise ValueError("a cell has every importance weight zero; its log p(x) cannot be estimated.")
     total = torch.logsumexp(log_w, dim=0)
     normalised = torch.exp(log_w - total)
     sum_sq = (normalised**2).sum(0)
     lpd = (total - math.log(n_draws)).cpu().numpy()
     mc_se = torch.sqrt(torch.clamp(n_draws * sum_sq - 1.0, min=0.0) / (n_draws - 1)).cpu().numpy()
     ess = (1.0 / sum_sq).cpu().numpy()
-    khat = _arviz.pareto_khat(log_w.T.cpu().numpy())
+    khat = np.asarray(_arviz.pareto_khat(log_w.T.cpu().numpy()), dtype=np.float64)
+    # equal weights (an exact proposal) have no tail to fit; arviz says inf, but bounded weights mean k <= 0
+    constant = (log_w.max(0).values == log_w.min(0).values).cpu().numpy()
+    khat = np.where(constant, -np.inf, khat)
+    mc_se = np.where(khat <= KHAT_THRESHOLD, mc_se, np.nan)
     return ImportanceSummary(lpd=lpd, mc_se=mc_se, ess=ess, khat=khat)

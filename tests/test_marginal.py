@@ -1,0 +1,171 @@
+"""The core ``log p(x)`` estimator against closed forms, with bad proposals it must flag.
+
+Target with a known marginal: the linear-Gaussian model ``z ~ N(0, I_L)``,
+``x | z ~ N(W z + a, s^2 I_D)``, for which ``x ~ N(a, W W^T + s^2 I)`` exactly.
+With small ``s`` the posterior is narrow (like a high-count cell's), so a guide
+that is off by a few posterior sd is a poor proposal on its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from countvae.module.importance import KHAT_THRESHOLD
+from countvae.module.marginal import MarginalSettings, estimate_log_marginal
+
+D, L, N_CELLS, NOISE = 12, 2, 40, 0.05
+
+
+def _normal_log_prob(x: torch.Tensor, mean: torch.Tensor, sd: float) -> torch.Tensor:
+    return (-0.5 * ((x - mean) / sd) ** 2 - math.log(sd) - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+@pytest.fixture(scope="module")
+def gaussian_problem():
+    gen = torch.Generator().manual_seed(7)
+    W = torch.randn(D, L, generator=gen, dtype=torch.float64)
+    a = torch.randn(D, generator=gen, dtype=torch.float64)
+    z = torch.randn(N_CELLS, L, generator=gen, dtype=torch.float64)
+    x = z @ W.T + a + NOISE * torch.randn(N_CELLS, D, generator=gen, dtype=torch.float64)
+
+    def log_joint(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        return _normal_log_prob(x[cells], zz @ W.T + a, NOISE) + _normal_log_prob(zz, torch.zeros(()), 1.0)
+
+    marginal = torch.distributions.MultivariateNormal(a, W @ W.T + NOISE**2 * torch.eye(D, dtype=torch.float64))
+    exact = marginal.log_prob(x).numpy()
+    precision = W.T @ W / NOISE**2 + torch.eye(L, dtype=torch.float64)
+    post_cov = torch.linalg.inv(precision)
+    post_mean = (x - a) @ W / NOISE**2 @ post_cov
+    post_sd = torch.sqrt(torch.diagonal(post_cov))
+    return log_joint, exact, post_mean, post_sd
+
+
+def _errors(summary, exact):
+    err = summary.lpd - exact
+    return float(np.abs(err).mean()), float(np.mean(np.abs(err) <= 3 * summary.mc_se))
+
+
+def test_recovers_the_closed_form_marginal_from_an_offset_narrow_guide(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    loc = post_mean + 5 * post_sd  # five posterior sd off: the guide alone would be a poor proposal
+    scale = 0.3 * post_sd.expand(N_CELLS, L)
+    summary = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(0))
+    mean_abs, within = _errors(summary, exact)
+    assert mean_abs < 0.02 and within >= 0.95
+    assert summary.reliable.all() and np.isfinite(summary.mc_se).all()
+    assert (summary.mc_se > 0).all()  # a real Monte Carlo error, not an exact proposal
+    frame = summary.to_frame()
+    assert list(frame.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]
+
+
+def test_full_covariance_factor_of_the_guide_is_accepted_and_agrees(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    rotation = torch.tensor([[math.cos(0.7), -math.sin(0.7)], [math.sin(0.7), math.cos(0.7)]], dtype=torch.float64)
+    factor = (rotation * torch.tensor([0.02, 0.05], dtype=torch.float64)).expand(N_CELLS, L, L)  # not triangular
+    summary = estimate_log_marginal(log_joint, post_mean, factor, torch.Generator().manual_seed(1))
+    mean_abs, within = _errors(summary, exact)
+    assert mean_abs < 0.02 and within >= 0.95
+
+
+def test_bad_proposal_is_flagged_by_khat_with_no_standard_error(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    # no Newton, no restarts, no second pass: a t at a guide four posterior sd off, too narrow
+    crippled = MarginalSettings(n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0, escalation_draws=0)
+    loc = post_mean + 4 * post_sd
+    scale = 0.3 * post_sd.expand(N_CELLS, L)
+    bad = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(2), crippled)
+    flagged = bad.khat > KHAT_THRESHOLD
+    assert flagged.mean() > 0.5
+    assert np.isnan(bad.mc_se[flagged]).all() and not bad.reliable[flagged].any()
+    assert float(np.mean(bad.lpd - exact)) < -0.5  # and the estimate is indeed far too low
+    # the default settings repair the same proposal: Newton moves to the mode
+    good = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(2))
+    assert good.reliable.all() and _errors(good, exact)[0] < 0.02
+
+
+def test_second_pass_redoes_flagged_cells_with_more_draws(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    loc = post_mean + 4 * post_sd
+    scale = 0.3 * post_sd.expand(N_CELLS, L)
+    first_pass_bad = MarginalSettings(n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0)
+    summary = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(2), first_pass_bad)
+    # the second pass keeps newton_steps=0, so it cannot move the centre; what it changes is the draw count
+    without = estimate_log_marginal(
+        log_joint,
+        loc,
+        scale,
+        torch.Generator().manual_seed(2),
+        MarginalSettings(**{**vars(first_pass_bad), "escalation_draws": 0}),
+    )
+    redone = without.khat > KHAT_THRESHOLD
+    assert redone.any()
+    np.testing.assert_array_equal(summary.lpd[~redone], without.lpd[~redone])
+    assert not np.array_equal(summary.lpd[redone], without.lpd[redone])
+
+
+def test_restarts_find_a_second_mode_that_the_guide_never_sees():
+    # log joint: exp(c) (N(z; m, s^2 I) + N(z; -m, s^2 I)) / 2, normaliser exp(c); the guide sits on +m only
+    m = torch.tensor([2.0, 1.0], dtype=torch.float64)
+    sd, c = 0.1, -30.0
+
+    def log_joint(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        both = torch.stack([_normal_log_prob(zz, m, sd), _normal_log_prob(zz, -m, sd)])
+        return c + torch.logsumexp(both, dim=0) - math.log(2.0)
+
+    n = 20
+    loc, scale = m.expand(n, 2).clone(), torch.full((n, 2), sd, dtype=torch.float64)
+    found = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(3))
+    assert np.abs(found.lpd - c).max() < 0.05 and found.reliable.all()
+    single = MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0)
+    missed = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(3), single)
+    # without restarts half the mass is missed (log 2 low); the weights cannot show it
+    np.testing.assert_allclose(missed.lpd, c - math.log(2.0), atol=0.05)
+
+
+def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_problem):
+    log_joint, _, post_mean, post_sd = gaussian_problem
+    scale = post_sd.expand(N_CELLS, L)
+    runs = [
+        estimate_log_marginal(log_joint, post_mean, scale, torch.Generator().manual_seed(5), points_per_call=ppc)
+        for ppc in (2**14, 2**14, 37)
+    ]
+    np.testing.assert_array_equal(runs[0].lpd, runs[1].lpd)
+    np.testing.assert_allclose(runs[0].lpd, runs[2].lpd, rtol=0, atol=1e-9)
+    other = estimate_log_marginal(log_joint, post_mean, scale, torch.Generator().manual_seed(6))
+    assert not np.array_equal(runs[0].lpd, other.lpd)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("n_draws", 1, "n_draws must be an integer >= 2"),
+        ("n_pilot", -1, "n_pilot"),
+        ("pilot_restarts", 300, "cannot exceed n_pilot"),
+        ("guide_weight", 1.0, r"guide_weight must be in \[0, 1\)"),
+        ("mode_floor", 1.5, "mode_floor"),
+        ("df", 2.5, "positive integer or math.inf"),
+        ("newton_tol", 0.0, "newton_tol"),
+        ("escalation_draws", 1, "escalation_draws"),
+        ("n_draws", 10.0, "n_draws must be an integer"),
+    ],
+)
+def test_settings_are_validated(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        MarginalSettings(**{field: value})
+
+
+def test_inputs_are_validated(gaussian_problem):
+    log_joint, _, post_mean, post_sd = gaussian_problem
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="scale must have shape"):
+        estimate_log_marginal(log_joint, post_mean, post_sd, gen)
+    with pytest.raises(TypeError, match="torch.Generator"):
+        estimate_log_marginal(log_joint, post_mean, post_sd.expand(N_CELLS, L), 0)
+    with pytest.raises(ValueError, match="finite"):
+        estimate_log_marginal(log_joint, post_mean * math.nan, post_sd.expand(N_CELLS, L), gen)
+    with pytest.raises(ValueError, match="log_joint returned shape"):
+        estimate_log_marginal(lambda z, c: log_joint(z, c).sum(0), post_mean, post_sd.expand(N_CELLS, L), gen)
