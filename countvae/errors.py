@@ -64,3 +64,11 @@ class NonIdentifiableComponentsWarning(CountVAEWarning):
 
 class MonteCarloWarning(CountVAEWarning):
     """A Monte Carlo estimate is too noisy for its purpose; the message says which and how many draws to use."""
+
+
+class UnreliableEstimateWarning(CountVAEWarning):
+    """Some cells' importance-sampled ``log p(x)`` failed the Pareto k-hat check.
+
+    The message gives their number and the remedy; the per-cell column ``reliable``
+    says which, and their standard error is NaN.
+    """

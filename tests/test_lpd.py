@@ -1,4 +1,4 @@
-"""The importance-sampled log predictive density against exact quadrature of log p(x)."""
+"""The guide importance sampler (method="guide") and the quadrature reference; the default: test_lpd_default.py."""
 
 from __future__ import annotations
 
@@ -81,23 +81,29 @@ def test_importance_sampling_converges_to_quadrature(which, request):
     exact = quadrature_log_marginal(model, indices=idx)
     errors, se = {}, {}
     for S in (10, 10000):
-        est = model.get_log_predictive_density(indices=idx, n_samples=S, seed=3)
+        est = model.get_log_predictive_density(indices=idx, n_samples=S, seed=3, method="guide")
         errors[S], se[S] = est.lpd.to_numpy() - exact, est.mc_se.to_numpy()
     # a lower bound in expectation: the estimate sits below the truth and the gap shrinks with S
     assert errors[10].mean() < 0
     assert np.abs(errors[10000]).mean() < 0.5 * np.abs(errors[10]).mean()
     assert abs(errors[10000].mean()) < 0.15
     assert np.median(np.abs(errors[10000])) < 0.1
-    # the reported Monte Carlo error covers the true error for most cells
-    assert np.mean(np.abs(errors[10000]) < 4 * se[10000] + 0.01) >= 0.85
+    # where k-hat passes, the reported Monte Carlo error covers the true error for most cells; where it
+    # fails (NaN SE) the errors are larger
+    reliable = np.isfinite(se[10000])
+    assert reliable.sum() >= 10
+    assert np.mean(np.abs(errors[10000][reliable]) < 4 * se[10000][reliable] + 0.01) >= 0.85
+    if (~reliable).any():
+        assert np.abs(errors[10000][~reliable]).mean() > np.abs(errors[10000][reliable]).mean()
 
 
 def test_standard_error_matches_seed_to_seed_spread(nb_model):
     idx = nb_model.validation_indices[:15]
-    runs = [nb_model.get_log_predictive_density(indices=idx, n_samples=400, seed=s) for s in range(30)]
+    runs = [nb_model.get_log_predictive_density(indices=idx, n_samples=400, seed=s, method="guide") for s in range(30)]
     spread = np.std([r.lpd.to_numpy() for r in runs], axis=0, ddof=1)
-    reported = np.mean([r.mc_se.to_numpy() for r in runs], axis=0)
-    ratio = np.median(spread / reported)
+    reported = np.mean([r.mc_se.to_numpy() for r in runs], axis=0)  # NaN for cells ever flagged unreliable
+    assert np.isfinite(reported).sum() >= 8
+    ratio = np.nanmedian(spread / reported)
     assert 0.5 < ratio < 2.0, ratio
 
 

@@ -32,6 +32,7 @@ from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
 from countvae.model.training import TrainingPlan, resolve_device, train_module
+from countvae.module.marginal import MarginalSettings
 from countvae.module.priors import LatentPrior
 from countvae.module.vae import CountVAEModule
 
@@ -470,25 +471,62 @@ class CountVAE:
         self,
         adata: ad.AnnData | None = None,
         indices: np.ndarray | None = None,
-        n_samples: int = 1000,
+        n_samples: int | None = None,
         seed: int = 0,
         progress_bar: bool = False,
+        method: str = "mixture",
+        settings: MarginalSettings | None = None,
     ) -> pd.DataFrame:
-        """Importance-sampled ``log p(x)`` per cell, in nats, with its Monte Carlo standard error.
+        """Importance-sampled ``log p(x)`` per cell, in nats, with its standard error and reliability.
 
-        Evaluate it on held-out cells (cells not used in training) to compare
-        models by predictive fit. See :func:`countvae.model.inference.log_predictive_density`.
+        Evaluate it on held-out cells (cells not used in training) to compare models by
+        predictive fit. The default ``method="mixture"`` fits a proposal to each cell
+        (Student-t's at its posterior modes, found by Newton's method from the encoder's
+        mean, mixed with the guide) and redoes cells whose Pareto k-hat exceeds 0.7 with
+        more draws. Verified numerically (benchmarks/RESULTS.md, section lpd-accuracy): on
+        18 linear Poisson/NB models with 1-3 latent dimensions, within 0.012 nats/cell of
+        exact quadrature on average with >= 99% of cells within 3 reported SE; on default
+        NB/MLP models, within 0.06 nats/cell of a 10^5-draw gold standard on average.
+        ``method="guide"`` is the amortized-guide estimator (scvi-tools' ``get_marginal_ll``),
+        which can fall many nats below ``log p(x)``; see
+        :func:`countvae.model.inference.log_predictive_density`.
+
+        Parameters
+        ----------
+        adata, indices
+            Cells to evaluate (default: the model's AnnData, all cells).
+        n_samples
+            Draws per cell that enter the estimate (default 800 for ``"mixture"``, which adds a
+            200-draw pilot; 1000 for ``"guide"``).
+        seed
+            Seed of every random number: the same seed gives the same numbers.
+        progress_bar
+            Show a progress bar over cells.
+        method
+            ``"mixture"`` (default) or ``"guide"``.
+        settings
+            :class:`countvae.module.marginal.MarginalSettings` for ``"mixture"``.
 
         Returns
         -------
         pandas.DataFrame
-            Index: cell names; columns ``lpd`` (a log density: higher is better),
-            ``mc_se`` and ``ess`` (effective sample size of the importance weights).
+            Index: cell names; columns ``lpd`` (a log density: higher is better), ``mc_se``
+            (Monte Carlo standard error; NaN where unreliable), ``ess`` (effective sample size of
+            the importance weights), ``khat`` (Pareto k-hat) and ``reliable`` (k-hat <= 0.7).
+            Unreliable cells raise a :class:`countvae.errors.UnreliableEstimateWarning` that
+            gives their number and the remedy.
 
         """
         c = self._trained_cells(adata, indices)
         frame = inference.log_predictive_density(
-            self.module, c.source, c.indices, n_samples, seed, progress_bar=progress_bar
+            self.module,
+            c.source,
+            c.indices,
+            n_samples,
+            seed,
+            progress_bar=progress_bar,
+            method=method,
+            settings=settings,
         )
         frame.index = c.obs_names
         return frame

@@ -82,3 +82,34 @@ class CountLikelihood(nn.Module):
             return NegativeBinomialLogMean(log_mean, log_theta)
         gate = gate_logits if gate_logits is not None else self.gate_logits
         return ZeroInflatedNegativeBinomialLogMean(log_mean, log_theta, gate)
+
+    def log_mean_curvature(
+        self,
+        x: torch.Tensor,
+        log_mean: torch.Tensor,
+        batch_index: torch.Tensor | None = None,
+        gate_logits: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Per gene, ``-d^2 log p(x | log_mean) / d log_mean^2``, floored at 0 (shape of ``log_mean``).
+
+        Poisson: ``mu``; NB: ``theta mu (theta + x) / (theta + mu)^2`` (both >= 0). ZINB: the
+        NB value for ``x > 0``; at ``x = 0``, with ``rho`` the posterior probability that the
+        zero is an NB zero and ``a = theta mu / (theta + mu)``, ``rho theta a / (theta + mu) -
+        rho (1 - rho) a^2``, which can be negative and is floored at 0. Gate logits are held
+        fixed. Used for the Gauss-Newton curvature that shapes importance proposals
+        (:meth:`countvae.module.vae.CountVAEModule.log_joint_neg_hessian`), never in an estimate.
+        """
+        mu = torch.exp(log_mean)
+        if self.kind == "poisson":
+            return mu
+        theta = torch.exp(self.log_theta_for(batch_index)).to(mu.dtype)
+        total = theta + mu
+        curvature = theta * mu * (theta + x) / total**2
+        if self.kind == "nb":
+            return curvature
+        gate = gate_logits if gate_logits is not None else self.gate_logits
+        a = theta * mu / total
+        log_nb_zero = theta * (torch.log(theta) - torch.log(total))
+        rho = torch.sigmoid(log_nb_zero - gate)  # (1 - pi) r / (pi + (1 - pi) r)
+        at_zero = rho * theta * a / total - rho * (1.0 - rho) * a**2
+        return torch.where(x > 0, curvature, torch.clamp(at_zero, min=0.0))

@@ -63,6 +63,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from countvae.errors import InvalidArgumentError
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
 
 #: ``log_joint(z[S, m, L], cells[m]) -> [S, m]``: ``log p(x_c | z) + log p(z)`` for the given cells.
@@ -138,23 +139,25 @@ class MarginalSettings:
         }
         for name, (value, low) in counts.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"MarginalSettings.{name} must be an integer >= {low}; got {value!r}.")
+                raise InvalidArgumentError(f"MarginalSettings.{name} must be an integer >= {low}; got {value!r}.")
         if self.escalation_draws == 1:
-            raise ValueError("MarginalSettings.escalation_draws must be 0 (no second pass) or >= 2; got 1.")
+            raise InvalidArgumentError("MarginalSettings.escalation_draws must be 0 (no second pass) or >= 2; got 1.")
         if self.pilot_restarts > self.n_pilot:
             raise ValueError(
                 f"MarginalSettings.pilot_restarts ({self.pilot_restarts}) cannot exceed n_pilot ({self.n_pilot}): "
                 "restarts start from pilot draws."
             )
         if not (isinstance(self.newton_tol, (int, float)) and self.newton_tol > 0 and math.isfinite(self.newton_tol)):
-            raise ValueError(f"MarginalSettings.newton_tol must be a positive finite number; got {self.newton_tol!r}.")
+            raise InvalidArgumentError(
+                f"MarginalSettings.newton_tol must be a positive finite number; got {self.newton_tol!r}."
+            )
         if not (isinstance(self.guide_weight, (int, float)) and 0.0 <= self.guide_weight < 1.0):
-            raise ValueError(f"MarginalSettings.guide_weight must be in [0, 1); got {self.guide_weight!r}.")
+            raise InvalidArgumentError(f"MarginalSettings.guide_weight must be in [0, 1); got {self.guide_weight!r}.")
         if not (isinstance(self.mode_floor, (int, float)) and 0.0 <= self.mode_floor <= 1.0):
-            raise ValueError(f"MarginalSettings.mode_floor must be in [0, 1]; got {self.mode_floor!r}.")
+            raise InvalidArgumentError(f"MarginalSettings.mode_floor must be in [0, 1]; got {self.mode_floor!r}.")
         df = self.df
         if not (df == math.inf or (isinstance(df, (int, float)) and df >= 1 and float(df).is_integer())):
-            raise ValueError(f"MarginalSettings.df must be a positive integer or math.inf; got {df!r}.")
+            raise InvalidArgumentError(f"MarginalSettings.df must be a positive integer or math.inf; got {df!r}.")
 
     @property
     def n_restarts(self) -> int:
@@ -495,7 +498,7 @@ def estimate_log_marginal(
     if not isinstance(settings, MarginalSettings):
         raise TypeError(f"settings must be a MarginalSettings; got {type(settings).__name__}.")
     if isinstance(points_per_call, bool) or not isinstance(points_per_call, int) or points_per_call < 1:
-        raise ValueError(f"points_per_call must be a positive integer; got {points_per_call!r}.")
+        raise InvalidArgumentError(f"points_per_call must be a positive integer; got {points_per_call!r}.")
     _check_inputs(loc, scale, generator)
     loc, scale = loc.detach(), scale.detach()
     curvature = neg_hessian if neg_hessian is not None else finite_difference_neg_hessian(log_joint, points_per_call)

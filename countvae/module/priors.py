@@ -52,3 +52,14 @@ class LatentPrior(nn.Module):
         if self.kind == "laplace":
             return dist.Laplace(zeros, 1.0 / math.sqrt(2.0)).to_event(1)
         return dist.Normal(zeros, torch.exp(self.log_scale).to(like.dtype).expand_as(zeros)).to_event(1)
+
+    def curvature(self, like: torch.Tensor) -> torch.Tensor:
+        """``-d^2 log p(z) / dz_k^2`` per dimension, shape (n_latent,), in ``like``'s dtype.
+
+        N(0, I): 1; N(0, diag(s^2)): ``1 / s^2``; Laplace: 0 (its kink at 0 is left to the
+        likelihood's curvature). Used to shape importance proposals, never in an estimate.
+        """
+        if self.kind == "diagonal":
+            return torch.exp(-2.0 * self.log_scale.detach()).to(dtype=like.dtype, device=like.device)
+        value = 1.0 if self.kind == "normal" else 0.0
+        return torch.full((self.n_latent,), value, dtype=like.dtype, device=like.device)

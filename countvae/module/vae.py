@@ -173,6 +173,37 @@ class CountVAEModule(nn.Module):
         log_lik = self.conditional(z, log_library, batch_index).log_prob(x)
         return log_lik + self.prior.distribution(x.shape[0], x).log_prob(z)
 
+    def log_joint_neg_hessian(
+        self,
+        z: torch.Tensor,
+        x: torch.Tensor,
+        batch_index: torch.Tensor,
+        log_library: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Gauss-Newton approximation of ``-d^2 log_joint / dz^2`` at ``z`` (cells, L); shape (cells, L, L).
+
+        ``J^T diag(c) J + diag(prior curvature)`` with ``J = d eta / d z`` the Jacobian of the
+        genes' log means (forward differences: one decoder call on ``L + 1`` points per cell)
+        and ``c`` from :meth:`CountLikelihood.log_mean_curvature`. Positive semi-definite for
+        every decoder; for the linear decoder with a Poisson or NB likelihood and a Gaussian
+        prior it is the exact negative Hessian. It only shapes importance proposals
+        (:mod:`countvae.module.marginal`), so its approximation error never biases an estimate.
+        """
+        if log_library is None:
+            log_library = log_library_size(x)
+        L = z.shape[-1]
+        h = 1e-5 if z.dtype == torch.float64 else 1e-2
+        eye = torch.eye(L, dtype=z.dtype, device=z.device).unsqueeze(1)  # (L, 1, L)
+        points = torch.cat([z.detach().unsqueeze(0), z.detach().unsqueeze(0) + h * eye], dim=0)
+        with torch.no_grad():
+            out = self.decode(points, batch_index)
+            eta = out.log_rate + log_library
+            gate = None if out.gate_logits is None else out.gate_logits[0]
+            curvature = self.likelihood.log_mean_curvature(x, eta[0], batch_index, gate)
+            jac = (eta[1:] - eta[0]) / h  # (L, cells, genes)
+            gauss_newton = torch.einsum("ng,kng,lng->nkl", curvature, jac, jac)
+        return gauss_newton + torch.diag(self.prior.curvature(z))
+
     # ----- Pyro model and guide ------------------------------------------------------------------
     def _plate(self, x: torch.Tensor, cell_index: torch.Tensor | None, n_total: int | None):
         if cell_index is None or n_total is None:
