@@ -1,4 +1,4 @@
-"""Orthogonal reparameterizations of a fitted model and the proof that p(x) is unchanged by them.
+"""Orthogonal reparameterizations of a fitted model, and the numerical verification that p(x) is unchanged by them.
 
 >>> from countvae import invariance
 >>> Q = invariance.random_orthogonal(model.n_latent, seed=0)  # doctest: +SKIP
@@ -9,7 +9,10 @@
 
 ``verify`` (verification.py) puts together the maps and prior controls
 (controls.py), the models evaluated on the cells (evaluation.py) and the checks
-(checks.py, one function each); the result is an ``InvarianceReport`` (result.py).
+(checks.py, one function each, with what each can and cannot catch); the result
+is an ``InvarianceReport`` (result.py). Exact ``log p(x)`` of linear models:
+quadrature.py (eigenvector-oriented, a fast reference for the estimators) and
+grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior

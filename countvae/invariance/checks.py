@@ -38,7 +38,7 @@ Checks of the evidence itself, per model (rows with transform ``"(none)"``):
 :func:`estimator_reliability` (k-hat and ESS) and :func:`estimator_accuracy` (the
 estimator against exact quadrature) and :func:`quadrature_convergence`. When
 one of them fails, ``verify`` says "not verified" and why
-(:data:`countvae.invariance.result.EVIDENCE_CHECKS`). :func:`elbo_geometry`
+(``EVIDENCE_CHECKS`` in :mod:`countvae.invariance.result`). :func:`elbo_geometry`
 reports the ELBO of mean-field guides (not rotation-invariant: the "near" in
 near-identifiability).
 """

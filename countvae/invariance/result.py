@@ -1,5 +1,9 @@
 """The result of :func:`countvae.invariance.verify`: every measurement, its threshold and its verdict.
 
+The verdict is "verified numerically", "not verified" (a check of the evidence
+failed: ``EVIDENCE_CHECKS``, with the reasons) or "failed" (a check
+disagrees with the theory on sound evidence).
+
 :class:`InvarianceReport` shares its verbs with
 :class:`countvae.diagnostics.DiagnosticReport`: ``summary()``, ``to_frame()``,
 ``tables``, ``to_dict()``, ``to_markdown()``, ``to_html()`` and
@@ -156,10 +160,14 @@ class InvarianceReport:
         ``dtype``); the prior controls are the same networks with another prior.
         Values describe the prior and its symmetry group.
     per_cell
-        Per-cell numbers by ``"variant / transform"``: ``lpd`` (original),
-        ``lpd_crn`` (transformed, same noise), ``lpd_indep`` (transformed,
-        independent noise), their ``mc_se``, and ``quadrature`` columns when
-        available.
+        Per-cell numbers by ``"variant / transform"``: ``lpd`` and ``lpd_crn`` (the
+        original and the transformed model with the guide proposal and the same
+        base noise: the common-random-number pair), ``estimate`` and ``mc_se`` (the
+        package's estimator on the original), ``estimate_indep`` and ``mc_se_indep``
+        (on the transformed model, independent noise), ``estimate_own`` and
+        ``mc_se_own`` (the transformed model's own proposal; fitted model,
+        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned
+        grids) where quadrature applies.
     outputs
         Output-by-transform table of changes for the fitted model (item 4), with
         the expected behaviour per cell (``"equal"``, ``"differs"`` or ``"report"``).
@@ -183,7 +191,7 @@ class InvarianceReport:
     def status(self) -> str:
         """``"verified numerically"``, ``"not verified"`` or ``"failed"``.
 
-        "not verified": a check of the evidence failed (:data:`EVIDENCE_CHECKS`: the
+        "not verified": a check of the evidence failed (``EVIDENCE_CHECKS``: the
         estimator is unreliable or disagrees with quadrature, or the quadrature did
         not converge), or nothing was judged; the other checks' numbers cannot
         then be used either way. "failed": the evidence is sound and a check
@@ -197,7 +205,7 @@ class InvarianceReport:
 
     @property
     def passed(self) -> bool:
-        """True when the result is "verified numerically": every judged check agrees and the evidence is sound."""
+        """Whether the result is "verified numerically": every judged check agrees and the evidence is sound."""
         return self.status == "verified numerically"
 
     @property
