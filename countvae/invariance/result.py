@@ -145,6 +145,10 @@ EVIDENCE_CHECKS: dict[str, str] = {
 }
 
 
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.3g}%"
+
+
 @dataclass
 class InvarianceReport:
     """Measurements of whether ``p(x)`` and other outputs are unchanged by latent maps.
@@ -225,9 +229,8 @@ class InvarianceReport:
         lines = []
         evidence = self._evidence_failures()
         for _, row in evidence.iterrows():
-            text = EVIDENCE_CHECKS[row["check"]].format(
-                value=format_value(row["value"]), threshold=format_value(row["threshold"])
-            )
+            shown = _percent if row["check"].endswith("_fraction") else format_value
+            text = EVIDENCE_CHECKS[row["check"]].format(value=shown(row["value"]), threshold=shown(row["threshold"]))
             lines.append(f"{row['variant']} / {row['transform']}: {text}")
         for _, row in self.failures.iterrows():
             if row["check"] in EVIDENCE_CHECKS:
