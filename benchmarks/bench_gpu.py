@@ -86,7 +86,10 @@ def main(argv=None) -> None:
     for name, fn in (
         ("latent means", lambda m: m.get_latent_representation(indices=idx)),
         ("normalized expression", lambda m: m.get_normalized_expression(indices=idx, return_numpy=True)),
-        ("log predictive density", lambda m: m.get_log_predictive_density(indices=idx, n_samples=50)["lpd"].values),
+        (
+            "log predictive density",
+            lambda m: m.get_log_predictive_density(indices=idx, n_samples=50, method="guide")["lpd"].values,
+        ),
     ):
         a, b = fn(cpu_model), fn(moved)
         rel = float(np.max(np.abs(a - b) / (np.abs(a) + 1e-6)))

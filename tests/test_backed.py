@@ -129,7 +129,7 @@ def test_setup_and_model_on_backed_data_never_read_the_whole_matrix(h5ad_path, m
     model = cv.CountVAE(backed, n_latent=2, n_hidden=8)
     model.train(max_epochs=1, progress_bar=False)
     lpd = model.get_log_predictive_density(indices=np.arange(0, 700, 7), n_samples=5)
-    assert lpd.shape == (100, 4) and list(lpd.columns) == ["lpd", "mc_se", "ess", "khat"]
+    assert lpd.shape == (100, 5) and list(lpd.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]
 
 
 def test_backed_csc_matrix_is_refused(tmp_path):

@@ -8,6 +8,7 @@ import sys
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 
@@ -64,7 +65,11 @@ def test_fit_on_file_writes_results(tmp_path, capsys):
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["n_cells"] == 120 and result["n_heldout"] == 12 and result["heldout_lpd_per_cell"] < 0
+    assert 0 <= result["heldout_lpd_n_unreliable"] <= 12
     assert sorted(p.name for p in out.iterdir()) == ["fit.json", "heldout_lpd.csv", "latent.csv", "model"]
+    lpd = pd.read_csv(out / "heldout_lpd.csv", index_col=0)
+    assert list(lpd.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]
+    assert result["heldout_lpd_n_unreliable"] == int((~lpd["reliable"]).sum())
     # the same command again refuses to overwrite, before doing any work
     assert main(["fit", str(data), "--out", str(out), "--quiet"]) == 1
     assert "already exists" in capsys.readouterr().err

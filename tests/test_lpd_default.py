@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 from conftest import real_dataset
 
@@ -94,3 +95,79 @@ def test_same_seed_same_numbers(pbmc_small):
     c = model.get_log_predictive_density(pbmc_small, idx[:10], seed=5)
     np.testing.assert_array_equal(a.to_numpy(), b.to_numpy())
     assert not np.array_equal(a.lpd.to_numpy(), c.lpd.to_numpy())
+
+
+# ----- every likelihood, decoder and prior, and the full-covariance guide, on simulated data -----------
+def _brute_force_1d(model, adata, idx, half_width=6.0, n_points=8001):
+    """``log p(x)`` of a one-dimensional latent model by the trapezoid rule on a fine grid of the log joint.
+
+    Spacing 1.5e-3 (at least 20 points per posterior sd here); 32,001 points over [-8, 8] agree to 1e-7.
+    """
+    module = model.module.eval()
+    cells = model.cells(adata, idx)
+    counts = adata.X[idx]
+    x = torch.as_tensor(counts.toarray() if sp.issparse(counts) else np.asarray(counts), dtype=torch.float64)
+    b = torch.as_tensor(cells.source.batch[cells.indices], dtype=torch.long)
+    grid = torch.linspace(-half_width, half_width, n_points, dtype=torch.float64)
+    with torch.no_grad():
+        values = torch.cat([module.log_joint(z.view(-1, 1, 1).expand(-1, len(idx), 1), x, b) for z in grid.split(2000)])
+    step = float(grid[1] - grid[0])
+    trapezoid = torch.full((n_points, 1), step, dtype=torch.float64)
+    trapezoid[[0, -1]] = step / 2
+    return torch.logsumexp(values + torch.log(trapezoid), dim=0).numpy()
+
+
+@pytest.fixture(scope="module")
+def sim_counts():
+    adata = cv.data.simulate(n_cells=400, n_genes=50, n_latent=1, decoder="linear", n_batches=2, seed=11)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"likelihood": "zinb", "decoder": "mlp", "prior": "normal"},
+        {"likelihood": "nb", "decoder": "mlp", "prior": "diagonal"},
+        {"likelihood": "poisson", "decoder": "linear", "prior": "laplace"},
+        {"likelihood": "zinb", "decoder": "linear", "prior": "normal"},
+    ],
+    ids=lambda c: "-".join(c.values()),
+)
+def test_one_dimensional_models_of_every_kind_match_brute_force_integration(sim_counts, config):
+    model = cv.CountVAE(sim_counts, n_latent=1, n_hidden=32, dtype=torch.float64, **config)
+    model.train(max_epochs=15, progress_bar=False, seed=0)
+    idx = np.sort(np.asarray(model.validation_indices)[:20])
+    exact = _brute_force_1d(model, sim_counts, idx)
+    est = model.get_log_predictive_density(sim_counts, idx, seed=0)
+    err = est.lpd.to_numpy() - exact
+    assert np.abs(err).mean() <= 0.05
+    assert np.mean(np.abs(err) <= 3 * est.mc_se.to_numpy()) >= 0.9  # NaN (unreliable) counts as not covered
+
+
+def test_full_covariance_guide_of_a_sheared_model_matches_quadrature(sim_linear):
+    adata = sim_linear.copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    model = cv.CountVAE(adata, n_latent=2, decoder="linear", likelihood="nb", dtype=torch.float64)
+    model.train(max_epochs=20, progress_bar=False, seed=0)
+    sheared = cv.invariance.reparameterize(model, cv.invariance.shear(2, 1.5), check=False)
+    idx = np.sort(np.asarray(model.validation_indices)[:30])
+    for m in (model, sheared):
+        exact = quadrature_log_marginal(m, adata, idx)
+        est = m.get_log_predictive_density(adata, idx, seed=0)
+        err = est.lpd.to_numpy() - exact
+        assert np.abs(err).mean() <= 0.05 and np.mean(np.abs(err) <= 3 * est.mc_se.to_numpy()) >= 0.95
+    # the shear changes p(x) (the prior is not sheared with it), and the estimator sees it
+    change = quadrature_log_marginal(sheared, adata, idx) - quadrature_log_marginal(model, adata, idx)
+    assert np.abs(change).mean() > 0.1
+
+
+def test_bad_arguments(sim_counts):
+    model = cv.CountVAE(sim_counts, n_latent=1, decoder="linear", likelihood="poisson")
+    model.train(max_epochs=1, progress_bar=False, seed=0)
+    with pytest.raises(cv.errors.InvalidArgumentError, match="method must be one of"):
+        model.get_log_predictive_density(indices=np.arange(3), method="laplace")
+    with pytest.raises(cv.errors.InvalidArgumentError, match="settings apply to method='mixture'"):
+        model.get_log_predictive_density(indices=np.arange(3), method="guide", settings=MarginalSettings())
+    with pytest.raises(cv.errors.InvalidArgumentError, match="n_samples"):
+        model.get_log_predictive_density(indices=np.arange(3), n_samples=1)

@@ -95,7 +95,7 @@ def test_outputs_shapes_and_labels(trained_mlp):
     # MLP decoder: softmax output, so the expected counts sum to the library size
     np.testing.assert_allclose(expr.sum(1), 1e4, rtol=1e-4)
     lpd = m.get_log_predictive_density(indices=np.arange(10), n_samples=50)
-    assert list(lpd.columns) == ["lpd", "mc_se", "ess", "khat"] and (lpd.lpd < 0).all()
+    assert list(lpd.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"] and (lpd.lpd < 0).all()
     assert (lpd.ess >= 1).all() and (lpd.ess <= 50 + 1e-6).all()
     elbo = m.get_elbo()
     assert isinstance(elbo, float) and elbo < 0

@@ -48,6 +48,17 @@ def test_paired_difference_and_its_standard_error():
     assert pair["z"] == pytest.approx(pair["diff"] / pair["se_diff"])
 
 
+def test_unreliable_cells_are_counted_per_fit_and_per_pair():
+    lpds = frames(n=5, shifts=(0.0, 0.0))
+    assert per_fit_table(lpds)["n_unreliable"].tolist() == [0, 0]  # frames without the column: none flagged
+    lpds["seed 0"]["reliable"] = [True, False, True, True, False]
+    lpds["seed 1"]["reliable"] = [True, False, False, True, True]
+    lpds["seed 0"].loc[["c1", "c4"], "mc_se"] = np.nan
+    assert per_fit_table(lpds)["n_unreliable"].tolist() == [2, 2]
+    assert np.isnan(per_fit_table(lpds)["mc_se"].iloc[0])  # no Monte Carlo total over cells without an SE
+    assert pairwise_table(lpds)["n_unreliable"].tolist() == [3]
+
+
 def test_verdict_equivalent_and_not():
     verdict = predictive_verdict(pairwise_table(frames(shifts=(0.0, 0.0, 0.0))))
     assert verdict.equivalent and predictive_sentence(verdict).startswith("Predictively equivalent")

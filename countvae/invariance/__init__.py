@@ -16,7 +16,7 @@ grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
-from countvae.invariance.laplace_is import laplace_log_predictive_density
+from countvae.invariance.grid_quadrature import GridQuadrature, grid_quadrature
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
 from countvae.invariance.reparameterize import check_trained_model, reparameterize, reparameterize_ica
 from countvae.invariance.result import InvarianceReport
@@ -41,6 +41,7 @@ from countvae.invariance.verification import verify
 from countvae.model import copy_model
 
 __all__ = [
+    "GridQuadrature",
     "InvarianceReport",
     "axis_scaling",
     "check_orthogonal",
@@ -50,8 +51,8 @@ __all__ = [
     "copy_model",
     "default_scaling",
     "default_transforms",
+    "grid_quadrature",
     "is_signed_permutation",
-    "laplace_log_predictive_density",
     "log_marginal_linear",
     "nearest_orthogonal",
     "permutation",

@@ -26,7 +26,8 @@ models are evaluated by computations that are not images of each other):
    and on the transformed model (at ``seed + 1``), judged against the reported
    standard errors.
 5. :func:`own_proposal`: the transformed model's estimate from a proposal built from
-   its own log joint alone (Newton from the prior's mean and random restarts in its
+   its own log joint alone (Newton from the prior's mean, and random restarts where the posterior
+   may have several modes, in its
    coordinates, the prior in place of the guide, ``seed + 2``), against the original.
 6. :func:`exact_quadrature`: exact ``log p(x)`` of both models on product grids along
    each model's own axes (:mod:`countvae.invariance.grid_quadrature`), to the
@@ -182,9 +183,10 @@ def independent_draws(c: MapComparison) -> list[Measurement]:
     """The package's estimator on the original (``seed``) and the transformed model (``seed + 1``).
 
     The transformed model's proposal is built in its own coordinates (Newton from
-    its guide's mean, Student-t scale matrices factored there, restarts from
-    standard normal points), so its draws are not the images of the original's and
-    the two estimates share no random numbers. Catches: a transformed model whose
+    its guide's mean, Student-t scale matrices factored there, and, for models
+    whose posterior may have several modes, restarts from standard normal
+    points), so its draws are not the images of the original's and the two
+    estimates share no random numbers. Catches: a transformed model whose
     ``p(x)`` differs from the original's by more than the reported Monte Carlo
     error, and reported standard errors that are too small for the actual spread
     (then ``*_outside_4se_fraction`` is large). Cannot catch: an error common to
@@ -201,7 +203,8 @@ def own_proposal(c: MapComparison) -> list[Measurement]:
 
     The estimator runs on the transformed model with the prior ``N(0, I)`` in
     place of the guide (whose rewrite is derived from the original's encoder), so
-    the posterior modes are found by Newton from the origin and random restarts
+    the posterior modes are found by Newton from the origin (and random restarts
+    where the posterior may have several modes)
     in the transformed coordinates, with an independent seed (``seed + 2``).
     Compared with the original model's estimate against the reported standard
     errors. Catches: a rewrite whose guide compensates a wrong decoder (the

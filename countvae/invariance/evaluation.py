@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -113,12 +113,15 @@ class VerifySettings:
         )
         object.__setattr__(self, "min_ess", check_number("min_ess", self.min_ess, 0.0))
 
-    @property
-    def estimator(self) -> MarginalSettings:
-        """The estimator's settings: ``estimator_settings``, or the default with ``n_samples`` final draws."""
+    def estimator_for(self, module) -> MarginalSettings:
+        """The estimator's settings for ``module``: ``estimator_settings``, or the package's default.
+
+        The default is :func:`countvae.model.inference.default_marginal_settings` for
+        ``module`` with ``n_samples`` final draws.
+        """
         if self.estimator_settings is not None:
             return self.estimator_settings
-        return MarginalSettings(n_draws=self.n_samples)
+        return replace(inference.default_marginal_settings(module), n_draws=self.n_samples)
 
     @property
     def dtype_name(self) -> str:
@@ -138,7 +141,7 @@ def prior_started_lpd(model: CountVAE, source, indices: np.ndarray, settings: Ma
 
     The estimator is handed the prior ``N(0, I)`` in place of ``q(z | x)``, so that
     nothing of the proposal comes from the encoder (whose rewrite under a latent map
-    is derived from the original model): Newton starts at the origin, the restarts
+    is derived from the original model): Newton starts at the origin, the restarts (if any)
     are standard normal points in this model's coordinates, and the defensive
     component is the prior. Curvature: the module's Gauss-Newton
     :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`, as in
@@ -270,12 +273,12 @@ class EvaluatedModel:
         ``start="guide"``: the estimator as every user runs it (Newton from the
         guide's mean, the guide in the defensive mixture). ``start="prior"``: the
         guide replaced by the prior ``N(0, I)``, so that the proposal (Newton from
-        the origin and from random restarts, in this model's own coordinates) is
+        the origin and from any random restarts, in this model's own coordinates) is
         built from this model's log joint alone.
         """
         key = (f"estimator from {start}", seed)
         if key not in self._lpd:
-            c, estimator = self.cells, self.settings.estimator
+            c, estimator = self.cells, self.settings.estimator_for(self.model.module)
             if start == "guide":
                 with warnings.catch_warnings():  # the report judges the unreliable cells itself
                     warnings.simplefilter("ignore", UnreliableEstimateWarning)

@@ -242,8 +242,9 @@ def verify(
     max_estimator_error
         Largest mean absolute error of the estimator against exact quadrature (nats per cell).
     estimator_settings
-        Settings of the package's estimator (default: its measured default with
-        ``n_samples`` final draws); for studying the checks with a weaker estimator.
+        Settings of the package's estimator (default: its default for the model,
+        :func:`countvae.model.inference.default_marginal_settings`, with ``n_samples``
+        final draws); for studying the checks with a weaker estimator.
     progress_bar
         Show a progress bar over the comparisons.
 
@@ -334,7 +335,7 @@ def verify(
         "quadrature_note": reason or (fitted.quadrature.describe() if fitted.quadrature is not None else "skipped"),
         "quadrature_tolerance": float(quadrature_tolerance),
         "quadrature_max_nodes": int(quadrature_max_nodes),
-        "estimator": repr(s.estimator),
+        "estimator": repr(s.estimator_for(base.module)),
         "z_threshold": float(z_threshold),
         "change_threshold": float(change_threshold),
         "max_unreliable_fraction": float(max_unreliable_fraction),

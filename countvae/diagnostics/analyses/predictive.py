@@ -23,6 +23,10 @@ Definitions (all log densities in nats, higher is better):
   level. It is a statement about what this many cells can resolve, not a proof
   of equal ``p(x)``: more held-out cells shrink ``se_diff``
   like ``1 / sqrt(n)`` relative to the total.
+- ``n_unreliable``: cells whose estimate failed the Pareto k-hat check (column
+  ``reliable`` of the per-cell frames, when present; their ``mc_se`` is NaN, so the
+  Monte Carlo totals are NaN too). Whether a comparison with such cells can be
+  trusted is for the verdict to decide; these tables only count them.
 """
 
 from __future__ import annotations
@@ -56,6 +60,13 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
             raise InvalidArgumentError(f"The log predictive densities of {name!r} contain NaN or infinite values.")
 
 
+def _unreliable(frame: pd.DataFrame) -> np.ndarray:
+    """Per cell, whether its estimate is flagged unreliable (all False without a ``reliable`` column)."""
+    if "reliable" not in frame:
+        return np.zeros(len(frame), dtype=bool)
+    return ~frame["reliable"].to_numpy(dtype=bool)
+
+
 def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per fit: held-out log predictive density with its sampling and Monte Carlo errors.
 
@@ -69,7 +80,7 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     -------
     pandas.DataFrame
         Columns ``fit``, ``n_cells``, ``elpd``, ``se``, ``mc_se``, ``lpd_per_cell``
-        (``elpd / n``), ``se_per_cell``, ``mc_se_per_cell`` and ``max_cell_mc_se``.
+        (``elpd / n``), ``se_per_cell``, ``mc_se_per_cell``, ``max_cell_mc_se`` and ``n_unreliable``.
 
     """
     _check(lpds)
@@ -91,6 +102,7 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
                 "se_per_cell": se / n,
                 "mc_se_per_cell": mc_total / n,
                 "max_cell_mc_se": float(mc.max()),
+                "n_unreliable": int(_unreliable(frame).sum()),
             }
         )
     return pd.DataFrame(rows)
@@ -104,8 +116,8 @@ def pairwise_table(lpds: Mapping[str, pd.DataFrame], z: float = EQUIVALENCE_Z) -
     pandas.DataFrame
         Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``), ``se_diff``
         (paired, per cell), ``mc_se_diff``, ``diff_per_cell``,
-        ``se_diff_per_cell``, ``z`` (``diff / se_diff``) and ``equivalent``
-        (``|diff| < z * se_diff``).
+        ``se_diff_per_cell``, ``z`` (``diff / se_diff``), ``equivalent``
+        (``|diff| < z * se_diff``) and ``n_unreliable`` (cells unreliable in either fit).
 
     """
     _check(lpds)
@@ -129,6 +141,7 @@ def pairwise_table(lpds: Mapping[str, pd.DataFrame], z: float = EQUIVALENCE_Z) -
                 "se_diff_per_cell": se / n,
                 "z": ratio,
                 "equivalent": bool(abs(ratio) < z),
+                "n_unreliable": int((_unreliable(lpds[a]) | _unreliable(lpds[b])).sum()),
             }
         )
     return pd.DataFrame(rows)

@@ -58,7 +58,11 @@ class FittedModel(Protocol):
         """Draws from ``q(z | x)``, (n_samples, cells, n_latent)."""
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame | None:
-        """Per-cell ``log p(x)`` (nats) with columns ``lpd`` and ``mc_se``, indexed by cell."""
+        """Per-cell ``log p(x)`` (nats), indexed by cell.
+
+        Columns ``lpd``, ``mc_se``, ``ess``, ``khat`` and ``reliable`` (Pareto k-hat <= 0.7;
+        ``mc_se`` is NaN where not), from :func:`countvae.module.marginal.estimate_log_marginal`.
+        """
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """Expected counts at ``library_size`` decoded from the posterior mean, (cells, genes)."""
@@ -118,8 +122,8 @@ class CountVAEFit:
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """Importance-sampled per-cell ``log p(x)``."""
-        return self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed)
+        """Per-cell ``log p(x)`` by the package's estimator (``method="mixture"``), ``n_samples`` final draws."""
+        return self.model.get_log_predictive_density(adata, n_samples=n_samples, seed=seed, method="mixture")
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """Decoded expected counts at the posterior mean."""
