@@ -376,8 +376,13 @@ def test_paired_statistics_against_reported_errors():
     same = paired_statistics(estimate(), estimate())
     assert abs(same["z_mean"]) < 4 and same["outside_4se"] < 0.01 and same["n"] == n
     # a change of one reported SE per cell is 20 standard errors of the mean over 400 cells
+    assert abs(same["z_cells"]) < 4
     moved = paired_statistics(estimate(), estimate(shift=0.03))
-    assert moved["z_mean"] > 10
+    assert moved["z_mean"] > 10 and moved["z_cells"] > 4
+    # changes of either sign (as under an axis scaling): the mean hides them, the chi-square does not
+    signs = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    both_ways = paired_statistics(estimate(), estimate(shift=0.2 * signs))
+    assert abs(both_ways["z_mean"]) < 4 and both_ways["z_cells"] > 100
     # standard errors reported too small: the per-cell spread shows it
     small = paired_statistics(estimate().assign(mc_se=se / 10), estimate().assign(mc_se=se / 10))
     assert small["outside_4se"] > 0.5

@@ -231,8 +231,9 @@ def verify(
         units of its reported standard error, accepted as equal for a map that
         preserves the prior.
     change_threshold
-        A control counts as detected when the mean change of ``log p(x)`` exceeds
-        this many reported standard errors (of the mean difference).
+        A control counts as detected when the standardized chi-square of the per-cell
+        changes of ``log p(x)`` in their reported standard errors,
+        ``(sum (d_i / s_i)^2 - n) / sqrt(2 n)`` (about 0 without a change), exceeds this.
     max_unreliable_fraction
         Largest share of cells whose estimate may be unreliable (k-hat above 0.7 or
         ESS below ``min_ess``), or outside 3 (against quadrature) or 4 (between two
