@@ -312,11 +312,15 @@ def test_laplace_model_user_transforms(poisson_fit):
 def test_float32_mlp_without_quadrature(trained_mlp):
     model = trained_mlp
     held = model.adata[model.validation_indices[:40]].copy()
+    maps = {"rotation": inv.random_rotation(2, 0), "reflection": inv.reflection([-1, 1])}
     rep = inv.verify(
-        model, held, n_samples=40, dtype=torch.float32, prior_controls=False, n_elbo_samples=8, elbo_refit_steps=5
+        model, held, maps, n_samples=40, dtype=torch.float32, prior_controls=False, n_elbo_samples=8, elbo_refit_steps=5
     )
     assert rep.passed, rep.summary()
     assert rep.settings["dtype"] == "float32" and rep.settings["quadrature"] is False
+    # no quadrature: the evidence is the independent estimates and the rotated model's own proposal
+    assert _value(rep, "fitted", "rotation", "own_z_mean").ok and _value(rep, "fitted", "rotation", "indep_z_mean").ok
+    assert _value(rep, "fitted", "shear (control)", "control_z").ok
     assert "quadrature_max_abs_diff" not in set(rep.to_frame().check)
     crn = _value(rep, "fitted", "rotation", "crn_max_abs_diff")
     assert crn.threshold > 1e-6 and crn.value <= crn.threshold

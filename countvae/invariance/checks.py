@@ -352,7 +352,13 @@ def exact_quadrature(c: MapComparison) -> list[Measurement]:
 
 # ----- outputs ----------------------------------------------------------------------------------
 def output_changes(c: MapComparison) -> list[Measurement]:
-    """How much each output changes: invariant ones must not, coordinate-level ones are reported."""
+    """How much each output changes: invariant ones must not, coordinate-level ones are reported.
+
+    Catches: a rewrite that changes decoded expression, or (orthogonal maps) latent
+    distances, neighbour graphs or ``W W^T``; and a map that was never applied
+    (the coordinate-level changes are then zero, which the report shows). Cannot
+    catch: anything about ``p(x)``; these are the model's outputs at the posterior means.
+    """
     changes = compare_outputs(c.original.outputs, c.transformed.outputs, c.A)
     tol = c.settings.tolerances["output"]
     rows = [
@@ -370,7 +376,13 @@ def output_changes(c: MapComparison) -> list[Measurement]:
 
 # ----- ELBO geometry --------------------------------------------------------------------------------
 def elbo_geometry(c: MapComparison) -> list[Measurement]:
-    """For an orthogonal map: the ELBO with the pushed-forward guide (exact), its mean-field projection, a refit."""
+    """For an orthogonal map: the ELBO with the pushed-forward guide (exact), its mean-field projection, a refit.
+
+    The pushed-forward full-covariance guide gives the same ELBO with the same noise
+    (algebra, like the common-random-number check); the mean-field projection and
+    the per-cell refit are reported, not judged: they show how much a mean-field
+    guide prefers some coordinates (the "near" in near-identifiability).
+    """
     if not c.orthogonal:
         return []
     s = c.settings
