@@ -16,7 +16,7 @@ grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
-from countvae.invariance.grid_quadrature import GridQuadrature, grid_quadrature
+from countvae.invariance.grid_quadrature import GridQuadrature, grid_log_marginal, grid_quadrature
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
 from countvae.invariance.reparameterize import check_trained_model, reparameterize, reparameterize_ica
 from countvae.invariance.result import InvarianceReport
@@ -51,6 +51,7 @@ __all__ = [
     "copy_model",
     "default_scaling",
     "default_transforms",
+    "grid_log_marginal",
     "grid_quadrature",
     "is_signed_permutation",
     "log_marginal_linear",

@@ -322,7 +322,7 @@ def exact_quadrature(c: MapComparison) -> list[Measurement]:
     """Exact ``log p(x)`` of both models on axis-aligned grids (where quadrature applies).
 
     Each model is integrated on a product grid along its own latent axes
-    (:func:`countvae.invariance.grid_quadrature.grid_quadrature`), so a model and
+    (:func:`countvae.invariance.grid_quadrature`), so a model and
     its rotated copy are evaluated at different nodes and agree only if their
     integrals do. For a map that preserves the prior the values must agree to the
     grids' accuracy (twice the convergence tolerance); a control must differ by

@@ -60,7 +60,7 @@ MAX_WIDENINGS = 8
 
 @dataclass(frozen=True)
 class GridQuadrature:
-    """Per-cell result of :func:`grid_log_marginal`.
+    """Per-cell result of :func:`countvae.invariance.grid_log_marginal` and :func:`countvae.invariance.grid_quadrature`.
 
     Attributes
     ----------

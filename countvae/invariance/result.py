@@ -210,7 +210,7 @@ class InvarianceReport:
 
     @property
     def passed(self) -> bool:
-        """Whether the result is "verified numerically": every judged check agrees and the evidence is sound."""
+        """Whether the result is "verified numerically" (every judged check agrees and the evidence is sound)."""
         return self.status == "verified numerically"
 
     @property

@@ -207,7 +207,7 @@ def verify(
         ``n_latent >= 2``.
     quadrature
         Compare exact ``log p(x)`` by quadrature on axis-aligned grids
-        (:func:`countvae.invariance.grid_quadrature.grid_quadrature`): ``"auto"``
+        (:func:`countvae.invariance.grid_quadrature`): ``"auto"``
         when the model qualifies (linear decoder, Poisson or NB, ``n_latent <= 3``),
         ``True`` to require it, ``False`` to skip it.
     quadrature_tolerance
