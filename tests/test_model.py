@@ -96,7 +96,9 @@ def test_outputs_shapes_and_labels(trained_mlp):
     np.testing.assert_allclose(expr.sum(1), 1e4, rtol=1e-4)
     lpd = m.get_log_predictive_density(indices=np.arange(10), n_samples=50)
     assert list(lpd.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"] and (lpd.lpd < 0).all()
-    assert (lpd.ess >= 1).all() and (lpd.ess <= 50 + 1e-6).all()
+    # ESS is at most the draws used: 50, or the second pass's 3,600 for cells redone after a high k-hat
+    assert (lpd.ess >= 1).all() and (lpd.ess <= 3600 + 1e-6).all()
+    assert (lpd.ess <= 50 + 1e-6).mean() >= 0.5
     elbo = m.get_elbo()
     assert isinstance(elbo, float) and elbo < 0
     per_cell = m.get_elbo(return_mean=False)
