@@ -24,11 +24,13 @@ def test_embedded_default_writes_the_report_folder(tmp_path, capsys):
     out = tmp_path / "inv"
     assert main(["verify-invariance", "--out", str(out), *FAST, "--no-prior-controls"]) == 0
     printed = capsys.readouterr().out
-    assert "PASSED" in printed and "rotation" in printed and str(out / "report" / "report.html") in printed
+    assert (
+        "VERIFIED NUMERICALLY" in printed and "rotation" in printed and str(out / "report" / "report.html") in printed
+    )
     # the files InvarianceReport.save writes, and nothing else, in OUT/report
     assert sorted(p.name for p in (out / "report").iterdir()) == ["report.html", "report.json", "report.md"]
     record = json.loads((out / "report" / "report.json").read_text())
-    assert record["passed"] is True
+    assert record["passed"] is True and record["status"] == "verified numerically"
     run = record["settings"]["run"]
     assert run["data"] == "embedded simulation" and run["n_heldout_evaluated"] == 60
     assert record["settings"]["quadrature"] is True
@@ -104,6 +106,25 @@ def test_genes_mismatch_with_saved_model(h5ad, tmp_path, capsys):
     assert rc == 1 and "genes" in err and err.strip().count("\n") == 0
 
 
+def test_an_unverified_result_exits_1_with_the_reason(tmp_path, capsys, monkeypatch):
+    import importlib
+
+    module = importlib.import_module("countvae.invariance.verification")
+    real_verify = module.verify
+    # a node budget too small for the quadrature to converge: the evidence is not sound
+    monkeypatch.setattr(
+        importlib.import_module("countvae.cli.verify_invariance"),
+        "verify",
+        lambda *args, **kwargs: real_verify(*args, **{**kwargs, "quadrature_max_nodes": 17}),
+    )
+    rc = main(["verify-invariance", "--out", str(tmp_path / "o"), *FAST, "--no-prior-controls", "--no-controls"])
+    captured = capsys.readouterr()
+    assert rc == 1 and "NOT VERIFIED" in captured.out
+    assert "not verified: " in captured.err and "quadrature_max_nodes" in captured.err
+    assert captured.err.strip().count("\n") == 0
+    assert json.loads((tmp_path / "o" / "report" / "report.json").read_text())["status"] == "not verified"
+
+
 def test_help_lists_the_command(capsys):
     with pytest.raises(SystemExit):
         main(["verify-invariance", "--help"])
@@ -119,6 +140,6 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
     rc = main(["verify-invariance", "--out", str(tmp_path / "o"), *FAST, "--no-prior-controls"])
     captured = capsys.readouterr()
     assert rc == 1 and "FAILED" in captured.out
-    assert "disagree with the theory" in captured.err and captured.err.strip().count("\n") == 0
+    assert "checks disagree with the theory" in captured.err and captured.err.strip().count("\n") == 0
     assert json.loads((tmp_path / "o" / "report" / "report.json").read_text())["passed"] is False
     assert str(tmp_path / "o" / "report" / "report.md") in captured.err

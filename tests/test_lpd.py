@@ -58,11 +58,11 @@ def test_quadrature_matches_brute_force_grid():
         grid = torch.linspace(-7, 7, 701, dtype=torch.float64)
         h = grid[1] - grid[0]
         Z = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1).reshape(-1, 2)
-        from countvae.invariance.quadrature import _log_lik_terms
+        from countvae.invariance.quadrature import log_likelihood_terms
 
         brute = []
         for i in range(n):
-            ll, _, _ = _log_lik_terms(x[i].expand(len(Z), G), off[i] + Z @ W.T, theta)
+            ll, _, _ = log_likelihood_terms(x[i].expand(len(Z), G), off[i] + Z @ W.T, theta)
             brute.append(torch.logsumexp(ll - 0.5 * (Z**2).sum(-1), 0) - np.log(2 * np.pi) + 2 * torch.log(h))
         torch.testing.assert_close(exact, torch.stack(brute), rtol=0, atol=1e-8)
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -14,7 +16,10 @@ from countvae import invariance as inv
 from countvae import plotting
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, OutputExistsError
 from countvae.invariance import verification as verify_module
-from countvae.invariance.checks import replication_ratio
+from countvae.invariance.checks import paired_statistics
+from countvae.invariance.result import CHECK_DESCRIPTIONS
+from countvae.model import inference
+from countvae.module.marginal import MarginalSettings
 
 
 @pytest.fixture(scope="module")
@@ -43,33 +48,52 @@ def _value(report, variant, transform, check):
     return row.iloc[0]
 
 
-def test_verify_passes_and_controls_are_detected(poisson_report):
+ORTHOGONAL = ["rotation", "reflection", "permutation", "signed permutation", "haar orthogonal"]
+CONTROLS = ["scaling (control)", "shear (control)"]
+
+
+def test_verified_numerically_and_controls_are_detected(poisson_report):
     rep = poisson_report
-    assert rep.passed, rep.summary()
+    assert rep.passed and rep.status == "verified numerically", rep.summary()
     assert rep.settings["quadrature"] and rep.settings["dtype"] == "float64"
-    orthogonal = ["rotation", "reflection", "permutation", "signed permutation", "haar orthogonal"]
-    for name in orthogonal:
-        # 1. common random numbers: equal to rounding in float64
+    # the evidence itself: the estimator is reliable and agrees with exact quadrature, which converged
+    assert _value(rep, "fitted", "(none)", "unreliable_fraction").value <= 0.05
+    assert _value(rep, "fitted", "(none)", "estimator_mean_abs_error").value <= 0.05
+    assert _value(rep, "fitted", "(none)", "quadrature_change").value < 1e-8
+    for name in ORTHOGONAL:
+        # algebra: common random numbers through the pushed-forward guide, equal to rounding in float64
         assert _value(rep, "fitted", name, "crn_max_abs_diff").value <= 1e-9
-        # exact reference: quadrature of the original and the transformed model agree to 1e-10
-        assert _value(rep, "fitted", name, "quadrature_max_abs_diff").value <= 1e-10
         assert _value(rep, "fitted", name, "pointwise_loglik_max_abs_diff").value <= 1e-9
         assert _value(rep, "fitted", name, "prior_max_abs_diff").value <= 1e-12
+        # evidence: grids along each model's own axes agree to their accuracy (not to rounding by construction)
+        quad = _value(rep, "fitted", name, "quadrature_max_abs_diff")
+        assert quad.value <= quad.threshold <= 2.1e-8
+        # evidence: independent estimates, and the transformed model's own proposal, within the reported errors
+        for check in ("indep_z_mean", "own_z_mean"):
+            row = _value(rep, "fitted", name, check)
+            assert abs(row.value) <= 5.0 and row.ok
+        assert _value(rep, "fitted", name, "own_outside_4se_fraction").value <= 0.05
         # the full-covariance push-forward guide has exactly the original ELBO
         assert _value(rep, "fitted", name, "elbo_pushforward_max_abs_diff").value <= 1e-9
         # and the coordinates did change
         assert _value(rep, "fitted", name, "coordinates_rel_change").value > 0.05
-    for name in ["scaling (control)", "shear (control)"]:
+    for name in CONTROLS:
         row = _value(rep, "fitted", name, "quadrature_mean_diff")
         assert abs(row.value) > 0.05  # the exact log p(x) moved
-        assert _value(rep, "fitted", name, "crn_change_ratio").value > 3.0  # beyond Monte Carlo error
+        quad = _value(rep, "fitted", name, "quadrature_max_abs_diff")
+        assert quad.expect == "differs" and quad.value > quad.threshold >= 100 * 2e-8
+        control = _value(rep, "fitted", name, "control_z")  # beyond the estimators' reported error
+        assert control.value > control.threshold == 4.0
         assert _value(rep, "fitted", name, "prior_max_abs_diff").value > 0.1
         # the decoder is compensated: p(x | z) at matched z is unchanged, only the prior differs
         assert _value(rep, "fitted", name, "pointwise_loglik_max_abs_diff").value <= 1e-9
-    assert _value(rep, "control: laplace prior", "rotation", "crn_change_ratio").value > 3.0
+        # no independent-draws or own-proposal rows for a map expected to change p(x)
+        assert not {"indep_z_mean", "own_z_mean"} & set(rep.checks.query("transform == @name")["check"])
+    assert _value(rep, "control: laplace prior", "rotation", "control_z").value > 4.0
     assert _value(rep, "control: laplace prior", "signed permutation", "crn_max_abs_diff").value <= 1e-9
+    assert abs(_value(rep, "control: laplace prior", "signed permutation", "indep_z_mean").value) <= 5.0
     assert _value(rep, "control: diagonal prior", "rotation", "quadrature_max_abs_diff").value > 0.05
-    assert _value(rep, "control: diagonal prior", "reflection", "quadrature_max_abs_diff").value <= 1e-10
+    assert _value(rep, "control: diagonal prior", "reflection", "quadrature_max_abs_diff").value <= 2.1e-8
     verdicts = rep.verdicts()
     assert (verdicts["result"] == "ok").all()
     expected = dict(zip(verdicts["variant"] + " / " + verdicts["transform"], verdicts["p(x) expected"], strict=True))
@@ -78,14 +102,34 @@ def test_verify_passes_and_controls_are_detected(poisson_report):
     assert expected["fitted / shear (control)"] == "changes"
 
 
-def test_crn_numbers_agree_with_a_direct_computation(poisson_fit, poisson_report):
+def test_independent_draws_are_not_the_original_model_at_another_seed(poisson_fit, poisson_report):
+    # with the guide proposal, the rotated model at seed 1 would be the original at seed 1 to rounding;
+    # the estimator builds its proposal in the rotated coordinates, so its numbers are its own
+    model, held = poisson_fit
+    original = inv.copy_model(model, torch.float64)
+    cells = original.cells(held)
+    again = inference.log_predictive_density(original.module, cells.source, cells.indices, 200, seed=1)
+    frame = poisson_report.per_cell["fitted / rotation"]
+    assert np.median(np.abs(frame["estimate_indep"].to_numpy() - again["lpd"].to_numpy())) > 1e-6
+    assert np.median(np.abs(frame["estimate_own"].to_numpy() - frame["estimate"].to_numpy())) > 1e-6
+
+
+def test_per_cell_numbers_agree_with_direct_computations(poisson_fit, poisson_report):
     model, held = poisson_fit
     rep = poisson_report
     rotated = inv.reparameterize(inv.copy_model(model, torch.float64), rep.transforms["rotation"])
-    direct = rotated.get_log_predictive_density(held, n_samples=200, seed=0, method="guide").lpd.to_numpy()
-    np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["lpd_crn"], direct, rtol=0, atol=1e-12)
+    cells = rotated.cells(held)
+    direct = inference.log_predictive_density(rotated.module, cells.source, cells.indices, 200, 0, method="guide")
+    np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["lpd_crn"], direct["lpd"], rtol=0, atol=1e-12)
+    # the axis-aligned grid against the eigenvector-oriented Gauss-Hermite quadrature (another method)
     exact = inv.quadrature_log_marginal(model, held)
-    np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["quadrature"], exact, atol=1e-6)
+    np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["quadrature"], exact, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(
+        rep.per_cell["fitted / rotation"]["quadrature_transformed"],
+        inv.quadrature_log_marginal(rotated, held),
+        rtol=0,
+        atol=1e-8,
+    )
 
 
 def test_outputs_table(poisson_report):
@@ -121,7 +165,9 @@ def test_report_exports(poisson_report):
     rep = poisson_report
     d = rep.to_dict()
     text = json.dumps(d, allow_nan=False)
-    assert json.loads(text)["passed"] is True
+    record = json.loads(text)
+    assert record["passed"] is True and record["status"] == "verified numerically" and record["reasons"] == []
+    assert "unreliable_fraction" in record["evidence_checks"]
     assert {"settings", "transforms", "variants", "verdicts", "checks", "outputs"} <= set(d)
     assert np.allclose(d["transforms"]["rotation"], rep.transforms["rotation"])
     frame = rep.to_frame()
@@ -137,16 +183,25 @@ def test_report_exports(poisson_report):
         "ok",
     ]
     assert set(frame.expect) == {"equal", "differs", "report"}
+    assert set(CHECK_DESCRIPTIONS) >= set(frame.check)
     assert frame.loc[frame.expect == "report", "ok"].isna().all()
     summary = rep.summary()
-    assert "PASSED" in summary and "shear (control)" in summary and "control: laplace prior" in summary
+    assert "VERIFIED NUMERICALLY" in summary and "shear (control)" in summary and "control: laplace prior" in summary
     md = rep.to_markdown()
     assert md.startswith("# Rotation invariance check") and "| variant |" in md and "decoded expression" in md
     assert len(rep.failures) == 0
     tables = rep.tables
     assert set(tables) == {"verdicts", "checks", "outputs", "estimator_accuracy"}
     assert tables["verdicts"].equals(rep.verdicts()) and tables["checks"].equals(frame)
-    assert set(tables["estimator_accuracy"]["check"]) == {"is_minus_quadrature_mean", "is_within_4se_fraction"}
+    accuracy = tables["estimator_accuracy"]
+    assert set(accuracy["variant"]) == {"fitted", "control: laplace prior", "control: diagonal prior"}
+    assert {"unreliable_fraction", "estimator_mean_abs_error", "quadrature_change", "quadrature_nodes"} <= set(
+        accuracy["check"]
+    )
+    # no quadrature for the Laplace prior: only the reliability rows
+    laplace = accuracy[accuracy["variant"] == "control: laplace prior"]
+    assert set(laplace["check"]) == {"unreliable_fraction", "ess_median", "khat_max"}
+    assert "estimator reliability" in md and "axis-aligned trapezoid grid" in rep.settings["quadrature_note"]
 
 
 def test_report_html_and_folder(poisson_report, tmp_path):
@@ -174,10 +229,71 @@ def test_verify_fails_when_the_expectation_is_wrong(poisson_fit, monkeypatch):
     monkeypatch.setattr(verify_module, "prior_preserves", lambda prior, A, atol=1e-8: True)
     rep = inv.verify(model, held[:40], n_samples=50, prior_controls=False, elbo_refit_steps=0)
     assert not rep.passed
+    assert rep.status == "failed", rep.summary()
     failing = set(zip(rep.failures["transform"], rep.failures["check"], strict=True))
     assert ("scaling (control)", "crn_max_abs_diff") in failing
     assert ("shear (control)", "quadrature_max_abs_diff") in failing
+    assert ("scaling (control)", "indep_z_mean") in failing and ("shear (control)", "own_z_mean") in failing
     assert "FAILED" in rep.summary() and "Disagreements" in rep.summary()
+
+
+#: A deliberately weak estimator: no Newton steps (the "mode" component sits at the guide's mean), no pilot or
+#: restarts, no second pass, and few Gaussian draws.
+WEAK = MarginalSettings(
+    n_draws=20, n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, df=math.inf, escalation_draws=0
+)
+
+
+def _with_untrained_encoder(model):
+    """A float64 copy whose encoder is re-initialized: its guide is far from every posterior (a bad proposal)."""
+    bad = inv.copy_model(model, torch.float64)
+    torch.manual_seed(0)
+    for layer in bad.module.encoder.modules():
+        if isinstance(layer, torch.nn.Linear):
+            layer.reset_parameters()
+    return bad
+
+
+def test_not_verified_when_the_estimator_is_unreliable(poisson_fit):
+    model, held = poisson_fit
+    bad = _with_untrained_encoder(model)
+    rotation = {"rotation": inv.random_rotation(2, 0)}
+    rep = inv.verify(
+        bad, held[:60], rotation, controls=False, prior_controls=False, elbo_refit_steps=0, estimator_settings=WEAK
+    )
+    assert not rep.passed and rep.status == "not verified", rep.summary()
+    unreliable = _value(rep, "fitted", "(none)", "unreliable_fraction")
+    assert unreliable.ok is False and unreliable.value > 0.05
+    assert _value(rep, "fitted", "(none)", "estimator_mean_abs_error").ok is False  # off exact quadrature
+    reasons = rep.reasons()
+    assert any(
+        "unreliable (k-hat > 0.7 or low ESS) on " in r and "% of the cells (at most 5% allowed)" in r for r in reasons
+    )
+    assert any("off exact quadrature" in r for r in reasons)
+    assert "NOT VERIFIED" in rep.summary() and "Not verified because" in rep.summary()
+    assert rep.to_dict()["status"] == "not verified" and "Why this is not verified" in rep.to_html()
+    # the algebra still holds: common random numbers cannot see an unreliable estimator
+    assert _value(rep, "fitted", "rotation", "crn_max_abs_diff").ok
+    # the same model with the default estimator is verified: its Newton search does not need the guide
+    good = inv.verify(bad, held[:60], rotation, controls=False, prior_controls=False, elbo_refit_steps=0)
+    assert good.passed, good.summary()
+
+
+def test_not_verified_when_the_quadrature_budget_is_hit(poisson_fit):
+    model, held = poisson_fit
+    rep = inv.verify(
+        model,
+        held[:30],
+        {"swap": inv.permutation([1, 0])},
+        controls=False,
+        prior_controls=False,
+        elbo_refit_steps=0,
+        quadrature_max_nodes=17,
+    )
+    assert rep.status == "not verified"
+    assert _value(rep, "fitted", "(none)", "quadrature_change").ok is False
+    assert any("did not converge" in r and "quadrature_max_nodes" in r for r in rep.reasons())
+    assert "NODE BUDGET HIT" in rep.settings["quadrature_note"]
 
 
 def test_laplace_model_user_transforms(poisson_fit):
@@ -190,17 +306,21 @@ def test_laplace_model_user_transforms(poisson_fit):
     v = rep.verdicts().set_index("transform")
     assert v.loc["rotation 45", "p(x) expected"] == "changes" and v.loc["swap", "p(x) expected"] == "invariant"
     assert v.loc["swap", "CRN max |diff|"] <= 1e-9
-    assert v.loc["rotation 45", "change / MC error"] > 3.0
+    assert v.loc["rotation 45", "z control"] > 4.0
 
 
 def test_float32_mlp_without_quadrature(trained_mlp):
     model = trained_mlp
     held = model.adata[model.validation_indices[:40]].copy()
+    maps = {"rotation": inv.random_rotation(2, 0), "reflection": inv.reflection([-1, 1])}
     rep = inv.verify(
-        model, held, n_samples=40, dtype=torch.float32, prior_controls=False, n_elbo_samples=8, elbo_refit_steps=5
+        model, held, maps, n_samples=40, dtype=torch.float32, prior_controls=False, n_elbo_samples=8, elbo_refit_steps=5
     )
     assert rep.passed, rep.summary()
     assert rep.settings["dtype"] == "float32" and rep.settings["quadrature"] is False
+    # no quadrature: the evidence is the independent estimates and the rotated model's own proposal
+    assert _value(rep, "fitted", "rotation", "own_z_mean").ok and _value(rep, "fitted", "rotation", "indep_z_mean").ok
+    assert _value(rep, "fitted", "shear (control)", "control_z").ok
     assert "quadrature_max_abs_diff" not in set(rep.to_frame().check)
     crn = _value(rep, "fitted", "rotation", "crn_max_abs_diff")
     assert crn.threshold > 1e-6 and crn.value <= crn.threshold
@@ -237,19 +357,42 @@ def test_bad_input(poisson_fit, small_adata):
         inv.verify(model, held, quadrature="yes")
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         inv.verify(model, held, indices=[3])
+    with pytest.raises(InvalidArgumentError, match="estimator_settings"):
+        inv.verify(model, held, estimator_settings={"n_draws": 10})
+    with pytest.raises(InvalidArgumentError, match="max_unreliable_fraction"):
+        inv.verify(model, held, max_unreliable_fraction=1.5)
+    with pytest.raises(InvalidArgumentError, match="quadrature_max_nodes"):
+        inv.verify(model, held, quadrature_max_nodes=5)
     mlp = cv.CountVAE(small_adata, n_latent=2, decoder="mlp", n_hidden=8)
     mlp.train(max_epochs=1, progress_bar=False)
     with pytest.raises(InvalidArgumentError, match="quadrature=True, but Quadrature needs decoder='linear'"):
         inv.verify(mlp, small_adata, quadrature=True)
 
 
-def test_replication_ratio_is_one_without_change_and_grows_with_it():
+def test_paired_statistics_against_reported_errors():
     rng = np.random.default_rng(0)
-    noise = rng.standard_t(df=3, size=(2, 4000))  # heavy-tailed Monte Carlo errors
-    assert replication_ratio(noise[0], noise[1]) == pytest.approx(1.0, abs=0.1)
-    change = rng.normal(0.0, 5.0, 4000)
-    assert replication_ratio(change + noise[0], change + noise[1]) > 3.0
-    assert replication_ratio(np.zeros(5), np.zeros(5)) == 0.0
+    n, se = 400, rng.uniform(0.01, 0.05, 400)
+    truth = rng.normal(-200, 20, n)
+
+    def estimate(shift=0.0):
+        return pd.DataFrame({"lpd": truth + shift + rng.normal(0, se), "mc_se": se})
+
+    same = paired_statistics(estimate(), estimate())
+    assert abs(same["z_mean"]) < 4 and same["outside_4se"] < 0.01 and same["n"] == n
+    # a change of one reported SE per cell is 20 standard errors of the mean over 400 cells
+    assert abs(same["z_cells"]) < 4
+    moved = paired_statistics(estimate(), estimate(shift=0.03))
+    assert moved["z_mean"] > 10 and moved["z_cells"] > 4
+    # changes of either sign (as under an axis scaling): the mean hides them, the chi-square does not
+    signs = np.where(np.arange(n) % 2 == 0, 1.0, -1.0)
+    both_ways = paired_statistics(estimate(), estimate(shift=0.2 * signs))
+    assert abs(both_ways["z_mean"]) < 4 and both_ways["z_cells"] > 100
+    # standard errors reported too small: the per-cell spread shows it
+    small = paired_statistics(estimate().assign(mc_se=se / 10), estimate().assign(mc_se=se / 10))
+    assert small["outside_4se"] > 0.5
+    # cells without a standard error (unreliable) are left out
+    partial = estimate().assign(mc_se=np.where(np.arange(n) < 100, np.nan, se))
+    assert paired_statistics(partial, estimate())["n"] == 300
 
 
 def test_figures(poisson_fit, poisson_report):

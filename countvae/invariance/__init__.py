@@ -1,4 +1,4 @@
-"""Orthogonal reparameterizations of a fitted model and the numerical checks that p(x) is unchanged by them.
+"""Orthogonal reparameterizations of a fitted model, and the numerical verification that p(x) is unchanged by them.
 
 >>> from countvae import invariance
 >>> Q = invariance.random_orthogonal(model.n_latent, seed=0)  # doctest: +SKIP
@@ -9,10 +9,14 @@
 
 ``verify`` (verification.py) puts together the maps and prior controls
 (controls.py), the models evaluated on the cells (evaluation.py) and the checks
-(checks.py, one function each); the result is an ``InvarianceReport`` (result.py).
+(checks.py, one function each, with what each can and cannot catch); the result
+is an ``InvarianceReport`` (result.py). Exact ``log p(x)`` of linear models:
+quadrature.py (eigenvector-oriented, a fast reference for the estimators) and
+grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
+from countvae.invariance.grid_quadrature import GridQuadrature, grid_log_marginal, grid_quadrature
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
 from countvae.invariance.reparameterize import check_trained_model, reparameterize, reparameterize_ica
 from countvae.invariance.result import InvarianceReport
@@ -37,6 +41,7 @@ from countvae.invariance.verification import verify
 from countvae.model import copy_model
 
 __all__ = [
+    "GridQuadrature",
     "InvarianceReport",
     "axis_scaling",
     "check_orthogonal",
@@ -46,6 +51,8 @@ __all__ = [
     "copy_model",
     "default_scaling",
     "default_transforms",
+    "grid_log_marginal",
+    "grid_quadrature",
     "is_signed_permutation",
     "log_marginal_linear",
     "nearest_orthogonal",

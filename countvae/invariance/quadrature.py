@@ -15,8 +15,11 @@ the posterior of a cell with many genes is far narrower than the grid spacing
 
 The grid is oriented by eigenvectors, so it turns with the latent space: a
 rotated model (``W Q^T``) has mode ``Q m`` and grid ``Q z_k``, and gives the same
-value to rounding. This is the guide-independent reference that the
-importance-sampling estimator and the invariance checks are tested against.
+value to rounding. That makes it a fast guide-independent reference for the
+importance-sampling estimators, but its agreement between a model and a rotated
+copy follows from algebra and is no evidence of invariance; the invariance
+checks use the axis-aligned grid of :mod:`countvae.invariance.grid_quadrature`,
+which does not turn with the model.
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ from countvae.model import CountVAE
 from countvae.model.training import to_tensors
 
 
-def _log_lik_terms(x: torch.Tensor, eta: torch.Tensor, theta: torch.Tensor | None):
-    """Log-likelihood per cell, and its gradient and curvature in ``eta`` per gene."""
+def log_likelihood_terms(x: torch.Tensor, eta: torch.Tensor, theta: torch.Tensor | None):
+    """Poisson (``theta=None``) or NB log-likelihood per cell, and its gradient and curvature in ``eta`` per gene.
+
+    ``eta`` is the log mean per cell and gene; the curvature is the negative second derivative.
+    """
     mu = torch.exp(eta)
     if theta is None:
         ll = (x * eta - mu - torch.lgamma(x + 1.0)).sum(-1)
@@ -48,6 +54,53 @@ def _log_lik_terms(x: torch.Tensor, eta: torch.Tensor, theta: torch.Tensor | Non
     grad = theta * (x - mu) / (theta + mu)
     curvature = theta * mu * (theta + x) / (theta + mu) ** 2
     return ll, grad, curvature
+
+
+def newton_mode(
+    x: torch.Tensor,
+    offset: torch.Tensor,
+    weight: torch.Tensor,
+    theta: torch.Tensor | None = None,
+    max_newton: int = 100,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-cell mode of ``log p(x | z) + log N(z; 0, I)`` for ``log mu = offset + z W^T``, and the negative Hessian.
+
+    Newton's method from ``z = 0`` with backtracking (the log joint is concave for
+    Poisson and NB with a log link, so the mode is unique).
+
+    Returns
+    -------
+    mode, precision
+        (cells, L) and (cells, L, L).
+
+    """
+    n, L = x.shape[0], weight.shape[1]
+    z = x.new_zeros(n, L)
+    eye = torch.eye(L, dtype=x.dtype)
+
+    def log_joint(zz: torch.Tensor) -> torch.Tensor:
+        ll, _, _ = log_likelihood_terms(x, offset + zz @ weight.T, theta)
+        return ll - 0.5 * (zz**2).sum(-1)
+
+    current = log_joint(z)
+    for _ in range(max_newton):
+        _, grad_eta, curv = log_likelihood_terms(x, offset + z @ weight.T, theta)
+        grad = grad_eta @ weight - z
+        hess = torch.einsum("ng,gi,gj->nij", curv, weight, weight) + eye
+        step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
+        scale = torch.ones(n, 1, dtype=x.dtype)
+        for _ in range(30):  # backtracking: accept the step only where it raises the log joint
+            proposal = z + scale * step
+            value = log_joint(proposal)
+            worse = ~(value >= current - 1e-12)
+            if not worse.any():
+                break
+            scale = torch.where(worse.unsqueeze(-1), scale / 2, scale)
+        z, current = proposal, value
+        if float(step.abs().max()) < 1e-11:
+            break
+    _, _, curv = log_likelihood_terms(x, offset + z @ weight.T, theta)
+    return z, torch.einsum("ng,gi,gj->nij", curv, weight, weight) + eye
 
 
 def log_marginal_linear(
@@ -84,32 +137,7 @@ def log_marginal_linear(
     n, L = x.shape[0], weight.shape[1]
     if L > 3:
         raise InvalidArgumentError(f"Quadrature is limited to n_latent <= 3 (a {n_nodes}^L grid); got {L}.")
-    z = x.new_zeros(n, L)
-    eye = torch.eye(L, dtype=x.dtype)
-
-    def log_joint(zz: torch.Tensor) -> torch.Tensor:
-        ll, _, _ = _log_lik_terms(x, offset + zz @ weight.T, theta)
-        return ll - 0.5 * (zz**2).sum(-1)
-
-    current = log_joint(z)
-    for _ in range(max_newton):
-        _, grad_eta, curv = _log_lik_terms(x, offset + z @ weight.T, theta)
-        grad = grad_eta @ weight - z
-        hess = torch.einsum("ng,gi,gj->nij", curv, weight, weight) + eye
-        step = torch.linalg.solve(hess, grad.unsqueeze(-1)).squeeze(-1)
-        scale = torch.ones(n, 1, dtype=x.dtype)
-        for _ in range(30):  # backtracking: accept the step only where it raises the log joint
-            proposal = z + scale * step
-            value = log_joint(proposal)
-            worse = ~(value >= current - 1e-12)
-            if not worse.any():
-                break
-            scale = torch.where(worse.unsqueeze(-1), scale / 2, scale)
-        z, current = proposal, value
-        if float(step.abs().max()) < 1e-11:
-            break
-    _, _, curv = _log_lik_terms(x, offset + z @ weight.T, theta)
-    hess = torch.einsum("ng,gi,gj->nij", curv, weight, weight) + eye
+    z, hess = newton_mode(x, offset, weight, theta, max_newton)
     lam, vecs = torch.linalg.eigh(hess)
     S = vecs / torch.sqrt(lam).unsqueeze(-2)  # V diag(lam)^(-1/2), per cell
     nodes, weights = np.polynomial.hermite_e.hermegauss(n_nodes)
@@ -120,7 +148,7 @@ def log_marginal_linear(
     total = []
     for chunk in torch.split(grid, max(1, 2**20 // max(1, n * x.shape[1]))):
         zk = z.unsqueeze(0) + torch.einsum("nij,kj->kni", S, chunk)  # (k, n, L)
-        ll, _, _ = _log_lik_terms(x, offset + zk @ weight.T, theta)
+        ll, _, _ = log_likelihood_terms(x, offset + zk @ weight.T, theta)
         total.append(ll - 0.5 * (zk**2).sum(-1) + 0.5 * (chunk**2).sum(-1, keepdim=True))
     values = torch.cat(total, dim=0) + log_w.unsqueeze(-1)
     log_det = -0.5 * torch.log(lam).sum(-1)
@@ -138,6 +166,45 @@ def quadrature_unsupported_reason(model: CountVAE) -> str | None:
     if model.n_latent > 3:
         return f"Quadrature is limited to n_latent <= 3; this model has {model.n_latent}."
     return None
+
+
+def linear_model_pieces(model: CountVAE, adata=None, indices=None):
+    """The cells of a linear Poisson/NB model as ``(positions, x, offset, W, theta)`` minibatches, in float64.
+
+    ``log mu = offset + z W^T`` with ``z ~ N(0, I)``: for a diagonal prior
+    (``z = diag(s) u``, ``u ~ N(0, I)``) the scales are folded into ``W``. A
+    reparameterized model (``latent_map`` set) is handled: its decoder weight
+    already acts on the new coordinates. ``positions`` index the requested cells.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the model does not qualify (:func:`quadrature_unsupported_reason`).
+
+    """
+    reason = quadrature_unsupported_reason(model)
+    if reason is not None:
+        raise InvalidArgumentError(reason)
+    model.require_trained()
+    cells = model.cells(adata, indices)
+    source, idx = cells.source, cells.indices
+    module = model.module
+    dec = module.decoder
+    W = dec.weight.detach().cpu().double()
+    if module.prior.kind == "diagonal":  # z = diag(s) u with u ~ N(0, I): fold the scales into W
+        W = W * torch.exp(module.prior.log_scale.detach().cpu().double())
+    order = np.argsort(idx, kind="stable")
+    start = 0
+    for mb in source.iterate(idx[order], 256, drop_last_singleton=False):
+        x, b = to_tensors(mb, torch.float64, torch.device("cpu"))
+        offset = torch.log(x.sum(-1, keepdim=True)) + dec.bias.detach().cpu().double()
+        if dec.batch_offset is not None:
+            c = torch.cat([torch.zeros_like(dec.batch_offset[:1]), dec.batch_offset]).detach().cpu().double()
+            offset = offset + c[b]
+        lt = module.likelihood.log_theta_for(b)
+        theta = None if lt is None else torch.exp(lt.detach().cpu().double())
+        yield order[start : start + x.shape[0]], x, offset, W, theta
+        start += x.shape[0]
 
 
 def quadrature_log_marginal(model: CountVAE, adata=None, indices=None, n_nodes: int = 20) -> np.ndarray:
@@ -165,29 +232,10 @@ def quadrature_log_marginal(model: CountVAE, adata=None, indices=None, n_nodes: 
         ``log p(x)`` per cell in nats, in the order of ``indices``.
 
     """
-    reason = quadrature_unsupported_reason(model)
-    if reason is not None:
-        raise InvalidArgumentError(reason)
-    model.require_trained()
-    cells = model.cells(adata, indices)
-    source, idx = cells.source, cells.indices
-    module = model.module
-    dec = module.decoder
-    W = dec.weight.detach().cpu().double()
-    if module.prior.kind == "diagonal":  # z = diag(s) u with u ~ N(0, I): fold the scales into W
-        W = W * torch.exp(module.prior.log_scale.detach().cpu().double())
-    out = np.empty(len(idx))
-    order = np.argsort(idx)
-    sorted_idx = idx[order]
-    values = []
-    for mb in source.iterate(sorted_idx, 256, drop_last_singleton=False):
-        x, b = to_tensors(mb, torch.float64, torch.device("cpu"))
-        offset = torch.log(x.sum(-1, keepdim=True)) + dec.bias.detach().cpu().double()
-        if dec.batch_offset is not None:
-            c = torch.cat([torch.zeros_like(dec.batch_offset[:1]), dec.batch_offset]).detach().cpu().double()
-            offset = offset + c[b]
-        lt = module.likelihood.log_theta_for(b)
-        theta = None if lt is None else torch.exp(lt.detach().cpu().double())
+    positions, values = [], []
+    for pos, x, offset, W, theta in linear_model_pieces(model, adata, indices):
+        positions.append(pos)
         values.append(log_marginal_linear(x, offset, W, theta, n_nodes).numpy())
-    out[order] = np.concatenate(values)
+    out = np.empty(sum(len(p) for p in positions))
+    out[np.concatenate(positions)] = np.concatenate(values)
     return out

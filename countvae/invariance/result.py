@@ -1,5 +1,9 @@
 """The result of :func:`countvae.invariance.verify`: every measurement, its threshold and its verdict.
 
+The verdict is "verified numerically", "not verified" (a check of the evidence
+failed: ``EVIDENCE_CHECKS``, with the reasons) or "failed" (a check
+disagrees with the theory on sound evidence).
+
 :class:`InvarianceReport` shares its verbs with
 :class:`countvae.diagnostics.DiagnosticReport`: ``summary()``, ``to_frame()``,
 ``tables``, ``to_dict()``, ``to_markdown()``, ``to_html()`` and
@@ -50,8 +54,12 @@ CONCLUSIONS = (
     "latent distances and neighbour graphs unchanged, so predictive fit cannot tell such models apart.",
     "Latent coordinates, per-dimension loadings and per-dimension gene correlations change under "
     "the same maps: reading meaning into a single latent coordinate is a choice, not a finding.",
-    "The controls change `p(x)` although the decoder is compensated: the prior, not the decoder, "
-    "fixes the symmetry group.",
+    "The controls change `p(x)` by more than the estimators' error although the decoder is compensated: "
+    "the prior, not the decoder, fixes the symmetry group.",
+    "The common-random-number and pointwise checks follow from the code's own algebra and catch a wrong "
+    "rewrite; the evidence that `p(x)` is unchanged comes from estimates that share no random numbers, from a "
+    "proposal built from the transformed model alone, and (linear decoders, up to 3 dimensions) from quadrature "
+    "on grids along each model's own axes.",
     "A mean-field guide is not closed under rotations, so the ELBO (unlike `p(x)`) can prefer "
     "some coordinates: the 'near' in near-identifiability.",
 )
@@ -71,15 +79,26 @@ CHECK_COLUMNS = [
 
 #: What each check measures, in the words used by the summaries.
 CHECK_DESCRIPTIONS: dict[str, str] = {
-    "crn_max_abs_diff": "max over cells of |log p(x) original - transformed|, same base noise (nats)",
-    "mc_mean_diff": "mean over cells of log p(x) transformed - original, independent draws (nats)",
-    "mc_z_mean": "mean difference / its standard error from the per-cell differences (independent draws)",
-    "mc_z_spread": "robust spread of per-cell differences in MC standard errors (median |z| / 0.674; ~1 if equal)",
-    "crn_change_ratio": "per-cell change over its MC error, from common-noise differences at two seeds (~1 if equal)",
+    "crn_max_abs_diff": "max over cells of |log p(x) original - transformed|, guide proposal, same base noise (nats)",
+    "indep_unreliable_fraction": "share of cells where either independent estimate is unreliable (k-hat, ESS)",
+    "indep_mean_diff": "mean over cells of log p(x) transformed - original, independent estimates (nats)",
+    "indep_z_mean": "that mean difference / its reported standard error (independent estimates)",
+    "indep_outside_4se_fraction": "share of cells whose two independent estimates differ by > 4 reported SE",
+    "own_unreliable_fraction": "share of cells where the original's or the own-proposal estimate is unreliable",
+    "own_mean_diff": "mean over cells of log p(x) transformed (proposal from its own log joint) - original (nats)",
+    "own_z_mean": "that mean difference / its reported standard error",
+    "own_outside_4se_fraction": "share of cells where the own-proposal estimate differs from the original's by > 4 SE",
+    "control_unreliable_fraction": "share of cells where either estimate of a control is unreliable",
+    "control_mean_diff": "mean over cells of log p(x) transformed - original for a control (nats)",
+    "control_z_mean": "that mean change / its reported standard error",
+    "control_z": "(sum over cells of (change / its SE)^2 - n) / sqrt(2n): ~0 if unchanged; must exceed the threshold",
+    "control_outside_4se_fraction": "share of cells whose log p(x) changed by > 4 reported SE under a control",
     "pointwise_loglik_max_abs_diff": "max |log p(x | z) - log p'(x | A z)| at sampled z (nats)",
     "prior_max_abs_diff": "max |log p(z) - log p(A z)| at sampled z (nats)",
-    "quadrature_max_abs_diff": "max over cells of |exact log p(x) original - transformed| (quadrature, nats)",
-    "quadrature_mean_diff": "mean over cells of exact log p(x) transformed - original (quadrature, nats)",
+    "quadrature_max_abs_diff": "max over cells of |exact log p(x) original - transformed| (axis-aligned grids, nats)",
+    "quadrature_mean_diff": "mean over cells of exact log p(x) transformed - original (axis-aligned grids, nats)",
+    "quadrature_transformed_change": "transformed model's quadrature: largest change at its last node doubling (nats)",
+    "quadrature_transformed_nodes": "transformed model's quadrature: most nodes per axis used",
     "latent_map_max_abs_error": "max |Z' - Z A^T| of posterior means",
     "normalized_expression_max_rel_diff": "max relative change of decoded expected counts",
     "pairwise_distance_max_rel_diff": "max change of latent pairwise distances / largest distance",
@@ -97,12 +116,43 @@ CHECK_DESCRIPTIONS: dict[str, str] = {
     "elbo_refit_transformed_mean": "mean ELBO of each cell's best mean-field guide, transformed coordinates",
     "elbo_refit_mean_diff": "transformed - original best mean-field ELBO (negative: the fit prefers its own axes)",
     "elbo_refit_z": "that difference / its Monte Carlo standard error",
-    "is_minus_quadrature_mean": "mean importance-sampling estimate - exact log p(x), original model (nats)",
-    "is_within_4se_fraction": "fraction of cells with |IS - exact| <= 4 MC standard errors + 0.01",
     "loadings_log_prior_abs_diff": "|log p(W A^-1) - log p(W)| under the prior on the loadings (nats)",
     "joint_abs_change": "|change of log p(x_heldout, W)| with common noise: held-out sum plus log p(W) (nats)",
     "joint_change_over_mc_error": "change of log p(x_heldout, W) at two seeds: their mean / half their difference",
+    "unreliable_fraction": "share of cells whose estimate is unreliable (k-hat > 0.7 or ESS below the minimum)",
+    "ess_median": "median effective sample size of the estimator",
+    "khat_max": "largest Pareto k-hat of the estimator's importance weights",
+    "estimator_minus_quadrature_mean": "mean of estimator - exact log p(x) (nats)",
+    "estimator_mean_abs_error": "mean |estimator - exact log p(x)| (nats per cell)",
+    "estimator_outside_3se_fraction": "share of cells with |estimator - exact| > 3 reported standard errors",
+    "quadrature_change": "largest change of the axis-aligned quadrature at its last node doubling (nats)",
+    "quadrature_nodes": "most nodes per axis the axis-aligned quadrature used",
 }
+
+#: Checks of the evidence itself: when one fails, the result is "not verified" (the numbers cannot be used),
+#: with the reason and what to do about it.
+EVIDENCE_CHECKS: dict[str, str] = {
+    "unreliable_fraction": "the log p(x) estimator is unreliable (k-hat > 0.7 or low ESS) on {value} of the cells "
+    "(at most {threshold} allowed); raise n_samples or check the model",
+    "indep_unreliable_fraction": "the independent estimates are unreliable on {value} of the cells "
+    "(at most {threshold} allowed); raise n_samples",
+    "own_unreliable_fraction": "the estimates from the transformed model's own proposal are unreliable on {value} of "
+    "the cells (at most {threshold} allowed); raise n_samples",
+    "control_unreliable_fraction": "the control's estimates are unreliable on {value} of the cells "
+    "(at most {threshold} allowed); raise n_samples",
+    "estimator_mean_abs_error": "the log p(x) estimator is off exact quadrature by {value} nats per cell "
+    "(at most {threshold} allowed)",
+    "estimator_outside_3se_fraction": "{value} of the cells lie outside 3 reported standard errors of exact "
+    "quadrature (at most {threshold} allowed): the standard errors are too small",
+    "quadrature_change": "the axis-aligned quadrature did not converge: it changed by {value} nats at its last "
+    "node doubling (tolerance {threshold}); raise quadrature_max_nodes",
+    "quadrature_transformed_change": "the transformed model's axis-aligned quadrature did not converge: it changed "
+    "by {value} nats at its last node doubling (tolerance {threshold}); raise quadrature_max_nodes",
+}
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.3g}%"
 
 
 @dataclass
@@ -120,10 +170,14 @@ class InvarianceReport:
         ``dtype``); the prior controls are the same networks with another prior.
         Values describe the prior and its symmetry group.
     per_cell
-        Per-cell numbers by ``"variant / transform"``: ``lpd`` (original),
-        ``lpd_crn`` (transformed, same noise), ``lpd_indep`` (transformed,
-        independent noise), their ``mc_se``, and ``quadrature`` columns when
-        available.
+        Per-cell numbers by ``"variant / transform"``: ``lpd`` and ``lpd_crn`` (the
+        original and the transformed model with the guide proposal and the same
+        base noise: the common-random-number pair), ``estimate`` and ``mc_se`` (the
+        package's estimator on the original), ``estimate_indep`` and ``mc_se_indep``
+        (on the transformed model, independent noise), ``estimate_own`` and
+        ``mc_se_own`` (the transformed model's own proposal; fitted model,
+        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned
+        grids) where quadrature applies.
     outputs
         Output-by-transform table of changes for the fitted model (item 4), with
         the expected behaviour per cell (``"equal"``, ``"differs"`` or ``"report"``).
@@ -144,16 +198,55 @@ class InvarianceReport:
 
     # ----- verdicts ----------------------------------------------------------------------------
     @property
+    def status(self) -> str:
+        """``"verified numerically"``, ``"not verified"`` or ``"failed"``.
+
+        "not verified": a check of the evidence failed (``EVIDENCE_CHECKS``: the
+        estimator is unreliable or disagrees with quadrature, or the quadrature did
+        not converge), or nothing was judged; the other checks' numbers cannot
+        then be used either way. "failed": the evidence is sound and a check
+        disagrees with the theory.
+        """
+        if self.checks["ok"].dropna().empty or len(self._evidence_failures()):
+            return "not verified"
+        if len(self.failures):
+            return "failed"
+        return "verified numerically"
+
+    @property
     def passed(self) -> bool:
-        """True when every check with a verdict agrees with the theory (``report``-only rows aside)."""
-        judged = self.checks["ok"].dropna()
-        return bool(len(judged)) and bool(judged.astype(bool).all())
+        """Whether the result is "verified numerically" (every judged check agrees and the evidence is sound)."""
+        return self.status == "verified numerically"
 
     @property
     def failures(self) -> pd.DataFrame:
-        """The checks that disagree with the theory."""
+        """The checks whose value disagrees with its expectation (the theory, or the evidence's own checks)."""
         failed = self.checks["ok"].map(lambda v: v is False or v is np.False_)
         return self.checks[failed.astype(bool)].reset_index(drop=True)
+
+    def _evidence_failures(self) -> pd.DataFrame:
+        failed = self.failures
+        return failed[failed["check"].isin(list(EVIDENCE_CHECKS))].reset_index(drop=True)
+
+    def reasons(self) -> list[str]:
+        """Why the result is not "verified numerically", one line per failed check (the evidence's first)."""
+        if self.checks["ok"].dropna().empty:
+            return ["no check with a verdict was made"]
+        lines = []
+        evidence = self._evidence_failures()
+        for _, row in evidence.iterrows():
+            shown = _percent if row["check"].endswith("_fraction") else format_value
+            text = EVIDENCE_CHECKS[row["check"]].format(value=shown(row["value"]), threshold=shown(row["threshold"]))
+            lines.append(f"{row['variant']} / {row['transform']}: {text}")
+        for _, row in self.failures.iterrows():
+            if row["check"] in EVIDENCE_CHECKS:
+                continue
+            relation = {"equal": "<=", "differs": ">", "at_least": ">="}.get(row["expect"], "?")
+            lines.append(
+                f"{row['variant']} / {row['transform']}: {row['check']} = {format_value(row['value'])} "
+                f"(expected {relation} {format_value(row['threshold'])})"
+            )
+        return lines
 
     def to_frame(self) -> pd.DataFrame:
         """Every measurement as a long table.
@@ -167,7 +260,12 @@ class InvarianceReport:
 
     @property
     def tables(self) -> dict[str, pd.DataFrame]:
-        """Every table of the report, by name (``verdicts``, ``checks``, ``outputs``, ``estimator_accuracy``)."""
+        """Every table of the report, by name (``verdicts``, ``checks``, ``outputs``, ``estimator_accuracy``).
+
+        ``estimator_accuracy`` holds the per-model rows (transform ``"(none)"``):
+        the estimator's reliability, its agreement with quadrature, and the
+        quadrature's convergence.
+        """
         return {
             "verdicts": self.verdicts(),
             "checks": self.to_frame(),
@@ -177,7 +275,7 @@ class InvarianceReport:
 
     def _estimator_accuracy(self) -> pd.DataFrame:
         other = self.checks[self.checks["transform"] == "(none)"]
-        return other[["check", "value"]].reset_index(drop=True)
+        return other[["variant", "check", "value", "threshold", "ok"]].reset_index(drop=True)
 
     def verdicts(self) -> pd.DataFrame:
         """One row per model variant and map: the headline numbers and whether all its checks agree."""
@@ -194,8 +292,9 @@ class InvarianceReport:
                     "kind": group["kind"].iloc[0],
                     "p(x) expected": group["p_x_expected"].iloc[0],
                     "CRN max |diff|": values.get("crn_max_abs_diff", np.nan),
-                    "z (mean)": values.get("mc_z_mean", np.nan),
-                    "change / MC error": values.get("crn_change_ratio", np.nan),
+                    "z independent": values.get("indep_z_mean", np.nan),
+                    "z own proposal": values.get("own_z_mean", np.nan),
+                    "z control": values.get("control_z", np.nan),
                     "quadrature max |diff|": values.get("quadrature_max_abs_diff", np.nan),
                     "prior max |diff|": values.get("prior_max_abs_diff", np.nan),
                     "result": "ok" if len(judged) and bool(judged.astype(bool).all()) else "FAIL",
@@ -218,6 +317,8 @@ class InvarianceReport:
             }
         return {
             "passed": self.passed,
+            "status": self.status,
+            "reasons": self.reasons(),
             "settings": json_ready(self.settings),
             "transforms": {k: json_ready(np.asarray(v)) for k, v in self.transforms.items()},
             "variants": json_ready(self.variants),
@@ -227,32 +328,35 @@ class InvarianceReport:
             "checks": checks,
             "outputs": outputs,
             "check_descriptions": dict(CHECK_DESCRIPTIONS),
+            "evidence_checks": sorted(EVIDENCE_CHECKS),
         }
 
     def _headline(self) -> str:
         s = self.settings
-        verdict = "PASSED" if self.passed else f"FAILED ({len(self.failures)} checks disagree with the theory)"
+        status = self.status
+        if status == "verified numerically":
+            verdict = "VERIFIED NUMERICALLY"
+        elif status == "failed":
+            verdict = f"FAILED ({len(self.failures)} checks disagree with the theory)"
+        else:
+            verdict = f"NOT VERIFIED ({self.reasons()[0]})"
         return (
             f"Invariance check of {s.get('model', 'the model')} on {s.get('n_cells', '?')} cells "
-            f"({s.get('dtype', '?')}, {s.get('n_samples', '?')} importance samples, seed {s.get('seed', '?')}): "
+            f"({s.get('dtype', '?')}, {s.get('n_samples', '?')} importance draws, seed {s.get('seed', '?')}): "
             f"{verdict}"
         )
 
     def summary(self) -> str:
-        """A short text summary: the verdict and one line per variant and map."""
+        """A short text summary: the verdict, one line per variant and map, and the reasons when not verified."""
         table = self.verdicts()
         lines = [self._headline(), ""]
         if len(table):
             shown = table.map(format_value)
             lines.append(shown.to_string(index=False))
-        if not self.passed and len(self.failures):
+        if not self.passed:
             lines.append("")
-            lines.append("Disagreements:")
-            for _, row in self.failures.iterrows():
-                lines.append(
-                    f"  {row['variant']} / {row['transform']}: {row['check']} = {format_value(row['value'])} "
-                    f"(expected {'<=' if row['expect'] == 'equal' else '>'} {format_value(row['threshold'])})"
-                )
+            lines.append("Not verified because:" if self.status == "not verified" else "Disagreements:")
+            lines += [f"  {line}" for line in self.reasons()]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -277,7 +381,10 @@ class InvarianceReport:
             ]
         accuracy = self._estimator_accuracy()
         if len(accuracy):
-            parts += ["## Estimator accuracy (original model)", "", markdown_table(accuracy), ""]
+            parts += ["## The evidence: estimator reliability and accuracy, quadrature convergence", ""]
+            parts += [markdown_table(accuracy), ""]
+        if not self.passed:
+            parts += ["## Why this is not verified", ""] + [f"- {line}" for line in self.reasons()] + [""]
         parts += ["## Checks", ""]
         parts += [f"- `{k}`: {v}" for k, v in self._descriptions()]
         parts += ["", "## What this shows and what it does not", ""]
@@ -324,9 +431,14 @@ class InvarianceReport:
             body += ["<h2>Which outputs change (fitted model)</h2>", html_table(self.outputs.reset_index(), None)]
         accuracy = self._estimator_accuracy()
         if len(accuracy):
-            body += ["<h2>Estimator accuracy (original model)</h2>", html_table(accuracy, None)]
+            body += [
+                "<h2>The evidence: estimator reliability and accuracy, quadrature convergence</h2>",
+                html_table(accuracy, None),
+            ]
+        if not self.passed:
+            body += ["<h2>Why this is not verified</h2>", f"<ul>{html_list(self.reasons())}</ul>"]
         if len(self.failures):
-            body += ["<h2>Disagreements with the theory</h2>", html_table(self.failures, None)]
+            body += ["<h2>Failed checks</h2>", html_table(self.failures, None)]
         body += ["<h2>Checks</h2>", f"<ul>{html_list(f'{k}: {v}' for k, v in self._descriptions())}</ul>"]
         body += ["<h2>What this shows and what it does not</h2>", f"<ul>{html_list(CONCLUSIONS)}</ul>"]
         body += ["<h2>Settings</h2>", html_key_values(self.settings)]
