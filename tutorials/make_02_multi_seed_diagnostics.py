@@ -138,14 +138,18 @@ which removes the cell-to-cell variation all seeds share.""",
 plotting.log_predictive_density(rep.predictive, ax=axes[0])
 plotting.paired_lpd_differences(rep.predictive, rep.tables["predictive_pairs"], ax=axes[1])
 plt.show()
-rep.tables["predictive_pairs"][["fit_a", "fit_b", "diff_per_cell", "se_diff_per_cell", "z", "equivalent"]].round(3)""",
+rep.tables["predictive_pairs"][["fit_a", "fit_b", "diff_per_cell", "ci_low", "ci_high", "margin", "decision"]].round(3)""",
     ),
     (
         "md",
-        """If every pair differs by less than two paired standard errors the seeds are *predictively
-equivalent* on these cells: held-out fit cannot prefer one over another, so any difference in their
-coordinates is a choice, not a finding. Differences beyond that mean the optimisation ended in different
-places (after short training, a sign to train longer).""",
+        """The report tests *equivalence*, not the absence of a detected difference: a pair is equivalent when
+its simultaneous interval for the per-cell difference (`ci_low` to `ci_high`, Bonferroni-corrected over
+pairs) lies inside the margin, a small share of what the latent variables add per cell over a model
+without them. When every pair is equivalent, held-out fit cannot prefer one seed over another, so any
+difference in their coordinates is a choice, not a finding. An interval outside the margin means the
+optimisation ended in different places (after short training, a sign to train longer); an interval that
+straddles it is *undetermined*, and more held-out cells would decide it. Unreliable log p(x) estimates
+(Pareto k-hat above 0.7 on too many cells) also make the verdict undetermined.""",
     ),
     (
         "md",
