@@ -47,9 +47,9 @@ def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes
     assert "300 cells x 40 genes; 270 cells fitted, 30 held out" in block
     assert "the 15 most variable of 40, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
     assert "nb likelihood, linear decoder, 2 latent dimensions" in block
-    assert "2 seeds x 3 epochs, batch size 128" in block and "early stopping off" in block
+    assert "2 seeds x 3 epochs, batch size 128" in block and "early stopping on" in block  # diagnose's default
     assert "s per seed, about" in block and "for 2 seeds" in block and "timed training steps" in block
-    for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "--early-stopping"):
+    for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "early stopping is on"):
         assert option in block
     # The block comes before any seed is fitted.
     lines = [r.getMessage() for r in messages.records]

@@ -164,7 +164,9 @@ def announce(
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
         "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",
-        "--early-stopping stops when the validation loss stalls",
+        "early stopping is on: a seed stops when its validation loss stalls"
+        if train_kwargs.get("early_stopping")
+        else "--early-stopping stops when the validation loss stalls",
     ]
     lines.append("  shorter   " + shorter[0])
     lines += [" " * 12 + option for option in shorter[1:]]

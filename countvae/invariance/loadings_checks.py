@@ -56,7 +56,7 @@ def loadings_log_prior(c: MapComparison) -> tuple[float, float]:
 
 def joint_change(c: MapComparison, seed: int, prior_change: float) -> float:
     """Change of ``log p(x_heldout, W)``: per-cell changes (common noise at ``seed``) summed, plus ``log p(W)``'s."""
-    before, after = c.original.lpd(seed), c.transformed.lpd(seed)
+    before, after = c.original.guide_lpd(seed), c.transformed.guide_lpd(seed)  # common random numbers
     return float((after["lpd"].to_numpy() - before["lpd"].to_numpy()).sum()) + prior_change
 
 

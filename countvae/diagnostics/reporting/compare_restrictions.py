@@ -174,7 +174,7 @@ def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -
             judged["check"].isin(
                 [
                     "crn_max_abs_diff",
-                    "crn_change_ratio",
+                    "control_z",
                     "loadings_log_prior_abs_diff",
                     "joint_abs_change",
                     "joint_change_over_mc_error",
@@ -185,7 +185,7 @@ def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -
         if with_loadings:
             key = "joint_abs_change" if kept else "joint_change_over_mc_error"
         else:
-            key = "crn_max_abs_diff" if kept else "crn_change_ratio"
+            key = "crn_max_abs_diff" if kept else "control_z"
         main = relevant[relevant["check"] == key].iloc[0]
         rows.append(
             {
