@@ -9,7 +9,7 @@ import torch
 import countvae as cv
 from countvae import invariance as inv
 from countvae.invariance.elbo_geometry import elbo_comparison, refit_mean_field_elbo
-from countvae.invariance.quadrature import _log_lik_terms
+from countvae.invariance.quadrature import log_likelihood_terms
 from countvae.model.query import query_source
 
 ROTATION_45 = np.array([[1.0, -1.0], [1.0, 1.0]]) / np.sqrt(2.0)
@@ -42,10 +42,10 @@ def _posterior_precision(model, source, idx):
     z = torch.zeros(len(idx), 2, dtype=torch.float64)
     eye = torch.eye(2, dtype=torch.float64)
     for _ in range(50):
-        _, grad_eta, curv = _log_lik_terms(x, offset + z @ W.T, None)
+        _, grad_eta, curv = log_likelihood_terms(x, offset + z @ W.T, None)
         hess = torch.einsum("ng,gi,gj->nij", curv, W, W) + eye
         z = z + torch.linalg.solve(hess, (grad_eta @ W - z).unsqueeze(-1)).squeeze(-1)
-    _, _, curv = _log_lik_terms(x, offset + z @ W.T, None)
+    _, _, curv = log_likelihood_terms(x, offset + z @ W.T, None)
     return (torch.einsum("ng,gi,gj->nij", curv, W, W) + eye).numpy()
 
 
