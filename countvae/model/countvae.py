@@ -700,7 +700,7 @@ class CountVAE:
 
     @property
     def latent_names(self) -> list[str]:
-        """Names of the latent dimensions: the gene programs' names, else ``Z_0``, ``Z_1``, ..."""
+        """The names of the latent dimensions (the gene programs' names, else ``Z_0``, ``Z_1``, ...)."""
         return latent_names(self.n_latent, self._settings.gene_programs)
 
     def get_loadings(self, return_uncertainty: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:

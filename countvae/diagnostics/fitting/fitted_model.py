@@ -108,7 +108,7 @@ class CountVAEFit:
 
     @property
     def symmetry(self) -> str:
-        """Symmetry group of the whole model: its prior on ``z`` and any prior on the loadings."""
+        """The symmetry group of the whole model (its prior on ``z`` and any prior on the loadings)."""
         return self.model.module.symmetry
 
     @property

@@ -73,7 +73,7 @@ class SeedFits:
 
     @property
     def training(self) -> pd.DataFrame:
-        """One row per seed: epochs trained, the most it could have trained, whether it stopped early, the epoch kept.
+        """A table with one row per seed (epochs trained, the most it could have trained, early stop, the epoch kept).
 
         Columns ``seed``, ``epochs_trained``, ``max_epochs``, ``stopped_early``,
         ``kept_epoch``, ``fit_seconds`` (of the run that made the fit) and

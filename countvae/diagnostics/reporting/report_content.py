@@ -39,7 +39,7 @@ class ReportContent:
 
     @property
     def invariants(self) -> pd.DataFrame:
-        """One row per quantity: invariant in theory, agreement across seeds with its interval, verdict, why.
+        """A table with one row per quantity (invariant in theory, agreement across seeds, interval, verdict, why).
 
         Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement``
         (worst pair) with its interval ``low``-``high``, ``agreement_mean``,
@@ -86,7 +86,7 @@ class ReportContent:
 
     @property
     def ica(self) -> pd.DataFrame:
-        """Per ICA component of the first fit: whether it agrees across seeds, and why not.
+        """For each ICA component of the first fit, whether it agrees across seeds, and why not.
 
         Its worst best-match |correlation| with the other fits' ICA components
         (``worst_match`` with its interval ``low``-``high``, and ``mean_match``;

@@ -80,12 +80,12 @@ class RestrictionReport:
 
     @property
     def restrictions(self) -> pd.DataFrame:
-        """The main table: one row per model (the unrestricted one first)."""
+        """The main table, with one row per model (the unrestricted one first)."""
         return self.tables["restrictions"]
 
     @property
     def programs(self) -> pd.DataFrame | None:
-        """Per gene program: is its dimension used, on its genes, explained by them (``None`` without programs)."""
+        """For each gene program, whether its dimension is used, on its genes, explained by them (or ``None``)."""
         return self.tables.get("programs")
 
     def summary(self) -> str:
