@@ -1,5 +1,7 @@
 """Posterior predictive statistics against closed forms."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,16 @@ def test_bad_shapes():
         predictive_statistics(np.zeros((3, 2)), np.zeros((3, 2)))
     with pytest.raises(InvalidArgumentError):
         calibration(np.zeros((3, 2)), np.zeros((3, 2, 4)), levels=(0.1, 0.5, 0.9))
+
+
+def test_a_gene_without_counts_in_any_draw_gives_nan_without_a_warning():
+    rng = np.random.default_rng(0)
+    draws = rng.poisson(3.0, size=(20, 4, 8)).astype(float)
+    draws[:, 1, :] = 0.0  # no draw gives gene 1 a count: no coefficient of variation over cells
+    counts = draws[:, :, 0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        stats = predictive_statistics(counts, draws)
+    assert np.isnan(stats.cv_gene[1]) and np.isfinite(np.delete(stats.cv_gene, 1)).all()
+    expected = np.std(draws[:, 0, :], axis=0) / np.mean(draws[:, 0, :], axis=0)
+    assert stats.cv_gene[0] == pytest.approx(expected.mean(), rel=1e-12)

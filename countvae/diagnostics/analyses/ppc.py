@@ -113,6 +113,17 @@ def calibration(counts: np.ndarray, draws: np.ndarray, levels=CALIBRATION_LEVELS
     return float(error), coverage
 
 
+def _mean_over_draws(values: np.ndarray) -> np.ndarray:
+    """Mean over the last axis of the finite values; NaN (without numpy's all-NaN warning) where there are none.
+
+    A gene no draw gives a count to has no coefficient of variation in any draw.
+    """
+    finite = np.isfinite(values)
+    n = finite.sum(axis=-1)
+    total = np.where(finite, values, 0.0).sum(axis=-1)
+    return np.divide(total, n, out=np.full(total.shape, np.nan), where=n > 0)
+
+
 def predictive_statistics(counts: np.ndarray, draws: np.ndarray) -> PPCStatistics:
     """Posterior predictive statistics from draws (cells, genes, draws) against observed counts (cells, genes)."""
     counts = np.asarray(counts, dtype=np.float64)
@@ -121,8 +132,8 @@ def predictive_statistics(counts: np.ndarray, draws: np.ndarray) -> PPCStatistic
         raise InvalidArgumentError(
             f"Draws must be (cells, genes, draws) matching counts {counts.shape}, got {draws.shape}."
         )
-    cv_gene = np.nanmean(_cv(draws, 0), axis=-1)
-    cv_cell = np.nanmean(_cv(draws, 1), axis=-1)
+    cv_gene = _mean_over_draws(_cv(draws, 0))
+    cv_cell = _mean_over_draws(_cv(draws, 1))
     zero = (draws == 0).mean(axis=(0, 2))
     error, coverage = calibration(counts, draws)
     return PPCStatistics(cv_gene, cv_cell, zero, error, coverage)
