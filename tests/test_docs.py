@@ -188,7 +188,7 @@ def test_api_reference_has_one_page_per_public_function_and_class(site):
     # methods are documented on their class's page, inherited ones included
     assert "get_log_predictive_density" in _text(site / "api" / "generated" / "countvae.CountVAE.html")
     report_page = _text(site / "api" / "generated" / "countvae.diagnostics.DiagnosticReport.html")
-    assert "DiagnosticReport.invariants" in report_page and "One row per quantity" in report_page
+    assert "DiagnosticReport.invariants" in report_page and "one row per quantity" in report_page
 
 
 def test_cli_reference_is_every_commands_help(site):

@@ -126,7 +126,8 @@ for sentence in rep.downstream.statements:
     ),
     (
         "code",
-        """plotting.downstream_agreement(rep.downstream.pairs)
+        """fig, ax = plt.subplots(figsize=(7, 3.2))
+plotting.downstream_agreement(rep.downstream.pairs, ax=ax)
 plt.show()
 columns = ["output", "metric", "between_mean", "n_between", "within_mean", "n_within", "chance_mean", "model_share"]
 rep.downstream.summary[columns].round(3)""",

@@ -123,6 +123,28 @@ report.restrictions[columns].round(2)""",
     ),
     (
         "md",
+        """The same table as a picture: what each restriction identifies (agreement of the coordinates
+across seeds, one axis at a time) against what it costs (held-out log p(x) per cell against the
+unrestricted model, with a 95% interval; the unrestricted model is the reference at 0).""",
+    ),
+    (
+        "code",
+        """import matplotlib.pyplot as plt
+
+table = report.restrictions
+fig, ax = plt.subplots(figsize=(6, 3.5), dpi=72)
+cost = table["lpd_difference_per_cell"].fillna(0.0)
+error = 1.96 * table["lpd_se_per_cell"].fillna(0.0)
+ax.errorbar(table["coordinates_agreement"], cost, yerr=error, fmt="o", capsize=3)
+for name, x, y in zip(table["model"], table["coordinates_agreement"], cost, strict=True):
+    ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+ax.axhline(0.0, color="grey", lw=0.8)
+ax.set_xlabel("agreement of coordinates across seeds (no rotation)")
+ax.set_ylabel("log p(x) vs unrestricted (nats/cell)")
+plt.show()""",
+    ),
+    (
+        "md",
         """**How to read it.**
 
 * `symmetry`: the latent maps that leave the model's p(x) unchanged. `orthogonal` means any rotation:
