@@ -112,7 +112,7 @@ def test_headline_names_the_components_by_verdict():
     )
     sentence = ica_sentence(table, 0.95)
     assert sentence.startswith("ICA components (each seed's ICA estimated on halves of the fit cells, 1,000 cells")
-    assert "IC_0 agree across seeds; IC_2 differ between seeds; IC_1 undetermined (too close to Gaussian" in sentence
+    assert "IC_0 agrees across seeds; IC_2 differs between seeds; IC_1 undetermined (too close to Gaussian" in sentence
     assert sentence.endswith("as one subspace, not as separate axes.")
     assert ica_sentence(table.iloc[:0], 0.95) is None
 

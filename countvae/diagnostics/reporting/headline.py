@@ -16,10 +16,12 @@ from countvae.diagnostics.reporting.verdicts import (
     AGREE,
     ALIGNED,
     DIFFER,
+    LPD_QUANTITY,
     NOT_TESTED,
     UNDETERMINED,
     PredictiveVerdict,
     quantities_by_verdict,
+    reason_in_number,
 )
 
 #: The first words of each sentence that lists quantities of one verdict.
@@ -68,8 +70,9 @@ def predictive_sentence(verdict: PredictiveVerdict) -> str:
     if verdict.state == EQUIVALENT:
         return f"{lead} every pair of fits is within the {margin}; {detail}."
     if verdict.state == NOT_EQUIVALENT:
+        differ = "differs" if counts[NOT_EQUIVALENT] == 1 else "differ"
         return (
-            f"{lead} {counts[NOT_EQUIVALENT]} of {len(verdict.pairs)} pairs differ by more than the {margin}, so "
+            f"{lead} {counts[NOT_EQUIVALENT]} of {len(verdict.pairs)} pairs {differ} by more than the {margin}, so "
             f"the seeds reached different optima (or did not converge); {detail}."
         )
     return f"{lead} {verdict.reason} ({margin}); {detail}. To decide: {verdict.remedy}."
@@ -86,16 +89,19 @@ def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
         f"best-match |corr| is at least {threshold:g} with confidence):"
     )
     parts = []
-    for verdict, text in ((AGREE, "agree across seeds"), (DIFFER, "differ between seeds")):
+    for verdict, (one, several) in (
+        (AGREE, ("agrees across seeds", "agree across seeds")),
+        (DIFFER, ("differs between seeds", "differ between seeds")),
+    ):
         names = components.loc[components["verdict"] == verdict, "component"].tolist()
         if names:
-            parts.append(f"{_listing(names)} {text}")
+            parts.append(f"{_listing(names)} {one if len(names) == 1 else several}")
     undecided = components[components["verdict"] == UNDETERMINED]
     reasons: dict[str, list[str]] = {}
     for row in undecided.itertuples(index=False):
         reasons.setdefault(row.reason.split(":")[0], []).append(row.component)
     for why, names in reasons.items():
-        parts.append(f"{_listing(names)} undetermined ({why})")
+        parts.append(f"{_listing(names)} undetermined ({reason_in_number(why, len(names))})")
     tail = ""
     if len(undecided) or (components["verdict"] == DIFFER).any():
         tail = " Report the components that do not agree as one subspace, not as separate axes."
@@ -113,6 +119,13 @@ def truth_sentence(truth: pd.DataFrame) -> str | None:
             f"InfoM {sub['infom'].min():.2f} to {sub['infom'].max():.2f}"
         )
     return f"{TRUTH_LEAD} (held-out cells, over seeds): {'; '.join(parts)}."
+
+
+def _why_undetermined(quantity: str, rows: pd.DataFrame, predictive: str) -> str:
+    """Why a row is undetermined and what would decide it; the predictive sentence already says it for log p(x)."""
+    if quantity == LPD_QUANTITY and predictive.startswith(PREDICTIVE_LEADS[UNDETERMINED]):
+        return f"{quantity} (see the sentence on predictive equivalence)"
+    return f"{quantity} ({rows.loc[quantity, 'reason']}; to decide: {rows.loc[quantity, 'remedy']})"
 
 
 def headline(
@@ -180,9 +193,7 @@ def headline(
                 "rotation, the remainder a genuine difference between the solutions."
             )
     if by[UNDETERMINED]:
-        details = "; ".join(
-            f"{q} ({rows.loc[q, 'reason']}; to decide: {rows.loc[q, 'remedy']})" for q in by[UNDETERMINED]
-        )
+        details = "; ".join(_why_undetermined(q, rows, predictive) for q in by[UNDETERMINED])
         lines.append(f"{LEADS[UNDETERMINED]} {_listing(by[UNDETERMINED])}. Why, and what would decide: {details}.")
     lines.append(predictive)
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]

@@ -70,6 +70,8 @@ VERDICTS = (AGREE, ALIGNED, DIFFER, UNDETERMINED, NOT_MEASURED)
 NOT_TESTED = "not tested"
 #: Columns the verdicts step adds to the invariants table.
 VERDICT_COLUMNS = ("verdict", "reason", "remedy", "report_instead")
+#: The invariants row that takes the predictive-equivalence verdict.
+LPD_QUANTITY = "held-out log p(x)"
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def judge_invariants(
     out = numbers.copy()
     judged = []
     for _, row in numbers.iterrows():
-        if row["quantity"] == "held-out log p(x)" and predictive is not None:
+        if row["quantity"] == LPD_QUANTITY and predictive is not None:
             judged.append(predictive.as_row_judgement())
         elif row["quantity"] == "ICA coordinates" and ica is not None:
             judged.append(ica)
@@ -205,6 +207,11 @@ def quantities_by_verdict(invariants: pd.DataFrame) -> dict[str, list[str]]:
 GAUSSIAN_REASON = "too close to Gaussian to be identified"
 FEW_CELLS_REASON = "does not reproduce even within one seed (too few cells to fix the axis)"
 TOO_FEW_REASON = "too few cells to estimate ICA"
+#: How each reason reads after the components it concerns: (one component, several).
+_PREDICATES = {
+    GAUSSIAN_REASON: (f"is {GAUSSIAN_REASON}", f"are {GAUSSIAN_REASON}"),
+    FEW_CELLS_REASON: (FEW_CELLS_REASON, "do not" + FEW_CELLS_REASON.removeprefix("does not")),
+}
 #: Cells per half and per latent dimension below which no ICA component is judged (its estimation error,
 #: which the intervals over matching cells do not cover, is then comparable to the threshold's margin).
 MIN_ICA_CELLS_PER_DIMENSION = 100
@@ -269,6 +276,22 @@ def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return out
 
 
+def reason_in_number(reason: str, n_components: int) -> str:
+    """``reason`` with its verb in the number of ``n_components`` (``does not reproduce`` / ``do not reproduce``)."""
+    if n_components > 1 and reason == FEW_CELLS_REASON:
+        return _PREDICATES[reason][1]
+    return reason
+
+
+def components_clause(names: list[str], reason: str) -> str:
+    """The components followed by why they are undetermined, verb agreeing with their number."""
+    listed = ", ".join(names)
+    forms = _PREDICATES.get(reason)
+    if forms is None:
+        return f"{listed}: {reason}"
+    return f"{listed} {forms[len(names) > 1]}"
+
+
 def ica_row_judgement(components: pd.DataFrame) -> Judgement:
     """The ICA row's verdict from the judged components: agree if all agree, differ if one differs."""
     if not len(components):
@@ -278,6 +301,8 @@ def ica_row_judgement(components: pd.DataFrame) -> Judgement:
         return Judgement(AGREE)
     if (verdicts == DIFFER).any():
         bad = components.loc[verdicts == DIFFER, "component"].tolist()
+        if len(bad) == 1:
+            return Judgement(DIFFER, f"{bad[0]} differs between seeds (it reproduces within one seed)")
         return Judgement(DIFFER, f"{', '.join(bad)} differ between seeds (each reproduces within one seed)")
     undecided = components[verdicts == UNDETERMINED]
     groups: dict[str, list[str]] = {}
@@ -286,7 +311,7 @@ def ica_row_judgement(components: pd.DataFrame) -> Judgement:
         key = row.reason.split(":")[0]
         groups.setdefault(key, []).append(row.component)
         remedies.setdefault(key, row.remedy)
-    reason = "; ".join(f"{', '.join(names)} {why}" for why, names in groups.items())
+    reason = "; ".join(components_clause(names, why) for why, names in groups.items())
     return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
 
 
@@ -426,9 +451,9 @@ def _undecided_pairs(pairs: pd.DataFrame, margin: float) -> tuple[str, str]:
         half = row.ci_high - row.diff_per_cell
         gap = abs(margin - abs(row.diff_per_cell))
         needed.append(_ceil(n * (half / gap) ** 2) if gap > 1e-12 else None)
-    reason = (
-        f"the intervals of {len(undecided)} of {len(pairs)} pairs contain the margin (+-{margin:.3g} nats per cell)"
-    )
+    intervals = "the interval of 1" if len(undecided) == 1 else f"the intervals of {len(undecided)}"
+    contain = "contains" if len(undecided) == 1 else "contain"
+    reason = f"{intervals} of {len(pairs)} pairs {contain} the margin (+-{margin:.3g} nats per cell)"
     if any(v is None for v in needed):
         return reason, "more seeds or a closer look: a difference sits on the margin, so more cells will not decide it"
     return reason, f"about {max(needed):,} held-out cells instead of {n:,} (raise max_lpd_cells and hold out that many)"

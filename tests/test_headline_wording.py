@@ -1,0 +1,141 @@
+"""The headline's wording: each reason said once, verbs agreeing with the number of components or pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED
+from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence
+from countvae.diagnostics.reporting.verdicts import (
+    AGREE,
+    DIFFER,
+    FEW_CELLS_REASON,
+    GAUSSIAN_REASON,
+    ica_row_judgement,
+    judge_invariants,
+    predictive_verdict,
+)
+
+
+def _pairs(decisions: list[str], diffs: list[float] | None = None) -> pd.DataFrame:
+    n = len(decisions)
+    diff = np.zeros(n) if diffs is None else np.asarray(diffs, dtype=float)
+    return pd.DataFrame(
+        {
+            "fit_a": [f"seed {i}" for i in range(n)],
+            "fit_b": [f"seed {i + 1}" for i in range(n)],
+            "n_cells": 200,
+            "diff_per_cell": diff,
+            "ci_low": diff - 0.3,
+            "ci_high": diff + 0.3,
+            "ci_level": 0.98,
+            "decision": decisions,
+        }
+    )
+
+
+def _invariants() -> pd.DataFrame:
+    """Two rows, both agreeing by their intervals: the predictive verdict decides the log p(x) row."""
+    common = {
+        "aligned_agreement": np.nan,
+        "aligned_low": np.nan,
+        "aligned_high": np.nan,
+        "threshold": 0.9,
+        "comparison": ">=",
+        "n_cells": 200,
+        "cells_setting": "max_lpd_cells",
+        "invariant_in_theory": "yes",
+    }
+    return pd.DataFrame(
+        [
+            {"quantity": "decoded means", "agreement": 0.99, "low": 0.98, "high": 0.995} | common,
+            {"quantity": "held-out log p(x)", "agreement": 0.99, "low": 0.98, "high": 0.995} | common,
+        ]
+    )
+
+
+def _headline(predictive) -> list[str]:
+    judged = judge_invariants(_invariants(), predictive)
+    return headline(judged, predictive_sentence(predictive), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+
+
+def test_an_unreliable_log_p_x_is_explained_in_one_sentence_only():
+    reliability = pd.DataFrame(
+        {"fit": ["seed 1"], "share_khat_above": [0.4], "mc_bias_bound": [0.001], "reliable": [False]}
+    )
+    verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), reliability, 0.5, 25.0, n_lpd_samples=100)
+    assert verdict.state == UNDETERMINED and verdict.reason.startswith("unreliable log p(x)")
+    lines = _headline(verdict)
+    # The log p(x) row is still listed as undetermined, but its reason and remedy appear once, in the
+    # predictive sentence (the old headline repeated both in the "Undetermined" sentence).
+    undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
+    assert "held-out log p(x) (see the sentence on predictive equivalence)" in undetermined
+    for text in (verdict.reason, verdict.remedy):
+        assert sum(text in line for line in lines) == 1, (text, lines)
+    assert sum(line.count("Pareto k-hat above 0.7") for line in lines) == 1
+
+
+def test_other_undetermined_rows_keep_their_reason_in_the_undetermined_sentence():
+    table = _invariants()
+    table.loc[0, ["low", "high"]] = [0.85, 0.95]  # decoded means: the interval straddles 0.9
+    verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
+    judged = judge_invariants(table, verdict)
+    lines = headline(judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+    undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
+    assert "decoded means (its interval 0.85 to 0.95 contains the threshold (>= 0.9); to decide:" in undetermined
+
+
+def _components(verdicts: list[str], reasons: list[str]) -> pd.DataFrame:
+    n = len(verdicts)
+    return pd.DataFrame(
+        {
+            "component": [f"IC_{i}" for i in range(n)],
+            "verdict": verdicts,
+            "reason": reasons,
+            "remedy": ["more cells"] * n,
+            "estimated_on": "halves of the fit cells",
+            "n_estimation_cells": 1000,
+            "n_matching_cells": 300,
+        }
+    )
+
+
+def test_ica_verbs_agree_with_the_number_of_components():
+    few = f"{FEW_CELLS_REASON}: split-half match 0.50 < 0.95"
+    several = _components([UNDETERMINED, UNDETERMINED, UNDETERMINED], [few, few, GAUSSIAN_REASON])
+    row = ica_row_judgement(several)
+    assert "IC_0, IC_1 do not reproduce even within one seed" in row.reason
+    assert "IC_2 is too close to Gaussian" in row.reason
+    assert "does not reproduce" not in row.reason
+    sentence = ica_sentence(several, 0.95)
+    assert "IC_0, IC_1 undetermined (do not reproduce even within one seed" in sentence
+
+    one = _components([UNDETERMINED, UNDETERMINED, AGREE], [few, GAUSSIAN_REASON, GAUSSIAN_REASON])
+    one.loc[2, "reason"] = ""
+    row = ica_row_judgement(one)
+    assert "IC_0 does not reproduce even within one seed" in row.reason
+    assert "IC_1 is too close to Gaussian" in row.reason
+    sentence = ica_sentence(one, 0.95)
+    assert "IC_2 agrees across seeds" in sentence and "IC_0 undetermined (does not reproduce" in sentence
+
+    differ = _components([DIFFER, AGREE, AGREE], ["", "", ""])
+    assert ica_row_judgement(differ).reason.startswith("IC_0 differs between seeds (it reproduces")
+    sentence = ica_sentence(differ, 0.95)
+    assert "IC_1, IC_2 agree across seeds; IC_0 differs between seeds" in sentence
+    both = _components([DIFFER, DIFFER, AGREE], ["", "", ""])
+    assert ica_row_judgement(both).reason.startswith("IC_0, IC_1 differ between seeds (each reproduces")
+
+
+def test_pair_counts_agree_with_their_verb():
+    ok = pd.DataFrame({"fit": ["seed 0"], "share_khat_above": [0.0], "mc_bias_bound": [0.001], "reliable": [True]})
+    one = predictive_verdict(_pairs([EQUIVALENT, NOT_EQUIVALENT, EQUIVALENT], [0.0, 2.0, 0.0]), ok, 0.5, 25.0, 0.02)
+    assert "1 of 3 pairs differs by more than" in predictive_sentence(one)
+    two = predictive_verdict(_pairs([NOT_EQUIVALENT, NOT_EQUIVALENT, EQUIVALENT], [2.0, 2.0, 0.0]), ok, 0.5, 25.0, 0.02)
+    assert "2 of 3 pairs differ by more than" in predictive_sentence(two)
+    undecided = predictive_verdict(_pairs([EQUIVALENT, UNDETERMINED, EQUIVALENT], [0.0, 0.4, 0.0]), ok, 0.5, 25.0, 0.02)
+    assert undecided.reason.startswith("the interval of 1 of 3 pairs contains the margin")
+    undecided = predictive_verdict(
+        _pairs([UNDETERMINED, UNDETERMINED, EQUIVALENT], [0.4, 0.4, 0.0]), ok, 0.5, 25.0, 0.02
+    )
+    assert undecided.reason.startswith("the intervals of 2 of 3 pairs contain the margin")
