@@ -161,3 +161,24 @@ def test_predictive_verdict_states_and_preconditions():
     assert predictive_verdict(None).state == NOT_TESTED
     assert predictive_verdict(None).equivalent is None
     assert predictive_verdict(_pairs([EQUIVALENT]), ok, 0.5, 25.0).as_row_judgement().verdict == AGREE
+
+
+def test_a_straddling_component_does_not_change_how_the_next_one_is_judged():
+    """The cells a straddling component would need are not the cells ICA needs: the next row is judged on its own.
+
+    Regression: the straddle branch reused the name of the minimum number of estimation cells, so a component
+    after one whose interval needed more matching cells was called "too few cells to estimate ICA".
+    """
+    table = _components(
+        worst_match=[0.95, 0.99],
+        low=[0.90, 0.98],
+        high=[0.99, 0.995],
+        same_fit_match=[0.99, 0.99],
+        gaussian=[False, False],
+        component=["IC_0", "IC_1"],
+        n_estimation_cells=1000,
+        n_matching_cells=5000,
+    )
+    judged = judge_components(table, threshold=0.951).set_index("component")
+    assert judged.loc["IC_0", "verdict"] == UNDETERMINED and "contains the threshold" in judged.loc["IC_0", "reason"]
+    assert judged.loc["IC_1", "verdict"] == AGREE, judged.loc["IC_1", "reason"]

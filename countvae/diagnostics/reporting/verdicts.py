@@ -222,15 +222,16 @@ def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
     out = table.copy()
     rule = Threshold(threshold, ">=")
     judged = []
-    needed = MIN_ICA_CELLS_PER_DIMENSION * len(table)
+    min_cells = MIN_ICA_CELLS_PER_DIMENSION * len(table)
     for row in table.itertuples(index=False):
-        if int(row.n_estimation_cells) < needed:
+        if int(row.n_estimation_cells) < min_cells:
             judged.append(
                 Judgement(
                     UNDETERMINED,
                     f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for "
                     f"{len(table)} dimensions",
-                    f"at least {needed:,} cells per half ({2 * needed:,} fit cells, or held-out cells without them)",
+                    f"at least {min_cells:,} cells per half ({2 * min_cells:,} fit cells, "
+                    "or held-out cells without them)",
                 )
             )
         elif bool(row.gaussian):
