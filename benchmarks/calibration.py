@@ -34,9 +34,33 @@ when the report says so, *wrong* otherwise; the goal is at least 95% correct in
 every scenario where the data are adequate, and undetermined in under 20% of
 those runs.
 
+The truth of ``seeds``, ``few cells`` and ``gaussian`` assumes that every seed
+reached the solution (the true sources up to a rotation). Some seeds do not: on
+some simulated data sets every seed's held-out posterior means explain one of
+the three sources with R^2 of only 0.45-0.65 (a different source per seed),
+whether trained 150 or 400 epochs, at lr 1e-2 or 3e-3, with or without KL
+warm-up (measured on replicate 1, 5,000 cells). Those seeds genuinely differ,
+so the theory's answer does not apply; the replicate is set aside for these
+scenarios (:data:`RECOVERED_R2`), its verdicts are counted, and how many were
+set aside is written next to the scores.
+
+Sizes (:class:`Config`) and why: the suite must run 20 replicates in under an
+hour on 2 cores. Unloaded, one replicate costs about 1 CPU-minute at 1,500
+cells and 2 at 5,000 (each seed's fit about 20-25 s, each report a few
+seconds). At 1,500 cells (600 per half for ICA) two of the three ICA
+components did not reproduce even within one seed, so the ICA row was
+undetermined for exact copies; at 3,000 one component of the seeds still did
+not; at 4,000-5,000 cells every component reproduced within a seed in the
+replicates tried. 5,000 cells (2,000 per ICA half, 1,000 held out, of which
+500 for log p(x), the report's default) keeps 20 replicates near 40 CPU-minutes,
+about 25 minutes wall on 2 workers. The data of ``few cells`` and
+``copies on few cells`` (40 held-out cells) are inadequate on purpose: there
+every verdict must be the truth or undetermined.
+
     python benchmarks/calibration.py                       # 20 replicates, 2 workers
     python benchmarks/calibration.py --replicates 2 --quick --workers 1
     python benchmarks/calibration.py --out runs.csv       # also keep every verdict
+    python benchmarks/calibration.py --summarize runs.csv # the section from the replicates finished so far
 
 Writes the section ``calibration`` of RESULTS.md (``--results``).
 """
@@ -55,6 +79,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section  # noqa: E402
+
+from countvae._io import write_text_atomic
 
 #: The invariants table's rows, in order.
 INVARIANT_ROWS = (
@@ -82,13 +108,20 @@ TRUTH: dict[str, dict[str, set[str]]] = {
 }
 #: Scenarios whose data are adequate (undetermined counts against the goal there).
 ADEQUATE = ("copies", "seeds", "gaussian", "different")
+#: Scenarios whose truth assumes that every seed reached the solution (the true sources up to a rotation).
+NEEDS_RECOVERY = ("seeds", "few cells", "gaussian")
+#: R^2 of each true source regressed on a seed's held-out posterior means at or above which the seed has
+#: recovered it (well-recovered sources reach 0.97-0.99 on these data; missed ones 0.45-0.65).
+RECOVERED_R2 = 0.9
+#: Suffix of a scenario's replicates in which some seed missed a source: reported, not scored.
+MISSED = " (a seed missed a source)"
 
 
 @dataclass(frozen=True)
 class Config:
     """Sizes of one replicate."""
 
-    n_cells: int = 1500
+    n_cells: int = 5000
     n_genes: int = 300
     n_latent: int = 3
     heldout_fraction: float = 0.2
@@ -98,7 +131,7 @@ class Config:
     batch_size: int = 256
     n_seeds: int = 3
     few_cells: int = 40
-    max_lpd_cells: int = 200
+    max_lpd_cells: int = 500
     n_lpd_samples: int = 100
 
 
@@ -123,6 +156,23 @@ def _fit(cv, adata_fit, cfg: Config, seed: int, epochs: int):
     model = cv.CountVAE(adata_fit, n_latent=cfg.n_latent, decoder="linear", likelihood="nb")
     model.train(max_epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, progress_bar=False, seed=seed)
     return model
+
+
+def source_recovery(latents: list[np.ndarray], truth: np.ndarray) -> float:
+    """The smallest R^2, over seeds and true sources, of a true source regressed (with intercept) on a seed's latents.
+
+    Rotation-invariant: it asks whether each seed's latent space carries every
+    true source, not whether its axes are the sources.
+    """
+    worst = np.inf
+    centred_truth = truth - truth.mean(axis=0)
+    for z in latents:
+        design = np.column_stack([np.ones(len(z)), z])
+        coef, *_ = np.linalg.lstsq(design, truth, rcond=None)
+        residual = truth - design @ coef
+        r2 = 1.0 - (residual**2).sum(axis=0) / (centred_truth**2).sum(axis=0)
+        worst = min(worst, float(r2.min()))
+    return worst
 
 
 def _verdicts(rep, scenario: str, replicate: int, seconds: float) -> list[dict]:
@@ -214,12 +264,16 @@ def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tupl
             fit_seconds.append(time.perf_counter() - started)
         return model
 
-    def run(scenario: str, fits, heldout, adata_fit):
+    def run(scenario: str, fits, heldout, adata_fit, recovery: float = np.nan):
         if scenario not in scenarios:
             return
         started = time.perf_counter()
         rep = report(fits, heldout, adata_fit=adata_fit, **settings)
-        out.extend(_verdicts(rep, scenario, replicate, time.perf_counter() - started))
+        rows = _verdicts(rep, scenario, replicate, time.perf_counter() - started)
+        out.extend(row | {"recovery": recovery} for row in rows)
+
+    def recovery(models, heldout) -> float:
+        return source_recovery([m.get_latent_representation(heldout) for m in models], heldout.obsm["z_true"])
 
     laplace = {"copies", "seeds", "different", "few cells", "copies on few cells"} & set(scenarios)
     if laplace:
@@ -240,16 +294,43 @@ def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tupl
             # whatever the other seeds converge to.
             run("different", [*copies[:2], fit_class(short, cfg.n_seeds)], heldout, fit_cells)
         if needs_seeds:
-            run("seeds", seeds, heldout, fit_cells)
-            run("few cells", seeds, few, fit_cells)
+            recovered = recovery(models, heldout)
+            run("seeds", seeds, heldout, fit_cells, recovered)
+            run("few cells", seeds, few, fit_cells, recovered)
 
     if "gaussian" in scenarios:
         fit_cells, heldout = data("normal")
-        gaussian = [fit_class(fit(fit_cells, s, cfg.epochs), s) for s in range(cfg.n_seeds)]
-        run("gaussian", gaussian, heldout, fit_cells)
+        models = [fit(fit_cells, s, cfg.epochs) for s in range(cfg.n_seeds)]
+        gaussian = [fit_class(m, s) for s, m in enumerate(models)]
+        run("gaussian", gaussian, heldout, fit_cells, recovery(models, heldout))
     for row in out:
         row["fit_seconds_per_seed"] = float(np.mean(fit_seconds)) if fit_seconds else np.nan
     return out
+
+
+def set_aside_missed_sources(runs: pd.DataFrame) -> pd.DataFrame:
+    """Relabel the replicates of :data:`NEEDS_RECOVERY` in which some seed missed a true source.
+
+    Their truth is unknown (the seeds reached different solutions, or the same
+    wrong one), so they are not scored; :func:`unscored` counts their verdicts.
+    """
+    out = runs.copy()
+    if "recovery" not in out:
+        return out
+    missed = out["scenario"].isin(NEEDS_RECOVERY) & (out["recovery"] < RECOVERED_R2)
+    out.loc[missed, "scenario"] = out.loc[missed, "scenario"] + MISSED
+    return out
+
+
+def unscored(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Per set-aside scenario, the count of each verdict per report row (no truth to score against)."""
+    tables = {}
+    for scenario in NEEDS_RECOVERY:
+        sub = runs[(runs["scenario"] == scenario + MISSED) & runs["row"].isin(TRUTH[scenario])]
+        if len(sub):
+            counts = pd.crosstab(sub["row"], sub["verdict"]).reindex(list(TRUTH[scenario])).dropna(how="all")
+            tables[scenario + MISSED] = counts.fillna(0).astype(int).reset_index()
+    return tables
 
 
 def confusion(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
@@ -302,13 +383,32 @@ def _describe(runs: pd.DataFrame, label: str) -> str:
     return "; ".join(parts)
 
 
+def _replicates(args, cfg: Config, scenarios: tuple[str, ...]):
+    """Each replicate's rows as it finishes (in the order they finish with several workers)."""
+    if args.workers > 1:
+        from joblib import Parallel, delayed
+
+        yield from Parallel(n_jobs=args.workers, backend="loky", return_as="generator_unordered")(
+            delayed(run_replicate)(r, cfg, scenarios) for r in range(args.replicates)
+        )
+    else:
+        for r in range(args.replicates):
+            yield run_replicate(r, cfg, scenarios)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the suite and write its section."""
+    """Run the suite (or summarize a CSV of finished replicates) and write its section."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicates", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2, help="replicates run at once (one torch thread each)")
     parser.add_argument("--quick", action="store_true", help="tiny data and training (a smoke run, not a calibration)")
-    parser.add_argument("--out", default=None, help="also write every verdict to this CSV")
+    parser.add_argument("--out", default=None, help="also write every verdict to this CSV (rewritten per replicate)")
+    parser.add_argument(
+        "--summarize",
+        default=None,
+        metavar="CSV",
+        help="run nothing: write the section from the verdicts of the replicates finished in CSV (an --out file)",
+    )
     parser.add_argument(
         "--scenarios", default=",".join(TRUTH), help=f"comma-separated scenarios (default: all of {', '.join(TRUTH)})"
     )
@@ -321,40 +421,65 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenarios {unknown}; choose from {', '.join(TRUTH)}")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started_at, load_before = time.strftime("%Y-%m-%d %H:%M"), load_average()
-    wall = time.perf_counter()
-    cpu = time.process_time()
-    if args.workers > 1:
-        from joblib import Parallel, delayed
-
-        parts = Parallel(n_jobs=args.workers, backend="loky")(
-            delayed(run_replicate)(r, cfg, scenarios) for r in range(args.replicates)
+    if args.summarize:
+        runs = pd.read_csv(args.summarize, keep_default_na=False, na_values=[""])
+        runs["verdict"] = runs["verdict"].fillna("")
+        finished = runs["replicate"].nunique()
+        timing = (
+            f"Summary of the {finished} replicate(s) finished in `{args.summarize}` (asked: {args.replicates}); "
+            "the run's wall time is not known here"
         )
-        child_cpu = None
     else:
-        parts = [run_replicate(r, cfg, scenarios) for r in range(args.replicates)]
-        child_cpu = time.process_time() - cpu
-    wall = time.perf_counter() - wall
-    runs = pd.DataFrame([row for part in parts for row in part])
-    if args.out:
-        runs.to_csv(args.out, index=False)
+        wall = time.perf_counter()
+        cpu = time.process_time()
+        parts = []
+        for part in _replicates(args, cfg, scenarios):
+            parts.append(part)
+            if args.out:  # every finished replicate is kept even if the run is stopped
+                write_text_atomic(
+                    args.out, pd.DataFrame([row for p in parts for row in p]).to_csv(index=False), overwrite=True
+                )
+        wall = time.perf_counter() - wall
+        child_cpu = time.process_time() - cpu if args.workers == 1 else None
+        runs = pd.DataFrame([row for part in parts for row in part])
+        finished = args.replicates
+        timing = f"{args.replicates} replicates in {args.workers} worker(s): **{wall / 60:.1f} min wall time**" + (
+            f" ({child_cpu / 60:.1f} min CPU)" if child_cpu is not None else ""
+        )
+    runs = set_aside_missed_sources(runs)
     tables = confusion(runs)
     report_seconds = runs.drop_duplicates(["scenario", "replicate"])["seconds"]
+    missed = runs.loc[runs["scenario"].str.endswith(MISSED)].drop_duplicates(["scenario", "replicate"])
+    recovery = runs.drop_duplicates(["scenario", "replicate"]).dropna(subset=["recovery"])
     lines = [
         "## Calibration of the report's verdicts (`calibration.py`)",
         "",
         f"Command: `{command_line()}` ({started_at}{', QUICK smoke run' if args.quick else ''})",
         "",
-        f"Machine: {machine_line(1)}. Load average before / after: {load_before} / {load_average()}. "
-        f"{args.replicates} replicates in {args.workers} worker(s): **{wall / 60:.1f} min wall time**"
-        + (f" ({child_cpu / 60:.1f} min CPU)" if child_cpu is not None else "")
-        + f"; per replicate, each seed's fit took {runs['fit_seconds_per_seed'].median():.0f} s and each report "
+        f"Machine: {machine_line(1)}. Load average before / after: {load_before} / {load_average()}. {timing}; "
+        f"per replicate, each seed's fit took {runs['fit_seconds_per_seed'].median():.0f} s and each report "
         f"{report_seconds.median():.0f} s (medians).",
         "",
         f"Data per replicate: {cfg.n_cells} cells x {cfg.n_genes} genes, NB counts from {cfg.n_latent} Laplace (or "
         f"Gaussian) sources through a linear decoder; {cfg.heldout_fraction:.0%} held out. Fits: linear NB countvae, "
         f"{cfg.epochs} epochs (lr {cfg.lr:g}, batch {cfg.batch_size}); the under-trained fit of 'different' "
         f"{cfg.short_epochs} epochs. Report: default settings except {cfg.max_lpd_cells} cells for log p(x) with "
-        f"{cfg.n_lpd_samples} importance samples (Student-t proposal at each cell's mode). Config: `{asdict(cfg)}`.",
+        f"{cfg.n_lpd_samples} importance samples (the package's default estimator: Student-t/guide mixture "
+        f"proposal at each cell's mode). Config: `{asdict(cfg)}`.",
+        "",
+        f"Replicates scored: {finished}. The truth of {', '.join(NEEDS_RECOVERY)} assumes that every seed reached "
+        f"the solution; a replicate in which some seed's held-out posterior means explain a true source with R^2 "
+        f"below {RECOVERED_R2:g} is set aside (its verdicts are counted below, not scored). Set aside: "
+        + (
+            ", ".join(f"{name}: {n}" for name, n in missed["scenario"].value_counts(sort=False).items())
+            if len(missed)
+            else "none"
+        )
+        + (
+            f". Smallest R^2 over seeds and sources per replicate: {_recovery_line(recovery)}."
+            if len(recovery)
+            else "."
+        ),
         "",
         "Share of verdicts per scenario (rows x replicates; 'undetermined' counts only where the truth is a decision):",
         "",
@@ -363,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for scenario, table in tables.items():
         lines += [f"Scenario **{scenario}**: verdict counts per row against the truth.", "", markdown_table(table), ""]
+    for scenario, table in unscored(runs).items():
+        lines += [f"Set aside, **{scenario}**: verdict counts per row (not scored).", "", markdown_table(table), ""]
     lines += [
         "Largest |difference| in held-out log p(x) per cell between two fits, as a share of the gain over the "
         f"no-latent baseline (what the 2% margin is a share of): {_describe(runs, '|diff| / gain (largest pair)')}.",
@@ -376,6 +503,18 @@ def main(argv: list[str] | None = None) -> int:
     write_section(Path(args.results), "calibration", body)
     print(body)
     return 0
+
+
+def _recovery_line(recovery: pd.DataFrame) -> str:
+    parts = []
+    for scenario in ("seeds", "gaussian"):
+        values = recovery.loc[recovery["scenario"].str.startswith(scenario), "recovery"]
+        if len(values):
+            parts.append(
+                f"{scenario} median {values.median():.3f} (range {values.min():.3f}-{values.max():.3f}, "
+                f"{int((values < RECOVERED_R2).sum())} of {len(values)} below)"
+            )
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":
