@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -72,3 +73,35 @@ def test_reduced_calibration_reaches_the_known_truth():
     assert (decided["correct"] == 1).all(), decided
     different = tables["different"].set_index("row")
     assert (different["correct"] == 1).all(), different
+
+
+def test_source_recovery_is_rotation_invariant_and_catches_a_missed_source():
+    rng = np.random.default_rng(0)
+    truth = rng.laplace(size=(2000, 3))
+    rotation, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    rotated = truth @ rotation * 2.0 + 5.0  # another basis, scale and offset: still every source
+    assert calibration.source_recovery([rotated], truth) == pytest.approx(1.0)
+    noisy = truth + 0.1 * rng.normal(size=truth.shape)
+    assert 0.98 < calibration.source_recovery([noisy], truth) < 1.0
+    # One seed's latent space carries the first two sources and noise instead of the third: R^2 about 0.
+    missed = np.column_stack([truth[:, :2], rng.normal(size=2000)]) @ rotation
+    assert calibration.source_recovery([rotated, missed], truth) < 0.01
+
+
+def test_recovery_is_shown_per_replicate_next_to_the_verdicts_and_scoring_ignores_it():
+    runs = pd.DataFrame(
+        {
+            "scenario": ["seeds", "seeds", "copies", "gaussian"],
+            "replicate": [0, 1, 1, 1],
+            "row": ["decoded means"] * 4,
+            "verdict": ["agree", "differ", "agree", "agree"],
+            "recovery": [0.97, 0.5, np.nan, 0.9],
+        }
+    )
+    table = calibration.recovery_table(runs)
+    assert table[["scenario", "replicate"]].values.tolist() == [["seeds", 0], ["seeds", 1], ["gaussian", 1]]
+    assert table["smallest R^2 (oracle)"].tolist() == [0.97, 0.5, 0.9]
+    assert table["decoded means"].tolist() == ["agree", "differ", "agree"]
+    # The theory's truth is scored for every replicate: the seeds that missed a source count as wrong.
+    seeds = calibration.confusion(runs)["seeds"].set_index("row").loc["decoded means"]
+    assert (seeds["runs"], seeds["correct"], seeds["wrong"]) == (2, 1, 1)
