@@ -54,8 +54,8 @@ components did not reproduce even within one seed, so the ICA row was
 undetermined for exact copies; at 3,000 one component of the seeds still did
 not; at 4,000-5,000 cells every component reproduced within a seed in the
 replicates tried. 5,000 cells (2,000 per ICA half, 1,000 held out, of which
-500 for log p(x), the report's default) keeps 20 replicates near 40 CPU-minutes,
-about 25 minutes wall on 2 workers. The data of ``few cells`` and
+500 for log p(x), the report's default) keeps 20 replicates near 40 CPU-minutes unloaded,
+about 25 minutes wall on 2 free cores (59 minutes measured with another job running). The data of ``few cells`` and
 ``copies on few cells`` (40 held-out cells) are inadequate on purpose: there
 every verdict must be the truth or undetermined.
 
