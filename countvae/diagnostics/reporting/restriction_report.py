@@ -34,8 +34,11 @@ INTRODUCTION = (
     "Every model was fitted from the same seeds on the same training cells and evaluated on the same "
     "held-out cells. Agreement is measured after a signed permutation of the latent dimensions only "
     "(no rotation), so it is high only when the dimensions themselves reproduce; the rotation ceiling "
-    "is the same agreement after the best rotation. The split half fits the same seed on two disjoint "
-    "halves of the training cells (for ICA: the ICA of one fit estimated from each half of its cells). "
+    "is the same agreement after the best rotation. The split half fits the first two seeds on two disjoint "
+    "halves of the training cells, one each (for ICA: the unrestricted split-half fits, each re-read by an ICA "
+    "of its own half's cells); a restriction is credited with identifying the axes only when the seeds agree "
+    "and the independent halves agree too, because seeds that see the same cells can agree on axes of that "
+    "sample alone. "
     "Predictive cost is the held-out log p(x) of the restricted model minus the unrestricted one's, "
     "per cell (negative: the restriction costs fit)."
 )
