@@ -148,8 +148,9 @@ def simulate(
         Linear decoder: the loadings ``W`` (genes x latent) to use instead of
         drawing them (``loading_scale`` and ``loading_sparsity`` then do not
         apply). Everything drawn before ``W`` (sources, batches, size factors,
-        the baseline ``b``) is the same as without it for the same seed, so a
-        design can be built on the baseline of a first call.
+        the baseline ``b``) is the same as without it for the same seed,
+        shape and source kinds, and so are the dispersions between two calls
+        that both give loadings: a design can be built on a first call.
 
     Returns
     -------

@@ -217,14 +217,18 @@ def split_half_reading(verdict: str, cross_seed: float, split_half: float) -> st
     if verdict == SAME_CELLS:
         return (
             f"not reproducible from independent halves of the cells (split half {split_half:.2f}): the seeds agree "
-            "because they see the same cells; the axes belong to this sample, or there are too few cells"
+            "because they see the same cells; the axes belong to this sample, or there are too few cells (or too few "
+            "training steps) to settle them"
         )
     if verdict in (IDENTIFIED, ALREADY):
         if split_half >= IDENTIFIED_AGREEMENT:
             return "reproducible from independent halves of the cells"
         return "not reproducible from independent halves of the cells: close to too few cells"
     if split_half < cross_seed - GROWTH_MARGIN:
-        return "agreement grows with cells: too few cells to identify the axes; more cells may"
+        return (
+            "independent halves agree less than seeds on the same cells: too few cells to identify the axes "
+            "(more cells may), or the seeds share axes of this sample"
+        )
     return "agreement does not grow with cells: more cells would not identify the axes"
 
 

@@ -157,15 +157,23 @@ def fit_split_halves(
     ``adata_fit`` must be registered (``CountVAE.setup_anndata``); the halves are
     :func:`split_half_cells` with ``split_seed``. Different seeds keep the two
     fits from agreeing through a shared initialisation: their agreement then
-    comes from the data and the model alone. Returns the two fits, named
+    comes from the data and the model alone. An explicit ``max_epochs`` is
+    doubled, so each half gets as many optimizer steps as a fit on all the
+    cells. Returns the two fits, named
     ``"half 1"`` and ``"half 2"``.
     """
     if len(seeds) != 2 or seeds[0] == seeds[1]:
         raise InvalidArgumentError(f"The split halves are fitted from two different seeds; got {seeds!r}.")
+    train = {"progress_bar": False, **train_kwargs}
+    if train.get("max_epochs") is not None:
+        # as many optimizer steps as a fit on all the cells: the halves then differ from it in cells, not in
+        # optimisation (a rotation that a restriction drives is slow to settle; fewer steps would look like
+        # fewer cells). The default max_epochs already grows as the cells shrink.
+        train["max_epochs"] = 2 * int(train["max_epochs"])
     fits = []
     halves = split_half_cells(adata_fit.n_obs, split_seed)
     for number, (positions, seed) in enumerate(zip(halves, seeds, strict=True), start=1):
         model = CountVAE(cells_at(adata_fit, positions), **model_kwargs)
-        model.train(**{"progress_bar": False, **train_kwargs, "seed": seed})
+        model.train(**{**train, "seed": seed})
         fits.append(CountVAEFit(model, seed, name=f"half {number}"))
     return fits[0], fits[1]
