@@ -20,6 +20,7 @@ from countvae.diagnostics.analyses.restrictions import (
     NOT_IDENTIFIED,
     RECOVERS,
     SAME_CELLS,
+    TOO_GAUSSIAN,
     UNDETERMINED,
     agreement_pairs,
     depth_residuals,
@@ -109,6 +110,11 @@ def test_agreement_pairs_and_their_summary():
 )
 def test_identification_verdict(worst, mean, baseline, split, expected):
     assert identification_verdict(worst, mean, baseline, split) == expected
+
+
+def test_components_too_gaussian_are_never_credited_however_well_they_agree():
+    assert identification_verdict(0.99, 0.99, 0.40, 0.99, too_gaussian=True) == TOO_GAUSSIAN
+    assert identification_verdict(0.99, 0.99, 0.95, 0.99, too_gaussian=True) == ALREADY  # nothing credited either
 
 
 def test_split_half_reading_separates_too_few_cells_from_no_identification():

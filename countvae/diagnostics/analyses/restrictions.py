@@ -172,9 +172,12 @@ UNDETERMINED = "undetermined"
 ALREADY = "agrees without it"
 LOWERS = "agrees less than without it"
 SAME_CELLS = "agrees on the same cells only"
+TOO_GAUSSIAN = "too Gaussian to identify"
 
 
-def identification_verdict(agreement_min: float, agreement_mean: float, baseline_mean: float, split_half: float) -> str:
+def identification_verdict(
+    agreement_min: float, agreement_mean: float, baseline_mean: float, split_half: float, too_gaussian: bool = False
+) -> str:
     """Whether a restriction makes per-dimension coordinates reproducible across seeds and cells.
 
     ``identified``: every pair of seeds agrees (worst pair at least
@@ -191,11 +194,17 @@ def identification_verdict(agreement_min: float, agreement_mean: float, baseline
     it loses more. Otherwise ``not identified``: the mean agreement is below the
     threshold and no better than the unrestricted model's plus
     :data:`GROWTH_MARGIN`; ``undetermined``: some pairs agree, some not.
+    ``too Gaussian to identify`` (ICA, ``too_gaussian=True``): some component
+    is no more non-Gaussian than what ICA finds in Gaussian noise of the same
+    size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be
+    identified by non-Gaussianity however well the fits agree.
     """
     if not np.isfinite(agreement_mean):
         return UNDETERMINED
     if baseline_mean >= IDENTIFIED_AGREEMENT:
         return ALREADY if agreement_mean >= baseline_mean - GROWTH_MARGIN else LOWERS
+    if too_gaussian:
+        return TOO_GAUSSIAN
     if agreement_min >= IDENTIFIED_AGREEMENT:
         if not np.isfinite(split_half):
             return UNDETERMINED

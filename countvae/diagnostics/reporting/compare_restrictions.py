@@ -50,6 +50,7 @@ from countvae.diagnostics.analyses.restrictions import (
     NOT_IDENTIFIED,
     RECOVERS,
     SAME_CELLS,
+    TOO_GAUSSIAN,
     agreement_pairs,
     identification_verdict,
     pair_agreement,
@@ -99,6 +100,8 @@ class ModelReadout:
         self.loadings: dict[str, np.ndarray | None] = {}
         self.lpd: dict[int, pd.DataFrame] = {}
         self.split: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
+        #: ICA only: the most components flagged too Gaussian to identify in any one ICA.
+        self.gaussian_components = 0
 
     def read(self, adata_heldout: ad.AnnData, n_lpd_samples: int, seed: int, lpd: bool = True) -> None:
         """Held-out coordinates, loadings and (unless ``lpd=False``) ``log p(x)`` of every fit."""
@@ -110,12 +113,16 @@ class ModelReadout:
 
 
 def ica_axes(model: CountVAE, adata_fit: ad.AnnData, cells: np.ndarray, seed: int) -> ICARotation:
-    """An ICA of a model's posterior means on the given training cells (at most :data:`MAX_ICA_CELLS`)."""
+    """An ICA of a model's posterior means on the given training cells (at most :data:`MAX_ICA_CELLS`).
+
+    Its ``gaussian_`` flags the components no more non-Gaussian than what ICA
+    finds in Gaussian noise of the same size: their axes are not identified.
+    """
     if len(cells) > MAX_ICA_CELLS:
         cells = np.sort(np.random.default_rng(seed).choice(cells, MAX_ICA_CELLS, replace=False))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # near-Gaussian components are reported by the agreement itself
-        return ICARotation(random_state=seed, n_null=0).fit(model.get_latent_representation(adata_fit, indices=cells))
+        warnings.simplefilter("ignore")  # near-Gaussian components are counted by gaussian_components
+        return ICARotation(random_state=seed).fit(model.get_latent_representation(adata_fit, indices=cells))
 
 
 def ica_readout(unrestricted: ModelReadout, adata_fit: ad.AnnData, seed: int) -> ModelReadout:
@@ -124,6 +131,7 @@ def ica_readout(unrestricted: ModelReadout, adata_fit: ad.AnnData, seed: int) ->
     cells = np.arange(adata_fit.n_obs)
     for fit in unrestricted.fits:
         ica = ica_axes(fit.model, adata_fit, cells, seed)
+        out.gaussian_components = max(out.gaussian_components, int(ica.gaussian_.sum()))
         out.latents[fit.name] = ica.transform(unrestricted.latents[fit.name])
         weight = unrestricted.loadings[fit.name]
         out.loadings[fit.name] = None if weight is None else weight @ ica.mixing_
@@ -310,6 +318,8 @@ def headline(table: pd.DataFrame, n_seeds: int, programs: pd.DataFrame | None) -
             LOWERS: "makes per-dimension coordinates agree less than without it",
             SAME_CELLS: "makes per-dimension coordinates agree across seeds that see the same cells, not between "
             "independent halves of the cells, so it is not credited with identifying them",
+            TOO_GAUSSIAN: f"cannot identify the axes: {row.get('gaussian_components', 0):.0f} of its components are no "
+            "more non-Gaussian than what ICA finds in Gaussian noise of this size",
         }.get(
             row["identified"],
             "leaves the per-dimension agreement undetermined (some seed pairs agree, some do not)"
@@ -505,6 +515,9 @@ def compare_restrictions(
                 # each half's fit re-read by an ICA of its own cells: nothing shared between the halves
                 ia = ica_axes(a.model, adata_fit, halves[0], seed)
                 ib = ica_axes(b.model, adata_fit, halves[1], seed)
+                readouts["ica"].gaussian_components = max(
+                    readouts["ica"].gaussian_components, int(ia.gaussian_.sum()), int(ib.gaussian_.sum())
+                )
                 readouts["ica"].split = (
                     ia.transform(za),
                     ib.transform(zb),
@@ -542,6 +555,7 @@ def compare_restrictions(
             summary["coordinates_agreement"],
             base_summary["coordinates_agreement"],
             split_value,
+            too_gaussian=readout.gaussian_components > 0,
         )
         if name == "unrestricted" and verdict != ALREADY:
             verdict = "reference"
@@ -556,6 +570,7 @@ def compare_restrictions(
             "split_half_reading": split_half_reading(verdict, summary["coordinates_agreement"], split_value)
             if name != "unrestricted"
             else "reference",
+            "gaussian_components": readout.gaussian_components if name == "ica" else np.nan,
             "fit_seconds_per_seed": float(np.mean(list(readout.seconds.values()))),
         }
         if truth is not None:
