@@ -38,7 +38,8 @@ INTRODUCTION = (
     "halves of the training cells, one each (for ICA: the unrestricted split-half fits, each re-read by an ICA "
     "of its own half's cells); a restriction is credited with identifying the axes only when the seeds agree "
     "and the independent halves agree too, because seeds that see the same cells can agree on axes of that "
-    "sample alone. "
+    "sample alone; an ICA with a component no more non-Gaussian than Gaussian noise of the same size is "
+    "not credited either. "
     "Predictive cost is the held-out log p(x) of the restricted model minus the unrestricted one's, "
     "per cell (negative: the restriction costs fit)."
 )
