@@ -128,15 +128,21 @@ def test_split_half_reading_separates_too_few_cells_from_no_identification():
 
 
 @pytest.mark.parametrize(
-    ("mcc", "baseline", "expected"),
-    [(0.93, 0.70, RECOVERS), (0.80, 0.70, CLOSER), (0.93, 0.90, NOT_CLOSER), (0.72, 0.70, NOT_CLOSER)],
+    ("mcc", "worst", "baseline", "expected"),
+    [
+        (0.93, 0.90, 0.70, RECOVERS),
+        (0.80, 0.78, 0.70, CLOSER),
+        (0.93, 0.92, 0.90, NOT_CLOSER),
+        (0.72, 0.71, 0.70, NOT_CLOSER),
+        (0.85, 0.70, 0.70, NOT_CLOSER),  # a better mean from one lucky fit is not a recovery
+    ],
 )
-def test_truth_verdict_needs_a_margin_over_the_unrestricted_model(mcc, baseline, expected):
-    assert truth_verdict(mcc, baseline) == expected
+def test_truth_verdict_needs_every_fit_beyond_a_margin_over_the_unrestricted_model(mcc, worst, baseline, expected):
+    assert truth_verdict(mcc, worst, baseline) == expected
 
 
 def test_truth_verdict_of_the_unrestricted_model_itself():
-    assert truth_verdict(0.95, None) == RECOVERS and truth_verdict(0.7, None) == "reference"
+    assert truth_verdict(0.95, 0.9, None) == RECOVERS and truth_verdict(0.7, 0.6, None) == "reference"
 
 
 # ----- predictive cost --------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from countvae.diagnostics.analyses.restrictions import (
     CLOSER,
     IDENTIFIED,
     IDENTIFIED_AGREEMENT,
+    NO_CLAIM,
     RECOVERS,
     TOO_GAUSSIAN,
     pair_agreement,
@@ -178,6 +179,7 @@ def test_on_gaussian_sources_no_restriction_is_credited_with_the_sources():
     assert table.loc["ica", "gaussian_components"] > 0 and table.loc["ica", "identified"] == TOO_GAUSSIAN
     assert table.loc["laplace", "identified"] != IDENTIFIED
     assert not table.loc[["laplace", "horseshoe", "ica"], "truth"].isin([RECOVERS]).any()
+    assert table.loc["ica", "truth"] == NO_CLAIM
     assert not any("recovers the simulated sources" in line for line in report.headline)
     for model in table.index[table["identified"] == IDENTIFIED]:
         label = table.loc[model, "label"]

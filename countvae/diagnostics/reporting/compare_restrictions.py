@@ -47,6 +47,7 @@ from countvae.diagnostics.analyses.restrictions import (
     IDENTIFIED,
     IDENTIFIED_AGREEMENT,
     LOWERS,
+    NO_CLAIM,
     NOT_IDENTIFIED,
     RECOVERS,
     SAME_CELLS,
@@ -576,7 +577,12 @@ def compare_restrictions(
         if truth is not None:
             row.update(truth_recovery(readout.latents, readout.loadings, *truth))
             base_mcc = None if name == "unrestricted" else rows[0]["sources_mcc"]
-            row["truth"] = truth_verdict(row["sources_mcc"], base_mcc)
+            row["truth"] = (
+                # components as Gaussian as noise identify nothing, so their MCC is a chance alignment
+                NO_CLAIM
+                if verdict == TOO_GAUSSIAN
+                else truth_verdict(row["sources_mcc"], row["sources_mcc_min"], base_mcc)
+            )
         if name != "unrestricted" and not readout.restriction.post_hoc:
             cost = predictive_comparison(readout.lpd, readouts["unrestricted"].lpd, margin)
             row.update(
