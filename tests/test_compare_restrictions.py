@@ -13,9 +13,14 @@ import countvae as cv
 from countvae.diagnostics import compare_restrictions
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
+    CLOSER,
     IDENTIFIED,
     LOWERS,
+    NOT_CLOSER,
     NOT_IDENTIFIED,
+    RECOVERS,
+    SAME_CELLS,
+    TOO_GAUSSIAN,
     UNDETERMINED,
     agreement_pairs,
     depth_residuals,
@@ -27,6 +32,7 @@ from countvae.diagnostics.analyses.restrictions import (
     split_half_reading,
     summarize_agreement,
     truth_recovery,
+    truth_verdict,
 )
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs
@@ -89,26 +95,54 @@ def test_agreement_pairs_and_their_summary():
 
 
 @pytest.mark.parametrize(
-    ("worst", "mean", "baseline", "expected"),
+    ("worst", "mean", "baseline", "split", "expected"),
     [
-        (0.95, 0.97, 0.40, IDENTIFIED),
-        (0.50, 0.60, 0.40, UNDETERMINED),  # better than without it, but not every pair agrees
-        (0.30, 0.42, 0.40, NOT_IDENTIFIED),
-        (0.90, 0.93, 0.95, ALREADY),  # the unrestricted seeds already agree: nothing to credit
-        (0.30, 0.42, 0.95, LOWERS),
-        (np.nan, np.nan, 0.5, UNDETERMINED),
+        (0.95, 0.97, 0.40, 0.93, IDENTIFIED),
+        # the seeds agree, the independent halves do not: axes of this sample of cells, not credited
+        (0.95, 0.97, 0.40, 0.60, SAME_CELLS),
+        (0.95, 0.97, 0.40, np.nan, UNDETERMINED),  # no independent cells: no credit
+        (0.50, 0.60, 0.40, 0.95, UNDETERMINED),  # better than without it, but not every pair agrees
+        (0.30, 0.42, 0.40, 0.30, NOT_IDENTIFIED),
+        (0.90, 0.93, 0.95, 0.90, ALREADY),  # the unrestricted seeds already agree: nothing to credit
+        (0.30, 0.42, 0.95, 0.30, LOWERS),
+        (np.nan, np.nan, 0.5, 0.5, UNDETERMINED),
     ],
 )
-def test_identification_verdict(worst, mean, baseline, expected):
-    assert identification_verdict(worst, mean, baseline) == expected
+def test_identification_verdict(worst, mean, baseline, split, expected):
+    assert identification_verdict(worst, mean, baseline, split) == expected
+
+
+def test_components_too_gaussian_are_never_credited_however_well_they_agree():
+    assert identification_verdict(0.99, 0.99, 0.40, 0.99, too_gaussian=True) == TOO_GAUSSIAN
+    assert identification_verdict(0.99, 0.99, 0.95, 0.99, too_gaussian=True) == ALREADY  # nothing credited either
 
 
 def test_split_half_reading_separates_too_few_cells_from_no_identification():
     assert "too few cells" in split_half_reading(NOT_IDENTIFIED, 0.5, 0.3)
     assert "would not identify" in split_half_reading(NOT_IDENTIFIED, 0.5, 0.5)
-    assert split_half_reading(IDENTIFIED, 0.95, 0.93) == "reproducible from half of the cells"
-    assert "close to too few cells" in split_half_reading(IDENTIFIED, 0.95, 0.7)
-    assert split_half_reading(IDENTIFIED, 0.95, np.nan) == "split half not measured"
+    assert split_half_reading(IDENTIFIED, 0.95, 0.93) == "reproducible from independent halves of the cells"
+    assert "close to too few cells" in split_half_reading(ALREADY, 0.95, 0.7)
+    assert "see the same cells" in split_half_reading(SAME_CELLS, 0.95, 0.6)
+    assert "does not show" in split_half_reading(UNDETERMINED, 0.95, np.nan)
+    assert split_half_reading(NOT_IDENTIFIED, 0.5, np.nan) == "split half not measured"
+
+
+@pytest.mark.parametrize(
+    ("mcc", "worst", "baseline", "expected"),
+    [
+        (0.93, 0.90, 0.70, RECOVERS),
+        (0.80, 0.78, 0.70, CLOSER),
+        (0.93, 0.92, 0.90, NOT_CLOSER),
+        (0.72, 0.71, 0.70, NOT_CLOSER),
+        (0.85, 0.70, 0.70, NOT_CLOSER),  # a better mean from one lucky fit is not a recovery
+    ],
+)
+def test_truth_verdict_needs_every_fit_beyond_a_margin_over_the_unrestricted_model(mcc, worst, baseline, expected):
+    assert truth_verdict(mcc, worst, baseline) == expected
+
+
+def test_truth_verdict_of_the_unrestricted_model_itself():
+    assert truth_verdict(0.95, 0.9, None) == RECOVERS and truth_verdict(0.7, 0.6, None) == "reference"
 
 
 # ----- predictive cost --------------------------------------------------------------------------------------

@@ -291,6 +291,32 @@ def test_simulate_defaults_are_unchanged_and_sparsity_zeroes_loadings():
         cv.data.simulate(n_cells=50, n_genes=20, decoder="mlp", loading_sparsity=0.5)
 
 
+def test_simulate_with_given_loadings_uses_them_and_keeps_every_earlier_draw():
+    drawn = cv.data.simulate(n_cells=200, n_genes=30, n_latent=3, seed=7, sources="laplace")
+    W = np.zeros((30, 3))
+    W[:10, 0], W[10:20, 1], W[20:, 2] = 0.5, -0.5, 0.5
+    given = cv.data.simulate(n_cells=200, n_genes=30, n_latent=3, seed=7, sources="laplace", loadings=W)
+    np.testing.assert_array_equal(given.uns["simulation"]["W"], W)
+    np.testing.assert_array_equal(given.obsm["z_true"], drawn.obsm["z_true"])
+    np.testing.assert_array_equal(given.uns["simulation"]["b"], drawn.uns["simulation"]["b"])
+    # the counts follow the given loadings: each block of genes rises with its own source
+    x = np.log1p(given.X.toarray())
+    z = given.obsm["z_true"]
+    block_means = np.column_stack([x[:, :10].mean(1), x[:, 10:20].mean(1), x[:, 20:].mean(1)])
+    correlation = np.corrcoef(block_means.T, z.T)[:3, 3:]
+    assert (np.abs(np.diag(correlation)) > 0.5).all() and (
+        np.abs(correlation - np.diag(np.diag(correlation))) < 0.2
+    ).all()
+    assert np.corrcoef(block_means[:, 1], z[:, 1])[0, 1] < 0
+    for bad, message in [
+        ({"loadings": W[:, :2]}, "shape"),
+        ({"loadings": W, "loading_sparsity": 0.5}, "not both"),
+        ({"loadings": W, "decoder": "mlp"}, "decoder='linear'"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            cv.data.simulate(n_cells=50, n_genes=30, n_latent=3, **bad)
+
+
 # ----- numerical confirmation of the declarations --------------------------------------------------------
 @pytest.mark.parametrize(
     ("kwargs", "kept", "changed"),

@@ -21,8 +21,9 @@ unrestricted model and each restricted one from the same seeds on the same cells
 restriction:
 
 * **what it identifies**: do the latent dimensions agree across seeds one by one (after a signed
-  permutation only, no rotation)? And does that agreement hold when the same seed is fitted on two
-  halves of the cells (*split half*), so that "identified" is told apart from "too few cells"?
+  permutation only, no rotation)? And does that agreement hold between two fits on disjoint halves
+  of the cells from different seeds (*split half*)? Seeds that see the same cells can agree on axes of
+  that sample alone, so a restriction is credited only when the independent halves agree too.
 * **what it costs**: held-out log p(x) against the unrestricted model of the same seed, paired cell by
   cell, with a 95% interval and an equivalence margin;
 * **for gene programs**: whether the data support each program at all;
@@ -155,11 +156,13 @@ plt.show()""",
   after a signed permutation only; `rotation_ceiling`: the same after the best rotation. A low agreement
   with a high ceiling means the seeds found the same latent space but not the same axes.
 * `identified`: `identified` when every pair of seeds agrees at 0.9 or more while the unrestricted seeds
-  do not; `agrees without it` when the unrestricted seeds already agree (nothing to credit);
-  `not identified` / `undetermined` otherwise.
-* `split_half_agreement`: the same seed fitted on two halves of the training cells. When it is lower
-  than the agreement across seeds, agreement still grows with cells: "too few cells", not "not
-  identifiable".
+  do not, and the split half agrees at 0.9 or more too; `agrees on the same cells only` when the seeds
+  agree but the independent halves do not (axes of this sample, or too few cells); `agrees without it`
+  when the unrestricted seeds already agree (nothing to credit); `not identified` / `undetermined`
+  otherwise.
+* `split_half_agreement`: the first two seeds fitted on two disjoint halves of the training cells, one
+  each. When it is lower than the agreement across seeds, the seeds' agreement depends on sharing the
+  cells: too few cells, or axes of this sample, not of the population.
 * `lpd_difference_per_cell`: held-out log p(x) of the restricted model minus the unrestricted one,
   nats per cell (negative: the restriction costs fit), with its standard error; `predictive` says
   whether it costs, gains, is equivalent within the margin, or is undetermined. Seeds that disagree
@@ -197,7 +200,7 @@ rounding; the maps it breaks must change it by more than the Monte Carlo error."
 
 * State the restriction behind every axis you read, and measure it: a named dimension is only as
   trustworthy as the agreement the comparison reports for its restriction, and the split half says
-  whether more cells would help.
+  whether that agreement holds on independent cells.
 * A restriction can cost held-out fit; the comparison gives the price with an interval, so "identified,
   at a cost of ..." and "identified, at no detectable cost" are different findings.
 * Gene programs name dimensions by external knowledge, but the data decide whether each program is

@@ -81,6 +81,7 @@ def simulate(
     n_de_genes: int = 0,
     de_lfc: tuple[float, float] = (1.0, 2.0),
     loading_sparsity: float = 0.0,
+    loadings: np.ndarray | None = None,
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
@@ -143,6 +144,13 @@ def simulate(
         true program, :func:`true_programs`), and genes with a zero row are noise.
         The zeros come from a separate random stream: with the default 0 nothing
         is drawn and the output is the same as without this argument.
+    loadings
+        Linear decoder: the loadings ``W`` (genes x latent) to use instead of
+        drawing them (``loading_scale`` and ``loading_sparsity`` then do not
+        apply). Everything drawn before ``W`` (sources, batches, size factors,
+        the baseline ``b``) is the same as without it for the same seed,
+        shape and source kinds, and so are the dispersions between two calls
+        that both give loadings: a design can be built on a first call.
 
     Returns
     -------
@@ -173,6 +181,17 @@ def simulate(
     if loading_sparsity > 0 and decoder != "linear":
         raise InvalidArgumentError("loading_sparsity sets loadings of the linear decoder to 0; use decoder='linear'.")
     check_int("n_source_bins", n_source_bins, 2)
+    if loadings is not None:
+        if decoder != "linear":
+            raise InvalidArgumentError("loadings are the linear decoder's W; use decoder='linear'.")
+        if loading_sparsity > 0:
+            raise InvalidArgumentError("Give either loadings or loading_sparsity, not both.")
+        loadings = np.asarray(loadings, dtype=np.float64)
+        if loadings.shape != (n_genes, n_latent) or not np.isfinite(loadings).all():
+            raise InvalidArgumentError(
+                f"loadings must be finite, of shape (n_genes, n_latent) = ({n_genes}, {n_latent}); "
+                f"got shape {loadings.shape}."
+            )
     for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
         check_int(name, value, 1)
     groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
@@ -185,7 +204,11 @@ def simulate(
     params: dict[str, np.ndarray | float | str | int] = {}
     base = rng.normal(0.0, 1.0, n_genes)
     b = base - np.log(np.exp(base).sum())
-    if decoder == "linear":
+    if decoder == "linear" and loadings is not None:
+        W = loadings.copy()
+        eta = b + z @ W.T
+        params.update(W=W, b=b)
+    elif decoder == "linear":
         W = rng.normal(0.0, loading_scale / np.sqrt(n_latent), (n_genes, n_latent))
         if loading_sparsity > 0:
             W = W * _loading_mask(n_genes, n_latent, loading_sparsity, seed) / np.sqrt(1.0 - loading_sparsity)

@@ -26,12 +26,16 @@ Agreement after a signed permutation only
       latent space but not its axes.
 
 Split half
-    The same agreement between two fits of the same seed on disjoint halves of
-    the training cells: agreement at half the cells and independent data. When
-    it is lower than the agreement across seeds, agreement grows with cells (too
-    few cells to identify the axes); when it is not, more cells would not help.
-    (The two halves share their seed, so their agreement is not lowered by the
-    initialisation: a conservative reading.)
+    The same agreement between two fits on disjoint halves of the training
+    cells, started from different seeds (the first two): agreement from
+    independent data and independent initialisations. Fits from several seeds
+    all see the same cells, so they can agree on axes that belong to this
+    sample (directions in which its noise happens to look non-Gaussian, which a
+    non-Gaussian prior or an ICA picks up the same way each time) rather than to
+    the population; only agreement between independent halves shows that a
+    restriction identifies the axes, so a restriction is credited only when both
+    agree. When the split-half agreement is lower than the agreement across
+    seeds, agreement grows with cells (too few cells, or axes of the sample).
 
 Gene programs
     For each program: whether its genes co-vary across the held-out cells more
@@ -167,43 +171,77 @@ NOT_IDENTIFIED = "not identified"
 UNDETERMINED = "undetermined"
 ALREADY = "agrees without it"
 LOWERS = "agrees less than without it"
+SAME_CELLS = "agrees on the same cells only"
+TOO_GAUSSIAN = "too Gaussian to identify"
 
 
-def identification_verdict(agreement_min: float, agreement_mean: float, baseline_mean: float) -> str:
-    """Whether a restriction makes per-dimension coordinates reproducible across seeds.
+def identification_verdict(
+    agreement_min: float, agreement_mean: float, baseline_mean: float, split_half: float, too_gaussian: bool = False
+) -> str:
+    """Whether a restriction makes per-dimension coordinates reproducible across seeds and cells.
 
     ``identified``: every pair of seeds agrees (worst pair at least
     :data:`IDENTIFIED_AGREEMENT`) while the unrestricted model's seeds do not on
-    average. When the unrestricted model's seeds already agree (the axes then
+    average, and the split half (two fits on disjoint halves of the cells, see
+    the module docstring) agrees at least as much too. ``agrees on the same cells
+    only``: the seeds agree but the independent halves do not (the axes are
+    then a property of this sample of cells, or there are too few cells); a
+    split half that was not measured leaves the verdict ``undetermined``. When
+    the unrestricted model's seeds already agree (the axes then
     come from the fit itself, e.g. the mean-field guide, and no restriction is
     credited with them): ``agrees without it`` if the restriction keeps that
     agreement (within :data:`GROWTH_MARGIN`), ``agrees less than without it`` if
     it loses more. Otherwise ``not identified``: the mean agreement is below the
     threshold and no better than the unrestricted model's plus
     :data:`GROWTH_MARGIN`; ``undetermined``: some pairs agree, some not.
+    ``too Gaussian to identify`` (ICA, ``too_gaussian=True``): some component
+    is no more non-Gaussian than what ICA finds in Gaussian noise of the same
+    size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be
+    identified by non-Gaussianity however well the fits agree.
     """
     if not np.isfinite(agreement_mean):
         return UNDETERMINED
     if baseline_mean >= IDENTIFIED_AGREEMENT:
         return ALREADY if agreement_mean >= baseline_mean - GROWTH_MARGIN else LOWERS
+    if too_gaussian:
+        return TOO_GAUSSIAN
     if agreement_min >= IDENTIFIED_AGREEMENT:
-        return IDENTIFIED
+        if not np.isfinite(split_half):
+            return UNDETERMINED
+        return IDENTIFIED if split_half >= IDENTIFIED_AGREEMENT else SAME_CELLS
     if agreement_mean < IDENTIFIED_AGREEMENT and agreement_mean <= baseline_mean + GROWTH_MARGIN:
         return NOT_IDENTIFIED
     return UNDETERMINED
 
 
 def split_half_reading(verdict: str, cross_seed: float, split_half: float) -> str:
-    """What the split-half agreement (half the cells, same seed) adds to the cross-seed verdict."""
+    """What the split-half agreement (disjoint halves of the cells, two seeds) adds to the cross-seed verdict."""
     if not np.isfinite(split_half):
+        if verdict == UNDETERMINED and np.isfinite(cross_seed) and cross_seed >= IDENTIFIED_AGREEMENT:
+            return (
+                "split half not measured: agreement across seeds that all see the same cells does not show "
+                "that the restriction identifies the axes"
+            )
         return "split half not measured"
+    if verdict == SAME_CELLS:
+        return (
+            f"not reproducible from independent halves of the cells (split half {split_half:.2f}): the seeds agree "
+            "because they see the same cells; the axes belong to this sample, or there are too few cells (or too few "
+            "training steps) to settle them"
+        )
     if verdict in (IDENTIFIED, ALREADY):
         if split_half >= IDENTIFIED_AGREEMENT:
-            return "reproducible from half of the cells"
-        return "not reproducible from half of the cells: close to too few cells"
+            return "reproducible from independent halves of the cells"
+        return "not reproducible from independent halves of the cells: close to too few cells"
     if split_half < cross_seed - GROWTH_MARGIN:
-        return "agreement grows with cells: too few cells to identify the axes; more cells may"
-    return "agreement does not grow with cells: more cells would not identify the axes"
+        return (
+            "independent halves agree less than seeds on the same cells: too few cells to identify the axes "
+            "(more cells may), or the seeds share axes of this sample"
+        )
+    return (
+        "agreement does not grow with cells: more cells would not identify the axes (longer training might, "
+        "if the fits have not settled)"
+    )
 
 
 # ----- recovery of a simulated truth --------------------------------------------------------------------
@@ -229,6 +267,34 @@ def truth_recovery(
         "sources_mcc_min": float(np.min(z_scores)),
         "loadings_mcc": float(np.mean(w_scores)) if w_scores else np.nan,
     }
+
+
+#: Sources MCC at or above which a model recovers the simulated sources (as :data:`IDENTIFIED_AGREEMENT`).
+RECOVERED_MCC = IDENTIFIED_AGREEMENT
+RECOVERS = "recovers the sources"
+CLOSER = "closer to the sources than without it"
+NOT_CLOSER = "no closer to the sources than without it"
+NO_CLAIM = "no claim: too Gaussian to identify"
+
+
+def truth_verdict(sources_mcc: float, worst_mcc: float, baseline_mcc: float | None) -> str:
+    """Whether a model recovers simulated sources, against the unrestricted model's :func:`truth_recovery`.
+
+    ``sources_mcc`` is the mean over the model's fits, ``worst_mcc`` its worst
+    fit, ``baseline_mcc`` the unrestricted model's mean. ``recovers the
+    sources``: even the worst fit is above the unrestricted mean by more than
+    :data:`GROWTH_MARGIN`, and the mean is at least :data:`RECOVERED_MCC`;
+    ``closer to the sources than without it``: the worst fit is above by that
+    margin only; else ``no closer to the sources than without it`` (a better
+    mean alone can be one lucky fit). For the unrestricted model itself
+    (``baseline_mcc=None``): ``recovers the sources`` at a mean of at least
+    :data:`RECOVERED_MCC`, else ``reference``.
+    """
+    if baseline_mcc is None:
+        return RECOVERS if sources_mcc >= RECOVERED_MCC else "reference"
+    if worst_mcc > baseline_mcc + GROWTH_MARGIN:
+        return RECOVERS if sources_mcc >= RECOVERED_MCC else CLOSER
+    return NOT_CLOSER
 
 
 # ----- predictive cost ----------------------------------------------------------------------------------

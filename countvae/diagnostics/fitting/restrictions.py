@@ -138,23 +138,42 @@ def restriction_programs(restriction: Restriction, gene_programs: GenePrograms |
     return gene_programs
 
 
+def split_half_cells(n_obs: int, split_seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Two disjoint random halves of ``n_obs`` cells (sorted positions), drawn with ``split_seed``."""
+    order = np.random.default_rng([int(split_seed), 0x4A1F]).permutation(n_obs)
+    half = n_obs // 2
+    return np.sort(order[:half]), np.sort(order[half:])
+
+
 def fit_split_halves(
     adata_fit: ad.AnnData,
     model_kwargs: dict[str, Any],
     train_kwargs: dict[str, Any],
-    seed: int,
+    seeds: tuple[int, int],
     split_seed: int = 0,
 ) -> tuple[CountVAEFit, CountVAEFit]:
-    """The same model, with the same seed, fitted on two disjoint random halves of the training cells.
+    """The same model fitted on two disjoint random halves of the training cells, each from its own seed.
 
     ``adata_fit`` must be registered (``CountVAE.setup_anndata``); the halves are
-    drawn with ``split_seed``. Returns the two fits, named ``"half 1"`` and ``"half 2"``.
+    :func:`split_half_cells` with ``split_seed``. Different seeds keep the two
+    fits from agreeing through a shared initialisation: their agreement then
+    comes from the data and the model alone. An explicit ``max_epochs`` is
+    doubled, so each half gets as many optimizer steps as a fit on all the
+    cells. Returns the two fits, named
+    ``"half 1"`` and ``"half 2"``.
     """
-    order = np.random.default_rng([int(split_seed), 0x4A1F]).permutation(adata_fit.n_obs)
-    half = adata_fit.n_obs // 2
+    if len(seeds) != 2 or seeds[0] == seeds[1]:
+        raise InvalidArgumentError(f"The split halves are fitted from two different seeds; got {seeds!r}.")
+    train = {"progress_bar": False, **train_kwargs}
+    if train.get("max_epochs") is not None:
+        # as many optimizer steps as a fit on all the cells: the halves then differ from it in cells, not in
+        # optimisation (a rotation that a restriction drives is slow to settle; fewer steps would look like
+        # fewer cells). The default max_epochs already grows as the cells shrink.
+        train["max_epochs"] = 2 * int(train["max_epochs"])
     fits = []
-    for number, positions in enumerate((np.sort(order[:half]), np.sort(order[half:])), start=1):
+    halves = split_half_cells(adata_fit.n_obs, split_seed)
+    for number, (positions, seed) in enumerate(zip(halves, seeds, strict=True), start=1):
         model = CountVAE(cells_at(adata_fit, positions), **model_kwargs)
-        model.train(**{"progress_bar": False, **train_kwargs, "seed": seed})
+        model.train(**{**train, "seed": seed})
         fits.append(CountVAEFit(model, seed, name=f"half {number}"))
     return fits[0], fits[1]
