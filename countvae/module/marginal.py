@@ -254,6 +254,36 @@ class _Modes:
     precision: torch.Tensor  # (m, L, L), positive definite
 
 
+def _backtrack(
+    log_joint: LogJoint,
+    z0: torch.Tensor,
+    step: torch.Tensor,
+    floor: torch.Tensor,
+    cells: torch.Tensor,
+    points_per_call: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Halve the steps of rows whose full step fell below ``floor``; their new points, log joints and gradients.
+
+    Each row is evaluated only until its step is accepted (the rows still searching
+    shrink with every halving); a row still below ``floor`` after :data:`MAX_HALVINGS`
+    halvings stays at ``z0``.
+    """
+    factor = torch.full_like(floor, 0.5)
+    accepted = torch.zeros_like(floor, dtype=torch.bool)
+    pending = torch.arange(floor.shape[0], device=floor.device)
+    for _ in range(MAX_HALVINGS - 1):
+        trial = z0[pending] + factor[pending].unsqueeze(-1) * step[pending]
+        ok = _evaluate(log_joint, trial.unsqueeze(0), cells[pending], points_per_call)[0] >= floor[pending]
+        accepted[pending[ok]] = True
+        pending = pending[~ok]
+        if pending.numel() == 0:
+            break
+        factor[pending] = 0.5 * factor[pending]
+    points = torch.where(accepted.unsqueeze(-1), z0 + factor.unsqueeze(-1) * step, z0)
+    value, grad = _value_and_gradient(log_joint, points.unsqueeze(0), cells, points_per_call)
+    return points, value[0], grad[0]
+
+
 def _newton(
     log_joint: LogJoint,
     neg_hessian: NegHessian,
@@ -269,7 +299,8 @@ def _newton(
     A step is halved where it would lower the log joint by more than its rounding
     error, so the log joint never decreases; a row stops when its Newton decrement
     or its realised gain falls below ``tol`` (the optimum, or a kink of a ReLU
-    decoder's log joint). Only moving rows are evaluated.
+    decoder's log joint). Only moving rows are evaluated, and during the halvings
+    only the rows whose step is not yet accepted.
     """
     z = start.detach().clone()
     value, grad = _value_and_gradient(log_joint, z.unsqueeze(0), cells, points_per_call)
@@ -287,20 +318,19 @@ def _newton(
         if idx.numel() == 0:
             break
         z0, v0, c0 = z[idx], value[idx], cells[idx]
-        factor = torch.ones_like(v0).unsqueeze(-1)
-        with torch.no_grad():
-            for _ in range(MAX_HALVINGS):
-                trial = z0 + factor * step
-                worse = ~(_evaluate(log_joint, trial.unsqueeze(0), c0, points_per_call)[0] >= v0 - slack * v0.abs())
-                if not bool(worse.any()):
-                    break
-                factor = torch.where(worse.unsqueeze(-1), 0.5 * factor, factor)
-            else:
-                trial = torch.where(worse.unsqueeze(-1), z0, trial)
+        floor = v0 - slack * v0.abs()
+        # The full step, with its gradient: most rows accept it, and then need no second evaluation.
+        trial = z0 + step
         new_value, new_grad = _value_and_gradient(log_joint, trial.unsqueeze(0), c0, points_per_call)
-        z[idx], value[idx], grad[idx] = trial.detach(), new_value[0], new_grad[0]
-        neg_hess[idx] = neg_hessian(trial.detach(), c0).to(neg_hess.dtype)
-        active[idx[~(new_value[0] - v0 >= tol)]] = False
+        new_value, new_grad = new_value[0], new_grad[0]
+        worse = torch.nonzero(~(new_value >= floor)).squeeze(1)
+        if worse.numel():
+            trial[worse], new_value[worse], new_grad[worse] = _backtrack(
+                log_joint, z0[worse], step[worse], floor[worse], c0[worse], points_per_call
+            )
+        z[idx], value[idx], grad[idx] = trial, new_value, new_grad
+        neg_hess[idx] = neg_hessian(trial, c0).to(neg_hess.dtype)
+        active[idx[~(new_value - v0 >= tol)]] = False
     return _Modes(z, value, _patched_precision(neg_hess, fallback))
 
 
