@@ -100,6 +100,10 @@ class MarginalSettings:
     newton_tol
         A point stops once its Newton decrement (predicted gain) or realised gain is below
         this many nats; a decrement of 1e-3 puts it about 0.05 posterior sd from the mode.
+    restart_tol
+        The same for the restarts. They only place proposal components in the basins they
+        reach, and a t component a fraction of a posterior sd off its local maximum is as good
+        a proposal, so they may stop earlier: a decrement of 0.02 is about 0.2 sd.
     guide_weight
         Share of the guide in the pilot and final mixtures, in [0, 1); the rest goes to the modes.
     mode_floor
@@ -108,8 +112,14 @@ class MarginalSettings:
     df
         Degrees of freedom of the Student-t components: a positive integer, or ``math.inf``
         for Gaussians.
+    redraw
+        For the cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh
+        draws from the same mixture, whose values replace theirs (a k-hat from few draws is
+        noisy, and most such cells pass with more; fresh draws keep the estimate independent
+        of the draws that selected the cell). Only the cells still above the threshold go to
+        the second pass (0: straight to the second pass).
     escalation_draws
-        Final draws for the cells whose k-hat exceeds the threshold, estimated again with
+        Final draws for the cells whose k-hat still exceeds the threshold, estimated again with
         twice ``n_pilot``, ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps``
         (0: no second pass).
 
@@ -122,9 +132,11 @@ class MarginalSettings:
     newton_steps: int = 20
     restart_steps: int = 8
     newton_tol: float = 1e-3
+    restart_tol: float = 2e-2
     guide_weight: float = 0.1
     mode_floor: float = 0.2
     df: float = 4
+    redraw: int = 4
     escalation_draws: int = 3600
 
     def __post_init__(self):
@@ -135,6 +147,7 @@ class MarginalSettings:
             "prior_restarts": (self.prior_restarts, 0),
             "newton_steps": (self.newton_steps, 0),
             "restart_steps": (self.restart_steps, 0),
+            "redraw": (self.redraw, 0),
             "escalation_draws": (self.escalation_draws, 0),
         }
         for name, (value, low) in counts.items():
@@ -147,10 +160,10 @@ class MarginalSettings:
                 f"MarginalSettings.pilot_restarts ({self.pilot_restarts}) cannot exceed n_pilot ({self.n_pilot}): "
                 "restarts start from pilot draws."
             )
-        if not (isinstance(self.newton_tol, (int, float)) and self.newton_tol > 0 and math.isfinite(self.newton_tol)):
-            raise InvalidArgumentError(
-                f"MarginalSettings.newton_tol must be a positive finite number; got {self.newton_tol!r}."
-            )
+        for name in ("newton_tol", "restart_tol"):
+            tol = getattr(self, name)
+            if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
+                raise InvalidArgumentError(f"MarginalSettings.{name} must be a positive finite number; got {tol!r}.")
         if not (isinstance(self.guide_weight, (int, float)) and 0.0 <= self.guide_weight < 1.0):
             raise InvalidArgumentError(f"MarginalSettings.guide_weight must be in [0, 1); got {self.guide_weight!r}.")
         if not (isinstance(self.mode_floor, (int, float)) and 0.0 <= self.mode_floor <= 1.0):
@@ -173,6 +186,7 @@ class MarginalSettings:
             pilot_restarts=2 * self.pilot_restarts,
             prior_restarts=2 * self.prior_restarts,
             restart_steps=(3 * self.restart_steps) // 2,
+            redraw=0,
             escalation_draws=0,
         )
 
@@ -381,6 +395,9 @@ class _Mixture:
     components: tuple[_LocationScale, ...]
     shares: torch.Tensor  # (K, n), non-negative, columns sum to 1
 
+    def take(self, rows: torch.Tensor) -> _Mixture:
+        return _Mixture(tuple(c.take(rows) for c in self.components), self.shares[:, rows.cpu()])
+
     def counts(self, n_draws: int) -> torch.Tensor:
         """Draws per component and cell (K, n): ``floor(share n)``, remainders to the largest fractions."""
         raw = self.shares.double().cpu() * n_draws
@@ -448,7 +465,8 @@ def _single_pass(
     generator: torch.Generator,
     settings: MarginalSettings,
     points_per_call: int,
-) -> ImportanceSummary:
+) -> tuple[_Mixture, torch.Tensor]:
+    """Modes, then the final mixture; the mixture and the log weights (n_draws, cells) of its draws."""
     n, L = guide.loc.shape
     cells = torch.arange(n, device=guide.loc.device)
     fallback = _precision_of(guide)
@@ -473,7 +491,7 @@ def _single_pass(
             cells.repeat(R),
             fallback.repeat(R, 1, 1),
             settings.restart_steps,
-            settings.newton_tol,
+            settings.restart_tol,
             points_per_call,
         )
         for r in range(R):
@@ -482,8 +500,29 @@ def _single_pass(
     mode_shares = _mode_shares(modes, settings.mode_floor) * (1.0 - settings.guide_weight)
     components = (*(_at_mode(m, settings.df) for m in modes), guide)
     proposal = _Mixture(components, torch.cat([mode_shares.double().cpu(), guide_share]))
-    z, log_r = proposal.sample_with_log_prob(settings.n_draws, generator)
-    return summarize_log_weights(_evaluate(log_joint, z, cells, points_per_call) - log_r)
+    return proposal, _log_weights(log_joint, proposal, cells, settings.n_draws, generator, points_per_call)
+
+
+def _log_weights(
+    log_joint: LogJoint,
+    proposal: _Mixture,
+    cells: torch.Tensor,
+    n_draws: int,
+    generator: torch.Generator,
+    points_per_call: int,
+) -> torch.Tensor:
+    """Log importance weights (n_draws, cells) of draws from ``proposal`` (rows = ``cells``)."""
+    z, log_r = proposal.sample_with_log_prob(n_draws, generator)
+    return _evaluate(log_joint, z, cells, points_per_call) - log_r
+
+
+def _subset(function: Callable, rows: torch.Tensor) -> Callable:
+    """``function(z, cells)`` on the cells ``rows[cells]``: a log joint or curvature restricted to some cells."""
+
+    def on_rows(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        return function(z, rows[cells])
+
+    return on_rows
 
 
 def estimate_log_marginal(
@@ -534,19 +573,30 @@ def estimate_log_marginal(
     curvature = neg_hessian if neg_hessian is not None else finite_difference_neg_hessian(log_joint, points_per_call)
     with torch.no_grad():
         guide = _guide(loc, scale)
-        summary = _single_pass(log_joint, curvature, guide, generator, settings, points_per_call)
+        proposal, log_w = _single_pass(log_joint, curvature, guide, generator, settings, points_per_call)
+        summary = summarize_log_weights(log_w)
         redo = np.nonzero(~summary.reliable)[0]
+        if settings.redraw and redo.size:
+            rows = torch.as_tensor(redo, device=loc.device)
+            fresh = _log_weights(
+                _subset(log_joint, rows),
+                proposal.take(rows),
+                torch.arange(redo.size, device=loc.device),
+                settings.redraw * settings.n_draws,
+                generator,
+                points_per_call,
+            )
+            summary = summary.replace_rows(redo, summarize_log_weights(fresh))
+            redo = np.nonzero(~summary.reliable)[0]
         if settings.escalation_draws and redo.size:
             rows = torch.as_tensor(redo, device=loc.device)
-
-            def subset_joint(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-                return log_joint(z, rows[cells])
-
-            def subset_hessian(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-                return curvature(z, rows[cells])
-
-            again = _single_pass(
-                subset_joint, subset_hessian, guide.take(rows), generator, settings.escalated(), points_per_call
+            _, again = _single_pass(
+                _subset(log_joint, rows),
+                _subset(curvature, rows),
+                guide.take(rows),
+                generator,
+                settings.escalated(),
+                points_per_call,
             )
-            summary = summary.replace_rows(redo, again)
+            summary = summary.replace_rows(redo, summarize_log_weights(again))
     return summary
