@@ -41,9 +41,16 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
    the weights use the whole mixture density, so ``exp(lpd)`` is unbiased for ``p(x)``;
 4. the log weights go to :func:`countvae.module.importance.summarize_log_weights`
    (estimate, standard error, ESS, Pareto k-hat); cells with k-hat above
-   :data:`~countvae.module.importance.KHAT_THRESHOLD` are estimated again with
-   ``escalation_draws`` draws and twice the pilot and restarts, whose values replace
-   theirs. A cell still above the threshold has ``reliable`` False and no standard error.
+   :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw`` times as
+   many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals
+   by chance), whose values replace theirs; those still above it are estimated again with
+   ``escalation_draws`` draws and twice the pilot and restarts. A cell still above the
+   threshold has ``reliable`` False and no standard error.
+
+Cost (benchmarks/RESULTS.md, lpd-package): Newton's curvature and the restarts dominate
+when the final draws are few (``countvae diagnose`` uses 100). A step is halved only
+for the rows it lowers, restarts stop at ``restart_tol`` (they only place components),
+and cells flagged by a noisy k-hat are redrawn rather than refitted.
 
 Verified numerically (RESULTS.md, lpd-accuracy, 200 held-out cells per model): on
 18 linear Poisson/NB models with 1-3 latent dimensions (pbmc_3tech, Kang, simulated),
