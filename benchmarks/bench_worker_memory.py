@@ -5,7 +5,7 @@ cells' positions; the worker streams its minibatches from the file. On an in-mem
 AnnData each worker receives a pickled copy of the fit cells' counts. This script fits
 two seeds in two joblib workers (one epoch each, default model) both ways, on the same
 simulated file, each way from its own driver process, and reports the peak resident
-memory of every worker (``ru_maxrss`` at the end of its fit, as ``fit.json`` records it)
+memory of every worker (``VmHWM`` at the end of its fit, as ``fit.json`` records it)
 and of the driver.
 
     python benchmarks/bench_worker_memory.py                  # 100,000 cells x 2,000 genes
@@ -108,7 +108,7 @@ Machine: {machine_line(1)}. Load average (1/5/15 min) at the start and after eac
 
 {n_cells:,} simulated cells x {n_genes:,} genes (file {size_gib:.2f} GiB as CSR float32; {dense_gib:.2f} GiB dense);
 two seeds fitted in two joblib workers (one torch thread each), one epoch each, default model. Peak RSS:
-`ru_maxrss` of each worker at the end of its fit (recorded in its `fit.json`), and of the driver at the end.
+`VmHWM` of each worker at the end of its fit (recorded in its `fit.json`), and `ru_maxrss` of the driver at the end.
 
 {markdown_table(pd.DataFrame(rows))}
 """
