@@ -208,8 +208,22 @@ def _diagnose_section(args: argparse.Namespace, argv: list[str], label: str, set
         else f"report() {analysis:.1f} s, {wall / 60:.1f} min wall time on the {len(record['provenance']['fits'])} "
         f"fits of an earlier run of the same command, resumed from `{out}` (fitting time not included)"
     )
+    steps = record["timings_seconds"]
+    lpd_seconds = steps.get("of which held-out log p(x)")
+    lpd_share = (
+        f"Held-out log p(x) (the accurate estimator, {record['settings']['report']['n_lpd_samples']} final draws "
+        f"per cell) took {lpd_seconds:.1f} s of report()'s per-fit outputs ({steps['per-fit outputs']:.1f} s): "
+        + (f"**{100 * lpd_seconds / wall:.1f}% of the diagnose wall time**." if not resumed else "")
+        if lpd_seconds is not None
+        else ""
+    )
+    step_table = pd.DataFrame({"step": list(steps), "seconds": list(steps.values())})
     lines = [
         f"`{label}` ({settings}, {epochs} epochs): {timing}.",
+        "",
+        lpd_share,
+        "",
+        _frame(step_table),
         "",
         "Verdict, as the report states it:",
         "",

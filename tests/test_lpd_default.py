@@ -74,7 +74,7 @@ def test_deliberately_bad_settings_are_flagged_and_warned(pbmc_small):
     exact = quadrature_log_marginal(model, pbmc_small, idx)
     # no Newton search, no restarts, no defensive guide, no second pass: a t at the encoder's mean only
     crippled = MarginalSettings(
-        n_draws=200, n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0, escalation_draws=0
+        n_draws=200, n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0, redraw=0, escalation_draws=0
     )
     with pytest.warns(UnreliableEstimateWarning, match=r"more draws .* or train longer"):
         bad = model.get_log_predictive_density(pbmc_small, idx, seed=0, settings=crippled)

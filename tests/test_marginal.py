@@ -73,8 +73,10 @@ def test_full_covariance_factor_of_the_guide_is_accepted_and_agrees(gaussian_pro
 
 def test_bad_proposal_is_flagged_by_khat_with_no_standard_error(gaussian_problem):
     log_joint, exact, post_mean, post_sd = gaussian_problem
-    # no Newton, no restarts, no second pass: a t at a guide four posterior sd off, too narrow
-    crippled = MarginalSettings(n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0, escalation_draws=0)
+    # no Newton, no restarts, no redraw or second pass: a t at a guide four posterior sd off, too narrow
+    crippled = MarginalSettings(
+        n_pilot=0, pilot_restarts=0, newton_steps=0, guide_weight=0.0, redraw=0, escalation_draws=0
+    )
     loc = post_mean + 4 * post_sd
     scale = 0.3 * post_sd.expand(N_CELLS, L)
     bad = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(2), crippled)
@@ -105,6 +107,31 @@ def test_second_pass_redoes_flagged_cells_with_more_draws(gaussian_problem):
     assert redone.any()
     np.testing.assert_array_equal(summary.lpd[~redone], without.lpd[~redone])
     assert not np.array_equal(summary.lpd[redone], without.lpd[redone])
+
+
+def test_redraw_replaces_flagged_cells_with_fresh_draws_and_cannot_hide_a_bad_proposal(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    scale = 0.5 * post_sd.expand(N_CELLS, L)
+    # no Newton and no restarts: the t sits at the guide's mean, one posterior sd off (some cells' k-hat from
+    # 100 draws exceeds the threshold) or two sd off (a poor proposal for most cells)
+    plain = MarginalSettings(
+        n_draws=100, n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, redraw=0, escalation_draws=0
+    )
+    with_redraw = MarginalSettings(**{**vars(plain), "redraw": 4})
+    loc = post_mean + post_sd
+    first = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(4), plain)
+    redrawn = estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(4), with_redraw)
+    flagged = first.khat > KHAT_THRESHOLD
+    assert 3 <= flagged.sum() <= N_CELLS // 2
+    np.testing.assert_array_equal(redrawn.lpd[~flagged], first.lpd[~flagged])  # the same first pass
+    assert not np.intersect1d(redrawn.lpd[flagged], first.lpd[flagged]).size  # new values, from fresh draws
+    assert redrawn.reliable.all()  # 400 draws from the same mixture pass
+    err = np.abs(redrawn.lpd[flagged] - exact[flagged])
+    assert err.mean() < 0.15 and np.all(err <= 4 * redrawn.mc_se[flagged])
+    # two sd off: more draws from the same poor mixture leave most cells flagged
+    far = post_mean + 2 * post_sd
+    poor = estimate_log_marginal(log_joint, far, scale, torch.Generator().manual_seed(4), with_redraw)
+    assert (~poor.reliable).mean() > 0.5
 
 
 def test_restarts_find_a_second_mode_that_the_guide_never_sees():
@@ -149,6 +176,8 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("mode_floor", 1.5, "mode_floor"),
         ("df", 2.5, "positive integer or math.inf"),
         ("newton_tol", 0.0, "newton_tol"),
+        ("restart_tol", -1e-3, "restart_tol"),
+        ("redraw", -1, "redraw must be an integer >= 0"),
         ("escalation_draws", 1, "escalation_draws"),
         ("n_draws", 10.0, "n_draws must be an integer"),
     ],

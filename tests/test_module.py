@@ -73,3 +73,33 @@ def test_log_joint_is_the_log_density_of_the_pyro_models_sites(likelihood, decod
     stacked = module.log_joint(zs, x, b)
     for s in range(3):
         torch.testing.assert_close(stacked[s], module.log_joint(zs[s], x, b), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("likelihood", ["poisson", "nb"])
+@pytest.mark.parametrize("decoder", ["linear", "mlp"])
+def test_gauss_newton_curvature_against_autograd(likelihood, decoder):
+    """``log_joint_neg_hessian`` is ``J^T diag(c) J + prior precision`` with ``J`` the autograd Jacobian of the
+    log means, and for the linear decoder (concave log joint) minus the autograd Hessian of ``log_joint``."""
+    adata = cv.data.simulate(n_cells=6, n_genes=20, n_latent=3, n_batches=2, seed=5)
+    x = torch.tensor(adata.X.toarray(), dtype=torch.float64)
+    b = torch.tensor(adata.obs["batch"].cat.codes.to_numpy(), dtype=torch.long)
+    torch.manual_seed(2)
+    module = CountVAEModule(20, 3, 2, likelihood, decoder, n_hidden=8).double().eval()
+    z = torch.randn(6, 3, dtype=torch.float64)
+    got = module.log_joint_neg_hessian(z, x, b)
+    log_library = torch.log(x.sum(-1, keepdim=True))
+    for cell in range(6):
+        zc = z[cell : cell + 1]
+
+        def log_mean(point, cell=cell):
+            return module.decode(point, b[cell : cell + 1]).log_rate[0] + log_library[cell]
+
+        jac = torch.autograd.functional.jacobian(log_mean, zc)[:, 0, :]  # (genes, L)
+        c = module.likelihood.log_mean_curvature(x[cell : cell + 1], log_mean(zc).unsqueeze(0), b[cell : cell + 1])[0]
+        expected = jac.T @ (c.unsqueeze(-1) * jac) + torch.eye(3, dtype=torch.float64)
+        torch.testing.assert_close(got[cell], expected, rtol=1e-4, atol=1e-6)
+        if decoder == "linear":
+            hessian = torch.autograd.functional.hessian(
+                lambda point, cell=cell: module.log_joint(point, x[cell : cell + 1], b[cell : cell + 1]).sum(), zc
+            )[0, :, 0, :]
+            torch.testing.assert_close(got[cell], -hessian, rtol=1e-4, atol=1e-6)

@@ -282,7 +282,7 @@ def test_estimate_is_deterministic_and_covers_scvi(zinb_fit, data):
 def test_unreliable_cells_are_flagged_and_warned_about(latent_library_fit, data):
     """A deliberately poor setting (no Newton steps, no second pass, the off-target guide) is caught by k-hat."""
     held = data[N_TRAIN : N_TRAIN + 20].copy()
-    bad = MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, escalation_draws=0)
+    bad = MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, redraw=0, escalation_draws=0)
     fit = SCVIFit(latent_library_fit.model, seed=0, lpd_settings=bad)
     with pytest.warns(UnreliableEstimateWarning, match="unreliable"):
         frame = fit.log_predictive_density(held, n_samples=100, seed=0)

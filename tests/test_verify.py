@@ -240,7 +240,14 @@ def test_verify_fails_when_the_expectation_is_wrong(poisson_fit, monkeypatch):
 #: A deliberately weak estimator: no Newton steps (the "mode" component sits at the guide's mean), no pilot or
 #: restarts, no second pass, and few Gaussian draws.
 WEAK = MarginalSettings(
-    n_draws=20, n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, df=math.inf, escalation_draws=0
+    n_draws=20,
+    n_pilot=0,
+    pilot_restarts=0,
+    prior_restarts=0,
+    newton_steps=0,
+    df=math.inf,
+    redraw=0,
+    escalation_draws=0,
 )
 
 

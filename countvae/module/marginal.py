@@ -41,9 +41,16 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
    the weights use the whole mixture density, so ``exp(lpd)`` is unbiased for ``p(x)``;
 4. the log weights go to :func:`countvae.module.importance.summarize_log_weights`
    (estimate, standard error, ESS, Pareto k-hat); cells with k-hat above
-   :data:`~countvae.module.importance.KHAT_THRESHOLD` are estimated again with
-   ``escalation_draws`` draws and twice the pilot and restarts, whose values replace
-   theirs. A cell still above the threshold has ``reliable`` False and no standard error.
+   :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw`` times as
+   many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals
+   by chance), whose values replace theirs; those still above it are estimated again with
+   ``escalation_draws`` draws and twice the pilot and restarts. A cell still above the
+   threshold has ``reliable`` False and no standard error.
+
+Cost (benchmarks/RESULTS.md, lpd-package): Newton's curvature and the restarts dominate
+when the final draws are few (``countvae diagnose`` uses 100). A step is halved only
+for the rows it lowers, restarts stop at ``restart_tol`` (they only place components),
+and cells flagged by a noisy k-hat are redrawn rather than refitted.
 
 Verified numerically (RESULTS.md, lpd-accuracy, 200 held-out cells per model): on
 18 linear Poisson/NB models with 1-3 latent dimensions (pbmc_3tech, Kang, simulated),
@@ -100,6 +107,10 @@ class MarginalSettings:
     newton_tol
         A point stops once its Newton decrement (predicted gain) or realised gain is below
         this many nats; a decrement of 1e-3 puts it about 0.05 posterior sd from the mode.
+    restart_tol
+        The same for the restarts. They only place proposal components in the basins they
+        reach, and a t component a fraction of a posterior sd off its local maximum is as good
+        a proposal, so they may stop earlier: a decrement of 0.02 is about 0.2 sd.
     guide_weight
         Share of the guide in the pilot and final mixtures, in [0, 1); the rest goes to the modes.
     mode_floor
@@ -108,8 +119,14 @@ class MarginalSettings:
     df
         Degrees of freedom of the Student-t components: a positive integer, or ``math.inf``
         for Gaussians.
+    redraw
+        For the cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh
+        draws from the same mixture, whose values replace theirs (a k-hat from few draws is
+        noisy, and most such cells pass with more; fresh draws keep the estimate independent
+        of the draws that selected the cell). Only the cells still above the threshold go to
+        the second pass (0: straight to the second pass).
     escalation_draws
-        Final draws for the cells whose k-hat exceeds the threshold, estimated again with
+        Final draws for the cells whose k-hat still exceeds the threshold, estimated again with
         twice ``n_pilot``, ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps``
         (0: no second pass).
 
@@ -122,9 +139,11 @@ class MarginalSettings:
     newton_steps: int = 20
     restart_steps: int = 8
     newton_tol: float = 1e-3
+    restart_tol: float = 2e-2
     guide_weight: float = 0.1
     mode_floor: float = 0.2
     df: float = 4
+    redraw: int = 4
     escalation_draws: int = 3600
 
     def __post_init__(self):
@@ -135,6 +154,7 @@ class MarginalSettings:
             "prior_restarts": (self.prior_restarts, 0),
             "newton_steps": (self.newton_steps, 0),
             "restart_steps": (self.restart_steps, 0),
+            "redraw": (self.redraw, 0),
             "escalation_draws": (self.escalation_draws, 0),
         }
         for name, (value, low) in counts.items():
@@ -147,10 +167,10 @@ class MarginalSettings:
                 f"MarginalSettings.pilot_restarts ({self.pilot_restarts}) cannot exceed n_pilot ({self.n_pilot}): "
                 "restarts start from pilot draws."
             )
-        if not (isinstance(self.newton_tol, (int, float)) and self.newton_tol > 0 and math.isfinite(self.newton_tol)):
-            raise InvalidArgumentError(
-                f"MarginalSettings.newton_tol must be a positive finite number; got {self.newton_tol!r}."
-            )
+        for name in ("newton_tol", "restart_tol"):
+            tol = getattr(self, name)
+            if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
+                raise InvalidArgumentError(f"MarginalSettings.{name} must be a positive finite number; got {tol!r}.")
         if not (isinstance(self.guide_weight, (int, float)) and 0.0 <= self.guide_weight < 1.0):
             raise InvalidArgumentError(f"MarginalSettings.guide_weight must be in [0, 1); got {self.guide_weight!r}.")
         if not (isinstance(self.mode_floor, (int, float)) and 0.0 <= self.mode_floor <= 1.0):
@@ -173,6 +193,7 @@ class MarginalSettings:
             pilot_restarts=2 * self.pilot_restarts,
             prior_restarts=2 * self.prior_restarts,
             restart_steps=(3 * self.restart_steps) // 2,
+            redraw=0,
             escalation_draws=0,
         )
 
@@ -254,6 +275,36 @@ class _Modes:
     precision: torch.Tensor  # (m, L, L), positive definite
 
 
+def _backtrack(
+    log_joint: LogJoint,
+    z0: torch.Tensor,
+    step: torch.Tensor,
+    floor: torch.Tensor,
+    cells: torch.Tensor,
+    points_per_call: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Halve the steps of rows whose full step fell below ``floor``; their new points, log joints and gradients.
+
+    Each row is evaluated only until its step is accepted (the rows still searching
+    shrink with every halving); a row still below ``floor`` after :data:`MAX_HALVINGS`
+    halvings stays at ``z0``.
+    """
+    factor = torch.full_like(floor, 0.5)
+    accepted = torch.zeros_like(floor, dtype=torch.bool)
+    pending = torch.arange(floor.shape[0], device=floor.device)
+    for _ in range(MAX_HALVINGS - 1):
+        trial = z0[pending] + factor[pending].unsqueeze(-1) * step[pending]
+        ok = _evaluate(log_joint, trial.unsqueeze(0), cells[pending], points_per_call)[0] >= floor[pending]
+        accepted[pending[ok]] = True
+        pending = pending[~ok]
+        if pending.numel() == 0:
+            break
+        factor[pending] = 0.5 * factor[pending]
+    points = torch.where(accepted.unsqueeze(-1), z0 + factor.unsqueeze(-1) * step, z0)
+    value, grad = _value_and_gradient(log_joint, points.unsqueeze(0), cells, points_per_call)
+    return points, value[0], grad[0]
+
+
 def _newton(
     log_joint: LogJoint,
     neg_hessian: NegHessian,
@@ -269,7 +320,8 @@ def _newton(
     A step is halved where it would lower the log joint by more than its rounding
     error, so the log joint never decreases; a row stops when its Newton decrement
     or its realised gain falls below ``tol`` (the optimum, or a kink of a ReLU
-    decoder's log joint). Only moving rows are evaluated.
+    decoder's log joint). Only moving rows are evaluated, and during the halvings
+    only the rows whose step is not yet accepted.
     """
     z = start.detach().clone()
     value, grad = _value_and_gradient(log_joint, z.unsqueeze(0), cells, points_per_call)
@@ -287,20 +339,19 @@ def _newton(
         if idx.numel() == 0:
             break
         z0, v0, c0 = z[idx], value[idx], cells[idx]
-        factor = torch.ones_like(v0).unsqueeze(-1)
-        with torch.no_grad():
-            for _ in range(MAX_HALVINGS):
-                trial = z0 + factor * step
-                worse = ~(_evaluate(log_joint, trial.unsqueeze(0), c0, points_per_call)[0] >= v0 - slack * v0.abs())
-                if not bool(worse.any()):
-                    break
-                factor = torch.where(worse.unsqueeze(-1), 0.5 * factor, factor)
-            else:
-                trial = torch.where(worse.unsqueeze(-1), z0, trial)
+        floor = v0 - slack * v0.abs()
+        # The full step, with its gradient: most rows accept it, and then need no second evaluation.
+        trial = z0 + step
         new_value, new_grad = _value_and_gradient(log_joint, trial.unsqueeze(0), c0, points_per_call)
-        z[idx], value[idx], grad[idx] = trial.detach(), new_value[0], new_grad[0]
-        neg_hess[idx] = neg_hessian(trial.detach(), c0).to(neg_hess.dtype)
-        active[idx[~(new_value[0] - v0 >= tol)]] = False
+        new_value, new_grad = new_value[0], new_grad[0]
+        worse = torch.nonzero(~(new_value >= floor)).squeeze(1)
+        if worse.numel():
+            trial[worse], new_value[worse], new_grad[worse] = _backtrack(
+                log_joint, z0[worse], step[worse], floor[worse], c0[worse], points_per_call
+            )
+        z[idx], value[idx], grad[idx] = trial, new_value, new_grad
+        neg_hess[idx] = neg_hessian(trial, c0).to(neg_hess.dtype)
+        active[idx[~(new_value - v0 >= tol)]] = False
     return _Modes(z, value, _patched_precision(neg_hess, fallback))
 
 
@@ -350,6 +401,9 @@ class _Mixture:
 
     components: tuple[_LocationScale, ...]
     shares: torch.Tensor  # (K, n), non-negative, columns sum to 1
+
+    def take(self, rows: torch.Tensor) -> _Mixture:
+        return _Mixture(tuple(c.take(rows) for c in self.components), self.shares[:, rows.cpu()])
 
     def counts(self, n_draws: int) -> torch.Tensor:
         """Draws per component and cell (K, n): ``floor(share n)``, remainders to the largest fractions."""
@@ -418,7 +472,8 @@ def _single_pass(
     generator: torch.Generator,
     settings: MarginalSettings,
     points_per_call: int,
-) -> ImportanceSummary:
+) -> tuple[_Mixture, torch.Tensor]:
+    """Modes, then the final mixture; the mixture and the log weights (n_draws, cells) of its draws."""
     n, L = guide.loc.shape
     cells = torch.arange(n, device=guide.loc.device)
     fallback = _precision_of(guide)
@@ -443,7 +498,7 @@ def _single_pass(
             cells.repeat(R),
             fallback.repeat(R, 1, 1),
             settings.restart_steps,
-            settings.newton_tol,
+            settings.restart_tol,
             points_per_call,
         )
         for r in range(R):
@@ -452,8 +507,29 @@ def _single_pass(
     mode_shares = _mode_shares(modes, settings.mode_floor) * (1.0 - settings.guide_weight)
     components = (*(_at_mode(m, settings.df) for m in modes), guide)
     proposal = _Mixture(components, torch.cat([mode_shares.double().cpu(), guide_share]))
-    z, log_r = proposal.sample_with_log_prob(settings.n_draws, generator)
-    return summarize_log_weights(_evaluate(log_joint, z, cells, points_per_call) - log_r)
+    return proposal, _log_weights(log_joint, proposal, cells, settings.n_draws, generator, points_per_call)
+
+
+def _log_weights(
+    log_joint: LogJoint,
+    proposal: _Mixture,
+    cells: torch.Tensor,
+    n_draws: int,
+    generator: torch.Generator,
+    points_per_call: int,
+) -> torch.Tensor:
+    """Log importance weights (n_draws, cells) of draws from ``proposal`` (rows = ``cells``)."""
+    z, log_r = proposal.sample_with_log_prob(n_draws, generator)
+    return _evaluate(log_joint, z, cells, points_per_call) - log_r
+
+
+def _subset(function: Callable, rows: torch.Tensor) -> Callable:
+    """``function(z, cells)`` on the cells ``rows[cells]``: a log joint or curvature restricted to some cells."""
+
+    def on_rows(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        return function(z, rows[cells])
+
+    return on_rows
 
 
 def estimate_log_marginal(
@@ -504,19 +580,30 @@ def estimate_log_marginal(
     curvature = neg_hessian if neg_hessian is not None else finite_difference_neg_hessian(log_joint, points_per_call)
     with torch.no_grad():
         guide = _guide(loc, scale)
-        summary = _single_pass(log_joint, curvature, guide, generator, settings, points_per_call)
+        proposal, log_w = _single_pass(log_joint, curvature, guide, generator, settings, points_per_call)
+        summary = summarize_log_weights(log_w)
         redo = np.nonzero(~summary.reliable)[0]
+        if settings.redraw and redo.size:
+            rows = torch.as_tensor(redo, device=loc.device)
+            fresh = _log_weights(
+                _subset(log_joint, rows),
+                proposal.take(rows),
+                torch.arange(redo.size, device=loc.device),
+                settings.redraw * settings.n_draws,
+                generator,
+                points_per_call,
+            )
+            summary = summary.replace_rows(redo, summarize_log_weights(fresh))
+            redo = np.nonzero(~summary.reliable)[0]
         if settings.escalation_draws and redo.size:
             rows = torch.as_tensor(redo, device=loc.device)
-
-            def subset_joint(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-                return log_joint(z, rows[cells])
-
-            def subset_hessian(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-                return curvature(z, rows[cells])
-
-            again = _single_pass(
-                subset_joint, subset_hessian, guide.take(rows), generator, settings.escalated(), points_per_call
+            _, again = _single_pass(
+                _subset(log_joint, rows),
+                _subset(curvature, rows),
+                guide.take(rows),
+                generator,
+                settings.escalated(),
+                points_per_call,
             )
-            summary = summary.replace_rows(redo, again)
+            summary = summary.replace_rows(redo, summarize_log_weights(again))
     return summary

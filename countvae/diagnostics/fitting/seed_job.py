@@ -70,7 +70,7 @@ class FitOutcome:
     epochs trained, the epoch kept, whether it stopped early; for scvi-tools fits
     the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
     ``peak_rss_mib`` is the peak resident memory of the process that fitted it, up to
-    the end of the fit (Linux ``ru_maxrss``; for a fit in the calling process, that
+    the end of the fit (Linux ``VmHWM``; for a fit in the calling process, that
     process's whole high-water mark).
     """
 
@@ -89,7 +89,19 @@ def _read_tree(root: Path) -> dict[str, bytes]:
 
 
 def _peak_rss_mib() -> float:
-    """Peak resident memory of this process in MiB (``ru_maxrss`` is in KiB on Linux, in bytes on macOS)."""
+    """Peak resident memory of this process in MiB.
+
+    On Linux ``VmHWM`` of ``/proc/self/status``: the high-water mark of this process's
+    own memory since it started its program. ``ru_maxrss`` is not used there because
+    Linux carries it across ``fork`` and ``exec``, so a worker started from a driver
+    holding 3.6 GB reported 3.6 GB whatever it used itself (benchmarks/RESULTS.md,
+    worker-memory). Elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS).
+    """
+    status = Path("/proc/self/status")
+    if status.exists():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) / 1024.0
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024.0**2 if sys.platform == "darwin" else 1024.0)
 
 
