@@ -64,12 +64,17 @@ every verdict must be the truth or undetermined.
     python benchmarks/calibration.py --out runs.csv       # also keep every verdict
     python benchmarks/calibration.py --summarize runs.csv # the section from the replicates finished so far
 
-Writes the section ``calibration`` of RESULTS.md (``--results``).
+Writes the section ``calibration`` of RESULTS.md (``--results``) and, from the
+same confusion tables, the calibration record the report bundles and shows in
+its section "How often these verdicts are right"
+(``countvae/diagnostics/reporting/verdict_calibration.json``, ``--calibration-file``;
+both written atomically).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -83,6 +88,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section  # noqa: E402
 
 from countvae._io import write_text_atomic
+from countvae.diagnostics.reporting.verdict_calibration import CALIBRATION_FILE
 
 #: The invariants table's rows, in order.
 INVARIANT_ROWS = (
@@ -112,6 +118,15 @@ TRUTH: dict[str, dict[str, set[str]]] = {
 ADEQUATE = ("copies", "seeds", "gaussian", "different")
 #: Scenarios whose fits are independent seeds (their oracle R^2 is recorded).
 SEED_SCENARIOS = ("seeds", "gaussian")
+#: How the report's calibration section names each scenario ("on ... this row was right in ...").
+DESCRIPTIONS = {
+    "copies": "exact orthogonal copies of one fit (Laplace sources)",
+    "seeds": "three seeds trained to convergence on simulated Laplace sources",
+    "gaussian": "three seeds on simulated Gaussian sources",
+    "different": "a converged fit against one trained for 3 epochs",
+    "few cells": "the seeds of 'seeds' judged on only 40 held-out cells",
+    "copies on few cells": "the copies of 'copies' judged on only 40 held-out cells",
+}
 #: Rows shown next to the oracle R^2, per replicate.
 RECOVERY_ROWS = ("decoded means", "W W^T / decoder Gram", "held-out log p(x)", "ICA coordinates")
 
@@ -186,6 +201,7 @@ def _verdicts(rep, scenario: str, replicate: int, seconds: float) -> list[dict]:
             "low": r.low,
             "high": r.high,
             "aligned_low": r.aligned_low,
+            "n_cells": r.n_cells,
             "seconds": seconds,
         }
         for r in rep.invariants.itertuples(index=False)
@@ -307,6 +323,59 @@ def run_replicate(replicate: int, cfg: Config, scenarios: tuple[str, ...] = tupl
     return out
 
 
+def cells_behind(runs: pd.DataFrame, cfg: Config) -> pd.Series:
+    """Held-out cells behind each verdict: the CSV's ``n_cells`` where recorded, else what the run's sizes imply.
+
+    Runs written before ``n_cells`` was recorded used :class:`Config` and the
+    report's defaults: ``few_cells`` held-out cells in the few-cells scenarios,
+    ``heldout_fraction`` of ``n_cells`` otherwise, each row capped by its
+    report setting (``max_ppc_cells``, ``max_knn_cells``, ...).
+    """
+    from countvae.diagnostics import ReportSettings
+    from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME
+
+    settings = ReportSettings()
+    heldout = runs["scenario"].map(
+        lambda s: (
+            cfg.few_cells if s in ("few cells", "copies on few cells") else round(cfg.heldout_fraction * cfg.n_cells)
+        )
+    )
+
+    def implied(row: str, n: int) -> float:
+        q = QUANTITY_BY_NAME.get(row)
+        cap = getattr(settings, q.cells_setting, None) if q is not None and q.cells_setting else None
+        return float(min(n, cap) if cap else n)
+
+    derived = pd.Series([implied(r, n) for r, n in zip(runs["row"], heldout, strict=True)], index=runs.index)
+    if "n_cells" not in runs:
+        return derived
+    return pd.to_numeric(runs["n_cells"], errors="coerce").fillna(derived)
+
+
+def rescore(runs: pd.DataFrame, cfg: Config) -> tuple[pd.DataFrame, int]:
+    """Apply the report's minimum-cells precondition (:func:`~countvae.diagnostics.reporting.verdicts.too_few_cells`).
+
+    Exact for runs made before it existed: the precondition depends only on the
+    row and the cells behind it, so a verdict it does not catch is unchanged.
+    Returns the runs with their verdicts as the report now gives them, and how
+    many changed.
+    """
+    from countvae.diagnostics.reporting.verdicts import too_few_cells
+
+    out = runs.copy()
+    n_cells = cells_behind(runs, cfg)
+    changed = 0
+    for i, row, verdict, n in zip(out.index, out["row"], out["verdict"], n_cells, strict=True):
+        if not verdict or not np.isfinite(n):
+            continue
+        few = too_few_cells(row, int(n), verdict)
+        if few is not None and verdict != few.verdict:
+            out.loc[i, ["verdict", "reason"]] = [few.verdict, few.reason]
+            changed += 1
+    out["n_cells"] = n_cells
+    return out, changed
+
+
 def recovery_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per seed scenario and replicate: the oracle R^2 (smallest over seeds and sources) and a few verdicts."""
     if "recovery" not in runs:
@@ -366,6 +435,43 @@ def summary(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def calibration_record(
+    tables: dict[str, pd.DataFrame], command: str, written: str, replicates: int, cfg: Config
+) -> dict:
+    """The bundled calibration record (``countvae/diagnostics/reporting/verdict_calibration.json``).
+
+    Per scenario: its description, whether its data are adequate and, per report
+    row, the truth and the counts of correct, undetermined and wrong verdicts:
+    the numbers of the confusion tables of the RESULTS.md section, written by
+    the same run.
+    """
+    scenarios = {}
+    for scenario, table in tables.items():
+        scenarios[scenario] = {
+            "description": DESCRIPTIONS[scenario],
+            "adequate": scenario in ADEQUATE,
+            "rows": {
+                r["row"]: {
+                    "truth": r["truth"],
+                    "runs": int(r["runs"]),
+                    "correct": int(r["correct"]),
+                    "undetermined": int(r["undetermined (not the truth)"]),
+                    "wrong": int(r["wrong"]),
+                }
+                for r in table.to_dict("records")
+            },
+        }
+    return {
+        "format": 1,
+        "command": command,
+        "written": written,
+        "replicates": replicates,
+        "data": f"{cfg.n_cells} cells x {cfg.n_genes} genes, {cfg.n_latent} sources, linear NB decoder, "
+        f"{cfg.heldout_fraction:.0%} held out, {cfg.epochs} epochs per seed",
+        "scenarios": scenarios,
+    }
+
+
 def _describe(runs: pd.DataFrame, label: str) -> str:
     values = runs.loc[runs["row"] == label, ["scenario", "agreement"]].dropna()
     parts = [
@@ -411,6 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios", default=",".join(TRUTH), help=f"comma-separated scenarios (default: all of {', '.join(TRUTH)})"
     )
     parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to write the section into")
+    parser.add_argument(
+        "--notes", default=None, help="markdown file appended to the section (the analysis of the wrong verdicts)"
+    )
+    parser.add_argument(
+        "--calibration-file",
+        default=str(CALIBRATION_FILE),
+        help="JSON the report's section 'How often these verdicts are right' reads (default: the bundled one)",
+    )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     scenarios = tuple(name.strip() for name in args.scenarios.split(","))
@@ -449,6 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         timing = f"{args.replicates} replicates in {args.workers} worker(s): **{wall / 60:.1f} min wall time**" + (
             f" ({child_cpu / 60:.1f} min CPU)" if child_cpu is not None else ""
         )
+    before = confusion(runs)
+    runs, changed = rescore(runs, cfg)
     tables = confusion(runs)
     report_seconds = runs.drop_duplicates(["scenario", "replicate"])["seconds"]
     recovery = recovery_table(runs)
@@ -473,6 +589,16 @@ def main(argv: list[str] | None = None) -> int:
         markdown_table(summary(tables), floatfmt="{:.1f}"),
         "",
     ]
+    if changed:
+        lines += [
+            f"These verdicts include the report's minimum-cells precondition (`MIN_CELLS` in "
+            f"countvae/diagnostics/reporting/verdicts.py), applied offline to the CSV's verdicts: {changed} "
+            "verdict(s) made before it existed became 'undetermined' (the rule depends only on the row and its "
+            "number of held-out cells, so the others are what the report gives now). Before it:",
+            "",
+            markdown_table(summary(before), floatfmt="{:.1f}"),
+            "",
+        ]
     for scenario, table in tables.items():
         lines += [f"Scenario **{scenario}**: verdict counts per row against the truth.", "", markdown_table(table), ""]
     if len(recovery):
@@ -493,7 +619,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{runs.loc[runs['row'] == 'R-hat median: aligned coordinates', 'low'].median():.3g}. Decoded log means: "
         f"{_describe(runs, 'R-hat median: decoded log means')}.",
     ]
+    if args.notes:
+        lines += ["", Path(args.notes).read_text(encoding="utf-8").strip()]
     body = "\n".join(lines)
+    record = calibration_record(tables, command_line(), started_at, finished, cfg)
+    write_text_atomic(args.calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
     write_section(Path(args.results), "calibration", body)
     print(body)
     return 0
