@@ -111,6 +111,9 @@ def test_the_report_shows_how_often_its_verdicts_are_right(copies_report):
     assert below  # the suite has rows below 95% (seeds on Laplace sources): the report must say which
     for line in below:
         assert line.replace("'", "&#x27;") in html
+    markdown = copies_report.to_markdown()
+    assert "## How often these verdicts are right" in markdown
+    assert all(f"- {line}" in markdown for line in below)
     data = copies_report.to_dict()
     assert data["settings"]["calibration"]["below_goal"] == below
     assert len(data["tables"]["calibration"]) == len(table)
