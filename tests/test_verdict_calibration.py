@@ -17,14 +17,12 @@ from countvae.diagnostics.reporting.verdict_calibration import (
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
 
 
-def _results_tables() -> dict[str, dict[str, list[str]]]:
+def _results_tables(caption: str = ": verdict counts per row against the truth") -> dict[str, dict[str, list[str]]]:
     """Scenario -> row -> its cells, from the confusion tables of RESULTS.md's calibration section."""
     text = RESULTS.read_text(encoding="utf-8")
     section = text.split("<!-- section: calibration -->", 1)[1].split("<!-- end: calibration -->", 1)[0]
     tables: dict[str, dict[str, list[str]]] = {}
-    for scenario, body in re.findall(
-        r"Scenario \*\*(.+?)\*\*: verdict counts per row against the truth\.\n\n(.+?)\n\n", section, re.S
-    ):
+    for scenario, body in re.findall(rf"Scenario \*\*([^*\n]+)\*\*{re.escape(caption)}\.\n\n(.+?)\n\n", section, re.S):
         lines = body.strip().splitlines()
         header = [c.strip() for c in lines[0].strip("|").split("|")]
         rows = {}
@@ -39,17 +37,22 @@ def test_bundled_numbers_are_those_of_the_results_section():
     """Both are written by one run of ``calibration.py``; a hand edit or a stale copy of either fails here."""
     assert CALIBRATION_FILE.is_file()
     record = load_calibration()
-    results = _results_tables()
-    assert set(results) == set(record["scenarios"])
-    for scenario, entry in record["scenarios"].items():
-        assert set(entry["rows"]) == set(results[scenario]), scenario
-        for row, counts in entry["rows"].items():
-            cells = results[scenario][row]
-            assert int(cells["runs"]) == counts["runs"]
-            assert int(cells["correct"]) == counts["correct"]
-            assert int(cells["undetermined (not the truth)"]) == counts["undetermined"]
-            assert int(cells["wrong"]) == counts["wrong"]
-            assert cells["truth"] == counts["truth"]
+    for key, caption in (
+        ("rows", ": verdict counts per row against the truth"),
+        ("oracle_rows", ", truth conditioned on the oracle"),
+    ):
+        results = _results_tables(caption)
+        bundled = {scenario: entry[key] for scenario, entry in record["scenarios"].items() if key in entry}
+        assert set(results) == set(bundled), key
+        for scenario, rows in bundled.items():
+            assert set(rows) == set(results[scenario]), scenario
+            for row, counts in rows.items():
+                cells = results[scenario][row]
+                assert int(cells["runs"]) == counts["runs"]
+                assert int(cells["correct"]) == counts["correct"]
+                assert int(cells["undetermined (not the truth)"]) == counts["undetermined"]
+                assert int(cells["wrong"]) == counts["wrong"]
+                assert cells["truth"] == counts["truth"]
     command = RESULTS.read_text(encoding="utf-8").split("<!-- section: calibration -->", 1)[1]
     assert f"Command: `{record['command']}`" in command
 
@@ -111,6 +114,8 @@ def test_the_report_shows_how_often_its_verdicts_are_right(copies_report):
     assert below  # the suite has rows below 95% (seeds on Laplace sources): the report must say which
     for line in below:
         assert line.replace("'", "&#x27;") in html
+    oracle = copies_report.tables["calibration_oracle"]
+    assert set(oracle["scenario"]) == {s for s, e in record["scenarios"].items() if "oracle_rows" in e}
     markdown = copies_report.to_markdown()
     assert "## How often these verdicts are right" in markdown
     assert all(f"- {line}" in markdown for line in below)

@@ -147,7 +147,8 @@ def report(
         headline=lines,
         tables=_tables(invariants, components, analyses)
         | _training_table(collected.fit_settings)
-        | {"calibration": calibration_table(calibration, quantities)},
+        | {"calibration": calibration_table(calibration, quantities)}
+        | {"calibration_oracle": calibration_table(calibration, quantities, truth="oracle")},
         settings={
             "report": s.to_dict(),
             "markers": collected.marker_names,

@@ -292,7 +292,7 @@ def _calibration_html(rep: ReportContent) -> list[str]:
         if short
         else "<p>Every row of this report was right in at least 95% of the replicates of every scenario.</p>"
     )
-    return [
+    parts = [
         _h2("calibration"),
         f"<p>{escape(record.get('measured_by', ''))}</p>",
         verdict,
@@ -301,6 +301,18 @@ def _calibration_html(rep: ReportContent) -> list[str]:
             html_table(rep.tables["calibration"], max_rows=None),
         ),
     ]
+    oracle = rep.tables.get("calibration_oracle")
+    if oracle is not None and len(oracle):
+        parts.append(
+            html_details(
+                "The same with the truth conditioned on what an oracle shows the seeds reached",
+                "<p>The scenario's truth assumes that seeds reach one solution. An oracle that re-fits them and "
+                "compares them with the simulation's truth leaves out the replicates whose seeds reached different "
+                "solutions (every row but ICA) and takes the ICA row's truth from a larger-sample estimate.</p>"
+                + html_table(oracle, max_rows=None),
+            )
+        )
+    return parts
 
 
 def _gene_selection(record: dict | None) -> dict[str, str]:
