@@ -63,6 +63,14 @@ every verdict must be the truth or undetermined.
     python benchmarks/calibration.py --replicates 2 --quick --workers 1
     python benchmarks/calibration.py --out runs.csv       # also keep every verdict
     python benchmarks/calibration.py --summarize runs.csv # the section from the replicates finished so far
+    python benchmarks/calibration.py --scenarios 'seeds,few cells' --replicates 5 --workers 1  # some scenarios
+    python benchmarks/calibration.py --summarize runs.csv --oracle oracle.csv --notes benchmarks/calibration_notes.md
+
+``--summarize`` re-scores a CSV written before the report's minimum-cells
+precondition (:func:`rescore`; exact, as the rule depends only on the row and
+its number of held-out cells). ``--oracle`` adds the truth conditioned on what
+``calibration_oracle.py`` shows the seeds reached (:func:`oracle_confusion`),
+next to the theory's truth, which stays the calibration of record.
 
 Writes the section ``calibration`` of RESULTS.md (``--results``) and, from the
 same confusion tables, the calibration record the report bundles and shows in
@@ -772,12 +780,16 @@ def main(argv: list[str] | None = None) -> int:
         truths = oracle_truths(oracle)
         oracle_tables = oracle_confusion(runs, truths)
         kept = int(truths["one_solution"].sum())
+        reported = runs[(runs["scenario"] == "seeds") & (runs["row"] == "decoded means")].set_index("replicate")
+        same = truths.set_index("replicate")["decoded_pair"] - reported["agreement"].astype(float)
+        same_fits = f"largest |difference| {same.abs().max():.1e} over the {same.notna().sum()} replicates"
         lines += [
             "### Truth conditioned on the oracle (seeds and few cells)",
             "",
             f"The theory's truth above assumes that the seeds reach one solution. `calibration_oracle.py` re-fits "
             f"the seeds of {len(truths)} replicate(s) (`{args.oracle}`; the same data, split, seeds and training, so "
-            "the same fits: its decoded-means score on all held-out cells equals the report's) and compares them "
+            f"the same fits: its decoded-means score on all held-out cells equals the report's, {same_fits}) and "
+            "compares them "
             "with each other and with the simulation's truth, which the report never sees. Per replicate: the "
             "smallest match of ICA components between two seeds, each seed's ICA estimated on all 4,000 fit cells "
             f"(`ica_all_pairs`; the seeds reached one solution when it is at least {ONE_SOLUTION}: their latent "
