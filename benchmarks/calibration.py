@@ -137,9 +137,7 @@ DESCRIPTIONS = {
 }
 #: Why a row falls short in a scenario (shown after its rate in the report's calibration section).
 _DIFFERENT_SOLUTIONS = (
-    "mostly where the seeds reached different solutions (an oracle that re-fits them finds ICA components of two "
-    "seeds matching below 0.9 there): there 'differ' is right about the fits, the theory's truth is not "
-    "(benchmarks/RESULTS.md, section calibration)"
+    "mostly seeds that reached different solutions (an oracle shows it), where 'differ' is right about the fits"
 )
 NOTES: dict[str, dict[str, str]] = {
     "copies": {ICA: "where the components do not reproduce even within one seed, or the interval straddles 0.95"},
