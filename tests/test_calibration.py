@@ -10,6 +10,7 @@ the counting of verdicts against the truth is checked on a hand-made table.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -68,9 +69,14 @@ def test_reduced_calibration_reaches_the_known_truth():
         assert (table["wrong"] == 0).all(), (scenario, table)
         assert (table["runs"] == 1).all(), (scenario, table)
     copies = tables["copies"].set_index("row")
-    # Every row of exact copies is decided, and decided right (ICA may be undetermined on data this small).
-    decided = copies.drop(index="ICA coordinates")
+    # Every row of exact copies is decided, and decided right (ICA may be undetermined on data this small), except
+    # the rows that need more held-out cells than these 120 (verdicts.MIN_CELLS): undetermined, with the reason.
+    few = ["posterior predictive statistics", "k-NN graph"]
+    decided = copies.drop(index=["ICA coordinates", *few])
     assert (decided["correct"] == 1).all(), decided
+    assert (copies.loc[few, "undetermined"] == 1).all(), copies.loc[few]
+    reasons = runs.loc[(runs["scenario"] == "copies") & runs["row"].isin(few), "reason"]
+    assert reasons.str.startswith("too few held-out cells (n = 120 <").all(), reasons
     different = tables["different"].set_index("row")
     assert (different["correct"] == 1).all(), different
 
@@ -105,3 +111,60 @@ def test_recovery_is_shown_per_replicate_next_to_the_verdicts_and_scoring_ignore
     # The theory's truth is scored for every replicate: the seeds that missed a source count as wrong.
     seeds = calibration.confusion(runs)["seeds"].set_index("row").loc["decoded means"]
     assert (seeds["runs"], seeds["correct"], seeds["wrong"]) == (2, 1, 1)
+
+
+def test_rescore_applies_the_minimum_cells_rule_exactly_where_it_bites():
+    """Runs made before the precondition: re-scored from the row and its held-out cells (implied by the sizes)."""
+    runs = pd.DataFrame(
+        {
+            "scenario": ["few cells", "few cells", "few cells", "seeds", "seeds"],
+            "replicate": [2, 1, 1, 2, 1],
+            "row": ["posterior predictive statistics", "k-NN graph", "k-NN graph"]
+            + ["posterior predictive statistics", "k-NN graph"],
+            "verdict": ["differ", "agree", "differ", "agree", "differ"],
+            "reason": [""] * 5,
+        }
+    )
+    runs.loc[2, "scenario"] = "copies on few cells"
+    rescored, changed = calibration.rescore(runs, calibration.Config())
+    # 40 held-out cells: the PPC "differ" and the k-NN "agree" become undetermined; a k-NN "differ" stands.
+    assert rescored["verdict"].tolist() == ["undetermined", "undetermined", "differ", "agree", "differ"]
+    assert changed == 2
+    # The cells behind each verdict: 40 on few cells; on 1,000 held-out cells the PPC row uses max_ppc_cells.
+    assert rescored["n_cells"].tolist() == [40, 40, 40, 300, 1000]
+    assert rescored.loc[0, "reason"].startswith("too few held-out cells (n = 40 < 150)")
+
+
+def test_summarize_writes_the_bundled_record_from_the_same_tables_as_the_section(tmp_path):
+    runs = pd.DataFrame(
+        {
+            "scenario": ["seeds", "seeds", "different"],
+            "replicate": [0, 1, 0],
+            "row": ["decoded means", "decoded means", "held-out log p(x)"],
+            "verdict": ["agree", "differ", "differ"],
+            "reason": ["", "", ""],
+            "agreement": [0.95, 0.7, 2.0],
+            "low": [0.94, 0.6, 1.5],
+            "seconds": [1.0, 1.0, 1.0],
+            "fit_seconds_per_seed": [1.0, 1.0, 1.0],
+        }
+    )
+    csv, results, record_path = tmp_path / "runs.csv", tmp_path / "RESULTS.md", tmp_path / "calibration.json"
+    runs.to_csv(csv, index=False)
+    assert (
+        calibration.main(["--summarize", str(csv), "--results", str(results), "--calibration-file", str(record_path)])
+        == 0
+    )
+    record = json.loads(record_path.read_text())
+    assert record["replicates"] == 2
+    assert record["scenarios"]["seeds"]["rows"]["decoded means"] == {
+        "truth": "agree",
+        "runs": 2,
+        "correct": 1,
+        "undetermined": 0,
+        "wrong": 1,
+    }
+    assert record["scenarios"]["seeds"]["adequate"] is True
+    section = results.read_text()
+    assert "| decoded means | agree | 1 | 0 | 1 | 0 | 2 | 1 | 0 | 1 |" in section
+    assert f"Command: `{record['command']}`" in section

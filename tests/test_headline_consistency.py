@@ -58,9 +58,17 @@ def check_headline(rep) -> None:
         if quantity == "held-out log p(x)":
             # Said once, in the predictive sentence; the undetermined sentence points to it.
             assert f"{quantity} (see the sentence on predictive equivalence)" in line
+            assert sum(reason in sentence for sentence in rep.headline) == 1, (quantity, reason)
+        elif quantity == "ICA coordinates":
+            # Said once, in the ICA components sentence (per component, with what would decide it).
+            assert f"{quantity} (see the sentence on ICA components)" in line
+            ica_line = next(sentence for sentence in rep.headline if sentence.startswith(ICA_LEAD))
+            for why in rep.ica.loc[rep.ica["verdict"] == UNDETERMINED, "remedy"]:
+                assert f"to decide: {why}" in ica_line
+                assert sum(why in sentence for sentence in rep.headline) == 1, (quantity, why)
         else:
             assert f"{quantity} ({reason}; to decide: {remedy})" in line
-        assert sum(reason in sentence for sentence in rep.headline) == 1, (quantity, reason)
+            assert sum(reason in sentence for sentence in rep.headline) == 1, (quantity, reason)
 
     # Predictive equivalence: the sentence, the row and the recorded decision say the same.
     state = rep.settings["predictive_equivalence"]["state"]

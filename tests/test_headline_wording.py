@@ -139,3 +139,27 @@ def test_pair_counts_agree_with_their_verb():
         _pairs([UNDETERMINED, UNDETERMINED, EQUIVALENT], [0.4, 0.4, 0.0]), ok, 0.5, 25.0, 0.02
     )
     assert undecided.reason.startswith("the intervals of 2 of 3 pairs contain the margin")
+
+
+def test_an_undetermined_ica_row_is_explained_in_the_ica_sentence_only():
+    few = f"{FEW_CELLS_REASON}: split-half match 0.50 < 0.95"
+    components = _components([UNDETERMINED, UNDETERMINED, AGREE], [few, GAUSSIAN_REASON, ""])
+    row = ica_row_judgement(components)
+    table = pd.concat(
+        [_invariants(), _invariants().iloc[[0]].assign(quantity="ICA coordinates", threshold=0.95)],
+        ignore_index=True,
+    )
+    verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
+    judged = judge_invariants(table, verdict, row)
+    ica = ica_sentence(components, 0.95)
+    lines = headline(
+        judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3, ica=ica
+    )
+    undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
+    assert "ICA coordinates (see the sentence on ICA components)" in undetermined
+    # Each component's reason and the remedy appear once, in the ICA sentence (they used to appear in both).
+    for text in ("does not reproduce even within one seed", "too close to Gaussian", "more cells"):
+        assert sum(text in line for line in lines) == 1, (text, lines)
+    # Without the ICA sentence, the undetermined sentence keeps the reason.
+    alone = headline(judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+    assert sum("does not reproduce even within one seed" in line for line in alone) == 1

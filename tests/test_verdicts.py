@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from countvae.diagnostics.analyses.invariants import Threshold
+from countvae.diagnostics.analyses.invariants import InvariantInputs, Threshold, invariants_table
+from countvae.diagnostics.analyses.ppc import predictive_statistics, statistics_concordance
 from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED
 from countvae.diagnostics.reporting.verdicts import (
     AGREE,
@@ -182,3 +183,63 @@ def test_a_straddling_component_does_not_change_how_the_next_one_is_judged():
     judged = judge_components(table, threshold=0.951).set_index("component")
     assert judged.loc["IC_0", "verdict"] == UNDETERMINED and "contains the threshold" in judged.loc["IC_0", "reason"]
     assert judged.loc["IC_1", "verdict"] == AGREE, judged.loc["IC_1", "reason"]
+
+
+def _knn_row(n_cells: int, noise_sd: float = 0.3) -> pd.Series:
+    """The k-NN row of two latent spaces whose neighbour graphs differ: seed 1 is seed 0 plus independent noise."""
+    rng = np.random.default_rng(0)
+    z = rng.laplace(size=(1000, 3))
+    other = z + rng.normal(0.0, noise_sd, z.shape)
+    table, _ = invariants_table(InvariantInputs(latents={"seed 0": z[:n_cells], "seed 1": other[:n_cells]}))
+    return judge_invariants(table).set_index("quantity").loc["k-NN graph"]
+
+
+def test_knn_agreement_on_too_few_cells_is_undetermined_not_a_confident_wrong_agree():
+    # Known truth: the graphs differ (k = 15 Jaccard 0.30 on 1,000 cells, interval well below 0.5). On 40 of the
+    # same cells the overlap is 0.79 with a tight interval: a neighbourhood of 15 is over a third of the cells.
+    # Without the precondition the row said a confident "agree".
+    full = _knn_row(1000)
+    assert full["verdict"] == DIFFER and full["high"] < 0.5
+    few = _knn_row(40)
+    assert few["low"] > 0.5  # the interval alone would say agree
+    assert few["verdict"] == UNDETERMINED
+    assert few["reason"].startswith("too few held-out cells (n = 40 < 300) to say 'agree'")
+    assert few["remedy"].startswith("use >= 300 held-out cells (raise max_knn_cells")
+    assert _knn_row(300)["verdict"] == DIFFER
+    # A "differ" on fewer cells stands: the overlap only falls with more cells.
+    assert _knn_row(40, noise_sd=1.5)["verdict"] == DIFFER
+
+
+def _ppc_row(n_cells: int, agreement: float, low: float, high: float) -> dict:
+    return _row("posterior predictive statistics", agreement, low, high) | {
+        "n_cells": n_cells,
+        "cells_setting": "max_ppc_cells",
+    }
+
+
+def test_posterior_predictive_statistics_need_enough_cells_for_any_verdict():
+    # Replicate 2 of the calibration suite (benchmarks/RESULTS.md, section calibration): the same three seeds
+    # agree on 300 held-out cells (0.925, interval 0.905-0.938) and "differed" on 40 (0.797, 0.762-0.827),
+    # because the interval resamples genes and not the cells the statistics are computed over.
+    judged = judge_invariants(pd.DataFrame([_ppc_row(300, 0.925, 0.905, 0.938), _ppc_row(40, 0.797, 0.762, 0.827)]))
+    assert judged["verdict"].tolist() == [AGREE, UNDETERMINED]
+    assert judged.loc[1, "reason"].startswith("too few held-out cells (n = 40 < 150) to say 'differ'")
+    assert judged.loc[1, "remedy"] == "use >= 150 held-out cells (raise max_ppc_cells and hold out that many cells)"
+    # ... and an "agree" on 40 cells is no more trusted than a "differ".
+    assert judge_invariants(pd.DataFrame([_ppc_row(40, 0.96, 0.95, 0.97)]))["verdict"].item() == UNDETERMINED
+
+
+def test_the_ppc_row_counts_the_cells_its_statistics_are_computed_over():
+    # n_cells of the posterior predictive row is the number of held-out cells behind the statistics (what the
+    # precondition checks), not the number of genes its interval resamples.
+    rng = np.random.default_rng(1)
+    counts = rng.poisson(3.0, size=(60, 25)).astype(float)
+    draws = {name: rng.poisson(3.0, size=(60, 25, 8)).astype(float) for name in ("seed 0", "seed 1")}
+    predicted = {name: predictive_statistics(counts, d) for name, d in draws.items()}
+    pairs = pd.DataFrame([{"fit_a": "seed 0", "fit_b": "seed 1"} | statistics_concordance(*predicted.values())])
+    z = rng.normal(size=(60, 2))
+    table, _ = invariants_table(
+        InvariantInputs(latents={"seed 0": z, "seed 1": z}, ppc_pairs=pairs, ppc_predicted=predicted)
+    )
+    row = table.set_index("quantity").loc["posterior predictive statistics"]
+    assert row["n_cells"] == 60 and row["interval"] == "bootstrap over 25 genes"

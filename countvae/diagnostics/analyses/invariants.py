@@ -861,7 +861,12 @@ def _interval_text(q: Quantity, c: Comparison) -> tuple[str, int]:
         return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
     if q.name == "posterior predictive statistics":
         predicted = c.inputs.ppc_predicted
-        return "bootstrap over genes", len(next(iter(predicted.values())).cv_gene) if predicted else 0
+        if not predicted:
+            return "bootstrap over genes", 0
+        first = next(iter(predicted.values()))
+        # n_cells counts the held-out cells the statistics are computed over (what max_ppc_cells caps and the
+        # verdict's minimum-cells precondition checks); the interval itself resamples genes.
+        return f"bootstrap over {len(first.cv_gene)} genes", len(first.cv_cell)
     if q.name == "ICA coordinates":
         return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
     if q.name == "per-dimension loadings" and c.inputs.loadings_are_weights:

@@ -16,6 +16,7 @@ from countvae.diagnostics.reporting.verdicts import (
     AGREE,
     ALIGNED,
     DIFFER,
+    ICA_QUANTITY,
     LPD_QUANTITY,
     NOT_TESTED,
     UNDETERMINED,
@@ -79,7 +80,10 @@ def predictive_sentence(verdict: PredictiveVerdict) -> str:
 
 
 def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
-    """Which ICA components agree, differ and are undetermined across seeds, and why (``None`` without ICA)."""
+    """Which ICA components agree, differ and are undetermined across seeds, why, and what would decide them.
+
+    The one place the headline gives the ICA row's reasons (``None`` without ICA).
+    """
     if not len(components):
         return None
     first = components.iloc[0]
@@ -98,10 +102,14 @@ def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
             parts.append(f"{_listing(names)} {one if len(names) == 1 else several}")
     undecided = components[components["verdict"] == UNDETERMINED]
     reasons: dict[str, list[str]] = {}
+    remedies: dict[str, str] = {}
     for row in undecided.itertuples(index=False):
-        reasons.setdefault(row.reason.split(":")[0], []).append(row.component)
+        why = row.reason.split(":")[0]
+        reasons.setdefault(why, []).append(row.component)
+        remedies.setdefault(why, row.remedy)
     for why, names in reasons.items():
-        parts.append(f"{_listing(names)} undetermined ({reason_in_number(why, len(names))})")
+        decide = f"; to decide: {remedies[why]}" if remedies[why] else ""
+        parts.append(f"{_listing(names)} undetermined ({reason_in_number(why, len(names))}{decide})")
     tail = ""
     if len(undecided) or (components["verdict"] == DIFFER).any():
         tail = " Report the components that do not agree as one subspace, not as separate axes."
@@ -121,10 +129,16 @@ def truth_sentence(truth: pd.DataFrame) -> str | None:
     return f"{TRUTH_LEAD} (held-out cells, over seeds): {'; '.join(parts)}."
 
 
-def _why_undetermined(quantity: str, rows: pd.DataFrame, predictive: str) -> str:
-    """Why a row is undetermined and what would decide it; the predictive sentence already says it for log p(x)."""
+def _why_undetermined(quantity: str, rows: pd.DataFrame, predictive: str, ica: str | None) -> str:
+    """Why a row is undetermined and what would decide it.
+
+    Said once: the predictive sentence already says it for log p(x), the ICA
+    components sentence for the ICA row (it names each component's reason).
+    """
     if quantity == LPD_QUANTITY and predictive.startswith(PREDICTIVE_LEADS[UNDETERMINED]):
         return f"{quantity} (see the sentence on predictive equivalence)"
+    if quantity == ICA_QUANTITY and ica:
+        return f"{quantity} (see the sentence on ICA components)"
     return f"{quantity} ({rows.loc[quantity, 'reason']}; to decide: {rows.loc[quantity, 'remedy']})"
 
 
@@ -193,7 +207,7 @@ def headline(
                 "rotation, the remainder a genuine difference between the solutions."
             )
     if by[UNDETERMINED]:
-        details = "; ".join(_why_undetermined(q, rows, predictive) for q in by[UNDETERMINED])
+        details = "; ".join(_why_undetermined(q, rows, predictive, ica) for q in by[UNDETERMINED])
         lines.append(f"{LEADS[UNDETERMINED]} {_listing(by[UNDETERMINED])}. Why, and what would decide: {details}.")
     lines.append(predictive)
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]

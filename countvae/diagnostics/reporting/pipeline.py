@@ -38,6 +38,12 @@ from countvae.diagnostics.reporting.headline import headline, ica_sentence, pred
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
+from countvae.diagnostics.reporting.verdict_calibration import (
+    calibration_sentences,
+    calibration_summary,
+    calibration_table,
+    load_calibration,
+)
 from countvae.diagnostics.reporting.verdicts import (
     PredictiveVerdict,
     ica_row_judgement,
@@ -134,16 +140,25 @@ def report(
         ica=ica_sentence(components, s.ica_threshold),
         truth=truth_sentence(analyses.ground_truth),
     )
+    # How often each row's verdict was right in the calibration suite (bundled numbers, not these data).
+    calibration, quantities = load_calibration(), invariants["quantity"].tolist()
     stopwatch.timings["total"] = stopwatch.total()
     return DiagnosticReport(
         headline=lines,
-        tables=_tables(invariants, components, analyses) | _training_table(collected.fit_settings),
+        tables=_tables(invariants, components, analyses)
+        | _training_table(collected.fit_settings)
+        | {"calibration": calibration_table(calibration, quantities)}
+        | {"calibration_oracle": calibration_table(calibration, quantities, truth="oracle")},
         settings={
             "report": s.to_dict(),
             "markers": collected.marker_names,
             "predictive_equivalence": _predictive_record(predictive),
             "predictively_equivalent": predictive.equivalent,
             "fits": collected.fit_settings,
+            "calibration": {
+                "measured_by": calibration_summary(calibration),
+                "below_goal": calibration_sentences(calibration, quantities),
+            },
         },
         subsampling=_subsampling(collected, s),
         provenance=collected.provenance(),

@@ -146,6 +146,7 @@ _SECTIONS = {
     "rhat": "6. Spread of guide draws across seeds (R-hat)",
     "ppc": "7. Posterior predictive checks",
     "truth": "8. Against the simulation's truth",
+    "calibration": "How often these verdicts are right",
     "about": "About this report",
 }
 
@@ -169,7 +170,8 @@ def render_html(rep: ReportContent) -> str:
         return html_figure_row(figure(n) for n in names)
 
     fits = ", ".join(f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", []))
-    sections = {a: title for a, title in _SECTIONS.items() if a != "truth" or "ground_truth" in t}
+    present = {"truth": "ground_truth" in t, "calibration": "calibration" in t}
+    sections = {a: title for a, title in _SECTIONS.items() if present.get(a, True)}
     nav = " ".join(f'<a href="#{a}">{escape(title)}</a>' for a, title in sections.items())
     parts = [
         "<h1>Multi-seed diagnostics: what these fits identify</h1>",
@@ -253,6 +255,8 @@ def render_html(rep: ReportContent) -> str:
             "sources up to order and sign.</p>",
             html_table(t["ground_truth"]),
         ]
+    if "calibration" in t:
+        parts += _calibration_html(rep)
     parts += [
         _h2("about"),
         *(["<h3>Training of each seed</h3>", html_table(t["training"])] if "training" in t else []),
@@ -277,6 +281,38 @@ def render_html(rep: ReportContent) -> str:
         html_details("Time per step (seconds)", html_key_values(rep.timings)),
     ]
     return html_page("countvae multi-seed diagnostics", parts, extra_style=_STYLE)
+
+
+def _calibration_html(rep: ReportContent) -> list[str]:
+    """The calibration suite's rates for this report's rows: which fall short of the goal, then the table."""
+    record = rep.settings.get("calibration", {})
+    short = record.get("below_goal", [])
+    verdict = (
+        f"<p>Rows right in fewer than 95% of the replicates of a scenario:</p><ul>{html_list(short)}</ul>"
+        if short
+        else "<p>Every row of this report was right in at least 95% of the replicates of every scenario.</p>"
+    )
+    parts = [
+        _h2("calibration"),
+        f"<p>{escape(record.get('measured_by', ''))}</p>",
+        verdict,
+        html_details(
+            "Correct, undetermined and wrong verdicts per scenario and row",
+            html_table(rep.tables["calibration"], max_rows=None),
+        ),
+    ]
+    oracle = rep.tables.get("calibration_oracle")
+    if oracle is not None and len(oracle):
+        parts.append(
+            html_details(
+                "The same with the truth conditioned on what an oracle shows the seeds reached",
+                "<p>The scenario's truth assumes that seeds reach one solution. An oracle that re-fits them and "
+                "compares them with the simulation's truth leaves out the replicates whose seeds reached different "
+                "solutions (every row but ICA) and takes the ICA row's truth from a larger-sample estimate.</p>"
+                + html_table(oracle, max_rows=None),
+            )
+        )
+    return parts
 
 
 def _gene_selection(record: dict | None) -> dict[str, str]:

@@ -63,6 +63,14 @@ def render_markdown(rep: ReportContent) -> str:
     ]
     if "ground_truth" in t:
         sections += ["## Against the simulation's truth", _md(t["ground_truth"])]
+    if "calibration" in t:
+        record = rep.settings.get("calibration", {})
+        short = record.get("below_goal", [])
+        sections += [
+            "## How often these verdicts are right",
+            record.get("measured_by", ""),
+            "\n".join(f"- {line}" for line in short) if short else "Every row was right in at least 95% of them.",
+        ]
     if "training" in t:
         sections += ["## Training of each seed", _md(t["training"])]
     sections += [

@@ -27,7 +27,12 @@ same score after the orthogonal Procrustes map of each pair does (``aligned_low
 below the threshold. ``not measured``: the fits' API does not provide what the
 row needs.
 
-Two rows have preconditions besides their interval:
+Four rows have preconditions besides their interval:
+
+posterior predictive statistics, k-NN graph
+    ``undetermined`` below a minimum number of held-out cells
+    (:data:`MIN_CELLS`): every verdict of the first, ``agree`` of the second
+    (on fewer cells k-NN graphs overlap more, so a ``differ`` stands).
 
 held-out log p(x)
     The equivalence test of :mod:`countvae.diagnostics.analyses.predictive`:
@@ -72,6 +77,8 @@ NOT_TESTED = "not tested"
 VERDICT_COLUMNS = ("verdict", "reason", "remedy", "report_instead")
 #: The invariants row that takes the predictive-equivalence verdict.
 LPD_QUANTITY = "held-out log p(x)"
+#: The invariants row that takes the ICA components' verdict.
+ICA_QUANTITY = "ICA coordinates"
 
 
 @dataclass(frozen=True)
@@ -123,14 +130,66 @@ def _straddle(low: float, high: float, threshold: Threshold) -> str:
 
 
 # ----- the invariants rows ------------------------------------------------------------------------------
+TOO_FEW_CELLS_REASON = "too few held-out cells"
+
+
+@dataclass(frozen=True)
+class CellsPrecondition:
+    """The held-out cells a row needs before some of its verdicts can be trusted, and why."""
+
+    minimum: int
+    guards: tuple[str, ...]
+    why: str
+
+
+#: Rows whose interval does not cover what a small sample of cells does to their score. On 40 held-out cells
+#: they gave confident verdicts that the same fits contradict on all their 1,000 held-out cells
+#: (benchmarks/RESULTS.md, section calibration, where the minimums are justified from subsets of 40 to 1,000
+#: cells of the same fits).
+MIN_CELLS: dict[str, CellsPrecondition] = {
+    "posterior predictive statistics": CellsPrecondition(
+        150,
+        (AGREE, DIFFER),
+        "its interval resamples genes, not cells, and on few cells the per-gene statistics move with the cells "
+        "far more than it says",
+    ),
+    "k-NN graph": CellsPrecondition(
+        300,
+        (AGREE,),
+        "with k neighbours among few cells a neighbourhood is a large share of all cells, so two graphs overlap "
+        "more than the same seeds' graphs on more cells (the overlap keeps falling as cells are added, so a "
+        "'differ' stands and an 'agree' speaks for graphs of about this many cells)",
+    ),
+}
+
+
+def too_few_cells(quantity: str, n_cells: int, verdict: str, setting: str = "") -> Judgement | None:
+    """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``."""
+    rule = MIN_CELLS.get(quantity)
+    if rule is None or n_cells >= rule.minimum or verdict not in rule.guards:
+        return None
+    cap = f" (raise {setting} and hold out that many cells)" if setting else ""
+    return Judgement(
+        UNDETERMINED,
+        f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {rule.minimum:,}) to say '{verdict}': {rule.why}",
+        f"use >= {rule.minimum:,} held-out cells{cap}",
+    )
+
+
 def judge_row(row: pd.Series) -> Judgement:
     """The verdict of one row from its numbers (rows with preconditions are judged by their own functions)."""
-    threshold = Threshold(row["threshold"], row["comparison"])
     if not np.isfinite(row["agreement"]):
         return Judgement(NOT_MEASURED, "not available for these fits")
+    judged = _judge_by_interval(row)
+    few = too_few_cells(str(row["quantity"]), int(row["n_cells"]), judged.verdict, str(row["cells_setting"]))
+    return judged if few is None else few
+
+
+def _judge_by_interval(row: pd.Series) -> Judgement:
+    threshold = Threshold(row["threshold"], row["comparison"])
+    n, setting = int(row["n_cells"]), str(row["cells_setting"])
     if not (np.isfinite(row["low"]) and np.isfinite(row["high"])):
         return Judgement(UNDETERMINED, "no interval: the inputs cannot be resampled", "pass what the row needs")
-    n, setting = int(row["n_cells"]), str(row["cells_setting"])
     raw = interval_verdict(threshold, row["low"], row["high"])
     coordinate = np.isfinite(row["aligned_agreement"])
     if raw == AGREE:
@@ -174,7 +233,7 @@ def judge_invariants(
     for _, row in numbers.iterrows():
         if row["quantity"] == LPD_QUANTITY and predictive is not None:
             judged.append(predictive.as_row_judgement())
-        elif row["quantity"] == "ICA coordinates" and ica is not None:
+        elif row["quantity"] == ICA_QUANTITY and ica is not None:
             judged.append(ica)
         else:
             judged.append(judge_row(row))
