@@ -126,7 +126,8 @@ class MarginalSettings:
         every restart runs to its own stop). On a default Kang model 3 cut the estimator's
         CPU time by about 30%, but the mean absolute error against a gold standard rose from
         0.115 to 0.120 nats/cell with a wider spread across seeds (benchmarks/RESULTS.md,
-        lpd-share): the restarts' own, slightly different components make a better proposal.
+        lpd-diagnose-accuracy): the restarts' own, slightly different components make a
+        better proposal.
     redraw
         For the cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh
         draws from the same mixture, whose values replace theirs (a k-hat from few draws is
