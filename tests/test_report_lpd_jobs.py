@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import pandas as pd
@@ -59,6 +60,20 @@ def test_warnings_raised_in_workers_reach_the_caller():
         frames = heldout_lpd([_WarningFit(), _WarningFit()], None, settings)
     assert len([w for w in caught if "unreliable cells" in str(w.message)]) == 2
     assert [float(f.lpd[0]) for f in frames] == [3.0, 3.0]
+
+
+class _UnpicklableFit(_WarningFit):
+    """A fit that cannot be sent to a worker (as a model bound to an open file)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+
+def test_fits_that_cannot_be_pickled_are_estimated_in_the_calling_process():
+    settings = ReportSettings(n_lpd_samples=7, seed=5, lpd_jobs=2)
+    with pytest.warns(UserWarning, match="unreliable cells"):
+        frames = heldout_lpd([_UnpicklableFit(), _UnpicklableFit()], None, settings)
+    assert [float(f.lpd[0]) for f in frames] == [5.0, 5.0]
 
 
 def test_lpd_jobs_is_validated():

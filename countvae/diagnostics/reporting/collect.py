@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import time
 import warnings
 from collections.abc import Sequence
@@ -389,10 +390,14 @@ def heldout_lpd(fits: Sequence[FittedModel], cells: ad.AnnData, s: ReportSetting
     """
     jobs = min(s.lpd_jobs, len(fits))
     threads = torch.get_num_threads()
-    if jobs == 1:
+    results = None
+    if jobs > 1:
+        try:
+            results = Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd)(fit, cells, s, threads) for fit in fits)
+        except (pickle.PicklingError, TypeError) as error:  # e.g. a model on a backed (file-bound) AnnData
+            logger.info("The fits cannot be sent to worker processes (%s); estimating in this process.", error)
+    if results is None:
         results = [_fit_lpd(fit, cells, s, threads) for fit in fits]
-    else:
-        results = Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd)(fit, cells, s, threads) for fit in fits)
     for _, caught in results:
         for message in caught:
             warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
