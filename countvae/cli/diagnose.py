@@ -137,13 +137,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
-    p.add_argument(
-        "--n-jobs",
-        type=int,
-        default=1,
-        help="seeds fitted at once in worker processes (-1: all cores); the report estimates the fits' held-out "
-        "log p(x) on all cores",
-    )
+    p.add_argument("--n-jobs", type=int, default=1, help="seeds fitted at once in worker processes (-1: all cores)")
     p.add_argument(
         "--markers",
         default=None,
@@ -362,7 +356,6 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         markers=markers,
         ica=args.ica,
         n_lpd_samples=args.n_lpd_samples,
-        lpd_jobs=available_cores(),  # the fits' held-out log p(x), one fit per worker (same numbers as serial)
         equivalence_margin=args.equivalence_margin,
         progress_bar=show,
         downstream=downstream,

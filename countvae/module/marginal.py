@@ -125,7 +125,7 @@ class MarginalSettings:
         above it stops there, with the first mode's precision as its scale (0, the default:
         every restart runs to its own stop). On a default Kang model 3 cut the estimator's
         CPU time by about 30%, but the mean absolute error against a gold standard rose from
-        0.115 to 0.120 nats/cell with a wider spread across seeds (benchmarks/RESULTS.md,
+        0.112 to 0.119-0.120 nats/cell with a wider spread across seeds (benchmarks/RESULTS.md,
         lpd-diagnose-accuracy): the restarts' own, slightly different components make a
         better proposal.
     redraw

@@ -92,7 +92,10 @@ class ReportSettings:
     lpd_jobs
         Worker processes that estimate the fits' held-out log p(x), one fit per task
         (the most expensive output of the report; 1: in this process). Workers use this
-        process's torch and BLAS thread counts, so the numbers do not depend on it.
+        process's torch and BLAS thread counts, so the numbers do not depend on it. It pays
+        only with idle cores: on a 2-core machine already running other work (load average
+        about 4.5), 2 workers made the estimates of a Kang diagnose slower, not faster
+        (benchmarks/RESULTS.md, report-diagnose), so ``countvae diagnose`` leaves it at 1.
 
     """
 
