@@ -153,6 +153,38 @@ def test_restarts_find_a_second_mode_that_the_guide_never_sees():
     np.testing.assert_allclose(missed.lpd, c - math.log(2.0), atol=0.05)
 
 
+def test_snapped_restarts_stop_early_and_keep_the_estimate_and_the_second_mode(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    calls = {"points": 0}
+
+    def counted(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        calls["points"] += zz.shape[0] * zz.shape[1]
+        return log_joint(zz, cells)
+
+    scale = 0.3 * post_sd.expand(N_CELLS, L)
+    cost, error = {}, {}
+    for radius in (0.0, 3.0):
+        calls["points"] = 0
+        settings = MarginalSettings(snap_radius=radius)
+        summary = estimate_log_marginal(counted, post_mean + post_sd, scale, torch.Generator().manual_seed(8), settings)
+        cost[radius], error[radius] = calls["points"], _errors(summary, exact)[0]
+        assert summary.reliable.all()
+    # pilot restarts start inside the first mode's bulk and stop at once; the estimate stays exact
+    assert cost[3.0] < cost[0.0]
+    assert error[3.0] < 0.02 and error[0.0] < 0.02
+    # a second mode far from the first is still found: the snap only applies near the first mode
+    m = torch.tensor([2.0, 1.0], dtype=torch.float64)
+
+    def two_modes(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        both = torch.stack([_normal_log_prob(zz, m, 0.1), _normal_log_prob(zz, -m, 0.1)])
+        return -30.0 + torch.logsumexp(both, dim=0) - math.log(2.0)
+
+    loc, sd = m.expand(20, 2).clone(), torch.full((20, 2), 0.1, dtype=torch.float64)
+    snapping = MarginalSettings(snap_radius=3.0)
+    found = estimate_log_marginal(two_modes, loc, sd, torch.Generator().manual_seed(3), snapping)
+    assert np.abs(found.lpd + 30.0).max() < 0.05 and found.reliable.all()
+
+
 def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_problem):
     log_joint, _, post_mean, post_sd = gaussian_problem
     scale = post_sd.expand(N_CELLS, L)
@@ -177,6 +209,8 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("df", 2.5, "positive integer or math.inf"),
         ("newton_tol", 0.0, "newton_tol"),
         ("restart_tol", -1e-3, "restart_tol"),
+        ("snap_radius", -1.0, "snap_radius"),
+        ("snap_radius", math.inf, "snap_radius"),
         ("redraw", -1, "redraw must be an integer >= 0"),
         ("escalation_draws", 1, "escalation_draws"),
         ("n_draws", 10.0, "n_draws must be an integer"),

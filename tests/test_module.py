@@ -75,6 +75,41 @@ def test_log_joint_is_the_log_density_of_the_pyro_models_sites(likelihood, decod
         torch.testing.assert_close(stacked[s], module.log_joint(zs[s], x, b), rtol=1e-12, atol=1e-9)
 
 
+@pytest.mark.parametrize(
+    ("n_layers", "batch_norm", "likelihood"), [(1, True, "nb"), (2, True, "zinb"), (2, False, "nb")]
+)
+def test_mlp_log_rate_jacobian_is_the_autograd_jacobian(n_layers, batch_norm, likelihood):
+    """The MLP decoder's closed-form Jacobian (used for the Gauss-Newton curvature) equals autograd's, with
+    batch-norm running statistics away from (0, 1), ReLUs on both sides of 0 and a batch covariate."""
+    torch.manual_seed(4)
+    module = CountVAEModule(30, 3, 2, likelihood, "mlp", n_hidden=16, n_layers=n_layers, batch_norm=batch_norm)
+    module = module.double().eval()
+    if batch_norm:
+        with torch.no_grad():
+            for norm in module.decoder.hidden.norms:
+                norm.running_mean.uniform_(-0.5, 0.5)
+                norm.running_var.uniform_(0.3, 3.0)
+                norm.weight.uniform_(0.5, 2.0)
+                norm.bias.uniform_(-0.3, 0.3)
+    z = torch.randn(7, 3, dtype=torch.float64)
+    b = torch.tensor([0, 1, 1, 0, 1, 0, 0])
+    onehot = module.batch_onehot(b, z)
+    out, jac = module.decoder.log_rate_jacobian(z, b, onehot)
+    plain = module.decoder(z, b, onehot)
+    torch.testing.assert_close(out.log_rate, plain.log_rate, rtol=0, atol=1e-12)
+    if likelihood == "zinb":
+        torch.testing.assert_close(out.gate_logits, plain.gate_logits, rtol=0, atol=1e-12)
+    for cell in range(7):
+        expected = torch.autograd.functional.jacobian(
+            lambda point, cell=cell: module.decoder(point, b[cell : cell + 1], onehot[cell : cell + 1]).log_rate[0],
+            z[cell : cell + 1],
+        )[:, 0, :]  # (genes, L)
+        torch.testing.assert_close(jac[cell], expected.T, rtol=1e-10, atol=1e-12)
+    module.train()
+    with pytest.raises(RuntimeError, match="evaluation mode"):
+        module.decoder.log_rate_jacobian(z, b, onehot)
+
+
 @pytest.mark.parametrize("likelihood", ["poisson", "nb"])
 @pytest.mark.parametrize("decoder", ["linear", "mlp"])
 def test_gauss_newton_curvature_against_autograd(likelihood, decoder):

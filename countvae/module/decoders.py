@@ -129,3 +129,21 @@ class MLPDecoder(nn.Module):
         log_rate = torch.log_softmax(self.scale(h), dim=-1).reshape(*lead, -1)
         gate = self.gate(h).reshape(*lead, -1) if self.gate is not None else None
         return DecoderOutput(log_rate=log_rate, gate_logits=gate)
+
+    def log_rate_jacobian(
+        self, z: torch.Tensor, batch_index: torch.Tensor | None = None, batch_onehot: torch.Tensor | None = None
+    ) -> tuple[DecoderOutput, torch.Tensor]:
+        """The output at ``z`` (cells, n_latent) and ``d log_rate / d z`` as (cells, n_latent, genes), exactly.
+
+        ``log_rate = logits - logsumexp(logits)``, so its Jacobian is ``A - 1 p^T A`` with
+        ``A = d logits / d z = V d h / d z`` and ``p`` the softmax: one matrix product per
+        cell, where forward differences decode ``n_latent + 1`` points. Evaluation mode only
+        (see :meth:`FullyConnected.forward_with_jacobian`).
+        """
+        h, dh = self.hidden.forward_with_jacobian(z, batch_onehot)  # dh: (cells, hidden, n_latent)
+        logits = self.scale(h)
+        log_rate = torch.log_softmax(logits, dim=-1)
+        logits_t = dh.transpose(1, 2) @ self.scale.weight.T  # (cells, n_latent, genes): row k = d logits / d z_k
+        mean_slope = logits_t @ torch.exp(log_rate).unsqueeze(-1)  # (cells, n_latent, 1): p^T A, per latent
+        gate = self.gate(h) if self.gate is not None else None
+        return DecoderOutput(log_rate=log_rate, gate_logits=gate), logits_t - mean_slope

@@ -70,3 +70,34 @@ class FullyConnected(nn.Module):
         for linear, norm in zip(self.linears, self.norms, strict=True):
             x = self.dropout(torch.relu(norm(linear(x, covariates))))
         return x
+
+    def forward_with_jacobian(
+        self, x: torch.Tensor, covariates: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output (rows, n_hidden) for inputs ``x`` (rows, n_in) and its Jacobian in ``x``, (rows, n_hidden, n_in).
+
+        Exact, in evaluation mode only: batch norm then applies its running statistics
+        (an affine map per unit) and dropout is the identity. In training mode batch
+        norm couples the rows, so a per-row Jacobian does not exist.
+        """
+        if self.training:
+            raise RuntimeError("FullyConnected.forward_with_jacobian needs evaluation mode (call .eval() first).")
+        jacobian = None
+        for linear, norm in zip(self.linears, self.norms, strict=True):
+            pre = norm(linear(x, covariates))
+            weight = linear.data.weight  # (n_hidden, inputs)
+            jacobian = weight.expand(x.shape[0], *weight.shape) if jacobian is None else weight @ jacobian
+            gain = (pre > 0).to(pre.dtype)
+            if isinstance(norm, nn.BatchNorm1d):
+                gain = gain * _batch_norm_gain(norm).to(pre.dtype)
+            jacobian = gain.unsqueeze(-1) * jacobian
+            x = torch.relu(pre)
+        return x, jacobian
+
+
+def _batch_norm_gain(norm: nn.BatchNorm1d) -> torch.Tensor:
+    """Per-unit slope of a batch norm in evaluation mode, ``weight / sqrt(running_var + eps)``."""
+    if norm.running_var is None:
+        raise RuntimeError("a batch norm without running statistics has no per-row Jacobian.")
+    gain = torch.rsqrt(norm.running_var + norm.eps)
+    return gain * norm.weight if norm.affine else gain

@@ -32,6 +32,7 @@ MINIMUM = {
     "max_bootstrap_cells": 10,
     "max_ica_fit_cells": 20,
     "max_baseline_cells": 10,
+    "lpd_jobs": 1,
 }
 
 
@@ -88,6 +89,13 @@ class ReportSettings:
         here are small (cells x latent dims), so extra threads gain little, while
         on a busy machine spin-waiting BLAS threads made single calls up to 100x
         slower in our measurements; hence 1.
+    lpd_jobs
+        Worker processes that estimate the fits' held-out log p(x), one fit per task
+        (the most expensive output of the report; 1: in this process). Workers use this
+        process's torch and BLAS thread counts, so the numbers do not depend on it. It pays
+        only with idle cores: on a 2-core machine already running other work (load average
+        about 4.5), 2 workers made the estimates of a Kang diagnose slower, not faster
+        (benchmarks/RESULTS.md, report-diagnose), so ``countvae diagnose`` leaves it at 1.
 
     """
 
@@ -115,6 +123,7 @@ class ReportSettings:
     max_baseline_cells: int = 5_000
     seed: int = 0
     blas_threads: int | None = 1
+    lpd_jobs: int = 1
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
