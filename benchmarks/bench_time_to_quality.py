@@ -454,6 +454,7 @@ def _quality_row(name: str, scvi_run: dict, cv_run: dict, default: int, args) ->
         "SCVI get_marginal_ll": scvi_run.get("marginal_ll", float("nan")),
         "countvae epochs run": cv_run["epochs"],
         "countvae LPD at its last check": final["lpd"],
+        "countvae best LPD (epoch)": "{lpd:.1f} ({epoch})".format(**max(cv_run["checkpoints"], key=lambda c: c["lpd"])),
         "countvae unreliable cells (last check)": final["unreliable"],
         "countvae epochs to SCVI's LPD": "not reached" if epoch is None else epoch,
         "countvae s to SCVI's LPD (upper bound)": seconds,
