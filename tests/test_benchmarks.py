@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -127,3 +128,26 @@ def test_bench_de_quick(results, tmp_path):
     assert "QUICK" in body and "Command:" in body and "sensitivity" in body and "Jaccard min" in body
     assert "| scvi |" in body and "| countvae |" in body
     assert figure.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_time_to_quality_counts_setup_training_and_every_kth_validation():
+    bench = _module("bench_time_to_quality")
+    run = {
+        "setup_seconds": 1.0,
+        "rows": [{"epoch": e, "train_s": 2.0, "val_s": 0.5} for e in range(1, 7)],
+        "checkpoints": [{"epoch": 2, "lpd": -10.0}, {"epoch": 4, "lpd": -5.0}, {"epoch": 6, "lpd": -4.0}],
+    }
+    # epoch 4 is the first check at or above -6: set-up 1 + 4 epochs x 2 s + validations at epochs 2 and 4
+    assert bench.time_to_quality(run, target=-6.0, check_every=2) == (1.0 + 8.0 + 1.0, 4)
+    # validation every 3 epochs: only epoch 3's counts before epoch 4
+    assert bench.time_to_quality(run, target=-6.0, check_every=3) == (1.0 + 8.0 + 0.5, 4)
+    seconds, epoch = bench.time_to_quality(run, target=-1.0, check_every=2)
+    assert math.isnan(seconds) and epoch is None
+
+
+def test_bench_time_to_quality_quick_stops_at_scvis_quality(results, tmp_path):
+    args = ("--quick", "--stop-at-target", "--results", str(results), "--data-dir", str(tmp_path))
+    _run_script("bench_time_to_quality", *args)
+    body = _section(results.read_text(), "time-to-quality-quick")
+    assert "QUICK" in body and "Command:" in body and "SCVIFit.log_predictive_density" in body
+    assert "| sim600 |" in body and "time-to-quality ratio" in body and "kept as is" in results.read_text()
