@@ -105,6 +105,7 @@ def test_headline_names_the_components_by_verdict():
             "component": ["IC_0", "IC_1", "IC_2"],
             "verdict": [AGREE, UNDETERMINED, DIFFER],
             "reason": ["", "too close to Gaussian to be identified", "the seeds' solutions differ along it"],
+            "remedy": ["", "a non-Gaussian restriction or more cells", ""],
             "estimated_on": FIT_CELLS,
             "n_estimation_cells": 1000,
             "n_matching_cells": 300,
@@ -113,6 +114,7 @@ def test_headline_names_the_components_by_verdict():
     sentence = ica_sentence(table, 0.95)
     assert sentence.startswith("ICA components (each seed's ICA estimated on halves of the fit cells, 1,000 cells")
     assert "IC_0 agrees across seeds; IC_2 differs between seeds; IC_1 undetermined (too close to Gaussian" in sentence
+    assert "to decide: a non-Gaussian restriction or more cells)" in sentence
     assert sentence.endswith("as one subspace, not as separate axes.")
     assert ica_sentence(table.iloc[:0], 0.95) is None
 
