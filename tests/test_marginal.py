@@ -9,6 +9,7 @@ that is off by a few posterior sd is a poor proposal on its own.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -185,6 +186,32 @@ def test_snapped_restarts_stop_early_and_keep_the_estimate_and_the_second_mode(g
     assert np.abs(found.lpd + 30.0).max() < 0.05 and found.reliable.all()
 
 
+def test_pooled_pilot_and_final_weights_are_unbiased_for_the_closed_form_marginal(gaussian_problem):
+    # exp(lpd) must average to p(x) over seeds; few draws make a wrong mixture density visible as a bias.
+    # The guide is three posterior sd off and twice as wide, so the pilot's guide draws and its t draws
+    # have different densities: adding the pilot's draws to the wrong components would bias the mean.
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    loc, scale = post_mean + 3 * post_sd, 2 * post_sd.expand(N_CELLS, L)
+    few = MarginalSettings(
+        n_draws=10, n_pilot=10, pilot_restarts=2, prior_restarts=2, guide_weight=0.3, redraw=0, escalation_draws=0
+    )
+    ratios = np.concatenate(
+        [
+            np.exp(estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(s), few).lpd - exact)
+            for s in range(25)
+        ]
+    )
+    se = ratios.std(ddof=1) / math.sqrt(ratios.size)
+    assert abs(ratios.mean() - 1.0) < 4 * se and se < 0.01
+    # the unpooled estimator is unbiased too, with fewer draws: the pooled one is closer to p(x) per cell
+    unpooled = replace(few, pool_pilot=False)
+    spread = {
+        pool: np.abs(estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(99), st).lpd - exact)
+        for pool, st in ((True, few), (False, unpooled))
+    }
+    assert spread[True].mean() < spread[False].mean()
+
+
 def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_problem):
     log_joint, _, post_mean, post_sd = gaussian_problem
     scale = post_sd.expand(N_CELLS, L)
@@ -213,6 +240,7 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("snap_radius", math.inf, "snap_radius"),
         ("redraw", -1, "redraw must be an integer >= 0"),
         ("escalation_draws", 1, "escalation_draws"),
+        ("pool_pilot", 1, "pool_pilot must be True or False"),
         ("n_draws", 10.0, "n_draws must be an integer"),
     ],
 )
