@@ -9,7 +9,7 @@ and the variants in :data:`VARIANTS`. It writes the section ``lpd-diagnose-accur
 
     python benchmarks/bench_report.py diagnose --keep kang_diag    # once: stores the fits in kang_diag/fits
     OMP_NUM_THREADS=1 python benchmarks/lpd_diagnose_accuracy.py --fits kang_diag/fits [--fit 0] \\
-        [--seeds 1,2,3] [--variants "default,before (no pooling, no snapping)"] [--cells 500]
+        [--seeds 1,2,3] [--variants "default,before (no pooling or snapping)"] [--cells 500]
 
 Run it with the code whose estimator is measured; the gold standard is computed by the same
 code (``--gold FILE`` reuses a saved one, e.g. from the code before a change).
@@ -50,7 +50,7 @@ GOLD = GOLD_MARGINAL
 #: Settings compared with the default (each replaces fields of the model's default settings).
 VARIANTS = {
     "default": {},
-    "before (no pooling, no snapping)": {"pool_pilot": False, "snap_radius": 0.0},
+    "before (no pooling or snapping)": {"pool_pilot": False, "snap_radius": 0.0},
     "no pooling": {"pool_pilot": False},
     "no snapping": {"snap_radius": 0.0},
 }
