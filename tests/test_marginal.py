@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from countvae.module.importance import KHAT_THRESHOLD
-from countvae.module.marginal import MarginalSettings, estimate_log_marginal
+from countvae.module.marginal import MarginalSettings, estimate_log_marginal, finite_difference_neg_hessian
 
 D, L, N_CELLS, NOISE = 12, 2, 40, 0.05
 
@@ -212,6 +212,36 @@ def test_pooled_pilot_and_final_weights_are_unbiased_for_the_closed_form_margina
     assert spread[True].mean() < spread[False].mean()
 
 
+def test_restarts_with_the_first_modes_metric_need_fewer_curvatures_and_still_find_both_modes(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    calls = {"rows": 0}
+
+    def counted_curvature(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        calls["rows"] += zz.shape[0]
+        return finite_difference_neg_hessian(log_joint)(zz, cells)
+
+    loc, scale = post_mean + 3 * post_sd, post_sd.expand(N_CELLS, L)
+    rows = {}
+    for fixed in (False, True):
+        calls["rows"] = 0
+        settings = MarginalSettings(fixed_restart_metric=fixed, snap_radius=0.0)
+        gen = torch.Generator().manual_seed(2)
+        summary = estimate_log_marginal(log_joint, loc, scale, gen, settings, neg_hessian=counted_curvature)
+        rows[fixed] = calls["rows"]
+        assert _errors(summary, exact)[0] < 0.02 and summary.reliable.all()
+    assert rows[True] < rows[False]
+    m = torch.tensor([2.0, 1.0], dtype=torch.float64)
+
+    def two_modes(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        both = torch.stack([_normal_log_prob(zz, m, 0.1), _normal_log_prob(zz, -m, 0.1)])
+        return -30.0 + torch.logsumexp(both, dim=0) - math.log(2.0)
+
+    loc, sd = m.expand(20, 2).clone(), torch.full((20, 2), 0.1, dtype=torch.float64)
+    fixed = MarginalSettings(fixed_restart_metric=True)
+    found = estimate_log_marginal(two_modes, loc, sd, torch.Generator().manual_seed(3), fixed)
+    assert np.abs(found.lpd + 30.0).max() < 0.05 and found.reliable.all()
+
+
 def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_problem):
     log_joint, _, post_mean, post_sd = gaussian_problem
     scale = post_sd.expand(N_CELLS, L)
@@ -241,6 +271,7 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("redraw", -1, "redraw must be an integer >= 0"),
         ("escalation_draws", 1, "escalation_draws"),
         ("pool_pilot", 1, "pool_pilot must be True or False"),
+        ("fixed_restart_metric", None, "fixed_restart_metric must be True or False"),
         ("n_draws", 10.0, "n_draws must be an integer"),
     ],
 )
