@@ -50,9 +50,10 @@ GOLD = GOLD_MARGINAL
 #: Settings compared with the default (each replaces fields of the model's default settings).
 VARIANTS = {
     "default": {},
-    "before (no pooling or snapping)": {"pool_pilot": False, "snap_radius": 0.0},
+    "before (no pooling or snapping)": {"pool_pilot": False, "snap_radius": 0.0, "fixed_restart_metric": False},
     "no pooling": {"pool_pilot": False},
     "no snapping": {"snap_radius": 0.0},
+    "curvature at every restart step": {"fixed_restart_metric": False},
 }
 GOLD_SEED = 12345
 

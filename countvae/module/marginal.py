@@ -154,7 +154,7 @@ class MarginalSettings:
         The restarts' Newton steps use the first mode's precision as their metric instead of
         the curvature at each point, and the curvature is computed once, where a restart stops
         (for its component's scale). A restart only has to reach a basin, not to converge
-        quadratically; on the stored Kang fits this cut the estimator's CPU time by about 8%
+        quadratically; on the stored Kang fits this cut the estimator's CPU time by 8-20%
         with no loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are
         still halved until they do not lower the log joint.
     escalation_draws
