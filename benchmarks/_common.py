@@ -31,7 +31,26 @@ DEFAULT_DATA_DIR = BENCH_DIR / "_data"
 if str(REPO_ROOT) not in sys.path:  # run as `python benchmarks/x.py` from a checkout
     sys.path.insert(0, str(REPO_ROOT))
 
+from dataclasses import replace  # noqa: E402
+
 from countvae._io import atomic_file_path, write_text_atomic  # noqa: E402
+from countvae.module.marginal import MarginalSettings  # noqa: E402
+
+#: The package's default log p(x) estimator settings.
+DEFAULT_MARGINAL = MarginalSettings()
+
+#: Gold standard of the log p(x) benchmarks: 10x the draws (first pass and escalation) and pilot, twice the
+#: restarts and restart steps, and every restart run to its own stop (no snapping to the first mode).
+GOLD_MARGINAL = replace(
+    DEFAULT_MARGINAL,
+    n_draws=10 * DEFAULT_MARGINAL.n_draws,
+    n_pilot=10 * DEFAULT_MARGINAL.n_pilot,
+    pilot_restarts=2 * DEFAULT_MARGINAL.pilot_restarts,
+    prior_restarts=2 * DEFAULT_MARGINAL.prior_restarts,
+    restart_steps=2 * DEFAULT_MARGINAL.restart_steps,
+    escalation_draws=10 * DEFAULT_MARGINAL.escalation_draws,
+    snap_radius=0.0,
+)
 
 
 # ----- machine ---------------------------------------------------------------------------------

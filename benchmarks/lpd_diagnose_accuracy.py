@@ -4,13 +4,12 @@
 (``ReportSettings.max_lpd_cells``, 500) with ``ReportSettings.n_lpd_samples`` (100) final
 draws. This script repeats that estimate for one stored fit at several estimator seeds and
 compares it with a gold standard computed once (the package estimator with 10x the draws
-and pilot and twice the restarts, as ``lpd_package.py``'s GOLD), for the default settings
-and for other ``MarginalSettings.snap_radius`` values. It writes the section
-``lpd-diagnose-accuracy`` of RESULTS.md.
+and pilot and twice the restarts, ``_common.GOLD_MARGINAL``), for the default settings
+and the variants in :data:`VARIANTS`. It writes the section ``lpd-diagnose-accuracy`` of RESULTS.md.
 
     python benchmarks/bench_report.py diagnose --keep kang_diag    # once: stores the fits in kang_diag/fits
     OMP_NUM_THREADS=1 python benchmarks/lpd_diagnose_accuracy.py --fits kang_diag/fits [--fit 0] \\
-        [--seeds 1,2,3] [--radii 0,3] [--cells 500]
+        [--seeds 1,2,3] [--variants "default,before (no pooling or snapping)"] [--cells 500]
 
 Run it with the code whose estimator is measured; the gold standard is computed by the same
 code (``--gold FILE`` reuses a saved one, e.g. from the code before a change).
@@ -28,7 +27,15 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import torch
-from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section
+from _common import (
+    DEFAULT_RESULTS,
+    GOLD_MARGINAL,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    write_section,
+)
 
 import countvae as cv
 from countvae.cli.diagnose import DEFAULT_N_TOP_GENES
@@ -37,19 +44,17 @@ from countvae.diagnostics import ReportSettings
 from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.fitting.fit_seeds import load_seed_fits
 from countvae.model.inference import default_marginal_settings
-from countvae.module.marginal import MarginalSettings
 
 SECTION = "lpd-diagnose-accuracy"
-DEFAULT = MarginalSettings()
-GOLD = replace(
-    DEFAULT,
-    n_draws=10 * DEFAULT.n_draws,
-    n_pilot=10 * DEFAULT.n_pilot,
-    pilot_restarts=2 * DEFAULT.pilot_restarts,
-    prior_restarts=2 * DEFAULT.prior_restarts,
-    restart_steps=2 * DEFAULT.restart_steps,
-    escalation_draws=10 * DEFAULT.escalation_draws,
-)
+GOLD = GOLD_MARGINAL
+#: Settings compared with the default (each replaces fields of the model's default settings).
+VARIANTS = {
+    "default": {},
+    "before (no pooling or snapping)": {"pool_pilot": False, "snap_radius": 0.0, "fixed_restart_metric": False},
+    "no pooling": {"pool_pilot": False},
+    "no snapping": {"snap_radius": 0.0},
+    "curvature at every restart step": {"fixed_restart_metric": False},
+}
 GOLD_SEED = 12345
 
 
@@ -69,7 +74,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help="the h5ad the fits were made on (default: Kang)")
     parser.add_argument("--fit", type=int, default=0, help="which stored fit (position)")
     parser.add_argument("--seeds", default="1,2,3", help="estimator seeds")
-    parser.add_argument("--radii", default="0,3", help="MarginalSettings.snap_radius values to compare")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated names among {list(VARIANTS)}")
     parser.add_argument("--cells", type=int, default=ReportSettings().max_lpd_cells)
     parser.add_argument("--gold", type=Path, default=None, help="a saved gold standard (.npy) to reuse")
     parser.add_argument("--save-gold", type=Path, default=None, help="save the gold standard here (.npy)")
@@ -98,8 +103,12 @@ def main() -> None:
             np.save(args.save_gold, gold)
     base = default_marginal_settings(fit.model.module)
     rows = []
-    for radius in [float(r) for r in args.radii.split(",")]:
-        settings = replace(base, n_draws=draws, snap_radius=radius)
+    names = [name.strip() for name in args.variants.split(",")]
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown --variants {unknown}; choose among {list(VARIANTS)}")
+    for name in names:
+        settings = replace(base, n_draws=draws, **VARIANTS[name])
         for seed in [int(s) for s in args.seeds.split(",")]:
             t0 = time.process_time()
             frame = fit.model.get_log_predictive_density(cells, seed=seed, method="mixture", settings=settings)
@@ -107,7 +116,7 @@ def main() -> None:
             err = frame.lpd.to_numpy() - gold
             rows.append(
                 {
-                    "snap_radius": radius,
+                    "settings": name,
                     "seed": seed,
                     "mean abs(est - gold)": float(np.abs(err).mean()),
                     "mean(est - gold)": float(err.mean()),
@@ -118,8 +127,14 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    summary = table.groupby("snap_radius", as_index=False).agg(
-        {"mean abs(est - gold)": "mean", "mean(est - gold)": "mean", "max abs(est - gold)": "max", "CPU s": "mean"}
+    summary = table.groupby("settings", as_index=False, sort=False).agg(
+        {
+            "mean abs(est - gold)": "mean",
+            "mean(est - gold)": "mean",
+            "max abs(est - gold)": "max",
+            "unreliable": "sum",
+            "CPU s": "mean",
+        }
     )
     minutes = (time.perf_counter() - t_start) / 60
     body = "\n\n".join(

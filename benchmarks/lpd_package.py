@@ -27,29 +27,26 @@ import argparse
 import logging
 import time
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section
+from _common import (
+    DEFAULT_MARGINAL,
+    DEFAULT_RESULTS,
+    GOLD_MARGINAL,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    write_section,
+)
 
 import countvae as cv
-from countvae.module.marginal import MarginalSettings
 
 SECTION = "lpd-package"
-DEFAULT = MarginalSettings()
-#: Gold standard: 10x the draws (first pass and escalation) and pilot, twice the restarts and restart steps.
-GOLD = replace(
-    DEFAULT,
-    n_draws=10 * DEFAULT.n_draws,
-    n_pilot=10 * DEFAULT.n_pilot,
-    pilot_restarts=2 * DEFAULT.pilot_restarts,
-    prior_restarts=2 * DEFAULT.prior_restarts,
-    restart_steps=2 * DEFAULT.restart_steps,
-    escalation_draws=10 * DEFAULT.escalation_draws,
-)
+DEFAULT, GOLD = DEFAULT_MARGINAL, GOLD_MARGINAL  # gold: 10x the draws and pilot, twice the restarts
 SPLIT_SEED = 0
 HELD_OUT = 0.1
 

@@ -9,13 +9,14 @@ that is off by a few posterior sd is a poor proposal on its own.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from countvae.module.importance import KHAT_THRESHOLD
-from countvae.module.marginal import MarginalSettings, estimate_log_marginal
+from countvae.module.marginal import MarginalSettings, estimate_log_marginal, finite_difference_neg_hessian
 
 D, L, N_CELLS, NOISE = 12, 2, 40, 0.05
 
@@ -185,6 +186,62 @@ def test_snapped_restarts_stop_early_and_keep_the_estimate_and_the_second_mode(g
     assert np.abs(found.lpd + 30.0).max() < 0.05 and found.reliable.all()
 
 
+def test_pooled_pilot_and_final_weights_are_unbiased_for_the_closed_form_marginal(gaussian_problem):
+    # exp(lpd) must average to p(x) over seeds; few draws make a wrong mixture density visible as a bias.
+    # The guide is three posterior sd off and twice as wide, so the pilot's guide draws and its t draws
+    # have different densities: adding the pilot's draws to the wrong components would bias the mean.
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    loc, scale = post_mean + 3 * post_sd, 2 * post_sd.expand(N_CELLS, L)
+    few = MarginalSettings(
+        n_draws=10, n_pilot=10, pilot_restarts=2, prior_restarts=2, guide_weight=0.3, redraw=0, escalation_draws=0
+    )
+    ratios = np.concatenate(
+        [
+            np.exp(estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(s), few).lpd - exact)
+            for s in range(25)
+        ]
+    )
+    se = ratios.std(ddof=1) / math.sqrt(ratios.size)
+    assert abs(ratios.mean() - 1.0) < 4 * se and se < 0.01
+    # the unpooled estimator is unbiased too, with fewer draws: the pooled one is closer to p(x) per cell
+    unpooled = replace(few, pool_pilot=False)
+    spread = {
+        pool: np.abs(estimate_log_marginal(log_joint, loc, scale, torch.Generator().manual_seed(99), st).lpd - exact)
+        for pool, st in ((True, few), (False, unpooled))
+    }
+    assert spread[True].mean() < spread[False].mean()
+
+
+def test_restarts_with_the_first_modes_metric_need_fewer_curvatures_and_still_find_both_modes(gaussian_problem):
+    log_joint, exact, post_mean, post_sd = gaussian_problem
+    calls = {"rows": 0}
+
+    def counted_curvature(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        calls["rows"] += zz.shape[0]
+        return finite_difference_neg_hessian(log_joint)(zz, cells)
+
+    loc, scale = post_mean + 3 * post_sd, post_sd.expand(N_CELLS, L)
+    rows = {}
+    for fixed in (False, True):
+        calls["rows"] = 0
+        settings = MarginalSettings(fixed_restart_metric=fixed, snap_radius=0.0)
+        gen = torch.Generator().manual_seed(2)
+        summary = estimate_log_marginal(log_joint, loc, scale, gen, settings, neg_hessian=counted_curvature)
+        rows[fixed] = calls["rows"]
+        assert _errors(summary, exact)[0] < 0.02 and summary.reliable.all()
+    assert rows[True] < rows[False]
+    m = torch.tensor([2.0, 1.0], dtype=torch.float64)
+
+    def two_modes(zz: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
+        both = torch.stack([_normal_log_prob(zz, m, 0.1), _normal_log_prob(zz, -m, 0.1)])
+        return -30.0 + torch.logsumexp(both, dim=0) - math.log(2.0)
+
+    loc, sd = m.expand(20, 2).clone(), torch.full((20, 2), 0.1, dtype=torch.float64)
+    fixed = MarginalSettings(fixed_restart_metric=True)
+    found = estimate_log_marginal(two_modes, loc, sd, torch.Generator().manual_seed(3), fixed)
+    assert np.abs(found.lpd + 30.0).max() < 0.05 and found.reliable.all()
+
+
 def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_problem):
     log_joint, _, post_mean, post_sd = gaussian_problem
     scale = post_sd.expand(N_CELLS, L)
@@ -213,6 +270,8 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("snap_radius", math.inf, "snap_radius"),
         ("redraw", -1, "redraw must be an integer >= 0"),
         ("escalation_draws", 1, "escalation_draws"),
+        ("pool_pilot", 1, "pool_pilot must be True or False"),
+        ("fixed_restart_metric", None, "fixed_restart_metric must be True or False"),
         ("n_draws", 10.0, "n_draws must be an integer"),
     ],
 )

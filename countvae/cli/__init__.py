@@ -15,6 +15,7 @@ import logging
 import sys
 
 from countvae import __version__
+from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, verify_invariance
 from countvae.errors import CountVAEError
 
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
+    keep_freed_memory()  # the process is ours: glibc keeps freed tensors' memory (see countvae._allocator)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
