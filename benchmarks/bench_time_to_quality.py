@@ -35,9 +35,10 @@ each data set, so a long run that is stopped leaves its finished data sets behin
     python benchmarks/bench_time_to_quality.py --stop-at-target    # pbmc_3tech, kang2018, sim100k
     python benchmarks/bench_time_to_quality.py --quick             # tiny data, a smoke run
 
-countvae trains at its package defaults except ``--countvae-kl-warmup EPOCHS`` (its
-``kl_warmup_epochs``, 0 by default as in the package), applied to every data set of the run
-and named in the section.
+countvae trains at its package defaults except ``--countvae-kl-warmup EPOCHS``,
+``--countvae-adam-eps EPS`` and ``--countvae-weight-decay DECAY`` (its ``train`` arguments
+``kl_warmup_epochs``, ``adam_eps``, ``weight_decay``; by default the package's own values),
+applied to every data set of the run and named in the section.
 """
 
 from __future__ import annotations
@@ -250,6 +251,8 @@ def _countvae_worker(spec: dict, train, held) -> dict:
             seed=0,
             progress_bar=False,
             kl_warmup_epochs=spec.get("kl_warmup_epochs", 0),
+            weight_decay=spec.get("weight_decay", 0.0),
+            adam_eps=spec.get("adam_eps", 1e-8),
         )
     finally:
         training.evaluate_loss, training.tqdm = original_evaluate, original_tqdm
@@ -359,6 +362,20 @@ def main(argv=None) -> None:
         metavar="EPOCHS",
         help="countvae's kl_warmup_epochs on every data set of the run (default 0: countvae's own default, none)",
     )
+    parser.add_argument(
+        "--countvae-adam-eps",
+        type=float,
+        default=1e-8,
+        metavar="EPS",
+        help="countvae's adam_eps on every data set of the run (default 1e-8, the package's; SCVI's plan uses 0.01)",
+    )
+    parser.add_argument(
+        "--countvae-weight-decay",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="countvae's weight_decay on every data set of the run (default 0, the package's; SCVI's plan uses 1e-6)",
+    )
     parser.add_argument("--rules", default=DEFAULT_RULES, help="early-stopping rules every:patience:delta")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lpd-draws", type=int, default=800, help="final draws per cell of the log p(x) estimator")
@@ -395,7 +412,8 @@ def main(argv=None) -> None:
         base = {"dataset": name, "path": None if path is None else str(path), "threads": args.threads}
         base.update(lpd=not per_epoch_only, lpd_draws=args.lpd_draws, lpd_cells=args.lpd_cells)
         base.update(marginal_ll_samples=args.marginal_ll_samples)
-        cv_extra = {"kl_warmup_epochs": args.countvae_kl_warmup}
+        cv_extra = {"kl_warmup_epochs": args.countvae_kl_warmup, "adam_eps": args.countvae_adam_eps}
+        cv_extra["weight_decay"] = args.countvae_weight_decay
         cap = args.per_epoch_epochs if per_epoch_only else caps.get(name)
         scvi_spec = {**base, "tool": "scvi", "epochs": cap}
         runs = {}
@@ -539,12 +557,11 @@ def _write(args, started, t_start, loads, quality_done, speed_rows, stopping_row
         if stopping.empty
         else markdown_table(stopping)
     )
-    warmup_text = (
-        f"except a {args.countvae_kl_warmup}-epoch KL warm-up (`train(kl_warmup_epochs={args.countvae_kl_warmup})`, "
-        f"`--countvae-kl-warmup`; the package default has none; KL weight (epoch + 1) / {args.countvae_kl_warmup}, "
-        "then 1)"
-        if args.countvae_kl_warmup
-        else "no KL warm-up (`--countvae-kl-warmup 0`)"
+    settings_text = (
+        f"`train(kl_warmup_epochs={args.countvae_kl_warmup}, adam_eps={args.countvae_adam_eps:g}, "
+        f"weight_decay={args.countvae_weight_decay:g})` (`--countvae-kl-warmup`, `--countvae-adam-eps`, "
+        "`--countvae-weight-decay`; the package defaults are 0, 1e-8 and 0: no KL warm-up, torch's Adam epsilon, "
+        "no weight decay; SCVI's training plan uses 400, 0.01 and 1e-6)"
     )
     per_epoch_text = (
         f"; {args.per_epoch_only}: {args.per_epoch_epochs} epochs of each, timing only" if args.per_epoch_only else ""
@@ -572,7 +589,7 @@ alongside for reference only; the target is the accurate-estimator figure.
 
 SCVI at its default training settings (`SCVI.train()`: default epochs `min(round(20000 / n * 400), 400)` and
 400-epoch KL warm-up, no cap unless the SCVI epochs column says so); its time is the wall time of `SCVI.train`
-(set-up included, no validation). Mode: {mode}. countvae at its defaults, {warmup_text}. Its held-out
+(set-up included, no validation). Mode: {mode}. countvae: {settings_text}. Its held-out
 log p(x) is checked every {every_text} epochs (others 5): the time to quality is resolved to that grid, so it is
 an upper bound. Its clock counts training, a validation pass every {args.check_every} epochs and the set-up inside
 `train` (split, optimiser), and excludes the log p(x) checks. Target: time-to-quality ratio <= 0.5.
