@@ -34,6 +34,11 @@ each data set, so a long run that is stopped leaves its finished data sets behin
 
     python benchmarks/bench_time_to_quality.py --stop-at-target    # pbmc_3tech, kang2018, sim100k
     python benchmarks/bench_time_to_quality.py --quick             # tiny data, a smoke run
+
+countvae trains at its package defaults except ``--countvae-kl-warmup EPOCHS``,
+``--countvae-adam-eps EPS`` and ``--countvae-weight-decay DECAY`` (its ``train`` arguments
+``kl_warmup_epochs``, ``adam_eps``, ``weight_decay``; by default the package's own values),
+applied to every data set of the run and named in the section.
 """
 
 from __future__ import annotations
@@ -239,7 +244,16 @@ def _countvae_worker(spec: dict, train, held) -> dict:
     training.tqdm = lambda iterable, *args, **kwargs: original_tqdm(epochs_observed(iterable), *args, **kwargs)
     t_train = time.perf_counter()
     try:
-        model.train(max_epochs=n_epochs, batch_size=128, train_size=0.9, seed=0, progress_bar=False)
+        model.train(
+            max_epochs=n_epochs,
+            batch_size=128,
+            train_size=0.9,
+            seed=0,
+            progress_bar=False,
+            kl_warmup_epochs=spec.get("kl_warmup_epochs", 0),
+            weight_decay=spec.get("weight_decay", 0.0),
+            adam_eps=spec.get("adam_eps", 1e-8),
+        )
     finally:
         training.evaluate_loss, training.tqdm = original_evaluate, original_tqdm
     wall = time.perf_counter() - t_train
@@ -341,6 +355,27 @@ def main(argv=None) -> None:
         default=3,
         help="with --stop-at-target: countvae stops unreached after this many checks below its best log p(x)",
     )
+    parser.add_argument(
+        "--countvae-kl-warmup",
+        type=int,
+        default=0,
+        metavar="EPOCHS",
+        help="countvae's kl_warmup_epochs on every data set of the run (default 0: countvae's own default, none)",
+    )
+    parser.add_argument(
+        "--countvae-adam-eps",
+        type=float,
+        default=1e-8,
+        metavar="EPS",
+        help="countvae's adam_eps on every data set of the run (default 1e-8, the package's; SCVI's plan uses 0.01)",
+    )
+    parser.add_argument(
+        "--countvae-weight-decay",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="countvae's weight_decay on every data set of the run (default 0, the package's; SCVI's plan uses 1e-6)",
+    )
     parser.add_argument("--rules", default=DEFAULT_RULES, help="early-stopping rules every:patience:delta")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--lpd-draws", type=int, default=800, help="final draws per cell of the log p(x) estimator")
@@ -369,7 +404,7 @@ def main(argv=None) -> None:
     if args.quick:
         caps, eval_every = {"sim600": 12}, {"sim600": 3}
         args.lpd_draws, args.lpd_cells, args.marginal_ll_samples = 50, 30, 20
-    loads, quality, speed, stopping = [load_average()], [], [], []
+    loads, quality, speed, stopping, trajectories = [load_average()], [], [], [], []
     for name, path, per_epoch_only in _jobs(args, data_dir):
         if path is not None:
             n_cells = 600 if args.quick else SIZES[name]
@@ -377,6 +412,8 @@ def main(argv=None) -> None:
         base = {"dataset": name, "path": None if path is None else str(path), "threads": args.threads}
         base.update(lpd=not per_epoch_only, lpd_draws=args.lpd_draws, lpd_cells=args.lpd_cells)
         base.update(marginal_ll_samples=args.marginal_ll_samples)
+        cv_extra = {"kl_warmup_epochs": args.countvae_kl_warmup, "adam_eps": args.countvae_adam_eps}
+        cv_extra["weight_decay"] = args.countvae_weight_decay
         cap = args.per_epoch_epochs if per_epoch_only else caps.get(name)
         scvi_spec = {**base, "tool": "scvi", "epochs": cap}
         runs = {}
@@ -384,14 +421,14 @@ def main(argv=None) -> None:
             runs["scvi"] = run_worker(Path(__file__), scvi_spec)
             loads.append(load_average())
             print(f"{name} scvi: {runs['scvi']['epochs']} epochs, LPD {runs['scvi']['lpd']:.2f}", flush=True)
-            cv_spec = {**base, "tool": "countvae", "rules": rules, "eval_every": eval_every.get(name, 5)}
+            cv_spec = {**base, **cv_extra, "tool": "countvae", "rules": rules, "eval_every": eval_every.get(name, 5)}
             # Room for countvae to run longer than SCVI in epochs; the give-up bound ends it in time.
             cv_spec.update(epochs=4 * runs["scvi"]["epochs"], target=runs["scvi"]["lpd"])
             cv_spec["give_up_seconds"] = args.give_up_ratio * runs["scvi"]["train_seconds"]
             cv_spec["give_up_checks"] = args.give_up_checks
             order = [cv_spec]
         else:
-            cv_spec = {**base, "tool": "countvae", "rules": rules, "eval_every": eval_every.get(name, 5)}
+            cv_spec = {**base, **cv_extra, "tool": "countvae", "rules": rules, "eval_every": eval_every.get(name, 5)}
             order = [scvi_spec, cv_spec] if len(quality) % 2 == 0 else [cv_spec, scvi_spec]
         for spec in order:
             if spec["tool"] == "countvae" and spec.get("epochs") is None:
@@ -404,10 +441,11 @@ def main(argv=None) -> None:
         speed.append(_speed_row(name, scvi_run, cv_run))
         if not per_epoch_only:
             quality.append(_quality_row(name, scvi_run, cv_run, default, args))
+            trajectories.append(_trajectory_line(name, scvi_run, cv_run))
             stopping += _stopping_rows(name, cv_run)
             trajectory = ", ".join(f"{c['epoch']}: {c['lpd']:.2f}" for c in cv_run["checkpoints"])
             print(f"{name}: SCVI {scvi_run['lpd']:.2f}; countvae {trajectory}", flush=True)
-        _write(args, started, t_start, loads, quality, speed, stopping)
+        _write(args, started, t_start, loads, (quality, trajectories), speed, stopping)
 
 
 def _countvae_epochs(spec: dict, cap: int | None) -> int:
@@ -465,6 +503,12 @@ def _quality_row(name: str, scvi_run: dict, cv_run: dict, default: int, args) ->
     }
 
 
+def _trajectory_line(name: str, scvi_run: dict, cv_run: dict) -> str:
+    """One list item: countvae's held-out log p(x) at each check, against SCVI's."""
+    checks = ", ".join(f"{c['epoch']}: {c['lpd']:.2f}" for c in cv_run["checkpoints"])
+    return f"- {name}, SCVI {scvi_run['lpd']:.2f} after {scvi_run['epochs']} epochs; countvae {checks}"
+
+
 def _stopping_rows(name: str, cv_run: dict) -> list[dict]:
     rows = pd.DataFrame(cv_run["rows"])
     full_seconds = cv_run["setup_seconds"] + float(rows["train_s"].sum())
@@ -490,8 +534,12 @@ def _stopping_rows(name: str, cv_run: dict) -> list[dict]:
     return out
 
 
-def _write(args, started, t_start, loads, quality_rows, speed_rows, stopping_rows) -> None:
-    """Write the section with the data sets done so far (a long run leaves its finished part behind)."""
+def _write(args, started, t_start, loads, quality_done, speed_rows, stopping_rows) -> None:
+    """Write the section with the data sets done so far (a long run leaves its finished part behind).
+
+    ``quality_done`` is (quality rows, trajectory lines), one of each per data set with a log p(x).
+    """
+    quality_rows, trajectories = quality_done
     minutes = (time.perf_counter() - t_start) / 60
     every_text = args.eval_every.replace(":", ": ").replace(",", ", ")
     quality, speed, stopping = (pd.DataFrame(r) for r in (quality_rows, speed_rows, stopping_rows))
@@ -508,6 +556,12 @@ def _write(args, started, t_start, loads, quality_rows, speed_rows, stopping_row
         "Not run in this mode (--stop-at-target: the fits end at SCVI's quality)."
         if stopping.empty
         else markdown_table(stopping)
+    )
+    settings_text = (
+        f"`train(kl_warmup_epochs={args.countvae_kl_warmup}, adam_eps={args.countvae_adam_eps:g}, "
+        f"weight_decay={args.countvae_weight_decay:g})` (`--countvae-kl-warmup`, `--countvae-adam-eps`, "
+        "`--countvae-weight-decay`; the package defaults are 0, 1e-8 and 0: no KL warm-up, torch's Adam epsilon, "
+        "no weight decay; SCVI's training plan uses 400, 0.01 and 1e-6)"
     )
     per_epoch_text = (
         f"; {args.per_epoch_only}: {args.per_epoch_epochs} epochs of each, timing only" if args.per_epoch_only else ""
@@ -535,12 +589,16 @@ alongside for reference only; the target is the accurate-estimator figure.
 
 SCVI at its default training settings (`SCVI.train()`: default epochs `min(round(20000 / n * 400), 400)` and
 400-epoch KL warm-up, no cap unless the SCVI epochs column says so); its time is the wall time of `SCVI.train`
-(set-up included, no validation). Mode: {mode}. countvae at its defaults (no KL warm-up). Its held-out
+(set-up included, no validation). Mode: {mode}. countvae: {settings_text}. Its held-out
 log p(x) is checked every {every_text} epochs (others 5): the time to quality is resolved to that grid, so it is
 an upper bound. Its clock counts training, a validation pass every {args.check_every} epochs and the set-up inside
 `train` (split, optimiser), and excludes the log p(x) checks. Target: time-to-quality ratio <= 0.5.
 
 {markdown_table(quality) if not quality.empty else "No data set finished yet."}
+
+countvae's held-out log p(x) at each check (epoch: nats/cell), against SCVI's:
+
+{chr(10).join(trajectories) if trajectories else "No data set finished yet."}
 
 ### Time per epoch (the same fits{per_epoch_text})
 

@@ -147,7 +147,8 @@ def test_time_to_quality_counts_setup_training_and_every_kth_validation():
 
 def test_bench_time_to_quality_quick_stops_at_scvis_quality(results, tmp_path):
     args = ("--quick", "--stop-at-target", "--results", str(results), "--data-dir", str(tmp_path))
-    _run_script("bench_time_to_quality", *args)
+    _run_script("bench_time_to_quality", *args, "--countvae-kl-warmup", "5", "--countvae-adam-eps", "0.01")
     body = _section(results.read_text(), "time-to-quality-quick")
     assert "QUICK" in body and "Command:" in body and "SCVIFit.log_predictive_density" in body
+    assert "`train(kl_warmup_epochs=5, adam_eps=0.01, weight_decay=0)`" in body and "- sim600, SCVI" in body
     assert "| sim600 |" in body and "time-to-quality ratio" in body and "kept as is" in results.read_text()

@@ -285,6 +285,7 @@ def test_training_plan_is_checked_before_anything_changes(small_adata):
     before = _params(m)
     for kwargs, name in [
         ({"weight_decay": -1.0}, "weight_decay"),
+        ({"adam_eps": 0.0}, "adam_eps"),
         ({"kl_warmup_epochs": -1}, "kl_warmup_epochs"),
         ({"seed": -1}, "seed"),
         ({"early_stopping": "no"}, "early_stopping"),
@@ -349,3 +350,20 @@ def test_copy_model_converts_dtype_and_swaps_the_prior(trained_linear):
         copy_model(object())
     with pytest.raises(cv.errors.InvalidArgumentError, match="dtype"):
         copy_model(m, torch.float16)
+
+
+def test_adam_eps_enters_the_first_adam_step_as_in_closed_form(small_adata):
+    """First Adam step: bias-corrected m = g, v = g^2, so the update is lr * g / (|g| + eps)."""
+    from countvae.model.training import make_optimizer
+
+    layer = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    optimizer = make_optimizer(layer, lr=1e-3, weight_decay=0.0, eps=0.01)
+    layer.weight.grad = torch.full_like(layer.weight, 0.01)
+    optimizer.step()
+    # |g| = eps: the step is half of lr (with torch's default eps it would be almost lr)
+    assert float(layer.weight) == pytest.approx(1.0 - 1e-3 * 0.01 / (0.01 + 0.01), rel=0, abs=1e-7)  # float32
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    m.train(max_epochs=1, adam_eps=0.01, progress_bar=False)
+    assert m._optimizer.param_groups[0]["eps"] == 0.01

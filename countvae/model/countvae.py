@@ -281,6 +281,7 @@ class CountVAE:
         check_val_every_n_epoch: int = 1,
         kl_warmup_epochs: int = 0,
         weight_decay: float = 0.0,
+        adam_eps: float = 1e-8,
         accelerator: str = "auto",
         engine: Literal["direct", "pyro"] = "direct",
         shuffle_block_cells: int | None = None,
@@ -331,7 +332,12 @@ class CountVAE:
             Ramp the KL weight linearly from ``1 / kl_warmup_epochs`` to 1 over that many
             epochs (scvi-tools' SCVI default is 400; 0 trains the plain ELBO).
         weight_decay
-            Adam weight decay.
+            Adam weight decay (scvi-tools' training plan: 1e-6).
+        adam_eps
+            Adam's epsilon, added to the root mean square of each gradient (torch's default
+            1e-8; scvi-tools' training plan uses 0.01, which damps the steps of parameters
+            with small gradients and, on pbmc_3tech, slows overfitting: benchmarks/RESULTS.md,
+            time to quality). Used when the optimiser is created (the first call).
         accelerator
             ``"auto"`` (GPU when torch sees one), ``"cpu"`` or ``"gpu"``.
         engine
@@ -358,6 +364,7 @@ class CountVAE:
             lr=lr,
             train_size=train_size,
             weight_decay=weight_decay,
+            adam_eps=adam_eps,
             kl_warmup_epochs=kl_warmup_epochs,
             early_stopping=early_stopping,
             early_stopping_patience=early_stopping_patience,
