@@ -13,7 +13,8 @@ of freed memory stay in the process for reuse.
 
 The settings are process-wide, so only the command line, which owns its process, applies
 them; importing the library never does. Settings given through glibc's environment
-variables (``MALLOC_TRIM_THRESHOLD_`` and friends) are left as they are.
+variables (``MALLOC_TRIM_THRESHOLD_`` and friends, or ``glibc.malloc.*`` tunables in
+``GLIBC_TUNABLES``) are left as they are.
 """
 
 from __future__ import annotations
@@ -38,13 +39,18 @@ TOP_PAD = 64 * 2**20
 ENVIRONMENT = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_THRESHOLD_")
 
 
+def _user_tuned_malloc() -> bool:
+    """Whether the environment already sets glibc's malloc (variables or ``GLIBC_TUNABLES``)."""
+    return any(name in os.environ for name in ENVIRONMENT) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
+
+
 def keep_freed_memory() -> bool:
     """Apply the settings where the C library is glibc; returns whether they were applied.
 
     Nothing happens on other platforms and C libraries, or when the user set any of
-    :data:`ENVIRONMENT`.
+    :data:`ENVIRONMENT` or a ``glibc.malloc.*`` tunable.
     """
-    if not sys.platform.startswith("linux") or any(name in os.environ for name in ENVIRONMENT):
+    if not sys.platform.startswith("linux") or _user_tuned_malloc():
         return False
     try:
         libc = ctypes.CDLL(None)  # the C library this process already runs on
