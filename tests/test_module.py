@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyro
 import pytest
 import torch
+from scipy.special import gammaln
 
 import countvae as cv
 from countvae.module import CountVAEModule, minibatch_loss
@@ -73,6 +75,32 @@ def test_log_joint_is_the_log_density_of_the_pyro_models_sites(likelihood, decod
     stacked = module.log_joint(zs, x, b)
     for s in range(3):
         torch.testing.assert_close(stacked[s], module.log_joint(zs[s], x, b), rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("likelihood", ["poisson", "nb", "zinb"])
+@pytest.mark.parametrize("dispersion", ["gene", "gene-batch"])
+def test_count_constant_is_the_closed_form_and_passing_it_leaves_the_log_joint_unchanged(likelihood, dispersion):
+    """The estimators compute the z-free terms once per cell; the log joint given them is the same number."""
+    adata = cv.data.simulate(n_cells=30, n_genes=20, n_latent=2, n_batches=2, seed=6)
+    x = torch.tensor(adata.X.toarray(), dtype=torch.float64)
+    b = torch.tensor(adata.obs["batch"].cat.codes.to_numpy(), dtype=torch.long)
+    torch.manual_seed(5)
+    module = CountVAEModule(20, 2, 2, likelihood, "mlp", n_hidden=8, dispersion=dispersion).double().eval()
+    constant = module.count_log_constant(x, b)
+    expected = -gammaln(x.numpy() + 1.0).sum(1)
+    if likelihood != "poisson":
+        with torch.no_grad():  # distinct dispersions per gene (and batch), so a wrong gather shows
+            module.likelihood.log_theta.copy_(torch.randn_like(module.likelihood.log_theta))
+        constant = module.count_log_constant(x, b)
+        rows = b.numpy() if dispersion == "gene-batch" else np.zeros(30, dtype=int)
+        theta = np.exp(module.likelihood.log_theta.detach().numpy())[rows]
+        expected = expected + (gammaln(x.numpy() + theta) - gammaln(theta)).sum(1)
+    np.testing.assert_allclose(constant.detach().numpy(), expected, rtol=1e-12, atol=1e-9)
+    # as the estimator passes it: the constants of all cells, gathered for the cells of a call
+    cells = torch.tensor([3, 0, 17, 17, 29])
+    z = torch.randn(4, cells.numel(), 2, dtype=torch.float64)
+    given = module.log_joint(z, x[cells], b[cells], count_constant=constant[cells])
+    torch.testing.assert_close(given, module.log_joint(z, x[cells], b[cells]), rtol=1e-12, atol=1e-9)
 
 
 @pytest.mark.parametrize(

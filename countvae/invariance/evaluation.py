@@ -157,10 +157,11 @@ def prior_started_lpd(model: CountVAE, source, indices: np.ndarray, settings: Ma
     for mb in source.iterate(order, CELLS_PER_CHUNK, drop_last_singleton=False):
         x, b = to_tensors(mb, dtype, model.device)
         log_library = log_library_size(x)
+        constant = module.count_log_constant(x, b)
         origin = x.new_zeros(x.shape[0], module.n_latent)
 
-        def log_joint(z, cells, x=x, b=b, log_library=log_library):
-            return module.log_joint(z, x[cells], b[cells], log_library[cells])
+        def log_joint(z, cells, x=x, b=b, log_library=log_library, constant=constant):
+            return module.log_joint(z, x[cells], b[cells], log_library[cells], constant[cells])
 
         def neg_hessian(z, cells, x=x, b=b, log_library=log_library):
             rows = range(0, z.shape[0], rows_per_call)

@@ -147,12 +147,13 @@ def _guide_log_weights(
     loc, scale = module.encode(x, b)
     q = module.posterior_distribution(x, b)
     log_library = log_library_size(x)
+    constant = module.count_log_constant(x, b)
     log_w = []
     for start in range(0, n_samples, per_draw):
         k = min(per_draw, n_samples - start)
         eps = torch.randn((k, *loc.shape), generator=gen, dtype=loc.dtype).to(loc.device)
         z = sample_latent(loc, scale, eps)
-        log_w.append(module.log_joint(z, x, b, log_library) - q.log_prob(z))
+        log_w.append(module.log_joint(z, x, b, log_library, constant) - q.log_prob(z))
     return torch.cat(log_w, dim=0)
 
 
@@ -167,10 +168,11 @@ def _mixture_summary(
     """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module."""
     loc, scale = module.encode(x, b)
     log_library = log_library_size(x)
+    constant = module.count_log_constant(x, b)  # once per cell, not at every Newton step and draw
     rows_per_call = max(1, points_per_call // (module.n_latent + 1))
 
     def log_joint(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-        return module.log_joint(z, x[cells], b[cells], log_library[cells])
+        return module.log_joint(z, x[cells], b[cells], log_library[cells], constant[cells])
 
     def neg_hessian(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         parts = [

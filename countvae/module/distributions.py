@@ -10,7 +10,10 @@ tests/test_distributions.py) but arrange the arithmetic for sparse counts:
   counts only (most entries of a single-cell matrix are zero, and ``lgamma`` with
   its ``digamma`` gradient dominated the training step in profiles);
 * those terms do not depend on ``z``, so an importance sampler with S draws per
-  cell evaluates them once per cell, not S times.
+  cell evaluates them once per cell, not S times; and a caller that evaluates the
+  same cells many times (the ``log p(x)`` estimator's Newton steps, pilot and final
+  draws) computes them once (:func:`count_log_constant`) and passes them to
+  ``log_prob(value, count_constant=...)``.
 
 Sample validation is off: counts are validated once, at ``setup_anndata``.
 """
@@ -73,6 +76,17 @@ def _nonzero_lgamma_terms(x: torch.Tensor, theta: torch.Tensor | None) -> torch.
     return x.new_zeros(n_cells).index_add(0, torch.div(where, n_genes, rounding_mode="floor"), terms)
 
 
+def count_log_constant(x: torch.Tensor, log_theta: torch.Tensor | None) -> torch.Tensor:
+    """The terms of the log probability of counts ``x`` (cells, genes) that do not involve the mean.
+
+    Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)``
+    (``log_theta`` None, Poisson: ``-lgamma(x + 1)``); ``log_theta`` broadcasts against
+    ``x``. The same for the zero-inflated NB (it adds them at every gene; they vanish at
+    ``x = 0``). Shape (cells,).
+    """
+    return _nonzero_lgamma_terms(x, None if log_theta is None else torch.exp(log_theta))
+
+
 class _GeneVectorDistribution(TorchDistribution):
     """Shared plumbing: batch shape (..., cells), event shape (genes,)."""
 
@@ -99,9 +113,12 @@ class _GeneVectorDistribution(TorchDistribution):
 class PoissonLogMean(_GeneVectorDistribution):
     """Independent Poisson counts per gene with mean ``exp(log_mean)``."""
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """Log probability summed over genes, shape (..., cells)."""
-        const = _nonzero_lgamma_terms(value, None)
+    def log_prob(self, value: torch.Tensor, count_constant: torch.Tensor | None = None) -> torch.Tensor:
+        """Log probability summed over genes, shape (..., cells).
+
+        ``count_constant``: :func:`count_log_constant` of ``value``, when the caller has it.
+        """
+        const = _nonzero_lgamma_terms(value, None) if count_constant is None else count_constant
         return (value * self.log_mean - torch.exp(self.log_mean)).sum(-1) + const
 
     def sample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
@@ -133,9 +150,13 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
         d = self.log_mean - self.log_theta
         return value * d - (value + torch.exp(self.log_theta)) * F.softplus(d, threshold=40.0)
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """Log probability summed over genes, shape (..., cells)."""
-        const = _nonzero_lgamma_terms(value, torch.exp(self.log_theta))
+    def log_prob(self, value: torch.Tensor, count_constant: torch.Tensor | None = None) -> torch.Tensor:
+        """Log probability summed over genes, shape (..., cells).
+
+        ``count_constant``: :func:`count_log_constant` of ``value`` and this ``log_theta``,
+        when the caller has it.
+        """
+        const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
         return self._mean_terms(value).sum(-1) + const
 
     def sample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
@@ -157,9 +178,13 @@ class ZeroInflatedNegativeBinomialLogMean(NegativeBinomialLogMean):
         """Expected counts, ``(1 - pi) mu``."""
         return torch.sigmoid(-self.gate_logits) * torch.exp(self.log_mean)
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        """Log probability summed over genes, shape (..., cells)."""
-        const = _nonzero_lgamma_terms(value, torch.exp(self.log_theta))
+    def log_prob(self, value: torch.Tensor, count_constant: torch.Tensor | None = None) -> torch.Tensor:
+        """Log probability summed over genes, shape (..., cells).
+
+        ``count_constant``: :func:`count_log_constant` of ``value`` and this ``log_theta``,
+        when the caller has it.
+        """
+        const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
         nb_terms = self._mean_terms(value)  # NB log-prob less the lgamma terms (which are 0 at x = 0)
         log_keep = -torch.nn.functional.softplus(self.gate_logits)  # log(1 - pi)
         log_gate = self.gate_logits + log_keep  # log(pi)

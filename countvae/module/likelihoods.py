@@ -12,6 +12,7 @@ from countvae.module.distributions import (
     NegativeBinomialLogMean,
     PoissonLogMean,
     ZeroInflatedNegativeBinomialLogMean,
+    count_log_constant,
 )
 
 LikelihoodName = Literal["poisson", "nb", "zinb"]
@@ -82,6 +83,14 @@ class CountLikelihood(nn.Module):
             return NegativeBinomialLogMean(log_mean, log_theta)
         gate = gate_logits if gate_logits is not None else self.gate_logits
         return ZeroInflatedNegativeBinomialLogMean(log_mean, log_theta, gate)
+
+    def count_log_constant(self, x: torch.Tensor, batch_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Per cell, the terms of ``log p(x | log_mean)`` that do not involve the mean (shape (cells,)).
+
+        See :func:`countvae.module.distributions.count_log_constant`; pass the result as
+        ``count_constant`` to the log probability of :meth:`distribution` for the same cells.
+        """
+        return count_log_constant(x, self.log_theta_for(batch_index))
 
     def log_mean_curvature(
         self,

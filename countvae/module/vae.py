@@ -189,6 +189,7 @@ class CountVAEModule(nn.Module):
         x: torch.Tensor,
         batch_index: torch.Tensor,
         log_library: torch.Tensor | None = None,
+        count_constant: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``log p(x | z, batch, library) + log p(z)`` per cell, in nats, for ``z`` of shape (..., cells, L).
 
@@ -197,12 +198,22 @@ class CountVAEModule(nn.Module):
         invariance checks evaluate it through this method. With a prior on the
         loadings it is ``log p(x | z, W) + log p(z)`` at ``W`` = the posterior mean
         (the decoder's weight); ``log p(W)`` is :meth:`log_prior_loadings`. ``log_library`` defaults to
-        :func:`log_library_size` of ``x``. Returns shape (..., cells).
+        :func:`log_library_size` of ``x``. ``count_constant`` (cells,) is
+        :meth:`count_log_constant` of the same ``x`` and ``batch_index``, for callers that
+        evaluate the same cells at many ``z`` (computed here when not given). Returns shape (..., cells).
         """
         if log_library is None:
             log_library = log_library_size(x)
-        log_lik = self.conditional(z, log_library, batch_index).log_prob(x)
+        log_lik = self.conditional(z, log_library, batch_index).log_prob(x, count_constant=count_constant)
         return log_lik + self.prior.distribution(x.shape[0], x).log_prob(z)
+
+    def count_log_constant(self, x: torch.Tensor, batch_index: torch.Tensor) -> torch.Tensor:
+        """The part of :meth:`log_joint` that depends on neither ``z`` nor the decoder's output, per cell.
+
+        ``sum_g lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` (Poisson: ``-sum_g lgamma(x + 1)``),
+        shape (cells,). Pass it back as ``count_constant`` to skip recomputing it at every ``z``.
+        """
+        return self.likelihood.count_log_constant(x, batch_index)
 
     def log_joint_neg_hessian(
         self,
