@@ -166,7 +166,7 @@ def _train_scvi(spec: dict, train, held) -> dict:
         max_epochs=spec["epochs"],
         batch_size=128,
         train_size=0.9,
-        accelerator="cpu",
+        accelerator=spec.get("accelerator", "cpu"),
         devices=1,
         enable_progress_bar=False,
         callbacks=[EpochTimer()],

@@ -96,6 +96,8 @@ def test_in_process_benchmarks_quick(name, results):
     }
     body = _section(results.read_text(), section[name])
     assert "QUICK" in body and "Command:" in body
+    if name == "bench_gpu":  # issue 17: the peer's time per epoch on the same device, in the same run
+        assert "| SCVI s/epoch |" in body and "countvae / SCVI per epoch" in body
 
 
 def test_simulate_h5ad_writes_chunked_csr_counts_atomically(tmp_path):
