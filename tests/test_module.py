@@ -101,6 +101,8 @@ def test_count_constant_is_the_closed_form_and_passing_it_leaves_the_log_joint_u
     z = torch.randn(4, cells.numel(), 2, dtype=torch.float64)
     given = module.log_joint(z, x[cells], b[cells], count_constant=constant[cells])
     torch.testing.assert_close(given, module.log_joint(z, x[cells], b[cells]), rtol=1e-12, atol=1e-9)
+    with pytest.raises(ValueError, match="one value per cell"):
+        module.log_joint(z, x[cells], b[cells], count_constant=constant[:1])
 
 
 @pytest.mark.parametrize(

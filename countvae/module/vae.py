@@ -204,6 +204,11 @@ class CountVAEModule(nn.Module):
         """
         if log_library is None:
             log_library = log_library_size(x)
+        if count_constant is not None and count_constant.shape != x.shape[:1]:
+            raise ValueError(
+                f"count_constant must have one value per cell of x, shape {tuple(x.shape[:1])}; got "
+                f"{tuple(count_constant.shape)}. Compute it with count_log_constant(x, batch_index) for the same cells."
+            )
         log_lik = self.conditional(z, log_library, batch_index).log_prob(x, count_constant=count_constant)
         return log_lik + self.prior.distribution(x.shape[0], x).log_prob(z)
 
