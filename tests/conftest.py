@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -37,6 +40,23 @@ def real_dataset(name: str, backed: bool = False):
         if os.environ.get(REQUIRE_DATA_ENV):
             pytest.fail(f"{REQUIRE_DATA_ENV} is set and a real dataset is missing: {exc}")
         pytest.skip(str(exc))
+
+
+@pytest.fixture
+def private_ray_temp(monkeypatch):
+    """A Ray temporary folder of the test's own, removed afterwards (``RAY_TMPDIR`` points at it).
+
+    Without it Ray keeps its sockets, logs and the address of the last cluster started under
+    ``/tmp/ray``, shared with every other Ray run on the machine: a cluster started with its own
+    ``temp_dir`` still writes that address file there and fails when ``/tmp/ray`` does not exist
+    (a fresh machine), and a test could find what an earlier one left. The folder is short (``/tmp/cvray...``):
+    Ray's socket paths must stay under 108 characters.
+    """
+    folder = tempfile.mkdtemp(prefix="cvray", dir="/tmp" if os.path.isdir("/tmp") else None)
+    (Path(folder) / "ray").mkdir()
+    monkeypatch.setenv("RAY_TMPDIR", folder)
+    yield Path(folder)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

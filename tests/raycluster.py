@@ -5,7 +5,8 @@ Usage::
     python tests/raycluster.py DATA.h5ad OUT_DIR OPTIONS_JSON
 
 Starts a head node and a second node on 127.0.0.1 (one CPU and an 80 MiB object
-store each, separate raylet processes, a private temporary folder), connects to the
+store each, separate raylet processes, no dashboard, Ray's temporary folder under
+``$RAY_TMPDIR``, which the caller makes for this run alone), connects to the
 head by its address, fits the seeds of ``fit_seeds(**OPTIONS, backend="ray")`` on the
 backed file into OUT_DIR, prints the alive nodes' ids as JSON, and shuts the cluster
 down. It runs in its own process because Ray reads ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``
@@ -21,9 +22,7 @@ import os
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # before Ray is imported
 
 import json  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -34,16 +33,22 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import countvae as cv  # noqa: E402
 from countvae.diagnostics import fit_seeds  # noqa: E402
 
-#: Ray records the last cluster started on this machine here; restored afterwards so others are not redirected.
-ADDRESS_FILE = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
-
 
 def main(data: str, out_dir: str, options: dict) -> None:
     """Start the cluster, fit, print the node ids, shut everything down (also on failure)."""
     started = time.perf_counter()
-    previous_address = ADDRESS_FILE.read_text() if ADDRESS_FILE.is_file() else None
-    temp_dir = tempfile.mkdtemp(prefix="cvray")  # short: Ray's socket paths must stay under 108 characters
-    node = {"num_cpus": 1, "object_store_memory": 80 * 1024**2, "temp_dir": temp_dir, "node_ip_address": "127.0.0.1"}
+    # Ray writes the cluster's address to $RAY_TMPDIR/ray whatever the nodes' temp_dir: one folder for both.
+    private = os.environ.get("RAY_TMPDIR")
+    if not private or not Path(private, "ray").is_dir():
+        raise SystemExit("set RAY_TMPDIR to a short folder of this run's own, with a `ray` folder in it")
+    temp_dir = str(Path(private, "ray"))
+    node = {
+        "num_cpus": 1,
+        "object_store_memory": 80 * 1024**2,
+        "temp_dir": temp_dir,
+        "node_ip_address": "127.0.0.1",
+        "include_dashboard": False,
+    }
     cluster = None
     try:
         cluster = Cluster(initialize_head=True, head_node_args=node)
@@ -67,11 +72,6 @@ def main(data: str, out_dir: str, options: dict) -> None:
                     cluster.remove_node(node_, allow_graceful=False)
             cluster.shutdown()
         print(f"cluster down after {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        if previous_address is None:
-            ADDRESS_FILE.unlink(missing_ok=True)
-        else:
-            ADDRESS_FILE.write_text(previous_address)
 
 
 if __name__ == "__main__":

@@ -129,7 +129,7 @@ def test_a_changed_file_is_refused(h5ad_path, tmp_path):
         cells.open()
 
 
-def test_ray_cluster_fits_from_the_backed_file(h5ad_path, local_backed_fits, tmp_path):
+def test_ray_cluster_fits_from_the_backed_file(h5ad_path, local_backed_fits, tmp_path, private_ray_temp):
     pytest.importorskip("ray")  # the [ray] extra is part of [dev]
     out_dir = tmp_path / "fits"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -62,11 +62,12 @@ def test_joblib_processes_match_in_process(adata, in_process, tmp_path):
     assert fits.settings["n_jobs"] == 2 and all(fits.seconds[s] > 0 for s in (0, 1))
 
 
-def test_ray_tasks_match_local(adata, in_process, tmp_path):
+def test_ray_tasks_match_local(adata, in_process, tmp_path, private_ray_temp):
     import ray  # the [ray] extra is part of [dev]
 
     fits = fit_seeds(adata, backend="ray", n_jobs=2, out_dir=tmp_path, **OPTIONS)
     assert not ray.is_initialized(), "the local Ray instance started by fit_seeds should be shut down"
+    assert (private_ray_temp / "ray").is_dir(), "the local Ray instance should have used the test's own folder"
     _assert_same_fits(fits, in_process)
     # The folder is resumable whichever backend wrote it.
     again = fit_seeds(adata, out_dir=tmp_path, **OPTIONS)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
@@ -58,8 +61,14 @@ def test_a_changed_number_or_word_in_printed_output_is_a_difference(old, new):
 def test_a_changed_number_in_a_table_is_a_difference():
     table = "<table><tr><td>decoded means</td><td>{}</td></tr></table>"
     old = _display({"text/html": table.format("0.981"), "text/plain": "decoded means  0.981"}, "execute_result")
-    new = _display({"text/html": table.format("0.982"), "text/plain": "decoded means  0.981"}, "execute_result")
+    new = _display({"text/html": table.format("0.982"), "text/plain": "decoded means  0.982"}, "execute_result")
     assert not _same([[old]], [[new]])
+    # a display with only HTML (a report's summary) is compared as HTML
+    html_only = _display({"text/html": table.format("0.982")}, "execute_result")
+    assert not _same([[_display({"text/html": table.format("0.981")}, "execute_result")]], [[html_only]])
+    # with a text version beside it, the HTML (the same table again) is not compared twice
+    same_text = _display({"text/html": table.format("0.982"), "text/plain": "decoded means  0.981"}, "execute_result")
+    assert _same([[old]], [[same_text]])
 
 
 def test_a_changed_number_in_a_warning_is_a_difference():
@@ -139,3 +148,91 @@ def test_the_kernel_runs_on_one_thread_with_fixed_hashing():
     omp, first_hash = runs[0].stdout.split()
     assert omp == "1"  # fit_seeds fits on one torch thread by default, whatever the core count
     assert runs[1].stdout.split()[1] == first_hash
+
+
+# ----- tolerances, free lines and agreements ---------------------------------------------------------------
+def _differences_with(checks, old, new):
+    from _outputs import differences
+
+    return differences(_notebook([_stdout(old)]), _notebook([_stdout(new)]), checks)
+
+
+def test_a_number_within_its_stated_tolerance_passes_and_beyond_it_fails():
+    from _outputs import NotebookChecks, Tolerance
+
+    checks = NotebookChecks(tolerances=[Tolerance(cells=(1,), abs=0.05, line="log p", why="3 Monte Carlo SE")])
+    assert not _differences_with(checks, "log p(x): -425.53 nats", "log p(x): -425.51 nats")
+    # 0.05 plus one unit of the last printed digit (0.01): 0.06 passes, 0.07 fails
+    assert not _differences_with(checks, "log p(x): -425.53 nats", "log p(x): -425.47 nats")
+    assert _differences_with(checks, "log p(x): -425.53 nats", "log p(x): -425.46 nats")
+    # the rule covers its lines only; elsewhere numbers stay exact
+    assert _differences_with(checks, "ARI = 0.626", "ARI = 0.625")
+    # integers stay exact unless the rule covers them
+    assert _differences_with(checks, "log p(x) on 527 cells", "log p(x) on 528 cells")
+
+
+def test_a_relative_tolerance_and_integers_when_the_rule_says_so():
+    from _outputs import NotebookChecks, Tolerance
+
+    checks = NotebookChecks(tolerances=[Tolerance(cells=(1,), rel=0.2, integers=True, why="seed spread")])
+    assert not _differences_with(checks, "calls per seed: 63 91", "calls per seed: 70 80")
+    assert _differences_with(checks, "calls per seed: 63 91", "calls per seed: 90 91")
+    assert not _differences_with(checks, "max |diff| 6.8e-13", "max |diff| 5.9e-13")
+
+
+def test_a_changed_verdict_word_fails_whatever_the_tolerance():
+    from _outputs import NotebookChecks, Tolerance
+
+    checks = NotebookChecks(tolerances=[Tolerance(cells=(1,), abs=10.0, rel=1.0, integers=True, why="any")])
+    assert _differences_with(checks, "latent distances 0.903 undetermined", "latent distances 0.913 agree")
+    assert _differences_with(checks, "Agree across all 3 seeds: decoded means.", "Agree across all 3 seeds: none.")
+    assert _differences_with(checks, "a\nb", "a")  # a line more or less is a difference
+
+
+def test_free_lines_are_not_compared_word_for_word_but_other_lines_are():
+    from _outputs import FreeLines, NotebookChecks
+
+    checks = NotebookChecks(free_lines=[FreeLines(cells=(1,), line=r"^\s*\d+\s", why="clusters, compared by ARI")])
+    old = "leiden  B cells  T cells\n0  586  6\n1  2  1284"
+    assert not _differences_with(checks, old, "leiden  B cells  T cells\n0  3  1290\n1  580  5")
+    assert _differences_with(checks, old, "leiden  B cells  NK cells\n0  586  6\n1  2  1284")
+
+
+def test_agreements_pass_above_their_bound_and_fail_below():
+    from _outputs import Agreement, NotebookChecks, agreement_differences, agreement_score
+
+    stored = {"clusters": {f"c{i}": str(i % 3) for i in range(300)}, "calls": ["A", "B", "C", "D"]}
+    permuted = {f"c{i}": str((i + 1) % 3) for i in range(300)}  # the same partition, other names
+    assert agreement_score("ari", stored["clusters"], permuted) == 1.0
+    shuffled = {f"c{i}": str(np.random.default_rng(0).integers(3)) for i in range(300)}
+    assert agreement_score("ari", stored["clusters"], shuffled) < 0.1
+    assert agreement_score("jaccard", stored["calls"], ["A", "B", "C", "E"]) == 3 / 5
+    checks = NotebookChecks(
+        agreements=[
+            Agreement("clusters", "x", "ari", 0.9, why="seed-to-seed ARI 0.95"),
+            Agreement("calls", "y", "jaccard", 0.7, why="MC re-run Jaccard 0.96"),
+        ]
+    )
+    assert not agreement_differences(checks, stored, {"clusters": permuted, "calls": ["A", "B", "C", "D"]})
+    problems = agreement_differences(checks, stored, {"clusters": shuffled, "calls": ["A", "B", "C", "E"]})
+    assert len(problems) == 2
+    # labels of other cells are not comparable, and say so
+    assert agreement_differences(checks, stored, {"clusters": {"other": "0"}, "calls": stored["calls"]})
+
+
+def test_the_probe_cell_reports_series_as_labels_and_iterables_as_sorted_items():
+    import pandas as pd
+    from _outputs import CLAIMS_MARKER, Agreement, NotebookChecks, claims_from_probe
+
+    checks = NotebookChecks(
+        agreements=[
+            Agreement("labels", "labels", "ari", 0.9, "b"),
+            Agreement("genes", "{'B', 'A'}", "jaccard", 0.5, "b"),
+        ]
+    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(checks.probe_source(), {"labels": pd.Series([1, 2], index=["c1", "c2"])})
+    assert printed.getvalue().startswith(CLAIMS_MARKER)
+    notebook = _notebook([_stdout(printed.getvalue())])
+    assert claims_from_probe(notebook) == {"labels": {"c1": "1", "c2": "2"}, "genes": ["A", "B"]}

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import nbformat
+from _outputs import claims_from_probe
 from nbclient import NotebookClient
 
 TUTORIALS = Path(__file__).resolve().parent
@@ -38,9 +39,18 @@ def kernel_env() -> dict[str, str]:
     return env
 
 
-def execute(path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
-    """Run the notebook at ``path`` top to bottom in ``tutorials/``; raises on the first failing cell."""
+def execute(
+    path: Path, timeout: int = CELL_TIMEOUT_S, probe_source: str | None = None
+) -> tuple[nbformat.NotebookNode, dict]:
+    """Run the notebook at ``path`` top to bottom in ``tutorials/``; raises on the first failing cell.
+
+    With ``probe_source`` (:meth:`_outputs.NotebookChecks.probe_source`) one more cell runs after the
+    last, in the same kernel, and prints the objects the notebook's agreements compare; it is taken out
+    of the returned notebook again. Returns the executed notebook and those objects (empty without a probe).
+    """
     notebook = nbformat.read(path, as_version=4)
+    if probe_source:
+        notebook.cells.append(nbformat.v4.new_code_cell(probe_source))
     client = NotebookClient(
         notebook,
         timeout=timeout,
@@ -49,7 +59,11 @@ def execute(path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
         resources={"metadata": {"path": str(TUTORIALS)}},
     )
     client.execute(env=kernel_env())
-    return notebook
+    if not probe_source:
+        return notebook, {}
+    claims = claims_from_probe(notebook)
+    notebook.cells.pop()
+    return notebook, claims
 
 
 def strip_volatile(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:

@@ -5,19 +5,22 @@
 
 For each notebook: ``make_<name>.py`` writes its cells (where there is one; ``05_quickstart.ipynb``
 is edited as a notebook), ``ruff format`` formats them, and the notebook runs top to bottom in a
-fresh kernel on one thread (``_execute.py``) and is written back with its outputs. Run it after a
+fresh kernel on one thread (``_execute.py``) and is written back with its outputs; the objects its
+agreements compare (``checks.py``: cluster labels, gene sets) are stored in ``claims/<name>.json``. Run it after a
 change that alters what the tutorials print; ``tests/test_tutorials.py`` fails until then.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
 
 import nbformat
 from _execute import ROOT, TUTORIALS, execute, strip_volatile
+from checks import CHECKS, claims_path
 
 from countvae._io import write_text_atomic
 
@@ -38,8 +41,11 @@ def build(path, timeout: int) -> None:
         subprocess.run([sys.executable, str(maker)], check=True, cwd=ROOT)
     subprocess.run([sys.executable, "-m", "ruff", "format", "--quiet", str(path)], check=True, cwd=ROOT)
     started = time.perf_counter()
-    notebook = strip_volatile(execute(path, timeout=timeout))
-    write_text_atomic(path, nbformat.writes(notebook) + "\n", overwrite=True)
+    checks = CHECKS[path.stem]
+    notebook, claims = execute(path, timeout=timeout, probe_source=checks.probe_source() if checks.agreements else None)
+    write_text_atomic(path, nbformat.writes(strip_volatile(notebook)) + "\n", overwrite=True)
+    if checks.agreements:
+        write_text_atomic(claims_path(path), json.dumps(claims, indent=1, sort_keys=True) + "\n", overwrite=True)
     print(f"executed {path.name} in {time.perf_counter() - started:.0f} s")
 
 
