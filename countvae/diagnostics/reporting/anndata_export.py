@@ -1,29 +1,30 @@
 """The report's per-cell and per-gene findings in the AnnData slots a scanpy user looks in.
 
-=========================================== ===============================================================
-slot and key                                content
-=========================================== ===============================================================
-``obs["countvae_heldout"]``                 whether the cell is one of the report's held-out cells
-``obs["countvae_knn_agreement"]``           the cell's k-NN Jaccard overlap between the latent means of two
-                                            seeds, mean over pairs of seeds (1: same neighbours in every fit)
-``obs["countvae_knn_agreement_within_seed"]`` the same between two guide draws of one fit, mean over fits:
-                                            the within-seed baseline (how much the neighbourhood moves
-                                            under the posterior's own uncertainty)
-``obs["countvae_lpd_mean"]``                held-out log p(x) (nats), mean over seeds
-``obs["countvae_lpd_sd"]``                  its standard deviation across seeds
-``var["countvae_decoded_agreement"]``       Lin's concordance of the gene's decoded log mean across cells
-                                            between two seeds, mean over pairs of seeds
-``var["countvae_de_call_frequency"]``       fraction of seeds that call the gene DE (reports with DE only)
-``obsm["X_countvae_consensus"]``            consensus latent: each seed's latent means mapped onto the
-                                            first seed's by orthogonal Procrustes, then averaged
-``uns["countvae_report"]``                  summary: headline, verdict per quantity, predictive
-                                            equivalence, seeds, the keys written and what each means,
-                                            package versions, the model card (Markdown)
-=========================================== ===============================================================
+``obs["countvae_heldout"]``
+    Whether the cell is one of the report's held-out cells.
+``obs["countvae_knn_agreement"]``
+    The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
+    pairs of seeds (1: the same neighbours in every fit).
+``obs["countvae_knn_agreement_within_seed"]``
+    The same between two guide draws of one fit, mean over fits: the within-seed
+    baseline (how much the neighbourhood moves under the posterior's own uncertainty).
+``obs["countvae_lpd_mean"]``, ``obs["countvae_lpd_sd"]``
+    Held-out log p(x) in nats: mean over seeds, and standard deviation across seeds.
+``var["countvae_decoded_agreement"]``
+    Lin's concordance of the gene's decoded log mean across held-out cells between two
+    seeds, mean over pairs of seeds.
+``var["countvae_de_call_frequency"]``
+    Fraction of seeds that call the gene DE (reports with DE only).
+``obsm["X_countvae_consensus"]``
+    Consensus latent: each seed's latent means mapped onto the first seed's by
+    orthogonal Procrustes, then averaged.
+``uns["countvae_report"]``
+    Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
+    written and what each means, package versions, the model card (Markdown).
 
 NaN marks a value that was not computed for that cell or gene: every cell that is
-not one of the report's held-out cells (``countvae_heldout`` is False; the fits
-were trained on it, so it says nothing about held-out stability), held-out cells
+not one of the report's held-out cells (``countvae_heldout`` is False: the report
+evaluates held-out cells only, and the fits were trained on the others), held-out cells
 outside the random subsets the report computes each quantity on (the k-NN columns
 on ``max_knn_cells`` cells, log p(x) on ``max_lpd_cells``; see
 ``DiagnosticReport.subsampling``), and genes outside the ``max_genes`` most variable

@@ -90,7 +90,7 @@ def predictive_line(rep: ReportContent) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in record.get("pairs", {}).items())
     return (
         f"- **Predictive equivalence**: {state}. Largest held-out log p(x) difference between seeds "
-        f"{_fmt(worst['diff_per_cell'])} nats per cell ({worst['fit_a']} - {worst['fit_b']}; {level:g}% interval "
+        f"{_fmt(worst['diff_per_cell'])} nats per cell ({worst['fit_a']} - {worst['fit_b']}; {level:.3g}% interval "
         f"{_fmt(worst['ci_low'])} to {_fmt(worst['ci_high'])}) against a margin of "
         f"{_fmt(record.get('margin_nats_per_cell'))} nats per cell; pairs of seeds: {counts}."
     )
