@@ -233,3 +233,17 @@ def test_diagnose_write_h5ad(tmp_path, capsys):
     # an existing file is refused before any fitting
     assert main([*argv[:-2], "--out", str(tmp_path / "other"), "--write-h5ad", str(target)]) == 1
     assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "other" / "fits").exists()
+
+
+def test_every_key_written_is_documented(small):
+    from pathlib import Path
+
+    rep, _, held = small
+    written = rep.write(held.copy())
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scanpy.md").read_text(encoding="utf-8")
+    for keys in written.values():
+        for key in keys:
+            assert f"`{key}`" in page, f"{key} is written but not documented in docs/scanpy.md"
+    summary = held.copy()
+    rep.write(summary)
+    assert set(summary.uns[UNS_KEY]["key_notes"]) == {k for keys in written.values() for k in keys} - {UNS_KEY}
