@@ -289,3 +289,20 @@ def test_concepts_page_lists_the_report_rows_of_the_code():
     text = page.read_text(encoding="utf-8")
     for verdict in VERDICTS:
         assert f"\n{verdict}\n: " in text, f"the verdict {verdict!r} is not explained on {page.name}"
+
+
+# ----- the README --------------------------------------------------------------------------------------------
+def test_readme_is_short_keeps_the_fresh_machine_commands_and_links_to_pages_that_exist():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text) <= 10_000, f"README.md has {len(text):,} characters; move detail into docs/ (limit 10,000)"
+    for command in (
+        "bash scripts/setup.sh && .venv/bin/countvae diagnose --out countvae_diagnose",
+        "bash scripts/setup.sh && bash scripts/test.sh",
+    ):
+        assert f"```bash\n{command}\n```" in text, command
+    assert "`.ci/run` runs exactly the second command" in text
+    assert text.count("![") == 1, "the README shows one figure"
+    for target in re.findall(r"\]\(((?:docs|benchmarks)/[^)#]+)\)", text):
+        assert (ROOT / target).is_file(), f"README.md links to {target}, which does not exist"
+    # the second command is what CI runs
+    assert "bash scripts/setup.sh\nbash scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")

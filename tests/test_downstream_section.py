@@ -31,24 +31,6 @@ SMALL_REPORT = dict(
 )
 
 
-class FakeUMAP:
-    """Stands in for umap.UMAP (its numba compilation alone takes tens of seconds): seeded noise on two dims."""
-
-    def __init__(self, **kwargs):
-        self.seed = kwargs["random_state"]
-
-    def fit_transform(self, x):
-        rng = np.random.default_rng(self.seed)
-        return np.asarray(x, dtype=np.float64)[:, :2] + 0.3 * rng.standard_normal((len(x), 2))
-
-
-@pytest.fixture
-def fake_umap(monkeypatch):
-    module = type(sys)("umap")
-    module.UMAP = FakeUMAP
-    monkeypatch.setitem(sys.modules, "umap", module)
-
-
 def _planted(seed: int = 4, n_cells: int = 900):
     """Two groups with 8 of 60 genes planted at |log2 FC| 3 to 4.5 against a weak latent structure."""
     return cv.data.simulate(
@@ -81,12 +63,8 @@ def planted_fits():
 
 @pytest.fixture(scope="module")
 def section(planted_fits):
-    module = type(sys)("umap")
-    module.UMAP = FakeUMAP
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "umap", module)
-        request = DownstreamRequest("group", "group1", "group0", settings=SETTINGS)
-        return downstream_section(planted_fits.fits, planted_fits.adata_heldout, request)
+    request = DownstreamRequest("group", "group1", "group0", settings=SETTINGS)
+    return downstream_section(planted_fits.fits, planted_fits.adata_heldout, request)
 
 
 # ----- known answers ----------------------------------------------------------------------------------------
@@ -101,7 +79,7 @@ def test_chance_jaccard_closed_form_and_edges():
         ds.chance_jaccard(11, 2, 10)
 
 
-def test_section_numbers_are_the_analysis_functions(section, planted_fits, fake_umap):
+def test_section_numbers_are_the_analysis_functions(section, planted_fits):
     fits, held = planted_fits.fits, planted_fits.adata_heldout
     calls, lfc, calls2, lfc2 = {}, {}, {}, {}
     for i, fit in enumerate(fits):
@@ -179,8 +157,7 @@ def test_reading_is_calibrated_to_the_numbers():
 
 # ----- missing extra, bad groups ------------------------------------------------------------------------------------
 def test_missing_extra_gives_the_plain_message_not_a_crash(planted_fits, monkeypatch):
-    monkeypatch.setitem(sys.modules, "leidenalg", None)
-    monkeypatch.setitem(sys.modules, "umap", None)
+    monkeypatch.setitem(sys.modules, "scanpy", None)
     request = DownstreamRequest(settings=DownstreamSettings(max_cells=100, k=8))
     sec = downstream_section(planted_fits.fits, planted_fits.adata_heldout, request)
     for output in ("clusters", "umap"):
@@ -213,7 +190,7 @@ def test_de_groups_refuses_bad_requests():
 
 
 # ----- in the report --------------------------------------------------------------------------------------------
-def test_report_section_round_trips_through_json_html_and_markdown(planted_fits, fake_umap, tmp_path):
+def test_report_section_round_trips_through_json_html_and_markdown(planted_fits, tmp_path):
     request = DownstreamRequest("group", settings=DownstreamSettings(n_de_samples=500, max_cells=120, k=8))
     rep = report(planted_fits, downstream=request, ica=False, **SMALL_REPORT)
     sec = rep.downstream
@@ -270,7 +247,7 @@ def test_bad_de_arguments_fail_before_fitting(groups_file, tmp_path, capsys, ext
     assert not (out / "fits").exists()  # refused before any seed was fitted
 
 
-def test_diagnose_de_adds_the_section(groups_file, tmp_path, capsys, fake_umap):
+def test_diagnose_de_adds_the_section(groups_file, tmp_path, capsys):
     out = tmp_path / "diag"
     argv = ["diagnose", str(groups_file), *FAST, "--no-ica", "--out", str(out), "--json", "--de", "group"]
     assert main([*argv, "--de-groups", "group1", "group0"]) == 0
@@ -304,3 +281,17 @@ def test_settings_refuse_values_that_cannot_work():
     for bad in (dict(n_de_samples=1), dict(k=1), dict(fdr_target=1.0), dict(max_cells=2), dict(n_baseline_fits=0)):
         with pytest.raises(InvalidArgumentError):
             DownstreamSettings(**bad)
+
+
+def test_cluster_labels_of_a_fit_are_scanpys_leiden_labels(planted_fits):
+    """The labels the section compares are those sc.tl.leiden gives an analyst on the fit's X_countvae."""
+    import scanpy as sc
+
+    fit, held = planted_fits.fits[0], planted_fits.adata_heldout.copy()
+    fit.model.write_results(held, layer=None, uns_key=None)
+    sc.pp.neighbors(held, use_rep="X_countvae", n_neighbors=10)
+    sc.tl.leiden(held, resolution=0.8, random_state=2, flavor="igraph", n_iterations=2, directed=False)
+    collected = np.asarray(fit.latent(held), dtype=np.float64)  # the report keeps latents as float64
+    ours = ds.scanpy_leiden(ds.scanpy_graph(collected, 10), resolution=0.8, seed=2)
+    np.testing.assert_array_equal(ours, held.obs["leiden"].astype(int).to_numpy())
+    assert len(np.unique(ours)) > 1

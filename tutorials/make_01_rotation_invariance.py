@@ -7,7 +7,7 @@ from _notebook import write
 CELLS = [
     (
         "md",
-        """# Rotation invariance: which outputs of a count VAE the data determine
+        """# 01 · Rotation invariance: which outputs of a count VAE the data determine
 
 A count VAE draws a latent vector `z ~ N(0, I)` for each cell and gives every gene a count
 distribution whose log mean depends on `z`. For the log-linear Poisson model used here,

@@ -7,7 +7,7 @@ from _notebook import write
 CELLS = [
     (
         "md",
-        """# ICA axes for count-VAE latents: what they recover, and when they cannot
+        """# 03 · ICA axes for count-VAE latents: what they recover, and when they cannot
 
 A count VAE with a N(0, I) prior determines its latent space only up to a rotation: for any
 orthogonal `Q`, the latents `Qz` with decoder `f(Q^T z)` give exactly the same `p(x)`. So the

@@ -8,7 +8,7 @@ from _notebook import write
 CELLS = [
     (
         "md",
-        """# 06 · Which restriction does the interpretive work?
+        """# 07 · Which restriction does the interpretive work?
 
 With a standard normal prior `N(0, I)` on the latent variables, rotating the latent space (while the
 decoder rotates back) leaves the probability of the data unchanged: the data cannot choose the axes.

@@ -4,7 +4,10 @@ The output folder holds ``fits/`` (the resumable :func:`fit_seeds` folder: an
 interrupted run started again with the same command refits only the seeds that
 had not finished) and ``report/`` (report.html, report.json, report.md), written
 at the end in one atomic step. A folder that already holds a finished report is
-refused unless ``--overwrite`` is given, which also refits every seed.
+refused unless ``--overwrite`` is given, which also refits every seed. With
+``--write-h5ad PATH`` the analysed data (its cells and fitted genes) is also written
+to an .h5ad file with the report's per-cell and per-gene columns, the consensus
+latent and the first seed's latent (``obsm["X_countvae"]``), for scanpy.
 
 Per-seed progress messages come from ``fit_seeds``' progress events
 (:mod:`countvae.diagnostics.fitting.progress`), not from its log text.
@@ -22,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from countvae._checks import check_number
-from countvae._io import remove_interrupted_writes
+from countvae._io import atomic_file_path, remove_interrupted_writes
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -43,7 +46,7 @@ from countvae.cli.first_contact import (
 )
 from countvae.data.registry import get_registry, get_var_names, setup_anndata
 from countvae.data.simulate import simulate
-from countvae.diagnostics import ReportSettings, fit_seeds, report
+from countvae.diagnostics import DiagnosticReport, ReportSettings, SeedFits, fit_seeds, report
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
@@ -62,6 +65,7 @@ EXAMPLES = """examples:
   countvae diagnose pbmc.h5ad --decoder linear --likelihood poisson --no-ica --max-epochs 100
   countvae diagnose pbmc.h5ad --labels-key cell_type --de cell_type --de-groups "CD14+ Monocytes" "NK cells"
   countvae diagnose raw_10x.h5ad --n-top-genes 4000 --n-jobs 2 --early-stopping
+  countvae diagnose pbmc.h5ad --write-h5ad pbmc_countvae.h5ad   # the findings as obs/var columns, for scanpy
 
 Before fitting, the command prints the data size, the settings and the time it expects per seed
 (from a few timed training steps), with the options that shorten it.
@@ -175,6 +179,15 @@ def register(sub: Subcommands) -> None:
         help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
         "(default: the column's two groups; required when it has more)",
     )
+    p.add_argument(
+        "--write-h5ad",
+        metavar="PATH",
+        default=None,
+        help="also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
+        "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
+        "the consensus latent (obsm X_countvae_consensus), the first seed's latent (obsm X_countvae) and a summary "
+        "(uns countvae_report); NaN for cells the report did not evaluate (the fit cells)",
+    )
     add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
     p.set_defaults(run=run)
@@ -272,6 +285,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         )
     if args.seeds < 2:
         raise InvalidArgumentError(f"--seeds must be at least 2 to compare fits, got {args.seeds}.")
+    h5ad_out = _h5ad_destination(args.write_h5ad, args.overwrite)
     markers = _markers(args.markers)
     embedded = args.data is None
     adata = default_data() if embedded else read_h5ad(args.data)
@@ -363,6 +377,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
         logger.info("Removed %s, left by a run interrupted while writing its report.", path)
     rep.save(report_dir, overwrite=args.overwrite, progress=progress)
+    if h5ad_out is not None:
+        write_analysed_h5ad(rep, fits, adata, h5ad_out, args.overwrite)
     finished = time.perf_counter()
     table = rep.invariants.set_index("quantity")["verdict"]
     result = {
@@ -386,6 +402,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             for key, verdict in VERDICT_KEYS.items()
             if verdict != "agree after alignment"
         } | {"flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist()}
+    if h5ad_out is not None:
+        result["h5ad"] = str(h5ad_out)
     if rep.downstream is not None:  # downstream section (issue 18)
         result["downstream"] = _downstream_summary(rep.downstream.summary, rep.downstream.status)
     emit(result, args.json)
@@ -393,6 +411,31 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         print("\n" + rep.summary())
         print(f"\nReport: {report_dir / 'report.html'}")
     return 0
+
+
+def _h5ad_destination(path: str | None, overwrite: bool) -> Path | None:
+    """The --write-h5ad file, refused before any fitting when it exists without --overwrite."""
+    if path is None:
+        return None
+    out = Path(path)
+    if out.suffix != ".h5ad":
+        raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
+    if out.exists() and not overwrite:
+        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
+    return out
+
+
+def write_analysed_h5ad(
+    rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path, overwrite: bool = False
+) -> Path:
+    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``, atomically."""
+    adata = adata.to_memory() if adata.isbacked else adata.copy()
+    fits.fits[0].model.write_results(adata, layer=None, overwrite=True)
+    rep.write(adata, overwrite=True)
+    with atomic_file_path(path, overwrite=overwrite) as tmp:
+        adata.write_h5ad(tmp)
+    logger.info("Wrote %s (%d cells, %d genes) with the report's columns.", path, adata.n_obs, adata.n_vars)
+    return path
 
 
 def _selection_summary(record: dict | None) -> dict | None:

@@ -44,7 +44,7 @@ from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExists
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
 
-#: Default keys (documented in the module docstring and the README).
+#: Default keys (documented in the module docstring and docs/scanpy.md).
 LATENT_KEY = "X_countvae"
 LAYER_KEY = "countvae_normalized"
 LOADINGS_KEY = "countvae_loadings"

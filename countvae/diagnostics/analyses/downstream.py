@@ -10,7 +10,7 @@ seed). The functions here separate the two by comparing
   with its own downstream randomness, and
 * **within a fit** (the baseline): two results of *one* fit that differ only in the
   downstream seed (two DE sampling seeds; two Leiden seeds on the same k-NN graph;
-  two UMAP seeds on the same latent).
+  two UMAP seeds on the same graph).
 
 For an agreement score ``a`` (1 = identical; Jaccard, Spearman, ARI, NMI, k-NN
 overlap) the disagreement is ``d = 1 - a``. With ``d_between`` and ``d_within`` the
@@ -25,18 +25,29 @@ does; 1 means the downstream step is reproducible and every change comes from th
 fit. It is a difference of means over few pairs: read it with the pair counts and
 the per-pair table, not to two decimals.
 
-Leiden needs ``igraph`` and ``leidenalg``; UMAP needs ``umap-learn``. They are the
-optional extra ``countvae[downstream]``; the k-NN, DE and label-agreement functions
-need only scikit-learn and scipy.
+Clusters and embeddings are computed as an analyst computes them in scanpy: the
+neighbour graph of ``sc.pp.neighbors(adata, use_rep=...)`` (UMAP's fuzzy
+connectivities), clustered by ``sc.tl.leiden`` and embedded by ``sc.tl.umap``
+(:func:`scanpy_graph`, :func:`scanpy_leiden`, :func:`umap_embedding`), so the
+stability reported is that of the clusters that get published: for the same
+latent, neighbours, resolution and seed, the labels are scanpy's own. The plain
+exact k-NN graph (:func:`knn_adjacency`, :func:`leiden_labels`) is kept as the
+reference ``benchmarks/bench_leiden_graph.py`` compares against.
+
+scanpy, Leiden (``igraph``, ``leidenalg``) and UMAP (``umap-learn``) are the optional
+extra ``countvae[downstream]``; the k-NN, DE and label-agreement functions need
+only scikit-learn and scipy.
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
 from types import ModuleType
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
@@ -59,7 +70,7 @@ def _require(module: str, feature: str) -> ModuleType:
     except ImportError as exc:
         raise MissingDependencyError(
             f"{feature} needs the package {module!r}, which cannot be imported ({exc}); install the optional "
-            "dependencies with `pip install 'countvae[downstream]'` (igraph, leidenalg, umap-learn)."
+            "dependencies with `pip install 'countvae[downstream]'` (scanpy, igraph, leidenalg, umap-learn)."
         ) from None
 
 
@@ -227,8 +238,10 @@ def knn_adjacency(latent: np.ndarray, n_neighbors: int = 15) -> sp.csr_matrix:
     Cells ``i`` and ``j`` are joined when either is among the other's nearest
     neighbours. Exact search makes the graph a deterministic function of the
     latent, so the only randomness left in clustering it is the clustering seed.
-    (scanpy weights the edges by UMAP's fuzzy connectivities and searches
-    approximately for large data; plain edges keep the graph free of both.)
+    This is not the graph scanpy builds (:func:`scanpy_graph` weights the edges by
+    UMAP's fuzzy connectivities and searches approximately for large data); the
+    report clusters scanpy's graph, and this one is the reference of
+    ``benchmarks/bench_leiden_graph.py``.
     """
     latent = np.asarray(latent, dtype=np.float64)
     if latent.ndim != 2 or n_neighbors >= latent.shape[0]:
@@ -304,12 +317,13 @@ def cluster_agreement(
     n_neighbors: int = 15,
     resolution: float = 1.0,
     seeds: tuple[int, int] = (0, 1),
+    flavor: str = "igraph",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Leiden clusters of each fit's k-NN graph compared between fits and between two Leiden seeds.
+    """Leiden clusters (scanpy's) of each fit's neighbour graph, compared between fits and between two Leiden seeds.
 
-    Each fit's graph is built once from its latent means (:func:`knn_adjacency`)
-    and clustered with ``seeds[0]`` (compared between fits) and ``seeds[1]`` (the
-    baseline: same graph, another Leiden seed).
+    Each fit's graph is built once from its latent means (:func:`scanpy_graph`)
+    and clustered (:func:`scanpy_leiden`) with ``seeds[0]`` (compared between
+    fits) and ``seeds[1]`` (the baseline: same graph, another Leiden seed).
 
     Returns
     -------
@@ -321,22 +335,93 @@ def cluster_agreement(
         raise InvalidArgumentError("The baseline needs two different Leiden seeds.")
     labels, resampled = {}, {}
     for name, latent in latents.items():
-        adjacency = knn_adjacency(latent, n_neighbors)
-        labels[name] = leiden_labels(adjacency, resolution, seeds[0])
-        resampled[name] = leiden_labels(adjacency, resolution, seeds[1])
+        graph = scanpy_graph(latent, n_neighbors)
+        labels[name] = scanpy_leiden(graph, resolution, seeds[0], flavor)
+        resampled[name] = scanpy_leiden(graph, resolution, seeds[1], flavor)
     return label_agreement(labels, resampled)
 
 
-# ----- embeddings ------------------------------------------------------------------------------------------
-def umap_embedding(latent: np.ndarray, seed: int = 0, n_neighbors: int = 15, min_dist: float = 0.5) -> np.ndarray:
-    """2-D UMAP of latent means with a fixed seed (umap-learn; scanpy's default ``min_dist=0.5``).
+# ----- scanpy's graph -------------------------------------------------------------------------------------
+#: ``obsm`` key of the latent in the AnnData :func:`scanpy_graph` builds.
+GRAPH_REP = "X_latent"
+#: Leiden implementations of ``sc.tl.leiden`` -> the settings countvae passes with them (scanpy's
+#: recommended ones for "igraph"; scanpy's defaults for "leidenalg").
+LEIDEN_FLAVORS = {
+    "igraph": {"flavor": "igraph", "n_iterations": 2, "directed": False},
+    "leidenalg": {"flavor": "leidenalg"},
+}
 
-    With a seed umap-learn runs single-threaded and gives the same coordinates
-    for the same input on the same machine.
+
+def scanpy_graph(latent: np.ndarray, n_neighbors: int = 15) -> ad.AnnData:
+    """An AnnData holding ``latent`` in ``obsm["X_latent"]`` and scanpy's neighbour graph of it.
+
+    The graph is ``sc.pp.neighbors(adata, use_rep="X_latent", n_neighbors=n_neighbors)``
+    with scanpy's defaults otherwise (Euclidean, UMAP connectivities,
+    ``random_state=0``), the graph an analyst builds from ``obsm["X_countvae"]``.
+    The latent is held as float32, the type ``CountVAE.get_latent_representation``
+    returns (and ``write_results`` stores), so that the distances are the analyst's.
     """
-    umap = _require("umap", "UMAP embedding")
-    reducer = umap.UMAP(n_components=2, n_neighbors=n_neighbors, min_dist=min_dist, random_state=int(seed), n_jobs=1)
-    return np.asarray(reducer.fit_transform(np.asarray(latent, dtype=np.float32)), dtype=np.float64)
+    sc = _require("scanpy", "scanpy's neighbour graph")
+    latent = np.asarray(latent, dtype=np.float32)
+    if latent.ndim != 2 or n_neighbors >= latent.shape[0]:
+        raise InvalidArgumentError(
+            f"A {n_neighbors}-NN graph needs a (cells, dims) array with more than {n_neighbors} cells, "
+            f"got shape {latent.shape}."
+        )
+    adata = ad.AnnData(obs=pd.DataFrame(index=pd.RangeIndex(latent.shape[0]).astype(str)))
+    adata.obsm[GRAPH_REP] = latent
+    sc.pp.neighbors(adata, use_rep=GRAPH_REP, n_neighbors=int(n_neighbors))
+    return adata
+
+
+def scanpy_leiden(graph: ad.AnnData, resolution: float = 1.0, seed: int = 0, flavor: str = "igraph") -> np.ndarray:
+    """``sc.tl.leiden`` labels of a graph from :func:`scanpy_graph`, as integers.
+
+    Parameters
+    ----------
+    graph
+        The AnnData of :func:`scanpy_graph` (not modified).
+    resolution
+        Leiden's resolution.
+    seed
+        ``random_state`` of ``sc.tl.leiden``.
+    flavor
+        ``"igraph"`` (``flavor="igraph", n_iterations=2, directed=False``, scanpy's
+        recommended settings) or ``"leidenalg"`` (scanpy's defaults).
+
+    Returns
+    -------
+    numpy.ndarray
+        The cluster label of each cell (scanpy's label strings as integers).
+
+    """
+    if flavor not in LEIDEN_FLAVORS:
+        raise InvalidArgumentError(f"Leiden flavor must be one of {sorted(LEIDEN_FLAVORS)}, got {flavor!r}.")
+    sc = _require("scanpy", "Leiden clustering")
+    _require("igraph", "Leiden clustering")
+    if flavor == "leidenalg":
+        _require("leidenalg", "Leiden clustering")
+    work = ad.AnnData(obs=pd.DataFrame(index=graph.obs_names), uns=dict(graph.uns), obsp=dict(graph.obsp))
+    with warnings.catch_warnings():
+        # scanpy's notice that its default flavor will change; the flavor here is chosen explicitly
+        warnings.filterwarnings("ignore", "In the future, the default backend for leiden", FutureWarning)
+        sc.tl.leiden(work, resolution=float(resolution), random_state=int(seed), **LEIDEN_FLAVORS[flavor])
+    return work.obs["leiden"].astype(int).to_numpy(np.int64)
+
+
+# ----- embeddings ------------------------------------------------------------------------------------------
+def umap_embedding(latent: np.ndarray, seed: int = 0, n_neighbors: int = 15) -> np.ndarray:
+    """2-D ``sc.tl.umap`` embedding of scanpy's neighbour graph of ``latent`` with ``random_state=seed``.
+
+    The graph is :func:`scanpy_graph`'s; the embedding uses scanpy's defaults
+    otherwise (``min_dist=0.5``). With a seed the coordinates are the same for the
+    same input on the same machine.
+    """
+    sc = _require("scanpy", "UMAP embedding")
+    _require("umap", "UMAP embedding")
+    graph = scanpy_graph(latent, n_neighbors)
+    sc.tl.umap(graph, random_state=int(seed))
+    return np.asarray(graph.obsm["X_umap"], dtype=np.float64)
 
 
 def neighbourhood_agreement(

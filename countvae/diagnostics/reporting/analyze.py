@@ -4,8 +4,8 @@ No fitted model is called here. The maps between fits are fitted once per pair
 on each set of cells they are needed on: the alignment fits its own on half of
 the held-out cells (it scores them on the other half), and one
 :class:`~countvae.diagnostics.analyses.maps.PairMaps` on all held-out cells
-serves the cross-seed spread of guide draws (maps to the first fit) and the
-invariants table (maps between every pair). Each seed's ICA for the component
+serves the cross-seed spread of guide draws (maps to the first fit), the
+consensus latent (the same maps) and the invariants table (maps between every pair). Each seed's ICA for the component
 table is estimated once, on halves of the fit cells when they are known; the
 invariants table's ICA row and the ground truth read that one result.
 """
@@ -33,6 +33,13 @@ from countvae.diagnostics.analyses.predictive import (
 )
 from countvae.diagnostics.analyses.resampling import cell_bootstrap
 from countvae.diagnostics.analyses.rhat import add_baseline, rhat_chains, rhat_table
+from countvae.diagnostics.analyses.stability_columns import (
+    cell_knn_agreement,
+    cell_knn_baseline,
+    cell_lpd_summary,
+    consensus_latent,
+    gene_decoded_agreement,
+)
 from countvae.diagnostics.analyses.subspace import covariance_spectrum, geometry_table
 from countvae.diagnostics.reporting.collect import Collected
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -48,7 +55,9 @@ class Analyses:
     ``None`` without ICA. ``invariants`` holds the agreement numbers, intervals
     and thresholds; the verdicts are added by :mod:`.verdicts`, as are those of
     the ICA components (``ica``). ``heldout_maps`` are the maps fitted on all
-    held-out cells (shared by the guide spread and the invariants table).
+    held-out cells (shared by the guide spread, the consensus latent and the
+    invariants table). ``cells``, ``genes`` and ``consensus`` are the per-cell and
+    per-gene columns and the consensus latent (:func:`stability_columns`).
     """
 
     predictive: pd.DataFrame
@@ -75,6 +84,9 @@ class Analyses:
     invariant_pairs: pd.DataFrame
     ground_truth: pd.DataFrame
     heldout_maps: PairMaps
+    cells: pd.DataFrame
+    genes: pd.DataFrame
+    consensus: np.ndarray
 
 
 def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
@@ -128,6 +140,8 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
     maps = PairMaps(latents, seed=s.seed)
     rhat, rhat_parameters = _guide_spread(c, maps)
     stopwatch.lap("rhat")
+    cells, genes, consensus = stability_columns(c, s, maps)
+    stopwatch.lap("per-cell and per-gene columns")
 
     markers = marker_summary(latents, c.markers)
     correlations = marker_correlations(latents, c.markers)
@@ -200,7 +214,56 @@ def analyze(c: Collected, s: ReportSettings, stopwatch: Stopwatch) -> Analyses:
         invariant_pairs=invariant_pairs,
         ground_truth=truth,
         heldout_maps=maps,
+        cells=cells,
+        genes=genes,
+        consensus=consensus,
     )
+
+
+def stability_columns(c: Collected, s: ReportSettings, maps: PairMaps) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    """Per held-out cell and per gene, the agreement across seeds; and the consensus latent.
+
+    Returns
+    -------
+    cells
+        Indexed by the held-out cells' names: ``knn_agreement`` (mean over pairs of
+        fits of the cell's k-NN Jaccard in the latent means), ``knn_agreement_within_seed``
+        (the same between two guide draws of one fit, mean over fits), ``lpd_mean`` and
+        ``lpd_sd`` (held-out log p(x) over seeds). NaN for cells outside the subsets
+        they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
+    genes
+        Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's
+        concordance of the decoded log mean across ``CellSubsets.expression``), NaN
+        outside ``CellSubsets.genes``.
+    consensus
+        (cells, n_latent): the fits' latent means mapped onto the first fit by
+        their orthogonal maps, averaged.
+
+    """
+    sub, latents = c.subsets, c.per_fit("latent")
+    names = c.obs_names if c.obs_names is not None else pd.RangeIndex(c.n_cells).astype(str)
+    cells = pd.DataFrame(index=pd.Index(names, name=None))
+    knn = sub.knn if sub.knn is not None else np.arange(c.n_cells)
+    k = min(s.k, len(knn) - 1)
+    columns = {
+        "knn_agreement": (knn, cell_knn_agreement({n: z[knn] for n, z in latents.items()}, k)),
+    }
+    draws = c.per_fit("knn_draws")
+    if all(d is not None for d in draws.values()):
+        columns["knn_agreement_within_seed"] = (knn, cell_knn_baseline(draws, k))
+    lpds = {name: frame for name, frame in c.per_fit("lpd").items() if frame is not None}
+    if len(lpds) == len(latents):
+        mean, sd = cell_lpd_summary({name: frame["lpd"].to_numpy() for name, frame in lpds.items()})
+        columns |= {"lpd_mean": (sub.lpd, mean), "lpd_sd": (sub.lpd, sd)}
+    for column, (positions, values) in columns.items():
+        full = np.full(c.n_cells, np.nan)
+        full[positions] = values
+        cells[column] = full
+    decoded = np.full(len(c.var_names), np.nan)
+    decoded[sub.genes] = gene_decoded_agreement(c.per_fit("log_rate"))
+    genes = pd.DataFrame({"decoded_agreement": decoded}, index=pd.Index(c.var_names.astype(str)))
+    consensus = consensus_latent(latents, maps.to_reference(c.names[0]))
+    return cells, genes, consensus
 
 
 def _guide_spread(c: Collected, maps: PairMaps) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -10,7 +10,8 @@ gene-space span, Gram matrix and a small gene-space basis for the intervals, see
 predictive draws (reduced to their statistics, see
 :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are not kept) and
 guide draws for the cross-seed spread (with a second, independent set of draws
-of the first fit as its baseline). From the data alone: the observed counts the
+of the first fit as its baseline), and two guide draws per fit on the k-NN cells
+(the within-seed baseline of each cell's neighbourhood agreement). From the data alone: the observed counts the
 no-latent baseline of the equivalence margin needs
 (:mod:`countvae.diagnostics.analyses.baseline`) and, for simulated data, the
 true sources. The analyses then work on :class:`Collected` alone.
@@ -135,6 +136,7 @@ class CellSubsets:
     genes: np.ndarray
     rhat_genes: np.ndarray
     fit: np.ndarray | None = None
+    knn: np.ndarray | None = None
 
 
 def cell_subsets(
@@ -154,6 +156,8 @@ def cell_subsets(
         genes=genes,
         rhat_genes=np.sort(top),
         fit=None if n_fit_cells is None else subsample(n_fit_cells, s.max_ica_fit_cells, s.seed + 5),
+        # the cells of the invariants table's k-NN overlap (same size and seed)
+        knn=subsample(n, s.max_knn_cells, s.seed),
     )
 
 
@@ -221,6 +225,8 @@ class FitArrays:
         A second, independent set of guide draws of the first fit (the baseline of the cross-seed spread).
     latent_fit
         Posterior means on ``CellSubsets.fit`` of the fit cells (``None`` without them).
+    knn_draws
+        Two independent guide draws on ``CellSubsets.knn``, (2, cells, n_latent), float32.
 
     """
 
@@ -239,6 +245,7 @@ class FitArrays:
     guide: GuideDraws
     guide_repeat: GuideDraws | None = None
     latent_fit: np.ndarray | None = None
+    knn_draws: np.ndarray | None = None
 
 
 @dataclass
@@ -275,6 +282,8 @@ class Collected:
         The simulation's sources on the held-out cells (``obsm["z_true"]``), or ``None``.
     n_fit_cells
         Cells the fits were trained on, when known.
+    obs_names
+        The held-out cells' names, in order.
 
     """
 
@@ -292,6 +301,7 @@ class Collected:
     baseline_source: str = ""
     true_sources: np.ndarray | None = None
     n_fit_cells: int | None = None
+    obs_names: pd.Index | None = None
 
     @property
     def names(self) -> list[str]:
@@ -346,6 +356,8 @@ def _collect_fit(
     # The first fit draws once more, independently (a seed no chain uses): the within-seed baseline.
     repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes) if chain == 0 else None
     latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64) if "fit" in views else None
+    # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
+    knn_draws = np.asarray(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), dtype=np.float32)
     return FitArrays(
         latent=latent,
         lpd=lpd,
@@ -362,6 +374,7 @@ def _collect_fit(
         guide=guide,
         guide_repeat=repeat,
         latent_fit=latent_fit,
+        knn_draws=knn_draws,
     )
 
 
@@ -453,6 +466,7 @@ def collect(
         "jacobian": adata[sub.jacobian].copy(),
         "ppc": adata[sub.ppc].copy(),
         "rhat": adata[sub.rhat].copy(),
+        "knn": adata[sub.knn].copy(),
     }
     if adata_fit is not None and s.ica:
         views["fit"] = adata_fit[sub.fit].copy()
@@ -490,4 +504,5 @@ def collect(
         baseline_source=baseline_source,
         true_sources=truth,
         n_fit_cells=None if adata_fit is None else int(adata_fit.n_obs),
+        obs_names=pd.Index(adata.obs_names.astype(str)),
     )

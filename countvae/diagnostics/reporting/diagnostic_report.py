@@ -10,10 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anndata as ad
 import pandas as pd
 
 from countvae._report_files import write_report_folder
 from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN, Progress, ProgressEvent, notify
+from countvae.diagnostics.reporting.anndata_export import write_report
+from countvae.diagnostics.reporting.model_card import model_card
 from countvae.diagnostics.reporting.render_html import render_html, summary_html
 from countvae.diagnostics.reporting.render_json import report_record
 from countvae.diagnostics.reporting.render_markdown import render_markdown
@@ -45,6 +48,9 @@ class DiagnosticReport(ReportContent):
         Package versions, data checksum, fits.
     timings
         Seconds per step.
+    cells, genes, consensus_latent
+        Per held-out cell and per gene, the agreement across seeds, and the
+        consensus latent (in memory only, not in the report files); see :meth:`write`.
 
     """
 
@@ -67,6 +73,55 @@ class DiagnosticReport(ReportContent):
     def to_html(self) -> str:
         """The report as one self-contained HTML page (the text of report.html)."""
         return render_html(self)
+
+    def write(self, adata: ad.AnnData, overwrite: bool = False) -> dict[str, list[str]]:
+        """Write the per-cell and per-gene findings, the consensus latent and a summary into ``adata`` (in place).
+
+        ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN
+        overlap), ``countvae_knn_agreement_within_seed`` (its within-seed baseline),
+        ``countvae_lpd_mean``, ``countvae_lpd_sd`` (held-out log p(x) over seeds);
+        ``var``: ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with
+        DE); ``obsm["X_countvae_consensus"]``; ``uns["countvae_report"]``. Cells are
+        matched by ``obs_names`` and genes by ``var_names``. Cells that are not the
+        report's held-out cells (and held-out cells outside the subset a quantity is
+        computed on) get NaN; see :mod:`countvae.diagnostics.reporting.anndata_export`.
+        Everything written survives ``write_h5ad`` / ``read_h5ad``.
+
+        Parameters
+        ----------
+        adata
+            The AnnData the report's held-out cells come from (all its cells, or
+            only the held-out ones).
+        overwrite
+            Replace keys that exist; otherwise an existing key is an error and
+            nothing is written.
+
+        Returns
+        -------
+        dict
+            Slot -> keys written.
+
+        Raises
+        ------
+        OutputExistsError
+            If a key exists and ``overwrite`` is False.
+        InvalidDataError
+            If none of ``adata``'s cells is one of the report's held-out cells.
+
+        Examples
+        --------
+        >>> rep.write(adata)  # doctest: +SKIP
+        >>> sc.pl.umap(adata, color="countvae_knn_agreement")  # doctest: +SKIP
+
+        """
+        return write_report(self, adata, overwrite=overwrite)
+
+    def model_card(self) -> str:
+        """A short Markdown block: what the fits identify, predictive equivalence, calibration, versions, settings.
+
+        See :mod:`countvae.diagnostics.reporting.model_card`.
+        """
+        return model_card(self)
 
     def save(self, dir_path: str | Path, overwrite: bool = False, progress: Progress | None = None) -> Path:
         """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder.

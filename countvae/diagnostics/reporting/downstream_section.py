@@ -12,9 +12,11 @@ varies only the downstream seed):
   fit ``i`` (in the order given) is sampled with seed ``seed + i``; the baseline
   recomputes (some of) the fits with the sampling seed ``seed + n_fits + i``.
   Agreement: Jaccard of the call sets, Spearman correlation of ``lfc_mean``.
-* **Leiden clusters** of each fit's exact k-NN graph of latent means: Leiden seed
-  ``seed`` between fits, ``seed + 1`` for the baseline. Agreement: ARI, NMI.
-* **UMAP neighbourhoods**: UMAP of each fit's latent means with seed ``seed``
+* **Leiden clusters** as scanpy makes them: ``sc.pp.neighbors(use_rep=...)`` on each
+  fit's latent means, then ``sc.tl.leiden`` with seed ``seed`` between fits,
+  ``seed + 1`` for the baseline (the labels are scanpy's own for these settings).
+  Agreement: ARI, NMI.
+* **UMAP neighbourhoods**: ``sc.tl.umap`` of the same graph with seed ``seed``
   between fits, ``seed + 1`` for the baseline. Agreement: k-NN overlap in 2-D.
 * **latent k-NN**: the k-NN overlap of the latent means themselves, a
   deterministic function of the fit (no downstream randomness: its baseline
@@ -22,8 +24,8 @@ varies only the downstream seed):
 
 The DE runs on the report's held-out cells, as every other part of the report:
 none of the fits was trained on them, and all fits see the same cells. Leiden
-and UMAP need the optional extra ``countvae[downstream]``; without it those rows
-say which extra to install and the rest of the section (and of the report) is
+and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
+umap-learn); without it those rows say which extra to install and the rest of the section (and of the report) is
 unaffected.
 """
 
@@ -45,6 +47,7 @@ from countvae._formatting import json_ready, markdown_table
 from countvae._report_files import escape, figure_png_base64, html_details, html_figure, html_list, html_table
 from countvae.diagnostics.analyses.downstream import (
     BETWEEN,
+    LEIDEN_FLAVORS,
     WITHIN,
     chance_jaccard,
     cluster_agreement,
@@ -90,9 +93,12 @@ class DownstreamSettings:
     delta, fdr_target, batch_correction
         As in :meth:`countvae.CountVAE.differential_expression`.
     k
-        Neighbours per cell of the k-NN graphs (Leiden, UMAP, overlaps).
+        Neighbours per cell of the k-NN graphs (``n_neighbors`` of ``sc.pp.neighbors``; overlaps).
     leiden_resolution
         Leiden's resolution parameter.
+    leiden_flavor
+        ``"igraph"`` (``sc.tl.leiden(..., flavor="igraph", n_iterations=2, directed=False)``,
+        scanpy's recommended settings) or ``"leidenalg"`` (``sc.tl.leiden``'s defaults).
     max_cells
         Held-out cells (a random subset) clustered and embedded at most.
     clusters, umap
@@ -109,6 +115,7 @@ class DownstreamSettings:
     batch_correction: bool = False
     k: int = 15
     leiden_resolution: float = 1.0
+    leiden_flavor: str = "igraph"
     max_cells: int = 3_000
     clusters: bool = True
     umap: bool = True
@@ -122,6 +129,10 @@ class DownstreamSettings:
         check_number("fdr_target", self.fdr_target, 0.0, 1.0, low_open=True, high_open=True)
         check_int("k", self.k, 2)
         check_number("leiden_resolution", self.leiden_resolution, 0.0, low_open=True)
+        if self.leiden_flavor not in LEIDEN_FLAVORS:
+            raise InvalidArgumentError(
+                f"leiden_flavor must be one of {sorted(LEIDEN_FLAVORS)}, got {self.leiden_flavor!r}."
+            )
         check_int("max_cells", self.max_cells, 3)
         check_int("seed", self.seed)
 
@@ -216,6 +227,9 @@ class DownstreamSection:
         Per fit: sampling seeds, number of calls, the DE's own predicted
         agreement of two sampling seeds (``mc_call_jaccard``) and, for the
         baseline fits, the calls with the second seed.
+    de_calls
+        Genes (the fits' order) x fits: whether each fit calls the gene DE with
+        its own sampling seed; no columns without DE.
     status
         Output -> ``"computed"``, ``"not requested"`` or why it was not computed
         (e.g. which extra to install).
@@ -235,6 +249,7 @@ class DownstreamSection:
     statements: list[str]
     settings: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    de_calls: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as JSON-ready values (NaN becomes ``None``)."""
@@ -453,7 +468,7 @@ def downstream_section(
     long_parts, summaries = [], []
     timings: dict[str, float] = {}
     settings: dict[str, Any] = {"cells": int(adata.n_obs), **json_ready(vars(s))}
-    de_per_fit = pd.DataFrame()
+    de_per_fit = de_calls = pd.DataFrame()
 
     if request.groupby is not None:
         started = time.perf_counter()
@@ -484,6 +499,7 @@ def downstream_section(
                 row.update(baseline_sampling_seed=second_seed, n_calls_baseline=int(calls2[fit.name].sum()))
             rows.append(row)
         de_per_fit = pd.DataFrame(rows)
+        de_calls = pd.DataFrame(calls, index=pd.Index(fits[0].var_names).astype(str))
         pairs, summary = de_agreement(calls, lfc, calls2, lfc2)
         pairs["chance"] = _chance(pairs, calls, calls2, len(fits[0].var_names))
         summary["chance_mean"] = np.where(
@@ -513,7 +529,7 @@ def downstream_section(
         (
             "clusters",
             s.clusters,
-            lambda: cluster_agreement(sub, k, s.leiden_resolution, (s.seed, s.seed + 1)),
+            lambda: cluster_agreement(sub, k, s.leiden_resolution, (s.seed, s.seed + 1), s.leiden_flavor),
             ["ari", "nmi"],
         ),
         ("umap", s.umap, lambda: umap_agreement(sub, k, (s.seed, s.seed + 1), k), ["knn_overlap"]),
@@ -558,6 +574,7 @@ def downstream_section(
         statements=statements,
         settings=settings,
         timings=timings,
+        de_calls=de_calls,
     )
 
 

@@ -164,6 +164,9 @@ def report(
         provenance=collected.provenance(),
         timings=stopwatch.timings,
         downstream=section,  # issue 18
+        cells=analyses.cells,
+        genes=analyses.genes,
+        consensus_latent=analyses.consensus,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.reporting.downstream_section import DownstreamSection  # downstream section (issue 18)
@@ -26,7 +27,11 @@ class ReportContent:
 
     The fields are described in the docstring of
     :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`,
-    the class users see; the main tables are :data:`MAIN_TABLES`.
+    the class users see; the main tables are :data:`MAIN_TABLES`. ``cells``,
+    ``genes`` and ``consensus_latent`` (per held-out cell, per gene, and the
+    consensus latent of the held-out cells) are kept in memory for
+    :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`
+    and are not part of the report files.
     """
 
     headline: list[str]
@@ -36,6 +41,9 @@ class ReportContent:
     provenance: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     downstream: DownstreamSection | None = None  # downstream section (issue 18): DE, clusters, UMAP across seeds
+    cells: pd.DataFrame | None = field(default=None, repr=False)
+    genes: pd.DataFrame | None = field(default=None, repr=False)
+    consensus_latent: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def invariants(self) -> pd.DataFrame:

@@ -1,0 +1,168 @@
+"""Per-cell and per-gene stability across seeds, and the consensus latent (arrays in, arrays out).
+
+These are the report's numbers resolved to single cells and genes, so that they can
+sit beside the analyst's own columns in an AnnData (see
+:meth:`countvae.diagnostics.DiagnosticReport.write`):
+
+* :func:`cell_knn_agreement`: for each cell, the Jaccard overlap of its ``k``
+  nearest neighbours in the latent means of two fits, averaged over every pair of
+  fits. Its mean over cells, for one pair, is the report's k-NN overlap of that pair.
+* :func:`cell_knn_baseline`: the same overlap between two independent draws from one
+  fit's guide, averaged over fits: how much a cell's neighbourhood moves under the
+  posterior's own uncertainty, with the seed held fixed.
+* :func:`cell_lpd_summary`: each cell's held-out log p(x), its mean over seeds and
+  its standard deviation across seeds.
+* :func:`gene_decoded_agreement`: for each gene, Lin's concordance of its decoded
+  log mean across cells between two fits, averaged over pairs of fits.
+* :func:`de_call_frequency`: the fraction of fits that call each gene DE.
+* :func:`consensus_latent`: every fit's latent means mapped onto one reference fit
+  by its orthogonal map (Procrustes on centred means, the symmetry group of a
+  N(0, I) prior), then averaged over fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from countvae.diagnostics.analyses.invariants import concordance
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
+from countvae.errors import InvalidArgumentError
+
+
+def _pairs(values: Mapping[str, object]) -> list[tuple[str, str]]:
+    if len(values) < 2:
+        raise InvalidArgumentError(f"Agreement across seeds needs at least two fits, got {len(values)}.")
+    return list(combinations(values, 2))
+
+
+def cell_knn_agreement(latents: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+    """Per cell, the k-NN Jaccard overlap between the latent means of two fits, averaged over pairs of fits.
+
+    Parameters
+    ----------
+    latents
+        Fit name -> latent means of the same cells, (cells, n_latent).
+    k
+        Neighbours per cell.
+
+    Returns
+    -------
+    numpy.ndarray
+        (cells,) values in [0, 1]; 1 when every pair of fits gives the cell the same neighbours.
+
+    """
+    pairs = _pairs(latents)
+    neighbours = {name: knn_sets(np.asarray(z, dtype=np.float64), k) for name, z in latents.items()}
+    return np.mean([knn_jaccard_per_cell(neighbours[a], neighbours[b]) for a, b in pairs], axis=0)
+
+
+def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+    """Per cell, the k-NN Jaccard overlap between two guide draws of one fit, averaged over fits.
+
+    Parameters
+    ----------
+    draws
+        Fit name -> two independent draws from the fit's guide on the same cells, (2, cells, n_latent).
+    k
+        Neighbours per cell.
+
+    Returns
+    -------
+    numpy.ndarray
+        (cells,) values in [0, 1].
+
+    """
+    if not draws:
+        raise InvalidArgumentError("The within-seed baseline needs the guide draws of at least one fit.")
+    values = []
+    for name, z in draws.items():
+        z = np.asarray(z, dtype=np.float64)
+        if z.ndim != 3 or z.shape[0] != 2:
+            raise InvalidArgumentError(f"{name!r}: expected two draws (2, cells, n_latent), got shape {z.shape}.")
+        values.append(knn_jaccard_per_cell(knn_sets(z[0], k), knn_sets(z[1], k)))
+    return np.mean(values, axis=0)
+
+
+def cell_lpd_summary(lpds: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, the mean over seeds of held-out log p(x) and its standard deviation across seeds (ddof 1).
+
+    Parameters
+    ----------
+    lpds
+        Fit name -> per-cell held-out log p(x) in nats, on the same cells.
+
+    Returns
+    -------
+    mean, sd
+        (cells,) each; ``sd`` is NaN with a single fit.
+
+    """
+    if not lpds:
+        raise InvalidArgumentError("No held-out log p(x) to summarize.")
+    stacked = np.vstack([np.asarray(v, dtype=np.float64) for v in lpds.values()])
+    sd = stacked.std(axis=0, ddof=1) if len(stacked) > 1 else np.full(stacked.shape[1], np.nan)
+    return stacked.mean(axis=0), sd
+
+
+def _per_column(a: np.ndarray, b: np.ndarray, score: Callable[[np.ndarray, np.ndarray], float]) -> np.ndarray:
+    return np.array([score(a[:, g], b[:, g]) for g in range(a.shape[1])])
+
+
+def gene_decoded_agreement(log_rates: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Per gene, Lin's concordance of the decoded log means of two fits across cells, averaged over pairs.
+
+    Parameters
+    ----------
+    log_rates
+        Fit name -> decoded log means of the same cells and genes, (cells, genes).
+
+    Returns
+    -------
+    numpy.ndarray
+        (genes,) values in [-1, 1]; 1 when the fits decode the gene identically in every cell.
+        A shift or rescaling between fits lowers it (unlike a correlation).
+
+    """
+    pairs = _pairs(log_rates)
+    shapes = {np.shape(v) for v in log_rates.values()}
+    if len(shapes) != 1:
+        raise InvalidArgumentError(f"Decoded means of different shapes: {sorted(shapes)}.")
+    arrays = {name: np.asarray(v, dtype=np.float64) for name, v in log_rates.items()}
+    return np.mean([_per_column(arrays[a], arrays[b], concordance) for a, b in pairs], axis=0)
+
+
+def de_call_frequency(calls: pd.DataFrame) -> pd.Series:
+    """Per gene (row), the fraction of fits (columns) that call it DE."""
+    if calls.shape[1] == 0:
+        raise InvalidArgumentError("No DE calls: the report was made without DE.")
+    return calls.astype(bool).mean(axis=1)
+
+
+def consensus_latent(
+    latents: Mapping[str, np.ndarray], maps: Mapping[str, Callable[[np.ndarray], np.ndarray]]
+) -> np.ndarray:
+    """The mean over fits of each fit's latent means mapped onto the reference fit.
+
+    Parameters
+    ----------
+    latents
+        Fit name -> latent means of the same cells, (cells, n_latent).
+    maps
+        Fit name -> the map taking that fit's latents to the reference's (the
+        identity for the reference), e.g.
+        :meth:`~countvae.diagnostics.analyses.maps.PairMaps.to_reference`.
+
+    Returns
+    -------
+    numpy.ndarray
+        (cells, n_latent), in the reference fit's coordinates.
+
+    """
+    missing = sorted(set(latents) - set(maps))
+    if missing:
+        raise InvalidArgumentError(f"No map to the reference for {missing}.")
+    return np.mean([maps[name](np.asarray(z, dtype=np.float64)) for name, z in latents.items()], axis=0)

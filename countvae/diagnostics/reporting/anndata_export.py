@@ -1,0 +1,207 @@
+"""The report's per-cell and per-gene findings in the AnnData slots a scanpy user looks in.
+
+``obs["countvae_heldout"]``
+    Whether the cell is one of the report's held-out cells.
+``obs["countvae_knn_agreement"]``
+    The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
+    pairs of seeds (1: the same neighbours in every fit).
+``obs["countvae_knn_agreement_within_seed"]``
+    The same between two guide draws of one fit, mean over fits: the within-seed
+    baseline (how much the neighbourhood moves under the posterior's own uncertainty).
+``obs["countvae_lpd_mean"]``, ``obs["countvae_lpd_sd"]``
+    Held-out log p(x) in nats: mean over seeds, and standard deviation across seeds.
+``var["countvae_decoded_agreement"]``
+    Lin's concordance of the gene's decoded log mean across held-out cells between two
+    seeds, mean over pairs of seeds.
+``var["countvae_de_call_frequency"]``
+    Fraction of seeds that call the gene DE (reports with DE only).
+``obsm["X_countvae_consensus"]``
+    Consensus latent: each seed's latent means mapped onto the first seed's by
+    orthogonal Procrustes, then averaged.
+``uns["countvae_report"]``
+    Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
+    written and what each means, package versions, the model card (Markdown).
+
+NaN marks a value that was not computed for that cell or gene: every cell that is
+not one of the report's held-out cells (``countvae_heldout`` is False: the report
+evaluates held-out cells only, and the fits were trained on the others), held-out cells
+outside the random subsets the report computes each quantity on (the k-NN columns
+on ``max_knn_cells`` cells, log p(x) on ``max_lpd_cells``; see
+``DiagnosticReport.subsampling``), and genes outside the ``max_genes`` most variable
+genes the decoded means are compared on. The obsm key follows scanpy's ``X_``
+convention (as ``X_countvae``), so that ``sc.pp.neighbors(adata,
+use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
+
+Existing keys are never replaced unless ``overwrite=True``, and nothing is written
+when any key is taken. Everything written survives ``adata.write_h5ad`` and
+``anndata.read_h5ad`` (the summary holds strings, numbers and lists of strings only).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae._formatting import json_ready
+from countvae._provenance import package_versions
+from countvae.diagnostics.analyses.stability_columns import de_call_frequency
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+
+if TYPE_CHECKING:
+    from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
+
+PREFIX = "countvae_"
+HELDOUT_KEY = "countvae_heldout"
+CONSENSUS_KEY = "X_countvae_consensus"
+UNS_KEY = "countvae_report"
+
+#: Key -> what it holds (stored in the summary, so that a saved file explains its own columns).
+KEY_NOTES = {
+    HELDOUT_KEY: "whether the cell is one of the report's held-out cells (all other columns are NaN elsewhere)",
+    "countvae_knn_agreement": "k-NN Jaccard overlap of the cell's neighbours between the latent means of two seeds, "
+    "mean over pairs of seeds",
+    "countvae_knn_agreement_within_seed": "the same overlap between two guide draws of one fit, mean over fits "
+    "(within-seed baseline)",
+    "countvae_lpd_mean": "held-out log p(x) in nats, mean over seeds",
+    "countvae_lpd_sd": "held-out log p(x), standard deviation across seeds",
+    "countvae_decoded_agreement": "Lin's concordance of the gene's decoded log mean across held-out cells between "
+    "two seeds, mean over pairs of seeds",
+    "countvae_de_call_frequency": "fraction of seeds that call the gene DE",
+    CONSENSUS_KEY: "latent means of every seed mapped onto the first seed's by orthogonal Procrustes, averaged",
+}
+#: The note every summary carries about NaN.
+NAN_NOTE = (
+    "NaN: not computed for this cell or gene (cells outside the report's held-out cells, or outside the random "
+    "subset a quantity is computed on; genes outside the compared genes)."
+)
+
+
+def h5ad_ready(value: Any) -> Any:
+    """``value`` as h5ad can store it: JSON-ready, ``None`` as ``""``, mixed lists as strings, no "/" in keys.
+
+    (h5py reads a "/" in a key as a path into nested groups, so it becomes " or ".)
+    """
+    value = json_ready(value)
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return {str(k).replace("/", " or "): h5ad_ready(v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = [h5ad_ready(v) for v in value]
+        if all(isinstance(v, bool) for v in items) or all(isinstance(v, str) for v in items):
+            return items
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in items):
+            return items
+        if all(isinstance(v, dict) for v in items):
+            return {str(i): v for i, v in enumerate(items)}
+        return [str(v) for v in items]
+    return value
+
+
+def _report_frames(rep: DiagnosticReport) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    if rep.cells is None or rep.genes is None or rep.consensus_latent is None:
+        raise InvalidArgumentError(
+            "This report holds no per-cell results (a report read back from its files, or made by an older "
+            "version); make it again with countvae.diagnostics.report(...) and call write() on that object."
+        )
+    genes = rep.genes.copy()
+    downstream = rep.downstream
+    if downstream is not None and downstream.de_calls.shape[1]:
+        genes["de_call_frequency"] = de_call_frequency(downstream.de_calls).reindex(genes.index)
+    return rep.cells, genes, rep.consensus_latent
+
+
+def _positions(report_names: pd.Index, adata_names: pd.Index) -> np.ndarray:
+    """Position of each of ``adata``'s cells among the report's cells (-1 for cells that are not in it)."""
+    if not report_names.is_unique:
+        raise InvalidDataError("The report's held-out cells have repeated names; give the cells unique obs_names.")
+    positions = report_names.get_indexer(adata_names)
+    if not (positions >= 0).any():
+        raise InvalidDataError(
+            f"None of adata's {len(adata_names)} cells is one of the report's {len(report_names)} held-out cells "
+            f"(by obs_names, e.g. {list(report_names[:3])}); pass the AnnData the report's cells come from."
+        )
+    return positions
+
+
+def _take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Rows of ``values`` at ``positions``, NaN where a position is -1."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.full((len(positions), *values.shape[1:]), np.nan)
+    found = positions >= 0
+    out[found] = values[positions[found]]
+    return out
+
+
+def summary_record(rep: DiagnosticReport, written: dict[str, list[str]], n_matched: int) -> dict[str, Any]:
+    """The ``uns`` summary: what the report found, what was written and what each key means."""
+    invariants = rep.invariants
+    fits = rep.provenance.get("fits", [])
+    record = {
+        "headline": list(rep.headline),
+        "verdicts": {
+            "quantity": invariants["quantity"].astype(str).tolist(),
+            "verdict": invariants["verdict"].astype(str).tolist(),
+        },
+        "predictive_equivalence": rep.settings.get("predictive_equivalence", {}),
+        "seeds": [int(f["seed"]) for f in fits],
+        "fits": [str(f["name"]) for f in fits],
+        "symmetry": str(fits[0]["symmetry"]) if fits else "",
+        "heldout_cells": int(len(rep.cells)),
+        "cells_written": int(n_matched),
+        "keys": written,
+        "key_notes": {key: KEY_NOTES[key] for keys in written.values() for key in keys if key in KEY_NOTES},
+        "nan_note": NAN_NOTE,
+        "versions": package_versions("anndata"),
+        "model_card": rep.model_card(),
+    }
+    return h5ad_ready(record)
+
+
+def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = False) -> dict[str, list[str]]:
+    """Write the report's per-cell and per-gene columns, consensus latent and summary into ``adata`` (in place).
+
+    See the module docstring for the keys. Cells are matched by ``obs_names``, genes
+    by ``var_names``; cells and genes the report does not cover get NaN.
+
+    Returns
+    -------
+    dict
+        Slot -> keys written, e.g. ``{"obs": [...], "var": [...], "obsm": ["X_countvae_consensus"],
+        "uns": ["countvae_report"]}``.
+
+    Raises
+    ------
+    OutputExistsError
+        If a key exists and ``overwrite`` is False (nothing is written then).
+    InvalidDataError
+        If none of ``adata``'s cells is one of the report's held-out cells.
+
+    """
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
+    cells, genes, consensus = _report_frames(rep)
+    positions = _positions(pd.Index(cells.index.astype(str)), pd.Index(adata.obs_names.astype(str)))
+    gene_positions = pd.Index(genes.index.astype(str)).get_indexer(pd.Index(adata.var_names.astype(str)))
+    obs = {HELDOUT_KEY: positions >= 0} | {
+        PREFIX + column: _take(cells[column].to_numpy(), positions) for column in cells.columns
+    }
+    var = {PREFIX + column: _take(genes[column].to_numpy(), gene_positions) for column in genes.columns}
+    written = {"obs": list(obs), "var": list(var), "obsm": [CONSENSUS_KEY], "uns": [UNS_KEY]}
+    stores = {"obs": adata.obs.columns, "var": adata.var.columns, "obsm": adata.obsm, "uns": adata.uns}
+    taken = [f"{slot}[{key!r}]" for slot, keys in written.items() for key in keys if key in stores[slot]]
+    if taken and not overwrite:
+        raise OutputExistsError(
+            f"adata already has {', '.join(taken)}; pass overwrite=True to replace them (report.write(adata, "
+            "overwrite=True), or --overwrite on the command line), or write into a copy."
+        )
+    for key, values in obs.items():
+        adata.obs[key] = values
+    for key, values in var.items():
+        adata.var[key] = values
+    adata.obsm[CONSENSUS_KEY] = _take(consensus, positions).astype(np.float32)
+    adata.uns[UNS_KEY] = summary_record(rep, written, int((positions >= 0).sum()))
+    return written

@@ -1,0 +1,155 @@
+"""A model card: the report's findings in a short Markdown block to paste beside a figure or into a methods section.
+
+It states what the fits identify and up to which symmetry (from the verdict rows),
+whether they are predictively equivalent (with the interval of the worst pair),
+the calibration scenario that matches the report and how often each row's verdict
+was right there, the package versions, and the settings that reproduce the fits
+and the report. Every number is read from the report; nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from countvae.diagnostics.reporting.settings import ReportSettings
+from countvae.diagnostics.reporting.verdicts import (
+    AGREE,
+    ALIGNED,
+    DIFFER,
+    NOT_MEASURED,
+    UNDETERMINED,
+    quantities_by_verdict,
+)
+
+if TYPE_CHECKING:
+    from countvae.diagnostics.reporting.report_content import ReportContent
+
+#: Held-out cells of the calibration scenarios with adequate and with few cells (benchmarks/calibration.py);
+#: a report is matched to the scenario whose size is nearer on a log scale.
+CALIBRATION_CELLS = {"seeds": 1000, "few cells": 40}
+#: What the symmetry group of the model means, by the fits' ``symmetry``.
+SYMMETRY_WORDS = {
+    "orthogonal": "every rotation or reflection of the latent space leaves p(x) unchanged",
+    "signed permutation": "reordering the latent dimensions or flipping their signs leaves p(x) unchanged",
+    "sign flip": "flipping the sign of a latent dimension leaves p(x) unchanged",
+    "none": "no map of the latent space leaves p(x) unchanged",
+}
+#: Verdict -> the card's line label.
+VERDICT_LABELS = {
+    AGREE: "Identified (agree across seeds as they are)",
+    ALIGNED: "Identified up to the symmetry (agree after aligning the seeds)",
+    DIFFER: "Not reproduced (differ across seeds)",
+    UNDETERMINED: "Undetermined (the data in the report cannot decide)",
+    NOT_MEASURED: "Not measured",
+}
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return "n/a" if not np.isfinite(number) else f"{number:.{digits}g}"
+
+
+def _fits_line(rep: ReportContent) -> str:
+    fits = rep.provenance.get("fits", [])
+    seeds = ", ".join(str(f["seed"]) for f in fits)
+    symmetry = fits[0]["symmetry"] if fits else "unknown"
+    kind = fits[0]["kind"] if fits else "unknown"
+    width = fits[0]["n_latent"] if fits else "?"
+    cells, genes = rep.provenance.get("heldout_cells", "?"), rep.provenance.get("genes", "?")
+    return (
+        f"- **Fits**: {len(fits)} seeds ({seeds}) of one {kind} model with {width} latent dimensions, compared on "
+        f"{cells} held-out cells x {genes} genes. Symmetry: {symmetry} "
+        f"({SYMMETRY_WORDS.get(symmetry, 'a group of latent maps leaves p(x) unchanged')}), so the latent "
+        "coordinates are identified at most up to this group."
+    )
+
+
+def _verdict_lines(invariants: pd.DataFrame) -> list[str]:
+    lines = []
+    for verdict, quantities in quantities_by_verdict(invariants).items():
+        if quantities:
+            lines.append(f"- **{VERDICT_LABELS[verdict]}**: {', '.join(quantities)}.")
+    return lines
+
+
+def predictive_line(rep: ReportContent) -> str:
+    """Predictive equivalence: the decision, the worst pair's per-cell difference with its interval, the margin."""
+    record = rep.settings.get("predictive_equivalence", {})
+    state = record.get("state", "not measured")
+    pairs = rep.tables.get("predictive_pairs")
+    if pairs is None or not len(pairs):
+        return f"- **Predictive equivalence**: {state} (no held-out log p(x) for these fits)."
+    worst = pairs.loc[pairs["diff_per_cell"].abs().idxmax()]
+    level = 100 * float(worst["ci_level"])
+    counts = ", ".join(f"{n} {k}" for k, n in record.get("pairs", {}).items())
+    return (
+        f"- **Predictive equivalence**: {state}. Largest held-out log p(x) difference between seeds "
+        f"{_fmt(worst['diff_per_cell'])} nats per cell ({worst['fit_a']} - {worst['fit_b']}; {level:.3g}% interval "
+        f"{_fmt(worst['ci_low'])} to {_fmt(worst['ci_high'])}) against a margin of "
+        f"{_fmt(record.get('margin_nats_per_cell'))} nats per cell; pairs of seeds: {counts}."
+    )
+
+
+def calibration_regime(n_cells: int) -> str:
+    """The calibration scenario (of :data:`CALIBRATION_CELLS`) nearest to ``n_cells`` held-out cells on a log scale."""
+    return min(CALIBRATION_CELLS, key=lambda s: abs(np.log(max(n_cells, 1)) - np.log(CALIBRATION_CELLS[s])))
+
+
+def calibration_lines(rep: ReportContent) -> list[str]:
+    """The matching calibration scenario and the share of correct, undetermined and wrong verdicts per row."""
+    table = rep.tables.get("calibration")
+    if table is None or not len(table):
+        return ["- **Calibration**: no calibration record."]
+    regime = calibration_regime(int(rep.provenance.get("heldout_cells", 0)))
+    rows = table[table["scenario"] == regime]
+    if not len(rows):
+        return [f"- **Calibration**: the scenario {regime!r} is not in the calibration record."]
+    adequate = "adequate data" if bool(rows["adequate data"].iloc[0]) else "too few cells to decide"
+    rates = "; ".join(
+        f"{r['quantity']} {r['correct %']:.0f}/{r['undetermined %']:.0f}/{r['wrong %']:.0f}"
+        for r in rows.to_dict("records")
+    )
+    return [
+        f"- **Calibration regime**: {regime!r} ({CALIBRATION_CELLS[regime]} held-out cells, {adequate}; the "
+        "calibration scenario nearest to this report's size). Verdicts there, % correct/undetermined/wrong over "
+        f"{int(rows['replicates'].iloc[0])} simulated replicates: {rates}."
+    ]
+
+
+def _versions_line(rep: ReportContent) -> str:
+    versions = rep.provenance.get("versions", {})
+    return "- **Software**: " + ", ".join(f"{name} {v}" for name, v in versions.items()) + "."
+
+
+def settings_line(rep: ReportContent) -> str:
+    """How to make the fits and the report again: the fits' settings and the report's non-default settings."""
+    fits = rep.settings.get("fits") or {}
+    seeds = [f["seed"] for f in rep.provenance.get("fits", [])]
+    defaults = ReportSettings().to_dict()
+    changed = {k: v for k, v in (rep.settings.get("report") or {}).items() if defaults.get(k) != v}
+    report_args = "".join(f", {k}={v!r}" for k, v in changed.items())
+    if fits:
+        fit_call = (
+            f"`fits = countvae.diagnostics.fit_seeds(adata, seeds={seeds}, model_kwargs={fits.get('model_kwargs')}, "
+            f"train_kwargs={fits.get('train_kwargs')}, heldout_fraction={fits.get('heldout_fraction')}, "
+            f"split_seed={fits.get('split_seed')})`"
+        )
+    else:
+        fit_call = f"fits of seeds {seeds} passed as a list (their settings are not recorded)"
+    command = rep.settings.get("command")
+    prefix = f"`{command}`, i.e. " if command else ""
+    return f"- **Settings**: {prefix}{fit_call}, then `countvae.diagnostics.report(fits{report_args})`."
+
+
+def model_card(rep: ReportContent) -> str:
+    """The report as a short Markdown block (see the module docstring)."""
+    lines = ["### Model card (countvae multi-seed diagnostics)", "", _fits_line(rep)]
+    lines += _verdict_lines(rep.invariants)
+    lines += [predictive_line(rep), *calibration_lines(rep), _versions_line(rep), settings_line(rep)]
+    return "\n".join(lines) + "\n"

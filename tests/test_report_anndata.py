@@ -1,0 +1,249 @@
+"""The report's findings in AnnData (``DiagnosticReport.write``, ``diagnose --write-h5ad``) and its model card.
+
+Known answers: the per-cell and per-gene functions on arrays whose answer is known
+by hand; the consensus latent recovers a latent from rotated copies; the per-cell
+columns average to the report's own rows; the whole scanpy recipe runs on a file
+read back from disk.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anndata as ad
+import matplotlib
+import numpy as np
+import pandas as pd
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+from countvae.data import split_indices
+from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, report
+from countvae.diagnostics.analyses import stability_columns as sc_cols
+from countvae.diagnostics.analyses.maps import PairMaps
+from countvae.diagnostics.reporting.anndata_export import CONSENSUS_KEY, UNS_KEY, h5ad_ready
+from countvae.diagnostics.reporting.model_card import calibration_regime
+from countvae.errors import InvalidDataError, OutputExistsError
+
+TINY = dict(
+    n_lpd_samples=20,
+    max_lpd_cells=60,
+    n_rhat_draws=20,
+    n_rhat_cells=6,
+    max_jacobian_cells=30,
+    n_ppc_samples=4,
+    n_bootstrap=50,
+    max_genes=30,
+)
+
+
+# ----- known answers on arrays --------------------------------------------------------------------------
+def test_knn_agreement_is_one_for_rotations_and_low_for_unrelated_latents():
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((200, 3))
+    q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    np.testing.assert_allclose(sc_cols.cell_knn_agreement({"a": z, "b": z @ q, "c": -z}, k=5), 1.0)
+    unrelated = sc_cols.cell_knn_agreement({"a": z, "b": rng.standard_normal((200, 3))}, k=5)
+    assert unrelated.shape == (200,) and unrelated.mean() < 0.1
+    np.testing.assert_allclose(sc_cols.cell_knn_baseline({"a": np.stack([z, z @ q])}, k=5), 1.0)
+
+
+def test_knn_agreement_of_a_hand_made_case():
+    # 1-D points; with k=1 every cell's neighbour is known: in a {1}, {0}, {3}, {2}, {3}
+    a = np.array([[0.0], [1.0], [5.0], [6.5], [20.0]])
+    b = 2.0 * a  # a scaled copy: the same neighbours
+    c = np.array([[0.0], [4.0], [5.0], [9.5], [20.0]])  # neighbours {1}, {2}, {1}, {2}, {3}
+    # pairs (a,b): all agree; (a,c) and (b,c): cells 0, 3 and 4 agree, cells 1 ({0} vs {2}) and 2 ({3} vs {1}) not
+    jac_ac = np.array([1.0, 0.0, 0.0, 1.0, 1.0])
+    np.testing.assert_allclose(sc_cols.cell_knn_agreement({"a": a, "b": b, "c": c}, k=1), (1.0 + 2 * jac_ac) / 3)
+
+
+def test_gene_decoded_agreement_is_lins_concordance_by_hand():
+    base = np.array([0.0, 1.0, 2.0, 3.0])  # population variance 1.25
+    a = np.column_stack([base, base, base])
+    b = np.column_stack([base, base + 1.0, 2.0 * base])
+    # gene 0 identical: 1; gene 1 shifted by 1: 2 * 1.25 / (2 * 1.25 + 1); gene 2 doubled: 2 * 2.5 / (1.25 + 5 + 2.25)
+    expected = np.array([1.0, 2.5 / 3.5, 5.0 / 8.5])
+    np.testing.assert_allclose(sc_cols.gene_decoded_agreement({"a": a, "b": b}), expected)
+    # three fits: the mean over the three pairs
+    c = a.copy()
+    np.testing.assert_allclose(
+        sc_cols.gene_decoded_agreement({"a": a, "b": b, "c": c}), (1.0 + 2 * expected) / 3, rtol=1e-12
+    )
+
+
+def test_lpd_summary_and_de_frequency_by_hand():
+    mean, sd = sc_cols.cell_lpd_summary({"a": np.array([-10.0, -4.0]), "b": np.array([-12.0, -4.0])})
+    np.testing.assert_allclose(mean, [-11.0, -4.0])
+    np.testing.assert_allclose(sd, [np.sqrt(2.0), 0.0])
+    calls = pd.DataFrame({"a": [True, False, True], "b": [True, False, False]}, index=["g0", "g1", "g2"])
+    assert sc_cols.de_call_frequency(calls).to_dict() == {"g0": 1.0, "g1": 0.0, "g2": 0.5}
+
+
+def test_consensus_latent_recovers_a_latent_from_rotated_copies():
+    rng = np.random.default_rng(1)
+    truth = rng.standard_normal((300, 4)) + np.array([0.5, -1.0, 0.0, 2.0])
+    rotations = [np.linalg.qr(rng.standard_normal((4, 4)))[0] for _ in range(3)]
+    latents = {"ref": truth} | {f"rot{i}": truth @ q for i, q in enumerate(rotations)}
+    consensus = sc_cols.consensus_latent(latents, PairMaps(latents).to_reference("ref"))
+    np.testing.assert_allclose(consensus, truth, atol=1e-10)
+    # with independent noise per copy, averaging reduces the error below any single copy's
+    noisy = {name: z + 0.1 * rng.standard_normal(z.shape) for name, z in latents.items()}
+    maps = PairMaps(noisy).to_reference("ref")
+    consensus = sc_cols.consensus_latent(noisy, maps)
+    single = np.sqrt(np.mean((noisy["ref"] - truth) ** 2))
+    assert np.sqrt(np.mean((consensus - truth) ** 2)) < 0.7 * single
+
+
+def test_h5ad_ready_stores_what_h5ad_can():
+    record = h5ad_ready({"a/b": None, "x": [1, "two"], "rows": [{"k": np.nan}], "n": np.int64(3)})
+    assert record == {"a or b": "", "x": ["1", "two"], "rows": {"0": {"k": ""}}, "n": 3}
+
+
+def test_calibration_regime_by_size():
+    assert calibration_regime(40) == "few cells" and calibration_regime(150) == "few cells"
+    assert calibration_regime(300) == "seeds" and calibration_regime(50_000) == "seeds"
+
+
+# ----- a small report -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small():
+    """Two seeds of a linear model on two groups of cells, a report with DE, and the data."""
+    adata = cv.data.simulate(
+        n_cells=600, n_genes=40, n_latent=2, decoder="linear", n_groups=2, n_de_genes=4, de_lfc=(2.0, 3.0), seed=3
+    )
+    cv.CountVAE.setup_anndata(adata)
+    fit_idx, held_idx = split_indices(adata.n_obs, 0.7, 0)
+    fit_data, held = adata[fit_idx].copy(), adata[held_idx].copy()
+    fits = []
+    for seed in (0, 1):
+        model = cv.CountVAE(fit_data, n_latent=2, decoder="linear")
+        model.train(max_epochs=30, batch_size=256, lr=3e-3, progress_bar=False, seed=seed)
+        fits.append(CountVAEFit(model, seed))
+    downstream = DownstreamRequest(
+        "group", "group1", "group0", settings=DownstreamSettings(n_de_samples=300, clusters=False, umap=False)
+    )
+    seed_fits = SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
+    rep = report(seed_fits, downstream=downstream, **TINY)
+    return rep, adata, held
+
+
+def test_cell_columns_average_to_the_reports_rows(small):
+    rep, _, held = small
+    cells = rep.cells
+    assert list(cells.index) == list(held.obs_names)
+    row = rep.invariants.set_index("quantity").loc["k-NN graph"]
+    # one pair of fits: the mean over cells of the per-cell overlap is the report's k-NN agreement
+    assert cells["knn_agreement"].mean() == pytest.approx(row["agreement_mean"], rel=1e-12)
+    assert cells["knn_agreement_within_seed"].between(0, 1).all()
+    lpd = cells["lpd_mean"].dropna()
+    assert len(lpd) == TINY["max_lpd_cells"] and cells["lpd_mean"].isna().sum() == held.n_obs - len(lpd)
+    assert lpd.mean() == pytest.approx(rep.predictive["lpd_per_cell"].mean(), rel=1e-10)
+    genes = rep.genes["decoded_agreement"]
+    assert genes.notna().sum() == TINY["max_genes"] and genes.dropna().between(-1, 1).all()
+    assert rep.consensus_latent.shape == (held.n_obs, 2)
+
+
+def test_write_into_all_cells_gives_nan_outside_the_heldout_cells(small):
+    rep, adata, held = small
+    target = adata.copy()
+    written = rep.write(target)
+    assert written["obs"][0] == "countvae_heldout" and written["obsm"] == [CONSENSUS_KEY]
+    is_held = target.obs_names.isin(held.obs_names)
+    np.testing.assert_array_equal(target.obs["countvae_heldout"].to_numpy(), is_held)
+    for column in ("countvae_knn_agreement", "countvae_lpd_mean", "countvae_lpd_sd"):
+        assert target.obs.loc[~is_held, column].isna().all()
+    np.testing.assert_array_equal(
+        target.obs.loc[held.obs_names, "countvae_knn_agreement"].to_numpy(), rep.cells["knn_agreement"].to_numpy()
+    )
+    assert np.isnan(target.obsm[CONSENSUS_KEY][~is_held]).all()
+    np.testing.assert_allclose(target.obsm[CONSENSUS_KEY][is_held], rep.consensus_latent, rtol=1e-6)
+    frequency = rep.downstream.de_calls.mean(axis=1)
+    np.testing.assert_array_equal(target.var["countvae_de_call_frequency"].to_numpy(), frequency.to_numpy())
+    assert set(np.unique(frequency)) <= {0.0, 0.5, 1.0}
+
+
+def test_write_never_overwrites_unless_asked(small):
+    rep, _, held = small
+    target = held.copy()
+    target.obs["countvae_lpd_mean"] = 1.0
+    with pytest.raises(OutputExistsError, match=r"obs\['countvae_lpd_mean'\].*overwrite=True"):
+        rep.write(target)
+    assert "countvae_knn_agreement" not in target.obs and UNS_KEY not in target.uns  # nothing written
+    rep.write(target, overwrite=True)
+    assert target.obs["countvae_lpd_mean"].isna().sum() == held.n_obs - TINY["max_lpd_cells"]
+    with pytest.raises(InvalidDataError, match="None of adata's"):
+        rep.write(ad.AnnData(obs=pd.DataFrame(index=["x", "y"])))
+
+
+def test_the_scanpy_recipe_on_a_file_read_back(small, tmp_path):
+    """report.write(adata), write_h5ad, read_h5ad, then neighbours, UMAP and a plot coloured by a stability column."""
+    import scanpy as sc
+
+    matplotlib.use("Agg")
+    rep, _, held = small
+    adata = held.copy()
+    rep.write(adata)
+    path = tmp_path / "analysed.h5ad"
+    adata.write_h5ad(path)
+    back = ad.read_h5ad(path)
+    for column in ("countvae_knn_agreement", "countvae_knn_agreement_within_seed", "countvae_lpd_mean"):
+        np.testing.assert_array_equal(back.obs[column].to_numpy(), adata.obs[column].to_numpy())
+    np.testing.assert_array_equal(back.var["countvae_decoded_agreement"], adata.var["countvae_decoded_agreement"])
+    summary = back.uns[UNS_KEY]
+    assert list(summary["verdicts"]["quantity"]) == rep.invariants["quantity"].tolist()
+    assert summary["predictive_equivalence"]["state"] == rep.settings["predictive_equivalence"]["state"]
+    assert summary["model_card"] == rep.model_card() and "countvae_knn_agreement" in summary["key_notes"]
+    sc.pp.neighbors(back, use_rep=CONSENSUS_KEY, n_neighbors=10)
+    sc.tl.umap(back, random_state=0)
+    ax = sc.pl.umap(back, color="countvae_knn_agreement", show=False)
+    assert ax.get_title() == "countvae_knn_agreement"
+    matplotlib.pyplot.close("all")
+
+
+def test_model_card_states_the_findings(small):
+    rep, _, _ = small
+    card = rep.model_card()
+    assert card.startswith("### Model card")
+    for quantity, verdict in zip(rep.invariants["quantity"], rep.invariants["verdict"], strict=True):
+        assert quantity in card, quantity
+        assert verdict != "agree after alignment" or "Identified up to the symmetry" in card
+    assert "Symmetry: orthogonal" in card
+    pairs = rep.tables["predictive_pairs"].iloc[0]
+    assert rep.settings["predictive_equivalence"]["state"] in card
+    assert f"{pairs['ci_low']:.3g} to {pairs['ci_high']:.3g}" in card and "90% interval" in card
+    assert "Calibration regime**: 'few cells'" in card and "% correct/undetermined/wrong" in card
+    assert f"countvae {cv.__version__}" in card and "torch" in card
+    assert "n_lpd_samples=20" in card and "report(fits" in card
+
+
+def test_diagnose_write_h5ad(tmp_path, capsys):
+    adata = cv.data.simulate(n_cells=300, n_genes=30, n_latent=2, decoder="linear", seed=5)
+    data = tmp_path / "data.h5ad"
+    adata.write_h5ad(data)
+    out, target = tmp_path / "diag", tmp_path / "analysed.h5ad"
+    fast = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "3", "--n-lpd-samples", "10"]
+    argv = ["diagnose", str(data), *fast, "--no-ica", "--out", str(out), "--json", "--write-h5ad", str(target)]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["h5ad"] == str(target)
+    back = ad.read_h5ad(target)
+    assert back.n_obs == 300 and "X_countvae" in back.obsm and CONSENSUS_KEY in back.obsm
+    assert back.obs["countvae_heldout"].sum() == 30 and back.obs["countvae_knn_agreement"].notna().sum() == 30
+    # an existing file is refused before any fitting
+    assert main([*argv[:-2], "--out", str(tmp_path / "other"), "--write-h5ad", str(target)]) == 1
+    assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "other" / "fits").exists()
+
+
+def test_every_key_written_is_documented(small):
+    from pathlib import Path
+
+    rep, _, held = small
+    written = rep.write(held.copy())
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scanpy.md").read_text(encoding="utf-8")
+    for keys in written.values():
+        for key in keys:
+            assert f"`{key}`" in page, f"{key} is written but not documented in docs/scanpy.md"
+    summary = held.copy()
+    rep.write(summary)
+    assert set(summary.uns[UNS_KEY]["key_notes"]) == {k for keys in written.values() for k in keys} - {UNS_KEY}
