@@ -236,3 +236,25 @@ def test_the_probe_cell_reports_series_as_labels_and_iterables_as_sorted_items()
     assert printed.getvalue().startswith(CLAIMS_MARKER)
     notebook = _notebook([_stdout(printed.getvalue())])
     assert claims_from_probe(notebook) == {"labels": {"c1": "1", "c2": "2"}, "genes": ["A", "B"]}
+
+
+def test_masked_words_hide_only_their_pattern():
+    from _outputs import MaskedWords, NotebookChecks
+
+    checks = NotebookChecks(masked_words=[MaskedWords((1,), pattern=r"\bz\d+ \([+-]", why="best dimension")])
+    assert not _differences_with(checks, "CD14 seed 0: z5 (+0.64) False", "CD14 seed 0: z2 (-0.64) False")
+    assert _differences_with(checks, "CD14 seed 0: z5 (+0.64) False", "CD14 seed 0: z2 (-0.64) True")
+    assert _differences_with(checks, "CD14 seed 0: z5 (+0.64) False", "CD14 seed 0: z2 (-0.70) False")
+
+
+def test_an_optional_warning_may_come_and_go_but_other_warnings_may_not():
+    from _outputs import NotebookChecks, OptionalWarning, differences
+
+    checks = NotebookChecks(optional_warnings=[OptionalWarning((1,), pattern="Unreliable.*1 of 300", why="k-hat")])
+    warning = "x.py:1: UnreliableEstimateWarning: 1 of 300 cells have a Pareto k-hat above 0.7\n  frame = f()\n"
+    other = "x.py:1: UserWarning: something else\n  y = g()\n"
+    with_warning = _notebook([_stdout("done\n"), _stderr(warning)])
+    without = _notebook([_stdout("done\n")])
+    assert not differences(with_warning, without, checks) and not differences(without, with_warning, checks)
+    assert differences(_notebook([_stdout("done\n"), _stderr(other)]), without, checks)
+    assert differences(without, with_warning)  # without the rule the warning is a difference
