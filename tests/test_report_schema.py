@@ -167,6 +167,11 @@ def test_load_report_refuses_what_it_cannot_read(saved, tmp_path):
         "unknown format version 'two'": {**record, "format_version": "two"},
         "no 'tables' dict.*incomplete or was altered": {k: v for k, v in record.items() if k != "tables"},
         "'downstream' section is incomplete": {**record, "downstream": {"statements": []}},
+        "table 'rhat' cannot be read back": {**record, "tables": {**record["tables"], "rhat": [1, 2]}},
+        "table 'ica' cannot be read back": {
+            **record,
+            "table_columns": {**record["table_columns"], "ica": [{"name": "verdict", "dtype": "no such dtype"}]},
+        },
     }
     for message, content in cases.items():
         with pytest.raises(ReportFileError, match=message) as info:

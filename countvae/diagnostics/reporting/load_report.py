@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamSection
 from countvae.diagnostics.reporting.report_format import (
@@ -79,7 +81,7 @@ def load_report(path: str | Path) -> DiagnosticReport:
     version = _version(record, file)
     _check_structure(record, file)
     columns = record.get("table_columns", {}) if version >= 2 else {}
-    tables = {name: table_from_records(rows, columns.get(name)) for name, rows in record["tables"].items()}
+    tables = {name: _table(name, rows, columns.get(name), file) for name, rows in record["tables"].items()}
     downstream = record.get("downstream")
     return DiagnosticReport(
         headline=list(record["headline"]),
@@ -88,7 +90,7 @@ def load_report(path: str | Path) -> DiagnosticReport:
         subsampling=record["subsampling"],
         provenance=record["provenance"],
         timings=record["timings_seconds"],
-        downstream=_downstream(downstream, version) if downstream is not None else None,
+        downstream=_downstream(downstream, version, file) if downstream is not None else None,
     )
 
 
@@ -157,9 +159,19 @@ def _check_structure(record: Mapping[str, Any], file: Path) -> None:
         raise ReportFileError(f"{file}: its 'downstream' section is incomplete or was altered; save the report again.")
 
 
-def _downstream(record: Mapping[str, Any], version: int) -> DownstreamSection:
+def _table(name: str, rows: Any, columns: Any, file: Path) -> pd.DataFrame:
+    try:
+        return table_from_records(rows, columns)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportFileError(
+            f"{file}: table {name!r} cannot be read back ({type(exc).__name__}: {exc}); the file is corrupted or "
+            "was altered; save the report again."
+        ) from None
+
+
+def _downstream(record: Mapping[str, Any], version: int, file: Path) -> DownstreamSection:
     columns = record.get("table_columns", {}) if version >= 2 else {}
-    tables = {name: table_from_records(record[name], columns.get(name)) for name in _DOWNSTREAM_TABLES}
+    tables = {name: _table(f"downstream.{name}", record[name], columns.get(name), file) for name in _DOWNSTREAM_TABLES}
     return DownstreamSection(
         **tables,
         status=dict(record.get("status", {})),
