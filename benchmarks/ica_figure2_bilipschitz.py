@@ -4,7 +4,7 @@ Counts are simulated from three Laplace sources through decoders of increasing
 nonlinearity: the log-linear decoder, then one-hidden-layer MLPs with
 leaky-ReLU slopes 1 (linear inside a softmax), 0.5, 0.2 and 0 (ReLU), 8 hidden units. For
 each, ``B(z) = sqrt(sigma_max / sigma_min)`` of the decoder under the NB Fisher
-metric (:mod:`countvae.diagnostics.analyses.bilipschitz`) is computed for the *true*
+metric (`benchmarks/bilipschitz.py`) is computed for the *true*
 decoder at the true sources and for each fitted CountVAE at its posterior means,
 with the k-NN distance-ratio cross-check. Three CountVAE seeds per decoder give
 the cross-seed quantities: the held-out error of the best affine map between
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from bilipschitz import bilipschitz_constant, fisher_singular_values, model_bilipschitz
 from ica_common import (
     add_output_arguments,
     apply_quick,
@@ -39,7 +40,6 @@ from ica_common import (
 from scipy.stats import spearmanr
 
 import countvae as cv
-from countvae.diagnostics.analyses.bilipschitz import bilipschitz_constant, fisher_singular_values, model_bilipschitz
 from countvae.metrics import mcc
 
 DECODERS = [("linear", 1.0), ("mlp", 1.0), ("mlp", 0.5), ("mlp", 0.2), ("mlp", 0.0)]

@@ -7,7 +7,7 @@ shared real data set, trained on 90% of the cells), on held-out cells:
 * ``SCVIFit.log_predictive_density(n_samples=800)``: countvae's estimator on the scvi
   module's log joint (float64);
 * exact ``log p(x)`` by adaptive Gauss-Hermite quadrature written from the decoder's
-  weights (:mod:`countvae.diagnostics.fitting.scvi_quadrature`), converged to the
+  weights (`benchmarks/scvi_quadrature.py`), converged to the
   reported node-doubling difference.
 
 Usage::
@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import load_average, machine_line  # noqa: E402
 from lpd_accuracy import top_variable_genes  # noqa: E402
+from scvi_quadrature import linear_scvi_log_marginal  # noqa: E402
 
 from countvae._io import write_text_atomic  # noqa: E402
 from countvae.diagnostics import SCVIFit  # noqa: E402
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy  # noqa: E402
-from countvae.diagnostics.fitting.scvi_quadrature import linear_scvi_log_marginal  # noqa: E402
 
 #: (label, data set, genes, LinearSCVI settings, epochs)
 MODELS = (

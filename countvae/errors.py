@@ -42,6 +42,13 @@ class ModelFileError(CountVAEError, OSError):
     """A saved model folder is missing a file, is corrupted or has another format."""
 
 
+class ReportFileError(CountVAEError, OSError):
+    """A saved report is missing, is not a countvae report of the kind asked for, or has a format it cannot read.
+
+    The message says which, and what to do (save the report again, or upgrade countvae for a newer format).
+    """
+
+
 class OutputExistsError(CountVAEError, FileExistsError):
     """An output would overwrite an existing file or folder without ``overwrite=True``."""
 

@@ -84,3 +84,12 @@ class RotatedFit:
 def rotated_copies(base: CountVAEFit, seeds: list[int]) -> list[RotatedFit]:
     """One rotated copy of ``base`` per seed (seed 0 keeps the base coordinates)."""
     return [RotatedFit(base, np.eye(base.n_latent) if s == 0 else random_rotation(base.n_latent, s), s) for s in seeds]
+
+
+def assert_valid_report_json(record: dict) -> None:
+    """``record`` (a parsed report.json) validates against the JSON Schema shipped with the package."""
+    from jsonschema import Draft202012Validator
+
+    from countvae.diagnostics.reporting.report_format import report_schema
+
+    Draft202012Validator(report_schema()).validate(record)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from bench_modules import benchmark_module
 from scipy.stats import ortho_group
 
 import countvae as cv
-from countvae.diagnostics.analyses.bilipschitz import (
-    bilipschitz_constant,
-    fisher_singular_values,
-    fisher_weights,
-    knn_stretch,
-    model_bilipschitz,
-    variance_stabilized,
-)
+
+bilipschitz = benchmark_module("bilipschitz")
+bilipschitz_constant = bilipschitz.bilipschitz_constant
+fisher_singular_values = bilipschitz.fisher_singular_values
+fisher_weights = bilipschitz.fisher_weights
+knn_stretch = bilipschitz.knn_stretch
+model_bilipschitz = bilipschitz.model_bilipschitz
+variance_stabilized = bilipschitz.variance_stabilized
 
 
 def test_poisson_linear_decoder_closed_form():

@@ -14,11 +14,12 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from diagnostics_helpers import assert_valid_report_json
 
 import countvae as cv
 from countvae.cli import main
 from countvae.data import split_indices
-from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, report
+from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, load_report, report
 from countvae.diagnostics.analyses import downstream as ds
 from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.reporting.downstream_section import de_groups, downstream_section, reading
@@ -205,6 +206,12 @@ def test_report_section_round_trips_through_json_html_and_markdown(planted_fits,
         check_dtype=False,
     )
     assert record["statements"] == sec.statements and record["status"] == sec.status
+    assert_valid_report_json(json.loads((folder / "report.json").read_text()))
+    loaded = load_report(folder)  # the section comes back with the rest of the report
+    assert loaded.to_dict() == rep.to_dict() and loaded.downstream.statements == sec.statements
+    for name, table in sec.tables.items():
+        pd.testing.assert_frame_equal(loaded.downstream.tables[name], table)
+    pd.testing.assert_frame_equal(loaded.ica, rep.ica)  # no rows (ica=False): columns and dtypes kept
     html = (folder / "report.html").read_text()
     markdown = (folder / "report.md").read_text()
     assert 'id="downstream"' in html and "## Downstream results across seeds" in markdown

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import scvi  # noqa: E402  (the [scvi] extra is part of [dev])
 import torch
+from bench_modules import benchmark_module
 from scipy import integrate
 from torch.distributions import Normal
 
@@ -20,14 +21,14 @@ from countvae.diagnostics.analyses.predictive import equivalence_table, per_fit_
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
-from countvae.diagnostics.fitting.scvi_quadrature import (
-    LinearSCVIJoint,
-    adaptive_log_marginal,
-    linear_scvi_log_marginal,
-)
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
 from countvae.module.importance import KHAT_THRESHOLD
 from countvae.module.marginal import MarginalSettings
+
+scvi_quadrature = benchmark_module("scvi_quadrature")  # the exact reference lives beside the benchmark that uses it
+LinearSCVIJoint = scvi_quadrature.LinearSCVIJoint
+adaptive_log_marginal = scvi_quadrature.adaptive_log_marginal
+linear_scvi_log_marginal = scvi_quadrature.linear_scvi_log_marginal
 
 N_TRAIN = 250
 

@@ -86,6 +86,9 @@ def test_wheel_contents(wheel):
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "countvae").rglob("*.py")}
     assert modules - names == set(), f"modules missing from the wheel: {sorted(modules - names)}"
     assert "countvae/py.typed" in names
+    package_data = {f"countvae/{p}" for p in PYPROJECT["tool"]["setuptools"]["package-data"]["countvae"]}
+    assert "countvae/diagnostics/reporting/report.schema.json" in package_data
+    assert package_data - names == set(), f"package data missing from the wheel: {sorted(package_data - names)}"
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/", "tutorials/", "docs/"))]
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     assert f"\nVersion: {VERSION}\n" in metadata

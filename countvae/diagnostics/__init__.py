@@ -12,6 +12,7 @@ from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.compare_restrictions import compare_restrictions
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
+from countvae.diagnostics.reporting.load_report import load_report
 from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 
@@ -30,6 +31,7 @@ __all__ = [
     "compare_restrictions",
     "fit_seeds",
     "heldout_split",
+    "load_report",
     "load_seed_fits",
     "report",
 ]

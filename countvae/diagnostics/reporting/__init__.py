@@ -4,7 +4,8 @@
 arrays the analyses need, :mod:`.analyze` runs the analyses on those arrays (fitting
 each pairwise map once), :mod:`.verdicts` turns numbers into verdicts,
 :mod:`.headline` states them in sentences, and :mod:`.diagnostic_report` holds the
-result, which :mod:`.render_html` and :mod:`.render_markdown` only render.
+result, which :mod:`.render_html`, :mod:`.render_markdown` and :mod:`.render_json` only
+render; :mod:`.load_report` reads a saved report.json (format: :mod:`.report_format`) back.
 
 The room is named ``reporting`` rather than ``report`` because
 ``countvae.diagnostics.report`` is the public function.

@@ -57,6 +57,7 @@ from countvae.diagnostics.analyses.downstream import (
 )
 from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
+from countvae.diagnostics.reporting.report_format import table_columns
 from countvae.errors import InvalidArgumentError, MissingDependencyError, MonteCarloWarning
 from countvae.model.differential import DEFAULT_N_SAMPLES, STABLE_CALL_JACCARD
 
@@ -251,8 +252,13 @@ class DownstreamSection:
     timings: dict[str, float] = field(default_factory=dict)
     de_calls: pd.DataFrame = field(default_factory=pd.DataFrame)
 
+    @property
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The section's tables by name: ``summary``, ``pairs``, ``de_per_fit``."""
+        return {"summary": self.summary, "pairs": self.pairs, "de_per_fit": self.de_per_fit}
+
     def to_dict(self) -> dict[str, Any]:
-        """Everything as JSON-ready values (NaN becomes ``None``)."""
+        """Everything as JSON-ready values (NaN becomes ``None``; ``table_columns``: each table's columns, dtypes)."""
         return json_ready(
             {
                 "statements": self.statements,
@@ -260,6 +266,7 @@ class DownstreamSection:
                 "summary": self.summary,
                 "pairs": self.pairs,
                 "de_per_fit": self.de_per_fit,
+                "table_columns": table_columns(self.tables),
                 "settings": self.settings,
                 "timings_seconds": self.timings,
             }

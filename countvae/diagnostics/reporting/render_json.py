@@ -1,4 +1,7 @@
-"""report.json: everything in the report as JSON-ready values (NaN and infinities become ``null``)."""
+"""report.json: everything in the report as JSON-ready values (NaN and infinities become ``null``).
+
+The format (its name, version and JSON Schema) is described in :mod:`.report_format`.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +10,18 @@ from typing import Any
 from countvae._formatting import json_ready
 from countvae.diagnostics.reporting.figures import FIGURES
 from countvae.diagnostics.reporting.report_content import ReportContent
-
-#: JSON/report format version of the report files.
-REPORT_FORMAT = 1
+from countvae.diagnostics.reporting.report_format import FORMAT_NAME, FORMAT_VERSION, table_columns
 
 
 def report_record(rep: ReportContent) -> dict[str, Any]:
     """The report as a JSON-ready dict: headline, every table (as records), figure captions, settings, provenance."""
     return json_ready(
         {
-            "format": REPORT_FORMAT,
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
             "headline": rep.headline,
             "tables": rep.tables,
+            "table_columns": table_columns(rep.tables),
             "figures": {name: {"title": t, "tables": list(src), "caption": c} for name, (t, src, c) in FIGURES.items()},
             "settings": rep.settings,
             "subsampling": rep.subsampling,

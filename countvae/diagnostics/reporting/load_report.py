@@ -1,0 +1,181 @@
+"""``load_report(path)``: a saved multi-seed report (report.json) read back into a :class:`DiagnosticReport`.
+
+The inverse of :meth:`DiagnosticReport.save` for everything ``report.json``
+holds; the format is described in :mod:`.report_format`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
+from countvae.diagnostics.reporting.downstream_section import DownstreamSection
+from countvae.diagnostics.reporting.report_format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    READABLE_VERSIONS,
+    table_from_records,
+)
+from countvae.errors import ReportFileError
+
+#: The file of a report folder that :func:`load_report` reads.
+REPORT_JSON = "report.json"
+#: Keys every readable report.json has, with the JSON type each must be.
+_REQUIRED = {
+    "headline": list,
+    "tables": dict,
+    "settings": dict,
+    "subsampling": dict,
+    "provenance": dict,
+    "timings_seconds": dict,
+}
+_DOWNSTREAM_TABLES = ("summary", "pairs", "de_per_fit")
+
+
+def load_report(path: str | Path) -> DiagnosticReport:
+    """Read a saved multi-seed report back into a :class:`~countvae.diagnostics.DiagnosticReport`.
+
+    The tables, headline, settings (verdicts and the predictive-equivalence
+    decision included), subsampling, provenance, timings and the downstream
+    section come back as they were saved, so ``load_report(p).to_dict()`` equals
+    the saved report's ``to_dict()`` and ``summary()`` is the same text. What
+    JSON cannot hold comes back in its JSON form:
+
+    * a non-finite number (NaN, infinity) in a table is NaN (saved as ``null``);
+    * a tuple or array inside a table cell or a setting is a list, a numpy scalar
+      a Python number, and a setting that was an object other than a dict, list,
+      number or string is its ``str``;
+    * figures are not stored in report.json: :meth:`~DiagnosticReport.to_html`
+      redraws them from the tables.
+
+    Each table has the columns and dtypes it was saved with (files of format
+    version 1, which did not record them, get the dtypes pandas infers, and a
+    table without rows gets no columns).
+
+    Parameters
+    ----------
+    path
+        The report folder written by :meth:`~countvae.diagnostics.DiagnosticReport.save`
+        (or by ``countvae diagnose``), or its ``report.json``.
+
+    Returns
+    -------
+    DiagnosticReport
+        The report.
+
+    Raises
+    ------
+    ReportFileError
+        If the file is missing, is not valid JSON, is not a countvae multi-seed
+        diagnostic report, or has a format version this countvae cannot read
+        (a newer one: upgrade countvae).
+
+    """
+    file = _report_file(Path(path))
+    record = _read_record(file)
+    version = _version(record, file)
+    _check_structure(record, file)
+    columns = record.get("table_columns", {}) if version >= 2 else {}
+    tables = {name: _table(name, rows, columns.get(name), file) for name, rows in record["tables"].items()}
+    downstream = record.get("downstream")
+    return DiagnosticReport(
+        headline=list(record["headline"]),
+        tables=tables,
+        settings=record["settings"],
+        subsampling=record["subsampling"],
+        provenance=record["provenance"],
+        timings=record["timings_seconds"],
+        downstream=_downstream(downstream, version, file) if downstream is not None else None,
+    )
+
+
+def _report_file(path: Path) -> Path:
+    file = path / REPORT_JSON if path.is_dir() else path
+    if not file.is_file():
+        raise ReportFileError(
+            f"{file} does not exist. Give the folder that DiagnosticReport.save or `countvae diagnose` wrote "
+            f"(it holds {REPORT_JSON}), or that {REPORT_JSON} itself."
+        )
+    return file
+
+
+def _read_record(file: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportFileError(
+            f"{file} is not valid JSON (truncated or corrupted: {exc}); save the report again."
+        ) from None
+    if not isinstance(record, dict) or not _declares_this_format(record):
+        what = f"a {type(record).__name__}" if not isinstance(record, dict) else f"format {record.get('format')!r}"
+        other = f" (it looks like another countvae report: {record['title']!r})" if _titled(record) else ""
+        raise ReportFileError(
+            f"{file} is not a countvae multi-seed diagnostic report ({what}){other}. load_report reads the "
+            f"report.json that DiagnosticReport.save writes, which declares format {FORMAT_NAME!r}."
+        )
+    return record
+
+
+def _declares_this_format(record: Mapping[str, Any]) -> bool:
+    # version 1 declared only its number, as "format": 1
+    return record.get("format") == FORMAT_NAME or (record.get("format") == 1 and "format_version" not in record)
+
+
+def _titled(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("title"), str)
+
+
+def _version(record: Mapping[str, Any], file: Path) -> int:
+    version = 1 if record.get("format") == 1 else record.get("format_version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ReportFileError(
+            f"{file} has an unknown format version {version!r}; this countvae reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}. The file was altered, or written by another program."
+        )
+    if version not in READABLE_VERSIONS:
+        raise ReportFileError(
+            f"{file} has format version {version}, newer than this countvae reads (up to {FORMAT_VERSION}); "
+            "upgrade countvae (pip install --upgrade countvae) to read it."
+        )
+    return version
+
+
+def _check_structure(record: Mapping[str, Any], file: Path) -> None:
+    for key, kind in _REQUIRED.items():
+        if not isinstance(record.get(key), kind):
+            raise ReportFileError(
+                f"{file} has no {key!r} {kind.__name__} (found {type(record.get(key)).__name__}): the file is "
+                "incomplete or was altered; save the report again."
+            )
+    downstream = record.get("downstream")
+    if downstream is not None and not (
+        isinstance(downstream, dict) and all(isinstance(downstream.get(t), list) for t in _DOWNSTREAM_TABLES)
+    ):
+        raise ReportFileError(f"{file}: its 'downstream' section is incomplete or was altered; save the report again.")
+
+
+def _table(name: str, rows: Any, columns: Any, file: Path) -> pd.DataFrame:
+    try:
+        return table_from_records(rows, columns)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportFileError(
+            f"{file}: table {name!r} cannot be read back ({type(exc).__name__}: {exc}); the file is corrupted or "
+            "was altered; save the report again."
+        ) from None
+
+
+def _downstream(record: Mapping[str, Any], version: int, file: Path) -> DownstreamSection:
+    columns = record.get("table_columns", {}) if version >= 2 else {}
+    tables = {name: _table(f"downstream.{name}", record[name], columns.get(name), file) for name in _DOWNSTREAM_TABLES}
+    return DownstreamSection(
+        **tables,
+        status=dict(record.get("status", {})),
+        statements=list(record.get("statements", [])),
+        settings=dict(record.get("settings", {})),
+        timings=dict(record.get("timings_seconds", {})),
+    )
