@@ -176,6 +176,12 @@ QUICKSTART = NotebookChecks(
     tolerances=[
         Tolerance(
             (6,),
+            line="clusters of Leiden seed 0",
+            abs=0.1,
+            why="twice Leiden's own spread: the ARIs between Leiden seeds on the same graph span 0.905 to 0.953",
+        ),
+        Tolerance(
+            (6,),
             abs=0.04,
             why="twice Leiden's own spread: the ARIs with the cell types of Leiden seeds 1-4 on the same graph span "
             "0.629 to 0.647 (the cell's second line)",
@@ -201,9 +207,9 @@ QUICKSTART = NotebookChecks(
             "leiden clusters",
             'adata_train.obs["leiden"]',
             "ari",
-            0.6,
-            why="below the ARIs between Leiden seeds on one graph (the cell's second line), which a "
-            "processor's perturbation of the fit adds to",
+            0.75,
+            why="below the 0.905-0.953 between Leiden seeds on one graph (the cell's third line), which a "
+            "processor's perturbation of the fit adds to (0.927 under other CPU kernels)",
         )
     ],
 )
@@ -262,15 +268,17 @@ DE_ACROSS_SEEDS = NotebookChecks(
             "DE calls of each seed",
             "[f'{seed}:{gene}' for seed in calls for gene in calls.index[calls[seed]]]",
             "jaccard",
-            0.8,
-            why="between the DE's own Monte Carlo re-run agreement (mc_call_jaccard) and the 0.57 of two seeds",
+            0.85,
+            why="between the DE's own Monte Carlo re-run agreement (0.97-0.98, mc_call_jaccard) and the 0.59 of "
+            "two seeds (0.961 under other CPU kernels)",
         ),
         Agreement(
             "genes called by every seed",
             'summary.index[summary["seeds calling"] == 5]',
             "jaccard",
-            0.8,
-            why="the calls that survive a re-run: above the 0.57 of two seeds' call sets",
+            0.85,
+            why="the calls that survive a re-run: far above the 0.59 of two seeds' call sets (0.976 under other CPU "
+            "kernels)",
         ),
     ],
 )
@@ -345,15 +353,17 @@ SCVI_AUDIT = NotebookChecks(
             "top genes of each LinearSCVI dimension",
             "[f'{s}:{d}:{g}' for s in top.columns for d in top.index for g in top.loc[d, s].split(', ')]",
             "jaccard",
-            0.6,
-            why="well above what two seeds share dimension by dimension (the seeds' columns hardly overlap)",
+            0.8,
+            why="well above what two seeds share dimension by dimension (their columns hardly overlap); 1.0 under "
+            "other CPU kernels",
         ),
         Agreement(
             "genes of largest loading norm",
             "[f'{s}:{g}' for s in loadings for g in norms[s].nlargest(8).index]",
             "jaccard",
-            0.6,
-            why="the seeds share 5-6 of their 8 (the rotation-invariant norms agree at Spearman 0.9)",
+            0.8,
+            why="above what two seeds share (5-6 of their 8; the rotation-invariant norms agree at Spearman 0.9); "
+            "1.0 under other CPU kernels",
         ),
     ],
 )
