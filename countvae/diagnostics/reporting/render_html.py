@@ -244,7 +244,7 @@ def render_html(rep: ReportContent) -> str:
         _h2("ppc"),
         figure("ppc"),
         html_table(rep.ppc),
-        *(rep.downstream.html_parts() if rep.downstream is not None else []),  # downstream section (issue 18)
+        *(rep.downstream.html_parts() if rep.downstream is not None else []),  # the optional downstream section
     ]
     if "ground_truth" in t:
         parts += [
