@@ -10,8 +10,9 @@ chosen axes; for Gaussian directions every rotation is equally good
 (Comon 1994) and ICA's answer is noise. :class:`ICARotation` therefore reports
 each component's non-Gaussianity and warns, naming the components, when several
 of them cannot be told apart from Gaussian noise. :func:`ica_stability`
-measures directly whether components reproduce across seeds or bootstrap
-resamples (Icasso-style, Himberg et al. 2004).
+measures directly whether components reproduce across seeds, each ICA estimated
+on its own half of the cells (Icasso-style, Himberg et al. 2004), by
+:func:`split_half_matches`, the definition the diagnostic report uses too.
 
 What the maps preserve
 ----------------------
@@ -432,44 +433,162 @@ class ICARotation(TransformerMixin, BaseEstimator):
         )
 
 
-# ----- stability across seeds or bootstrap resamples ----------------------------------------------
+# ----- reproducibility across fits: the one definition, used by ica_stability and the report ---------
+
+#: Best-match |correlation| at or above which an ICA component counts as reproducible. Below it lie the
+#: matches of a Gaussian subspace estimated on disjoint halves (chance level of a random rotation: 0.90
+#: for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); see :func:`split_half_matches`.
+REPRODUCIBLE_MATCH = 0.95
+
+
+@dataclass
+class SplitHalfMatches:
+    """Each fit's ICA estimated on one half of the cells, matched to the reference's on the matching cells.
+
+    Attributes
+    ----------
+    reference
+        The first fit's :class:`ICARotation`, estimated on half A (with its Gaussian flags).
+    sources
+        Each fit's matching cells in its own ICA axes, (cells, k); ``sources[0]`` is the reference's.
+    best_match
+        (fits - 1, k): best-match |correlation| of each reference component in each other fit.
+    matched
+        (fits - 1, k): the component of each other fit matched to each reference component (-1: none).
+    same_fit_match
+        (k,): the same comparison between the reference and the first fit's own ICA on half B.
+    n_estimation_cells
+        Cells of half A (half B has as many, or one more).
+
+    """
+
+    reference: ICARotation
+    sources: list[np.ndarray]
+    best_match: np.ndarray
+    matched: np.ndarray
+    same_fit_match: np.ndarray
+    n_estimation_cells: int
+
+
+def _quiet_ica(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
+    with warnings.catch_warnings():  # Gaussian flags are reported in the tables instead
+        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return ICARotation(**params).fit(latents)
+
+
+def _same_cells(runs: Sequence[np.ndarray], name: str) -> None:
+    counts = sorted({len(z) for z in runs})
+    if len(counts) != 1:
+        raise InvalidDataError(f"The {name} matrices must describe the same cells; got cell counts {counts}.")
+
+
+def split_half_matches(
+    estimation: Sequence[np.ndarray],
+    matching: Sequence[np.ndarray] | None = None,
+    *,
+    method: Literal["pearson", "spearman"] = "pearson",
+    random_state: int = 0,
+    **ica_params: Any,
+) -> SplitHalfMatches:
+    """Whether ICA components reproduce across fits, with no cell informing both sides of a comparison.
+
+    The cells of ``estimation`` are split at random into two disjoint halves. The first
+    fit's ICA (the reference) is estimated on half A, every other fit's ICA on half B, and
+    each reference component is matched (Hungarian, on |correlation|) to every other fit's
+    components on the ``matching`` cells. The first fit's own ICA on half B gives the same
+    comparison within one fit (``same_fit_match``): low when the cells are too few, or the
+    direction too Gaussian, to fix an axis at all. Every ICA gets its own initialisation
+    (``random_state + i`` for fit ``i``, ``random_state + fits`` for the first fit's own).
+
+    Why halves: ICA is affine-equivariant, and a finite Gaussian sample has accidental
+    most-non-Gaussian directions. Fits that agree up to a linear map on the same cells (as
+    VAE seeds nearly do) hand ICA the same accident, and it returns the same axes even in a
+    Gaussian subspace: noisy rotated copies of one 3-d Gaussian sample match at 0.98 when
+    every ICA sees the same cells (0.95 on bootstrap resamples, which keep most of the
+    sample) but at 0.72 to 0.91 on disjoint halves, around the chance level of a random
+    rotation (see :data:`REPRODUCIBLE_MATCH`); Laplace sources give 0.99 in every scheme.
+
+    Parameters
+    ----------
+    estimation
+        One (cells, d) latent matrix per fit, of the same cells (e.g. the cells the fits were
+        trained on), on whose halves the ICAs are estimated.
+    matching
+        One latent matrix per fit, of the same (e.g. held-out) cells, on which the components
+        are matched; default ``estimation``.
+    method
+        ``"pearson"`` or ``"spearman"`` correlation.
+    random_state
+        Seed of the split into halves and of the ICA initialisations.
+    **ica_params
+        Passed to :class:`ICARotation` (e.g. ``algorithm``, ``n_components``).
+
+    Returns
+    -------
+    SplitHalfMatches
+
+    """
+    estimation = [np.asarray(z, dtype=np.float64) for z in estimation]
+    matching = estimation if matching is None else [np.asarray(z, dtype=np.float64) for z in matching]
+    if not estimation or len(matching) != len(estimation):
+        raise InvalidArgumentError(
+            f"Need one estimation and one matching latent matrix per fit, got {len(estimation)} and {len(matching)}."
+        )
+    _same_cells(estimation, "latent")
+    _same_cells(matching, "matching latent")
+    n = len(estimation[0])
+    order = np.random.default_rng(random_state).permutation(n)
+    half_a, half_b = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
+    reference = _quiet_ica(estimation[0][half_a], dict(ica_params, random_state=random_state))
+    quiet = dict(ica_params, n_null=0)  # the Gaussian flags are the reference's
+    icas = [_quiet_ica(z[half_b], dict(quiet, random_state=random_state + i)) for i, z in enumerate(estimation[1:], 1)]
+    own = _quiet_ica(estimation[0][half_b], dict(quiet, random_state=random_state + len(estimation)))
+    sources = [reference.transform(matching[0])] + [ica.transform(z) for ica, z in zip(icas, matching[1:], strict=True)]
+    k = sources[0].shape[1]
+    best, matched = np.zeros((len(sources) - 1, k)), np.full((len(sources) - 1, k), -1)
+    for i, other in enumerate(sources[1:]):
+        match = match_components(sources[0], other, method=method)
+        best[i, match.rows] = np.abs(match.correlations)
+        matched[i, match.rows] = match.cols
+    own_match = match_components(sources[0], own.transform(matching[0]), method=method)
+    same_fit = np.zeros(k)
+    same_fit[own_match.rows] = np.abs(own_match.correlations)
+    return SplitHalfMatches(reference, sources, best, matched, same_fit, len(half_a))
 
 
 @dataclass
 class ICAStability:
-    """How well each ICA component reproduces across seeds or bootstrap resamples.
+    """How well each ICA component reproduces across fits (:func:`ica_stability`).
 
     Attributes
     ----------
     table
-        One row per component of the reference fit: ``mean``, ``median`` and
-        ``min`` best-match |correlation| over the other runs, the reference's
-        ``negentropy`` and ``gaussian`` flag, and ``reproducible``
-        (``mean >= threshold``).
+        One row per component of the reference fit: ``mean``, ``median`` and ``min``
+        best-match |correlation| over the other fits, ``same_fit_match`` (the reference
+        against the first fit's own ICA on the other half), the reference's ``negentropy``
+        and ``gaussian`` flag, and ``reproducible`` (``min >= threshold``).
     matches
-        Best-match |correlation| of every reference component (columns) in each
-        other run (rows).
+        Best-match |correlation| of every reference component (columns) in each other fit
+        (rows); with one latent matrix, its one row is the same-fit comparison.
     mode
-        ``"seeds"`` (one latent matrix per fit) or ``"bootstrap"``.
-    resample
-        Which cells each ICA was estimated on, see :func:`ica_stability`.
+        ``"seeds"`` (several latent matrices, one per fit) or ``"same fit"`` (one).
     threshold
         The reproducibility threshold used.
     reference
-        The reference :class:`ICARotation` (fitted on the reference cells).
+        The reference :class:`ICARotation` (fitted on half of the cells).
 
     """
 
     table: pd.DataFrame
     matches: pd.DataFrame
     mode: str
-    resample: str
     threshold: float
     reference: ICARotation
 
     @property
     def mcc(self) -> pd.Series:
-        """Mean matched |correlation| per run (the cross-run MCC)."""
+        """Mean matched |correlation| per fit (the cross-fit MCC)."""
         return self.matches.mean(axis=1)
 
     @property
@@ -478,79 +597,44 @@ class ICAStability:
         return list(self.table.index[~self.table["reproducible"]])
 
 
-def _fit_quiet(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
-    """An ICA fit used only for matching: no Gaussian flags (no null simulation), no warnings."""
-    params = dict(params, n_null=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return ICARotation(**params).fit(latents)
-
-
-def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+def _runs(latents: np.ndarray | Sequence[np.ndarray], name: str) -> list[np.ndarray]:
     """One (cells, d) array, or several, as a list of checked float64 arrays."""
     if isinstance(latents, np.ndarray) and latents.ndim == 2:
-        return [_check_latents(latents)]
-    return [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
+        return [_check_latents(latents, name)]
+    return [_check_latents(z, f"{name}[{i}]") for i, z in enumerate(latents)]
 
 
 def ica_stability(
     latents: np.ndarray | Sequence[np.ndarray],
+    heldout: np.ndarray | Sequence[np.ndarray] | None = None,
     *,
-    resample: Literal["halves", "bootstrap", "none"] = "halves",
-    n_bootstrap: int = 20,
-    threshold: float = 0.95,
+    threshold: float = REPRODUCIBLE_MATCH,
     method: Literal["pearson", "spearman"] = "pearson",
     random_state: int = 0,
     **ica_params: Any,
 ) -> ICAStability:
-    """Measure whether ICA components reproduce across fits (seeds) or resamples of the cells.
+    """Measure whether ICA components reproduce across fits (seeds), as the diagnostic report does.
 
-    Each component of a reference ICA fit is matched (Hungarian, on
-    |correlation| over all cells) to the components of every other ICA fit,
-    and its best-match |correlation| is reported per fit and on average.
-
-    *Seeds mode* (several latent matrices of the same cells, one per model fit):
-    the reference is the first fit's ICA, the others are the later fits' ICAs. *Bootstrap
-    mode* (one latent matrix): the others are ICAs of ``n_bootstrap`` resamples
-    of the cells (Icasso-style, Himberg et al. 2004).
-
-    ``resample`` decides which cells each ICA is estimated on (every ICA is
-    then applied to all cells, and every fit gets its own initialisation):
-
-    * ``"halves"`` (default): the reference on a random half of the cells, the
-      others on the other half (seeds), or on bootstrap resamples of the other
-      half (bootstrap mode). No cell informs both sides of a comparison.
-    * ``"bootstrap"``: the reference on all cells, the others on bootstrap
-      resamples of all cells.
-    * ``"none"`` (seeds mode only): every ICA on all cells.
-
-    Why it matters: ICA is affine-equivariant, and a finite Gaussian sample
-    has accidental most-non-Gaussian directions. Fits that agree up to a
-    linear map on the same cells (as VAE seeds nearly do) hand ICA the same
-    accident, and it returns the same axes even in a Gaussian subspace: noisy
-    rotated copies of one 3-d Gaussian sample give matches of 0.98 with
-    ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample keeps
-    most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance
-    level of a random rotation (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83
-    for three, 0.77 for four, 0.69 for six dimensions); Laplace sources give
-    0.99 in every scheme. Hence the default ``threshold`` of 0.95.
+    The first fit's ICA is estimated on a random half of the cells, every other fit's ICA
+    on the other half, and each component of the first is matched to the others'
+    components (:func:`split_half_matches`, the definition the report's ICA rows are built
+    on; the report adds bootstrap intervals over the matching cells). With one latent
+    matrix, the only comparison is the fit with itself across the two halves.
 
     Parameters
     ----------
     latents
-        One (cells, d) array (bootstrap mode), or several arrays of the same
-        cells (seeds mode), e.g. ``[m.get_latent_representation(adata) for m in models]``.
-    resample
-        ``"halves"``, ``"bootstrap"`` or ``"none"``, see above.
-    n_bootstrap
-        Resamples in bootstrap mode.
+        One (cells, d) array, or several arrays of the same cells (one per fit), e.g.
+        ``[m.get_latent_representation() for m in models]``; the ICAs are estimated on their halves.
+    heldout
+        As many arrays of other (held-out) cells, on which the components are matched;
+        default: match on all cells of ``latents``.
     threshold
-        A component is reproducible when its mean best-match |correlation| is at least this.
+        A component is reproducible when its worst best-match |correlation| is at least this.
     method
         ``"pearson"`` or ``"spearman"`` correlation.
     random_state
-        Seed of the resampling and of the ICA initialisations (``random_state + i`` for fit ``i``).
+        Seed of the split into halves and of the ICA initialisations.
     **ica_params
         Passed to :class:`ICARotation` (e.g. ``algorithm``, ``n_components``).
 
@@ -560,63 +644,27 @@ def ica_stability(
 
     """
     check_number("threshold", threshold, 0.0, 1.0, low_open=True)
-    check_choice("resample", resample, ("halves", "bootstrap", "none"))
-    runs = _runs(latents)
-    if len({z.shape[0] for z in runs}) != 1:
-        raise InvalidDataError(
-            f"The latent matrices must describe the same cells; got cell counts {sorted({z.shape[0] for z in runs})}."
-        )
-    mode = "bootstrap" if len(runs) == 1 else "seeds"
-    if mode == "bootstrap" and resample == "none":
-        raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
-    if mode == "bootstrap":
-        check_int("n_bootstrap", n_bootstrap, 1)
-    rng = np.random.default_rng(random_state)
-    n = runs[0].shape[0]
-    if resample == "halves":
-        order = rng.permutation(n)
-        ref_cells, other_cells = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
+    runs = _runs(latents, "latents")
+    held = None if heldout is None else _runs(heldout, "heldout")
+    split = split_half_matches(runs, held, method=method, random_state=random_state, **ica_params)
+    names = split.reference.component_names_
+    if len(runs) == 1:
+        mode, matches = "same fit", pd.DataFrame([split.same_fit_match], index=["same fit"], columns=names)
     else:
-        ref_cells = other_cells = np.arange(n)
-    with warnings.catch_warnings():  # the reference's Gaussian flags are reported in the table instead
-        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        reference = ICARotation(**dict(ica_params, random_state=random_state)).fit(runs[0][ref_cells])
-    ref_sources = reference.transform(runs[0])
-    rows, labels = [], []
-    if mode == "bootstrap":
-        for b in range(n_bootstrap):
-            sample = runs[0][other_cells[rng.integers(0, other_cells.size, other_cells.size)]]
-            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + b + 1))
-            rows.append(_best_match(ref_sources, ica.transform(runs[0]), method))
-            labels.append(f"bootstrap {b}")
-    else:
-        for i, z in enumerate(runs[1:], start=1):
-            sample = z[other_cells[rng.integers(0, n, n)]] if resample == "bootstrap" else z[other_cells]
-            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + i))
-            rows.append(_best_match(ref_sources, ica.transform(z), method))
-            labels.append(f"run {i}")
-    matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
+        labels = [f"run {i}" for i in range(1, len(runs))]
+        mode, matches = "seeds", pd.DataFrame(split.best_match, index=labels, columns=names)
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
             "median": matches.median(axis=0),
             "min": matches.min(axis=0),
-            "negentropy": reference.negentropy_,
-            "gaussian": reference.gaussian_,
+            "same_fit_match": split.same_fit_match,
+            "negentropy": split.reference.negentropy_,
+            "gaussian": split.reference.gaussian_,
         },
-        index=pd.Index(reference.component_names_, name="component"),
+        index=pd.Index(names, name="component"),
     )
-    table["reproducible"] = table["mean"] >= threshold
+    table["reproducible"] = table["min"] >= threshold
     if not table["reproducible"].all():
         logger.info("ICA components that do not reproduce (%s): %s", mode, list(table.index[~table["reproducible"]]))
-    return ICAStability(
-        table=table, matches=matches, mode=mode, resample=resample, threshold=float(threshold), reference=reference
-    )
-
-
-def _best_match(reference: np.ndarray, other: np.ndarray, method: str) -> np.ndarray:
-    match = match_components(reference, other, method=method)
-    out = np.zeros(reference.shape[1])
-    out[match.rows] = np.abs(match.correlations)
-    return out
+    return ICAStability(table=table, matches=matches, mode=mode, threshold=float(threshold), reference=split.reference)
