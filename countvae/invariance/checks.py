@@ -59,7 +59,7 @@ from countvae.invariance.elbo_geometry import cell_chunks, elbo_comparison
 from countvae.invariance.evaluation import EvaluatedModel, MapComparison
 from countvae.invariance.outputs import output_changes as compare_outputs
 from countvae.model.training import to_tensors
-from countvae.module.importance import KHAT_THRESHOLD
+from countvae.module.importance import estimate_reliability
 from countvae.module.vae import log_library_size, sample_latent
 
 Expect = Literal["equal", "differs", "at_least", "report"]
@@ -418,9 +418,11 @@ def elbo_geometry(c: MapComparison) -> list[Measurement]:
 
 # ----- the evidence, per model ------------------------------------------------------------------------
 def unreliable_cells(lpd: pd.DataFrame, min_ess: float) -> np.ndarray:
-    """Cells whose estimate is unreliable: k-hat above the threshold (or no standard error) or ESS below ``min_ess``."""
-    reliable = lpd["reliable"].to_numpy(dtype=bool) if "reliable" in lpd else lpd["khat"].to_numpy() <= KHAT_THRESHOLD
-    return ~reliable | ~np.isfinite(lpd["mc_se"].to_numpy()) | (lpd["ess"].to_numpy() < min_ess)
+    """Cells whose estimate is unreliable: k-hat above 0.7 (no standard error) or ESS below ``min_ess``.
+
+    The package's one rule, :func:`countvae.module.importance.estimate_reliability`.
+    """
+    return estimate_reliability(lpd, min_ess).unreliable
 
 
 def estimator_reliability(model: EvaluatedModel) -> list[Measurement]:
