@@ -11,8 +11,8 @@ chosen axes; for Gaussian directions every rotation is equally good
 each component's non-Gaussianity and warns, naming the components, when several
 of them cannot be told apart from Gaussian noise. :func:`ica_stability`
 measures directly whether components reproduce across seeds, each ICA estimated
-on its own half of the cells (Icasso-style, Himberg et al. 2004), by
-:func:`split_half_matches`, the definition the diagnostic report uses too.
+on its own half of the cells (Icasso-style, Himberg et al. 2004): the definition
+the diagnostic report uses too.
 
 What the maps preserve
 ----------------------
@@ -433,158 +433,51 @@ class ICARotation(TransformerMixin, BaseEstimator):
         )
 
 
-# ----- reproducibility across fits: the one definition, used by ica_stability and the report ---------
+# ----- reproducibility across fits: the one definition, which the report uses too ------------------
 
 #: Best-match |correlation| at or above which an ICA component counts as reproducible. Below it lie the
 #: matches of a Gaussian subspace estimated on disjoint halves (chance level of a random rotation: 0.90
-#: for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); see :func:`split_half_matches`.
+#: for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); see :func:`ica_stability`.
 REPRODUCIBLE_MATCH = 0.95
 
 
 @dataclass
-class SplitHalfMatches:
-    """Each fit's ICA estimated on one half of the cells, matched to the reference's on the matching cells.
-
-    Attributes
-    ----------
-    reference
-        The first fit's :class:`ICARotation`, estimated on half A (with its Gaussian flags).
-    sources
-        Each fit's matching cells in its own ICA axes, (cells, k); ``sources[0]`` is the reference's.
-    best_match
-        (fits - 1, k): best-match |correlation| of each reference component in each other fit.
-    matched
-        (fits - 1, k): the component of each other fit matched to each reference component (-1: none).
-    same_fit_match
-        (k,): the same comparison between the reference and the first fit's own ICA on half B.
-    n_estimation_cells
-        Cells of half A (half B has as many, or one more).
-
-    """
-
-    reference: ICARotation
-    sources: list[np.ndarray]
-    best_match: np.ndarray
-    matched: np.ndarray
-    same_fit_match: np.ndarray
-    n_estimation_cells: int
-
-
-def _quiet_ica(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
-    with warnings.catch_warnings():  # Gaussian flags are reported in the tables instead
-        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return ICARotation(**params).fit(latents)
-
-
-def _same_cells(runs: Sequence[np.ndarray], name: str) -> None:
-    counts = sorted({len(z) for z in runs})
-    if len(counts) != 1:
-        raise InvalidDataError(f"The {name} matrices must describe the same cells; got cell counts {counts}.")
-
-
-def split_half_matches(
-    estimation: Sequence[np.ndarray],
-    matching: Sequence[np.ndarray] | None = None,
-    *,
-    method: Literal["pearson", "spearman"] = "pearson",
-    random_state: int = 0,
-    **ica_params: Any,
-) -> SplitHalfMatches:
-    """Whether ICA components reproduce across fits, with no cell informing both sides of a comparison.
-
-    The cells of ``estimation`` are split at random into two disjoint halves. The first
-    fit's ICA (the reference) is estimated on half A, every other fit's ICA on half B, and
-    each reference component is matched (Hungarian, on |correlation|) to every other fit's
-    components on the ``matching`` cells. The first fit's own ICA on half B gives the same
-    comparison within one fit (``same_fit_match``): low when the cells are too few, or the
-    direction too Gaussian, to fix an axis at all. Every ICA gets its own initialisation
-    (``random_state + i`` for fit ``i``, ``random_state + fits`` for the first fit's own).
-
-    Why halves: ICA is affine-equivariant, and a finite Gaussian sample has accidental
-    most-non-Gaussian directions. Fits that agree up to a linear map on the same cells (as
-    VAE seeds nearly do) hand ICA the same accident, and it returns the same axes even in a
-    Gaussian subspace: noisy rotated copies of one 3-d Gaussian sample match at 0.98 when
-    every ICA sees the same cells (0.95 on bootstrap resamples, which keep most of the
-    sample) but at 0.72 to 0.91 on disjoint halves, around the chance level of a random
-    rotation (see :data:`REPRODUCIBLE_MATCH`); Laplace sources give 0.99 in every scheme.
-
-    Parameters
-    ----------
-    estimation
-        One (cells, d) latent matrix per fit, of the same cells (e.g. the cells the fits were
-        trained on), on whose halves the ICAs are estimated.
-    matching
-        One latent matrix per fit, of the same (e.g. held-out) cells, on which the components
-        are matched; default ``estimation``.
-    method
-        ``"pearson"`` or ``"spearman"`` correlation.
-    random_state
-        Seed of the split into halves and of the ICA initialisations.
-    **ica_params
-        Passed to :class:`ICARotation` (e.g. ``algorithm``, ``n_components``).
-
-    Returns
-    -------
-    SplitHalfMatches
-
-    """
-    estimation = [np.asarray(z, dtype=np.float64) for z in estimation]
-    matching = estimation if matching is None else [np.asarray(z, dtype=np.float64) for z in matching]
-    if not estimation or len(matching) != len(estimation):
-        raise InvalidArgumentError(
-            f"Need one estimation and one matching latent matrix per fit, got {len(estimation)} and {len(matching)}."
-        )
-    _same_cells(estimation, "latent")
-    _same_cells(matching, "matching latent")
-    n = len(estimation[0])
-    order = np.random.default_rng(random_state).permutation(n)
-    half_a, half_b = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
-    reference = _quiet_ica(estimation[0][half_a], dict(ica_params, random_state=random_state))
-    quiet = dict(ica_params, n_null=0)  # the Gaussian flags are the reference's
-    icas = [_quiet_ica(z[half_b], dict(quiet, random_state=random_state + i)) for i, z in enumerate(estimation[1:], 1)]
-    own = _quiet_ica(estimation[0][half_b], dict(quiet, random_state=random_state + len(estimation)))
-    sources = [reference.transform(matching[0])] + [ica.transform(z) for ica, z in zip(icas, matching[1:], strict=True)]
-    k = sources[0].shape[1]
-    best, matched = np.zeros((len(sources) - 1, k)), np.full((len(sources) - 1, k), -1)
-    for i, other in enumerate(sources[1:]):
-        match = match_components(sources[0], other, method=method)
-        best[i, match.rows] = np.abs(match.correlations)
-        matched[i, match.rows] = match.cols
-    own_match = match_components(sources[0], own.transform(matching[0]), method=method)
-    same_fit = np.zeros(k)
-    same_fit[own_match.rows] = np.abs(own_match.correlations)
-    return SplitHalfMatches(reference, sources, best, matched, same_fit, len(half_a))
-
-
-@dataclass
 class ICAStability:
-    """How well each ICA component reproduces across fits (:func:`ica_stability`).
+    """How well each ICA component reproduces across fits (:func:`ica_stability`); ``k`` components, ``m`` fits.
 
     Attributes
     ----------
     table
-        One row per component of the reference fit: ``mean``, ``median`` and ``min``
-        best-match |correlation| over the other fits, ``same_fit_match`` (the reference
-        against the first fit's own ICA on the other half), the reference's ``negentropy``
-        and ``gaussian`` flag, and ``reproducible`` (``min >= threshold``).
+        One row per component of the reference fit: ``mean``, ``median`` and ``min`` best-match
+        |correlation| over the other fits, ``same_fit_match`` (the reference against the first
+        fit's own ICA on the other half), the reference's ``negentropy`` and ``gaussian`` flag,
+        and ``reproducible`` (``min >= threshold``).
     matches
-        Best-match |correlation| of every reference component (columns) in each other fit
-        (rows); with one latent matrix, its one row is the same-fit comparison.
+        Best-match |correlation| of every reference component (columns) in each other fit (rows;
+        with one latent matrix, one row: the same-fit comparison).
+    matched
+        (m - 1, k): the component of each other fit matched to each reference component (-1: none).
+    sources
+        Each fit's matching cells in its own ICA axes; ``sources[0]`` is the reference's.
     mode
         ``"seeds"`` (several latent matrices, one per fit) or ``"same fit"`` (one).
     threshold
         The reproducibility threshold used.
     reference
-        The reference :class:`ICARotation` (fitted on half of the cells).
+        The first fit's :class:`ICARotation`, estimated on half A (with its Gaussian flags).
+    n_estimation_cells
+        Cells of half A (half B has as many, or one more).
 
     """
 
     table: pd.DataFrame
     matches: pd.DataFrame
+    matched: np.ndarray
+    sources: list[np.ndarray]
     mode: str
     threshold: float
     reference: ICARotation
+    n_estimation_cells: int
 
     @property
     def mcc(self) -> pd.Series:
@@ -597,11 +490,28 @@ class ICAStability:
         return list(self.table.index[~self.table["reproducible"]])
 
 
+def _quiet_ica(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
+    with warnings.catch_warnings():  # Gaussian flags are reported in the tables instead
+        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return ICARotation(**params).fit(latents)
+
+
+def _best_matches(reference: np.ndarray, other: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
+    match = match_components(reference, other, method=method)
+    best, cols = np.zeros(reference.shape[1]), np.full(reference.shape[1], -1)
+    best[match.rows], cols[match.rows] = np.abs(match.correlations), match.cols
+    return best, cols
+
+
 def _runs(latents: np.ndarray | Sequence[np.ndarray], name: str) -> list[np.ndarray]:
-    """One (cells, d) array, or several, as a list of checked float64 arrays."""
-    if isinstance(latents, np.ndarray) and latents.ndim == 2:
-        return [_check_latents(latents, name)]
-    return [_check_latents(z, f"{name}[{i}]") for i, z in enumerate(latents)]
+    """One (cells, d) array, or several of the same cells, as a list of checked float64 arrays."""
+    runs = [latents] if isinstance(latents, np.ndarray) and latents.ndim == 2 else list(latents)
+    runs = [_check_latents(z, f"{name}[{i}]") for i, z in enumerate(runs)]
+    if len({z.shape[0] for z in runs}) != 1:
+        counts = sorted({z.shape[0] for z in runs})
+        raise InvalidDataError(f"The {name} matrices must describe the same cells; got cell counts {counts}.")
+    return runs
 
 
 def ica_stability(
@@ -613,22 +523,33 @@ def ica_stability(
     random_state: int = 0,
     **ica_params: Any,
 ) -> ICAStability:
-    """Measure whether ICA components reproduce across fits (seeds), as the diagnostic report does.
+    """Whether ICA components reproduce across fits, with no cell informing both sides of a comparison.
 
-    The first fit's ICA is estimated on a random half of the cells, every other fit's ICA
-    on the other half, and each component of the first is matched to the others'
-    components (:func:`split_half_matches`, the definition the report's ICA rows are built
-    on; the report adds bootstrap intervals over the matching cells). With one latent
-    matrix, the only comparison is the fit with itself across the two halves.
+    The one definition of ICA reproducibility in the package (the diagnostic report's ICA rows
+    add bootstrap intervals to it). The cells of ``latents`` are split at random into two
+    disjoint halves. The first fit's ICA (the reference) is estimated on half A, every other
+    fit's ICA on half B, and each reference component is matched (Hungarian, on |correlation|)
+    to every other fit's components on the ``heldout`` cells. The first fit's own ICA on half B
+    gives the same comparison within one fit (``same_fit_match``, the only one with one latent
+    matrix): low when the cells are too few, or the direction too Gaussian, to fix an axis at
+    all. Fit ``i``'s ICA starts from seed ``random_state + i``, the first fit's own from
+    ``random_state + m`` (``m`` fits).
+
+    Why halves: ICA is affine-equivariant, and a finite Gaussian sample has accidental
+    most-non-Gaussian directions. Fits that agree up to a linear map on the same cells (as
+    VAE seeds nearly do) hand ICA the same accident, and it returns the same axes even in a
+    Gaussian subspace: noisy rotated copies of one 3-d Gaussian sample match at 0.98 when
+    every ICA sees the same cells (0.95 on bootstrap resamples, which keep most of the
+    sample) but at 0.72 to 0.91 on disjoint halves, around the chance level of a random
+    rotation (see ``REPRODUCIBLE_MATCH``); Laplace sources give 0.99 in every scheme.
 
     Parameters
     ----------
     latents
-        One (cells, d) array, or several arrays of the same cells (one per fit), e.g.
-        ``[m.get_latent_representation() for m in models]``; the ICAs are estimated on their halves.
+        One (cells, d) array, or several of the same cells (one per fit, e.g.
+        ``[m.get_latent_representation() for m in models]``), on whose halves the ICAs are estimated.
     heldout
-        As many arrays of other (held-out) cells, on which the components are matched;
-        default: match on all cells of ``latents``.
+        As many arrays of other (held-out) cells to match the components on; default ``latents``.
     threshold
         A component is reproducible when its worst best-match |correlation| is at least this.
     method
@@ -645,26 +566,37 @@ def ica_stability(
     """
     check_number("threshold", threshold, 0.0, 1.0, low_open=True)
     runs = _runs(latents, "latents")
-    held = None if heldout is None else _runs(heldout, "heldout")
-    split = split_half_matches(runs, held, method=method, random_state=random_state, **ica_params)
-    names = split.reference.component_names_
+    held = runs if heldout is None else _runs(heldout, "heldout")
+    if len(held) != len(runs):
+        raise InvalidArgumentError(f"Need one heldout matrix per latent matrix, got {len(held)} for {len(runs)}.")
+    n = len(runs[0])
+    order = np.random.default_rng(random_state).permutation(n)
+    half_a, half_b = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
+    reference = _quiet_ica(runs[0][half_a], dict(ica_params, random_state=random_state))
+    quiet = dict(ica_params, n_null=0)  # the Gaussian flags are the reference's
+    icas = [_quiet_ica(z[half_b], dict(quiet, random_state=random_state + i)) for i, z in enumerate(runs[1:], 1)]
+    own = _quiet_ica(runs[0][half_b], dict(quiet, random_state=random_state + len(runs)))
+    sources = [reference.transform(held[0])] + [ica.transform(z) for ica, z in zip(icas, held[1:], strict=True)]
+    names = reference.component_names_
+    pairs = [_best_matches(sources[0], other, method) for other in sources[1:]]
+    best, matched = (np.array([p[j] for p in pairs]).reshape(len(pairs), len(names)) for j in (0, 1))
+    same_fit = _best_matches(sources[0], own.transform(held[0]), method)[0]
     if len(runs) == 1:
-        mode, matches = "same fit", pd.DataFrame([split.same_fit_match], index=["same fit"], columns=names)
+        mode, matches = "same fit", pd.DataFrame([same_fit], index=["same fit"], columns=names)
     else:
-        labels = [f"run {i}" for i in range(1, len(runs))]
-        mode, matches = "seeds", pd.DataFrame(split.best_match, index=labels, columns=names)
+        mode, matches = "seeds", pd.DataFrame(best, index=[f"run {i}" for i in range(1, len(runs))], columns=names)
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
             "median": matches.median(axis=0),
             "min": matches.min(axis=0),
-            "same_fit_match": split.same_fit_match,
-            "negentropy": split.reference.negentropy_,
-            "gaussian": split.reference.gaussian_,
+            "same_fit_match": same_fit,
+            "negentropy": reference.negentropy_,
+            "gaussian": reference.gaussian_,
         },
         index=pd.Index(names, name="component"),
     )
     table["reproducible"] = table["min"] >= threshold
     if not table["reproducible"].all():
         logger.info("ICA components that do not reproduce (%s): %s", mode, list(table.index[~table["reproducible"]]))
-    return ICAStability(table=table, matches=matches, mode=mode, threshold=float(threshold), reference=split.reference)
+    return ICAStability(table, matches, matched, sources, mode, float(threshold), reference, len(half_a))

@@ -261,7 +261,7 @@ def test_invalid_inputs():
         ica_stability(z, threshold=1.5)
     with pytest.raises(InvalidDataError, match="same cells"):
         ica_stability([z, z], [z, z[:100]])
-    with pytest.raises(InvalidArgumentError, match="one estimation and one matching"):
+    with pytest.raises(InvalidArgumentError, match="one heldout matrix per latent"):
         ica_stability([z, z], [z])
 
 

@@ -1,14 +1,11 @@
 """Which ICA components of a model reproduce across seeds: the one source of the report's ICA verdicts.
 
-Per component, Icasso-style (Himberg et al. 2004), by the one definition of
-ICA reproducibility, :func:`countvae.ica.split_half_matches`: the first fit's
-ICA is estimated on one half of a set of cells, every other fit's ICA on the
-other half, and each component of the first fit is matched (Hungarian, on
-|correlation|) to the components of each other fit on the held-out cells. This
-module adds the report's statistic: ``worst_match``, the smallest best-match
-|correlation| over the other fits (the worst pair with the reference fit), with
-a bootstrap interval over the held-out cells the matching is computed on (the
-ICAs themselves held fixed).
+Per component, by the one definition of ICA reproducibility,
+:func:`countvae.ica.ica_stability` (Icasso-style: each fit's ICA on its own
+half of the cells, matched on the held-out cells; its docstring says why halves),
+plus the report's statistic: ``worst_match``, the smallest best-match
+|correlation| over the other fits, with a bootstrap interval over the held-out
+cells the matching is computed on (the ICAs themselves held fixed).
 
 Which cells the ICAs are estimated on matters:
 
@@ -18,10 +15,6 @@ Which cells the ICAs are estimated on matters:
   1,350 cells per half): every component matched at 0.989-0.996 across seeds;
 * otherwise, halves of the held-out cells (150 each on the demo: 0.79-0.99,
   too few cells to fix the axes).
-
-ICAs estimated on the *same* cells are not evidence: seeds of a VAE agree nearly
-up to a linear map, so ICA finds the same accidental non-Gaussian directions of
-a Gaussian sample in each (see :func:`countvae.ica.split_half_matches`).
 
 Two baselines tell why a component does not reproduce: ``same_fit_match``, the
 same comparison between the first fit's ICA on one half and *its own* ICA on the
@@ -40,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.resampling import CellBootstrap, percentile_interval
+from countvae.diagnostics.analyses.resampling import CellBootstrap, percentile_interval, weighted_correlations
 from countvae.errors import InvalidArgumentError
-from countvae.ica import split_half_matches
+from countvae.ica import ica_stability
 
 #: Columns of the per-component table, in order (the verdict columns are added by the verdicts step).
 COMPONENT_COLUMNS = (
@@ -94,14 +87,6 @@ def empty_stability() -> ComponentStability:
     )
 
 
-def _weighted_abs_correlation(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    w = weights / weights.sum(axis=1, keepdims=True)
-    mx, my = w @ x, w @ y
-    cov = w @ (x * y) - mx * my
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(cov / np.sqrt((w @ (x * x) - mx**2) * (w @ (y * y) - my**2)))
-
-
 def ica_component_stability(
     heldout: Mapping[str, np.ndarray],
     bootstrap: CellBootstrap,
@@ -138,17 +123,16 @@ def ica_component_stability(
     if len(names) < 2:
         raise InvalidArgumentError(f"ICA component stability needs at least two fits, got {len(names)}.")
     held = [np.asarray(heldout[n], dtype=np.float64) for n in names]
-    split = split_half_matches(held if fit_cells is None else [fit_cells[n] for n in names], held, random_state=seed)
-    reference, best = split.reference, split.best_match
-    ref_sources = split.sources[0]
+    stability = ica_stability(held if fit_cells is None else [fit_cells[n] for n in names], held, random_state=seed)
+    reference, best = stability.reference, stability.matches.to_numpy()
+    ref_sources = stability.sources[0]
     weights, cells = bootstrap.weights, bootstrap.positions
     k = ref_sources.shape[1]
     replicates = np.zeros((len(names) - 1, k, len(weights)))
-    for i, other in enumerate(split.sources[1:]):
-        for r in np.flatnonzero(split.matched[i] >= 0):
-            replicates[i, r] = _weighted_abs_correlation(
-                weights, ref_sources[cells, r][:, None], other[cells, split.matched[i, r]][:, None]
-            )[:, 0]
+    for i, other in enumerate(stability.sources[1:]):
+        for r in np.flatnonzero(stability.matched[i] >= 0):
+            ref, matched = ref_sources[cells, r][:, None], other[cells, stability.matched[i, r]][:, None]
+            replicates[i, r] = np.abs(weighted_correlations(weights, matched, ref)[:, 0, 0])
     worst_rep = replicates.min(axis=0)
     intervals = [percentile_interval(float(best[:, c].min()), worst_rep[c], bootstrap.shrink, alpha) for c in range(k)]
     table = pd.DataFrame(
@@ -159,12 +143,12 @@ def ica_component_stability(
             "low": [iv.low for iv in intervals],
             "high": [iv.high for iv in intervals],
             "mean_match": best.mean(axis=0),
-            "same_fit_match": split.same_fit_match,
+            "same_fit_match": stability.table["same_fit_match"].to_numpy(),
             "excess_kurtosis": reference.kurtosis_,
             "negentropy": reference.negentropy_,
             "gaussian": reference.gaussian_.astype(bool),
             "estimated_on": HELDOUT_CELLS if fit_cells is None else FIT_CELLS,
-            "n_estimation_cells": split.n_estimation_cells,
+            "n_estimation_cells": stability.n_estimation_cells,
             "n_matching_cells": len(held[0]),
         },
         columns=list(COMPONENT_COLUMNS),
@@ -177,4 +161,4 @@ def ica_component_stability(
         ],
         columns=list(MATCH_COLUMNS),
     )
-    return ComponentStability(table, matches, dict(zip(names, split.sources, strict=True)))
+    return ComponentStability(table, matches, dict(zip(names, stability.sources, strict=True)))
