@@ -107,15 +107,15 @@ def test_estimate_reliability_is_khat_ess_and_the_share_of_cells():
 def test_every_reliability_rule_of_the_package_is_estimate_reliability(monkeypatch):
     """Moving the one threshold moves the summary, the invariance checks and the report's predictive rule."""
     from countvae.diagnostics.analyses.predictive import estimator_reliability, per_fit_table
-    from countvae.invariance.checks import unreliable_cells
+    from countvae.invariance.checks import pair_unreliable_fraction
     from countvae.module import importance
 
     frame = _frame([0.3] * 10)
     lpds = {"a": frame, "b": frame.copy()}
-    assert not unreliable_cells(frame, MIN_ESS).any() and estimator_reliability(lpds, 1.0)["reliable"].all()
+    assert pair_unreliable_fraction(frame, frame, MIN_ESS) == 0.0 and estimator_reliability(lpds, 1.0)["reliable"].all()
     monkeypatch.setattr(importance, "KHAT_THRESHOLD", 0.2)
     moved = frame.drop(columns="reliable")  # the column was computed under the old threshold
-    assert unreliable_cells(moved, MIN_ESS).all()
+    assert pair_unreliable_fraction(moved, moved, MIN_ESS) == 1.0
     assert (estimator_reliability({"a": moved, "b": moved}, 1.0)["share_khat_above"] == 1.0).all()
     assert per_fit_table({"a": moved, "b": moved})["n_unreliable"].tolist() == [10, 10]
     assert not _frame([0.3])["reliable"].iloc[0]

@@ -23,10 +23,8 @@ from countvae import _arviz
 #: (Vehtari et al. 2024, PSIS: with k > 0.7 the number of draws needed grows impractically fast).
 KHAT_THRESHOLD = 0.7
 
-#: Largest share of cells with an unreliable estimate for a set of estimates to count as evidence: the
-#: report's rule and the default ``max_unreliable_fraction`` of :func:`countvae.invariance.verify`.
+#: Largest share of cells with an unreliable estimate for the estimates to count (the report; verify's default).
 MAX_UNRELIABLE_SHARE = 0.05
-
 #: Default effective sample size below which :func:`countvae.invariance.verify` counts an estimate as unreliable.
 MIN_ESS = 10.0
 
@@ -142,18 +140,7 @@ def summarize_log_weights(log_weights: torch.Tensor) -> ImportanceSummary:
 
 @dataclass(frozen=True)
 class Reliability:
-    """Which cells' importance-sampling estimates can be believed, and whether enough of them can.
-
-    Attributes
-    ----------
-    unreliable
-        Per cell, whether its estimate is not to be believed (see :func:`estimate_reliability`).
-    share
-        Share of unreliable cells; NaN when the estimates carry no k-hat to judge them by.
-    reliable
-        Whether ``share`` is at most the share allowed (False when it is NaN).
-
-    """
+    """Per cell, whether its estimate is ``unreliable``; their ``share`` (NaN: no k-hat); and ``reliable`` overall."""
 
     unreliable: np.ndarray
     share: float
@@ -166,37 +153,16 @@ def estimate_reliability(
     """Whether importance-sampling estimates of ``log p(x)`` can be believed: the package's one rule.
 
     A cell's estimate is unreliable when its Pareto k-hat is above :data:`KHAT_THRESHOLD` or
-    NaN (column ``khat``, or the ``reliable`` column of :meth:`ImportanceSummary.to_frame`;
-    both are read where both are present), or when its effective sample size (column
-    ``ess``) is below ``min_ess``. These are also the cells :func:`summarize_log_weights`
-    gives no standard error unless the ESS is what fails. The estimates are reliable when at
-    most ``max_share`` of the cells are unreliable.
-
-    Parameters
-    ----------
-    frame
-        Per-cell estimates with a ``khat`` or a ``reliable`` column (and ``ess`` when
-        ``min_ess > 0``), as :meth:`ImportanceSummary.to_frame` returns.
-    min_ess
-        Smallest ESS a reliable estimate may have; 0 (the default) judges k-hat alone (a
-        small ESS with an acceptable k-hat shows up as a large Monte Carlo error instead).
-    max_share
-        Largest share of unreliable cells for the estimates to be reliable.
-
-    Returns
-    -------
-    Reliability
-        Without a ``khat`` or ``reliable`` column: no cell flagged, ``share`` NaN, not reliable.
-
+    NaN (column ``khat`` and, where present, ``reliable`` of :meth:`ImportanceSummary.to_frame`:
+    the cells :func:`summarize_log_weights` gives no standard error), or its ESS (``ess``) is
+    below ``min_ess`` (0: not judged; a small ESS with a good k-hat shows as a large Monte Carlo
+    error). The estimates are reliable when at most ``max_share`` of the cells are unreliable;
+    without a ``khat`` or ``reliable`` column no cell is flagged, the share is NaN and they are not.
     """
-    good = np.ones(len(frame), dtype=bool)
-    if "reliable" in frame:
-        good &= frame["reliable"].to_numpy(dtype=bool)
+    bad = ~frame["reliable"].to_numpy(dtype=bool) if "reliable" in frame else np.zeros(len(frame), dtype=bool)
     if "khat" in frame:
-        good &= frame["khat"].to_numpy(dtype=np.float64) <= KHAT_THRESHOLD  # a NaN k-hat is not
+        bad |= ~(frame["khat"].to_numpy(dtype=np.float64) <= KHAT_THRESHOLD)  # a NaN k-hat is unreliable
     if min_ess > 0:
-        good &= ~(frame["ess"].to_numpy(dtype=np.float64) < min_ess)
-    if "reliable" not in frame and "khat" not in frame:
-        return Reliability(unreliable=~good, share=float("nan"), reliable=False)
-    share = float(np.mean(~good)) if len(frame) else float("nan")
-    return Reliability(unreliable=~good, share=share, reliable=bool(share <= max_share))
+        bad |= frame["ess"].to_numpy(dtype=np.float64) < min_ess
+    share = float(np.mean(bad)) if len(frame) and ("reliable" in frame or "khat" in frame) else float("nan")
+    return Reliability(unreliable=bad, share=share, reliable=bool(share <= max_share))

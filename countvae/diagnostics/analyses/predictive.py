@@ -28,14 +28,13 @@ Definitions (all log densities in nats, higher is better):
   ``not equivalent`` when it lies outside ``[-delta, delta]``, otherwise
   ``undetermined``. ``p_equivalence`` is the TOST p-value times ``K`` (capped at 1).
 - **Reliability of the estimator**, a precondition (:func:`estimator_reliability`):
-  Pareto k-hat at most 0.7 on at least 95% of each fit's cells (above it an
-  importance-sampling estimate and its error are not to be believed), and the
-  bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the
-  delta-method bound) small against the margin (its mean at most a tenth of it).
-  :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
-- ``n_unreliable``: cells whose estimate failed the Pareto k-hat check (column
-  ``reliable`` of the per-cell frames, when present; their ``mc_se`` is NaN, so the
-  Monte Carlo totals are NaN too).
+  the package's one rule, :func:`countvae.module.importance.estimate_reliability`
+  (Pareto k-hat at most 0.7 on at least 95% of each fit's cells), and the bias of
+  the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the delta-method bound)
+  at most a tenth of the margin. :mod:`countvae.diagnostics.reporting.verdicts`
+  decides the verdict from these numbers.
+- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN,
+  so the Monte Carlo totals are NaN too).
 """
 
 from __future__ import annotations
@@ -78,7 +77,6 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
 
 
 def _unreliable(frame: pd.DataFrame) -> np.ndarray:
-    """Per cell, whether its estimate is unreliable (all False without a ``reliable`` or ``khat`` column)."""
     return estimate_reliability(frame).unreliable
 
 
