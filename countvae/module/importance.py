@@ -140,7 +140,18 @@ def summarize_log_weights(log_weights: torch.Tensor) -> ImportanceSummary:
 
 @dataclass(frozen=True)
 class Reliability:
-    """Per cell, whether its estimate is ``unreliable``; their ``share`` (NaN: no k-hat); and ``reliable`` overall."""
+    """What :func:`estimate_reliability` decided.
+
+    Attributes
+    ----------
+    unreliable
+        Per cell, whether its estimate is not to be believed.
+    share
+        Share of unreliable cells (NaN when the estimates carry no k-hat).
+    reliable
+        Whether at most the allowed share of cells is unreliable.
+
+    """
 
     unreliable: np.ndarray
     share: float
@@ -156,8 +167,22 @@ def estimate_reliability(
     NaN (column ``khat`` and, where present, ``reliable`` of :meth:`ImportanceSummary.to_frame`:
     the cells :func:`summarize_log_weights` gives no standard error), or its ESS (``ess``) is
     below ``min_ess`` (0: not judged; a small ESS with a good k-hat shows as a large Monte Carlo
-    error). The estimates are reliable when at most ``max_share`` of the cells are unreliable;
-    without a ``khat`` or ``reliable`` column no cell is flagged, the share is NaN and they are not.
+    error). The estimates are reliable when at most ``max_share`` of the cells are unreliable.
+
+    Parameters
+    ----------
+    frame
+        Per-cell estimates, as :meth:`ImportanceSummary.to_frame` returns them.
+    min_ess
+        Smallest ESS of a reliable estimate.
+    max_share
+        Largest share of unreliable cells.
+
+    Returns
+    -------
+    Reliability
+        Without a ``khat`` or ``reliable`` column: no cell flagged, the share NaN, not reliable.
+
     """
     bad = ~frame["reliable"].to_numpy(dtype=bool) if "reliable" in frame else np.zeros(len(frame), dtype=bool)
     if "khat" in frame:
