@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -96,8 +95,3 @@ def json_ready(value: Any, strict: bool = False) -> Any:
     which a run must be reproducible) they raise ``ValueError`` or ``TypeError``.
     """
     return _plain(value, strict)
-
-
-def json_text(value: Any, strict: bool = False) -> str:
-    """:func:`json_ready` serialised with sorted keys and indentation."""
-    return json.dumps(json_ready(value, strict), indent=2, sort_keys=True, allow_nan=False)

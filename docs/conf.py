@@ -90,7 +90,7 @@ _EXTERNAL = (
     r"(np|numpy|pd|pandas|ad|anndata|torch|pyro|scipy|sklearn|matplotlib|arviz|az|scvi|joblib|ray|nn|"
     r"threadpoolctl|picard|collections|typing|pathlib|os|enum|argparse|abc|dataclasses|builtins)(\..*)?"
 )
-# References into private modules below the public namespaces (issue 12 moves them) are not documented.
+# References into private modules below the public namespaces are not documented (they are not API).
 _INTERNAL = r"countvae\.(model|module|cli)(\..*)?|countvae\.(data|diagnostics|invariance)\.[a-z_]+\..+"
 nitpick_ignore_regex = [(r"py:.*", _EXTERNAL), (r"py:.*", _INTERNAL), (r"py:mod", r"countvae\..*")]
 # Module-level type aliases (``Literal[...]``) that annotations name; the parameter text spells out the values.

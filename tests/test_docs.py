@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import pytest
 from html_links import broken_internal_links, parse_page, remote_loads
 
 from countvae.cli import build_parser
-from countvae.diagnostics.analyses.invariants import InvariantInputs, invariants_table
+from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS, QUANTITIES, InvariantInputs, invariants_table
 from countvae.diagnostics.reporting.display import invariants_for_display
 from countvae.diagnostics.reporting.verdicts import VERDICTS
 
@@ -289,6 +290,23 @@ def test_concepts_page_lists_the_report_rows_of_the_code():
     text = page.read_text(encoding="utf-8")
     for verdict in VERDICTS:
         assert f"\n{verdict}\n: " in text, f"the verdict {verdict!r} is not explained on {page.name}"
+
+
+def _metric_block() -> str:
+    """The list of metric definitions that report-rows.md shows, generated from the one source."""
+    return "\n".join(
+        f"`{name}`\n" + textwrap.fill(words, 110, initial_indent=": ", subsequent_indent="  ") + "\n"
+        for name, words in METRIC_DEFINITIONS.items()
+    )
+
+
+def test_concepts_page_defines_the_metrics_in_the_words_of_the_code():
+    assert {q.definition for q in QUANTITIES} <= set(METRIC_DEFINITIONS.values())  # every row has one
+    page = DOCS / "concepts" / "report-rows.md"
+    text = page.read_text(encoding="utf-8")
+    shown = text[text.index("<!-- metrics:start -->\n") + 23 : text.index("<!-- metrics:end -->")]
+    expected = _metric_block()
+    assert shown == expected, f"{page.relative_to(ROOT)} defines the metrics unlike the code; paste:\n{expected}"
 
 
 # ----- the README --------------------------------------------------------------------------------------------

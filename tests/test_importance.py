@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
+from countvae.module.importance import (
+    KHAT_THRESHOLD,
+    MAX_UNRELIABLE_SHARE,
+    MIN_ESS,
+    ImportanceSummary,
+    estimate_reliability,
+    summarize_log_weights,
+)
 
 LOG_Z = -12.5
 
@@ -74,3 +81,41 @@ def test_summary_rows_concatenate_take_and_frame():
         summarize_log_weights(torch.tensor([[0.0, float("nan")], [0.0, 0.0]]))
     with pytest.raises(ValueError, match="every importance weight zero"):
         summarize_log_weights(torch.tensor([[0.0, -math.inf], [0.0, -math.inf]]))
+
+
+def _frame(khat, ess=50.0):
+    summary = ImportanceSummary(
+        lpd=np.zeros(len(khat)), mc_se=np.full(len(khat), 0.1), ess=np.broadcast_to(ess, len(khat)), khat=np.array(khat)
+    )
+    return summary.to_frame()
+
+
+def test_estimate_reliability_is_khat_ess_and_the_share_of_cells():
+    frame = _frame([0.1, 0.5, 0.9, np.nan] + [0.2] * 16, ess=np.r_[[50.0] * 19, 5.0])
+    by_khat = estimate_reliability(frame)
+    np.testing.assert_array_equal(by_khat.unreliable[:4], [False, False, True, True])
+    assert by_khat.share == pytest.approx(0.1) and not by_khat.reliable  # 2 of 20 cells > MAX_UNRELIABLE_SHARE
+    assert estimate_reliability(frame, max_share=0.1).reliable
+    with_ess = estimate_reliability(frame, min_ess=MIN_ESS)
+    assert with_ess.unreliable[-1] and with_ess.share == pytest.approx(0.15)
+    assert estimate_reliability(frame.drop(columns="reliable")).share == pytest.approx(0.1)  # k-hat alone
+    unjudged = estimate_reliability(frame.drop(columns=["reliable", "khat"]))
+    assert np.isnan(unjudged.share) and not unjudged.reliable and not unjudged.unreliable.any()
+    assert MAX_UNRELIABLE_SHARE == 0.05 and KHAT_THRESHOLD == 0.7
+
+
+def test_every_reliability_rule_of_the_package_is_estimate_reliability(monkeypatch):
+    """Moving the one threshold moves the summary, the invariance checks and the report's predictive rule."""
+    from countvae.diagnostics.analyses.predictive import estimator_reliability, per_fit_table
+    from countvae.invariance.checks import pair_unreliable_fraction
+    from countvae.module import importance
+
+    frame = _frame([0.3] * 10)
+    lpds = {"a": frame, "b": frame.copy()}
+    assert pair_unreliable_fraction(frame, frame, MIN_ESS) == 0.0 and estimator_reliability(lpds, 1.0)["reliable"].all()
+    monkeypatch.setattr(importance, "KHAT_THRESHOLD", 0.2)
+    moved = frame.drop(columns="reliable")  # the column was computed under the old threshold
+    assert pair_unreliable_fraction(moved, moved, MIN_ESS) == 1.0
+    assert (estimator_reliability({"a": moved, "b": moved}, 1.0)["share_khat_above"] == 1.0).all()
+    assert per_fit_table({"a": moved, "b": moved})["n_unreliable"].tolist() == [10, 10]
+    assert not _frame([0.3])["reliable"].iloc[0]

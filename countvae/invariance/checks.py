@@ -59,7 +59,7 @@ from countvae.invariance.elbo_geometry import cell_chunks, elbo_comparison
 from countvae.invariance.evaluation import EvaluatedModel, MapComparison
 from countvae.invariance.outputs import output_changes as compare_outputs
 from countvae.model.training import to_tensors
-from countvae.module.importance import KHAT_THRESHOLD
+from countvae.module.importance import estimate_reliability
 from countvae.module.vae import log_library_size, sample_latent
 
 Expect = Literal["equal", "differs", "at_least", "report"]
@@ -174,8 +174,9 @@ def paired_statistics(base: pd.DataFrame, other: pd.DataFrame) -> dict[str, floa
 
 
 def pair_unreliable_fraction(base: pd.DataFrame, other: pd.DataFrame, min_ess: float) -> float:
-    """Share of cells where either of two estimates is unreliable (:func:`unreliable_cells`)."""
-    return float((unreliable_cells(base, min_ess) | unreliable_cells(other, min_ess)).mean())
+    """Share of cells where either of two estimates is unreliable (the rule of ``estimate_reliability``)."""
+    bad = estimate_reliability(base, min_ess).unreliable | estimate_reliability(other, min_ess).unreliable
+    return float(bad.mean())
 
 
 def _compare(prefix: str, c: MapComparison, base: pd.DataFrame, other: pd.DataFrame) -> list[Measurement]:
@@ -417,18 +418,13 @@ def elbo_geometry(c: MapComparison) -> list[Measurement]:
 
 
 # ----- the evidence, per model ------------------------------------------------------------------------
-def unreliable_cells(lpd: pd.DataFrame, min_ess: float) -> np.ndarray:
-    """Cells whose estimate is unreliable: k-hat above the threshold (or no standard error) or ESS below ``min_ess``."""
-    reliable = lpd["reliable"].to_numpy(dtype=bool) if "reliable" in lpd else lpd["khat"].to_numpy() <= KHAT_THRESHOLD
-    return ~reliable | ~np.isfinite(lpd["mc_se"].to_numpy()) | (lpd["ess"].to_numpy() < min_ess)
-
-
 def estimator_reliability(model: EvaluatedModel) -> list[Measurement]:
     """Whether the estimator's own diagnostics allow its numbers to be used as evidence.
 
     The share of cells with Pareto k-hat above 0.7 (no standard error) or ESS
-    below ``min_ess``, for every estimate the checks use on this model and its
-    maps' reparameterizations so far, must be at most ``max_unreliable_fraction``;
+    below ``min_ess`` (:func:`countvae.module.importance.estimate_reliability`),
+    for every estimate the checks use on this model and its maps'
+    reparameterizations so far, must be at most ``max_unreliable_fraction``;
     the median ESS and largest k-hat are reported. Catches: a proposal that misses
     the posterior (too few draws, a bad guide), whose standard errors would
     otherwise make every comparison look precise. Cannot catch: a posterior mode
@@ -436,9 +432,9 @@ def estimator_reliability(model: EvaluatedModel) -> list[Measurement]:
     """
     s = model.settings
     estimate = model.lpd(s.seed)
-    bad = unreliable_cells(estimate, s.min_ess)
+    share = estimate_reliability(estimate, s.min_ess).share
     return [
-        Measurement("unreliable_fraction", float(bad.mean()), s.max_unreliable_fraction, "equal"),
+        Measurement("unreliable_fraction", share, s.max_unreliable_fraction, "equal"),
         Measurement("ess_median", float(np.median(estimate["ess"].to_numpy()))),
         Measurement("khat_max", float(np.nanmax(estimate["khat"].to_numpy()))),
     ]

@@ -30,7 +30,7 @@ from countvae.invariance.outputs import ModelOutputs, distance_subset, log_norma
 from countvae.invariance.quadrature import quadrature_unsupported_reason
 from countvae.model import CountVAE, ModelCells, inference
 from countvae.model.training import to_tensors
-from countvae.module.importance import ImportanceSummary
+from countvae.module.importance import MAX_UNRELIABLE_SHARE, MIN_ESS, ImportanceSummary
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 from countvae.module.vae import log_library_size
 
@@ -68,8 +68,8 @@ class VerifySettings:
     k_neighbors: int = 15
     z_threshold: float = 5.0
     change_threshold: float = 4.0
-    max_unreliable_fraction: float = 0.05
-    min_ess: float = 10.0
+    max_unreliable_fraction: float = MAX_UNRELIABLE_SHARE
+    min_ess: float = MIN_ESS
     max_estimator_error: float = 0.05
     estimator_settings: MarginalSettings | None = None
 

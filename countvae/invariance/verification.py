@@ -45,6 +45,7 @@ from countvae.invariance.quadrature import quadrature_unsupported_reason
 from countvae.invariance.reparameterize import check_trained_model, reparameterize
 from countvae.invariance.result import CHECK_COLUMNS, InvarianceReport
 from countvae.model import CountVAE, copy_model
+from countvae.module.importance import MAX_UNRELIABLE_SHARE, MIN_ESS
 from countvae.module.marginal import MarginalSettings
 
 logger = logging.getLogger(__name__)
@@ -161,8 +162,8 @@ def verify(
     k_neighbors: int = 15,
     z_threshold: float = 5.0,
     change_threshold: float = 4.0,
-    max_unreliable_fraction: float = 0.05,
-    min_ess: float = 10.0,
+    max_unreliable_fraction: float = MAX_UNRELIABLE_SHARE,
+    min_ess: float = MIN_ESS,
     max_estimator_error: float = 0.05,
     estimator_settings: MarginalSettings | None = None,
     progress_bar: bool = False,

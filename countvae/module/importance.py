@@ -23,6 +23,11 @@ from countvae import _arviz
 #: (Vehtari et al. 2024, PSIS: with k > 0.7 the number of draws needed grows impractically fast).
 KHAT_THRESHOLD = 0.7
 
+#: Largest share of cells with an unreliable estimate for the estimates to count (the report; verify's default).
+MAX_UNRELIABLE_SHARE = 0.05
+#: Default effective sample size below which :func:`countvae.invariance.verify` counts an estimate as unreliable.
+MIN_ESS = 10.0
+
 #: The per-cell arrays of an :class:`ImportanceSummary`, in order.
 COLUMNS = ("lpd", "mc_se", "ess", "khat")
 
@@ -131,3 +136,58 @@ def summarize_log_weights(log_weights: torch.Tensor) -> ImportanceSummary:
     khat = np.where(constant, -np.inf, khat)
     mc_se = np.where(khat <= KHAT_THRESHOLD, mc_se, np.nan)
     return ImportanceSummary(lpd=lpd, mc_se=mc_se, ess=ess, khat=khat)
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """What :func:`estimate_reliability` decided.
+
+    Attributes
+    ----------
+    unreliable
+        Per cell, whether its estimate is not to be believed.
+    share
+        Share of unreliable cells (NaN when the estimates carry no k-hat).
+    reliable
+        Whether at most the allowed share of cells is unreliable.
+
+    """
+
+    unreliable: np.ndarray
+    share: float
+    reliable: bool
+
+
+def estimate_reliability(
+    frame: pd.DataFrame, min_ess: float = 0.0, max_share: float = MAX_UNRELIABLE_SHARE
+) -> Reliability:
+    """Whether importance-sampling estimates of ``log p(x)`` can be believed: the package's one rule.
+
+    A cell's estimate is unreliable when its Pareto k-hat is above :data:`KHAT_THRESHOLD` or
+    NaN (column ``khat`` and, where present, ``reliable`` of :meth:`ImportanceSummary.to_frame`:
+    the cells :func:`summarize_log_weights` gives no standard error), or its ESS (``ess``) is
+    below ``min_ess`` (0: not judged; a small ESS with a good k-hat shows as a large Monte Carlo
+    error). The estimates are reliable when at most ``max_share`` of the cells are unreliable.
+
+    Parameters
+    ----------
+    frame
+        Per-cell estimates, as :meth:`ImportanceSummary.to_frame` returns them.
+    min_ess
+        Smallest ESS of a reliable estimate.
+    max_share
+        Largest share of unreliable cells.
+
+    Returns
+    -------
+    Reliability
+        Without a ``khat`` or ``reliable`` column: no cell flagged, the share NaN, not reliable.
+
+    """
+    bad = ~frame["reliable"].to_numpy(dtype=bool) if "reliable" in frame else np.zeros(len(frame), dtype=bool)
+    if "khat" in frame:
+        bad |= ~(frame["khat"].to_numpy(dtype=np.float64) <= KHAT_THRESHOLD)  # a NaN k-hat is unreliable
+    if min_ess > 0:
+        bad |= frame["ess"].to_numpy(dtype=np.float64) < min_ess
+    share = float(np.mean(bad)) if len(frame) and ("reliable" in frame or "khat" in frame) else float("nan")
+    return Reliability(unreliable=bad, share=share, reliable=bool(share <= max_share))

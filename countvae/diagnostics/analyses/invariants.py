@@ -13,32 +13,9 @@ by :mod:`countvae.diagnostics.reporting.verdicts`.
 
 Agreement scores
 ----------------
-``ccc``
-    Lin's concordance correlation coefficient ``2 cov(a, b) / (var a + var b +
-    (mean a - mean b)^2)`` of the two seeds' values, flattened. 1 only when the
-    values are equal; unlike Pearson's correlation it penalises shifts and
-    changes of scale. Matrices of expression (cells x genes) are first centred
-    per gene by the two seeds' pooled gene mean, so that the large spread of
-    mean expression between genes does not make any two fits look alike.
-``jaccard``
-    Mean over cells of the Jaccard overlap of the ``k`` nearest neighbours.
-``weighted overlap``
-    Share of one seed's decoder variation in gene space (Jacobian or loading
-    energy) that lies in the other seed's gene-space span, averaged over both
-    directions (:func:`countvae.diagnostics.analyses.subspace.weighted_overlap`).
-``cosine``
-    ``<G_a, G_b>_F / (||G_a||_F ||G_b||_F)`` of two gene x gene Gram matrices.
-``|diff| / margin``
-    Held-out ``log p(x)``: the largest mean per-cell difference between two
-    fits, in units of the equivalence margin (see
-    :mod:`countvae.diagnostics.analyses.predictive`); smaller is better.
-``ccc`` of posterior predictive statistics
-    The smaller of the concordances over genes of the two seeds' predicted
-    per-gene coefficient of variation and zero fraction
-    (:func:`countvae.diagnostics.analyses.ppc.ppc_agreement`).
-``worst best-match |corr|``
-    ICA coordinates: the smallest best-match |correlation| of an ICA component
-    with the components of another seed (:mod:`countvae.diagnostics.analyses.components`).
+Each row's score is named by its :attr:`Quantity.metric` and defined, once, in
+:data:`METRIC_DEFINITIONS`; the report's "Definitions" and the page
+``docs/concepts/report-rows.md`` show those words (a test keeps the page in step).
 
 Intervals
 ---------
@@ -98,6 +75,7 @@ from countvae.diagnostics.analyses.resampling import (
 )
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
 from countvae.errors import InvalidArgumentError
+from countvae.ica import REPRODUCIBLE_MATCH
 
 #: Agreement (concordance, overlap, cosine) at or above which a quantity counts as agreeing.
 AGREEMENT_THRESHOLD = 0.9
@@ -105,8 +83,27 @@ AGREEMENT_THRESHOLD = 0.9
 KNN_THRESHOLD = 0.5
 #: Largest ``|diff| / margin`` of held-out log p(x) that counts as equivalent.
 LPD_THRESHOLD = 1.0
-#: Default threshold of the ICA row (the report's ``ica_threshold``).
-ICA_THRESHOLD = 0.95
+#: Default threshold of the ICA row (the report's ``ica_threshold``), the one of :func:`countvae.ica.ica_stability`.
+ICA_THRESHOLD = REPRODUCIBLE_MATCH
+
+#: What each row's agreement score means, by metric name (:attr:`Quantity.metric`; the posterior predictive
+#: row's ``ccc`` under :data:`PPC_METRIC`): the one text of the report's definitions and of the docs page.
+METRIC_DEFINITIONS: dict[str, str] = {
+    "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
+    "Expression matrices are first centred per gene.",
+    "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
+    "weighted overlap": "share of one seed's decoder variation in gene space that lies in the other seed's "
+    "gene-space span (1 = same span), averaged over both directions.",
+    "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
+    "|diff| / margin": "largest mean per-cell difference in held-out log p(x) between two seeds, in units of "
+    "the equivalence margin (a share of what the latent variables add over a no-latent model).",
+    "worst best-match |corr|": "for the ICA row, the smallest best-match |correlation| of an ICA component "
+    "of the first seed with the components of another seed.",
+    "ccc (posterior predictive)": "for the posterior predictive statistics, the smaller of the "
+    "concordances over genes of two seeds' predicted coefficient of variation and zero fraction.",
+}
+#: The key of :data:`METRIC_DEFINITIONS` that defines the posterior predictive row's ``ccc``.
+PPC_METRIC = "ccc (posterior predictive)"
 #: Cells whose pairwise latent distances are compared at most (the number of pairs is quadratic).
 MAX_DISTANCE_CELLS = 1_000
 
@@ -371,7 +368,7 @@ class Quantity:
     coordinate_level
         Whether the quantity changes with the latent coordinates (aligned scores then apply).
     metric
-        Name of the agreement score (defined in the module docstring).
+        Name of the agreement score, as the table shows it.
     threshold
         When the agreement counts as agreeing.
     report_when_agree, report_when_aligned, report_when_differ
@@ -395,6 +392,8 @@ class Quantity:
         Whether the row is in the table at all for these inputs.
     pairwise
         Whether the row is scored per pair of fits (the ICA row is one number for all fits).
+    definition_key
+        The key of :data:`METRIC_DEFINITIONS` that defines the score, when it is not ``metric``.
 
     """
 
@@ -416,6 +415,12 @@ class Quantity:
     available: Callable[[InvariantInputs], bool] = _always
     included: Callable[[InvariantInputs], bool] = _always
     pairwise: bool = True
+    definition_key: str = ""
+
+    @property
+    def definition(self) -> str:
+        """What the row's score means: its entry of :data:`METRIC_DEFINITIONS` (``definition_key``, else ``metric``)."""
+        return METRIC_DEFINITIONS[self.definition_key or self.metric]
 
 
 # ----- scores and their replicates ----------------------------------------------------------------------
@@ -685,6 +690,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         row_interval=_ppc_interval,
         cells_setting="max_ppc_cells",
         available=_has_ppc_agreement,
+        definition_key=PPC_METRIC,
     ),
     Quantity(
         "decoded means",

@@ -28,14 +28,13 @@ Definitions (all log densities in nats, higher is better):
   ``not equivalent`` when it lies outside ``[-delta, delta]``, otherwise
   ``undetermined``. ``p_equivalence`` is the TOST p-value times ``K`` (capped at 1).
 - **Reliability of the estimator**, a precondition (:func:`estimator_reliability`):
-  Pareto k-hat at most 0.7 on at least 95% of each fit's cells (above it an
-  importance-sampling estimate and its error are not to be believed), and the
-  bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the
-  delta-method bound) small against the margin (its mean at most a tenth of it).
-  :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
-- ``n_unreliable``: cells whose estimate failed the Pareto k-hat check (column
-  ``reliable`` of the per-cell frames, when present; their ``mc_se`` is NaN, so the
-  Monte Carlo totals are NaN too).
+  the package's one rule, :func:`countvae.module.importance.estimate_reliability`
+  (Pareto k-hat at most 0.7 on at least 95% of each fit's cells), and the bias of
+  the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the delta-method bound)
+  at most a tenth of the margin. :mod:`countvae.diagnostics.reporting.verdicts`
+  decides the verdict from these numbers.
+- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN,
+  so the Monte Carlo totals are NaN too).
 """
 
 from __future__ import annotations
@@ -50,12 +49,10 @@ from scipy import stats
 from countvae import _arviz
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.errors import InvalidArgumentError
-from countvae.module.importance import KHAT_THRESHOLD
+from countvae.module.importance import estimate_reliability
 
 #: Default margin: differences below this share of the per-cell gain over the no-latent baseline are immaterial.
 EQUIVALENCE_MARGIN = 0.02
-#: Share of a fit's cells whose importance weights may have a Pareto k-hat above 0.7 for its estimates to count.
-MAX_UNRELIABLE_SHARE = 0.05
 #: Largest mean per-cell Monte Carlo bias bound (``mc_se^2 / 2``), as a share of the margin.
 MAX_BIAS_SHARE = 0.1
 #: Decisions of one pair (and of the fits as a whole) in the equivalence table.
@@ -80,10 +77,7 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
 
 
 def _unreliable(frame: pd.DataFrame) -> np.ndarray:
-    """Per cell, whether its estimate is flagged unreliable (all False without a ``reliable`` column)."""
-    if "reliable" not in frame:
-        return np.zeros(len(frame), dtype=bool)
-    return ~frame["reliable"].to_numpy(dtype=bool)
+    return estimate_reliability(frame).unreliable
 
 
 def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -222,9 +216,9 @@ def equivalence_margin(lpds: Mapping[str, pd.DataFrame], baseline: np.ndarray | 
 def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd.DataFrame:
     """Whether each fit's ``log p(x)`` estimates can be believed, at the precision the margin asks for.
 
-    A cell's estimate is unreliable when its frame says so (a ``reliable``
-    column, as the package's estimator returns) or its Pareto k-hat is above
-    :data:`~countvae.module.importance.KHAT_THRESHOLD` or missing. Cells without
+    Which cells are unreliable, and whether few enough are, is the package's one
+    rule, :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat
+    above 0.7 or missing; ESS not judged). Cells without
     a Monte Carlo standard error (NaN, as the estimator reports where k-hat says
     the weights' variance is infinite) are left out of the bias bound; they
     already count as unreliable.
@@ -239,7 +233,7 @@ def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd
         not judged: a small ESS with an acceptable k-hat shows up as a large
         Monte Carlo error, which the bias bound judges), ``mc_bias_bound``
         (mean per-cell ``mc_se^2 / 2``, nats), and ``reliable``: at most
-        :data:`MAX_UNRELIABLE_SHARE` of cells unreliable and a bias bound at
+        :data:`~countvae.module.importance.MAX_UNRELIABLE_SHARE` of cells unreliable and a bias bound at
         most :data:`MAX_BIAS_SHARE` of the margin.
 
     """
@@ -248,29 +242,20 @@ def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd
         mc = frame["mc_se"].to_numpy(dtype=np.float64)
         bias = float(np.mean(mc[np.isfinite(mc)] ** 2) / 2.0) if np.isfinite(mc).any() else np.nan
         khat = frame["khat"].to_numpy(dtype=np.float64) if "khat" in frame else None
-        if "reliable" in frame or khat is not None:
-            good = np.ones(len(frame), dtype=bool)
-            if "reliable" in frame:
-                good &= frame["reliable"].to_numpy(dtype=bool)
-            if khat is not None:
-                good &= khat <= KHAT_THRESHOLD  # a NaN k-hat counts as unreliable
-            share = float(np.mean(~good))
-        else:
-            share = np.nan
+        judged = estimate_reliability(frame)
         median = float(np.nanmedian(khat)) if khat is not None and np.isfinite(khat).any() else np.nan
         ess = frame["ess"].to_numpy(dtype=np.float64) if "ess" in frame else np.full(1, np.nan)
         finite_ess = ess[np.isfinite(ess)]
-        ok_khat = bool(np.isfinite(share) and share <= MAX_UNRELIABLE_SHARE)
         ok_bias = bool(np.isfinite(margin) and np.isfinite(bias) and bias <= MAX_BIAS_SHARE * margin)
         rows.append(
             {
                 "fit": name,
-                "share_khat_above": share,
+                "share_khat_above": judged.share,
                 "median_khat": median,
                 "median_ess": float(np.median(finite_ess)) if finite_ess.size else np.nan,
                 "min_ess": float(finite_ess.min()) if finite_ess.size else np.nan,
                 "mc_bias_bound": bias,
-                "reliable": ok_khat and ok_bias,
+                "reliable": judged.reliable and ok_bias,
             }
         )
     return pd.DataFrame(rows)

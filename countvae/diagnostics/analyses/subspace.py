@@ -23,8 +23,6 @@ from countvae.errors import InvalidArgumentError
 
 #: Cells whose k-NN graphs are compared at most (the k-NN search is O(n log n) per fit).
 MAX_KNN_CELLS = 5_000
-#: Cells whose decoder Jacobians are stacked at most.
-MAX_JACOBIAN_CELLS = 500
 
 
 def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -33,7 +33,7 @@ from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.analyze import Analyses, analyze
 from countvae.diagnostics.reporting.collect import Collected, collect, resolve_inputs
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
-from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, downstream_section  # issue 18
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, downstream_section
 from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence, truth_sentence
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -115,7 +115,7 @@ def report(
             fit_list, adata, markers, s, fit_settings, stopwatch, progress_bar=progress_bar, adata_fit=adata_fit
         )
         analyses = analyze(collected, s, stopwatch)
-        section = None  # downstream section (issue 18): all of its logic is in downstream_section.py
+        section = None  # the optional DE/clusters/UMAP section, all of it in downstream_section.py
         if downstream is not None:
             section = downstream_section(fit_list, adata, downstream, collected.per_fit("latent"))
             stopwatch.lap("downstream section")
@@ -163,7 +163,7 @@ def report(
         subsampling=_subsampling(collected, s),
         provenance=collected.provenance(),
         timings=stopwatch.timings,
-        downstream=section,  # issue 18
+        downstream=section,
         cells=analyses.cells,
         genes=analyses.genes,
         consensus_latent=analyses.consensus,

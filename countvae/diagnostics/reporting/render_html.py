@@ -20,6 +20,7 @@ from countvae._report_files import (
     html_page,
     html_table,
 )
+from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS
 from countvae.diagnostics.reporting.display import threshold_text
 from countvae.diagnostics.reporting.figures import FIGURES, draw_figures
 from countvae.diagnostics.reporting.report_content import ReportContent
@@ -244,7 +245,7 @@ def render_html(rep: ReportContent) -> str:
         _h2("ppc"),
         figure("ppc"),
         html_table(rep.ppc),
-        *(rep.downstream.html_parts() if rep.downstream is not None else []),  # downstream section (issue 18)
+        *(rep.downstream.html_parts() if rep.downstream is not None else []),  # the optional downstream section
     ]
     if "ground_truth" in t:
         parts += [
@@ -327,24 +328,17 @@ def _gene_selection(record: dict | None) -> dict[str, str]:
     }
 
 
+# The rows' metrics are defined in analyses.invariants (the docs page shows the same words); the report
+# lists them with the definitions of its other sections, mcc in fifth place as it always was.
+_ROW_METRICS = list(METRIC_DEFINITIONS.items())
 _DEFINITIONS = (
     "<ul>"
     + "".join(
         f"<li><b>{escape(k)}</b>: {escape(v)}</li>"
         for k, v in {
-            "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
-            "Expression matrices are first centred per gene.",
-            "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
-            "weighted overlap": "share of one seed's decoder variation in gene space that lies in the other seed's "
-            "gene-space span (1 = same span), averaged over both directions.",
-            "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
+            **dict(_ROW_METRICS[:4]),
             "mcc": "mean correlation of ICA components after matching them by a signed permutation.",
-            "|diff| / margin": "largest mean per-cell difference in held-out log p(x) between two seeds, in units of "
-            "the equivalence margin (a share of what the latent variables add over a no-latent model).",
-            "worst best-match |corr|": "for the ICA row, the smallest best-match |correlation| of an ICA component "
-            "of the first seed with the components of another seed.",
-            "ccc (posterior predictive)": "for the posterior predictive statistics, the smaller of the "
-            "concordances over genes of two seeds' predicted coefficient of variation and zero fraction.",
+            **dict(_ROW_METRICS[4:]),
             "alignment error": "mean Euclidean distance per held-out cell between mapped and target latent means, "
             "over the target's diameter (largest pairwise distance) or RMS pairwise distance, averaged over both "
             "directions.",

@@ -27,6 +27,6 @@ def report_record(rep: ReportContent) -> dict[str, Any]:
             "subsampling": rep.subsampling,
             "provenance": rep.provenance,
             "timings_seconds": rep.timings,
-            "downstream": rep.downstream.to_dict() if rep.downstream is not None else None,  # issue 18
+            "downstream": rep.downstream.to_dict() if rep.downstream is not None else None,
         }
     )

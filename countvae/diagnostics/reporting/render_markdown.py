@@ -59,7 +59,7 @@ def render_markdown(rep: ReportContent) -> str:
         _md(rep.rhat),
         "## Posterior predictive checks",
         _md(rep.ppc),
-        *([rep.downstream.markdown()] if rep.downstream is not None else []),  # downstream section (issue 18)
+        *([rep.downstream.markdown()] if rep.downstream is not None else []),  # the optional downstream section
     ]
     if "ground_truth" in t:
         sections += ["## Against the simulation's truth", _md(t["ground_truth"])]

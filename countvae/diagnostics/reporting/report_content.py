@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.reporting.downstream_section import DownstreamSection  # downstream section (issue 18)
+from countvae.diagnostics.reporting.downstream_section import DownstreamSection
 
 #: The main tables, in the order of the report's sections; every report has them (``ica`` may have no rows).
 MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc", "ica")
@@ -40,7 +40,7 @@ class ReportContent:
     subsampling: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    downstream: DownstreamSection | None = None  # downstream section (issue 18): DE, clusters, UMAP across seeds
+    downstream: DownstreamSection | None = None  # optional: DE, clusters, UMAP across seeds
     cells: pd.DataFrame | None = field(default=None, repr=False)
     genes: pd.DataFrame | None = field(default=None, repr=False)
     consensus_latent: np.ndarray | None = field(default=None, repr=False)

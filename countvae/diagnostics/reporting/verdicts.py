@@ -63,10 +63,10 @@ from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME, Threshold
 from countvae.diagnostics.analyses.predictive import (
     EQUIVALENT,
     MAX_BIAS_SHARE,
-    MAX_UNRELIABLE_SHARE,
     NOT_EQUIVALENT,
     UNDETERMINED,
 )
+from countvae.module.importance import KHAT_THRESHOLD, MAX_UNRELIABLE_SHARE
 
 AGREE, ALIGNED, DIFFER, NOT_MEASURED = "agree", "agree after alignment", "differ", "not measured"
 #: Every verdict of the invariants table, from best to worst (``not measured`` last).
@@ -486,7 +486,8 @@ def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | N
             problems.append(f"{row.fit}: no Pareto k-hat to check the estimates against")
         elif row.share_khat_above > MAX_UNRELIABLE_SHARE:
             problems.append(
-                f"{row.fit}: unreliable (Pareto k-hat above 0.7) on {100 * row.share_khat_above:.0f}% of cells"
+                f"{row.fit}: unreliable (Pareto k-hat above {KHAT_THRESHOLD:g}) "
+                f"on {100 * row.share_khat_above:.0f}% of cells"
             )
         if not np.isfinite(row.mc_bias_bound):
             problems.append(f"{row.fit}: no Monte Carlo standard error on any cell")
