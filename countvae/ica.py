@@ -10,9 +10,8 @@ chosen axes; for Gaussian directions every rotation is equally good
 (Comon 1994) and ICA's answer is noise. :class:`ICARotation` therefore reports
 each component's non-Gaussianity and warns, naming the components, when several
 of them cannot be told apart from Gaussian noise. :func:`ica_stability`
-measures directly whether components reproduce across seeds, each ICA estimated
-on its own half of the cells (Icasso-style, Himberg et al. 2004): the definition
-the diagnostic report uses too.
+measures directly whether components reproduce across seeds or bootstrap
+resamples (Icasso-style, Himberg et al. 2004).
 
 What the maps preserve
 ----------------------
@@ -433,55 +432,44 @@ class ICARotation(TransformerMixin, BaseEstimator):
         )
 
 
-# ----- reproducibility across fits: the one definition, which the report uses too ------------------
-
-#: Best-match |correlation| at or above which an ICA component counts as reproducible. Below it lie the
-#: matches of a Gaussian subspace estimated on disjoint halves (chance level of a random rotation: 0.90
-#: for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); see :func:`ica_stability`.
-REPRODUCIBLE_MATCH = 0.95
+# ----- stability across seeds or bootstrap resamples ----------------------------------------------
 
 
 @dataclass
 class ICAStability:
-    """How well each ICA component reproduces across fits (:func:`ica_stability`); ``k`` components, ``m`` fits.
+    """How well each ICA component reproduces across seeds or bootstrap resamples.
 
     Attributes
     ----------
     table
-        One row per component of the reference fit: ``mean``, ``median`` and ``min`` best-match
-        |correlation| over the other fits, ``same_fit_match`` (the reference against the first
-        fit's own ICA on the other half), the reference's ``negentropy`` and ``gaussian`` flag,
-        and ``reproducible`` (``min >= threshold``).
+        One row per component of the reference fit: ``mean``, ``median`` and
+        ``min`` best-match |correlation| over the other runs, the reference's
+        ``negentropy`` and ``gaussian`` flag, and ``reproducible``
+        (``mean >= threshold``).
     matches
-        Best-match |correlation| of every reference component (columns) in each other fit (rows;
-        with one latent matrix, one row: the same-fit comparison).
-    matched
-        (m - 1, k): the component of each other fit matched to each reference component (-1: none).
-    sources
-        Each fit's matching cells in its own ICA axes; ``sources[0]`` is the reference's.
+        Best-match |correlation| of every reference component (columns) in each
+        other run (rows).
     mode
-        ``"seeds"`` (several latent matrices, one per fit) or ``"same fit"`` (one).
+        ``"seeds"`` (one latent matrix per fit) or ``"bootstrap"``.
+    resample
+        Which cells each ICA was estimated on, see :func:`ica_stability`.
     threshold
         The reproducibility threshold used.
     reference
-        The first fit's :class:`ICARotation`, estimated on half A (with its Gaussian flags).
-    n_estimation_cells
-        Cells of half A (half B has as many, or one more).
+        The reference :class:`ICARotation` (fitted on the reference cells).
 
     """
 
     table: pd.DataFrame
     matches: pd.DataFrame
-    matched: np.ndarray
-    sources: list[np.ndarray]
     mode: str
+    resample: str
     threshold: float
     reference: ICARotation
-    n_estimation_cells: int
 
     @property
     def mcc(self) -> pd.Series:
-        """Mean matched |correlation| per fit (the cross-fit MCC)."""
+        """Mean matched |correlation| per run (the cross-run MCC)."""
         return self.matches.mean(axis=1)
 
     @property
@@ -490,72 +478,79 @@ class ICAStability:
         return list(self.table.index[~self.table["reproducible"]])
 
 
-def _quiet_ica(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
-    with warnings.catch_warnings():  # Gaussian flags are reported in the tables instead
+def _fit_quiet(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
+    """An ICA fit used only for matching: no Gaussian flags (no null simulation), no warnings."""
+    params = dict(params, n_null=0)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
         warnings.simplefilter("ignore", ConvergenceWarning)
         return ICARotation(**params).fit(latents)
 
 
-def _best_matches(reference: np.ndarray, other: np.ndarray, method: str) -> tuple[np.ndarray, np.ndarray]:
-    match = match_components(reference, other, method=method)
-    best, cols = np.zeros(reference.shape[1]), np.full(reference.shape[1], -1)
-    best[match.rows], cols[match.rows] = np.abs(match.correlations), match.cols
-    return best, cols
-
-
-def _runs(latents: np.ndarray | Sequence[np.ndarray], name: str) -> list[np.ndarray]:
-    """One (cells, d) array, or several of the same cells, as a list of checked float64 arrays."""
-    runs = [latents] if isinstance(latents, np.ndarray) and latents.ndim == 2 else list(latents)
-    runs = [_check_latents(z, f"{name}[{i}]") for i, z in enumerate(runs)]
-    if len({z.shape[0] for z in runs}) != 1:
-        counts = sorted({z.shape[0] for z in runs})
-        raise InvalidDataError(f"The {name} matrices must describe the same cells; got cell counts {counts}.")
-    return runs
+def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One (cells, d) array, or several, as a list of checked float64 arrays."""
+    if isinstance(latents, np.ndarray) and latents.ndim == 2:
+        return [_check_latents(latents)]
+    return [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
 
 
 def ica_stability(
     latents: np.ndarray | Sequence[np.ndarray],
-    heldout: np.ndarray | Sequence[np.ndarray] | None = None,
     *,
-    threshold: float = REPRODUCIBLE_MATCH,
+    resample: Literal["halves", "bootstrap", "none"] = "halves",
+    n_bootstrap: int = 20,
+    threshold: float = 0.95,
     method: Literal["pearson", "spearman"] = "pearson",
     random_state: int = 0,
     **ica_params: Any,
 ) -> ICAStability:
-    """Whether ICA components reproduce across fits, with no cell informing both sides of a comparison.
+    """Measure whether ICA components reproduce across fits (seeds) or resamples of the cells.
 
-    The one definition of ICA reproducibility in the package (the diagnostic report's ICA rows
-    add bootstrap intervals to it). The cells of ``latents`` are split at random into two
-    disjoint halves. The first fit's ICA (the reference) is estimated on half A, every other
-    fit's ICA on half B, and each reference component is matched (Hungarian, on |correlation|)
-    to every other fit's components on the ``heldout`` cells. The first fit's own ICA on half B
-    gives the same comparison within one fit (``same_fit_match``, the only one with one latent
-    matrix): low when the cells are too few, or the direction too Gaussian, to fix an axis at
-    all. Fit ``i``'s ICA starts from seed ``random_state + i``, the first fit's own from
-    ``random_state + m`` (``m`` fits).
+    Each component of a reference ICA fit is matched (Hungarian, on
+    |correlation| over all cells) to the components of every other ICA fit,
+    and its best-match |correlation| is reported per fit and on average.
 
-    Why halves: ICA is affine-equivariant, and a finite Gaussian sample has accidental
-    most-non-Gaussian directions. Fits that agree up to a linear map on the same cells (as
-    VAE seeds nearly do) hand ICA the same accident, and it returns the same axes even in a
-    Gaussian subspace: noisy rotated copies of one 3-d Gaussian sample match at 0.98 when
-    every ICA sees the same cells (0.95 on bootstrap resamples, which keep most of the
-    sample) but at 0.72 to 0.91 on disjoint halves, around the chance level of a random
-    rotation (see ``REPRODUCIBLE_MATCH``); Laplace sources give 0.99 in every scheme.
+    *Seeds mode* (several latent matrices of the same cells, one per model fit):
+    the reference is the first fit's ICA, the others are the later fits' ICAs. *Bootstrap
+    mode* (one latent matrix): the others are ICAs of ``n_bootstrap`` resamples
+    of the cells (Icasso-style, Himberg et al. 2004).
+
+    ``resample`` decides which cells each ICA is estimated on (every ICA is
+    then applied to all cells, and every fit gets its own initialisation):
+
+    * ``"halves"`` (default): the reference on a random half of the cells, the
+      others on the other half (seeds), or on bootstrap resamples of the other
+      half (bootstrap mode). No cell informs both sides of a comparison.
+    * ``"bootstrap"``: the reference on all cells, the others on bootstrap
+      resamples of all cells.
+    * ``"none"`` (seeds mode only): every ICA on all cells.
+
+    Why it matters: ICA is affine-equivariant, and a finite Gaussian sample
+    has accidental most-non-Gaussian directions. Fits that agree up to a
+    linear map on the same cells (as VAE seeds nearly do) hand ICA the same
+    accident, and it returns the same axes even in a Gaussian subspace: noisy
+    rotated copies of one 3-d Gaussian sample give matches of 0.98 with
+    ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample keeps
+    most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance
+    level of a random rotation (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83
+    for three, 0.77 for four, 0.69 for six dimensions); Laplace sources give
+    0.99 in every scheme. Hence the default ``threshold`` of 0.95.
 
     Parameters
     ----------
     latents
-        One (cells, d) array, or several of the same cells (one per fit, e.g.
-        ``[m.get_latent_representation() for m in models]``), on whose halves the ICAs are estimated.
-    heldout
-        As many arrays of other (held-out) cells to match the components on; default ``latents``.
+        One (cells, d) array (bootstrap mode), or several arrays of the same
+        cells (seeds mode), e.g. ``[m.get_latent_representation(adata) for m in models]``.
+    resample
+        ``"halves"``, ``"bootstrap"`` or ``"none"``, see above.
+    n_bootstrap
+        Resamples in bootstrap mode.
     threshold
-        A component is reproducible when its worst best-match |correlation| is at least this.
+        A component is reproducible when its mean best-match |correlation| is at least this.
     method
         ``"pearson"`` or ``"spearman"`` correlation.
     random_state
-        Seed of the split into halves and of the ICA initialisations.
+        Seed of the resampling and of the ICA initialisations (``random_state + i`` for fit ``i``).
     **ica_params
         Passed to :class:`ICARotation` (e.g. ``algorithm``, ``n_components``).
 
@@ -565,38 +560,63 @@ def ica_stability(
 
     """
     check_number("threshold", threshold, 0.0, 1.0, low_open=True)
-    runs = _runs(latents, "latents")
-    held = runs if heldout is None else _runs(heldout, "heldout")
-    if len(held) != len(runs):
-        raise InvalidArgumentError(f"Need one heldout matrix per latent matrix, got {len(held)} for {len(runs)}.")
-    n = len(runs[0])
-    order = np.random.default_rng(random_state).permutation(n)
-    half_a, half_b = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
-    reference = _quiet_ica(runs[0][half_a], dict(ica_params, random_state=random_state))
-    quiet = dict(ica_params, n_null=0)  # the Gaussian flags are the reference's
-    icas = [_quiet_ica(z[half_b], dict(quiet, random_state=random_state + i)) for i, z in enumerate(runs[1:], 1)]
-    own = _quiet_ica(runs[0][half_b], dict(quiet, random_state=random_state + len(runs)))
-    sources = [reference.transform(held[0])] + [ica.transform(z) for ica, z in zip(icas, held[1:], strict=True)]
-    names = reference.component_names_
-    pairs = [_best_matches(sources[0], other, method) for other in sources[1:]]
-    best, matched = (np.array([p[j] for p in pairs]).reshape(len(pairs), len(names)) for j in (0, 1))
-    same_fit = _best_matches(sources[0], own.transform(held[0]), method)[0]
-    if len(runs) == 1:
-        mode, matches = "same fit", pd.DataFrame([same_fit], index=["same fit"], columns=names)
+    check_choice("resample", resample, ("halves", "bootstrap", "none"))
+    runs = _runs(latents)
+    if len({z.shape[0] for z in runs}) != 1:
+        raise InvalidDataError(
+            f"The latent matrices must describe the same cells; got cell counts {sorted({z.shape[0] for z in runs})}."
+        )
+    mode = "bootstrap" if len(runs) == 1 else "seeds"
+    if mode == "bootstrap" and resample == "none":
+        raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
+    if mode == "bootstrap":
+        check_int("n_bootstrap", n_bootstrap, 1)
+    rng = np.random.default_rng(random_state)
+    n = runs[0].shape[0]
+    if resample == "halves":
+        order = rng.permutation(n)
+        ref_cells, other_cells = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
     else:
-        mode, matches = "seeds", pd.DataFrame(best, index=[f"run {i}" for i in range(1, len(runs))], columns=names)
+        ref_cells = other_cells = np.arange(n)
+    with warnings.catch_warnings():  # the reference's Gaussian flags are reported in the table instead
+        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reference = ICARotation(**dict(ica_params, random_state=random_state)).fit(runs[0][ref_cells])
+    ref_sources = reference.transform(runs[0])
+    rows, labels = [], []
+    if mode == "bootstrap":
+        for b in range(n_bootstrap):
+            sample = runs[0][other_cells[rng.integers(0, other_cells.size, other_cells.size)]]
+            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + b + 1))
+            rows.append(_best_match(ref_sources, ica.transform(runs[0]), method))
+            labels.append(f"bootstrap {b}")
+    else:
+        for i, z in enumerate(runs[1:], start=1):
+            sample = z[other_cells[rng.integers(0, n, n)]] if resample == "bootstrap" else z[other_cells]
+            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + i))
+            rows.append(_best_match(ref_sources, ica.transform(z), method))
+            labels.append(f"run {i}")
+    matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
             "median": matches.median(axis=0),
             "min": matches.min(axis=0),
-            "same_fit_match": same_fit,
             "negentropy": reference.negentropy_,
             "gaussian": reference.gaussian_,
         },
-        index=pd.Index(names, name="component"),
+        index=pd.Index(reference.component_names_, name="component"),
     )
-    table["reproducible"] = table["min"] >= threshold
+    table["reproducible"] = table["mean"] >= threshold
     if not table["reproducible"].all():
         logger.info("ICA components that do not reproduce (%s): %s", mode, list(table.index[~table["reproducible"]]))
-    return ICAStability(table, matches, matched, sources, mode, float(threshold), reference, len(half_a))
+    return ICAStability(
+        table=table, matches=matches, mode=mode, resample=resample, threshold=float(threshold), reference=reference
+    )
+
+
+def _best_match(reference: np.ndarray, other: np.ndarray, method: str) -> np.ndarray:
+    match = match_components(reference, other, method=method)
+    out = np.zeros(reference.shape[1])
+    out[match.rows] = np.abs(match.correlations)
+    return out

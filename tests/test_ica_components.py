@@ -19,7 +19,6 @@ from countvae.diagnostics.analyses.resampling import cell_bootstrap
 from countvae.diagnostics.reporting.headline import ica_sentence
 from countvae.diagnostics.reporting.verdicts import AGREE, DIFFER, UNDETERMINED, judge_components
 from countvae.errors import InvalidArgumentError
-from countvae.ica import ica_stability
 
 N_CELLS, DIM = 2000, 4
 
@@ -51,19 +50,6 @@ def stability(kind: str, n_heldout: int = 300, fit_cells: bool = True, unrelated
         held, fit = seed_latents(held_sources), seed_latents(fit_sources, seed=101)
     result = ica_component_stability(held, cell_bootstrap(n_heldout, 200, seed=3), fit if fit_cells else None)
     return result, judge_components(result.table, 0.95)
-
-
-@pytest.mark.parametrize("kind", ["laplace", "normal"])
-def test_the_report_and_ica_stability_share_one_definition(kind):
-    """The report's numbers are ``countvae.ica.ica_stability``'s, plus bootstrap intervals."""
-    held = seed_latents(rotated_sources(kind, seed=1, n=300))
-    fit = seed_latents(rotated_sources(kind, seed=2), seed=101)
-    report = ica_component_stability(held, cell_bootstrap(300, 20, seed=3), fit, seed=5).table
-    public = ica_stability(list(fit.values()), list(held.values()), random_state=5).table
-    np.testing.assert_array_equal(report["worst_match"], public["min"])
-    np.testing.assert_array_equal(report["mean_match"], public["mean"])
-    np.testing.assert_array_equal(report["same_fit_match"], public["same_fit_match"])
-    np.testing.assert_array_equal(report["gaussian"], public["gaussian"])
 
 
 def test_rotated_laplace_sources_agree_on_every_component():

@@ -75,7 +75,6 @@ from countvae.diagnostics.analyses.resampling import (
 )
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
 from countvae.errors import InvalidArgumentError
-from countvae.ica import REPRODUCIBLE_MATCH
 
 #: Agreement (concordance, overlap, cosine) at or above which a quantity counts as agreeing.
 AGREEMENT_THRESHOLD = 0.9
@@ -83,8 +82,8 @@ AGREEMENT_THRESHOLD = 0.9
 KNN_THRESHOLD = 0.5
 #: Largest ``|diff| / margin`` of held-out log p(x) that counts as equivalent.
 LPD_THRESHOLD = 1.0
-#: Default threshold of the ICA row (the report's ``ica_threshold``), the one of :func:`countvae.ica.ica_stability`.
-ICA_THRESHOLD = REPRODUCIBLE_MATCH
+#: Default threshold of the ICA row (the report's ``ica_threshold``).
+ICA_THRESHOLD = 0.95
 
 #: What each row's agreement score means, by metric name (:attr:`Quantity.metric`; the posterior predictive
 #: row's ``ccc`` under :data:`PPC_METRIC`): the one text of the report's definitions and of the docs page.
