@@ -51,14 +51,14 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The constructor settings of a :class:`countvae.CountVAE`, checked when created (:meth:`validate`).
+    """The constructor settings of a :class:`countvae.CountVAE`, checked when created.
 
     Each field is declared once here, with its description; ``CountVAE(adata, ...)``
     takes the fields as keywords (or all of them as ``settings=ModelSettings(...)``),
     and its signature and "Parameters" section are generated from them
     (``countvae._settings``). An instance holds the resolved values: ``n_latent``,
     ``loadings_prior`` and ``gene_programs`` as they follow from one another, and
-    ``dtype`` by name.
+    ``dtype`` by name (:meth:`validate`).
     """
 
     n_latent: int | None = setting(
