@@ -90,11 +90,11 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
     """Let ``func(head..., obj)`` be called with the fields of dataclass ``cls`` as keywords.
 
     ``func``'s last parameter receives an instance of ``cls``; its other parameters
-    (the head) stay as they are. The returned function takes the head, then the
-    fields (the first ``positional`` of them positional-or-keyword, the rest
-    keyword-only), then the last parameter by its name as a keyword-only base
-    object: the fields given as keywords replace those of the base
-    (:func:`dataclasses.replace`), and without a base they fill ``cls``'s defaults.
+    (the head) stay as they are. The returned function takes the head's positional
+    parameters, the first ``positional`` fields (positional-or-keyword), the head's
+    keyword-only parameters, the other fields (keyword-only), and last, by its
+    name, a keyword-only base object: the fields given as keywords replace those
+    of the base (:func:`dataclasses.replace`); without one they fill ``cls``'s defaults.
     A keyword that is neither a head parameter nor a field is an
     :class:`~countvae.errors.InvalidArgumentError` naming the closest field.
     The line ``{settings}`` of ``func``'s docstring becomes the fields' entries.
@@ -106,12 +106,12 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
         *head, base = own.parameters.values()
         if positional and any(p.kind == _KEYWORD for p in head):
             raise TypeError(f"{func.__qualname__}: positional settings cannot follow keyword-only parameters.")
-        params = [p for p in head if p.kind != _KEYWORD]
-        params += [
+        fields_as = [
             inspect.Parameter(f.name, _KEYWORD if i >= positional else _EITHER, default=f.default, annotation=f.type)
             for i, f in enumerate(fields)
         ]
-        params += [p for p in head if p.kind == _KEYWORD]
+        params = [p for p in head if p.kind != _KEYWORD] + fields_as[:positional]
+        params += [p for p in head if p.kind == _KEYWORD] + fields_as[positional:]
         params.append(base.replace(kind=_KEYWORD, default=None, annotation=f"{cls.__name__} | None"))
         public = own.replace(parameters=params)
         head_names = [p.name for p in head]

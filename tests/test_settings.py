@@ -9,13 +9,16 @@ import pytest
 import torch
 
 import countvae as cv
+from countvae import invariance
 from countvae._settings import field_doc
+from countvae.invariance import VerifySettings
 from countvae.model import ModelSettings, TrainingPlan
 
 # (public function, its settings dataclass, the keyword that takes a whole settings object, the docstring)
 SETTINGS_FUNCTIONS = [
     (cv.CountVAE, ModelSettings, "settings", cv.CountVAE.__doc__),
     (cv.CountVAE.train, TrainingPlan, "plan", cv.CountVAE.train.__doc__),
+    (invariance.verify, VerifySettings, "settings", invariance.verify.__doc__),
 ]
 
 
