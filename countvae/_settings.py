@@ -21,6 +21,7 @@ import difflib
 import functools
 import inspect
 import textwrap
+import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -100,6 +101,8 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
     The line ``{settings}`` of ``func``'s docstring becomes the fields' entries.
     """
     fields = dataclasses.fields(cls)
+    types = typing.get_type_hints(cls)  # real types, not strings: sphinx links them from any module
+    hints = [types[f.name] for f in fields]
 
     def decorate(func: _F) -> _F:
         own = inspect.signature(func)
@@ -107,12 +110,12 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
         if positional and any(p.kind == _KEYWORD for p in head):
             raise TypeError(f"{func.__qualname__}: positional settings cannot follow keyword-only parameters.")
         fields_as = [
-            inspect.Parameter(f.name, _KEYWORD if i >= positional else _EITHER, default=f.default, annotation=f.type)
-            for i, f in enumerate(fields)
+            inspect.Parameter(f.name, _EITHER if i < positional else _KEYWORD, default=f.default, annotation=hint)
+            for i, (f, hint) in enumerate(zip(fields, hints, strict=True))
         ]
         params = [p for p in head if p.kind != _KEYWORD] + fields_as[:positional]
         params += [p for p in head if p.kind == _KEYWORD] + fields_as[positional:]
-        params.append(base.replace(kind=_KEYWORD, default=None, annotation=f"{cls.__name__} | None"))
+        params.append(base.replace(kind=_KEYWORD, default=None, annotation=cls | None))
         public = own.replace(parameters=params)
         head_names = [p.name for p in head]
         field_names = [f.name for f in fields]

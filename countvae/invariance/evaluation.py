@@ -187,7 +187,7 @@ class VerifySettings:
 
     @property
     def tolerances(self) -> dict[str, float]:
-        """Equality tolerances: absolute plus relative to the size of the compared log densities."""
+        """Equality tolerances, absolute plus relative to the size of the compared log densities."""
         if self.dtype == torch.float64:
             return {"abs": 1e-9, "rel": 0.0, "output": 1e-9}
         return {"abs": 1e-4, "rel": 2e-5, "output": 1e-4}
