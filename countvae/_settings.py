@@ -77,11 +77,11 @@ def settings_docstring(doc: str, cls: type) -> str:
     return doc.replace(marker, parameters_section(cls, marker[: len(marker) - len(marker.lstrip())]))
 
 
-def documents_settings(cls: type) -> Callable[[type], type]:
-    """A class decorator: the class docstring's ``{settings}`` line lists the fields of ``cls``."""
+def documents_settings(cls: type | None = None) -> Callable[[type], type]:
+    """A class decorator: the class docstring's ``{settings}`` line lists the fields of ``cls`` (default: its own)."""
 
     def decorate(klass: type) -> type:
-        klass.__doc__ = settings_docstring(klass.__doc__ or "", cls)
+        klass.__doc__ = settings_docstring(klass.__doc__ or "", cls or klass)
         return klass
 
     return decorate

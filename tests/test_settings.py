@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import countvae as cv
-from countvae import invariance
+from countvae import diagnostics, invariance
 from countvae._settings import field_doc
 from countvae.invariance import VerifySettings
 from countvae.model import ModelSettings, TrainingPlan
@@ -19,6 +19,7 @@ SETTINGS_FUNCTIONS = [
     (cv.CountVAE, ModelSettings, "settings", cv.CountVAE.__doc__),
     (cv.CountVAE.train, TrainingPlan, "plan", cv.CountVAE.train.__doc__),
     (invariance.verify, VerifySettings, "settings", invariance.verify.__doc__),
+    (diagnostics.report, diagnostics.ReportSettings, "settings", diagnostics.report.__doc__),
 ]
 
 
