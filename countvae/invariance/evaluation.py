@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_choice, check_int, check_number
-from countvae._settings import setting
+from countvae._settings import documents_settings, setting
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
 from countvae.invariance.elbo_geometry import refit_mean_field_elbo
 from countvae.invariance.grid_quadrature import GridQuadrature, grid_quadrature
@@ -50,6 +50,7 @@ CELLS_PER_CHUNK = 128
 ELEMENTS_PER_CHUNK = 2**22
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class VerifySettings:
     """The settings of :func:`countvae.invariance.verify`, checked when created.
@@ -57,6 +58,11 @@ class VerifySettings:
     Each field is declared once here, with its description; ``verify`` takes the
     fields as keywords (or all of them as ``settings=VerifySettings(...)``), and its
     signature and "Parameters" section are generated from them (``countvae._settings``).
+
+    Attributes
+    ----------
+    {settings}
+
     """
 
     n_samples: int = setting(

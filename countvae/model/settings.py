@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_choice, check_int, check_number
-from countvae._settings import setting
+from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import column_totals
@@ -49,6 +49,7 @@ def dtype_name(dtype: torch.dtype | str) -> str:
     raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class ModelSettings:
     """The constructor settings of a :class:`countvae.CountVAE`, checked when created.
@@ -59,6 +60,11 @@ class ModelSettings:
     (``countvae._settings``). An instance holds the resolved values: ``n_latent``,
     ``loadings_prior`` and ``gene_programs`` as they follow from one another, and
     ``dtype`` by name (:meth:`validate`).
+
+    Attributes
+    ----------
+    {settings}
+
     """
 
     n_latent: int | None = setting(

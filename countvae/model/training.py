@@ -13,7 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from countvae._checks import check_choice, check_int, check_number
-from countvae._settings import setting
+from countvae._settings import documents_settings, setting
 from countvae.data.loader import CountSource, Minibatch
 from countvae.errors import InvalidArgumentError, TrainingDivergedError
 from countvae.module.distributions import attach_nonzero_index
@@ -31,6 +31,7 @@ def default_max_epochs(n_cells: int) -> int:
     return int(min(round(20000 / max(n_cells, 1) * 400), 400))
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class TrainingPlan:
     """The arguments of one call to ``CountVAE.train``, checked once when created.
@@ -43,6 +44,11 @@ class TrainingPlan:
     of the number of training cells (:meth:`epochs_for`). ``train_size`` and
     ``accelerator`` are used by ``CountVAE.train`` (the split and the device);
     :func:`~countvae.model.training.train_module` reads the rest.
+
+    Attributes
+    ----------
+    {settings}
+
     """
 
     max_epochs: int | None = setting(
