@@ -1,17 +1,21 @@
 """Settings written once: a dataclass field is a setting's name, type, default and description.
 
-A public function that takes many settings (``CountVAE(...)``, ``CountVAE.train``)
-is written over the settings dataclass it builds: :func:`setting` declares a field
-with its description, and :func:`takes_settings` turns a function that receives the
-built object into one that takes the fields as keywords (or the object itself), with
-a signature and a "Parameters" section generated from the fields, so a setting is
-not written again in the signature, the docstring and a repacking call.
+A public function that takes many settings (``CountVAE(...)``, ``CountVAE.train``,
+``invariance.verify``, ``diagnostics.report``) is written over the settings dataclass
+it builds: :func:`setting` declares a field with its description, and
+:func:`takes_settings` turns a function that receives the built object into one that
+takes the fields as keywords (or the object itself), with a signature and a
+"Parameters" section generated from the fields. A setting is not written again in a
+signature, a docstring and a repacking call.
 
 This departs from scvi-tools, whose public methods write every keyword argument
-explicitly (and repeat each in the docstring): there a setting's name and default
-live in up to four places that can drift apart, which they had here. The generated
-``__signature__`` keeps what explicit arguments give a user: ``help()``, tab
-completion and ``inspect.signature`` show every setting with its default.
+explicitly and describe each again in the docstring: a name and a default then live
+in up to four places that can drift apart (here they had: ``CountVAE``'s defaults of
+``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generated ``__signature__`` keeps what explicit
+arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion,
+``inspect.signature`` and the API docs show every setting with its default. A static
+checker (pyright, mypy) sees ``(...)`` and so accepts every call without checking
+the keywords; the settings' own validation and the unknown-keyword error do that.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from countvae.errors import InvalidArgumentError
 MARKER = "{settings}"
 
 _KEYWORD, _EITHER = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
-_F = TypeVar("_F", bound=Callable[..., Any])
+_R = TypeVar("_R")
 
 
 def setting(default: Any, doc: str) -> Any:
@@ -87,7 +91,7 @@ def documents_settings(cls: type | None = None) -> Callable[[type], type]:
     return decorate
 
 
-def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
+def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Let ``func(head..., obj)`` be called with the fields of dataclass ``cls`` as keywords.
 
     ``func``'s last parameter receives an instance of ``cls``; its other parameters
@@ -104,7 +108,7 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
     types = typing.get_type_hints(cls)  # real types, not strings: sphinx links them from any module
     hints = [types[f.name] for f in fields]
 
-    def decorate(func: _F) -> _F:
+    def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
         own = inspect.signature(func)
         *head, base = own.parameters.values()
         if positional and any(p.kind == _KEYWORD for p in head):
@@ -122,7 +126,7 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
         where = f"{func.__qualname__.removesuffix('.__init__')}()"
 
         @functools.wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> _R:
             for name in kwargs:
                 if name not in public.parameters:
                     raise unknown_setting(name, [n for n in public.parameters if n != "self"], where)
@@ -137,6 +141,6 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[_F], _F]:
         wrapper.__signature__ = public  # type: ignore[attr-defined]
         if func.__doc__ is not None:  # an __init__ leaves its parameters to the class docstring (documents_settings)
             wrapper.__doc__ = settings_docstring(func.__doc__, cls)
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
