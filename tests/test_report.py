@@ -193,7 +193,7 @@ def test_bad_inputs(trained_linear, seed_fits):
         report(rotated_copies(base, [0, 1]), held, markers=["CD14"])
     with pytest.raises(InvalidArgumentError, match="adata_heldout is required"):
         report(rotated_copies(base, [0, 1]))
-    with pytest.raises(InvalidArgumentError, match="Unknown report settings"):
+    with pytest.raises(InvalidArgumentError, match=r"unknown argument 'n_samples'\. Did you mean 'n_ppc_samples'\?"):
         report(rotated_copies(base, [0, 1]), held, n_samples=3)
     with pytest.raises(InvalidArgumentError, match="blas_threads"):
         report(rotated_copies(base, [0, 1]), held, blas_threads=0)

@@ -16,6 +16,7 @@ grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior
+from countvae.invariance.evaluation import VerifySettings
 from countvae.invariance.grid_quadrature import GridQuadrature, grid_log_marginal, grid_quadrature
 from countvae.invariance.quadrature import log_marginal_linear, quadrature_log_marginal
 from countvae.invariance.reparameterize import check_trained_model, reparameterize, reparameterize_ica
@@ -43,6 +44,7 @@ from countvae.model import copy_model
 __all__ = [
     "GridQuadrature",
     "InvarianceReport",
+    "VerifySettings",
     "axis_scaling",
     "check_orthogonal",
     "check_trained_model",

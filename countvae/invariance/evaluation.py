@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae._settings import documents_settings, setting
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
 from countvae.invariance.elbo_geometry import refit_mean_field_elbo
 from countvae.invariance.grid_quadrature import GridQuadrature, grid_quadrature
@@ -49,29 +50,91 @@ CELLS_PER_CHUNK = 128
 ELEMENTS_PER_CHUNK = 2**22
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class VerifySettings:
-    """The settings of :func:`countvae.invariance.verify` (documented there), checked when created."""
+    """The settings of :func:`countvae.invariance.verify`, checked when created.
 
-    n_samples: int = 500
-    seed: int = 0
-    dtype: torch.dtype = torch.float64
-    controls: bool = True
-    prior_controls: bool = True
-    quadrature: bool | Literal["auto"] = "auto"
-    quadrature_tolerance: float = 1e-8
-    quadrature_max_nodes: int = 257
-    n_pointwise: int = 8
-    n_elbo_samples: int = 64
-    elbo_cells: int = 200
-    elbo_refit_steps: int = 200
-    k_neighbors: int = 15
-    z_threshold: float = 5.0
-    change_threshold: float = 4.0
-    max_unreliable_fraction: float = MAX_UNRELIABLE_SHARE
-    min_ess: float = MIN_ESS
-    max_estimator_error: float = 0.05
-    estimator_settings: MarginalSettings | None = None
+    Each field is declared once here, with its description; ``verify`` takes the
+    fields as keywords (or all of them as ``settings=VerifySettings(...)``), and its
+    signature and "Parameters" section are generated from them (``countvae._settings``).
+
+    Attributes
+    ----------
+    {settings}
+
+    """
+
+    n_samples: int = setting(
+        500,
+        """Importance draws per cell: of the guide proposal for the common-random-number check, and the final draws
+        of the package's estimator (:func:`countvae.module.marginal.estimate_log_marginal`) for the other checks.""",
+    )
+    seed: int = setting(
+        0,
+        """Seed of everything random: default maps, the common base noise and the original model's estimate
+        (``seed``), the transformed model's independent estimate (``seed + 1``), its estimate from its own proposal
+        (``seed + 2``), pointwise and ELBO draws.""",
+    )
+    dtype: torch.dtype = setting(
+        torch.float64,
+        """Precision of the evaluation; ``torch.float64`` makes the common-random-number difference a rounding error
+        (at most 1e-9 nats); with ``torch.float32`` it is reported against a tolerance of 1e-4 + 2e-5 |log p(x)|.""",
+    )
+    controls: bool = setting(True, "Add the non-orthogonal controls of :func:`countvae.invariance.control_transforms`.")
+    prior_controls: bool = setting(
+        True,
+        """Also evaluate the same networks with the priors the model does not have (``"laplace"``; ``"diagonal"``
+        with scales 0.5..2) under a rotation (must change ``p(x)``) and a map of that prior's own group (must not).
+        Needs ``n_latent >= 2``.""",
+    )
+    quadrature: bool | Literal["auto"] = setting(
+        "auto",
+        """Compare exact ``log p(x)`` by quadrature on axis-aligned grids
+        (:func:`countvae.invariance.grid_quadrature`): ``"auto"`` when the model qualifies (linear decoder, Poisson
+        or NB, ``n_latent <= 3``), ``True`` to require it, ``False`` to skip it.""",
+    )
+    quadrature_tolerance: float = setting(
+        1e-8, "Nodes per axis are doubled until ``log p(x)`` changes by less than this (nats)."
+    )
+    quadrature_max_nodes: int = setting(
+        257, """Node budget per axis; a cell that reaches it unconverged makes the result "not verified"."""
+    )
+    n_pointwise: int = setting(8, "Posterior draws per cell for the pointwise comparison.")
+    n_elbo_samples: int = setting(64, "Draws per cell for the ELBO with the projected mean-field guide.")
+    elbo_cells: int = setting(200, "Cells (a seeded random subset) used for the ELBO comparisons.")
+    elbo_refit_steps: int = setting(
+        200,
+        """Adam steps of the per-cell refit of the best mean-field guide in each model's coordinates
+        (:func:`countvae.invariance.elbo_geometry.refit_mean_field_elbo`); 0 skips the refit.""",
+    )
+    k_neighbors: int = setting(15, "Neighbours in the latent k-NN graph.")
+    z_threshold: float = setting(
+        5.0,
+        """Largest ``|z|`` of the mean difference of two independent estimates, in units of its reported standard
+        error, accepted as equal for a map that preserves the prior.""",
+    )
+    change_threshold: float = setting(
+        4.0,
+        """A control counts as detected when the standardized chi-square of the per-cell changes of ``log p(x)`` in
+        their reported standard errors, ``(sum (d_i / s_i)^2 - n) / sqrt(2 n)`` (about 0 without a change), exceeds
+        this.""",
+    )
+    max_unreliable_fraction: float = setting(
+        MAX_UNRELIABLE_SHARE,
+        """Largest share of cells whose estimate may be unreliable (k-hat above 0.7 or ESS below ``min_ess``), or
+        outside 3 (against quadrature) or 4 (between two estimates) reported standard errors.""",
+    )
+    min_ess: float = setting(MIN_ESS, "Smallest effective sample size of a reliable estimate.")
+    max_estimator_error: float = setting(
+        0.05, "Largest mean absolute error of the estimator against exact quadrature (nats per cell)."
+    )
+    estimator_settings: MarginalSettings | None = setting(
+        None,
+        """Settings of the package's estimator (default: its default for the model,
+        :func:`countvae.model.inference.default_marginal_settings`, with ``n_samples`` final draws); for studying the
+        checks with a weaker estimator.""",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -130,7 +193,7 @@ class VerifySettings:
 
     @property
     def tolerances(self) -> dict[str, float]:
-        """Equality tolerances: absolute plus relative to the size of the compared log densities."""
+        """Equality tolerances, absolute plus relative to the size of the compared log densities."""
         if self.dtype == torch.float64:
             return {"abs": 1e-9, "rel": 0.0, "output": 1e-9}
         return {"abs": 1e-4, "rel": 2e-5, "output": 1e-4}

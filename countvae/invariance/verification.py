@@ -20,13 +20,12 @@ prior controls are in :mod:`countvae.invariance.controls`; what the checks read
 from __future__ import annotations
 
 import logging
-from typing import Literal
 
 import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
+from countvae._settings import takes_settings
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import transforms as T
 from countvae.invariance.checks import FITTED_MAP_CHECKS, MAP_CHECKS, MODEL_CHECKS, Measurement
@@ -45,8 +44,6 @@ from countvae.invariance.quadrature import quadrature_unsupported_reason
 from countvae.invariance.reparameterize import check_trained_model, reparameterize
 from countvae.invariance.result import CHECK_COLUMNS, InvarianceReport
 from countvae.model import CountVAE, copy_model
-from countvae.module.importance import MAX_UNRELIABLE_SHARE, MIN_ESS
-from countvae.module.marginal import MarginalSettings
 
 logger = logging.getLogger(__name__)
 
@@ -141,32 +138,17 @@ def _per_cell(c: MapComparison) -> pd.DataFrame:
     return frame
 
 
+# The settings of verify are the fields of VerifySettings, each written once there (countvae._settings says why this
+# departs from scvi-tools' explicit keyword arguments).
+@takes_settings(VerifySettings)
 def verify(
     model: CountVAE,
     adata,
     transforms=None,
     *,
     indices: np.ndarray | None = None,
-    n_samples: int = 500,
-    seed: int = 0,
-    dtype: torch.dtype = torch.float64,
-    controls: bool = True,
-    prior_controls: bool = True,
-    quadrature: bool | Literal["auto"] = "auto",
-    quadrature_tolerance: float = 1e-8,
-    quadrature_max_nodes: int = 257,
-    n_pointwise: int = 8,
-    n_elbo_samples: int = 64,
-    elbo_cells: int = 200,
-    elbo_refit_steps: int = 200,
-    k_neighbors: int = 15,
-    z_threshold: float = 5.0,
-    change_threshold: float = 4.0,
-    max_unreliable_fraction: float = MAX_UNRELIABLE_SHARE,
-    min_ess: float = MIN_ESS,
-    max_estimator_error: float = 0.05,
-    estimator_settings: MarginalSettings | None = None,
     progress_bar: bool = False,
+    settings: VerifySettings,
 ) -> InvarianceReport:
     """Verify numerically on held-out cells that ``p(x)`` is unchanged by the maps that preserve the prior.
 
@@ -190,69 +172,12 @@ def verify(
         invertible maps as controls. Default: :func:`default_transforms`.
     indices
         Positions of a subset of ``adata``'s cells.
-    n_samples
-        Importance draws per cell: of the guide proposal for the common-random-number
-        check, and the final draws of the package's estimator
-        (:func:`countvae.module.marginal.estimate_log_marginal`) for the other checks.
-    seed
-        Seed of everything random: default maps, the common base noise and the
-        original model's estimate (``seed``), the transformed model's independent
-        estimate (``seed + 1``), its estimate from its own proposal (``seed + 2``),
-        pointwise and ELBO draws.
-    dtype
-        Precision of the evaluation; ``torch.float64`` makes the common-random-number
-        difference a rounding error (at most 1e-9 nats); with ``torch.float32`` it
-        is reported against a tolerance of 1e-4 + 2e-5 |log p(x)|.
-    controls
-        Add the non-orthogonal controls of :func:`control_transforms`.
-    prior_controls
-        Also evaluate the same networks with the priors the model does not have
-        (``"laplace"``; ``"diagonal"`` with scales 0.5..2) under a rotation (must
-        change ``p(x)``) and a map of that prior's own group (must not). Needs
-        ``n_latent >= 2``.
-    quadrature
-        Compare exact ``log p(x)`` by quadrature on axis-aligned grids
-        (:func:`countvae.invariance.grid_quadrature`): ``"auto"``
-        when the model qualifies (linear decoder, Poisson or NB, ``n_latent <= 3``),
-        ``True`` to require it, ``False`` to skip it.
-    quadrature_tolerance
-        Nodes per axis are doubled until ``log p(x)`` changes by less than this (nats).
-    quadrature_max_nodes
-        Node budget per axis; a cell that reaches it unconverged makes the result "not verified".
-    n_pointwise
-        Posterior draws per cell for the pointwise comparison.
-    n_elbo_samples
-        Draws per cell for the ELBO with the projected mean-field guide.
-    elbo_cells
-        Cells (a seeded random subset) used for the ELBO comparisons.
-    elbo_refit_steps
-        Adam steps of the per-cell refit of the best mean-field guide in each
-        model's coordinates (:func:`countvae.invariance.elbo_geometry.refit_mean_field_elbo`);
-        0 skips the refit.
-    k_neighbors
-        Neighbours in the latent k-NN graph.
-    z_threshold
-        Largest ``|z|`` of the mean difference of two independent estimates, in
-        units of its reported standard error, accepted as equal for a map that
-        preserves the prior.
-    change_threshold
-        A control counts as detected when the standardized chi-square of the per-cell
-        changes of ``log p(x)`` in their reported standard errors,
-        ``(sum (d_i / s_i)^2 - n) / sqrt(2 n)`` (about 0 without a change), exceeds this.
-    max_unreliable_fraction
-        Largest share of cells whose estimate may be unreliable (k-hat above 0.7 or
-        ESS below ``min_ess``), or outside 3 (against quadrature) or 4 (between two
-        estimates) reported standard errors.
-    min_ess
-        Smallest effective sample size of a reliable estimate.
-    max_estimator_error
-        Largest mean absolute error of the estimator against exact quadrature (nats per cell).
-    estimator_settings
-        Settings of the package's estimator (default: its default for the model,
-        :func:`countvae.model.inference.default_marginal_settings`, with ``n_samples``
-        final draws); for studying the checks with a weaker estimator.
     progress_bar
         Show a progress bar over the comparisons.
+    {settings}
+    settings
+        All of the settings above as one :class:`countvae.invariance.VerifySettings`; keywords given with it
+        replace its fields.
 
     Returns
     -------
@@ -270,46 +195,26 @@ def verify(
 
     """
     check_trained_model(model)
-    s = VerifySettings(
-        n_samples=n_samples,
-        seed=seed,
-        dtype=dtype,
-        controls=controls,
-        prior_controls=prior_controls,
-        quadrature=quadrature,
-        quadrature_tolerance=quadrature_tolerance,
-        quadrature_max_nodes=quadrature_max_nodes,
-        n_pointwise=n_pointwise,
-        n_elbo_samples=n_elbo_samples,
-        elbo_cells=elbo_cells,
-        elbo_refit_steps=elbo_refit_steps,
-        k_neighbors=k_neighbors,
-        z_threshold=z_threshold,
-        change_threshold=change_threshold,
-        max_unreliable_fraction=max_unreliable_fraction,
-        min_ess=min_ess,
-        max_estimator_error=max_estimator_error,
-        estimator_settings=estimator_settings,
-    )
+    s = settings
     n_cells = getattr(adata, "n_obs", 0) if indices is None else len(np.asarray(indices).ravel())
     if indices is not None and len(np.unique(np.asarray(indices))) != n_cells:
         raise InvalidArgumentError("indices must not repeat a cell.")
     if n_cells < 2 and hasattr(adata, "n_obs"):
         raise InvalidArgumentError(f"verify needs at least 2 cells, got {n_cells}.")
-    base = copy_model(model, dtype)
+    base = copy_model(model, s.dtype)
     base.module.eval()
     cells = EvaluationCells(base.cells(adata, indices), s)
     L = base.n_latent
-    maps = _resolve_transforms(transforms, L, seed, controls)
+    maps = _resolve_transforms(transforms, L, s.seed, s.controls)
     reason = quadrature_unsupported_reason(base)
-    if quadrature is True and reason is not None:
+    if s.quadrature is True and reason is not None:
         raise InvalidArgumentError(f"quadrature=True, but {reason}")
-    use_quadrature = quadrature is not False and reason is None
+    use_quadrature = s.quadrature is not False and reason is None
 
     plans: dict[str, tuple[CountVAE, dict[str, np.ndarray]]] = {FITTED: (base, maps)}
-    if prior_controls and L >= 2:
-        plans.update(prior_control_variants(base, seed))
-    elif prior_controls:
+    if s.prior_controls and L >= 2:
+        plans.update(prior_control_variants(base, s.seed))
+    elif s.prior_controls:
         logger.info("n_latent=1: every orthogonal map is a sign flip, so the prior controls are skipped.")
 
     rows: list[dict] = []
@@ -333,21 +238,21 @@ def verify(
     settings = {
         "model": repr(model),
         "n_cells": int(len(cells.indices)),
-        "n_samples": int(n_samples),
-        "seed": int(seed),
+        "n_samples": int(s.n_samples),
+        "seed": int(s.seed),
         "dtype": s.dtype_name,
         "n_latent": int(L),
         "prior": model.settings.prior,
         "quadrature": bool(use_quadrature),
         "quadrature_note": reason or (fitted.quadrature.describe() if fitted.quadrature is not None else "skipped"),
-        "quadrature_tolerance": float(quadrature_tolerance),
-        "quadrature_max_nodes": int(quadrature_max_nodes),
+        "quadrature_tolerance": float(s.quadrature_tolerance),
+        "quadrature_max_nodes": int(s.quadrature_max_nodes),
         "estimator": repr(s.estimator_for(base.module)),
-        "z_threshold": float(z_threshold),
-        "change_threshold": float(change_threshold),
-        "max_unreliable_fraction": float(max_unreliable_fraction),
-        "min_ess": float(min_ess),
-        "max_estimator_error": float(max_estimator_error),
+        "z_threshold": float(s.z_threshold),
+        "change_threshold": float(s.change_threshold),
+        "max_unreliable_fraction": float(s.max_unreliable_fraction),
+        "min_ess": float(s.min_ess),
+        "max_estimator_error": float(s.max_estimator_error),
         "tolerances": s.tolerances,
         "expected_invariant": {name: bool(model_preserves(base.module, A)) for name, A in maps.items()},
         "loadings_prior": "none" if base.module.loadings_prior is None else base.module.loadings_prior.kind,

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from countvae.data.gene_sets import as_gene_programs
+from countvae._settings import documents_settings, takes_settings
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
 from countvae.data.registry import setup_anndata as _setup_anndata
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 _HISTORY_COLUMNS = ["epoch", "loss_train", "loss_validation", "kl_weight"]
 
 
+@documents_settings(ModelSettings)
 class CountVAE:
     """A count VAE with a N(0, I) prior and a Poisson, NB or ZINB decoder, fitted with Pyro.
 
@@ -58,47 +59,10 @@ class CountVAE:
         :class:`countvae.model.DataSummary` (what :meth:`load` passes:
         the registration, genes and gene shares of the training data, without
         the data).
-    n_latent
-        Latent dimensions; at least 1 and fewer than the number of genes and cells
-        (default 10, or the number of ``gene_programs``).
-    likelihood
-        ``"poisson"``, ``"nb"`` or ``"zinb"``.
-    decoder
-        ``"linear"`` or ``"mlp"``.
-    n_hidden, n_layers, dropout_rate
-        Encoder (and MLP decoder) hidden width and depth; encoder dropout.
-    dispersion
-        ``"gene"`` or ``"gene-batch"`` inverse dispersion (NB/ZINB).
-    prior
-        The prior on ``z``: ``"normal"`` (default, N(0, I): any rotation of the
-        axes fits equally well). ``"laplace"`` (independent unit-variance
-        Laplace) is a restriction: only signed permutations of the axes leave
-        ``p(x)`` unchanged, so non-Gaussian sources can fix the axes (measure
-        what it buys with :func:`countvae.diagnostics.compare_restrictions`).
-        ``"diagonal"`` (learned scales) exists as a control for the invariance checks.
-    loadings_prior
-        A prior on the linear decoder's loadings ``W``, which then has a
-        posterior (``get_loadings(return_uncertainty=True)``,
-        :meth:`loadings_posterior`): ``"horseshoe"`` (regularized horseshoe:
-        sparse loadings; axes fixed up to signed permutations) or ``"programs"``
-        (named gene programs, see ``gene_programs``). Default: ``"programs"``
-        when ``gene_programs`` are given, else ``"none"`` (point-estimated ``W``).
-        See :mod:`countvae.module.loadings`.
-    gene_programs
-        ``{name: [genes]}`` or the path of a GMT file: latent dimension ``k`` is
-        program ``k``, its loadings are shrunk to 0 outside the program's genes
-        (prior sd ``program_outside_scale``, against 1 inside), and the dimension
-        is named by it. Every gene must be in the data and every program needs at
-        least 2 (:func:`countvae.data.check_gene_programs` drops unknown genes
-        first if asked). ``n_latent`` defaults to the number of programs.
-    horseshoe_scale
-        Scale ``tau0`` of the half-Cauchy prior on the horseshoe's global shrinkage.
-    program_outside_scale
-        Prior standard deviation of the loadings outside a dimension's program.
-    batch_norm
-        Batch normalisation in hidden layers (scVI's default).
-    dtype
-        ``torch.float32`` (default) or ``torch.float64``.
+    {settings}
+    settings
+        All of the above as one :class:`countvae.model.ModelSettings` (``model.settings`` of another model, say);
+        keywords given with it replace its fields.
 
     Attributes
     ----------
@@ -137,45 +101,10 @@ class CountVAE:
 
     """
 
-    def __init__(
-        self,
-        adata: ad.AnnData | DataSummary,
-        n_latent: int | None = None,
-        likelihood: Literal["poisson", "nb", "zinb"] = "nb",
-        decoder: Literal["linear", "mlp"] = "mlp",
-        *,
-        n_hidden: int = 128,
-        n_layers: int = 1,
-        dropout_rate: float = 0.1,
-        dispersion: Literal["gene", "gene-batch"] = "gene",
-        prior: Literal["normal", "laplace", "diagonal"] = "normal",
-        batch_norm: bool = True,
-        dtype: torch.dtype | str = torch.float32,
-        loadings_prior: Literal["none", "horseshoe", "programs"] | None = None,
-        gene_programs: dict[str, list[str]] | str | os.PathLike | None = None,
-        horseshoe_scale: float = 0.1,
-        program_outside_scale: float = 0.01,
-    ):
-        if gene_programs is not None:
-            gene_programs = as_gene_programs(gene_programs)
-        if n_latent is None:
-            n_latent = len(gene_programs) if gene_programs else 10
-        settings = ModelSettings(
-            n_latent=n_latent,
-            likelihood=likelihood,
-            decoder=decoder,
-            n_hidden=n_hidden,
-            n_layers=n_layers,
-            dropout_rate=dropout_rate,
-            dispersion=dispersion,
-            prior=prior,
-            batch_norm=batch_norm,
-            dtype=dtype,
-            loadings_prior=loadings_prior,
-            gene_programs=gene_programs,
-            horseshoe_scale=horseshoe_scale,
-            program_outside_scale=program_outside_scale,
-        )
+    # The keywords after adata are the fields of ModelSettings, each written once there (countvae._settings says why
+    # this departs from scvi-tools' explicit keyword arguments); n_latent, likelihood and decoder may be positional.
+    @takes_settings(ModelSettings, positional=3)
+    def __init__(self, adata: ad.AnnData | DataSummary, settings: ModelSettings):
         data = adata if isinstance(adata, DataSummary) else DataSummary.from_anndata(adata)
         settings.check_data(data)
         self._settings = settings
@@ -266,26 +195,10 @@ class CountVAE:
         )
 
     # ----- training --------------------------------------------------------------------------
-    def train(
-        self,
-        max_epochs: int | None = None,
-        batch_size: int = 128,
-        lr: float = 1e-3,
-        train_size: float = 0.9,
-        early_stopping: bool = False,
-        seed: int = 0,
-        progress_bar: bool = True,
-        *,
-        early_stopping_patience: int = 20,
-        early_stopping_relative_delta: float = 0.0,
-        check_val_every_n_epoch: int = 1,
-        kl_warmup_epochs: int = 0,
-        weight_decay: float = 0.0,
-        adam_eps: float = 1e-8,
-        accelerator: str = "auto",
-        engine: Literal["direct", "pyro"] = "direct",
-        shuffle_block_cells: int | None = None,
-    ) -> CountVAE:
+    # The keywords of train are the fields of TrainingPlan, each written once there (countvae._settings says why
+    # this departs from scvi-tools' explicit keyword arguments); the first seven may also be given by position.
+    @takes_settings(TrainingPlan, positional=7)
+    def train(self, plan: TrainingPlan) -> CountVAE:
         """Fit the model by stochastic variational inference on minibatches.
 
         On the first call ``seed`` fixes everything random: the initial
@@ -296,61 +209,10 @@ class CountVAE:
 
         Parameters
         ----------
-        max_epochs
-            Passes over the training cells; default ``min(round(20000 / n_cells * 400), 400)``
-            as in scvi-tools.
-        batch_size
-            Cells per minibatch.
-        lr
-            Adam learning rate.
-        train_size
-            Fraction of cells trained on; the rest report a validation loss.
-        early_stopping
-            Stop when the validation loss has not improved for ``early_stopping_patience``
-            epochs and restore the parameters of the best validation loss (unlike
-            scvi-tools' Pyro models, which have no validation loss and reject this
-            option). During KL warm-up the validation loss is not used for stopping.
-            ``training_summary`` records the epochs trained and the epoch kept.
-        early_stopping_patience
-            Epochs without an improvement that counts before stopping.
-        early_stopping_relative_delta
-            An improvement counts when the validation loss falls below its value at the
-            last improvement that counted by more than this fraction of that value's
-            magnitude (e.g. ``1e-4``: 0.13 nats per cell on a loss of 1,300). 0 counts every
-            improvement. scvi-tools' ``early_stopping_min_delta`` is absolute instead; a
-            relative delta suits data sets whose losses differ in scale.
-        check_val_every_n_epoch
-            Compute the validation loss every this many epochs (and at the last epoch);
-            the history holds NaN at the other epochs. It does not change the fit (the
-            validation pass has its own random numbers), only the time it costs and the
-            epochs at which early stopping can stop.
-        seed
-            Seed of the fit.
-        progress_bar
-            Show a tqdm progress bar.
-        kl_warmup_epochs
-            Ramp the KL weight linearly from ``1 / kl_warmup_epochs`` to 1 over that many
-            epochs (scvi-tools' SCVI default is 400; 0 trains the plain ELBO).
-        weight_decay
-            Adam weight decay (scvi-tools' training plan: 1e-6).
-        adam_eps
-            Adam's epsilon, added to the root mean square of each gradient (torch's default
-            1e-8; scvi-tools' training plan uses 0.01, which damps the steps of parameters
-            with small gradients and, on pbmc_3tech, slows overfitting: benchmarks/RESULTS.md,
-            time to quality). Used when the optimiser is created (the first call).
-        accelerator
-            ``"auto"`` (GPU when torch sees one), ``"cpu"`` or ``"gpu"``.
-        engine
-            ``"direct"`` (default) or ``"pyro"``: same loss and gradients, see
-            :func:`countvae.module.minibatch_loss`.
-        shuffle_block_cells
-            How minibatches are drawn. ``None`` (default): a uniform random
-            permutation of the training cells each epoch for in-memory data, and block
-            shuffling with blocks of 1,024 consecutive cells for backed data
-            (``anndata.read_h5ad(..., backed="r")``), which reads the file in large
-            contiguous slices and keeps memory bounded. An integer forces block
-            shuffling with that block size; see :mod:`countvae.data.loader` for the
-            exact order. In-memory and backed data give identical fits for the same value.
+        {settings}
+        plan
+            A whole :class:`countvae.model.TrainingPlan` (e.g. one kept from an earlier call); keywords given
+            with it replace its fields, ``model.train(plan=plan, seed=1)``.
 
         Returns
         -------
@@ -358,24 +220,6 @@ class CountVAE:
             ``self``, so calls can be chained.
 
         """
-        plan = TrainingPlan(
-            max_epochs=max_epochs,
-            batch_size=batch_size,
-            lr=lr,
-            train_size=train_size,
-            weight_decay=weight_decay,
-            adam_eps=adam_eps,
-            kl_warmup_epochs=kl_warmup_epochs,
-            early_stopping=early_stopping,
-            early_stopping_patience=early_stopping_patience,
-            early_stopping_relative_delta=early_stopping_relative_delta,
-            check_val_every_n_epoch=check_val_every_n_epoch,
-            engine=engine,
-            seed=seed,
-            progress_bar=progress_bar,
-            shuffle_block_cells=shuffle_block_cells,
-            accelerator=accelerator,
-        )
         if self.adata is None:
             raise SetupError("This model was loaded without data; pass adata to CountVAE.load to train it.")
         device = resolve_device(plan.accelerator)
@@ -858,7 +702,7 @@ class CountVAE:
             log_proportions=tensors["log_proportions"].numpy(),
             n_cells=n_cells or None,
         )
-        model = cls(data, **ModelSettings.from_dict(record["settings"]).to_dict())
+        model = cls(data, settings=ModelSettings.from_dict(record["settings"]))
         module = model.module
         if record.get("has_latent_map"):
             module.latent_map = torch.zeros(model.n_latent, model.n_latent, dtype=model.dtype)

@@ -8,6 +8,7 @@ folder).
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import column_totals
@@ -47,37 +49,77 @@ def dtype_name(dtype: torch.dtype | str) -> str:
     raise InvalidArgumentError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}.")
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class ModelSettings:
-    """The constructor settings of a :class:`countvae.CountVAE` (see its docstring for each one).
+    """The constructor settings of a :class:`countvae.CountVAE`, checked when created.
 
-    An instance is always valid: it is checked when created (:meth:`validate`).
-    ``dtype`` may be given as a torch dtype and is stored by name.
-    ``loadings_prior=None`` means ``"programs"`` when ``gene_programs`` are given,
-    else ``"none"``; ``gene_programs`` may be given as a GMT file path and is
-    stored as the ``{name: [genes]}`` dict it holds.
+    Each field is declared once here, with its description; ``CountVAE(adata, ...)``
+    takes the fields as keywords (or all of them as ``settings=ModelSettings(...)``),
+    and its signature and "Parameters" section are generated from them
+    (``countvae._settings``). An instance holds the resolved values: ``n_latent``,
+    ``loadings_prior`` and ``gene_programs`` as they follow from one another, and
+    ``dtype`` by name (:meth:`validate`).
+
+    Attributes
+    ----------
+    {settings}
+
     """
 
-    n_latent: int = 10
-    likelihood: Literal["poisson", "nb", "zinb"] = "nb"
-    decoder: Literal["linear", "mlp"] = "mlp"
-    n_hidden: int = 128
-    n_layers: int = 1
-    dropout_rate: float = 0.1
-    dispersion: Literal["gene", "gene-batch"] = "gene"
-    prior: Literal["normal", "laplace", "diagonal"] = "normal"
-    batch_norm: bool = True
-    dtype: Literal["float32", "float64"] = "float32"
-    loadings_prior: Literal["none", "horseshoe", "programs"] | None = None
-    gene_programs: dict[str, list[str]] | None = None
-    horseshoe_scale: float = 0.1
-    program_outside_scale: float = 0.01
+    n_latent: int | None = setting(
+        None,
+        """Latent dimensions; at least 1 and fewer than the number of genes and cells (default 10, or the number of
+        ``gene_programs``).""",
+    )
+    likelihood: Literal["poisson", "nb", "zinb"] = setting("nb", """``"poisson"``, ``"nb"`` or ``"zinb"``.""")
+    decoder: Literal["linear", "mlp"] = setting("mlp", """``"linear"`` or ``"mlp"``.""")
+    n_hidden: int = setting(128, "Hidden width of the encoder (and of the MLP decoder).")
+    n_layers: int = setting(1, "Hidden layers of the encoder (and of the MLP decoder).")
+    dropout_rate: float = setting(0.1, "Dropout rate of the encoder.")
+    dispersion: Literal["gene", "gene-batch"] = setting(
+        "gene", """``"gene"`` or ``"gene-batch"`` inverse dispersion (NB/ZINB)."""
+    )
+    prior: Literal["normal", "laplace", "diagonal"] = setting(
+        "normal",
+        """The prior on ``z``: ``"normal"`` (default, N(0, I): any rotation of the axes fits equally well).
+        ``"laplace"`` (independent unit-variance Laplace) is a restriction: only signed permutations of the axes
+        leave ``p(x)`` unchanged, so non-Gaussian sources can fix the axes (measure what it buys with
+        :func:`countvae.diagnostics.compare_restrictions`). ``"diagonal"`` (learned scales) exists as a control for
+        the invariance checks.""",
+    )
+    batch_norm: bool = setting(True, "Batch normalisation in hidden layers (scVI's default).")
+    dtype: Literal["float32", "float64"] | torch.dtype = setting(
+        "float32", """``torch.float32`` (default) or ``torch.float64`` (or its name; stored by name)."""
+    )
+    loadings_prior: Literal["none", "horseshoe", "programs"] | None = setting(
+        None,
+        """A prior on the linear decoder's loadings ``W``, which then has a posterior
+        (``get_loadings(return_uncertainty=True)``, :meth:`countvae.CountVAE.loadings_posterior`): ``"horseshoe"``
+        (regularized horseshoe: sparse loadings; axes fixed up to signed permutations) or ``"programs"`` (named gene
+        programs, see ``gene_programs``). Default: ``"programs"`` when ``gene_programs`` are given, else ``"none"``
+        (point-estimated ``W``). See :mod:`countvae.module.loadings`.""",
+    )
+    gene_programs: dict[str, list[str]] | str | os.PathLike | None = setting(
+        None,
+        """``{name: [genes]}`` or the path of a GMT file: latent dimension ``k`` is program ``k``, its loadings are
+        shrunk to 0 outside the program's genes (prior sd ``program_outside_scale``, against 1 inside), and the
+        dimension is named by it. Every gene must be in the data and every program needs at least 2
+        (:func:`countvae.data.check_gene_programs` drops unknown genes first if asked). ``n_latent`` defaults to the
+        number of programs. Stored as the ``{name: [genes]}`` dict.""",
+    )
+    horseshoe_scale: float = setting(
+        0.1, "Scale ``tau0`` of the half-Cauchy prior on the horseshoe's global shrinkage."
+    )
+    program_outside_scale: float = setting(
+        0.01, "Prior standard deviation of the loadings outside a dimension's program."
+    )
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check every setting and store plain Python values (numpy integers and torch dtypes are accepted).
+        """Check every setting and store plain, resolved values (numpy integers and torch dtypes are accepted).
 
         Raises
         ------
@@ -85,8 +127,11 @@ class ModelSettings:
             Naming the first setting that is out of range.
 
         """
+        if self.gene_programs is not None:  # a GMT path is read once, here
+            object.__setattr__(self, "gene_programs", as_gene_programs(self.gene_programs))
+        n_latent = self.n_latent if self.n_latent is not None else len(self.gene_programs or ()) or 10
         normalised = {
-            "n_latent": check_int("n_latent", self.n_latent, 1),
+            "n_latent": check_int("n_latent", n_latent, 1),
             "likelihood": check_choice("likelihood", self.likelihood, LIKELIHOODS),
             "decoder": check_choice("decoder", self.decoder, DECODERS),
             "n_hidden": check_int("n_hidden", self.n_hidden, 1),
@@ -104,7 +149,7 @@ class ModelSettings:
             object.__setattr__(self, name, value)  # frozen: normalised once, at creation
 
     def _loadings_settings(self, n_latent: int, decoder: str) -> dict[str, Any]:
-        programs = None if self.gene_programs is None else as_gene_programs(self.gene_programs)
+        programs = self.gene_programs
         kind = self.loadings_prior if self.loadings_prior is not None else ("programs" if programs else "none")
         kind = check_choice("loadings_prior", kind, LOADINGS_PRIORS)
         if kind == "programs" and programs is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -12,10 +13,11 @@ import torch
 from tqdm.auto import tqdm
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae._settings import documents_settings, setting
 from countvae.data.loader import CountSource, Minibatch
 from countvae.errors import InvalidArgumentError, TrainingDivergedError
 from countvae.module.distributions import attach_nonzero_index
-from countvae.module.loss import LossEngine, minibatch_loss
+from countvae.module.loss import minibatch_loss
 from countvae.module.vae import CountVAEModule
 
 logger = logging.getLogger(__name__)
@@ -29,32 +31,81 @@ def default_max_epochs(n_cells: int) -> int:
     return int(min(round(20000 / max(n_cells, 1) * 400), 400))
 
 
+@documents_settings()
 @dataclass(frozen=True)
 class TrainingPlan:
-    """The arguments of one call to ``CountVAE.train`` (documented there), checked once when created.
+    """The arguments of one call to ``CountVAE.train``, checked once when created.
+
+    Each field is declared once here, with its description; ``CountVAE.train``
+    takes the fields as keywords (or a whole plan as ``plan=``), and its signature
+    and "Parameters" section are generated from them (``countvae._settings``).
 
     ``max_epochs=None`` means :func:`~countvae.model.training.default_max_epochs`
     of the number of training cells (:meth:`epochs_for`). ``train_size`` and
     ``accelerator`` are used by ``CountVAE.train`` (the split and the device);
     :func:`~countvae.model.training.train_module` reads the rest.
+
+    Attributes
+    ----------
+    {settings}
+
     """
 
-    max_epochs: int | None = None
-    batch_size: int = 128
-    lr: float = 1e-3
-    train_size: float = 0.9
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-8
-    kl_warmup_epochs: int = 0
-    early_stopping: bool = False
-    early_stopping_patience: int = 20
-    early_stopping_relative_delta: float = 0.0
-    check_val_every_n_epoch: int = 1
-    engine: LossEngine = "direct"
-    seed: int = 0
-    progress_bar: bool = True
-    shuffle_block_cells: int | None = None
-    accelerator: str = "auto"
+    max_epochs: int | None = setting(
+        None, "Passes over the training cells; default ``min(round(20000 / n_cells * 400), 400)`` as in scvi-tools."
+    )
+    batch_size: int = setting(128, "Cells per minibatch.")
+    lr: float = setting(1e-3, "Adam learning rate.")
+    train_size: float = setting(0.9, "Fraction of cells trained on; the rest report a validation loss.")
+    early_stopping: bool = setting(
+        False,
+        """Stop when the validation loss has not improved for ``early_stopping_patience`` epochs and restore the
+        parameters of the best validation loss (unlike scvi-tools' Pyro models, which have no validation loss and
+        reject this option). During KL warm-up the validation loss is not used for stopping. ``training_summary``
+        records the epochs trained and the epoch kept.""",
+    )
+    seed: int = setting(0, "Seed of the fit.")
+    progress_bar: bool = setting(True, "Show a tqdm progress bar.")
+    early_stopping_patience: int = setting(20, "Epochs without an improvement that counts before stopping.")
+    early_stopping_relative_delta: float = setting(
+        0.0,
+        """An improvement counts when the validation loss falls below its value at the last improvement that counted
+        by more than this fraction of that value's magnitude (e.g. ``1e-4``: 0.13 nats per cell on a loss of 1,300).
+        0 counts every improvement. scvi-tools' ``early_stopping_min_delta`` is absolute instead; a relative delta
+        suits data sets whose losses differ in scale.""",
+    )
+    check_val_every_n_epoch: int = setting(
+        1,
+        """Compute the validation loss every this many epochs (and at the last epoch); the history holds NaN at the
+        other epochs. It does not change the fit (the validation pass has its own random numbers), only the time it
+        costs and the epochs at which early stopping can stop.""",
+    )
+    kl_warmup_epochs: int = setting(
+        0,
+        """Ramp the KL weight linearly from ``1 / kl_warmup_epochs`` to 1 over that many epochs (scvi-tools' SCVI
+        default is 400; 0 trains the plain ELBO).""",
+    )
+    weight_decay: float = setting(0.0, "Adam weight decay (scvi-tools' training plan: 1e-6).")
+    adam_eps: float = setting(
+        1e-8,
+        """Adam's epsilon, added to the root mean square of each gradient (torch's default 1e-8; scvi-tools' training
+        plan uses 0.01, which damps the steps of parameters with small gradients and, on pbmc_3tech, slows
+        overfitting: benchmarks/RESULTS.md, time to quality). Used when the optimiser is created (the first call).""",
+    )
+    accelerator: str = setting("auto", """``"auto"`` (GPU when torch sees one), ``"cpu"`` or ``"gpu"``.""")
+    engine: Literal["direct", "pyro"] = setting(
+        "direct",
+        """``"direct"`` (default) or ``"pyro"``: same loss and gradients, see
+        :func:`countvae.module.minibatch_loss`.""",
+    )
+    shuffle_block_cells: int | None = setting(
+        None,
+        """How minibatches are drawn. ``None`` (default): a uniform random permutation of the training cells each
+        epoch for in-memory data, and block shuffling with blocks of 1,024 consecutive cells for backed data
+        (``anndata.read_h5ad(..., backed="r")``), which reads the file in large contiguous slices and keeps memory
+        bounded. An integer forces block shuffling with that block size; see :mod:`countvae.data.loader` for the
+        exact order. In-memory and backed data give identical fits for the same value.""",
+    )
 
     def __post_init__(self) -> None:
         self.validate()

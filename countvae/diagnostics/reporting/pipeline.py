@@ -28,6 +28,7 @@ import anndata as ad
 import pandas as pd
 from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
+from countvae._settings import takes_settings
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.analyze import Analyses, analyze
@@ -55,16 +56,18 @@ from countvae.diagnostics.reporting.verdicts import (
 __all__ = ["DiagnosticReport", "DownstreamRequest", "ReportSettings", "report"]
 
 
+# The settings of report are the fields of ReportSettings, each written once there (countvae._settings says why this
+# departs from scvi-tools' explicit keyword arguments).
+@takes_settings(ReportSettings)
 def report(
     fits: SeedFits | Sequence[FittedModel],
     adata_heldout: ad.AnnData | None = None,
     markers: Sequence[str] | None = None,
     *,
     adata_fit: ad.AnnData | None = None,
-    settings: ReportSettings | None = None,
     progress_bar: bool = False,
     downstream: DownstreamRequest | None = None,
-    **overrides: Any,
+    settings: ReportSettings,
 ) -> DiagnosticReport:
     """Compare fits of one model from several seeds on shared held-out cells.
 
@@ -84,16 +87,16 @@ def report(
         seed's ICA is estimated on two disjoint halves of them (many cells, none
         held out); without them, on halves of the held-out cells. The no-latent
         baseline of the equivalence margin is also estimated on them.
-    settings
-        Sizes and seeds, see :class:`ReportSettings`.
     progress_bar
         Show a progress bar over the fits.
     downstream
         Add the downstream section (DE calls between two groups, Leiden clusters
         and UMAP neighbourhoods across seeds, each against a within-fit
         baseline); see :class:`~countvae.diagnostics.reporting.downstream_section.DownstreamRequest`.
-    **overrides
-        Single fields of :class:`ReportSettings` to replace, e.g. ``n_lpd_samples=500``.
+    {settings}
+    settings
+        All of the sizes and seeds above as one :class:`ReportSettings`; keywords given with it replace its fields
+        (``report(fits, held, settings=s, n_lpd_samples=500)``).
 
     Returns
     -------
@@ -107,7 +110,7 @@ def report(
 
     """
     stopwatch = Stopwatch()
-    s = (settings or ReportSettings()).replace(**overrides)
+    s = settings.replace()  # a validated copy
     fit_list, adata, adata_fit, fit_settings = resolve_inputs(fits, adata_heldout, adata_fit)
     limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
     with limit:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from countvae._checks import check_int, check_number
+from countvae._settings import documents_settings, setting
 from countvae.diagnostics.analyses.invariants import ICA_THRESHOLD
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.analyses.resampling import MAX_CELLS, N_REPLICATES
@@ -36,94 +37,89 @@ MINIMUM = {
 }
 
 
+@documents_settings()
 @dataclass
 class ReportSettings:
     """Sizes and seeds of the diagnostics (all recorded in the report).
 
+    Each field is declared once here, with its description; :func:`countvae.diagnostics.report`
+    takes the fields as keywords (or all of them as ``settings=ReportSettings(...)``), and
+    its signature and "Parameters" section, and the attributes below, are generated
+    from them (``countvae._settings``).
+
     Attributes
     ----------
-    n_lpd_samples
-        Importance samples per cell for the held-out log predictive density.
-    max_lpd_cells
-        Held-out cells whose log predictive density is estimated at most.
-    max_expression_cells, max_genes
-        Cells and genes (largest variance of log1p-normalized counts) on which
-        decoded means, normalized expression and the decoder Gram are compared.
-    max_jacobian_cells
-        Cells whose decoder Jacobians span the gene-space subspace.
-    max_ppc_cells, n_ppc_samples
-        Cells and draws of the posterior predictive checks.
-    n_rhat_cells, n_rhat_draws, n_rhat_genes
-        Cells, guide draws per seed, and genes of the cross-seed R-hat.
-    max_distance_cells, max_knn_cells, k
-        Cells whose pairwise distances and k-NN graphs (``k`` neighbours) are compared.
-    n_markers
-        Default markers (genes of largest variance) when none are given.
-    ica
-        Add the ICA map class, the ICA efficiency, the ICA coordinates row and
-        the per-component stability of ICA across seeds (``DiagnosticReport.ica``).
-    ica_threshold
-        An ICA component agrees across seeds when its worst best-match
-        |correlation| with another seed's components is at least this, with
-        confidence (see :mod:`countvae.diagnostics.analyses.components`).
-    max_ica_fit_cells
-        Cells of the fit cells (when known) on which each seed's ICA is
-        estimated, in two disjoint halves.
-    alpha
-        Each side of every interval, and each one-sided test of predictive
-        equivalence, errs with this probability (intervals at level ``1 - 2 alpha``).
-    n_bootstrap, max_bootstrap_cells
-        Replicates of the paired bootstrap over cells behind each row's
-        interval, and cells resampled at most (beyond, an m-out-of-n bootstrap;
-        see :mod:`countvae.diagnostics.analyses.resampling`).
-    equivalence_margin
-        Margin of the predictive equivalence test, as a share of the mean
-        per-cell gain of the fits' held-out log p(x) over a model without
-        latent variables (see :mod:`countvae.diagnostics.analyses.predictive`).
-    max_baseline_cells
-        Cells the no-latent baseline is estimated on at most.
-    seed
-        Seed of every subset and Monte Carlo draw.
-    blas_threads
-        BLAS threads during the analysis (``None``: leave as set). The matrices
-        here are small (cells x latent dims), so extra threads gain little, while
-        on a busy machine spin-waiting BLAS threads made single calls up to 100x
-        slower in our measurements; hence 1.
-    lpd_jobs
-        Worker processes that estimate the fits' held-out log p(x), one fit per task
-        (the most expensive output of the report; 1: in this process). Workers use this
-        process's torch and BLAS thread counts, so the numbers do not depend on it. It pays
-        only with idle cores: on a 2-core machine already running other work (load average
-        about 4.5), 2 workers made the estimates of a Kang diagnose slower, not faster
-        (benchmarks/RESULTS.md, report-diagnose), so ``countvae diagnose`` leaves it at 1.
+    {settings}
 
     """
 
-    n_lpd_samples: int = 100
-    max_lpd_cells: int = 500
-    max_expression_cells: int = 1_000
-    max_genes: int = 500
-    max_jacobian_cells: int = 200
-    max_ppc_cells: int = 300
-    n_ppc_samples: int = 10
-    n_rhat_cells: int = 20
-    n_rhat_draws: int = 100
-    n_rhat_genes: int = 10
-    max_distance_cells: int = 1_000
-    max_knn_cells: int = 5_000
-    k: int = 15
-    n_markers: int = 8
-    ica: bool = True
-    ica_threshold: float = ICA_THRESHOLD
-    max_ica_fit_cells: int = 10_000
-    alpha: float = 0.05
-    n_bootstrap: int = N_REPLICATES
-    max_bootstrap_cells: int = MAX_CELLS
-    equivalence_margin: float = EQUIVALENCE_MARGIN
-    max_baseline_cells: int = 5_000
-    seed: int = 0
-    blas_threads: int | None = 1
-    lpd_jobs: int = 1
+    n_lpd_samples: int = setting(100, "Importance samples per cell for the held-out log predictive density.")
+    max_lpd_cells: int = setting(500, "Held-out cells whose log predictive density is estimated at most.")
+    max_expression_cells: int = setting(
+        1_000, "Cells on which decoded means, normalized expression and the decoder Gram are compared."
+    )
+    max_genes: int = setting(
+        500,
+        """Genes (largest variance of log1p-normalized counts) on which decoded means, normalized expression and the
+        decoder Gram are compared.""",
+    )
+    max_jacobian_cells: int = setting(200, "Cells whose decoder Jacobians span the gene-space subspace.")
+    max_ppc_cells: int = setting(300, "Cells of the posterior predictive checks.")
+    n_ppc_samples: int = setting(10, "Draws of the posterior predictive checks.")
+    n_rhat_cells: int = setting(20, "Cells of the cross-seed R-hat.")
+    n_rhat_draws: int = setting(100, "Guide draws per seed of the cross-seed R-hat.")
+    n_rhat_genes: int = setting(10, "Genes of the cross-seed R-hat.")
+    max_distance_cells: int = setting(1_000, "Cells whose pairwise distances are compared.")
+    max_knn_cells: int = setting(5_000, "Cells whose k-NN graphs (``k`` neighbours) are compared.")
+    k: int = setting(15, "Neighbours in the compared k-NN graphs.")
+    n_markers: int = setting(8, "Default markers (genes of largest variance) when none are given.")
+    ica: bool = setting(
+        True,
+        """Add the ICA map class, the ICA efficiency, the ICA coordinates row and the per-component stability of ICA
+        across seeds (``DiagnosticReport.ica``).""",
+    )
+    ica_threshold: float = setting(
+        ICA_THRESHOLD,
+        """An ICA component agrees across seeds when its worst best-match |correlation| with another seed's
+        components is at least this, with confidence (see :mod:`countvae.diagnostics.analyses.components`).""",
+    )
+    max_ica_fit_cells: int = setting(
+        10_000, "Cells of the fit cells (when known) on which each seed's ICA is estimated, in two disjoint halves."
+    )
+    alpha: float = setting(
+        0.05,
+        """Each side of every interval, and each one-sided test of predictive equivalence, errs with this
+        probability (intervals at level ``1 - 2 alpha``).""",
+    )
+    n_bootstrap: int = setting(
+        N_REPLICATES, "Replicates of the paired bootstrap over cells behind each row's interval."
+    )
+    max_bootstrap_cells: int = setting(
+        MAX_CELLS,
+        """Cells the bootstrap resamples at most (beyond, an m-out-of-n bootstrap; see
+        :mod:`countvae.diagnostics.analyses.resampling`).""",
+    )
+    equivalence_margin: float = setting(
+        EQUIVALENCE_MARGIN,
+        """Margin of the predictive equivalence test, as a share of the mean per-cell gain of the fits' held-out
+        log p(x) over a model without latent variables (see :mod:`countvae.diagnostics.analyses.predictive`).""",
+    )
+    max_baseline_cells: int = setting(5_000, "Cells the no-latent baseline is estimated on at most.")
+    seed: int = setting(0, "Seed of every subset and Monte Carlo draw.")
+    blas_threads: int | None = setting(
+        1,
+        """BLAS threads during the analysis (``None``: leave as set). The matrices here are small (cells x latent
+        dims), so extra threads gain little, while on a busy machine spin-waiting BLAS threads made single calls up
+        to 100x slower in our measurements; hence 1.""",
+    )
+    lpd_jobs: int = setting(
+        1,
+        """Worker processes that estimate the fits' held-out log p(x), one fit per task (the most expensive output
+        of the report; 1: in this process). Workers use this process's torch and BLAS thread counts, so the numbers
+        do not depend on it. It pays only with idle cores: on a 2-core machine already running other work (load
+        average about 4.5), 2 workers made the estimates of a Kang diagnose slower, not faster
+        (benchmarks/RESULTS.md, report-diagnose), so ``countvae diagnose`` leaves it at 1.""",
+    )
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
