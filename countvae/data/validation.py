@@ -100,7 +100,10 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
         )
     dtype = np.dtype(getattr(matrix, "dtype", np.float64))
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(dtype, np.complexfloating):
-        raise InvalidDataError(f"{what} has dtype {dtype}; raw counts must be stored as integers or floats.")
+        raise InvalidDataError(
+            f"{what} has dtype {dtype}; raw counts must be stored as integers or floats. Convert them first "
+            "(e.g. adata.X = adata.X.astype(np.int32)) or pass the layer that holds numeric counts with `layer=...`."
+        )
 
     cell_totals = np.zeros(n_obs, dtype=np.float64)
     gene_totals = np.zeros(n_vars, dtype=np.float64)
