@@ -56,6 +56,7 @@ def test_second_run_refused_naming_the_first_then_stale_lock_taken_over(tmp_path
         with pytest.raises(OutputLockedError) as info:
             run(adata, out)
         refused_in = time.monotonic() - start
+        print(f"lock: the second run was refused after {refused_in:.2f} s")
         message = str(info.value)
         assert f"pid {holder.pid}" in message and socket.gethostname() in message and "started 20" in message
         assert "wait for it to finish" in message and "\n" not in message
