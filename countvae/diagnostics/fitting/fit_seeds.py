@@ -505,8 +505,10 @@ def _lost_with_remedy(
     kept = sorted(fits)
     if out_dir is None:
         where = "no out_dir was given, so nothing was kept; pass out_dir=... so that a rerun resumes"
-    else:
+    elif kept:
         where = f"seeds {kept} are stored in {out_dir}; rerun the same call to fit the rest, reusing them"
+    else:
+        where = f"none was stored yet in {out_dir}; rerun the same call to fit them"
     return WorkerLostError(f"{exc} Seeds {missing} are not done; {where} (with a smaller n_jobs if memory ran out).")
 
 
