@@ -89,7 +89,7 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     ------
     InvalidDataError
         If the matrix is empty, is not numeric, holds NaN or infinite values,
-        negative or non-integer values or counts above :data:`MAX_EXACT_COUNT`,
+        negative or non-integer values or counts above ``2**24`` (exact in float32),
         or has all-zero cells or genes.
 
     """
