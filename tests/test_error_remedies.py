@@ -109,13 +109,13 @@ def _damaged_model(trained, tmp_path):
     return cv.CountVAE.load(copy)
 
 
-def _broken_seed(seed_run, tmp_path):
+def _broken_seed(seed_run):
     adata, out = seed_run
     (out / "fits" / "seed_1" / "fit.json").write_text("{")
     return fit_seeds(adata, out_dir=out, progress_bar=False, **SMALL)
 
 
-def _lock_held(seed_run, tmp_path):
+def _lock_held(seed_run):
     adata, out = seed_run
     with FileLock(out / ".lock", timeout=0):
         return fit_seeds(adata, out_dir=out, progress_bar=False, **SMALL)
@@ -131,42 +131,54 @@ def _disk_full(trained, tmp_path, monkeypatch):
     return model.save(tmp_path / "new")
 
 
-def _other_settings(seed_run, tmp_path):
+def _other_settings(seed_run):
     adata, out = seed_run
     return fit_seeds(adata, out_dir=out, progress_bar=False, **{**SMALL, "train_kwargs": {"max_epochs": 2}})
 
 
+class _Context:
+    """What a failure needs: the test's tmp_path and monkeypatch, and the shared fits, built on first use."""
+
+    def __init__(self, request, tmp_path, monkeypatch):
+        self._request = request
+        self.tmp_path = tmp_path
+        self.monkeypatch = monkeypatch
+
+    @property
+    def trained(self):
+        return self._request.getfixturevalue("trained")
+
+    @property
+    def seed_run(self):
+        return self._request.getfixturevalue("seed_run")
+
+
 KINDS = {
-    "non-integer counts": lambda **_: _fractions(),
-    "NaN counts": lambda **_: _nan(),
-    "negative counts": lambda **_: _negative(),
-    "cell with no counts": lambda **_: _empty_cell(),
-    "gene with no counts": lambda **_: _empty_gene(),
-    "non-numeric matrix": lambda **_: _setup(_counts().astype(str).astype(object)),
-    "missing layer": lambda **_: _setup(_counts(), layer="counts"),
-    "missing batch column": lambda **_: _setup(_counts(), batch_key="donor"),
-    "not set up": lambda **_: cv.CountVAE(cv.data.simulate(n_cells=30, n_genes=8, n_latent=2, seed=0)),
-    "not trained": lambda trained, **_: cv.CountVAE(trained[0], n_latent=2).get_latent_representation(),
-    "unknown batch": lambda trained, **_: _unknown_batch(trained),
-    "missing model folder": lambda tmp_path, **_: cv.CountVAE.load(tmp_path / "nowhere"),
-    "missing data file": lambda tmp_path, **_: read_h5ad(str(tmp_path / "nowhere.h5ad")),
-    "damaged model file": lambda trained, tmp_path, **_: _damaged_model(trained, tmp_path),
-    "model folder exists": lambda trained, tmp_path, **_: trained[1].save(trained[2]),
-    "broken seed folder": lambda seed_run, tmp_path, **_: _broken_seed(seed_run, tmp_path),
-    "output folder locked": lambda seed_run, tmp_path, **_: _lock_held(seed_run, tmp_path),
-    "other settings in out_dir": lambda seed_run, tmp_path, **_: _other_settings(seed_run, tmp_path),
-    "disk full": lambda trained, tmp_path, monkeypatch, **_: _disk_full(trained, tmp_path, monkeypatch),
+    "non-integer counts": lambda c: _fractions(),
+    "NaN counts": lambda c: _nan(),
+    "negative counts": lambda c: _negative(),
+    "cell with no counts": lambda c: _empty_cell(),
+    "gene with no counts": lambda c: _empty_gene(),
+    "non-numeric matrix": lambda c: _setup(_counts().astype(str).astype(object)),
+    "missing layer": lambda c: _setup(_counts(), layer="counts"),
+    "missing batch column": lambda c: _setup(_counts(), batch_key="donor"),
+    "not set up": lambda c: cv.CountVAE(cv.data.simulate(n_cells=30, n_genes=8, n_latent=2, seed=0)),
+    "not trained": lambda c: cv.CountVAE(c.trained[0], n_latent=2).get_latent_representation(),
+    "unknown batch": lambda c: _unknown_batch(c.trained),
+    "missing model folder": lambda c: cv.CountVAE.load(c.tmp_path / "nowhere"),
+    "missing data file": lambda c: read_h5ad(str(c.tmp_path / "nowhere.h5ad")),
+    "damaged model file": lambda c: _damaged_model(c.trained, c.tmp_path),
+    "model folder exists": lambda c: c.trained[1].save(c.trained[2]),
+    "broken seed folder": lambda c: _broken_seed(c.seed_run),
+    "output folder locked": lambda c: _lock_held(c.seed_run),
+    "other settings in out_dir": lambda c: _other_settings(c.seed_run),
+    "disk full": lambda c: _disk_full(c.trained, c.tmp_path, c.monkeypatch),
 }
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_error_names_its_remedy(kind, request, tmp_path, monkeypatch):
-    needs = {name: request.getfixturevalue(name) for name in ("trained", "seed_run") if name in _arguments(kind)}
     with pytest.raises(CountVAEError) as info:
-        KINDS[kind](tmp_path=tmp_path, monkeypatch=monkeypatch, **needs)
+        KINDS[kind](_Context(request, tmp_path, monkeypatch))
     message = str(info.value)
     assert REMEDY.search(message), f"{kind}: the message names no remedy: {message}"
-
-
-def _arguments(kind: str) -> tuple[str, ...]:
-    return KINDS[kind].__code__.co_varnames[: KINDS[kind].__code__.co_argcount + KINDS[kind].__code__.co_kwonlyargcount]
