@@ -1,7 +1,8 @@
 """Two runs on one output folder: the second refuses at once naming the first; a killed run's lock is taken over.
 
 The first run is a real ``fit_seeds`` in a subprocess whose ``progress`` callable
-stops it (waits) right after seed 1 has trained, when seed 0 is already stored.
+stops it (waits) right after seed 1 has trained, when seed 0 is already stored;
+it is then SIGKILLed, leaving its lock record and its scratch folder behind.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ run(tiny_data(), Path(sys.argv[1]) / "out", progress=hold)
 
 def _start_holder(tmp_path: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), str(TESTS)]), OMP_NUM_THREADS="1")
+    env["TMPDIR"] = tempfile.gettempdir()
     proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env)
     deadline = time.monotonic() + 300
     while not (tmp_path / "holding").exists():
@@ -47,7 +50,10 @@ def _start_holder(tmp_path: Path) -> subprocess.Popen:
     return proc
 
 
-def test_second_run_refused_naming_the_first_then_stale_lock_taken_over(tmp_path, caplog):
+def test_second_run_refused_naming_the_first_then_stale_lock_taken_over(tmp_path, caplog, monkeypatch):
+    temp = tmp_path / "tmp"  # the holder's scratch folder is left here when it is killed
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     adata = tiny_data()
     out = tmp_path / "out"
     holder = _start_holder(tmp_path)
@@ -72,5 +78,6 @@ def test_second_run_refused_naming_the_first_then_stale_lock_taken_over(tmp_path
         fits = run(adata, out)
     assert f"pid {holder.pid}" in caplog.text and "no longer running" in caplog.text
     assert fits.reused_seeds == [0]
+    assert list(temp.glob("countvae-fit-*")) == [], "the killed run's scratch folder was not removed"
     assert not (out / OWNER_FILE).exists(), "a finished run removes its owner record"
     assert_same_numbers(fits, numbers(run(adata, None)))  # as an uninterrupted run

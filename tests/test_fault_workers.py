@@ -4,13 +4,18 @@ The kill comes from inside the worker: the run's ``progress`` callable kills its
 own process when seed 1 has trained and is about to be saved (see
 ``faults_helpers.KillWorkerOnce``). The run must stop with a one-line
 :class:`~countvae.errors.WorkerLostError` that says to rerun; the rerun must reuse
-every seed that was stored and give exactly the numbers of an uninterrupted run.
+every seed that was stored, give exactly the numbers of an uninterrupted run,
+and leave no scratch folder of the killed worker in the temporary folder.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +23,7 @@ from pathlib import Path
 import pytest
 from faults_helpers import KillWorkerOnce, assert_same_numbers, files_of, leftovers, numbers, run, tiny_data
 
+from countvae.diagnostics.fitting.scratch import remove_orphaned, scratch_prefix
 from countvae.errors import WorkerLostError
 
 TESTS = Path(__file__).resolve().parent
@@ -31,6 +37,15 @@ def adata():
 @pytest.fixture(scope="module")
 def reference(adata):
     return numbers(run(adata, None))
+
+
+def _private_temp(tmp_path, monkeypatch) -> Path:
+    """A temporary folder of this test's own, for this process and the workers it starts."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    return temp
 
 
 def _check_lost_then_resumed(adata, reference, out, marker, run_killed, run_again):
@@ -58,9 +73,12 @@ def _check_lost_then_resumed(adata, reference, out, marker, run_killed, run_agai
     assert fits.reused_seeds == stored, "a finished seed was not reused"
     assert {s: files_of(out / "fits" / f"seed_{s}") for s in stored} == before
     assert_same_numbers(fits, reference)
+    scratch = sorted(Path(tempfile.gettempdir()).glob("countvae-fit-*"))
+    assert scratch == [], f"the killed workers' scratch folders were left behind: {scratch}"
 
 
-def test_joblib_worker_killed_mid_seed(adata, reference, tmp_path):
+def test_joblib_worker_killed_mid_seed(adata, reference, tmp_path, monkeypatch):
+    _private_temp(tmp_path, monkeypatch)
     out, marker = tmp_path / "out", tmp_path / "killed"
     _check_lost_then_resumed(
         adata,
@@ -76,6 +94,7 @@ def test_ray_worker_killed_mid_seed(adata, reference, tmp_path, monkeypatch):
     ray = pytest.importorskip("ray")  # the [ray] extra is part of [dev]
     temp_dir = tempfile.mkdtemp(prefix="cvray")  # short: Ray's socket paths must stay under 108 characters
     monkeypatch.setenv("RAY_TMPDIR", temp_dir)
+    temp = _private_temp(tmp_path, monkeypatch)
     pythonpath = os.pathsep.join([str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", "")])
     ray.init(
         address="local",
@@ -84,7 +103,7 @@ def test_ray_worker_killed_mid_seed(adata, reference, tmp_path, monkeypatch):
         log_to_driver=False,
         object_store_memory=80 * 1024**2,
         configure_logging=False,
-        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}},
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)}},
     )
     try:
         out, marker = tmp_path / "out", tmp_path / "killed"
@@ -98,3 +117,24 @@ def test_ray_worker_killed_mid_seed(adata, reference, tmp_path, monkeypatch):
         )
     finally:
         ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_only_scratch_folders_of_ended_processes_on_this_host_are_removed(tmp_path):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    host = socket.gethostname()
+    folders = {
+        "this process": tmp_path / f"{scratch_prefix()}live0",
+        "ended process": tmp_path / f"countvae-fit-{host}-{ended.pid}-dead0",
+        "another host": tmp_path / f"countvae-fit-elsewhere-{ended.pid}-away0",
+        "no process named": tmp_path / "countvae-fit-old0",
+    }
+    for folder in folders.values():
+        (folder / "model").mkdir(parents=True)
+    assert remove_orphaned(tmp_path) == [folders["ended process"]]
+    assert {name for name, folder in folders.items() if folder.exists()} == {
+        "this process",
+        "another host",
+        "no process named",
+    }

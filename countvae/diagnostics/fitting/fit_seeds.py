@@ -84,6 +84,7 @@ from countvae.diagnostics.fitting.output_folder import (
 )
 from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
 from countvae.diagnostics.fitting.run_lock import locked
+from countvae.diagnostics.fitting.scratch import remove_orphaned
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.fitting.seed_job import FitTask
 from countvae.errors import (
@@ -443,6 +444,7 @@ def _fit_or_reuse(
                 raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
             stack.enter_context(locked(root))
         prepare(root, manifest, overwrite)
+        remove_orphaned()  # left by the workers of a run that was killed
         fits_dir = root / FITS_FOLDER
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
@@ -463,6 +465,7 @@ def _fit_or_reuse(
                     bar.set_postfix_str(f"seed {outcome.seed} done")
                     bar.update(1)
             except WorkerLostError as exc:
+                remove_orphaned()  # the killed worker could not remove its scratch folder
                 raise _lost_with_remedy(exc, tasks, fits, out_dir) from None
     return fits, seconds, reused, records
 
