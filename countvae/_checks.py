@@ -48,6 +48,13 @@ def check_number(
     return float(value)
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """``True`` or ``False`` (a numpy bool is accepted; 0, 1 and strings are not)."""
+    if not isinstance(value, bool | np.bool_):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
 def check_choice(name: str, value: Any, allowed: Collection[Any]) -> Any:
     """One of ``allowed``."""
     if value not in allowed:

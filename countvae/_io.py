@@ -8,6 +8,7 @@ system). An existing destination is an error unless ``overwrite=True``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from countvae.errors import ModelFileError, OutputExistsError
+from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 
 def _refuse_existing(path: Path, overwrite: bool) -> None:
@@ -44,23 +45,70 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+#: Errors of the file system (not of the caller) that a rerun can recover from once the cause is fixed.
+_STORAGE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EIO: "an input/output error of the disk",
+}
+
+
+@contextlib.contextmanager
+def explained_write_errors(path: Path) -> Iterator[None]:
+    """Turn a file-system error raised in the block into an :class:`OutputWriteError` about ``path``.
+
+    The message says what failed, that nothing was left half-written (the atomic
+    writers remove their temporary files first) and what to do. Other errors
+    pass unchanged.
+    """
+    try:
+        yield
+    except OSError as exc:
+        # An inner writer's error is told again about the outermost target: the path the caller asked for.
+        cause = exc.__cause__ if isinstance(exc, OutputWriteError) else exc
+        if exc.errno not in _STORAGE_ERRNOS or not isinstance(cause, OSError):
+            raise
+        error = OutputWriteError(
+            f"Could not write {path}: {_STORAGE_ERRNOS[exc.errno]} ({errno.errorcode[exc.errno]}: "
+            f"{os.strerror(exc.errno)}). Nothing was left half-written; what {path.parent} held before is intact. "
+            f"Free disk space (or make {path.parent} writable, or choose another output folder) and rerun: "
+            "finished results are reused."
+        )
+        error.errno = exc.errno
+        error.filename = str(path)
+        raise error from cause
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = False) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    Raises
+    ------
+    OutputExistsError
+        If ``path`` exists and ``overwrite`` is False.
+    OutputWriteError
+        If the disk is full or the folder read-only (nothing is left half-written).
+
+    """
     path = Path(path)
     _refuse_existing(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    _usual_permissions(tmp, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with explained_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        try:
+            _usual_permissions(tmp, 0o666)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
     return path
 
@@ -80,21 +128,22 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     """Yield a temporary path beside ``path`` for a writer that opens files itself (h5py, anndata).
 
     The temporary file is renamed to ``path`` when the block succeeds and removed
-    when it raises.
+    when it raises (a full disk or read-only folder becomes an :class:`OutputWriteError`).
     """
     path = Path(path)
     _refuse_existing(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-    os.close(fd)
-    _usual_permissions(tmp, 0o666)
-    try:
-        yield Path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with explained_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        os.close(fd)
+        try:
+            _usual_permissions(tmp, 0o666)
+            yield Path(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
     _fsync_dir(path.parent)
 
 
@@ -103,31 +152,38 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     """Build a folder under a temporary name; rename it to ``path`` when the block succeeds.
 
     If the block raises, the temporary folder is removed and ``path`` is left as
-    it was. With ``overwrite=True`` an existing folder is replaced by two renames
-    (old folder aside, new folder in, old folder deleted), so at every moment
-    ``path`` is either the complete old folder or the complete new one, except
-    for the instant between the two renames, when it is absent.
+    it was (a full disk or read-only folder becomes an :class:`OutputWriteError`).
+    With ``overwrite=True`` an existing folder is replaced by two renames (old
+    folder aside, new folder in, old folder deleted), so at every moment ``path``
+    is either the complete old folder or the complete new one, except for the
+    instant between the two renames, when it is absent; if the second rename
+    fails, the old folder is moved back.
     """
     path = Path(path)
     _refuse_existing(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
-    _usual_permissions(tmp, 0o777)
-    try:
-        yield tmp
-        _fsync_dir(tmp)
-        if path.exists():
-            aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-            aside.rmdir()
-            os.replace(path, aside)
-            os.replace(tmp, path)
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with explained_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        try:
+            _usual_permissions(tmp, 0o777)
+            yield tmp
+            _fsync_dir(tmp)
+            if path.exists():
+                aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+                aside.rmdir()
+                os.replace(path, aside)
+                try:
+                    os.replace(tmp, path)
+                except BaseException:
+                    os.replace(aside, path)
+                    raise
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
@@ -182,20 +238,31 @@ def read_versioned_json(path: str | os.PathLike, format_name: str, version: int,
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"{path} is missing; {path.parent} is not {what}.")
+        raise ModelFileError(
+            f"{path} is missing; {path.parent} is not {what}. Check the path, or restore the file from a copy."
+        )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path} is not valid JSON (truncated or corrupted): {exc}") from None
+        raise ModelFileError(
+            f"{path} is not valid JSON (truncated or corrupted): {exc}. Restore {path.parent} from a copy, or "
+            "write it again."
+        ) from None
     if not isinstance(record, dict) or record.get("format") != format_name:
         found = record.get("format") if isinstance(record, dict) else type(record).__name__
-        raise ModelFileError(f"{path} is not a {format_name} record (format {found!r}); {path.parent} is not {what}.")
+        raise ModelFileError(
+            f"{path} is not a {format_name} record (format {found!r}); {path.parent} is not {what}. Check the path."
+        )
     if record.get("format_version") != version:
         raise ModelFileError(
             f"{path} has format version {record.get('format_version')!r}; this countvae reads version {version}. "
             "Read it with the countvae release that wrote it."
         )
     return record
+
+
+#: The remedy of a damaged model file.
+_RESTORE = "Restore the folder from a copy, or train and save the model again."
 
 
 def load_checked_tensors(path: str | os.PathLike, expected_sha256: str | None) -> dict[str, Any]:
@@ -213,17 +280,20 @@ def load_checked_tensors(path: str | os.PathLike, expected_sha256: str | None) -
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelFileError(f"{path} is missing.")
+        raise ModelFileError(f"{path} is missing. {_RESTORE}")
     if expected_sha256 is None:
-        raise ModelFileError(f"No checksum is recorded for {path}; refusing to load it.")
+        raise ModelFileError(f"No checksum is recorded for {path}; refusing to load it. {_RESTORE}")
     if sha256_file(path) != expected_sha256:
         raise ModelFileError(
-            f"{path} does not match its recorded checksum (truncated, altered or replaced); refusing to load it."
+            f"{path} does not match its recorded checksum (truncated, altered or replaced); refusing to load it. "
+            f"{_RESTORE}"
         )
     try:
         tensors = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
-        raise ModelFileError(f"{path} could not be read as tensors only, refusing to load it: {exc}") from None
+        raise ModelFileError(
+            f"{path} could not be read as tensors only, refusing to load it: {exc}. {_RESTORE}"
+        ) from None
     if not isinstance(tensors, dict) or not all(isinstance(v, torch.Tensor) for v in tensors.values()):
-        raise ModelFileError(f"{path} does not hold a dict of tensors.")
+        raise ModelFileError(f"{path} does not hold a dict of tensors. {_RESTORE}")
     return tensors

@@ -53,6 +53,39 @@ class OutputExistsError(CountVAEError, FileExistsError):
     """An output would overwrite an existing file or folder without ``overwrite=True``."""
 
 
+class OutputLockedError(OutputExistsError):
+    """Another running process is writing the same output folder; the message names it (pid, host, start)."""
+
+
+class OutputWriteError(CountVAEError, OSError):
+    """Writing an output failed (disk full, read-only or not writable); nothing was left half-written.
+
+    ``errno`` is the operating system's error number (``errno.ENOSPC``, ``errno.EROFS``...).
+    """
+
+    def __str__(self) -> str:
+        # OSError would prefix "[Errno n]" and drop the message once errno is set.
+        return str(self.args[0]) if self.args else ""
+
+
+class BrokenFitError(ModelFileError):
+    """A stored fit of a multi-seed run is damaged; ``folder`` is its seed folder, ``seed`` its seed.
+
+    The message names the file and the remedy (``refit_broken=True``, ``--refit-broken``);
+    ``problem`` is what is wrong, without the remedy.
+    """
+
+    def __init__(self, message: str, seed: int, folder: str, problem: str = ""):
+        super().__init__(message)
+        self.seed = seed
+        self.folder = folder
+        self.problem = problem or message
+
+
+class WorkerLostError(CountVAEError, RuntimeError):
+    """A worker process died while fitting (killed, often by the out-of-memory killer); finished fits are kept."""
+
+
 class MissingDependencyError(CountVAEError, ImportError):
     """An optional package that a feature needs is not installed; the message names the extra to install."""
 

@@ -157,3 +157,29 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
             "early_stopping_patience": 10,
             "early_stopping_relative_delta": 1e-3,
         }
+
+
+def test_damaged_seed_is_named_with_its_remedy_then_refit_broken_refits_it(data_file, tmp_path, monkeypatch, capsys):
+    from countvae.cli import diagnose
+
+    def stop_after_fitting(fits, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(diagnose, "report", stop_after_fitting)
+    out = tmp_path / "d"
+    argv = [str(data_file), *FAST, "--out", str(out)]
+    with pytest.raises(_Stop):
+        run(argv, capsys)
+    params = out / "fits" / "fits" / "seed_1" / "model" / "params.pt"
+    params.write_bytes(params.read_bytes()[:200])
+    kept = (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").read_bytes()
+
+    code, _, err = run(argv, capsys)
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert str(params) in err and "--refit-broken" in err
+
+    with pytest.raises(_Stop):  # the fits are complete again: the run reaches the report
+        run([*argv, "--refit-broken"], capsys)
+    assert [p.name.split(".")[0] for p in (out / "fits" / "broken").iterdir()] == ["seed_1"]
+    assert (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").read_bytes() == kept
+    assert params.stat().st_size > 200

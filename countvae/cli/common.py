@@ -100,15 +100,20 @@ def read_h5ad(path: str) -> ad.AnnData:
     """Read an .h5ad file, turning every way it can fail into a one-line :class:`CountVAEError`."""
     p = Path(path)
     if not p.exists():
-        raise DataFileNotFoundError(f"{path} does not exist.")
+        raise DataFileNotFoundError(f"{path} does not exist; check the path, or pass the .h5ad file to read.")
     if p.is_dir():
-        raise InvalidDataError(f"{path} is a folder, not an .h5ad file.")
+        raise InvalidDataError(f"{path} is a folder, not an .h5ad file; pass the path of the .h5ad file inside it.")
     if not h5py.is_hdf5(p):
-        raise InvalidDataError(f"{path} is not an HDF5/.h5ad file (written by anndata's write_h5ad).")
+        raise InvalidDataError(
+            f"{path} is not an HDF5/.h5ad file; pass a file written by anndata's write_h5ad (adata.write_h5ad(path))."
+        )
     try:
         return ad.read_h5ad(p)
     except Exception as exc:  # anndata raises many types for damaged files
-        raise InvalidDataError(f"{path} could not be read as AnnData ({type(exc).__name__}: {exc}).") from None
+        raise InvalidDataError(
+            f"{path} could not be read as AnnData ({type(exc).__name__}: {exc}); check that the file is complete "
+            "(copy it again) and was written by anndata's write_h5ad."
+        ) from None
 
 
 def emit(result: dict, as_json: bool) -> None:

@@ -7,7 +7,9 @@ at the end in one atomic step. A folder that already holds a finished report is
 refused unless ``--overwrite`` is given, which also refits every seed. With
 ``--write-h5ad PATH`` the analysed data (its cells and fitted genes) is also written
 to an .h5ad file with the report's per-cell and per-gene columns, the consensus
-latent and the first seed's latent (``obsm["X_countvae"]``), for scanpy.
+latent and the first seed's latent (``obsm["X_countvae"]``), for scanpy. A
+damaged seed folder stops the run with its name; ``--refit-broken`` moves it
+aside and refits only that seed.
 
 Per-seed progress messages come from ``fit_seeds``' progress events
 (:mod:`countvae.diagnostics.fitting.progress`), not from its log text.
@@ -190,6 +192,12 @@ def register(sub: Subcommands) -> None:
     )
     add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
+    p.add_argument(
+        "--refit-broken",
+        action="store_true",
+        help="when a stored seed folder under OUT/fits is damaged (a file truncated, empty, altered or swapped), "
+        "move it to OUT/fits/broken/ and refit only that seed, keeping the intact ones",
+    )
     p.set_defaults(run=run)
 
 
@@ -329,6 +337,11 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         "progress_bar": False,
     }
     if args.restrictions is not None:
+        if args.refit_broken:
+            raise InvalidArgumentError(
+                "--refit-broken applies to the seeds of a plain diagnose, not to --restrictions; remove the damaged "
+                "seed folder that the error named and rerun."
+            )
         return run_restrictions(args, adata, model_kwargs, train_kwargs, markers, show)
     check_number("--heldout-fraction", args.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
     fit_idx, heldout_idx = heldout_split(adata.n_obs, args.heldout_fraction, args.split_seed)
@@ -361,6 +374,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         out_dir=out / "fits",
         overwrite=args.overwrite,
         progress_bar=show,
+        refit_broken=args.refit_broken,
         progress=_Both(SeedProgressMessages(args.seeds), progress),
     )
     fitted = time.perf_counter()

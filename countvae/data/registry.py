@@ -90,7 +90,8 @@ def _categories_of(adata: ad.AnnData, key: str, role: str) -> list[str]:
     """Categories of an obs column, refusing missing values."""
     if key not in adata.obs.columns:
         raise SetupError(
-            f"{role}_key {key!r} is not a column of adata.obs; available columns: {list(adata.obs.columns)}."
+            f"{role}_key {key!r} is not a column of adata.obs; pass one of the available columns "
+            f"{list(adata.obs.columns)}, or add the column first."
         )
     column = adata.obs[key]
     n_missing = int(column.isna().sum())
@@ -121,7 +122,8 @@ def get_count_matrix(adata: ad.AnnData, registry: Registry):
         return adata.X
     if registry.layer not in adata.layers:
         raise SetupError(
-            f"layer {registry.layer!r} is not in adata.layers; available layers: {list(adata.layers.keys())}."
+            f"layer {registry.layer!r} is not in adata.layers; pass one of the available layers "
+            f"{list(adata.layers.keys())}, or layer=None for adata.X."
         )
     return adata.layers[registry.layer]
 

@@ -12,6 +12,8 @@ from countvae.errors import InvalidDataError
 
 #: Rows read at a time when a matrix is checked chunk by chunk (backed or dense data).
 _CHUNK_ROWS = 4096
+#: The largest count accepted: 2**24, the last integer up to which float32 (the models' precision) is exact.
+MAX_EXACT_COUNT = 2**24
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,8 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     ------
     InvalidDataError
         If the matrix is empty, is not numeric, holds NaN or infinite values,
-        negative or non-integer values, or has all-zero cells or genes.
+        negative or non-integer values or counts above ``2**24`` (exact in float32),
+        or has all-zero cells or genes.
 
     """
     shape = getattr(matrix, "shape", None)
@@ -100,11 +103,15 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
         )
     dtype = np.dtype(getattr(matrix, "dtype", np.float64))
     if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(dtype, np.complexfloating):
-        raise InvalidDataError(f"{what} has dtype {dtype}; raw counts must be stored as integers or floats.")
+        raise InvalidDataError(
+            f"{what} has dtype {dtype}; raw counts must be stored as integers or floats. Convert them first "
+            "(e.g. adata.X = adata.X.astype(np.int32)) or pass the layer that holds numeric counts with `layer=...`."
+        )
 
     cell_totals = np.zeros(n_obs, dtype=np.float64)
     gene_totals = np.zeros(n_vars, dtype=np.float64)
     bad_nonfinite = bad_negative = bad_fraction = 0
+    largest = 0.0
     example = None
     source = matrix.tocsr() if sp.issparse(matrix) and matrix.format != "csr" else matrix
     for start, block in iter_row_chunks(source):
@@ -126,6 +133,8 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
             example = float(values[values != np.round(values)].flat[0])
         bad_negative += n_negative
         bad_fraction += n_fraction
+        if values.size:
+            largest = max(largest, float(values.max()))
         stop = start + block.shape[0]
         cell_totals[start:stop] = np.asarray(block.sum(axis=1), dtype=np.float64).ravel()
         gene_totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
@@ -145,6 +154,12 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
             f"{what} contains {' and '.join(parts)} (for example {example!r}); countvae models raw "
             "counts. Pass the layer that holds the raw counts with `layer=...` (or `use_raw=True` when "
             "they are in adata.raw), not normalized, log-transformed or scaled values."
+        )
+    if largest > MAX_EXACT_COUNT:
+        raise InvalidDataError(
+            f"{what} holds a count of {largest:.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest integer the "
+            "models' float32 arithmetic represents exactly; a single cell's raw count of one gene is never this "
+            "large. Check how the matrix was produced and pass the raw counts (`layer=...` or `use_raw=True`)."
         )
     n_empty_cells = int(np.count_nonzero(cell_totals == 0))
     if n_empty_cells:

@@ -211,7 +211,7 @@ def _comparisons(
         raise InvalidArgumentError("Name the obs column of the groups with groupby=..., or pass idx1 (and idx2).")
     if groupby not in adata.obs.columns:
         raise InvalidArgumentError(
-            f"groupby {groupby!r} is not a column of adata.obs; columns: {list(adata.obs.columns)}."
+            f"groupby {groupby!r} is not a column of adata.obs; pass one of {list(adata.obs.columns)}."
         )
     column = adata.obs[groupby]
     if int(column.isna().sum()):

@@ -80,7 +80,10 @@ def read_model_folder(dir_path: str | os.PathLike) -> tuple[dict[str, Any], dict
     """
     folder = Path(dir_path)
     if not folder.is_dir():
-        raise ModelFileError(f"{folder} is not a model folder (it does not exist or is not a directory).")
+        raise ModelFileError(
+            f"{folder} is not a model folder (it does not exist or is not a directory); pass the folder that "
+            "model.save wrote."
+        )
     settings = read_versioned_json(folder / SETTINGS_FILE, FORMAT_NAME, FORMAT_VERSION, "a countvae model folder")
     checksums = settings.get("checksums", {})
     tensors = load_checked_tensors(folder / PARAMS_FILE, checksums.get(PARAMS_FILE))
@@ -88,7 +91,8 @@ def read_model_folder(dir_path: str | os.PathLike) -> tuple[dict[str, Any], dict
         if name != PARAMS_FILE and (not (folder / name).is_file() or sha256_file(folder / name) != expected):
             raise ModelFileError(
                 f"{folder / name} is missing or does not match the checksum recorded in {SETTINGS_FILE} "
-                "(truncated, altered or replaced); refusing to load it."
+                "(truncated, altered or replaced); refusing to load it. Restore the folder from a copy, or train and "
+                "save the model again."
             )
     adata_path = folder / ADATA_FILE
     return settings, tensors, (adata_path if adata_path.is_file() else None)

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import anndata as ad
@@ -18,7 +19,7 @@ import joblib
 
 from countvae.data.file_cells import FileCells
 from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask, run_fit
-from countvae.errors import InvalidArgumentError
+from countvae.errors import InvalidArgumentError, WorkerLostError
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,15 @@ def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Itera
         inner_max_num_threads=threads,
         idle_worker_timeout=_IDLE_WORKER_SECONDS,
     )
-    yield from parallel(joblib.delayed(run_fit)(task, fit_data) for task in tasks)
+    try:
+        yield from parallel(joblib.delayed(run_fit)(task, fit_data) for task in tasks)
+    except BrokenProcessPool as exc:  # loky's TerminatedWorkerError: a worker was killed (SIGKILL, out of memory)
+        raise WorkerLostError(f"A joblib worker process died while fitting ({_first_line(exc)}).") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].rstrip(".") if lines else type(exc).__name__
 
 
 def _import_ray():
@@ -128,8 +137,14 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
                 pending[remote.remote(task, data_ref)] = task.seed
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                pending.pop(ref)
-                yield ray.get(ref)
+                seed = pending.pop(ref)
+                try:
+                    outcome = ray.get(ref)
+                except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as exc:
+                    raise WorkerLostError(
+                        f"The Ray worker fitting seed {seed} died ({type(exc).__name__}: {_first_line(exc)})."
+                    ) from None
+                yield outcome
     finally:
         for ref in pending:
             with contextlib.suppress(Exception):

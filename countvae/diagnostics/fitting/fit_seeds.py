@@ -20,8 +20,20 @@ With ``out_dir`` the run is resumable:
 * a rerun with other settings or other data is refused (``overwrite=True``
   starts afresh).
 
-A lock file (``out_dir/.lock``) keeps two runs from writing the same folder
-(see :mod:`.output_folder`). ``progress`` reports each step (see :mod:`.progress`).
+A lock file (``out_dir/.lock``, its holder named in ``.lock.owner.json``) keeps
+two runs from writing the same folder: the second stops at once naming the first
+(see :mod:`.run_lock`). Faults stop a run with an error that names the remedy and
+lose nothing stored:
+
+* a stored seed folder damaged later (a file cut short, emptied or swapped) is
+  named with the file; ``refit_broken=True`` moves it to ``out_dir/broken/`` and
+  refits only that seed (see :mod:`.broken_fits`);
+* a worker process killed mid-fit (out of memory, SIGKILL) stops the run with a
+  :class:`~countvae.errors.WorkerLostError`; the rerun fits the seeds not stored;
+* a full or read-only disk is an :class:`~countvae.errors.OutputWriteError`,
+  raised after the temporary files are removed.
+
+``progress`` reports each step (see :mod:`.progress`).
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ import cloudpickle
 import numpy as np
 from tqdm.auto import tqdm
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
 from countvae.data.file_cells import FileCells
@@ -50,6 +62,7 @@ from countvae.data.registry import Registry, get_count_matrix, get_registry, get
 from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, available_cores, run_tasks
+from countvae.diagnostics.fitting.broken_fits import all_broken, set_aside
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
 from countvae.diagnostics.fitting.manifest import (
@@ -64,16 +77,25 @@ from countvae.diagnostics.fitting.output_folder import (
     MANIFEST_FILE,
     WHAT,
     FitLoader,
-    locked,
     prepare,
     read_fit_record,
     seed_folder,
     store,
 )
 from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.run_lock import locked
+from countvae.diagnostics.fitting.scratch import remove_orphaned
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.fitting.seed_job import FitTask
-from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, OutputExistsError, SetupError
+from countvae.errors import (
+    BrokenFitError,
+    InvalidArgumentError,
+    InvalidDataError,
+    ModelFileError,
+    OutputExistsError,
+    SetupError,
+    WorkerLostError,
+)
 from countvae.model import CountVAE
 
 logger = logging.getLogger(__name__)
@@ -200,6 +222,7 @@ def fit_seeds(
     *,
     torch_threads: int | None = None,
     progress: Progress | None = None,
+    refit_broken: bool = False,
 ) -> SeedFits:
     """Fit the same model from several seeds on one shared train/held-out split.
 
@@ -258,6 +281,11 @@ def fit_seeds(
         trained are reported where the fit runs: with worker processes or Ray
         tasks, ``progress`` is copied into them and must be picklable (see
         :mod:`countvae.diagnostics.fitting.progress`).
+    refit_broken
+        When a stored seed folder in ``out_dir`` is damaged (a file truncated,
+        empty, altered or swapped), move it to ``out_dir/broken/`` and refit
+        that seed, keeping every intact one. Without it such a folder stops the
+        run with an error naming the folder, the file and this remedy.
 
     Returns
     -------
@@ -277,6 +305,14 @@ def fit_seeds(
     OutputExistsError
         If ``out_dir`` holds fits made with other settings or data (or is not a
         fit_seeds folder) and ``overwrite`` is False.
+    OutputLockedError
+        If another running fit_seeds writes ``out_dir`` (the message names its pid, host and start time).
+    BrokenFitError
+        If a stored seed folder is damaged and ``refit_broken`` is False.
+    OutputWriteError
+        If a file cannot be written (disk full, read-only); nothing is left half-written and a rerun resumes.
+    WorkerLostError
+        If a worker process died mid-fit; the finished seeds are stored and a rerun fits the rest.
 
     Examples
     --------
@@ -352,7 +388,17 @@ def fit_seeds(
     loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
     fits, seconds, reused, records = _fit_or_reuse(
-        tasks, loader, fit_data, backend, n_jobs, out_dir, manifest, overwrite, progress_bar, progress
+        tasks,
+        loader,
+        fit_data,
+        backend,
+        n_jobs,
+        out_dir,
+        manifest,
+        overwrite,
+        progress_bar,
+        progress,
+        check_bool("refit_broken", refit_broken),
     )
     return SeedFits(
         fits=[fits[s] for s in seeds],
@@ -383,6 +429,7 @@ def _fit_or_reuse(
     overwrite: bool,
     progress_bar: bool,
     progress: Progress | None,
+    refit_broken: bool = False,
 ) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]]]:
     """Load the completed seeds from ``out_dir``, fit and store the others.
 
@@ -397,28 +444,75 @@ def _fit_or_reuse(
                 raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
             stack.enter_context(locked(root))
         prepare(root, manifest, overwrite)
+        remove_orphaned()  # left by the workers of a run that was killed
         fits_dir = root / FITS_FOLDER
-        reused = [t.seed for t in tasks if seed_folder(fits_dir, t.seed).is_dir()]
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
         records: dict[int, dict[str, Any]] = {}
+        reused = _reuse_stored(root, [t.seed for t in tasks], loader, fits, records, refit_broken)
         for s in reused:
-            logger.info("Seed %d: reusing the completed fit in %s.", s, seed_folder(fits_dir, s))
-            fits[s] = loader.load(fits_dir, s)
-            records[s] = read_fit_record(seed_folder(fits_dir, s))
             seconds[s] = 0.0
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
-            for outcome in run_tasks(backend, todo, fit_data, n_jobs):
-                store(fits_dir, outcome, loader.family, progress)
-                fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
-                records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
-                seconds[outcome.seed] = outcome.seconds
-                logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
-                bar.set_postfix_str(f"seed {outcome.seed} done")
-                bar.update(1)
+            try:
+                for outcome in run_tasks(backend, todo, fit_data, n_jobs):
+                    store(fits_dir, outcome, loader.family, progress)
+                    fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
+                    records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
+                    seconds[outcome.seed] = outcome.seconds
+                    logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
+                    bar.set_postfix_str(f"seed {outcome.seed} done")
+                    bar.update(1)
+            except WorkerLostError as exc:
+                remove_orphaned()  # the killed worker could not remove its scratch folder
+                raise _lost_with_remedy(exc, tasks, fits, out_dir) from None
     return fits, seconds, reused, records
+
+
+def _reuse_stored(
+    root: Path,
+    seeds: list[int],
+    loader: FitLoader,
+    fits: dict[int, FittedModel],
+    records: dict[int, dict[str, Any]],
+    refit_broken: bool,
+) -> list[int]:
+    """Load the stored seeds into ``fits`` and ``records``; damaged ones stop the run, or are set aside to refit."""
+    fits_dir = root / FITS_FOLDER
+    reused, damaged = [], []
+    for s in seeds:
+        folder = seed_folder(fits_dir, s)
+        if not folder.is_dir():
+            continue
+        try:
+            fits[s] = loader.load(fits_dir, s)
+            records[s] = read_fit_record(folder, s)
+        except BrokenFitError as exc:
+            damaged.append(exc)
+            continue
+        logger.info("Seed %d: reusing the completed fit in %s.", s, folder)
+        reused.append(s)
+    if damaged and not refit_broken:
+        raise all_broken(damaged)
+    for exc in damaged:
+        aside = set_aside(root, Path(exc.folder))
+        logger.warning("Seed %d: %s Moved it to %s; refitting that seed.", exc.seed, exc.problem, aside)
+    return reused
+
+
+def _lost_with_remedy(
+    exc: WorkerLostError, tasks: list[FitTask], fits: dict[int, FittedModel], out_dir: str | os.PathLike | None
+) -> WorkerLostError:
+    missing = [t.seed for t in tasks if t.seed not in fits]
+    kept = sorted(fits)
+    if out_dir is None:
+        where = "no out_dir was given, so nothing was kept; pass out_dir=... so that a rerun resumes"
+    elif kept:
+        where = f"seeds {kept} are stored in {out_dir}; rerun the same call to fit the rest, reusing them"
+    else:
+        where = f"none was stored yet in {out_dir}; rerun the same call to fit them"
+    return WorkerLostError(f"{exc} Seeds {missing} are not done; {where} (with a smaller n_jobs if memory ran out).")
 
 
 def _sha256_ints(values: np.ndarray) -> str:
@@ -485,7 +579,7 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
             f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "
             "same settings and out_dir to finish them."
         )
-    records = {s: read_fit_record(seed_folder(fits_dir, s)) for s in seeds}
+    records = {s: read_fit_record(seed_folder(fits_dir, s), s) for s in seeds}
     return SeedFits(
         fits=[loader.load(fits_dir, s) for s in seeds],
         adata_fit=loader.adata_for_fits,

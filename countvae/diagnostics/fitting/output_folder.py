@@ -3,7 +3,8 @@
 Layout::
 
     out_dir/
-      .lock              held while a run writes the folder (filelock; released even if the process is killed)
+      .lock              held while a run writes the folder (see :mod:`.run_lock`)
+      .lock.owner.json   who holds it: pid, host, start time
       manifest.json      what determines the fits (see :mod:`.manifest`), written before the first fit
       fits/seed_<s>/     one complete fit per seed: fit.json and model/ (see :mod:`.seed_job`)
 
@@ -13,18 +14,15 @@ so a folder under its final name is always complete.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anndata as ad
-from filelock import FileLock, Timeout
 
 from countvae._io import (
     atomic_directory,
@@ -35,19 +33,20 @@ from countvae._io import (
 )
 from countvae.data.registry import Registry
 from countvae.diagnostics.fitting import scvi_storage
+from countvae.diagnostics.fitting.broken_fits import FILES_KEY, broken, check_model_files, file_checksums
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.manifest import MANIFEST_FORMAT, MANIFEST_VERSION, comparable, describe_mismatch
 from countvae.diagnostics.fitting.progress import SEED_STORED, SEED_WRITTEN, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.run_lock import LOCK_FILE, OWNER_FILE
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_job import MODEL_FOLDER, FitOutcome
-from countvae.errors import ModelFileError, OutputExistsError
+from countvae.errors import BrokenFitError, ModelFileError, OutputExistsError
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 FITS_FOLDER = "fits"
 FIT_RECORD = "fit.json"
-LOCK_FILE = ".lock"
 #: How errors name a folder written by :func:`fit_seeds`.
 WHAT = "a fit_seeds output folder"
 
@@ -57,48 +56,31 @@ def seed_folder(fits_dir: Path, seed: int) -> Path:
     return fits_dir / f"seed_{seed}"
 
 
-@contextlib.contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``root/.lock`` for the block, or fail at once if another run holds it.
-
-    The lock is an OS file lock (:class:`filelock.FileLock`), released by the
-    operating system when the process ends, even when it is killed.
-    """
-    root.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(root / LOCK_FILE, timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise OutputExistsError(
-            f"{root} is being written by another running fit_seeds (it holds {root / LOCK_FILE}); wait for it "
-            "to finish or use another out_dir."
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
     manifest_path = root / MANIFEST_FILE
     fits_dir = root / FITS_FOLDER
-    if manifest_path.is_file():
-        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
+    if manifest_path.is_file() and overwrite:
+        logger.warning("Discarding the fits in %s (overwrite=True).", root)
+        _discard(fits_dir)
+    elif manifest_path.is_file():
+        try:
+            recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
+        except ModelFileError as exc:
+            raise ModelFileError(
+                f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
+                f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
+            ) from None
         differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
-        if differences and not overwrite:
+        if differences:
             raise OutputExistsError(
                 f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
                 + "\n  - ".join(differences)
                 + "\nRerun with the recorded settings to resume, choose another out_dir, or pass overwrite=True "
                 "to discard the earlier fits."
             )
-        if differences:
-            logger.warning("Discarding the fits in %s (settings changed, overwrite=True).", root)
-        if overwrite:
-            _discard(fits_dir)
     else:
-        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, FITS_FOLDER)]
+        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
         if unexpected and not overwrite:
             raise OutputExistsError(
                 f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
@@ -141,6 +123,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
             "host": outcome.host,
             "training": outcome.training,
             "peak_rss_mib": round(outcome.peak_rss_mib, 1),
+            FILES_KEY: file_checksums(outcome.files),
         }
         if outcome.node:
             record["ray_node"] = outcome.node
@@ -149,15 +132,31 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
     notify(progress, ProgressEvent(SEED_STORED, seed=outcome.seed, seconds=outcome.seconds))
 
 
-def read_fit_record(folder: Path) -> dict[str, Any]:
-    """The ``fit.json`` of a stored fit."""
+def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
+    """The ``fit.json`` of a stored fit.
+
+    Raises
+    ------
+    BrokenFitError
+        If it is missing, empty or not valid JSON; the message names the remedy.
+
+    """
+    seed = seed if seed is not None else _seed_of(folder)
     path = folder / FIT_RECORD
     if not path.is_file():
-        raise ModelFileError(f"{path} is missing; delete {folder} to refit that seed.")
+        raise broken(folder, seed, f"{path} is missing.")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{path} is not valid JSON ({exc}); delete {folder} to refit that seed.") from None
+        raise broken(folder, seed, f"{path} is not valid JSON (truncated or corrupted: {exc}).") from None
+    if not isinstance(record, dict):
+        raise broken(folder, seed, f"{path} does not hold a fit record.")
+    return record
+
+
+def _seed_of(folder: Path) -> int:
+    suffix = folder.name.removeprefix("seed_")
+    return int(suffix) if suffix.isdigit() else -1
 
 
 class FitLoader:
@@ -192,14 +191,22 @@ class FitLoader:
     def load(self, fits_dir: Path, seed: int) -> FittedModel:
         """The stored fit of ``seed``."""
         folder = seed_folder(fits_dir, seed)
-        record = read_fit_record(folder)
+        record = read_fit_record(folder, seed)
         if record.get("seed") != seed or record.get("family") != self.family:
-            raise ModelFileError(
+            raise broken(
+                folder,
+                seed,
                 f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
-                f"not seed {seed} of a {self.family} model; delete {folder} to refit it."
+                f"not seed {seed} of a {self.family} model (swapped or copied from elsewhere).",
             )
-        if self.family == "countvae":
-            model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
-            return CountVAEFit(model, seed=seed)
-        model = scvi_storage.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
+        check_model_files(folder / MODEL_FOLDER, record, seed, folder)
+        try:
+            if self.family == "countvae":
+                model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
+                return CountVAEFit(model, seed=seed)
+            model = scvi_storage.load_scvi_fit(folder / MODEL_FOLDER, self.model_cls, self._adata_scvi)
+        except BrokenFitError:
+            raise
+        except ModelFileError as exc:
+            raise broken(folder, seed, str(exc)) from None
         return SCVIFit(model, seed=seed)

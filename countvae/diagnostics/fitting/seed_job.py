@@ -26,6 +26,7 @@ from countvae.data.file_cells import FileCells
 from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.progress import SEED_STARTED, SEED_TRAINED, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.scratch import scratch_prefix
 
 #: Folder, inside each ``fits/seed_<s>/``, that holds the saved model.
 MODEL_FOLDER = "model"
@@ -121,7 +122,7 @@ def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
     try:
         start = time.perf_counter()
         notify(task.progress, ProgressEvent(SEED_STARTED, seed=task.seed))
-        with tempfile.TemporaryDirectory(prefix="countvae-fit-") as scratch:
+        with tempfile.TemporaryDirectory(prefix=scratch_prefix()) as scratch:
             folder = Path(scratch) / MODEL_FOLDER
             if scvi_storage.is_scvi_class(task.model_cls):
                 adata_scvi = scvi_storage.setup_for_scvi(adata_fit, get_registry(adata_fit), task.model_cls)

@@ -1,0 +1,109 @@
+"""One writer per output folder: an OS file lock plus a record of who holds it.
+
+``out_dir/.lock`` is locked with :class:`filelock.FileLock`; the operating system
+releases it when the holder ends, even when it is killed. Beside it,
+``out_dir/.lock.owner.json`` names the holder (pid, host, start time), so a second
+run can say which run is writing the folder. The record is removed when the run
+ends normally; a record found by a run that did get the lock was left by a run
+that was killed, and is taken over with a warning naming that run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+
+from countvae._io import write_json_atomic
+from countvae.errors import OutputLockedError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+OWNER_FILE = ".lock.owner.json"
+
+
+def read_owner(root: Path) -> dict[str, Any] | None:
+    """The holder recorded in ``root/.lock.owner.json``, or ``None`` when there is no readable record."""
+    try:
+        record = json.loads((root / OWNER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def describe_owner(record: dict[str, Any] | None) -> str:
+    """``"pid 123 on host h, started 2026-01-01T00:00:00Z"``, or a note that the holder is not recorded."""
+    if record is None:
+        return "a process that has not recorded itself"
+    return f"pid {record.get('pid')} on host {record.get('host')}, started {record.get('started')}"
+
+
+def pid_alive(pid: Any) -> bool:
+    """Whether a process with this id runs on this host (one owned by another user counts as alive)."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _take_over_stale(root: Path) -> None:
+    """Warn about the owner record of a run that ended without removing it (it was killed)."""
+    record = read_owner(root)
+    if record is None:
+        return
+    if record.get("host") != socket.gethostname():
+        note = "its lock was released, so it has ended"
+    elif pid_alive(record.get("pid")):
+        note = "its lock was released, so it has ended (its pid now belongs to another process)"
+    else:
+        note = "it is no longer running"
+    logger.warning(
+        "%s was left locked by %s; %s, so this run takes the folder over.", root, describe_owner(record), note
+    )
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Hold the lock of ``root`` for the block, or fail at once if another running process holds it.
+
+    Raises
+    ------
+    OutputLockedError
+        If another run holds the lock; the message names it (pid, host, start time).
+
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(root / LOCK_FILE, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputLockedError(
+            f"{root} is being written by another running fit_seeds ({describe_owner(read_owner(root))}, holding "
+            f"{root / LOCK_FILE}); wait for it to finish, stop it, or use another out_dir."
+        ) from None
+    try:
+        _take_over_stale(root)
+        started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        write_json_atomic(
+            root / OWNER_FILE, {"pid": os.getpid(), "host": socket.gethostname(), "started": started}, overwrite=True
+        )
+        try:
+            yield
+        finally:
+            (root / OWNER_FILE).unlink(missing_ok=True)
+    finally:
+        lock.release()
