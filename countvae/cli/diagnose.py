@@ -55,7 +55,7 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
-from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups  # issue 18
+from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 logger = logging.getLogger("countvae.cli")
@@ -418,7 +418,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         } | {"flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist()}
     if h5ad_out is not None:
         result["h5ad"] = str(h5ad_out)
-    if rep.downstream is not None:  # downstream section (issue 18)
+    if rep.downstream is not None:
         result["downstream"] = _downstream_summary(rep.downstream.summary, rep.downstream.status)
     emit(result, args.json)
     if not args.json and not args.quiet:
