@@ -210,7 +210,10 @@ def test_programs_with_the_same_gene_set_keep_every_rotation_between_them():
 # ----- the user class -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sparse_data():
-    adata = cv.data.simulate(n_cells=400, n_genes=40, n_latent=2, seed=0, sources="laplace", loading_sparsity=0.6)
+    # loading_scale 0.5 keeps every count far below 2**24 (at the default scale the Laplace tails reach 3e7)
+    adata = cv.data.simulate(
+        n_cells=400, n_genes=40, n_latent=2, seed=0, sources="laplace", loading_sparsity=0.6, loading_scale=0.5
+    )
     cv.CountVAE.setup_anndata(adata)
     return adata
 
