@@ -14,7 +14,16 @@ from countvae.model import TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
 
-__all__ = ["ALL_GENES", "GeneChoice", "announce", "choose_genes", "describe_genes", "estimate", "n_top_genes_value"]
+__all__ = [
+    "ALL_GENES",
+    "GeneChoice",
+    "add_gene_selection_argument",
+    "announce",
+    "choose_genes",
+    "describe_genes",
+    "estimate",
+    "n_top_genes_value",
+]
 
 
 def n_top_genes_value(text: str) -> int | str:

@@ -312,7 +312,7 @@ def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | 
     """Keep the ``requested`` most variable genes of registered data (:func:`select_top_genes`), or all of them.
 
     ``requested`` is ``None`` (the ``default``, which applies only when the data
-    has more genes; ``None`` there keeps every gene), :data:`ALL_GENES` or a
+    has more genes; ``None`` there keeps every gene), ``"all"`` (``ALL_GENES``) or a
     number; an explicit number larger than the number of genes or smaller than
     ``n_latent`` is an error.
     """

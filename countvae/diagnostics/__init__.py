@@ -2,7 +2,7 @@
 
 Three rooms, imports pointing down only: ``reporting/`` (the report as a
 pipeline) uses ``analyses/`` (functions over arrays), which use ``fitting/``
-(seeds, backends, storage, the fits' common interface). :mod:`.diagnosis`, above
+(seeds, backends, storage, the fits' common interface). ``diagnosis.py``, above
 the three, is ``diagnose(adata)``: gene selection, ``fit_seeds`` and ``report`` in
 one call, what ``countvae diagnose`` runs.
 """

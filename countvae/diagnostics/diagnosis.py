@@ -99,7 +99,7 @@ class DiagnosePlan:
     report_dir, h5ad_path
         Where the report and the .h5ad file will be written (``None``: not written).
     adata_fit, n_heldout
-        The fit cells (in memory) and the number of held-out cells, once :meth:`split` has applied the split
+        The fit cells (in memory) and the number of held-out cells, once ``split()`` has applied the split
         (:func:`diagnose` does before ``before_fitting``); ``None`` before.
 
     """
@@ -198,8 +198,8 @@ def plan_diagnose(
 def diagnose_train_kwargs(train_kwargs: Mapping[str, Any] | None, n_fit_cells: int) -> dict[str, Any]:
     """``train_kwargs`` with the defaults of :func:`diagnose` filled in.
 
-    ``max_epochs``: :func:`default_epochs`; ``early_stopping``: on, with
-    :data:`DIAGNOSE_STOPPING` for the settings not given (none of them when
+    ``max_epochs``: ``default_epochs``; ``early_stopping``: on, with
+    ``DIAGNOSE_STOPPING`` for the settings not given (none of them when
     early stopping is off, so that the model's own defaults apply); no progress bar.
     """
     given = {k: v for k, v in (train_kwargs or {}).items() if v is not None}
@@ -243,10 +243,10 @@ def diagnose(
         Number of seeds (fitted as ``0..N-1``) or the seeds; at least 2.
     model_kwargs, train_kwargs
         Settings of every fit, as for :func:`fit_seeds`; ``n_latent`` defaults to 10, ``max_epochs`` to
-        :func:`default_epochs`, and early stopping is on with :data:`DIAGNOSE_STOPPING` unless
-        ``early_stopping=False`` (:func:`diagnose_train_kwargs`).
+        ``default_epochs``, and early stopping is on with ``DIAGNOSE_STOPPING`` unless
+        ``early_stopping=False`` (``diagnose_train_kwargs``).
     n_top_genes
-        Keep this many most variable genes (on the raw counts); ``None``: :data:`DIAGNOSE_N_TOP_GENES` when the
+        Keep this many most variable genes (on the raw counts); ``None``: ``DIAGNOSE_N_TOP_GENES`` when the
         data has more; ``"all"``: every gene.
     heldout_fraction, split_seed, n_jobs
         The held-out cells shared by every fit; seeds fitted at once in worker processes (``-1``: all cores).
