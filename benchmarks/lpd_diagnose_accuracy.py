@@ -38,8 +38,8 @@ from _common import (
 )
 
 import countvae as cv
-from countvae.cli.diagnose import DEFAULT_N_TOP_GENES
-from countvae.cli.first_contact import choose_genes
+from countvae.data import choose_genes
+from countvae.diagnostics import DIAGNOSE_N_TOP_GENES as DEFAULT_N_TOP_GENES
 from countvae.diagnostics import ReportSettings
 from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.fitting.fit_seeds import load_seed_fits

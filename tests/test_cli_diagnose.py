@@ -122,7 +122,7 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_default_epochs_budget():
-    from countvae.cli.diagnose import default_epochs
+    from countvae.diagnostics.diagnosis import default_epochs
 
     assert default_epochs(7816) == 77  # Kang with 10% held out: 600,000 cell passes
     assert default_epochs(500) == 400  # small data: scvi-tools' cap
@@ -135,7 +135,7 @@ class _Stop(Exception):
 
 @pytest.mark.parametrize("flag", [None, "--early-stopping", "--no-early-stopping"])
 def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatch, flag):
-    from countvae.cli import diagnose
+    from countvae.diagnostics import DIAGNOSE_STOPPING, diagnosis
 
     seen = {}
 
@@ -143,16 +143,16 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
         seen.update(kwargs["train_kwargs"])
         raise _Stop
 
-    monkeypatch.setattr(diagnose, "fit_seeds", record)
+    monkeypatch.setattr(diagnosis, "fit_seeds", record)
     argv = ["diagnose", str(data_file), *FAST, "--out", str(tmp_path / "d"), *([flag] if flag else [])]
     with pytest.raises(_Stop):
         main(argv)
     if flag == "--no-early-stopping":
         assert seen["early_stopping"] is False
-        assert not set(diagnose.DEFAULT_STOPPING) & set(seen)  # the model's own defaults then apply
+        assert not set(DIAGNOSE_STOPPING) & set(seen)  # the model's own defaults then apply
     else:  # on by default, with the rule chosen in benchmarks/bench_stopping.py
         assert seen["early_stopping"] is True
-        assert {k: seen[k] for k in diagnose.DEFAULT_STOPPING} == {
+        assert {k: seen[k] for k in DIAGNOSE_STOPPING} == {
             "check_val_every_n_epoch": 2,
             "early_stopping_patience": 10,
             "early_stopping_relative_delta": 1e-3,
@@ -160,12 +160,12 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
 
 
 def test_damaged_seed_is_named_with_its_remedy_then_refit_broken_refits_it(data_file, tmp_path, monkeypatch, capsys):
-    from countvae.cli import diagnose
+    from countvae.diagnostics import diagnosis
 
     def stop_after_fitting(fits, **kwargs):
         raise _Stop
 
-    monkeypatch.setattr(diagnose, "report", stop_after_fitting)
+    monkeypatch.setattr(diagnosis, "report", stop_after_fitting)
     out = tmp_path / "d"
     argv = [str(data_file), *FAST, "--out", str(out)]
     with pytest.raises(_Stop):

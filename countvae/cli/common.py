@@ -16,6 +16,18 @@ import h5py
 
 from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
 
+__all__ = [
+    "Subcommands",
+    "add_data_arguments",
+    "add_model_arguments",
+    "add_output_arguments",
+    "emit",
+    "exit_codes",
+    "progress_enabled",
+    "read_h5ad",
+    "refuse_existing_output",
+]
+
 logger = logging.getLogger("countvae.cli")
 
 

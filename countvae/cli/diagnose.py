@@ -1,18 +1,19 @@
 """``countvae diagnose``: fit several seeds, compare them, and write the multi-seed report.
 
-The output folder holds ``fits/`` (the resumable :func:`fit_seeds` folder: an
-interrupted run started again with the same command refits only the seeds that
-had not finished) and ``report/`` (report.html, report.json, report.md), written
-at the end in one atomic step. A folder that already holds a finished report is
-refused unless ``--overwrite`` is given, which also refits every seed. With
-``--write-h5ad PATH`` the analysed data (its cells and fitted genes) is also written
-to an .h5ad file with the report's per-cell and per-gene columns, the consensus
-latent and the first seed's latent (``obsm["X_countvae"]``), for scanpy. A
-damaged seed folder stops the run with its name; ``--refit-broken`` moves it
+The command parses its options, reads and registers the data, prints progress and calls
+:func:`countvae.diagnostics.diagnose`, which does the work. The output folder holds
+``fits/`` (the resumable :func:`fit_seeds` folder: an interrupted run started again with
+the same command refits only the seeds that had not finished) and ``report/``
+(report.html, report.json, report.md), written at the end in one atomic step. A folder
+that already holds a finished report is refused unless ``--overwrite`` is given, which
+also refits every seed. With ``--write-h5ad PATH`` the analysed data (its cells and
+fitted genes) is also written to an .h5ad file with the report's per-cell and per-gene
+columns, the consensus latent and the first seed's latent (``obsm["X_countvae"]``), for
+scanpy. A damaged seed folder stops the run with its name; ``--refit-broken`` moves it
 aside and refits only that seed.
 
 Per-seed progress messages come from ``fit_seeds``' progress events
-(:mod:`countvae.diagnostics.fitting.progress`), not from its log text.
+(:class:`countvae.diagnostics.ProgressEvent`), not from its log text.
 """
 
 from __future__ import annotations
@@ -20,14 +21,11 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
+from collections.abc import Callable
 
-import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_number
-from countvae._io import atomic_file_path, remove_interrupted_writes
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -39,26 +37,28 @@ from countvae.cli.common import (
     read_h5ad,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import (
-    add_gene_selection_argument,
-    announce,
-    choose_genes,
-    estimate,
-    missing_marker_genes,
+from countvae.cli.first_contact import add_gene_selection_argument, announce, estimate
+from countvae.data import setup_anndata, simulate
+from countvae.diagnostics import (
+    DIAGNOSE_N_TOP_GENES,
+    DIAGNOSE_STOPPING,
+    DiagnosePlan,
+    DiagnosticReport,
+    DownstreamRequest,
+    ProgressEvent,
+    ProgressKind,
+    ReportSettings,
+    SeedFits,
+    diagnose,
+    plan_diagnose,
 )
-from countvae.data.registry import get_registry, get_var_names, setup_anndata
-from countvae.data.simulate import simulate
-from countvae.diagnostics import DiagnosticReport, ReportSettings, SeedFits, fit_seeds, report
-from countvae.diagnostics.analyses.markers import marker_matrix
-from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
-from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
-from countvae.diagnostics.fitting.fit_seeds import check_fit_genes
-from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
-from countvae.diagnostics.fitting.progress import SEED_REUSED, SEED_STORED, Progress, ProgressEvent
-from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
-from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.errors import InvalidArgumentError
+
+__all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "register", "run"]
 
 logger = logging.getLogger("countvae.cli")
+
+Progress = Callable[[ProgressEvent], None]
 
 EXAMPLES = """examples:
   countvae diagnose                                  # embedded simulated data with known sources
@@ -86,32 +86,17 @@ VERDICT_KEYS = {
 #: Latent dimensions and training epochs of the embedded default when not given on the command line.
 EMBEDDED_N_LATENT = 5
 EMBEDDED_MAX_EPOCHS = 100
-#: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
-#: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
-CELL_PASSES_PER_SEED = 600_000
-#: Genes kept by default (the most variable, on the raw counts) when the data has more: fitting time
-#: grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with all of them
-#: (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
-DEFAULT_N_TOP_GENES = 2_000
-#: Convergence-based stopping, on by default in ``diagnose`` (``--no-early-stopping`` turns it off), chosen in
-#: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
-#: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs.
-DEFAULT_STOPPING = {
-    "check_val_every_n_epoch": 2,
-    "early_stopping_patience": 10,
-    "early_stopping_relative_delta": 1e-3,
-}
+#: Defaults of the report options, from the library's settings.
+REPORT_DEFAULTS = ReportSettings()
 
 
-def default_epochs(n_fit_cells: int) -> int:
-    """Epochs per seed when ``--max-epochs`` is not given: 600,000 cell passes, between 20 and 400.
-
-    scvi-tools' default (``min(20000 / n * 400, 400)``, 400 epochs below 20,000 cells)
-    is made for one fit; ``diagnose`` fits several, so it trains each for a fixed
-    number of cell passes instead (77 epochs on 7,800 cells). The number is fixed
-    rather than a time budget, so that a resumed run reproduces the same fits.
-    """
-    return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
+def _stopping_help() -> str:
+    s = DIAGNOSE_STOPPING
+    return (
+        "stop a seed when its validation loss stalls, keeping its best epoch (default: on; validation every "
+        f"{s['check_val_every_n_epoch']} epochs, patience {s['early_stopping_patience']} epochs, improvements under "
+        f"{100 * s['early_stopping_relative_delta']:g}%% do not count)"
+    )
 
 
 def register(sub: Subcommands) -> None:
@@ -134,12 +119,11 @@ def register(sub: Subcommands) -> None:
         help_text={
             "max_epochs": "epochs per seed (default: 600,000 cell passes, 20 to 400 epochs; 100 on the embedded data)",
             "n_latent": "latent dimensions (default: 10; 5 on the embedded data)",
-            "early_stopping": "stop a seed when its validation loss stalls, keeping its best epoch (default: on; "
-            "validation every 2 epochs, patience 10 epochs, improvements under 0.1%% do not count)",
+            "early_stopping": _stopping_help(),
         },
     )
     p.set_defaults(n_latent=None, max_epochs=None, early_stopping=True)
-    add_gene_selection_argument(p, DEFAULT_N_TOP_GENES)
+    add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
@@ -157,13 +141,18 @@ def register(sub: Subcommands) -> None:
         help="add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
         "across seeds to the report (default: on)",
     )
-    p.add_argument("--n-lpd-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
+    p.add_argument(
+        "--n-lpd-samples",
+        type=int,
+        default=REPORT_DEFAULTS.n_lpd_samples,
+        help=f"importance samples per held-out cell (default {REPORT_DEFAULTS.n_lpd_samples})",
+    )
     p.add_argument(
         "--equivalence-margin",
         type=float,
-        default=EQUIVALENCE_MARGIN,
+        default=REPORT_DEFAULTS.equivalence_margin,
         help="margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
-        f"latent variables add over a model without them (default {EQUIVALENCE_MARGIN:g})",
+        f"latent variables add over a model without them (default {REPORT_DEFAULTS.equivalence_margin:g})",
     )
     p.add_argument(
         "--de",
@@ -232,10 +221,10 @@ class SeedProgressMessages:
 
     def __call__(self, event: ProgressEvent) -> None:
         """Log a message when a seed is done (stored or reused)."""
-        if event.kind not in (SEED_STORED, SEED_REUSED):
+        if event.kind not in (ProgressKind.SEED_STORED, ProgressKind.SEED_REUSED):
             return
         self.done += 1
-        self.fitted += event.kind == SEED_STORED
+        self.fitted += event.kind == ProgressKind.SEED_STORED
         left = self.n_seeds - self.done
         elapsed = time.perf_counter() - self.started
         estimate = f"; about {_duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
@@ -269,7 +258,7 @@ def _markers(text: str | None) -> list[str] | None:
 
 
 def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
-    """Execute ``countvae diagnose``.
+    """Execute ``countvae diagnose``: read and register the data, then :func:`countvae.diagnostics.diagnose`.
 
     Parameters
     ----------
@@ -278,135 +267,126 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     progress
         Also called with every progress event of the run (the seeds' from
         ``fit_seeds`` and the report files' from ``DiagnosticReport.save``),
-        after the command's own messages; see :mod:`countvae.diagnostics.fitting.progress`.
+        after the command's own messages; see :class:`countvae.diagnostics.ProgressEvent`.
 
     """
     started = time.perf_counter()
-    out = Path(args.out)
-    report_dir = out / "report"
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
-    if report_dir.exists() and not args.overwrite:
-        raise OutputExistsError(
-            f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "
-            "or choose another --out."
-        )
-    if args.seeds < 2:
-        raise InvalidArgumentError(f"--seeds must be at least 2 to compare fits, got {args.seeds}.")
-    h5ad_out = _h5ad_destination(args.write_h5ad, args.overwrite)
     markers = _markers(args.markers)
     embedded = args.data is None
     adata = default_data() if embedded else read_h5ad(args.data)
     batch_key = "batch" if embedded and args.batch_key is None else args.batch_key
     setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
-    n_latent = args.n_latent if args.n_latent is not None else (EMBEDDED_N_LATENT if embedded else 10)
-    genes = choose_genes(adata, args.n_top_genes, DEFAULT_N_TOP_GENES, n_latent)
-    if markers is not None and genes.selected:
-        dropped = missing_marker_genes(markers, adata, genes.adata)
-        if dropped:
-            raise InvalidArgumentError(
-                f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
-                "fitting; pass a larger --n-top-genes, --n-top-genes all, or other --markers."
-            )
-    adata = genes.adata
-    n_fit_cells = int(round((1.0 - args.heldout_fraction) * adata.n_obs))
-    if args.max_epochs is not None:
-        max_epochs = args.max_epochs
-    else:
-        max_epochs = EMBEDDED_MAX_EPOCHS if embedded else default_epochs(n_fit_cells)
     if embedded and markers is None:
         markers = [f"true_source_{k}" for k in range(adata.obsm["z_true"].shape[1])]
-    if markers is not None:  # fail before hours of fitting, not after
-        marker_matrix(adata, markers, get_var_names(adata, get_registry(adata)))
-    ReportSettings().replace(n_lpd_samples=args.n_lpd_samples, equivalence_margin=args.equivalence_margin)
-    downstream = _downstream_request(args, adata)
-    show = progress_enabled(args)
     model_kwargs = {
-        "n_latent": n_latent,
+        "n_latent": EMBEDDED_N_LATENT if embedded and args.n_latent is None else args.n_latent,
         "likelihood": args.likelihood,
         "decoder": args.decoder,
         "n_hidden": args.n_hidden,
         "n_layers": args.n_layers,
     }
+    max_epochs = EMBEDDED_MAX_EPOCHS if embedded and args.max_epochs is None else args.max_epochs
     train_kwargs = {
         "max_epochs": max_epochs,
         "batch_size": args.batch_size,
         "lr": args.lr,
         "early_stopping": args.early_stopping,
-        **(DEFAULT_STOPPING if args.early_stopping else {}),
-        "progress_bar": False,
     }
+    options = {
+        "seeds": args.seeds,
+        "model_kwargs": model_kwargs,
+        "train_kwargs": train_kwargs,
+        "n_top_genes": args.n_top_genes,
+        "heldout_fraction": args.heldout_fraction,
+        "split_seed": args.split_seed,
+        "markers": markers,
+        "n_lpd_samples": args.n_lpd_samples,
+        "equivalence_margin": args.equivalence_margin,
+        "downstream": _downstream_request(args),
+        "n_jobs": args.n_jobs,
+        "out_dir": args.out,
+        "overwrite": args.overwrite,
+        "write_h5ad": args.write_h5ad,
+    }
+    show = progress_enabled(args)
     if args.restrictions is not None:
         if args.refit_broken:
             raise InvalidArgumentError(
                 "--refit-broken applies to the seeds of a plain diagnose, not to --restrictions; remove the damaged "
                 "seed folder that the error named and rerun."
             )
-        return run_restrictions(args, adata, model_kwargs, train_kwargs, markers, show)
-    check_number("--heldout-fraction", args.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
-    fit_idx, heldout_idx = heldout_split(adata.n_obs, args.heldout_fraction, args.split_seed)
-    adata_fit = cells_at(adata, fit_idx)
-    check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
-    announce(
-        "diagnose",
-        data="the embedded simulated data" if embedded else args.data,
-        adata=adata,
-        n_fit=len(fit_idx),
-        n_heldout=len(heldout_idx),
-        genes=genes,
-        model_kwargs=model_kwargs,
-        train_kwargs=train_kwargs,
-        epochs=max_epochs,
-        timing=estimate(adata_fit, model_kwargs, train_kwargs, DEFAULT_TORCH_THREADS),
-        seeds=args.seeds,
-        n_jobs=args.n_jobs if args.n_jobs != -1 else available_cores(),
-        cores=available_cores(),
-        torch_threads=DEFAULT_TORCH_THREADS,
-    )
-    fits = fit_seeds(
+        plan = plan_diagnose(adata, **options)
+        return run_restrictions(args, plan.adata, plan.model_kwargs, plan.train_kwargs, plan.markers, show)
+    observer = _Observer(args.data)
+    rep = diagnose(
         adata,
-        seeds=range(args.seeds),
-        model_kwargs=model_kwargs,
-        train_kwargs=train_kwargs,
-        heldout_fraction=args.heldout_fraction,
-        split_seed=args.split_seed,
-        n_jobs=args.n_jobs,
-        out_dir=out / "fits",
-        overwrite=args.overwrite,
-        progress_bar=show,
-        refit_broken=args.refit_broken,
-        progress=_Both(SeedProgressMessages(args.seeds), progress),
-    )
-    fitted = time.perf_counter()
-    logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
-    rep = report(
-        fits,
-        markers=markers,
+        **options,
         ica=args.ica,
-        n_lpd_samples=args.n_lpd_samples,
-        equivalence_margin=args.equivalence_margin,
+        refit_broken=args.refit_broken,
         progress_bar=show,
-        downstream=downstream,
+        progress=_Both(SeedProgressMessages(args.seeds), progress),
+        before_fitting=observer.before_fitting,
+        after_fitting=observer.after_fitting,
     )
-    for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
-        logger.info("Removed %s, left by a run interrupted while writing its report.", path)
-    rep.save(report_dir, overwrite=args.overwrite, progress=progress)
-    if h5ad_out is not None:
-        write_analysed_h5ad(rep, fits, adata, h5ad_out, args.overwrite)
+    emit(_result(args, rep, observer, started), args.json)
+    if not args.json and not args.quiet:
+        print("\n" + rep.summary())
+        print(f"\nReport: {observer.plan.report_dir / 'report.html'}")
+    return 0
+
+
+class _Observer:
+    """The command's part in a run: the block printed before fitting, and the fits and their end time for the result."""
+
+    def __init__(self, data: str | None):
+        self.data = data
+        self.plan: DiagnosePlan | None = None
+        self.fits: SeedFits | None = None
+        self.fitted = float("nan")
+
+    def before_fitting(self, plan: DiagnosePlan) -> None:
+        """Log the data size, the settings and the time expected per seed."""
+        self.plan = plan
+        announce(
+            "diagnose",
+            data="the embedded simulated data" if self.data is None else self.data,
+            adata=plan.adata,
+            n_fit=plan.adata_fit.n_obs,
+            n_heldout=plan.n_heldout,
+            genes=plan.genes,
+            model_kwargs=plan.model_kwargs,
+            train_kwargs=plan.train_kwargs,
+            epochs=plan.train_kwargs["max_epochs"],
+            timing=estimate(plan.adata_fit, plan.model_kwargs, plan.train_kwargs, plan.torch_threads),
+            seeds=len(plan.seeds),
+            n_jobs=plan.n_jobs if plan.n_jobs != -1 else plan.cores,
+            cores=plan.cores,
+            torch_threads=plan.torch_threads,
+        )
+
+    def after_fitting(self, fits: SeedFits) -> None:
+        """Keep the fits and the time, and say what comes next."""
+        self.fits, self.fitted = fits, time.perf_counter()
+        logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
+
+
+def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer, started: float) -> dict:
+    """The command's result (printed as JSON with ``--json``)."""
     finished = time.perf_counter()
+    plan, fits = observer.plan, observer.fits
     table = rep.invariants.set_index("quantity")["verdict"]
     result = {
-        "report": str(report_dir / "report.html"),
+        "report": str(plan.report_dir / "report.html"),
         "data": args.data or "embedded simulation (5 Laplace sources)",
         "seeds": fits.seeds,
         "reused_seeds": list(fits.reused_seeds),
         "heldout_cells": int(fits.adata_heldout.n_obs),
         "predictive_equivalence": rep.settings["predictive_equivalence"]["state"],
         **{key: [q for q, v in table.items() if v == verdict] for key, verdict in VERDICT_KEYS.items()},
-        "n_genes": int(adata.n_vars),
-        "gene_selection": _selection_summary(genes.record()),
-        "seconds_fitting": round(fitted - started, 1),
-        "seconds_analysis": round(finished - fitted, 1),
+        "n_genes": int(plan.adata.n_vars),
+        "gene_selection": _selection_summary(plan.genes.record()),
+        "seconds_fitting": round(observer.fitted - started, 1),
+        "seconds_analysis": round(finished - observer.fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
     }
@@ -416,40 +396,11 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             for key, verdict in VERDICT_KEYS.items()
             if verdict != "agree after alignment"
         } | {"flagged_gaussian": rep.ica.loc[rep.ica["gaussian"].astype(bool), "component"].tolist()}
-    if h5ad_out is not None:
-        result["h5ad"] = str(h5ad_out)
+    if plan.h5ad_path is not None:
+        result["h5ad"] = str(plan.h5ad_path)
     if rep.downstream is not None:
         result["downstream"] = _downstream_summary(rep.downstream.summary, rep.downstream.status)
-    emit(result, args.json)
-    if not args.json and not args.quiet:
-        print("\n" + rep.summary())
-        print(f"\nReport: {report_dir / 'report.html'}")
-    return 0
-
-
-def _h5ad_destination(path: str | None, overwrite: bool) -> Path | None:
-    """The --write-h5ad file, refused before any fitting when it exists without --overwrite."""
-    if path is None:
-        return None
-    out = Path(path)
-    if out.suffix != ".h5ad":
-        raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
-    return out
-
-
-def write_analysed_h5ad(
-    rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path, overwrite: bool = False
-) -> Path:
-    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``, atomically."""
-    adata = adata.to_memory() if adata.isbacked else adata.copy()
-    fits.fits[0].model.write_results(adata, layer=None, overwrite=True)
-    rep.write(adata, overwrite=True)
-    with atomic_file_path(path, overwrite=overwrite) as tmp:
-        adata.write_h5ad(tmp)
-    logger.info("Wrote %s (%d cells, %d genes) with the report's columns.", path, adata.n_obs, adata.n_vars)
-    return path
+    return result
 
 
 def _selection_summary(record: dict | None) -> dict | None:
@@ -461,8 +412,8 @@ def _alignment_summary(summary: pd.DataFrame) -> dict[str, float]:
     return {str(m): float(np.round(v, 4)) for m, v in zip(summary["map"], summary["error_diameter_mean"], strict=True)}
 
 
-def _downstream_request(args: argparse.Namespace, adata: ad.AnnData) -> DownstreamRequest | None:
-    """The downstream section asked for by ``--de``/``--de-groups``, checked against the data before any fitting."""
+def _downstream_request(args: argparse.Namespace) -> DownstreamRequest | None:
+    """The downstream section asked for by ``--de``/``--de-groups`` (checked against the data by ``diagnose``)."""
     if args.de is None:
         if args.de_groups is not None:
             raise InvalidArgumentError("--de-groups needs --de GROUPBY (the obs column the groups are in).")
@@ -472,10 +423,6 @@ def _downstream_request(args: argparse.Namespace, adata: ad.AnnData) -> Downstre
         raise InvalidArgumentError(f"--de-groups takes one or two groups (G1 [G2]), got {len(groups)}: {groups}.")
     group1 = groups[0] if groups else None
     group2 = groups[1] if len(groups) == 2 else None
-    try:
-        de_groups(adata.obs, args.de, group1, group2)
-    except InvalidArgumentError as exc:
-        raise InvalidArgumentError(f"--de {args.de}: {exc}") from None
     return DownstreamRequest(groupby=args.de, group1=group1, group2=group2)
 
 

@@ -25,6 +25,8 @@ from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
 
+__all__ = ["LOADINGS_RESTRICTIONS", "add_restriction_arguments", "run_restrictions"]
+
 logger = logging.getLogger("countvae.cli")
 
 #: Restrictions that put a prior on the linear decoder's loadings.

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anndata as ad
 
-from countvae.data.gene_selection import FLAVOR, get_gene_selection, select_top_genes
-from countvae.data.registry import get_registry, get_var_names
-from countvae.model.warmup import TrainingTimeEstimate, estimate_training_time
+from countvae.data import ALL_GENES, GeneChoice, choose_genes
+from countvae.data.gene_selection import FLAVOR
+from countvae.model import TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
 
-#: Value of ``--n-top-genes`` that keeps every gene.
-ALL_GENES = "all"
+__all__ = [
+    "ALL_GENES",
+    "GeneChoice",
+    "add_gene_selection_argument",
+    "announce",
+    "choose_genes",
+    "describe_genes",
+    "estimate",
+    "n_top_genes_value",
+]
 
 
 def n_top_genes_value(text: str) -> int | str:
@@ -46,49 +52,13 @@ def add_gene_selection_argument(parser: argparse.ArgumentParser, default: int | 
     )
 
 
-@dataclass(frozen=True)
-class GeneChoice:
-    """The data to fit after gene selection, and how it was chosen."""
-
-    adata: ad.AnnData
-    n_genes_before: int
-    selected: bool
-    explicit: bool
-
-    def record(self) -> dict[str, Any] | None:
-        """The selection as recorded on the data (with the chosen genes), or ``None`` when all genes are kept."""
-        return get_gene_selection(self.adata) if self.selected else None
-
-    def describe(self) -> str:
-        """One line for the block printed before fitting."""
-        n = self.adata.n_vars
-        if self.selected:
-            how = "--n-top-genes" if self.explicit else "the default --n-top-genes; 'all' keeps every gene"
-            return f"the {n:,} most variable of {self.n_genes_before:,}, chosen on the raw counts ({FLAVOR}; {how})"
-        return f"all {n:,} (--n-top-genes N keeps the N most variable)"
-
-
-def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | None, n_latent: int) -> GeneChoice:
-    """Apply ``--n-top-genes`` to registered data.
-
-    ``requested`` is the parsed option (``None`` when not given): an explicit
-    ``N`` larger than the number of genes or smaller than ``n_latent`` is an
-    error; the command's ``default`` applies only when the data has more genes.
-    """
-    n_genes = len(get_var_names(adata, get_registry(adata)))
-    if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
-        return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
-    n_top = int(default if requested is None else requested)
-    return GeneChoice(
-        select_top_genes(adata, n_top, min_genes=n_latent), n_genes, selected=True, explicit=requested is not None
-    )
-
-
-def missing_marker_genes(markers: Sequence[str], before: ad.AnnData, after: ad.AnnData) -> list[str]:
-    """Markers that were genes of ``before`` but are neither genes nor obs columns of ``after``."""
-    genes_before = set(get_var_names(before, get_registry(before)))
-    kept = set(after.var_names) | set(after.obs.columns)
-    return [m for m in markers if m in genes_before and m not in kept]
+def describe_genes(genes: GeneChoice) -> str:
+    """One line for the block printed before fitting."""
+    n = genes.adata.n_vars
+    if genes.selected:
+        how = "--n-top-genes" if genes.explicit else "the default --n-top-genes; 'all' keeps every gene"
+        return f"the {n:,} most variable of {genes.n_genes_before:,}, chosen on the raw counts ({FLAVOR}; {how})"
+    return f"all {n:,} (--n-top-genes N keeps the N most variable)"
 
 
 def _duration(seconds: float) -> str:
@@ -142,7 +112,7 @@ def announce(
         f"countvae {command}: before fitting",
         f"  data      {data}: {adata.n_obs:,} cells x {genes.n_genes_before:,} genes; "
         f"{n_fit:,} cells fitted, {n_heldout:,} held out",
-        f"  genes     {genes.describe()}",
+        f"  genes     {describe_genes(genes)}",
         f"  model     {model_kwargs['likelihood']} likelihood, {model_kwargs['decoder']} decoder, "
         f"{model_kwargs['n_latent']} latent dimensions" + (hidden if model_kwargs["decoder"] == "mlp" else ""),
         f"  training  {fits}, batch size {train_kwargs['batch_size']}, lr {train_kwargs['lr']:g}, "

@@ -23,6 +23,7 @@ and its dependencies for one function.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import anndata as ad
@@ -282,3 +283,43 @@ def get_gene_selection(adata: ad.AnnData) -> dict[str, Any] | None:
         "batch_key": str(record["batch_key"]),
         "genes": [str(g) for g in record["genes"]],
     }
+
+
+#: Value of ``n_top_genes`` (and of ``--n-top-genes``) that keeps every gene.
+ALL_GENES = "all"
+
+
+@dataclass(frozen=True)
+class GeneChoice:
+    """The data to fit after :func:`choose_genes`, and how it was chosen.
+
+    ``adata`` is the data to fit (the input itself when every gene is kept),
+    ``n_genes_before`` the genes the input had, ``selected`` whether genes were
+    dropped and ``explicit`` whether the number was asked for rather than a default.
+    """
+
+    adata: ad.AnnData
+    n_genes_before: int
+    selected: bool
+    explicit: bool
+
+    def record(self) -> dict[str, Any] | None:
+        """The selection as recorded on the data (with the chosen genes), or ``None`` when all genes are kept."""
+        return get_gene_selection(self.adata) if self.selected else None
+
+
+def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | None, n_latent: int) -> GeneChoice:
+    """Keep the ``requested`` most variable genes of registered data (:func:`select_top_genes`), or all of them.
+
+    ``requested`` is ``None`` (the ``default``, which applies only when the data
+    has more genes; ``None`` there keeps every gene), ``"all"`` (``ALL_GENES``) or a
+    number; an explicit number larger than the number of genes or smaller than
+    ``n_latent`` is an error.
+    """
+    n_genes = len(get_var_names(adata, get_registry(adata)))
+    if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
+        return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
+    n_top = int(default if requested is None else requested)
+    return GeneChoice(
+        select_top_genes(adata, n_top, min_genes=n_latent), n_genes, selected=True, explicit=requested is not None
+    )

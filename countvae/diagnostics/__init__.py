@@ -2,9 +2,18 @@
 
 Three rooms, imports pointing down only: ``reporting/`` (the report as a
 pipeline) uses ``analyses/`` (functions over arrays), which use ``fitting/``
-(seeds, backends, storage, the fits' common interface).
+(seeds, backends, storage, the fits' common interface). ``diagnosis.py``, above
+the three, is ``diagnose(adata)``: gene selection, ``fit_seeds`` and ``report`` in
+one call, what ``countvae diagnose`` runs.
 """
 
+from countvae.diagnostics.diagnosis import (
+    DIAGNOSE_N_TOP_GENES,
+    DIAGNOSE_STOPPING,
+    DiagnosePlan,
+    diagnose,
+    plan_diagnose,
+)
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
@@ -17,7 +26,10 @@ from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSett
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 
 __all__ = [
+    "DIAGNOSE_N_TOP_GENES",
+    "DIAGNOSE_STOPPING",
     "CountVAEFit",
+    "DiagnosePlan",
     "DiagnosticReport",
     "DownstreamRequest",
     "DownstreamSettings",
@@ -29,9 +41,11 @@ __all__ = [
     "SCVIFit",
     "SeedFits",
     "compare_restrictions",
+    "diagnose",
     "fit_seeds",
     "heldout_split",
     "load_report",
     "load_seed_fits",
+    "plan_diagnose",
     "report",
 ]

@@ -50,7 +50,7 @@ class TrainingTimeEstimate:
 
     @property
     def seconds_per_fit(self) -> float:
-        """Expected seconds of one fit: epochs times seconds per epoch (training only, not saving)."""
+        """The expected seconds of one fit, epochs times seconds per epoch (training only, not saving)."""
         return self.epochs * self.seconds_per_epoch
 
 
@@ -65,7 +65,7 @@ def estimate_training_time(
 ) -> TrainingTimeEstimate:
     """Time ``n_steps`` training minibatches of the model a fit would train, and extrapolate to the whole fit.
 
-    A fresh :class:`CountVAE` is built on ``adata`` with ``model_kwargs``; it
+    A fresh :class:`~countvae.model.CountVAE` is built on ``adata`` with ``model_kwargs``; it
     trains on a random subset of ``n_steps`` minibatches of cells (and
     validation cells in the fit's proportion, whose loss is evaluated as in
     every epoch) once untimed, then once timed. The time per cell of the timed
@@ -77,9 +77,9 @@ def estimate_training_time(
     adata
         The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`.
     model_kwargs
-        Constructor arguments of :class:`CountVAE`.
+        Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
-        Arguments of :meth:`CountVAE.train` (``max_epochs``, ``batch_size``,
+        Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
         ``lr``, ``train_size``, ...); ``early_stopping`` and ``progress_bar``
         are ignored here. The warm-up runs on the CPU.
     n_steps

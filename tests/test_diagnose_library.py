@@ -1,0 +1,79 @@
+"""``countvae.diagnostics.diagnose``: the library call that the ``countvae diagnose`` command runs."""
+
+from __future__ import annotations
+
+import json
+
+import anndata as ad
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+from countvae.diagnostics import DIAGNOSE_STOPPING, diagnose, plan_diagnose
+from countvae.errors import InvalidArgumentError, OutputExistsError
+
+FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
+#: What the command line above gives the fits (the command's defaults for the options not named).
+MODEL = {"n_latent": 2, "likelihood": "nb", "decoder": "linear", "n_hidden": 128, "n_layers": 1}
+TRAIN = {"max_epochs": 5, "batch_size": 128, "lr": 1e-3}
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", sources="laplace", seed=2)
+    path = tmp_path_factory.mktemp("data") / "sim.h5ad"
+    adata.write_h5ad(path)
+    return path
+
+
+def _registered(path):
+    adata = ad.read_h5ad(path)
+    cv.data.setup_anndata(adata)
+    return adata
+
+
+def _without_timings(record: dict) -> dict:
+    record = dict(record)
+    record.pop("timings_seconds")
+    return record
+
+
+def test_library_call_gives_the_report_of_the_command(data_file, tmp_path):
+    markers = ["gene0", "gene5"]
+    assert (
+        main(["diagnose", str(data_file), *FAST, "--markers", ",".join(markers), "--out", str(tmp_path / "cli")]) == 0
+    )
+    rep = diagnose(
+        _registered(data_file),
+        seeds=2,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        markers=markers,
+        n_lpd_samples=10,
+        out_dir=tmp_path / "lib",
+    )
+    cli = json.loads((tmp_path / "cli" / "report" / "report.json").read_text())
+    lib = json.loads((tmp_path / "lib" / "report" / "report.json").read_text())
+    assert _without_timings(lib) == _without_timings(cli)
+    assert rep.headline == cli["headline"]
+    assert rep.invariants["verdict"].tolist() == [r["verdict"] for r in cli["tables"]["invariants"]]
+    # The folder is the command's: called again, every seed is reused and the report is refused without overwrite.
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        diagnose(_registered(data_file), seeds=2, model_kwargs=MODEL, train_kwargs=TRAIN, out_dir=tmp_path / "lib")
+
+
+def test_defaults_are_the_commands_and_bad_arguments_fail_before_fitting(data_file, tmp_path):
+    adata = _registered(data_file)
+    plan = plan_diagnose(adata, seeds=3).split()
+    assert plan.seeds == [0, 1, 2] and plan.model_kwargs["n_latent"] == 10
+    assert plan.train_kwargs["early_stopping"] is True
+    assert {k: plan.train_kwargs[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING
+    assert plan.train_kwargs["max_epochs"] == 400  # 600,000 cell passes over 270 fit cells, at most 400
+    assert plan.adata_fit.n_obs + plan.n_heldout == adata.n_obs and plan.report_dir is None
+    off = plan_diagnose(adata, train_kwargs={"early_stopping": False})
+    assert not set(DIAGNOSE_STOPPING) & set(off.train_kwargs)
+    with pytest.raises(InvalidArgumentError, match="at least 2"):
+        diagnose(adata, seeds=1)
+    with pytest.raises(InvalidArgumentError, match="NOT_A_GENE"):
+        diagnose(adata, markers=["NOT_A_GENE"], out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
