@@ -75,13 +75,13 @@ class ModelComparison:
 
     @property
     def noise_floor(self) -> float:
-        """Seed noise floor of the fit, nats/cell: the median over candidates of the spread between seeds."""
+        """The seed noise floor of the fit in nats/cell, the median over candidates of the spread between seeds."""
         spread = self.table["seed_spread"].to_numpy(dtype=float)
         return float(np.nanmedian(spread)) if np.isfinite(spread).any() else np.nan
 
     @property
     def frontier(self) -> pd.DataFrame:
-        """The frontier figure's data: fit against stability per candidate, with intervals.
+        """The frontier figure's data, fit against stability per candidate, with intervals.
 
         ``stability`` is the lower of the decoded-means and latent-distance concordances on the worst pair of seeds
         (``stability_low``/``stability_high``: over the range of pairs); ``fit`` is ``diff_vs_best`` with its interval.
