@@ -181,3 +181,29 @@ def test_frontier_plot_returns_axes(comparison):
     assert list(frontier["candidate"]) == list(comparison.table["candidate"])
     assert {"fit", "fit_low", "fit_high", "stability", "stability_low", "stability_high"} <= set(frontier)
     assert isinstance(comparison.plot_frontier(), Axes)
+
+
+def test_stability_sees_rotations_as_agreement_of_invariants_not_coordinates():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(150, 3))
+    w = rng.normal(size=(3, 20))
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    rotated = z @ q.T
+    same = mc.stability([z, rotated], [z @ w, rotated @ (q @ w)])
+    assert same["decoded_means"] == pytest.approx(1.0) and same["distances"] == pytest.approx(1.0)
+    assert same["knn"] == pytest.approx(1.0) and same["stable"]
+    assert same[mc.COORDINATES] < 0.99
+    permuted = mc.stability([z, -z[:, [2, 0, 1]]], [z @ w, z @ w])
+    assert permuted[mc.COORDINATES] == pytest.approx(1.0)
+    noise = rng.normal(size=(150, 3))
+    unrelated = mc.stability([z, noise], [z @ w, noise @ w])
+    assert not unrelated["stable"] and unrelated["knn"] < 0.5
+
+
+def test_gains_are_paired_differences_with_intervals():
+    rng = np.random.default_rng(2)
+    base = rng.normal(-50, 3, size=300)
+    gains = mc.gains_over({"small": base, "large": base + 0.5 + 0.1 * rng.normal(size=300)}, "small")
+    row = gains.set_index("candidate").loc["large"]
+    assert row["gain_low"] < 0.5 < row["gain_high"] and row["gain"] == pytest.approx(0.5, abs=0.03)
+    assert gains.set_index("candidate").loc["small", "gain"] == 0.0
