@@ -585,7 +585,7 @@ def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: 
     """Fit against stability per candidate model: the frontier of a model comparison.
 
     ``frontier`` has one row per candidate: ``candidate``, ``stability`` (worst pair of seeds) with
-    ``stability_low``/``stability_high`` (range over pairs), ``fit`` (nats/cell against the best) with
+    ``stability_low``/``stability_high`` (its interval), ``fit`` (nats/cell against the best) with
     ``fit_low``/``fit_high`` (simultaneous interval), ``margin`` and ``recommended``. The grey band is the
     seed noise floor (``+- noise_floor`` around 0), the dashed line minus the equivalence margin.
     """

@@ -123,6 +123,8 @@ def test_known_latent_size_fit_ordering(comparison):
         assert table[column].notna().all()
     assert (table["diff_low"] <= table["diff_vs_best"]).all()
     assert (table["diff_vs_best"] <= table["diff_high"]).all()
+    for score in mc.STABILITY_THRESHOLDS:
+        assert (table[f"{score}_low"] <= table[score]).all() and (table[score] <= table[f"{score}_high"]).all()
     assert comparison.rule.startswith("Recommended: the smallest candidate")
     assert "Recommendation:" in comparison.summary()
 
@@ -193,11 +195,14 @@ def test_stability_sees_rotations_as_agreement_of_invariants_not_coordinates():
     assert same["decoded_means"] == pytest.approx(1.0) and same["distances"] == pytest.approx(1.0)
     assert same["knn"] == pytest.approx(1.0) and same["stable"]
     assert same[mc.COORDINATES] < 0.99
+    for score in mc.STABILITY_THRESHOLDS:
+        assert same[f"{score}_low"] <= same[score] <= same[f"{score}_high"]
     permuted = mc.stability([z, -z[:, [2, 0, 1]]], [z @ w, z @ w])
     assert permuted[mc.COORDINATES] == pytest.approx(1.0)
     noise = rng.normal(size=(150, 3))
     unrelated = mc.stability([z, noise], [z @ w, noise @ w])
     assert not unrelated["stable"] and unrelated["knn"] < 0.5
+    assert unrelated["knn_high"] < mc.KNN_THRESHOLD and unrelated["distances_high"] < mc.AGREEMENT_THRESHOLD
 
 
 def test_gains_are_paired_differences_with_intervals():

@@ -19,9 +19,10 @@ higher is better):
   the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs
   (decoded log means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of
-  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`). A candidate is stable
-  when the worst pair meets the report's thresholds for the invariant outputs; the coordinates are
-  shown, not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
+  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`). The invariant scores carry a
+  cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable when the
+  worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
+  range over pairs), not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
 - **Rule**: the smallest candidate (fewest latent dimensions, then a linear before an MLP decoder, then
   fewer hidden units and layers) that is reliable, whose interval against the best lies above minus the
   margin (equivalent to it or not worse by more than the margin), and that is stable. No candidate
@@ -37,16 +38,26 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from scipy import stats
+from scipy.spatial.distance import squareform
 
 from countvae.diagnostics.analyses.invariants import (
     AGREEMENT_THRESHOLD,
     KNN_THRESHOLD,
-    concordance,
     gene_centred_concordance,
     pairwise_distances,
 )
 from countvae.diagnostics.analyses.predictive import estimator_reliability
-from countvae.diagnostics.analyses.subspace import knn_jaccard, subsample
+from countvae.diagnostics.analyses.resampling import (
+    N_REPLICATES,
+    CellBootstrap,
+    cell_bootstrap,
+    distance_concordance,
+    pair_sums,
+    weighted_concordance,
+    weighted_mean,
+    worst_interval,
+)
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
 
@@ -207,18 +218,31 @@ def _fit_verdict(row: Mapping[str, Any], is_best: bool, margin: float) -> str:
     return UNDETERMINED
 
 
-def _pair_scores(za: np.ndarray, zb: np.ndarray, ra: np.ndarray, rb: np.ndarray, seed: int) -> dict[str, float]:
-    cells = subsample(len(za), MAX_DISTANCE_CELLS, seed)
+def _pair_scores(za: np.ndarray, zb: np.ndarray, ra: np.ndarray, rb: np.ndarray, boot: CellBootstrap) -> dict:
+    """Each score of one pair of seeds with its bootstrap replicates (element 0: the score on the resampled cells)."""
+    pos, w = boot.positions, boot.weights
+    da = squareform(pairwise_distances(za[pos]))
+    db = squareform(pairwise_distances(zb[pos]))
     k = min(KNN_K, len(za) - 1)
+    knn = knn_jaccard_per_cell(knn_sets(za, k), knn_sets(zb, k))
     return {
-        "decoded_means": gene_centred_concordance(ra, rb),
-        "distances": concordance(pairwise_distances(za[cells]), pairwise_distances(zb[cells])),
-        "knn": knn_jaccard(za, zb, k=k),
-        COORDINATES: mcc(za, zb),
+        "decoded_means": (
+            gene_centred_concordance(ra, rb),
+            weighted_concordance(w, ra[pos], rb[pos], centre_columns=True),
+        ),
+        "distances": (None, distance_concordance(w, da, db, pair_sums(w, da), pair_sums(w, db))),
+        "knn": (float(np.mean(knn)), weighted_mean(w, knn[pos])),
+        COORDINATES: (mcc(za, zb), None),
     }
 
 
-def stability(latents: Sequence[np.ndarray], log_rates: Sequence[np.ndarray], seed: int = 0) -> dict[str, Any]:
+def stability(
+    latents: Sequence[np.ndarray],
+    log_rates: Sequence[np.ndarray],
+    seed: int = 0,
+    n_replicates: int = N_REPLICATES,
+    level: float = 0.95,
+) -> dict[str, Any]:
     """Cross-seed agreement of one candidate's outputs on the held-out cells, over every pair of seeds.
 
     Parameters
@@ -228,26 +252,36 @@ def stability(latents: Sequence[np.ndarray], log_rates: Sequence[np.ndarray], se
     log_rates
         Per seed, the (cells, genes) decoded log means at those latents.
     seed
-        Seed of the cell subsample of the distance concordance.
+        Seed of the cell bootstrap (and of the subsample of at most :data:`MAX_DISTANCE_CELLS` cells the
+        distance concordance is computed on).
+    n_replicates
+        Bootstrap replicates over cells.
+    level
+        Level of the intervals.
 
     Returns
     -------
     dict
-        For each score ``s``: ``s`` (the worst pair), ``s_low`` and ``s_high`` (the range over pairs of seeds);
-        and ``stable``: the worst pair meets :data:`STABILITY_THRESHOLDS`.
+        For each score ``s``: ``s`` (the worst pair of seeds), ``s_low`` and ``s_high`` (the cell-bootstrap
+        interval of the worst pair, at ``level``; for the coordinates, which are not judged, the range over
+        pairs); and ``stable``: the worst pair meets :data:`STABILITY_THRESHOLDS`.
     """
     if len(latents) < 2 or len(latents) != len(log_rates):
         raise InvalidArgumentError("Stability compares at least two seeds, each with latents and decoded means.")
+    boot = cell_bootstrap(len(latents[0]), n_replicates, seed, max_cells=MAX_DISTANCE_CELLS)
     pairs = [
-        _pair_scores(latents[a], latents[b], log_rates[a], log_rates[b], seed)
+        _pair_scores(latents[a], latents[b], log_rates[a], log_rates[b], boot)
         for a, b in itertools.combinations(range(len(latents)), 2)
     ]
     out: dict[str, Any] = {}
-    for score in (*STABILITY_THRESHOLDS, COORDINATES):
-        values = np.array([p[score] for p in pairs], dtype=np.float64)
-        out[score] = float(np.nanmin(values))
-        out[f"{score}_low"] = float(np.nanmin(values))
-        out[f"{score}_high"] = float(np.nanmax(values))
+    alpha = (1.0 - level) / 2.0
+    for score in STABILITY_THRESHOLDS:
+        values = [p[score][1][0] if p[score][0] is None else p[score][0] for p in pairs]
+        interval = worst_interval(values, [p[score][1] for p in pairs], boot.shrink, alpha, higher_is_better=True)
+        out[score], out[f"{score}_low"], out[f"{score}_high"] = interval.value, interval.low, interval.high
+    coordinates = np.array([p[COORDINATES][0] for p in pairs], dtype=np.float64)
+    out[COORDINATES] = float(np.nanmin(coordinates))
+    out[f"{COORDINATES}_low"], out[f"{COORDINATES}_high"] = float(np.nanmin(coordinates)), float(np.nanmax(coordinates))
     out["stable"] = bool(all(out[s] >= threshold for s, threshold in STABILITY_THRESHOLDS.items()))
     return out
 

@@ -36,9 +36,9 @@ class ModelComparison:
     table
         One row per candidate: its settings; ``lpd_per_cell`` (mean held-out ``log p(x)``, nats); ``diff_vs_best``
         with its simultaneous interval ``diff_low``/``diff_high`` and ``margin`` (nats/cell); ``reliable`` (k-hat
-        rule), ``fit_verdict``; the stability scores (worst pair of seeds, with their range over pairs
-        ``*_low``/``*_high``) and ``stable``; ``seed_spread`` (nats/cell), ``fit_seconds``; with a recommendation,
-        ``gain`` over it with ``gain_low``/``gain_high``; and ``verdict``.
+        rule), ``fit_verdict``; the stability scores (worst pair of seeds, with the cell-bootstrap 95% interval
+        of the worst pair ``*_low``/``*_high``) and ``stable``; ``seed_spread`` (nats/cell), ``fit_seconds``;
+        with a recommendation, ``gain`` over it with ``gain_low``/``gain_high``; and ``verdict``.
     recommended
         The recommended candidate's settings, or ``None`` (undetermined).
     recommended_name
@@ -84,7 +84,8 @@ class ModelComparison:
         """The frontier figure's data, fit against stability per candidate, with intervals.
 
         ``stability`` is the lower of the decoded-means and latent-distance concordances on the worst pair of seeds
-        (``stability_low``/``stability_high``: over the range of pairs); ``fit`` is ``diff_vs_best`` with its interval.
+        (``stability_low``/``stability_high``: the lower of their bootstrap interval bounds); ``fit`` is
+        ``diff_vs_best`` with its interval.
         """
         t = self.table
         return pd.DataFrame(
