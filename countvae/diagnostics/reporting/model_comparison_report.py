@@ -27,6 +27,10 @@ def _nats(mean: float, low: float, high: float) -> str:
     return f"{mean:+.4f} nats/cell [{low:+.4f}, {high:+.4f}]"
 
 
+def _score(row: pd.Series) -> str:
+    return f"{row['stability']:.3f} [{row['stability_low']:.3f}, {row['stability_high']:.3f}]"
+
+
 @dataclass
 class ModelComparison:
     """Candidate models compared by held-out fit and cross-seed stability, with the recommendation of the rule.
@@ -125,15 +129,18 @@ class ModelComparison:
             lines.append("Recommendation: undetermined (no candidate meets the rule, or no margin can be stated).")
         else:
             lines.append(f"Recommendation: {self.recommended_name}.")
-            rec = self.table.set_index("candidate").loc[self.recommended_name]
+            frontier = self.frontier.set_index("candidate")
+            rec = frontier.loc[self.recommended_name]
             for row in self.table.itertuples():
                 if row.candidate == self.recommended_name:
                     continue
+                other = frontier.loc[row.candidate]
                 lines.append(
-                    f"{row.candidate} vs the recommendation: buys {_nats(row.gain, row.gain_low, row.gain_high)}; "
-                    f"stability (worst pair) {min(row.decoded_means, row.distances):.3f} vs "
-                    f"{min(rec['decoded_means'], rec['distances']):.3f}, k-NN overlap {row.knn:.3f} vs "
-                    f"{rec['knn']:.3f}; fit time {row.fit_seconds:.1f} s vs {rec['fit_seconds']:.1f} s ({row.verdict})."
+                    f"{row.candidate} against the recommendation: held-out log p(x) "
+                    f"{_nats(row.gain, row.gain_low, row.gain_high)}; "
+                    f"stability (worst pair) {_score(other)} vs {_score(rec)}; k-NN overlap "
+                    f"{row.knn:.3f} [{row.knn_low:.3f}, {row.knn_high:.3f}]; fit time {row.fit_seconds:.1f} s vs "
+                    f"{rec['fit_seconds']:.1f} s ({row.verdict})."
                 )
         lines.append("Rule: " + self.rule)
         return "\n".join(lines)
