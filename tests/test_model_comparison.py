@@ -212,3 +212,10 @@ def test_gains_are_paired_differences_with_intervals():
     row = gains.set_index("candidate").loc["large"]
     assert row["gain_low"] < 0.5 < row["gain_high"] and row["gain"] == pytest.approx(0.5, abs=0.03)
     assert gains.set_index("candidate").loc["small", "gain"] == 0.0
+
+
+def test_margin_share_and_repeated_candidates_are_checked(adata):
+    with pytest.raises(InvalidArgumentError, match="equivalence_margin"):
+        diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), equivalence_margin=0.0)
+    with pytest.raises(InvalidArgumentError, match="repeat"):
+        diagnostics.compare_models(adata, [{"n_latent": 2}, {"n_latent": 2}], seeds=range(2))
