@@ -579,3 +579,37 @@ def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     ax.legend(fontsize=7, loc="lower left", frameon=False)
     ax.set_title("Downstream results: between fits vs within one fit")
     return ax
+
+
+def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: float = 0.0) -> Axes:
+    """Fit against stability per candidate model: the frontier of a model comparison.
+
+    ``frontier`` has one row per candidate: ``candidate``, ``stability`` (worst pair of seeds) with
+    ``stability_low``/``stability_high`` (its interval), ``fit`` (nats/cell against the best) with
+    ``fit_low``/``fit_high`` (simultaneous interval), ``margin`` and ``recommended``. The grey band is the
+    seed noise floor (``+- noise_floor`` around 0), the dashed line minus the equivalence margin.
+    """
+    _require(frontier, ["candidate", "stability", "fit", "fit_low", "fit_high"], "model_frontier")
+    ax = _ax(ax)
+    x = frontier["stability"].to_numpy(dtype=float)
+    y = frontier["fit"].to_numpy(dtype=float)
+    yerr = np.vstack([y - frontier["fit_low"].to_numpy(dtype=float), frontier["fit_high"].to_numpy(dtype=float) - y])
+    xerr = None
+    if {"stability_low", "stability_high"} <= set(frontier.columns):
+        xerr = np.vstack(
+            [x - frontier["stability_low"].to_numpy(dtype=float), frontier["stability_high"].to_numpy(dtype=float) - x]
+        )
+    if np.isfinite(noise_floor) and noise_floor > 0:
+        ax.axhspan(-noise_floor, noise_floor, color="0.85", label="seed noise floor")
+    if "margin" in frontier and np.isfinite(frontier["margin"].iloc[0]):
+        ax.axhline(-float(frontier["margin"].iloc[0]), color="0.3", ls="--", lw=1, label="- margin")
+    ax.errorbar(x, y, yerr=np.abs(yerr), xerr=None if xerr is None else np.abs(xerr), fmt="o", capsize=3)
+    recommended = frontier.get("recommended", pd.Series(False, index=frontier.index)).to_numpy(dtype=bool)
+    if recommended.any():
+        ax.plot(x[recommended], y[recommended], "o", ms=12, mfc="none", mec="C3", label="recommended")
+    for xi, yi, name in zip(x, y, frontier["candidate"], strict=True):
+        ax.annotate(str(name), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("stability across seeds (worst pair)")
+    ax.set_ylabel("held-out log p(x) vs best (nats/cell)")
+    ax.legend(fontsize=7, loc="best")
+    return ax

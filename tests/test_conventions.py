@@ -16,7 +16,7 @@ from countvae.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "countvae"
-COMMANDS = ("fit", "verify-invariance", "diagnose")
+COMMANDS = ("fit", "verify-invariance", "diagnose", "select")
 
 
 def _calls_and_imports(path: Path) -> tuple[list[str], list[str]]:

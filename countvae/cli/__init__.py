@@ -16,12 +16,12 @@ import sys
 
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
-from countvae.cli import diagnose, fit, verify_invariance
+from countvae.cli import diagnose, fit, select, verify_invariance
 from countvae.errors import CountVAEError
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
-_COMMANDS = (fit, verify_invariance, diagnose)
+_COMMANDS = (fit, verify_invariance, diagnose, select)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,9 +19,11 @@ from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.compare_models import compare_models
 from countvae.diagnostics.reporting.compare_restrictions import compare_restrictions
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
 from countvae.diagnostics.reporting.load_report import load_report
+from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
 from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSettings, report
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 
@@ -34,12 +36,14 @@ __all__ = [
     "DownstreamRequest",
     "DownstreamSettings",
     "FittedModel",
+    "ModelComparison",
     "ProgressEvent",
     "ProgressKind",
     "ReportSettings",
     "RestrictionReport",
     "SCVIFit",
     "SeedFits",
+    "compare_models",
     "compare_restrictions",
     "diagnose",
     "fit_seeds",

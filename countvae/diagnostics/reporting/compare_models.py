@@ -1,0 +1,260 @@
+"""Fit several candidate models from the same seeds on the same cells and choose by fit and stability.
+
+:func:`compare_models` is the one place of the model comparison that asks fitted models for outputs
+(held-out ``log p(x)``, latents, decoded means), once per seed; the arithmetic is in
+:mod:`countvae.diagnostics.analyses.model_comparison`, the result object in
+:mod:`countvae.diagnostics.reporting.model_comparison_report`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+import numpy as np
+import pandas as pd
+
+from countvae._checks import check_number
+from countvae._settings import unknown_setting
+from countvae.diagnostics.analyses import model_comparison as mc
+from countvae.diagnostics.analyses import predictive
+from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds
+from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.collect import no_latent_baseline
+from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
+from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.model.settings import ModelSettings
+
+__all__ = ["compare_models"]
+
+#: Settings of the size order that a candidate may leave at CountVAE's defaults.
+_DEFAULTS = {"n_latent": 10, "decoder": "mlp", "n_hidden": 128, "n_layers": 1}
+
+
+def candidate_name(settings: Mapping[str, Any]) -> str:
+    """A candidate's label, e.g. ``"n_latent=2, decoder=linear"``."""
+    return ", ".join(f"{k}={v}" for k, v in settings.items()) or "defaults"
+
+
+def _folder_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(", ", "__"))
+
+
+def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: int) -> None:
+    """Refuse unknown CountVAE arguments and candidates larger than the data allow."""
+    known = [f.name for f in fields(ModelSettings)]
+    for settings in candidates:
+        for key in settings:
+            if key not in known:
+                raise unknown_setting(key, known, "compare_models: a candidate")
+        n_latent = settings.get("n_latent", _DEFAULTS["n_latent"])
+        if isinstance(n_latent, int) and n_latent >= min(n_genes, n_cells):
+            raise InvalidArgumentError(
+                f"Candidate {candidate_name(settings)} has n_latent={n_latent}, but the data allow fewer than "
+                f"{min(n_genes, n_cells)} latent dimensions ({n_genes} genes, {n_cells} fit cells). Remove it from "
+                "the grid or use more genes and cells."
+            )
+
+
+def check_same_genes(fits: Mapping[str, SeedFits]) -> None:
+    """All candidates' fits must model the same genes, in the same order."""
+    reference: pd.Index | None = None
+    for name, seed_fits in fits.items():
+        for fit in seed_fits:
+            genes = pd.Index(fit.var_names)
+            if reference is None:
+                reference = genes
+            elif not genes.equals(reference):
+                raise InvalidDataError(
+                    f"Candidate {name} was fitted on other genes than the first candidate ({len(genes)} vs "
+                    f"{len(reference)}); compare models on one gene set: use a fresh out_dir or the same AnnData."
+                )
+
+
+def _size_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {**_DEFAULTS, **settings}
+
+
+def compare_models(
+    adata: ad.AnnData,
+    candidates: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
+    seeds: Iterable[int] = range(3),
+    heldout_fraction: float = 0.1,
+    split_seed: int = 0,
+    train_kwargs: dict[str, Any] | None = None,
+    out_dir: str | os.PathLike | None = None,
+    n_jobs: int = 1,
+    equivalence_margin: float | None = None,
+    *,
+    n_lpd_samples: int = 100,
+    alpha: float = 0.05,
+    max_baseline_cells: int = 5_000,
+    seed: int = 0,
+    overwrite: bool = False,
+    progress_bar: bool = False,
+) -> ModelComparison:
+    """Fit each candidate from the same seeds on the same cells; compare held-out fit and cross-seed stability.
+
+    Parameters
+    ----------
+    adata
+        Cells x genes, registered with :meth:`countvae.CountVAE.setup_anndata`.
+    candidates
+        A grid (CountVAE argument -> values, expanded to every combination, e.g.
+        ``{"n_latent": [2, 5, 10], "decoder": ["linear", "mlp"]}``) or a list of settings dicts.
+    seeds
+        At least two seeds; every candidate is fitted from each.
+    heldout_fraction, split_seed
+        The held-out split, the same for every candidate (see :func:`countvae.diagnostics.fit_seeds`).
+    train_kwargs
+        Arguments of ``CountVAE.train``, the same for every candidate.
+    out_dir
+        Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
+        resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
+    n_jobs
+        Seeds fitted at once.
+    equivalence_margin
+        The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
+        (the report's rule; ``None``: the report's default,
+        :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
+    n_lpd_samples
+        Importance samples per cell of the held-out ``log p(x)`` estimator.
+    alpha
+        Error rate of the simultaneous intervals (Bonferroni over the comparisons with the best).
+    max_baseline_cells
+        Fit cells the no-latent baseline is estimated on at most.
+    seed
+        Seed of the estimator and of the cell subsamples.
+    overwrite
+        Refit candidates already stored in ``out_dir``.
+    progress_bar
+        Show a progress bar over each candidate's seeds.
+
+    Returns
+    -------
+    ModelComparison
+        ``.table``, ``.recommended``, ``.rule``, ``.frontier``, ``.plot_frontier()``, ``.summary()``, ``.save()``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An empty grid, unknown CountVAE arguments (the valid ones are named), a candidate with as many latent
+        dimensions as genes or cells, fewer than two seeds.
+    InvalidDataError
+        Candidates fitted on different genes.
+    """
+    share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
+    check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
+    settings_list = mc.expand_candidates(candidates)
+    seeds = list(seeds)
+    if len(seeds) < 2:
+        raise InvalidArgumentError(
+            f"compare_models needs at least two seeds to measure stability, got {len(seeds)}; e.g. seeds=range(3)."
+        )
+    n_fit_cells = len(heldout_split(adata.n_obs, heldout_fraction, split_seed)[0])
+    check_candidates(settings_list, adata.n_vars, n_fit_cells)
+    names = [candidate_name(s) for s in settings_list]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
+    fits: dict[str, SeedFits] = {}
+    for name, settings in zip(names, settings_list, strict=True):
+        folder = None if out_dir is None else Path(out_dir) / _folder_name(name)
+        fits[name] = fit_seeds(
+            adata,
+            seeds=seeds,
+            model_kwargs=dict(settings),
+            train_kwargs=train_kwargs,
+            heldout_fraction=heldout_fraction,
+            split_seed=split_seed,
+            n_jobs=n_jobs,
+            out_dir=folder,
+            overwrite=overwrite,
+            progress_bar=progress_bar,
+        )
+    check_same_genes(fits)
+    return _evaluate(
+        fits, dict(zip(names, settings_list, strict=True)), share, n_lpd_samples, alpha, max_baseline_cells, seed
+    )
+
+
+def _fit_seconds(seed_fits: SeedFits) -> float:
+    return float(
+        sum(seed_fits.records.get(s, {}).get("seconds", seed_fits.seconds.get(s, 0.0)) for s in seed_fits.seeds)
+    )
+
+
+def _evaluate(
+    fits: Mapping[str, SeedFits],
+    settings: Mapping[str, Mapping[str, Any]],
+    share: float,
+    n_lpd_samples: int,
+    alpha: float,
+    max_baseline_cells: int,
+    seed: int,
+) -> ModelComparison:
+    first = next(iter(fits.values()))
+    heldout = first.adata_heldout
+    var_names = pd.Index(first[0].var_names)
+    frames: dict[str, list[pd.DataFrame]] = {}
+    stab: dict[str, dict[str, Any]] = {}
+    for name, seed_fits in fits.items():
+        frames[name] = [fit.log_predictive_density(heldout, n_lpd_samples, seed) for fit in seed_fits]
+        latents = [fit.latent(heldout) for fit in seed_fits]
+        log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
+        stab[name] = mc.stability(latents, log_rates, seed=seed)
+    require_same_quantity({f"{n} {i}": f for n, fs in frames.items() for i, f in enumerate(fs)})
+    lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
+    baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)
+    # The margin is a share of what the latent variables add, measured on the best-fitting candidate.
+    top = max(lpds, key=lambda n: float(np.mean(lpds[n])))
+    margin, gain = predictive.equivalence_margin({top: pd.DataFrame({"lpd": lpds[top]})}, baseline, share)
+    reliable = mc.reliability(frames, margin)
+    fit, best = mc.fit_table(lpds, reliable.to_dict(), margin, alpha)
+    if best is not None and best != top:
+        margin, gain = predictive.equivalence_margin({best: pd.DataFrame({"lpd": lpds[best]})}, baseline, share)
+        fit, best = mc.fit_table(lpds, reliable.to_dict(), margin, alpha)
+    stability = pd.DataFrame([{"candidate": n, **stab[n]} for n in fits])
+    table = fit.merge(stability, on="candidate")
+    table["seed_spread"] = [mc.seed_spread(frames[n]) for n in table["candidate"]]
+    table["fit_seconds"] = [_fit_seconds(fits[n]) for n in table["candidate"]]
+    recommended = mc.recommend(table, {n: _size_settings(s) for n, s in settings.items()})
+    if recommended is not None:
+        table = table.merge(mc.gains_over(lpds, recommended, alpha), on="candidate")
+    table["verdict"] = [_verdict(row, recommended) for row in table.itertuples()]
+    settings_frame = pd.DataFrame([dict(s) for s in settings.values()], index=list(settings)).reset_index(
+        names="candidate"
+    )
+    table = settings_frame.merge(table, on="candidate")
+    return ModelComparison(
+        table=table,
+        recommended=None if recommended is None else dict(settings[recommended]),
+        recommended_name=recommended,
+        best=best,
+        margin=float(margin),
+        gain_over_baseline=float(gain),
+        margin_share=share,
+        alpha=alpha,
+        n_heldout=heldout.n_obs,
+        seeds=list(first.seeds),
+    )
+
+
+def _verdict(row: Any, recommended: str | None) -> str:
+    if row.candidate == recommended:
+        return "recommended"
+    if not row.reliable:
+        return "unreliable: not ranked"
+    if row.fit_verdict == mc.WORSE:
+        return "fits worse than the margin"
+    if row.fit_verdict == mc.UNDETERMINED:
+        return "fit undetermined"
+    if not row.stable:
+        return "unstable across seeds"
+    return "qualifies, not the smallest"

@@ -1,0 +1,52 @@
+"""``countvae select``: parse the grid, call compare_models, save the comparison; refuse bad input with exit 1."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import countvae as cv
+from countvae.cli import main
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("select") / "d.h5ad"
+    cv.data.simulate(n_cells=200, n_genes=30, n_latent=2, decoder="linear", seed=0).write_h5ad(path)
+    return path
+
+
+def test_select_writes_the_comparison_and_resumes(data, tmp_path, capsys):
+    out = tmp_path / "sel"
+    args = ["select", str(data), "--n-latent", "1,2", "--decoder", "linear", "--seeds", "2", "--max-epochs", "3"]
+    args += ["--n-samples", "10", "--out", str(out), "--json", "--quiet"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result) == {"recommended", "rule", "margin_nats_per_cell", "out"}
+    assert result["rule"].startswith("Recommended: the smallest candidate")
+    assert sorted(p.name for p in (out / "comparison").iterdir()) == [
+        "comparison.html",
+        "comparison.json",
+        "comparison.md",
+    ]
+    assert sorted(p.name for p in (out / "fits").iterdir()) == [
+        "n_latent=1__decoder=linear__likelihood=nb",
+        "n_latent=2__decoder=linear__likelihood=nb",
+    ]
+    # the same command again refuses to overwrite the comparison
+    assert main(args) == 1
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_select_help_and_bad_grids(data, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["select", "--help"])
+    assert "--n-latent" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["select", str(data), "--n-latent", "two"])
+    assert exc.value.code == 2
+    assert main(["select", str(data), "--seeds", "1", "--out", str(tmp_path / "x"), "--quiet"]) == 1
+    assert "at least 2 seeds" in capsys.readouterr().err
+    assert main(["select", str(data), "--n-latent", "30", "--out", str(tmp_path / "y"), "--quiet"]) == 1
+    assert "data allow fewer than" in capsys.readouterr().err

@@ -1,0 +1,221 @@
+"""compare_models: the candidate grid, the rule on a simulation of known latent size, bad input, files, the figure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.axes import Axes
+
+import countvae as cv
+from countvae import diagnostics
+from countvae.diagnostics.analyses import model_comparison as mc
+from countvae.diagnostics.reporting.compare_models import check_same_genes
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+
+TRAIN = {"max_epochs": 200, "batch_size": 128, "lr": 1e-2}
+
+
+@pytest.fixture(scope="module")
+def adata():
+    data = cv.data.simulate(n_cells=600, n_genes=60, n_latent=2, decoder="linear", seed=0)
+    cv.CountVAE.setup_anndata(data)
+    return data
+
+
+@pytest.fixture(scope="module")
+def fits_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fits")
+
+
+def _compare(adata, fits_dir):
+    return diagnostics.compare_models(
+        adata,
+        {"n_latent": [1, 2, 4], "decoder": ["linear"]},
+        seeds=range(2),
+        train_kwargs=TRAIN,
+        out_dir=fits_dir,
+        n_lpd_samples=20,
+    )
+
+
+@pytest.fixture(scope="module")
+def comparison(adata, fits_dir):
+    return _compare(adata, fits_dir)
+
+
+def test_grid_expands_to_the_product_and_lists_pass_through():
+    grid = mc.expand_candidates({"n_latent": [2, 5], "decoder": ["linear", "mlp"]})
+    assert grid == [
+        {"n_latent": 2, "decoder": "linear"},
+        {"n_latent": 2, "decoder": "mlp"},
+        {"n_latent": 5, "decoder": "linear"},
+        {"n_latent": 5, "decoder": "mlp"},
+    ]
+    assert mc.expand_candidates({"decoder": "linear"}) == [{"decoder": "linear"}]
+    listed = [{"n_latent": 3}, {"n_latent": 1, "decoder": "linear"}]
+    assert mc.expand_candidates(listed) == listed
+
+
+def test_size_order_is_latents_then_linear_then_hidden_units():
+    settings = [
+        {"n_latent": 5, "decoder": "linear"},
+        {"n_latent": 2, "decoder": "mlp", "n_hidden": 64},
+        {"n_latent": 2, "decoder": "mlp", "n_hidden": 16},
+        {"n_latent": 2, "decoder": "linear", "n_hidden": 512},
+    ]
+    ordered = sorted(settings, key=mc.size_key)
+    assert ordered == [settings[3], settings[2], settings[1], settings[0]]
+
+
+def _table(verdicts, stable, reliable, margin=0.1):
+    n = len(verdicts)
+    return pd.DataFrame(
+        {
+            "candidate": [f"c{i}" for i in range(n)],
+            "fit_verdict": verdicts,
+            "stable": stable,
+            "reliable": reliable,
+            "margin": margin,
+        }
+    )
+
+
+def test_rule_takes_the_smallest_qualifying_candidate_or_none():
+    settings = {"c0": {"n_latent": 1}, "c1": {"n_latent": 2}, "c2": {"n_latent": 4}}
+    table = _table([mc.WORSE, mc.EQUIVALENT, mc.BEST], [True, True, True], [True, True, True])
+    assert mc.recommend(table, settings) == "c1"
+    table = _table([mc.WORSE, mc.EQUIVALENT, mc.BEST], [True, False, True], [True, True, True])
+    assert mc.recommend(table, settings) == "c2"
+    table = _table([mc.UNDETERMINED, mc.NOT_WORSE, mc.BEST], [True, True, False], [True, True, True])
+    assert mc.recommend(table, settings) == "c1"
+    assert mc.recommend(_table([mc.BEST, mc.WORSE, mc.WORSE], [False] * 3, [True] * 3), settings) is None
+    assert mc.recommend(_table([mc.BEST, mc.EQUIVALENT, mc.BEST], [True] * 3, [True] * 3, np.nan), settings) is None
+
+
+def test_unreliable_candidates_are_never_best():
+    rng = np.random.default_rng(0)
+    base = rng.normal(-100, 5, size=200)
+    lpds = {"a": base, "b": base + 1.0, "c": base + 0.01 * rng.normal(size=200)}
+    table, best = mc.fit_table(lpds, {"a": True, "b": False, "c": True}, margin=0.5)
+    assert best in {"a", "c"}
+    assert table.set_index("candidate").loc["b", "fit_verdict"] == mc.UNRELIABLE
+    assert table.set_index("candidate").loc[best, "fit_verdict"] == mc.BEST
+    other = "a" if best == "c" else "c"
+    assert table.set_index("candidate").loc[other, "fit_verdict"] == mc.EQUIVALENT
+
+
+def test_known_latent_size_fit_ordering(comparison):
+    table = comparison.table.set_index("n_latent")
+    margin = comparison.margin
+    assert np.isfinite(margin) and margin > 0
+    assert set(table.index) == {1, 2, 4}
+    # One latent dimension too few is clearly worse than the true two, by more than the margin.
+    one_vs_two = table.loc[1, "lpd_per_cell"] - table.loc[2, "lpd_per_cell"]
+    assert one_vs_two < -margin
+    assert table.loc[1, "fit_verdict"] == mc.WORSE
+    # Too few dimensions is never the choice (at this size the 2-d fits may still trail the 4-d ones).
+    assert comparison.recommended is None or comparison.recommended["n_latent"] in (2, 4)
+    assert table["reliable"].dtype == bool
+    for column in ("decoded_means", "distances", "knn", mc.COORDINATES, "fit_seconds", "seed_spread"):
+        assert table[column].notna().all()
+    assert (table["diff_low"] <= table["diff_vs_best"]).all()
+    assert (table["diff_vs_best"] <= table["diff_high"]).all()
+    for score in mc.STABILITY_THRESHOLDS:
+        assert (table[f"{score}_low"] <= table[score]).all() and (table[score] <= table[f"{score}_high"]).all()
+    assert comparison.rule.startswith("Recommended: the smallest candidate")
+    assert "Recommendation:" in comparison.summary()
+
+
+def test_rerun_resumes_from_the_candidate_folders(adata, comparison, fits_dir):
+    assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (1, 2, 4))
+    again = _compare(adata, fits_dir)
+    assert (again.table["fit_seconds"] == comparison.table["fit_seconds"]).all()
+    pd.testing.assert_series_equal(again.table["lpd_per_cell"], comparison.table["lpd_per_cell"])
+
+
+@pytest.mark.parametrize(
+    ("candidates", "seeds", "match"),
+    [
+        ({}, range(2), "grid is empty"),
+        ([], range(2), "list is empty"),
+        ({"n_latent": []}, range(2), "no values"),
+        ({"n_latents": [2]}, range(2), "Did you mean 'n_latent'"),
+        ({"n_latent": [60]}, range(2), "data allow fewer than 60"),
+        ({"n_latent": [2]}, [0], "at least two seeds"),
+    ],
+)
+def test_bad_input_is_refused_with_a_remedy(adata, candidates, seeds, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        diagnostics.compare_models(adata, candidates, seeds=seeds, train_kwargs=TRAIN)
+
+
+def test_unknown_key_names_the_valid_arguments(adata):
+    with pytest.raises(InvalidArgumentError, match="Valid: n_latent, likelihood, decoder"):
+        diagnostics.compare_models(adata, {"width": [2]}, seeds=range(2))
+
+
+def test_mixed_gene_sets_are_refused():
+    class Fit:
+        def __init__(self, genes):
+            self.var_names = pd.Index(genes)
+
+    with pytest.raises(InvalidDataError, match="other genes"):
+        check_same_genes({"a": [Fit(["g1", "g2"])], "b": [Fit(["g1", "g3"])]})
+    check_same_genes({"a": [Fit(["g1", "g2"])], "b": [Fit(["g1", "g2"])]})
+
+
+def test_save_writes_three_files_and_never_overwrites(comparison, tmp_path):
+    folder = comparison.save(tmp_path / "sel")
+    assert sorted(p.name for p in folder.iterdir()) == ["comparison.html", "comparison.json", "comparison.md"]
+    record = json.loads((folder / "comparison.json").read_text())
+    assert record["rule"] == comparison.rule
+    assert len(record["table"]) == 3
+    with pytest.raises(OutputExistsError):
+        comparison.save(tmp_path / "sel")
+    comparison.save(tmp_path / "sel", overwrite=True)
+
+
+def test_frontier_plot_returns_axes(comparison):
+    frontier = comparison.frontier
+    assert list(frontier["candidate"]) == list(comparison.table["candidate"])
+    assert {"fit", "fit_low", "fit_high", "stability", "stability_low", "stability_high"} <= set(frontier)
+    assert isinstance(comparison.plot_frontier(), Axes)
+
+
+def test_stability_sees_rotations_as_agreement_of_invariants_not_coordinates():
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(150, 3))
+    w = rng.normal(size=(3, 20))
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    rotated = z @ q.T
+    same = mc.stability([z, rotated], [z @ w, rotated @ (q @ w)])
+    assert same["decoded_means"] == pytest.approx(1.0) and same["distances"] == pytest.approx(1.0)
+    assert same["knn"] == pytest.approx(1.0) and same["stable"]
+    assert same[mc.COORDINATES] < 0.99
+    for score in mc.STABILITY_THRESHOLDS:
+        assert same[f"{score}_low"] <= same[score] <= same[f"{score}_high"]
+    permuted = mc.stability([z, -z[:, [2, 0, 1]]], [z @ w, z @ w])
+    assert permuted[mc.COORDINATES] == pytest.approx(1.0)
+    noise = rng.normal(size=(150, 3))
+    unrelated = mc.stability([z, noise], [z @ w, noise @ w])
+    assert not unrelated["stable"] and unrelated["knn"] < 0.5
+    assert unrelated["knn_high"] < mc.KNN_THRESHOLD and unrelated["distances_high"] < mc.AGREEMENT_THRESHOLD
+
+
+def test_gains_are_paired_differences_with_intervals():
+    rng = np.random.default_rng(2)
+    base = rng.normal(-50, 3, size=300)
+    gains = mc.gains_over({"small": base, "large": base + 0.5 + 0.1 * rng.normal(size=300)}, "small")
+    row = gains.set_index("candidate").loc["large"]
+    assert row["gain_low"] < 0.5 < row["gain_high"] and row["gain"] == pytest.approx(0.5, abs=0.03)
+    assert gains.set_index("candidate").loc["small", "gain"] == 0.0
+
+
+def test_margin_share_and_repeated_candidates_are_checked(adata):
+    with pytest.raises(InvalidArgumentError, match="equivalence_margin"):
+        diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), equivalence_margin=0.0)
+    with pytest.raises(InvalidArgumentError, match="repeat"):
+        diagnostics.compare_models(adata, [{"n_latent": 2}, {"n_latent": 2}], seeds=range(2))
