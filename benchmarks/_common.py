@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -96,7 +97,7 @@ def command_line() -> str:
         script = script.relative_to(REPO_ROOT)
     except ValueError:
         pass
-    return " ".join(["python", str(script), *sys.argv[1:]])
+    return shlex.join(["python", str(script), *sys.argv[1:]])  # quoted: an argument may hold spaces
 
 
 # ----- RESULTS.md ----------------------------------------------------------------------------------

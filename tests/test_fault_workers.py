@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -138,3 +139,25 @@ def test_only_scratch_folders_of_ended_processes_on_this_host_are_removed(tmp_pa
         "another host",
         "no process named",
     }
+
+
+def test_an_ended_process_not_yet_collected_counts_as_ended():
+    from countvae.diagnostics.fitting.run_lock import pid_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while pid_alive(child.pid) and time.monotonic() < deadline:  # a zombie until collected below
+        time.sleep(0.05)
+    assert not pid_alive(child.pid), "a process that has exited (a zombie) was taken for a running one"
+    assert child.poll() == 0
+    assert pid_alive(os.getpid())
+
+
+def test_scratch_folders_of_processes_ending_during_the_wait_are_removed(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.0)"])
+    folder = tmp_path / f"countvae-fit-{socket.gethostname()}-{child.pid}-abc"
+    folder.mkdir()
+    assert remove_orphaned(tmp_path) == [] and folder.is_dir()  # still running, no wait: kept
+    threading.Thread(target=child.wait, daemon=True).start()  # the parent collects it, as Ray's raylet does
+    assert remove_orphaned(tmp_path, wait_s=20.0) == [folder]
+    assert not folder.exists()

@@ -103,6 +103,8 @@ logger = logging.getLogger(__name__)
 __all__ = ["fit_seeds", "heldout_split", "load_seed_fits"]
 
 _MAX_SEED = 2**32 - 1
+#: Seconds the scratch folders of workers lost or cancelled mid-fit are waited for (their processes ending).
+LOST_WORKER_WAIT_S = 10.0
 #: Classes that ``load_seed_fits`` may import by the name recorded in a manifest (nothing else is imported).
 _LOADABLE_CLASSES = {
     "countvae.CountVAE": ("countvae", "CountVAE"),
@@ -465,7 +467,9 @@ def _fit_or_reuse(
                     bar.set_postfix_str(f"seed {outcome.seed} done")
                     bar.update(1)
             except WorkerLostError as exc:
-                remove_orphaned()  # the killed worker could not remove its scratch folder
+                # The killed worker could not remove its scratch folder, nor can the workers cancelled after it
+                # (killed asynchronously): give them a few seconds to end.
+                remove_orphaned(wait_s=LOST_WORKER_WAIT_S)
                 raise _lost_with_remedy(exc, tasks, fits, out_dir) from None
     return fits, seconds, reused, records
 

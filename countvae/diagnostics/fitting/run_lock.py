@@ -57,7 +57,16 @@ def pid_alive(pid: Any) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether the process has ended but its parent has not yet collected it (state Z in /proc, Linux only)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] == ["Z"]
 
 
 def _take_over_stale(root: Path) -> None:

@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 from countvae.diagnostics.fitting.run_lock import pid_alive
@@ -30,21 +31,31 @@ def scratch_prefix() -> str:
     return f"{PREFIX}{socket.gethostname()}-{os.getpid()}-"
 
 
-def remove_orphaned(temp_dir: str | os.PathLike | None = None) -> list[Path]:
+def remove_orphaned(temp_dir: str | os.PathLike | None = None, wait_s: float = 0.0) -> list[Path]:
     """Remove the scratch folders, in ``temp_dir`` (default: the temporary folder), of processes that have ended.
 
     Only folders made on this host are considered, and only when their process is
     gone: a running fit's folder, or one of another host sharing the folder, is
-    never touched. Returns the folders removed.
+    never touched. With ``wait_s``, folders whose process still runs are looked at
+    again until it ends or ``wait_s`` seconds have passed: workers cancelled after a
+    lost one are killed asynchronously and take a moment to end. Returns the folders removed.
     """
     root = Path(tempfile.gettempdir() if temp_dir is None else temp_dir)
     host = socket.gethostname()
+    deadline = time.monotonic() + wait_s
     removed = []
-    for path in root.glob(f"{PREFIX}*"):
-        match = _NAME.match(path.name)
-        if not match or match["host"] != host or pid_alive(int(match["pid"])) or not path.is_dir():
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-        logger.info("Removed %s, the scratch folder of a fit whose process was killed.", path)
-    return removed
+    while True:
+        waiting = False
+        for path in root.glob(f"{PREFIX}*"):
+            match = _NAME.match(path.name)
+            if not match or match["host"] != host or not path.is_dir():
+                continue
+            if pid_alive(int(match["pid"])):
+                waiting = True
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            logger.info("Removed %s, the scratch folder of a fit whose process was killed.", path)
+        if not waiting or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.2)
