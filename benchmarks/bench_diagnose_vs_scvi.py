@@ -1,0 +1,141 @@
+"""The whole default diagnosis against the one SCVI fit it audits: `countvae diagnose` vs `SCVI().train()`.
+
+    python benchmarks/bench_diagnose_vs_scvi.py                          # embedded default and Kang
+    python benchmarks/bench_diagnose_vs_scvi.py --datasets pbmc_3tech
+    python benchmarks/bench_diagnose_vs_scvi.py --quick                  # smoke run: embedded, 2 seeds, 3 epochs
+
+In one run and one process tree, one after the other (never two heavy jobs at once), for each data set:
+
+1. `countvae diagnose` at its defaults (5 seeds, early stopping, the report included; `--batch-key batch`
+   where the data have batches), timed from the command's start to its exit, in a fresh process;
+2. one scvi-tools SCVI fit at its defaults (`SCVI(adata).train()`: 400 epochs or fewer for large data, no
+   early stopping) on the same fit cells and genes (read back from the report's settings: the genes the
+   diagnosis kept, its held-out split), timed from `setup_anndata` to the end of `train`, in a fresh process.
+
+The ratio of the two wall times is the question an analyst asks: does the audit cost more than the fit it
+audits? Both run with their own default threading (the diagnosis fits its seeds on one torch thread each;
+SCVI uses torch's default). Writes section diagnose-vs-scvi of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import DEFAULT_RESULTS, REPO_ROOT, command_line, cpu_model, load_average, write_section
+
+WORKER = """
+import json, sys, time
+import numpy as np, scvi, torch
+import countvae as cv
+from countvae.diagnostics.fitting.heldout import heldout_split
+spec = json.loads(sys.argv[1])
+adata = cv.data.load_dataset(spec["dataset"]) if spec["dataset"] != "embedded" else None
+if adata is None:
+    from countvae.cli.diagnose import default_data
+    adata = default_data()
+adata = adata[:, spec["genes"]].copy() if spec["genes"] else adata
+fit_idx, _ = heldout_split(adata.n_obs, spec["heldout_fraction"], spec["split_seed"])
+adata = adata[fit_idx].copy()
+assert adata.n_obs == spec["n_fit"], (adata.n_obs, spec["n_fit"])
+start = time.perf_counter()
+scvi.model.SCVI.setup_anndata(adata, batch_key=spec["batch_key"] or None)
+model = scvi.model.SCVI(adata)
+kwargs = {"accelerator": "cpu", "enable_progress_bar": False}
+if spec["max_epochs"]:
+    kwargs["max_epochs"] = spec["max_epochs"]
+model.train(**kwargs)
+seconds = time.perf_counter() - start
+epochs = len(model.history["elbo_train"])
+print(json.dumps({"seconds": seconds, "epochs": epochs, "cells": adata.n_obs, "genes": adata.n_vars,
+                  "threads": torch.get_num_threads()}))
+"""
+
+
+def run_diagnose(dataset: str, out: Path, quick: bool) -> tuple[float, dict]:
+    """Run `countvae diagnose` on the data set in a fresh process; its wall time and report settings."""
+    command = [sys.executable, "-m", "countvae", "diagnose"]
+    if dataset != "embedded":
+        import countvae as cv
+
+        path = out.parent / f"{dataset}.h5ad"
+        cv.data.load_dataset(dataset).write_h5ad(path)
+        command += [str(path), "--batch-key", "batch"]
+    if quick:
+        command += ["--seeds", "2", "--max-epochs", "3"]
+    command += ["--out", str(out), "--quiet"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    start = time.perf_counter()
+    subprocess.run(command, check=True, env=env)
+    seconds = time.perf_counter() - start
+    report = json.loads((out / "report" / "report.json").read_text())
+    return seconds, report
+
+
+def run_scvi(dataset: str, report: dict, quick: bool) -> dict:
+    """One default SCVI fit on the diagnosis's fit cells and genes, in a fresh process."""
+    fits = report["settings"]["fits"]
+    selection = fits.get("gene_selection") or {}
+    spec = {
+        "dataset": dataset,
+        "genes": selection.get("genes"),
+        "heldout_fraction": fits["heldout_fraction"],
+        "split_seed": fits["split_seed"],
+        "n_fit": fits["split"]["n_fit"],
+        "batch_key": fits["registry"]["batch_key"],
+        "max_epochs": 3 if quick else None,
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(spec)], check=True, env=env, capture_output=True, text=True
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time both for each data set and write the section."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--datasets", default="embedded,kang2018", help="comma-separated: embedded, kang2018, ...")
+    parser.add_argument("--quick", action="store_true", help="smoke run: embedded only, 2 seeds, 3 epochs")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args(argv)
+    datasets = ["embedded"] if args.quick else args.datasets.split(",")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for dataset in datasets:
+            out = Path(tmp) / dataset / "diag"
+            out.parent.mkdir(parents=True)
+            diagnose_s, report = run_diagnose(dataset, out, args.quick)
+            scvi_run = run_scvi(dataset, report, args.quick)
+            epochs = [t.get("epochs_trained") for t in report["settings"]["fits"].get("training", [])]
+            rows.append((dataset, diagnose_s, epochs, scvi_run))
+            print(f"{dataset}: diagnose {diagnose_s:.0f} s, SCVI {scvi_run['seconds']:.0f} s", flush=True)
+    lines = [
+        "## The default diagnosis against one default SCVI fit (`bench_diagnose_vs_scvi.py`)",
+        "",
+        f"Command: `{command_line()}`; {cpu_model()}, {os.cpu_count()} cores, load average {load_average()} at "
+        "the end. One job at a time; each timed in a fresh process.",
+        "",
+        "| data | cells fitted x genes | `countvae diagnose` (5 seeds, report included) | epochs per seed | "
+        "SCVI default fit | SCVI epochs | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dataset, diagnose_s, epochs, scvi_run in rows:
+        lines.append(
+            f"| {dataset} | {scvi_run['cells']} x {scvi_run['genes']} | {diagnose_s:.0f} s | "
+            f"{', '.join(str(e) for e in epochs) or '-'} | {scvi_run['seconds']:.0f} s ({scvi_run['threads']} threads) "
+            f"| {scvi_run['epochs']} | {diagnose_s / scvi_run['seconds']:.2f} |"
+        )
+    write_section(args.results, "diagnose-vs-scvi-quick" if args.quick else "diagnose-vs-scvi", "\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
