@@ -166,8 +166,7 @@ def test_missing_extra_gives_the_plain_message_not_a_crash(planted_fits, monkeyp
     assert sec.status["latent_knn"] == "computed" and sec.status["de"] == "not requested"
     assert list(sec.summary["output"]) == ["latent_knn"]
     assert sum("pip install 'countvae[downstream]'" in s for s in sec.statements) == 2
-    html = "".join(sec.html_parts())
-    assert "countvae[downstream]" in html and "DE calls: not requested" in html
+    assert any(s.startswith("DE calls: not requested") for s in sec.statements)
 
 
 def test_de_groups_refuses_bad_requests():

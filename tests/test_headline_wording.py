@@ -12,6 +12,8 @@ from countvae.diagnostics.reporting.verdicts import (
     DIFFER,
     FEW_CELLS_REASON,
     GAUSSIAN_REASON,
+    ICA_QUANTITY,
+    LPD_QUANTITY,
     ica_row_judgement,
     judge_invariants,
     predictive_verdict,
@@ -56,7 +58,7 @@ def _invariants() -> pd.DataFrame:
 
 
 def _headline(predictive) -> list[str]:
-    judged = judge_invariants(_invariants(), predictive)
+    judged = judge_invariants(_invariants(), {LPD_QUANTITY: predictive.as_row_judgement()})
     return headline(judged, predictive_sentence(predictive), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
 
 
@@ -80,7 +82,7 @@ def test_other_undetermined_rows_keep_their_reason_in_the_undetermined_sentence(
     table = _invariants()
     table.loc[0, ["low", "high"]] = [0.85, 0.95]  # decoded means: the interval straddles 0.9
     verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
-    judged = judge_invariants(table, verdict)
+    judged = judge_invariants(table, {LPD_QUANTITY: verdict.as_row_judgement()})
     lines = headline(judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
     undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
     assert "decoded means (its interval 0.85 to 0.95 contains the threshold (>= 0.9); to decide:" in undetermined
@@ -150,7 +152,7 @@ def test_an_undetermined_ica_row_is_explained_in_the_ica_sentence_only():
         ignore_index=True,
     )
     verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
-    judged = judge_invariants(table, verdict, row)
+    judged = judge_invariants(table, {LPD_QUANTITY: verdict.as_row_judgement(), ICA_QUANTITY: row})
     ica = ica_sentence(components, 0.95)
     lines = headline(
         judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3, ica=ica

@@ -50,6 +50,7 @@ from countvae.diagnostics.analyses.reduced_jacobians import ReducedJacobians, re
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.downstream_section import DECalls, DownstreamRequest, collect_de
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.errors import InvalidArgumentError, InvalidDataError
@@ -196,7 +197,7 @@ def guide_draws(
 
 @dataclass
 class FitArrays:
-    """What one fit provides, on the held-out cells and their subsets.
+    """What one fit provides, on the held-out cells and their subsets (``None``: no section of the report needs it).
 
     Attributes
     ----------
@@ -231,18 +232,18 @@ class FitArrays:
     """
 
     latent: np.ndarray
-    lpd: pd.DataFrame | None
-    log_rate: np.ndarray
-    normalized: np.ndarray
-    span: np.ndarray
-    gram: np.ndarray
-    loadings: np.ndarray
-    loadings_are_weights: bool
-    jacobians: ReducedJacobians
-    gram_jacobians: ReducedJacobians
-    ppc: PPCStatistics
-    ppc_halves: tuple[PPCStatistics, PPCStatistics]
-    guide: GuideDraws
+    lpd: pd.DataFrame | None = None
+    log_rate: np.ndarray | None = None
+    normalized: np.ndarray | None = None
+    span: np.ndarray | None = None
+    gram: np.ndarray | None = None
+    loadings: np.ndarray | None = None
+    loadings_are_weights: bool = False
+    jacobians: ReducedJacobians | None = None
+    gram_jacobians: ReducedJacobians | None = None
+    ppc: PPCStatistics | None = None
+    ppc_halves: tuple[PPCStatistics, PPCStatistics] | None = None
+    guide: GuideDraws | None = None
     guide_repeat: GuideDraws | None = None
     latent_fit: np.ndarray | None = None
     knn_draws: np.ndarray | None = None
@@ -284,6 +285,8 @@ class Collected:
         Cells the fits were trained on, when known.
     obs_names
         The held-out cells' names, in order.
+    downstream_request, de_calls
+        The downstream section's request and the fits' DE calls it asked for (``None`` without them).
 
     """
 
@@ -302,6 +305,8 @@ class Collected:
     true_sources: np.ndarray | None = None
     n_fit_cells: int | None = None
     obs_names: pd.Index | None = None
+    downstream_request: DownstreamRequest | None = None
+    de_calls: DECalls | None = None
 
     @property
     def names(self) -> list[str]:
@@ -328,6 +333,30 @@ class Collected:
         }
 
 
+#: Every output a fit can be asked for (the ``needs`` of the report's sections name them).
+ALL_NEEDS = frozenset(
+    {
+        "latent",
+        "lpd",
+        "log_rate",
+        "normalized",
+        "span",
+        "gram",
+        "loadings",
+        "jacobians",
+        "gram_jacobians",
+        "ppc",
+        "ppc_halves",
+        "guide",
+        "guide_repeat",
+        "latent_fit",
+        "knn_draws",
+        "differential_expression",
+    }
+)
+_DECODER = frozenset({"span", "gram", "loadings", "jacobians", "gram_jacobians"})
+
+
 def _collect_fit(
     fit: FittedModel,
     chain: int,
@@ -337,45 +366,41 @@ def _collect_fit(
     ppc_counts: np.ndarray,
     s: ReportSettings,
     lpd: pd.DataFrame | None,
+    needs: frozenset[str] = ALL_NEEDS,
 ) -> FitArrays:
-    """Everything one fit provides (see :class:`FitArrays`), given its held-out ``lpd`` frame."""
+    """What one fit provides of ``needs`` (see :class:`FitArrays`; the rest is ``None``), given its ``lpd`` frame."""
     latent = np.asarray(fit.latent(adata), dtype=np.float64)
-    z_expr = latent[sub.expression]
-    log_rate = np.asarray(fit.decode_log_rate(views["expression"], z_expr.astype(np.float32)), dtype=np.float64)
-    normalized = np.log1p(np.asarray(fit.normalized_expression(views["expression"]), dtype=np.float64))
-    jac = gene_contrasts(fit.decoder_jacobian(views["jacobian"]))
-    span = jacobian_span(jac, fit.n_latent, seed=s.seed)
-    sel = jac[:, sub.genes, :]
-    stacked = np.transpose(sel, (1, 0, 2)).reshape(len(sub.genes), -1)
-    gram = stacked @ stacked.T / jac.shape[0]
-    weights = fit.loadings()
-    loadings = np.asarray(weights, dtype=np.float64) if weights is not None else jac.mean(axis=0)
-    draws = np.asarray(fit.posterior_predictive(views["ppc"], s.n_ppc_samples, s.seed), dtype=np.float64)
-    # Chain c draws with seed + c, so that the chains are independent even when two fits are identical.
-    guide = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + chain, sub.rhat_genes)
-    # The first fit draws once more, independently (a seed no chain uses): the within-seed baseline.
-    repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes) if chain == 0 else None
-    latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64) if "fit" in views else None
-    # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
-    knn_draws = np.asarray(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), dtype=np.float32)
-    return FitArrays(
-        latent=latent,
-        lpd=lpd,
-        log_rate=log_rate[:, sub.genes],
-        normalized=normalized[:, sub.genes],
-        span=span,
-        gram=gram,
-        loadings=loadings,
-        loadings_are_weights=weights is not None,
-        jacobians=reduce_jacobians(jac, seed=s.seed),
-        gram_jacobians=reduce_jacobians(sel, seed=s.seed),
-        ppc=predictive_statistics(ppc_counts, draws),
-        ppc_halves=split_half_statistics(ppc_counts, draws),
-        guide=guide,
-        guide_repeat=repeat,
-        latent_fit=latent_fit,
-        knn_draws=knn_draws,
-    )
+    out = FitArrays(latent=latent, lpd=lpd)
+    if needs & {"log_rate", "normalized"}:
+        z_expr = latent[sub.expression]
+        log_rate = np.asarray(fit.decode_log_rate(views["expression"], z_expr.astype(np.float32)), dtype=np.float64)
+        normalized = np.log1p(np.asarray(fit.normalized_expression(views["expression"]), dtype=np.float64))
+        out.log_rate, out.normalized = log_rate[:, sub.genes], normalized[:, sub.genes]
+    if needs & _DECODER:
+        jac = gene_contrasts(fit.decoder_jacobian(views["jacobian"]))
+        sel = jac[:, sub.genes, :]
+        stacked = np.transpose(sel, (1, 0, 2)).reshape(len(sub.genes), -1)
+        weights = fit.loadings()
+        out.span = jacobian_span(jac, fit.n_latent, seed=s.seed)
+        out.gram = stacked @ stacked.T / jac.shape[0]
+        out.loadings = np.asarray(weights, dtype=np.float64) if weights is not None else jac.mean(axis=0)
+        out.loadings_are_weights = weights is not None
+        out.jacobians, out.gram_jacobians = reduce_jacobians(jac, seed=s.seed), reduce_jacobians(sel, seed=s.seed)
+    if needs & {"ppc", "ppc_halves"}:
+        draws = np.asarray(fit.posterior_predictive(views["ppc"], s.n_ppc_samples, s.seed), dtype=np.float64)
+        out.ppc, out.ppc_halves = predictive_statistics(ppc_counts, draws), split_half_statistics(ppc_counts, draws)
+    if "guide" in needs:
+        # Chain c draws with seed + c, so that the chains are independent even when two fits are identical.
+        out.guide = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + chain, sub.rhat_genes)
+    if "guide_repeat" in needs and chain == 0:
+        # The first fit draws once more, independently (a seed no chain uses): the within-seed baseline.
+        out.guide_repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes)
+    if "latent_fit" in needs and "fit" in views:
+        out.latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64)
+    if "knn_draws" in needs:
+        # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
+        out.knn_draws = np.asarray(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), dtype=np.float32)
+    return out
 
 
 def _fit_lpd(
@@ -454,8 +479,14 @@ def collect(
     stopwatch: Stopwatch,
     progress_bar: bool = False,
     adata_fit: ad.AnnData | None = None,
+    needs: frozenset[str] = ALL_NEEDS,
+    downstream: DownstreamRequest | None = None,
 ) -> Collected:
-    """Visit each fit once on the held-out cells ``adata`` (and ``adata_fit``'s cells; steps timed by ``stopwatch``)."""
+    """Visit each fit once on the held-out cells ``adata`` (and ``adata_fit``'s cells; steps timed by ``stopwatch``).
+
+    Each fit is asked only for the outputs in ``needs`` (the union of the needs of the report's sections);
+    the DE of the ``downstream`` request when ``"differential_expression"`` is among them.
+    """
     var_names = pd.Index(fits[0].var_names)
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
@@ -478,12 +509,15 @@ def collect(
     arrays: dict[str, FitArrays] = {}
     started = time.perf_counter()
     logger.info("Estimating the held-out log p(x) of %d fits (%d worker(s)).", len(fits), min(s.lpd_jobs, len(fits)))
-    lpds = heldout_lpd(fits, views["lpd"], s)
+    lpds = heldout_lpd(fits, views["lpd"], s) if "lpd" in needs else [None] * len(fits)
     lpd_seconds = time.perf_counter() - started
     for chain, fit in enumerate(tqdm(fits, desc="diagnostics", unit="fit", disable=not progress_bar)):
         logger.info("Collecting the outputs of %s", fit.name)
-        arrays[fit.name] = _collect_fit(fit, chain, adata, views, sub, ppc_counts, s, lpds[chain])
+        arrays[fit.name] = _collect_fit(fit, chain, adata, views, sub, ppc_counts, s, lpds[chain], needs)
     stopwatch.lap("per-fit outputs")
+    de = None
+    if downstream is not None and "differential_expression" in needs:
+        de = collect_de(fits, adata, downstream)
     # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
     # own because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
@@ -506,4 +540,6 @@ def collect(
         true_sources=truth,
         n_fit_cells=None if adata_fit is None else int(adata_fit.n_obs),
         obs_names=pd.Index(adata.obs_names.astype(str)),
+        downstream_request=downstream,
+        de_calls=de,
     )

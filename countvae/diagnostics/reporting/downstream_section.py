@@ -2,8 +2,9 @@
 
 Given the fits and the report's held-out cells, this module runs the analyses of
 :mod:`countvae.diagnostics.analyses.downstream` and returns a
-:class:`DownstreamSection`: the tables, a JSON-ready record and the HTML and
-Markdown fragments the report's renderers insert.
+:class:`DownstreamSection`: the tables and a JSON-ready record (the report's downstream section,
+:mod:`.sections.downstream`, lays them out). The DE is asked of the fits by :func:`collect_de`
+(in the report's collect step); everything else is a function of the collected latent means.
 
 What is compared (every comparison has a baseline that holds the fit fixed and
 varies only the downstream seed):
@@ -41,10 +42,8 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae import plotting
 from countvae._checks import check_int, check_number
-from countvae._formatting import json_ready, markdown_table
-from countvae._report_files import escape, figure_png_base64, html_details, html_figure, html_list, html_table
+from countvae._formatting import json_ready
 from countvae.diagnostics.analyses.downstream import (
     BETWEEN,
     LEIDEN_FLAVORS,
@@ -272,50 +271,19 @@ class DownstreamSection:
             }
         )
 
-    def html_parts(self) -> list[str]:
-        """The section as HTML fragments (heading, reading, figure, tables), data strings escaped."""
-        parts = [
-            '<h2 id="downstream">Downstream results across seeds: DE, clusters, UMAP</h2>',
-            f"<p>{escape(_INTRO)}</p>",
-            f"<ul>{html_list(self.statements)}</ul>",
-        ]
-        if len(self.pairs):
-            ax = plotting.downstream_agreement(self.pairs)
-            parts.append(html_figure(figure_png_base64(ax), "Agreement between fits and within one fit", _CAPTION))
-        if len(self.summary):
-            parts.append(html_table(self.summary[_SUMMARY_COLUMNS]))
-        if len(self.de_per_fit):
-            parts += ["<h3>DE per fit</h3>", html_table(self.de_per_fit)]
-        parts.append(html_details("Every compared pair", html_table(self.pairs, max_rows=None)))
-        parts.append(html_details("Settings", html_table(_settings_frame(self.settings), max_rows=None)))
-        return parts
 
-    def markdown(self) -> str:
-        """The section as Markdown."""
-        lines = [
-            "## Downstream results across seeds: DE, clusters, UMAP",
-            _INTRO,
-            "\n".join(f"- {s}" for s in self.statements),
-        ]
-        if len(self.summary):
-            lines.append(markdown_table(self.summary[_SUMMARY_COLUMNS]))
-        if len(self.de_per_fit):
-            lines += ["### DE per fit", markdown_table(self.de_per_fit)]
-        return "\n\n".join(lines)
-
-
-_INTRO = (
+INTRO = (
     "Each output is compared between fits with different model seeds (between fits) and between two runs of the "
     "downstream step on one fit that differ only in its seed (within fit: the baseline). The model's share is the "
     "part of the between-fit disagreement (1 - agreement) that the within-fit baseline does not reach, "
     "(d_between - d_within) / d_between; it is a difference of means over few pairs, so read it with the pair counts."
 )
-_CAPTION = (
+CAPTION = (
     "Agreement of each compared pair (1 = identical): between fits with different seeds (filled) and within one fit, "
     "re-running only the downstream step with another seed (hollow). Points of both kinds at the same height: the "
     "downstream step alone explains the differences between fits."
 )
-_SUMMARY_COLUMNS = [
+SUMMARY_COLUMNS = [
     "output",
     "metric",
     "between_mean",
@@ -327,10 +295,6 @@ _SUMMARY_COLUMNS = [
     "model_share",
     "reading",
 ]
-
-
-def _settings_frame(settings: Mapping[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
 
 
 # ----- wording --------------------------------------------------------------------------------------------------------
@@ -437,102 +401,132 @@ def _summary(summary: pd.DataFrame, output: str) -> pd.DataFrame:
     return out
 
 
-def downstream_section(
-    fits: Sequence[FittedModel],
-    adata: ad.AnnData,
-    request: DownstreamRequest,
-    latents: Mapping[str, np.ndarray] | None = None,
-) -> DownstreamSection:
-    """Compare the fits' DE calls, Leiden clusters and UMAP neighbourhoods against their within-fit baselines.
+@dataclass
+class DECalls:
+    """What the fits' DE between two groups gave (asked of each fit once, by the report's collect step).
 
-    Parameters
+    Attributes
     ----------
-    fits
-        At least two fits of one model with different seeds.
-    adata
-        The report's held-out cells (with ``request.groupby`` in ``obs`` for DE).
-    request
-        The DE groups and the settings.
-    latents
-        Fit name -> latent means of ``adata``'s cells, if already computed.
+    groupby, group1, group2
+        The compared groups (``group2`` is ``"Rest"`` for all other cells).
+    frames
+        Fit name -> its DE with its own sampling seed (``seed + i``).
+    baseline_frames
+        Fit name -> its DE with the baseline seed (``seed + n_fits + i``), for the baseline fits.
+    seeds, baseline_seeds
+        The sampling seeds by fit name.
+    var_names
+        The fits' genes.
+    seconds
+        Time the DE took.
 
-    Returns
-    -------
-    DownstreamSection
+    """
+
+    groupby: str
+    group1: str
+    group2: str
+    frames: dict[str, pd.DataFrame]
+    baseline_frames: dict[str, pd.DataFrame]
+    seeds: dict[str, int]
+    baseline_seeds: dict[str, int]
+    var_names: pd.Index
+    seconds: float = 0.0
+
+
+def collect_de(fits: Sequence[FittedModel], adata: ad.AnnData, request: DownstreamRequest) -> DECalls | None:
+    """Each fit's DE between the request's groups on ``adata`` (and again with a second seed for the baseline).
+
+    ``None`` when the request asks for no DE (``groupby`` is ``None``).
 
     Raises
     ------
     InvalidArgumentError
-        For fewer than two fits, bad DE groups (:func:`de_groups`), or DE asked of
-        fits that are not countvae fits.
+        For bad DE groups (:func:`de_groups`), or DE asked of fits that are not countvae fits.
 
     """
-    s = request.settings
-    if len(fits) < 2:
-        raise InvalidArgumentError(f"The downstream section compares fits; got {len(fits)}.")
-    names = [f.name for f in fits]
+    if request.groupby is None:
+        return None
+    s, started = request.settings, time.perf_counter()
+    try:
+        group1, group2 = de_groups(adata.obs, request.groupby, request.group1, request.group2)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{exc} (DE runs on the report's {adata.n_obs} held-out cells.)") from None
+    n_baseline = len(fits) if s.n_baseline_fits is None else min(s.n_baseline_fits, len(fits))
+    frames, again, seeds, again_seeds = {}, {}, {}, {}
+    for i, fit in enumerate(fits):
+        seeds[fit.name] = s.seed + i
+        frames[fit.name] = fit_differential_expression(fit, adata, request.groupby, group1, group2, s.seed + i, s)
+        if i < n_baseline:
+            again_seeds[fit.name] = s.seed + len(fits) + i
+            again[fit.name] = fit_differential_expression(
+                fit, adata, request.groupby, group1, group2, again_seeds[fit.name], s
+            )
+    return DECalls(
+        request.groupby,
+        group1,
+        group2,
+        frames,
+        again,
+        seeds,
+        again_seeds,
+        pd.Index(fits[0].var_names),
+        time.perf_counter() - started,
+    )
+
+
+def _de_part(de: DECalls, s: DownstreamSettings) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The DE rows of the section: long pairs, summary, per-fit table and the call matrix."""
+    call_column = f"is_de_fdr_{s.fdr_target}"
+    calls = {name: f[call_column].to_numpy(bool) for name, f in de.frames.items()}
+    lfc = {name: f["lfc_mean"].to_numpy(float) for name, f in de.frames.items()}
+    calls2 = {name: f[call_column].to_numpy(bool) for name, f in de.baseline_frames.items()}
+    lfc2 = {name: f["lfc_mean"].to_numpy(float) for name, f in de.baseline_frames.items()}
+    rows = [
+        {
+            "fit": name,
+            "sampling_seed": de.seeds[name],
+            "n_calls": int(calls[name].sum()),
+            "predicted_resampling_jaccard": float(frame["mc_call_jaccard"].iloc[0]),
+            "baseline_sampling_seed": de.baseline_seeds.get(name),
+            "n_calls_baseline": int(calls2[name].sum()) if name in calls2 else None,
+        }
+        for name, frame in de.frames.items()
+    ]
+    pairs, summary = de_agreement(calls, lfc, calls2, lfc2)
+    pairs["chance"] = _chance(pairs, calls, calls2, len(de.var_names))
+    summary["chance_mean"] = np.where(
+        summary["metric"] == "jaccard", pairs.loc[pairs["kind"] == BETWEEN, "chance"].mean(), np.nan
+    )
+    de_calls = pd.DataFrame(calls, index=de.var_names.astype(str))
+    return _long(pairs, "de", ["jaccard", "spearman"]), _summary(summary, "de"), pd.DataFrame(rows), de_calls
+
+
+def downstream_result(
+    de: DECalls | None, latents: Mapping[str, np.ndarray], n_cells: int, s: DownstreamSettings
+) -> DownstreamSection:
+    """The section from the collected DE calls and the fits' latent means of the ``n_cells`` held-out cells."""
+    if len(latents) < 2:
+        raise InvalidArgumentError(f"The downstream section compares fits; got {len(latents)}.")
     status = dict.fromkeys(OUTPUTS, "not requested")
     long_parts, summaries = [], []
     timings: dict[str, float] = {}
-    settings: dict[str, Any] = {"cells": int(adata.n_obs), **json_ready(vars(s))}
+    settings: dict[str, Any] = {"cells": int(n_cells), **json_ready(vars(s))}
     de_per_fit = de_calls = pd.DataFrame()
-
-    if request.groupby is not None:
+    if de is not None:
         started = time.perf_counter()
-        try:
-            group1, group2 = de_groups(adata.obs, request.groupby, request.group1, request.group2)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"{exc} (DE runs on the report's {adata.n_obs} held-out cells.)") from None
-        n_baseline = len(fits) if s.n_baseline_fits is None else min(s.n_baseline_fits, len(fits))
-        calls, lfc, calls2, lfc2, rows = {}, {}, {}, {}, []
-        for i, fit in enumerate(fits):
-            frame = fit_differential_expression(fit, adata, request.groupby, group1, group2, s.seed + i, s)
-            call_column = f"is_de_fdr_{s.fdr_target}"
-            calls[fit.name] = frame[call_column].to_numpy(bool)
-            lfc[fit.name] = frame["lfc_mean"].to_numpy(float)
-            row = {
-                "fit": fit.name,
-                "sampling_seed": s.seed + i,
-                "n_calls": int(calls[fit.name].sum()),
-                "predicted_resampling_jaccard": float(frame["mc_call_jaccard"].iloc[0]),
-                "baseline_sampling_seed": None,
-                "n_calls_baseline": None,
-            }
-            if i < n_baseline:
-                second_seed = s.seed + len(fits) + i
-                again = fit_differential_expression(fit, adata, request.groupby, group1, group2, second_seed, s)
-                calls2[fit.name] = again[call_column].to_numpy(bool)
-                lfc2[fit.name] = again["lfc_mean"].to_numpy(float)
-                row.update(baseline_sampling_seed=second_seed, n_calls_baseline=int(calls2[fit.name].sum()))
-            rows.append(row)
-        de_per_fit = pd.DataFrame(rows)
-        de_calls = pd.DataFrame(calls, index=pd.Index(fits[0].var_names).astype(str))
-        pairs, summary = de_agreement(calls, lfc, calls2, lfc2)
-        pairs["chance"] = _chance(pairs, calls, calls2, len(fits[0].var_names))
-        summary["chance_mean"] = np.where(
-            summary["metric"] == "jaccard", pairs.loc[pairs["kind"] == BETWEEN, "chance"].mean(), np.nan
-        )
-        long_parts.append(_long(pairs, "de", ["jaccard", "spearman"]))
-        summaries.append(_summary(summary, "de"))
+        pairs_long, summary, de_per_fit, de_calls = _de_part(de, s)
+        long_parts.append(pairs_long)
+        summaries.append(summary)
         status["de"] = "computed"
-        settings.update(groupby=request.groupby, group1=group1, group2=group2, n_genes=len(fits[0].var_names))
-        timings["de"] = time.perf_counter() - started
+        settings.update(groupby=de.groupby, group1=de.group1, group2=de.group2, n_genes=len(de.var_names))
+        timings["de"] = de.seconds + time.perf_counter() - started
 
-    if latents is None:
-        latents = {f.name: np.asarray(f.latent(adata), dtype=np.float64) for f in fits}
-    cells = subsample(adata.n_obs, s.max_cells, s.seed)
-    sub = {name: np.asarray(latents[name], dtype=np.float64)[cells] for name in names}
+    cells = subsample(n_cells, s.max_cells, s.seed)
+    sub = {name: np.asarray(z, dtype=np.float64)[cells] for name, z in latents.items()}
     k = min(s.k, len(cells) - 1)
     settings.update(cells_clustered_and_embedded=len(cells), k_used=k)
-
-    started = time.perf_counter()
-    pairs, summary = neighbourhood_agreement(sub, None, k)
-    long_parts.append(_long(pairs, "latent_knn", ["knn_overlap"]))
-    summaries.append(_summary(summary, "latent_knn"))
-    status["latent_knn"] = "computed"
-    timings["latent_knn"] = time.perf_counter() - started
-
     for output, wanted, compute, metrics in (
+        ("latent_knn", True, lambda: neighbourhood_agreement(sub, None, k), ["knn_overlap"]),
         (
             "clusters",
             s.clusters,
@@ -559,7 +553,23 @@ def downstream_section(
     summary_frame = summary_frame.sort_values("output", key=lambda c: c.map(order), kind="stable").reset_index(
         drop=True
     )
-    statements = list(summary_frame["reading"])
+    return DownstreamSection(
+        summary=summary_frame,
+        pairs=pd.concat(long_parts, ignore_index=True),
+        de_per_fit=de_per_fit,
+        status=status,
+        statements=_statements(summary_frame, de_per_fit, status, s),
+        settings=settings,
+        timings=timings,
+        de_calls=de_calls,
+    )
+
+
+def _statements(
+    summary: pd.DataFrame, de_per_fit: pd.DataFrame, status: Mapping[str, str], s: DownstreamSettings
+) -> list[str]:
+    """The section's reading: one sentence per summary row, then the DE sampling note and what was not computed."""
+    statements = list(summary["reading"])
     if len(de_per_fit):
         noisy = de_per_fit.loc[de_per_fit["predicted_resampling_jaccard"] < STABLE_CALL_JACCARD, "fit"].tolist()
         if noisy:
@@ -573,16 +583,48 @@ def downstream_section(
         statements.append(
             "DE calls: not requested (give an obs column of groups, e.g. `countvae diagnose --de GROUPBY`)."
         )
-    return DownstreamSection(
-        summary=summary_frame,
-        pairs=pd.concat(long_parts, ignore_index=True),
-        de_per_fit=de_per_fit,
-        status=status,
-        statements=statements,
-        settings=settings,
-        timings=timings,
-        de_calls=de_calls,
-    )
+    return statements
+
+
+def downstream_section(
+    fits: Sequence[FittedModel],
+    adata: ad.AnnData,
+    request: DownstreamRequest,
+    latents: Mapping[str, np.ndarray] | None = None,
+) -> DownstreamSection:
+    """Compare the fits' DE calls, Leiden clusters and UMAP neighbourhoods against their within-fit baselines.
+
+    The report does the same in two steps (:func:`collect_de` in its collect step, :func:`downstream_result`
+    in its downstream section); this runs both for fits outside a report.
+
+    Parameters
+    ----------
+    fits
+        At least two fits of one model with different seeds.
+    adata
+        The report's held-out cells (with ``request.groupby`` in ``obs`` for DE).
+    request
+        The DE groups and the settings.
+    latents
+        Fit name -> latent means of ``adata``'s cells, if already computed.
+
+    Returns
+    -------
+    DownstreamSection
+
+    Raises
+    ------
+    InvalidArgumentError
+        For fewer than two fits, bad DE groups (:func:`de_groups`), or DE asked of
+        fits that are not countvae fits.
+
+    """
+    if len(fits) < 2:
+        raise InvalidArgumentError(f"The downstream section compares fits; got {len(fits)}.")
+    de = collect_de(fits, adata, request)
+    if latents is None:
+        latents = {f.name: np.asarray(f.latent(adata), dtype=np.float64) for f in fits}
+    return downstream_result(de, {f.name: latents[f.name] for f in fits}, adata.n_obs, request.settings)
 
 
 __all__ = [
@@ -591,7 +633,10 @@ __all__ = [
     "DownstreamRequest",
     "DownstreamSection",
     "DownstreamSettings",
+    "DECalls",
+    "collect_de",
     "de_groups",
+    "downstream_result",
     "downstream_section",
     "reading",
 ]

@@ -152,7 +152,7 @@ def headline(
     ica: str | None = None,
     truth: str | None = None,
 ) -> list[str]:
-    """The verdict in sentences.
+    """The verdict in sentences, in the order the report's sections give them.
 
     Parameters
     ----------
@@ -174,6 +174,18 @@ def headline(
         :func:`truth_sentence`, or ``None``.
 
     """
+    return [
+        *verdict_lines(invariants, predictive, ica, n_fits),
+        predictive,
+        *alignment_lines(alignment_mean, efficiency),
+        *([ica] if ica else []),
+        *([truth] if truth else []),
+        *marker_lines(markers),
+    ]
+
+
+def verdict_lines(invariants: pd.DataFrame, predictive: str, ica: str | None, n_fits: int) -> list[str]:
+    """The sentences of the invariants table: which rows agree, agree after alignment, differ, are undetermined."""
     by = quantities_by_verdict(invariants)
     rows = invariants.set_index("quantity")
     theory = rows["invariant_in_theory"].to_dict()
@@ -193,43 +205,51 @@ def headline(
         )
     if differ_other:
         lines.append(f"{LEADS['differ_other']} {_listing(differ_other)}.")
-        coordinate = rows.loc[differ_other]
-        coordinate = coordinate[np.isfinite(coordinate["aligned_agreement"].astype(float))]
-        gain = coordinate["aligned_agreement"] - coordinate["agreement"]
-        mostly = coordinate[gain >= 0.3]
-        if len(mostly):
-            changes = ", ".join(
-                f"{q} from {r.agreement:.2f} to {r.aligned_agreement:.2f}" for q, r in mostly.iterrows()
-            )
-            lines.append(
-                f"Rotating the seeds onto each other raises the agreement of {changes} (threshold "
-                f"{mostly['threshold'].iloc[0]:g}): most of their seed-to-seed difference is the arbitrary "
-                "rotation, the remainder a genuine difference between the solutions."
-            )
+        lines += _rotation_gain(rows.loc[differ_other])
     if by[UNDETERMINED]:
         details = "; ".join(_why_undetermined(q, rows, predictive, ica) for q in by[UNDETERMINED])
         lines.append(f"{LEADS[UNDETERMINED]} {_listing(by[UNDETERMINED])}. Why, and what would decide: {details}.")
-    lines.append(predictive)
+    return lines
+
+
+def _rotation_gain(coordinate: pd.DataFrame) -> list[str]:
+    """The sentence on rows that differ but gain much by aligning the seeds (none when no row gains 0.3)."""
+    coordinate = coordinate[np.isfinite(coordinate["aligned_agreement"].astype(float))]
+    gain = coordinate["aligned_agreement"] - coordinate["agreement"]
+    mostly = coordinate[gain >= 0.3]
+    if not len(mostly):
+        return []
+    changes = ", ".join(f"{q} from {r.agreement:.2f} to {r.aligned_agreement:.2f}" for q, r in mostly.iterrows())
+    return [
+        f"Rotating the seeds onto each other raises the agreement of {changes} (threshold "
+        f"{mostly['threshold'].iloc[0]:g}): most of their seed-to-seed difference is the arbitrary "
+        "rotation, the remainder a genuine difference between the solutions."
+    ]
+
+
+def alignment_lines(alignment_mean: pd.Series, efficiency: pd.DataFrame | None) -> list[str]:
+    """The mean alignment error per map class and, with ICA, the ICA efficiency."""
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]
-    lines.append(
+    lines = [
         "Mean seed-pair alignment error (fraction of the latent diameter; lower is better): " + ", ".join(parts) + "."
-    )
+    ]
     if efficiency is not None and efficiency["ica_efficiency"].notna().any():
         eff = efficiency["ica_efficiency"]
         lines.append(
             f"ICA efficiency (share of the permutation-to-rotation gap that ICA closes, fitted on held-out cells; "
             f"1 = all): mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}."
         )
-    if ica:
-        lines.append(ica)
-    if truth:
-        lines.append(truth)
-    if len(markers):
-        moved = int((~markers["best_dim_agrees"]).sum())
-        spread = float((markers["r2_max"] - markers["r2_min"]).max())
-        lines.append(
-            f"Markers: for {moved} of {len(markers)} markers the best-correlated latent dimension (or its sign) "
-            f"changes between seeds, while the rotation-invariant R^2 on all dimensions varies by at most "
-            f"{spread:.3f} across seeds."
-        )
     return lines
+
+
+def marker_lines(markers: pd.DataFrame) -> list[str]:
+    """The marker pitfall in one sentence (none without markers)."""
+    if not len(markers):
+        return []
+    moved = int((~markers["best_dim_agrees"]).sum())
+    spread = float((markers["r2_max"] - markers["r2_min"]).max())
+    return [
+        f"Markers: for {moved} of {len(markers)} markers the best-correlated latent dimension (or its sign) "
+        f"changes between seeds, while the rotation-invariant R^2 on all dimensions varies by at most "
+        f"{spread:.3f} across seeds."
+    ]

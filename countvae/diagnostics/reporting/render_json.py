@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from countvae._formatting import json_ready
-from countvae.diagnostics.reporting.figures import FIGURES
+from countvae.diagnostics.reporting.render_html import sections_of
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.report_format import FORMAT_NAME, FORMAT_VERSION, table_columns
 
@@ -22,7 +22,11 @@ def report_record(rep: ReportContent) -> dict[str, Any]:
             "headline": rep.headline,
             "tables": rep.tables,
             "table_columns": table_columns(rep.tables),
-            "figures": {name: {"title": t, "tables": list(src), "caption": c} for name, (t, src, c) in FIGURES.items()},
+            "figures": {
+                name: {"title": t, "tables": list(src), "caption": c}
+                for section in sections_of(rep)
+                for name, (t, src, c) in section.figures.items()
+            },
             "settings": rep.settings,
             "subsampling": rep.subsampling,
             "provenance": rep.provenance,

@@ -44,6 +44,7 @@ class ReportContent:
     cells: pd.DataFrame | None = field(default=None, repr=False)
     genes: pd.DataFrame | None = field(default=None, repr=False)
     consensus_latent: np.ndarray | None = field(default=None, repr=False)
+    sections: tuple[Any, ...] | None = field(default=None, repr=False)  # the sections run (None: the registered ones)
 
     @property
     def invariants(self) -> pd.DataFrame:

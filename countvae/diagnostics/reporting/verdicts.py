@@ -54,6 +54,7 @@ ICA coordinates
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,31 +213,22 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
     )
 
 
-def judge_invariants(
-    numbers: pd.DataFrame, predictive: PredictiveVerdict | None = None, ica: Judgement | None = None
-) -> pd.DataFrame:
+def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | None = None) -> pd.DataFrame:
     """Add :data:`VERDICT_COLUMNS` to the table of :func:`~countvae.diagnostics.analyses.invariants.invariants_table`.
 
     Parameters
     ----------
     numbers
         The invariants table (numbers, intervals, thresholds).
-    predictive
-        The predictive-equivalence verdict: the held-out log p(x) row takes it
-        (its precondition on the estimator included); judged from its interval without it.
-    ica
-        The ICA row's verdict (:func:`ica_row_judgement`); judged from its interval without it.
+    decided
+        Quantity -> its verdict where a report section decides the row by a rule of its own (the predictive
+        section the held-out log p(x) row, with its precondition on the estimator; the ICA components section
+        the ICA row); every other row is judged from its interval.
 
     """
+    decided = decided or {}
     out = numbers.copy()
-    judged = []
-    for _, row in numbers.iterrows():
-        if row["quantity"] == LPD_QUANTITY and predictive is not None:
-            judged.append(predictive.as_row_judgement())
-        elif row["quantity"] == ICA_QUANTITY and ica is not None:
-            judged.append(ica)
-        else:
-            judged.append(judge_row(row))
+    judged = [decided.get(row["quantity"]) or judge_row(row) for _, row in numbers.iterrows()]
     out["verdict"] = [j.verdict for j in judged]
     out["reason"] = [j.reason for j in judged]
     out["remedy"] = [j.remedy for j in judged]

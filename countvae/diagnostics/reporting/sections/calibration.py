@@ -1,0 +1,95 @@
+"""The calibration section: how often each of this report's rows was right in the bundled calibration suite."""
+
+from __future__ import annotations
+
+from countvae.diagnostics.reporting.collect import Collected
+from countvae.diagnostics.reporting.report_content import ReportContent
+from countvae.diagnostics.reporting.sections.base import (
+    HTML,
+    MARKDOWN,
+    Block,
+    Bullets,
+    Details,
+    Paragraph,
+    Section,
+    SectionResult,
+    Shared,
+    Table,
+)
+from countvae.diagnostics.reporting.settings import ReportSettings
+from countvae.diagnostics.reporting.verdict_calibration import (
+    calibration_sentences,
+    calibration_summary,
+    calibration_table,
+    load_calibration,
+)
+
+ORACLE = (
+    "The scenario's truth assumes that seeds reach one solution. An oracle that re-fits them and compares them with "
+    "the simulation's truth leaves out the replicates whose seeds reached different solutions (every row but ICA) "
+    "and takes the ICA row's truth from a larger-sample estimate."
+)
+
+
+class CalibrationSection(Section):
+    """The suite's rates for the rows of this report (bundled numbers, not these data)."""
+
+    name = "calibration"
+    title = "How often these verdicts are right"
+    requires = ("invariants",)
+
+    def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
+        """The rates of this report's rows, and which fall short of the goal."""
+        calibration = load_calibration()
+        quantities = shared.results["invariants"].tables["invariants"]["quantity"].tolist()
+        return SectionResult(
+            tables={
+                "calibration": calibration_table(calibration, quantities),
+                "calibration_oracle": calibration_table(calibration, quantities, truth="oracle"),
+            },
+            records={
+                "calibration": {
+                    "measured_by": calibration_summary(calibration),
+                    "below_goal": calibration_sentences(calibration, quantities),
+                }
+            },
+        )
+
+    def layout(self, rep: ReportContent) -> list[Block]:
+        """Which rows fall short of the goal, then the rates (and those conditioned on an oracle)."""
+        if "calibration" not in rep.tables:
+            return []
+        html, markdown = frozenset({HTML}), frozenset({MARKDOWN})
+        record = rep.settings.get("calibration", {})
+        short = tuple(record.get("below_goal", []))
+        blocks: list[Block] = [Paragraph(record.get("measured_by", ""))]
+        if short:
+            blocks += [
+                Paragraph("Rows right in fewer than 95% of the replicates of a scenario:", formats=html),
+                Bullets(short),
+            ]
+        else:
+            blocks += [
+                Paragraph(
+                    "Every row of this report was right in at least 95% of the replicates of every scenario.",
+                    formats=html,
+                ),
+                Paragraph("Every row was right in at least 95% of them.", formats=markdown),
+            ]
+        blocks.append(
+            Details(
+                "Correct, undetermined and wrong verdicts per scenario and row",
+                (Table(rep.tables["calibration"], max_rows=None),),
+                formats=html,
+            )
+        )
+        oracle = rep.tables.get("calibration_oracle")
+        if oracle is not None and len(oracle):
+            blocks.append(
+                Details(
+                    "The same with the truth conditioned on what an oracle shows the seeds reached",
+                    (Paragraph(ORACLE), Table(oracle, max_rows=None)),
+                    formats=html,
+                )
+            )
+        return blocks
