@@ -20,7 +20,7 @@ from PIL import Image
 
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, report
-from countvae.diagnostics.reporting.render_html import GLANCE
+from countvae.diagnostics.reporting.sections.invariants import GLANCE
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 EVIL_GENE = "<script>alert(1)</script>"

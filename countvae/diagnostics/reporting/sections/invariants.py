@@ -14,7 +14,7 @@ from countvae import plotting
 from countvae._formatting import format_value
 from countvae.diagnostics.analyses.invariants import InvariantInputs, ResamplingSettings, invariants_table
 from countvae.diagnostics.reporting.collect import Collected
-from countvae.diagnostics.reporting.display import threshold_text
+from countvae.diagnostics.reporting.display import invariants_for_display, threshold_text
 from countvae.diagnostics.reporting.headline import verdict_lines
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
@@ -146,7 +146,7 @@ class InvariantsSection(Section):
                 css={"verdict": VERDICT_CSS},
                 formats=frozenset({HTML}),
             ),
-            Table(for_markdown(rep.invariants), formats=frozenset({MARKDOWN})),
+            Table(invariants_for_display(rep.invariants), formats=frozenset({MARKDOWN})),
         ]
 
 
@@ -193,10 +193,3 @@ def display_table(frame: pd.DataFrame) -> pd.DataFrame:
             )
         )
     return pd.DataFrame(rows, columns=[c for c, _ in DISPLAY_COLUMNS], dtype=object)
-
-
-def for_markdown(frame: pd.DataFrame) -> pd.DataFrame:
-    """The judged table with ``threshold`` and ``comparison`` shown as one text column (``">= 0.9"``)."""
-    out = frame.drop(columns=["comparison"])
-    out["threshold"] = [threshold_text(t, c) for t, c in zip(out["threshold"], frame["comparison"], strict=True)]
-    return out

@@ -1,0 +1,97 @@
+"""The report's sections: the registry runs any subset in report order, refuses unknown names, resolves what a
+section requires, and a section defined here appears in report.html, report.md and report.json with no other change."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from countvae.diagnostics import report
+from countvae.diagnostics.reporting.sections import (
+    DEFAULT_SECTIONS,
+    Section,
+    SectionResult,
+    register_section,
+    registered_sections,
+    resolve_sections,
+    unregister_section,
+)
+from countvae.diagnostics.reporting.sections.base import Paragraph, Table
+from countvae.errors import InvalidArgumentError
+
+SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6, max_jacobian_cells=30, n_bootstrap=20)
+
+
+class LatentMeansSection(Section):
+    """A tiny section: each fit's mean latent norm on the held-out cells (known answer: computed here again)."""
+
+    name = "latent_norms"
+    title = "Mean latent norm per seed"
+    needs = frozenset({"latent"})
+    requires = ("alignment",)
+
+    def compute(self, collected, shared, settings):
+        norms = {name: float((z**2).sum(axis=1).mean() ** 0.5) for name, z in collected.per_fit("latent").items()}
+        n_pairs = len(shared.results["alignment"].tables["alignment"])
+        frame = pd.DataFrame({"fit": list(norms), "rms_latent_norm": list(norms.values())})
+        return SectionResult(
+            tables={"latent_norms": frame},
+            headline=[f"Latent norms: {len(norms)} fits, {n_pairs} alignment rows."],
+            records={"latent_norms": {"fits": len(norms)}},
+        )
+
+    def layout(self, rep):
+        return [Paragraph("Root mean square norm of the latent means."), Table(rep.tables["latent_norms"])]
+
+
+def test_default_sections_in_report_order():
+    names = [s.name for s in registered_sections()]
+    assert names == [s.name for s in DEFAULT_SECTIONS]
+    assert names[:4] == ["invariants", "predictive", "alignment", "ica"] and names[-1] == "about"
+
+
+def test_subset_keeps_report_order_and_adds_requirements():
+    chosen = [s.name for s in resolve_sections(["markers", "invariants"])]
+    # the invariants table requires the predictive, PPC and ICA sections (its rows' verdicts and inputs)
+    assert chosen == ["invariants", "predictive", "ica", "markers", "ppc"]
+    assert [s.name for s in resolve_sections(["subspace"])] == ["subspace"]
+
+
+def test_unknown_or_repeated_section_is_refused_clearly():
+    with pytest.raises(InvalidArgumentError, match=r"Unknown report section 'nope'.*'invariants'"):
+        resolve_sections(["nope"])
+    with pytest.raises(InvalidArgumentError, match="asked for twice"):
+        resolve_sections(["markers", "markers"])
+    with pytest.raises(InvalidArgumentError, match="is registered already"):
+        register_section(DEFAULT_SECTIONS[0])
+
+
+def test_a_subset_runs_only_its_sections(seed_fits):
+    rep = report(seed_fits, sections=["markers"], **SMALL)
+    assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}
+    assert rep.headline[0].startswith("Markers:")
+    html = rep.to_html()
+    assert 'id="markers"' in html and 'id="invariants"' not in html and 'id="predictive"' not in html
+
+
+def test_a_new_section_appears_in_html_markdown_and_json(seed_fits):
+    register_section(LatentMeansSection())
+    try:
+        rep = report(seed_fits, sections=None, **SMALL)
+    finally:
+        unregister_section("latent_norms")
+    latents = {f.name: f.latent(seed_fits.adata_heldout) for f in seed_fits.fits}
+    expected = {name: float((z**2).sum(axis=1).mean() ** 0.5) for name, z in latents.items()}
+    table = rep.tables["latent_norms"].set_index("fit")["rms_latent_norm"]
+    assert table.to_dict() == pytest.approx(expected, rel=1e-6)
+    n_pairs = len(rep.alignment)
+    assert f"Latent norms: 3 fits, {n_pairs} alignment rows." in rep.headline
+    html, markdown, record = rep.to_html(), rep.to_markdown(), json.loads(json.dumps(rep.to_dict()))
+    assert '<h2 id="latent_norms">Mean latent norm per seed</h2>' in html and 'href="#latent_norms"' in html
+    assert html.index('id="latent_norms"') < html.index('id="about"')
+    assert "## Mean latent norm per seed" in markdown and "rms_latent_norm" in markdown
+    assert [r["fit"] for r in record["tables"]["latent_norms"]] == list(expected)
+    assert record["settings"]["latent_norms"] == {"fits": 3}
+    assert "latent_norms" not in [s.name for s in registered_sections()]
