@@ -25,6 +25,7 @@ import anndata as ad
 import numpy as np
 
 from countvae.data.gene_sets import GenePrograms, read_gmt
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import cells_at
 from countvae.errors import InvalidArgumentError
@@ -177,3 +178,71 @@ def fit_split_halves(
         model.train(**{**train, "seed": seed})
         fits.append(CountVAEFit(model, seed, name=f"half {number}"))
     return fits[0], fits[1]
+
+
+@dataclass
+class RestrictionFits:
+    """Every model of a restriction comparison fitted over the same seeds and cells.
+
+    Attributes
+    ----------
+    fits
+        Model name (``"unrestricted"`` first) -> its fits, in seed order.
+    seconds
+        Model name -> seconds of fitting per seed.
+    halves
+        Model name -> its two split-half fits (empty without split halves).
+    adata_heldout, adata_fit
+        The held-out and the training cells every model shares.
+
+    """
+
+    fits: dict[str, list[CountVAEFit]]
+    seconds: dict[str, dict[int, float]]
+    halves: dict[str, tuple[CountVAEFit, CountVAEFit]]
+    adata_heldout: ad.AnnData
+    adata_fit: ad.AnnData
+
+
+def fit_restrictions(
+    adata: ad.AnnData,
+    model_kwargs: dict[str, dict[str, Any]],
+    seeds: list[int],
+    train_kwargs: dict[str, Any],
+    *,
+    split_half: bool,
+    heldout_fraction: float,
+    split_seed: int,
+    **fit_seeds_kwargs: Any,
+) -> RestrictionFits:
+    """Fit each model (name -> its settings, the unrestricted one first) from ``seeds`` with :func:`fit_seeds`.
+
+    Every model shares the training and held-out cells (``heldout_fraction``, ``split_seed``); with
+    ``split_half`` each is fitted again on two disjoint halves of the training cells, from the first two
+    seeds (:func:`fit_split_halves`). ``fit_seeds_kwargs`` (``n_jobs``, ``progress_bar``, ``overwrite``,
+    ``out_dir``: each model then in ``out_dir/<name>``) go to :func:`fit_seeds`.
+    """
+    out_dir = fit_seeds_kwargs.pop("out_dir", None)
+    fits, seconds, heldout, adata_fit = {}, {}, None, None
+    for name, kwargs in model_kwargs.items():
+        fitted = fit_seeds(
+            adata,
+            seeds=seeds,
+            model_kwargs=kwargs,
+            train_kwargs=train_kwargs,
+            heldout_fraction=heldout_fraction,
+            split_seed=split_seed,
+            out_dir=None if out_dir is None else f"{out_dir}/{name}",
+            **fit_seeds_kwargs,
+        )
+        fits[name], seconds[name] = list(fitted.fits), fitted.seconds
+        heldout, adata_fit = fitted.adata_heldout, fitted.adata_fit
+    halves = {}
+    if split_half:
+        first = next(iter(fits.values()))
+        pair = (first[0].seed, first[1].seed)
+        halves = {
+            name: fit_split_halves(adata_fit, kwargs, train_kwargs, pair, split_seed)
+            for name, kwargs in model_kwargs.items()
+        }
+    return RestrictionFits(fits, seconds, halves, heldout, adata_fit)

@@ -10,11 +10,17 @@ The steps:
    folder); ICA re-reads the unrestricted fits;
 2. each fit is read once on the held-out cells: coordinates, loadings, held-out
    ``log p(x)`` per cell (the importance sampler of ``get_log_predictive_density``);
+   with :func:`countvae.invariance.verify` on the first seed's fit of each model for
+   the maps its declaration keeps and breaks (:func:`read_restrictions`, the one step
+   that asks the models; the fitting is :func:`~countvae.diagnostics.fitting.restrictions.fit_restrictions`);
 3. the analyses of :mod:`countvae.diagnostics.analyses.restrictions` run on those
-   arrays: agreement across seeds after a signed permutation only, the split
-   half, the predictive cost against the unrestricted fit of each seed, the
-   support of each gene program, and :func:`countvae.invariance.verify` on the
-   first seed's fit of each model for the maps its declaration keeps and breaks;
+   arrays alone (:func:`restriction_tables`): agreement across seeds (loadings and
+   marker correlations too) after a signed permutation only, the split half (fits
+   on disjoint halves of the cells from different seeds), the predictive cost
+   against the unrestricted fit of each seed (paired held-out ``log p(x)`` with a
+   95% interval and an equivalence margin), the recovery of the true sources and
+   loadings for data from :func:`countvae.data.simulate` (MCC) and the support of
+   each gene program;
 4. the verdicts are stated in sentences (:func:`headline`).
 
 The predictive cost goes through :func:`predictive_comparison`, the one place to
@@ -62,13 +68,13 @@ from countvae.diagnostics.analyses.restrictions import (
     truth_recovery,
     truth_verdict,
 )
-from countvae.diagnostics.fitting.fit_seeds import fit_seeds
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.restrictions import (
     LABELS,
     UNRESTRICTED,
     Restriction,
-    fit_split_halves,
+    RestrictionFits,
+    fit_restrictions,
     parse_restrictions,
     restriction_programs,
     split_half_cells,
@@ -97,12 +103,16 @@ class ModelReadout:
         self.restriction = restriction
         self.fits = fits
         self.seconds = seconds
+        self.symmetry = fits[0].model.module.symmetry if restriction.name != "ica" else "orthogonal"
         self.latents: dict[str, np.ndarray] = {}
         self.loadings: dict[str, np.ndarray | None] = {}
+        self.symmetry_rows: list[dict[str, Any]] = []
         self.lpd: dict[int, pd.DataFrame] = {}
         self.split: tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None] | None = None
         #: ICA only: the most components flagged too Gaussian to identify in any one ICA.
         self.gaussian_components = 0
+        #: Gene programs only: each fit's posterior mean loadings.
+        self.posterior_loadings: dict[str, np.ndarray] = {}
 
     def read(self, adata_heldout: ad.AnnData, n_lpd_samples: int, seed: int, lpd: bool = True) -> None:
         """Held-out coordinates, loadings and (unless ``lpd=False``) ``log p(x)`` of every fit."""
@@ -381,49 +391,39 @@ def compare_restrictions(
 ) -> RestrictionReport:
     """What each restriction buys in identified coordinates, and what it costs in held-out fit.
 
-    Fits the unrestricted model (N(0, I) prior, free loadings) and each restricted
-    one over the same seeds, training cells and held-out cells, and reports per
-    restriction: the predictive cost (paired held-out ``log p(x)`` against the
-    unrestricted fit of the same seed, with a 95% interval and an equivalence
-    margin); what it identifies (agreement of per-dimension coordinates,
-    loadings and marker correlations across seeds after a signed permutation
-    only, against the same for the unrestricted model); whether that agreement
-    holds between fits on disjoint halves of the cells from different seeds
-    (split half; required before a restriction is credited); for data from
-    :func:`countvae.data.simulate`, the recovery of the true sources and
-    loadings (MCC, ``truth``); for gene programs, whether each
-    program is supported by the data; and the numerical check of each model's
-    declared symmetry. See :mod:`countvae.diagnostics.analyses.restrictions` for
-    the definitions.
+    Fits the unrestricted model (N(0, I) prior, free loadings) and each restricted one over the same seeds,
+    training cells and held-out cells, and reports per restriction its predictive cost, what it identifies
+    (with the split-half check required before a restriction is credited), the recovery of simulated truth,
+    the support of gene programs and the check of each model's declared symmetry (the module docstring has
+    the steps; :mod:`countvae.diagnostics.analyses.restrictions` the definitions).
 
     Parameters
     ----------
     adata
         Counts registered with :meth:`countvae.CountVAE.setup_anndata`.
     restrictions
-        Names (``"laplace"``, ``"horseshoe"``, ``"programs"`` or
-        ``"programs:<file.gmt>"``, ``"ica"``), as a list or one comma-separated string.
+        Names (``"laplace"``, ``"horseshoe"``, ``"programs"`` or ``"programs:<file.gmt>"``, ``"ica"``), as a list or
+        one comma-separated string.
     seeds
         At least two seeds; every model is fitted from each.
     gene_programs
-        ``{name: [genes]}`` or a GMT path for the ``"programs"`` restriction;
-        ``n_latent`` is then the number of programs for every model.
+        ``{name: [genes]}`` or a GMT path for the ``"programs"`` restriction; ``n_latent`` is then the number of
+        programs for every model.
     unknown_genes
         ``"error"`` (default) or ``"drop"``: what to do with program genes the data lack.
     model_kwargs
-        Settings shared by every model (default ``decoder="linear"``: the
-        horseshoe and gene programs restrict the linear decoder's loadings).
+        Settings shared by every model (default ``decoder="linear"``: the horseshoe and gene programs restrict the
+        linear decoder's loadings).
     train_kwargs
         Arguments of ``train`` shared by every fit (not ``seed``).
     heldout_fraction, split_seed
         The held-out cells shared by every model (see :func:`fit_seeds`).
     markers
-        Genes or ``obs`` columns for the marker agreement; default: the 8 most
-        variable genes and the registered labels.
+        Genes or ``obs`` columns for the marker agreement; default: the 8 most variable genes and the registered
+        labels.
     split_half
-        Fit each model again on two disjoint halves of the training cells (one
-        from each of the first two seeds). Without it no restriction is
-        credited with identifying the axes (verdict at most ``undetermined``).
+        Fit each model again on two disjoint halves of the training cells (one from each of the first two seeds).
+        Without it no restriction is credited with identifying the axes (verdict at most ``undetermined``).
     check_symmetry
         Run :func:`countvae.invariance.verify` on each model's first fit.
     margin
@@ -433,8 +433,8 @@ def compare_restrictions(
     seed
         Seed of the analyses (cell halves, ICA, importance sampling).
     n_jobs, out_dir, overwrite, progress_bar
-        As in :func:`fit_seeds`; with ``out_dir`` each model's fits are stored in
-        ``out_dir/<model>`` and a rerun reuses them.
+        As in :func:`fit_seeds`; with ``out_dir`` each model's fits are stored in ``out_dir/<model>`` and a rerun
+        reuses them.
 
     Returns
     -------
@@ -443,16 +443,14 @@ def compare_restrictions(
     Raises
     ------
     InvalidArgumentError
-        For an unknown restriction, fewer than two seeds, a ``programs``
-        restriction without programs, or an ``n_latent`` that differs from the
-        number of programs.
+        For an unknown restriction, fewer than two seeds, a ``programs`` restriction without programs, or an
+        ``n_latent`` that differs from the number of programs.
     InvalidDataError
-        For program genes the data lack (with ``unknown_genes="error"``) or a
-        program with fewer than 2 genes in the data.
+        For program genes the data lack (with ``unknown_genes="error"``) or a program with fewer than 2 genes in the
+        data.
 
     """
     started = time.perf_counter()
-    timings: dict[str, float] = {}
     seeds = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, str) else seeds
     chosen = parse_restrictions(restrictions)
     registry = get_registry(adata)
@@ -460,199 +458,249 @@ def compare_restrictions(
     programs = _resolve_programs(chosen, gene_programs, var_names, unknown_genes)
     margin = check_number("margin", margin, 0.0, low_open=True)
     check_int("n_lpd_samples", n_lpd_samples, 2)
-    base_kwargs = {"decoder": "linear", **(model_kwargs or {})}
-    if programs is not None:
-        if base_kwargs.setdefault("n_latent", len(programs)) != len(programs):
-            raise InvalidArgumentError(
-                f"model_kwargs has n_latent={base_kwargs['n_latent']}, but there are {len(programs)} gene programs: "
-                "every model of the comparison has one dimension per program, so leave n_latent out."
-            )
+    base_kwargs, kwargs_by_model = _model_settings(chosen, programs, model_kwargs)
     train_kwargs = {"progress_bar": False, **(train_kwargs or {})}
-    models = [UNRESTRICTED] + [r for r in chosen if not r.post_hoc]
-
-    readouts: dict[str, ModelReadout] = {}
-    heldout = adata_fit = None
-    for restriction in models:
-        kwargs = {**base_kwargs, **restriction.model_kwargs}
-        if restriction.name == "programs":
-            kwargs["gene_programs"] = programs
-        logger.info("Fitting the %s model from %d seeds.", restriction.label, len(seeds))
-        fits = fit_seeds(
-            adata,
-            seeds=seeds,
-            model_kwargs=kwargs,
-            train_kwargs=train_kwargs,
-            heldout_fraction=heldout_fraction,
-            split_seed=split_seed,
-            n_jobs=n_jobs,
-            out_dir=None if out_dir is None else f"{out_dir}/{restriction.name}",
-            overwrite=overwrite,
-            progress_bar=progress_bar,
-        )
-        heldout, adata_fit = fits.adata_heldout, fits.adata_fit
-        readouts[restriction.name] = ModelReadout(restriction, list(fits.fits), fits.seconds)
-    timings["fitting"] = time.perf_counter() - started
-
+    logger.info("Fitting %d models from %d seeds.", len(kwargs_by_model), len(seeds))
+    options = {"n_jobs": n_jobs, "out_dir": out_dir, "overwrite": overwrite, "progress_bar": progress_bar}
+    fitted = fit_restrictions(
+        adata,
+        kwargs_by_model,
+        seeds,
+        train_kwargs,
+        split_half=split_half,
+        heldout_fraction=heldout_fraction,
+        split_seed=split_seed,
+        **options,
+    )
+    timings = {"fitting": time.perf_counter() - started}
     mark = time.perf_counter()
-    for readout in readouts.values():
+    readouts = read_restrictions(fitted, chosen, n_lpd_samples, seed, split_seed, check_symmetry)
+    heldout = fitted.adata_heldout
+    timings["reading fits"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    marker_names = markers if markers is not None else _default_markers(heldout, var_names, registry)
+    tables = _all_tables(readouts, chosen, adata, heldout, var_names, marker_names, programs, margin, seed)
+    timings["analyses"] = time.perf_counter() - mark
+    timings["total"] = time.perf_counter() - started
+    order = ["restrictions", "symmetry", "programs", "agreement_pairs", "split_half", "predictive_seeds"]
+    return RestrictionReport(
+        headline=headline(tables["restrictions"], len(readouts["unrestricted"].fits), tables.get("programs")),
+        tables={name: tables[name] for name in order if name in tables},
+        settings=_settings_record(chosen, readouts, base_kwargs, train_kwargs, heldout, marker_names, programs)
+        | {"heldout_fraction": heldout_fraction, "split_seed": split_seed, "margin_nats_per_cell": margin}
+        | {"identified_threshold": IDENTIFIED_AGREEMENT, "n_lpd_samples": n_lpd_samples},
+        provenance={"versions": package_versions(), "heldout_checksum_sha256": data_checksum(heldout, var_names)},
+        timings=timings,
+    )
+
+
+def read_restrictions(
+    fitted: RestrictionFits,
+    chosen: list[Restriction],
+    n_lpd_samples: int,
+    seed: int,
+    split_seed: int,
+    check_symmetry: bool,
+) -> dict[str, ModelReadout]:
+    """Every fit read once on the held-out cells (the one step that asks the models), ICA re-reads included."""
+    heldout, adata_fit = fitted.adata_heldout, fitted.adata_fit
+    restriction_of = {r.name: r for r in [UNRESTRICTED, *chosen]}
+    readouts = {
+        name: ModelReadout(restriction_of[name], fits, fitted.seconds[name]) for name, fits in fitted.fits.items()
+    }
+    for name, readout in readouts.items():
         readout.read(heldout, n_lpd_samples, seed)
+        if name == "programs":
+            readout.posterior_loadings = {f.name: f.model.loadings_posterior() for f in readout.fits}
+        if check_symmetry:
+            readout.symmetry_rows = symmetry_rows(readout, heldout, seed)
     if any(r.post_hoc for r in chosen):
         readouts["ica"] = ica_readout(readouts["unrestricted"], adata_fit, seed)
-    timings["reading fits"] = time.perf_counter() - mark
+    halves = split_half_cells(adata_fit.n_obs, split_seed)
+    for name, (a, b) in fitted.halves.items():
+        za, zb, wa, wb = a.latent(heldout), b.latent(heldout), a.loadings(), b.loadings()
+        readouts[name].split = (za, zb, wa, wb)
+        if name == "unrestricted" and "ica" in readouts:
+            # each half's fit re-read by an ICA of its own cells: nothing shared between the halves
+            ia = ica_axes(a.model, adata_fit, halves[0], seed)
+            ib = ica_axes(b.model, adata_fit, halves[1], seed)
+            ica = readouts["ica"]
+            ica.gaussian_components = max(ica.gaussian_components, int(ia.gaussian_.sum()), int(ib.gaussian_.sum()))
+            ica.split = (
+                ia.transform(za),
+                ib.transform(zb),
+                None if wa is None else wa @ ia.mixing_,
+                None if wb is None else wb @ ib.mixing_,
+            )
+    return readouts
 
-    mark = time.perf_counter()
-    if split_half:
-        unrestricted_fits = readouts["unrestricted"].fits
-        pair = (unrestricted_fits[0].seed, unrestricted_fits[1].seed)
-        halves = split_half_cells(adata_fit.n_obs, split_seed)
-        for restriction in models:
-            kwargs = {**base_kwargs, **restriction.model_kwargs}
-            if restriction.name == "programs":
-                kwargs["gene_programs"] = programs
-            a, b = fit_split_halves(adata_fit, kwargs, train_kwargs, pair, split_seed)
-            za, zb, wa, wb = a.latent(heldout), b.latent(heldout), a.loadings(), b.loadings()
-            readouts[restriction.name].split = (za, zb, wa, wb)
-            if restriction.name == "unrestricted" and "ica" in readouts:
-                # each half's fit re-read by an ICA of its own cells: nothing shared between the halves
-                ia = ica_axes(a.model, adata_fit, halves[0], seed)
-                ib = ica_axes(b.model, adata_fit, halves[1], seed)
-                readouts["ica"].gaussian_components = max(
-                    readouts["ica"].gaussian_components, int(ia.gaussian_.sum()), int(ib.gaussian_.sum())
-                )
-                readouts["ica"].split = (
-                    ia.transform(za),
-                    ib.transform(zb),
-                    None if wa is None else wa @ ia.mixing_,
-                    None if wb is None else wb @ ib.mixing_,
-                )
-    timings["split half"] = time.perf_counter() - mark
 
-    mark = time.perf_counter()
-    marker_names = markers
-    if marker_names is None:
-        marker_names = default_markers(heldout, var_names)
-        if registry is not None and registry.labels_key is not None:
-            marker_names = [*marker_names, registry.labels_key]
-    marker_values = marker_matrix(heldout, marker_names, var_names).to_numpy(dtype=np.float64)
-    n_seeds = len(readouts["unrestricted"].fits)
-
-    truth = simulated_truth(adata, heldout, var_names)
-    rows, pair_tables, split_rows, seed_rows, symmetry = [], [], [], [], []
-    base_summary = None
-    order = ["unrestricted"] + [r.name for r in chosen]
+def restriction_tables(
+    readouts: Mapping[str, ModelReadout],
+    order: list[str],
+    marker_values: np.ndarray,
+    truth: tuple[np.ndarray, np.ndarray | None] | None,
+    margin: float,
+    seed: int,
+) -> dict[str, pd.DataFrame]:
+    """The comparison's tables from the read-out arrays alone: one row per model, pairs, split halves, symmetry."""
+    rows, pair_tables, split_rows, seed_rows = [], [], [], []
     for name in order:
         readout = readouts[name]
         pairs = agreement_pairs(readout.latents, readout.loadings, marker_values, seed)
         pair_tables.append(pairs.assign(model=name))
-        summary = summarize_agreement(pairs)
-        if base_summary is None:
-            base_summary = summary
         split = split_half_agreement(readout, marker_values, seed) if readout.split is not None else None
-        split_value = np.nan if split is None else split["coordinates"]
         if split is not None:
             split_rows.append({"model": name, **split})
-        verdict = identification_verdict(
-            summary["coordinates_agreement_min"],
-            summary["coordinates_agreement"],
-            base_summary["coordinates_agreement"],
-            split_value,
-            too_gaussian=readout.gaussian_components > 0,
-        )
-        if name == "unrestricted" and verdict != ALREADY:
-            verdict = "reference"
-        row = {
-            "model": name,
-            "label": LABELS[name],
-            "kind": "post hoc" if readout.restriction.post_hoc else "model",
-            "symmetry": readouts[name].fits[0].model.module.symmetry if name != "ica" else "orthogonal",
-            **summary,
-            "identified": verdict,
-            "split_half_agreement": split_value,
-            "split_half_reading": split_half_reading(verdict, summary["coordinates_agreement"], split_value)
-            if name != "unrestricted"
-            else "reference",
-            "gaussian_components": readout.gaussian_components if name == "ica" else np.nan,
-            "fit_seconds_per_seed": float(np.mean(list(readout.seconds.values()))),
-        }
-        if truth is not None:
-            row.update(truth_recovery(readout.latents, readout.loadings, *truth))
-            base_mcc = None if name == "unrestricted" else rows[0]["sources_mcc"]
-            row["truth"] = (
-                # components as Gaussian as noise identify nothing, so their MCC is a chance alignment
-                NO_CLAIM
-                if verdict == TOO_GAUSSIAN
-                else truth_verdict(row["sources_mcc"], row["sources_mcc_min"], base_mcc)
-            )
-        if name != "unrestricted" and not readout.restriction.post_hoc:
-            cost = predictive_comparison(readout.lpd, readouts["unrestricted"].lpd, margin)
-            row.update(
-                lpd_difference_per_cell=cost["difference_per_cell"],
-                lpd_se_per_cell=cost["se_per_cell"],
-                ci95_low=cost["ci95_low"],
-                ci95_high=cost["ci95_high"],
-                margin=margin,
-                predictive=cost["verdict"],
-            )
-            seed_rows.append({"model": name, "seed_differences_per_cell": cost["seed_differences"]})
-        else:
-            row.update(
-                lpd_difference_per_cell=0.0 if name == "ica" else np.nan,
-                lpd_se_per_cell=0.0 if name == "ica" else np.nan,
-                ci95_low=np.nan,
-                ci95_high=np.nan,
-                margin=margin,
-                predictive="unchanged model" if name == "ica" else "reference",
-            )
+        row = _model_row(readout, summarize_agreement(pairs), rows[0] if rows else None, split, truth)
+        row |= _cost_columns(readout, readouts["unrestricted"], margin, seed_rows)
         rows.append(row)
-        if check_symmetry and not readout.restriction.post_hoc:
-            symmetry += symmetry_rows(readout, heldout, seed)
-    table = pd.DataFrame(rows)
+    return {
+        "restrictions": pd.DataFrame(rows),
+        "symmetry": pd.DataFrame([r for name in order for r in readouts[name].symmetry_rows]),
+        "agreement_pairs": pd.concat(pair_tables, ignore_index=True),
+        "split_half": pd.DataFrame(split_rows),
+        "predictive_seeds": pd.DataFrame(seed_rows),
+    }
 
-    program_table = None
+
+def _model_row(
+    readout: ModelReadout,
+    summary: dict[str, float],
+    base: dict[str, Any] | None,
+    split: dict[str, float] | None,
+    truth: tuple[np.ndarray, np.ndarray | None] | None,
+) -> dict[str, Any]:
+    """One model's row: its agreement, what it identifies, and (simulated data) how well it recovers the truth."""
+    name = readout.restriction.name
+    split_value = np.nan if split is None else split["coordinates"]
+    verdict = identification_verdict(
+        summary["coordinates_agreement_min"],
+        summary["coordinates_agreement"],
+        (base or summary)["coordinates_agreement"],
+        split_value,
+        too_gaussian=readout.gaussian_components > 0,
+    )
+    if name == "unrestricted" and verdict != ALREADY:
+        verdict = "reference"
+    row = {
+        "model": name,
+        "label": LABELS[name],
+        "kind": "post hoc" if readout.restriction.post_hoc else "model",
+        "symmetry": readout.symmetry,
+        **summary,
+        "identified": verdict,
+        "split_half_agreement": split_value,
+        "split_half_reading": split_half_reading(verdict, summary["coordinates_agreement"], split_value)
+        if name != "unrestricted"
+        else "reference",
+        "gaussian_components": readout.gaussian_components if name == "ica" else np.nan,
+        "fit_seconds_per_seed": float(np.mean(list(readout.seconds.values()))),
+    }
+    if truth is not None:
+        row.update(truth_recovery(readout.latents, readout.loadings, *truth))
+        base_mcc = None if base is None else base["sources_mcc"]
+        # components as Gaussian as noise identify nothing, so their MCC is a chance alignment
+        row["truth"] = (
+            NO_CLAIM if verdict == TOO_GAUSSIAN else truth_verdict(row["sources_mcc"], row["sources_mcc_min"], base_mcc)
+        )
+    return row
+
+
+def _cost_columns(
+    readout: ModelReadout, unrestricted: ModelReadout, margin: float, seed_rows: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The predictive cost against the unrestricted fit of each seed (appending the per-seed differences)."""
+    name = readout.restriction.name
+    if name != "unrestricted" and not readout.restriction.post_hoc:
+        cost = predictive_comparison(readout.lpd, unrestricted.lpd, margin)
+        seed_rows.append({"model": name, "seed_differences_per_cell": cost["seed_differences"]})
+        return {
+            "lpd_difference_per_cell": cost["difference_per_cell"],
+            "lpd_se_per_cell": cost["se_per_cell"],
+            "ci95_low": cost["ci95_low"],
+            "ci95_high": cost["ci95_high"],
+            "margin": margin,
+            "predictive": cost["verdict"],
+        }
+    return {
+        "lpd_difference_per_cell": 0.0 if name == "ica" else np.nan,
+        "lpd_se_per_cell": 0.0 if name == "ica" else np.nan,
+        "ci95_low": np.nan,
+        "ci95_high": np.nan,
+        "margin": margin,
+        "predictive": "unchanged model" if name == "ica" else "reference",
+    }
+
+
+def _model_settings(
+    chosen: list[Restriction], programs: GenePrograms | None, model_kwargs: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The settings every model shares, and each model's own (the unrestricted one first)."""
+    base_kwargs = {"decoder": "linear", **(model_kwargs or {})}
+    if programs is not None and base_kwargs.setdefault("n_latent", len(programs)) != len(programs):
+        raise InvalidArgumentError(
+            f"model_kwargs has n_latent={base_kwargs['n_latent']}, but there are {len(programs)} gene programs: "
+            "every model of the comparison has one dimension per program, so leave n_latent out."
+        )
+    by_model = {
+        r.name: {**base_kwargs, **r.model_kwargs, **({"gene_programs": programs} if r.name == "programs" else {})}
+        for r in [UNRESTRICTED] + [r for r in chosen if not r.post_hoc]
+    }
+    return base_kwargs, by_model
+
+
+def _default_markers(heldout: ad.AnnData, var_names: pd.Index, registry: Any) -> list[str]:
+    """The most variable genes, and the registered labels."""
+    names = default_markers(heldout, var_names)
+    return [*names, registry.labels_key] if registry is not None and registry.labels_key is not None else names
+
+
+def _settings_record(
+    chosen: list[Restriction],
+    readouts: Mapping[str, ModelReadout],
+    base_kwargs: dict[str, Any],
+    train_kwargs: dict[str, Any],
+    heldout: ad.AnnData,
+    marker_names: list[str],
+    programs: GenePrograms | None,
+) -> dict[str, Any]:
+    """What was compared, on which cells, with which settings (the report's ``settings``)."""
+    return {
+        "restrictions": [r.name for r in chosen],
+        "seeds": [f.seed for f in readouts["unrestricted"].fits],
+        "model_kwargs": {k: v for k, v in base_kwargs.items() if k != "gene_programs"},
+        "train_kwargs": train_kwargs,
+        "heldout_cells": int(heldout.n_obs),
+        "markers": list(marker_names),
+        "gene_programs": programs,
+    }
+
+
+def _all_tables(
+    readouts: Mapping[str, ModelReadout],
+    chosen: list[Restriction],
+    adata: ad.AnnData,
+    heldout: ad.AnnData,
+    var_names: pd.Index,
+    marker_names: list[str],
+    programs: GenePrograms | None,
+    margin: float,
+    seed: int,
+) -> dict[str, pd.DataFrame]:
+    """:func:`restriction_tables` on the held-out markers and simulated truth, and the programs' support."""
+    marker_values = marker_matrix(heldout, marker_names, var_names).to_numpy(dtype=np.float64)
+    truth = simulated_truth(adata, heldout, var_names)
+    order = ["unrestricted"] + [r.name for r in chosen]
+    tables = restriction_tables(readouts, order, marker_values, truth, margin, seed)
     if programs is not None:
-        fits = readouts["programs"].fits
-        program_table = program_support(
-            {f.name: readouts["programs"].latents[f.name] for f in fits},
-            {f.name: f.model.loadings_posterior() for f in fits},
+        tables["programs"] = program_support(
+            readouts["programs"].latents,
+            readouts["programs"].posterior_loadings,
             log1p_normalized(heldout, var_names).toarray(),
             programs,
             var_names,
             library_sizes(heldout, var_names),
             seed,
         )
-    timings["analyses"] = time.perf_counter() - mark
-    timings["total"] = time.perf_counter() - started
-
-    tables = {"restrictions": table, "symmetry": pd.DataFrame(symmetry)}
-    if program_table is not None:
-        tables["programs"] = program_table
-    tables |= {
-        "agreement_pairs": pd.concat(pair_tables, ignore_index=True),
-        "split_half": pd.DataFrame(split_rows),
-        "predictive_seeds": pd.DataFrame(seed_rows),
-    }
-    settings = {
-        "restrictions": [r.name for r in chosen],
-        "seeds": [f.seed for f in readouts["unrestricted"].fits],
-        "model_kwargs": {k: v for k, v in base_kwargs.items() if k != "gene_programs"},
-        "train_kwargs": train_kwargs,
-        "heldout_fraction": heldout_fraction,
-        "split_seed": split_seed,
-        "heldout_cells": int(heldout.n_obs),
-        "markers": list(marker_names),
-        "margin_nats_per_cell": margin,
-        "identified_threshold": IDENTIFIED_AGREEMENT,
-        "n_lpd_samples": n_lpd_samples,
-        "gene_programs": programs,
-    }
-    provenance = {
-        "versions": package_versions(),
-        "heldout_checksum_sha256": data_checksum(heldout, var_names),
-    }
-    return RestrictionReport(
-        headline=headline(table, n_seeds, program_table),
-        tables=tables,
-        settings=settings,
-        provenance=provenance,
-        timings=timings,
-    )
+    return tables
