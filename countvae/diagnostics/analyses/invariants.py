@@ -393,6 +393,15 @@ class Quantity:
         Whether the row is scored per pair of fits (the ICA row is one number for all fits).
     definition_key
         The key of :data:`METRIC_DEFINITIONS` that defines the score, when it is not ``metric``.
+    threshold_from
+        The row's threshold from the inputs, when a setting gives it (the ICA row: ``ica_threshold``).
+    interval_text
+        How the row's interval was obtained and on how many cells, when it is not a bootstrap over
+        ``cells`` (``None`` from it: the bootstrap's text).
+    exact
+        Whether the row's value has no sampling error for these inputs (a linear decoder's weights).
+    reduced
+        The field of :class:`InvariantInputs` with the reduced Jacobians the row's replicates need.
 
     """
 
@@ -415,6 +424,10 @@ class Quantity:
     included: Callable[[InvariantInputs], bool] = _always
     pairwise: bool = True
     definition_key: str = ""
+    threshold_from: Callable[[InvariantInputs], Threshold] | None = None
+    interval_text: Callable[[Comparison], tuple[str, int] | None] | None = None
+    exact: Callable[[InvariantInputs], bool] = lambda inputs: False
+    reduced: str = "jacobians"
 
     @property
     def definition(self) -> str:
@@ -660,6 +673,36 @@ def _with_ica(inputs: InvariantInputs) -> bool:
 
 _AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
 
+
+def _lpd_interval_text(c: Comparison) -> tuple[str, int]:
+    return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
+
+
+def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
+    predicted = c.inputs.ppc_predicted
+    if not predicted:
+        return "bootstrap over genes", 0
+    first = next(iter(predicted.values()))
+    # n_cells counts the held-out cells the statistics are computed over (what max_ppc_cells caps and the
+    # verdict's minimum-cells precondition checks); the interval itself resamples genes.
+    return f"bootstrap over {len(first.cv_gene)} genes", len(first.cv_cell)
+
+
+def _ica_interval_text(c: Comparison) -> tuple[str, int]:
+    return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
+
+
+def _weights_interval_text(c: Comparison) -> tuple[str, int] | None:
+    return ("exact (linear decoder weights: no cells)", 0) if c.inputs.loadings_are_weights else None
+
+
+def _weights_are_exact(inputs: InvariantInputs) -> bool:
+    return inputs.loadings_are_weights
+
+
+def _ica_threshold(inputs: InvariantInputs) -> Threshold:
+    return Threshold(inputs.ica_threshold, ">=")
+
 #: Every row of the table, in order.
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
@@ -675,6 +718,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         row_interval=_lpd_interval,
         cells_setting="max_lpd_cells",
         available=_has_margin,
+        interval_text=_lpd_interval_text,
     ),
     Quantity(
         "posterior predictive statistics",
@@ -690,6 +734,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         cells_setting="max_ppc_cells",
         available=_has_ppc_agreement,
         definition_key=PPC_METRIC,
+        interval_text=_ppc_interval_text,
     ),
     Quantity(
         "decoded means",
@@ -778,6 +823,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         cells_setting="max_jacobian_cells",
         replicates=_gram_replicates,
         available=_has("grams"),
+        reduced="gram_jacobians",
     ),
     Quantity(
         "per-dimension coordinates",
@@ -810,6 +856,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         aligned_replicates=_loadings_replicates_of(aligned=True),
         aligned_score=_loadings_aligned,
         available=_has("loadings"),
+        interval_text=_weights_interval_text,
+        exact=_weights_are_exact,
     ),
     Quantity(
         "per-dimension marker correlations",
@@ -840,6 +888,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         row_interval=_ica_interval,
         included=_with_ica,
         pairwise=False,
+        threshold_from=_ica_threshold,
+        interval_text=_ica_interval_text,
     ),
 )
 #: The quantities by name.
@@ -854,28 +904,15 @@ COORDINATE_THEORY = {
 
 
 def threshold_of(quantity: Quantity, inputs: InvariantInputs) -> Threshold:
-    """The row's threshold for these inputs (the ICA row's is the report's ``ica_threshold``)."""
-    if quantity.name == "ICA coordinates":
-        return Threshold(inputs.ica_threshold, ">=")
-    return quantity.threshold
+    """The row's threshold for these inputs (:attr:`Quantity.threshold_from`, else its fixed one)."""
+    return quantity.threshold_from(inputs) if quantity.threshold_from is not None else quantity.threshold
 
 
 def _interval_text(q: Quantity, c: Comparison) -> tuple[str, int]:
     """How the row's interval was obtained, and on how many cells (or genes)."""
-    if q.name == "held-out log p(x)":
-        return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
-    if q.name == "posterior predictive statistics":
-        predicted = c.inputs.ppc_predicted
-        if not predicted:
-            return "bootstrap over genes", 0
-        first = next(iter(predicted.values()))
-        # n_cells counts the held-out cells the statistics are computed over (what max_ppc_cells caps and the
-        # verdict's minimum-cells precondition checks); the interval itself resamples genes.
-        return f"bootstrap over {len(first.cv_gene)} genes", len(first.cv_cell)
-    if q.name == "ICA coordinates":
-        return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
-    if q.name == "per-dimension loadings" and c.inputs.loadings_are_weights:
-        return "exact (linear decoder weights: no cells)", 0
+    own = q.interval_text(c) if q.interval_text is not None else None
+    if own is not None:
+        return own
     if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
         return "none (the inputs cannot be resampled)", 0
     boot = c.bootstraps[q.cells]
@@ -996,7 +1033,7 @@ def _row_interval(
         return q.row_interval(c, pairs)
     if replicates is None:
         return Interval.exact(threshold.worst(values))
-    if q.name == "per-dimension loadings" and c.inputs.loadings_are_weights:
+    if q.exact(c.inputs):
         return Interval.exact(threshold.worst(values))
     if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
         return Interval(threshold.worst(values), np.nan, np.nan)  # the inputs cannot be resampled
@@ -1007,7 +1044,7 @@ def _row_interval(
 
 def _has_reduced(q: Quantity, inputs: InvariantInputs) -> bool:
     """Whether the reduced Jacobians a decoder row's replicates need are given."""
-    return (inputs.gram_jacobians if q.name == "W W^T / decoder Gram" else inputs.jacobians) is not None
+    return getattr(inputs, q.reduced) is not None
 
 
 def _compare(

@@ -66,9 +66,10 @@ def _summary_blocks(rep: ReportContent) -> list[Block]:
 
 
 def summary_html(rep: ReportContent) -> str:
-    """The verdict, with the sections' summary blocks, as an HTML fragment (for notebooks)."""
+    """The verdict and the sections' notebook blocks as an HTML fragment (for notebooks)."""
+    blocks = [b for s in sections_of(rep) for b in _html_blocks(s.notebook_blocks(rep))]
     template = environment().get_template("summary.html.j2")
-    return template.render(title="Multi-seed diagnostics", headline=rep.headline, summary_blocks=_summary_blocks(rep))
+    return template.render(title="Multi-seed diagnostics", headline=rep.headline, blocks=blocks)
 
 
 def render_html(rep: ReportContent) -> str:

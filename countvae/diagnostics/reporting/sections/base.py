@@ -262,6 +262,10 @@ class Section:
         """Blocks shown with the verdict at the top of the page (default: none)."""
         return []
 
+    def notebook_blocks(self, report: ReportContent) -> list[Block]:
+        """Blocks shown after the verdict in a notebook (``DiagnosticReport._repr_html_``; default: none)."""
+        return []
+
     def figure(self, name: str, draw: Callable[[], Any]) -> Figure:
         """The figure ``name`` of :attr:`figures`, drawn by ``draw``."""
         title, _, caption = self.figures[name]

@@ -139,14 +139,20 @@ class InvariantsSection(Section):
                 formats=frozenset({HTML}),
             ),
             self.figure("invariants", lambda: plotting.invariants(rep.invariants)),
+            *self.notebook_blocks(rep),
+            Table(invariants_for_display(rep.invariants), formats=frozenset({MARKDOWN})),
+        ]
+
+    def notebook_blocks(self, rep: ReportContent) -> list[Block]:
+        """The table with its verdicts coloured."""
+        return [
             Table(
                 display_table(rep.invariants),
                 max_rows=None,
                 numeric=tuple(c for c, numeric in DISPLAY_COLUMNS if numeric),
                 css={"verdict": VERDICT_CSS},
                 formats=frozenset({HTML}),
-            ),
-            Table(invariants_for_display(rep.invariants), formats=frozenset({MARKDOWN})),
+            )
         ]
 
 
