@@ -68,6 +68,15 @@ def test_unknown_or_repeated_section_is_refused_clearly():
         register_section(DEFAULT_SECTIONS[0])
 
 
+def test_a_requirement_that_names_no_section_is_refused():
+    class Orphan(Section):
+        name = "orphan"
+        requires = ("no such section",)
+
+    with pytest.raises(InvalidArgumentError, match="requires 'no such section', which is not a known section"):
+        resolve_sections([Orphan()])
+
+
 def test_a_subset_runs_only_its_sections(seed_fits):
     rep = report(seed_fits, sections=["markers"], **SMALL)
     assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}

@@ -250,10 +250,6 @@ class Section:
         """The tables, verdict rows, sentences and records of the section, from the collected arrays alone."""
         return SectionResult()
 
-    def present(self, report: ReportContent) -> bool:
-        """Whether ``report`` has this section (default: it has a non-empty layout)."""
-        return bool(self.layout(report))
-
     def layout(self, report: ReportContent) -> list[Block]:
         """What the renderers show for this section, from the report's tables and records."""
         return []

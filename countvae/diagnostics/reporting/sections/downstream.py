@@ -54,7 +54,12 @@ class DownstreamReportSection(Section):
         html = frozenset({HTML})
         blocks: list[Block] = [Paragraph(INTRO), Bullets(tuple(sec.statements))]
         if len(sec.pairs):
-            blocks.append(Figure("Agreement between fits and within one fit", CAPTION, _pairs_plot(sec.pairs)))
+            pairs = sec.pairs
+            blocks.append(
+                Figure(
+                    "Agreement between fits and within one fit", CAPTION, lambda: plotting.downstream_agreement(pairs)
+                )
+            )
         if len(sec.summary):
             blocks.append(Table(sec.summary[SUMMARY_COLUMNS]))
         if len(sec.de_per_fit):
@@ -64,10 +69,6 @@ class DownstreamReportSection(Section):
             Details("Every compared pair", (Table(sec.pairs, max_rows=None),), formats=html),
             Details("Settings", (Table(_settings_frame(sec.settings), max_rows=None),), formats=html),
         ]
-
-
-def _pairs_plot(pairs: pd.DataFrame):  # noqa: ANN202 - a drawing callable
-    return lambda: plotting.downstream_agreement(pairs)
 
 
 def _settings_frame(settings: Mapping[str, Any]) -> pd.DataFrame:
