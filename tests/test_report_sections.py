@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from countvae.diagnostics import report
+from countvae.diagnostics import CountVAEFit, report
 from countvae.diagnostics.reporting.sections import (
     DEFAULT_SECTIONS,
     Section,
@@ -77,7 +77,12 @@ def test_a_requirement_that_names_no_section_is_refused():
         resolve_sections([Orphan()])
 
 
-def test_a_subset_runs_only_its_sections(seed_fits):
+def test_a_subset_runs_only_its_sections_and_asks_the_fits_only_for_their_needs(seed_fits, monkeypatch):
+    def not_needed(*args, **kwargs):
+        raise AssertionError("the markers section needs only the latent means")
+
+    for method in ("log_predictive_density", "posterior_predictive", "decoder_jacobian", "latent_samples"):
+        monkeypatch.setattr(CountVAEFit, method, not_needed)
     rep = report(seed_fits, sections=["markers"], **SMALL)
     assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}
     assert rep.headline[0].startswith("Markers:")

@@ -486,9 +486,19 @@ def compare_restrictions(
     return RestrictionReport(
         headline=headline(tables["restrictions"], len(readouts["unrestricted"].fits), tables.get("programs")),
         tables={name: tables[name] for name in order if name in tables},
-        settings=_settings_record(chosen, readouts, base_kwargs, train_kwargs, heldout, marker_names, programs)
-        | {"heldout_fraction": heldout_fraction, "split_seed": split_seed, "margin_nats_per_cell": margin}
-        | {"identified_threshold": IDENTIFIED_AGREEMENT, "n_lpd_samples": n_lpd_samples},
+        settings=_settings_record(
+            chosen,
+            readouts,
+            heldout,
+            marker_names,
+            base_kwargs=base_kwargs,
+            train_kwargs=train_kwargs,
+            heldout_fraction=heldout_fraction,
+            split_seed=split_seed,
+            margin=margin,
+            n_lpd_samples=n_lpd_samples,
+            programs=programs,
+        ),
         provenance={"versions": package_versions(), "heldout_checksum_sha256": data_checksum(heldout, var_names)},
         timings=timings,
     )
@@ -659,21 +669,24 @@ def _default_markers(heldout: ad.AnnData, var_names: pd.Index, registry: Any) ->
 def _settings_record(
     chosen: list[Restriction],
     readouts: Mapping[str, ModelReadout],
-    base_kwargs: dict[str, Any],
-    train_kwargs: dict[str, Any],
     heldout: ad.AnnData,
     marker_names: list[str],
-    programs: GenePrograms | None,
+    **values: Any,
 ) -> dict[str, Any]:
-    """What was compared, on which cells, with which settings (the report's ``settings``)."""
+    """What was compared, on which cells, with which settings (the report's ``settings``; ``values``: the rest)."""
     return {
         "restrictions": [r.name for r in chosen],
         "seeds": [f.seed for f in readouts["unrestricted"].fits],
-        "model_kwargs": {k: v for k, v in base_kwargs.items() if k != "gene_programs"},
-        "train_kwargs": train_kwargs,
+        "model_kwargs": {k: v for k, v in values["base_kwargs"].items() if k != "gene_programs"},
+        "train_kwargs": values["train_kwargs"],
+        "heldout_fraction": values["heldout_fraction"],
+        "split_seed": values["split_seed"],
         "heldout_cells": int(heldout.n_obs),
         "markers": list(marker_names),
-        "gene_programs": programs,
+        "margin_nats_per_cell": values["margin"],
+        "identified_threshold": IDENTIFIED_AGREEMENT,
+        "n_lpd_samples": values["n_lpd_samples"],
+        "gene_programs": values["programs"],
     }
 
 
