@@ -518,6 +518,7 @@ def collect(
     de = None
     if downstream is not None and "differential_expression" in needs:
         de = collect_de(fits, adata, downstream)
+        stopwatch.lap("DE calls (downstream section)")
     # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
     # own because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
