@@ -96,9 +96,9 @@ class DiagnoseSettings:
     )
     train_kwargs: Mapping[str, Any] | None = setting(
         None,
-        """Training settings of every fit, as for :func:`fit_seeds`; ``max_epochs`` defaults to
-        :func:`default_epochs`, and early stopping is on with :data:`DIAGNOSE_STOPPING` unless
-        ``early_stopping=False`` (:func:`diagnose_train_kwargs`).""",
+        """Training settings of every fit, as for :func:`fit_seeds`; ``max_epochs`` defaults to 600,000 cell
+        passes (``default_epochs``), and early stopping is on with the rule ``DIAGNOSE_STOPPING`` unless
+        ``early_stopping=False`` (``diagnose_train_kwargs``).""",
     )
     n_top_genes: int | str | None = setting(
         None,
@@ -136,6 +136,8 @@ class DiagnoseSettings:
 
 #: What :func:`diagnose` passes to :func:`report` itself; ``report_kwargs`` cannot name them.
 _SET_BY_DIAGNOSE = ("fits", "adata_heldout", "adata_fit", "markers", "downstream", "progress_bar", "settings")
+#: The keywords :func:`report` takes.
+_REPORT_KEYWORDS = tuple(inspect.signature(report).parameters)
 
 
 @dataclass(frozen=True)
@@ -319,7 +321,7 @@ def _checked_report_kwargs(report_kwargs: Mapping[str, Any] | None) -> dict[str,
         raise InvalidArgumentError(
             f"report_kwargs cannot set {taken}: diagnose sets them (give markers= and downstream= to diagnose itself)."
         )
-    known = [name for name in inspect.signature(report).parameters if name not in _SET_BY_DIAGNOSE]
+    known = [name for name in _REPORT_KEYWORDS if name not in _SET_BY_DIAGNOSE]
     for name in kwargs:
         if name not in known:
             raise unknown_setting(name, known, "diagnose(report_kwargs=...)")
