@@ -1,6 +1,6 @@
 """Fit seeds on a real two-node Ray cluster on the loopback address.
 
-For tests/test_fitting_backed.py.
+For tests/diagnostics/fitting/test_fitting_backed.py.
 
 Usage::
 

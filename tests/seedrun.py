@@ -1,6 +1,6 @@
 """Runs for the interruption tests, with markers and pauses at chosen progress events.
 
-For tests/test_resume.py.
+For tests/diagnostics/fitting/test_resume.py.
 
 Usage::
 

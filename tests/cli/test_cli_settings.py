@@ -17,7 +17,7 @@ from countvae.cli.verify_invariance import MODEL_DEFAULTS as VERIFY_DEFAULTS
 from countvae.diagnostics import DiagnoseSettings, DownstreamRequest, ReportSettings
 from countvae.model import ModelSettings, TrainingPlan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _parsed(*argv: str):
