@@ -42,7 +42,7 @@ from countvae.cli.common import (
     train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import add_gene_selection_argument, announce, estimate
+from countvae.cli.first_contact import add_gene_selection_argument, announce, duration, estimate
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.data import setup_anndata, simulate
 from countvae.diagnostics import (
@@ -257,8 +257,8 @@ class SeedProgressMessages:
         self.fitted += event.kind == ProgressKind.SEED_STORED
         left = self.n_seeds - self.done
         elapsed = time.perf_counter() - self.started
-        estimate = f"; about {_duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
-        logger.info("%d of %d seeds done (%s elapsed%s).", self.done, self.n_seeds, _duration(elapsed), estimate)
+        estimate = f"; about {duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
+        logger.info("%d of %d seeds done (%s elapsed%s).", self.done, self.n_seeds, duration(elapsed), estimate)
 
 
 class _Both:
@@ -271,11 +271,6 @@ class _Both:
         self.first(event)
         if self.second is not None:
             self.second(event)
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, float(seconds))
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
 def _markers(text: str | None) -> list[str] | None:
