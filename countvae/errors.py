@@ -9,28 +9,6 @@ everything this package raises deliberately.
 
 from __future__ import annotations
 
-__all__ = [
-    "BrokenFitError",
-    "CountVAEError",
-    "CountVAEWarning",
-    "DataFileNotFoundError",
-    "InvalidArgumentError",
-    "InvalidDataError",
-    "MissingDependencyError",
-    "ModelFileError",
-    "MonteCarloWarning",
-    "NonIdentifiableComponentsWarning",
-    "NotTrainedError",
-    "OutputExistsError",
-    "OutputLockedError",
-    "OutputWriteError",
-    "ReportFileError",
-    "SetupError",
-    "TrainingDivergedError",
-    "UnreliableEstimateWarning",
-    "WorkerLostError",
-]
-
 
 class CountVAEError(Exception):
     """Base class of every error countvae raises on purpose."""

@@ -15,25 +15,10 @@ import dataclasses
 import typing
 from typing import Any, Literal, get_args, get_origin
 
-__all__ = ["add_setting_option", "field_of", "setting_values"]
+__all__ = ["add_setting_option", "setting_values"]
 
 #: Marks "no default given by the command": the field's own default applies.
 _FIELD_DEFAULT: Any = object()
-
-
-def field_of(cls: type, name: str) -> dataclasses.Field:
-    """The field ``name`` of dataclass ``cls``.
-
-    Raises
-    ------
-    ValueError
-        If ``cls`` has no such field (a mistake in the package, found when the parser is built).
-
-    """
-    for field in dataclasses.fields(cls):
-        if field.name == name:
-            return field
-    raise ValueError(f"{cls.__name__} has no field {name!r}; an option must name one of its fields.")
 
 
 def _choices(cls: type, name: str) -> list[Any] | None:
@@ -80,7 +65,9 @@ def add_setting_option(
         ``bool`` field is a ``--name/--no-name`` pair unless ``action`` is given.
 
     """
-    field = field_of(cls, name)
+    field = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    if field is None:  # a mistake in the package, found when the parser is built
+        raise ValueError(f"{cls.__name__} has no field {name!r}; an option must name one of its fields.")
     value = field.default if default is _FIELD_DEFAULT else default
     if isinstance(field.default, bool) and "action" not in kwargs:
         kwargs["action"] = argparse.BooleanOptionalAction

@@ -77,9 +77,10 @@ def test_defaults_are_the_commands_and_bad_arguments_fail_before_fitting(data_fi
     given = DiagnoseSettings(seeds=[4, 7], split_seed=3, report_kwargs={"ica": False})
     assert plan_diagnose(adata, settings=given).settings == plan_diagnose(adata, settings=given, seeds=[4, 7]).settings
     assert plan_diagnose(adata, settings=given, seeds=2).settings.seeds == [0, 1]
-    assert plan_diagnose(adata, settings=given).settings == plan_diagnose(
-        adata, seeds=[4, 7], split_seed=3, report_kwargs={"ica": False}
-    ).settings
+    assert (
+        plan_diagnose(adata, settings=given).settings
+        == plan_diagnose(adata, seeds=[4, 7], split_seed=3, report_kwargs={"ica": False}).settings
+    )
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         diagnose(adata, seeds=1)
     with pytest.raises(InvalidArgumentError, match="NOT_A_GENE"):
