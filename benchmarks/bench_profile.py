@@ -200,7 +200,7 @@ repetitions (in ms). The pieces are timed separately, so they need not add up ex
 {markdown_table(part_table)}
 
 Each change made for speed, against the code it replaced (same inputs, same results; the equality is tested in
-tests/test_distributions.py, tests/test_module.py and tests/test_backed.py):
+tests/module/test_distributions.py, tests/module/test_module.py and tests/data/test_backed.py):
 
 {markdown_table(change_table)}
 

@@ -718,7 +718,7 @@ RECOMMENDATION = """Recommended default (`CHOSEN` in `lpd_accuracy.py`, `estimat
    them. A cell still above 0.7 after that should be reported as unreliable.
 
 Limits: no weight diagnostic can see a posterior mode that no proposal component visits (a mirror-image mode
-is missed with k-hat < 0.7, tests/test_lpd_prototype.py); the N(0, I) starts are what guards against it, and
+is missed with k-hat < 0.7, tests/benchmarks/test_lpd_prototype.py); the N(0, I) starts are what guards against it, and
 they make no guarantee. For linear Poisson/NB decoders with a Gaussian prior the log joint is concave and
 step 2 adds cost without changing the answer; an integration may skip it there."""
 

@@ -1,7 +1,7 @@
 """Held-out log p(x): amortized-guide importance sampling vs the default per-cell t-mixture estimator.
 
 Both are compared with exact adaptive Gauss-Hermite quadrature on simulated linear Poisson/NB data
-(the fits of tests/test_lpd.py). Run from the repository root:
+(the fits of tests/model/test_lpd.py). Run from the repository root:
 
     PYTHONPATH=. .venv/bin/python benchmarks/lpd_proposals.py
 """
@@ -19,7 +19,7 @@ from countvae import invariance as inv
 
 
 def fit(likelihood: str, n_latent: int, library_size: float) -> cv.CountVAE:
-    """The model of tests/test_lpd.py::_fit."""
+    """The model of tests/model/test_lpd.py::_fit."""
     adata = cv.data.simulate(
         n_cells=1000,
         n_genes=30,

@@ -8,7 +8,7 @@ A processor of another family runs other torch and BLAS kernels, whose sums roun
 breaks a bitwise comparison of a fit. This script imitates it on one machine: the kernels' environment
 (torch's ``ATEN_CPU_CAPABILITY=default`` swaps its vectorised CPU kernels for portable ones, and
 ``OPENBLAS_CORETYPE`` picks another OpenBLAS core) is passed to each notebook's kernel, the notebook runs top
-to bottom as ``tests/test_tutorials.py`` runs it, and its outputs and claims are compared with the stored
+to bottom as ``tests/tutorials/test_tutorials.py`` runs it, and its outputs and claims are compared with the stored
 ones by the same rules (``tutorials/checks.py``). It writes section tutorials-any-cpu of RESULTS.md: per
 tutorial, the time and what differed beyond the rules (nothing, for the claims to hold), with the
 agreement of each discrete output with the stored run.
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         f"load average {load_average()} at the end.",
         "",
         "Each tutorial re-run top to bottom under that environment and compared with its stored outputs by "
-        "the rules of `tutorials/checks.py` (what `tests/test_tutorials.py` checks): words, figures and "
+        "the rules of `tutorials/checks.py` (what `tests/tutorials/test_tutorials.py` checks): words, figures and "
         "verdicts exactly, numbers within each rule's stated tolerance, discrete outputs by agreement.",
         "",
         "| tutorial | time (s) | differences beyond the rules | agreements with the stored run |",

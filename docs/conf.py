@@ -97,7 +97,7 @@ nitpick_ignore_regex = [(r"py:.*", _EXTERNAL), (r"py:.*", _INTERNAL), (r"py:mod"
 nitpick_ignore_regex += [(r"py:class", r"Algorithm|CorrelationMethod")]
 
 # ----- notebooks and MyST -------------------------------------------------------------------------------
-nb_execution_mode = "off"  # tutorials are stored executed; tests/test_tutorials.py checks they are current
+nb_execution_mode = "off"  # tutorials are stored executed; tests/tutorials/test_tutorials.py checks they are current
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
 

@@ -1,4 +1,6 @@
-"""Fit seeds on a real two-node Ray cluster on the loopback address (for tests/test_fitting_backed.py).
+"""Fit seeds on a real two-node Ray cluster on the loopback address.
+
+For tests/diagnostics/fitting/test_fitting_backed.py.
 
 Usage::
 

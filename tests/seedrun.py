@@ -1,4 +1,6 @@
-"""Runs for the interruption tests (tests/test_resume.py), with markers and pauses at chosen progress events.
+"""Runs for the interruption tests, with markers and pauses at chosen progress events.
+
+For tests/diagnostics/fitting/test_resume.py.
 
 Usage::
 

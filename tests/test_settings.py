@@ -20,6 +20,8 @@ SETTINGS_FUNCTIONS = [
     (cv.CountVAE.train, TrainingPlan, "plan", cv.CountVAE.train.__doc__),
     (invariance.verify, VerifySettings, "settings", invariance.verify.__doc__),
     (diagnostics.report, diagnostics.ReportSettings, "settings", diagnostics.report.__doc__),
+    (diagnostics.diagnose, diagnostics.DiagnoseSettings, "settings", diagnostics.diagnose.__doc__),
+    (diagnostics.plan_diagnose, diagnostics.DiagnoseSettings, "settings", diagnostics.plan_diagnose.__doc__),
 ]
 
 

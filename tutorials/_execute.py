@@ -1,6 +1,6 @@
 """Run a tutorial notebook the same way everywhere: this checkout's countvae, one thread, fixed hashing.
 
-Used by ``build_all.py`` (to store the notebooks with their outputs) and by ``tests/test_tutorials.py`` (to
+Used by ``build_all.py`` (to store the notebooks with their outputs) and by ``tests/tutorials/test_tutorials.py`` (to
 re-run them and compare), so that both see the same numbers on CPU.
 """
 

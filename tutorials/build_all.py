@@ -7,7 +7,7 @@ For each notebook: ``make_<name>.py`` writes its cells (where there is one; ``05
 is edited as a notebook), ``ruff format`` formats them, and the notebook runs top to bottom in a
 fresh kernel on one thread (``_execute.py``) and is written back with its outputs; the objects its
 agreements compare (``checks.py``: cluster labels, gene sets) are stored in ``claims/<name>.json``. Run it after a
-change that alters what the tutorials print; ``tests/test_tutorials.py`` fails until then.
+change that alters what the tutorials print; ``tests/tutorials/test_tutorials.py`` fails until then.
 """
 
 from __future__ import annotations

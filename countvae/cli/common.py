@@ -14,21 +14,44 @@ from typing import Any, Protocol
 import anndata as ad
 import h5py
 
+from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
+from countvae.model import ModelSettings, TrainingPlan
+from countvae.model.settings import DEFAULT_N_LATENT
 
 __all__ = [
+    "MODEL_OPTIONS",
+    "TRAINING_OPTIONS",
     "Subcommands",
     "add_data_arguments",
     "add_model_arguments",
     "add_output_arguments",
     "emit",
     "exit_codes",
+    "model_kwargs_of",
     "progress_enabled",
     "read_h5ad",
     "refuse_existing_output",
+    "train_kwargs_of",
 ]
 
 logger = logging.getLogger("countvae.cli")
+
+#: The model options (fields of ModelSettings) and their help.
+MODEL_OPTIONS = {
+    "n_latent": "latent dimensions",
+    "likelihood": "count distribution",
+    "decoder": "decoder",
+    "n_hidden": "hidden width of the encoder (and of the MLP decoder)",
+    "n_layers": "hidden layers of the encoder (and of the MLP decoder)",
+}
+#: The training options (fields of TrainingPlan) and their help.
+TRAINING_OPTIONS = {
+    "max_epochs": "training epochs",
+    "batch_size": "cells per minibatch",
+    "lr": "Adam learning rate",
+    "early_stopping": "stop when the validation loss stalls",
+}
 
 
 class Subcommands(Protocol):
@@ -71,41 +94,41 @@ def add_output_arguments(parser: argparse.ArgumentParser, default_out: str) -> N
     parser.add_argument("--quiet", action="store_true", help="no progress bars or log messages")
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, help_text: Mapping[str, str] | None = None) -> None:
-    """Model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, Any] | None = None,
+    default_text: Mapping[str, str] | None = None,
+    help_text: Mapping[str, str] | None = None,
+) -> None:
+    """The model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
 
-    ``help_text`` replaces the help of options by their ``dest`` (e.g. where a
-    command sets other defaults than ``fit``).
+    Each is a field of :class:`~countvae.model.ModelSettings` (:data:`MODEL_OPTIONS`) or
+    :class:`~countvae.model.TrainingPlan` (:data:`TRAINING_OPTIONS`), with its default, except
+    where a command gives its own by ``dest`` in ``defaults`` (with ``default_text`` saying how
+    it reads) or another help in ``help_text``.
     """
-    options: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-        (("--n-latent",), {"type": int, "default": 10, "help": "latent dimensions (default: 10)"}),
-        (("--likelihood",), {"choices": ["poisson", "nb", "zinb"], "default": "nb"}),
-        (("--decoder",), {"choices": ["linear", "mlp"], "default": "mlp"}),
-        (("--n-hidden",), {"type": int, "default": 128}),
-        (("--n-layers",), {"type": int, "default": 1}),
-        (
-            ("--max-epochs",),
-            {"type": int, "default": None, "help": "default: as scvi-tools, from the data size"},
-        ),
-        (("--batch-size",), {"type": int, "default": 128}),
-        (("--lr",), {"type": float, "default": 1e-3}),
-        (
-            ("--early-stopping",),
-            {
-                "action": argparse.BooleanOptionalAction,
-                "default": False,
-                "help": "stop when the validation loss stalls (default: off)",
-            },
-        ),
-    ]
-    help_text = dict(help_text or {})
-    for flags, kwargs in options:
-        dest = flags[0].removeprefix("--").replace("-", "_")
-        if dest in help_text:
-            kwargs = {**kwargs, "help": help_text.pop(dest)}
-        parser.add_argument(*flags, **kwargs)
-    if help_text:
-        raise ValueError(f"help_text names options that do not exist: {sorted(help_text)}")
+    defaults, default_text, help_text = dict(defaults or {}), dict(default_text or {}), dict(help_text or {})
+    unknown = sorted((set(defaults) | set(default_text) | set(help_text)) - set(MODEL_OPTIONS) - set(TRAINING_OPTIONS))
+    if unknown:
+        raise ValueError(f"These name no model or training option: {unknown}")
+    defaults = {"n_latent": DEFAULT_N_LATENT, **defaults}  # the model's resolved default, not None
+    default_text = {"max_epochs": "as scvi-tools, from the data size", **default_text}
+    for cls, options in ((ModelSettings, MODEL_OPTIONS), (TrainingPlan, TRAINING_OPTIONS)):
+        for name, text in options.items():
+            extra = {"default": defaults[name]} if name in defaults else {}
+            add_setting_option(
+                parser, cls, name, help_text.get(name, text), default_text=default_text.get(name), **extra
+            )
+
+
+def model_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The model settings given on the command line (:data:`MODEL_OPTIONS`)."""
+    return setting_values(args, ModelSettings, MODEL_OPTIONS)
+
+
+def train_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The training settings given on the command line (:data:`TRAINING_OPTIONS`)."""
+    return setting_values(args, TrainingPlan, TRAINING_OPTIONS)
 
 
 def read_h5ad(path: str) -> ad.AnnData:

@@ -23,26 +23,34 @@ import logging
 import time
 from collections.abc import Callable
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 
 from countvae.cli.common import (
+    MODEL_OPTIONS,
+    TRAINING_OPTIONS,
     Subcommands,
     add_data_arguments,
     add_model_arguments,
     add_output_arguments,
     emit,
     exit_codes,
+    model_kwargs_of,
     progress_enabled,
     read_h5ad,
+    train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import add_gene_selection_argument, announce, estimate
+from countvae.cli.first_contact import add_gene_selection_argument, announce, duration, estimate
+from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.data import setup_anndata, simulate
 from countvae.diagnostics import (
+    DIAGNOSE_N_LATENT,
     DIAGNOSE_N_TOP_GENES,
     DIAGNOSE_STOPPING,
     DiagnosePlan,
+    DiagnoseSettings,
     DiagnosticReport,
     DownstreamRequest,
     ProgressEvent,
@@ -54,7 +62,7 @@ from countvae.diagnostics import (
 )
 from countvae.errors import InvalidArgumentError
 
-__all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "register", "run"]
+__all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "diagnose_settings", "register", "run"]
 
 logger = logging.getLogger("countvae.cli")
 
@@ -86,16 +94,37 @@ VERDICT_KEYS = {
 #: Latent dimensions and training epochs of the embedded default when not given on the command line.
 EMBEDDED_N_LATENT = 5
 EMBEDDED_MAX_EPOCHS = 100
-#: Defaults of the report options, from the library's settings.
-REPORT_DEFAULTS = ReportSettings()
+#: The fields of DiagnoseSettings that are options of their own, read back by name.
+OWN_OPTIONS = (
+    "seeds",
+    "n_top_genes",
+    "heldout_fraction",
+    "split_seed",
+    "n_jobs",
+    "overwrite",
+    "refit_broken",
+    "write_h5ad",
+)
+#: The fields of ReportSettings that are options, given to diagnose as its report_kwargs.
+REPORT_OPTIONS = ("ica", "n_lpd_samples", "equivalence_margin")
+#: The other fields of DiagnoseSettings, and the options each is made from (:func:`diagnose_settings`).
+BUILT_FROM = {
+    "model_kwargs": tuple(MODEL_OPTIONS),
+    "train_kwargs": tuple(TRAINING_OPTIONS),
+    "report_kwargs": REPORT_OPTIONS,
+    "markers": ("markers",),
+    "downstream": ("de", "de_groups"),
+    "out_dir": ("out",),
+    "progress_bar": ("quiet",),
+}
 
 
 def _stopping_help() -> str:
     s = DIAGNOSE_STOPPING
     return (
-        "stop a seed when its validation loss stalls, keeping its best epoch (default: on; validation every "
+        "stop a seed when its validation loss stalls, keeping its best epoch (validation every "
         f"{s['check_val_every_n_epoch']} epochs, patience {s['early_stopping_patience']} epochs, improvements under "
-        f"{100 * s['early_stopping_relative_delta']:g}%% do not count)"
+        f"{100 * s['early_stopping_relative_delta']:g}% do not count)"
     )
 
 
@@ -116,43 +145,40 @@ def register(sub: Subcommands) -> None:
     add_data_arguments(p)
     add_model_arguments(
         p,
-        help_text={
-            "max_epochs": "epochs per seed (default: 600,000 cell passes, 20 to 400 epochs; 100 on the embedded data)",
-            "n_latent": "latent dimensions (default: 10; 5 on the embedded data)",
-            "early_stopping": _stopping_help(),
+        defaults={"n_latent": None, "early_stopping": True},
+        default_text={
+            "n_latent": f"{DIAGNOSE_N_LATENT}; {EMBEDDED_N_LATENT} on the embedded data",
+            "max_epochs": f"600,000 cell passes, 20 to 400 epochs; {EMBEDDED_MAX_EPOCHS} on the embedded data",
         },
+        help_text={"max_epochs": "epochs per seed", "early_stopping": _stopping_help()},
     )
-    p.set_defaults(n_latent=None, max_epochs=None, early_stopping=True)
     add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
-    p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
-    p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
-    p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
-    p.add_argument("--n-jobs", type=int, default=1, help="seeds fitted at once in worker processes (-1: all cores)")
-    p.add_argument(
-        "--markers",
-        default=None,
-        help="comma-separated genes or obs columns for the marker analysis "
-        "(default: the most variable genes, plus --labels-key)",
+    add_setting_option(p, DiagnoseSettings, "seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
+    add_setting_option(p, DiagnoseSettings, "heldout_fraction", "cells held out from every fit")
+    add_setting_option(p, DiagnoseSettings, "split_seed", "seed of the held-out split")
+    add_setting_option(p, DiagnoseSettings, "n_jobs", "seeds fitted at once in worker processes (-1: all cores)")
+    add_setting_option(
+        p,
+        DiagnoseSettings,
+        "markers",
+        "comma-separated genes or obs columns for the marker analysis",
+        type=str,
+        default_text="the most variable genes, plus --labels-key",
     )
-    p.add_argument(
-        "--ica",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
-        "across seeds to the report (default: on)",
+    add_setting_option(
+        p,
+        ReportSettings,
+        "ica",
+        "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
+        "across seeds to the report",
     )
-    p.add_argument(
-        "--n-lpd-samples",
-        type=int,
-        default=REPORT_DEFAULTS.n_lpd_samples,
-        help=f"importance samples per held-out cell (default {REPORT_DEFAULTS.n_lpd_samples})",
-    )
-    p.add_argument(
-        "--equivalence-margin",
-        type=float,
-        default=REPORT_DEFAULTS.equivalence_margin,
-        help="margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
-        f"latent variables add over a model without them (default {REPORT_DEFAULTS.equivalence_margin:g})",
+    add_setting_option(p, ReportSettings, "n_lpd_samples", "importance samples per held-out cell")
+    add_setting_option(
+        p,
+        ReportSettings,
+        "equivalence_margin",
+        "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
+        "latent variables add over a model without them",
     )
     p.add_argument(
         "--de",
@@ -170,22 +196,26 @@ def register(sub: Subcommands) -> None:
         help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
         "(default: the column's two groups; required when it has more)",
     )
-    p.add_argument(
-        "--write-h5ad",
-        metavar="PATH",
-        default=None,
-        help="also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
+    add_setting_option(
+        p,
+        DiagnoseSettings,
+        "write_h5ad",
+        "also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
         "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
         "the consensus latent (obsm X_countvae_consensus), the first seed's latent (obsm X_countvae) and a summary "
         "(uns countvae_report); NaN for cells the report did not evaluate (the fit cells)",
+        metavar="PATH",
+        default_text="not written",
     )
     add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
-    p.add_argument(
-        "--refit-broken",
-        action="store_true",
-        help="when a stored seed folder under OUT/fits is damaged (a file truncated, empty, altered or swapped), "
+    add_setting_option(
+        p,
+        DiagnoseSettings,
+        "refit_broken",
+        "when a stored seed folder under OUT/fits is damaged (a file truncated, empty, altered or swapped), "
         "move it to OUT/fits/broken/ and refit only that seed, keeping the intact ones",
+        action="store_true",
     )
     p.set_defaults(run=run)
 
@@ -227,8 +257,8 @@ class SeedProgressMessages:
         self.fitted += event.kind == ProgressKind.SEED_STORED
         left = self.n_seeds - self.done
         elapsed = time.perf_counter() - self.started
-        estimate = f"; about {_duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
-        logger.info("%d of %d seeds done (%s elapsed%s).", self.done, self.n_seeds, _duration(elapsed), estimate)
+        estimate = f"; about {duration(elapsed / self.fitted * left)} left" if self.fitted and left else ""
+        logger.info("%d of %d seeds done (%s elapsed%s).", self.done, self.n_seeds, duration(elapsed), estimate)
 
 
 class _Both:
@@ -243,11 +273,6 @@ class _Both:
             self.second(event)
 
 
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, float(seconds))
-    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
-
-
 def _markers(text: str | None) -> list[str] | None:
     if text is None:
         return None
@@ -255,6 +280,34 @@ def _markers(text: str | None) -> list[str] | None:
     if not markers:
         raise InvalidArgumentError("--markers is empty; give comma-separated genes or obs columns.")
     return markers
+
+
+def diagnose_settings(args: argparse.Namespace) -> tuple[ad.AnnData, DiagnoseSettings]:
+    """The registered data and the :class:`DiagnoseSettings` of a parsed ``countvae diagnose`` command line.
+
+    Without a data file, the embedded data and its defaults (:data:`EMBEDDED_N_LATENT`,
+    :data:`EMBEDDED_MAX_EPOCHS`, its true sources as markers, its batches).
+    """
+    embedded = args.data is None
+    adata = default_data() if embedded else read_h5ad(args.data)
+    batch_key = "batch" if embedded and args.batch_key is None else args.batch_key
+    setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
+    model_kwargs, train_kwargs, markers = model_kwargs_of(args), train_kwargs_of(args), _markers(args.markers)
+    if embedded:
+        model_kwargs["n_latent"] = model_kwargs["n_latent"] or EMBEDDED_N_LATENT
+        train_kwargs["max_epochs"] = train_kwargs["max_epochs"] or EMBEDDED_MAX_EPOCHS
+        markers = markers or [f"true_source_{k}" for k in range(adata.obsm["z_true"].shape[1])]
+    settings = DiagnoseSettings(
+        **setting_values(args, DiagnoseSettings, OWN_OPTIONS),
+        model_kwargs=model_kwargs,
+        train_kwargs=train_kwargs,
+        report_kwargs=setting_values(args, ReportSettings, REPORT_OPTIONS),
+        markers=markers,
+        downstream=_downstream_request(args),
+        out_dir=args.out,
+        progress_bar=progress_enabled(args),
+    )
+    return adata, settings
 
 
 def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
@@ -271,59 +324,20 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
     """
     started = time.perf_counter()
-    markers = _markers(args.markers)
-    embedded = args.data is None
-    adata = default_data() if embedded else read_h5ad(args.data)
-    batch_key = "batch" if embedded and args.batch_key is None else args.batch_key
-    setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
-    if embedded and markers is None:
-        markers = [f"true_source_{k}" for k in range(adata.obsm["z_true"].shape[1])]
-    model_kwargs = {
-        "n_latent": EMBEDDED_N_LATENT if embedded and args.n_latent is None else args.n_latent,
-        "likelihood": args.likelihood,
-        "decoder": args.decoder,
-        "n_hidden": args.n_hidden,
-        "n_layers": args.n_layers,
-    }
-    max_epochs = EMBEDDED_MAX_EPOCHS if embedded and args.max_epochs is None else args.max_epochs
-    train_kwargs = {
-        "max_epochs": max_epochs,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "early_stopping": args.early_stopping,
-    }
-    options = {
-        "seeds": args.seeds,
-        "model_kwargs": model_kwargs,
-        "train_kwargs": train_kwargs,
-        "n_top_genes": args.n_top_genes,
-        "heldout_fraction": args.heldout_fraction,
-        "split_seed": args.split_seed,
-        "markers": markers,
-        "n_lpd_samples": args.n_lpd_samples,
-        "equivalence_margin": args.equivalence_margin,
-        "downstream": _downstream_request(args),
-        "n_jobs": args.n_jobs,
-        "out_dir": args.out,
-        "overwrite": args.overwrite,
-        "write_h5ad": args.write_h5ad,
-    }
-    show = progress_enabled(args)
+    adata, settings = diagnose_settings(args)
     if args.restrictions is not None:
         if args.refit_broken:
             raise InvalidArgumentError(
                 "--refit-broken applies to the seeds of a plain diagnose, not to --restrictions; remove the damaged "
                 "seed folder that the error named and rerun."
             )
-        plan = plan_diagnose(adata, **options)
-        return run_restrictions(args, plan.adata, plan.model_kwargs, plan.train_kwargs, plan.markers, show)
+        plan = plan_diagnose(adata, settings=settings)
+        s = plan.settings
+        return run_restrictions(args, plan.adata, s.model_kwargs, s.train_kwargs, s.markers, s.progress_bar)
     observer = _Observer(args.data)
     rep = diagnose(
         adata,
-        **options,
-        ica=args.ica,
-        refit_broken=args.refit_broken,
-        progress_bar=show,
+        settings=settings,
         progress=_Both(SeedProgressMessages(args.seeds), progress),
         before_fitting=observer.before_fitting,
         after_fitting=observer.after_fitting,
@@ -346,7 +360,7 @@ class _Observer:
 
     def before_fitting(self, plan: DiagnosePlan) -> None:
         """Log the data size, the settings and the time expected per seed."""
-        self.plan = plan
+        self.plan, s = plan, plan.settings
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,
@@ -354,12 +368,12 @@ class _Observer:
             n_fit=plan.adata_fit.n_obs,
             n_heldout=plan.n_heldout,
             genes=plan.genes,
-            model_kwargs=plan.model_kwargs,
-            train_kwargs=plan.train_kwargs,
-            epochs=plan.train_kwargs["max_epochs"],
-            timing=estimate(plan.adata_fit, plan.model_kwargs, plan.train_kwargs, plan.torch_threads),
-            seeds=len(plan.seeds),
-            n_jobs=plan.n_jobs if plan.n_jobs != -1 else plan.cores,
+            model_kwargs=s.model_kwargs,
+            train_kwargs=s.train_kwargs,
+            epochs=s.train_kwargs["max_epochs"],
+            timing=estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads),
+            seeds=len(s.seeds),
+            n_jobs=s.n_jobs if s.n_jobs != -1 else plan.cores,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
         )
@@ -390,7 +404,7 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
     }
-    if args.ica:
+    if plan.settings.report_kwargs["ica"]:
         result["ica_components"] = {
             key: rep.ica.loc[rep.ica["verdict"] == verdict, "component"].tolist()
             for key, verdict in VERDICT_KEYS.items()

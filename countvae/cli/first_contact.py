@@ -21,6 +21,7 @@ __all__ = [
     "announce",
     "choose_genes",
     "describe_genes",
+    "duration",
     "estimate",
     "n_top_genes_value",
 ]
@@ -61,7 +62,8 @@ def describe_genes(genes: GeneChoice) -> str:
     return f"all {n:,} (--n-top-genes N keeps the N most variable)"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """Seconds as a person reads them: ``42 s``, ``3.5 min``, ``2.1 h``."""
     seconds = max(0.0, float(seconds))
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -123,9 +125,9 @@ def announce(
     else:
         per_fit = timing.seconds_per_fit
         rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
-        total = f", about {_duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
+        total = f", about {duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
         lines.append(
-            f"  estimate  about {_duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
+            f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
             f"({timing.seconds_per_epoch:.2f} s per epoch, from {timing.warmup_steps} timed training steps)"
         )
     shorter = []

@@ -17,9 +17,11 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    model_kwargs_of,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    train_kwargs_of,
 )
 from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
 from countvae.data.registry import setup_anndata
@@ -85,28 +87,9 @@ def run(args: argparse.Namespace) -> int:
     adata = genes.adata
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)
     fit_data = adata[fit_idx].copy()
-    model = CountVAE(
-        fit_data,
-        n_latent=args.n_latent,
-        likelihood=args.likelihood,
-        decoder=args.decoder,
-        n_hidden=args.n_hidden,
-        n_layers=args.n_layers,
-    )
     show = progress_enabled(args)
-    model_kwargs = {
-        "n_latent": args.n_latent,
-        "likelihood": args.likelihood,
-        "decoder": args.decoder,
-        "n_hidden": args.n_hidden,
-        "n_layers": args.n_layers,
-    }
-    train_kwargs = {
-        "max_epochs": args.max_epochs,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "early_stopping": args.early_stopping,
-    }
+    model_kwargs, train_kwargs = model_kwargs_of(args), train_kwargs_of(args)
+    model = CountVAE(fit_data, **model_kwargs)
     timing = estimate(fit_data, model_kwargs, train_kwargs, None)
     announce(
         "fit",

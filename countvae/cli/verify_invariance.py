@@ -19,9 +19,11 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    model_kwargs_of,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    train_kwargs_of,
 )
 from countvae.data.registry import setup_anndata
 from countvae.data.simulate import simulate
@@ -70,8 +72,7 @@ def register(sub: Subcommands) -> None:
     )
     add_data_arguments(p)
     p.add_argument("--model", default=None, metavar="DIR", help="a saved model folder instead of fitting one")
-    add_model_arguments(p, help_text={dest: f"default here: {value}" for dest, value in MODEL_DEFAULTS.items()})
-    p.set_defaults(**MODEL_DEFAULTS)
+    add_model_arguments(p, defaults=MODEL_DEFAULTS)
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument("--max-cells", type=int, default=500, help="held-out cells evaluated at most (default 500)")
     p.add_argument("--n-samples", type=int, default=500, help="importance draws per cell (default 500)")
@@ -119,23 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if len(held_idx) > args.max_cells:
         held_idx = np.sort(np.random.default_rng(args.seed).choice(held_idx, args.max_cells, replace=False))
     if model is None:
-        model = CountVAE(
-            adata[fit_idx].copy(),
-            n_latent=args.n_latent,
-            likelihood=args.likelihood,
-            decoder=args.decoder,
-            n_hidden=args.n_hidden,
-            n_layers=args.n_layers,
-        )
+        model = CountVAE(adata[fit_idx].copy(), **model_kwargs_of(args))
         logger.info("Training %r on %d cells", model, len(fit_idx))
-        model.train(
-            max_epochs=args.max_epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            early_stopping=args.early_stopping,
-            seed=args.seed,
-            progress_bar=show,
-        )
+        model.train(**train_kwargs_of(args), seed=args.seed, progress_bar=show)
     held = adata[held_idx].copy()
     logger.info("Checking invariance of %r on %d held-out cells", model, len(held_idx))
     report = verify(

@@ -93,6 +93,26 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
         or has all-zero cells or genes.
 
     """
+    n_obs, n_vars = _check_shape_and_dtype(matrix, what)
+    scan = _scan_counts(matrix, n_obs, n_vars)
+    _check_values(scan, what)
+    n_empty_cells = int(np.count_nonzero(scan.cell_totals == 0))
+    if n_empty_cells:
+        raise InvalidDataError(
+            f"{n_empty_cells} of {n_obs} cells in {what} have zero total counts. Remove them before setup, "
+            "e.g. `sc.pp.filter_cells(adata, min_counts=1)`; countvae never drops cells silently."
+        )
+    n_empty_genes = int(np.count_nonzero(scan.gene_totals == 0))
+    if n_empty_genes and not allow_empty_genes:
+        raise InvalidDataError(
+            f"{n_empty_genes} of {n_vars} genes in {what} have zero total counts. Remove them before setup, "
+            "e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never drops genes silently."
+        )
+    return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
+
+
+def _check_shape_and_dtype(matrix, what: str) -> tuple[int, int]:
+    """The matrix's ``(cells, genes)``, refused when it is not a non-empty 2-d numeric matrix."""
     shape = getattr(matrix, "shape", None)
     if shape is None or len(shape) != 2:
         raise InvalidDataError(f"{what} must be a 2-dimensional cells x genes matrix, got {type(matrix).__name__}.")
@@ -107,70 +127,67 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
             f"{what} has dtype {dtype}; raw counts must be stored as integers or floats. Convert them first "
             "(e.g. adata.X = adata.X.astype(np.int32)) or pass the layer that holds numeric counts with `layer=...`."
         )
+    return n_obs, n_vars
 
-    cell_totals = np.zeros(n_obs, dtype=np.float64)
-    gene_totals = np.zeros(n_vars, dtype=np.float64)
-    bad_nonfinite = bad_negative = bad_fraction = 0
-    largest = 0.0
-    example = None
+
+@dataclass
+class _CountScan:
+    """What one pass over the matrix found: totals, invalid values and the largest count."""
+
+    cell_totals: np.ndarray
+    gene_totals: np.ndarray
+    nonfinite: int = 0
+    negative: int = 0
+    fraction: int = 0
+    largest: float = 0.0
+    example: float | None = None
+
+
+def _scan_counts(matrix, n_obs: int, n_vars: int) -> _CountScan:
+    """One pass over the rows in chunks (a backed matrix is never loaded whole)."""
+    scan = _CountScan(np.zeros(n_obs, dtype=np.float64), np.zeros(n_vars, dtype=np.float64))
     source = matrix.tocsr() if sp.issparse(matrix) and matrix.format != "csr" else matrix
     for start, block in iter_row_chunks(source):
         values = _values_of(block)
         if np.issubdtype(values.dtype, np.floating):
-            finite = np.isfinite(values)
-            n_nonfinite = int(values.size - np.count_nonzero(finite))
+            n_nonfinite = int(values.size - np.count_nonzero(np.isfinite(values)))
             if n_nonfinite:
-                bad_nonfinite += n_nonfinite
+                scan.nonfinite += n_nonfinite
                 continue
-            n_negative = int(np.count_nonzero(values < 0))
-            n_fraction = int(np.count_nonzero(values != np.round(values)))
+            fractional = values != np.round(values)
         else:
-            n_negative = int(np.count_nonzero(values < 0))
-            n_fraction = 0
-        if n_negative and example is None:
-            example = float(values[values < 0].flat[0])
-        if n_fraction and example is None:
-            example = float(values[values != np.round(values)].flat[0])
-        bad_negative += n_negative
-        bad_fraction += n_fraction
+            fractional = np.zeros(values.shape, dtype=bool)
+        negative = values < 0
+        for mask in (negative, fractional):
+            if scan.example is None and mask.any():
+                scan.example = float(values[mask].flat[0])
+        scan.negative += int(np.count_nonzero(negative))
+        scan.fraction += int(np.count_nonzero(fractional))
         if values.size:
-            largest = max(largest, float(values.max()))
-        stop = start + block.shape[0]
-        cell_totals[start:stop] = np.asarray(block.sum(axis=1), dtype=np.float64).ravel()
-        gene_totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
+            scan.largest = max(scan.largest, float(values.max()))
+        scan.cell_totals[start : start + block.shape[0]] = np.asarray(block.sum(axis=1), dtype=np.float64).ravel()
+        scan.gene_totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
+    return scan
 
-    if bad_nonfinite:
+
+def _check_values(scan: _CountScan, what: str) -> None:
+    """Refuse non-finite, negative, non-integer and too large counts, saying how to pass raw counts."""
+    if scan.nonfinite:
         raise InvalidDataError(
-            f"{what} contains {bad_nonfinite} NaN or infinite values. Raw counts must be finite; "
+            f"{what} contains {scan.nonfinite} NaN or infinite values. Raw counts must be finite; "
             "check how the matrix was produced (missing values should be 0 counts)."
         )
-    if bad_negative or bad_fraction:
-        parts = []
-        if bad_negative:
-            parts.append(f"{bad_negative} negative values")
-        if bad_fraction:
-            parts.append(f"{bad_fraction} non-integer values")
+    if scan.negative or scan.fraction:
+        parts = [f"{scan.negative} negative values"] if scan.negative else []
+        parts += [f"{scan.fraction} non-integer values"] if scan.fraction else []
         raise InvalidDataError(
-            f"{what} contains {' and '.join(parts)} (for example {example!r}); countvae models raw "
+            f"{what} contains {' and '.join(parts)} (for example {scan.example!r}); countvae models raw "
             "counts. Pass the layer that holds the raw counts with `layer=...` (or `use_raw=True` when "
             "they are in adata.raw), not normalized, log-transformed or scaled values."
         )
-    if largest > MAX_EXACT_COUNT:
+    if scan.largest > MAX_EXACT_COUNT:
         raise InvalidDataError(
-            f"{what} holds a count of {largest:.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest integer the "
+            f"{what} holds a count of {scan.largest:.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest integer the "
             "models' float32 arithmetic represents exactly; a single cell's raw count of one gene is never this "
             "large. Check how the matrix was produced and pass the raw counts (`layer=...` or `use_raw=True`)."
         )
-    n_empty_cells = int(np.count_nonzero(cell_totals == 0))
-    if n_empty_cells:
-        raise InvalidDataError(
-            f"{n_empty_cells} of {n_obs} cells in {what} have zero total counts. Remove them before setup, "
-            "e.g. `sc.pp.filter_cells(adata, min_counts=1)`; countvae never drops cells silently."
-        )
-    n_empty_genes = int(np.count_nonzero(gene_totals == 0))
-    if n_empty_genes and not allow_empty_genes:
-        raise InvalidDataError(
-            f"{n_empty_genes} of {n_vars} genes in {what} have zero total counts. Remove them before setup, "
-            "e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never drops genes silently."
-        )
-    return CountSummary(cell_totals=cell_totals, gene_totals=gene_totals)

@@ -8,9 +8,11 @@ one call, what ``countvae diagnose`` runs.
 """
 
 from countvae.diagnostics.diagnosis import (
+    DIAGNOSE_N_LATENT,
     DIAGNOSE_N_TOP_GENES,
     DIAGNOSE_STOPPING,
     DiagnosePlan,
+    DiagnoseSettings,
     diagnose,
     plan_diagnose,
 )
@@ -28,10 +30,12 @@ from countvae.diagnostics.reporting.pipeline import DiagnosticReport, ReportSett
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 
 __all__ = [
+    "DIAGNOSE_N_LATENT",
     "DIAGNOSE_N_TOP_GENES",
     "DIAGNOSE_STOPPING",
     "CountVAEFit",
     "DiagnosePlan",
+    "DiagnoseSettings",
     "DiagnosticReport",
     "DownstreamRequest",
     "DownstreamSettings",

@@ -18,6 +18,8 @@ prints progress and calls :func:`diagnose`.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,10 +30,10 @@ import anndata as ad
 
 from countvae._checks import check_number
 from countvae._io import atomic_file_path, remove_interrupted_writes
+from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics.analyses.markers import marker_matrix
-from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
@@ -75,6 +77,69 @@ def default_epochs(n_fit_cells: int) -> int:
     return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
 
 
+# The settings of diagnose and plan_diagnose are the fields of DiagnoseSettings, each written once there
+# (countvae._settings says why this departs from scvi-tools' explicit keyword arguments).
+@documents_settings()
+@dataclass(frozen=True)
+class DiagnoseSettings:
+    """What :func:`diagnose` fits and reports, and where it writes (``countvae diagnose`` builds one from its options).
+
+    Attributes
+    ----------
+    {settings}
+
+    """
+
+    seeds: int | Sequence[int] = setting(5, "Number of seeds (fitted as ``0..N-1``) or the seeds; at least 2.")
+    model_kwargs: Mapping[str, Any] | None = setting(
+        None, f"Settings of every model, as for :func:`fit_seeds`; ``n_latent`` defaults to {DIAGNOSE_N_LATENT}."
+    )
+    train_kwargs: Mapping[str, Any] | None = setting(
+        None,
+        """Training settings of every fit, as for :func:`fit_seeds`; ``max_epochs`` defaults to 600,000 cell
+        passes (``default_epochs``), and early stopping is on with the rule ``DIAGNOSE_STOPPING`` unless
+        ``early_stopping=False`` (``diagnose_train_kwargs``).""",
+    )
+    n_top_genes: int | str | None = setting(
+        None,
+        f"""Keep this many most variable genes (on the raw counts); ``None``: {DIAGNOSE_N_TOP_GENES:,} when the data
+        has more; ``"all"``: every gene.""",
+    )
+    heldout_fraction: float = setting(0.1, "Share of the cells held out from every fit, in (0, 1).")
+    split_seed: int = setting(0, "Seed of the held-out split shared by every fit.")
+    markers: Sequence[str] | None = setting(
+        None, "Genes or ``obs`` columns of the marker analysis, as for :func:`report` (``None``: its default)."
+    )
+    downstream: DownstreamRequest | None = setting(
+        None, "Add the downstream section (DE, clusters, UMAP across seeds), as for :func:`report`."
+    )
+    report_kwargs: Mapping[str, Any] | None = setting(
+        None,
+        """Settings of the report, as for :func:`report` (the fields of :class:`ReportSettings`, e.g. ``ica``,
+        ``n_lpd_samples``, ``equivalence_margin``).""",
+    )
+    n_jobs: int = setting(1, "Seeds fitted at once in worker processes (``-1``: all cores).")
+    out_dir: str | Path | None = setting(
+        None,
+        """Folder of the run: ``fits/`` (resumable, as for :func:`fit_seeds`) and ``report/``; ``None``: nothing
+        written.""",
+    )
+    overwrite: bool = setting(False, "Refit every seed and replace a finished report or ``write_h5ad`` file.")
+    refit_broken: bool = setting(False, "Move a damaged seed folder aside and refit only that seed.")
+    write_h5ad: str | Path | None = setting(
+        None,
+        """Also write the analysed data to this .h5ad file with the report's per-cell and per-gene columns, the
+        consensus latent and the first seed's latent (``obsm["X_countvae"]``).""",
+    )
+    progress_bar: bool = setting(False, "Progress bars over the seeds and the fits of the report.")
+
+
+#: What :func:`diagnose` passes to :func:`report` itself; ``report_kwargs`` cannot name them.
+_SET_BY_DIAGNOSE = ("fits", "adata_heldout", "adata_fit", "markers", "downstream", "progress_bar", "settings")
+#: The keywords :func:`report` takes.
+_REPORT_KEYWORDS = tuple(inspect.signature(report).parameters)
+
+
 @dataclass(frozen=True)
 class DiagnosePlan:
     """What :func:`diagnose` fits, settled before any fitting (given to its ``before_fitting``).
@@ -83,19 +148,13 @@ class DiagnosePlan:
     ----------
     adata
         The registered data to fit, after gene selection.
-    heldout_fraction, split_seed
-        The held-out split shared by every fit.
     genes
         How the genes were chosen.
-    seeds
-        The seeds to fit.
-    model_kwargs, train_kwargs
-        The settings of every fit, defaults (epochs, stopping rule) filled in.
-    markers
-        Genes or ``obs`` columns of the marker analysis, or ``None`` for the default.
-    n_jobs, cores, torch_threads
-        Seeds fitted at once (``-1``: all cores), the cores of this machine,
-        torch threads per fit.
+    settings
+        The settings as run: ``seeds`` a list, ``markers`` a list or ``None``, and ``model_kwargs``,
+        ``train_kwargs`` and ``report_kwargs`` dictionaries with the defaults (epochs, stopping rule) filled in.
+    cores, torch_threads
+        The cores of this machine and the torch threads per fit.
     report_dir, h5ad_path
         Where the report and the .h5ad file will be written (``None``: not written).
     adata_fit, n_heldout
@@ -105,14 +164,8 @@ class DiagnosePlan:
     """
 
     adata: ad.AnnData
-    heldout_fraction: float
-    split_seed: int
     genes: GeneChoice
-    seeds: list[int]
-    model_kwargs: dict[str, Any]
-    train_kwargs: dict[str, Any]
-    markers: list[str] | None
-    n_jobs: int
+    settings: DiagnoseSettings
     cores: int
     torch_threads: int
     report_dir: Path | None
@@ -122,72 +175,62 @@ class DiagnosePlan:
 
     def split(self) -> DiagnosePlan:
         """The plan with the held-out split applied (``adata_fit``, ``n_heldout``), checked as ``fit_seeds`` would."""
-        fit_idx, heldout_idx = heldout_split(self.adata.n_obs, self.heldout_fraction, self.split_seed)
+        s = self.settings
+        fit_idx, heldout_idx = heldout_split(self.adata.n_obs, s.heldout_fraction, s.split_seed)
         adata_fit = cells_at(self.adata, fit_idx)
         check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
         return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx))
 
 
-def plan_diagnose(
-    adata: ad.AnnData,
-    *,
-    seeds: int | Sequence[int] = 5,
-    model_kwargs: Mapping[str, Any] | None = None,
-    train_kwargs: Mapping[str, Any] | None = None,
-    n_top_genes: int | str | None = None,
-    heldout_fraction: float = 0.1,
-    split_seed: int = 0,
-    markers: Sequence[str] | None = None,
-    n_lpd_samples: int = 100,
-    equivalence_margin: float = EQUIVALENCE_MARGIN,
-    downstream: DownstreamRequest | None = None,
-    n_jobs: int = 1,
-    out_dir: str | Path | None = None,
-    overwrite: bool = False,
-    write_h5ad: str | Path | None = None,
-) -> DiagnosePlan:
-    """Check the arguments of :func:`diagnose` against registered data, choose the genes and fill in the defaults.
+@takes_settings(DiagnoseSettings)
+def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnosePlan:
+    """Check the settings of :func:`diagnose` against registered data, choose the genes and fill in the defaults.
 
-    Everything that can be refused is refused here, before any fitting. The
-    arguments are those of :func:`diagnose`.
+    Everything that can be refused is refused here, before any fitting.
+
+    Parameters
+    ----------
+    adata
+        Registered data (:func:`countvae.data.setup_anndata`).
+    {settings}
+    settings
+        All of the above as one :class:`DiagnoseSettings`; keywords given with it replace its fields.
+
+    Returns
+    -------
+    DiagnosePlan
+
     """
-    report_dir = _report_destination(out_dir, overwrite)
-    h5ad_path = _h5ad_destination(write_h5ad, overwrite)
-    seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if len(seed_list) < 2:
-        raise InvalidArgumentError(f"--seeds must be at least 2 to compare fits, got {len(seed_list)}.")
-    model = dict(model_kwargs or {})
+    s = settings
+    check_number("heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    report_dir = _report_destination(s.out_dir, s.overwrite)
+    h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite)
+    seeds = list(range(s.seeds)) if isinstance(s.seeds, int) else [int(seed) for seed in s.seeds]
+    if len(seeds) < 2:
+        raise InvalidArgumentError(f"seeds (--seeds) must be at least 2 to compare fits, got {len(seeds)}.")
+    model = dict(s.model_kwargs or {})
     if model.get("n_latent") is None:
         model["n_latent"] = DIAGNOSE_N_LATENT
-    genes = choose_genes(adata, n_top_genes, DIAGNOSE_N_TOP_GENES, model["n_latent"])
-    marker_list = None if markers is None else list(markers)
-    if marker_list is not None and genes.selected:
-        dropped = _missing_marker_genes(marker_list, adata, genes.adata)
-        if dropped:
-            raise InvalidArgumentError(
-                f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
-                "fitting; pass a larger --n-top-genes (n_top_genes), 'all', or other markers."
-            )
-    adata = genes.adata
-    if marker_list is not None:  # fail before hours of fitting, not after
-        marker_matrix(adata, marker_list, get_var_names(adata, get_registry(adata)))
-    ReportSettings().replace(n_lpd_samples=n_lpd_samples, equivalence_margin=equivalence_margin)
-    if downstream is not None:
+    genes = choose_genes(adata, s.n_top_genes, DIAGNOSE_N_TOP_GENES, model["n_latent"])
+    markers = None if s.markers is None else list(s.markers)
+    _check_markers(markers, adata, genes)
+    if s.downstream is not None:
         try:
-            de_groups(adata.obs, downstream.groupby, downstream.group1, downstream.group2)
+            de_groups(genes.adata.obs, s.downstream.groupby, s.downstream.group1, s.downstream.group2)
         except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"--de {downstream.groupby}: {exc}") from None
-    check_number("--heldout-fraction", heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
-    return DiagnosePlan(
-        adata=adata,
-        heldout_fraction=heldout_fraction,
-        split_seed=split_seed,
-        genes=genes,
-        seeds=seed_list,
+            raise InvalidArgumentError(f"--de {s.downstream.groupby}: {exc}") from None
+    resolved = replace(
+        s,
+        seeds=seeds,
         model_kwargs=model,
-        train_kwargs=diagnose_train_kwargs(train_kwargs, round((1.0 - heldout_fraction) * adata.n_obs)),
-        markers=marker_list,
-        n_jobs=n_jobs,
+        train_kwargs=diagnose_train_kwargs(s.train_kwargs, round((1.0 - s.heldout_fraction) * genes.adata.n_obs)),
+        markers=markers,
+        report_kwargs=_checked_report_kwargs(s.report_kwargs),
+    )
+    return DiagnosePlan(
+        adata=genes.adata,
+        genes=genes,
+        settings=resolved,
         cores=available_cores(),
         torch_threads=DEFAULT_TORCH_THREADS,
         report_dir=report_dir,
@@ -209,29 +252,14 @@ def diagnose_train_kwargs(train_kwargs: Mapping[str, Any] | None, n_fit_cells: i
     return {**kwargs, "progress_bar": False}
 
 
+@takes_settings(DiagnoseSettings)
 def diagnose(
     adata: ad.AnnData,
     *,
-    seeds: int | Sequence[int] = 5,
-    model_kwargs: Mapping[str, Any] | None = None,
-    train_kwargs: Mapping[str, Any] | None = None,
-    n_top_genes: int | str | None = None,
-    heldout_fraction: float = 0.1,
-    split_seed: int = 0,
-    markers: Sequence[str] | None = None,
-    ica: bool = True,
-    n_lpd_samples: int = 100,
-    equivalence_margin: float = EQUIVALENCE_MARGIN,
-    downstream: DownstreamRequest | None = None,
-    n_jobs: int = 1,
-    out_dir: str | Path | None = None,
-    overwrite: bool = False,
-    refit_broken: bool = False,
-    write_h5ad: str | Path | None = None,
-    progress_bar: bool = False,
     progress: Progress | None = None,
     before_fitting: Callable[[DiagnosePlan], None] | None = None,
     after_fitting: Callable[[SeedFits], None] | None = None,
+    settings: DiagnoseSettings,
 ) -> DiagnosticReport:
     """Fit several seeds on one held-out split and report which results survive a re-run (``countvae diagnose``).
 
@@ -239,96 +267,81 @@ def diagnose(
     ----------
     adata
         Registered data (:func:`countvae.data.setup_anndata`).
-    seeds
-        Number of seeds (fitted as ``0..N-1``) or the seeds; at least 2.
-    model_kwargs, train_kwargs
-        Settings of every fit, as for :func:`fit_seeds`; ``n_latent`` defaults to 10, ``max_epochs`` to
-        ``default_epochs``, and early stopping is on with ``DIAGNOSE_STOPPING`` unless
-        ``early_stopping=False`` (``diagnose_train_kwargs``).
-    n_top_genes
-        Keep this many most variable genes (on the raw counts); ``None``: ``DIAGNOSE_N_TOP_GENES`` when the
-        data has more; ``"all"``: every gene.
-    heldout_fraction, split_seed, n_jobs
-        The held-out cells shared by every fit; seeds fitted at once in worker processes (``-1``: all cores).
-    markers, ica, n_lpd_samples, equivalence_margin, downstream
-        As for :func:`report`.
-    out_dir, overwrite, refit_broken
-        Folder of the run, ``fits/`` (resumable) and ``report/`` (``None``: nothing written); refit every seed and
-        replace a finished report; move a damaged seed folder aside and refit only that seed.
-    write_h5ad
-        Also write the analysed data with the report's per-cell and per-gene columns, the consensus latent and
-        the first seed's latent (``obsm["X_countvae"]``) to this .h5ad file.
-    progress_bar, progress
-        Progress bars; a callable given every progress event (of the seeds and of the report files).
-    before_fitting, after_fitting
-        Called with the :class:`DiagnosePlan` once the arguments are checked, and with the :class:`SeedFits`
-        once the seeds are fitted (the command prints its messages from them).
+    progress
+        A callable given every progress event (of the seeds and of the report files).
+    before_fitting
+        Called with the :class:`DiagnosePlan` once the settings are checked (the command prints its block then).
+    after_fitting
+        Called with the :class:`SeedFits` once the seeds are fitted.
+    {settings}
+    settings
+        All of the above as one :class:`DiagnoseSettings`; keywords given with it replace its fields
+        (``diagnose(adata, settings=s, seeds=3)``).
 
     Returns
     -------
     DiagnosticReport
 
     """
-    plan = plan_diagnose(
-        adata,
-        seeds=seeds,
-        model_kwargs=model_kwargs,
-        train_kwargs=train_kwargs,
-        n_top_genes=n_top_genes,
-        heldout_fraction=heldout_fraction,
-        split_seed=split_seed,
-        markers=markers,
-        n_lpd_samples=n_lpd_samples,
-        equivalence_margin=equivalence_margin,
-        downstream=downstream,
-        n_jobs=n_jobs,
-        out_dir=out_dir,
-        overwrite=overwrite,
-        write_h5ad=write_h5ad,
-    ).split()
+    plan = plan_diagnose(adata, settings=settings).split()
+    s = plan.settings
     if before_fitting is not None:
         before_fitting(plan)
-    fits = _fit(plan, overwrite, refit_broken, progress_bar, progress)
+    fits = fit_seeds(
+        plan.adata,
+        seeds=s.seeds,
+        model_kwargs=s.model_kwargs,
+        train_kwargs=s.train_kwargs,
+        heldout_fraction=s.heldout_fraction,
+        split_seed=s.split_seed,
+        n_jobs=s.n_jobs,
+        out_dir=None if plan.report_dir is None else plan.report_dir.parent / "fits",
+        overwrite=s.overwrite,
+        progress_bar=s.progress_bar,
+        refit_broken=s.refit_broken,
+        progress=progress,
+    )
     if after_fitting is not None:
         after_fitting(fits)
     rep = report(
-        fits,
-        markers=plan.markers,
-        ica=ica,
-        n_lpd_samples=n_lpd_samples,
-        equivalence_margin=equivalence_margin,
-        progress_bar=progress_bar,
-        downstream=downstream,
+        fits, markers=s.markers, progress_bar=s.progress_bar, downstream=s.downstream, **(s.report_kwargs or {})
     )
     if plan.report_dir is not None:
-        _save(rep, plan.report_dir, overwrite, progress)
+        _save(rep, plan.report_dir, s.overwrite, progress)
     if plan.h5ad_path is not None:
-        write_analysed_h5ad(rep, fits, plan.adata, plan.h5ad_path, overwrite)
+        write_analysed_h5ad(rep, fits, plan.adata, plan.h5ad_path, s.overwrite)
     return rep
 
 
-def _fit(
-    plan: DiagnosePlan,
-    overwrite: bool,
-    refit_broken: bool,
-    progress_bar: bool,
-    progress: Progress | None,
-) -> SeedFits:
-    """The seeds' fits, in ``fits/`` beside the report when the run has a folder."""
-    return fit_seeds(
-        plan.adata,
-        seeds=plan.seeds,
-        model_kwargs=plan.model_kwargs,
-        train_kwargs=plan.train_kwargs,
-        heldout_fraction=plan.heldout_fraction,
-        split_seed=plan.split_seed,
-        n_jobs=plan.n_jobs,
-        out_dir=None if plan.report_dir is None else plan.report_dir.parent / "fits",
-        overwrite=overwrite,
-        progress_bar=progress_bar,
-        refit_broken=refit_broken,
-        progress=progress,
-    )
+def _checked_report_kwargs(report_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``report_kwargs`` as a dictionary, refused now when :func:`report` would refuse it after the fits."""
+    kwargs = dict(report_kwargs or {})
+    taken = sorted(set(kwargs) & set(_SET_BY_DIAGNOSE))
+    if taken:
+        raise InvalidArgumentError(
+            f"report_kwargs cannot set {taken}: diagnose sets them (give markers= and downstream= to diagnose itself)."
+        )
+    known = [name for name in _REPORT_KEYWORDS if name not in _SET_BY_DIAGNOSE]
+    for name in kwargs:
+        if name not in known:
+            raise unknown_setting(name, known, "diagnose(report_kwargs=...)")
+    fields = {f.name for f in dataclasses.fields(ReportSettings)}
+    ReportSettings().replace(**{k: v for k, v in kwargs.items() if k in fields})
+    return kwargs
+
+
+def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoice) -> None:
+    """Refuse, before hours of fitting, markers that gene selection dropped or that are neither genes nor columns."""
+    if markers is None:
+        return
+    if genes.selected:
+        dropped = _missing_marker_genes(markers, adata, genes.adata)
+        if dropped:
+            raise InvalidArgumentError(
+                f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
+                "fitting; pass a larger --n-top-genes (n_top_genes), 'all', or other markers."
+            )
+    marker_matrix(genes.adata, markers, get_var_names(genes.adata, get_registry(genes.adata)))
 
 
 def _save(rep: DiagnosticReport, report_dir: Path, overwrite: bool, progress: Progress | None) -> None:

@@ -8,6 +8,7 @@ given positions. All of them run in eval mode without gradients.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -48,6 +49,21 @@ def _check_unique(indices: np.ndarray) -> None:
         raise InvalidArgumentError("indices contain duplicates; pass each cell once.")
 
 
+def _per_cell(
+    module: CountVAEModule,
+    source: CountSource,
+    indices: np.ndarray,
+    batch_size: int,
+    compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> np.ndarray:
+    """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order."""
+    _check_unique(indices)
+    module.eval()
+    dtype, device = _dtype_device(module)
+    out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in _iterate_sorted(source, indices, batch_size)]
+    return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
+
+
 @torch.no_grad()
 def latent_representation(
     module: CountVAEModule,
@@ -58,20 +74,15 @@ def latent_representation(
     batch_size: int = 1024,
 ) -> np.ndarray:
     """Posterior means (or one posterior draw per cell) of ``z``, shape (cells, n_latent)."""
-    _check_unique(indices)
-    module.eval()
-    dtype, device = _dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
-    out = []
-    for mb in _iterate_sorted(source, indices, batch_size):
-        x, b = to_tensors(mb, dtype, device)
+
+    def latent(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loc, scale = module.encode(x, b)
-        if not give_mean:
-            eps = torch.randn(loc.shape, generator=gen, dtype=dtype).to(device)
-            loc = sample_latent(loc, scale, eps)
-        out.append(loc.cpu().numpy())
-    z = np.concatenate(out, axis=0)
-    return z[_ordered(indices, np.unique(indices))]
+        if give_mean:
+            return loc
+        return sample_latent(loc, scale, torch.randn(loc.shape, generator=gen, dtype=x.dtype).to(x.device))
+
+    return _per_cell(module, source, indices, batch_size, latent)
 
 
 @torch.no_grad()
@@ -93,23 +104,17 @@ def normalized_expression(
     """
     check_number("library_size", library_size, 0.0, low_open=True)
     check_int("n_samples", n_samples, 1)
-    _check_unique(indices)
-    module.eval()
-    dtype, device = _dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
-    out = []
-    for mb in _iterate_sorted(source, indices, batch_size):
-        x, b = to_tensors(mb, dtype, device)
+
+    def expression(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loc, scale = module.encode(x, b)
         decode_batch = b if transform_batch is None else torch.full_like(b, transform_batch)
         if n_samples == 1:
-            rate = torch.exp(module.decode(loc, decode_batch).log_rate)
-        else:
-            eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=dtype).to(device)
-            rate = torch.exp(module.decode(sample_latent(loc, scale, eps), decode_batch).log_rate).mean(0)
-        out.append((library_size * rate).cpu().numpy())
-    values = np.concatenate(out, axis=0)
-    return values[_ordered(indices, np.unique(indices))]
+            return library_size * torch.exp(module.decode(loc, decode_batch).log_rate)
+        eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=x.dtype).to(x.device)
+        return library_size * torch.exp(module.decode(sample_latent(loc, scale, eps), decode_batch).log_rate).mean(0)
+
+    return _per_cell(module, source, indices, batch_size, expression)
 
 
 #: The estimators of ``log p(x)`` that :func:`log_predictive_density` offers; the first is the default.
@@ -313,18 +318,15 @@ def elbo_per_cell(
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
     check_int("n_samples", n_samples, 1)
-    _check_unique(indices)
-    module.eval()
-    dtype, device = _dtype_device(module)
-    out = []
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for mb in _iterate_sorted(source, indices, batch_size):
-            x, b = to_tensors(mb, dtype, device)
-            values = torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0)
-            out.append(values.cpu().numpy())
-    values = np.concatenate(out)
-    return values[_ordered(indices, np.unique(indices))]
+        return _per_cell(
+            module,
+            source,
+            indices,
+            batch_size,
+            lambda x, b: torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0),
+        )
 
 
 @torch.no_grad()
@@ -338,17 +340,12 @@ def posterior_predictive(
 ) -> np.ndarray:
     """Counts drawn from ``p(x | z)`` with ``z ~ q(z | x)``; shape (cells, genes, n_samples)."""
     check_int("n_samples", n_samples, 1)
-    _check_unique(indices)
-    module.eval()
-    dtype, device = _dtype_device(module)
-    out = []
+
+    def draws(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        loc, scale = module.encode(x, b)
+        eps = torch.randn((n_samples, *loc.shape), dtype=x.dtype).to(x.device)
+        return module.conditional(sample_latent(loc, scale, eps), log_library_size(x), b).sample().permute(1, 2, 0)
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        for mb in _iterate_sorted(source, indices, batch_size):
-            x, b = to_tensors(mb, dtype, device)
-            loc, scale = module.encode(x, b)
-            eps = torch.randn((n_samples, *loc.shape), dtype=dtype).to(device)
-            draws = module.conditional(sample_latent(loc, scale, eps), log_library_size(x), b).sample()
-            out.append(draws.permute(1, 2, 0).cpu().numpy())
-    values = np.concatenate(out, axis=0)
-    return values[_ordered(indices, np.unique(indices))]
+        return _per_cell(module, source, indices, batch_size, draws)

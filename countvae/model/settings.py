@@ -29,6 +29,8 @@ DECODERS = ("linear", "mlp")
 DISPERSIONS = ("gene", "gene-batch")
 PRIORS = ("normal", "laplace", "diagonal")
 LOADINGS_PRIORS = ("none", "horseshoe", "programs")
+#: Latent dimensions when neither ``n_latent`` nor ``gene_programs`` gives them.
+DEFAULT_N_LATENT = 10
 
 #: Floating-point types a model can use, by the name stored in its settings.
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
@@ -129,7 +131,7 @@ class ModelSettings:
         """
         if self.gene_programs is not None:  # a GMT path is read once, here
             object.__setattr__(self, "gene_programs", as_gene_programs(self.gene_programs))
-        n_latent = self.n_latent if self.n_latent is not None else len(self.gene_programs or ()) or 10
+        n_latent = self.n_latent if self.n_latent is not None else len(self.gene_programs or ()) or DEFAULT_N_LATENT
         normalised = {
             "n_latent": check_int("n_latent", n_latent, 1),
             "likelihood": check_choice("likelihood", self.likelihood, LIKELIHOODS),

@@ -3,7 +3,7 @@
 These are Pyro distributions (usable at ``pyro.sample`` sites) with event shape
 (genes,). They compute the same log-probability as Pyro's ``Poisson``,
 ``NegativeBinomial`` and ``ZeroInflatedNegativeBinomial`` (checked in
-tests/test_distributions.py) but arrange the arithmetic for sparse counts:
+tests/module/test_distributions.py) but arrange the arithmetic for sparse counts:
 
 * the terms that do not involve the mean, ``lgamma(x + theta) - lgamma(theta) -
   lgamma(x + 1)``, vanish where ``x = 0`` and are evaluated on the non-zero

@@ -38,7 +38,7 @@ def per_cell_elbo(
     without tracing: ``log p(x | z) - kl_weight * KL(q(z | x) || p(z))`` with one
     reparameterized draw ``z ~ q``; when the KL has no closed form (Laplace prior,
     full-covariance guide) it is replaced by ``log q(z) - log p(z)`` at the same
-    draw, as Pyro does. ``tests/test_module.py`` checks that both give the same
+    draw, as Pyro does. ``tests/module/test_module.py`` checks that both give the same
     number from the same random draw.
 
     ``weight`` is a draw of the loadings ``W`` when they are a latent variable

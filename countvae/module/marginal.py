@@ -132,7 +132,7 @@ class MarginalSettings:
         above it stops and becomes a copy of the first mode (its location, log joint and
         precision; 0: every restart runs to its own stop). A copy, not the point where the
         restart stopped: with ``pool_pilot`` a component centred on a pilot draw would lower
-        that draw's weight, a bias of about -0.015 nats/cell in tests/test_marginal.py. On the
+        that draw's weight, a bias of about -0.015 nats/cell in tests/module/test_marginal.py. On the
         stored fits of a default Kang ``countvae diagnose``, 1.5 cut the estimator's CPU time
         by about a quarter at no loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy).
     redraw
@@ -147,7 +147,7 @@ class MarginalSettings:
         (multiple importance sampling with the balance heuristic). Unbiased for fixed
         components; the final components depend on the pilot draws only through the
         restarts' starting points, which Newton's method carries to a local maximum (or which
-        snap to the first mode), and tests/test_marginal.py finds no bias over 1,000 estimates
+        snap to the first mode), and tests/module/test_marginal.py finds no bias over 1,000 estimates
         against the closed form. On the stored Kang fits it cut the mean absolute error against
         the gold standard from 0.112 to about 0.08 nats/cell at the report's 100 final draws.
     fixed_restart_metric

@@ -26,7 +26,7 @@ guide-widths apart. Measured on the embedded data of ``countvae diagnose``
 on every invariant and all ICA components: median R-hat of aligned coordinates
 1.19, of decoded log means 1.41, against a within-seed baseline of 1.00, with
 96-99% of parameters above the baseline's maximum; exact rotated copies of one
-fit give the baseline itself (``tests/test_rhat.py``, and the copies scenario of
+fit give the baseline itself (``tests/diagnostics/analyses/test_rhat.py``, and the copies scenario of
 ``benchmarks/calibration.py``). Because it does not separate equivalent from
 non-equivalent fits, it is left out of the verdicts; the report shows it as a
 description of the spread.

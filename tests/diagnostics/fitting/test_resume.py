@@ -24,7 +24,7 @@ import torch
 import countvae as cv
 from countvae.diagnostics import fit_seeds
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tests" / "seedrun.py"
 SEEDS = [0, 1, 2]
 WAIT_SECONDS = 900  # a guard against a hung run, not a speed check: a loaded machine can be slow

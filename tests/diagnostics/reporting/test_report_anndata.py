@@ -240,7 +240,7 @@ def test_every_key_written_is_documented(small):
 
     rep, _, held = small
     written = rep.write(held.copy())
-    page = (Path(__file__).resolve().parent.parent / "docs" / "scanpy.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[3] / "docs" / "scanpy.md").read_text(encoding="utf-8")
     for keys in written.values():
         for key in keys:
             assert f"`{key}`" in page, f"{key} is written but not documented in docs/scanpy.md"

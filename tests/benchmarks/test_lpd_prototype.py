@@ -23,7 +23,7 @@ import countvae as cv
 from countvae.data.registry import batch_codes
 from countvae.invariance.quadrature import quadrature_log_marginal
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import lpd_estimators as est  # noqa: E402
 
 
@@ -229,7 +229,7 @@ def test_newton_starts_over_the_prior_find_a_mode_the_encoder_misses():
 
 @pytest.mark.slow
 def test_accuracy_benchmark_quick_writes_its_section(tmp_path):
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lpd_accuracy_under_test", bench / "lpd_accuracy.py")

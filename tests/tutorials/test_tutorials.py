@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 sys.path.insert(0, str(TUTORIALS))
 from _execute import execute  # noqa: E402
 from _outputs import agreement_differences, differences  # noqa: E402

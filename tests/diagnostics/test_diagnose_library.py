@@ -9,7 +9,7 @@ import pytest
 
 import countvae as cv
 from countvae.cli import main
-from countvae.diagnostics import DIAGNOSE_STOPPING, diagnose, plan_diagnose
+from countvae.diagnostics import DIAGNOSE_STOPPING, DiagnoseSettings, diagnose, plan_diagnose
 from countvae.errors import InvalidArgumentError, OutputExistsError
 
 FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
@@ -49,7 +49,7 @@ def test_library_call_gives_the_report_of_the_command(data_file, tmp_path):
         model_kwargs=MODEL,
         train_kwargs=TRAIN,
         markers=markers,
-        n_lpd_samples=10,
+        report_kwargs={"n_lpd_samples": 10},
         out_dir=tmp_path / "lib",
     )
     cli = json.loads((tmp_path / "cli" / "report" / "report.json").read_text())
@@ -65,15 +65,37 @@ def test_library_call_gives_the_report_of_the_command(data_file, tmp_path):
 def test_defaults_are_the_commands_and_bad_arguments_fail_before_fitting(data_file, tmp_path):
     adata = _registered(data_file)
     plan = plan_diagnose(adata, seeds=3).split()
-    assert plan.seeds == [0, 1, 2] and plan.model_kwargs["n_latent"] == 10
-    assert plan.train_kwargs["early_stopping"] is True
-    assert {k: plan.train_kwargs[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING
-    assert plan.train_kwargs["max_epochs"] == 400  # 600,000 cell passes over 270 fit cells, at most 400
+    s = plan.settings
+    assert s.seeds == [0, 1, 2] and s.model_kwargs["n_latent"] == 10
+    assert s.train_kwargs["early_stopping"] is True
+    assert {k: s.train_kwargs[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING
+    assert s.train_kwargs["max_epochs"] == 400  # 600,000 cell passes over 270 fit cells, at most 400
     assert plan.adata_fit.n_obs + plan.n_heldout == adata.n_obs and plan.report_dir is None
     off = plan_diagnose(adata, train_kwargs={"early_stopping": False})
-    assert not set(DIAGNOSE_STOPPING) & set(off.train_kwargs)
+    assert not set(DIAGNOSE_STOPPING) & set(off.settings.train_kwargs)
+    # A settings object and keywords give the same plan; keywords given with it replace its fields.
+    given = DiagnoseSettings(seeds=[4, 7], split_seed=3, report_kwargs={"ica": False})
+    assert plan_diagnose(adata, settings=given).settings == plan_diagnose(adata, settings=given, seeds=[4, 7]).settings
+    assert plan_diagnose(adata, settings=given, seeds=2).settings.seeds == [0, 1]
+    assert (
+        plan_diagnose(adata, settings=given).settings
+        == plan_diagnose(adata, seeds=[4, 7], split_seed=3, report_kwargs={"ica": False}).settings
+    )
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         diagnose(adata, seeds=1)
     with pytest.raises(InvalidArgumentError, match="NOT_A_GENE"):
         diagnose(adata, markers=["NOT_A_GENE"], out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_report_settings_are_checked_before_fitting(data_file, tmp_path):
+    adata = _registered(data_file)
+    with pytest.raises(InvalidArgumentError, match=r"'n_lpd_sample'\. Did you mean 'n_lpd_samples'"):
+        diagnose(adata, report_kwargs={"n_lpd_sample": 10}, out_dir=tmp_path / "x")
+    with pytest.raises(InvalidArgumentError, match="n_lpd_samples"):
+        diagnose(adata, report_kwargs={"n_lpd_samples": 1}, out_dir=tmp_path / "x")
+    with pytest.raises(InvalidArgumentError, match=r"cannot set \['markers'\].*markers="):
+        diagnose(adata, report_kwargs={"markers": ["gene0"]}, out_dir=tmp_path / "x")
+    with pytest.raises(InvalidArgumentError, match=r"'sede'\. Did you mean 'seeds'"):
+        diagnose(adata, sede=3)
     assert not (tmp_path / "x").exists()

@@ -27,7 +27,7 @@ from faults_helpers import KillWorkerOnce, assert_same_numbers, files_of, leftov
 from countvae.diagnostics.fitting.scratch import remove_orphaned, scratch_prefix
 from countvae.errors import WorkerLostError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

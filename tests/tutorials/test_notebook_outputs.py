@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tutorials"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tutorials"))
 from _outputs import comparable_outputs, differences, normalise  # noqa: E402
 
 

@@ -14,7 +14,7 @@ from countvae.diagnostics.reporting.verdict_calibration import (
     load_calibration,
 )
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
+RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "RESULTS.md"
 
 
 def _results_tables(caption: str = ": verdict counts per row against the truth") -> dict[str, dict[str, list[str]]]:

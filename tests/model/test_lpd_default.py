@@ -3,7 +3,7 @@
 Models: linear Poisson and NB ``CountVAE`` (float64) on pbmc_3tech restricted to its 150 highest-count
 genes, 1-3 latent dimensions, briefly trained; evaluated on the held-out cells with the largest
 libraries (the narrow posteriors where the guide estimator fails most). Reference: adaptive
-Gauss-Hermite quadrature, exact to ~1e-8 (tests/test_lpd.py). Targets from issue 13: mean absolute
+Gauss-Hermite quadrature, exact to ~1e-8 (tests/model/test_lpd.py). Targets from issue 13: mean absolute
 error <= 0.05 nats/cell and >= 95% of cells within 3 reported standard errors.
 """
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import real_dataset
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _run(script: str, *args: str) -> str:

@@ -33,7 +33,7 @@ MODEL = {"n_latent": 2, "n_hidden": 16}
 #: Block shuffling with the same block size for in-memory and backed cells, so both visit cells in the same order.
 TRAIN = {"max_epochs": 3, "batch_size": 32, "shuffle_block_cells": 16}
 OPTIONS = {"seeds": [0, 1], "model_kwargs": MODEL, "train_kwargs": TRAIN, "torch_threads": 1, "progress_bar": False}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 #: Generous: the whole run (start two nodes, fit two seeds, stop) takes minutes only on a heavily loaded machine.
 RAY_TIMEOUT_S = 900
 

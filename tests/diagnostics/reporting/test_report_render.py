@@ -22,7 +22,7 @@ import countvae as cv
 from countvae.diagnostics import CountVAEFit, report
 from countvae.diagnostics.reporting.sections.invariants import GLANCE
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 EVIL_GENE = "<script>alert(1)</script>"
 SMALL = dict(n_lpd_samples=20, max_lpd_cells=150, n_rhat_draws=40, n_rhat_cells=8, max_jacobian_cells=60)
 

@@ -129,7 +129,7 @@ def test_help_lists_the_command(capsys):
     with pytest.raises(SystemExit):
         main(["verify-invariance", "--help"])
     text = capsys.readouterr().out
-    assert "--model" in text and "default here: 2" in text and "OUT/report/report.html" in text
+    assert "--model" in text and "latent dimensions (default: 2)" in text and "OUT/report/report.html" in text
 
 
 def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):

@@ -23,7 +23,7 @@ from faults_helpers import assert_same_numbers, numbers, run, tiny_data
 from countvae.diagnostics.fitting.run_lock import OWNER_FILE, read_owner
 from countvae.errors import OutputExistsError, OutputLockedError
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[2]
 HOLDER = """
 import sys, time
 from pathlib import Path
