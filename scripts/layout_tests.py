@@ -101,6 +101,7 @@ LAYOUT: dict[str, list[str]] = {
         "test_report_lpd_jobs",
         "test_report_render",
         "test_report_schema",
+        "test_report_sections",
         "test_restrictions_known_truth",
         "test_verdict_calibration",
         "test_verdicts",
