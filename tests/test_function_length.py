@@ -13,11 +13,7 @@ MAX_LINES = 100
 KNOWN_LONG = {
     "data/simulate.py:simulate",
     "diagnostics/fitting/fit_seeds.py:fit_seeds",
-    "diagnostics/reporting/analyze.py:analyze",
     "diagnostics/reporting/compare_restrictions.py:compare_restrictions",
-    "diagnostics/reporting/downstream_section.py:downstream_section",
-    "diagnostics/reporting/pipeline.py:report",
-    "diagnostics/reporting/render_html.py:render_html",
     "ica.py:ica_stability",
     "invariance/verification.py:verify",
     "model/anndata_results.py:write_results",
