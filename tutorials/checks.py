@@ -120,7 +120,17 @@ MULTI_SEED = NotebookChecks(
             rel=0.02,
             why="paired differences over 500 cells (interval half-width 0.46 nats): within a quarter of it",
         ),
-        Tolerance((7,), line="ica", abs=0.12, why="ICA alignment errors span 0.11-0.14 over the 3 seed pairs"),
+        Tolerance(
+            (7,),
+            line="ica",
+            abs=0.25,
+            why=(
+                "ICA alignment errors span 0.11-0.14 over the 3 seed pairs on one build, but the ICA of these "
+                "near-Gaussian latents lands on another unmixing under rounding-level changes: the largest RMS error "
+                "was 0.345 on the Intel build and 0.550 on an AMD EPYC (2026-12-01); still far below the identity "
+                "map's 0.96-1.18"
+            ),
+        ),
         Tolerance((7,), abs=0.05, why="alignment errors: each spans 0.01-0.1 over the 3 seed pairs"),
         Tolerance((8,), abs=0.06, why="marker R2 and correlations: spread across the 3 seeds 0.01-0.06"),
         Tolerance((9,), abs=0.04, why="posterior predictive errors: spread across the 3 seeds up to 0.04"),
