@@ -16,7 +16,9 @@ section select-calibration). The true size of a linear setting is therefore ``n_
 Usage (resumable: rows already in the CSV are skipped; more replicates extend it)::
 
     OMP_NUM_THREADS=1 python benchmarks/select_calibration.py --replicates 20 --minutes 45 --csv select_calibration.csv
-    python benchmarks/select_calibration.py --csv select_calibration.csv --table-only
+    python benchmarks/select_calibration.py --csv select_calibration.csv --table-only --results benchmarks/RESULTS.md
+
+The second writes section ``select-calibration`` of RESULTS.md from the CSV.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ import pandas as pd
 
 import countvae as cv
 from countvae.diagnostics import compare_fits, fit_seeds
+
+try:
+    from _common import command_line, machine_line, markdown_table, write_section
+except ImportError:  # run from elsewhere than benchmarks/
+    from benchmarks._common import command_line, machine_line, markdown_table, write_section
+
+SECTION = "select-calibration"
 
 #: (n_sources, decoder, n_batches) settings, in the order each round of replicates visits them.
 SETTINGS = [(k, d, nb) for nb in (1, 2) for d in ("linear", "mlp") for k in (3, 5, 8)]
@@ -165,6 +174,7 @@ def main() -> None:
     parser.add_argument("--replicates", type=int, default=20)
     parser.add_argument("--minutes", type=float, default=45.0, help="start no replicate after this")
     parser.add_argument("--table-only", action="store_true")
+    parser.add_argument("--results", type=Path, default=None, help="write the section into this RESULTS.md")
     args = parser.parse_args()
     path = Path(args.csv)
     start = time.time()
@@ -193,10 +203,50 @@ def main() -> None:
                     f"{decoder} K={n_sources} batches={n_batches} rep={rep}: {picks} ({time.time() - t:.0f} s)",
                     flush=True,
                 )
-    table, overall = summary_table(pd.read_csv(path))
+    rows = pd.read_csv(path)
+    table, overall = summary_table(rows)
     pd.set_option("display.width", 200)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(overall.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    if args.results is not None:
+        write_section(args.results, SECTION, section_body(rows, table, overall))
+
+
+def section_body(rows: pd.DataFrame, table: pd.DataFrame, overall: pd.DataFrame) -> str:
+    """The RESULTS.md section: what was run, the overall and per-setting tables."""
+    n_reps = rows.groupby(["n_sources", "decoder", "n_batches", "replicate"]).ngroups
+    seconds = rows.groupby(["n_sources", "decoder", "n_batches", "replicate"])["fit_seconds"].sum()
+    return "\n".join(
+        [
+            "## Model selection on known truth: compare_models' recommendation against the simple rules",
+            "",
+            f"`{command_line()}` (the replicates themselves: `OMP_NUM_THREADS=1 python "
+            "benchmarks/select_calibration.py --replicates 20 --minutes 42 --csv benchmarks/select_calibration.csv`, "
+            "resumable). " + machine_line(1),
+            "",
+            f"{n_reps} replicates: NB counts, {N_CELLS} cells x {N_GENES} genes, sources 3, 5, 8 x decoder linear, "
+            f"MLP ({MLP_HIDDEN} hidden units in truth and candidates) x 1 or 2 batches (visited round by round, so "
+            f"settings have equal counts or differ by one). Each candidate (true size -{GRID_HALF_WIDTH}.."
+            f"+{GRID_HALF_WIDTH}) fitted from seeds {list(SEEDS)}, {TRAIN['max_epochs']} epochs, lr {TRAIN['lr']}, "
+            f"held-out {HELDOUT:.0%} of the cells; fit seconds per replicate (all candidates and seeds): median "
+            f"{seconds.median():.0f} s. True size: sources for MLP, sources + 1 for linear (the library share, "
+            "section select-library-share).",
+            "",
+            "Rules on the same fits: `compare_models` (the package's rule: smallest reliable, stable candidate whose "
+            "simultaneous interval against the best lies above minus the margin); `one_interval` (smallest reliable, "
+            "stable candidate not shown worse than the best by more than the margin: upper bound above minus the "
+            "margin); `training_elbo` (highest mean training ELBO); `single_seed_heldout` (highest held-out log p(x) "
+            "of seed 0); `heldout_argmax` (highest mean held-out log p(x)). Shares of replicates.",
+            "",
+            "### All settings",
+            "",
+            markdown_table(overall, "{:.2f}"),
+            "",
+            "### Per setting",
+            "",
+            markdown_table(table, "{:.2f}"),
+        ]
+    )
 
 
 if __name__ == "__main__":
