@@ -172,9 +172,16 @@ def compare_models(
     ------
     InvalidArgumentError
         An empty grid, unknown CountVAE arguments (the valid ones are named), a candidate with as many latent
-        dimensions as genes or cells, fewer than two seeds.
+        dimensions as genes or cells, fewer than two seeds, fits in ``out_dir`` whose held-out ``log p(x)`` are
+        different quantities (see :func:`compare_fits`).
     InvalidDataError
         Candidates fitted on different genes.
+
+    Notes
+    -----
+    A linear decoder is log-linear in ``z`` with the observed total count as its scale; factors that change a
+    cell's total expression then need one more latent dimension (the library share), so a linear candidate
+    with ``K + 1`` dimensions for ``K`` factors is expected (docs/model-selection.md).
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
