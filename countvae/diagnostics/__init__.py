@@ -21,7 +21,7 @@ from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
-from countvae.diagnostics.reporting.compare_models import compare_models
+from countvae.diagnostics.reporting.compare_models import compare_fits, compare_models
 from countvae.diagnostics.reporting.compare_restrictions import compare_restrictions
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
 from countvae.diagnostics.reporting.load_report import load_report
@@ -47,6 +47,7 @@ __all__ = [
     "RestrictionReport",
     "SCVIFit",
     "SeedFits",
+    "compare_fits",
     "compare_models",
     "compare_restrictions",
     "diagnose",

@@ -32,7 +32,7 @@ from countvae.diagnostics.reporting.model_comparison_report import ModelComparis
 from countvae.errors import InvalidArgumentError, InvalidDataError
 from countvae.model.settings import ModelSettings
 
-__all__ = ["compare_models"]
+__all__ = ["compare_fits", "compare_models"]
 
 #: Settings of the size order that a candidate may leave at CountVAE's defaults.
 _DEFAULTS = {"n_latent": 10, "decoder": "mlp", "n_hidden": 128, "n_layers": 1}
@@ -76,6 +76,32 @@ def check_same_genes(fits: Mapping[str, SeedFits]) -> None:
                     f"Candidate {name} was fitted on other genes than the first candidate ({len(genes)} vs "
                     f"{len(reference)}); compare models on one gene set: use a fresh out_dir or the same AnnData."
                 )
+
+
+def check_same_design(fits: Mapping[str, SeedFits], settings: Mapping[str, Mapping[str, Any]]) -> None:
+    """Every candidate has settings, and all were fitted from the same (two or more) seeds and held-out cells."""
+    if not fits:
+        raise InvalidArgumentError("No fitted candidates to compare; give at least one label -> fit_seeds result.")
+    missing = [name for name in fits if name not in settings]
+    if missing:
+        raise InvalidArgumentError(f"No settings for candidates {missing}; give settings for every label of fits.")
+    first_name, first = next(iter(fits.items()))
+    if len(first.seeds) < 2:
+        raise InvalidArgumentError(
+            f"Stability needs at least two seeds per candidate; {first_name} has {len(first.seeds)}."
+        )
+    held = pd.Index(first.adata_heldout.obs_names)
+    for name, seed_fits in fits.items():
+        if list(seed_fits.seeds) != list(first.seeds):
+            raise InvalidArgumentError(
+                f"Candidate {name} was fitted from seeds {list(seed_fits.seeds)}, {first_name} from "
+                f"{list(first.seeds)}; fit every candidate from the same seeds."
+            )
+        if not pd.Index(seed_fits.adata_heldout.obs_names).equals(held):
+            raise InvalidArgumentError(
+                f"Candidate {name} holds out other cells than {first_name}; fit every candidate with the same "
+                "heldout_fraction and split_seed on the same AnnData."
+            )
 
 
 def _size_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -146,9 +172,16 @@ def compare_models(
     ------
     InvalidArgumentError
         An empty grid, unknown CountVAE arguments (the valid ones are named), a candidate with as many latent
-        dimensions as genes or cells, fewer than two seeds.
+        dimensions as genes or cells, fewer than two seeds, fits in ``out_dir`` whose held-out ``log p(x)`` are
+        different quantities (see :func:`compare_fits`).
     InvalidDataError
         Candidates fitted on different genes.
+
+    Notes
+    -----
+    A linear decoder is log-linear in ``z`` with the observed total count as its scale; factors that change a
+    cell's total expression then need one more latent dimension (the library share), so a linear candidate
+    with ``K + 1`` dimensions for ``K`` factors is expected (docs/model-selection.md).
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
@@ -178,9 +211,14 @@ def compare_models(
             overwrite=overwrite,
             progress_bar=progress_bar,
         )
-    check_same_genes(fits)
-    return _evaluate(
-        fits, dict(zip(names, settings_list, strict=True)), share, n_lpd_samples, alpha, max_baseline_cells, seed
+    return compare_fits(
+        fits,
+        dict(zip(names, settings_list, strict=True)),
+        equivalence_margin=share,
+        n_lpd_samples=n_lpd_samples,
+        alpha=alpha,
+        max_baseline_cells=max_baseline_cells,
+        seed=seed,
     )
 
 
@@ -190,15 +228,39 @@ def _fit_seconds(seed_fits: SeedFits) -> float:
     )
 
 
-def _evaluate(
+def compare_fits(
     fits: Mapping[str, SeedFits],
     settings: Mapping[str, Mapping[str, Any]],
-    share: float,
-    n_lpd_samples: int,
-    alpha: float,
-    max_baseline_cells: int,
-    seed: int,
+    equivalence_margin: float | None = None,
+    *,
+    n_lpd_samples: int = 100,
+    alpha: float = 0.05,
+    max_baseline_cells: int = 5_000,
+    seed: int = 0,
 ) -> ModelComparison:
+    """Compare candidates already fitted (each a :func:`~countvae.diagnostics.fit_seeds` result) as compare_models does.
+
+    Parameters
+    ----------
+    fits
+        Candidate label -> its fits, all from the same seeds, held-out split and genes.
+    settings
+        Candidate label -> its CountVAE settings (what the size order and ``.recommended`` read).
+    equivalence_margin, n_lpd_samples, alpha, max_baseline_cells, seed
+        As in :func:`compare_models`.
+
+    Raises
+    ------
+    InvalidArgumentError
+        No candidates, labels without settings, fewer than two seeds, candidates fitted from different seeds or
+        held-out cells, or held-out ``log p(x)`` of different quantities (observed vs integrated library size).
+    InvalidDataError
+        Candidates fitted on different genes.
+    """
+    share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
+    check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
+    check_same_design(fits, settings)
+    check_same_genes(fits)
     first = next(iter(fits.values()))
     heldout = first.adata_heldout
     var_names = pd.Index(first[0].var_names)
@@ -206,10 +268,14 @@ def _evaluate(
     stab: dict[str, dict[str, Any]] = {}
     for name, seed_fits in fits.items():
         frames[name] = [fit.log_predictive_density(heldout, n_lpd_samples, seed) for fit in seed_fits]
+    # Observed-library and library-integrated densities differ by the library's own density, not by fit.
+    require_same_quantity(
+        {f"{n}, seed {fit.seed}": f for n, fs in frames.items() for fit, f in zip(fits[n], fs, strict=True)}
+    )
+    for name, seed_fits in fits.items():
         latents = [fit.latent(heldout) for fit in seed_fits]
         log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
-    require_same_quantity({f"{n} {i}": f for n, fs in frames.items() for i, f in enumerate(fs)})
     lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
     baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)
     # The margin is a share of what the latent variables add, measured on the best-fitting candidate.

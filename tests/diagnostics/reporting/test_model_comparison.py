@@ -12,6 +12,8 @@ from matplotlib.axes import Axes
 import countvae as cv
 from countvae import diagnostics
 from countvae.diagnostics.analyses import model_comparison as mc
+from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
+from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.compare_models import check_same_genes
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
@@ -33,7 +35,7 @@ def fits_dir(tmp_path_factory):
 def _compare(adata, fits_dir):
     return diagnostics.compare_models(
         adata,
-        {"n_latent": [1, 2, 4], "decoder": ["linear"]},
+        {"n_latent": [2, 3, 4], "decoder": ["linear"]},
         seeds=range(2),
         train_kwargs=TRAIN,
         out_dir=fits_dir,
@@ -111,13 +113,13 @@ def test_known_latent_size_fit_ordering(comparison):
     table = comparison.table.set_index("n_latent")
     margin = comparison.margin
     assert np.isfinite(margin) and margin > 0
-    assert set(table.index) == {1, 2, 4}
-    # One latent dimension too few is clearly worse than the true two, by more than the margin.
-    one_vs_two = table.loc[1, "lpd_per_cell"] - table.loc[2, "lpd_per_cell"]
-    assert one_vs_two < -margin
-    assert table.loc[1, "fit_verdict"] == mc.WORSE
-    # Too few dimensions is never the choice (at this size the 2-d fits may still trail the 4-d ones).
-    assert comparison.recommended is None or comparison.recommended["n_latent"] in (2, 4)
+    assert set(table.index) == {2, 3, 4}
+    # Two sources need three dimensions of the observed-library log-linear decoder (the third carries the
+    # library share the sources move): two are worse than three by more than the margin, four add nothing.
+    assert table.loc[2, "lpd_per_cell"] - table.loc[3, "lpd_per_cell"] < -margin
+    assert table.loc[2, "fit_verdict"] == mc.WORSE
+    assert table.loc[4, "lpd_per_cell"] - table.loc[3, "lpd_per_cell"] < margin
+    assert comparison.recommended == {"n_latent": 3, "decoder": "linear"}
     assert table["reliable"].dtype == bool
     for column in ("decoded_means", "distances", "knn", mc.COORDINATES, "fit_seconds", "seed_spread"):
         assert table[column].notna().all()
@@ -130,7 +132,7 @@ def test_known_latent_size_fit_ordering(comparison):
 
 
 def test_rerun_resumes_from_the_candidate_folders(adata, comparison, fits_dir):
-    assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (1, 2, 4))
+    assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (2, 3, 4))
     again = _compare(adata, fits_dir)
     assert (again.table["fit_seconds"] == comparison.table["fit_seconds"]).all()
     pd.testing.assert_series_equal(again.table["lpd_per_cell"], comparison.table["lpd_per_cell"])
@@ -219,3 +221,69 @@ def test_margin_share_and_repeated_candidates_are_checked(adata):
         diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), equivalence_margin=0.0)
     with pytest.raises(InvalidArgumentError, match="repeat"):
         diagnostics.compare_models(adata, [{"n_latent": 2}, {"n_latent": 2}], seeds=range(2))
+
+
+class _StandInFit:
+    """What compare_fits asks of a fit before any stability work: its seed, genes and held-out log p(x)."""
+
+    def __init__(self, seed, quantity=GIVEN_OBSERVED_LIBRARY, genes=("g1", "g2")):
+        self.seed, self.quantity, self.var_names = seed, quantity, pd.Index(genes)
+
+    def log_predictive_density(self, adata, n_samples, seed):
+        return with_quantity(pd.DataFrame({"lpd": np.zeros(adata.n_obs)}), self.quantity)
+
+
+def _stand_in(seeds=(0, 1), cells=("c1", "c2", "c3"), **kwargs):
+    import anndata as ad
+
+    held = ad.AnnData(np.ones((len(cells), 2), dtype=np.float32))
+    held.obs_names = list(cells)
+    return SeedFits(fits=[_StandInFit(s, **kwargs) for s in seeds], adata_fit=held, adata_heldout=held)
+
+
+@pytest.mark.parametrize(
+    ("fits", "settings", "match"),
+    [
+        ({}, {}, "No fitted candidates"),
+        ({"a": _stand_in()}, {}, "No settings for candidates"),
+        ({"a": _stand_in(seeds=(0,))}, {"a": {}}, "at least two seeds"),
+        ({"a": _stand_in(), "b": _stand_in(seeds=(0, 2))}, {"a": {}, "b": {}}, "same seeds"),
+        ({"a": _stand_in(), "b": _stand_in(cells=("c1", "c2", "c4"))}, {"a": {}, "b": {}}, "other cells"),
+        (
+            {"a": _stand_in(), "b": _stand_in(quantity=LIBRARY_INTEGRATED)},
+            {"a": {}, "b": {}},
+            "different quantities",
+        ),
+    ],
+)
+def test_compare_fits_refuses_fits_that_cannot_be_compared(fits, settings, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        diagnostics.compare_fits(fits, settings)
+
+
+def test_compare_fits_refuses_mixed_gene_sets():
+    fits = {"a": _stand_in(), "b": _stand_in(genes=("g1", "g3"))}
+    with pytest.raises(InvalidDataError, match="other genes"):
+        diagnostics.compare_fits(fits, {"a": {}, "b": {}})
+
+
+def test_linear_sources_move_the_library_share_that_one_more_dimension_carries():
+    """Exact quadrature with the simulator's own parameters: under the observed library size the 2-source truth
+    needs a third (library) dimension of the log-linear decoder, and with it comes within a few nats/cell of the
+    density given the true size factors."""
+    import torch
+
+    from countvae.invariance.quadrature import log_marginal_linear
+
+    data = cv.data.simulate(n_cells=200, n_genes=60, n_latent=2, decoder="linear", seed=0)
+    sim = data.uns["simulation"]
+    x = torch.tensor(data.X.toarray(), dtype=torch.float64)
+    W, b, theta = (torch.tensor(sim[k]) for k in ("W", "b", "theta"))
+    observed = torch.log(x.sum(1, keepdim=True)) + b
+    true_library = torch.log(torch.tensor(data.obs["size_factor"].to_numpy()))[:, None] + b
+    with_library = torch.cat([W, torch.full((60, 1), 0.5, dtype=torch.float64)], 1)
+    two = log_marginal_linear(x, observed, W, theta, n_nodes=12).mean().item()
+    three = log_marginal_linear(x, observed, with_library, theta, n_nodes=12).mean().item()
+    given_size_factor = log_marginal_linear(x, true_library, W, theta, n_nodes=12).mean().item()
+    assert three - two > 20.0
+    assert abs(three - given_size_factor) < 5.0
