@@ -37,7 +37,7 @@ from countvae.cli.common import (
     read_h5ad,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import add_gene_selection_argument, announce, estimate
+from countvae.cli.first_contact import add_gene_selection_argument, announce, estimate, n_jobs_value
 from countvae.data import setup_anndata, simulate
 from countvae.diagnostics import (
     DIAGNOSE_N_TOP_GENES,
@@ -52,6 +52,7 @@ from countvae.diagnostics import (
     diagnose,
     plan_diagnose,
 )
+from countvae.diagnostics.fitting.parallelism import AUTO, plan_parallelism
 from countvae.errors import InvalidArgumentError
 
 __all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "register", "run"]
@@ -127,7 +128,13 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--seeds", type=int, default=5, help="number of seeds, fitted as seeds 0..N-1 (default: 5)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells held out from every fit (default 0.1)")
     p.add_argument("--split-seed", type=int, default=0, help="seed of the held-out split (default 0)")
-    p.add_argument("--n-jobs", type=int, default=1, help="seeds fitted at once in worker processes (-1: all cores)")
+    p.add_argument(
+        "--n-jobs",
+        type=n_jobs_value,
+        default=AUTO,
+        help="seeds fitted at once in worker processes (default auto: one per usable core, at most the seeds; "
+        "1: in this process; the fits are the same whatever the number)",
+    )
     p.add_argument(
         "--markers",
         default=None,
@@ -359,7 +366,7 @@ class _Observer:
             epochs=plan.train_kwargs["max_epochs"],
             timing=estimate(plan.adata_fit, plan.model_kwargs, plan.train_kwargs, plan.torch_threads),
             seeds=len(plan.seeds),
-            n_jobs=plan.n_jobs if plan.n_jobs != -1 else plan.cores,
+            n_jobs=plan_parallelism(plan.n_jobs, len(plan.seeds), plan.adata_fit, plan.torch_threads).n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
         )

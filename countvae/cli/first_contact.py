@@ -10,6 +10,7 @@ import anndata as ad
 
 from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
+from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
 from countvae.model import TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
@@ -22,6 +23,7 @@ __all__ = [
     "choose_genes",
     "describe_genes",
     "estimate",
+    "n_jobs_value",
     "n_top_genes_value",
 ]
 
@@ -36,6 +38,19 @@ def n_top_genes_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
+    return value
+
+
+def n_jobs_value(text: str) -> int | str:
+    """Parse ``--n-jobs``: ``auto``, ``-1`` or a positive integer."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {text!r}") from None
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {value}")
     return value
 
 
@@ -105,9 +120,9 @@ def announce(
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:
-        parallel = f", {n_jobs} seed(s) at a time"
-    if torch_threads is not None:
-        parallel += f", {torch_threads} torch thread(s) per fit"
+        parallel = ", " + Parallelism(n_jobs, torch_threads or 1, "").describe()
+    elif torch_threads is not None:
+        parallel = f", {torch_threads} torch thread(s) per fit"
     lines = [
         f"countvae {command}: before fitting",
         f"  data      {data}: {adata.n_obs:,} cells x {genes.n_genes_before:,} genes; "
@@ -130,7 +145,7 @@ def announce(
         )
     shorter = []
     if n_jobs is not None:
-        shorter.append(f"--n-jobs N fits N seeds at once (this machine has {cores or 1} core(s))")
+        shorter.append(f"--n-jobs N fits N seeds at once (now {n_jobs}; this machine has {cores or 1} usable core(s))")
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
         "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",

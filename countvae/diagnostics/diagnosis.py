@@ -35,12 +35,14 @@ from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
 from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.model.training import DEFAULT_STOPPING
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +59,7 @@ DIAGNOSE_N_TOP_GENES = 2_000
 #: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
 #: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs. A single
 #: ``CountVAE.train`` keeps the TrainingPlan defaults (early stopping off).
-DIAGNOSE_STOPPING = {
-    "check_val_every_n_epoch": 2,
-    "early_stopping_patience": 10,
-    "early_stopping_relative_delta": 1e-3,
-}
+DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
 
 
 def default_epochs(n_fit_cells: int) -> int:
@@ -112,7 +110,7 @@ class DiagnosePlan:
     model_kwargs: dict[str, Any]
     train_kwargs: dict[str, Any]
     markers: list[str] | None
-    n_jobs: int
+    n_jobs: int | str
     cores: int
     torch_threads: int
     report_dir: Path | None
@@ -141,7 +139,7 @@ def plan_diagnose(
     n_lpd_samples: int = 100,
     equivalence_margin: float = EQUIVALENCE_MARGIN,
     downstream: DownstreamRequest | None = None,
-    n_jobs: int = 1,
+    n_jobs: int | str = AUTO,
     out_dir: str | Path | None = None,
     overwrite: bool = False,
     write_h5ad: str | Path | None = None,
@@ -223,7 +221,7 @@ def diagnose(
     n_lpd_samples: int = 100,
     equivalence_margin: float = EQUIVALENCE_MARGIN,
     downstream: DownstreamRequest | None = None,
-    n_jobs: int = 1,
+    n_jobs: int | str = AUTO,
     out_dir: str | Path | None = None,
     overwrite: bool = False,
     refit_broken: bool = False,
@@ -249,7 +247,8 @@ def diagnose(
         Keep this many most variable genes (on the raw counts); ``None``: ``DIAGNOSE_N_TOP_GENES`` when the
         data has more; ``"all"``: every gene.
     heldout_fraction, split_seed, n_jobs
-        The held-out cells shared by every fit; seeds fitted at once in worker processes (``-1``: all cores).
+        The held-out cells shared by every fit; seeds fitted at once in worker processes (``"auto"``: one per
+        usable core, as :func:`fit_seeds`).
     markers, ica, n_lpd_samples, equivalence_margin, downstream
         As for :func:`report`.
     out_dir, overwrite, refit_broken
