@@ -85,6 +85,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _expected_epochs(timing: TrainingTimeEstimate) -> str:
+    if timing.expected_epochs < timing.epochs:
+        return f"about {timing.expected_epochs} epochs, where early stopping is expected to end a fit"
+    return f"{timing.epochs} epochs"
+
+
 def estimate(
     adata_fit: ad.AnnData, model_kwargs: dict[str, Any], train_kwargs: dict[str, Any], torch_threads: int | None
 ) -> TrainingTimeEstimate | None:
@@ -141,7 +147,8 @@ def announce(
         total = f", about {_duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
         lines.append(
             f"  estimate  about {_duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
-            f"({timing.seconds_per_epoch:.2f} s per epoch, from {timing.warmup_steps} timed training steps)"
+            f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "
+            "timed training steps)"
         )
     shorter = []
     if n_jobs is not None:

@@ -15,10 +15,28 @@ from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry
 from countvae.errors import InvalidArgumentError, SetupError
 from countvae.model.countvae import CountVAE
-from countvae.model.training import TrainingPlan, default_max_epochs, train_module
+from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_epochs, train_module
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
+#: The epoch at which ``DEFAULT_STOPPING`` ends a fit, ``STOP_EPOCH_SCALE * n_train_cells ** STOP_EPOCH_EXPONENT``:
+#: a power law fitted (least squares on the logarithms) to the stops measured on the embedded data, pbmc_3tech,
+#: Kang and the first-contact file (benchmarks/RESULTS.md, section stop-epoch-estimate, which gives each
+#: prediction against the measured stop).
+STOP_EPOCH_SCALE = 281.0
+STOP_EPOCH_EXPONENT = -0.22
+#: Fewest epochs predicted (a validation pass every 2 epochs and a patience of 10 stop no fit before epoch 12).
+MIN_STOP_EPOCH = 12
+
+
+def expected_stop_epoch(n_train_cells: int, max_epochs: int) -> int:
+    """The epoch at which the shared stopping rule is expected to end a fit on ``n_train_cells`` cells.
+
+    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at most ``max_epochs``. It is
+    an expectation for planning, not a bound: seeds of one fit stopped up to 1.3x apart.
+    """
+    predicted = STOP_EPOCH_SCALE * max(int(n_train_cells), 1) ** STOP_EPOCH_EXPONENT
+    return int(min(max_epochs, max(MIN_STOP_EPOCH, round(predicted))))
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,9 @@ class TrainingTimeEstimate:
     epochs
         Epochs of the fit (``max_epochs``, or the default for its size); with
         early stopping, the most it can take.
+    expected_epochs
+        Epochs the fit is expected to train: ``epochs``, or with early stopping at the
+        shared rule's settings (``DEFAULT_STOPPING``) :func:`expected_stop_epoch`.
     warmup_seconds
         Wall time of the whole warm-up (timed and untimed steps).
     warmup_steps
@@ -47,11 +68,12 @@ class TrainingTimeEstimate:
     warmup_seconds: float
     warmup_steps: int
     warmup_cells: int
+    expected_epochs: int
 
     @property
     def seconds_per_fit(self) -> float:
-        """The expected seconds of one fit, epochs times seconds per epoch (training only, not saving)."""
-        return self.epochs * self.seconds_per_epoch
+        """The expected seconds of one fit, expected epochs times seconds per epoch (training only, not saving)."""
+        return self.expected_epochs * self.seconds_per_epoch
 
 
 def estimate_training_time(
@@ -80,8 +102,9 @@ def estimate_training_time(
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
         Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
-        ``lr``, ``train_size``, ...); ``early_stopping`` and ``progress_bar``
-        are ignored here. The warm-up runs on the CPU.
+        ``lr``, ``train_size``, ...). With ``early_stopping`` at the shared rule's
+        settings the fit is expected to stop at :func:`expected_stop_epoch`
+        (other stopping settings: at its last epoch). The warm-up runs on the CPU.
     n_steps
         Minibatches timed (fewer when ``adata`` has fewer cells).
     seed
@@ -135,10 +158,20 @@ def estimate_training_time(
     finally:
         torch.set_num_threads(previous_threads)
     timed_cells = n_train + n_validation
+    stops = bool((train_kwargs or {}).get("early_stopping")) and _default_rule(plan)
     return TrainingTimeEstimate(
         seconds_per_epoch=timed / timed_cells * n_cells,
         epochs=int(epochs),
+        expected_epochs=expected_stop_epoch(n_train_cells, int(epochs)) if stops else int(epochs),
         warmup_seconds=total,
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
     )
+
+
+def _default_rule(plan: TrainingPlan) -> bool:
+    """Whether ``plan`` stops by the shared rule's settings (the rule :func:`expected_stop_epoch` is calibrated on)."""
+    return (plan.early_stopping_patience, plan.early_stopping_relative_delta) == (
+        DEFAULT_STOPPING.patience,
+        DEFAULT_STOPPING.relative_delta,
+    ) and plan.check_val_every_n_epoch in (None, DEFAULT_STOPPING.check_val_every_n_epoch)
