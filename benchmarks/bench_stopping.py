@@ -585,7 +585,43 @@ standard error over cells. Each seed's two fits ran in one worker, in alternatin
 
 Difference stopped minus full, per fit: {", ".join(f"{d:+.2f}" for d in diffs)} nats per cell (worst
 {min(diffs):+.2f}).{_alternative_note(results)}
+
+### The time estimate printed before fitting, against the stopped fit's time
+
+The warm-up estimate (`countvae.model.warmup.estimate_training_time`, 10 timed minibatches, run in the same
+worker just before the fits, so under the same load) times the epochs expected by `expected_stop_epoch`
+(a power law in the training cells), against the wall time of the stopped fit's `train` call. Within a factor
+1.5 is the target.
+
+{markdown_table(estimate_table(results))}
 """
+
+
+def estimate_table(results: list[dict]) -> pd.DataFrame:
+    """Per fit: expected and actual stop epoch, estimated and actual seconds, and their ratio."""
+    from countvae.model.warmup import expected_stop_epoch
+
+    rows = []
+    for r in results:
+        n_train = int(round(0.9 * r["n_fit"]))
+        expected = expected_stop_epoch(n_train, r["epochs"])
+        estimated = expected * r["warmup_seconds_per_epoch"]
+        actual = r["stopped"]["seconds"]
+        rows.append(
+            {
+                "data": r["dataset"],
+                "seed": r["seed"],
+                "training cells": n_train,
+                "expected stop epoch": expected,
+                "actual stop epoch": r["stopped"]["epochs_trained"],
+                "warm-up s/epoch": r["warmup_seconds_per_epoch"],
+                "estimated s": estimated,
+                "actual s": actual,
+                "estimated / actual": estimated / actual,
+                "within 1.5x": bool(1 / 1.5 <= estimated / actual <= 1.5),
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _alternative_note(results: list[dict]) -> str:

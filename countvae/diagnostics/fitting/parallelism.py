@@ -34,10 +34,9 @@ logger = logging.getLogger(__name__)
 #: ``n_jobs`` value meaning: as many seeds at once as there are usable cores (and seeds left).
 AUTO = "auto"
 #: Peak resident memory of a worker before the copy of the counts (torch, the model, minibatches), in bytes.
-#: A worker fitting 900,000 cells x 200 genes from a backed file peaked at 830 MiB (benchmarks/RESULTS.md,
-#: worker-memory), which includes its cell positions; 600 MiB covers the default model on up to a few
-#: thousand genes.
-WORKER_BASE_BYTES = 600 * 1024**2
+#: Workers fitting from a backed file peaked at 764-776 MiB on 18,000 cells x 2,000 genes and at 830 MiB on
+#: 900,000 cells x 200 genes (benchmarks/RESULTS.md, worker-memory-20k and worker-memory).
+WORKER_BASE_BYTES = 800 * 1024**2
 #: A worker's copy of in-memory counts costs about this many times their size at its peak (the pickled bytes
 #: and the rebuilt matrix are alive together while it unpickles).
 COPY_FACTOR = 2.0
