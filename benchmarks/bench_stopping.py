@@ -590,7 +590,7 @@ Difference stopped minus full, per fit: {", ".join(f"{d:+.2f}" for d in diffs)} 
 
 The warm-up estimate (`countvae.model.warmup.estimate_training_time`, 10 timed minibatches, run in the same
 worker just before the fits, so under the same load) times the epochs expected by `expected_stop_epoch`
-(a power law in the training cells), against the wall time of the stopped fit's `train` call. Within a factor
+(a power law in the genes), against the wall time of the stopped fit's `train` call. Within a factor
 1.5 is the target.
 
 {markdown_table(estimate_table(results))}
@@ -604,14 +604,14 @@ def estimate_table(results: list[dict]) -> pd.DataFrame:
     rows = []
     for r in results:
         n_train = int(round(0.9 * r["n_fit"]))
-        expected = expected_stop_epoch(n_train, r["epochs"])
+        expected = expected_stop_epoch(r["n_genes"], r["epochs"])
         estimated = expected * r["warmup_seconds_per_epoch"]
         actual = r["stopped"]["seconds"]
         rows.append(
             {
                 "data": r["dataset"],
                 "seed": r["seed"],
-                "training cells": n_train,
+                "training cells x genes": f"{n_train} x {r['n_genes']}",
                 "expected stop epoch": expected,
                 "actual stop epoch": r["stopped"]["epochs_trained"],
                 "warm-up s/epoch": r["warmup_seconds_per_epoch"],

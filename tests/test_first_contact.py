@@ -169,12 +169,14 @@ def test_estimate_expects_the_stop_of_the_shared_rule():
     cv.data.setup_anndata(adata)
     stopping = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 400, "early_stopping": True})
     assert stopping.epochs == 400
-    assert stopping.expected_epochs == round(warmup.STOP_EPOCH_SCALE * 270**warmup.STOP_EPOCH_EXPONENT)
+    assert stopping.expected_epochs == min(400, round(warmup.STOP_EPOCH_SCALE * 20**warmup.STOP_EPOCH_EXPONENT))
     assert stopping.seconds_per_fit == pytest.approx(stopping.expected_epochs * stopping.seconds_per_epoch)
     other_rule = {"max_epochs": 400, "early_stopping": True, "early_stopping_patience": 3}
     assert warmup.estimate_training_time(adata, {"n_latent": 2}, other_rule).expected_epochs == 400
     assert warmup.expected_stop_epoch(10**9, 400) == warmup.MIN_STOP_EPOCH
     assert warmup.expected_stop_epoch(300, 30) == 30  # never beyond max_epochs
+    # the calibration's own points: about 106 epochs on 300 genes, 47 on 2,000
+    assert (warmup.expected_stop_epoch(300, 400), warmup.expected_stop_epoch(2000, 400)) == (106, 47)
 
 
 def test_warmup_leaves_fits_unchanged():

@@ -19,23 +19,25 @@ from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
-#: The epoch at which ``DEFAULT_STOPPING`` ends a fit, ``STOP_EPOCH_SCALE * n_train_cells ** STOP_EPOCH_EXPONENT``:
-#: a power law fitted (least squares on the logarithms) to the stops measured on the embedded data, pbmc_3tech,
-#: Kang and the first-contact file (benchmarks/RESULTS.md, section stop-epoch-estimate, which gives each
-#: prediction against the measured stop).
-STOP_EPOCH_SCALE = 281.0
-STOP_EPOCH_EXPONENT = -0.22
+#: The epoch at which ``DEFAULT_STOPPING`` ends a fit, ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_EXPONENT``: a power
+#: law fitted (least squares on the logarithms) to 12 measured stops: the embedded data (300 genes: epochs 98,
+#: 114), pbmc_3tech (2,000 genes: 54, 78), Kang (2,000 genes: 36 on 3,000 cells, 38-42 on all), the first-contact
+#: file (2,000 genes: 46-72). The number of cells did not order the stops (2,430 training cells stopped at 36 on
+#: Kang and at 98-114 on the embedded data); fits on more genes stop sooner. Measured on two gene counts only
+#: (benchmarks/RESULTS.md, stopping-vs-full, which gives each prediction against the measured stop and time).
+STOP_EPOCH_SCALE = 1200.0
+STOP_EPOCH_EXPONENT = -0.426
 #: Fewest epochs predicted (a validation pass every 2 epochs and a patience of 10 stop no fit before epoch 12).
 MIN_STOP_EPOCH = 12
 
 
-def expected_stop_epoch(n_train_cells: int, max_epochs: int) -> int:
-    """The epoch at which the shared stopping rule is expected to end a fit on ``n_train_cells`` cells.
+def expected_stop_epoch(n_genes: int, max_epochs: int) -> int:
+    """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
 
     Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at most ``max_epochs``. It is
-    an expectation for planning, not a bound: seeds of one fit stopped up to 1.3x apart.
+    an expectation for planning, not a bound: seeds of one data set stopped up to 1.6x apart.
     """
-    predicted = STOP_EPOCH_SCALE * max(int(n_train_cells), 1) ** STOP_EPOCH_EXPONENT
+    predicted = STOP_EPOCH_SCALE * max(int(n_genes), 1) ** STOP_EPOCH_EXPONENT
     return int(min(max_epochs, max(MIN_STOP_EPOCH, round(predicted))))
 
 
@@ -162,7 +164,7 @@ def estimate_training_time(
     return TrainingTimeEstimate(
         seconds_per_epoch=timed / timed_cells * n_cells,
         epochs=int(epochs),
-        expected_epochs=expected_stop_epoch(n_train_cells, int(epochs)) if stops else int(epochs),
+        expected_epochs=expected_stop_epoch(adata.n_vars, int(epochs)) if stops else int(epochs),
         warmup_seconds=total,
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
