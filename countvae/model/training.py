@@ -190,7 +190,7 @@ class TrainingPlan:
 
     @property
     def validation_interval(self) -> int:
-        """Epochs between validation passes: ``check_val_every_n_epoch``, or its default for ``early_stopping``."""
+        """The number of epochs between validation passes (``check_val_every_n_epoch``, or its default)."""
         if self.check_val_every_n_epoch is not None:
             return self.check_val_every_n_epoch
         return DEFAULT_STOPPING.check_val_every_n_epoch if self.early_stopping else 1

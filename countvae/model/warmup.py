@@ -55,7 +55,7 @@ class TrainingTimeEstimate:
         early stopping, the most it can take.
     expected_epochs
         Epochs the fit is expected to train: ``epochs``, or with early stopping at the
-        shared rule's settings (``DEFAULT_STOPPING``) :func:`expected_stop_epoch`.
+        shared rule's settings (``DEFAULT_STOPPING``) ``expected_stop_epoch``.
     warmup_seconds
         Wall time of the whole warm-up (timed and untimed steps).
     warmup_steps
@@ -105,7 +105,7 @@ def estimate_training_time(
     train_kwargs
         Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
         ``lr``, ``train_size``, ...). With ``early_stopping`` at the shared rule's
-        settings the fit is expected to stop at :func:`expected_stop_epoch`
+        settings the fit is expected to stop at ``expected_stop_epoch``
         (other stopping settings: at its last epoch). The warm-up runs on the CPU.
     n_steps
         Minibatches timed (fewer when ``adata`` has fewer cells).
@@ -172,7 +172,7 @@ def estimate_training_time(
 
 
 def _default_rule(plan: TrainingPlan) -> bool:
-    """Whether ``plan`` stops by the shared rule's settings (the rule :func:`expected_stop_epoch` is calibrated on)."""
+    """Whether ``plan`` stops by the shared rule's settings (the rule ``expected_stop_epoch`` is calibrated on)."""
     return (plan.early_stopping_patience, plan.early_stopping_relative_delta) == (
         DEFAULT_STOPPING.patience,
         DEFAULT_STOPPING.relative_delta,
