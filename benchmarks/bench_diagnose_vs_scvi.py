@@ -111,9 +111,14 @@ def main(argv: list[str] | None = None) -> int:
         for dataset in datasets:
             out = Path(tmp) / dataset / "diag"
             out.parent.mkdir(parents=True)
+            loads = [load_average()]
             diagnose_s, report = run_diagnose(dataset, out, args.quick)
+            loads.append(load_average())
             scvi_run = run_scvi(dataset, report, args.quick)
-            epochs = [t.get("epochs_trained") for t in report["settings"]["fits"].get("training", [])]
+            loads.append(load_average())
+            fits = report["settings"]["fits"]
+            epochs = [t.get("epochs_trained") for t in fits.get("training", [])]
+            scvi_run["loads"], scvi_run["parallelism"] = loads, fits.get("parallelism", f"n_jobs {fits.get('n_jobs')}")
             rows.append((dataset, diagnose_s, epochs, scvi_run))
             print(f"{dataset}: diagnose {diagnose_s:.0f} s, SCVI {scvi_run['seconds']:.0f} s", flush=True)
     lines = [
@@ -122,15 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `{command_line()}`; {cpu_model()}, {os.cpu_count()} cores, load average {load_average()} at "
         "the end. One job at a time; each timed in a fresh process.",
         "",
-        "| data | cells fitted x genes | `countvae diagnose` (5 seeds, report included) | epochs per seed | "
-        "SCVI default fit | SCVI epochs | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| data | cells fitted x genes | `countvae diagnose` (5 seeds, report included) | seeds fitted | "
+        "epochs per seed | SCVI default fit | SCVI epochs | ratio | "
+        "load average before / after diagnose / after SCVI |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset, diagnose_s, epochs, scvi_run in rows:
         lines.append(
             f"| {dataset} | {scvi_run['cells']} x {scvi_run['genes']} | {diagnose_s:.0f} s | "
+            f"{scvi_run['parallelism']} | "
             f"{', '.join(str(e) for e in epochs) or '-'} | {scvi_run['seconds']:.0f} s ({scvi_run['threads']} threads) "
-            f"| {scvi_run['epochs']} | {diagnose_s / scvi_run['seconds']:.2f} |"
+            f"| {scvi_run['epochs']} | {diagnose_s / scvi_run['seconds']:.2f} | {' / '.join(scvi_run['loads'])} |"
         )
     write_section(args.results, "diagnose-vs-scvi-quick" if args.quick else "diagnose-vs-scvi", "\n".join(lines))
     print("\n".join(lines))

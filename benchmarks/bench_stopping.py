@@ -28,6 +28,17 @@ and its stop epoch and held-out ELBO are compared with the replay.
     python benchmarks/bench_stopping.py                      # Kang and pbmc_3tech, seeds 0-2 (~45 min)
     python benchmarks/bench_stopping.py --reuse              # phases 2-3 on the stored trajectories
     python benchmarks/bench_stopping.py --quick              # small simulated data, a smoke run
+
+Versus the full schedule (``--versus-full``): the shared stopping rule
+(:data:`countvae.model.training.DEFAULT_STOPPING`) against ``train()``'s full 400-epoch
+schedule, per seed, on the embedded data of ``countvae diagnose``, pbmc_3tech and Kang
+(genes as ``diagnose`` keeps them: the 2,000 most variable when there are more). Each
+pair of fits is compared by held-out log p(x) per cell with the package's accurate
+estimator (``get_log_predictive_density``, paired on the same held-out cells); the
+warm-up time estimate printed by ``countvae diagnose`` is recorded beside the actual
+time of the stopped fit (``--section stopping-vs-full``).
+
+    python benchmarks/bench_stopping.py --versus-full        # 3 data sets x 2 seeds (~30 min on 2 quiet cores)
 """
 
 from __future__ import annotations
@@ -151,6 +162,78 @@ def verify_worker(spec: dict) -> dict:
     return {**spec, "seconds": seconds, "heldout_elbo": heldout, **summary}
 
 
+def _diagnose_data(spec: dict):
+    """The cells and genes ``countvae diagnose`` would fit: embedded simulation, or a real set, top genes kept."""
+    import countvae as cv
+    from countvae.cli.diagnose import EMBEDDED_N_LATENT, default_data
+    from countvae.data.gene_selection import choose_genes
+    from countvae.diagnostics.diagnosis import DIAGNOSE_N_LATENT, DIAGNOSE_N_TOP_GENES
+
+    if spec["dataset"] == "embedded":
+        adata, n_latent = default_data(), EMBEDDED_N_LATENT
+    elif spec["dataset"] == "quick":
+        adata, n_latent = cv.data.simulate(n_cells=600, n_genes=150, n_latent=3, n_batches=2, seed=0), 3
+    else:
+        adata, n_latent = cv.data.load_dataset(spec["dataset"]), DIAGNOSE_N_LATENT
+        if spec.get("n_cells") and spec["n_cells"] < adata.n_obs:
+            keep = np.sort(np.random.default_rng(0).choice(adata.n_obs, spec["n_cells"], replace=False))
+            adata = adata[keep].copy()
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return choose_genes(adata, None, DIAGNOSE_N_TOP_GENES, n_latent).adata, n_latent
+
+
+def versus_full_worker(spec: dict) -> dict:
+    """One seed: the shared stopping rule and the full schedule, with held-out log p(x) of both."""
+    import warnings
+
+    import torch
+
+    import countvae as cv
+    from countvae.errors import UnreliableEstimateWarning
+    from countvae.model.training import DEFAULT_STOPPING, StoppingRule
+    from countvae.model.warmup import estimate_training_time
+
+    torch.set_num_threads(spec["threads"])
+    adata, n_latent = _diagnose_data(spec)
+    fit, held = _split(adata)
+    held = held[: spec["lpd_cells"]].copy()
+    model_kwargs = {"n_latent": n_latent}
+    stopping = DEFAULT_STOPPING.train_kwargs()
+    warmup = estimate_training_time(fit, model_kwargs, {"max_epochs": spec["epochs"], **stopping})
+    out = {
+        **spec,
+        "n_fit": int(fit.n_obs),
+        "n_heldout": int(held.n_obs),
+        "n_genes": int(fit.n_vars),
+        "warmup_seconds_per_epoch": warmup.seconds_per_epoch,
+        "warmup_seconds": warmup.warmup_seconds,
+        "loads": [load_average()],
+    }
+    modes = {"stopped": stopping, "full": {"early_stopping": False}}
+    if spec.get("alternative_rule"):  # a stricter rule beside the shared one
+        every, patience, delta = spec["alternative_rule"]
+        modes["alternative"] = StoppingRule(int(every), int(patience), float(delta)).train_kwargs()
+    order = list(modes) if spec["seed"] % 2 == 0 else list(modes)[::-1]  # interleaved across seeds
+    for mode in order:
+        model = cv.CountVAE(fit, **model_kwargs)
+        t0 = time.perf_counter()
+        model.train(max_epochs=spec["epochs"], seed=spec["seed"], progress_bar=False, **modes[mode])
+        seconds = time.perf_counter() - t0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnreliableEstimateWarning)
+            frame = model.get_log_predictive_density(held, seed=0)
+        out[mode] = {
+            "seconds": seconds,
+            "epochs_trained": int(model.training_summary["epochs_trained"]),
+            "kept_epoch": int(model.training_summary["kept_epoch"]),
+            "lpd": frame["lpd"].tolist(),
+            "unreliable": float(1.0 - frame["reliable"].mean()),
+            "loss_validation": model.history["loss_validation"].tolist(),
+        }
+        out["loads"].append(load_average())
+    return out
+
+
 # ----- replaying rules ----------------------------------------------------------------------------
 def replay(losses: np.ndarray, every: int, patience: int, relative_delta: float, max_epochs: int) -> tuple[int, int]:
     """Stop epoch and kept (best) epoch of a rule on validation losses ``losses[e - 1]`` of epochs ``e``.
@@ -234,13 +317,26 @@ def main(argv=None) -> None:
     parser.add_argument("--tolerance", type=float, default=0.5, help="largest held-out ELBO loss, nats per cell")
     parser.add_argument("--reuse", action="store_true", help="replay the stored trajectories, do not refit them")
     parser.add_argument("--no-verify", action="store_true", help="skip phase 3")
+    parser.add_argument("--versus-full", action="store_true", help="the shared rule against 400 epochs, by log p(x)")
+    parser.add_argument("--kang-cells", type=int, default=0, help="--versus-full: a random subset of Kang (0: all)")
+    parser.add_argument("--lpd-cells", type=int, default=300, help="--versus-full: held-out cells for log p(x)")
+    parser.add_argument("--section", default=None, help="RESULTS.md section (default: by mode)")
+    parser.add_argument(
+        "--alternative", default="2,20,1e-4", help="--versus-full: also this rule, 'every,patience,delta' ('' none)"
+    )
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     parser.add_argument("--results", default=str(DEFAULT_RESULTS))
     args = parser.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)
-        result = verify_worker(spec) if spec.get("rule") else trajectory_worker(spec)
+        if spec.get("versus_full"):
+            result = versus_full_worker(spec)
+        else:
+            result = verify_worker(spec) if spec.get("rule") else trajectory_worker(spec)
         print(json.dumps(result))
+        return
+    if args.versus_full:
+        versus_full(args)
         return
 
     datasets = ["quick"] if args.quick else args.datasets.split(",")
@@ -399,6 +495,145 @@ are wall time of the whole `train` call, validation included, against the old de
 {markdown_table(pd.DataFrame(verify_rows))}
 """
     write_section(Path(args.results), "stopping-quick" if args.quick else "stopping", body)
+
+
+# ----- the shared rule against the full schedule ---------------------------------------------------
+def versus_full(args) -> None:
+    """Fit every data set and seed both ways (stored as each finishes; ``--reuse`` keeps them) and write the section."""
+    datasets = ["quick"] if args.quick else args.datasets.split(",")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    store = Path(args.data_dir) / f"stopping_vs_full{'_quick' if args.quick else ''}.json"
+    stored = json.loads(store.read_text()) if args.reuse and store.exists() else []
+    done = {(r["dataset"], r["seed"]): r for r in stored}
+    started, t_start = time.strftime("%Y-%m-%d %H:%M"), time.perf_counter()
+    for name in datasets:
+        for seed in seeds:
+            if (name, seed) in done:
+                continue
+            spec = {
+                "versus_full": True,
+                "dataset": name,
+                "seed": seed,
+                "epochs": 30 if args.quick else 400,
+                "threads": args.threads,
+                "lpd_cells": 40 if args.quick else args.lpd_cells,
+                "n_cells": args.kang_cells if name == "kang2018" else 0,
+                "alternative_rule": [float(v) for v in args.alternative.split(",")] if args.alternative else None,
+            }
+            result = run_worker(Path(__file__), spec)
+            done[(name, seed)] = result
+            store.parent.mkdir(parents=True, exist_ok=True)
+            store.write_text(json.dumps(list(done.values())))
+            print(versus_full_row(result), flush=True)
+    results = [done[(n, s)] for n in datasets for s in seeds]
+    minutes = (time.perf_counter() - t_start) / 60
+    name = args.section or ("stopping-vs-full-quick" if args.quick else "stopping-vs-full")
+    write_section(Path(args.results), name, versus_full_body(results, args, started, minutes))
+
+
+def versus_full_row(result: dict) -> dict:
+    """One seed's comparison: epochs, seconds, mean held-out log p(x) both ways and the paired difference."""
+    stopped, full = result["stopped"], result["full"]
+    diff = np.asarray(stopped["lpd"]) - np.asarray(full["lpd"])
+    row = {
+        "data": result["dataset"],
+        "cells fit x genes": f"{result['n_fit']} x {result['n_genes']}",
+        "seed": result["seed"],
+        "stopped at / kept": f"{stopped['epochs_trained']} / {stopped['kept_epoch']}",
+        "s stopped / 400 epochs": f"{stopped['seconds']:.0f} / {full['seconds']:.0f}",
+        "log p(x) stopped": float(np.mean(stopped["lpd"])),
+        "log p(x) 400 epochs": float(np.mean(full["lpd"])),
+        "difference (paired SE)": f"{diff.mean():+.2f} ({diff.std(ddof=1) / np.sqrt(diff.size):.2f})",
+        "unreliable cells stopped / full": f"{stopped['unreliable']:.3f} / {full['unreliable']:.3f}",
+    }
+    alternative = result.get("alternative")
+    if alternative:
+        alt = np.asarray(alternative["lpd"]) - np.asarray(full["lpd"])
+        row["alternative rule: stopped at / kept, s"] = (
+            f"{alternative['epochs_trained']} / {alternative['kept_epoch']}, {alternative['seconds']:.0f}"
+        )
+        row["alternative minus full (SE)"] = f"{alt.mean():+.2f} ({alt.std(ddof=1) / np.sqrt(alt.size):.2f})"
+    return row
+
+
+def versus_full_body(results: list[dict], args, started: str, minutes: float) -> str:
+    """The RESULTS.md section of ``--versus-full``."""
+    from countvae.model.training import DEFAULT_STOPPING
+
+    rule = DEFAULT_STOPPING
+    table = pd.DataFrame([versus_full_row(r) for r in results])
+    diffs = [np.mean(np.asarray(r["stopped"]["lpd"]) - np.asarray(r["full"]["lpd"])) for r in results]
+    loads = "; ".join(f"{r['dataset']} seed {r['seed']}: " + ", ".join(r["loads"]) for r in results)
+    kang = f"a random {args.kang_cells:,} of its cells (seed 0)" if args.kang_cells else "all its cells"
+    return f"""## The shared stopping rule against the full 400-epoch schedule (`bench_stopping.py --versus-full`)
+
+Command: `{command_line()}` ({started}{", QUICK smoke run" if args.quick else ""}; {minutes:.0f} min)
+
+Machine: {machine_line(args.threads)}. Load average (1/5/15 min) before the seed and after each fit: {loads}.
+
+Rule (`countvae.model.training.DEFAULT_STOPPING`): validate every {rule.check_val_every_n_epoch} epochs, patience
+{rule.patience} epochs, relative delta {rule.relative_delta:g}, keep the best validation epoch; both fits of a seed
+allow 400 epochs (`train()`'s default schedule below 20,000 cells), the full one trains them all. Data as
+`countvae diagnose` fits it: the embedded simulation (n_latent 5), pbmc_3tech and Kang ({kang}; n_latent 10),
+the 2,000 most variable genes where there are more; 10% of the cells held out (split seed 0, as `fit_seeds`),
+the first {args.lpd_cells} of them scored. Model: the package defaults otherwise (NB, MLP decoder, 1 x 128, batch
+128, lr 1e-3). Held-out log p(x) per cell (nats, higher is better) by the package's accurate estimator
+(`get_log_predictive_density`, seed 0); the difference is stopped minus full, paired over the same cells, with its
+standard error over cells. Each seed's two fits ran in one worker, in alternating order across seeds.
+
+{markdown_table(table)}
+
+Difference stopped minus full, per fit: {", ".join(f"{d:+.2f}" for d in diffs)} nats per cell (worst
+{min(diffs):+.2f}).{_alternative_note(results)}
+
+### The time estimate printed before fitting, against the stopped fit's time
+
+The warm-up estimate (`countvae.model.warmup.estimate_training_time`, 10 timed minibatches, run in the same
+worker just before the fits, so under the same load) times the epochs expected by `expected_stop_epoch`
+(a power law in the genes), against the wall time of the stopped fit's `train` call. Within a factor
+1.5 is the target.
+
+{markdown_table(estimate_table(results))}
+"""
+
+
+def estimate_table(results: list[dict]) -> pd.DataFrame:
+    """Per fit: expected and actual stop epoch, estimated and actual seconds, and their ratio."""
+    from countvae.model.warmup import expected_stop_epoch
+
+    rows = []
+    for r in results:
+        n_train = int(round(0.9 * r["n_fit"]))
+        expected = expected_stop_epoch(r["n_genes"], r["epochs"])
+        estimated = expected * r["warmup_seconds_per_epoch"]
+        actual = r["stopped"]["seconds"]
+        rows.append(
+            {
+                "data": r["dataset"],
+                "seed": r["seed"],
+                "training cells x genes": f"{n_train} x {r['n_genes']}",
+                "expected stop epoch": expected,
+                "actual stop epoch": r["stopped"]["epochs_trained"],
+                "warm-up s/epoch": r["warmup_seconds_per_epoch"],
+                "estimated s": estimated,
+                "actual s": actual,
+                "estimated / actual": estimated / actual,
+                "within 1.5x": bool(1 / 1.5 <= estimated / actual <= 1.5),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _alternative_note(results: list[dict]) -> str:
+    spec = results[0].get("alternative_rule") if results else None
+    if not spec:
+        return ""
+    every, patience, delta = spec
+    return (
+        f" The alternative rule (columns on the right): validate every {int(every)} epochs, patience "
+        f"{int(patience)}, relative delta {delta:g}, same fits otherwise (the same seed, split and order of "
+        "minibatches: the runs differ only in where they stop)."
+    )
 
 
 if __name__ == "__main__":

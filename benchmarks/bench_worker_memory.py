@@ -45,6 +45,8 @@ def worker(spec: dict) -> dict:
     import anndata as ad
 
     import countvae as cv
+    from countvae.data.file_cells import FileCells
+    from countvae.data.registry import get_registry
     from countvae.diagnostics import fit_seeds
 
     adata = ad.read_h5ad(spec["path"], backed="r" if spec["mode"] == "backed" else None)
@@ -61,7 +63,13 @@ def worker(spec: dict) -> dict:
         )
         seconds = time.perf_counter() - t0
         records = [fits.records[s] for s in (0, 1)]
+    from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+    from countvae.diagnostics.fitting.parallelism import worker_memory_estimate
+
+    fit_idx, _ = heldout_split(adata.n_obs, 0.1, 0)
+    fit_cells = FileCells.of(adata, fit_idx, get_registry(adata)) if adata.isbacked else cells_at(adata, fit_idx)
     return {
+        "estimate_mib": worker_memory_estimate(fit_cells) / 1024**2,
         "mode": spec["mode"],
         "seconds": seconds,
         "worker_peak_mib": [r["peak_rss_mib"] for r in records],
@@ -77,6 +85,7 @@ def main(argv=None) -> None:
     parser.add_argument("--genes", type=int, default=2_000, help="simulated genes (fewer: a smaller file, faster fits)")
     parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
     parser.add_argument("--results", default=str(DEFAULT_RESULTS))
+    parser.add_argument("--section", default=None, help="RESULTS.md section (default: worker-memory)")
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -92,6 +101,7 @@ def main(argv=None) -> None:
             {
                 "AnnData": mode,
                 "worker peak RSS MiB (seed 0, seed 1)": ", ".join(f"{v:.0f}" for v in result["worker_peak_mib"]),
+                "worker estimate MiB (fit_seeds' memory check)": result["estimate_mib"],
                 "driver peak RSS MiB": result["driver_peak_mib"],
                 "seconds (2 seeds, 1 epoch, 2 workers)": result["seconds"],
             }
@@ -112,7 +122,8 @@ two seeds fitted in two joblib workers (one torch thread each), one epoch each, 
 
 {markdown_table(pd.DataFrame(rows))}
 """
-    write_section(Path(args.results), "worker-memory-quick" if args.quick else "worker-memory", body)
+    section = args.section or ("worker-memory-quick" if args.quick else "worker-memory")
+    write_section(Path(args.results), section, body)
 
 
 if __name__ == "__main__":

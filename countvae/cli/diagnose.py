@@ -42,7 +42,7 @@ from countvae.cli.common import (
     train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import add_gene_selection_argument, announce, duration, estimate
+from countvae.cli.first_contact import add_gene_selection_argument, announce, duration, estimate, n_jobs_value
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.data import setup_anndata, simulate
 from countvae.diagnostics import (
@@ -59,6 +59,7 @@ from countvae.diagnostics import (
     SeedFits,
     diagnose,
     plan_diagnose,
+    plan_parallelism,
 )
 from countvae.errors import InvalidArgumentError
 
@@ -156,7 +157,14 @@ def register(sub: Subcommands) -> None:
     add_setting_option(p, DiagnoseSettings, "seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
     add_setting_option(p, DiagnoseSettings, "heldout_fraction", "cells held out from every fit")
     add_setting_option(p, DiagnoseSettings, "split_seed", "seed of the held-out split")
-    add_setting_option(p, DiagnoseSettings, "n_jobs", "seeds fitted at once in worker processes (-1: all cores)")
+    add_setting_option(
+        p,
+        DiagnoseSettings,
+        "n_jobs",
+        "seeds fitted at once in worker processes (auto: one per usable core, at most the seeds; -1: all cores; "
+        "1: in this process; the fits are the same whatever the number)",
+        type=n_jobs_value,
+    )
     add_setting_option(
         p,
         DiagnoseSettings,
@@ -373,7 +381,7 @@ class _Observer:
             epochs=s.train_kwargs["max_epochs"],
             timing=estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads),
             seeds=len(s.seeds),
-            n_jobs=s.n_jobs if s.n_jobs != -1 else plan.cores,
+            n_jobs=plan_parallelism(s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads).n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
         )

@@ -10,6 +10,7 @@ import anndata as ad
 
 from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
+from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
 from countvae.model import TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
@@ -23,6 +24,7 @@ __all__ = [
     "describe_genes",
     "duration",
     "estimate",
+    "n_jobs_value",
     "n_top_genes_value",
 ]
 
@@ -37,6 +39,19 @@ def n_top_genes_value(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
+    return value
+
+
+def n_jobs_value(text: str) -> int | str:
+    """Parse ``--n-jobs``: ``auto``, ``-1`` or a positive integer."""
+    if text.strip().lower() == AUTO:
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {text!r}") from None
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {value}")
     return value
 
 
@@ -70,6 +85,12 @@ def duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def _expected_epochs(timing: TrainingTimeEstimate) -> str:
+    if timing.expected_epochs < timing.epochs:
+        return f"about {timing.expected_epochs} epochs, where early stopping is expected to end a fit"
+    return f"{timing.epochs} epochs"
 
 
 def estimate(
@@ -107,9 +128,9 @@ def announce(
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:
-        parallel = f", {n_jobs} seed(s) at a time"
-    if torch_threads is not None:
-        parallel += f", {torch_threads} torch thread(s) per fit"
+        parallel = ", " + Parallelism(n_jobs, torch_threads or 1, "").describe()
+    elif torch_threads is not None:
+        parallel = f", {torch_threads} torch thread(s) per fit"
     lines = [
         f"countvae {command}: before fitting",
         f"  data      {data}: {adata.n_obs:,} cells x {genes.n_genes_before:,} genes; "
@@ -128,11 +149,12 @@ def announce(
         total = f", about {duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
-            f"({timing.seconds_per_epoch:.2f} s per epoch, from {timing.warmup_steps} timed training steps)"
+            f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "
+            "timed training steps)"
         )
     shorter = []
     if n_jobs is not None:
-        shorter.append(f"--n-jobs N fits N seeds at once (this machine has {cores or 1} core(s))")
+        shorter.append(f"--n-jobs N fits N seeds at once (now {n_jobs}; this machine has {cores or 1} usable core(s))")
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
         "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",

@@ -18,6 +18,7 @@ from countvae.diagnostics.diagnosis import (
 )
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
+from countvae.diagnostics.fitting.parallelism import Parallelism, plan_parallelism
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -41,6 +42,7 @@ __all__ = [
     "DownstreamSettings",
     "FittedModel",
     "ModelComparison",
+    "Parallelism",
     "ProgressEvent",
     "ProgressKind",
     "ReportSettings",
@@ -56,5 +58,6 @@ __all__ = [
     "load_report",
     "load_seed_fits",
     "plan_diagnose",
+    "plan_parallelism",
     "report",
 ]

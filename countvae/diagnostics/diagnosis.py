@@ -37,12 +37,14 @@ from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
 from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.model.training import DEFAULT_STOPPING
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +61,7 @@ DIAGNOSE_N_TOP_GENES = 2_000
 #: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
 #: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs. A single
 #: ``CountVAE.train`` keeps the TrainingPlan defaults (early stopping off).
-DIAGNOSE_STOPPING = {
-    "check_val_every_n_epoch": 2,
-    "early_stopping_patience": 10,
-    "early_stopping_relative_delta": 1e-3,
-}
+DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
 
 
 def default_epochs(n_fit_cells: int) -> int:
@@ -118,7 +116,11 @@ class DiagnoseSettings:
         """Settings of the report, as for :func:`report` (the fields of :class:`ReportSettings`, e.g. ``ica``,
         ``n_lpd_samples``, ``equivalence_margin``).""",
     )
-    n_jobs: int = setting(1, "Seeds fitted at once in worker processes (``-1``: all cores).")
+    n_jobs: int | str = setting(
+        AUTO,
+        """Seeds fitted at once in worker processes: ``"auto"`` one per usable core (at most the seeds, fewer when
+        memory is short, as :func:`fit_seeds`), ``-1`` all cores, ``1`` in this process; the fits are the same.""",
+    )
     out_dir: str | Path | None = setting(
         None,
         """Folder of the run: ``fits/`` (resumable, as for :func:`fit_seeds`) and ``report/``; ``None``: nothing

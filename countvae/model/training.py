@@ -26,6 +26,40 @@ logger = logging.getLogger(__name__)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
 
+@dataclass(frozen=True)
+class StoppingRule:
+    """The early-stopping rule of ``CountVAE.train`` and ``countvae diagnose``, defined once.
+
+    Validate every ``check_val_every_n_epoch`` epochs; an improvement counts when
+    the validation loss falls below its value at the last improvement that counted
+    by more than ``relative_delta`` times that value's magnitude; stop once
+    ``patience`` epochs pass without one, keeping the parameters of the best
+    validation loss seen (:class:`ConvergenceRule`). Chosen in
+    ``benchmarks/bench_stopping.py`` (sections "stopping" and "stopping-vs-full" of
+    benchmarks/RESULTS.md).
+    """
+
+    check_val_every_n_epoch: int = 2
+    patience: int = 10
+    relative_delta: float = 1e-3
+
+    def settings(self) -> dict[str, int | float]:
+        """The rule as the stopping keywords of ``CountVAE.train``."""
+        return {
+            "check_val_every_n_epoch": self.check_val_every_n_epoch,
+            "early_stopping_patience": self.patience,
+            "early_stopping_relative_delta": self.relative_delta,
+        }
+
+    def train_kwargs(self) -> dict[str, int | float | bool]:
+        """The rule as keywords of ``CountVAE.train``, early stopping on."""
+        return {"early_stopping": True, **self.settings()}
+
+
+#: The one stopping rule: ``CountVAE.train``'s defaults and ``diagnose``'s come from it.
+DEFAULT_STOPPING = StoppingRule()
+
+
 def default_max_epochs(n_cells: int) -> int:
     """scvi-tools' default number of epochs: ``min(round(20000 / n_cells * 400), 400)``."""
     return int(min(round(20000 / max(n_cells, 1) * 400), 400))
@@ -66,19 +100,24 @@ class TrainingPlan:
     )
     seed: int = setting(0, "Seed of the fit.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar.")
-    early_stopping_patience: int = setting(20, "Epochs without an improvement that counts before stopping.")
-    early_stopping_relative_delta: float = setting(
-        0.0,
-        """An improvement counts when the validation loss falls below its value at the last improvement that counted
-        by more than this fraction of that value's magnitude (e.g. ``1e-4``: 0.13 nats per cell on a loss of 1,300).
-        0 counts every improvement. scvi-tools' ``early_stopping_min_delta`` is absolute instead; a relative delta
-        suits data sets whose losses differ in scale.""",
+    early_stopping_patience: int = setting(
+        DEFAULT_STOPPING.patience,
+        "Epochs without an improvement that counts before stopping (default: the shared rule ``DEFAULT_STOPPING``).",
     )
-    check_val_every_n_epoch: int = setting(
-        1,
+    early_stopping_relative_delta: float = setting(
+        DEFAULT_STOPPING.relative_delta,
+        """An improvement counts when the validation loss falls below its value at the last improvement that counted
+        by more than this fraction of that value's magnitude (the default ``1e-3``, of the shared rule
+        ``DEFAULT_STOPPING``: 1.3 nats per cell on a loss of 1,300). 0 counts every improvement. scvi-tools'
+        ``early_stopping_min_delta`` is absolute instead; a relative delta suits data sets whose losses differ in
+        scale.""",
+    )
+    check_val_every_n_epoch: int | None = setting(
+        None,
         """Compute the validation loss every this many epochs (and at the last epoch); the history holds NaN at the
-        other epochs. It does not change the fit (the validation pass has its own random numbers), only the time it
-        costs and the epochs at which early stopping can stop.""",
+        other epochs. ``None``: every ``DEFAULT_STOPPING.check_val_every_n_epoch`` (2) epochs with early stopping,
+        every epoch without. It does not change the fit (the validation pass has its own random numbers), only the
+        time it costs and the epochs at which early stopping can stop.""",
     )
     kl_warmup_epochs: int = setting(
         0,
@@ -131,7 +170,9 @@ class TrainingPlan:
             "early_stopping_relative_delta": check_number(
                 "early_stopping_relative_delta", self.early_stopping_relative_delta, 0.0, 1.0, high_open=True
             ),
-            "check_val_every_n_epoch": check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1),
+            "check_val_every_n_epoch": None
+            if self.check_val_every_n_epoch is None
+            else check_int("check_val_every_n_epoch", self.check_val_every_n_epoch, 1),
             "engine": check_choice("engine", self.engine, ("direct", "pyro")),
             "seed": check_int("seed", self.seed, 0),
             "shuffle_block_cells": None
@@ -146,6 +187,13 @@ class TrainingPlan:
             normalised[name] = bool(value)
         for name, value in normalised.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, at creation
+
+    @property
+    def validation_interval(self) -> int:
+        """The number of epochs between validation passes (``check_val_every_n_epoch``, or its default)."""
+        if self.check_val_every_n_epoch is not None:
+            return self.check_val_every_n_epoch
+        return DEFAULT_STOPPING.check_val_every_n_epoch if self.early_stopping else 1
 
     def epochs_for(self, n_train_cells: int) -> int:
         """``max_epochs``, or scvi-tools' default for ``n_train_cells`` when it is ``None``."""
@@ -310,7 +358,7 @@ def train_module(
     the parameters change, so a diverging step leaves the last good parameters
     in place and raises :class:`TrainingDivergedError` naming the epoch and step.
 
-    The validation loss is computed every ``plan.check_val_every_n_epoch`` epochs
+    The validation loss is computed every ``plan.validation_interval`` epochs
     and at the last epoch. It draws its noise from its own seeded generator and
     runs in eval mode, so how often it is computed does not change the fit. With
     ``plan.early_stopping``, :class:`ConvergenceRule` decides at each validation
@@ -390,7 +438,7 @@ def train_module(
                 seen += len(mb.indices)
             loss_train = running / max(seen, 1)
             validate = len(validation_indices) > 0 and (
-                (epoch + 1) % plan.check_val_every_n_epoch == 0 or epoch + 1 == n_epochs
+                (epoch + 1) % plan.validation_interval == 0 or epoch + 1 == n_epochs
             )
             loss_val = (
                 evaluate_loss(

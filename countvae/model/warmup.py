@@ -15,10 +15,30 @@ from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry
 from countvae.errors import InvalidArgumentError, SetupError
 from countvae.model.countvae import CountVAE
-from countvae.model.training import TrainingPlan, default_max_epochs, train_module
+from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_epochs, train_module
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
+#: The epoch at which ``DEFAULT_STOPPING`` ends a fit, ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_EXPONENT``: a power
+#: law fitted (least squares on the logarithms) to 12 measured stops: the embedded data (300 genes: epochs 98,
+#: 114), pbmc_3tech (2,000 genes: 54, 78), Kang (2,000 genes: 36 on 3,000 cells, 38-42 on all), the first-contact
+#: file (2,000 genes: 46-72). The number of cells did not order the stops (2,430 training cells stopped at 36 on
+#: Kang and at 98-114 on the embedded data); fits on more genes stop sooner. Measured on two gene counts only
+#: (benchmarks/RESULTS.md, stopping-vs-full, which gives each prediction against the measured stop and time).
+STOP_EPOCH_SCALE = 1200.0
+STOP_EPOCH_EXPONENT = -0.426
+#: Fewest epochs predicted (a validation pass every 2 epochs and a patience of 10 stop no fit before epoch 12).
+MIN_STOP_EPOCH = 12
+
+
+def expected_stop_epoch(n_genes: int, max_epochs: int) -> int:
+    """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
+
+    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at most ``max_epochs``. It is
+    an expectation for planning, not a bound: seeds of one data set stopped up to 1.6x apart.
+    """
+    predicted = STOP_EPOCH_SCALE * max(int(n_genes), 1) ** STOP_EPOCH_EXPONENT
+    return int(min(max_epochs, max(MIN_STOP_EPOCH, round(predicted))))
 
 
 @dataclass(frozen=True)
@@ -33,6 +53,9 @@ class TrainingTimeEstimate:
     epochs
         Epochs of the fit (``max_epochs``, or the default for its size); with
         early stopping, the most it can take.
+    expected_epochs
+        Epochs the fit is expected to train: ``epochs``, or with early stopping at the
+        shared rule's settings (``DEFAULT_STOPPING``) ``expected_stop_epoch``.
     warmup_seconds
         Wall time of the whole warm-up (timed and untimed steps).
     warmup_steps
@@ -47,11 +70,12 @@ class TrainingTimeEstimate:
     warmup_seconds: float
     warmup_steps: int
     warmup_cells: int
+    expected_epochs: int
 
     @property
     def seconds_per_fit(self) -> float:
-        """The expected seconds of one fit, epochs times seconds per epoch (training only, not saving)."""
-        return self.epochs * self.seconds_per_epoch
+        """The expected seconds of one fit, expected epochs times seconds per epoch (training only, not saving)."""
+        return self.expected_epochs * self.seconds_per_epoch
 
 
 def estimate_training_time(
@@ -80,8 +104,9 @@ def estimate_training_time(
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
         Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
-        ``lr``, ``train_size``, ...); ``early_stopping`` and ``progress_bar``
-        are ignored here. The warm-up runs on the CPU.
+        ``lr``, ``train_size``, ...). With ``early_stopping`` at the shared rule's
+        settings the fit is expected to stop at ``expected_stop_epoch``
+        (other stopping settings: at its last epoch). The warm-up runs on the CPU.
     n_steps
         Minibatches timed (fewer when ``adata`` has fewer cells).
     seed
@@ -135,10 +160,20 @@ def estimate_training_time(
     finally:
         torch.set_num_threads(previous_threads)
     timed_cells = n_train + n_validation
+    stops = bool((train_kwargs or {}).get("early_stopping")) and _default_rule(plan)
     return TrainingTimeEstimate(
         seconds_per_epoch=timed / timed_cells * n_cells,
         epochs=int(epochs),
+        expected_epochs=expected_stop_epoch(adata.n_vars, int(epochs)) if stops else int(epochs),
         warmup_seconds=total,
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
     )
+
+
+def _default_rule(plan: TrainingPlan) -> bool:
+    """Whether ``plan`` stops by the shared rule's settings (the rule ``expected_stop_epoch`` is calibrated on)."""
+    return (plan.early_stopping_patience, plan.early_stopping_relative_delta) == (
+        DEFAULT_STOPPING.patience,
+        DEFAULT_STOPPING.relative_delta,
+    ) and plan.check_val_every_n_epoch in (None, DEFAULT_STOPPING.check_val_every_n_epoch)

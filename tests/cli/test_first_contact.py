@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 
@@ -11,7 +12,10 @@ import torch
 
 import countvae as cv
 from countvae.cli import main
+from countvae.cli.first_contact import n_jobs_value
 from countvae.data.gene_selection import highly_variable_genes
+from countvae.diagnostics.fitting.backends import available_cores
+from countvae.diagnostics.fitting.parallelism import Parallelism
 from countvae.model import warmup
 from countvae.model.training import default_max_epochs
 
@@ -51,6 +55,8 @@ def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes
     assert "s per seed, about" in block and "for 2 seeds" in block and "timed training steps" in block
     for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "early stopping is on"):
         assert option in block
+    # --n-jobs auto (the default): one seed per usable core, at most the 2 seeds
+    assert Parallelism(min(2, available_cores()), 1, "").describe() in block
     # The block comes before any seed is fitted.
     lines = [r.getMessage() for r in messages.records]
     assert lines.index("countvae diagnose: before fitting") < min(i for i, m in enumerate(lines) if "seeds done" in m)
@@ -155,6 +161,22 @@ def test_warmup_extrapolates_the_timed_pass_per_cell_and_restores_threads(monkey
     assert est.seconds_per_fit == pytest.approx(est.epochs * est.seconds_per_epoch)
     given = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 7}, n_steps=1)
     assert given.epochs == 7 and given.warmup_cells == min(2000, 128 + 14)
+    assert est.expected_epochs == est.epochs  # no early stopping: every epoch
+
+
+def test_estimate_expects_the_stop_of_the_shared_rule():
+    adata = cv.data.simulate(n_cells=300, n_genes=20, n_latent=2, decoder="linear", seed=7)
+    cv.data.setup_anndata(adata)
+    stopping = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 400, "early_stopping": True})
+    assert stopping.epochs == 400
+    assert stopping.expected_epochs == min(400, round(warmup.STOP_EPOCH_SCALE * 20**warmup.STOP_EPOCH_EXPONENT))
+    assert stopping.seconds_per_fit == pytest.approx(stopping.expected_epochs * stopping.seconds_per_epoch)
+    other_rule = {"max_epochs": 400, "early_stopping": True, "early_stopping_patience": 3}
+    assert warmup.estimate_training_time(adata, {"n_latent": 2}, other_rule).expected_epochs == 400
+    assert warmup.expected_stop_epoch(10**9, 400) == warmup.MIN_STOP_EPOCH
+    assert warmup.expected_stop_epoch(300, 30) == 30  # never beyond max_epochs
+    # the calibration's own points: about 106 epochs on 300 genes, 47 on 2,000
+    assert (warmup.expected_stop_epoch(300, 400), warmup.expected_stop_epoch(2000, 400)) == (106, 47)
 
 
 def test_warmup_leaves_fits_unchanged():
@@ -169,3 +191,15 @@ def test_warmup_leaves_fits_unchanged():
     before = fit()
     warmup.estimate_training_time(adata, {"n_latent": 2, "decoder": "linear"}, {"max_epochs": 2}, n_steps=2)
     np.testing.assert_array_equal(fit(), before)
+
+
+def test_n_jobs_option_takes_auto_minus_one_or_a_positive_number():
+    assert [n_jobs_value(t) for t in ("auto", "AUTO", "-1", "3")] == ["auto", "auto", -1, 3]
+    for bad in ("0", "-2", "all", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected 'auto', -1 or a positive integer"):
+            n_jobs_value(bad)
+
+
+def test_parallelism_is_described_in_words():
+    assert Parallelism(2, 1, "").describe() == "2 seeds at a time, 1 torch thread each"
+    assert Parallelism(1, 4, "").describe() == "1 seed at a time, 4 torch threads each"

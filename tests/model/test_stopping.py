@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import countvae as cv
 from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix
-from countvae.model.training import ConvergenceRule, evaluate_loss
+from countvae.diagnostics.diagnosis import DIAGNOSE_STOPPING, default_epochs, diagnose_train_kwargs
+from countvae.model.training import DEFAULT_STOPPING, ConvergenceRule, TrainingPlan, evaluate_loss
 
 
 @pytest.fixture(autouse=True)
@@ -114,6 +116,7 @@ def test_no_stopping_during_kl_warmup(small_adata):
         early_stopping=True,
         early_stopping_patience=1,
         early_stopping_relative_delta=0.5,
+        check_val_every_n_epoch=1,
     )
     plain = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
     assert plain.training_summary["epochs_trained"] == 2
@@ -121,6 +124,36 @@ def test_no_stopping_during_kl_warmup(small_adata):
     # the KL weight reaches 1 at epoch 8: the first check that counts, then one more epoch
     assert warm.training_summary["epochs_trained"] == 9
     assert warm.history["kl_weight"].iloc[7] == 1.0 and warm.history["kl_weight"].iloc[6] < 1.0
+
+
+def test_train_and_diagnose_share_one_stopping_rule(small_adata):
+    plan = TrainingPlan(early_stopping=True)
+    assert (plan.validation_interval, plan.early_stopping_patience, plan.early_stopping_relative_delta) == (
+        DEFAULT_STOPPING.check_val_every_n_epoch,
+        DEFAULT_STOPPING.patience,
+        DEFAULT_STOPPING.relative_delta,
+    )
+    assert diagnose_train_kwargs(None, 1000) == {
+        "max_epochs": default_epochs(1000),
+        **DEFAULT_STOPPING.train_kwargs(),
+        "progress_bar": False,
+    }
+    # train(early_stopping=True) at its defaults stops where diagnose's rule, spelled out, stops.
+    kwargs = dict(max_epochs=60, lr=3e-2, seed=2, progress_bar=False)
+    by_default = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(early_stopping=True, **kwargs)
+    explicit = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(
+        **DIAGNOSE_STOPPING, early_stopping=True, **kwargs
+    )
+    assert by_default.training_summary["stopped_early"], "the fit should stop before its 60 epochs"
+    assert by_default.training_summary == explicit.training_summary
+    pd.testing.assert_frame_equal(by_default.history, explicit.history)
+
+
+def test_validation_every_epoch_without_early_stopping(small_adata):
+    assert TrainingPlan().validation_interval == 1
+    assert TrainingPlan(early_stopping=True, check_val_every_n_epoch=3).validation_interval == 3
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=3, progress_bar=False)
+    assert m.history["loss_validation"].notna().all()
 
 
 def test_training_summary_without_stopping_and_after_save(small_adata, tmp_path):

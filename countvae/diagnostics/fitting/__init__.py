@@ -3,7 +3,8 @@
 Modules: :mod:`.fit_seeds` (``fit_seeds``, ``load_seed_fits``), :mod:`.heldout` (the
 split), :mod:`.output_folder` (the resumable folder: lock, manifest check, atomic
 storing, reading back), :mod:`.manifest` (what determines the fits),
-:mod:`.seed_job` (one seed's fit, runnable in a worker), :mod:`.backends` (local,
+:mod:`.seed_job` (one seed's fit, runnable in a worker), :mod:`.parallelism` (how many seeds at
+once: cores, memory), :mod:`.backends` (local,
 joblib, Ray), :mod:`.progress` (the events a run reports), :mod:`.fitted_model`
 (the ``FittedModel`` protocol and ``CountVAEFit``), :mod:`.scvi_fit` (``SCVIFit``),
 :mod:`.scvi_storage` (scvi-tools: import, set-up, safe saving and loading),

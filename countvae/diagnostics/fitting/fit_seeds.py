@@ -61,7 +61,7 @@ from countvae.data.gene_selection import get_gene_selection
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
-from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, available_cores, run_tasks
+from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, run_tasks
 from countvae.diagnostics.fitting.broken_fits import all_broken, set_aside
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
@@ -82,6 +82,7 @@ from countvae.diagnostics.fitting.output_folder import (
     seed_folder,
     store,
 )
+from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism, check_n_jobs, plan_parallelism
 from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.scratch import remove_orphaned
@@ -149,12 +150,6 @@ def _check_registered(adata: Any) -> Registry:
     return registry
 
 
-def _check_n_jobs(n_jobs: Any) -> int:
-    if isinstance(n_jobs, int | np.integer) and not isinstance(n_jobs, bool) and n_jobs == -1:
-        return -1
-    return check_int("n_jobs (or -1 for all cores)", n_jobs, minimum=1)
-
-
 def _check_progress(progress: Any, parallel: bool) -> None:
     if progress is None:
         return
@@ -165,9 +160,9 @@ def _check_progress(progress: Any, parallel: bool) -> None:
             cloudpickle.dumps(progress)
         except Exception as exc:  # cloudpickle raises several types for objects it cannot copy
             raise InvalidArgumentError(
-                f"progress cannot be copied into worker processes ({type(exc).__name__}: {exc}); with n_jobs > 1 "
-                "or backend='ray' it must be picklable (see countvae.diagnostics.fitting.progress), or fit with "
-                "n_jobs=1."
+                f"progress cannot be copied into worker processes ({type(exc).__name__}: {exc}); with n_jobs > 1, "
+                "n_jobs=-1 or backend='ray' it must be picklable (see countvae.diagnostics.fitting.progress), or "
+                "fit with n_jobs=1 (n_jobs='auto', the default, falls back to it)."
             ) from None
 
 
@@ -215,7 +210,7 @@ def fit_seeds(
     train_kwargs: dict[str, Any] | None = None,
     heldout_fraction: float = 0.1,
     split_seed: int = 0,
-    n_jobs: int = 1,
+    n_jobs: int | str = AUTO,
     out_dir: str | os.PathLike | None = None,
     backend: str = "local",
     model_cls: type = CountVAE,
@@ -252,9 +247,17 @@ def fit_seeds(
     split_seed
         Seed of the held-out split (the same split for all seeds).
     n_jobs
-        Seeds fitted at once: joblib worker processes (local backend; ``-1``:
-        one per core) or Ray tasks in flight (``-1``: all). ``1`` fits in this
-        process.
+        Seeds fitted at once: joblib worker processes (local backend) or Ray
+        tasks in flight. ``"auto"`` (default): one seed per ``torch_threads``
+        usable cores (affinity and cgroup quotas respected), at most the seeds
+        left to fit, fewer when the workers' copies of in-memory data would not
+        fit in the available memory, and one at a time in this process when
+        ``progress`` cannot be copied into workers (each with a logged reason;
+        see :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same
+        without the fall-back for ``progress`` (Ray: every seed in flight).
+        ``1`` fits in this process. The fits are the same whatever the number
+        (each keeps its ``torch_threads``); ``settings["n_jobs"]`` records the
+        number used.
     out_dir
         Folder to save the fits in (see the module docstring: resumable). With
         ``None`` the fits live in memory only.
@@ -332,14 +335,12 @@ def fit_seeds(
     registry = _check_registered(adata)
     heldout_fraction = check_number("heldout_fraction", heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
     split_seed = check_int("split_seed", split_seed, minimum=0)
-    n_jobs = _check_n_jobs(n_jobs)
+    n_jobs = check_n_jobs(n_jobs)
     check_choice("backend", backend, BACKENDS)
-    _check_progress(progress, parallel=backend == "ray" or n_jobs != 1)
+    _check_progress(progress, parallel=backend == "ray" or n_jobs not in (1, AUTO))
     family = _model_family(model_cls)
     model_kwargs = _check_kwargs("model_kwargs", model_kwargs, {"adata": "fit_seeds passes the fit cells itself."})
     train_kwargs = _check_kwargs("train_kwargs", train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."})
-    if backend == "local" and n_jobs == -1:
-        n_jobs = available_cores()
     threads = DEFAULT_TORCH_THREADS if torch_threads is None else check_int("torch_threads", torch_threads, minimum=1)
 
     fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
@@ -389,7 +390,7 @@ def fit_seeds(
     ]
     loader = FitLoader(model_cls, family, adata_fit, registry)
     manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    fits, seconds, reused, records = _fit_or_reuse(
+    fits, seconds, reused, records, parallelism = _fit_or_reuse(
         tasks,
         loader,
         fit_data,
@@ -410,7 +411,8 @@ def fit_seeds(
             **settings,
             "seeds": seeds,
             "backend": backend,
-            "n_jobs": n_jobs,
+            "n_jobs": parallelism.n_jobs,
+            "parallelism": parallelism.describe(),
             "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
         },
         seconds=seconds,
@@ -425,17 +427,17 @@ def _fit_or_reuse(
     loader: FitLoader,
     fit_data: ad.AnnData | FileCells,
     backend: str,
-    n_jobs: int,
+    n_jobs: int | str,
     out_dir: str | os.PathLike | None,
     manifest: dict[str, Any],
     overwrite: bool,
     progress_bar: bool,
     progress: Progress | None,
     refit_broken: bool = False,
-) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]]]:
+) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]], Parallelism]:
     """Load the completed seeds from ``out_dir``, fit and store the others.
 
-    Returns the fits, seconds, reused seeds and each seed's ``fit.json`` record.
+    Returns the fits, seconds, reused seeds, each seed's ``fit.json`` record and the parallelism used.
     """
     with contextlib.ExitStack() as stack:
         if out_dir is None:
@@ -456,9 +458,13 @@ def _fit_or_reuse(
             seconds[s] = 0.0
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
+        threads = tasks[0].torch_threads
+        parallelism = plan_parallelism(n_jobs, len(todo), fit_data, threads, backend, progress)
+        if todo:
+            logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
             try:
-                for outcome in run_tasks(backend, todo, fit_data, n_jobs):
+                for outcome in run_tasks(backend, todo, fit_data, parallelism.n_jobs):
                     store(fits_dir, outcome, loader.family, progress)
                     fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
                     records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
@@ -471,7 +477,7 @@ def _fit_or_reuse(
                 # (killed asynchronously): give them a few seconds to end.
                 remove_orphaned(wait_s=LOST_WORKER_WAIT_S)
                 raise _lost_with_remedy(exc, tasks, fits, out_dir) from None
-    return fits, seconds, reused, records
+    return fits, seconds, reused, records, parallelism
 
 
 def _reuse_stored(

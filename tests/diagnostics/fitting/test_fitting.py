@@ -48,7 +48,16 @@ def adata() -> ad.AnnData:
 
 
 def _run(adata, **kwargs):
-    options = {"seeds": [0, 1], "model_kwargs": MODEL, "train_kwargs": TRAIN, "progress_bar": False, "torch_threads": 1}
+    # In this process (n_jobs=1): these tests are about what a fit is; test_fitting_parallel.py checks that the
+    # default ("auto", worker processes) gives the same numbers.
+    options = {
+        "seeds": [0, 1],
+        "model_kwargs": MODEL,
+        "train_kwargs": TRAIN,
+        "progress_bar": False,
+        "torch_threads": 1,
+        "n_jobs": 1,
+    }
     options.update(kwargs)
     return fit_seeds(adata, **options)
 

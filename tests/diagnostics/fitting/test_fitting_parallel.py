@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 
+import anndata as ad
 import numpy as np
+import pandas as pd
 import pytest
+import scipy.sparse as sp
 import torch
 
 import countvae as cv
+from countvae.data.file_cells import FileCells
+from countvae.data.registry import get_registry
 from countvae.diagnostics import fit_seeds
+from countvae.diagnostics.fitting import parallelism
 from countvae.diagnostics.fitting.progress import SEED_STORED, SEED_WRITTEN
 from countvae.errors import InvalidArgumentError
 
@@ -83,3 +90,90 @@ def test_progress_for_workers_must_be_picklable(adata):
 
     with pytest.raises(InvalidArgumentError, match="picklable"):
         fit_seeds(adata, n_jobs=2, progress=progress, **OPTIONS)
+
+
+# ----- n_jobs="auto", the default ------------------------------------------------------------------
+DEFAULT_RUN = {**OPTIONS, "seeds": [0, 1, 2]}
+DEFAULT_RUN.pop("torch_threads")  # the default thread budget too
+
+
+@pytest.fixture
+def two_cores(monkeypatch):
+    """A machine with 2 usable cores, whatever runs the test."""
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+
+
+def _parameters_and_history(fits):
+    return [
+        ({k: v.clone() for k, v in fit.model.module.state_dict().items()}, fit.model.history.copy()) for fit in fits
+    ]
+
+
+def test_default_fits_seeds_in_parallel_with_the_numbers_of_a_serial_run(adata, two_cores):
+    serial = fit_seeds(adata, n_jobs=1, **DEFAULT_RUN)
+    default = fit_seeds(adata, **DEFAULT_RUN)
+    assert serial.settings["n_jobs"] == 1
+    assert default.settings["n_jobs"] == 2, "the default should use both cores"
+    assert default.settings["parallelism"] == "2 seeds at a time, 1 torch thread each"
+    for (state_a, history_a), (state_b, history_b) in zip(
+        _parameters_and_history(serial), _parameters_and_history(default), strict=True
+    ):
+        assert state_a.keys() == state_b.keys()
+        for name in state_a:
+            assert torch.equal(state_a[name], state_b[name]), name
+        pd.testing.assert_frame_equal(history_a, history_b, check_exact=True)
+
+
+def test_auto_takes_the_seeds_left_and_the_thread_budget(adata, two_cores):
+    data = adata[:10].copy()
+    assert parallelism.plan_parallelism("auto", 5, data, 1).n_jobs == 2
+    assert parallelism.plan_parallelism("auto", 1, data, 1).n_jobs == 1
+    assert parallelism.plan_parallelism("auto", 5, data, 2).n_jobs == 1  # 2 cores / 2 threads per fit
+    assert parallelism.plan_parallelism(-1, 5, data, 1).n_jobs == 2
+    assert parallelism.plan_parallelism(4, 3, data, 1).n_jobs == 3
+    assert parallelism.plan_parallelism(-1, 5, data, 1, backend="ray").n_jobs == 5
+
+
+def test_auto_falls_back_to_one_seed_at_a_time_for_an_unpicklable_progress(adata, two_cores, caplog):
+    lock = threading.Lock()
+
+    def progress(event):
+        with lock:
+            pass
+
+    with caplog.at_level(logging.INFO, logger="countvae.diagnostics.fitting.parallelism"):
+        fits = fit_seeds(adata, progress=progress, **OPTIONS)
+    assert fits.settings["n_jobs"] == 1
+    assert any("cannot be copied into worker processes" in r.getMessage() for r in caplog.records)
+
+
+def test_fewer_workers_when_their_copies_exceed_the_available_memory(adata, two_cores, monkeypatch, caplog):
+    data = adata[:10].copy()
+    per_worker = parallelism.worker_memory_estimate(data)
+    # Room for 1.5 workers within the share the workers may take: one seed at a time.
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(1.5 * per_worker / parallelism.MEMORY_SHARE))
+    with caplog.at_level(logging.WARNING, logger="countvae.diagnostics.fitting.parallelism"):
+        plan = parallelism.plan_parallelism("auto", 5, data, 1)
+    assert plan.n_jobs == 1 and plan.reason.startswith("memory:")
+    assert any("backed='r'" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(2.5 * per_worker / parallelism.MEMORY_SHARE))
+    assert parallelism.plan_parallelism(2, 5, data, 1).n_jobs == 2
+
+
+def test_worker_memory_grows_with_the_in_memory_counts_only(adata, tmp_path):
+    data = adata[:100].copy()
+    data.X = sp.csr_matrix(data.X)
+    matrix = data.X
+    expected = matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes
+    assert parallelism.counts_nbytes(data) == expected
+    assert parallelism.worker_memory_estimate(data) == parallelism.WORKER_BASE_BYTES + 2 * expected
+    path = tmp_path / "cells.h5ad"
+    data.write_h5ad(path)
+    backed = ad.read_h5ad(path, backed="r")
+    assert parallelism.counts_nbytes(FileCells.of(backed, np.arange(10), get_registry(backed))) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "all", True, None])
+def test_n_jobs_is_checked(adata, bad):
+    with pytest.raises(InvalidArgumentError, match="n_jobs must be 'auto'"):
+        fit_seeds(adata, n_jobs=bad, **OPTIONS)

@@ -1,0 +1,212 @@
+"""How many seeds are fitted at once: every usable core by default, within the memory the workers need.
+
+``fit_seeds(n_jobs="auto")`` (the default) fits ``min(seeds left, usable cores //
+torch threads per fit)`` seeds at once. Each fit keeps its own number of torch threads
+(1 unless told otherwise), so a parallel run computes exactly the numbers of a serial
+one: a fit depends on its seed, the data, the settings and its torch threads, never on
+how many fits run beside it.
+
+Worker processes given an in-memory AnnData each receive a copy of the fit cells'
+counts; :func:`plan_parallelism` estimates each worker's peak memory from the size of
+those counts (:func:`worker_memory_estimate`) and fits fewer seeds at once when the
+machine's available memory (cgroup limits respected) would not hold them, saying why.
+Workers reading a backed file open it by path and hold no copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anndata as ad
+import cloudpickle
+import numpy as np
+import scipy.sparse as sp
+
+from countvae.data.file_cells import FileCells
+from countvae.diagnostics.fitting.backends import available_cores
+from countvae.errors import InvalidArgumentError
+
+logger = logging.getLogger(__name__)
+
+#: ``n_jobs`` value meaning: as many seeds at once as there are usable cores (and seeds left).
+AUTO = "auto"
+#: Peak resident memory of a worker before the copy of the counts (torch, the model, minibatches), in bytes.
+#: Workers fitting from a backed file peaked at 764-776 MiB on 18,000 cells x 2,000 genes and at 830 MiB on
+#: 900,000 cells x 200 genes (benchmarks/RESULTS.md, worker-memory-20k and worker-memory).
+WORKER_BASE_BYTES = 800 * 1024**2
+#: A worker's copy of in-memory counts costs about this many times their size at its peak (the pickled bytes
+#: and the rebuilt matrix are alive together while it unpickles).
+COPY_FACTOR = 2.0
+#: Share of the available memory that the workers may take (the calling process and others need the rest).
+MEMORY_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """What a multi-seed run will do at once, and why.
+
+    Attributes
+    ----------
+    n_jobs
+        Seeds fitted at once (``1``: in the calling process).
+    torch_threads
+        Torch threads of each fit.
+    reason
+        Why this number, in a few words (e.g. ``"2 usable cores"``, ``"1 seed left to fit"``).
+
+    """
+
+    n_jobs: int
+    torch_threads: int
+    reason: str
+
+    def describe(self) -> str:
+        """E.g. ``"2 seeds at a time, 1 torch thread each"``."""
+        seeds = "1 seed" if self.n_jobs == 1 else f"{self.n_jobs} seeds"
+        threads = "1 torch thread" if self.torch_threads == 1 else f"{self.torch_threads} torch threads"
+        return f"{seeds} at a time, {threads} each"
+
+
+def check_n_jobs(n_jobs: Any) -> int | str:
+    """``"auto"``, ``-1`` (every usable core) or a positive integer; anything else is refused."""
+    if isinstance(n_jobs, str) and n_jobs.strip().lower() == AUTO:
+        return AUTO
+    if isinstance(n_jobs, int | np.integer) and not isinstance(n_jobs, bool) and (n_jobs == -1 or n_jobs >= 1):
+        return int(n_jobs)
+    raise InvalidArgumentError(
+        f"n_jobs must be 'auto' (one seed per usable core, the default), -1 (every usable core) or a positive "
+        f"integer, got {n_jobs!r}."
+    )
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process could still take: ``MemAvailable``, capped by a cgroup limit; ``None`` if unknown."""
+    available = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),  # v1
+    ):
+        try:
+            limit, usage = Path(limit_file).read_text().strip(), int(Path(usage_file).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and available is not None:
+            available = min(available, max(0, int(limit) - usage))
+        break
+    return available
+
+
+def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
+    """Bytes of the count matrices a worker receives with ``fit_data`` (0 for cells read from a file)."""
+    if isinstance(fit_data, FileCells):
+        return 0
+    total = 0
+    for matrix in (fit_data.X, *fit_data.layers.values(), None if fit_data.raw is None else fit_data.raw.X):
+        if sp.issparse(matrix):
+            total += matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes
+        elif isinstance(matrix, np.ndarray):
+            total += matrix.nbytes
+    return int(total)
+
+
+def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
+    """Expected peak resident memory of one worker process fitting a seed on ``fit_data``, in bytes."""
+    return int(WORKER_BASE_BYTES + COPY_FACTOR * counts_nbytes(fit_data))
+
+
+def plan_parallelism(
+    n_jobs: int | str,
+    n_seeds: int,
+    fit_data: ad.AnnData | FileCells,
+    torch_threads: int,
+    backend: str = "local",
+    progress: Any = None,
+) -> Parallelism:
+    """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
+
+    ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and
+    cgroup quotas respected), at most ``n_seeds``; ``"auto"`` fits in the calling process
+    instead when ``progress`` cannot be copied into worker processes (an explicit
+    ``n_jobs`` then raises, as the caller checks). With the local backend and in-memory
+    data, fewer seeds run at once when their workers' estimated memory exceeds
+    :data:`MEMORY_SHARE` of the available memory (a warning says so). With the Ray
+    backend, ``-1`` keeps every seed in flight (Ray places the tasks by its resources)
+    and no memory estimate applies (the tasks may run on other machines).
+
+    Parameters
+    ----------
+    n_jobs
+        ``"auto"``, ``-1`` (all cores) or a number of seeds at once.
+    n_seeds
+        Seeds left to fit.
+    fit_data
+        The fit cells (in memory or backed), for the memory estimate.
+    torch_threads
+        Torch threads per fit.
+    backend
+        ``"local"`` or ``"ray"``.
+    progress
+        The progress callable the workers would be given, if any.
+
+    Returns
+    -------
+    Parallelism
+        The number of seeds fitted at once, the threads of each, and why.
+    """
+    n_jobs = check_n_jobs(n_jobs)
+    n_seeds = max(1, int(n_seeds))
+    if backend == "ray" and n_jobs == -1:
+        return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
+    if n_jobs in (AUTO, -1):
+        per_core = max(1, available_cores() // torch_threads)
+        if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and not _picklable(progress):
+            logger.info("Fitting one seed at a time: the progress callable cannot be copied into worker processes.")
+            return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
+        jobs = min(per_core, n_seeds)
+        reason = f"{n_seeds} seed(s) left to fit" if jobs == n_seeds < per_core else f"{available_cores()} usable cores"
+    else:
+        jobs, reason = min(n_jobs, n_seeds), "as asked (n_jobs)"
+    if backend == "local" and jobs > 1:
+        jobs, reason = _within_memory(jobs, reason, fit_data)
+    return Parallelism(jobs, torch_threads, reason)
+
+
+def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> tuple[int, str]:
+    per_worker = worker_memory_estimate(fit_data)
+    available = available_memory_bytes()
+    if available is None or jobs * per_worker <= MEMORY_SHARE * available:
+        return jobs, reason
+    # One seed at a time runs in this process, which holds the data already: no copy, so always possible.
+    fitting = max(1, int(MEMORY_SHARE * available // per_worker))
+    why = (
+        f"{jobs} workers would need about {jobs * per_worker / 1024**3:.1f} GiB ({per_worker / 1024**3:.2f} GiB each, "
+        f"mostly a copy of the in-memory counts), more than {MEMORY_SHARE:.0%} of the "
+        f"{available / 1024**3:.1f} GiB available"
+    )
+    logger.warning(
+        "Fitting %d seed(s) at a time instead of %d: %s. Open the data backed (anndata.read_h5ad(path, "
+        "backed='r')) so that workers read it from the file, or pass a smaller n_jobs.",
+        fitting,
+        jobs,
+        why,
+    )
+    return fitting, f"memory: {why}"
+
+
+def _picklable(progress: Any) -> bool:
+    if progress is None:
+        return True
+    try:
+        cloudpickle.dumps(progress)
+    except Exception:  # cloudpickle raises several types for objects it cannot copy
+        return False
+    return True
