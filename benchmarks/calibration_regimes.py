@@ -158,6 +158,8 @@ def _grouping_inputs(collected, extra, heldout, settings) -> dict[str, np.ndarra
         out[f"lpd/{name}"] = arrays.lpd["lpd"].to_numpy(dtype=np.float64)
         out[f"mc_se/{name}"] = arrays.lpd["mc_se"].to_numpy(dtype=np.float64)
         out[f"latent/{name}"] = arrays.latent.astype(np.float32)
+        if arrays.latent_fit is not None:
+            out[f"latent_fit/{name}"] = arrays.latent_fit.astype(np.float32)
     expression, lpd_cells = heldout[sub.expression].copy(), heldout[sub.lpd].copy()
     for fit in extra:
         z = np.asarray(fit.latent(expression), dtype=np.float32)

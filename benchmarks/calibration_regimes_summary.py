@@ -1,0 +1,276 @@
+"""Summaries of ``calibration_regimes.py`` runs: verdicts against the oracle, seed groups, the k-NN row's cells.
+
+Reads the CSV(s) and the grouping arrays next to them
+(``<csv stem>_arrays/replicate_N_{heldout,pool}.npz``), writes the RESULTS.md
+section ``calibration-regimes`` and the per-regime tables of the bundled
+calibration record (``regimes`` in ``verdict_calibration.json``; the scenarios
+of ``calibration.py`` are kept as they are).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from _common import markdown_table, write_section
+
+from countvae._io import write_text_atomic
+from countvae.diagnostics.reporting.verdict_calibration import CALIBRATION_FILE, report_configuration
+
+SECTION = "calibration-regimes"
+#: The report's configuration in each regime (what :func:`nearest_regime` compares a report with).
+CONFIGURATIONS = {
+    "semi-synthetic": report_configuration("mlp", 10, 300, 500, True),
+    "kang": report_configuration("mlp", 10, 300, 500, True),
+}
+DESCRIPTIONS = {
+    "semi-synthetic": "counts simulated from a default countvae (MLP/NB/10-d, batch) fitted to Kang, 500 genes, "
+    "3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+    "kang": "real Kang cells, 500 genes, 3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+}
+POOL_CELLS = 4000
+
+
+def _lpd_frame(values: np.ndarray, mc_se: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"lpd": values, "mc_se": mc_se}, index=[f"c{i}" for i in range(values.size)])
+
+
+def load_arrays(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """``{"baseline": array, "log_rate": {fit: array}, "lpd": {fit: frame}, "latent": {fit: array}}``."""
+    with np.load(path) as z:
+        out: dict = {"baseline": z["baseline"], "log_rate": {}, "lpd": {}, "latent": {}, "mc_se": {}, "latent_fit": {}}
+        for key in z.files:
+            if "/" in key:
+                kind, name = key.split("/", 1)
+                out[kind][name] = z[key]
+    out["lpd"] = {n: _lpd_frame(v, out["mc_se"][n]) for n, v in out["lpd"].items()}
+    return out
+
+
+def grouping_rows(csv: Path) -> pd.DataFrame:
+    """Per replicate and fit set: the seed groups on the held-out cells and on the pool, and whether they match."""
+    from countvae.diagnostics.analyses.seed_groups import WORSE, seed_groups
+
+    folder = csv.with_name(csv.stem + "_arrays")
+    rows = []
+    for held_path in sorted(folder.glob("replicate_*_heldout.npz")):
+        replicate = int(held_path.stem.split("_")[1])
+        pool_path = folder / f"replicate_{replicate}_pool.npz"
+        if not pool_path.exists():
+            continue
+        held, pool = load_arrays(held_path), load_arrays(pool_path)
+        names = list(held["log_rate"])
+        seeds = [n for n in names if "epochs" not in n]
+        for label, fits in (("seeds", seeds), ("seeds + under-trained fit", names)):
+            results = {}
+            for where, arrays in (("heldout", held), ("pool", pool)):
+                results[where] = seed_groups(
+                    {n: arrays["log_rate"][n] for n in fits},
+                    {n: arrays["lpd"][n] for n in fits},
+                    arrays["baseline"],
+                )
+            h, o = results["heldout"], results["pool"]
+            bad = [n for n in fits if "epochs" in n]
+            isolated = None
+            if bad:
+                g = h.groups
+                own = g[[tuple(f) == (bad[0],) for f in g["fits"]]]
+                isolated = bool(len(own) and own["versus_best"].iloc[0] == WORSE)
+            rows.append(
+                {
+                    "replicate": replicate,
+                    "fits": label,
+                    "groups (held-out)": "; ".join(", ".join(f) for f in h.groups["fits"]),
+                    "groups (oracle)": "; ".join(", ".join(f) for f in o.groups["fits"]),
+                    "decided": h.decided,
+                    "oracle decided": o.decided,
+                    "same partition": h.partition == o.partition,
+                    "under-trained fit alone and worse": isolated,
+                    "sentence": _sentence(h),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _sentence(result) -> str:
+    from countvae.diagnostics.analyses.seed_groups import seed_groups_sentence
+
+    return seed_groups_sentence(result)
+
+
+def knn_rows(csv: Path, k: int = 15, n_subsets: int = 3) -> pd.DataFrame:
+    """Per replicate: the worst-pair k-NN overlap on the held-out cells, on pool subsets as large, and on the pool.
+
+    The pool's own 300-cell subsets separate the effect of the number of cells
+    from that of the cells themselves; ``k_scaled`` keeps the neighbourhood's
+    share of the cells (``k * 300 / pool``, at least 1) as a candidate fix.
+    """
+    from countvae.diagnostics.analyses.subspace import knn_jaccard
+
+    folder = csv.with_name(csv.stem + "_arrays")
+    rows = []
+    for held_path in sorted(folder.glob("replicate_*_heldout.npz")):
+        replicate = int(held_path.stem.split("_")[1])
+        pool_path = folder / f"replicate_{replicate}_pool.npz"
+        if not pool_path.exists():
+            continue
+        held, pool = load_arrays(held_path)["latent"], load_arrays(pool_path)["latent"]
+        seeds = [n for n in held if "epochs" not in n]
+        pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
+
+        def worst(latents, cells, kk, pairs=pairs):
+            return min(knn_jaccard(latents[a][cells], latents[b][cells], kk) for a, b in pairs)
+
+        n_held = len(held[seeds[0]])
+        n_pool = len(pool[seeds[0]])
+        rng = np.random.default_rng(replicate)
+        subsets = [np.sort(rng.choice(n_pool, n_held, replace=False)) for _ in range(n_subsets)]
+        k_scaled = max(1, round(k * n_held / n_pool))
+        rows.append(
+            {
+                "replicate": str(replicate),
+                f"held-out {n_held}, k={k}": worst(held, slice(None), k),
+                f"pool subsets of {n_held}, k={k}": float(np.mean([worst(pool, s, k) for s in subsets])),
+                f"pool {n_pool}, k={k}": worst(pool, slice(None), k),
+                f"held-out {n_held}, k={k_scaled}": worst(held, slice(None), k_scaled),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
+    """The bundled record of one regime: its configuration, how it was measured, and the counts per row."""
+    sub = scored[scored["regime"] == regime]
+    rows = {}
+    for row, g in sub.groupby("row", sort=False):
+        c = g["outcome"].value_counts()
+        rows[row] = {
+            "runs": len(g),
+            "correct": int(c.get("correct", 0)),
+            "wrong": int(c.get("wrong", 0)),
+            "undetermined": int(c.get("undetermined", 0)),
+            "oracle_undecided": int(c.get("oracle undecided", 0)),
+        }
+    return {
+        "description": DESCRIPTIONS[regime],
+        "configuration": CONFIGURATIONS[regime],
+        "command": command,
+        "written": time.strftime("%Y-%m-%d %H:%M"),
+        "replicates": int(sub["replicate"].nunique()),
+        "oracle_cells": POOL_CELLS,
+        "adequate": True,
+        "rows": rows,
+    }
+
+
+def summarize(csvs: list[Path], results: Path, command: str, calibration_file: Path = CALIBRATION_FILE) -> str:
+    """Write the RESULTS.md section and the record's per-regime tables; return the section."""
+    from calibration_regimes import rates, score
+
+    runs = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in csvs], ignore_index=True)
+    scored = score(runs)
+    table = rates(scored)
+    lines = [
+        "## Verdicts against the same fits on a large pool of cells, in analyst regimes (`calibration_regimes.py`)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "A verdict on the report's held-out cells is scored against the same fits' verdict on "
+        f"{POOL_CELLS:,} independent cells of the same distribution (the oracle: the report with every row on as "
+        "many of them as affordable: k-NN and coordinates on all, log p(x) on 1,000, distances on 2,000). "
+        "'correct % of confident' = correct / (correct + wrong); 'oracle undecided' verdicts are not scored.",
+        "",
+    ]
+    for regime in table["regime"].unique():
+        sub = scored[scored["regime"] == regime]
+        reps = sorted(sub["replicate"].unique())
+        held = runs[(runs["regime"] == regime) & (runs["cells"] == "heldout")]
+        pool = runs[(runs["regime"] == regime) & (runs["cells"] == "pool")]
+        lines += [
+            f"### Regime **{regime}**: {DESCRIPTIONS[regime]}",
+            "",
+            f"{len(reps)} replicates ({', '.join(map(str, reps))}). Per replicate: each seed's fit "
+            f"{held.groupby('replicate')['fit_seconds_per_seed'].first().median():.0f} s, the report on the held-out "
+            f"cells {held.groupby('replicate')['report_seconds'].first().median():.0f} s and on the pool "
+            f"{pool.groupby('replicate')['report_seconds'].first().median():.0f} s (medians, on a shared 2-core "
+            f"machine at load 4-8); epochs trained per seed (early stopping): "
+            f"{', '.join(held.groupby('replicate')['epochs'].first().astype(str))}.",
+            "",
+            markdown_table(table[table["regime"] == regime].drop(columns="regime"), floatfmt="{:.1f}"),
+            "",
+        ]
+        wrong = sub[sub["outcome"] == "wrong"]
+        if len(wrong):
+            lines += [
+                "Contradicted verdicts:",
+                "",
+                markdown_table(
+                    wrong[
+                        ["replicate", "row", "verdict", "low", "high", "verdict_oracle", "low_oracle", "high_oracle"]
+                    ],
+                    floatfmt="{:.3f}",
+                ),
+                "",
+            ]
+        else:
+            lines += ["No confident verdict on the held-out cells was contradicted by the oracle.", ""]
+    for csv in csvs:
+        groups = grouping_rows(csv)
+        if len(groups):
+            lines += _grouping_lines(csv, groups)
+        knn = knn_rows(csv)
+        if len(knn):
+            lines += [
+                f"k-NN overlap (worst pair of seeds, `{csv.name}`) by the cells it is computed on:",
+                "",
+                markdown_table(knn, floatfmt="{:.3f}"),
+                "",
+            ]
+    body = "\n".join(lines)
+    record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
+    record.setdefault("regimes", {})
+    for regime in table["regime"].unique():
+        record["regimes"][regime] = regime_record(scored, regime, command)
+    write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
+    write_section(Path(results), SECTION, body)
+    print(body)
+    return body
+
+
+def _grouping_lines(csv: Path, groups: pd.DataFrame) -> list[str]:
+    lines = [
+        f"Seed groups (`seed_groups`) on the held-out cells against the same grouping on the pool (`{csv.name}`):",
+        "",
+    ]
+    summary = []
+    for label, g in groups.groupby("fits", sort=False):
+        decided = g[g["decided"] & g["oracle decided"]]
+        summary.append(
+            {
+                "fits": label,
+                "replicates": len(g),
+                "grouping decided (held-out)": int(g["decided"].sum()),
+                "decided on both": len(decided),
+                "same partition when decided on both": int(decided["same partition"].sum()),
+                "same partition (all)": int(g["same partition"].sum()),
+                "under-trained fit alone and worse": (
+                    int(g["under-trained fit alone and worse"].eq(True).sum())
+                    if g["under-trained fit alone and worse"].notna().any()
+                    else ""
+                ),
+            }
+        )
+    lines += [markdown_table(pd.DataFrame(summary)), ""]
+    lines += [
+        markdown_table(
+            groups[["replicate", "fits", "groups (held-out)", "groups (oracle)", "decided", "same partition"]]
+        ),
+        "",
+        "What the report would print for the first replicates (held-out cells):",
+        "",
+    ]
+    lines += [f"- replicate {r.replicate}, {r.fits}: {r.sentence}" for r in groups.head(4).itertuples(index=False)]
+    return [*lines, ""]
