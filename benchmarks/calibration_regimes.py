@@ -70,9 +70,10 @@ class Config:
     n_latent: int = 10
     short_epochs: tuple[int, ...] = (2, 20)
     generator_cells: int = 4000
+    max_epochs: int | None = None  # None: the default for the number of cells, with early stopping
 
 
-QUICK = Config(n_fit=400, n_heldout=150, n_pool=600, n_genes=100, n_seeds=2, generator_cells=800)
+QUICK = Config(n_fit=400, n_heldout=150, n_pool=600, n_genes=100, n_seeds=2, generator_cells=800, max_epochs=60)
 
 
 def _kang(n_genes: int):
@@ -98,7 +99,7 @@ def generator(cfg: Config, cache: Path):
     cells = adata[np.random.default_rng(0).permutation(adata.n_obs)[: cfg.generator_cells]].copy()
     cv.CountVAE.setup_anndata(cells, batch_key="batch")
     model = cv.CountVAE(cells, n_latent=cfg.n_latent)
-    model.train(early_stopping=True, progress_bar=False, seed=0)
+    model.train(max_epochs=cfg.max_epochs, early_stopping=True, progress_bar=False, seed=0)
     model.save(folder, overwrite=True)
     return cv.CountVAE.load(folder, adata=adata), adata
 
@@ -184,7 +185,7 @@ def run_replicate(cfg: Config, replicate: int, source, arrays_dir: Path) -> list
     models = []
     for seed in range(cfg.n_seeds):
         model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
-        model.train(early_stopping=True, progress_bar=False, seed=seed)
+        model.train(max_epochs=cfg.max_epochs, early_stopping=True, progress_bar=False, seed=seed)
         models.append(model)
     fit_seconds = (time.perf_counter() - started) / cfg.n_seeds
     fits = [CountVAEFit(m, s) for s, m in enumerate(models)]
