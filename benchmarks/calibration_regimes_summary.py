@@ -101,14 +101,20 @@ def _sentence(result) -> str:
     return seed_groups_sentence(result)
 
 
-def knn_rows(csv: Path, k: int = 15, n_subsets: int = 3) -> pd.DataFrame:
-    """Per replicate: the worst-pair k-NN overlap on the held-out cells, on pool subsets as large, and on the pool.
+def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) -> pd.DataFrame:
+    """Per replicate: the seeds' worst-pair k-NN overlap as the report computes it and as the analyst's graph has it.
 
-    The pool's own 300-cell subsets separate the effect of the number of cells
-    from that of the cells themselves; ``k_scaled`` keeps the neighbourhood's
-    share of the cells (``k * 300 / pool``, at least 1) as a candidate fix.
+    The analyst's graph is the k-NN graph on all of their ``n_analyst`` cells
+    (fit and held-out); its oracle here is the overlap on pool subsets of that
+    size. Next to it: the report's overlap on the held-out cells (``k``
+    neighbours among them), with ``k`` scaled by :func:`analyst_graph_k`, and
+    the held-out rows of the graph on the held-out and fit cells together
+    (:func:`knn_sets_among`; the fit cells' latents where the run kept them,
+    else pool cells as stand-ins).
     """
-    from countvae.diagnostics.analyses.subspace import knn_jaccard
+    from countvae.diagnostics.analyses.subspace import (
+        analyst_graph_k,
+    )
 
     folder = csv.with_name(csv.stem + "_arrays")
     rows = []
@@ -117,28 +123,49 @@ def knn_rows(csv: Path, k: int = 15, n_subsets: int = 3) -> pd.DataFrame:
         pool_path = folder / f"replicate_{replicate}_pool.npz"
         if not pool_path.exists():
             continue
-        held, pool = load_arrays(held_path)["latent"], load_arrays(pool_path)["latent"]
+        held_arrays = load_arrays(held_path)
+        held, pool = held_arrays["latent"], load_arrays(pool_path)["latent"]
         seeds = [n for n in held if "epochs" not in n]
-        pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
-
-        def worst(latents, cells, kk, pairs=pairs):
-            return min(knn_jaccard(latents[a][cells], latents[b][cells], kk) for a, b in pairs)
-
-        n_held = len(held[seeds[0]])
-        n_pool = len(pool[seeds[0]])
+        n_held, n_pool = len(held[seeds[0]]), len(pool[seeds[0]])
         rng = np.random.default_rng(replicate)
-        subsets = [np.sort(rng.choice(n_pool, n_held, replace=False)) for _ in range(n_subsets)]
-        k_scaled = max(1, round(k * n_held / n_pool))
+        subsets = [np.sort(rng.choice(n_pool, n_analyst, replace=False)) for _ in range(n_subsets)]
+        fit_latents = held_arrays["latent_fit"]
+        if set(seeds) <= set(fit_latents):
+            reference, where = {n: fit_latents[n][: n_analyst - n_held] for n in seeds}, "fit cells"
+        else:
+            stand_in = np.sort(rng.choice(n_pool, n_analyst - n_held, replace=False))
+            reference, where = {n: pool[n][stand_in] for n in seeds}, "pool stand-ins"
         rows.append(
-            {
-                "replicate": str(replicate),
-                f"held-out {n_held}, k={k}": worst(held, slice(None), k),
-                f"pool subsets of {n_held}, k={k}": float(np.mean([worst(pool, s, k) for s in subsets])),
-                f"pool {n_pool}, k={k}": worst(pool, slice(None), k),
-                f"held-out {n_held}, k={k_scaled}": worst(held, slice(None), k_scaled),
-            }
+            {"replicate": str(replicate)}
+            | _knn_overlaps(held, pool, reference, subsets, k, analyst_graph_k(k, n_held, n_analyst))
+            | {"reference": where}
         )
     return pd.DataFrame(rows)
+
+
+def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
+    from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell, knn_sets_among
+
+    seeds = list(reference)
+    pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
+
+    def worst(score) -> float:
+        return float(min(score(a, b) for a, b in pairs))
+
+    def among(a: str, b: str) -> float:
+        sets = [knn_sets_among(held[n], reference[n], k) for n in (a, b)]
+        return float(knn_jaccard_per_cell(*sets).mean())
+
+    n_held, n_analyst, n_pool = len(held[seeds[0]]), len(subsets[0]), len(pool[seeds[0]])
+    return {
+        f"report: {n_held} held-out, k={k}": worst(lambda a, b: knn_jaccard(held[a], held[b], k)),
+        f"{n_held} held-out, k={k_scaled} (scaled)": worst(lambda a, b: knn_jaccard(held[a], held[b], k_scaled)),
+        f"held-out rows among {n_analyst} cells, k={k}": worst(among),
+        f"oracle: graph on {n_analyst} pool cells, k={k}": float(
+            np.mean([worst(lambda a, b, c=c: knn_jaccard(pool[a][c], pool[b][c], k)) for c in subsets])
+        ),
+        f"pool {n_pool}, k={k}": worst(lambda a, b: knn_jaccard(pool[a], pool[b], k)),
+    }
 
 
 def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:

@@ -108,3 +108,34 @@ def test_configuration_of_real_fits(trained_linear):
     assert configuration == {"decoder": "linear", "n_latent": 2, "n_heldout_cells": 240, "n_genes": 60} | {
         "batch": True
     }
+
+
+def test_bundled_regimes_are_those_of_the_results_section():
+    """Both are written by one run of ``calibration_regimes.py --summarize``; a stale copy of either fails here."""
+    import re
+    from pathlib import Path
+
+    from countvae.diagnostics.reporting.verdict_calibration import load_calibration
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
+    section = results.read_text(encoding="utf-8").split("<!-- section: calibration-regimes -->", 1)[1]
+    section = section.split("<!-- end: calibration-regimes -->", 1)[0]
+    regimes = load_calibration().get("regimes", {})
+    assert regimes, "the bundled record has no regimes"
+    for name, entry in regimes.items():
+        assert f"Command: `{entry['command']}`" in section
+        body = re.search(rf"### Regime \*\*{re.escape(name)}\*\*.*?\n\n.*?\n\n(\|.+?)\n\n", section, re.S).group(1)
+        lines = body.strip().splitlines()
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        table = {}
+        for line in lines[2:]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            table[cells["row"]] = cells
+        assert set(table) == set(entry["rows"])
+        for row, counts in entry["rows"].items():
+            cells = table[row]
+            assert int(cells["replicates"]) == counts["runs"]
+            assert int(cells["correct"]) == counts["correct"]
+            assert int(cells["wrong"]) == counts["wrong"]
+            assert int(cells["undetermined"]) == counts["undetermined"]
+            assert int(cells["oracle undecided"]) == counts["oracle_undecided"]
