@@ -168,6 +168,25 @@ def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict
     }
 
 
+def linear_toy_regime(record: dict) -> dict:
+    """The linear toy of ``calibration.py`` as a regime: its 'seeds' scenario against the truth its oracle shows."""
+    rows = {
+        row: {k: c[k] for k in ("runs", "correct", "wrong", "undetermined")} | {"oracle_undecided": 0}
+        for row, c in record["scenarios"]["seeds"]["oracle_rows"].items()
+    }
+    return {
+        "description": "the linear toy: " + record["data"],
+        "configuration": report_configuration("linear", 3, 1000, 300, False),
+        "command": record["command"],
+        "written": record["written"],
+        "replicates": record["replicates"],
+        "truth": "the truth conditioned on what the simulation's oracle shows the seeds reached "
+        "(ICA of each seed on all fit cells; calibration.py)",
+        "adequate": True,
+        "rows": rows,
+    }
+
+
 def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
     """The bundled record of one regime: its configuration, how it was measured, and the counts per row."""
     sub = scored[scored["regime"] == regime]
@@ -261,6 +280,8 @@ def summarize(csvs: list[Path], results: Path, command: str, calibration_file: P
     record.setdefault("regimes", {})
     for regime in table["regime"].unique():
         record["regimes"][regime] = regime_record(scored, regime, command)
+    if "seeds" in record.get("scenarios", {}) and "oracle_rows" in record["scenarios"]["seeds"]:
+        record["regimes"]["linear toy"] = linear_toy_regime(record)
     write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
     write_section(Path(results), SECTION, body)
     print(body)

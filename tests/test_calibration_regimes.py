@@ -91,7 +91,7 @@ def test_the_regime_table_and_sentences_count_against_the_oracle():
     assert table["quantity"].tolist() == ["decoded means", "held-out log p(x)"]
     assert table["correct %"].tolist() == pytest.approx([90.0, 40.0])
     assert table["undetermined %"].tolist() == pytest.approx([0.0, 50.0])
-    assert table["truth"].iloc[0] == "the same fits on 4,000 cells"
+    assert table["truth"].iloc[0] == "the verdict of the same fits on 4,000 independent cells of the same distribution"
     lines = calibration_sentences(_record(), regime="semi-synthetic")
     assert lines == [
         "decoded means: in the regime 'semi-synthetic' 1 of its 10 confident verdicts were contradicted by the oracle.",

@@ -153,9 +153,9 @@ def calibration_summary(record: dict[str, Any], regime: str | None = None) -> st
         entry = _regime(record, regime)
         return (
             f"Measured by `{entry['command']}` ({entry['written']}): {entry['replicates']} replicates of "
-            f"{entry['description']}. A confident verdict is correct when the same fits give it on "
-            f"{entry['oracle_cells']:,} independent cells of the same distribution (the oracle), wrong when they give "
-            "another confident verdict there; verdicts where the oracle is itself undetermined are not scored. "
+            f"{entry['description']}. A confident verdict is correct when it is {_regime_truth(entry)} (the oracle), "
+            "wrong when that is another confident verdict; verdicts where the oracle is itself undetermined are not "
+            "scored. "
             f"Goal: at least {100 * GOAL_CORRECT:g}% of confident verdicts correct on every row."
         )
     return (
@@ -298,6 +298,13 @@ def regime_sentence(record: dict[str, Any], choice: RegimeChoice) -> str:
     )
 
 
+def _regime_truth(entry: dict[str, Any]) -> str:
+    """What a regime scores verdicts against: its ``truth`` text, else the same fits on its pool of cells."""
+    if "truth" in entry:
+        return entry["truth"]
+    return f"the verdict of the same fits on {entry['oracle_cells']:,} independent cells of the same distribution"
+
+
 def _regime_table(record: dict[str, Any], regime: str, quantities: list[str] | None) -> pd.DataFrame:
     entry = _regime(record, regime)
     counts = entry["rows"]
@@ -310,7 +317,7 @@ def _regime_table(record: dict[str, Any], regime: str, quantities: list[str] | N
             {
                 "scenario": regime,
                 "quantity": quantity,
-                "truth": f"the same fits on {entry['oracle_cells']:,} cells",
+                "truth": _regime_truth(entry),
                 "replicates": n,
                 "correct %": 100.0 * c["correct"] / n,
                 "undetermined %": 100.0 * c["undetermined"] / n,
