@@ -31,7 +31,7 @@ grouping inputs to ``<csv stem>_arrays/replicate_N.npz``); a rerun skips the
 replicates already there.
 
     python benchmarks/calibration_regimes.py --regime semi-synthetic --replicates 20 --out /tmp/calreg/semi.csv
-    python benchmarks/calibration_regimes.py --summarize /tmp/calreg/semi.csv   # the RESULTS.md section
+    python benchmarks/calibration_regimes.py --summarize /tmp/calreg/semi.csv --notes NOTES.md  # RESULTS section
     python benchmarks/calibration_regimes.py --regime kang --replicates 2 --quick --out /tmp/calreg/q.csv
 """
 
@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section  # noqa: E402
+from _common import DEFAULT_RESULTS, command_line, load_average, machine_line  # noqa: E402
 
 KANG = Path("/work/shared/data/kang2018_pbmc_ctrl_5donors.h5ad")
 REGIMES = ("semi-synthetic", "kang")
@@ -283,11 +283,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wall-minutes", type=float, default=0.0, help="stop starting replicates after this long")
     parser.add_argument("--summarize", type=Path, nargs="*", help="CSV(s) to summarize into RESULTS.md")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--notes", type=Path, help="hand-written notes appended to the section")
     args = parser.parse_args(argv)
     if args.summarize:
         from calibration_regimes_summary import summarize
 
-        summarize(args.summarize, args.results, command_line())
+        summarize(args.summarize, args.results, command_line(), notes=args.notes)
         return
     cfg = replace(QUICK if args.quick else Config(), regime=args.regime)
     import torch
@@ -315,7 +316,6 @@ def main(argv: list[str] | None = None) -> None:
         oracle = frame[frame["cells"] == "pool"].set_index("row")["verdict"]
         flips = [r for r in held.index if held[r] in CONFIDENT and oracle[r] in CONFIDENT and held[r] != oracle[r]]
         print(f"replicate {replicate}: {time.perf_counter() - t:.0f} s; contradicted: {flips}", flush=True)
-    _ = (markdown_table, write_section)
 
 
 if __name__ == "__main__":

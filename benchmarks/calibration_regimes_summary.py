@@ -212,8 +212,14 @@ def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
     }
 
 
-def summarize(csvs: list[Path], results: Path, command: str, calibration_file: Path = CALIBRATION_FILE) -> str:
-    """Write the RESULTS.md section and the record's per-regime tables; return the section."""
+def summarize(
+    csvs: list[Path],
+    results: Path,
+    command: str,
+    calibration_file: Path = CALIBRATION_FILE,
+    notes: Path | None = None,
+) -> str:
+    """Write the RESULTS.md section (with ``notes`` appended) and the record's per-regime tables; return the section."""
     from calibration_regimes import rates, score
 
     runs = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in csvs], ignore_index=True)
@@ -275,6 +281,8 @@ def summarize(csvs: list[Path], results: Path, command: str, calibration_file: P
                 markdown_table(knn, floatfmt="{:.3f}"),
                 "",
             ]
+    if notes is not None:
+        lines += [Path(notes).read_text(encoding="utf-8").strip(), ""]
     body = "\n".join(lines)
     record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
     record.setdefault("regimes", {})
