@@ -120,9 +120,18 @@ def test_bundled_regimes_are_those_of_the_results_section():
     results = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
     section = results.read_text(encoding="utf-8").split("<!-- section: calibration-regimes -->", 1)[1]
     section = section.split("<!-- end: calibration-regimes -->", 1)[0]
-    regimes = load_calibration().get("regimes", {})
-    assert regimes, "the bundled record has no regimes"
+    record = load_calibration()
+    regimes = record.get("regimes", {})
+    assert {"semi-synthetic", "kang", "linear toy"} <= set(regimes)
+    toy = regimes["linear toy"]  # the seeds scenario of calibration.py against its oracle (the section calibration)
+    assert toy["command"] == record["command"]
+    for row, counts in record["scenarios"]["seeds"]["oracle_rows"].items():
+        assert {k: toy["rows"][row][k] for k in ("runs", "correct", "wrong", "undetermined")} == {
+            k: counts[k] for k in ("runs", "correct", "wrong", "undetermined")
+        }
     for name, entry in regimes.items():
+        if name == "linear toy":
+            continue
         assert f"Command: `{entry['command']}`" in section
         body = re.search(rf"### Regime \*\*{re.escape(name)}\*\*.*?\n\n.*?\n\n(\|.+?)\n\n", section, re.S).group(1)
         lines = body.strip().splitlines()
