@@ -65,10 +65,10 @@ def test_settings_outside_the_range_are_named_and_the_report_says_it_is_not_cali
     # 141 held-out cells: more than a factor 2 below 300; 2,000 genes: exactly the factor 4 allowed.
     choice = nearest_regime(_record(), report_configuration("mlp", 10, 141, 2000, True))
     assert choice.name == "semi-synthetic" and not choice.calibrated
-    assert choice.differences == ["n heldout cells 141 (calibrated: 300)"]
+    assert choice.differences == ["held-out cells 141 (calibrated: 300)"]
     sentence = regime_sentence(_record(), choice)
     assert sentence.startswith("This report's configuration (mlp decoder, 10 latent dimensions, 141 held-out cells")
-    assert "is not calibrated" in sentence and "n heldout cells 141 (calibrated: 300)" in sentence
+    assert "is not calibrated" in sentence and "held-out cells 141 (calibrated: 300)" in sentence
 
 
 def test_a_mismatched_decoder_outweighs_sizes():

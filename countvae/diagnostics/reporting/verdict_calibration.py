@@ -44,6 +44,7 @@ CONFIGURATION_KEYS = ("decoder", "n_latent", "n_heldout_cells", "n_genes", "batc
 #: How far a report's numeric settings may be from a regime's and still count as calibrated by it: the largest
 #: ratio either way. Decoder and batch must match exactly.
 TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0}
+_LABELS = {"n_latent": "latent dimensions", "n_heldout_cells": "held-out cells", "n_genes": "genes"}
 #: Columns of :func:`calibration_table`.
 CALIBRATION_COLUMNS = (
     "scenario",
@@ -249,7 +250,7 @@ def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple
             ratio = max(mine, theirs) / max(min(mine, theirs), 1)
             distance += abs(math.log2(ratio))
             if ratio > TOLERANCE[key]:
-                out.append(f"{key.replace('_', ' ')} {mine:,} (calibrated: {theirs:,})")
+                out.append(f"{_LABELS[key]} {mine:,} (calibrated: {theirs:,})")
         elif mine != theirs:
             distance += 10.0
             out.append(f"{key} {mine} (calibrated: {theirs})")
