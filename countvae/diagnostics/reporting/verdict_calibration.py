@@ -264,7 +264,7 @@ def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> Reg
     (decoder, batch) counts 10 and each numeric one ``|log2 ratio|`` (so a
     mismatched decoder or batch outweighs any size difference below a factor
     of about 2^10 per setting). The report is
-    *calibrated* by it when no setting is outside :data:`TOLERANCE`.
+    *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the regime recorded first.
     """
     missing = [k for k in CONFIGURATION_KEYS if k not in configuration]
     if missing:
