@@ -841,6 +841,9 @@ def main(argv: list[str] | None = None) -> int:
         lines += ["", Path(args.notes).read_text(encoding="utf-8").strip()]
     body = "\n".join(lines)
     record = calibration_record(tables, command_line(), started_at, finished, cfg, oracle_tables)
+    previous = Path(args.calibration_file)
+    if previous.is_file():  # the per-regime tables are written by calibration_regimes.py: keep them
+        record |= {k: v for k, v in json.loads(previous.read_text(encoding="utf-8")).items() if k == "regimes"}
     write_text_atomic(args.calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
     write_section(Path(args.results), "calibration", body)
     print(body)

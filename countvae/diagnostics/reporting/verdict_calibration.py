@@ -11,11 +11,22 @@ than :data:`GOAL_CORRECT` of the replicates of a scenario.
 The numbers describe the suite's simulations (linear NB data with 3 sources,
 5,000 cells), not the data at hand: they say how far each row's verdict can be
 trusted where its assumptions hold, and where it is known to fail.
+
+**Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the
+rates measured in other configurations (decoder, latent dimensions, held-out
+cells, genes, batch), each scored against the same fits' verdicts on a large
+independent pool of cells. :func:`nearest_regime` picks the regime nearest to a
+report's own configuration (:func:`report_configuration`) and says whether the
+report is within its calibrated range (:data:`TOLERANCE`); the table, the
+summary and the sentences take ``regime=`` to show that regime's numbers.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,6 +37,14 @@ import pandas as pd
 CALIBRATION_FILE = Path(__file__).with_name("verdict_calibration.json")
 #: Share of correct verdicts the suite aims at in every scenario.
 GOAL_CORRECT = 0.95
+#: Largest share of undetermined verdicts the suite aims at where the data are adequate.
+GOAL_UNDETERMINED = 0.2
+#: A report's configuration, as :func:`report_configuration` gives it and each regime records it.
+CONFIGURATION_KEYS = ("decoder", "n_latent", "n_heldout_cells", "n_genes", "batch")
+#: How far a report's numeric settings may be from a regime's and still count as calibrated by it: the largest
+#: ratio either way. Decoder and batch must match exactly.
+TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0}
+_LABELS = {"n_latent": "latent dimensions", "n_heldout_cells": "held-out cells", "n_genes": "genes"}
 #: Columns of :func:`calibration_table`.
 CALIBRATION_COLUMNS = (
     "scenario",
@@ -50,7 +69,7 @@ def load_calibration(path: str | Path | None = None) -> dict[str, Any]:
 
 
 def calibration_table(
-    record: dict[str, Any], quantities: list[str] | None = None, truth: str = "theory"
+    record: dict[str, Any], quantities: list[str] | None = None, truth: str = "theory", regime: str | None = None
 ) -> pd.DataFrame:
     """One row per scenario and report row: the truth and the shares of correct, undetermined and wrong verdicts.
 
@@ -64,8 +83,14 @@ def calibration_table(
         ``"theory"`` (the truth the scenario's theory states) or ``"oracle"``
         (the truth conditioned on what the simulation's oracle shows the fits
         reached; only the scenarios that have one).
+    regime
+        A name in ``record["regimes"]`` (e.g. :attr:`RegimeChoice.name`): that
+        regime's rows instead, against its oracle (``truth`` is then ignored);
+        ``correct %`` and ``wrong %`` are shares of all its verdicts, as for the scenarios.
 
     """
+    if regime is not None:
+        return _regime_table(record, regime, quantities)
     rows = []
     for scenario, entry in record["scenarios"].items():
         counts = entry.get("rows" if truth == "theory" else "oracle_rows") or {}
@@ -88,14 +113,22 @@ def calibration_table(
     return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
 
 
-def calibration_sentences(record: dict[str, Any], quantities: list[str] | None = None) -> list[str]:
+def calibration_sentences(
+    record: dict[str, Any], quantities: list[str] | None = None, regime: str | None = None
+) -> list[str]:
     """One plain sentence per report row that falls short anywhere in the calibration suite.
+
+    With ``regime``, the rows that fall short in that regime instead: fewer than
+    :data:`GOAL_CORRECT` of their confident verdicts confirmed by the oracle, or
+    undetermined in more than :data:`GOAL_UNDETERMINED` of the replicates.
 
     A row falls short in a scenario with adequate data when it is right in
     fewer than :data:`GOAL_CORRECT` of the replicates, and in a scenario with
     too few cells when it gives any wrong verdict (there "undetermined" is the
     right answer whenever the truth is not reached).
     """
+    if regime is not None:
+        return _regime_sentences(record, regime, quantities)
     table = calibration_table(record, quantities)
     scenarios = record["scenarios"]
     clauses: dict[str, list[str]] = {}
@@ -115,11 +148,199 @@ def calibration_sentences(record: dict[str, Any], quantities: list[str] | None =
     return [f"{quantity}: {'; '.join(parts)}." for quantity, parts in clauses.items()]
 
 
-def calibration_summary(record: dict[str, Any]) -> str:
-    """Where the numbers come from: the command, the date and the number of replicates."""
+def calibration_summary(record: dict[str, Any], regime: str | None = None) -> str:
+    """Where the numbers come from: the command, the date and the number of replicates (of ``regime`` if given)."""
+    if regime is not None:
+        entry = _regime(record, regime)
+        return (
+            f"Measured by `{entry['command']}` ({entry['written']}): {entry['replicates']} replicates of "
+            f"{entry['description']}. A confident verdict is correct when it is {_regime_truth(entry)} (the oracle), "
+            "wrong when that is another confident verdict; verdicts where the oracle is itself undetermined are not "
+            "scored. "
+            f"Goal: at least {100 * GOAL_CORRECT:g}% of confident verdicts correct on every row."
+        )
     return (
         f"Measured by `{record['command']}` ({record['written']}): {record['replicates']} replicates per scenario "
         f"of simulated data ({record['data']}). A verdict is correct when it is the scenario's truth, wrong when it "
         "is another decision, undetermined otherwise (not counted as wrong, but against the goal where the data "
         f"are adequate). Goal: at least {100 * GOAL_CORRECT:g}% correct in every scenario."
     )
+
+
+# ----- regimes ------------------------------------------------------------------------------------------
+def report_configuration(
+    decoder: str | None, n_latent: int, n_heldout_cells: int, n_genes: int, batch: bool
+) -> dict[str, Any]:
+    """A report's configuration in the terms the regimes record (:data:`CONFIGURATION_KEYS`).
+
+    Parameters
+    ----------
+    decoder
+        ``"linear"`` or ``"mlp"`` (``None`` when the fits do not say, e.g. another package's model).
+    n_latent, n_heldout_cells, n_genes
+        Latent dimensions, held-out cells the report was run on, genes of the fits.
+    batch
+        Whether the fits have a batch covariate (more than one batch).
+
+    """
+    return {
+        "decoder": decoder,
+        "n_latent": int(n_latent),
+        "n_heldout_cells": int(n_heldout_cells),
+        "n_genes": int(n_genes),
+        "batch": bool(batch),
+    }
+
+
+def configuration_of_fits(fits: Sequence[Any], n_heldout_cells: int) -> dict[str, Any]:
+    """:func:`report_configuration` of fitted models (``CountVAEFit``-like: ``model.settings``, ``model.registry``)."""
+    first = fits[0]
+    model = getattr(first, "model", None)
+    settings = getattr(model, "settings", None)
+    registry = getattr(model, "registry", None)
+    return report_configuration(
+        getattr(settings, "decoder", None),
+        int(first.n_latent),
+        n_heldout_cells,
+        len(first.var_names),
+        bool(getattr(registry, "n_batches", 1) > 1),
+    )
+
+
+@dataclass(frozen=True)
+class RegimeChoice:
+    """The regime nearest to a report's configuration, and whether the report is within its calibrated range.
+
+    Attributes
+    ----------
+    name
+        The nearest regime (``None`` when the record has none).
+    calibrated
+        Whether every setting is within :data:`TOLERANCE` of the regime's (decoder and batch equal).
+    differences
+        One clause per setting outside the range, e.g. ``"decoder mlp (calibrated: linear)"``.
+    configuration
+        The report's configuration.
+
+    """
+
+    name: str | None
+    calibrated: bool
+    differences: list[str] = field(default_factory=list)
+    configuration: dict[str, Any] = field(default_factory=dict)
+
+
+def _regimes(record: dict[str, Any]) -> dict[str, Any]:
+    return record.get("regimes") or {}
+
+
+def _regime(record: dict[str, Any], name: str) -> dict[str, Any]:
+    regimes = _regimes(record)
+    if name not in regimes:
+        raise KeyError(f"No calibration regime {name!r}; the record has {sorted(regimes)}.")
+    return regimes[name]
+
+
+def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple[float, list[str]]:
+    """A distance (exact settings weigh 10, numeric ones ``|log2 ratio|``) and the settings out of range."""
+    distance, out = 0.0, []
+    for key in CONFIGURATION_KEYS:
+        mine, theirs = configuration.get(key), regime.get(key)
+        if key in TOLERANCE:
+            ratio = max(mine, theirs) / max(min(mine, theirs), 1)
+            distance += abs(math.log2(ratio))
+            if ratio > TOLERANCE[key]:
+                out.append(f"{_LABELS[key]} {mine:,} (calibrated: {theirs:,})")
+        elif mine != theirs:
+            distance += 10.0
+            out.append(f"{key} {mine} (calibrated: {theirs})")
+    return distance, out
+
+
+def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> RegimeChoice:
+    """The regime of ``record["regimes"]`` nearest to ``configuration`` (:func:`report_configuration`).
+
+    Nearest: the smallest distance, where each mismatched exact setting
+    (decoder, batch) counts 10 and each numeric one ``|log2 ratio|`` (so a
+    mismatched decoder or batch outweighs any size difference below a factor
+    of about 2^10 per setting). The report is
+    *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the regime recorded first.
+    """
+    missing = [k for k in CONFIGURATION_KEYS if k not in configuration]
+    if missing:
+        raise KeyError(f"The configuration lacks {missing}; build it with report_configuration().")
+    scored = [(*_differences(configuration, entry["configuration"]), name) for name, entry in _regimes(record).items()]
+    if not scored:
+        return RegimeChoice(None, False, ["no regime is recorded"], dict(configuration))
+    _, differences, name = min(scored, key=lambda t: t[0])
+    return RegimeChoice(name, not differences, differences, dict(configuration))
+
+
+def regime_sentence(record: dict[str, Any], choice: RegimeChoice) -> str:
+    """Which regime's rates the report shows, or plainly that its configuration is not calibrated."""
+    c = choice.configuration
+    mine = (
+        f"{c.get('decoder') or 'unknown'} decoder, {c.get('n_latent')} latent dimensions, "
+        f"{c.get('n_heldout_cells', 0):,} held-out cells, {c.get('n_genes', 0):,} genes, "
+        f"{'with' if c.get('batch') else 'without'} batch"
+    )
+    if choice.name is None:
+        return f"This report's configuration ({mine}) is not calibrated: the calibration record has no regimes."
+    entry = _regime(record, choice.name)
+    if choice.calibrated:
+        return (
+            f"Calibrated in the regime '{choice.name}' ({entry['description']}), the nearest to this report's "
+            f"configuration ({mine})."
+        )
+    return (
+        f"This report's configuration ({mine}) is not calibrated: the nearest calibrated regime, '{choice.name}' "
+        f"({entry['description']}), differs in {'; '.join(choice.differences)}. Its rates are shown for reference "
+        "only."
+    )
+
+
+def _regime_truth(entry: dict[str, Any]) -> str:
+    """What a regime scores verdicts against: its ``truth`` text, else the same fits on its pool of cells."""
+    if "truth" in entry:
+        return entry["truth"]
+    return f"the verdict of the same fits on {entry['oracle_cells']:,} independent cells of the same distribution"
+
+
+def _regime_table(record: dict[str, Any], regime: str, quantities: list[str] | None) -> pd.DataFrame:
+    entry = _regime(record, regime)
+    counts = entry["rows"]
+    names = list(counts) if quantities is None else [q for q in quantities if q in counts]
+    rows = []
+    for quantity in names:
+        c = counts[quantity]
+        n = c["runs"]
+        rows.append(
+            {
+                "scenario": regime,
+                "quantity": quantity,
+                "truth": _regime_truth(entry),
+                "replicates": n,
+                "correct %": 100.0 * c["correct"] / n,
+                "undetermined %": 100.0 * c["undetermined"] / n,
+                "wrong %": 100.0 * c["wrong"] / n,
+                "adequate data": bool(entry.get("adequate", True)),
+            }
+        )
+    return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
+
+
+def _regime_sentences(record: dict[str, Any], regime: str, quantities: list[str] | None) -> list[str]:
+    entry = _regime(record, regime)
+    lines = []
+    for quantity, c in entry["rows"].items():
+        if quantities is not None and quantity not in quantities:
+            continue
+        confident = c["correct"] + c["wrong"]
+        short = []
+        if confident and c["correct"] < GOAL_CORRECT * confident:
+            short.append(f"{c['wrong']} of its {confident} confident verdicts were contradicted by the oracle")
+        if c["undetermined"] > GOAL_UNDETERMINED * c["runs"]:
+            short.append(f"it was undetermined in {c['undetermined']} of {c['runs']} replicates")
+        if short:
+            lines.append(f"{quantity}: in the regime '{regime}' {' and '.join(short)}.")
+    return lines

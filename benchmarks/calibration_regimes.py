@@ -1,0 +1,322 @@
+"""Verdicts calibrated against the truth about the fits, in the regimes analysts run.
+
+A verdict claims that *these fits* agree (or differ) on cells from this
+distribution. Its truth is the same computation on a large independent pool of
+cells from the same distribution (the oracle): the report on ``n_heldout``
+cells is scored against the report of the same fits on ``n_pool`` other cells.
+Whether the seeds reached one solution is a separate question, answered by
+:mod:`countvae.diagnostics.analyses.seed_groups` on both cell sets (one extra,
+deliberately under-trained fit per replicate gives it a known different
+solution).
+
+Regimes (:data:`REGIMES`):
+
+``semi-synthetic``
+    Counts drawn from a default model (MLP decoder, NB, 10 latent dimensions,
+    batch) fitted once to Kang (500 most variable genes); each replicate draws
+    fresh counts for random Kang cells (a posterior predictive draw: each
+    cell's latent from the generator's guide, its batch and library size), fits
+    ``n_seeds`` default models with early stopping on ``n_fit`` cells, reports
+    on ``n_heldout`` and scores against ``n_pool`` more cells. The generator is
+    cached under ``--cache`` (not in the repository).
+``kang``
+    The same on real Kang cells (500 most variable genes): each replicate
+    shuffles the cells into fit, held-out and pool sets.
+
+A confident verdict (agree, agree after alignment, differ) is *correct* when
+the oracle gives the same verdict, *wrong* when the oracle gives another
+confident verdict, and *oracle undecided* when the oracle itself is
+undetermined (not scored). Each replicate appends its rows to the CSV (and its
+grouping inputs to ``<csv stem>_arrays/replicate_N.npz``); a rerun skips the
+replicates already there.
+
+    python benchmarks/calibration_regimes.py --regime semi-synthetic --replicates 20 --out /tmp/calreg/semi.csv
+    python benchmarks/calibration_regimes.py --summarize /tmp/calreg/semi.csv --notes NOTES.md  # RESULTS section
+    python benchmarks/calibration_regimes.py --regime kang --replicates 2 --quick --out /tmp/calreg/q.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DEFAULT_RESULTS, command_line, load_average, machine_line  # noqa: E402
+
+KANG = Path("/work/shared/data/kang2018_pbmc_ctrl_5donors.h5ad")
+REGIMES = ("semi-synthetic", "kang")
+AGREE, ALIGNED, DIFFER, UNDETERMINED = "agree", "agree after alignment", "differ", "undetermined"
+CONFIDENT = (AGREE, ALIGNED, DIFFER)
+#: Report settings of the oracle: every row on as many pool cells as is affordable.
+ORACLE_SETTINGS = dict(max_lpd_cells=1000, max_ppc_cells=4000, max_expression_cells=4000, max_distance_cells=2000)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of one replicate (the model is countvae's default: MLP decoder, NB, 10 latent dimensions, batch)."""
+
+    regime: str = "semi-synthetic"
+    n_genes: int = 500
+    n_fit: int = 1500
+    n_heldout: int = 300
+    n_pool: int = 4000
+    n_seeds: int = 3
+    n_latent: int = 10
+    short_epochs: tuple[int, ...] = (2, 20)
+    generator_cells: int = 4000
+    max_epochs: int | None = None  # None: the default for the number of cells, with early stopping
+
+
+QUICK = Config(n_fit=400, n_heldout=150, n_pool=600, n_genes=100, n_seeds=2, generator_cells=800, max_epochs=60)
+
+
+def _kang(n_genes: int):
+    import anndata as ad
+
+    import countvae as cv
+
+    adata = ad.read_h5ad(KANG)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    adata = cv.data.select_top_genes(adata, n_genes)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    return adata
+
+
+def generator(cfg: Config, cache: Path):
+    """The semi-synthetic generator: a default countvae fitted once to Kang cells, cached under ``cache``."""
+    import countvae as cv
+
+    adata = _kang(cfg.n_genes)
+    folder = cache / f"generator_kang_{cfg.n_genes}genes_{cfg.generator_cells}cells"
+    if (folder / "model.pt").exists() or any(folder.glob("*")):
+        return cv.CountVAE.load(folder, adata=adata), adata
+    cells = adata[np.random.default_rng(0).permutation(adata.n_obs)[: cfg.generator_cells]].copy()
+    cv.CountVAE.setup_anndata(cells, batch_key="batch")
+    model = cv.CountVAE(cells, n_latent=cfg.n_latent)
+    model.train(max_epochs=cfg.max_epochs, early_stopping=True, progress_bar=False, seed=0)
+    model.save(folder, overwrite=True)
+    return cv.CountVAE.load(folder, adata=adata), adata
+
+
+def replicate_cells(cfg: Config, replicate: int, source):
+    """Fit, held-out and pool cells of one replicate (disjoint; fresh counts in the semi-synthetic regime)."""
+    import anndata as ad
+    import scipy.sparse as sp
+
+    import countvae as cv
+
+    model, adata = source
+    n = cfg.n_fit + cfg.n_heldout + cfg.n_pool
+    if n > adata.n_obs:
+        raise ValueError(f"{n} cells asked for but the source has {adata.n_obs}; lower --n-pool.")
+    order = np.random.default_rng(1_000 + replicate).permutation(adata.n_obs)[:n]
+    if model is None:
+        cells = adata[order].copy()
+    else:
+        counts = model.posterior_predictive_sample(adata, indices=order, n_samples=1, seed=2_000 + replicate)
+        cells = ad.AnnData(sp.csr_matrix(counts.astype(np.float32)), obs=adata.obs.iloc[order].copy(), var=adata.var)
+    cells.obs_names = [f"cell{i}" for i in range(cells.n_obs)]
+    cv.CountVAE.setup_anndata(cells, batch_key="batch")
+    cuts = np.cumsum([cfg.n_fit, cfg.n_heldout])
+    return cells[: cuts[0]].copy(), cells[cuts[0] : cuts[1]].copy(), cells[cuts[1] :].copy()
+
+
+def _report_capturing(fits, heldout, adata_fit, settings):
+    """The report, and the per-fit arrays it collected (captured by wrapping the pipeline's ``collect``)."""
+    from countvae.diagnostics import report
+    from countvae.diagnostics.reporting import pipeline
+
+    captured = {}
+    original = pipeline.collect
+
+    def collect(*args, **kwargs):
+        captured["collected"] = original(*args, **kwargs)
+        return captured["collected"]
+
+    pipeline.collect = collect
+    try:
+        rep = report(fits, heldout, adata_fit=adata_fit, **settings)
+    finally:
+        pipeline.collect = original
+    return rep, captured["collected"]
+
+
+def _grouping_inputs(collected, extra, heldout, settings) -> dict[str, np.ndarray]:
+    """What the seed grouping reads, for the report's fits and the extra fits, on the report's cell subsets."""
+    from countvae.diagnostics import ReportSettings
+
+    s = ReportSettings(**settings)
+    sub = collected.subsets
+    out: dict[str, np.ndarray] = {"baseline": np.asarray(collected.baseline_lpd, dtype=np.float64)}
+    for name, arrays in collected.arrays.items():
+        out[f"log_rate/{name}"] = arrays.log_rate
+        out[f"lpd/{name}"] = arrays.lpd["lpd"].to_numpy(dtype=np.float64)
+        out[f"mc_se/{name}"] = arrays.lpd["mc_se"].to_numpy(dtype=np.float64)
+        out[f"latent/{name}"] = arrays.latent.astype(np.float32)
+        if arrays.latent_fit is not None:
+            out[f"latent_fit/{name}"] = arrays.latent_fit.astype(np.float32)
+    expression, lpd_cells = heldout[sub.expression].copy(), heldout[sub.lpd].copy()
+    for fit in extra:
+        z = np.asarray(fit.latent(expression), dtype=np.float32)
+        out[f"log_rate/{fit.name}"] = np.asarray(fit.decode_log_rate(expression, z), dtype=np.float64)[:, sub.genes]
+        frame = fit.log_predictive_density(lpd_cells, s.n_lpd_samples, s.seed)
+        out[f"lpd/{fit.name}"] = frame["lpd"].to_numpy(dtype=np.float64)
+        out[f"mc_se/{fit.name}"] = frame["mc_se"].to_numpy(dtype=np.float64)
+        out[f"latent/{fit.name}"] = np.asarray(fit.latent(heldout), dtype=np.float32)
+    return out
+
+
+def run_replicate(cfg: Config, replicate: int, source, arrays_dir: Path) -> list[dict]:
+    """One replicate: fits, the report on the held-out cells and on the pool; one row per report row."""
+    import torch
+
+    torch.set_num_threads(1)
+    import countvae as cv
+    from countvae.diagnostics import CountVAEFit
+
+    fit_cells, heldout, pool = replicate_cells(cfg, replicate, source)
+    started = time.perf_counter()
+    models = []
+    for seed in range(cfg.n_seeds):
+        model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
+        model.train(max_epochs=cfg.max_epochs, early_stopping=True, progress_bar=False, seed=seed)
+        models.append(model)
+    fit_seconds = (time.perf_counter() - started) / cfg.n_seeds
+    fits = [CountVAEFit(m, s) for s, m in enumerate(models)]
+    short = cfg.short_epochs[replicate % len(cfg.short_epochs)]
+    bad = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
+    bad.train(max_epochs=short, progress_bar=False, seed=cfg.n_seeds)
+    extra = [CountVAEFit(bad, cfg.n_seeds, name=f"seed {cfg.n_seeds} ({short} epochs)")]
+    rows = []
+    for where, cells, settings in (("heldout", heldout, {}), ("pool", pool, ORACLE_SETTINGS)):
+        started = time.perf_counter()
+        rep, collected = _report_capturing(fits, cells, fit_cells, settings)
+        seconds = time.perf_counter() - started
+        np.savez_compressed(
+            arrays_dir / f"replicate_{replicate}_{where}.npz", **_grouping_inputs(collected, extra, cells, settings)
+        )
+        rows += [
+            {
+                "regime": cfg.regime,
+                "replicate": replicate,
+                "cells": where,
+                "row": r.quantity,
+                "verdict": r.verdict,
+                "agreement": r.agreement,
+                "low": r.low,
+                "high": r.high,
+                "n_cells": r.n_cells,
+                "report_seconds": seconds,
+                "fit_seconds_per_seed": fit_seconds,
+                "epochs": ";".join(str(m.training_summary["epochs_trained"]) for m in models),
+                "short_epochs": short,
+            }
+            for r in rep.invariants.itertuples(index=False)
+        ]
+    return rows
+
+
+# ----- scoring ------------------------------------------------------------------------------------------
+def score(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (regime, replicate, report row): the verdict on the held-out cells, the oracle's, the outcome.
+
+    ``outcome`` is ``correct`` (a confident verdict the oracle repeats),
+    ``wrong`` (a confident verdict the oracle contradicts with another
+    confident one), ``oracle undecided`` (a confident verdict where the oracle
+    is undetermined) or ``undetermined`` (the report on the held-out cells is).
+    """
+    keys = ["regime", "replicate", "row"]
+    held = runs[runs["cells"] == "heldout"].set_index(keys)
+    pool = runs[runs["cells"] == "pool"].set_index(keys)
+    out = held[["verdict", "agreement", "low", "high", "n_cells"]].join(
+        pool[["verdict", "agreement", "low", "high", "n_cells"]], rsuffix="_oracle", how="inner"
+    )
+
+    def outcome(verdict: str, oracle: str) -> str:
+        if verdict not in CONFIDENT:
+            return "undetermined"
+        if oracle not in CONFIDENT:
+            return "oracle undecided"
+        return "correct" if verdict == oracle else "wrong"
+
+    out["outcome"] = [outcome(v, o) for v, o in zip(out["verdict"], out["verdict_oracle"], strict=True)]
+    return out.reset_index()
+
+
+def rates(scored: pd.DataFrame) -> pd.DataFrame:
+    """Per regime and row: confident verdicts, the share the oracle confirms, and the share undetermined."""
+    rows = []
+    for (regime, row), g in scored.groupby(["regime", "row"], sort=False):
+        counts = g["outcome"].value_counts()
+        confident = int(counts.get("correct", 0) + counts.get("wrong", 0))
+        rows.append(
+            {
+                "regime": regime,
+                "row": row,
+                "replicates": len(g),
+                "confident (oracle decided)": confident,
+                "correct": int(counts.get("correct", 0)),
+                "wrong": int(counts.get("wrong", 0)),
+                "oracle undecided": int(counts.get("oracle undecided", 0)),
+                "undetermined": int(counts.get("undetermined", 0)),
+                "correct % of confident": 100.0 * counts.get("correct", 0) / confident if confident else np.nan,
+                "undetermined %": 100.0 * counts.get("undetermined", 0) / len(g),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--regime", choices=REGIMES, default="semi-synthetic")
+    parser.add_argument("--replicates", type=int, default=20)
+    parser.add_argument("--first", type=int, default=0, help="first replicate number")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/countvae_calibration/regimes.csv"))
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/countvae_calibration"))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--wall-minutes", type=float, default=0.0, help="stop starting replicates after this long")
+    parser.add_argument("--summarize", type=Path, nargs="*", help="CSV(s) to summarize into RESULTS.md")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--notes", type=Path, help="hand-written notes appended to the section")
+    args = parser.parse_args(argv)
+    if args.summarize:
+        from calibration_regimes_summary import summarize
+
+        summarize(args.summarize, args.results, command_line(), notes=args.notes)
+        return
+    cfg = replace(QUICK if args.quick else Config(), regime=args.regime)
+    import torch
+
+    torch.set_num_threads(1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    arrays_dir = args.out.with_name(args.out.stem + "_arrays")
+    arrays_dir.mkdir(exist_ok=True)
+    done = set(pd.read_csv(args.out)["replicate"]) if args.out.exists() else set()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    source = generator(cfg, args.cache) if cfg.regime == "semi-synthetic" else (None, _kang(cfg.n_genes))
+    print(machine_line(1), "| load", load_average(), "| config", asdict(cfg), flush=True)
+    started = time.perf_counter()
+    for replicate in range(args.first, args.first + args.replicates):
+        if replicate in done:
+            continue
+        if args.wall_minutes and time.perf_counter() - started > 60 * args.wall_minutes:
+            print(f"stopping after {args.wall_minutes} min", flush=True)
+            break
+        t = time.perf_counter()
+        rows = run_replicate(cfg, replicate, source, arrays_dir)
+        frame = pd.DataFrame(rows)
+        frame.to_csv(args.out, mode="a", header=not args.out.exists(), index=False)
+        held = frame[frame["cells"] == "heldout"].set_index("row")["verdict"]
+        oracle = frame[frame["cells"] == "pool"].set_index("row")["verdict"]
+        flips = [r for r in held.index if held[r] in CONFIDENT and oracle[r] in CONFIDENT and held[r] != oracle[r]]
+        print(f"replicate {replicate}: {time.perf_counter() - t:.0f} s; contradicted: {flips}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Summaries of ``calibration_regimes.py`` runs: verdicts against the oracle, seed groups, the k-NN row's cells.
+
+Reads the CSV(s) and the grouping arrays next to them
+(``<csv stem>_arrays/replicate_N_{heldout,pool}.npz``), writes the RESULTS.md
+section ``calibration-regimes`` and the per-regime tables of the bundled
+calibration record (``regimes`` in ``verdict_calibration.json``; the scenarios
+of ``calibration.py`` are kept as they are).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from _common import markdown_table, write_section
+
+from countvae._io import write_text_atomic
+from countvae.diagnostics.reporting.verdict_calibration import CALIBRATION_FILE, report_configuration
+
+SECTION = "calibration-regimes"
+#: The report's configuration in each regime (what :func:`nearest_regime` compares a report with).
+CONFIGURATIONS = {
+    "semi-synthetic": report_configuration("mlp", 10, 300, 500, True),
+    "kang": report_configuration("mlp", 10, 300, 500, True),
+}
+DESCRIPTIONS = {
+    "semi-synthetic": "counts simulated from a default countvae (MLP/NB/10-d, batch) fitted to Kang, 500 genes, "
+    "3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+    "kang": "real Kang cells, 500 genes, 3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+}
+POOL_CELLS = 4000
+
+
+def _lpd_frame(values: np.ndarray, mc_se: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({"lpd": values, "mc_se": mc_se}, index=[f"c{i}" for i in range(values.size)])
+
+
+def load_arrays(path: Path) -> dict[str, dict[str, np.ndarray]]:
+    """``{"baseline": array, "log_rate": {fit: array}, "lpd": {fit: frame}, "latent": {fit: array}}``."""
+    with np.load(path) as z:
+        out: dict = {"baseline": z["baseline"], "log_rate": {}, "lpd": {}, "latent": {}, "mc_se": {}, "latent_fit": {}}
+        for key in z.files:
+            if "/" in key:
+                kind, name = key.split("/", 1)
+                out[kind][name] = z[key]
+    out["lpd"] = {n: _lpd_frame(v, out["mc_se"][n]) for n, v in out["lpd"].items()}
+    return out
+
+
+def grouping_rows(csv: Path) -> pd.DataFrame:
+    """Per replicate and fit set: the seed groups on the held-out cells and on the pool, and whether they match."""
+    from countvae.diagnostics.analyses.seed_groups import WORSE, seed_groups
+
+    folder = csv.with_name(csv.stem + "_arrays")
+    rows = []
+    for held_path in sorted(folder.glob("replicate_*_heldout.npz")):
+        replicate = int(held_path.stem.split("_")[1])
+        pool_path = folder / f"replicate_{replicate}_pool.npz"
+        if not pool_path.exists():
+            continue
+        held, pool = load_arrays(held_path), load_arrays(pool_path)
+        names = list(held["log_rate"])
+        seeds = [n for n in names if "epochs" not in n]
+        for label, fits in (("seeds", seeds), ("seeds + under-trained fit", names)):
+            results = {}
+            for where, arrays in (("heldout", held), ("pool", pool)):
+                results[where] = seed_groups(
+                    {n: arrays["log_rate"][n] for n in fits},
+                    {n: arrays["lpd"][n] for n in fits},
+                    arrays["baseline"],
+                )
+            h, o = results["heldout"], results["pool"]
+            bad = [n for n in fits if "epochs" in n]
+            isolated = None
+            if bad:
+                g = h.groups
+                own = g[[tuple(f) == (bad[0],) for f in g["fits"]]]
+                isolated = bool(len(own) and own["versus_best"].iloc[0] == WORSE)
+            rows.append(
+                {
+                    "replicate": replicate,
+                    "fits": label,
+                    "groups (held-out)": "; ".join(", ".join(f) for f in h.groups["fits"]),
+                    "groups (oracle)": "; ".join(", ".join(f) for f in o.groups["fits"]),
+                    "decided": h.decided,
+                    "oracle decided": o.decided,
+                    "same partition": h.partition == o.partition,
+                    "under-trained fit alone and worse": isolated,
+                    "sentence": _sentence(h),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _sentence(result) -> str:
+    from countvae.diagnostics.analyses.seed_groups import seed_groups_sentence
+
+    return seed_groups_sentence(result)
+
+
+def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) -> pd.DataFrame:
+    """Per replicate: the seeds' worst-pair k-NN overlap as the report computes it and as the analyst's graph has it.
+
+    The analyst's graph is the k-NN graph on all of their ``n_analyst`` cells
+    (fit and held-out); its oracle here is the overlap on pool subsets of that
+    size. Next to it: the report's overlap on the held-out cells (``k``
+    neighbours among them), with ``k`` scaled by :func:`analyst_graph_k`, and
+    the held-out rows of the graph on the held-out and fit cells together
+    (:func:`knn_sets_among`; the fit cells' latents where the run kept them,
+    else pool cells as stand-ins).
+    """
+    from countvae.diagnostics.analyses.subspace import (
+        analyst_graph_k,
+    )
+
+    folder = csv.with_name(csv.stem + "_arrays")
+    rows = []
+    for held_path in sorted(folder.glob("replicate_*_heldout.npz")):
+        replicate = int(held_path.stem.split("_")[1])
+        pool_path = folder / f"replicate_{replicate}_pool.npz"
+        if not pool_path.exists():
+            continue
+        held_arrays = load_arrays(held_path)
+        held, pool = held_arrays["latent"], load_arrays(pool_path)["latent"]
+        seeds = [n for n in held if "epochs" not in n]
+        n_held, n_pool = len(held[seeds[0]]), len(pool[seeds[0]])
+        rng = np.random.default_rng(replicate)
+        subsets = [np.sort(rng.choice(n_pool, n_analyst, replace=False)) for _ in range(n_subsets)]
+        fit_latents = held_arrays["latent_fit"]
+        if set(seeds) <= set(fit_latents):
+            reference, where = {n: fit_latents[n][: n_analyst - n_held] for n in seeds}, "fit cells"
+        else:
+            stand_in = np.sort(rng.choice(n_pool, n_analyst - n_held, replace=False))
+            reference, where = {n: pool[n][stand_in] for n in seeds}, "pool stand-ins"
+        rows.append(
+            {"replicate": str(replicate)}
+            | _knn_overlaps(held, pool, reference, subsets, k, analyst_graph_k(k, n_held, n_analyst))
+            | {"reference": where}
+        )
+    return pd.DataFrame(rows)
+
+
+def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
+    from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell, knn_sets_among
+
+    seeds = list(reference)
+    pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
+
+    def worst(score) -> float:
+        return float(min(score(a, b) for a, b in pairs))
+
+    def among(a: str, b: str) -> float:
+        sets = [knn_sets_among(held[n], reference[n], k) for n in (a, b)]
+        return float(knn_jaccard_per_cell(*sets).mean())
+
+    n_held, n_analyst, n_pool = len(held[seeds[0]]), len(subsets[0]), len(pool[seeds[0]])
+    return {
+        f"report: {n_held} held-out, k={k}": worst(lambda a, b: knn_jaccard(held[a], held[b], k)),
+        f"{n_held} held-out, k={k_scaled} (scaled)": worst(lambda a, b: knn_jaccard(held[a], held[b], k_scaled)),
+        f"held-out rows among {n_analyst} cells, k={k}": worst(among),
+        f"oracle: graph on {n_analyst} pool cells, k={k}": float(
+            np.mean([worst(lambda a, b, c=c: knn_jaccard(pool[a][c], pool[b][c], k)) for c in subsets])
+        ),
+        f"pool {n_pool}, k={k}": worst(lambda a, b: knn_jaccard(pool[a], pool[b], k)),
+    }
+
+
+def linear_toy_regime(record: dict) -> dict:
+    """The linear toy of ``calibration.py`` as a regime: its 'seeds' scenario against the truth its oracle shows."""
+    rows = {
+        row: {k: c[k] for k in ("runs", "correct", "wrong", "undetermined")} | {"oracle_undecided": 0}
+        for row, c in record["scenarios"]["seeds"]["oracle_rows"].items()
+    }
+    return {
+        "description": "the linear toy: " + record["data"],
+        "configuration": report_configuration("linear", 3, 1000, 300, False),
+        "command": record["command"],
+        "written": record["written"],
+        "replicates": record["replicates"],
+        "truth": "the truth conditioned on what the simulation's oracle shows the seeds reached "
+        "(ICA of each seed on all fit cells; calibration.py)",
+        "adequate": True,
+        "rows": rows,
+    }
+
+
+def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
+    """The bundled record of one regime: its configuration, how it was measured, and the counts per row."""
+    sub = scored[scored["regime"] == regime]
+    rows = {}
+    for row, g in sub.groupby("row", sort=False):
+        c = g["outcome"].value_counts()
+        rows[row] = {
+            "runs": len(g),
+            "correct": int(c.get("correct", 0)),
+            "wrong": int(c.get("wrong", 0)),
+            "undetermined": int(c.get("undetermined", 0)),
+            "oracle_undecided": int(c.get("oracle undecided", 0)),
+        }
+    return {
+        "description": DESCRIPTIONS[regime],
+        "configuration": CONFIGURATIONS[regime],
+        "command": command,
+        "written": time.strftime("%Y-%m-%d %H:%M"),
+        "replicates": int(sub["replicate"].nunique()),
+        "oracle_cells": POOL_CELLS,
+        "adequate": True,
+        "rows": rows,
+    }
+
+
+def summarize(
+    csvs: list[Path],
+    results: Path,
+    command: str,
+    calibration_file: Path = CALIBRATION_FILE,
+    notes: Path | None = None,
+) -> str:
+    """Write the RESULTS.md section (with ``notes`` appended) and the record's per-regime tables; return the section."""
+    from calibration_regimes import rates, score
+
+    runs = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in csvs], ignore_index=True)
+    scored = score(runs)
+    table = rates(scored)
+    lines = [
+        "## Verdicts against the same fits on a large pool of cells, in analyst regimes (`calibration_regimes.py`)",
+        "",
+        f"Command: `{command}`",
+        "",
+        "A verdict on the report's held-out cells is scored against the same fits' verdict on "
+        f"{POOL_CELLS:,} independent cells of the same distribution (the oracle: the report with every row on as "
+        "many of them as affordable: k-NN and coordinates on all, log p(x) on 1,000, distances on 2,000). "
+        "'correct % of confident' = correct / (correct + wrong); 'oracle undecided' verdicts are not scored.",
+        "",
+    ]
+    for regime in table["regime"].unique():
+        sub = scored[scored["regime"] == regime]
+        reps = sorted(sub["replicate"].unique())
+        held = runs[(runs["regime"] == regime) & (runs["cells"] == "heldout")]
+        pool = runs[(runs["regime"] == regime) & (runs["cells"] == "pool")]
+        lines += [
+            f"### Regime **{regime}**: {DESCRIPTIONS[regime]}",
+            "",
+            f"{len(reps)} replicates ({', '.join(map(str, reps))}). Per replicate: each seed's fit "
+            f"{held.groupby('replicate')['fit_seconds_per_seed'].first().median():.0f} s, the report on the held-out "
+            f"cells {held.groupby('replicate')['report_seconds'].first().median():.0f} s and on the pool "
+            f"{pool.groupby('replicate')['report_seconds'].first().median():.0f} s (medians, on a shared 2-core "
+            f"machine at load 4-8); epochs trained per seed (early stopping): "
+            f"{', '.join(held.groupby('replicate')['epochs'].first().astype(str))}.",
+            "",
+            markdown_table(table[table["regime"] == regime].drop(columns="regime"), floatfmt="{:.1f}"),
+            "",
+        ]
+        wrong = sub[sub["outcome"] == "wrong"]
+        if len(wrong):
+            lines += [
+                "Contradicted verdicts:",
+                "",
+                markdown_table(
+                    wrong[
+                        ["replicate", "row", "verdict", "low", "high", "verdict_oracle", "low_oracle", "high_oracle"]
+                    ],
+                    floatfmt="{:.3f}",
+                ),
+                "",
+            ]
+        else:
+            lines += ["No confident verdict on the held-out cells was contradicted by the oracle.", ""]
+    for csv in csvs:
+        groups = grouping_rows(csv)
+        if len(groups):
+            lines += _grouping_lines(csv, groups)
+        knn = knn_rows(csv)
+        if len(knn):
+            lines += [
+                f"k-NN overlap (worst pair of seeds, `{csv.name}`) by the cells it is computed on:",
+                "",
+                markdown_table(knn, floatfmt="{:.3f}"),
+                "",
+            ]
+    if notes is not None:
+        lines += [Path(notes).read_text(encoding="utf-8").strip(), ""]
+    body = "\n".join(lines)
+    record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
+    record.setdefault("regimes", {})
+    for regime in table["regime"].unique():
+        record["regimes"][regime] = regime_record(scored, regime, command)
+    if "seeds" in record.get("scenarios", {}) and "oracle_rows" in record["scenarios"]["seeds"]:
+        record["regimes"]["linear toy"] = linear_toy_regime(record)
+    write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
+    write_section(Path(results), SECTION, body)
+    print(body)
+    return body
+
+
+def _grouping_lines(csv: Path, groups: pd.DataFrame) -> list[str]:
+    lines = [
+        f"Seed groups (`seed_groups`) on the held-out cells against the same grouping on the pool (`{csv.name}`):",
+        "",
+    ]
+    summary = []
+    for label, g in groups.groupby("fits", sort=False):
+        decided = g[g["decided"] & g["oracle decided"]]
+        summary.append(
+            {
+                "fits": label,
+                "replicates": len(g),
+                "grouping decided (held-out)": int(g["decided"].sum()),
+                "decided on both": len(decided),
+                "same partition when decided on both": int(decided["same partition"].sum()),
+                "same partition (all)": int(g["same partition"].sum()),
+                "under-trained fit alone and worse": (
+                    int(g["under-trained fit alone and worse"].eq(True).sum())
+                    if g["under-trained fit alone and worse"].notna().any()
+                    else ""
+                ),
+            }
+        )
+    lines += [markdown_table(pd.DataFrame(summary)), ""]
+    lines += [
+        markdown_table(
+            groups[["replicate", "fits", "groups (held-out)", "groups (oracle)", "decided", "same partition"]]
+        ),
+        "",
+        "What the report would print for the first replicates (held-out cells):",
+        "",
+    ]
+    lines += [f"- replicate {r.replicate}, {r.fits}: {r.sentence}" for r in groups.head(4).itertuples(index=False)]
+    return [*lines, ""]

@@ -1,0 +1,150 @@
+"""The report picks the calibration regime nearest to its own configuration, or says it is not calibrated."""
+
+from __future__ import annotations
+
+import pytest
+
+from countvae.diagnostics import CountVAEFit
+from countvae.diagnostics.reporting.verdict_calibration import (
+    calibration_sentences,
+    calibration_summary,
+    calibration_table,
+    configuration_of_fits,
+    nearest_regime,
+    regime_sentence,
+    report_configuration,
+)
+
+
+def _counts(correct: int, wrong: int, undetermined: int, oracle_undecided: int = 0) -> dict:
+    runs = correct + wrong + undetermined + oracle_undecided
+    return {"runs": runs, "correct": correct, "wrong": wrong, "undetermined": undetermined} | {
+        "oracle_undecided": oracle_undecided
+    }
+
+
+def _record(regimes: bool = True) -> dict:
+    record = {"command": "c", "written": "w", "replicates": 1, "data": "d", "scenarios": {}}
+    if regimes:
+        record["regimes"] = {
+            "linear toy": {
+                "description": "simulated linear NB data",
+                "configuration": report_configuration("linear", 3, 1000, 300, False),
+                "command": "python benchmarks/calibration.py",
+                "written": "then",
+                "replicates": 20,
+                "oracle_cells": 4000,
+                "rows": {"decoded means": _counts(20, 0, 0)},
+            },
+            "semi-synthetic": {
+                "description": "counts from a default model fitted to Kang",
+                "configuration": report_configuration("mlp", 10, 300, 500, True),
+                "command": "python benchmarks/calibration_regimes.py",
+                "written": "now",
+                "replicates": 10,
+                "oracle_cells": 4000,
+                "rows": {
+                    "decoded means": _counts(9, 1, 0),
+                    "k-NN graph": _counts(10, 0, 0),
+                    "held-out log p(x)": _counts(4, 0, 5, 1),
+                },
+            },
+        }
+    return record
+
+
+def test_a_report_in_a_regime_is_calibrated_by_it():
+    choice = nearest_regime(_record(), report_configuration("mlp", 10, 300, 500, True))
+    assert (choice.name, choice.calibrated, choice.differences) == ("semi-synthetic", True, [])
+    assert regime_sentence(_record(), choice).startswith("Calibrated in the regime 'semi-synthetic'")
+    choice = nearest_regime(_record(), report_configuration("linear", 3, 800, 250, False))
+    assert (choice.name, choice.calibrated) == ("linear toy", True)
+
+
+def test_settings_outside_the_range_are_named_and_the_report_says_it_is_not_calibrated():
+    # 141 held-out cells: more than a factor 2 below 300; 2,000 genes: exactly the factor 4 allowed.
+    choice = nearest_regime(_record(), report_configuration("mlp", 10, 141, 2000, True))
+    assert choice.name == "semi-synthetic" and not choice.calibrated
+    assert choice.differences == ["held-out cells 141 (calibrated: 300)"]
+    sentence = regime_sentence(_record(), choice)
+    assert sentence.startswith("This report's configuration (mlp decoder, 10 latent dimensions, 141 held-out cells")
+    assert "is not calibrated" in sentence and "held-out cells 141 (calibrated: 300)" in sentence
+
+
+def test_a_mismatched_decoder_outweighs_sizes():
+    choice = nearest_regime(_record(), report_configuration("linear", 10, 300, 500, True))
+    assert choice.name == "semi-synthetic" and choice.differences == ["decoder linear (calibrated: mlp)"]
+    choice = nearest_regime(_record(), report_configuration(None, 10, 300, 500, True))
+    assert not choice.calibrated and choice.differences == ["decoder None (calibrated: mlp)"]
+
+
+def test_no_regime_recorded_says_so():
+    choice = nearest_regime(_record(regimes=False), report_configuration("mlp", 10, 300, 500, True))
+    assert choice.name is None and not choice.calibrated
+    assert "has no regimes" in regime_sentence(_record(regimes=False), choice)
+    with pytest.raises(KeyError, match="report_configuration"):
+        nearest_regime(_record(), {"decoder": "mlp"})
+
+
+def test_the_regime_table_and_sentences_count_against_the_oracle():
+    table = calibration_table(_record(), ["decoded means", "held-out log p(x)"], regime="semi-synthetic")
+    assert table["quantity"].tolist() == ["decoded means", "held-out log p(x)"]
+    assert table["correct %"].tolist() == pytest.approx([90.0, 40.0])
+    assert table["undetermined %"].tolist() == pytest.approx([0.0, 50.0])
+    assert table["truth"].iloc[0] == "the verdict of the same fits on 4,000 independent cells of the same distribution"
+    lines = calibration_sentences(_record(), regime="semi-synthetic")
+    assert lines == [
+        "decoded means: in the regime 'semi-synthetic' 1 of its 10 confident verdicts were contradicted by the oracle.",
+        "held-out log p(x): in the regime 'semi-synthetic' it was undetermined in 5 of 10 replicates.",
+    ]
+    assert calibration_sentences(_record(), ["k-NN graph"], regime="semi-synthetic") == []
+    assert "10 replicates of counts from a default model" in calibration_summary(_record(), "semi-synthetic")
+    with pytest.raises(KeyError, match="No calibration regime"):
+        calibration_table(_record(), regime="scvi")
+
+
+def test_configuration_of_real_fits(trained_linear):
+    configuration = configuration_of_fits([CountVAEFit(trained_linear, 0)], 240)
+    assert configuration == {"decoder": "linear", "n_latent": 2, "n_heldout_cells": 240, "n_genes": 60} | {
+        "batch": True
+    }
+
+
+def test_bundled_regimes_are_those_of_the_results_section():
+    """Both are written by one run of ``calibration_regimes.py --summarize``; a stale copy of either fails here."""
+    import re
+    from pathlib import Path
+
+    from countvae.diagnostics.reporting.verdict_calibration import load_calibration
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
+    section = results.read_text(encoding="utf-8").split("<!-- section: calibration-regimes -->", 1)[1]
+    section = section.split("<!-- end: calibration-regimes -->", 1)[0]
+    record = load_calibration()
+    regimes = record.get("regimes", {})
+    assert {"semi-synthetic", "kang", "linear toy"} <= set(regimes)
+    toy = regimes["linear toy"]  # the seeds scenario of calibration.py against its oracle (the section calibration)
+    assert toy["command"] == record["command"]
+    for row, counts in record["scenarios"]["seeds"]["oracle_rows"].items():
+        assert {k: toy["rows"][row][k] for k in ("runs", "correct", "wrong", "undetermined")} == {
+            k: counts[k] for k in ("runs", "correct", "wrong", "undetermined")
+        }
+    for name, entry in regimes.items():
+        if name == "linear toy":
+            continue
+        assert f"Command: `{entry['command']}`" in section
+        body = re.search(rf"### Regime \*\*{re.escape(name)}\*\*.*?\n\n.*?\n\n(\|.+?)\n\n", section, re.S).group(1)
+        lines = body.strip().splitlines()
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        table = {}
+        for line in lines[2:]:
+            cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            table[cells["row"]] = cells
+        assert set(table) == set(entry["rows"])
+        for row, counts in entry["rows"].items():
+            cells = table[row]
+            assert int(cells["replicates"]) == counts["runs"]
+            assert int(cells["correct"]) == counts["correct"]
+            assert int(cells["wrong"]) == counts["wrong"]
+            assert int(cells["undetermined"]) == counts["undetermined"]
+            assert int(cells["oracle undecided"]) == counts["oracle_undecided"]

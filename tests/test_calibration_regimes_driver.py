@@ -1,0 +1,89 @@
+"""The regime calibration driver: verdicts scored against the oracle, and a reduced run end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+regimes = _load("calibration_regimes")
+
+
+def _runs(pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    rows = []
+    for i, (held, pool) in enumerate(pairs):
+        for cells, verdict in (("heldout", held), ("pool", pool)):
+            rows.append({"regime": "r", "replicate": i, "cells": cells, "row": "decoded means", "verdict": verdict})
+    frame = pd.DataFrame(rows)
+    return frame.assign(agreement=0.9, low=0.8, high=0.95, n_cells=300)
+
+
+def test_a_confident_verdict_is_correct_when_the_oracle_repeats_it_and_wrong_when_it_contradicts_it():
+    runs = _runs(
+        [
+            ("agree", "agree"),
+            ("agree", "differ"),
+            ("differ", "differ"),
+            ("agree after alignment", "agree"),
+            ("agree", "undetermined"),
+            ("undetermined", "differ"),
+        ]
+    )
+    scored = regimes.score(runs)
+    assert scored["outcome"].tolist() == ["correct", "wrong", "correct", "wrong", "oracle undecided", "undetermined"]
+    rate = regimes.rates(scored).iloc[0]
+    assert (rate["correct"], rate["wrong"], rate["oracle undecided"], rate["undetermined"]) == (2, 2, 1, 1)
+    assert rate["correct % of confident"] == pytest.approx(50.0)
+    assert rate["undetermined %"] == pytest.approx(100 / 6)
+
+
+@pytest.mark.slow  # about 40 s on a free core (two seeds, an under-trained fit, two reports)
+def test_a_reduced_kang_replicate_runs_end_to_end(tmp_path):
+    summary = _load("calibration_regimes_summary")
+    cfg = replace(
+        regimes.QUICK,
+        regime="kang",
+        n_fit=300,
+        n_heldout=120,
+        n_pool=200,
+        n_genes=100,
+        max_epochs=25,
+        short_epochs=(2,),
+    )
+    source = (None, regimes._kang(cfg.n_genes))
+    rows = regimes.run_replicate(cfg, 0, source, tmp_path)
+    frame = pd.DataFrame(rows)
+    assert set(frame["cells"]) == {"heldout", "pool"}
+    held, pool = (frame[frame["cells"] == c].set_index("row") for c in ("heldout", "pool"))
+    assert list(held.index) == list(pool.index) and "k-NN graph" in held.index
+    assert held.loc["decoded means", "n_cells"] == 120 and pool.loc["decoded means", "n_cells"] == 200
+    arrays = summary.load_arrays(tmp_path / "replicate_0_heldout.npz")
+    assert set(arrays["log_rate"]) == {"seed 0", "seed 1", "seed 2 (2 epochs)"}
+    assert all(np.isfinite(f["lpd"]).all() for f in arrays["lpd"].values())
+    assert set(arrays["latent_fit"]) == {"seed 0", "seed 1"}  # the report's fits
+    csv = tmp_path / "runs.csv"
+    frame.to_csv(csv, index=False)
+    (tmp_path / "runs_arrays").mkdir()
+    for p in tmp_path.glob("replicate_0_*.npz"):
+        p.rename(tmp_path / "runs_arrays" / p.name)
+    groups = summary.grouping_rows(csv).set_index("fits")
+    # two epochs from scratch: in a group of its own, with a worse held-out log p(x) than the converged seeds
+    assert bool(groups.loc["seeds + under-trained fit", "under-trained fit alone and worse"])
