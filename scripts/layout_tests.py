@@ -78,6 +78,8 @@ LAYOUT: dict[str, list[str]] = {
         "test_scvi_lpd",
     ],
     "diagnostics/analyses": [
+        "test_knn_analyst_graph",
+        "test_seed_groups",
         "test_alignment",
         "test_downstream",
         "test_ground_truth",
@@ -91,6 +93,7 @@ LAYOUT: dict[str, list[str]] = {
         "test_subspace",
     ],
     "diagnostics/reporting": [
+        "test_calibration_regimes",
         "test_compare_restrictions",
         "test_downstream_section",
         "test_headline_consistency",
@@ -123,6 +126,7 @@ LAYOUT: dict[str, list[str]] = {
         "test_benchmarks",
         "test_bilipschitz",
         "test_calibration",
+        "test_calibration_regimes_driver",
         "test_ica_benchmarks",
         "test_lpd_package_bench",
         "test_lpd_prototype",

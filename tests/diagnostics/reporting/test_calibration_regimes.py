@@ -117,7 +117,7 @@ def test_bundled_regimes_are_those_of_the_results_section():
 
     from countvae.diagnostics.reporting.verdict_calibration import load_calibration
 
-    results = Path(__file__).resolve().parent.parent / "benchmarks" / "RESULTS.md"
+    results = Path(__file__).resolve().parents[3] / "benchmarks" / "RESULTS.md"
     section = results.read_text(encoding="utf-8").split("<!-- section: calibration-regimes -->", 1)[1]
     section = section.split("<!-- end: calibration-regimes -->", 1)[0]
     record = load_calibration()
