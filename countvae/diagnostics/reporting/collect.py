@@ -53,6 +53,7 @@ from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.downstream_section import DECalls, DownstreamRequest, collect_de
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
+from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 logger = logging.getLogger(__name__)
@@ -287,6 +288,9 @@ class Collected:
         The held-out cells' names, in order.
     downstream_request, de_calls
         The downstream section's request and the fits' DE calls it asked for (``None`` without them).
+    configuration
+        The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
+        cells, genes, batch), to choose the nearest calibrated regime.
 
     """
 
@@ -307,6 +311,7 @@ class Collected:
     obs_names: pd.Index | None = None
     downstream_request: DownstreamRequest | None = None
     de_calls: DECalls | None = None
+    configuration: dict[str, Any] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -543,4 +548,5 @@ def collect(
         obs_names=pd.Index(adata.obs_names.astype(str)),
         downstream_request=downstream,
         de_calls=de,
+        configuration=configuration_of_fits(fits, int(adata.n_obs)),
     )

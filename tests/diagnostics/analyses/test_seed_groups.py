@@ -174,3 +174,14 @@ def test_real_fits_a_badly_trained_seed_lands_in_its_own_worse_group():
     assert result.partition == frozenset({frozenset({"seed 0", "seed 1"}), frozenset({"seed 2"})})
     worse = result.groups.set_index("group").loc[2]
     assert worse["fits"] == ("seed 2",) and worse["versus_best"] == WORSE and worse["diff_high"] < -result.margin
+
+    # The report's section finds the same groups from the arrays it collects, and says so in the verdict.
+    from countvae.diagnostics import report
+
+    rep = report(fits, heldout, sections=["seed_groups"], n_lpd_samples=30, progress_bar=False)
+    groups = rep.tables["seed_groups"]
+    assert sorted(groups["fits"]) == ["seed 0, seed 1", "seed 2"]
+    assert groups.set_index("fits").loc["seed 2", "versus_best"] == WORSE
+    assert any("seed 2 reached a worse optimum" in line for line in rep.headline)
+    assert "seed_groups" in rep.to_dict()["tables"] and "reached a worse optimum" in rep.to_html()
+    assert "reached a worse optimum" in rep.to_markdown()

@@ -49,7 +49,7 @@ class LatentMeansSection(Section):
 def test_default_sections_in_report_order():
     names = [s.name for s in registered_sections()]
     assert names == [s.name for s in DEFAULT_SECTIONS]
-    assert names[:4] == ["invariants", "predictive", "alignment", "ica"] and names[-1] == "about"
+    assert names[:5] == ["invariants", "predictive", "seed_groups", "alignment", "ica"] and names[-1] == "about"
 
 
 def test_subset_keeps_report_order_and_adds_requirements():

@@ -22,6 +22,8 @@ from countvae.diagnostics.reporting.verdict_calibration import (
     calibration_summary,
     calibration_table,
     load_calibration,
+    nearest_regime,
+    regime_sentence,
 )
 
 ORACLE = (
@@ -42,18 +44,26 @@ class CalibrationSection(Section):
         """The rates of this report's rows, and which fall short of the goal."""
         calibration = load_calibration()
         quantities = shared.results["invariants"].tables["invariants"]["quantity"].tolist()
-        return SectionResult(
-            tables={
-                "calibration": calibration_table(calibration, quantities),
-                "calibration_oracle": calibration_table(calibration, quantities, truth="oracle"),
-            },
-            records={
-                "calibration": {
-                    "measured_by": calibration_summary(calibration),
-                    "below_goal": calibration_sentences(calibration, quantities),
-                }
-            },
-        )
+        tables = {
+            "calibration": calibration_table(calibration, quantities),
+            "calibration_oracle": calibration_table(calibration, quantities, truth="oracle"),
+        }
+        record = {
+            "measured_by": calibration_summary(calibration),
+            "below_goal": calibration_sentences(calibration, quantities),
+        }
+        if c.configuration is not None:
+            choice = nearest_regime(calibration, c.configuration)
+            record["regime"] = {
+                "name": choice.name,
+                "calibrated": choice.calibrated,
+                "differences": list(choice.differences),
+                "sentence": regime_sentence(calibration, choice),
+            }
+            if choice.name is not None:
+                tables["calibration_regime"] = calibration_table(calibration, quantities, regime=choice.name)
+                record["regime"]["below_goal"] = calibration_sentences(calibration, quantities, regime=choice.name)
+        return SectionResult(tables=tables, records={"calibration": record})
 
     def layout(self, rep: ReportContent) -> list[Block]:
         """Which rows fall short of the goal, then the rates (and those conditioned on an oracle)."""
@@ -62,7 +72,19 @@ class CalibrationSection(Section):
         html, markdown = frozenset({HTML}), frozenset({MARKDOWN})
         record = rep.settings.get("calibration", {})
         short = tuple(record.get("below_goal", []))
-        blocks: list[Block] = [Paragraph(record.get("measured_by", ""))]
+        regime = record.get("regime") or {}
+        blocks: list[Block] = [Paragraph(regime["sentence"])] if regime.get("sentence") else []
+        regime_rates = rep.tables.get("calibration_regime")
+        if regime_rates is not None and len(regime_rates):
+            blocks += [Bullets(tuple(regime.get("below_goal", ())))] if regime.get("below_goal") else []
+            blocks.append(
+                Details(
+                    f"Confident verdicts against the same fits on a large pool of cells, regime '{regime['name']}'",
+                    (Table(regime_rates, max_rows=None),),
+                    formats=html,
+                )
+            )
+        blocks.append(Paragraph(record.get("measured_by", "")))
         if short:
             blocks += [
                 Paragraph("Rows right in fewer than 95% of the replicates of a scenario:", formats=html),

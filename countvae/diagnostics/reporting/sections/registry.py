@@ -21,6 +21,7 @@ from countvae.diagnostics.reporting.sections.markers import MarkersSection
 from countvae.diagnostics.reporting.sections.per_cell import PerCellSection
 from countvae.diagnostics.reporting.sections.ppc import PPCSection
 from countvae.diagnostics.reporting.sections.predictive import PredictiveSection
+from countvae.diagnostics.reporting.sections.seed_groups import SeedGroupsSection
 from countvae.diagnostics.reporting.sections.subspace import SubspaceSection
 from countvae.errors import InvalidArgumentError
 
@@ -28,6 +29,7 @@ from countvae.errors import InvalidArgumentError
 DEFAULT_SECTIONS: tuple[Section, ...] = (
     InvariantsSection(),
     PredictiveSection(),
+    SeedGroupsSection(),
     AlignmentSection(),
     ICAComponentsSection(),
     SubspaceSection(),
