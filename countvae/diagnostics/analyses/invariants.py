@@ -703,6 +703,7 @@ def _weights_are_exact(inputs: InvariantInputs) -> bool:
 def _ica_threshold(inputs: InvariantInputs) -> Threshold:
     return Threshold(inputs.ica_threshold, ">=")
 
+
 #: Every row of the table, in order.
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
