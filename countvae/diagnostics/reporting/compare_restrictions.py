@@ -22,10 +22,6 @@ The steps:
    loadings for data from :func:`countvae.data.simulate` (MCC) and the support of
    each gene program;
 4. the verdicts are stated in sentences (:func:`headline`).
-
-The predictive cost goes through :func:`predictive_comparison`, the one place to
-replace with a two one-sided tests procedure when one is available in
-:mod:`countvae.diagnostics.analyses.predictive`.
 """
 
 from __future__ import annotations
@@ -154,18 +150,6 @@ def ica_readout(unrestricted: ModelReadout, adata_fit: ad.AnnData, seed: int) ->
 
 
 # ----- analyses -----------------------------------------------------------------------------------------
-def predictive_comparison(
-    restricted: Mapping[int, pd.DataFrame], unrestricted: Mapping[int, pd.DataFrame], margin: float
-) -> dict[str, Any]:
-    """The predictive cost of a restriction: today :func:`countvae.diagnostics.analyses.restrictions.predictive_cost`.
-
-    The single place where the comparison of held-out ``log p(x)`` with an
-    equivalence margin is chosen; a two one-sided tests procedure with a margin
-    plugs in here.
-    """
-    return predictive_cost(restricted, unrestricted, margin)
-
-
 def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -> list[dict[str, Any]]:
     """Whether each map keeps or changes ``p(x)`` as declared: :func:`countvae.invariance.verify` on the first fit."""
     fit = readout.fits[0]
@@ -228,12 +212,6 @@ def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -
             }
         )
     return rows
-
-
-def split_half_agreement(readout: ModelReadout, markers: np.ndarray | None, seed: int) -> dict[str, float]:
-    """Agreement of the two split-half fits (as across seeds)."""
-    za, zb, wa, wb = readout.split
-    return pair_agreement(za, zb, wa, wb, markers, seed)
 
 
 def simulated_truth(
@@ -569,7 +547,7 @@ def restriction_tables(
         readout = readouts[name]
         pairs = agreement_pairs(readout.latents, readout.loadings, marker_values, seed)
         pair_tables.append(pairs.assign(model=name))
-        split = split_half_agreement(readout, marker_values, seed) if readout.split is not None else None
+        split = None if readout.split is None else pair_agreement(*readout.split, marker_values, seed)
         if split is not None:
             split_rows.append({"model": name, **split})
         row = _model_row(readout, summarize_agreement(pairs), rows[0] if rows else None, split, truth)
@@ -633,7 +611,7 @@ def _cost_columns(
     """The predictive cost against the unrestricted fit of each seed (appending the per-seed differences)."""
     name = readout.restriction.name
     if name != "unrestricted" and not readout.restriction.post_hoc:
-        cost = predictive_comparison(readout.lpd, unrestricted.lpd, margin)
+        cost = predictive_cost(readout.lpd, unrestricted.lpd, margin)
         seed_rows.append({"model": name, "seed_differences_per_cell": cost["seed_differences"]})
         return {
             "lpd_difference_per_cell": cost["difference_per_cell"],
