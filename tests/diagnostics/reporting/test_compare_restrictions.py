@@ -3,6 +3,8 @@ and the comparison run end to end on simulated data with a known truth."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 
 import numpy as np
@@ -10,7 +12,7 @@ import pandas as pd
 import pytest
 
 import countvae as cv
-from countvae.diagnostics import compare_restrictions
+from countvae.diagnostics import RestrictionComparisonSettings, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
     CLOSER,
@@ -362,6 +364,25 @@ def test_comparison_refuses_bad_requests_before_fitting():
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
     with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+
+
+def test_comparison_settings_are_written_once():
+    """Each setting is a field of RestrictionComparisonSettings: a keyword, or part of a settings object."""
+    fields = [f.name for f in dataclasses.fields(RestrictionComparisonSettings)]
+    assert list(inspect.signature(compare_restrictions).parameters) == [
+        "adata",
+        "restrictions",
+        "seeds",
+        *fields,
+        "settings",
+    ]
+    assert all(f"\n{name}\n" in compare_restrictions.__doc__ for name in fields)
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'margin'"):
+        compare_restrictions(adata, "laplace", margn=1.0)
+    with pytest.raises(InvalidArgumentError, match="'programs' is not among"):
+        compare_restrictions(adata, "laplace", settings=RestrictionComparisonSettings(gene_programs={"a": ["gene0"]}))
 
 
 def test_a_fit_declares_the_symmetry_of_its_whole_model():
