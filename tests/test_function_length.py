@@ -13,7 +13,6 @@ MAX_LINES = 100
 KNOWN_LONG = {
     "data/simulate.py:simulate",
     "diagnostics/fitting/fit_seeds.py:fit_seeds",
-    "diagnostics/reporting/compare_restrictions.py:compare_restrictions",
     "ica.py:ica_stability",
     "invariance/verification.py:verify",
     "model/anndata_results.py:write_results",

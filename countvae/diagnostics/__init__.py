@@ -23,7 +23,7 @@ from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
 from countvae.diagnostics.fitting.scvi_fit import SCVIFit
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.compare_models import compare_fits, compare_models
-from countvae.diagnostics.reporting.compare_restrictions import compare_restrictions
+from countvae.diagnostics.reporting.compare_restrictions import RestrictionComparisonSettings, compare_restrictions
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, DownstreamSettings
 from countvae.diagnostics.reporting.load_report import load_report
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
@@ -46,6 +46,7 @@ __all__ = [
     "ProgressEvent",
     "ProgressKind",
     "ReportSettings",
+    "RestrictionComparisonSettings",
     "RestrictionReport",
     "SCVIFit",
     "SeedFits",

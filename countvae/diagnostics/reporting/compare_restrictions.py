@@ -22,14 +22,11 @@ The steps:
    loadings for data from :func:`countvae.data.simulate` (MCC) and the support of
    each gene program;
 4. the verdicts are stated in sentences (:func:`headline`).
-
-The predictive cost goes through :func:`predictive_comparison`, the one place to
-replace with a two one-sided tests procedure when one is available in
-:mod:`countvae.diagnostics.analyses.predictive`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import warnings
@@ -42,6 +39,7 @@ import pandas as pd
 
 from countvae._checks import check_int, check_number
 from countvae._provenance import package_versions
+from countvae._settings import setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.heldout_data import data_checksum, library_sizes, log1p_normalized
@@ -93,6 +91,8 @@ MAX_ICA_CELLS = 5_000
 SYMMETRY_CELLS = 200
 #: Importance samples per cell in that check.
 SYMMETRY_SAMPLES = 50
+#: The settings passed on to :func:`fit_restrictions` as they are.
+_FIT_OPTIONS = ("split_half", "heldout_fraction", "split_seed", "n_jobs", "out_dir", "overwrite", "progress_bar")
 
 
 # ----- reading the fits ---------------------------------------------------------------------------------
@@ -150,18 +150,6 @@ def ica_readout(unrestricted: ModelReadout, adata_fit: ad.AnnData, seed: int) ->
 
 
 # ----- analyses -----------------------------------------------------------------------------------------
-def predictive_comparison(
-    restricted: Mapping[int, pd.DataFrame], unrestricted: Mapping[int, pd.DataFrame], margin: float
-) -> dict[str, Any]:
-    """The predictive cost of a restriction: today :func:`countvae.diagnostics.analyses.restrictions.predictive_cost`.
-
-    The single place where the comparison of held-out ``log p(x)`` with an
-    equivalence margin is chosen; a two one-sided tests procedure with a margin
-    plugs in here.
-    """
-    return predictive_cost(restricted, unrestricted, margin)
-
-
 def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -> list[dict[str, Any]]:
     """Whether each map keeps or changes ``p(x)`` as declared: :func:`countvae.invariance.verify` on the first fit."""
     fit = readout.fits[0]
@@ -224,12 +212,6 @@ def symmetry_rows(readout: ModelReadout, adata_heldout: ad.AnnData, seed: int) -
             }
         )
     return rows
-
-
-def split_half_agreement(readout: ModelReadout, markers: np.ndarray | None, seed: int) -> dict[str, float]:
-    """Agreement of the two split-half fits (as across seeds)."""
-    za, zb, wa, wb = readout.split
-    return pair_agreement(za, zb, wa, wb, markers, seed)
 
 
 def simulated_truth(
@@ -367,27 +349,61 @@ def _resolve_programs(
     return check_gene_programs(restriction_programs(chosen[0], given), var_names, unknown_genes)
 
 
+@dataclasses.dataclass(frozen=True)
+class RestrictionComparisonSettings:
+    """The settings of :func:`compare_restrictions`, each declared once here with its description.
+
+    Attributes
+    ----------
+    {settings}
+
+    """
+
+    gene_programs: dict[str, list[str]] | str | None = setting(
+        None,
+        """``{name: [genes]}`` or a GMT path for the ``"programs"`` restriction; ``n_latent`` is then the number of
+        programs for every model.""",
+    )
+    unknown_genes: str = setting(
+        "error", '``"error"`` (default) or ``"drop"``: what to do with program genes the data lack.'
+    )
+    model_kwargs: dict[str, Any] | None = setting(
+        None,
+        """Settings shared by every model (default ``decoder="linear"``: the horseshoe and gene programs restrict the
+        linear decoder's loadings).""",
+    )
+    train_kwargs: dict[str, Any] | None = setting(None, "Arguments of ``train`` shared by every fit (not ``seed``).")
+    heldout_fraction: float = setting(0.1, "Fraction of held-out cells shared by every model (see :func:`fit_seeds`).")
+    split_seed: int = setting(0, "Seed of the held-out split (see :func:`fit_seeds`).")
+    markers: list[str] | None = setting(
+        None,
+        """Genes or ``obs`` columns for the marker agreement; default: the 8 most variable genes and the registered
+        labels.""",
+    )
+    split_half: bool = setting(
+        True,
+        """Fit each model again on two disjoint halves of the training cells (one from each of the first two seeds).
+        Without it no restriction is credited with identifying the axes (verdict at most ``undetermined``).""",
+    )
+    check_symmetry: bool = setting(True, "Run :func:`countvae.invariance.verify` on each model's first fit.")
+    margin: float = setting(DEFAULT_MARGIN, "Equivalence margin of the predictive cost, nats per cell.")
+    n_lpd_samples: int = setting(100, "Importance samples per held-out cell.")
+    seed: int = setting(0, "Seed of the analyses (cell halves, ICA, importance sampling).")
+    n_jobs: int = setting(1, "As in :func:`fit_seeds`.")
+    out_dir: str | None = setting(
+        None, "As in :func:`fit_seeds`; each model's fits are stored in ``out_dir/<model>`` and a rerun reuses them."
+    )
+    overwrite: bool = setting(False, "As in :func:`fit_seeds`.")
+    progress_bar: bool = setting(False, "As in :func:`fit_seeds`.")
+
+
+@takes_settings(RestrictionComparisonSettings)
 def compare_restrictions(
     adata: ad.AnnData,
     restrictions: str | Iterable[str | Restriction] = ("laplace", "horseshoe", "ica"),
     seeds: Iterable[int] = range(3),
     *,
-    gene_programs: dict[str, list[str]] | str | None = None,
-    unknown_genes: str = "error",
-    model_kwargs: dict[str, Any] | None = None,
-    train_kwargs: dict[str, Any] | None = None,
-    heldout_fraction: float = 0.1,
-    split_seed: int = 0,
-    markers: list[str] | None = None,
-    split_half: bool = True,
-    check_symmetry: bool = True,
-    margin: float = DEFAULT_MARGIN,
-    n_lpd_samples: int = 100,
-    seed: int = 0,
-    n_jobs: int = 1,
-    out_dir: str | None = None,
-    overwrite: bool = False,
-    progress_bar: bool = False,
+    settings: RestrictionComparisonSettings,
 ) -> RestrictionReport:
     """What each restriction buys in identified coordinates, and what it costs in held-out fit.
 
@@ -406,35 +422,9 @@ def compare_restrictions(
         one comma-separated string.
     seeds
         At least two seeds; every model is fitted from each.
-    gene_programs
-        ``{name: [genes]}`` or a GMT path for the ``"programs"`` restriction; ``n_latent`` is then the number of
-        programs for every model.
-    unknown_genes
-        ``"error"`` (default) or ``"drop"``: what to do with program genes the data lack.
-    model_kwargs
-        Settings shared by every model (default ``decoder="linear"``: the horseshoe and gene programs restrict the
-        linear decoder's loadings).
-    train_kwargs
-        Arguments of ``train`` shared by every fit (not ``seed``).
-    heldout_fraction, split_seed
-        The held-out cells shared by every model (see :func:`fit_seeds`).
-    markers
-        Genes or ``obs`` columns for the marker agreement; default: the 8 most variable genes and the registered
-        labels.
-    split_half
-        Fit each model again on two disjoint halves of the training cells (one from each of the first two seeds).
-        Without it no restriction is credited with identifying the axes (verdict at most ``undetermined``).
-    check_symmetry
-        Run :func:`countvae.invariance.verify` on each model's first fit.
-    margin
-        Equivalence margin of the predictive cost, nats per cell.
-    n_lpd_samples
-        Importance samples per held-out cell.
-    seed
-        Seed of the analyses (cell halves, ICA, importance sampling).
-    n_jobs, out_dir, overwrite, progress_bar
-        As in :func:`fit_seeds`; with ``out_dir`` each model's fits are stored in ``out_dir/<model>`` and a rerun
-        reuses them.
+    {settings}
+    settings
+        All of the above as one :class:`RestrictionComparisonSettings`; keywords given with it replace its fields.
 
     Returns
     -------
@@ -450,55 +440,53 @@ def compare_restrictions(
         data.
 
     """
-    started = time.perf_counter()
+    started, opts = time.perf_counter(), settings
     seeds = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, str) else seeds
     chosen = parse_restrictions(restrictions)
     registry = get_registry(adata)
     var_names = pd.Index(adata.raw.var_names if registry is not None and registry.use_raw else adata.var_names)
-    programs = _resolve_programs(chosen, gene_programs, var_names, unknown_genes)
-    margin = check_number("margin", margin, 0.0, low_open=True)
-    check_int("n_lpd_samples", n_lpd_samples, 2)
-    base_kwargs, kwargs_by_model = _model_settings(chosen, programs, model_kwargs)
-    train_kwargs = {"progress_bar": False, **(train_kwargs or {})}
+    programs = _resolve_programs(chosen, opts.gene_programs, var_names, opts.unknown_genes)
+    margin = check_number("margin", opts.margin, 0.0, low_open=True)
+    check_int("n_lpd_samples", opts.n_lpd_samples, 2)
+    base_kwargs, kwargs_by_model = _model_settings(chosen, programs, opts.model_kwargs)
+    train_kwargs = {"progress_bar": False, **(opts.train_kwargs or {})}
     logger.info("Fitting %d models from %d seeds.", len(kwargs_by_model), len(seeds))
-    options = {"n_jobs": n_jobs, "out_dir": out_dir, "overwrite": overwrite, "progress_bar": progress_bar}
     fitted = fit_restrictions(
         adata,
         kwargs_by_model,
         seeds,
         train_kwargs,
-        split_half=split_half,
-        heldout_fraction=heldout_fraction,
-        split_seed=split_seed,
-        **options,
+        **{name: getattr(opts, name) for name in _FIT_OPTIONS},
     )
     timings = {"fitting": time.perf_counter() - started}
     mark = time.perf_counter()
-    readouts = read_restrictions(fitted, chosen, n_lpd_samples, seed, split_seed, check_symmetry)
+    readouts = read_restrictions(fitted, chosen, opts.n_lpd_samples, opts.seed, opts.split_seed, opts.check_symmetry)
     heldout = fitted.adata_heldout
     timings["reading fits"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    marker_names = markers if markers is not None else _default_markers(heldout, var_names, registry)
-    tables = _all_tables(readouts, chosen, adata, heldout, var_names, marker_names, programs, margin, seed)
+    marker_names = opts.markers if opts.markers is not None else _default_markers(heldout, var_names, registry)
+    tables = _all_tables(readouts, chosen, adata, heldout, var_names, marker_names, programs, margin, opts.seed)
     timings["analyses"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - started
     order = ["restrictions", "symmetry", "programs", "agreement_pairs", "split_half", "predictive_seeds"]
+    record = {
+        "restrictions": [r.name for r in chosen],
+        "seeds": [f.seed for f in readouts["unrestricted"].fits],
+        "model_kwargs": {k: v for k, v in base_kwargs.items() if k != "gene_programs"},
+        "train_kwargs": train_kwargs,
+        "heldout_fraction": opts.heldout_fraction,
+        "split_seed": opts.split_seed,
+        "heldout_cells": int(heldout.n_obs),
+        "markers": list(marker_names),
+        "margin_nats_per_cell": margin,
+        "identified_threshold": IDENTIFIED_AGREEMENT,
+        "n_lpd_samples": opts.n_lpd_samples,
+        "gene_programs": programs,
+    }
     return RestrictionReport(
         headline=headline(tables["restrictions"], len(readouts["unrestricted"].fits), tables.get("programs")),
         tables={name: tables[name] for name in order if name in tables},
-        settings=_settings_record(
-            chosen,
-            readouts,
-            heldout,
-            marker_names,
-            base_kwargs=base_kwargs,
-            train_kwargs=train_kwargs,
-            heldout_fraction=heldout_fraction,
-            split_seed=split_seed,
-            margin=margin,
-            n_lpd_samples=n_lpd_samples,
-            programs=programs,
-        ),
+        settings=record,
         provenance={"versions": package_versions(), "heldout_checksum_sha256": data_checksum(heldout, var_names)},
         timings=timings,
     )
@@ -559,7 +547,7 @@ def restriction_tables(
         readout = readouts[name]
         pairs = agreement_pairs(readout.latents, readout.loadings, marker_values, seed)
         pair_tables.append(pairs.assign(model=name))
-        split = split_half_agreement(readout, marker_values, seed) if readout.split is not None else None
+        split = None if readout.split is None else pair_agreement(*readout.split, marker_values, seed)
         if split is not None:
             split_rows.append({"model": name, **split})
         row = _model_row(readout, summarize_agreement(pairs), rows[0] if rows else None, split, truth)
@@ -623,7 +611,7 @@ def _cost_columns(
     """The predictive cost against the unrestricted fit of each seed (appending the per-seed differences)."""
     name = readout.restriction.name
     if name != "unrestricted" and not readout.restriction.post_hoc:
-        cost = predictive_comparison(readout.lpd, unrestricted.lpd, margin)
+        cost = predictive_cost(readout.lpd, unrestricted.lpd, margin)
         seed_rows.append({"model": name, "seed_differences_per_cell": cost["seed_differences"]})
         return {
             "lpd_difference_per_cell": cost["difference_per_cell"],
@@ -664,30 +652,6 @@ def _default_markers(heldout: ad.AnnData, var_names: pd.Index, registry: Any) ->
     """The most variable genes, and the registered labels."""
     names = default_markers(heldout, var_names)
     return [*names, registry.labels_key] if registry is not None and registry.labels_key is not None else names
-
-
-def _settings_record(
-    chosen: list[Restriction],
-    readouts: Mapping[str, ModelReadout],
-    heldout: ad.AnnData,
-    marker_names: list[str],
-    **values: Any,
-) -> dict[str, Any]:
-    """What was compared, on which cells, with which settings (the report's ``settings``; ``values``: the rest)."""
-    return {
-        "restrictions": [r.name for r in chosen],
-        "seeds": [f.seed for f in readouts["unrestricted"].fits],
-        "model_kwargs": {k: v for k, v in values["base_kwargs"].items() if k != "gene_programs"},
-        "train_kwargs": values["train_kwargs"],
-        "heldout_fraction": values["heldout_fraction"],
-        "split_seed": values["split_seed"],
-        "heldout_cells": int(heldout.n_obs),
-        "markers": list(marker_names),
-        "margin_nats_per_cell": values["margin"],
-        "identified_threshold": IDENTIFIED_AGREEMENT,
-        "n_lpd_samples": values["n_lpd_samples"],
-        "gene_programs": values["programs"],
-    }
 
 
 def _all_tables(

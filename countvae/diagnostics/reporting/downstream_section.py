@@ -586,47 +586,6 @@ def _statements(
     return statements
 
 
-def downstream_section(
-    fits: Sequence[FittedModel],
-    adata: ad.AnnData,
-    request: DownstreamRequest,
-    latents: Mapping[str, np.ndarray] | None = None,
-) -> DownstreamSection:
-    """Compare the fits' DE calls, Leiden clusters and UMAP neighbourhoods against their within-fit baselines.
-
-    The report does the same in two steps (:func:`collect_de` in its collect step, :func:`downstream_result`
-    in its downstream section); this runs both for fits outside a report.
-
-    Parameters
-    ----------
-    fits
-        At least two fits of one model with different seeds.
-    adata
-        The report's held-out cells (with ``request.groupby`` in ``obs`` for DE).
-    request
-        The DE groups and the settings.
-    latents
-        Fit name -> latent means of ``adata``'s cells, if already computed.
-
-    Returns
-    -------
-    DownstreamSection
-
-    Raises
-    ------
-    InvalidArgumentError
-        For fewer than two fits, bad DE groups (:func:`de_groups`), or DE asked of
-        fits that are not countvae fits.
-
-    """
-    if len(fits) < 2:
-        raise InvalidArgumentError(f"The downstream section compares fits; got {len(fits)}.")
-    de = collect_de(fits, adata, request)
-    if latents is None:
-        latents = {f.name: np.asarray(f.latent(adata), dtype=np.float64) for f in fits}
-    return downstream_result(de, {f.name: latents[f.name] for f in fits}, adata.n_obs, request.settings)
-
-
 __all__ = [
     "BETWEEN",
     "WITHIN",
@@ -637,6 +596,5 @@ __all__ = [
     "collect_de",
     "de_groups",
     "downstream_result",
-    "downstream_section",
     "reading",
 ]

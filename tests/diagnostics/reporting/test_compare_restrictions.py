@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import countvae as cv
-from countvae.diagnostics import compare_restrictions
+from countvae.diagnostics import RestrictionComparisonSettings, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
     CLOSER,
@@ -362,6 +362,16 @@ def test_comparison_refuses_bad_requests_before_fitting():
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
     with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+
+
+def test_comparison_takes_its_settings_as_keywords_or_one_object():
+    """A misspelt keyword names the setting meant; a settings object is checked like the keywords."""
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match="Did you mean 'margin'"):
+        compare_restrictions(adata, "laplace", margn=1.0)
+    with pytest.raises(InvalidArgumentError, match="'programs' is not among"):
+        compare_restrictions(adata, "laplace", settings=RestrictionComparisonSettings(gene_programs={"a": ["gene0"]}))
 
 
 def test_a_fit_declares_the_symmetry_of_its_whole_model():

@@ -23,7 +23,7 @@ from countvae.data import split_indices
 from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, load_report, report
 from countvae.diagnostics.analyses import downstream as ds
 from countvae.diagnostics.analyses.subspace import subsample
-from countvae.diagnostics.reporting.downstream_section import de_groups, downstream_section, reading
+from countvae.diagnostics.reporting.downstream_section import collect_de, de_groups, downstream_result, reading
 from countvae.errors import InvalidArgumentError
 
 N_DE = 2000
@@ -61,6 +61,12 @@ def planted_fits():
         model.train(max_epochs=40, batch_size=128, progress_bar=False, seed=seed)
         fits.append(CountVAEFit(model, seed))
     return SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held)
+
+
+def downstream_section(fits, adata, request):
+    """The downstream section of ``fits`` on ``adata``, in the report's two steps (collect, then compute)."""
+    latents = {f.name: np.asarray(f.latent(adata), dtype=np.float64) for f in fits}
+    return downstream_result(collect_de(fits, adata, request), latents, adata.n_obs, request.settings)
 
 
 @pytest.fixture(scope="module")
