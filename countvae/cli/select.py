@@ -16,6 +16,7 @@ from countvae.cli.common import (
     read_h5ad,
     refuse_existing_output,
 )
+from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
 from countvae.diagnostics import compare_models
 from countvae.errors import InvalidArgumentError
@@ -69,7 +70,12 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--n-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
-    p.add_argument("--n-jobs", type=int, default=1, help="seeds fitted at once (default: 1)")
+    p.add_argument(
+        "--n-jobs",
+        type=n_jobs_value,
+        default="auto",
+        help="seeds fitted at once (default auto: one per usable core, at most the seeds; 1: in this process)",
+    )
     add_output_arguments(p, "countvae_select")
     p.set_defaults(run=run)
 

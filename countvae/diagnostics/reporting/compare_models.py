@@ -26,6 +26,7 @@ from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds
 from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.collect import no_latent_baseline
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
@@ -116,7 +117,7 @@ def compare_models(
     split_seed: int = 0,
     train_kwargs: dict[str, Any] | None = None,
     out_dir: str | os.PathLike | None = None,
-    n_jobs: int = 1,
+    n_jobs: int | str = AUTO,
     equivalence_margin: float | None = None,
     *,
     n_lpd_samples: int = 100,
@@ -145,23 +146,18 @@ def compare_models(
         Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
         resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
     n_jobs
-        Seeds fitted at once.
+        Seeds fitted at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`).
     equivalence_margin
         The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
         (the report's rule; ``None``: the report's default,
         :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
     n_lpd_samples
         Importance samples per cell of the held-out ``log p(x)`` estimator.
-    alpha
-        Error rate of the simultaneous intervals (Bonferroni over the comparisons with the best).
-    max_baseline_cells
-        Fit cells the no-latent baseline is estimated on at most.
-    seed
-        Seed of the estimator and of the cell subsamples.
-    overwrite
-        Refit candidates already stored in ``out_dir``.
-    progress_bar
-        Show a progress bar over each candidate's seeds.
+    alpha, max_baseline_cells, seed
+        Error rate of the simultaneous intervals (Bonferroni over the comparisons with the best); fit cells the
+        no-latent baseline is estimated on at most; seed of the estimator and of the cell subsamples.
+    overwrite, progress_bar
+        Refit candidates already stored in ``out_dir``; show a progress bar over each candidate's seeds.
 
     Returns
     -------
@@ -185,17 +181,8 @@ def compare_models(
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
-    settings_list = mc.expand_candidates(candidates)
     seeds = list(seeds)
-    if len(seeds) < 2:
-        raise InvalidArgumentError(
-            f"compare_models needs at least two seeds to measure stability, got {len(seeds)}; e.g. seeds=range(3)."
-        )
-    n_fit_cells = len(heldout_split(adata.n_obs, heldout_fraction, split_seed)[0])
-    check_candidates(settings_list, adata.n_vars, n_fit_cells)
-    names = [candidate_name(s) for s in settings_list]
-    if len(set(names)) != len(names):
-        raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
+    settings_list, names = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
     fits: dict[str, SeedFits] = {}
     for name, settings in zip(names, settings_list, strict=True):
         folder = None if out_dir is None else Path(out_dir) / _folder_name(name)
@@ -220,6 +207,27 @@ def compare_models(
         max_baseline_cells=max_baseline_cells,
         seed=seed,
     )
+
+
+def _checked_candidates(
+    candidates: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
+    seeds: list[int],
+    adata: ad.AnnData,
+    heldout_fraction: float,
+    split_seed: int,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The candidates' settings and names, refused before any fitting when they cannot be compared."""
+    settings_list = mc.expand_candidates(candidates)
+    if len(seeds) < 2:
+        raise InvalidArgumentError(
+            f"compare_models needs at least two seeds to measure stability, got {len(seeds)}; e.g. seeds=range(3)."
+        )
+    n_fit_cells = len(heldout_split(adata.n_obs, heldout_fraction, split_seed)[0])
+    check_candidates(settings_list, adata.n_vars, n_fit_cells)
+    names = [candidate_name(s) for s in settings_list]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
+    return settings_list, names
 
 
 def _fit_seconds(seed_fits: SeedFits) -> float:

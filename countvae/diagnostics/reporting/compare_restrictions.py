@@ -67,6 +67,7 @@ from countvae.diagnostics.analyses.restrictions import (
     truth_verdict,
 )
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
+from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.restrictions import (
     LABELS,
     UNRESTRICTED,
@@ -389,7 +390,7 @@ class RestrictionComparisonSettings:
     margin: float = setting(DEFAULT_MARGIN, "Equivalence margin of the predictive cost, nats per cell.")
     n_lpd_samples: int = setting(100, "Importance samples per held-out cell.")
     seed: int = setting(0, "Seed of the analyses (cell halves, ICA, importance sampling).")
-    n_jobs: int = setting(1, "As in :func:`fit_seeds`.")
+    n_jobs: int | str = setting(AUTO, 'As in :func:`fit_seeds` (``"auto"``: one seed per usable core).')
     out_dir: str | None = setting(
         None, "As in :func:`fit_seeds`; each model's fits are stored in ``out_dir/<model>`` and a rerun reuses them."
     )
