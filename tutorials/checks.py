@@ -398,6 +398,8 @@ RESTRICTIONS = NotebookChecks(
     ]
 )
 
+MODEL_SELECTION = NotebookChecks()
+
 CHECKS: dict[str, NotebookChecks] = {
     "01_rotation_invariance": ROTATION_INVARIANCE,
     "02_multi_seed_diagnostics": MULTI_SEED,
@@ -406,4 +408,5 @@ CHECKS: dict[str, NotebookChecks] = {
     "05_quickstart": QUICKSTART,
     "06_de_across_seeds": DE_ACROSS_SEEDS,
     "07_restrictions": RESTRICTIONS,
+    "08_model_selection": MODEL_SELECTION,
 }
