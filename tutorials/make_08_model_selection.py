@@ -69,7 +69,7 @@ comparison = diagnostics.compare_models(
     {"n_latent": [2, 5, 10], "decoder": ["linear", "mlp"]},
     seeds=range(2),
     heldout_fraction=0.15,
-    train_kwargs={"max_epochs": 60, "early_stopping": True, "batch_size": 256, "lr": 3e-3},
+    train_kwargs={"max_epochs": 150, "early_stopping": True, "batch_size": 256, "lr": 3e-3},
     n_lpd_samples=50,
 )
 print(f"6 candidates x 2 seeds fitted and compared in {time.perf_counter() - started:.0f} s")""",
@@ -92,19 +92,16 @@ plt.show()""",
     ),
     (
         "md",
-        """## The table
+        """## The fit of each candidate
 
-One row per candidate: the held-out fit (`lpd_per_cell`, and `diff_vs_best` with its interval, in nats per
-cell), whether its estimates are reliable, the worst seed pair's agreement of the rotation-invariant outputs
-(decoded means, latent distances, the 15-nearest-neighbour graph) and of the coordinates after the best
-signed permutation, whether the candidate is stable, the spread between its seeds, and the seconds its
-fits took.""",
+One row per candidate: its held-out `log p(x)` per cell (mean of its seeds), the paired difference from the
+best candidate with its simultaneous interval (nats per cell), whether its estimates are reliable (Pareto
+k-hat rule), the spread of its estimate between its seeds, and the verdict of the rule.""",
     ),
     (
         "code",
-        """columns = ["candidate", "lpd_per_cell", "diff_vs_best", "diff_low", "diff_high", "reliable", "decoded_means"]
-columns += ["distances", "knn", "coordinates_signed_permutation", "stable", "seed_spread", "verdict"]
-comparison.table[columns].set_index("candidate").round(2)""",
+        """columns = ["candidate", "lpd_per_cell", "diff_vs_best", "diff_low", "diff_high", "reliable", "seed_spread"]
+comparison.table[columns + ["verdict"]].set_index("candidate").round(2)""",
     ),
     (
         "md",
@@ -122,21 +119,36 @@ print("recommended:", comparison.recommended)""",
     ),
     (
         "md",
-        """## What the seeds agree on at each size
+        """## What the seeds agree on at each candidate
 
-The invariant outputs (decoded means, distances between cells, neighbourhoods) are what an analysis uses;
-the coordinates themselves are not identified (a rotation of the latent space leaves `p(x)` unchanged), so
-their agreement after a signed permutation is shown but not judged.""",
+For the one pair of seeds, on the held-out cells: the concordance of decoded log means and of distances
+between cells, the overlap of the 15-nearest-neighbour graphs, and the agreement of the latent coordinates
+after the best signed permutation. The invariant outputs are what an analysis uses; the coordinates are not
+identified (a rotation of the latent space leaves `p(x)` unchanged), so their agreement is shown but not
+judged. `stable`: decoded means and distances concordant at 0.9 or more and k-NN overlap at 0.5 or more.""",
     ),
     (
         "code",
-        """agree = comparison.table.set_index("candidate")[["decoded_means", "distances", "knn"]]
-agree["coordinates"] = comparison.table.set_index("candidate")["coordinates_signed_permutation"]
-agree.round(2)""",
+        """stability = ["decoded_means", "distances", "knn", "coordinates_signed_permutation", "stable"]
+comparison.table[["candidate"] + stability].set_index("candidate").round(2)""",
     ),
     (
         "md",
-        """## Reading it, and what the calibration found
+        """## Reading it
+
+On these cells the answer is **undetermined**, and the tables say why. The MLP decoders fit best: the 5-d
+MLP is within about a nat per cell of the 10-d MLP (its interval straddles minus the margin), but the two
+seeds of every MLP candidate disagree on which cells are neighbours (k-NN overlap 0.3-0.43) and, at 2 and 5
+dimensions, on the decoded means (concordance below 0.9). The linear candidates reproduce best across seeds
+(decoded means and distances concordant at 0.93-0.98), but every one predicts held-out cells worse than the
+best by more than the margin; the 5-d linear model buys about 4.7 nats per cell over the 2-d one, the 10-d
+only about 0.6 more. So no candidate is both as good as the best and reproducible: the data support more
+than a linear decoder gives, and these short MLP fits do not yet reach one solution from both seeds. The
+remedy the rule points to is more cells, longer training or more seeds, not a choice by the highest score
+(which would take the 10-d MLP, whose neighbourhoods do not survive a re-run). The verdicts and the
+recommendation are the same when another 15% of the cells is held out (`split_seed=1`).
+
+## What the calibration found
 
 On simulated counts of known size (`benchmarks/RESULTS.md`, section `select-calibration`) the rule found the
 true latent size in all 18 linear-decoder replicates, where the rules users otherwise apply (highest ELBO,
