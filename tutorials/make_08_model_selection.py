@@ -78,8 +78,8 @@ print(f"6 candidates x 2 seeds fitted and compared in {time.perf_counter() - sta
         "md",
         """## The fit-stability frontier
 
-Each point is a candidate: across, its held-out `log p(x)` per cell minus the best candidate's (paired on the
-same cells, with a simultaneous interval); up, its stability (the lower of the two seed concordances, of
+Each point is a candidate: up, its held-out `log p(x)` per cell minus the best candidate's (paired on the
+same cells, with a simultaneous interval); across, its stability (the lower of the two seed concordances, of
 decoded means and of latent distances, with its interval). The dashed line is minus the equivalence margin
 (2% of what the best model's latent variables explain over a model without them); the grey band is the seed
 noise floor (the median spread of a candidate's estimate between its seeds).""",
