@@ -398,6 +398,49 @@ RESTRICTIONS = NotebookChecks(
     ]
 )
 
+#: Tutorial 08's tolerances are measured against the same comparison with another held-out split
+#: (split_seed=1: other held-out cells, so other fits and other estimates), a larger change than another
+#: processor's rounding; a rebuild on one machine reproduces every number.
+MODEL_SELECTION = NotebookChecks(
+    tolerances=[
+        Tolerance(
+            (5,),
+            line="Equivalence margin",
+            rel=0.1,
+            why="the margin and the best candidate's gain over the no-latent baseline: 0.625 and 31.3 nats/cell, "
+            "0.580 and 29.0 on another split (7%)",
+        ),
+        Tolerance(
+            (4,),
+            abs=2.5,
+            why="held-out log p(x) per cell, differences from the best and their interval ends, spreads between "
+            "seeds: the largest spread between the two seeds is 2.40 nats/cell (2-d MLP); on another split the "
+            "differences moved by up to 0.9 and the interval ends by up to 2.5",
+        ),
+        Tolerance(
+            (6,),
+            line="decoder=linear",
+            abs=0.1,
+            why="seed agreement of the linear candidates: moved by up to 0.06 on another split",
+        ),
+        Tolerance(
+            (6,),
+            abs=0.25,
+            why="seed agreement of the MLP candidates, whose seeds disagree most: decoded means and distances moved "
+            "by up to 0.11 on another split, the coordinates of the 2-d MLP by 0.22, the k-NN overlap by 0.03",
+        ),
+    ],
+    masked_words=[
+        MaskedWords(
+            (6,),
+            pattern=r"(?<=\s)(True|False)(?=\s*$)|(?<=<td>)(True|False)(?=</td>)",
+            why="'stable' needs a k-NN overlap of 0.5 or more, and the 10-d linear model's is 0.50 (0.509 on another "
+            "split, where it is stable); the overlaps themselves are compared, and the verdicts of cell 4, which "
+            "decide the recommendation, do not depend on it (its fit is worse than the margin on both splits)",
+        )
+    ],
+)
+
 CHECKS: dict[str, NotebookChecks] = {
     "01_rotation_invariance": ROTATION_INVARIANCE,
     "02_multi_seed_diagnostics": MULTI_SEED,
@@ -406,4 +449,5 @@ CHECKS: dict[str, NotebookChecks] = {
     "05_quickstart": QUICKSTART,
     "06_de_across_seeds": DE_ACROSS_SEEDS,
     "07_restrictions": RESTRICTIONS,
+    "08_model_selection": MODEL_SELECTION,
 }
