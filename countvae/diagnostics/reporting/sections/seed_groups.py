@@ -9,6 +9,8 @@ and pairs, and puts its sentence in the verdict when the fits do not form one gr
 
 from __future__ import annotations
 
+import numpy as np
+
 from countvae.diagnostics.analyses.predictive import equivalence_margin
 from countvae.diagnostics.analyses.seed_groups import seed_groups, seed_groups_sentence
 from countvae.diagnostics.reporting.collect import Collected
@@ -34,6 +36,12 @@ INTRO = (
 )
 
 
+NO_MARGIN = (
+    "Seeds not grouped: the fits do not gain held-out log p(x) over the no-latent baseline, so there is no "
+    "equivalence margin to judge their differences by."
+)
+
+
 class SeedGroupsSection(Section):
     """Groups of seeds that reached the same solution, with each group's held-out log p(x) against the best."""
 
@@ -49,6 +57,8 @@ class SeedGroupsSection(Section):
         if len(lpds) != len(c.arrays) or len(lpds) < 2:
             return SectionResult()
         margin, _ = equivalence_margin(lpds, c.baseline_lpd, s.equivalence_margin)
+        if not np.isfinite(margin) or margin <= 0:
+            return SectionResult(records={"seed_groups": {"sentence": NO_MARGIN, "notes": []}})
         result = seed_groups(c.per_fit("log_rate"), lpds, margin=margin, alpha=s.alpha, seed=s.seed)
         groups = result.groups.assign(fits=[", ".join(fits) for fits in result.groups["fits"]])
         sentence = seed_groups_sentence(result)
@@ -60,9 +70,9 @@ class SeedGroupsSection(Section):
 
     def layout(self, rep: ReportContent) -> list[Block]:
         """The sentence, the notes on intransitive evidence, the groups and (folded) every pair."""
-        if "seed_groups" not in rep.tables:
-            return []
         record = rep.settings.get("seed_groups", {})
+        if "seed_groups" not in rep.tables:
+            return [Paragraph(record["sentence"])] if record.get("sentence") else []
         blocks: list[Block] = [Paragraph(INTRO, formats=frozenset({HTML})), Paragraph(record.get("sentence", ""))]
         if record.get("notes"):
             blocks.append(Bullets(tuple(record["notes"])))
