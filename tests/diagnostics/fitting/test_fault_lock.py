@@ -34,7 +34,8 @@ def hold(event):
         Path(sys.argv[1], "holding").touch()
         time.sleep(600)
 
-run(tiny_data(), Path(sys.argv[1]) / "out", progress=hold)
+# in this process (n_jobs=1): the killed run is then one process, whose pid names its lock and scratch folder
+run(tiny_data(), Path(sys.argv[1]) / "out", progress=hold, n_jobs=1)
 """
 
 
