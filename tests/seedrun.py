@@ -67,6 +67,7 @@ def fit(argv: list[str], progress: Checkpoints) -> None:
         train_kwargs={"max_epochs": 25, "batch_size": 64},
         out_dir=None if out_dir == "-" else out_dir,
         torch_threads=1,
+        n_jobs=1,  # one seed after another, so that each pause (and kill) lands between known seeds
         progress_bar=False,
         progress=progress,
     )

@@ -206,7 +206,8 @@ def test_killed_while_writing_the_report_then_resumed(tmp_path):
     adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, decoder="linear", sources="laplace", seed=2)
     data = tmp_path / "sim.h5ad"
     adata.write_h5ad(data)
-    fast = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
+    fast = ["--seeds", "2", "--n-jobs", "1", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5"]
+    fast += ["--n-lpd-samples", "10"]
 
     def run(out: Path, markers: Path, pause_at: str | None = None) -> subprocess.Popen:
         markers.mkdir(parents=True, exist_ok=True)
