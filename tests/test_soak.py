@@ -67,6 +67,7 @@ def test_thirty_fits_leak_no_memory_handles_or_temp_files(tmp_path, monkeypatch)
                 seeds=[round_, round_ + 1],
                 model_kwargs={"n_latent": 2, "n_hidden": 8},
                 train_kwargs={"max_epochs": 1},
+                n_jobs=1,  # in this process: joblib's reusable worker pool keeps its pipes open on purpose
                 progress_bar=False,
             )
             assert len(fits) == 2

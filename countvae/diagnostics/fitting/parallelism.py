@@ -138,7 +138,7 @@ def plan_parallelism(
     instead when ``progress`` cannot be copied into worker processes (an explicit
     ``n_jobs`` then raises, as the caller checks). With the local backend and in-memory
     data, fewer seeds run at once when their workers' estimated memory exceeds
-    :data:`MEMORY_SHARE` of the available memory (a warning says so). With the Ray
+    a share (``MEMORY_SHARE``) of the available memory (a warning says so). With the Ray
     backend, ``-1`` keeps every seed in flight (Ray places the tasks by its resources)
     and no memory estimate applies (the tasks may run on other machines).
 
