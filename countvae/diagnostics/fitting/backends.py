@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -42,6 +44,31 @@ def available_cores() -> int:
 DEFAULT_TORCH_THREADS = 1
 
 
+def caller_warning_filters() -> list[tuple]:
+    """The warning filters of this process that can be sent to a worker process (those that pickle)."""
+    sendable = []
+    for entry in warnings.filters:
+        try:
+            pickle.dumps(entry)
+        except Exception:  # a filter on a warning class defined inside a function: it stays behind
+            continue
+        sendable.append(entry)
+    return sendable
+
+
+def _run_fit_with_filters(task: FitTask, fit_data: FitData, filters: list[tuple]) -> FitOutcome:
+    """:func:`run_fit` under the caller's warning filters.
+
+    A worker process starts with Python's default filters, so a warning the
+    caller silenced (``warnings.filterwarnings("ignore", module="lightning")``)
+    would still be printed by every worker, and whether it shows would depend on
+    ``n_jobs``. The filters are restored afterwards, as the worker is reused.
+    """
+    with warnings.catch_warnings():
+        warnings.filters[:] = filters
+        return run_fit(task, fit_data)
+
+
 def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
     """Fit in this process (``n_jobs=1``) or in ``n_jobs`` joblib (loky) worker processes.
 
@@ -61,7 +88,8 @@ def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Itera
         idle_worker_timeout=_IDLE_WORKER_SECONDS,
     )
     try:
-        yield from parallel(joblib.delayed(run_fit)(task, fit_data) for task in tasks)
+        filters = caller_warning_filters()
+        yield from parallel(joblib.delayed(_run_fit_with_filters)(task, fit_data, filters) for task in tasks)
     except BrokenProcessPool as exc:  # loky's TerminatedWorkerError: a worker was killed (SIGKILL, out of memory)
         raise WorkerLostError(f"A joblib worker process died while fitting ({_first_line(exc)}).") from None
 
@@ -87,9 +115,9 @@ def _pythonpath_with_this_countvae() -> str:
     return os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p)
 
 
-def _fit_on_ray_node(task: FitTask, fit_data: FitData) -> FitOutcome:
-    """:func:`run_fit` inside a Ray task, recording the node it ran on."""
-    outcome = run_fit(task, fit_data)
+def _fit_on_ray_node(task: FitTask, fit_data: FitData, filters: list[tuple]) -> FitOutcome:
+    """:func:`run_fit` inside a Ray task under the caller's warning filters, recording the node it ran on."""
+    outcome = _run_fit_with_filters(task, fit_data, filters)
     outcome.node = _import_ray().get_runtime_context().get_node_id()
     return outcome
 
@@ -130,11 +158,12 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
     queue = list(tasks)
     try:
         data_ref = ray.put(fit_data)
+        filters = caller_warning_filters()
         while queue or pending:
             while queue and len(pending) < in_flight_limit:
                 task = queue.pop(0)
                 remote = ray.remote(num_cpus=task.torch_threads, max_retries=0)(_fit_on_ray_node)
-                pending[remote.remote(task, data_ref)] = task.seed
+                pending[remote.remote(task, data_ref, filters)] = task.seed
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 seed = pending.pop(ref)

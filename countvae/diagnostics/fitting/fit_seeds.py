@@ -82,7 +82,13 @@ from countvae.diagnostics.fitting.output_folder import (
     seed_folder,
     store,
 )
-from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism, check_n_jobs, plan_parallelism
+from countvae.diagnostics.fitting.parallelism import (
+    AUTO,
+    Parallelism,
+    check_n_jobs,
+    plan_parallelism,
+    steps_per_seed,
+)
 from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.scratch import remove_orphaned
@@ -252,8 +258,10 @@ def fit_seeds(
         usable cores (affinity and cgroup quotas respected), at most the seeds
         left to fit, fewer when the workers' copies of in-memory data would not
         fit in the available memory, and one at a time in this process when
-        ``progress`` cannot be copied into workers (each with a logged reason;
-        see :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same
+        ``progress`` cannot be copied into workers or each seed is too short to
+        repay starting a worker (under ``MIN_STEPS_FOR_WORKERS`` minibatch
+        steps), each with a logged reason (see
+        :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same
         without the fall-back for ``progress`` (Ray: every seed in flight).
         ``1`` fits in this process. The fits are the same whatever the number
         (each keeps its ``torch_threads``); ``settings["n_jobs"]`` records the
@@ -422,6 +430,10 @@ def fit_seeds(
     )
 
 
+def _n_cells(fit_data: ad.AnnData | FileCells) -> int:
+    return len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
+
+
 def _fit_or_reuse(
     tasks: list[FitTask],
     loader: FitLoader,
@@ -459,7 +471,8 @@ def _fit_or_reuse(
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
         todo = [t for t in tasks if t.seed not in reused]
         threads = tasks[0].torch_threads
-        parallelism = plan_parallelism(n_jobs, len(todo), fit_data, threads, backend, progress)
+        steps = steps_per_seed(_n_cells(fit_data), tasks[0].train_kwargs) if tasks else None
+        parallelism = plan_parallelism(n_jobs, len(todo), fit_data, threads, backend, progress, steps)
         if todo:
             logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
         with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:

@@ -42,6 +42,13 @@ WORKER_BASE_BYTES = 800 * 1024**2
 COPY_FACTOR = 2.0
 #: Share of the available memory that the workers may take (the calling process and others need the rest).
 MEMORY_SHARE = 0.8
+#: Minibatch steps per seed below which ``"auto"`` fits in the calling process. Two loky workers take
+#: 7-13 s to start and import torch and countvae on 2 cores; 3 seeds of the default model in two workers
+#: took 2.3x the serial time at 200 steps per seed, 0.94x at 1,000 and 0.82x at 2,000 (benchmarks/RESULTS.md,
+#: section worker-start): below about 1,000 steps the workers cost more than they save.
+MIN_STEPS_FOR_WORKERS = 1000
+#: Cells per minibatch when the training arguments do not say (countvae's and scvi-tools' default).
+DEFAULT_BATCH_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,19 @@ def available_memory_bytes() -> int | None:
     return available
 
 
+def steps_per_seed(n_cells: int, train_kwargs: dict[str, Any]) -> int:
+    """Most minibatch steps one fit on ``n_cells`` cells takes: epochs x minibatches per epoch.
+
+    ``max_epochs`` absent or ``None`` is scvi-tools' default for that many cells (countvae
+    uses the same); an early-stopping fit may take fewer steps, never more.
+    """
+    from countvae.model.training import default_max_epochs
+
+    epochs = train_kwargs.get("max_epochs") or default_max_epochs(n_cells)
+    batch_size = train_kwargs.get("batch_size") or DEFAULT_BATCH_SIZE
+    return int(epochs) * -(-max(int(n_cells), 1) // int(batch_size))
+
+
 def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
     """Bytes of the count matrices a worker receives with ``fit_data`` (0 for cells read from a file)."""
     if isinstance(fit_data, FileCells):
@@ -130,13 +150,16 @@ def plan_parallelism(
     torch_threads: int,
     backend: str = "local",
     progress: Any = None,
+    steps: int | None = None,
 ) -> Parallelism:
     """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
 
     ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and
     cgroup quotas respected), at most ``n_seeds``; ``"auto"`` fits in the calling process
     instead when ``progress`` cannot be copied into worker processes (an explicit
-    ``n_jobs`` then raises, as the caller checks). With the local backend and in-memory
+    ``n_jobs`` then raises, as the caller checks), and when each seed takes fewer than
+    ``MIN_STEPS_FOR_WORKERS`` minibatch ``steps`` (starting the workers would take longer
+    than the fits). With the local backend and in-memory
     data, fewer seeds run at once when their workers' estimated memory exceeds
     a share (``MEMORY_SHARE``) of the available memory (a warning says so). With the Ray
     backend, ``-1`` keeps every seed in flight (Ray places the tasks by its resources)
@@ -156,6 +179,8 @@ def plan_parallelism(
         ``"local"`` or ``"ray"``.
     progress
         The progress callable the workers would be given, if any.
+    steps
+        Most minibatch steps of one seed (:func:`steps_per_seed`); ``None``: unknown, not considered.
 
     Returns
     -------
@@ -171,6 +196,11 @@ def plan_parallelism(
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and not _picklable(progress):
             logger.info("Fitting one seed at a time: the progress callable cannot be copied into worker processes.")
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
+        if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and steps is not None and steps < MIN_STEPS_FOR_WORKERS:
+            logger.info("Fitting one seed at a time: %d minibatch steps per seed end before workers start.", steps)
+            return Parallelism(
+                1, torch_threads, f"{steps} minibatch steps per seed end sooner than worker processes would start"
+            )
         jobs = min(per_core, n_seeds)
         reason = f"{n_seeds} seed(s) left to fit" if jobs == n_seeds < per_core else f"{available_cores()} usable cores"
     else:

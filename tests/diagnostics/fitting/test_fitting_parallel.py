@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 
 import anndata as ad
 import numpy as np
@@ -103,13 +104,19 @@ def two_cores(monkeypatch):
     monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
 
 
+@pytest.fixture
+def instant_workers(monkeypatch):
+    """Workers worth starting for any fit, so that these tiny fits go to worker processes."""
+    monkeypatch.setattr(parallelism, "MIN_STEPS_FOR_WORKERS", 0)
+
+
 def _parameters_and_history(fits):
     return [
         ({k: v.clone() for k, v in fit.model.module.state_dict().items()}, fit.model.history.copy()) for fit in fits
     ]
 
 
-def test_default_fits_seeds_in_parallel_with_the_numbers_of_a_serial_run(adata, two_cores):
+def test_default_fits_seeds_in_parallel_with_the_numbers_of_a_serial_run(adata, two_cores, instant_workers):
     serial = fit_seeds(adata, n_jobs=1, **DEFAULT_RUN)
     default = fit_seeds(adata, **DEFAULT_RUN)
     assert serial.settings["n_jobs"] == 1
@@ -132,6 +139,27 @@ def test_auto_takes_the_seeds_left_and_the_thread_budget(adata, two_cores):
     assert parallelism.plan_parallelism(-1, 5, data, 1).n_jobs == 2
     assert parallelism.plan_parallelism(4, 3, data, 1).n_jobs == 3
     assert parallelism.plan_parallelism(-1, 5, data, 1, backend="ray").n_jobs == 5
+
+
+def test_steps_per_seed_counts_epochs_times_minibatches():
+    assert parallelism.steps_per_seed(1000, {"max_epochs": 10, "batch_size": 128}) == 10 * 8  # 1000/128 -> 8
+    assert parallelism.steps_per_seed(1024, {"max_epochs": 10, "batch_size": 128}) == 10 * 8
+    assert parallelism.steps_per_seed(1000, {}) == 400 * 8  # scvi-tools' epochs for 1,000 cells, 128 per batch
+    assert parallelism.steps_per_seed(40_000, {"max_epochs": None, "batch_size": 256}) == 200 * 157
+
+
+def test_auto_fits_in_process_when_the_seeds_end_before_workers_would_start(adata, two_cores, caplog):
+    data = adata[:10].copy()
+    few = parallelism.MIN_STEPS_FOR_WORKERS - 1
+    with caplog.at_level(logging.INFO, logger="countvae.diagnostics.fitting.parallelism"):
+        plan = parallelism.plan_parallelism("auto", 5, data, 1, steps=few)
+    assert plan.n_jobs == 1 and "minibatch steps per seed" in plan.reason
+    assert parallelism.plan_parallelism("auto", 5, data, 1, steps=parallelism.MIN_STEPS_FOR_WORKERS).n_jobs == 2
+    assert parallelism.plan_parallelism(2, 5, data, 1, steps=few).n_jobs == 2, "an explicit n_jobs is obeyed"
+    assert parallelism.plan_parallelism(-1, 5, data, 1, steps=few).n_jobs == 2
+    fits = fit_seeds(adata, **DEFAULT_RUN)  # 3 epochs x 3 minibatches per seed
+    assert fits.settings["n_jobs"] == 1
+    assert fits.settings["parallelism"] == "1 seed at a time, 1 torch thread each"
 
 
 def test_auto_falls_back_to_one_seed_at_a_time_for_an_unpicklable_progress(adata, two_cores, caplog):
@@ -177,3 +205,33 @@ def test_worker_memory_grows_with_the_in_memory_counts_only(adata, tmp_path):
 def test_n_jobs_is_checked(adata, bad):
     with pytest.raises(InvalidArgumentError, match="n_jobs must be 'auto'"):
         fit_seeds(adata, n_jobs=bad, **OPTIONS)
+
+
+def test_workers_fit_under_the_callers_warning_filters(monkeypatch):
+    # A worker starts with Python's default filters; the wrapper every worker runs installs the caller's.
+    from countvae.diagnostics.fitting import backends
+
+    def warning_fit(task, fit_data):
+        warnings.warn("lightning says hello", UserWarning, stacklevel=1)
+        return "outcome"
+
+    class LocalWarning(UserWarning):  # defined in a function: cannot be pickled to a worker
+        pass
+
+    monkeypatch.setattr(backends, "run_fit", warning_fit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="lightning says")
+        warnings.filterwarnings("ignore", category=LocalWarning)
+        filters = backends.caller_warning_filters()
+    assert all(entry[2] is not LocalWarning for entry in filters)
+    assert any(entry[0] == "ignore" and entry[1] is not None and entry[1].match("lightning says") for entry in filters)
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        assert backends._run_fit_with_filters(None, None, filters) == "outcome"
+        assert not shown, "the caller's 'ignore' filter did not reach the fit"
+        assert warnings.filters == before, "the worker's own filters were not restored after the fit"
+        backends._run_fit_with_filters(None, None, [("always", None, Warning, None, 0)])
+        assert [str(w.message) for w in shown] == ["lightning says hello"]
