@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/python -m ruff check .
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# --durations: CI prints the 25 slowest tests, so a slower suite shows where its time went.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
