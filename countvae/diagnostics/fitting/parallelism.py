@@ -180,7 +180,7 @@ def plan_parallelism(
     progress
         The progress callable the workers would be given, if any.
     steps
-        Most minibatch steps of one seed (:func:`steps_per_seed`); ``None``: unknown, not considered.
+        Most minibatch steps of one seed (``steps_per_seed``); ``None``: unknown, not considered.
 
     Returns
     -------
