@@ -9,11 +9,9 @@ comes from the data or the fits (gene names, obs categories, fit names) is HTML-
 
 from __future__ import annotations
 
-from functools import cache
-
 import jinja2
 
-from countvae._report_files import figure_png_base64, html_key_values, html_page, html_table
+from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Section
 from countvae.diagnostics.reporting.sections.registry import registered_sections
@@ -36,20 +34,9 @@ _STYLE = """
 """
 
 
-@cache
 def environment() -> jinja2.Environment:
-    """The templates of the report, with the filters that turn tables and figures into HTML."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("countvae.diagnostics.reporting", "templates"),
-        autoescape=True,
-        trim_blocks=False,
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["table"] = lambda frame, max_rows: jinja2.utils.markupsafe.Markup(html_table(frame, max_rows=max_rows))
-    env.filters["key_values"] = lambda mapping: jinja2.utils.markupsafe.Markup(html_key_values(mapping))
-    env.filters["png"] = lambda draw: figure_png_base64(draw())
-    env.globals["zip"] = zip
-    return env
+    """The templates of the report (``templates/``), with the filters that turn tables and figures into HTML."""
+    return template_environment("countvae.diagnostics.reporting")
 
 
 def sections_of(rep: ReportContent) -> tuple[Section, ...]:
