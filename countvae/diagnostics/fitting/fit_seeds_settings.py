@@ -1,9 +1,7 @@
-"""The settings of :func:`~countvae.diagnostics.fitting.fit_seeds.fit_seeds`, each written once as a field.
+"""The settings of :func:`~countvae.diagnostics.fit_seeds`, each written once as a field.
 
-``fit_seeds`` takes these fields as keywords (or a whole :class:`FitSeedsSettings`);
-its signature and the entries of its "Parameters" section are generated from them
-(see :mod:`countvae._settings`). The fields are checked by ``fit_seeds`` itself, in
-the order a user would fix them, against the data it is given.
+``fit_seeds`` takes the fields as keywords (or one :class:`FitSeedsSettings`), its signature and
+"Parameters" generated from them (:mod:`countvae._settings`); it checks them against its data.
 """
 
 from __future__ import annotations

@@ -9,8 +9,6 @@ comes from the data or the fits (gene names, obs categories, fit names) is HTML-
 
 from __future__ import annotations
 
-import jinja2
-
 from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Section
@@ -34,11 +32,6 @@ _STYLE = """
 """
 
 
-def environment() -> jinja2.Environment:
-    """The templates of the report (``templates/``), with the filters that turn tables and figures into HTML."""
-    return template_environment("countvae.diagnostics.reporting")
-
-
 def sections_of(rep: ReportContent) -> tuple[Section, ...]:
     """The sections the report was made with (a report loaded from a file: the registered ones)."""
     return rep.sections if rep.sections is not None else registered_sections()
@@ -55,7 +48,7 @@ def _summary_blocks(rep: ReportContent) -> list[Block]:
 def summary_html(rep: ReportContent) -> str:
     """The verdict and the sections' notebook blocks as an HTML fragment (for notebooks)."""
     blocks = [b for s in sections_of(rep) for b in _html_blocks(s.notebook_blocks(rep))]
-    template = environment().get_template("summary.html.j2")
+    template = template_environment(__package__).get_template("summary.html.j2")
     return template.render(title="Multi-seed diagnostics", headline=rep.headline, blocks=blocks)
 
 
@@ -68,7 +61,7 @@ def render_html(rep: ReportContent) -> str:
             shown.append({"name": section.name, "title": section.title, "level": section.level, "blocks": blocks})
     fits = [f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", [])]
     body = (
-        environment()
+        template_environment(__package__)
         .get_template("report.html.j2")
         .render(
             title=TITLE,
