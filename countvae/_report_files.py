@@ -3,8 +3,9 @@
 Every countvae report (:class:`countvae.diagnostics.DiagnosticReport`,
 :class:`countvae.invariance.InvarianceReport`) is saved the same way, as a folder
 holding ``report.json`` (every number, JSON-ready), ``report.md`` (tables) and
-``report.html`` (one self-contained page). This module is that shared plumbing;
-what a report says stays with the report.
+``report.html`` (one self-contained page, from a jinja2 template in the report's
+package, :func:`template_environment`). This module is that shared plumbing; what a
+report says stays with the report.
 
 The HTML page fetches nothing: the style sheet is inline and figures are inline
 PNG images (base64). Every piece of text that can come from the data (gene
@@ -16,12 +17,14 @@ names, obs categories, fit names, file names) goes through :func:`escape`
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import io
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -124,14 +127,26 @@ def html_key_values(mapping: Mapping[Any, Any]) -> str:
     return f"<table><tbody>{rows}</tbody></table>"
 
 
-def html_details(summary: str, body: str) -> str:
-    """A collapsed block (opened with a click, no script); ``summary`` is escaped, ``body`` is HTML."""
-    return f"<details><summary>{escape(summary)}</summary>{body}</details>"
+# ----- templates --------------------------------------------------------------------------------------
+@functools.cache
+def template_environment(package: str) -> jinja2.Environment:
+    """The jinja2 templates in ``package``'s ``templates/`` folder (shipped with the package).
 
-
-def html_list(items: Iterable[Any]) -> str:
-    """The ``<li>`` items of a list, each escaped (wrap them in ``<ul>``)."""
-    return "".join(f"<li>{escape(item)}</li>" for item in items)
+    Autoescaped (text from the data is escaped; only what a template marks ``safe`` is not), with the
+    filters ``table`` (a data frame, :func:`html_table`), ``key_values`` (a mapping, :func:`html_key_values`)
+    and ``png`` (a function drawing a figure, :func:`figure_png_base64`).
+    """
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader(package, "templates"),
+        autoescape=True,
+        trim_blocks=False,
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters["table"] = lambda frame, max_rows: jinja2.utils.markupsafe.Markup(html_table(frame, max_rows=max_rows))
+    env.filters["key_values"] = lambda mapping: jinja2.utils.markupsafe.Markup(html_key_values(mapping))
+    env.filters["png"] = lambda draw: figure_png_base64(draw())
+    env.globals["zip"] = zip
+    return env
 
 
 # ----- figures ----------------------------------------------------------------------------------------
@@ -153,20 +168,6 @@ def figure_png_base64(plot: Any, dpi: int = 110) -> str:
     figure.savefig(buffer, format="png", dpi=dpi)
     plt.close(figure)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def html_figure(png_base64: str, title: str, caption: str) -> str:
-    """An inline PNG with its title and caption (both escaped)."""
-    return (
-        f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{png_base64}">'
-        f"<figcaption><b>{escape(title)}.</b> {escape(caption)}</figcaption></figure>"
-    )
-
-
-def html_figure_row(figures: Iterable[str]) -> str:
-    """Figures (from :func:`html_figure`) side by side, wrapping on narrow screens; empty when there are none."""
-    joined = "".join(figures)
-    return f'<div class="figrow">{joined}</div>' if joined else ""
 
 
 # ----- the folder -------------------------------------------------------------------------------------

@@ -71,10 +71,15 @@ rst_prolog = "\n".join(f".. |{name}| replace:: \\|{name}\\|" for name in ("corre
 
 
 def _skip_foreign_members(app, what, name, obj, skip, options):
-    """Document only what countvae defines: not scikit-learn's methods that its estimators inherit."""
+    """Document only what countvae defines: not scikit-learn's methods that its estimators inherit.
+
+    Nor a class held by a class attribute (``FitSeedsSettings.model_cls``): its field is already in "Attributes".
+    """
     module = getattr(obj, "__module__", None) or ""
     if what == "class" and callable(obj) and not module.startswith("countvae"):
         return True
+    if what == "class" and isinstance(obj, type) and obj.__name__ != name:
+        return True  # an attribute holding a class under another name (e.g. a settings field's default)
     return None
 
 

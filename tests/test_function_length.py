@@ -12,7 +12,6 @@ MAX_LINES = 100
 #: Functions still over the limit, by "path:qualified name"; each is to be split, and then removed from here.
 KNOWN_LONG = {
     "data/simulate.py:simulate",
-    "diagnostics/fitting/fit_seeds.py:fit_seeds",
     "ica.py:ica_stability",
     "invariance/verification.py:verify",
     "model/anndata_results.py:write_results",

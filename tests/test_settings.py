@@ -22,6 +22,7 @@ SETTINGS_FUNCTIONS = [
     (diagnostics.report, diagnostics.ReportSettings, "settings", diagnostics.report.__doc__),
     (diagnostics.diagnose, diagnostics.DiagnoseSettings, "settings", diagnostics.diagnose.__doc__),
     (diagnostics.plan_diagnose, diagnostics.DiagnoseSettings, "settings", diagnostics.plan_diagnose.__doc__),
+    (diagnostics.fit_seeds, diagnostics.FitSeedsSettings, "settings", diagnostics.fit_seeds.__doc__),
     (
         diagnostics.compare_restrictions,
         diagnostics.RestrictionComparisonSettings,

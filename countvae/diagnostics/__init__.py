@@ -16,7 +16,7 @@ from countvae.diagnostics.diagnosis import (
     diagnose,
     plan_diagnose,
 )
-from countvae.diagnostics.fitting.fit_seeds import fit_seeds, heldout_split, load_seed_fits
+from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_seeds, heldout_split, load_seed_fits
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.parallelism import Parallelism, plan_parallelism
 from countvae.diagnostics.fitting.progress import ProgressEvent, ProgressKind
@@ -40,6 +40,7 @@ __all__ = [
     "DiagnosticReport",
     "DownstreamRequest",
     "DownstreamSettings",
+    "FitSeedsSettings",
     "FittedModel",
     "ModelComparison",
     "Parallelism",

@@ -23,17 +23,7 @@ import pandas as pd
 
 from countvae import plotting
 from countvae._formatting import format_value, json_ready, markdown_table
-from countvae._report_files import (
-    escape,
-    figure_png_base64,
-    html_figure,
-    html_figure_row,
-    html_key_values,
-    html_list,
-    html_page,
-    html_table,
-    write_report_folder,
-)
+from countvae._report_files import html_page, template_environment, write_report_folder
 
 #: Title of the report (Markdown and HTML).
 TITLE = "Rotation invariance check"
@@ -392,61 +382,56 @@ class InvarianceReport:
         parts += [""]
         return "\n".join(parts)
 
-    def _figures(self) -> list[str]:
-        """The report's figures as inline HTML (each drawn on its own Agg figure and closed)."""
+    def _figures(self) -> list[dict[str, Any]]:
+        """The report's figures: title, caption and a function drawing each (on its own Agg figure)."""
         figures = []
         if self.per_cell:
             tolerance = self.settings.get("tolerances", {}).get("abs")
-            ax = plotting.lpd_differences(self.per_cell, threshold=tolerance)
             figures.append(
-                html_figure(
-                    figure_png_base64(ax),
-                    "log p(x) with the same base noise",
-                    "Per-cell |log p(x) transformed - original| for every map; maps that preserve the prior sit at "
-                    "rounding level, the controls at the size of a real change.",
-                )
+                {
+                    "title": "log p(x) with the same base noise",
+                    "caption": "Per-cell |log p(x) transformed - original| for every map; maps that preserve the "
+                    "prior sit at rounding level, the controls at the size of a real change.",
+                    "draw": lambda: plotting.lpd_differences(self.per_cell, threshold=tolerance),
+                }
             )
         if len(self.outputs):
-            ax = plotting.output_changes(self.outputs)
             figures.append(
-                html_figure(
-                    figure_png_base64(ax),
-                    "Which outputs change",
-                    "log10 change of each output of the fitted model under each map (-17: none).",
-                )
+                {
+                    "title": "Which outputs change",
+                    "caption": "log10 change of each output of the fitted model under each map (-17: none).",
+                    "draw": lambda: plotting.output_changes(self.outputs),
+                }
             )
         return figures
 
     def to_html(self) -> str:
         """The report as one self-contained HTML page (inline figures; text from the data escaped)."""
-        body = [
-            f"<h1>{escape(TITLE)}</h1>",
-            f"<p><b>{escape(self._headline())}</b></p>",
-            f"<p>{escape(INTRODUCTION)}</p>",
-            "<h2>Per map</h2>",
-            html_table(self.verdicts(), max_rows=None),
-            html_figure_row(self._figures()),
-        ]
-        if len(self.outputs):
-            body += ["<h2>Which outputs change (fitted model)</h2>", html_table(self.outputs.reset_index(), None)]
         accuracy = self._estimator_accuracy()
-        if len(accuracy):
-            body += [
-                "<h2>The evidence: estimator reliability and accuracy, quadrature convergence</h2>",
-                html_table(accuracy, None),
-            ]
-        if not self.passed:
-            body += ["<h2>Why this is not verified</h2>", f"<ul>{html_list(self.reasons())}</ul>"]
-        if len(self.failures):
-            body += ["<h2>Failed checks</h2>", html_table(self.failures, None)]
-        body += ["<h2>Checks</h2>", f"<ul>{html_list(f'{k}: {v}' for k, v in self._descriptions())}</ul>"]
-        body += ["<h2>What this shows and what it does not</h2>", f"<ul>{html_list(CONCLUSIONS)}</ul>"]
-        body += ["<h2>Settings</h2>", html_key_values(self.settings)]
-        return html_page(TITLE, body)
+        body = (
+            template_environment(__package__)
+            .get_template("invariance_report.html.j2")
+            .render(
+                title=TITLE,
+                headline=self._headline(),
+                introduction=INTRODUCTION,
+                verdicts=self.verdicts(),
+                figures=self._figures(),
+                outputs=self.outputs.reset_index() if len(self.outputs) else None,
+                accuracy=accuracy if len(accuracy) else None,
+                reasons=[] if self.passed else self.reasons(),
+                failures=self.failures if len(self.failures) else None,
+                checks=self._descriptions(),
+                conclusions=CONCLUSIONS,
+                settings=self.settings,
+            )
+        )
+        return html_page(TITLE, [body])
 
     def _repr_html_(self) -> str:
         """The verdict and the per-map table, for notebooks (text escaped)."""
-        return f"<p><b>{escape(self._headline())}</b></p>" + html_table(self.verdicts(), max_rows=None)
+        template = template_environment(__package__).get_template("invariance_summary.html.j2")
+        return template.render(headline=self._headline(), verdicts=self.verdicts())
 
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write ``report.json`` (:meth:`to_dict`), ``report.md`` and ``report.html`` into a new folder.

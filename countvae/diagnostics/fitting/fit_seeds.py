@@ -39,6 +39,7 @@ lose nothing stored:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib
 import logging
@@ -56,6 +57,7 @@ from tqdm.auto import tqdm
 from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
+from countvae._settings import takes_settings
 from countvae.data.file_cells import FileCells
 from countvae.data.gene_selection import get_gene_selection
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
@@ -63,6 +65,7 @@ from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting import scvi_storage
 from countvae.diagnostics.fitting.backends import BACKENDS, DEFAULT_TORCH_THREADS, run_tasks
 from countvae.diagnostics.fitting.broken_fits import all_broken, set_aside
+from countvae.diagnostics.fitting.fit_seeds_settings import FitSeedsSettings
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.heldout import cells_at, fit_cells, heldout_split
 from countvae.diagnostics.fitting.manifest import (
@@ -89,7 +92,7 @@ from countvae.diagnostics.fitting.parallelism import (
     plan_parallelism,
     steps_per_seed,
 )
-from countvae.diagnostics.fitting.progress import SEED_REUSED, Progress, ProgressEvent, notify
+from countvae.diagnostics.fitting.progress import SEED_REUSED, ProgressEvent, notify
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.scratch import remove_orphaned
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -107,7 +110,7 @@ from countvae.model import CountVAE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["fit_seeds", "heldout_split", "load_seed_fits"]
+__all__ = ["FitSeedsSettings", "fit_seeds", "heldout_split", "load_seed_fits"]
 
 _MAX_SEED = 2**32 - 1
 #: Seconds the scratch folders of workers lost or cancelled mid-fit are waited for (their processes ending).
@@ -209,24 +212,8 @@ def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
 
 
 # ----- public API ------------------------------------------------------------------------------
-def fit_seeds(
-    adata: ad.AnnData,
-    seeds: Iterable[int] = range(5),
-    model_kwargs: dict[str, Any] | None = None,
-    train_kwargs: dict[str, Any] | None = None,
-    heldout_fraction: float = 0.1,
-    split_seed: int = 0,
-    n_jobs: int | str = AUTO,
-    out_dir: str | os.PathLike | None = None,
-    backend: str = "local",
-    model_cls: type = CountVAE,
-    overwrite: bool = False,
-    progress_bar: bool = True,
-    *,
-    torch_threads: int | None = None,
-    progress: Progress | None = None,
-    refit_broken: bool = False,
-) -> SeedFits:
+@takes_settings(FitSeedsSettings, positional=11)
+def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     """Fit the same model from several seeds on one shared train/held-out split.
 
     Parameters
@@ -238,67 +225,9 @@ def fit_seeds(
         key, so both kinds of model see the same counts and covariates).
         Genes chosen by :func:`countvae.data.select_top_genes` are recorded
         in the settings (``gene_selection``).
-    seeds
-        At least two distinct integers in ``[0, 2**32 - 1]``. A countvae fit
-        uses ``CountVAE.train(seed=s)``; an scvi-tools fit sets
-        ``scvi.settings.seed = s`` before construction and training (global
-        random states are restored afterwards).
-    model_kwargs
-        Constructor arguments (e.g. ``{"n_latent": 10, "likelihood": "nb"}``
-        for countvae, ``{"n_latent": 10, "gene_likelihood": "nb"}`` for scvi).
-    train_kwargs
-        Arguments of ``train`` (e.g. ``{"max_epochs": 100}``); not ``seed``.
-    heldout_fraction
-        Fraction of cells, in (0, 1), held out from every fit.
-    split_seed
-        Seed of the held-out split (the same split for all seeds).
-    n_jobs
-        Seeds fitted at once: joblib worker processes (local backend) or Ray
-        tasks in flight. ``"auto"`` (default): one seed per ``torch_threads``
-        usable cores (affinity and cgroup quotas respected), at most the seeds
-        left to fit, fewer when the workers' copies of in-memory data would not
-        fit in the available memory, and one at a time in this process when
-        ``progress`` cannot be copied into workers or each seed is too short to
-        repay starting a worker (under ``MIN_STEPS_FOR_WORKERS`` minibatch
-        steps), each with a logged reason (see
-        :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same
-        without the fall-back for ``progress`` (Ray: every seed in flight).
-        ``1`` fits in this process. The fits are the same whatever the number
-        (each keeps its ``torch_threads``); ``settings["n_jobs"]`` records the
-        number used.
-    out_dir
-        Folder to save the fits in (see the module docstring: resumable). With
-        ``None`` the fits live in memory only.
-    backend
-        ``"local"`` or ``"ray"`` (each seed a Ray task on whatever ``ray.init``
-        connects to; a small local instance is started when Ray is not
-        initialised). Ray is an optional dependency (the ``[ray]`` extra).
-    model_cls
-        :class:`countvae.CountVAE` (default), ``scvi.model.SCVI`` or ``scvi.model.LinearSCVI``.
-    overwrite
-        Discard fits already in ``out_dir`` and fit every seed again.
-    progress_bar
-        Show a progress bar over seeds (each fit's own bar is off unless
-        ``train_kwargs`` turns it on).
-    torch_threads
-        Torch threads per fit (``None``: 1, whatever the machine, the backend
-        and ``n_jobs``). On CPU the numbers depend on it (it sets the order in
-        which torch sums), so it is fixed rather than taken from the machine's
-        cores: the same seeds give the same fits on every machine. Recorded in
-        the manifest; a resumed run must use the same value. More threads can
-        speed up one large fit on an otherwise idle machine; ``n_jobs`` uses
-        the cores for several seeds at once without changing the numbers.
-    progress
-        Called with a :class:`~countvae.diagnostics.fitting.progress.ProgressEvent`
-        as each seed is started, trained, written, stored or reused. Started and
-        trained are reported where the fit runs: with worker processes or Ray
-        tasks, ``progress`` is copied into them and must be picklable (see
-        :mod:`countvae.diagnostics.fitting.progress`).
-    refit_broken
-        When a stored seed folder in ``out_dir`` is damaged (a file truncated,
-        empty, altered or swapped), move it to ``out_dir/broken/`` and refit
-        that seed, keeping every intact one. Without it such a folder stops the
-        run with an error naming the folder, the file and this remedy.
+    {settings}
+    settings
+        All of the above as one :class:`FitSeedsSettings`; keywords given with it replace its fields.
 
     Returns
     -------
@@ -339,31 +268,97 @@ def fit_seeds(
     ([0, 1], 30)
 
     """
-    seeds = _check_seeds(seeds)
-    registry = _check_registered(adata)
-    heldout_fraction = check_number("heldout_fraction", heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
-    split_seed = check_int("split_seed", split_seed, minimum=0)
-    n_jobs = check_n_jobs(n_jobs)
-    check_choice("backend", backend, BACKENDS)
-    _check_progress(progress, parallel=backend == "ray" or n_jobs not in (1, AUTO))
-    family = _model_family(model_cls)
-    model_kwargs = _check_kwargs("model_kwargs", model_kwargs, {"adata": "fit_seeds passes the fit cells itself."})
-    train_kwargs = _check_kwargs("train_kwargs", train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."})
-    threads = DEFAULT_TORCH_THREADS if torch_threads is None else check_int("torch_threads", torch_threads, minimum=1)
-
-    fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
+    s, registry, family = _checked_settings(adata, settings)
+    fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)
     stream = adata.isbacked and family == "countvae"
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
     adata_heldout = cells_at(adata, heldout_idx)
     check_fit_genes(adata_fit, registry)
-    model_record = to_json_value(model_kwargs, "model_kwargs")
-    settings = {
-        "model_class": scvi_storage.class_path(model_cls),
+    model_record = to_json_value(s.model_kwargs, "model_kwargs")
+    recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, stream)
+    tasks = [
+        FitTask(
+            seed=seed,
+            model_cls=s.model_cls,
+            model_kwargs=s.model_kwargs,
+            train_kwargs=s.train_kwargs,
+            model_kwargs_record=model_record,
+            torch_threads=s.torch_threads,
+            progress=s.progress,
+        )
+        for seed in s.seeds
+    ]
+    loader = FitLoader(s.model_cls, family, adata_fit, registry)
+    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": recorded, "seeds": s.seeds}
+    fits, seconds, reused, records, parallelism = _fit_or_reuse(tasks, loader, fit_data, manifest, s)
+    return SeedFits(
+        fits=[fits[seed] for seed in s.seeds],
+        adata_fit=loader.adata_for_fits,
+        adata_heldout=adata_heldout,
+        settings={
+            **recorded,
+            "seeds": s.seeds,
+            "backend": s.backend,
+            "n_jobs": parallelism.n_jobs,
+            "parallelism": parallelism.describe(),
+            "training": [{"seed": seed, **records[seed].get("training", {})} for seed in s.seeds],
+        },
+        seconds=seconds,
+        out_dir=None if s.out_dir is None else Path(s.out_dir),
+        reused_seeds=reused,
+        records=records,
+    )
+
+
+def _checked_settings(adata: Any, s: FitSeedsSettings) -> tuple[FitSeedsSettings, Registry, str]:
+    """``s`` checked against ``adata`` and normalised (seeds a list, kwargs dicts, threads a number).
+
+    Returns the settings, the data's registry and the model family.
+    """
+    seeds = _check_seeds(s.seeds)
+    registry = _check_registered(adata)
+    heldout_fraction = check_number("heldout_fraction", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    split_seed = check_int("split_seed", s.split_seed, minimum=0)
+    n_jobs = check_n_jobs(s.n_jobs)
+    check_choice("backend", s.backend, BACKENDS)
+    _check_progress(s.progress, parallel=s.backend == "ray" or n_jobs not in (1, AUTO))
+    family = _model_family(s.model_cls)
+    checked = dataclasses.replace(
+        s,
+        seeds=seeds,
+        heldout_fraction=heldout_fraction,
+        split_seed=split_seed,
+        n_jobs=n_jobs,
+        model_kwargs=_check_kwargs("model_kwargs", s.model_kwargs, {"adata": "fit_seeds passes the fit cells itself."}),
+        train_kwargs=_check_kwargs(
+            "train_kwargs", s.train_kwargs, {"seed": "fit_seeds sets each fit's seed from `seeds`."}
+        ),
+        torch_threads=(
+            DEFAULT_TORCH_THREADS if s.torch_threads is None else check_int("torch_threads", s.torch_threads, minimum=1)
+        ),
+        refit_broken=check_bool("refit_broken", s.refit_broken),
+    )
+    return checked, registry, family
+
+
+def _recorded_settings(
+    adata: ad.AnnData,
+    registry: Registry,
+    s: FitSeedsSettings,
+    family: str,
+    model_record: Any,
+    fit_idx: np.ndarray,
+    heldout_idx: np.ndarray,
+    stream: bool,
+) -> dict[str, Any]:
+    """What determines the fits, as written to the manifest (a rerun with other values is refused)."""
+    recorded = {
+        "model_class": scvi_storage.class_path(s.model_cls),
         "model_family": family,
         "model_kwargs": model_record,
-        "train_kwargs": to_json_value(train_kwargs, "train_kwargs"),
-        "heldout_fraction": heldout_fraction,
-        "split_seed": split_seed,
+        "train_kwargs": to_json_value(s.train_kwargs, "train_kwargs"),
+        "heldout_fraction": s.heldout_fraction,
+        "split_seed": s.split_seed,
         "registry": {
             "layer": registry.layer,
             "use_raw": registry.use_raw,
@@ -376,58 +371,15 @@ def fit_seeds(
             "n_heldout": int(len(heldout_idx)),
             "heldout_sha256": _sha256_ints(heldout_idx),
         },
-        "torch_threads": threads,
+        "torch_threads": s.torch_threads,
         "versions": package_versions(*(() if family == "countvae" else ("scvi-tools", "lightning"))),
     }
     gene_selection = get_gene_selection(adata)
     if gene_selection is not None:  # recorded only when genes were selected, so older folders still resume
-        settings["gene_selection"] = gene_selection
+        recorded["gene_selection"] = gene_selection
     if stream:  # minibatches come from the file in blocks, not from memory cell by cell: other fits
-        settings["fit_cells"] = "read from the backed file by each fit"
-    tasks = [
-        FitTask(
-            seed=s,
-            model_cls=model_cls,
-            model_kwargs=model_kwargs,
-            train_kwargs=train_kwargs,
-            model_kwargs_record=model_record,
-            torch_threads=threads,
-            progress=progress,
-        )
-        for s in seeds
-    ]
-    loader = FitLoader(model_cls, family, adata_fit, registry)
-    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": settings, "seeds": seeds}
-    fits, seconds, reused, records, parallelism = _fit_or_reuse(
-        tasks,
-        loader,
-        fit_data,
-        backend,
-        n_jobs,
-        out_dir,
-        manifest,
-        overwrite,
-        progress_bar,
-        progress,
-        check_bool("refit_broken", refit_broken),
-    )
-    return SeedFits(
-        fits=[fits[s] for s in seeds],
-        adata_fit=loader.adata_for_fits,
-        adata_heldout=adata_heldout,
-        settings={
-            **settings,
-            "seeds": seeds,
-            "backend": backend,
-            "n_jobs": parallelism.n_jobs,
-            "parallelism": parallelism.describe(),
-            "training": [{"seed": s, **records[s].get("training", {})} for s in seeds],
-        },
-        seconds=seconds,
-        out_dir=None if out_dir is None else Path(out_dir),
-        reused_seeds=reused,
-        records=records,
-    )
+        recorded["fit_cells"] = "read from the backed file by each fit"
+    return recorded
 
 
 def _n_cells(fit_data: ad.AnnData | FileCells) -> int:
@@ -438,19 +390,14 @@ def _fit_or_reuse(
     tasks: list[FitTask],
     loader: FitLoader,
     fit_data: ad.AnnData | FileCells,
-    backend: str,
-    n_jobs: int | str,
-    out_dir: str | os.PathLike | None,
     manifest: dict[str, Any],
-    overwrite: bool,
-    progress_bar: bool,
-    progress: Progress | None,
-    refit_broken: bool = False,
+    settings: FitSeedsSettings,
 ) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]], Parallelism]:
-    """Load the completed seeds from ``out_dir``, fit and store the others.
+    """Load the completed seeds from ``settings.out_dir``, fit and store the others.
 
     Returns the fits, seconds, reused seeds, each seed's ``fit.json`` record and the parallelism used.
     """
+    backend, n_jobs, out_dir, progress = settings.backend, settings.n_jobs, settings.out_dir, settings.progress
     with contextlib.ExitStack() as stack:
         if out_dir is None:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
@@ -459,13 +406,13 @@ def _fit_or_reuse(
             if root.exists() and not root.is_dir():
                 raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
             stack.enter_context(locked(root))
-        prepare(root, manifest, overwrite)
+        prepare(root, manifest, settings.overwrite)
         remove_orphaned()  # left by the workers of a run that was killed
         fits_dir = root / FITS_FOLDER
         fits: dict[int, FittedModel] = {}
         seconds: dict[int, float] = {}
         records: dict[int, dict[str, Any]] = {}
-        reused = _reuse_stored(root, [t.seed for t in tasks], loader, fits, records, refit_broken)
+        reused = _reuse_stored(root, [t.seed for t in tasks], loader, fits, records, settings.refit_broken)
         for s in reused:
             seconds[s] = 0.0
             notify(progress, ProgressEvent(SEED_REUSED, seed=s))
@@ -475,7 +422,9 @@ def _fit_or_reuse(
         parallelism = plan_parallelism(n_jobs, len(todo), fit_data, threads, backend, progress, steps)
         if todo:
             logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
-        with tqdm(total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not progress_bar) as bar:
+        with tqdm(
+            total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not settings.progress_bar
+        ) as bar:
             try:
                 for outcome in run_tasks(backend, todo, fit_data, parallelism.n_jobs):
                     store(fits_dir, outcome, loader.family, progress)

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from countvae import plotting
 from countvae._formatting import json_ready, markdown_table
 from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
-from countvae._report_files import figure_png_base64, html_figure, html_list, html_page, html_table
+from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.analyses.model_comparison import rule_text
 
 __all__ = ["COMPARISON_FILES", "ModelComparison"]
@@ -180,9 +180,11 @@ class ModelComparison:
 
     def to_html(self) -> str:
         """The comparison as one HTML page, with the frontier figure inline."""
-        figure = html_figure(figure_png_base64(self.plot_frontier()), "Fit against stability", self.rule)
-        body = ["<h1>Model comparison</h1>", html_list(self.summary().splitlines()), figure, html_table(self.table)]
-        return html_page("countvae model comparison", body)
+        template = template_environment(__package__).get_template("model_comparison.html.j2")
+        body = template.render(
+            summary=self.summary().splitlines(), draw=self.plot_frontier, rule=self.rule, table=self.table
+        )
+        return html_page("countvae model comparison", [body])
 
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write ``comparison.json``, ``comparison.md`` and ``comparison.html`` into a new folder, atomically.

@@ -9,11 +9,7 @@ comes from the data or the fits (gene names, obs categories, fit names) is HTML-
 
 from __future__ import annotations
 
-from functools import cache
-
-import jinja2
-
-from countvae._report_files import figure_png_base64, html_key_values, html_page, html_table
+from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Section
 from countvae.diagnostics.reporting.sections.registry import registered_sections
@@ -36,22 +32,6 @@ _STYLE = """
 """
 
 
-@cache
-def environment() -> jinja2.Environment:
-    """The templates of the report, with the filters that turn tables and figures into HTML."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("countvae.diagnostics.reporting", "templates"),
-        autoescape=True,
-        trim_blocks=False,
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["table"] = lambda frame, max_rows: jinja2.utils.markupsafe.Markup(html_table(frame, max_rows=max_rows))
-    env.filters["key_values"] = lambda mapping: jinja2.utils.markupsafe.Markup(html_key_values(mapping))
-    env.filters["png"] = lambda draw: figure_png_base64(draw())
-    env.globals["zip"] = zip
-    return env
-
-
 def sections_of(rep: ReportContent) -> tuple[Section, ...]:
     """The sections the report was made with (a report loaded from a file: the registered ones)."""
     return rep.sections if rep.sections is not None else registered_sections()
@@ -68,7 +48,7 @@ def _summary_blocks(rep: ReportContent) -> list[Block]:
 def summary_html(rep: ReportContent) -> str:
     """The verdict and the sections' notebook blocks as an HTML fragment (for notebooks)."""
     blocks = [b for s in sections_of(rep) for b in _html_blocks(s.notebook_blocks(rep))]
-    template = environment().get_template("summary.html.j2")
+    template = template_environment(__package__).get_template("summary.html.j2")
     return template.render(title="Multi-seed diagnostics", headline=rep.headline, blocks=blocks)
 
 
@@ -81,7 +61,7 @@ def render_html(rep: ReportContent) -> str:
             shown.append({"name": section.name, "title": section.title, "level": section.level, "blocks": blocks})
     fits = [f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", [])]
     body = (
-        environment()
+        template_environment(__package__)
         .get_template("report.html.j2")
         .render(
             title=TITLE,

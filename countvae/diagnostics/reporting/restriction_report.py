@@ -16,16 +16,7 @@ from typing import Any
 import pandas as pd
 
 from countvae._formatting import json_ready, markdown_table
-from countvae._report_files import (
-    ALL_ROWS_NOTE,
-    escape,
-    html_details,
-    html_key_values,
-    html_list,
-    html_page,
-    html_table,
-    write_report_folder,
-)
+from countvae._report_files import ALL_ROWS_NOTE, html_page, template_environment, write_report_folder
 
 TITLE = "Restrictions: what each one identifies, and at what cost"
 
@@ -124,22 +115,22 @@ class RestrictionReport:
 
     def to_html(self) -> str:
         """The report as one self-contained HTML page (the text of report.html)."""
-        body = [
-            f"<h1>{escape(TITLE)}</h1>",
-            f'<div class="verdict"><ul>{html_list(self.headline)}</ul></div>',
-            f"<p>{escape(INTRODUCTION)}</p>",
-        ]
-        for name, heading in SECTIONS.items():
-            if name in self.tables and len(self.tables[name]):
-                body += [f"<h2>{escape(heading)}</h2>", html_table(self.tables[name], max_rows=80)]
-        body += [
-            "<h2>Settings and provenance</h2>",
-            html_key_values(self.settings),
-            html_details("Provenance", html_key_values(self.provenance)),
-            html_details("Timings (seconds)", html_key_values(self.timings)),
-        ]
+        shown = [(heading, self.tables[name]) for name, heading in SECTIONS.items() if len(self.tables.get(name, ()))]
+        body = (
+            template_environment(__package__)
+            .get_template("restriction_report.html.j2")
+            .render(
+                title=TITLE,
+                headline=self.headline,
+                introduction=INTRODUCTION,
+                tables=shown,
+                settings=self.settings,
+                provenance=self.provenance,
+                timings=self.timings,
+            )
+        )
         style = ".verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}"
-        return html_page(TITLE, body, extra_style=style)
+        return html_page(TITLE, [body], extra_style=style)
 
     def save(self, dir_path: str | Path, overwrite: bool = False) -> Path:
         """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically."""
@@ -156,4 +147,5 @@ class RestrictionReport:
 
     def _repr_html_(self) -> str:
         """The verdict and the main table, for notebooks."""
-        return f"<ul>{html_list(self.headline)}</ul>{html_table(self.restrictions)}"
+        template = template_environment(__package__).get_template("restriction_summary.html.j2")
+        return template.render(headline=self.headline, restrictions=self.restrictions)

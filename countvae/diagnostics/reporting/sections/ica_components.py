@@ -1,7 +1,9 @@
 """The ICA components section: which ICA axes of the first seed reproduce across seeds (and the ICA row's verdict).
 
-This is the worked example of docs/architecture.md ("where to add things"): everything the
-section computes, decides, says and shows is in this file; the registry lists it.
+This is the worked example of docs/architecture.md ("where to add things"): what the section
+asks of the fits, computes, decides, says and shows is declared in this file, and the registry
+lists it. The computation (``analyses.components``), the components' verdicts (``verdicts``) and
+the sentence (``headline``) are older helpers it calls.
 """
 
 from __future__ import annotations
