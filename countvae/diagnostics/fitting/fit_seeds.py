@@ -303,10 +303,10 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
             "parallelism": parallelism.describe(),
             "training": [{"seed": seed, **records[seed].get("training", {})} for seed in s.seeds],
         },
-        seconds=seconds,
+        seconds={seed: seconds[seed] for seed in s.seeds},  # in seed order, not the order the fits finished in
         out_dir=None if s.out_dir is None else Path(s.out_dir),
         reused_seeds=reused,
-        records=records,
+        records={seed: records[seed] for seed in s.seeds},
     )
 
 

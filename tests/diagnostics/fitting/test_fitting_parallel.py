@@ -235,3 +235,18 @@ def test_workers_fit_under_the_callers_warning_filters(monkeypatch):
         assert warnings.filters == before, "the worker's own filters were not restored after the fit"
         backends._run_fit_with_filters(None, None, [("always", None, Warning, None, 0)])
         assert [str(w.message) for w in shown] == ["lightning says hello"]
+
+
+def test_seconds_and_records_are_in_seed_order_whatever_order_the_fits_finish_in(adata, monkeypatch):
+    from countvae.diagnostics.fitting import fit_seeds as fit_seeds_module
+
+    real = fit_seeds_module.run_tasks
+
+    def finishing_backwards(*args, **kwargs):
+        yield from reversed(list(real(*args, **kwargs)))
+
+    monkeypatch.setattr(fit_seeds_module, "run_tasks", finishing_backwards)
+    fits = fit_seeds(adata, n_jobs=1, **{**OPTIONS, "seeds": [0, 1, 2]})
+    assert list(fits.seconds) == [0, 1, 2]
+    assert list(fits.records) == [0, 1, 2]
+    assert [fit.seed for fit in fits] == [0, 1, 2]
