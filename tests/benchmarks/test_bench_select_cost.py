@@ -1,0 +1,76 @@
+"""benchmarks/bench_select_cost.py: its projection of the default run against known answers, and a smoke run."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    if str(BENCH) not in sys.path:  # the scripts import their shared module as `_common`
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_select_cost_under_test", BENCH / "bench_select_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_wall_fits_seeds_in_waves_of_n_jobs(bench):
+    # 3 seeds on 2 workers: two waves, each as long as the mean seed (20 s).
+    assert bench._training_wall({"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 2}) == pytest.approx(40.0)
+    assert bench._training_wall({"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 1}) == pytest.approx(60.0)
+    assert bench._training_wall({"seed_seconds": [10.0, 30.0], "n_jobs": 2}) == pytest.approx(20.0)
+
+
+def test_default_epochs_are_scvi_tools_rule_on_the_training_share(bench):
+    # 9,000 fit cells -> 8,100 trained on -> min(988, 400); 30,000 -> 27,000 -> round(296.3) = 296.
+    assert bench._default_epochs(9_000) == 400
+    assert bench._default_epochs(30_000) == 296
+
+
+def _result(max_epochs):
+    record = {"n_latent": 5, "n_jobs": 2, "epochs": [40, 40, 40], "seed_seconds": [60.0, 60.0, 60.0]}
+    select = {
+        "seconds": 300.0,
+        "phases": {"fits": 250.0, "held-out log p(x)": 30.0},
+        "fits": [record],
+        "table": [{"candidate": "n_latent=5", "lpd_per_cell": -900.0, "verdict": "recommended"}],
+        "recommended": {"n_latent": 5},
+        "cells": 10_000,
+        "genes": 2_000,
+    }
+    run = {"n_latent": 5, "fit_seconds": 50.0, "marginal_ll_seconds": 10.0, "marginal_ll": -910.0, "epochs": 40}
+    peer = {"runs": [run], "threads": 2, "n_fit": 9_000, "n_heldout": 1_000}
+    return {"select": select, "peer": peer, "loads": ["1 1 1"] * 3, "max_epochs": max_epochs, "n_mc_samples": 1000}
+
+
+def test_projection_scales_only_the_training_wall_time(bench):
+    result = _result(40)
+    # 400 / 40 = 10x: 300 s + 9 x (2 waves x 60 s) = 1,380 s; SCVI: 50 s x 10 = 500 s.
+    epochs, projected, scvi = bench.project_to_defaults(result["select"], result["peer"], 40)
+    assert (epochs, projected, scvi) == (400, pytest.approx(1380.0), pytest.approx(500.0))
+
+
+def test_a_run_at_the_defaults_is_not_projected(bench):
+    result = _result(None)
+    epochs, projected, scvi = bench.project_to_defaults(result["select"], result["peer"], None)
+    assert (epochs, projected, scvi) == (400, 300.0, 50.0)
+
+
+@pytest.mark.slow
+def test_quick_run_writes_its_own_section(bench, tmp_path):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n<!-- section: other -->\nkept\n<!-- end: other -->\n")
+    assert bench.main(["--quick", "--settings", "b", "--n-mc-samples", "10", "--results", str(results)]) == 0
+    text = results.read_text()
+    assert "kept" in text
+    body = text[
+        text.index("<!-- section: select-cost-10k-quick -->") : text.index("<!-- end: select-cost-10k-quick -->")
+    ]
+    assert "QUICK" in body and "Command:" in body and "compare_models recommended:" in body
