@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_modules import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    if str(BENCH) not in sys.path:  # the scripts import their shared module as `_common`
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_select_cost_under_test", BENCH / "bench_select_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("bench_select_cost")
 
 
 def test_training_wall_fits_seeds_in_waves_of_n_jobs(bench):
