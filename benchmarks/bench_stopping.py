@@ -301,7 +301,7 @@ def choose_rule(rules: pd.DataFrame, tolerance: float) -> pd.DataFrame:
 
 # ----- driver -------------------------------------------------------------------------------------
 def _old_default_epochs(n_cells: int) -> int:
-    from countvae.diagnostics.diagnosis import CELL_PASSES_PER_SEED
+    from countvae.diagnostics.fitting.default_training import CELL_PASSES_PER_SEED
 
     n_fit = int(round(0.9 * n_cells))
     return int(min(400, max(20, round(CELL_PASSES_PER_SEED / n_fit))))

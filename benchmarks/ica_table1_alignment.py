@@ -54,7 +54,7 @@ from countvae.diagnostics import fit_seeds
 from countvae.diagnostics.analyses.alignment import MAP_CLASSES, alignment_errors, ica_efficiency
 from countvae.diagnostics.analyses.components import ica_component_stability
 from countvae.diagnostics.analyses.resampling import cell_bootstrap
-from countvae.diagnostics.diagnosis import default_epochs
+from countvae.diagnostics.fitting.default_training import default_epochs
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.output_folder import FIT_RECORD, FITS_FOLDER
 from countvae.diagnostics.reporting.settings import ReportSettings

@@ -66,7 +66,15 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--likelihood", choices=["poisson", "nb", "zinb"], default="nb")
     p.add_argument("--seeds", type=int, default=3, help="seeds per candidate (default: 3)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
-    p.add_argument("--max-epochs", type=int, default=None, help="default: as scvi-tools, from the data size")
+    p.add_argument(
+        "--max-epochs", type=int, default=None, help="default: 600,000 cell passes, 20 to 400 epochs (as diagnose)"
+    )
+    p.add_argument(
+        "--early-stopping",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stop each fit when its validation loss stalls, keeping its best epoch (default: off)",
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--n-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
@@ -91,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
     grid: dict[str, list] = {"n_latent": args.n_latent, "decoder": args.decoder, "likelihood": [args.likelihood]}
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
-    train_kwargs = {"max_epochs": args.max_epochs, "batch_size": args.batch_size, "lr": args.lr}
+    train_kwargs = {
+        "max_epochs": args.max_epochs,
+        "early_stopping": args.early_stopping,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+    }
     comparison = compare_models(
         adata,
         grid,

@@ -10,12 +10,12 @@ one call, what ``countvae diagnose`` runs.
 from countvae.diagnostics.diagnosis import (
     DIAGNOSE_N_LATENT,
     DIAGNOSE_N_TOP_GENES,
-    DIAGNOSE_STOPPING,
     DiagnosePlan,
     DiagnoseSettings,
     diagnose,
     plan_diagnose,
 )
+from countvae.diagnostics.fitting.default_training import DIAGNOSE_STOPPING
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_seeds, heldout_split, load_seed_fits
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.parallelism import Parallelism, plan_parallelism

@@ -2,8 +2,8 @@
 
 It chooses the genes (the most variable when the data has more than
 :data:`DIAGNOSE_N_TOP_GENES`), fits the seeds with :func:`fit_seeds` on one
-shared held-out split, trained for :func:`default_epochs` epochs with the
-stopping rule :data:`DIAGNOSE_STOPPING`, compares them with :func:`report`, and
+shared held-out split, trained as :mod:`~countvae.diagnostics.fitting.default_training`
+says (a budget of cell passes, early stopping), compares them with :func:`report`, and
 returns the :class:`DiagnosticReport`. With ``out_dir`` the run is the command's:
 ``out_dir/fits`` is the resumable :func:`fit_seeds` folder (an interrupted run
 called again with the same arguments refits only the seeds that had not
@@ -35,6 +35,7 @@ from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
+from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -44,35 +45,15 @@ from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
 from countvae.errors import InvalidArgumentError, OutputExistsError
-from countvae.model.training import DEFAULT_STOPPING
 
 logger = logging.getLogger(__name__)
 
 #: Latent dimensions when ``model_kwargs`` does not name them.
 DIAGNOSE_N_LATENT = 10
-#: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
-#: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
-CELL_PASSES_PER_SEED = 600_000
 #: Genes kept by default (the most variable, on the raw counts) when the data has more: fitting time
 #: grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with all of them
 #: (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
 DIAGNOSE_N_TOP_GENES = 2_000
-#: The stopping rule of ``diagnose`` (on unless ``train_kwargs`` has ``early_stopping=False``), chosen in
-#: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
-#: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs. A single
-#: ``CountVAE.train`` keeps the TrainingPlan defaults (early stopping off).
-DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
-
-
-def default_epochs(n_fit_cells: int) -> int:
-    """Epochs per seed when ``max_epochs`` is not given: 600,000 cell passes, between 20 and 400.
-
-    scvi-tools' default (``min(20000 / n * 400, 400)``, 400 epochs below 20,000 cells)
-    is made for one fit; ``diagnose`` fits several, so it trains each for a fixed
-    number of cell passes instead (77 epochs on 7,800 cells). The number is fixed
-    rather than a time budget, so that a resumed run reproduces the same fits.
-    """
-    return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
 
 
 # The settings of diagnose and plan_diagnose are the fields of DiagnoseSettings, each written once there
@@ -238,20 +219,6 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
         report_dir=report_dir,
         h5ad_path=h5ad_path,
     )
-
-
-def diagnose_train_kwargs(train_kwargs: Mapping[str, Any] | None, n_fit_cells: int) -> dict[str, Any]:
-    """``train_kwargs`` with the defaults of :func:`diagnose` filled in.
-
-    ``max_epochs``: ``default_epochs``; ``early_stopping``: on, with
-    ``DIAGNOSE_STOPPING`` for the settings not given (none of them when
-    early stopping is off, so that the model's own defaults apply); no progress bar.
-    """
-    given = {k: v for k, v in (train_kwargs or {}).items() if v is not None}
-    kwargs: dict[str, Any] = {"max_epochs": default_epochs(n_fit_cells), "early_stopping": True, **given}
-    if kwargs["early_stopping"]:
-        kwargs = {**DIAGNOSE_STOPPING, **kwargs}
-    return {**kwargs, "progress_bar": False}
 
 
 @takes_settings(DiagnoseSettings)

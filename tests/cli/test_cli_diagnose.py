@@ -122,7 +122,7 @@ def test_missing_file(tmp_path, capsys):
 
 
 def test_default_epochs_budget():
-    from countvae.diagnostics.diagnosis import default_epochs
+    from countvae.diagnostics.fitting.default_training import default_epochs
 
     assert default_epochs(7816) == 77  # Kang with 10% held out: 600,000 cell passes
     assert default_epochs(500) == 400  # small data: scvi-tools' cap

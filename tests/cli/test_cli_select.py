@@ -50,3 +50,33 @@ def test_select_help_and_bad_grids(data, tmp_path, capsys):
     assert "at least 2 seeds" in capsys.readouterr().err
     assert main(["select", str(data), "--n-latent", "30", "--out", str(tmp_path / "y"), "--quiet"]) == 1
     assert "data allow fewer than" in capsys.readouterr().err
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("flag", [None, "--early-stopping"])
+def test_select_trains_each_candidate_for_the_diagnose_budget(data, tmp_path, monkeypatch, flag):
+    from countvae.diagnostics import DIAGNOSE_STOPPING
+    from countvae.diagnostics.fitting.default_training import default_epochs
+    from countvae.diagnostics.reporting import compare_models
+
+    seen = {}
+
+    def record(adata, **kwargs):
+        seen.update(kwargs["train_kwargs"])
+        raise _Stop
+
+    monkeypatch.setattr(compare_models, "fit_seeds", record)
+    args = ["select", str(data), "--n-latent", "1,2", "--out", str(tmp_path / "s"), "--quiet"]
+    with pytest.raises(_Stop):
+        main(args + ([flag] if flag else []))
+    assert seen["max_epochs"] == default_epochs(180)  # 200 cells, 10% held out: the diagnose budget, capped at 400
+    assert seen["batch_size"] == 128 and seen["lr"] == 1e-3
+    if flag is None:  # off by default: the model's own defaults apply
+        assert seen["early_stopping"] is False
+        assert not set(DIAGNOSE_STOPPING) & set(seen)
+    else:
+        assert seen["early_stopping"] is True
+        assert {k: seen[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING

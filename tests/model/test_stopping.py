@@ -12,7 +12,7 @@ import torch
 import countvae as cv
 from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix
-from countvae.diagnostics.diagnosis import DIAGNOSE_STOPPING, default_epochs, diagnose_train_kwargs
+from countvae.diagnostics.fitting.default_training import DIAGNOSE_STOPPING, default_epochs, diagnose_train_kwargs
 from countvae.model.training import DEFAULT_STOPPING, ConvergenceRule, TrainingPlan, evaluate_loss
 
 

@@ -24,6 +24,7 @@ from countvae._settings import unknown_setting
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
+from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -141,7 +142,13 @@ def compare_models(
     heldout_fraction, split_seed
         The held-out split, the same for every candidate (see :func:`countvae.diagnostics.fit_seeds`).
     train_kwargs
-        Arguments of ``CountVAE.train``, the same for every candidate.
+        Arguments of ``CountVAE.train``, the same for every candidate. ``max_epochs`` not given:
+        :func:`~countvae.diagnostics.diagnose`'s budget of 600,000 cell passes (20 to 400 epochs; scvi-tools'
+        rule would train 400 epochs on anything under 20,000 cells). Early stopping is off unless
+        ``early_stopping=True`` (then with ``diagnose``'s rule): its patience is counted in epochs, so on a
+        few hundred cells it is a few dozen steps, and it stopped a 540-cell linear fit at its 4th epoch
+        (tests/diagnostics/reporting/test_model_comparison.py), which would rank candidates by where they
+        happened to stop rather than by what they can fit.
     out_dir
         Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
         resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
@@ -182,7 +189,8 @@ def compare_models(
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
     seeds = list(seeds)
-    settings_list, names = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
+    settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
+    train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
     fits: dict[str, SeedFits] = {}
     for name, settings in zip(names, settings_list, strict=True):
         folder = None if out_dir is None else Path(out_dir) / _folder_name(name)
@@ -215,8 +223,8 @@ def _checked_candidates(
     adata: ad.AnnData,
     heldout_fraction: float,
     split_seed: int,
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The candidates' settings and names, refused before any fitting when they cannot be compared."""
+) -> tuple[list[dict[str, Any]], list[str], int]:
+    """The candidates' settings and names and the number of fit cells, refused before fitting when not comparable."""
     settings_list = mc.expand_candidates(candidates)
     if len(seeds) < 2:
         raise InvalidArgumentError(
@@ -227,7 +235,7 @@ def _checked_candidates(
     names = [candidate_name(s) for s in settings_list]
     if len(set(names)) != len(names):
         raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
-    return settings_list, names
+    return settings_list, names, n_fit_cells
 
 
 def _fit_seconds(seed_fits: SeedFits) -> float:

@@ -287,3 +287,35 @@ def test_linear_sources_move_the_library_share_that_one_more_dimension_carries()
     given_size_factor = log_marginal_linear(x, true_library, W, theta, n_nodes=12).mean().item()
     assert three - two > 20.0
     assert abs(three - given_size_factor) < 5.0
+
+
+def test_candidates_train_for_the_diagnose_budget_without_early_stopping(adata, monkeypatch):
+    from countvae.diagnostics.fitting.default_training import DIAGNOSE_STOPPING, default_epochs
+    from countvae.diagnostics.reporting import compare_models
+
+    seen = []
+
+    def record(data, **kwargs):
+        seen.append(kwargs["train_kwargs"])
+        raise StopIteration
+
+    monkeypatch.setattr(compare_models, "fit_seeds", record)
+    for given in (None, {"max_epochs": 7, "early_stopping": True}):
+        with pytest.raises(StopIteration):
+            diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), train_kwargs=given)
+    assert seen[0] == {"max_epochs": default_epochs(540), "early_stopping": False, "progress_bar": False}
+    assert default_epochs(540) == 400  # 600 cells, 10% held out: the cap of 400 applies
+    assert seen[1] == {"max_epochs": 7, **DIAGNOSE_STOPPING, "early_stopping": True, "progress_bar": False}
+
+
+def test_early_stopping_on_a_few_hundred_cells_stops_within_a_few_dozen_steps(adata):
+    """Why compare_models leaves early stopping off: the rule's patience is in epochs (4 minibatches here)."""
+    fits = diagnostics.fit_seeds(
+        adata,
+        seeds=[0, 1],
+        model_kwargs={"n_latent": 3, "decoder": "linear"},
+        train_kwargs={**TRAIN, "early_stopping": True},
+        progress_bar=False,
+    )
+    kept = [t["kept_epoch"] for t in fits.settings["training"]]
+    assert min(kept) <= TRAIN["max_epochs"] // 4  # a seed kept an epoch of the first quarter of the schedule

@@ -1,0 +1,50 @@
+"""How the multi-seed diagnostics train each seed when ``train_kwargs`` leaves it open.
+
+``diagnose`` and ``compare_models`` fit several models where an analyst would fit one, so each seed gets a
+fixed budget of cell passes (:func:`default_epochs`); ``diagnose`` also stops early with the one shared rule
+(:data:`~countvae.model.training.DEFAULT_STOPPING`). A single ``CountVAE.train`` keeps scvi-tools' epochs and
+no early stopping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from countvae.model.training import DEFAULT_STOPPING
+
+#: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
+#: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
+CELL_PASSES_PER_SEED = 600_000
+#: The stopping rule of ``diagnose`` (on unless ``train_kwargs`` has ``early_stopping=False``), chosen in
+#: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
+#: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs. A single
+#: ``CountVAE.train`` keeps the TrainingPlan defaults (early stopping off).
+DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
+
+
+def default_epochs(n_fit_cells: int) -> int:
+    """Epochs per seed when ``max_epochs`` is not given: 600,000 cell passes, between 20 and 400.
+
+    scvi-tools' default (``min(20000 / n * 400, 400)``, 400 epochs below 20,000 cells)
+    is made for one fit; ``diagnose`` fits several, so it trains each for a fixed
+    number of cell passes instead (77 epochs on 7,800 cells). The number is fixed
+    rather than a time budget, so that a resumed run reproduces the same fits.
+    """
+    return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
+
+
+def diagnose_train_kwargs(
+    train_kwargs: Mapping[str, Any] | None, n_fit_cells: int, early_stopping: bool = True
+) -> dict[str, Any]:
+    """``train_kwargs`` with the defaults of :func:`diagnose` filled in.
+
+    ``max_epochs``: ``default_epochs``; ``early_stopping``: the given default (on for
+    ``diagnose``), with ``DIAGNOSE_STOPPING`` for the settings not given when on (none
+    of them when off, so that the model's own defaults apply); no progress bar.
+    """
+    given = {k: v for k, v in (train_kwargs or {}).items() if v is not None}
+    kwargs: dict[str, Any] = {"max_epochs": default_epochs(n_fit_cells), "early_stopping": early_stopping, **given}
+    if kwargs["early_stopping"]:
+        kwargs = {**DIAGNOSE_STOPPING, **kwargs}
+    return {**kwargs, "progress_bar": False}
