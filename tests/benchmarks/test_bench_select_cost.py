@@ -11,17 +11,21 @@ def bench():
     return benchmark_module("bench_select_cost")
 
 
-def test_training_wall_fits_seeds_in_waves_of_n_jobs(bench):
+def test_training_wall_fits_all_candidates_seeds_in_one_pool(bench):
     # 3 seeds on 2 workers: two waves, each as long as the mean seed (20 s).
-    assert bench._training_wall({"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 2}) == pytest.approx(40.0)
-    assert bench._training_wall({"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 1}) == pytest.approx(60.0)
-    assert bench._training_wall({"seed_seconds": [10.0, 30.0], "n_jobs": 2}) == pytest.approx(20.0)
+    assert bench._training_wall([{"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 2}]) == pytest.approx(40.0)
+    assert bench._training_wall([{"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 1}]) == pytest.approx(60.0)
+    # two candidates of 3 seeds on 2 workers: 6 fits in 3 waves of the mean (20 s), not 2 x 2 waves
+    two = [{"seed_seconds": [10.0, 20.0, 30.0], "n_jobs": 2}, {"seed_seconds": [20.0, 20.0, 20.0], "n_jobs": 2}]
+    assert bench._training_wall(two) == pytest.approx(60.0)
 
 
-def test_default_epochs_are_scvi_tools_rule_on_the_training_share(bench):
-    # 9,000 fit cells -> 8,100 trained on -> min(988, 400); 30,000 -> 27,000 -> round(296.3) = 296.
-    assert bench._default_epochs(9_000) == 400
-    assert bench._default_epochs(30_000) == 296
+def test_default_epochs_are_the_diagnose_budget_and_scvi_tools_rule(bench):
+    # compare_models: 600,000 cell passes, 20 to 400 epochs; SCVI: min(20000 / n * 400, 400) on 90% of the cells.
+    assert bench._default_epochs(9_000) == 67
+    assert bench._default_epochs(1_000) == 400
+    assert bench._scvi_default_epochs(9_000) == 400
+    assert bench._scvi_default_epochs(30_000) == 296
 
 
 def _result(max_epochs):
@@ -42,15 +46,14 @@ def _result(max_epochs):
 
 def test_projection_scales_only_the_training_wall_time(bench):
     result = _result(40)
-    # 400 / 40 = 10x: 300 s + 9 x (2 waves x 60 s) = 1,380 s; SCVI: 50 s x 10 = 500 s.
-    epochs, projected, scvi = bench.project_to_defaults(result["select"], result["peer"], 40)
-    assert (epochs, projected, scvi) == (400, pytest.approx(1380.0), pytest.approx(500.0))
+    # 67 / 40: 300 s + 0.675 x (2 waves x 60 s) = 381 s; SCVI at its 400 epochs: 50 s x 10 = 500 s.
+    epochs, projected, scvi_epochs, scvi = bench.project_to_defaults(result["select"], result["peer"], 40)
+    assert (epochs, projected, scvi_epochs, scvi) == (67, pytest.approx(381.0), 400, pytest.approx(500.0))
 
 
 def test_a_run_at_the_defaults_is_not_projected(bench):
     result = _result(None)
-    epochs, projected, scvi = bench.project_to_defaults(result["select"], result["peer"], None)
-    assert (epochs, projected, scvi) == (400, 300.0, 50.0)
+    assert bench.project_to_defaults(result["select"], result["peer"], None) == (67, 300.0, 400, 50.0)
 
 
 @pytest.mark.slow

@@ -64,11 +64,11 @@ def test_select_trains_each_candidate_for_the_diagnose_budget(data, tmp_path, mo
 
     seen = {}
 
-    def record(adata, **kwargs):
-        seen.update(kwargs["train_kwargs"])
+    def record(adata, runs):
+        seen.update(runs[0].train_kwargs)
         raise _Stop
 
-    monkeypatch.setattr(compare_models, "fit_seeds", record)
+    monkeypatch.setattr(compare_models, "fit_models", record)
     args = ["select", str(data), "--n-latent", "1,2", "--out", str(tmp_path / "s"), "--quiet"]
     with pytest.raises(_Stop):
         main(args + ([flag] if flag else []))

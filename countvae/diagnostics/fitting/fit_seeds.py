@@ -96,7 +96,7 @@ from countvae.diagnostics.fitting.progress import SEED_REUSED, ProgressEvent, no
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.scratch import remove_orphaned
 from countvae.diagnostics.fitting.seed_fits import SeedFits
-from countvae.diagnostics.fitting.seed_job import FitTask
+from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask
 from countvae.errors import (
     BrokenFitError,
     InvalidArgumentError,
@@ -110,7 +110,7 @@ from countvae.model import CountVAE
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FitSeedsSettings", "fit_seeds", "heldout_split", "load_seed_fits"]
+__all__ = ["FitSeedsSettings", "fit_models", "fit_seeds", "heldout_split", "load_seed_fits"]
 
 _MAX_SEED = 2**32 - 1
 #: Seconds the scratch folders of workers lost or cancelled mid-fit are waited for (their processes ending).
@@ -268,11 +268,69 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     ([0, 1], 30)
 
     """
+    return fit_models(adata, [settings])[0]
+
+
+@dataclasses.dataclass
+class _Run:
+    """One model's seeds, checked and split, with what storing and loading its fits needs."""
+
+    settings: FitSeedsSettings
+    adata_fit: ad.AnnData
+    fit_data: ad.AnnData | FileCells
+    adata_heldout: ad.AnnData
+    recorded: dict[str, Any]
+    tasks: list[FitTask]
+    loader: FitLoader
+    manifest: dict[str, Any]
+    fits: dict[int, FittedModel] = dataclasses.field(default_factory=dict)
+    seconds: dict[int, float] = dataclasses.field(default_factory=dict)
+    records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    reused: list[int] = dataclasses.field(default_factory=list)
+
+
+def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[SeedFits]:
+    """:func:`fit_seeds` for several models on one split, their seeds fitted in one pool of workers.
+
+    Every model is stored and resumed in its own ``out_dir`` as :func:`fit_seeds` does; the seeds of all of
+    them share the workers, so no core waits at the end of one model's seeds for the next model to start
+    (3 seeds of each of 5 models on 8 cores: 2 rounds of fits instead of 5). The models must share the
+    held-out split, the model class, the backend, ``n_jobs`` and the torch threads.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If the models differ in any of the settings they must share, or no settings are given.
+    """
+    if not settings:
+        raise InvalidArgumentError("fit_models needs the settings of at least one model.")
+    runs = [_prepared_run(adata, s, group) for group, s in enumerate(settings)]
+    _check_shared(runs)
+    parallelism = _fit_or_reuse(runs)
+    return [_seed_fits(run, parallelism) for run in runs]
+
+
+_SHARED = ("heldout_fraction", "split_seed", "model_cls", "backend", "n_jobs", "torch_threads", "progress_bar")
+
+
+def _check_shared(runs: list[_Run]) -> None:
+    first = runs[0].settings
+    for run in runs[1:]:
+        differ = [name for name in _SHARED if getattr(run.settings, name) != getattr(first, name)]
+        if differ:
+            raise InvalidArgumentError(
+                f"Models fitted in one pool must share {', '.join(_SHARED)}; these differ: {differ}."
+            )
+    folders = [Path(run.settings.out_dir).resolve() for run in runs if run.settings.out_dir is not None]
+    if len(set(folders)) != len(folders):
+        raise InvalidArgumentError("Models fitted in one pool need an out_dir each; two of them share one.")
+
+
+def _prepared_run(adata: ad.AnnData, settings: FitSeedsSettings, group: int) -> _Run:
     s, registry, family = _checked_settings(adata, settings)
     fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)
     stream = adata.isbacked and family == "countvae"
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
-    adata_heldout = cells_at(adata, heldout_idx)
     check_fit_genes(adata_fit, registry)
     model_record = to_json_value(s.model_kwargs, "model_kwargs")
     recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, stream)
@@ -285,27 +343,44 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
             model_kwargs_record=model_record,
             torch_threads=s.torch_threads,
             progress=s.progress,
+            group=group,
         )
         for seed in s.seeds
     ]
-    loader = FitLoader(s.model_cls, family, adata_fit, registry)
-    manifest = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "settings": recorded, "seeds": s.seeds}
-    fits, seconds, reused, records, parallelism = _fit_or_reuse(tasks, loader, fit_data, manifest, s)
+    return _Run(
+        settings=s,
+        adata_fit=adata_fit,
+        fit_data=fit_data,
+        adata_heldout=cells_at(adata, heldout_idx),
+        recorded=recorded,
+        tasks=tasks,
+        loader=FitLoader(s.model_cls, family, adata_fit, registry),
+        manifest={
+            "format": MANIFEST_FORMAT,
+            "format_version": MANIFEST_VERSION,
+            "settings": recorded,
+            "seeds": s.seeds,
+        },
+    )
+
+
+def _seed_fits(run: _Run, parallelism: Parallelism) -> SeedFits:
+    s, records = run.settings, run.records
     return SeedFits(
-        fits=[fits[seed] for seed in s.seeds],
-        adata_fit=loader.adata_for_fits,
-        adata_heldout=adata_heldout,
+        fits=[run.fits[seed] for seed in s.seeds],
+        adata_fit=run.loader.adata_for_fits,
+        adata_heldout=run.adata_heldout,
         settings={
-            **recorded,
+            **run.recorded,
             "seeds": s.seeds,
             "backend": s.backend,
             "n_jobs": parallelism.n_jobs,
             "parallelism": parallelism.describe(),
             "training": [{"seed": seed, **records[seed].get("training", {})} for seed in s.seeds],
         },
-        seconds={seed: seconds[seed] for seed in s.seeds},  # in seed order, not the order the fits finished in
+        seconds={seed: run.seconds[seed] for seed in s.seeds},  # in seed order, not the order the fits finished in
         out_dir=None if s.out_dir is None else Path(s.out_dir),
-        reused_seeds=reused,
+        reused_seeds=run.reused,
         records={seed: records[seed] for seed in s.seeds},
     )
 
@@ -386,60 +461,66 @@ def _n_cells(fit_data: ad.AnnData | FileCells) -> int:
     return len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
 
 
-def _fit_or_reuse(
-    tasks: list[FitTask],
-    loader: FitLoader,
-    fit_data: ad.AnnData | FileCells,
-    manifest: dict[str, Any],
-    settings: FitSeedsSettings,
-) -> tuple[dict[int, FittedModel], dict[int, float], list[int], dict[int, dict[str, Any]], Parallelism]:
-    """Load the completed seeds from ``settings.out_dir``, fit and store the others.
+def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
+    """Load each run's completed seeds from its ``out_dir``, fit the others in one pool and store them.
 
-    Returns the fits, seconds, reused seeds, each seed's ``fit.json`` record and the parallelism used.
+    Fills each run's fits, seconds, reused seeds and ``fit.json`` records; returns the parallelism used.
     """
-    backend, n_jobs, out_dir, progress = settings.backend, settings.n_jobs, settings.out_dir, settings.progress
+    first = runs[0].settings
     with contextlib.ExitStack() as stack:
-        if out_dir is None:
-            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
-        else:
-            root = Path(out_dir)
-            if root.exists() and not root.is_dir():
-                raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
-            stack.enter_context(locked(root))
-        prepare(root, manifest, settings.overwrite)
+        roots = [_locked_root(stack, run.settings.out_dir) for run in runs]
+        for run, root in zip(runs, roots, strict=True):
+            prepare(root, run.manifest, run.settings.overwrite)
         remove_orphaned()  # left by the workers of a run that was killed
-        fits_dir = root / FITS_FOLDER
-        fits: dict[int, FittedModel] = {}
-        seconds: dict[int, float] = {}
-        records: dict[int, dict[str, Any]] = {}
-        reused = _reuse_stored(root, [t.seed for t in tasks], loader, fits, records, settings.refit_broken)
-        for s in reused:
-            seconds[s] = 0.0
-            notify(progress, ProgressEvent(SEED_REUSED, seed=s))
-        todo = [t for t in tasks if t.seed not in reused]
-        threads = tasks[0].torch_threads
-        steps = steps_per_seed(_n_cells(fit_data), tasks[0].train_kwargs) if tasks else None
-        parallelism = plan_parallelism(n_jobs, len(todo), fit_data, threads, backend, progress, steps)
+        for run, root in zip(runs, roots, strict=True):
+            run.reused = _reuse_stored(
+                root, [t.seed for t in run.tasks], run.loader, run.fits, run.records, run.settings.refit_broken
+            )
+            for seed in run.reused:
+                run.seconds[seed] = 0.0
+                notify(run.settings.progress, ProgressEvent(SEED_REUSED, seed=seed))
+        todo = [t for run in runs for t in run.tasks if t.seed not in run.reused]
+        fit_data = runs[0].fit_data
+        steps = steps_per_seed(_n_cells(fit_data), runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
+        parallelism = plan_parallelism(
+            first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
+        )
         if todo:
             logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
-        with tqdm(
-            total=len(tasks), initial=len(reused), desc="Seeds", unit="fit", disable=not settings.progress_bar
-        ) as bar:
+        total = sum(len(run.tasks) for run in runs)
+        done = sum(len(run.reused) for run in runs)
+        with tqdm(total=total, initial=done, desc="Seeds", unit="fit", disable=not first.progress_bar) as bar:
             try:
-                for outcome in run_tasks(backend, todo, fit_data, parallelism.n_jobs):
-                    store(fits_dir, outcome, loader.family, progress)
-                    fits[outcome.seed] = loader.load(fits_dir, outcome.seed)
-                    records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
-                    seconds[outcome.seed] = outcome.seconds
-                    logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
+                for outcome in run_tasks(first.backend, todo, fit_data, parallelism.n_jobs):
+                    _keep(runs[outcome.group], roots[outcome.group] / FITS_FOLDER, outcome)
                     bar.set_postfix_str(f"seed {outcome.seed} done")
                     bar.update(1)
             except WorkerLostError as exc:
                 # The killed worker could not remove its scratch folder, nor can the workers cancelled after it
                 # (killed asynchronously): give them a few seconds to end.
                 remove_orphaned(wait_s=LOST_WORKER_WAIT_S)
-                raise _lost_with_remedy(exc, tasks, fits, out_dir) from None
-    return fits, seconds, reused, records, parallelism
+                raise _lost_with_remedy(exc, runs) from None
+    return parallelism
+
+
+def _locked_root(stack: contextlib.ExitStack, out_dir: str | os.PathLike | None) -> Path:
+    """``out_dir`` locked for this run, or a temporary folder removed when ``stack`` closes."""
+    if out_dir is None:
+        return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
+    root = Path(out_dir)
+    if root.exists() and not root.is_dir():
+        raise OutputExistsError(f"{root} exists and is not a folder; choose another out_dir.")
+    stack.enter_context(locked(root))
+    return root
+
+
+def _keep(run: _Run, fits_dir: Path, outcome: FitOutcome) -> None:
+    """Store a finished fit in its run's folder and load it back from there."""
+    store(fits_dir, outcome, run.loader.family, run.settings.progress)
+    run.fits[outcome.seed] = run.loader.load(fits_dir, outcome.seed)
+    run.records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
+    run.seconds[outcome.seed] = outcome.seconds
+    logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
 
 
 def _reuse_stored(
@@ -473,18 +554,21 @@ def _reuse_stored(
     return reused
 
 
-def _lost_with_remedy(
-    exc: WorkerLostError, tasks: list[FitTask], fits: dict[int, FittedModel], out_dir: str | os.PathLike | None
-) -> WorkerLostError:
-    missing = [t.seed for t in tasks if t.seed not in fits]
-    kept = sorted(fits)
+def _lost_with_remedy(exc: WorkerLostError, runs: list[_Run]) -> WorkerLostError:
+    parts = [_what_is_kept(run) for run in runs if any(t.seed not in run.fits for t in run.tasks)]
+    return WorkerLostError(f"{exc} {'; '.join(parts)} (with a smaller n_jobs if memory ran out).")
+
+
+def _what_is_kept(run: _Run) -> str:
+    missing = [t.seed for t in run.tasks if t.seed not in run.fits]
+    kept, out_dir = sorted(run.fits), run.settings.out_dir
     if out_dir is None:
         where = "no out_dir was given, so nothing was kept; pass out_dir=... so that a rerun resumes"
     elif kept:
         where = f"seeds {kept} are stored in {out_dir}; rerun the same call to fit the rest, reusing them"
     else:
         where = f"none was stored yet in {out_dir}; rerun the same call to fit them"
-    return WorkerLostError(f"{exc} Seeds {missing} are not done; {where} (with a smaller n_jobs if memory ran out).")
+    return f"Seeds {missing} are not done; {where}"
 
 
 def _sha256_ints(values: np.ndarray) -> str:

@@ -51,6 +51,8 @@ class FitTask:
     progress
         Receives :data:`~.progress.SEED_STARTED` and :data:`~.progress.SEED_TRAINED`
         where the fit runs (a copy of it in a worker process).
+    group
+        Which of several models fitted in one pool the task belongs to (its outcome carries it back).
 
     """
 
@@ -61,6 +63,7 @@ class FitTask:
     model_kwargs_record: dict[str, Any]
     torch_threads: int
     progress: Progress | None = None
+    group: int = 0
 
 
 @dataclass
@@ -72,7 +75,7 @@ class FitOutcome:
     the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
     ``peak_rss_mib`` is the peak resident memory of the process that fitted it, up to
     the end of the fit (Linux ``VmHWM``; for a fit in the calling process, that
-    process's whole high-water mark).
+    process's whole high-water mark). ``group`` is the task's.
     """
 
     seed: int
@@ -83,6 +86,7 @@ class FitOutcome:
     training: dict[str, Any] = field(default_factory=dict)
     node: str = ""
     peak_rss_mib: float = 0.0
+    group: int = 0
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:
@@ -154,4 +158,5 @@ def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
         host=socket.gethostname(),
         training=training,
         peak_rss_mib=_peak_rss_mib(),
+        group=task.group,
     )

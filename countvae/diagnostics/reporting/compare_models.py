@@ -25,7 +25,7 @@ from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import fit_seeds
+from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -153,7 +153,8 @@ def compare_models(
         Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
         resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
     n_jobs
-        Seeds fitted at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`).
+        Fits at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`); the seeds of
+        all candidates share one pool of workers.
     equivalence_margin
         The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
         (the report's rule; ``None``: the report's default,
@@ -191,21 +192,9 @@ def compare_models(
     seeds = list(seeds)
     settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
     train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
-    fits: dict[str, SeedFits] = {}
-    for name, settings in zip(names, settings_list, strict=True):
-        folder = None if out_dir is None else Path(out_dir) / _folder_name(name)
-        fits[name] = fit_seeds(
-            adata,
-            seeds=seeds,
-            model_kwargs=dict(settings),
-            train_kwargs=train_kwargs,
-            heldout_fraction=heldout_fraction,
-            split_seed=split_seed,
-            n_jobs=n_jobs,
-            out_dir=folder,
-            overwrite=overwrite,
-            progress_bar=progress_bar,
-        )
+    shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction}
+    shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
+    fits = _fit_candidates(adata, dict(zip(names, settings_list, strict=True)), out_dir, shared)
     return compare_fits(
         fits,
         dict(zip(names, settings_list, strict=True)),
@@ -215,6 +204,24 @@ def compare_models(
         max_baseline_cells=max_baseline_cells,
         seed=seed,
     )
+
+
+def _fit_candidates(
+    adata: ad.AnnData,
+    candidates: Mapping[str, Mapping[str, Any]],
+    out_dir: str | os.PathLike | None,
+    shared: Mapping[str, Any],
+) -> dict[str, SeedFits]:
+    """Every candidate's seeds, in one pool of workers so that no core waits between candidates."""
+    runs = [
+        FitSeedsSettings(
+            **shared,
+            model_kwargs=dict(settings),
+            out_dir=None if out_dir is None else Path(out_dir) / _folder_name(name),
+        )
+        for name, settings in candidates.items()
+    ]
+    return dict(zip(candidates, fit_models(adata, runs), strict=True))
 
 
 def _checked_candidates(

@@ -250,3 +250,35 @@ def test_seconds_and_records_are_in_seed_order_whatever_order_the_fits_finish_in
     assert list(fits.seconds) == [0, 1, 2]
     assert list(fits.records) == [0, 1, 2]
     assert [fit.seed for fit in fits] == [0, 1, 2]
+
+
+def test_models_fitted_in_one_pool_are_the_fits_of_separate_runs(
+    adata, in_process, two_cores, instant_workers, tmp_path
+):
+    from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
+
+    other = {**OPTIONS, "model_kwargs": {"n_latent": 3, "n_hidden": 16}}
+    runs = [
+        FitSeedsSettings(**OPTIONS, out_dir=tmp_path / "a"),
+        FitSeedsSettings(**other, out_dir=tmp_path / "b"),
+    ]
+    pooled = fit_models(adata, runs)
+    assert [f.settings["n_jobs"] for f in pooled] == [2, 2]  # 4 fits of two models shared both workers
+    _assert_same_fits(pooled[0], in_process)
+    _assert_same_fits(pooled[1], fit_seeds(adata, **other))
+    # each model resumes from its own folder, as fit_seeds does
+    again = fit_models(adata, runs)
+    assert [f.reused_seeds for f in again] == [[0, 1], [0, 1]]
+    _assert_same_fits(again[1], pooled[1])
+
+
+def test_models_in_one_pool_must_share_the_split_and_have_their_own_folders(adata, tmp_path):
+    from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
+
+    with pytest.raises(InvalidArgumentError, match="these differ: \\['heldout_fraction'\\]"):
+        fit_models(adata, [FitSeedsSettings(**OPTIONS), FitSeedsSettings(**OPTIONS, heldout_fraction=0.2)])
+    shared = tmp_path / "same"
+    with pytest.raises(InvalidArgumentError, match="two of them share one"):
+        fit_models(adata, [FitSeedsSettings(**OPTIONS, out_dir=shared), FitSeedsSettings(**OPTIONS, out_dir=shared)])
+    with pytest.raises(InvalidArgumentError, match="at least one model"):
+        fit_models(adata, [])

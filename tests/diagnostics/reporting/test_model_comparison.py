@@ -295,11 +295,11 @@ def test_candidates_train_for_the_diagnose_budget_without_early_stopping(adata, 
 
     seen = []
 
-    def record(data, **kwargs):
-        seen.append(kwargs["train_kwargs"])
+    def record(data, runs):
+        seen.append(runs[0].train_kwargs)
         raise StopIteration
 
-    monkeypatch.setattr(compare_models, "fit_seeds", record)
+    monkeypatch.setattr(compare_models, "fit_models", record)
     for given in (None, {"max_epochs": 7, "early_stopping": True}):
         with pytest.raises(StopIteration):
             diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), train_kwargs=given)
