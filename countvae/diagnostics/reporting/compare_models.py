@@ -146,7 +146,7 @@ def compare_models(
         :func:`~countvae.diagnostics.diagnose`'s budget of 600,000 cell passes (20 to 400 epochs; scvi-tools'
         rule would train 400 epochs on anything under 20,000 cells). Early stopping is off unless
         ``early_stopping=True`` (then with ``diagnose``'s rule): its patience is counted in epochs, so on a
-        few hundred cells it is a few dozen steps, and it stopped a 540-cell linear fit at its 4th epoch
+        few hundred cells it is a few dozen steps, and with lr 1e-2 it stopped a 540-cell linear fit at its 4th epoch
         (tests/diagnostics/reporting/test_model_comparison.py), which would rank candidates by where they
         happened to stop rather than by what they can fit.
     out_dir
