@@ -162,16 +162,22 @@ def _guide_log_weights(
     return torch.cat(log_w, dim=0)
 
 
-def _mixture_summary(
+def mixture_log_marginal(
     module: CountVAEModule,
     x: torch.Tensor,
     b: torch.Tensor,
     settings: MarginalSettings,
     gen: torch.Generator,
     points_per_call: int,
+    start: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ImportanceSummary:
-    """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module."""
-    loc, scale = module.encode(x, b)
+    """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module.
+
+    ``start`` is the proposal's starting Gaussian ``(loc, scale)`` per cell (default: the guide
+    ``q(z | x)``); the curvature is the module's Gauss-Newton
+    :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`.
+    """
+    loc, scale = module.encode(x, b) if start is None else start
     log_library = log_library_size(x)
     constant = module.count_log_constant(x, b)  # once per cell, not at every Newton step and draw
     rows_per_call = max(1, points_per_call // (module.n_latent + 1))
@@ -299,7 +305,7 @@ def log_predictive_density(
             parts.append(summarize_log_weights(_guide_log_weights(module, x, b, n_guide, gen, per_draw)))
         else:
             points = max(1, _ELEMENTS_PER_CHUNK // n_genes)
-            parts.append(_mixture_summary(module, x, b, settings, gen, points))
+            parts.append(mixture_log_marginal(module, x, b, settings, gen, points))
         bar.update(n)
     bar.close()
     summary = ImportanceSummary.concatenate(parts).take(_ordered(indices, order))
