@@ -280,7 +280,7 @@ def differential_expression(
     Parameters
     ----------
     model
-        A trained :class:`~countvae.CountVAE`.
+        A trained :class:`~countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.differential_expression`).
     adata
         Cells to compare (default: the model's training AnnData); must have the training genes.
     groupby
