@@ -35,6 +35,7 @@ from scipy.optimize import linear_sum_assignment
 from sklearn.exceptions import ConvergenceWarning
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae.data.simulate import source_labels
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 CorrelationMethod = Literal["pearson", "spearman"]
@@ -88,17 +89,7 @@ def discretize(values: Any, n_bins: int = 10) -> np.ndarray:
     Columns with fewer distinct values than ``n_bins`` keep their distinct
     values as labels (a discrete source stays as it is).
     """
-    x = _as_matrix(values, "values")
-    check_int("n_bins", n_bins, 2)
-    out = np.empty(x.shape, dtype=np.int64)
-    for j in range(x.shape[1]):
-        distinct = np.unique(x[:, j])
-        if distinct.size <= n_bins:
-            out[:, j] = np.searchsorted(distinct, x[:, j])
-        else:
-            edges = np.quantile(x[:, j], np.linspace(0, 1, n_bins + 1)[1:-1])
-            out[:, j] = np.searchsorted(edges, x[:, j], side="right")
-    return out
+    return source_labels(_as_matrix(values, "values"), check_int("n_bins", n_bins, 2))
 
 
 def _entropy(codes: np.ndarray) -> float:

@@ -92,7 +92,7 @@ from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
 from countvae.model.de_statistics import change_statistics, estimate_pseudocount, raw_count_properties
 from countvae.model.training import to_tensors
-from countvae.module.vae import CountVAEModule
+from countvae.module.vae import CountVAEModule, sample_latent
 
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
@@ -161,8 +161,7 @@ def sample_expression(
     loc = torch.cat(locs)[torch.as_tensor(inverse, device=device)]
     scale = torch.cat(scales)[torch.as_tensor(inverse, device=device)]
     eps = torch.randn(loc.shape, generator=generator, dtype=dtype).to(device)
-    # mean-field guide: vector scale; after a reparameterization: matrix scale (see CountVAEModule.encode)
-    z = loc + scale * eps if scale.dim() == loc.dim() else loc + torch.einsum("nij,nj->ni", scale, eps)
+    z = sample_latent(loc, scale, eps)
     batch = source.batch[drawn] if decode_batch is None else np.asarray(decode_batch, dtype=np.int64)
     batch_t = torch.as_tensor(batch, dtype=torch.long, device=device)
     out = np.empty((n_samples, source.n_vars), dtype=np.float32)
