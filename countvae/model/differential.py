@@ -91,7 +91,7 @@ from countvae._checks import check_int, check_number
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
 from countvae.model.de_statistics import change_statistics, estimate_pseudocount, raw_count_properties
-from countvae.model.training import to_tensors
+from countvae.model.training import dtype_device, to_tensors
 from countvae.module.vae import CountVAEModule, sample_latent
 
 if TYPE_CHECKING:
@@ -148,8 +148,7 @@ def sample_expression(
 
     """
     module.eval()
-    param = next(module.parameters())
-    dtype, device = param.dtype, param.device
+    dtype, device = dtype_device(module)
     drawn = rng.choice(cells, size=n_samples, replace=True)
     unique, inverse = np.unique(drawn, return_inverse=True)
     locs, scales = [], []

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from countvae._checks import check_choice, check_int, check_number
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
-from countvae.model.training import to_tensors
+from countvae.model.training import dtype_device, to_tensors
 from countvae.module.decoders import LinearDecoder
 from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
 from countvae.module.loss import per_cell_elbo
@@ -28,11 +28,6 @@ from countvae.module.vae import CountVAEModule, log_library_size, sample_latent
 
 #: Largest number of (sample x cell x gene) elements the importance sampler holds at once.
 _ELEMENTS_PER_CHUNK = 2**22
-
-
-def _dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
-    p = next(module.parameters())
-    return p.dtype, p.device
 
 
 def _ordered(indices: np.ndarray, visited: np.ndarray) -> np.ndarray:
@@ -59,7 +54,7 @@ def _per_cell(
     """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order."""
     _check_unique(indices)
     module.eval()
-    dtype, device = _dtype_device(module)
+    dtype, device = dtype_device(module)
     out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in _iterate_sorted(source, indices, batch_size)]
     return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
 
@@ -290,7 +285,7 @@ def log_predictive_density(
         if n_samples is not None:
             settings = replace(settings, n_draws=n_samples)
     module.eval()
-    dtype, device = _dtype_device(module)
+    dtype, device = dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
     n_genes = source.n_vars
     parts: list[ImportanceSummary] = []
