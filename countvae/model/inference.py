@@ -50,12 +50,20 @@ def _per_cell(
     indices: np.ndarray,
     batch_size: int,
     compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    torch_seed: int | None = None,
 ) -> np.ndarray:
-    """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order."""
+    """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order.
+
+    With ``torch_seed``, torch's global random state is seeded with it for the call and restored after.
+    """
     _check_unique(indices)
     module.eval()
     dtype, device = dtype_device(module)
-    out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in _iterate_sorted(source, indices, batch_size)]
+    with torch.random.fork_rng(devices=[], enabled=torch_seed is not None):
+        if torch_seed is not None:
+            torch.manual_seed(torch_seed)
+        batches = _iterate_sorted(source, indices, batch_size)
+        out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in batches]
     return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
 
 
@@ -319,15 +327,11 @@ def elbo_per_cell(
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
     check_int("n_samples", n_samples, 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _per_cell(
-            module,
-            source,
-            indices,
-            batch_size,
-            lambda x, b: torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0),
-        )
+
+    def elbo(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0)
+
+    return _per_cell(module, source, indices, batch_size, elbo, torch_seed=seed)
 
 
 @torch.no_grad()
@@ -347,6 +351,4 @@ def posterior_predictive(
         eps = torch.randn((n_samples, *loc.shape), dtype=x.dtype).to(x.device)
         return module.conditional(sample_latent(loc, scale, eps), log_library_size(x), b).sample().permute(1, 2, 0)
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _per_cell(module, source, indices, batch_size, draws)
+    return _per_cell(module, source, indices, batch_size, draws, torch_seed=seed)
