@@ -273,7 +273,7 @@ def differential_expression(
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Differential expression between groups of cells; see the module docstring for the definitions.
+    """Differential expression between groups of cells; :mod:`countvae.model.differential` has the definitions.
 
     Parameters
     ----------
@@ -301,7 +301,7 @@ def differential_expression(
         training batches (compare the groups as if in the same batch), instead of
         in each cell's own batch.
     n_samples_overall
-        Pairs of draws per comparison, ``S`` (see :data:`DEFAULT_N_SAMPLES`).
+        Pairs of draws per comparison, ``S`` (see :data:`countvae.model.differential.DEFAULT_N_SAMPLES`).
         Peak memory is about six float32 arrays of ``S`` x genes (0.3 GB for
         5,000 pairs and 2,500 genes).
     test_mode
