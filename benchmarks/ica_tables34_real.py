@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from heldout_classification import heldout_batch_classification
 from ica_common import (
     add_output_arguments,
     apply_quick,
@@ -79,7 +80,7 @@ def embeddings(latents: np.ndarray, seed: int) -> dict[str, np.ndarray]:
 def evaluate(features: np.ndarray, adata, seed: int, n_repeats: int) -> dict:
     cell_type = adata.obs["cell_type"].astype(str).to_numpy()
     batch = adata.obs["batch"].astype(str).to_numpy()
-    clf = metrics.heldout_batch_classification(features, cell_type, batch, n_repeats=n_repeats, random_state=seed)
+    clf = heldout_batch_classification(features, cell_type, batch, n_repeats=n_repeats, random_state=seed)
     return {
         "auroc": clf.auroc.mean(axis=0),  # per cell type, mean over held-out batches
         "mean AUROC": clf.mean_auroc,

@@ -79,7 +79,7 @@ def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
         warnings.simplefilter("ignore", UserWarning)
         table = az.compare({k: _elpd_data(row) for k, row in zip(names, shifted, strict=True)}, ic="loo")
     raw = {k: _elpd_data(row) for k, row in zip(names, matrix, strict=True)}
-    out = pd.DataFrame(
+    return pd.DataFrame(
         {
             "rank": table["rank"].astype(int),
             "elpd": [float(raw[k]["elpd_loo"]) for k in table.index],
@@ -90,7 +90,6 @@ def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
         },
         index=pd.Index(table.index, name="fit"),
     )
-    return out
 
 
 def pareto_khat(log_weights: np.ndarray) -> np.ndarray:

@@ -93,24 +93,11 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = F
         If the disk is full or the folder read-only (nothing is left half-written).
 
     """
-    path = Path(path)
-    _refuse_existing(path, overwrite)
-    with explained_write_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
-        try:
-            _usual_permissions(tmp, 0o666)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-    _fsync_dir(path.parent)
-    return path
+    with atomic_file_path(path, overwrite) as tmp, os.fdopen(os.open(tmp, os.O_WRONLY), "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return Path(path)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:

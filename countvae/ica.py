@@ -478,13 +478,12 @@ class ICAStability:
         return list(self.table.index[~self.table["reproducible"]])
 
 
-def _fit_quiet(latents: np.ndarray, params: dict[str, Any]) -> ICARotation:
-    """An ICA fit used only for matching: no Gaussian flags (no null simulation), no warnings."""
-    params = dict(params, n_null=0)
+def _fit_quiet(latents: np.ndarray, params: dict[str, Any], flags: bool = False) -> ICARotation:
+    """An ICA fit without warnings; without ``flags`` (a fit used only for matching) no Gaussian flags either."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
         warnings.simplefilter("ignore", ConvergenceWarning)
-        return ICARotation(**params).fit(latents)
+        return ICARotation(**(params if flags else dict(params, n_null=0))).fit(latents)
 
 
 def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -578,10 +577,8 @@ def ica_stability(
         ref_cells, other_cells = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
     else:
         ref_cells = other_cells = np.arange(n)
-    with warnings.catch_warnings():  # the reference's Gaussian flags are reported in the table instead
-        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        reference = ICARotation(**dict(ica_params, random_state=random_state)).fit(runs[0][ref_cells])
+    # the reference's Gaussian flags are reported in the table instead of warned about
+    reference = _fit_quiet(runs[0][ref_cells], dict(ica_params, random_state=random_state), flags=True)
     ref_sources = reference.transform(runs[0])
     rows, labels = [], []
     if mode == "bootstrap":

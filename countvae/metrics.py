@@ -9,11 +9,10 @@ Ground-truth metrics compare latents with known sources (simulations):
 * :func:`dci`: disentanglement, completeness, informativeness (Eastwood and
   Williams 2018) from random-forest importances.
 
-Downstream metrics need only labels (cell types, batches):
-:func:`heldout_batch_classification` (AUROC of a gradient-boosted classifier
-trained on some batches and tested on another, with permutation importances),
-:func:`normalized_gini` (sparsity of importances) and :func:`concentration`
-(share of between-group variance carried by the top features).
+Downstream metrics need only labels (cell types, batches): :func:`normalized_gini`
+(sparsity of importances) and :func:`concentration` (share of between-group
+variance carried by the top features). The held-out-batch classifier of the ICA
+benchmarks (``benchmarks/heldout_classification.py``) uses both.
 
 Which metrics depend on the latent coordinates: InfoE, DCI-I and the held-out
 AUROC of a linear model do not change under an invertible linear map of the
@@ -34,9 +33,9 @@ import pandas as pd
 from scipy import stats
 from scipy.optimize import linear_sum_assignment
 from sklearn.exceptions import ConvergenceWarning
-from threadpoolctl import threadpool_limits
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae.data.simulate import source_labels
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 CorrelationMethod = Literal["pearson", "spearman"]
@@ -90,17 +89,7 @@ def discretize(values: Any, n_bins: int = 10) -> np.ndarray:
     Columns with fewer distinct values than ``n_bins`` keep their distinct
     values as labels (a discrete source stays as it is).
     """
-    x = _as_matrix(values, "values")
-    check_int("n_bins", n_bins, 2)
-    out = np.empty(x.shape, dtype=np.int64)
-    for j in range(x.shape[1]):
-        distinct = np.unique(x[:, j])
-        if distinct.size <= n_bins:
-            out[:, j] = np.searchsorted(distinct, x[:, j])
-        else:
-            edges = np.quantile(x[:, j], np.linspace(0, 1, n_bins + 1)[1:-1])
-            out[:, j] = np.searchsorted(edges, x[:, j], side="right")
-    return out
+    return source_labels(_as_matrix(values, "values"), check_int("n_bins", n_bins, 2))
 
 
 def _entropy(codes: np.ndarray) -> float:
@@ -456,153 +445,3 @@ def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within
         raise InvalidDataError("The features do not vary between groups; concentration is undefined.")
     top = math.ceil(top_fraction * v.size)
     return float(np.sort(v)[::-1][:top].sum() / v.sum())
-
-
-# ----- held-out-batch classification ---------------------------------------------------------------
-
-
-@dataclass
-class HeldoutClassification:
-    """Cell-type classification on held-out batches.
-
-    Attributes
-    ----------
-    auroc
-        One-vs-rest AUROC, held-out batch (rows) x class (columns); NaN where a
-        class is absent from the held-out batch.
-    importance
-        Permutation importance (drop of the mean AUROC) of each feature (columns)
-        per held-out batch (rows).
-    sparsity
-        :func:`normalized_gini` of each row of ``importance`` after clipping at 0.
-
-    """
-
-    auroc: pd.DataFrame
-    importance: pd.DataFrame
-    sparsity: pd.Series
-
-    @property
-    def mean_auroc(self) -> float:
-        """Mean AUROC over classes and held-out batches."""
-        return float(np.nanmean(self.auroc.to_numpy()))
-
-
-def _mean_ovr_auroc(y: np.ndarray, proba: np.ndarray, classes: np.ndarray) -> np.ndarray:
-    from sklearn.metrics import roc_auc_score
-
-    out = np.full(classes.size, np.nan)
-    for c, label in enumerate(classes):
-        positive = y == label
-        if 0 < positive.sum() < y.size:
-            out[c] = roc_auc_score(positive, proba[:, c])
-    return out
-
-
-def heldout_batch_classification(
-    features: Any,
-    labels: Any,
-    batches: Any,
-    *,
-    test_batches: list[Any] | None = None,
-    n_repeats: int = 5,
-    random_state: int = 0,
-    classifier_params: dict[str, Any] | None = None,
-    n_threads: int | None = 1,
-) -> HeldoutClassification:
-    """Train a gradient-boosted classifier on all batches but one and score it on the held-out batch.
-
-    For each held-out batch a ``HistGradientBoostingClassifier`` (scikit-learn;
-    a LightGBM-style model) is trained on the other batches' cells; its
-    one-vs-rest AUROC per label on the held-out cells measures how well the
-    label is read from the features across batches. Feature importance is the
-    mean drop of that AUROC when a feature's values are permuted among the
-    held-out cells (``n_repeats`` permutations), the same for every embedding.
-
-    Parameters
-    ----------
-    features
-        (cells, features) embedding.
-    labels
-        Cell labels to classify (e.g. cell types).
-    batches
-        Batch of each cell.
-    test_batches
-        Batches to hold out in turn (default: every batch).
-    n_repeats
-        Permutations per feature.
-    random_state
-        Seed of the classifier and the permutations.
-    classifier_params
-        Extra arguments of ``HistGradientBoostingClassifier``.
-    n_threads
-        OpenMP threads of the classifier (``None``: all cores). The default of 1
-        avoids the large slow-down of OpenMP's busy-waiting on a shared machine.
-
-    Returns
-    -------
-    HeldoutClassification
-
-    """
-    x = _as_matrix(features, "features")
-    y = np.asarray(labels)
-    b = np.asarray(batches)
-    if y.shape[0] != x.shape[0] or b.shape[0] != x.shape[0]:
-        raise InvalidDataError("features, labels and batches must describe the same cells.")
-    held = list(pd.unique(b)) if test_batches is None else list(test_batches)
-    if len(pd.unique(b)) < 2:
-        raise InvalidDataError("Held-out-batch classification needs at least two batches.")
-    classes = np.unique(y)
-    rng = np.random.default_rng(random_state)
-    aurocs, importances = [], []
-    with threadpool_limits(limits=n_threads, user_api="openmp"):
-        for batch in held:
-            auroc, drops = _heldout_one(
-                x, y, b == batch, batch, classes, rng, n_repeats, random_state, classifier_params
-            )
-            aurocs.append(auroc)
-            importances.append(drops)
-    index = pd.Index([str(h) for h in held], name="held_out_batch")
-    index = pd.Index([str(h) for h in held], name="held_out_batch")
-    importance = pd.DataFrame(importances, index=index)
-    sparsity = importance.clip(lower=0.0).apply(
-        lambda row: normalized_gini(row.to_numpy()) if row.sum() > 0 else np.nan, axis=1
-    )
-    return HeldoutClassification(
-        auroc=pd.DataFrame(aurocs, index=index, columns=[str(c) for c in classes]),
-        importance=importance,
-        sparsity=sparsity,
-    )
-
-
-def _heldout_one(
-    x: np.ndarray,
-    y: np.ndarray,
-    test: np.ndarray,
-    batch: Any,
-    classes: np.ndarray,
-    rng: np.random.Generator,
-    n_repeats: int,
-    random_state: int,
-    classifier_params: dict[str, Any] | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """AUROC per class on one held-out batch and the permutation importance of each feature."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-
-    if not test.any():
-        raise InvalidArgumentError(f"Batch {batch!r} has no cells.")
-    params = dict(random_state=random_state, **(classifier_params or {}))
-    model = HistGradientBoostingClassifier(**params).fit(x[~test], y[~test])
-    columns = np.searchsorted(classes, model.classes_)
-    proba = np.zeros((int(test.sum()), classes.size))
-    proba[:, columns] = model.predict_proba(x[test])
-    auroc = _mean_ovr_auroc(y[test], proba, classes)
-    baseline = np.nanmean(auroc)
-    drops = np.zeros(x.shape[1])
-    for j in range(x.shape[1]):
-        for _ in range(n_repeats):
-            shuffled = x[test].copy()
-            shuffled[:, j] = rng.permutation(shuffled[:, j])
-            proba[:, columns] = model.predict_proba(shuffled)
-            drops[j] += baseline - np.nanmean(_mean_ovr_auroc(y[test], proba, classes))
-    return auroc, drops / n_repeats

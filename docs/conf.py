@@ -98,8 +98,8 @@ _EXTERNAL = (
 # References into private modules below the public namespaces are not documented (they are not API).
 _INTERNAL = r"countvae\.(model|module|cli)(\..*)?|countvae\.(data|diagnostics|invariance)\.[a-z_]+\..+"
 nitpick_ignore_regex = [(r"py:.*", _EXTERNAL), (r"py:.*", _INTERNAL), (r"py:mod", r"countvae\..*")]
-# Module-level type aliases (``Literal[...]``) that annotations name; the parameter text spells out the values.
-nitpick_ignore_regex += [(r"py:class", r"Algorithm|CorrelationMethod")]
+# Module-level type aliases (``Literal[...]``, unions) that annotations name; the parameter text spells out the values.
+nitpick_ignore_regex += [(r"py:class", r"Algorithm|CorrelationMethod|CellSelection")]
 
 # ----- notebooks and MyST -------------------------------------------------------------------------------
 nb_execution_mode = "off"  # tutorials are stored executed; tests/tutorials/test_tutorials.py checks they are current

@@ -152,26 +152,6 @@ def test_group_variance_within_removes_composition():
     assert within[0] < 0.01
 
 
-def test_heldout_batch_classification_reads_an_axis_aligned_label():
-    rng = np.random.default_rng(14)
-    n = 1500
-    label = rng.integers(0, 3, n)
-    batch = rng.integers(0, 3, n)
-    features = rng.standard_normal((n, 5))
-    features[:, 2] += 3.0 * label
-    result = metrics.heldout_batch_classification(
-        features, label, batch, n_repeats=2, classifier_params={"max_iter": 30}
-    )
-    assert result.auroc.shape == (3, 3)
-    assert result.mean_auroc > 0.95
-    assert (result.importance.idxmax(axis=1) == 2).all()
-    assert (result.sparsity > 0.7).all()
-    rotated = metrics.heldout_batch_classification(
-        features @ ortho_group.rvs(5, random_state=15).T, label, batch, n_repeats=2, classifier_params={"max_iter": 30}
-    )
-    assert rotated.sparsity.mean() < result.sparsity.mean()
-
-
 def test_metric_input_errors():
     with pytest.raises(InvalidDataError, match="cells"):
         metrics.mcc(np.zeros((10, 2)), np.zeros((11, 2)))
@@ -181,5 +161,3 @@ def test_metric_input_errors():
         metrics.infomec(np.random.default_rng(0).normal(size=(20, 2)), np.zeros((20, 1), dtype=int))
     with pytest.raises(InvalidArgumentError, match="top_fraction"):
         metrics.concentration(np.eye(4), [0, 0, 1, 1], top_fraction=0)
-    with pytest.raises(InvalidDataError, match="two batches"):
-        metrics.heldout_batch_classification(np.eye(4), [0, 1, 0, 1], [0, 0, 0, 0])

@@ -218,18 +218,14 @@ class CountSource:
             order = indices[rng.permutation(len(indices))] if shuffle else indices
             segments = None
         bounds = _batch_bounds(len(order), batch_size, drop_last_singleton)
-        if not self.is_backed:
+        if not self.is_backed or segments is None:  # in memory, or no shuffling buffer: each minibatch on its own
             for start, stop in bounds:
                 yield self.rows(order[start:stop])
             return
-        yield from self._iterate_backed(order, bounds, segments)
+        yield from self._iterate_buffers(order, bounds, segments)
 
-    def _iterate_backed(self, order, bounds, segments) -> Iterator[Minibatch]:
+    def _iterate_buffers(self, order, bounds, segments) -> Iterator[Minibatch]:
         """Backed data: read each buffer (segment of ``order``) once, as sorted runs of rows."""
-        if segments is None:  # no shuffling buffer: read each minibatch on its own
-            for start, stop in bounds:
-                yield self.rows(order[start:stop])
-            return
         cache: dict[int, tuple[np.ndarray, object]] = {}  # segment number -> (sorted rows, their data)
         seg_starts = np.array([s for s, _ in segments], dtype=np.int64)
         for start, stop in bounds:

@@ -248,7 +248,7 @@ def simulate(
     )
     adata.obs["size_factor"] = np.exp(log_size)
     adata.obsm["z_true"] = z
-    adata.obsm["z_true_labels"] = _source_labels(z, n_source_bins)
+    adata.obsm["z_true_labels"] = source_labels(z, n_source_bins)
     params.update(
         batch_offset=batch_offset,
         theta=theta_g,
@@ -354,8 +354,11 @@ def planted_lfc(adata: ad.AnnData, group1: str, group2: str | None = None) -> pd
     return pd.Series(lfc[names.index(group1)] - lfc[names.index(group2)], index=adata.var_names, name="lfc_true")
 
 
-def _source_labels(z: np.ndarray, n_bins: int) -> np.ndarray:
-    """Integer labels of each source: its levels if it has at most ``n_bins`` values, else quantile bins."""
+def source_labels(z: np.ndarray, n_bins: int) -> np.ndarray:
+    """Integer labels of each column: its levels if it has at most ``n_bins`` values, else quantile bins.
+
+    The labels of ``obsm["z_true_labels"]``; :func:`countvae.metrics.discretize` on checked input.
+    """
     labels = np.empty(z.shape, dtype=np.int64)
     for j in range(z.shape[1]):
         levels = np.unique(z[:, j])

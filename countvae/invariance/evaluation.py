@@ -32,8 +32,7 @@ from countvae.invariance.quadrature import quadrature_unsupported_reason
 from countvae.model import CountVAE, ModelCells, inference
 from countvae.model.training import to_tensors
 from countvae.module.importance import MAX_UNRELIABLE_SHARE, MIN_ESS, ImportanceSummary
-from countvae.module.marginal import MarginalSettings, estimate_log_marginal
-from countvae.module.vae import log_library_size
+from countvae.module.marginal import MarginalSettings
 
 #: Where the estimator's proposal starts: the model's guide, or the prior alone.
 Start = Literal["guide", "prior"]
@@ -215,38 +214,12 @@ def prior_started_lpd(model: CountVAE, source, indices: np.ndarray, settings: Ma
     generator = torch.Generator().manual_seed(seed)
     order = np.unique(indices)
     points_per_call = max(1, ELEMENTS_PER_CHUNK // source.n_vars)
-    rows_per_call = max(1, points_per_call // (module.n_latent + 1))
     parts = []
     for mb in source.iterate(order, CELLS_PER_CHUNK, drop_last_singleton=False):
         x, b = to_tensors(mb, dtype, model.device)
-        log_library = log_library_size(x)
-        constant = module.count_log_constant(x, b)
         origin = x.new_zeros(x.shape[0], module.n_latent)
-
-        def log_joint(z, cells, x=x, b=b, log_library=log_library, constant=constant):
-            return module.log_joint(z, x[cells], b[cells], log_library[cells], constant[cells])
-
-        def neg_hessian(z, cells, x=x, b=b, log_library=log_library):
-            rows = range(0, z.shape[0], rows_per_call)
-            return torch.cat(
-                [
-                    module.log_joint_neg_hessian(z[i : i + rows_per_call], x[c], b[c], log_library[c])
-                    for i in rows
-                    for c in [cells[i : i + rows_per_call]]
-                ]
-            )
-
-        parts.append(
-            estimate_log_marginal(
-                log_joint,
-                origin,
-                torch.ones_like(origin),
-                generator,
-                settings,
-                neg_hessian=neg_hessian,
-                points_per_call=points_per_call,
-            )
-        )
+        prior = (origin, torch.ones_like(origin))
+        parts.append(inference.mixture_log_marginal(module, x, b, settings, generator, points_per_call, prior))
     position = np.searchsorted(order, indices)
     return ImportanceSummary.concatenate(parts).take(position).to_frame()
 

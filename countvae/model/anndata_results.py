@@ -127,7 +127,7 @@ def write_results(
     Parameters
     ----------
     model
-        A trained :class:`countvae.CountVAE`.
+        A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
         The AnnData to write into (default: the model's training AnnData). Its
         cells are encoded by the model, so it may be new data with the model's

@@ -15,7 +15,6 @@ import copy
 import logging
 import os
 from dataclasses import replace
-from typing import Literal
 
 import anndata as ad
 import numpy as np
@@ -496,58 +495,9 @@ class CountVAE:
         draws = inference.posterior_predictive(self.module, c.source, c.indices, n_samples, seed)
         return draws[..., 0] if n_samples == 1 else draws
 
-    def differential_expression(
-        self,
-        adata: ad.AnnData | None = None,
-        groupby: str | None = None,
-        group1: str | list[str] | None = None,
-        group2: str | None = None,
-        idx1: np.ndarray | list[int] | list[bool] | None = None,
-        idx2: np.ndarray | list[int] | list[bool] | None = None,
-        *,
-        delta: float = 0.25,
-        fdr_target: float = 0.05,
-        batch_correction: bool = False,
-        n_samples_overall: int = differential.DEFAULT_N_SAMPLES,
-        test_mode: Literal["two", "three"] = "three",
-        pseudocounts: float | None = None,
-        all_stats: bool = True,
-        n_bootstrap: int = differential.DEFAULT_N_BOOTSTRAP,
-        seed: int = 0,
-    ) -> pd.DataFrame:
-        """Differential expression between groups of cells, as scvi-tools' ``mode="change"``.
-
-        Per gene: the posterior probability that the log2 fold change exceeds
-        ``delta`` (``proba_de``), the Bayes factor, LFC summaries, mean expression
-        per group, the FDR-controlled call ``is_de_fdr_<fdr_target>``, and the Monte
-        Carlo error of each. See :mod:`countvae.model.differential` for the
-        definitions and :func:`countvae.model.differential.differential_expression`
-        for every argument.
-
-        Returns
-        -------
-        pandas.DataFrame
-            One row per gene (and comparison), sorted by ``proba_de``.
-
-        """
-        return differential.differential_expression(
-            self,
-            adata,
-            groupby,
-            group1,
-            group2,
-            idx1,
-            idx2,
-            delta=delta,
-            fdr_target=fdr_target,
-            batch_correction=batch_correction,
-            n_samples_overall=n_samples_overall,
-            test_mode=test_mode,
-            pseudocounts=pseudocounts,
-            all_stats=all_stats,
-            n_bootstrap=n_bootstrap,
-            seed=seed,
-        )
+    # Differential expression between groups of cells, as scvi-tools' mode="change": the method is the function
+    # countvae.model.differential.differential_expression, whose docstring documents it.
+    differential_expression = differential.differential_expression
 
     @property
     def latent_names(self) -> list[str]:
@@ -602,40 +552,9 @@ class CountVAE:
         self.get_loadings(return_uncertainty=True)  # the checks
         return loadings_posterior(self.module, self.var_names, self.latent_names, credible_mass)
 
-    def write_results(
-        self,
-        adata: ad.AnnData | None = None,
-        *,
-        latent_key: str | None = anndata_results.LATENT_KEY,
-        layer: str | None = anndata_results.LAYER_KEY,
-        loadings_key: str | None = anndata_results.LOADINGS_KEY,
-        uns_key: str | None = anndata_results.UNS_KEY,
-        library_size: float = 1e4,
-        overwrite: bool = False,
-    ) -> dict[str, str]:
-        """Store the embedding, normalized expression, loadings and a record in ``adata``, for scanpy.
-
-        Default keys: ``obsm["X_countvae"]``, ``layers["countvae_normalized"]``,
-        ``varm["countvae_loadings"]`` (linear decoder only) and ``uns["countvae"]``.
-        See :func:`countvae.model.anndata_results.write_results` for every
-        argument; existing keys are kept unless ``overwrite=True``.
-
-        Returns
-        -------
-        dict
-            The slots written and their keys.
-
-        """
-        return anndata_results.write_results(
-            self,
-            adata,
-            latent_key=latent_key,
-            layer=layer,
-            loadings_key=loadings_key,
-            uns_key=uns_key,
-            library_size=library_size,
-            overwrite=overwrite,
-        )
+    # The embedding, normalized expression, loadings and a record stored in adata for scanpy: the method is the
+    # function countvae.model.anndata_results.write_results, whose docstring documents it.
+    write_results = anndata_results.write_results
 
     # ----- files -----------------------------------------------------------------------------
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False, save_anndata: bool = False) -> None:

@@ -91,8 +91,8 @@ from countvae._checks import check_int, check_number
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
 from countvae.model.de_statistics import change_statistics, estimate_pseudocount, raw_count_properties
-from countvae.model.training import to_tensors
-from countvae.module.vae import CountVAEModule
+from countvae.model.training import dtype_device, to_tensors
+from countvae.module.vae import CountVAEModule, sample_latent
 
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
@@ -148,8 +148,7 @@ def sample_expression(
 
     """
     module.eval()
-    param = next(module.parameters())
-    dtype, device = param.dtype, param.device
+    dtype, device = dtype_device(module)
     drawn = rng.choice(cells, size=n_samples, replace=True)
     unique, inverse = np.unique(drawn, return_inverse=True)
     locs, scales = [], []
@@ -161,8 +160,7 @@ def sample_expression(
     loc = torch.cat(locs)[torch.as_tensor(inverse, device=device)]
     scale = torch.cat(scales)[torch.as_tensor(inverse, device=device)]
     eps = torch.randn(loc.shape, generator=generator, dtype=dtype).to(device)
-    # mean-field guide: vector scale; after a reparameterization: matrix scale (see CountVAEModule.encode)
-    z = loc + scale * eps if scale.dim() == loc.dim() else loc + torch.einsum("nij,nj->ni", scale, eps)
+    z = sample_latent(loc, scale, eps)
     batch = source.batch[drawn] if decode_batch is None else np.asarray(decode_batch, dtype=np.int64)
     batch_t = torch.as_tensor(batch, dtype=torch.long, device=device)
     out = np.empty((n_samples, source.n_vars), dtype=np.float32)
@@ -275,12 +273,12 @@ def differential_expression(
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """Differential expression between groups of cells; see the module docstring for the definitions.
+    """Differential expression between groups of cells; :mod:`countvae.model.differential` has the definitions.
 
     Parameters
     ----------
     model
-        A trained :class:`~countvae.CountVAE`.
+        A trained :class:`~countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.differential_expression`).
     adata
         Cells to compare (default: the model's training AnnData); must have the training genes.
     groupby
@@ -303,7 +301,7 @@ def differential_expression(
         training batches (compare the groups as if in the same batch), instead of
         in each cell's own batch.
     n_samples_overall
-        Pairs of draws per comparison, ``S`` (see :data:`DEFAULT_N_SAMPLES`).
+        Pairs of draws per comparison, ``S`` (see :data:`countvae.model.differential.DEFAULT_N_SAMPLES`).
         Peak memory is about six float32 arrays of ``S`` x genes (0.3 GB for
         5,000 pairs and 2,500 genes).
     test_mode

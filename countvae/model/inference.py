@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from countvae._checks import check_choice, check_int, check_number
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
-from countvae.model.training import to_tensors
+from countvae.model.training import dtype_device, to_tensors
 from countvae.module.decoders import LinearDecoder
 from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
 from countvae.module.loss import per_cell_elbo
@@ -28,11 +28,6 @@ from countvae.module.vae import CountVAEModule, log_library_size, sample_latent
 
 #: Largest number of (sample x cell x gene) elements the importance sampler holds at once.
 _ELEMENTS_PER_CHUNK = 2**22
-
-
-def _dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
-    p = next(module.parameters())
-    return p.dtype, p.device
 
 
 def _ordered(indices: np.ndarray, visited: np.ndarray) -> np.ndarray:
@@ -55,12 +50,20 @@ def _per_cell(
     indices: np.ndarray,
     batch_size: int,
     compute: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    torch_seed: int | None = None,
 ) -> np.ndarray:
-    """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order."""
+    """``compute(x, batch_index)`` over the minibatches of the cells ``indices`` (each once), rows in their order.
+
+    With ``torch_seed``, torch's global random state is seeded with it for the call and restored after.
+    """
     _check_unique(indices)
     module.eval()
-    dtype, device = _dtype_device(module)
-    out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in _iterate_sorted(source, indices, batch_size)]
+    dtype, device = dtype_device(module)
+    with torch.random.fork_rng(devices=[], enabled=torch_seed is not None):
+        if torch_seed is not None:
+            torch.manual_seed(torch_seed)
+        batches = _iterate_sorted(source, indices, batch_size)
+        out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in batches]
     return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
 
 
@@ -162,16 +165,22 @@ def _guide_log_weights(
     return torch.cat(log_w, dim=0)
 
 
-def _mixture_summary(
+def mixture_log_marginal(
     module: CountVAEModule,
     x: torch.Tensor,
     b: torch.Tensor,
     settings: MarginalSettings,
     gen: torch.Generator,
     points_per_call: int,
+    start: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> ImportanceSummary:
-    """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module."""
-    loc, scale = module.encode(x, b)
+    """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module.
+
+    ``start`` is the proposal's starting Gaussian ``(loc, scale)`` per cell (default: the guide
+    ``q(z | x)``); the curvature is the module's Gauss-Newton
+    :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`.
+    """
+    loc, scale = module.encode(x, b) if start is None else start
     log_library = log_library_size(x)
     constant = module.count_log_constant(x, b)  # once per cell, not at every Newton step and draw
     rows_per_call = max(1, points_per_call // (module.n_latent + 1))
@@ -284,7 +293,7 @@ def log_predictive_density(
         if n_samples is not None:
             settings = replace(settings, n_draws=n_samples)
     module.eval()
-    dtype, device = _dtype_device(module)
+    dtype, device = dtype_device(module)
     gen = torch.Generator().manual_seed(seed)
     n_genes = source.n_vars
     parts: list[ImportanceSummary] = []
@@ -299,7 +308,7 @@ def log_predictive_density(
             parts.append(summarize_log_weights(_guide_log_weights(module, x, b, n_guide, gen, per_draw)))
         else:
             points = max(1, _ELEMENTS_PER_CHUNK // n_genes)
-            parts.append(_mixture_summary(module, x, b, settings, gen, points))
+            parts.append(mixture_log_marginal(module, x, b, settings, gen, points))
         bar.update(n)
     bar.close()
     summary = ImportanceSummary.concatenate(parts).take(_ordered(indices, order))
@@ -318,15 +327,11 @@ def elbo_per_cell(
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
     check_int("n_samples", n_samples, 1)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _per_cell(
-            module,
-            source,
-            indices,
-            batch_size,
-            lambda x, b: torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0),
-        )
+
+    def elbo(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0)
+
+    return _per_cell(module, source, indices, batch_size, elbo, torch_seed=seed)
 
 
 @torch.no_grad()
@@ -346,6 +351,4 @@ def posterior_predictive(
         eps = torch.randn((n_samples, *loc.shape), dtype=x.dtype).to(x.device)
         return module.conditional(sample_latent(loc, scale, eps), log_library_size(x), b).sample().permute(1, 2, 0)
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return _per_cell(module, source, indices, batch_size, draws)
+    return _per_cell(module, source, indices, batch_size, draws, torch_seed=seed)

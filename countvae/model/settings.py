@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
@@ -143,9 +143,7 @@ class ModelSettings:
             "prior": check_choice("prior", self.prior, PRIORS),
             "dtype": dtype_name(self.dtype),
         }
-        if not isinstance(self.batch_norm, bool | np.bool_):
-            raise InvalidArgumentError(f"batch_norm must be True or False, got {self.batch_norm!r}.")
-        normalised["batch_norm"] = bool(self.batch_norm)
+        normalised["batch_norm"] = check_bool("batch_norm", self.batch_norm)
         normalised.update(self._loadings_settings(normalised["n_latent"], normalised["decoder"]))
         for name, value in normalised.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, at creation

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.data.loader import CountSource, Minibatch
 from countvae.errors import InvalidArgumentError, TrainingDivergedError
@@ -181,10 +181,7 @@ class TrainingPlan:
             "accelerator": check_choice("accelerator", self.accelerator, ACCELERATORS),
         }
         for name in ("early_stopping", "progress_bar"):
-            value = getattr(self, name)
-            if not isinstance(value, bool | np.bool_):
-                raise InvalidArgumentError(f"{name} must be True or False, got {value!r}.")
-            normalised[name] = bool(value)
+            normalised[name] = check_bool(name, getattr(self, name))
         for name, value in normalised.items():
             object.__setattr__(self, name, value)  # frozen: normalised once, at creation
 
@@ -321,7 +318,7 @@ def evaluate_loss(
     """
     was_training = module.training
     module.eval()
-    dtype, device = _dtype_device(module)
+    dtype, device = dtype_device(module)
     total, count = 0.0, 0
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -338,7 +335,8 @@ def evaluate_loss(
     return total / max(count, 1)
 
 
-def _dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
+def dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
+    """The floating-point type and the device of a module's parameters."""
     p = next(module.parameters())
     return p.dtype, p.device
 
@@ -392,7 +390,7 @@ def train_module(
         ``kl_weight``.
 
     """
-    dtype, device = _dtype_device(module)
+    dtype, device = dtype_device(module)
     if optimizer is None:
         optimizer = make_optimizer(module, plan.lr, plan.weight_decay, plan.adam_eps)
     # Continued training (epoch_offset > 0) draws new minibatch orders and noise, still fixed by the seed.

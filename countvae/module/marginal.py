@@ -75,6 +75,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from countvae._checks import check_bool, check_int, check_number
 from countvae.errors import InvalidArgumentError
 from countvae.module.importance import ImportanceSummary, summarize_log_weights
 
@@ -182,19 +183,17 @@ class MarginalSettings:
     fixed_restart_metric: bool = True
 
     def __post_init__(self):
-        counts = {
-            "n_draws": (self.n_draws, 2),
-            "n_pilot": (self.n_pilot, 0),
-            "pilot_restarts": (self.pilot_restarts, 0),
-            "prior_restarts": (self.prior_restarts, 0),
-            "newton_steps": (self.newton_steps, 0),
-            "restart_steps": (self.restart_steps, 0),
-            "redraw": (self.redraw, 0),
-            "escalation_draws": (self.escalation_draws, 0),
-        }
-        for name, (value, low) in counts.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidArgumentError(f"MarginalSettings.{name} must be an integer >= {low}; got {value!r}.")
+        for name, low in (
+            ("n_draws", 2),
+            ("n_pilot", 0),
+            ("pilot_restarts", 0),
+            ("prior_restarts", 0),
+            ("newton_steps", 0),
+            ("restart_steps", 0),
+            ("redraw", 0),
+            ("escalation_draws", 0),
+        ):
+            check_int(f"MarginalSettings.{name}", getattr(self, name), low)
         if self.escalation_draws == 1:
             raise InvalidArgumentError("MarginalSettings.escalation_draws must be 0 (no second pass) or >= 2; got 1.")
         if self.pilot_restarts > self.n_pilot:
@@ -202,22 +201,13 @@ class MarginalSettings:
                 f"MarginalSettings.pilot_restarts ({self.pilot_restarts}) cannot exceed n_pilot ({self.n_pilot}): "
                 "restarts start from pilot draws."
             )
-        radius = self.snap_radius
         for name in ("pool_pilot", "fixed_restart_metric"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(
-                    f"MarginalSettings.{name} must be True or False; got {getattr(self, name)!r}."
-                )
-        if isinstance(radius, bool) or not (isinstance(radius, (int, float)) and 0 <= radius < math.inf):
-            raise InvalidArgumentError(f"MarginalSettings.snap_radius must be a finite number >= 0; got {radius!r}.")
+            check_bool(f"MarginalSettings.{name}", getattr(self, name))
+        check_number("MarginalSettings.snap_radius", self.snap_radius, 0.0)
         for name in ("newton_tol", "restart_tol"):
-            tol = getattr(self, name)
-            if isinstance(tol, bool) or not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
-                raise InvalidArgumentError(f"MarginalSettings.{name} must be a positive finite number; got {tol!r}.")
-        if not (isinstance(self.guide_weight, (int, float)) and 0.0 <= self.guide_weight < 1.0):
-            raise InvalidArgumentError(f"MarginalSettings.guide_weight must be in [0, 1); got {self.guide_weight!r}.")
-        if not (isinstance(self.mode_floor, (int, float)) and 0.0 <= self.mode_floor <= 1.0):
-            raise InvalidArgumentError(f"MarginalSettings.mode_floor must be in [0, 1]; got {self.mode_floor!r}.")
+            check_number(f"MarginalSettings.{name}", getattr(self, name), 0.0, low_open=True)
+        check_number("MarginalSettings.guide_weight", self.guide_weight, 0.0, 1.0, high_open=True)
+        check_number("MarginalSettings.mode_floor", self.mode_floor, 0.0, 1.0)
         df = self.df
         if not (df == math.inf or (isinstance(df, (int, float)) and df >= 1 and float(df).is_integer())):
             raise InvalidArgumentError(f"MarginalSettings.df must be a positive integer or math.inf; got {df!r}.")
@@ -607,9 +597,7 @@ def _single_pass(
             radius=settings.snap_radius,
             metric=first.precision.repeat(R, 1, 1) if settings.fixed_restart_metric else None,
         )
-        for r in range(R):
-            rows = slice(r * n, (r + 1) * n)
-            modes.append(_Modes(found.mode[rows], found.log_joint[rows], found.precision[rows]))
+        modes += [found.take(slice(r * n, (r + 1) * n)) for r in range(R)]
     mode_shares = _mode_shares(modes, settings.mode_floor) * (1.0 - settings.guide_weight)
     components = (*(_at_mode(m, settings.df) for m in modes), guide)
     proposal = _Mixture(components, torch.cat([mode_shares.double().cpu(), guide_share]))
@@ -711,8 +699,7 @@ def estimate_log_marginal(
     settings = MarginalSettings() if settings is None else settings
     if not isinstance(settings, MarginalSettings):
         raise TypeError(f"settings must be a MarginalSettings; got {type(settings).__name__}.")
-    if isinstance(points_per_call, bool) or not isinstance(points_per_call, int) or points_per_call < 1:
-        raise InvalidArgumentError(f"points_per_call must be a positive integer; got {points_per_call!r}.")
+    check_int("points_per_call", points_per_call, 1)
     _check_inputs(loc, scale, generator)
     loc, scale = loc.detach(), scale.detach()
     curvature = neg_hessian if neg_hessian is not None else finite_difference_neg_hessian(log_joint, points_per_call)

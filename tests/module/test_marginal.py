@@ -261,7 +261,7 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
         ("n_draws", 1, "n_draws must be an integer >= 2"),
         ("n_pilot", -1, "n_pilot"),
         ("pilot_restarts", 300, "cannot exceed n_pilot"),
-        ("guide_weight", 1.0, r"guide_weight must be in \[0, 1\)"),
+        ("guide_weight", 1.0, r"guide_weight must be a number in \[0, 1\)"),
         ("mode_floor", 1.5, "mode_floor"),
         ("df", 2.5, "positive integer or math.inf"),
         ("newton_tol", 0.0, "newton_tol"),
