@@ -1,18 +1,24 @@
-"""The k-NN row speaks about the analyst's graph: k scaled to the cells, or held-out rows of the whole graph."""
+"""benchmarks/knn_reference.py: the exact k-NN graph and its Leiden clusters; k-NN overlaps of the analyst's graph."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from bench_modules import benchmark_module
+from sklearn.metrics import adjusted_rand_score
 
-from countvae.diagnostics.analyses.subspace import (
-    analyst_graph_k,
-    knn_jaccard,
-    knn_jaccard_per_cell,
-    knn_sets,
-    knn_sets_among,
-)
+from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError
+
+knn_reference = benchmark_module("knn_reference")
+analyst_graph_k = knn_reference.analyst_graph_k
+knn_sets_among = knn_reference.knn_sets_among
+
+
+def _blobs(n_per: int, centres: np.ndarray, scale: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    labels = np.repeat(np.arange(len(centres)), n_per)
+    return centres[labels] + scale * rng.standard_normal((len(labels), centres.shape[1])), labels
 
 
 def _two_fits(seed: int, n: int = 1800):
@@ -54,3 +60,23 @@ def test_rows_among_the_reference_are_those_of_the_whole_graph():
         knn_sets_among(a[:, :2], a[:, :3], 5)
     with pytest.raises(InvalidArgumentError, match="need more than"):
         knn_sets_among(a[:3], a[3:5], 5)
+
+
+def test_knn_adjacency_known_graph():
+    points = np.array([[0.0], [1.0], [3.0], [6.0], [10.0]])
+    adjacency = knn_reference.knn_adjacency(points, n_neighbors=1).toarray()
+    expected = np.zeros((5, 5))
+    for i, j in [(0, 1), (1, 2), (2, 3), (3, 4)]:
+        expected[i, j] = expected[j, i] = 1
+    np.testing.assert_array_equal(adjacency, expected)
+    with pytest.raises(InvalidArgumentError, match="more than"):
+        knn_reference.knn_adjacency(points, n_neighbors=5)
+
+
+def test_leiden_recovers_separated_blobs_for_every_seed():
+    centres = np.array([[0.0, 0.0, 0.0], [12.0, 0.0, 0.0], [0.0, 12.0, 0.0]])
+    z, truth = _blobs(60, centres, 1.0, seed=2)
+    adjacency = knn_reference.knn_adjacency(z, 10)
+    for seed in (0, 1, 2):
+        labels = knn_reference.leiden_labels(adjacency, resolution=0.3, seed=seed)
+        assert adjusted_rand_score(truth, labels) == 1.0
