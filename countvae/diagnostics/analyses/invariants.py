@@ -348,10 +348,6 @@ ReplicateFunction = Callable[[Comparison, str, str], np.ndarray]
 RowInterval = Callable[[Comparison, list[tuple[str, str]]], Interval]
 
 
-def _always(inputs: InvariantInputs) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class Quantity:
     """One row of the invariants table: what it measures, how it is scored, and what to report instead.
@@ -420,8 +416,8 @@ class Quantity:
     aligned_replicates: ReplicateFunction | None = None
     row_interval: RowInterval | None = None
     aligned_score: ScoreFunction | None = None
-    available: Callable[[InvariantInputs], bool] = _always
-    included: Callable[[InvariantInputs], bool] = _always
+    available: Callable[[InvariantInputs], bool] = lambda inputs: True
+    included: Callable[[InvariantInputs], bool] = lambda inputs: True
     pairwise: bool = True
     definition_key: str = ""
     threshold_from: Callable[[InvariantInputs], Threshold] | None = None
@@ -436,6 +432,11 @@ class Quantity:
 
 
 # ----- scores and their replicates ----------------------------------------------------------------------
+def _between(field_name: str, score: Callable[[np.ndarray, np.ndarray], float]) -> ScoreFunction:
+    """``score`` of fits ``a`` and ``b``'s arrays in the inputs' field ``field_name``."""
+    return lambda c, a, b: score(getattr(c.inputs, field_name)[a], getattr(c.inputs, field_name)[b])
+
+
 def _pair_value(frame: pd.DataFrame | None, column: str, a: str, b: str) -> float:
     if frame is None:
         return np.nan
@@ -496,14 +497,6 @@ def _expression_replicates(field_name: str) -> ReplicateFunction:
     return replicates
 
 
-def _decoded_means(c: Comparison, a: str, b: str) -> float:
-    return gene_centred_concordance(c.inputs.log_rates[a], c.inputs.log_rates[b])
-
-
-def _normalized(c: Comparison, a: str, b: str) -> float:
-    return gene_centred_concordance(c.inputs.normalized[a], c.inputs.normalized[b])
-
-
 def _distances(c: Comparison, a: str, b: str) -> float:
     da, db = c.distances[a], c.distances[b]
     upper = np.triu_indices(len(da), k=1)
@@ -537,19 +530,11 @@ def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
     return c.once(("energy", which, name), compute)
 
 
-def _subspace(c: Comparison, a: str, b: str) -> float:
-    return weighted_overlap(c.inputs.spans[a], c.inputs.spans[b])
-
-
 def _subspace_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
     ja, jb = c.inputs.jacobians[a], c.inputs.jacobians[b]
     xa = c.once(("span", a), lambda: span_replicates(_energy(c, "jacobians", a), ja.n_latent))
     xb = c.once(("span", b), lambda: span_replicates(_energy(c, "jacobians", b), jb.n_latent))
     return overlap_replicates(xa, xb, ja.basis, jb.basis)
-
-
-def _gram(c: Comparison, a: str, b: str) -> float:
-    return gram_cosine(c.inputs.grams[a], c.inputs.grams[b])
 
 
 def _gram_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
@@ -576,8 +561,7 @@ def _coordinates_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray
     return weighted_column_concordance(boot.weights, mapped, c.latents[b][boot.positions])
 
 
-def _loadings(c: Comparison, a: str, b: str) -> float:
-    return per_column_concordance(c.inputs.loadings[a], c.inputs.loadings[b])
+_loadings = _between("loadings", per_column_concordance)
 
 
 def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
@@ -640,10 +624,6 @@ def _marker_replicates_of(aligned: bool) -> ReplicateFunction:
     return replicates
 
 
-def _ica(c: Comparison, a: str, b: str) -> float:
-    return np.nan  # the ICA row is one number for all fits, from the component table (_ica_interval)
-
-
 def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
     """The smallest ``worst_match`` over components, within the box of the components' intervals."""
     table = c.inputs.components
@@ -659,23 +639,7 @@ def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
     return available
 
 
-def _has_ppc_agreement(inputs: InvariantInputs) -> bool:
-    return inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs
-
-
-def _has_markers(inputs: InvariantInputs) -> bool:
-    return inputs.markers is not None and inputs.markers.shape[1] > 0
-
-
-def _with_ica(inputs: InvariantInputs) -> bool:
-    return inputs.components is not None
-
-
 _AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
-
-
-def _lpd_interval_text(c: Comparison) -> tuple[str, int]:
-    return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
 
 
 def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
@@ -688,20 +652,8 @@ def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
     return f"bootstrap over {len(first.cv_gene)} genes", len(first.cv_cell)
 
 
-def _ica_interval_text(c: Comparison) -> tuple[str, int]:
-    return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
-
-
 def _weights_interval_text(c: Comparison) -> tuple[str, int] | None:
     return ("exact (linear decoder weights: no cells)", 0) if c.inputs.loadings_are_weights else None
-
-
-def _weights_are_exact(inputs: InvariantInputs) -> bool:
-    return inputs.loadings_are_weights
-
-
-def _ica_threshold(inputs: InvariantInputs) -> Threshold:
-    return Threshold(inputs.ica_threshold, ">=")
 
 
 #: Every row of the table, in order.
@@ -719,7 +671,10 @@ QUANTITIES: tuple[Quantity, ...] = (
         row_interval=_lpd_interval,
         cells_setting="max_lpd_cells",
         available=_has_margin,
-        interval_text=_lpd_interval_text,
+        interval_text=lambda c: (
+            "equivalence test (simultaneous over pairs)",
+            int(c.inputs.lpd_pairs["n_cells"].iloc[0]),
+        ),
     ),
     Quantity(
         "posterior predictive statistics",
@@ -733,7 +688,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         score=_ppc,
         row_interval=_ppc_interval,
         cells_setting="max_ppc_cells",
-        available=_has_ppc_agreement,
+        available=lambda inputs: inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs,
         definition_key=PPC_METRIC,
         interval_text=_ppc_interval_text,
     ),
@@ -746,7 +701,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         "decoded means (log rate per gene and cell) of any seed",
         "",
         "average decoded means over seeds and report their spread",
-        score=_decoded_means,
+        score=_between("log_rates", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
         replicates=_expression_replicates("log_rates"),
@@ -761,7 +716,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         "normalized expression of any seed",
         "",
         "average normalized expression over seeds and report the spread",
-        score=_normalized,
+        score=_between("normalized", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
         replicates=_expression_replicates("normalized"),
@@ -804,7 +759,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         "the gene-space span of the decoder, compared by principal angles",
         "",
         "only the leading directions that agree (small principal angles)",
-        score=_subspace,
+        score=_between("spans", weighted_overlap),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
         replicates=_subspace_replicates,
@@ -819,7 +774,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         "gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
         "",
         "the Gram matrix averaged over seeds, with its spread",
-        score=_gram,
+        score=_between("grams", gram_cosine),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
         replicates=_gram_replicates,
@@ -858,7 +813,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         aligned_score=_loadings_aligned,
         available=_has("loadings"),
         interval_text=_weights_interval_text,
-        exact=_weights_are_exact,
+        exact=lambda inputs: inputs.loadings_are_weights,
     ),
     Quantity(
         "per-dimension marker correlations",
@@ -874,7 +829,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         replicates=_marker_replicates_of(aligned=False),
         aligned_replicates=_marker_replicates_of(aligned=True),
         aligned_score=_markers_aligned,
-        available=_has_markers,
+        available=lambda inputs: inputs.markers is not None and inputs.markers.shape[1] > 0,
     ),
     Quantity(
         "ICA coordinates",
@@ -885,12 +840,15 @@ QUANTITIES: tuple[Quantity, ...] = (
         "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
         "",
         "the ICA subspace, not individual components",
-        score=_ica,
+        score=lambda c, a, b: np.nan,  # one number for all fits, from the component table (_ica_interval)
         row_interval=_ica_interval,
-        included=_with_ica,
+        included=_has("components"),
         pairwise=False,
-        threshold_from=_ica_threshold,
-        interval_text=_ica_interval_text,
+        threshold_from=lambda inputs: Threshold(inputs.ica_threshold, ">="),
+        interval_text=lambda c: (
+            "ICA components (per-component intervals)",
+            int(c.inputs.components["n_matching_cells"].iloc[0]),
+        ),
     ),
 )
 #: The quantities by name.
