@@ -144,7 +144,8 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
 def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
     from knn_reference import knn_sets_among
 
-    from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell
+    from countvae.diagnostics.analyses.downstream import neighbourhood_overlap as knn_jaccard
+    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell
 
     seeds = list(reference)
     pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]

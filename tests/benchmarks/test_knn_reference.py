@@ -7,7 +7,8 @@ import pytest
 from bench_modules import benchmark_module
 from sklearn.metrics import adjusted_rand_score
 
-from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell, knn_sets
+from countvae.diagnostics.analyses.downstream import neighbourhood_overlap
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError
 
 knn_reference = benchmark_module("knn_reference")
@@ -40,10 +41,10 @@ def test_k_keeps_the_neighbourhoods_share_of_the_cells():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_an_overlap_on_a_subset_estimates_the_whole_graphs(seed):
     a, b = _two_fits(seed)
-    truth = knn_jaccard(a, b, 15)  # the analyst's graph: k = 15 on all 1,800 cells
+    truth = neighbourhood_overlap(a, b, 15)  # the analyst's graph: k = 15 on all 1,800 cells
     held, rest = np.arange(300), np.arange(300, 1800)
-    naive = knn_jaccard(a[held], b[held], 15)
-    scaled = knn_jaccard(a[held], b[held], analyst_graph_k(15, 300, 1800))
+    naive = neighbourhood_overlap(a[held], b[held], 15)
+    scaled = neighbourhood_overlap(a[held], b[held], analyst_graph_k(15, 300, 1800))
     rows = knn_jaccard_per_cell(knn_sets_among(a[held], a[rest], 15), knn_sets_among(b[held], b[rest], 15)).mean()
     assert naive > truth + 0.1  # k = 15 on 300 cells describes a much coarser graph
     assert abs(scaled - truth) < 0.03

@@ -153,17 +153,6 @@ def knn_sets(z: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(idx, order, axis=1)[:, :k]
 
 
-def knn_jaccard(x: np.ndarray, y: np.ndarray, k: int = 15) -> float:
-    """Mean over cells of the Jaccard overlap of the cell's ``k``-NN sets in ``x`` and in ``y``.
-
-    1 when both representations give every cell the same neighbours; about
-    ``k / (2 n)`` for unrelated representations of ``n`` cells.
-    """
-    if x.shape[0] != y.shape[0]:
-        raise InvalidArgumentError(f"k-NN overlap compares the same cells; got {x.shape[0]} and {y.shape[0]} rows.")
-    return float(np.mean(knn_jaccard_per_cell(knn_sets(x, k), knn_sets(y, k))))
-
-
 def knn_jaccard_per_cell(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per-cell Jaccard overlap of two neighbour-index arrays of shape (cells, k)."""
     k = a.shape[1]
