@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -227,11 +228,8 @@ def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | N
 
     """
     decided = decided or {}
-    out = numbers.copy()
     judged = [decided.get(row["quantity"]) or judge_row(row) for _, row in numbers.iterrows()]
-    out["verdict"] = [j.verdict for j in judged]
-    out["reason"] = [j.reason for j in judged]
-    out["remedy"] = [j.remedy for j in judged]
+    out = _with_judgements(numbers, judged)
     out["report_instead"] = [
         _report_instead(name, j.verdict) for name, j in zip(numbers["quantity"], judged, strict=True)
     ]
@@ -270,58 +268,50 @@ MIN_ICA_CELLS_PER_DIMENSION = 100
 
 def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
     """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component (see the module docstring)."""
-    out = table.copy()
-    rule = Threshold(threshold, ">=")
-    judged = []
     min_cells = MIN_ICA_CELLS_PER_DIMENSION * len(table)
-    for row in table.itertuples(index=False):
-        if int(row.n_estimation_cells) < min_cells:
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for "
-                    f"{len(table)} dimensions",
-                    f"at least {min_cells:,} cells per half ({2 * min_cells:,} fit cells, "
-                    "or held-out cells without them)",
-                )
-            )
-        elif bool(row.gaussian):
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    GAUSSIAN_REASON,
-                    "none: a Gaussian direction has no preferred axis; report the span of these components",
-                )
-            )
-        elif row.same_fit_match < threshold:
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    f"{FEW_CELLS_REASON}: split-half match {row.same_fit_match:.2f} < {threshold:g}",
-                    f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
-                )
-            )
-        else:
-            verdict = interval_verdict(rule, row.low, row.high)
-            if verdict == UNDETERMINED:
-                needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
-                judged.append(
-                    Judgement(
-                        UNDETERMINED,
-                        _straddle(row.low, row.high, rule),
-                        _more_cells(needed, int(row.n_matching_cells), ""),
-                    )
-                )
-            elif verdict == DIFFER:
-                judged.append(
-                    Judgement(
-                        DIFFER,
-                        f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
-                        "the seeds' solutions differ along it",
-                    )
-                )
-            else:
-                judged.append(Judgement(AGREE))
+    return _with_judgements(
+        table, [_judge_component(row, threshold, min_cells, len(table)) for row in table.itertuples(index=False)]
+    )
+
+
+def _judge_component(row: Any, threshold: float, min_cells: int, n_dims: int) -> Judgement:
+    if int(row.n_estimation_cells) < min_cells:
+        return Judgement(
+            UNDETERMINED,
+            f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for {n_dims} dimensions",
+            f"at least {min_cells:,} cells per half ({2 * min_cells:,} fit cells, or held-out cells without them)",
+        )
+    if bool(row.gaussian):
+        return Judgement(
+            UNDETERMINED,
+            GAUSSIAN_REASON,
+            "none: a Gaussian direction has no preferred axis; report the span of these components",
+        )
+    if row.same_fit_match < threshold:
+        return Judgement(
+            UNDETERMINED,
+            f"{FEW_CELLS_REASON}: split-half match {row.same_fit_match:.2f} < {threshold:g}",
+            f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
+        )
+    rule = Threshold(threshold, ">=")
+    verdict = interval_verdict(rule, row.low, row.high)
+    if verdict == UNDETERMINED:
+        needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
+        return Judgement(
+            UNDETERMINED, _straddle(row.low, row.high, rule), _more_cells(needed, int(row.n_matching_cells), "")
+        )
+    if verdict == DIFFER:
+        return Judgement(
+            DIFFER,
+            f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
+            "the seeds' solutions differ along it",
+        )
+    return Judgement(AGREE)
+
+
+def _with_judgements(frame: pd.DataFrame, judged: list[Judgement]) -> pd.DataFrame:
+    """A copy of ``frame`` with the columns ``verdict``, ``reason`` and ``remedy`` of ``judged`` (one per row)."""
+    out = frame.copy()
     out["verdict"] = [j.verdict for j in judged]
     out["reason"] = [j.reason for j in judged]
     out["remedy"] = [j.remedy for j in judged]
