@@ -340,6 +340,8 @@ class Threshold:
         return min(finite) if self.higher_is_better else max(finite)
 
 
+_AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
+
 #: A score: how well fits ``a`` and ``b`` agree on a quantity.
 ScoreFunction = Callable[[Comparison, str, str], float]
 #: Bootstrap replicates of a score, element 0 the reference (see :mod:`.resampling`).
@@ -357,17 +359,18 @@ class Quantity:
     name
         The row's label, e.g. ``"latent distances"``.
     invariant_in_theory
-        ``"yes"`` for outputs the prior's symmetry leaves unchanged; for
+        ``"yes"`` (the default) for outputs the prior's symmetry leaves unchanged; for
         coordinate-level rows (``coordinate_level``) the table states what the
         fits' symmetry group leaves of them instead.
     coordinate_level
         Whether the quantity changes with the latent coordinates (aligned scores then apply).
     metric
-        Name of the agreement score, as the table shows it.
+        Name of the agreement score, as the table shows it (default ``"ccc"``).
     threshold
-        When the agreement counts as agreeing.
+        When the agreement counts as agreeing (default: at least :data:`AGREEMENT_THRESHOLD`).
     report_when_agree, report_when_aligned, report_when_differ
-        What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`).
+        What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`; ``report_when_aligned``
+        only for coordinate-level rows).
     score
         Agreement of two fits.
     cells
@@ -402,14 +405,14 @@ class Quantity:
     """
 
     name: str
-    invariant_in_theory: str
-    coordinate_level: bool
-    metric: str
-    threshold: Threshold
     report_when_agree: str
-    report_when_aligned: str
     report_when_differ: str
     score: ScoreFunction
+    invariant_in_theory: str = "yes"
+    coordinate_level: bool = False
+    metric: str = "ccc"
+    threshold: Threshold = _AGREE
+    report_when_aligned: str = ""
     cells: str = ""
     cells_setting: str = ""
     replicates: ReplicateFunction | None = None
@@ -639,9 +642,6 @@ def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
     return available
 
 
-_AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
-
-
 def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
     predicted = c.inputs.ppc_predicted
     if not predicted:
@@ -660,13 +660,11 @@ def _weights_interval_text(c: Comparison) -> tuple[str, int] | None:
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
         "held-out log p(x)",
-        "yes",
-        False,
-        "|diff| / margin",
-        Threshold(LPD_THRESHOLD, "<"),
-        "held-out log p(x) of any seed",
-        "",
-        "the seeds reached different optima: train longer, or keep the seed with the best held-out log p(x)",
+        report_when_agree="held-out log p(x) of any seed",
+        report_when_differ="the seeds reached different optima: train longer, or keep the seed with the best held-out "
+        "log p(x)",
+        metric="|diff| / margin",
+        threshold=Threshold(LPD_THRESHOLD, "<"),
         score=_lpd,
         row_interval=_lpd_interval,
         cells_setting="max_lpd_cells",
@@ -678,13 +676,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "posterior predictive statistics",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "posterior predictive checks of any seed",
-        "",
-        "check convergence; report the checks of every seed",
+        report_when_agree="posterior predictive checks of any seed",
+        report_when_differ="check convergence; report the checks of every seed",
         score=_ppc,
         row_interval=_ppc_interval,
         cells_setting="max_ppc_cells",
@@ -694,13 +687,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "decoded means",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "decoded means (log rate per gene and cell) of any seed",
-        "",
-        "average decoded means over seeds and report their spread",
+        report_when_agree="decoded means (log rate per gene and cell) of any seed",
+        report_when_differ="average decoded means over seeds and report their spread",
         score=_between("log_rates", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
@@ -709,13 +697,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "normalized expression",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "normalized expression of any seed",
-        "",
-        "average normalized expression over seeds and report the spread",
+        report_when_agree="normalized expression of any seed",
+        report_when_differ="average normalized expression over seeds and report the spread",
         score=_between("normalized", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
@@ -724,13 +707,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "latent distances",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "distances between cells in latent space",
-        "",
-        "distances averaged over seeds, with their spread",
+        report_when_agree="distances between cells in latent space",
+        report_when_differ="distances averaged over seeds, with their spread",
         score=_distances,
         cells="distance",
         cells_setting="max_distance_cells",
@@ -738,13 +716,11 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "k-NN graph",
-        "yes",
-        False,
-        "jaccard",
-        Threshold(KNN_THRESHOLD, ">="),
-        "the k-NN graph (clusters, UMAP) of any seed",
-        "",
-        "a consensus graph over seeds (neighbours shared by most seeds); check clusters on every seed",
+        report_when_agree="the k-NN graph (clusters, UMAP) of any seed",
+        report_when_differ="a consensus graph over seeds (neighbours shared by most seeds); check clusters on every "
+        "seed",
+        metric="jaccard",
+        threshold=Threshold(KNN_THRESHOLD, ">="),
         score=_knn,
         cells="knn",
         cells_setting="max_knn_cells",
@@ -752,13 +728,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "latent subspace (gene space)",
-        "yes",
-        False,
-        "weighted overlap",
-        _AGREE,
-        "the gene-space span of the decoder, compared by principal angles",
-        "",
-        "only the leading directions that agree (small principal angles)",
+        report_when_agree="the gene-space span of the decoder, compared by principal angles",
+        report_when_differ="only the leading directions that agree (small principal angles)",
+        metric="weighted overlap",
         score=_between("spans", weighted_overlap),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
@@ -767,13 +739,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "W W^T / decoder Gram",
-        "yes",
-        False,
-        "cosine",
-        _AGREE,
-        "gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
-        "",
-        "the Gram matrix averaged over seeds, with its spread",
+        report_when_agree="gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
+        report_when_differ="the Gram matrix averaged over seeds, with its spread",
+        metric="cosine",
         score=_between("grams", gram_cosine),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
@@ -783,13 +751,12 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "per-dimension coordinates",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "latent coordinates (the seeds happen to agree; the model does not guarantee it)",
-        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates where they agree",
-        "latent distances, the k-NN graph or the latent subspace",
+        report_when_agree="latent coordinates (the seeds happen to agree; the model does not guarantee it)",
+        report_when_differ="latent distances, the k-NN graph or the latent subspace",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="latent distances, the k-NN graph or the latent subspace; or ICA coordinates where they "
+        "agree",
         score=_coordinates,
         cells="heldout",
         replicates=_coordinates_replicates,
@@ -798,13 +765,12 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "per-dimension loadings",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "the span of the loadings (principal angles) or W W^T; loadings per ICA component where ICA agrees",
-        "the span of the loadings (principal angles) or W W^T",
+        report_when_agree="loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
+        report_when_differ="the span of the loadings (principal angles) or W W^T",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="the span of the loadings (principal angles) or W W^T; loadings per ICA component where "
+        "ICA agrees",
         score=_loadings,
         cells="jacobian",
         cells_setting="max_jacobian_cells",
@@ -817,13 +783,12 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "per-dimension marker correlations",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "marker correlations per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
+        report_when_agree="marker correlations per dimension (the seeds happen to agree; the model does not guarantee "
+        "it)",
+        report_when_differ="R^2 of each marker on all latent dimensions (rotation-invariant)",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="R^2 of each marker on all latent dimensions (rotation-invariant)",
         score=_markers,
         cells="heldout",
         replicates=_marker_replicates_of(aligned=False),
@@ -833,13 +798,12 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "ICA coordinates",
-        "convention (up to order and sign)",
-        False,
-        "worst best-match |corr|",
-        Threshold(ICA_THRESHOLD, ">="),
-        "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
-        "",
-        "the ICA subspace, not individual components",
+        report_when_agree="ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not "
+        "proof of biology",
+        report_when_differ="the ICA subspace, not individual components",
+        invariant_in_theory="convention (up to order and sign)",
+        metric="worst best-match |corr|",
+        threshold=Threshold(ICA_THRESHOLD, ">="),
         score=lambda c, a, b: np.nan,  # one number for all fits, from the component table (_ica_interval)
         row_interval=_ica_interval,
         included=_has("components"),
