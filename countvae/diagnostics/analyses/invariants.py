@@ -17,22 +17,12 @@ Each row's score is named by its :attr:`Quantity.metric` and defined, once, in
 :data:`METRIC_DEFINITIONS`; the report's "Definitions" and the page
 ``docs/concepts/report-rows.md`` show those words (a test keeps the page in step).
 
-Intervals
----------
-``low`` and ``high`` (and ``aligned_low``, ``aligned_high``) bound the row's
-worst-pair agreement at level ``1 - 2 alpha``: a paired bootstrap over the cells
-the score is computed on, the same resampled cells for every pair
-(:mod:`countvae.diagnostics.analyses.resampling`); the simultaneous equivalence
-intervals of the pairs for held-out ``log p(x)``; a bootstrap over genes for the
-posterior predictive statistics (per-gene statistics); the per-component
-intervals for ICA. A linear decoder's loadings involve no cells: their interval
-is the point.
-
-Thresholds (module constants, conventions rather than laws): concordance,
-weighted subspace overlap and Gram cosine at least 0.9 (seeds share at least 90%
-of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
-held-out ``log p(x)`` within the margin; ICA components matched at the report's
-``ica_threshold`` (0.95).
+Intervals and thresholds
+------------------------
+``low`` and ``high`` (and ``aligned_low``, ``aligned_high``) bound the row's worst-pair agreement at level
+``1 - 2 alpha``, each row's way as its :class:`Quantity` says (a paired bootstrap over cells,
+:mod:`countvae.diagnostics.analyses.resampling`, unless it says otherwise); ``docs/concepts/report-rows.md``
+describes them, and the thresholds (the constants below: conventions rather than laws).
 """
 
 from __future__ import annotations

@@ -1,54 +1,14 @@
 """Step 3 of the report: verdicts, decided from the analyses' numbers, intervals and thresholds alone.
 
-Every rule that turns a number into a claim about the fits lives here.
-
-The decision rule
------------------
-Each row of the invariants table has a score for its worst pair of seeds, an
-interval ``[low, high]`` at level ``1 - 2 alpha`` (each side errs with
-probability ``alpha``, 0.05 by default) and a threshold. For a score where higher
-is better (agreement ``>=`` threshold):
-
-``agree``
-    ``low >= threshold``: even the pessimistic end of the interval meets it.
-``differ``
-    ``high < threshold``: even the optimistic end misses it.
-``undetermined``
-    The interval contains the threshold: these cells cannot tell. The row says
-    why and what would decide it: about how many cells would shrink the
-    interval (its width falls like ``1 / sqrt(cells)``) to clear the threshold
-    at the same score, or which setting caps them.
-
-For a discrepancy (lower is better, ``<`` threshold) the sides swap. Coordinate
-rows (whose values change with a rotation of the latent space) add a fourth
-verdict: ``agree after alignment`` when the raw coordinates do not agree but the
-same score after the orthogonal Procrustes map of each pair does (``aligned_low
->= threshold``); they ``differ`` only when the aligned score's interval lies
-below the threshold. ``not measured``: the fits' API does not provide what the
-row needs.
-
-Four rows have preconditions besides their interval:
-
-posterior predictive statistics, k-NN graph
-    ``undetermined`` below a minimum number of held-out cells
-    (:data:`MIN_CELLS`): every verdict of the first, ``agree`` of the second
-    (on fewer cells k-NN graphs overlap more, so a ``differ`` stands).
-
-held-out log p(x)
-    The equivalence test of :mod:`countvae.diagnostics.analyses.predictive`:
-    ``equivalent`` (``agree``), ``not equivalent`` (``differ``) or
-    ``undetermined``; undetermined whatever the intervals when the estimator is
-    not reliable (Pareto k-hat, Monte Carlo bias against the margin) or when
-    the fits explain no more than a model without latent variables.
-ICA coordinates
-    Per component (:func:`judge_components`): ``undetermined`` when each half
-    of the cells the ICAs were estimated on holds fewer than
-    :data:`MIN_ICA_CELLS_PER_DIMENSION` cells per latent dimension, when the
-    component is too close to Gaussian to be identified, or when it does not
-    reproduce even within one seed (split-half baseline below the threshold: too
-    few cells to fix the axis); otherwise by its interval. The row agrees when
-    every component agrees, differs when one differs, and is undetermined
-    otherwise.
+Every rule that turns a number into a claim about the fits lives here; ``docs/concepts/report-rows.md``
+("How a verdict is decided") states them for readers. In short: a row whose score has the interval
+``[low, high]`` (level ``1 - 2 alpha``) ``agree``s when the whole interval meets its threshold, ``differ``s
+when the whole interval misses it and is ``undetermined`` otherwise (with why, and about how many cells
+would decide it, since the width falls like ``1 / sqrt(cells)``); coordinate rows ``agree after alignment``
+when only the score after the orthogonal Procrustes map of each pair agrees. Rows with preconditions of
+their own: :data:`MIN_CELLS` (posterior predictive statistics, k-NN graph), :func:`predictive_verdict`
+(held-out log p(x): the equivalence test, undetermined while the estimator is unreliable) and
+:func:`judge_components` with :func:`ica_row_judgement` (ICA coordinates, per component).
 """
 
 from __future__ import annotations
@@ -267,7 +227,12 @@ MIN_ICA_CELLS_PER_DIMENSION = 100
 
 
 def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component (see the module docstring)."""
+    """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component.
+
+    ``undetermined`` when each half of the estimation cells holds fewer than :data:`MIN_ICA_CELLS_PER_DIMENSION`
+    cells per dimension, when the component is too close to Gaussian, or when it does not reproduce within one
+    seed (split-half match below ``threshold``); otherwise decided by its interval.
+    """
     min_cells = MIN_ICA_CELLS_PER_DIMENSION * len(table)
     return _with_judgements(
         table, [_judge_component(row, threshold, min_cells, len(table)) for row in table.itertuples(index=False)]
