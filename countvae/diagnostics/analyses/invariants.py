@@ -513,14 +513,20 @@ def _knn_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
     return weighted_mean(boot.weights, c.knn_overlap(a, b)[boot.positions])
 
 
-def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
+def _jacobian_replicates(c: Comparison, summary: Callable, which: str, name: str) -> np.ndarray:
+    """``summary(weights, jacobians)`` of fit ``name``'s reduced Jacobians (field ``which``) on the resampled cells."""
+
     def compute() -> np.ndarray:
         boot = c.bootstraps["jacobian"]
         reduced = getattr(c.inputs, which)[name]
-        coefficients = reduced.coefficients[boot.positions]
-        return energy_replicates(boot.weights, ReducedJacobians(reduced.basis, coefficients, reduced.kept_energy))
+        resampled = ReducedJacobians(reduced.basis, reduced.coefficients[boot.positions], reduced.kept_energy)
+        return summary(boot.weights, resampled)
 
-    return c.once(("energy", which, name), compute)
+    return c.once((summary.__name__, which, name), compute)
+
+
+def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
+    return _jacobian_replicates(c, energy_replicates, which, name)
 
 
 def _subspace_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
@@ -543,15 +549,15 @@ def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
     return per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
 
 
-def _coordinates_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-    boot = c.bootstraps["heldout"]
-    return weighted_column_concordance(boot.weights, c.latents[a][boot.positions], c.latents[b][boot.positions])
+def _coordinates_replicates_of(aligned: bool) -> ReplicateFunction:
+    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+        boot = c.bootstraps["heldout"]
+        za = c.latents[a][boot.positions]
+        return weighted_column_concordance(
+            boot.weights, c.maps.orthogonal(a, b)(za) if aligned else za, c.latents[b][boot.positions]
+        )
 
-
-def _coordinates_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-    boot = c.bootstraps["heldout"]
-    mapped = c.maps.orthogonal(a, b)(c.latents[a][boot.positions])
-    return weighted_column_concordance(boot.weights, mapped, c.latents[b][boot.positions])
+    return replicates
 
 
 _loadings = _between("loadings", per_column_concordance)
@@ -562,14 +568,7 @@ def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
 
 
 def _mean_loadings(c: Comparison, name: str) -> np.ndarray:
-    def compute() -> np.ndarray:
-        boot = c.bootstraps["jacobian"]
-        reduced = c.inputs.jacobians[name]
-        return loading_replicates(
-            boot.weights, ReducedJacobians(reduced.basis, reduced.coefficients[boot.positions], reduced.kept_energy)
-        )
-
-    return c.once(("loadings", name), compute)
+    return _jacobian_replicates(c, loading_replicates, "jacobians", name)
 
 
 def _loadings_replicates_of(aligned: bool) -> ReplicateFunction:
@@ -749,8 +748,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         "agree",
         score=_coordinates,
         cells="heldout",
-        replicates=_coordinates_replicates,
-        aligned_replicates=_coordinates_aligned_replicates,
+        replicates=_coordinates_replicates_of(aligned=False),
+        aligned_replicates=_coordinates_replicates_of(aligned=True),
         aligned_score=_coordinates_aligned,
     ),
     Quantity(
@@ -826,7 +825,7 @@ def _interval_text(q: Quantity, c: Comparison) -> tuple[str, int]:
     own = q.interval_text(c) if q.interval_text is not None else None
     if own is not None:
         return own
-    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
+    if not _resamplable(q, c):
         return "none (the inputs cannot be resampled)", 0
     boot = c.bootstraps[q.cells]
     m = len(boot.positions)
@@ -944,20 +943,18 @@ def _row_interval(
 ) -> Interval:
     if q.row_interval is not None and replicates is None:
         return q.row_interval(c, pairs)
-    if replicates is None:
+    if replicates is None or q.exact(c.inputs):
         return Interval.exact(threshold.worst(values))
-    if q.exact(c.inputs):
-        return Interval.exact(threshold.worst(values))
-    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
-        return Interval(threshold.worst(values), np.nan, np.nan)  # the inputs cannot be resampled
+    if not _resamplable(q, c):
+        return Interval(threshold.worst(values), np.nan, np.nan)
     boot = c.bootstraps[q.cells]
     reps = [replicates(c, a, b) for a, b in pairs]
     return worst_interval(values, reps, boot.shrink, c.resampling.alpha, threshold.higher_is_better)
 
 
-def _has_reduced(q: Quantity, inputs: InvariantInputs) -> bool:
-    """Whether the reduced Jacobians a decoder row's replicates need are given."""
-    return getattr(inputs, q.reduced) is not None
+def _resamplable(q: Quantity, c: Comparison) -> bool:
+    """Whether the row's cells have a bootstrap (and a decoder row the reduced Jacobians its replicates need)."""
+    return q.cells in c.bootstraps and (q.cells != "jacobian" or getattr(c.inputs, q.reduced) is not None)
 
 
 def _compare(
