@@ -36,6 +36,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from countvae.diagnostics.analyses.resampling import concordance_from_moments
 from countvae.errors import InvalidArgumentError
 
 #: Quantile levels of scvi-tools' default calibration error (symmetric pairs).
@@ -249,8 +250,7 @@ def _concordance(a: np.ndarray, b: np.ndarray, genes: np.ndarray) -> np.ndarray:
         vx = (w * (x - mx[:, None]) ** 2).sum(1) / n
         vy = (w * (y - my[:, None]) ** 2).sum(1) / n
         cov = (w * (x - mx[:, None]) * (y - my[:, None])).sum(1) / n
-        denom = vx + vy + (mx - my) ** 2
-        return np.where(denom > 0, 2.0 * cov / np.where(denom > 0, denom, 1.0), 1.0)
+    return concordance_from_moments(mx, my, vx, vy, cov)
 
 
 def statistics_concordance(a: PPCStatistics, b: PPCStatistics, genes: np.ndarray | None = None) -> dict:
