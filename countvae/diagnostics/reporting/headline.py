@@ -23,6 +23,7 @@ from countvae.diagnostics.reporting.verdicts import (
     PredictiveVerdict,
     quantities_by_verdict,
     reason_in_number,
+    undetermined_by_reason,
 )
 
 #: The first words of each sentence that lists quantities of one verdict.
@@ -100,18 +101,12 @@ def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
         names = components.loc[components["verdict"] == verdict, "component"].tolist()
         if names:
             parts.append(f"{_listing(names)} {one if len(names) == 1 else several}")
-    undecided = components[components["verdict"] == UNDETERMINED]
-    reasons: dict[str, list[str]] = {}
-    remedies: dict[str, str] = {}
-    for row in undecided.itertuples(index=False):
-        why = row.reason.split(":")[0]
-        reasons.setdefault(why, []).append(row.component)
-        remedies.setdefault(why, row.remedy)
+    reasons, remedies = undetermined_by_reason(components)
     for why, names in reasons.items():
         decide = f"; to decide: {remedies[why]}" if remedies[why] else ""
         parts.append(f"{_listing(names)} undetermined ({reason_in_number(why, len(names))}{decide})")
     tail = ""
-    if len(undecided) or (components["verdict"] == DIFFER).any():
+    if reasons or (components["verdict"] == DIFFER).any():
         tail = " Report the components that do not agree as one subspace, not as separate axes."
     return f"{lead} {'; '.join(parts)}.{tail}"
 

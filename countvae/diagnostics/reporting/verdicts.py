@@ -311,15 +311,20 @@ def ica_row_judgement(components: pd.DataFrame) -> Judgement:
         if len(bad) == 1:
             return Judgement(DIFFER, f"{bad[0]} differs between seeds (it reproduces within one seed)")
         return Judgement(DIFFER, f"{', '.join(bad)} differ between seeds (each reproduces within one seed)")
-    undecided = components[verdicts == UNDETERMINED]
+    groups, remedies = undetermined_by_reason(components)
+    reason = "; ".join(components_clause(names, why) for why, names in groups.items())
+    return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
+
+
+def undetermined_by_reason(components: pd.DataFrame) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The undetermined components by their reason (the text before any ``:``), and each reason's first remedy."""
     groups: dict[str, list[str]] = {}
     remedies: dict[str, str] = {}
-    for row in undecided.itertuples(index=False):
+    for row in components[components["verdict"] == UNDETERMINED].itertuples(index=False):
         key = row.reason.split(":")[0]
         groups.setdefault(key, []).append(row.component)
         remedies.setdefault(key, row.remedy)
-    reason = "; ".join(components_clause(names, why) for why, names in groups.items())
-    return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
+    return groups, remedies
 
 
 # ----- predictive equivalence ---------------------------------------------------------------------------
