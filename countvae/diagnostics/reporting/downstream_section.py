@@ -262,9 +262,7 @@ class DownstreamSection:
             {
                 "statements": self.statements,
                 "status": self.status,
-                "summary": self.summary,
-                "pairs": self.pairs,
-                "de_per_fit": self.de_per_fit,
+                **self.tables,
                 "table_columns": table_columns(self.tables),
                 "settings": self.settings,
                 "timings_seconds": self.timings,
