@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 from _common import DEFAULT_RESULTS, command_line, load_average, machine_line, markdown_table, write_section
+from knn_reference import knn_adjacency, leiden_labels
 from sklearn.metrics import adjusted_rand_score
 
 import countvae as cv
@@ -39,10 +40,10 @@ K, RESOLUTION, MAX_CELLS = 15, 1.0, 3_000
 
 def clusterings(latent: np.ndarray) -> dict[str, dict[int, np.ndarray]]:
     """Graph -> Leiden seed -> labels, for the exact 0/1 k-NN graph and scanpy's graph."""
-    exact = ds.knn_adjacency(latent, K)
+    exact = knn_adjacency(latent, K)
     graph = ds.scanpy_graph(latent, K)
     return {
-        "exact k-NN graph (old)": {seed: ds.leiden_labels(exact, RESOLUTION, seed) for seed in (0, 1)},
+        "exact k-NN graph (old)": {seed: leiden_labels(exact, RESOLUTION, seed) for seed in (0, 1)},
         "scanpy graph (sc.pp.neighbors + sc.tl.leiden)": {
             seed: ds.scanpy_leiden(graph, RESOLUTION, seed) for seed in (0, 1)
         },

@@ -112,9 +112,7 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
     (:func:`knn_sets_among`; the fit cells' latents where the run kept them,
     else pool cells as stand-ins).
     """
-    from countvae.diagnostics.analyses.subspace import (
-        analyst_graph_k,
-    )
+    from knn_reference import analyst_graph_k
 
     folder = csv.with_name(csv.stem + "_arrays")
     rows = []
@@ -144,7 +142,10 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
 
 
 def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
-    from countvae.diagnostics.analyses.subspace import knn_jaccard, knn_jaccard_per_cell, knn_sets_among
+    from knn_reference import knn_sets_among
+
+    from countvae.diagnostics.analyses.downstream import neighbourhood_overlap as knn_jaccard
+    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell
 
     seeds = list(reference)
     pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from sklearn.exceptions import ConvergenceWarning
 
-from countvae.diagnostics.analyses.resampling import CellBootstrap, percentile_interval
+from countvae.diagnostics.analyses.resampling import CellBootstrap, percentile_interval, weighted_correlations
 from countvae.errors import InvalidArgumentError, NonIdentifiableComponentsWarning
 from countvae.ica import ICARotation
 from countvae.metrics import match_components
@@ -102,14 +102,6 @@ def _ica(z: np.ndarray, seed: int, flags: bool) -> ICARotation:
         return ICARotation(random_state=seed, n_null=20 if flags else 0).fit(z)
 
 
-def _weighted_abs_correlation(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    w = weights / weights.sum(axis=1, keepdims=True)
-    mx, my = w @ x, w @ y
-    cov = w @ (x * y) - mx * my
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(cov / np.sqrt((w @ (x * x) - mx**2) * (w @ (y * y) - my**2)))
-
-
 def ica_component_stability(
     heldout: Mapping[str, np.ndarray],
     bootstrap: CellBootstrap,
@@ -164,9 +156,8 @@ def ica_component_stability(
         match = match_components(ref_sources, sources[n])
         best[i, match.rows] = np.abs(match.correlations)
         for r, c in zip(match.rows, match.cols, strict=True):
-            replicates[i, r] = _weighted_abs_correlation(
-                weights, ref_sources[cells, r][:, None], sources[n][cells, c][:, None]
-            )[:, 0]
+            pair = weighted_correlations(weights, ref_sources[cells, r][:, None], sources[n][cells, c][:, None])
+            replicates[i, r] = np.abs(pair[:, 0, 0])
     own_match = match_components(ref_sources, own.transform(held[names[0]]))
     baseline = np.zeros(k)
     baseline[own_match.rows] = np.abs(own_match.correlations)

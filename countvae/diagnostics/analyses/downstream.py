@@ -31,8 +31,7 @@ connectivities), clustered by ``sc.tl.leiden`` and embedded by ``sc.tl.umap``
 (:func:`scanpy_graph`, :func:`scanpy_leiden`, :func:`umap_embedding`), so the
 stability reported is that of the clusters that get published: for the same
 latent, neighbours, resolution and seed, the labels are scanpy's own. The plain
-exact k-NN graph (:func:`knn_adjacency`, :func:`leiden_labels`) is kept as the
-reference ``benchmarks/bench_leiden_graph.py`` compares against.
+exact k-NN graph it replaced is in ``benchmarks/knn_reference.py``.
 
 scanpy, Leiden (``igraph``, ``leidenalg``) and UMAP (``umap-learn``) are the optional
 extra ``countvae[downstream]``; the k-NN, DE and label-agreement functions need
@@ -50,10 +49,8 @@ from types import ModuleType
 import anndata as ad
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 from scipy.stats import hypergeom, spearmanr
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-from sklearn.neighbors import kneighbors_graph
 
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError, MissingDependencyError
@@ -232,61 +229,6 @@ def de_agreement(
 
 
 # ----- clusters -------------------------------------------------------------------------------------------
-def knn_adjacency(latent: np.ndarray, n_neighbors: int = 15) -> sp.csr_matrix:
-    """Symmetric 0/1 adjacency of the exact ``n_neighbors``-nearest-neighbour graph (Euclidean).
-
-    Cells ``i`` and ``j`` are joined when either is among the other's nearest
-    neighbours. Exact search makes the graph a deterministic function of the
-    latent, so the only randomness left in clustering it is the clustering seed.
-    This is not the graph scanpy builds (:func:`scanpy_graph` weights the edges by
-    UMAP's fuzzy connectivities and searches approximately for large data); the
-    report clusters scanpy's graph, and this one is the reference of
-    ``benchmarks/bench_leiden_graph.py``.
-    """
-    latent = np.asarray(latent, dtype=np.float64)
-    if latent.ndim != 2 or n_neighbors >= latent.shape[0]:
-        raise InvalidArgumentError(
-            f"A {n_neighbors}-NN graph needs a (cells, dims) array with more than {n_neighbors} cells, "
-            f"got shape {latent.shape}."
-        )
-    graph = kneighbors_graph(latent, n_neighbors, mode="connectivity", include_self=False)
-    return graph.maximum(graph.T).tocsr()
-
-
-def leiden_labels(adjacency: sp.spmatrix, resolution: float = 1.0, seed: int = 0, n_iterations: int = -1) -> np.ndarray:
-    """Leiden clusters (RB configuration model, modularity at ``resolution``) of an undirected graph.
-
-    Parameters
-    ----------
-    adjacency
-        Symmetric adjacency, e.g. from :func:`knn_adjacency`.
-    resolution
-        Resolution parameter; larger gives more clusters.
-    seed
-        Seed of Leiden's random node order and moves.
-    n_iterations
-        Leiden iterations; negative: until no move improves the partition.
-
-    Returns
-    -------
-    numpy.ndarray
-        Integer cluster label of each node.
-
-    """
-    ig = _require("igraph", "Leiden clustering")
-    leidenalg = _require("leidenalg", "Leiden clustering")
-    upper = sp.triu(sp.csr_matrix(adjacency), k=1).tocoo()
-    graph = ig.Graph(n=adjacency.shape[0], edges=np.column_stack([upper.row, upper.col]).tolist())
-    partition = leidenalg.find_partition(
-        graph,
-        leidenalg.RBConfigurationVertexPartition,
-        resolution_parameter=float(resolution),
-        seed=int(seed),
-        n_iterations=int(n_iterations),
-    )
-    return np.asarray(partition.membership, dtype=np.int64)
-
-
 def label_agreement(
     labels: Mapping[str, np.ndarray], resampled_labels: Mapping[str, np.ndarray]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:

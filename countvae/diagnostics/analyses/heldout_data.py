@@ -18,22 +18,6 @@ from countvae.data.registry import Registry, get_count_matrix, get_registry, get
 from countvae.errors import InvalidDataError
 
 
-def _matrix_and_positions(adata: ad.AnnData, var_names: pd.Index):
-    registry = get_registry(adata) or Registry()
-    matrix = get_count_matrix(adata, registry)
-    names = pd.Index(get_var_names(adata, registry))
-    positions = names.get_indexer(var_names)
-    if (positions < 0).any():
-        missing = list(var_names[positions < 0][:5])
-        raise InvalidDataError(
-            f"The held-out AnnData lacks {int((positions < 0).sum())} of the fits' genes (e.g. {missing}); "
-            "pass cells with the genes the models were trained on."
-        )
-    matrix = matrix.tocsr() if sp.issparse(matrix) else sp.csr_matrix(np.asarray(matrix))
-    identity = len(positions) == matrix.shape[1] and bool((positions == np.arange(len(positions))).all())
-    return matrix, None if identity else positions
-
-
 def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
     """Raw counts of ``adata`` (registered layer, ``raw`` or ``X``) for the genes ``var_names``, in that order.
 
@@ -46,8 +30,19 @@ def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
         If some of the genes are missing.
 
     """
-    matrix, positions = _matrix_and_positions(adata, var_names)
-    return matrix if positions is None else matrix[:, positions]
+    registry = get_registry(adata) or Registry()
+    matrix = get_count_matrix(adata, registry)
+    positions = pd.Index(get_var_names(adata, registry)).get_indexer(var_names)
+    if (positions < 0).any():
+        missing = list(var_names[positions < 0][:5])
+        raise InvalidDataError(
+            f"The held-out AnnData lacks {int((positions < 0).sum())} of the fits' genes (e.g. {missing}); "
+            "pass cells with the genes the models were trained on."
+        )
+    matrix = matrix.tocsr() if sp.issparse(matrix) else sp.csr_matrix(np.asarray(matrix))
+    if len(positions) == matrix.shape[1] and bool((positions == np.arange(len(positions))).all()):
+        return matrix
+    return matrix[:, positions]
 
 
 def library_sizes(adata: ad.AnnData, var_names: pd.Index) -> np.ndarray:

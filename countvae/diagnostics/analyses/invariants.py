@@ -17,22 +17,12 @@ Each row's score is named by its :attr:`Quantity.metric` and defined, once, in
 :data:`METRIC_DEFINITIONS`; the report's "Definitions" and the page
 ``docs/concepts/report-rows.md`` show those words (a test keeps the page in step).
 
-Intervals
----------
-``low`` and ``high`` (and ``aligned_low``, ``aligned_high``) bound the row's
-worst-pair agreement at level ``1 - 2 alpha``: a paired bootstrap over the cells
-the score is computed on, the same resampled cells for every pair
-(:mod:`countvae.diagnostics.analyses.resampling`); the simultaneous equivalence
-intervals of the pairs for held-out ``log p(x)``; a bootstrap over genes for the
-posterior predictive statistics (per-gene statistics); the per-component
-intervals for ICA. A linear decoder's loadings involve no cells: their interval
-is the point.
-
-Thresholds (module constants, conventions rather than laws): concordance,
-weighted subspace overlap and Gram cosine at least 0.9 (seeds share at least 90%
-of the quantity's variation); k-NN Jaccard at least :data:`KNN_THRESHOLD`;
-held-out ``log p(x)`` within the margin; ICA components matched at the report's
-``ica_threshold`` (0.95).
+Intervals and thresholds
+------------------------
+``low`` and ``high`` (and ``aligned_low``, ``aligned_high``) bound the row's worst-pair agreement at level
+``1 - 2 alpha``, each row's way as its :class:`Quantity` says (a paired bootstrap over cells,
+:mod:`countvae.diagnostics.analyses.resampling`, unless it says otherwise); ``docs/concepts/report-rows.md``
+describes them, and the thresholds (the constants below: conventions rather than laws).
 """
 
 from __future__ import annotations
@@ -340,16 +330,14 @@ class Threshold:
         return min(finite) if self.higher_is_better else max(finite)
 
 
+_AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
+
 #: A score: how well fits ``a`` and ``b`` agree on a quantity.
 ScoreFunction = Callable[[Comparison, str, str], float]
 #: Bootstrap replicates of a score, element 0 the reference (see :mod:`.resampling`).
 ReplicateFunction = Callable[[Comparison, str, str], np.ndarray]
 #: The interval of a whole row, for rows whose interval is not a bootstrap over cells.
 RowInterval = Callable[[Comparison, list[tuple[str, str]]], Interval]
-
-
-def _always(inputs: InvariantInputs) -> bool:
-    return True
 
 
 @dataclass(frozen=True)
@@ -361,17 +349,18 @@ class Quantity:
     name
         The row's label, e.g. ``"latent distances"``.
     invariant_in_theory
-        ``"yes"`` for outputs the prior's symmetry leaves unchanged; for
+        ``"yes"`` (the default) for outputs the prior's symmetry leaves unchanged; for
         coordinate-level rows (``coordinate_level``) the table states what the
         fits' symmetry group leaves of them instead.
     coordinate_level
         Whether the quantity changes with the latent coordinates (aligned scores then apply).
     metric
-        Name of the agreement score, as the table shows it.
+        Name of the agreement score, as the table shows it (default ``"ccc"``).
     threshold
-        When the agreement counts as agreeing.
+        When the agreement counts as agreeing (default: at least :data:`AGREEMENT_THRESHOLD`).
     report_when_agree, report_when_aligned, report_when_differ
-        What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`).
+        What to report, by verdict (see :mod:`countvae.diagnostics.reporting.verdicts`; ``report_when_aligned``
+        only for coordinate-level rows).
     score
         Agreement of two fits.
     cells
@@ -406,22 +395,22 @@ class Quantity:
     """
 
     name: str
-    invariant_in_theory: str
-    coordinate_level: bool
-    metric: str
-    threshold: Threshold
     report_when_agree: str
-    report_when_aligned: str
     report_when_differ: str
     score: ScoreFunction
+    invariant_in_theory: str = "yes"
+    coordinate_level: bool = False
+    metric: str = "ccc"
+    threshold: Threshold = _AGREE
+    report_when_aligned: str = ""
     cells: str = ""
     cells_setting: str = ""
     replicates: ReplicateFunction | None = None
     aligned_replicates: ReplicateFunction | None = None
     row_interval: RowInterval | None = None
     aligned_score: ScoreFunction | None = None
-    available: Callable[[InvariantInputs], bool] = _always
-    included: Callable[[InvariantInputs], bool] = _always
+    available: Callable[[InvariantInputs], bool] = lambda inputs: True
+    included: Callable[[InvariantInputs], bool] = lambda inputs: True
     pairwise: bool = True
     definition_key: str = ""
     threshold_from: Callable[[InvariantInputs], Threshold] | None = None
@@ -436,6 +425,11 @@ class Quantity:
 
 
 # ----- scores and their replicates ----------------------------------------------------------------------
+def _between(field_name: str, score: Callable[[np.ndarray, np.ndarray], float]) -> ScoreFunction:
+    """``score`` of fits ``a`` and ``b``'s arrays in the inputs' field ``field_name``."""
+    return lambda c, a, b: score(getattr(c.inputs, field_name)[a], getattr(c.inputs, field_name)[b])
+
+
 def _pair_value(frame: pd.DataFrame | None, column: str, a: str, b: str) -> float:
     if frame is None:
         return np.nan
@@ -496,14 +490,6 @@ def _expression_replicates(field_name: str) -> ReplicateFunction:
     return replicates
 
 
-def _decoded_means(c: Comparison, a: str, b: str) -> float:
-    return gene_centred_concordance(c.inputs.log_rates[a], c.inputs.log_rates[b])
-
-
-def _normalized(c: Comparison, a: str, b: str) -> float:
-    return gene_centred_concordance(c.inputs.normalized[a], c.inputs.normalized[b])
-
-
 def _distances(c: Comparison, a: str, b: str) -> float:
     da, db = c.distances[a], c.distances[b]
     upper = np.triu_indices(len(da), k=1)
@@ -527,18 +513,20 @@ def _knn_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
     return weighted_mean(boot.weights, c.knn_overlap(a, b)[boot.positions])
 
 
-def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
+def _jacobian_replicates(c: Comparison, summary: Callable, which: str, name: str) -> np.ndarray:
+    """``summary(weights, jacobians)`` of fit ``name``'s reduced Jacobians (field ``which``) on the resampled cells."""
+
     def compute() -> np.ndarray:
         boot = c.bootstraps["jacobian"]
         reduced = getattr(c.inputs, which)[name]
-        coefficients = reduced.coefficients[boot.positions]
-        return energy_replicates(boot.weights, ReducedJacobians(reduced.basis, coefficients, reduced.kept_energy))
+        resampled = ReducedJacobians(reduced.basis, reduced.coefficients[boot.positions], reduced.kept_energy)
+        return summary(boot.weights, resampled)
 
-    return c.once(("energy", which, name), compute)
+    return c.once((summary.__name__, which, name), compute)
 
 
-def _subspace(c: Comparison, a: str, b: str) -> float:
-    return weighted_overlap(c.inputs.spans[a], c.inputs.spans[b])
+def _energy(c: Comparison, which: str, name: str) -> np.ndarray:
+    return _jacobian_replicates(c, energy_replicates, which, name)
 
 
 def _subspace_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
@@ -546,10 +534,6 @@ def _subspace_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
     xa = c.once(("span", a), lambda: span_replicates(_energy(c, "jacobians", a), ja.n_latent))
     xb = c.once(("span", b), lambda: span_replicates(_energy(c, "jacobians", b), jb.n_latent))
     return overlap_replicates(xa, xb, ja.basis, jb.basis)
-
-
-def _gram(c: Comparison, a: str, b: str) -> float:
-    return gram_cosine(c.inputs.grams[a], c.inputs.grams[b])
 
 
 def _gram_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
@@ -565,19 +549,18 @@ def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
     return per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
 
 
-def _coordinates_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-    boot = c.bootstraps["heldout"]
-    return weighted_column_concordance(boot.weights, c.latents[a][boot.positions], c.latents[b][boot.positions])
+def _coordinates_replicates_of(aligned: bool) -> ReplicateFunction:
+    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+        boot = c.bootstraps["heldout"]
+        za = c.latents[a][boot.positions]
+        return weighted_column_concordance(
+            boot.weights, c.maps.orthogonal(a, b)(za) if aligned else za, c.latents[b][boot.positions]
+        )
+
+    return replicates
 
 
-def _coordinates_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-    boot = c.bootstraps["heldout"]
-    mapped = c.maps.orthogonal(a, b)(c.latents[a][boot.positions])
-    return weighted_column_concordance(boot.weights, mapped, c.latents[b][boot.positions])
-
-
-def _loadings(c: Comparison, a: str, b: str) -> float:
-    return per_column_concordance(c.inputs.loadings[a], c.inputs.loadings[b])
+_loadings = _between("loadings", per_column_concordance)
 
 
 def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
@@ -585,14 +568,7 @@ def _loadings_aligned(c: Comparison, a: str, b: str) -> float:
 
 
 def _mean_loadings(c: Comparison, name: str) -> np.ndarray:
-    def compute() -> np.ndarray:
-        boot = c.bootstraps["jacobian"]
-        reduced = c.inputs.jacobians[name]
-        return loading_replicates(
-            boot.weights, ReducedJacobians(reduced.basis, reduced.coefficients[boot.positions], reduced.kept_energy)
-        )
-
-    return c.once(("loadings", name), compute)
+    return _jacobian_replicates(c, loading_replicates, "jacobians", name)
 
 
 def _loadings_replicates_of(aligned: bool) -> ReplicateFunction:
@@ -640,10 +616,6 @@ def _marker_replicates_of(aligned: bool) -> ReplicateFunction:
     return replicates
 
 
-def _ica(c: Comparison, a: str, b: str) -> float:
-    return np.nan  # the ICA row is one number for all fits, from the component table (_ica_interval)
-
-
 def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
     """The smallest ``worst_match`` over components, within the box of the components' intervals."""
     table = c.inputs.components
@@ -659,25 +631,6 @@ def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
     return available
 
 
-def _has_ppc_agreement(inputs: InvariantInputs) -> bool:
-    return inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs
-
-
-def _has_markers(inputs: InvariantInputs) -> bool:
-    return inputs.markers is not None and inputs.markers.shape[1] > 0
-
-
-def _with_ica(inputs: InvariantInputs) -> bool:
-    return inputs.components is not None
-
-
-_AGREE = Threshold(AGREEMENT_THRESHOLD, ">=")
-
-
-def _lpd_interval_text(c: Comparison) -> tuple[str, int]:
-    return "equivalence test (simultaneous over pairs)", int(c.inputs.lpd_pairs["n_cells"].iloc[0])
-
-
 def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
     predicted = c.inputs.ppc_predicted
     if not predicted:
@@ -688,65 +641,44 @@ def _ppc_interval_text(c: Comparison) -> tuple[str, int]:
     return f"bootstrap over {len(first.cv_gene)} genes", len(first.cv_cell)
 
 
-def _ica_interval_text(c: Comparison) -> tuple[str, int]:
-    return "ICA components (per-component intervals)", int(c.inputs.components["n_matching_cells"].iloc[0])
-
-
 def _weights_interval_text(c: Comparison) -> tuple[str, int] | None:
     return ("exact (linear decoder weights: no cells)", 0) if c.inputs.loadings_are_weights else None
-
-
-def _weights_are_exact(inputs: InvariantInputs) -> bool:
-    return inputs.loadings_are_weights
-
-
-def _ica_threshold(inputs: InvariantInputs) -> Threshold:
-    return Threshold(inputs.ica_threshold, ">=")
 
 
 #: Every row of the table, in order.
 QUANTITIES: tuple[Quantity, ...] = (
     Quantity(
         "held-out log p(x)",
-        "yes",
-        False,
-        "|diff| / margin",
-        Threshold(LPD_THRESHOLD, "<"),
-        "held-out log p(x) of any seed",
-        "",
-        "the seeds reached different optima: train longer, or keep the seed with the best held-out log p(x)",
+        report_when_agree="held-out log p(x) of any seed",
+        report_when_differ="the seeds reached different optima: train longer, or keep the seed with the best held-out "
+        "log p(x)",
+        metric="|diff| / margin",
+        threshold=Threshold(LPD_THRESHOLD, "<"),
         score=_lpd,
         row_interval=_lpd_interval,
         cells_setting="max_lpd_cells",
         available=_has_margin,
-        interval_text=_lpd_interval_text,
+        interval_text=lambda c: (
+            "equivalence test (simultaneous over pairs)",
+            int(c.inputs.lpd_pairs["n_cells"].iloc[0]),
+        ),
     ),
     Quantity(
         "posterior predictive statistics",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "posterior predictive checks of any seed",
-        "",
-        "check convergence; report the checks of every seed",
+        report_when_agree="posterior predictive checks of any seed",
+        report_when_differ="check convergence; report the checks of every seed",
         score=_ppc,
         row_interval=_ppc_interval,
         cells_setting="max_ppc_cells",
-        available=_has_ppc_agreement,
+        available=lambda inputs: inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs,
         definition_key=PPC_METRIC,
         interval_text=_ppc_interval_text,
     ),
     Quantity(
         "decoded means",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "decoded means (log rate per gene and cell) of any seed",
-        "",
-        "average decoded means over seeds and report their spread",
-        score=_decoded_means,
+        report_when_agree="decoded means (log rate per gene and cell) of any seed",
+        report_when_differ="average decoded means over seeds and report their spread",
+        score=_between("log_rates", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
         replicates=_expression_replicates("log_rates"),
@@ -754,14 +686,9 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "normalized expression",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "normalized expression of any seed",
-        "",
-        "average normalized expression over seeds and report the spread",
-        score=_normalized,
+        report_when_agree="normalized expression of any seed",
+        report_when_differ="average normalized expression over seeds and report the spread",
+        score=_between("normalized", gene_centred_concordance),
         cells="expression",
         cells_setting="max_expression_cells",
         replicates=_expression_replicates("normalized"),
@@ -769,13 +696,8 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "latent distances",
-        "yes",
-        False,
-        "ccc",
-        _AGREE,
-        "distances between cells in latent space",
-        "",
-        "distances averaged over seeds, with their spread",
+        report_when_agree="distances between cells in latent space",
+        report_when_differ="distances averaged over seeds, with their spread",
         score=_distances,
         cells="distance",
         cells_setting="max_distance_cells",
@@ -783,13 +705,11 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "k-NN graph",
-        "yes",
-        False,
-        "jaccard",
-        Threshold(KNN_THRESHOLD, ">="),
-        "the k-NN graph (clusters, UMAP) of any seed",
-        "",
-        "a consensus graph over seeds (neighbours shared by most seeds); check clusters on every seed",
+        report_when_agree="the k-NN graph (clusters, UMAP) of any seed",
+        report_when_differ="a consensus graph over seeds (neighbours shared by most seeds); check clusters on every "
+        "seed",
+        metric="jaccard",
+        threshold=Threshold(KNN_THRESHOLD, ">="),
         score=_knn,
         cells="knn",
         cells_setting="max_knn_cells",
@@ -797,14 +717,10 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "latent subspace (gene space)",
-        "yes",
-        False,
-        "weighted overlap",
-        _AGREE,
-        "the gene-space span of the decoder, compared by principal angles",
-        "",
-        "only the leading directions that agree (small principal angles)",
-        score=_subspace,
+        report_when_agree="the gene-space span of the decoder, compared by principal angles",
+        report_when_differ="only the leading directions that agree (small principal angles)",
+        metric="weighted overlap",
+        score=_between("spans", weighted_overlap),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
         replicates=_subspace_replicates,
@@ -812,14 +728,10 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "W W^T / decoder Gram",
-        "yes",
-        False,
-        "cosine",
-        _AGREE,
-        "gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
-        "",
-        "the Gram matrix averaged over seeds, with its spread",
-        score=_gram,
+        report_when_agree="gene-gene decoder Gram matrix (W W^T, or the mean Jacobian Gram of an MLP)",
+        report_when_differ="the Gram matrix averaged over seeds, with its spread",
+        metric="cosine",
+        score=_between("grams", gram_cosine),
         cells="jacobian",
         cells_setting="max_jacobian_cells",
         replicates=_gram_replicates,
@@ -828,28 +740,26 @@ QUANTITIES: tuple[Quantity, ...] = (
     ),
     Quantity(
         "per-dimension coordinates",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "latent coordinates (the seeds happen to agree; the model does not guarantee it)",
-        "latent distances, the k-NN graph or the latent subspace; or ICA coordinates where they agree",
-        "latent distances, the k-NN graph or the latent subspace",
+        report_when_agree="latent coordinates (the seeds happen to agree; the model does not guarantee it)",
+        report_when_differ="latent distances, the k-NN graph or the latent subspace",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="latent distances, the k-NN graph or the latent subspace; or ICA coordinates where they "
+        "agree",
         score=_coordinates,
         cells="heldout",
-        replicates=_coordinates_replicates,
-        aligned_replicates=_coordinates_aligned_replicates,
+        replicates=_coordinates_replicates_of(aligned=False),
+        aligned_replicates=_coordinates_replicates_of(aligned=True),
         aligned_score=_coordinates_aligned,
     ),
     Quantity(
         "per-dimension loadings",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "the span of the loadings (principal angles) or W W^T; loadings per ICA component where ICA agrees",
-        "the span of the loadings (principal angles) or W W^T",
+        report_when_agree="loadings per dimension (the seeds happen to agree; the model does not guarantee it)",
+        report_when_differ="the span of the loadings (principal angles) or W W^T",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="the span of the loadings (principal angles) or W W^T; loadings per ICA component where "
+        "ICA agrees",
         score=_loadings,
         cells="jacobian",
         cells_setting="max_jacobian_cells",
@@ -858,39 +768,40 @@ QUANTITIES: tuple[Quantity, ...] = (
         aligned_score=_loadings_aligned,
         available=_has("loadings"),
         interval_text=_weights_interval_text,
-        exact=_weights_are_exact,
+        exact=lambda inputs: inputs.loadings_are_weights,
     ),
     Quantity(
         "per-dimension marker correlations",
-        "no",
-        True,
-        "ccc",
-        _AGREE,
-        "marker correlations per dimension (the seeds happen to agree; the model does not guarantee it)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
-        "R^2 of each marker on all latent dimensions (rotation-invariant)",
+        report_when_agree="marker correlations per dimension (the seeds happen to agree; the model does not guarantee "
+        "it)",
+        report_when_differ="R^2 of each marker on all latent dimensions (rotation-invariant)",
+        invariant_in_theory="no",
+        coordinate_level=True,
+        report_when_aligned="R^2 of each marker on all latent dimensions (rotation-invariant)",
         score=_markers,
         cells="heldout",
         replicates=_marker_replicates_of(aligned=False),
         aligned_replicates=_marker_replicates_of(aligned=True),
         aligned_score=_markers_aligned,
-        available=_has_markers,
+        available=lambda inputs: inputs.markers is not None and inputs.markers.shape[1] > 0,
     ),
     Quantity(
         "ICA coordinates",
-        "convention (up to order and sign)",
-        False,
-        "worst best-match |corr|",
-        Threshold(ICA_THRESHOLD, ">="),
-        "ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not proof of biology",
-        "",
-        "the ICA subspace, not individual components",
-        score=_ica,
+        report_when_agree="ICA coordinates: reproducible across seeds, a convention backed by non-Gaussianity, not "
+        "proof of biology",
+        report_when_differ="the ICA subspace, not individual components",
+        invariant_in_theory="convention (up to order and sign)",
+        metric="worst best-match |corr|",
+        threshold=Threshold(ICA_THRESHOLD, ">="),
+        score=lambda c, a, b: np.nan,  # one number for all fits, from the component table (_ica_interval)
         row_interval=_ica_interval,
-        included=_with_ica,
+        included=_has("components"),
         pairwise=False,
-        threshold_from=_ica_threshold,
-        interval_text=_ica_interval_text,
+        threshold_from=lambda inputs: Threshold(inputs.ica_threshold, ">="),
+        interval_text=lambda c: (
+            "ICA components (per-component intervals)",
+            int(c.inputs.components["n_matching_cells"].iloc[0]),
+        ),
     ),
 )
 #: The quantities by name.
@@ -914,7 +825,7 @@ def _interval_text(q: Quantity, c: Comparison) -> tuple[str, int]:
     own = q.interval_text(c) if q.interval_text is not None else None
     if own is not None:
         return own
-    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
+    if not _resamplable(q, c):
         return "none (the inputs cannot be resampled)", 0
     boot = c.bootstraps[q.cells]
     m = len(boot.positions)
@@ -1032,20 +943,18 @@ def _row_interval(
 ) -> Interval:
     if q.row_interval is not None and replicates is None:
         return q.row_interval(c, pairs)
-    if replicates is None:
+    if replicates is None or q.exact(c.inputs):
         return Interval.exact(threshold.worst(values))
-    if q.exact(c.inputs):
-        return Interval.exact(threshold.worst(values))
-    if q.cells not in c.bootstraps or (q.cells == "jacobian" and not _has_reduced(q, c.inputs)):
-        return Interval(threshold.worst(values), np.nan, np.nan)  # the inputs cannot be resampled
+    if not _resamplable(q, c):
+        return Interval(threshold.worst(values), np.nan, np.nan)
     boot = c.bootstraps[q.cells]
     reps = [replicates(c, a, b) for a, b in pairs]
     return worst_interval(values, reps, boot.shrink, c.resampling.alpha, threshold.higher_is_better)
 
 
-def _has_reduced(q: Quantity, inputs: InvariantInputs) -> bool:
-    """Whether the reduced Jacobians a decoder row's replicates need are given."""
-    return getattr(inputs, q.reduced) is not None
+def _resamplable(q: Quantity, c: Comparison) -> bool:
+    """Whether the row's cells have a bootstrap (and a decoder row the reduced Jacobians its replicates need)."""
+    return q.cells in c.bootstraps and (q.cells != "jacobian" or getattr(c.inputs, q.reduced) is not None)
 
 
 def _compare(

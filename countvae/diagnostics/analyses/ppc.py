@@ -36,6 +36,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
+from countvae.diagnostics.analyses.resampling import concordance_from_moments
 from countvae.errors import InvalidArgumentError
 
 #: Quantile levels of scvi-tools' default calibration error (symmetric pairs).
@@ -139,9 +140,10 @@ def predictive_statistics(counts: np.ndarray, draws: np.ndarray) -> PPCStatistic
     return PPCStatistics(cv_gene, cv_cell, zero, error, coverage)
 
 
-def _median_relative_error(pred: np.ndarray, ref: np.ndarray) -> float:
-    ok = np.isfinite(pred) & np.isfinite(ref) & (ref > 0)
-    return float(np.median(np.abs(pred[ok] - ref[ok]) / ref[ok])) if ok.any() else np.nan
+def _median_relative(x: np.ndarray, y: np.ndarray, scale: np.ndarray) -> float:
+    """Median of ``|x - y| / scale`` over the entries where all three are finite and ``scale > 0``."""
+    ok = np.isfinite(x) & np.isfinite(y) & np.isfinite(scale) & (scale > 0)
+    return float(np.median(np.abs(x[ok] - y[ok]) / scale[ok])) if ok.any() else np.nan
 
 
 def ppc_table(observed: PPCStatistics, predicted: Mapping[str, PPCStatistics]) -> pd.DataFrame:
@@ -161,8 +163,8 @@ def ppc_table(observed: PPCStatistics, predicted: Mapping[str, PPCStatistics]) -
         rows.append(
             {
                 "fit": name,
-                "cv_gene_rel_error": _median_relative_error(stats.cv_gene, observed.cv_gene),
-                "cv_cell_rel_error": _median_relative_error(stats.cv_cell, observed.cv_cell),
+                "cv_gene_rel_error": _median_relative(stats.cv_gene, observed.cv_gene, observed.cv_gene),
+                "cv_cell_rel_error": _median_relative(stats.cv_cell, observed.cv_cell, observed.cv_cell),
                 "zero_fraction_abs_error": float(np.mean(np.abs(stats.zero_fraction - observed.zero_fraction))),
                 "calibration_error": stats.calibration_error,
                 "coverage_95": stats.coverage.get(0.95, np.nan),
@@ -176,11 +178,6 @@ def split_half_statistics(counts: np.ndarray, draws: np.ndarray) -> tuple[PPCSta
     if draws.shape[-1] < 2:
         raise InvalidArgumentError("Splitting the posterior predictive draws in halves needs at least 2 draws.")
     return predictive_statistics(counts, draws[..., 0::2]), predictive_statistics(counts, draws[..., 1::2])
-
-
-def _median_abs_ratio(a: PPCStatistics, b: PPCStatistics, observed: PPCStatistics) -> float:
-    ok = np.isfinite(a.cv_gene) & np.isfinite(b.cv_gene) & (observed.cv_gene > 0)
-    return float(np.median(np.abs(a.cv_gene[ok] - b.cv_gene[ok]) / observed.cv_gene[ok])) if ok.any() else np.nan
 
 
 def _ratio(between: float, within: float) -> float:
@@ -218,8 +215,11 @@ def ppc_agreement(
     rows = []
     for a, b in combinations(list(halves), 2):
         (a1, a2), (b1, b2) = halves[a], halves[b]
-        cv_between = _median_abs_ratio(a1, b1, observed)
-        cv_within = 0.5 * (_median_abs_ratio(a1, a2, observed) + _median_abs_ratio(b1, b2, observed))
+        cv_between = _median_relative(a1.cv_gene, b1.cv_gene, observed.cv_gene)
+        cv_within = 0.5 * (
+            _median_relative(a1.cv_gene, a2.cv_gene, observed.cv_gene)
+            + _median_relative(b1.cv_gene, b2.cv_gene, observed.cv_gene)
+        )
         zero_between = float(np.mean(np.abs(a1.zero_fraction - b1.zero_fraction)))
         zero_within = 0.5 * float(
             np.mean(np.abs(a1.zero_fraction - a2.zero_fraction)) + np.mean(np.abs(b1.zero_fraction - b2.zero_fraction))
@@ -250,8 +250,7 @@ def _concordance(a: np.ndarray, b: np.ndarray, genes: np.ndarray) -> np.ndarray:
         vx = (w * (x - mx[:, None]) ** 2).sum(1) / n
         vy = (w * (y - my[:, None]) ** 2).sum(1) / n
         cov = (w * (x - mx[:, None]) * (y - my[:, None])).sum(1) / n
-        denom = vx + vy + (mx - my) ** 2
-        return np.where(denom > 0, 2.0 * cov / np.where(denom > 0, denom, 1.0), 1.0)
+    return concordance_from_moments(mx, my, vx, vy, cov)
 
 
 def statistics_concordance(a: PPCStatistics, b: PPCStatistics, genes: np.ndarray | None = None) -> dict:

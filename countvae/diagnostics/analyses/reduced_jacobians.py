@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.utils.extmath import randomized_svd
 
+from countvae.diagnostics.analyses.resampling import concordance_from_moments
+
 #: Basis directions per latent dimension.
 RANK_PER_DIMENSION = 3
 
@@ -128,8 +130,5 @@ def loading_concordance_replicates(
     e_aa = np.sum(ya * ya, axis=1) / n_genes
     e_bb = np.sum(yb * yb, axis=1) / n_genes
     e_ab = np.einsum("krl,rs,ksl->kl", ya, basis_a.T @ basis_b, yb) / n_genes
-    var_a, var_b, cov = e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b
-    with np.errstate(invalid="ignore", divide="ignore"):
-        denom = var_a + var_b + (mean_a - mean_b) ** 2
-        ccc = np.where(denom > 0, 2.0 * cov / np.where(denom > 0, denom, 1.0), 1.0)
+    ccc = concordance_from_moments(mean_a, mean_b, e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b)
     return np.nanmean(ccc, axis=1)

@@ -140,7 +140,8 @@ def worst_interval(
 
 
 # ----- weighted scores --------------------------------------------------------------------------------
-def _ccc(mean_a, mean_b, var_a, var_b, cov):
+def concordance_from_moments(mean_a, mean_b, var_a, var_b, cov):
+    """Lin's concordance from two means, two variances and the covariance (1 for two equal constants)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         denom = var_a + var_b + (mean_a - mean_b) ** 2
         return np.where(denom > 0, 2.0 * cov / np.where(denom > 0, denom, 1.0), 1.0)
@@ -161,7 +162,7 @@ def weighted_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray, cent
     e_aa = np.mean(saa - 2.0 * c * ma + c * c, axis=1)
     e_bb = np.mean(sbb - 2.0 * c * mb + c * c, axis=1)
     e_ab = np.mean(sab - c * (ma + mb) + c * c, axis=1)
-    return _ccc(mean_a, mean_b, e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b)
+    return concordance_from_moments(mean_a, mean_b, e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b)
 
 
 def weighted_column_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -170,7 +171,7 @@ def weighted_column_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarra
     ma, mb = w @ a, w @ b
     var_a, var_b = w @ (a * a) - ma**2, w @ (b * b) - mb**2
     cov = w @ (a * b) - ma * mb
-    return np.nanmean(_ccc(ma, mb, var_a, var_b, cov), axis=1)
+    return np.nanmean(concordance_from_moments(ma, mb, var_a, var_b, cov), axis=1)
 
 
 def weighted_mean(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -207,7 +208,7 @@ def distance_concordance(
     cross = 0.5 * np.sum((weights @ (da * db)) * weights, axis=1)
     n = sums_a.count
     mean_a, mean_b = sums_a.first / n, sums_b.first / n
-    return _ccc(
+    return concordance_from_moments(
         mean_a, mean_b, sums_a.second / n - mean_a**2, sums_b.second / n - mean_b**2, cross / n - mean_a * mean_b
     )
 
@@ -236,5 +237,5 @@ def rowwise_concordance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         var_a = np.where(ok, (a0 - ma[:, None]) ** 2, 0.0).sum(1) / count
         var_b = np.where(ok, (b0 - mb[:, None]) ** 2, 0.0).sum(1) / count
         cov = np.where(ok, (a0 - ma[:, None]) * (b0 - mb[:, None]), 0.0).sum(1) / count
-    out = _ccc(ma, mb, var_a, var_b, cov)
+    out = concordance_from_moments(ma, mb, var_a, var_b, cov)
     return np.where(count >= 2, out, np.nan)

@@ -29,7 +29,7 @@ import pickle
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import anndata as ad
@@ -339,26 +339,7 @@ class Collected:
 
 
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).
-ALL_NEEDS = frozenset(
-    {
-        "latent",
-        "lpd",
-        "log_rate",
-        "normalized",
-        "span",
-        "gram",
-        "loadings",
-        "jacobians",
-        "gram_jacobians",
-        "ppc",
-        "ppc_halves",
-        "guide",
-        "guide_repeat",
-        "latent_fit",
-        "knn_draws",
-        "differential_expression",
-    }
-)
+ALL_NEEDS = frozenset(({f.name for f in fields(FitArrays)} - {"loadings_are_weights"}) | {"differential_expression"})
 _DECODER = frozenset({"span", "gram", "loadings", "jacobians", "gram_jacobians"})
 
 
@@ -496,14 +477,7 @@ def collect(
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
-    views = {
-        "lpd": adata[sub.lpd].copy(),
-        "expression": adata[sub.expression].copy(),
-        "jacobian": adata[sub.jacobian].copy(),
-        "ppc": adata[sub.ppc].copy(),
-        "rhat": adata[sub.rhat].copy(),
-        "knn": adata[sub.knn].copy(),
-    }
+    views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}
     if adata_fit is not None and s.ica:
         views["fit"] = adata_fit[sub.fit].copy()
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()

@@ -43,7 +43,7 @@ from countvae._settings import setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.heldout_data import data_checksum, library_sizes, log1p_normalized
-from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
+from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.restrictions import (
     ALREADY,
     CLOSER,
@@ -78,6 +78,7 @@ from countvae.diagnostics.fitting.restrictions import (
     restriction_programs,
     split_half_cells,
 )
+from countvae.diagnostics.reporting.collect import default_markers_with_labels
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 from countvae.errors import InvalidArgumentError
 from countvae.ica import ICARotation
@@ -465,7 +466,7 @@ def compare_restrictions(
     heldout = fitted.adata_heldout
     timings["reading fits"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    marker_names = opts.markers if opts.markers is not None else _default_markers(heldout, var_names, registry)
+    marker_names = opts.markers if opts.markers is not None else default_markers_with_labels(heldout, var_names, 8)
     tables = _all_tables(readouts, chosen, adata, heldout, var_names, marker_names, programs, margin, opts.seed)
     timings["analyses"] = time.perf_counter() - mark
     timings["total"] = time.perf_counter() - started
@@ -647,12 +648,6 @@ def _model_settings(
         for r in [UNRESTRICTED] + [r for r in chosen if not r.post_hoc]
     }
     return base_kwargs, by_model
-
-
-def _default_markers(heldout: ad.AnnData, var_names: pd.Index, registry: Any) -> list[str]:
-    """The most variable genes, and the registered labels."""
-    names = default_markers(heldout, var_names)
-    return [*names, registry.labels_key] if registry is not None and registry.labels_key is not None else names
 
 
 def _all_tables(

@@ -262,9 +262,7 @@ class DownstreamSection:
             {
                 "statements": self.statements,
                 "status": self.status,
-                "summary": self.summary,
-                "pairs": self.pairs,
-                "de_per_fit": self.de_per_fit,
+                **self.tables,
                 "table_columns": table_columns(self.tables),
                 "settings": self.settings,
                 "timings_seconds": self.timings,
@@ -452,26 +450,16 @@ def collect_de(fits: Sequence[FittedModel], adata: ad.AnnData, request: Downstre
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"{exc} (DE runs on the report's {adata.n_obs} held-out cells.)") from None
     n_baseline = len(fits) if s.n_baseline_fits is None else min(s.n_baseline_fits, len(fits))
-    frames, again, seeds, again_seeds = {}, {}, {}, {}
-    for i, fit in enumerate(fits):
-        seeds[fit.name] = s.seed + i
-        frames[fit.name] = fit_differential_expression(fit, adata, request.groupby, group1, group2, s.seed + i, s)
-        if i < n_baseline:
-            again_seeds[fit.name] = s.seed + len(fits) + i
-            again[fit.name] = fit_differential_expression(
-                fit, adata, request.groupby, group1, group2, again_seeds[fit.name], s
-            )
-    return DECalls(
-        request.groupby,
-        group1,
-        group2,
-        frames,
-        again,
-        seeds,
-        again_seeds,
-        pd.Index(fits[0].var_names),
-        time.perf_counter() - started,
-    )
+    seeds = {fit.name: s.seed + i for i, fit in enumerate(fits)}
+    again_seeds = {fit.name: s.seed + len(fits) + i for i, fit in enumerate(fits[:n_baseline])}
+    frames, again = {}, {}
+    for fit in fits:
+        frames[fit.name] = fit_differential_expression(fit, adata, request.groupby, group1, group2, seeds[fit.name], s)
+        if fit.name in again_seeds:
+            seed = again_seeds[fit.name]
+            again[fit.name] = fit_differential_expression(fit, adata, request.groupby, group1, group2, seed, s)
+    var_names, seconds = pd.Index(fits[0].var_names), time.perf_counter() - started
+    return DECalls(request.groupby, group1, group2, frames, again, seeds, again_seeds, var_names, seconds)
 
 
 def _de_part(de: DECalls, s: DownstreamSettings) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -1,4 +1,4 @@
-"""Step 4 of the report: the verdict in plain sentences, most important first (``DiagnosticReport.headline``).
+"""Step 4 of the report: the sentences of ``DiagnosticReport.headline``, which each section places by its rank.
 
 The sentences only state what :mod:`.verdicts` decided and the numbers behind
 it; they make no decision of their own. Each sentence that names quantities or
@@ -23,6 +23,7 @@ from countvae.diagnostics.reporting.verdicts import (
     PredictiveVerdict,
     quantities_by_verdict,
     reason_in_number,
+    undetermined_by_reason,
 )
 
 #: The first words of each sentence that lists quantities of one verdict.
@@ -100,18 +101,12 @@ def ica_sentence(components: pd.DataFrame, threshold: float) -> str | None:
         names = components.loc[components["verdict"] == verdict, "component"].tolist()
         if names:
             parts.append(f"{_listing(names)} {one if len(names) == 1 else several}")
-    undecided = components[components["verdict"] == UNDETERMINED]
-    reasons: dict[str, list[str]] = {}
-    remedies: dict[str, str] = {}
-    for row in undecided.itertuples(index=False):
-        why = row.reason.split(":")[0]
-        reasons.setdefault(why, []).append(row.component)
-        remedies.setdefault(why, row.remedy)
+    reasons, remedies = undetermined_by_reason(components)
     for why, names in reasons.items():
         decide = f"; to decide: {remedies[why]}" if remedies[why] else ""
         parts.append(f"{_listing(names)} undetermined ({reason_in_number(why, len(names))}{decide})")
     tail = ""
-    if len(undecided) or (components["verdict"] == DIFFER).any():
+    if reasons or (components["verdict"] == DIFFER).any():
         tail = " Report the components that do not agree as one subspace, not as separate axes."
     return f"{lead} {'; '.join(parts)}.{tail}"
 
@@ -140,48 +135,6 @@ def _why_undetermined(quantity: str, rows: pd.DataFrame, predictive: str, ica: s
     if quantity == ICA_QUANTITY and ica:
         return f"{quantity} (see the sentence on ICA components)"
     return f"{quantity} ({rows.loc[quantity, 'reason']}; to decide: {rows.loc[quantity, 'remedy']})"
-
-
-def headline(
-    invariants: pd.DataFrame,
-    predictive: str,
-    alignment_mean: pd.Series,
-    efficiency: pd.DataFrame | None,
-    markers: pd.DataFrame,
-    n_fits: int,
-    ica: str | None = None,
-    truth: str | None = None,
-) -> list[str]:
-    """The verdict in sentences, in the order the report's sections give them.
-
-    Parameters
-    ----------
-    invariants
-        The judged invariants table (:func:`.verdicts.judge_invariants`).
-    predictive
-        :func:`predictive_sentence`.
-    alignment_mean
-        Mean seed-pair alignment error by map class.
-    efficiency
-        The ICA efficiency table, or ``None``.
-    markers
-        The marker summary table.
-    n_fits
-        Number of fits.
-    ica
-        :func:`ica_sentence`, or ``None``.
-    truth
-        :func:`truth_sentence`, or ``None``.
-
-    """
-    return [
-        *verdict_lines(invariants, predictive, ica, n_fits),
-        predictive,
-        *alignment_lines(alignment_mean, efficiency),
-        *([ica] if ica else []),
-        *([truth] if truth else []),
-        *marker_lines(markers),
-    ]
 
 
 def verdict_lines(invariants: pd.DataFrame, predictive: str, ica: str | None, n_fits: int) -> list[str]:

@@ -71,11 +71,8 @@ def _fits_line(rep: ReportContent) -> str:
 
 
 def _verdict_lines(invariants: pd.DataFrame) -> list[str]:
-    lines = []
-    for verdict, quantities in quantities_by_verdict(invariants).items():
-        if quantities:
-            lines.append(f"- **{VERDICT_LABELS[verdict]}**: {', '.join(quantities)}.")
-    return lines
+    by_verdict = quantities_by_verdict(invariants).items()
+    return [f"- **{VERDICT_LABELS[verdict]}**: {', '.join(names)}." for verdict, names in by_verdict if names]
 
 
 def predictive_line(rep: ReportContent) -> str:

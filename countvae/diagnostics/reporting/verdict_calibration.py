@@ -90,27 +90,37 @@ def calibration_table(
 
     """
     if regime is not None:
-        return _regime_table(record, regime, quantities)
-    rows = []
-    for scenario, entry in record["scenarios"].items():
-        counts = entry.get("rows" if truth == "theory" else "oracle_rows") or {}
-        names = list(counts) if quantities is None else [q for q in quantities if q in counts]
-        for quantity in names:
-            c = counts[quantity]
-            n = c["runs"]
-            rows.append(
-                {
-                    "scenario": scenario,
-                    "quantity": quantity,
-                    "truth": c["truth"],
-                    "replicates": n,
-                    "correct %": 100.0 * c["correct"] / n,
-                    "undetermined %": 100.0 * c["undetermined"] / n,
-                    "wrong %": 100.0 * c["wrong"] / n,
-                    "adequate data": bool(entry["adequate"]),
-                }
+        entry = _regime(record, regime)
+        rows = _rate_rows(regime, entry["rows"], quantities, bool(entry.get("adequate", True)), _regime_truth(entry))
+    else:
+        rows = [
+            row
+            for scenario, entry in record["scenarios"].items()
+            for row in _rate_rows(
+                scenario, entry.get("rows" if truth == "theory" else "oracle_rows") or {}, quantities, entry["adequate"]
             )
+        ]
     return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
+
+
+def _rate_rows(
+    scenario: str, counts: dict[str, Any], quantities: list[str] | None, adequate: bool, truth: str | None = None
+) -> list[dict[str, Any]]:
+    """The table's rows of one scenario or regime (``truth``: the regime's, else each row's own)."""
+    names = list(counts) if quantities is None else [q for q in quantities if q in counts]
+    return [
+        {
+            "scenario": scenario,
+            "quantity": quantity,
+            "truth": counts[quantity]["truth"] if truth is None else truth,
+            "replicates": (n := counts[quantity]["runs"]),
+            "correct %": 100.0 * counts[quantity]["correct"] / n,
+            "undetermined %": 100.0 * counts[quantity]["undetermined"] / n,
+            "wrong %": 100.0 * counts[quantity]["wrong"] / n,
+            "adequate data": bool(adequate),
+        }
+        for quantity in names
+    ]
 
 
 def calibration_sentences(
@@ -304,29 +314,6 @@ def _regime_truth(entry: dict[str, Any]) -> str:
     if "truth" in entry:
         return entry["truth"]
     return f"the verdict of the same fits on {entry['oracle_cells']:,} independent cells of the same distribution"
-
-
-def _regime_table(record: dict[str, Any], regime: str, quantities: list[str] | None) -> pd.DataFrame:
-    entry = _regime(record, regime)
-    counts = entry["rows"]
-    names = list(counts) if quantities is None else [q for q in quantities if q in counts]
-    rows = []
-    for quantity in names:
-        c = counts[quantity]
-        n = c["runs"]
-        rows.append(
-            {
-                "scenario": regime,
-                "quantity": quantity,
-                "truth": _regime_truth(entry),
-                "replicates": n,
-                "correct %": 100.0 * c["correct"] / n,
-                "undetermined %": 100.0 * c["undetermined"] / n,
-                "wrong %": 100.0 * c["wrong"] / n,
-                "adequate data": bool(entry.get("adequate", True)),
-            }
-        )
-    return pd.DataFrame(rows, columns=list(CALIBRATION_COLUMNS))
 
 
 def _regime_sentences(record: dict[str, Any], regime: str, quantities: list[str] | None) -> list[str]:

@@ -1,54 +1,14 @@
 """Step 3 of the report: verdicts, decided from the analyses' numbers, intervals and thresholds alone.
 
-Every rule that turns a number into a claim about the fits lives here.
-
-The decision rule
------------------
-Each row of the invariants table has a score for its worst pair of seeds, an
-interval ``[low, high]`` at level ``1 - 2 alpha`` (each side errs with
-probability ``alpha``, 0.05 by default) and a threshold. For a score where higher
-is better (agreement ``>=`` threshold):
-
-``agree``
-    ``low >= threshold``: even the pessimistic end of the interval meets it.
-``differ``
-    ``high < threshold``: even the optimistic end misses it.
-``undetermined``
-    The interval contains the threshold: these cells cannot tell. The row says
-    why and what would decide it: about how many cells would shrink the
-    interval (its width falls like ``1 / sqrt(cells)``) to clear the threshold
-    at the same score, or which setting caps them.
-
-For a discrepancy (lower is better, ``<`` threshold) the sides swap. Coordinate
-rows (whose values change with a rotation of the latent space) add a fourth
-verdict: ``agree after alignment`` when the raw coordinates do not agree but the
-same score after the orthogonal Procrustes map of each pair does (``aligned_low
->= threshold``); they ``differ`` only when the aligned score's interval lies
-below the threshold. ``not measured``: the fits' API does not provide what the
-row needs.
-
-Four rows have preconditions besides their interval:
-
-posterior predictive statistics, k-NN graph
-    ``undetermined`` below a minimum number of held-out cells
-    (:data:`MIN_CELLS`): every verdict of the first, ``agree`` of the second
-    (on fewer cells k-NN graphs overlap more, so a ``differ`` stands).
-
-held-out log p(x)
-    The equivalence test of :mod:`countvae.diagnostics.analyses.predictive`:
-    ``equivalent`` (``agree``), ``not equivalent`` (``differ``) or
-    ``undetermined``; undetermined whatever the intervals when the estimator is
-    not reliable (Pareto k-hat, Monte Carlo bias against the margin) or when
-    the fits explain no more than a model without latent variables.
-ICA coordinates
-    Per component (:func:`judge_components`): ``undetermined`` when each half
-    of the cells the ICAs were estimated on holds fewer than
-    :data:`MIN_ICA_CELLS_PER_DIMENSION` cells per latent dimension, when the
-    component is too close to Gaussian to be identified, or when it does not
-    reproduce even within one seed (split-half baseline below the threshold: too
-    few cells to fix the axis); otherwise by its interval. The row agrees when
-    every component agrees, differs when one differs, and is undetermined
-    otherwise.
+Every rule that turns a number into a claim about the fits lives here; ``docs/concepts/report-rows.md``
+("How a verdict is decided") states them for readers. In short: a row whose score has the interval
+``[low, high]`` (level ``1 - 2 alpha``) ``agree``s when the whole interval meets its threshold, ``differ``s
+when the whole interval misses it and is ``undetermined`` otherwise (with why, and about how many cells
+would decide it, since the width falls like ``1 / sqrt(cells)``); coordinate rows ``agree after alignment``
+when only the score after the orthogonal Procrustes map of each pair agrees. Rows with preconditions of
+their own: :data:`MIN_CELLS` (posterior predictive statistics, k-NN graph), :func:`predictive_verdict`
+(held-out log p(x): the equivalence test, undetermined while the estimator is unreliable) and
+:func:`judge_components` with :func:`ica_row_judgement` (ICA coordinates, per component).
 """
 
 from __future__ import annotations
@@ -56,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -227,11 +188,8 @@ def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | N
 
     """
     decided = decided or {}
-    out = numbers.copy()
     judged = [decided.get(row["quantity"]) or judge_row(row) for _, row in numbers.iterrows()]
-    out["verdict"] = [j.verdict for j in judged]
-    out["reason"] = [j.reason for j in judged]
-    out["remedy"] = [j.remedy for j in judged]
+    out = _with_judgements(numbers, judged)
     out["report_instead"] = [
         _report_instead(name, j.verdict) for name, j in zip(numbers["quantity"], judged, strict=True)
     ]
@@ -269,59 +227,56 @@ MIN_ICA_CELLS_PER_DIMENSION = 100
 
 
 def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component (see the module docstring)."""
-    out = table.copy()
-    rule = Threshold(threshold, ">=")
-    judged = []
+    """Add ``verdict``, ``reason`` and ``remedy`` to each ICA component.
+
+    ``undetermined`` when each half of the estimation cells holds fewer than :data:`MIN_ICA_CELLS_PER_DIMENSION`
+    cells per dimension, when the component is too close to Gaussian, or when it does not reproduce within one
+    seed (split-half match below ``threshold``); otherwise decided by its interval.
+    """
     min_cells = MIN_ICA_CELLS_PER_DIMENSION * len(table)
-    for row in table.itertuples(index=False):
-        if int(row.n_estimation_cells) < min_cells:
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for "
-                    f"{len(table)} dimensions",
-                    f"at least {min_cells:,} cells per half ({2 * min_cells:,} fit cells, "
-                    "or held-out cells without them)",
-                )
-            )
-        elif bool(row.gaussian):
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    GAUSSIAN_REASON,
-                    "none: a Gaussian direction has no preferred axis; report the span of these components",
-                )
-            )
-        elif row.same_fit_match < threshold:
-            judged.append(
-                Judgement(
-                    UNDETERMINED,
-                    f"{FEW_CELLS_REASON}: split-half match {row.same_fit_match:.2f} < {threshold:g}",
-                    f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
-                )
-            )
-        else:
-            verdict = interval_verdict(rule, row.low, row.high)
-            if verdict == UNDETERMINED:
-                needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
-                judged.append(
-                    Judgement(
-                        UNDETERMINED,
-                        _straddle(row.low, row.high, rule),
-                        _more_cells(needed, int(row.n_matching_cells), ""),
-                    )
-                )
-            elif verdict == DIFFER:
-                judged.append(
-                    Judgement(
-                        DIFFER,
-                        f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
-                        "the seeds' solutions differ along it",
-                    )
-                )
-            else:
-                judged.append(Judgement(AGREE))
+    return _with_judgements(
+        table, [_judge_component(row, threshold, min_cells, len(table)) for row in table.itertuples(index=False)]
+    )
+
+
+def _judge_component(row: Any, threshold: float, min_cells: int, n_dims: int) -> Judgement:
+    if int(row.n_estimation_cells) < min_cells:
+        return Judgement(
+            UNDETERMINED,
+            f"{TOO_FEW_REASON}: {int(row.n_estimation_cells):,} per half ({row.estimated_on}) for {n_dims} dimensions",
+            f"at least {min_cells:,} cells per half ({2 * min_cells:,} fit cells, or held-out cells without them)",
+        )
+    if bool(row.gaussian):
+        return Judgement(
+            UNDETERMINED,
+            GAUSSIAN_REASON,
+            "none: a Gaussian direction has no preferred axis; report the span of these components",
+        )
+    if row.same_fit_match < threshold:
+        return Judgement(
+            UNDETERMINED,
+            f"{FEW_CELLS_REASON}: split-half match {row.same_fit_match:.2f} < {threshold:g}",
+            f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
+        )
+    rule = Threshold(threshold, ">=")
+    verdict = interval_verdict(rule, row.low, row.high)
+    if verdict == UNDETERMINED:
+        needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
+        return Judgement(
+            UNDETERMINED, _straddle(row.low, row.high, rule), _more_cells(needed, int(row.n_matching_cells), "")
+        )
+    if verdict == DIFFER:
+        return Judgement(
+            DIFFER,
+            f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
+            "the seeds' solutions differ along it",
+        )
+    return Judgement(AGREE)
+
+
+def _with_judgements(frame: pd.DataFrame, judged: list[Judgement]) -> pd.DataFrame:
+    """A copy of ``frame`` with the columns ``verdict``, ``reason`` and ``remedy`` of ``judged`` (one per row)."""
+    out = frame.copy()
     out["verdict"] = [j.verdict for j in judged]
     out["reason"] = [j.reason for j in judged]
     out["remedy"] = [j.remedy for j in judged]
@@ -356,15 +311,20 @@ def ica_row_judgement(components: pd.DataFrame) -> Judgement:
         if len(bad) == 1:
             return Judgement(DIFFER, f"{bad[0]} differs between seeds (it reproduces within one seed)")
         return Judgement(DIFFER, f"{', '.join(bad)} differ between seeds (each reproduces within one seed)")
-    undecided = components[verdicts == UNDETERMINED]
+    groups, remedies = undetermined_by_reason(components)
+    reason = "; ".join(components_clause(names, why) for why, names in groups.items())
+    return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
+
+
+def undetermined_by_reason(components: pd.DataFrame) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """The undetermined components by their reason (the text before any ``:``), and each reason's first remedy."""
     groups: dict[str, list[str]] = {}
     remedies: dict[str, str] = {}
-    for row in undecided.itertuples(index=False):
+    for row in components[components["verdict"] == UNDETERMINED].itertuples(index=False):
         key = row.reason.split(":")[0]
         groups.setdefault(key, []).append(row.component)
         remedies.setdefault(key, row.remedy)
-    reason = "; ".join(components_clause(names, why) for why, names in groups.items())
-    return Judgement(UNDETERMINED, reason, "; ".join(dict.fromkeys(remedies.values())))
+    return groups, remedies
 
 
 # ----- predictive equivalence ---------------------------------------------------------------------------

@@ -7,16 +7,9 @@ import sys
 import numpy as np
 import pytest
 from scipy.stats import ortho_group
-from sklearn.metrics import adjusted_rand_score
 
 from countvae.diagnostics.analyses import downstream as ds
 from countvae.errors import InvalidArgumentError, MissingDependencyError
-
-
-def _blobs(n_per: int, centres: np.ndarray, scale: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    labels = np.repeat(np.arange(len(centres)), n_per)
-    return centres[labels] + scale * rng.standard_normal((len(labels), centres.shape[1])), labels
 
 
 # ----- the decomposition ------------------------------------------------------------------------------
@@ -84,26 +77,6 @@ def test_label_agreement_identical_permuted_and_independent():
     assert set(summary["metric"]) == {"ari", "nmi"}
 
 
-def test_knn_adjacency_known_graph():
-    points = np.array([[0.0], [1.0], [3.0], [6.0], [10.0]])
-    adjacency = ds.knn_adjacency(points, n_neighbors=1).toarray()
-    expected = np.zeros((5, 5))
-    for i, j in [(0, 1), (1, 2), (2, 3), (3, 4)]:
-        expected[i, j] = expected[j, i] = 1
-    np.testing.assert_array_equal(adjacency, expected)
-    with pytest.raises(InvalidArgumentError, match="more than"):
-        ds.knn_adjacency(points, n_neighbors=5)
-
-
-def test_leiden_recovers_separated_blobs_for_every_seed():
-    centres = np.array([[0.0, 0.0, 0.0], [12.0, 0.0, 0.0], [0.0, 12.0, 0.0]])
-    z, truth = _blobs(60, centres, 1.0, seed=2)
-    adjacency = ds.knn_adjacency(z, 10)
-    for seed in (0, 1, 2):
-        labels = ds.leiden_labels(adjacency, resolution=0.3, seed=seed)
-        assert adjusted_rand_score(truth, labels) == 1.0
-
-
 def test_cluster_agreement_rotation_is_no_change_and_unrelated_fits_are():
     rng = np.random.default_rng(3)
     z = rng.standard_normal((300, 4))
@@ -161,7 +134,7 @@ def test_umap_embedding_is_scanpys_own_umap():
 def test_missing_optional_dependency_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "leidenalg", None)
     with pytest.raises(MissingDependencyError, match=r"countvae\[downstream\]"):
-        ds.leiden_labels(ds.knn_adjacency(np.random.default_rng(0).standard_normal((20, 2)), 3))
+        ds.scanpy_leiden(ds.scanpy_graph(np.random.default_rng(0).standard_normal((20, 2)), 3), flavor="leidenalg")
     monkeypatch.setitem(sys.modules, "scanpy", None)
     with pytest.raises(MissingDependencyError, match="scanpy"):
         ds.cluster_agreement({"a": np.zeros((20, 2)), "b": np.ones((20, 2))}, n_neighbors=3)

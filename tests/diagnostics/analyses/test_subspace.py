@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 from diagnostics_helpers import random_rotation
 
+from countvae.diagnostics.analyses.downstream import neighbourhood_overlap
 from countvae.diagnostics.analyses.subspace import (
     covariance_spectrum,
     geometry_table,
     jacobian_span,
-    knn_jaccard,
     knn_sets,
     linear_cka,
     principal_angles,
@@ -75,18 +75,18 @@ def test_knn_jaccard_known_values():
     # Pairs far apart: each point's single nearest neighbour is its partner.
     x = np.array([[0.0], [1.0], [10.0], [11.0]])
     y = np.array([[0.0], [10.0], [1.0], [11.0]])  # partners swapped: 0-2 and 1-3
-    assert knn_jaccard(x, x, k=1) == 1.0
-    assert knn_jaccard(x, y, k=1) == 0.0
+    assert neighbourhood_overlap(x, x, k=1) == 1.0
+    assert neighbourhood_overlap(x, y, k=1) == 0.0
     np.testing.assert_array_equal(knn_sets(x, 1).ravel(), [1, 0, 3, 2])
     # Cells 2 and 3 swap clusters: cells 0, 1, 4, 5 keep one of two neighbours (Jaccard 1/3), 2 and 3 none.
     xs = np.array([[0.0], [1.0], [1.9], [30.0], [31.0], [31.9]])
     ys = np.array([[0.0], [1.0], [30.0], [1.9], [31.0], [31.9]])
-    assert knn_jaccard(xs, ys, k=2) == pytest.approx((4 / 3) / 6)
+    assert neighbourhood_overlap(xs, ys, k=2) == pytest.approx((4 / 3) / 6)
 
 
 def test_knn_jaccard_rotation_invariant():
     z = np.random.default_rng(3).normal(size=(300, 4))
-    assert knn_jaccard(z, z @ random_rotation(4, 4).T, k=10) == pytest.approx(1.0)
+    assert neighbourhood_overlap(z, z @ random_rotation(4, 4).T, k=10) == pytest.approx(1.0)
 
 
 def test_covariance_spectrum_known_and_invariant():

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED
-from countvae.diagnostics.reporting.headline import headline, ica_sentence, predictive_sentence
+from countvae.diagnostics.reporting.headline import ica_sentence, predictive_sentence, verdict_lines
 from countvae.diagnostics.reporting.verdicts import (
     AGREE,
     DIFFER,
@@ -57,9 +57,14 @@ def _invariants() -> pd.DataFrame:
     )
 
 
+def _lines(judged: pd.DataFrame, predictive, ica: str | None = None) -> list[str]:
+    """The headline's invariants sentences, then the predictive sentence and the ICA one (as the report orders them)."""
+    sentence = predictive_sentence(predictive)
+    return [*verdict_lines(judged, sentence, ica, 3), sentence, *([ica] if ica else [])]
+
+
 def _headline(predictive) -> list[str]:
-    judged = judge_invariants(_invariants(), {LPD_QUANTITY: predictive.as_row_judgement()})
-    return headline(judged, predictive_sentence(predictive), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+    return _lines(judge_invariants(_invariants(), {LPD_QUANTITY: predictive.as_row_judgement()}), predictive)
 
 
 def test_an_unreliable_log_p_x_is_explained_in_one_sentence_only():
@@ -83,7 +88,7 @@ def test_other_undetermined_rows_keep_their_reason_in_the_undetermined_sentence(
     table.loc[0, ["low", "high"]] = [0.85, 0.95]  # decoded means: the interval straddles 0.9
     verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
     judged = judge_invariants(table, {LPD_QUANTITY: verdict.as_row_judgement()})
-    lines = headline(judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+    lines = _lines(judged, verdict)
     undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
     assert "decoded means (its interval 0.85 to 0.95 contains the threshold (>= 0.9); to decide:" in undetermined
 
@@ -154,14 +159,12 @@ def test_an_undetermined_ica_row_is_explained_in_the_ica_sentence_only():
     verdict = predictive_verdict(_pairs([EQUIVALENT] * 3), None, 0.5, 25.0)
     judged = judge_invariants(table, {LPD_QUANTITY: verdict.as_row_judgement(), ICA_QUANTITY: row})
     ica = ica_sentence(components, 0.95)
-    lines = headline(
-        judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3, ica=ica
-    )
+    lines = _lines(judged, verdict, ica)
     undetermined = next(line for line in lines if line.startswith("Undetermined on these cells:"))
     assert "ICA coordinates (see the sentence on ICA components)" in undetermined
     # Each component's reason and the remedy appear once, in the ICA sentence (they used to appear in both).
     for text in ("does not reproduce even within one seed", "too close to Gaussian", "more cells"):
         assert sum(text in line for line in lines) == 1, (text, lines)
     # Without the ICA sentence, the undetermined sentence keeps the reason.
-    alone = headline(judged, predictive_sentence(verdict), pd.Series({"rotation": 0.01}), None, pd.DataFrame(), 3)
+    alone = _lines(judged, verdict)
     assert sum("does not reproduce even within one seed" in line for line in alone) == 1

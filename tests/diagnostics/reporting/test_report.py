@@ -11,7 +11,7 @@ from diagnostics_helpers import SMALL, RotatedFit, random_rotation, rotated_copi
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, DiagnosticReport, report
 from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN
-from countvae.diagnostics.reporting.headline import headline
+from countvae.diagnostics.reporting.headline import verdict_lines
 from countvae.errors import InvalidArgumentError, OutputExistsError
 from countvae.invariance import reparameterize
 
@@ -223,8 +223,7 @@ def test_headline_says_when_most_of_a_difference_is_the_rotation():
             "remedy": ["", "", ""],
         }
     )
-    markers = pd.DataFrame({"best_dim_agrees": [False], "r2_max": [0.5], "r2_min": [0.49]})
-    lines = headline(invariants, "Predictively equivalent.", pd.Series({"orthogonal": 0.1}), None, markers, 3)
+    lines = verdict_lines(invariants, "Predictively equivalent.", None, 3)
     assert lines[0] == "Agree across all 3 seeds: latent distances."
     assert not any(line.startswith("Agree only after aligning") for line in lines)
     assert "Differ between seeds even after alignment: per-dimension coordinates, per-dimension loadings." in lines
