@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         result["n_mc_samples"] = args.n_mc_samples
         name, body = ("kang", section_a(result)) if setting == "a" else ("10k", section_b(result))
         training = (
-            "CountVAE's training defaults (scvi-tools' epoch count for the cells, no early stopping)"
+            "compare_models' training defaults (diagnose's 600,000 cell passes a fit, no early stopping)"
             if epochs is None
             else f"{epochs} epochs a fit (no early stopping)"
         )
