@@ -304,8 +304,9 @@ def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[Seed
     """
     if not settings:
         raise InvalidArgumentError("fit_models needs the settings of at least one model.")
-    runs = [_prepared_run(adata, s, group) for group, s in enumerate(settings)]
-    _check_shared(runs)
+    checked = [_checked_settings(adata, s) for s in settings]
+    _check_shared([s for s, _, _ in checked])  # before any model's cells are copied and hashed
+    runs = [_prepared_run(adata, *c, group) for group, c in enumerate(checked)]
     parallelism = _fit_or_reuse(runs)
     return [_seed_fits(run, parallelism) for run in runs]
 
@@ -313,21 +314,20 @@ def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[Seed
 _SHARED = ("heldout_fraction", "split_seed", "model_cls", "backend", "n_jobs", "torch_threads", "progress_bar")
 
 
-def _check_shared(runs: list[_Run]) -> None:
-    first = runs[0].settings
-    for run in runs[1:]:
-        differ = [name for name in _SHARED if getattr(run.settings, name) != getattr(first, name)]
+def _check_shared(settings: list[FitSeedsSettings]) -> None:
+    first = settings[0]
+    for other in settings[1:]:
+        differ = [name for name in _SHARED if getattr(other, name) != getattr(first, name)]
         if differ:
             raise InvalidArgumentError(
                 f"Models fitted in one pool must share {', '.join(_SHARED)}; these differ: {differ}."
             )
-    folders = [Path(run.settings.out_dir).resolve() for run in runs if run.settings.out_dir is not None]
+    folders = [Path(s.out_dir).resolve() for s in settings if s.out_dir is not None]
     if len(set(folders)) != len(folders):
         raise InvalidArgumentError("Models fitted in one pool need an out_dir each; two of them share one.")
 
 
-def _prepared_run(adata: ad.AnnData, settings: FitSeedsSettings, group: int) -> _Run:
-    s, registry, family = _checked_settings(adata, settings)
+def _prepared_run(adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, family: str, group: int) -> _Run:
     fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)
     stream = adata.isbacked and family == "countvae"
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
