@@ -112,7 +112,7 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
     (:func:`knn_sets_among`; the fit cells' latents where the run kept them,
     else pool cells as stand-ins).
     """
-    from knn_reference import analyst_graph_k
+    from countvae.diagnostics.analyses.subspace import analyst_graph_k
 
     folder = csv.with_name(csv.stem + "_arrays")
     rows = []
@@ -142,10 +142,8 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
 
 
 def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
-    from knn_reference import knn_sets_among
-
     from countvae.diagnostics.analyses.downstream import neighbourhood_overlap as knn_jaccard
-    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell
+    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets_among
 
     seeds = list(reference)
     pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
@@ -159,9 +157,9 @@ def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict
 
     n_held, n_analyst, n_pool = len(held[seeds[0]]), len(subsets[0]), len(pool[seeds[0]])
     return {
-        f"report: {n_held} held-out, k={k}": worst(lambda a, b: knn_jaccard(held[a], held[b], k)),
+        f"{n_held} held-out alone, k={k} (the report before)": worst(lambda a, b: knn_jaccard(held[a], held[b], k)),
         f"{n_held} held-out, k={k_scaled} (scaled)": worst(lambda a, b: knn_jaccard(held[a], held[b], k_scaled)),
-        f"held-out rows among {n_analyst} cells, k={k}": worst(among),
+        f"held-out rows among {n_analyst} cells, k={k} (the report now)": worst(among),
         f"oracle: graph on {n_analyst} pool cells, k={k}": float(
             np.mean([worst(lambda a, b, c=c: knn_jaccard(pool[a][c], pool[b][c], k)) for c in subsets])
         ),
@@ -233,7 +231,9 @@ def summarize(
         "",
         "A verdict on the report's held-out cells is scored against the same fits' verdict on "
         f"{POOL_CELLS:,} independent cells of the same distribution (the oracle: the report with every row on as "
-        "many of them as affordable: k-NN and coordinates on all, log p(x) on 1,000, distances on 2,000). "
+        "many of them as affordable: coordinates on all, log p(x) on 1,000, distances on 2,000; the k-NN row on "
+        "every pool cell's neighbours among the pool and fit cells, with k scaled so that the graph speaks for the "
+        "analyst's, of fit and held-out cells). "
         "'correct % of confident' = correct / (correct + wrong); 'oracle undecided' verdicts are not scored.",
         "",
     ]

@@ -63,7 +63,13 @@ from countvae.diagnostics.analyses.resampling import (
     weighted_mean,
     worst_interval,
 )
-from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, subsample, weighted_overlap
+from countvae.diagnostics.analyses.subspace import (
+    analyst_graph_k,
+    knn_jaccard_per_cell,
+    knn_sets_among,
+    subsample,
+    weighted_overlap,
+)
 from countvae.errors import InvalidArgumentError
 
 #: Agreement (concordance, overlap, cosine) at or above which a quantity counts as agreeing.
@@ -80,7 +86,8 @@ ICA_THRESHOLD = 0.95
 METRIC_DEFINITIONS: dict[str, str] = {
     "ccc": "Lin's concordance correlation of two seeds' values (1 only if equal; penalises shifts and scale). "
     "Expression matrices are first centred per gene.",
-    "jaccard": "mean over cells of the overlap of the k nearest neighbours (shared / union).",
+    "jaccard": "mean over held-out cells of the overlap of their k nearest neighbours (shared / union), found "
+    "among the held-out and fit cells together: the held-out rows of the graph on all the cells.",
     "weighted overlap": "share of one seed's decoder variation in gene space that lies in the other seed's "
     "gene-space span (1 = same span), averaged over both directions.",
     "cosine": "cosine similarity of two gene-by-gene decoder Gram matrices (W W^T, or mean Jacobian Gram).",
@@ -112,6 +119,7 @@ TABLE_COLUMNS = (
     "comparison",
     "interval",
     "n_cells",
+    "graph_cells",
     "cells_setting",
 )
 #: Columns of its per-pair table.
@@ -196,6 +204,18 @@ class InvariantInputs:
         the ICA row is left out when ``None``.
     ica_threshold
         Threshold of the ICA row.
+    reference_latents
+        Latent means of other cells of the data set (the fit cells, or a subset
+        of them; the same cells in the same order for every fit). The k-NN row
+        then finds each held-out cell's neighbours among the held-out and these
+        cells together: the held-out rows of the graph an analyst builds on all
+        of their cells, not of a graph on the held-out cells alone (whose
+        neighbourhoods are coarser and agree more).
+    graph_cells
+        Cells of the graph the k-NN row speaks about (default: the held-out and
+        reference cells). When the row's graph has another number of cells, ``k``
+        is scaled by :func:`~countvae.diagnostics.analyses.subspace.analyst_graph_k`
+        so that a neighbourhood keeps its share of the cells.
 
     """
 
@@ -215,6 +235,8 @@ class InvariantInputs:
     markers: pd.DataFrame | None = None
     components: pd.DataFrame | None = None
     ica_threshold: float = ICA_THRESHOLD
+    reference_latents: Mapping[str, np.ndarray] | None = None
+    graph_cells: int | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +247,39 @@ class ResamplingSettings:
     n_replicates: int = N_REPLICATES
     seed: int = 0
     max_cells: int = MAX_CELLS
+
+
+@dataclass(frozen=True)
+class KnnGraph:
+    """The k-NN graph whose held-out rows the k-NN row compares.
+
+    Attributes
+    ----------
+    n_cells
+        Cells the graph is built on (held-out, plus reference cells when given).
+    k
+        Neighbours per cell in it.
+    k_asked
+        The report's ``k``.
+    graph_cells
+        Cells of the graph it stands for (``k`` is scaled when this differs from ``n_cells``).
+
+    """
+
+    n_cells: int
+    k: int
+    k_asked: int
+    graph_cells: int
+
+    @classmethod
+    def of(cls, n_heldout: int, n_query: int, n_reference: int, k: int, graph_cells: int | None) -> KnnGraph:
+        """The graph of ``n_query`` of ``n_heldout`` held-out cells and ``n_reference`` reference cells."""
+        n_here = n_query + n_reference
+        # Without reference cells and without a stated graph the row compares the graphs on its own cells, as
+        # it always has; with reference cells it speaks for the held-out and reference cells together.
+        target = graph_cells if graph_cells is not None else (n_heldout + n_reference if n_reference else n_here)
+        scaled = analyst_graph_k(k, n_here, target) if target != n_here else min(k, n_here - 1)
+        return cls(n_cells=n_here, k=scaled, k_asked=k, graph_cells=target)
 
 
 @dataclass
@@ -245,6 +300,8 @@ class Comparison:
         Square matrices of pairwise latent distances on a subset of cells, by fit.
     neighbours
         k-NN index sets on a subset of cells, by fit.
+    knn_graph
+        The graph behind ``neighbours``: its cells, its ``k``, and the cells of the graph it speaks about.
     bootstraps
         Bootstrap weights per set of cells (``"heldout"``, ``"expression"``,
         ``"distance"``, ``"knn"``, ``"jacobian"``), the same for every pair.
@@ -258,6 +315,7 @@ class Comparison:
     maps: PairMaps
     distances: dict[str, np.ndarray]
     neighbours: dict[str, np.ndarray]
+    knn_graph: KnnGraph
     bootstraps: dict[str, CellBootstrap]
     resampling: ResamplingSettings
     cache: dict = field(default_factory=dict)
@@ -504,6 +562,21 @@ def _distances_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
     )
 
 
+def _knn_interval_text(c: Comparison) -> tuple[str, int]:
+    """The bootstrap's cells, and which graph's rows they are."""
+    boot, g = c.bootstraps["knn"], c.knn_graph
+    m = len(boot.positions)
+    over = f"{boot.n_cells} held-out cells"
+    if m < boot.n_cells:
+        over = f"{m} of {over} (m-out-of-n)"
+    graph = f"their rows of the k={g.k} graph on {g.n_cells:,} cells"
+    if g.n_cells > boot.n_cells:
+        graph += " (held-out and fit cells)"
+    if g.graph_cells != g.n_cells:
+        graph += f", k scaled from {g.k_asked} to speak for a graph of {g.graph_cells:,} cells"
+    return f"bootstrap over {over}, {graph}", boot.n_cells
+
+
 def _knn(c: Comparison, a: str, b: str) -> float:
     return float(np.mean(c.knn_overlap(a, b)))
 
@@ -714,6 +787,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         cells="knn",
         cells_setting="max_knn_cells",
         replicates=_knn_replicates,
+        interval_text=_knn_interval_text,
     ),
     Quantity(
         "latent subspace (gene space)",
@@ -923,12 +997,13 @@ def invariants_table(
                 "aligned_high": aligned_interval.high,
                 "interval": text,
                 "n_cells": n_cells,
+                "graph_cells": float(comparison.knn_graph.graph_cells) if q.cells == "knn" else np.nan,
             }
         else:
             row |= dict.fromkeys(
                 ("agreement", "low", "high", "agreement_mean", "aligned_agreement", "aligned_low", "aligned_high"),
                 np.nan,
-            ) | {"interval": "", "n_cells": 0}
+            ) | {"interval": "", "n_cells": 0, "graph_cells": np.nan}
         rows.append(row)
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)), pd.DataFrame(per_pair, columns=list(PAIR_COLUMNS))
 
@@ -957,6 +1032,23 @@ def _resamplable(q: Quantity, c: Comparison) -> bool:
     return q.cells in c.bootstraps and (q.cells != "jacobian" or getattr(c.inputs, q.reduced) is not None)
 
 
+def _reference_latents(inputs: InvariantInputs, names: list[str]) -> dict[str, np.ndarray] | None:
+    """The reference cells' latents by fit, checked to be the same cells for every fit (or ``None``)."""
+    if inputs.reference_latents is None:
+        return None
+    reference = {n: np.asarray(z, dtype=np.float64) for n, z in inputs.reference_latents.items()}
+    if sorted(reference) != sorted(names):
+        raise InvalidArgumentError(
+            f"reference_latents are for fits {sorted(reference)} but the latents for {sorted(names)}."
+        )
+    shapes = {reference[n].shape for n in names}
+    if len(shapes) != 1 or next(iter(shapes))[1:] != inputs.latents[names[0]].shape[1:]:
+        raise InvalidArgumentError(
+            f"reference_latents must be (cells, dims) arrays of one shape matching the latents' width; got {shapes}."
+        )
+    return reference
+
+
 def _compare(
     inputs: InvariantInputs,
     maps: PairMaps | None,
@@ -979,7 +1071,9 @@ def _compare(
         raise InvalidArgumentError(f"markers cover {len(inputs.markers)} cells but the latents {n_cells}.")
     knn_cells = subsample(n_cells, max_knn_cells, seed)
     dist_cells = subsample(n_cells, max_distance_cells, seed + 1)
-    k_eff = min(k, len(knn_cells) - 1)
+    reference = _reference_latents(inputs, names)
+    n_reference = len(reference[names[0]]) if reference else 0
+    graph = KnnGraph.of(n_cells, len(knn_cells), n_reference, k, inputs.graph_cells)
     r = resampling
 
     def boot(n: int, offset: int) -> CellBootstrap:
@@ -996,7 +1090,10 @@ def _compare(
         latents=latents,
         maps=maps,
         distances={n: squareform(pairwise_distances(z[dist_cells])) for n, z in latents.items()},
-        neighbours={n: knn_sets(z[knn_cells], k_eff) for n, z in latents.items()},
+        neighbours={
+            n: knn_sets_among(z[knn_cells], reference[n] if reference else z[:0], graph.k) for n, z in latents.items()
+        },
+        knn_graph=graph,
         bootstraps=bootstraps,
         resampling=r,
     )

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.invariants import concordance
-from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets_among
 from countvae.errors import InvalidArgumentError
 
 
@@ -39,7 +39,9 @@ def _pairs(values: Mapping[str, object]) -> list[tuple[str, str]]:
     return list(combinations(values, 2))
 
 
-def cell_knn_agreement(latents: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+def cell_knn_agreement(
+    latents: Mapping[str, np.ndarray], k: int, reference: Mapping[str, np.ndarray] | None = None
+) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between the latent means of two fits, averaged over pairs of fits.
 
     Parameters
@@ -48,6 +50,9 @@ def cell_knn_agreement(latents: Mapping[str, np.ndarray], k: int) -> np.ndarray:
         Fit name -> latent means of the same cells, (cells, n_latent).
     k
         Neighbours per cell.
+    reference
+        Fit name -> latent means of other cells (the fit cells) among which the
+        neighbours are found too (the invariants table's k-NN row does the same).
 
     Returns
     -------
@@ -56,11 +61,19 @@ def cell_knn_agreement(latents: Mapping[str, np.ndarray], k: int) -> np.ndarray:
 
     """
     pairs = _pairs(latents)
-    neighbours = {name: knn_sets(np.asarray(z, dtype=np.float64), k) for name, z in latents.items()}
+    neighbours = {name: _neighbours(z, reference, name, k) for name, z in latents.items()}
     return np.mean([knn_jaccard_per_cell(neighbours[a], neighbours[b]) for a, b in pairs], axis=0)
 
 
-def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
+def _neighbours(z: np.ndarray, reference: Mapping[str, np.ndarray] | None, name: str, k: int) -> np.ndarray:
+    z = np.asarray(z, dtype=np.float64)
+    others = z[:0] if reference is None else np.asarray(reference[name], dtype=np.float64)
+    return knn_sets_among(z, others, k)
+
+
+def cell_knn_baseline(
+    draws: Mapping[str, np.ndarray], k: int, reference: Mapping[str, np.ndarray] | None = None
+) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between two guide draws of one fit, averaged over fits.
 
     Parameters
@@ -69,6 +82,9 @@ def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
         Fit name -> two independent draws from the fit's guide on the same cells, (2, cells, n_latent).
     k
         Neighbours per cell.
+    reference
+        As for :func:`cell_knn_agreement`: the fit's latent means of the other
+        cells, the same for both draws (only the held-out cells are drawn again).
 
     Returns
     -------
@@ -83,7 +99,8 @@ def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
         z = np.asarray(z, dtype=np.float64)
         if z.ndim != 3 or z.shape[0] != 2:
             raise InvalidArgumentError(f"{name!r}: expected two draws (2, cells, n_latent), got shape {z.shape}.")
-        values.append(knn_jaccard_per_cell(knn_sets(z[0], k), knn_sets(z[1], k)))
+        first, second = (_neighbours(draw, reference, name, k) for draw in z)
+        values.append(knn_jaccard_per_cell(first, second))
     return np.mean(values, axis=0)
 
 

@@ -62,7 +62,7 @@ UNS_KEY = "countvae_report"
 KEY_NOTES = {
     HELDOUT_KEY: "whether the cell is one of the report's held-out cells (all other columns are NaN elsewhere)",
     "countvae_knn_agreement": "k-NN Jaccard overlap of the cell's neighbours between the latent means of two seeds, "
-    "mean over pairs of seeds",
+    "mean over pairs of seeds; neighbours found among the held-out and fit cells (when the report had them)",
     "countvae_knn_agreement_within_seed": "the same overlap between two guide draws of one fit, mean over fits "
     "(within-seed baseline)",
     "countvae_lpd_mean": "held-out log p(x) in nats, mean over seeds",

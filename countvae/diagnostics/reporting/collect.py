@@ -157,7 +157,7 @@ def cell_subsets(
         rhat=subsample(n, s.n_rhat_cells, s.seed + 4),
         genes=genes,
         rhat_genes=np.sort(top),
-        fit=None if n_fit_cells is None else subsample(n_fit_cells, s.max_ica_fit_cells, s.seed + 5),
+        fit=None if n_fit_cells is None else subsample(n_fit_cells, s.max_fit_cells, s.seed + 5),
         # the cells of the invariants table's k-NN overlap (same size and seed)
         knn=subsample(n, s.max_knn_cells, s.seed),
     )
@@ -338,6 +338,19 @@ class Collected:
         }
 
 
+def fit_cell_latents(c: Collected) -> dict[str, np.ndarray] | None:
+    """Every fit's latent means on the fit cells, when the report has them (the k-NN row's reference cells)."""
+    latents = c.per_fit("latent_fit")
+    return None if not latents or any(z is None for z in latents.values()) else latents
+
+
+def knn_graph_cells(c: Collected, s: ReportSettings) -> int | None:
+    """Cells of the graph the k-NN row speaks about: the setting, else every held-out and fit cell when known."""
+    if s.knn_graph_cells is not None:
+        return s.knn_graph_cells
+    return None if fit_cell_latents(c) is None or c.n_fit_cells is None else c.n_cells + c.n_fit_cells
+
+
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).
 ALL_NEEDS = frozenset(({f.name for f in fields(FitArrays)} - {"loadings_are_weights"}) | {"differential_expression"})
 _DECODER = frozenset({"span", "gram", "loadings", "jacobians", "gram_jacobians"})
@@ -478,7 +491,7 @@ def collect(
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
     views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}
-    if adata_fit is not None and s.ica:
+    if adata_fit is not None and "latent_fit" in needs:
         views["fit"] = adata_fit[sub.fit].copy()
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()
     checksum = data_checksum(adata, var_names)

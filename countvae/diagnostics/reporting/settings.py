@@ -31,7 +31,7 @@ MINIMUM = {
     "n_markers": 1,
     "n_bootstrap": 20,
     "max_bootstrap_cells": 10,
-    "max_ica_fit_cells": 20,
+    "max_fit_cells": 20,
     "max_baseline_cells": 10,
     "lpd_jobs": 1,
 }
@@ -72,6 +72,13 @@ class ReportSettings:
     max_distance_cells: int = setting(1_000, "Cells whose pairwise distances are compared.")
     max_knn_cells: int = setting(5_000, "Cells whose k-NN graphs (``k`` neighbours) are compared.")
     k: int = setting(15, "Neighbours in the compared k-NN graphs.")
+    knn_graph_cells: int | None = setting(
+        None,
+        """Cells of the graph the k-NN row speaks about (``None``: the held-out and fit cells together, the graph an
+        analyst builds on all of their cells). The held-out cells' neighbours are found among the held-out cells and
+        up to ``max_fit_cells`` fit cells; where that graph has another number of cells than this, ``k`` is scaled so
+        that a neighbourhood keeps its share of the cells.""",
+    )
     n_markers: int = setting(8, "Default markers (genes of largest variance) when none are given.")
     ica: bool = setting(
         True,
@@ -83,8 +90,10 @@ class ReportSettings:
         """An ICA component agrees across seeds when its worst best-match |correlation| with another seed's
         components is at least this, with confidence (see :mod:`countvae.diagnostics.analyses.components`).""",
     )
-    max_ica_fit_cells: int = setting(
-        10_000, "Cells of the fit cells (when known) on which each seed's ICA is estimated, in two disjoint halves."
+    max_fit_cells: int = setting(
+        10_000,
+        """Fit cells (when known) whose latent means each seed gives: each seed's ICA is estimated on them, in two
+        disjoint halves, and the k-NN row finds the held-out cells' neighbours among them.""",
     )
     alpha: float = setting(
         0.05,
@@ -128,6 +137,8 @@ class ReportSettings:
         check_number("equivalence_margin", self.equivalence_margin, 0.0, 1.0, low_open=True)
         if self.blas_threads is not None:
             check_int("blas_threads (or None)", self.blas_threads, minimum=1)
+        if self.knn_graph_cells is not None:
+            check_int("knn_graph_cells (or None)", self.knn_graph_cells, minimum=2)
         for name, low in MINIMUM.items():
             check_int(name, getattr(self, name), minimum=low)
 

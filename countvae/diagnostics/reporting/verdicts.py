@@ -120,7 +120,8 @@ MIN_CELLS: dict[str, CellsPrecondition] = {
         (AGREE,),
         "with k neighbours among few cells a neighbourhood is a large share of all cells, so two graphs overlap "
         "more than the same seeds' graphs on more cells (the overlap keeps falling as cells are added, so a "
-        "'differ' stands and an 'agree' speaks for graphs of about this many cells)",
+        "'differ' stands and an 'agree' speaks for graphs of about this many cells); counted on the graph's "
+        "cells, which include the fit cells when the report has them",
     ),
 }
 
@@ -143,8 +144,14 @@ def judge_row(row: pd.Series) -> Judgement:
     if not np.isfinite(row["agreement"]):
         return Judgement(NOT_MEASURED, "not available for these fits")
     judged = _judge_by_interval(row)
-    few = too_few_cells(str(row["quantity"]), int(row["n_cells"]), judged.verdict, str(row["cells_setting"]))
+    few = too_few_cells(str(row["quantity"]), _precondition_cells(row), judged.verdict, str(row["cells_setting"]))
     return judged if few is None else few
+
+
+def _precondition_cells(row: pd.Series) -> int:
+    """The cells a row's precondition counts: its graph's where it has one (the k-NN row), else its own."""
+    graph = row.get("graph_cells", np.nan)
+    return int(max(row["n_cells"], graph)) if pd.notna(graph) else int(row["n_cells"])
 
 
 def _judge_by_interval(row: pd.Series) -> Judgement:

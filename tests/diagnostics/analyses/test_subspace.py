@@ -6,10 +6,13 @@ from diagnostics_helpers import random_rotation
 
 from countvae.diagnostics.analyses.downstream import neighbourhood_overlap
 from countvae.diagnostics.analyses.subspace import (
+    analyst_graph_k,
     covariance_spectrum,
     geometry_table,
     jacobian_span,
+    knn_jaccard_per_cell,
     knn_sets,
+    knn_sets_among,
     linear_cka,
     principal_angles,
     spectrum_distance,
@@ -125,3 +128,46 @@ def test_bad_inputs():
         knn_sets(np.ones((3, 2)), 3)
     with pytest.raises(InvalidArgumentError):
         geometry_table({"a": np.ones((3, 2))})
+
+
+# ----- the analyst's graph: held-out rows among all cells, or k scaled to the cells ------------------
+def _two_fits(seed: int, n: int = 1800):
+    """Latents of one fit and of a second whose cells are displaced by noise (0.3 sd in 5 dimensions)."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, 5))
+    return z, z + 0.3 * rng.normal(size=z.shape)
+
+
+def test_k_keeps_the_neighbourhoods_share_of_the_cells():
+    assert analyst_graph_k(15, 300, 1800) == 2  # 2.5 rounds to even
+    assert analyst_graph_k(15, 300, 4000) == 1
+    assert analyst_graph_k(15, 1000, 1000) == 15
+    assert analyst_graph_k(15, 10, 10) == 9  # never more than the other cells
+    assert analyst_graph_k(15, 300, 200) == 22  # more cells here than in the analyst's graph: k grows
+    with pytest.raises(InvalidArgumentError, match="at least 2 cells"):
+        analyst_graph_k(15, 300, 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_overlap_on_a_subset_estimates_the_whole_graphs(seed):
+    a, b = _two_fits(seed)
+    truth = neighbourhood_overlap(a, b, 15)  # the analyst's graph: k = 15 on all 1,800 cells
+    held, rest = np.arange(300), np.arange(300, 1800)
+    naive = neighbourhood_overlap(a[held], b[held], 15)
+    scaled = neighbourhood_overlap(a[held], b[held], analyst_graph_k(15, 300, 1800))
+    rows = knn_jaccard_per_cell(knn_sets_among(a[held], a[rest], 15), knn_sets_among(b[held], b[rest], 15)).mean()
+    assert naive > truth + 0.1  # k = 15 on 300 cells describes a much coarser graph
+    assert abs(scaled - truth) < 0.03
+    assert abs(rows - truth) < 0.015
+
+
+def test_rows_among_the_reference_are_those_of_the_whole_graph():
+    a, _ = _two_fits(3, n=400)
+    held, rest = np.arange(100), np.arange(100, 400)
+    whole = knn_sets(a, 7)[:100]
+    among = knn_sets_among(a[held], a[rest], 7)
+    assert np.array_equal(np.sort(whole, axis=1), np.sort(among, axis=1))
+    with pytest.raises(InvalidArgumentError, match="same width"):
+        knn_sets_among(a[:, :2], a[:, :3], 5)
+    with pytest.raises(InvalidArgumentError, match="need more than"):
+        knn_sets_among(a[:3], a[3:5], 5)

@@ -6,8 +6,8 @@ from typing import Any
 
 import pandas as pd
 
-from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS
-from countvae.diagnostics.reporting.collect import Collected
+from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS, KnnGraph
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
     HTML,
@@ -119,6 +119,21 @@ def training_table(fit_settings: dict[str, Any]) -> dict[str, pd.DataFrame]:
     return {"training": pd.DataFrame(records).reindex(columns=columns)}
 
 
+def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
+    """Which cells the k-NN row's graph holds, and its ``k`` (as the invariants table builds it)."""
+    n, n_query = c.n_cells, min(c.n_cells, s.max_knn_cells)
+    reference = fit_cell_latents(c)
+    n_reference = len(next(iter(reference.values()))) if reference else 0
+    g = KnnGraph.of(n, n_query, n_reference, s.k, knn_graph_cells(c, s))
+    text = f"{n_query} of {n} held-out cells"
+    if n_reference:
+        text += f", their neighbours found among them and {n_reference} of {c.n_fit_cells} fit cells"
+    text += f"; k={g.k}"
+    if g.graph_cells != g.n_cells:
+        text += f" (scaled from {s.k}: the graph stands for one on {g.graph_cells:,} cells)"
+    return text
+
+
 def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
     """What was computed on a subset of cells or genes, and how large it was (stated in the report)."""
     sub, var_names = c.subsets, c.var_names
@@ -134,7 +149,7 @@ def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
         "gene-space span (decoder Jacobians)": f"{len(sub.jacobian)} of {n} cells",
         "posterior predictive checks": f"{len(sub.ppc)} of {n} cells, {s.n_ppc_samples} draws per cell",
         "pairwise latent distances": f"{min(n, s.max_distance_cells)} of {n} cells (quadratic in cells)",
-        "k-NN graphs": f"{min(n, s.max_knn_cells)} of {n} cells, k={min(s.k, min(n, s.max_knn_cells) - 1)}",
+        "k-NN graphs": _knn_graph_text(c, s),
         "latent diameter": f"{min((n + 1) // 2, 10_000)} scoring cells at most (quadratic in cells)",
         "spread of guide draws (R-hat)": (
             f"{len(sub.rhat)} cells, {s.n_rhat_draws} guide draws per seed, {len(sub.rhat_genes)} genes; "

@@ -13,7 +13,7 @@ import pandas as pd
 from countvae import plotting
 from countvae._formatting import format_value
 from countvae.diagnostics.analyses.invariants import InvariantInputs, ResamplingSettings, invariants_table
-from countvae.diagnostics.reporting.collect import Collected
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
 from countvae.diagnostics.reporting.display import invariants_for_display, threshold_text
 from countvae.diagnostics.reporting.headline import verdict_lines
 from countvae.diagnostics.reporting.report_content import ReportContent
@@ -54,7 +54,19 @@ GLANCE = {
 VERDICT_CSS = {AGREE: "v-agree", ALIGNED: "v-aligned", DIFFER: "v-differ", UNDETERMINED: "v-undetermined"}
 #: Needs of the table's rows (every array the rows compare).
 ROW_NEEDS = frozenset(
-    {"latent", "log_rate", "normalized", "span", "gram", "loadings", "jacobians", "gram_jacobians", "ppc", "lpd"}
+    {
+        "latent",
+        "latent_fit",
+        "log_rate",
+        "normalized",
+        "span",
+        "gram",
+        "loadings",
+        "jacobians",
+        "gram_jacobians",
+        "ppc",
+        "lpd",
+    }
 )
 
 
@@ -102,6 +114,8 @@ class InvariantsSection(Section):
                 markers=c.markers,
                 components=ica.values["components"].table if s.ica else None,
                 ica_threshold=s.ica_threshold,
+                reference_latents=fit_cell_latents(c),
+                graph_cells=knn_graph_cells(c, s),
             ),
             k=s.k,
             max_knn_cells=s.max_knn_cells,

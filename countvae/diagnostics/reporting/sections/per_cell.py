@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from countvae.diagnostics.analyses.invariants import KnnGraph
 from countvae.diagnostics.analyses.stability_columns import (
     cell_knn_agreement,
     cell_knn_baseline,
@@ -16,7 +17,7 @@ from countvae.diagnostics.analyses.stability_columns import (
     consensus_latent,
     gene_decoded_agreement,
 )
-from countvae.diagnostics.reporting.collect import Collected
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
 from countvae.diagnostics.reporting.sections.base import Section, SectionResult, Shared, heldout_maps
 from countvae.diagnostics.reporting.settings import ReportSettings
 
@@ -25,7 +26,7 @@ class PerCellSection(Section):
     """The per-cell and per-gene columns and the consensus latent (see :func:`stability_columns`)."""
 
     name = "per_cell"
-    needs = frozenset({"latent", "knn_draws", "lpd", "log_rate"})
+    needs = frozenset({"latent", "latent_fit", "knn_draws", "lpd", "log_rate"})
 
     def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
         """The columns, with the consensus mapped by the shared maps onto the first fit."""
@@ -55,11 +56,13 @@ def stability_columns(c: Collected, s: ReportSettings) -> tuple[pd.DataFrame, pd
     names = c.obs_names if c.obs_names is not None else pd.RangeIndex(c.n_cells).astype(str)
     cells = pd.DataFrame(index=pd.Index(names, name=None))
     knn = sub.knn if sub.knn is not None else np.arange(c.n_cells)
-    k = min(s.k, len(knn) - 1)
-    columns = {"knn_agreement": (knn, cell_knn_agreement({n: z[knn] for n, z in latents.items()}, k))}
+    reference = fit_cell_latents(c)
+    n_reference = len(next(iter(reference.values()))) if reference else 0
+    k = KnnGraph.of(c.n_cells, len(knn), n_reference, s.k, knn_graph_cells(c, s)).k
+    columns = {"knn_agreement": (knn, cell_knn_agreement({n: z[knn] for n, z in latents.items()}, k, reference))}
     draws = c.per_fit("knn_draws")
     if all(d is not None for d in draws.values()):
-        columns["knn_agreement_within_seed"] = (knn, cell_knn_baseline(draws, k))
+        columns["knn_agreement_within_seed"] = (knn, cell_knn_baseline(draws, k, reference))
     lpds = {name: frame for name, frame in c.per_fit("lpd").items() if frame is not None}
     if len(lpds) == len(latents):
         mean, sd = cell_lpd_summary({name: frame["lpd"].to_numpy() for name, frame in lpds.items()})
