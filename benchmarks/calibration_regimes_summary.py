@@ -25,11 +25,17 @@ SECTION = "calibration-regimes"
 CONFIGURATIONS = {
     "semi-synthetic": report_configuration("mlp", 10, 300, 500, True),
     "kang": report_configuration("mlp", 10, 300, 500, True),
+    "kang-small-140": report_configuration("mlp", 10, 140, 500, True),
+    "kang-small-300": report_configuration("mlp", 10, 300, 500, True),
 }
 DESCRIPTIONS = {
     "semi-synthetic": "counts simulated from a default countvae (MLP/NB/10-d, batch) fitted to Kang, 500 genes, "
     "3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
     "kang": "real Kang cells, 500 genes, 3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+    "kang-small-140": "a small file of 1,400 real Kang cells split as diagnose's default 10% does: 500 genes, 3 seeds "
+    "with early stopping on 1,260 cells, report on 140 held-out cells",
+    "kang-small-300": "the same small file of 1,400 real Kang cells with 300 held out: 500 genes, 3 seeds with early "
+    "stopping on 1,100 cells, report on 300 held-out cells",
 }
 POOL_CELLS = 4000
 
@@ -104,13 +110,15 @@ def _sentence(result) -> str:
 def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) -> pd.DataFrame:
     """Per replicate: the seeds' worst-pair k-NN overlap as the report computes it and as the analyst's graph has it.
 
-    The analyst's graph is the k-NN graph on all of their ``n_analyst`` cells
-    (fit and held-out); its oracle here is the overlap on pool subsets of that
-    size. Next to it: the report's overlap on the held-out cells (``k``
-    neighbours among them), with ``k`` scaled by :func:`analyst_graph_k`, and
-    the held-out rows of the graph on the held-out and fit cells together
-    (:func:`knn_sets_among`; the fit cells' latents where the run kept them,
-    else pool cells as stand-ins).
+    The analyst's graph is the k-NN graph on all of their cells (fit and
+    held-out: counted from the run's fit-cell latents where it kept them, else
+    ``n_analyst``); its oracle here is the overlap on pool subsets of that
+    size. Next to it: the overlap on the held-out cells alone (``k`` neighbours
+    among them, as the report computed it before), with ``k`` scaled by
+    :func:`analyst_graph_k`, and the held-out rows of the graph on the held-out
+    and fit cells together (:func:`knn_sets_among`, as the report computes it
+    now; the fit cells' latents where the run kept them, else pool cells as
+    stand-ins).
     """
     from countvae.diagnostics.analyses.subspace import analyst_graph_k
 
@@ -125,11 +133,14 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
         held, pool = held_arrays["latent"], load_arrays(pool_path)["latent"]
         seeds = [n for n in held if "epochs" not in n]
         n_held, n_pool = len(held[seeds[0]]), len(pool[seeds[0]])
+        fit_latents = held_arrays["latent_fit"]
+        has_fit = set(seeds) <= set(fit_latents)
+        if has_fit:  # the analyst's cells: every fit cell (the report keeps up to 10,000) and the held-out ones
+            n_analyst = n_held + len(fit_latents[seeds[0]])
         rng = np.random.default_rng(replicate)
         subsets = [np.sort(rng.choice(n_pool, n_analyst, replace=False)) for _ in range(n_subsets)]
-        fit_latents = held_arrays["latent_fit"]
-        if set(seeds) <= set(fit_latents):
-            reference, where = {n: fit_latents[n][: n_analyst - n_held] for n in seeds}, "fit cells"
+        if has_fit:
+            reference, where = {n: fit_latents[n] for n in seeds}, "fit cells"
         else:
             stand_in = np.sort(rng.choice(n_pool, n_analyst - n_held, replace=False))
             reference, where = {n: pool[n][stand_in] for n in seeds}, "pool stand-ins"
@@ -234,7 +245,8 @@ def summarize(
         "many of them as affordable: coordinates on all, log p(x) on 1,000, distances on 2,000; the k-NN row on "
         "every pool cell's neighbours among the pool and fit cells, with k scaled so that the graph speaks for the "
         "analyst's, of fit and held-out cells). "
-        "'correct % of confident' = correct / (correct + wrong); 'oracle undecided' verdicts are not scored.",
+        "'correct % of confident' = correct / (correct + wrong), with its one-sided 95% Clopper-Pearson lower "
+        "bound; 'oracle undecided' verdicts are not scored.",
         "",
     ]
     for regime in table["regime"].unique():
@@ -286,7 +298,8 @@ def summarize(
         lines += [Path(notes).read_text(encoding="utf-8").strip(), ""]
     body = "\n".join(lines)
     record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
-    record.setdefault("regimes", {})
+    # The record holds the regimes of this summary (and the linear toy, from calibration.py's own record).
+    record["regimes"] = {}
     for regime in table["regime"].unique():
         record["regimes"][regime] = regime_record(scored, regime, command)
     if "seeds" in record.get("scenarios", {}) and "oracle_rows" in record["scenarios"]["seeds"]:

@@ -53,6 +53,15 @@ def test_a_confident_verdict_is_correct_when_the_oracle_repeats_it_and_wrong_whe
     assert (rate["correct"], rate["wrong"], rate["oracle undecided"], rate["undetermined"]) == (2, 2, 1, 1)
     assert rate["correct % of confident"] == pytest.approx(50.0)
     assert rate["undetermined %"] == pytest.approx(100 / 6)
+    # 2 of 4 confirmed: the exact binomial bound, P(X >= 2 | p) = 0.05 at p = 0.0976
+    assert rate["lower 95% bound"] == pytest.approx(9.76, abs=0.01)
+
+
+def test_the_lower_bound_of_all_confirmed_is_the_level_root():
+    assert regimes.correct_rate_lower_bound(20, 20) == pytest.approx(0.05 ** (1 / 20))  # 0.861
+    assert regimes.correct_rate_lower_bound(59, 59) > 0.95 > regimes.correct_rate_lower_bound(58, 58)
+    assert regimes.correct_rate_lower_bound(0, 3) == 0.0
+    assert np.isnan(regimes.correct_rate_lower_bound(0, 0))
 
 
 @pytest.mark.slow  # about 40 s on a free core (two seeds, an under-trained fit, two reports)

@@ -122,7 +122,7 @@ def test_bundled_regimes_are_those_of_the_results_section():
     section = section.split("<!-- end: calibration-regimes -->", 1)[0]
     record = load_calibration()
     regimes = record.get("regimes", {})
-    assert {"semi-synthetic", "kang", "linear toy"} <= set(regimes)
+    assert {"semi-synthetic", "kang-small-140", "kang-small-300", "linear toy"} <= set(regimes)
     toy = regimes["linear toy"]  # the seeds scenario of calibration.py against its oracle (the section calibration)
     assert toy["command"] == record["command"]
     for row, counts in record["scenarios"]["seeds"]["oracle_rows"].items():
