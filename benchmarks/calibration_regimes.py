@@ -26,6 +26,16 @@ Regimes (:data:`REGIMES`):
     A small file of 1,400 real Kang cells, split as ``diagnose``'s default 10%
     gives it (1,260 fitted, 140 held out) and with 300 held out (1,100 fitted):
     how many rows each split decides, and how often rightly.
+``semi-pbmc3tech``
+    As ``semi-synthetic``, with the generator fitted to all 2,000 pbmc_3tech
+    cells (three 10x chemistries as the batch): a 2,000-cell file (1,700
+    fitted, 300 held out). The source has fewer cells than a replicate needs,
+    so its cells are drawn with replacement; each draw has its own latent (from
+    the generator's guide) and its own counts, so no two cells are copies.
+``scvi-kang-small-300``
+    ``kang-small-300`` with scvi-tools' SCVI as analysts fit it (its defaults:
+    ZINB, 10 latent dimensions, 1 x 128 hidden, the batch covariate; its own
+    early stopping), audited through :class:`~countvae.diagnostics.SCVIFit`.
 
 A confident verdict (agree, agree after alignment, differ) is *correct* when
 the oracle gives the same verdict, *wrong* when the oracle gives another
@@ -53,13 +63,22 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DEFAULT_RESULTS, command_line, load_average, machine_line  # noqa: E402
 
-KANG = Path("/work/shared/data/kang2018_pbmc_ctrl_5donors.h5ad")
-#: Each regime's sizes, where they differ from :class:`Config`'s (all but the semi-synthetic one use real Kang cells).
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: The real files a regime's cells come from (all have ``obs["batch"]``).
+SOURCES = {"kang": DATA / "kang2018_pbmc_ctrl_5donors.h5ad", "pbmc3tech": DATA / "pbmc_3tech_savercat.h5ad"}
+KANG = SOURCES["kang"]
+#: Genes a source keeps only where detected in at least this many of its cells: pbmc_3tech's most variable genes
+#: include some seen in a handful of its 2,000 cells, which a generator fitted to them leaves at zero counts in
+#: all fit cells of a replicate (a gene a model cannot be fitted to).
+MIN_CELLS_PER_GENE = {"kang": 0, "pbmc3tech": 20}
+#: Each regime's settings, where they differ from :class:`Config`'s.
 REGIMES = {
-    "semi-synthetic": {},
+    "semi-synthetic": {"synthetic": True},
     "kang": {},
     "kang-small-140": {"n_fit": 1260, "n_heldout": 140},
     "kang-small-300": {"n_fit": 1100, "n_heldout": 300},
+    "semi-pbmc3tech": {"source": "pbmc3tech", "synthetic": True, "n_fit": 1700, "generator_cells": 2000},
+    "scvi-kang-small-300": {"fitter": "scvi", "n_fit": 1100, "n_heldout": 300},
 }
 AGREE, ALIGNED, DIFFER, UNDETERMINED = "agree", "agree after alignment", "differ", "undetermined"
 CONFIDENT = (AGREE, ALIGNED, DIFFER)
@@ -70,9 +89,18 @@ ORACLE_SETTINGS = dict(max_lpd_cells=1000, max_ppc_cells=4000, max_expression_ce
 
 @dataclass(frozen=True)
 class Config:
-    """Sizes of one replicate (the model is countvae's default: MLP decoder, NB, 10 latent dimensions, batch)."""
+    """One replicate's cells and fits (countvae's default model: MLP decoder, NB, 10 latent dimensions, batch).
+
+    ``source`` names the real file (:data:`SOURCES`); ``synthetic`` draws the
+    cells' counts from a default model fitted to it instead of using its cells;
+    ``fitter`` is ``"countvae"`` or ``"scvi"`` (scvi-tools' SCVI with its
+    defaults, through :class:`~countvae.diagnostics.SCVIFit`).
+    """
 
     regime: str = "semi-synthetic"
+    source: str = "kang"
+    synthetic: bool = False
+    fitter: str = "countvae"
     n_genes: int = 500
     n_fit: int = 1500
     n_heldout: int = 300
@@ -88,11 +116,19 @@ QUICK = Config(n_fit=400, n_heldout=150, n_pool=600, n_genes=100, n_seeds=2, gen
 
 
 def _kang(n_genes: int):
+    return _real_cells("kang", n_genes)
+
+
+def _real_cells(source: str, n_genes: int):
+    """The ``n_genes`` most variable genes of a real file, set up with its batch."""
     import anndata as ad
 
     import countvae as cv
 
-    adata = ad.read_h5ad(KANG)
+    adata = ad.read_h5ad(SOURCES[source])
+    if MIN_CELLS_PER_GENE[source]:
+        detected = np.asarray((adata.X > 0).sum(axis=0)).ravel()
+        adata = adata[:, detected >= MIN_CELLS_PER_GENE[source]].copy()
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     adata = cv.data.select_top_genes(adata, n_genes)
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
@@ -100,11 +136,13 @@ def _kang(n_genes: int):
 
 
 def generator(cfg: Config, cache: Path):
-    """The semi-synthetic generator: a default countvae fitted once to Kang cells, cached under ``cache``."""
+    """The semi-synthetic generator: a default countvae fitted once to the source's cells, cached under ``cache``."""
     import countvae as cv
 
-    adata = _kang(cfg.n_genes)
-    folder = cache / f"generator_kang_{cfg.n_genes}genes_{cfg.generator_cells}cells"
+    adata = _real_cells(cfg.source, cfg.n_genes)
+    folder = cache / f"generator_{cfg.source}_{cfg.n_genes}genes_{cfg.generator_cells}cells"
+    if MIN_CELLS_PER_GENE[cfg.source]:
+        folder = folder.with_name(folder.name + f"_min{MIN_CELLS_PER_GENE[cfg.source]}cells")
     if (folder / "model.pt").exists() or any(folder.glob("*")):
         return cv.CountVAE.load(folder, adata=adata), adata
     cells = adata[np.random.default_rng(0).permutation(adata.n_obs)[: cfg.generator_cells]].copy()
@@ -124,14 +162,25 @@ def replicate_cells(cfg: Config, replicate: int, source):
 
     model, adata = source
     n = cfg.n_fit + cfg.n_heldout + cfg.n_pool
-    if n > adata.n_obs:
-        raise ValueError(f"{n} cells asked for but the source has {adata.n_obs}; lower --n-pool.")
-    order = np.random.default_rng(1_000 + replicate).permutation(adata.n_obs)[:n]
+    rng = np.random.default_rng(1_000 + replicate)
+    if n <= adata.n_obs:
+        order = rng.permutation(adata.n_obs)[:n]
+    elif model is not None:
+        # Fresh latents and counts for every draw, so a source cell drawn twice gives two different cells.
+        order = rng.choice(adata.n_obs, size=n, replace=True)
+    else:
+        raise ValueError(f"{n} real cells asked for but the source has {adata.n_obs}; lower --n-pool.")
     if model is None:
         cells = adata[order].copy()
-    else:
+    elif n <= adata.n_obs:
         counts = model.posterior_predictive_sample(adata, indices=order, n_samples=1, seed=2_000 + replicate)
         cells = ad.AnnData(sp.csr_matrix(counts.astype(np.float32)), obs=adata.obs.iloc[order].copy(), var=adata.var)
+    else:  # the drawn source cells as cells of their own (the model takes each cell once per call)
+        drawn = ad.AnnData(adata.X[order], obs=adata.obs.iloc[order].reset_index(drop=True), var=adata.var)
+        drawn.obs_names = [f"draw{i}" for i in range(n)]
+        cv.CountVAE.setup_anndata(drawn, batch_key="batch")
+        counts = model.posterior_predictive_sample(drawn, n_samples=1, seed=2_000 + replicate)
+        cells = ad.AnnData(sp.csr_matrix(counts.astype(np.float32)), obs=drawn.obs.copy(), var=adata.var)
     cells.obs_names = [f"cell{i}" for i in range(cells.n_obs)]
     cv.CountVAE.setup_anndata(cells, batch_key="batch")
     cuts = np.cumsum([cfg.n_fit, cfg.n_heldout])
@@ -183,33 +232,59 @@ def _grouping_inputs(collected, extra, heldout, settings) -> dict[str, np.ndarra
     return out
 
 
+def fit_one(cfg: Config, fit_cells, seed: int, max_epochs: int | None = None, early_stopping: bool = True):
+    """One fit of the regime's model as a :class:`FittedModel`, and the epochs it trained."""
+    if cfg.fitter == "scvi":
+        return _scvi_fit(fit_cells, seed, max_epochs, early_stopping)
+    import countvae as cv
+    from countvae.diagnostics import CountVAEFit
+
+    model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
+    model.train(max_epochs=max_epochs, early_stopping=early_stopping, progress_bar=False, seed=seed)
+    return CountVAEFit(model, seed), int(model.training_summary["epochs_trained"])
+
+
+def _scvi_fit(fit_cells, seed: int, max_epochs: int | None, early_stopping: bool):
+    """scvi-tools' SCVI with its defaults (ZINB, 10-d, batch), trained as its ``train`` does by default."""
+    import scvi
+
+    from countvae.diagnostics import SCVIFit
+    from countvae.diagnostics.fitting.scvi_storage import quiet_scvi
+
+    cells = fit_cells.copy()
+    with quiet_scvi():
+        scvi.settings.seed = seed
+        scvi.model.SCVI.setup_anndata(cells, batch_key="batch")
+        model = scvi.model.SCVI(cells)
+        model.train(
+            max_epochs=max_epochs,
+            early_stopping=early_stopping,
+            accelerator="cpu",
+            devices=1,
+            enable_progress_bar=False,
+        )
+    return SCVIFit(model, seed=seed), len(model.history["elbo_train"])
+
+
 def run_replicate(cfg: Config, replicate: int, source, arrays_dir: Path) -> list[dict]:
     """One replicate: fits, the report on the held-out cells and on the pool; one row per report row."""
     import torch
 
     torch.set_num_threads(1)
-    import countvae as cv
-    from countvae.diagnostics import CountVAEFit
-
     fit_cells, heldout, pool = replicate_cells(cfg, replicate, source)
     started = time.perf_counter()
-    models = []
-    for seed in range(cfg.n_seeds):
-        model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
-        model.train(max_epochs=cfg.max_epochs, early_stopping=True, progress_bar=False, seed=seed)
-        models.append(model)
+    fits, epochs = zip(*(fit_one(cfg, fit_cells, seed, cfg.max_epochs) for seed in range(cfg.n_seeds)), strict=True)
     fit_seconds = (time.perf_counter() - started) / cfg.n_seeds
-    fits = [CountVAEFit(m, s) for s, m in enumerate(models)]
     short = cfg.short_epochs[replicate % len(cfg.short_epochs)]
-    bad = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
-    bad.train(max_epochs=short, progress_bar=False, seed=cfg.n_seeds)
-    extra = [CountVAEFit(bad, cfg.n_seeds, name=f"seed {cfg.n_seeds} ({short} epochs)")]
+    bad, _ = fit_one(cfg, fit_cells, cfg.n_seeds, short, early_stopping=False)
+    bad.name = f"seed {cfg.n_seeds} ({short} epochs)"
+    extra = [bad]
     rows = []
     # The oracle's k-NN row speaks for the analyst's graph (fit and held-out cells), not for pool and fit cells.
     oracle = ORACLE_SETTINGS | {"knn_graph_cells": cfg.n_fit + cfg.n_heldout}
     for where, cells, settings in (("heldout", heldout, {}), ("pool", pool, oracle)):
         started = time.perf_counter()
-        rep, collected = _report_capturing(fits, cells, fit_cells, settings)
+        rep, collected = _report_capturing(list(fits), cells, fit_cells, settings)
         seconds = time.perf_counter() - started
         np.savez_compressed(
             arrays_dir / f"replicate_{replicate}_{where}.npz", **_grouping_inputs(collected, extra, cells, settings)
@@ -227,7 +302,7 @@ def run_replicate(cfg: Config, replicate: int, source, arrays_dir: Path) -> list
                 "n_cells": r.n_cells,
                 "report_seconds": seconds,
                 "fit_seconds_per_seed": fit_seconds,
-                "epochs": ";".join(str(m.training_summary["epochs_trained"]) for m in models),
+                "epochs": ";".join(str(e) for e in epochs),
                 "short_epochs": short,
             }
             for r in rep.invariants.itertuples(index=False)
@@ -311,13 +386,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--summarize", type=Path, nargs="*", help="CSV(s) to summarize into RESULTS.md")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--notes", type=Path, help="hand-written notes appended to the section")
+    parser.add_argument("--section", default="calibration-regimes", help="the RESULTS.md section to write")
+    parser.add_argument("--title-suffix", default="", help="added to the section's title")
     args = parser.parse_args(argv)
     if args.summarize:
         from calibration_regimes_summary import summarize
 
-        summarize(args.summarize, args.results, command_line(), notes=args.notes)
+        summarize(
+            args.summarize,
+            args.results,
+            command_line(),
+            notes=args.notes,
+            section=args.section,
+            title_suffix=args.title_suffix,
+        )
         return
-    cfg = replace(QUICK, regime=args.regime) if args.quick else Config(regime=args.regime, **REGIMES[args.regime])
+    settings = REGIMES[args.regime]
+    if args.quick:  # QUICK's sizes, the regime's cells and model
+        kinds = {k: v for k, v in settings.items() if k in ("source", "synthetic", "fitter")}
+        cfg = replace(QUICK, regime=args.regime, **kinds)
+    else:
+        cfg = Config(regime=args.regime, **settings)
     import torch
 
     torch.set_num_threads(1)
@@ -326,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     arrays_dir.mkdir(exist_ok=True)
     done = set(pd.read_csv(args.out)["replicate"]) if args.out.exists() else set()
     args.cache.mkdir(parents=True, exist_ok=True)
-    source = generator(cfg, args.cache) if cfg.regime == "semi-synthetic" else (None, _kang(cfg.n_genes))
+    source = generator(cfg, args.cache) if cfg.synthetic else (None, _real_cells(cfg.source, cfg.n_genes))
     print(machine_line(1), "| load", load_average(), "| config", asdict(cfg), flush=True)
     started = time.perf_counter()
     for replicate in range(args.first, args.first + args.replicates):

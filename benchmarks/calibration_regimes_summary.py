@@ -27,6 +27,8 @@ CONFIGURATIONS = {
     "kang": report_configuration("mlp", 10, 300, 500, True),
     "kang-small-140": report_configuration("mlp", 10, 140, 500, True),
     "kang-small-300": report_configuration("mlp", 10, 300, 500, True),
+    "semi-pbmc3tech": report_configuration("mlp", 10, 300, 500, True),
+    "scvi-kang-small-300": report_configuration("mlp", 10, 300, 500, True, model="scvi-tools"),
 }
 DESCRIPTIONS = {
     "semi-synthetic": "counts simulated from a default countvae (MLP/NB/10-d, batch) fitted to Kang, 500 genes, "
@@ -36,6 +38,10 @@ DESCRIPTIONS = {
     "with early stopping on 1,260 cells, report on 140 held-out cells",
     "kang-small-300": "the same small file of 1,400 real Kang cells with 300 held out: 500 genes, 3 seeds with early "
     "stopping on 1,100 cells, report on 300 held-out cells",
+    "semi-pbmc3tech": "counts simulated from a default countvae (MLP/NB/10-d, batch = 3 chemistries) fitted to the "
+    "2,000 pbmc_3tech cells, 500 genes, 3 seeds with early stopping on 1,700 cells, report on 300 held-out cells",
+    "scvi-kang-small-300": "scvi-tools SCVI with its defaults (ZINB, 10-d, 1 x 128, batch; its early stopping) on the "
+    "small file of 1,400 real Kang cells, 500 genes, 3 seeds on 1,100 cells, report on 300 held-out cells",
 }
 POOL_CELLS = 4000
 
@@ -197,7 +203,7 @@ def linear_toy_regime(record: dict) -> dict:
     }
 
 
-def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
+def regime_record(scored: pd.DataFrame, regime: str, command: str, section: str = SECTION) -> dict:
     """The bundled record of one regime: its configuration, how it was measured, and the counts per row."""
     sub = scored[scored["regime"] == regime]
     rows = {}
@@ -218,6 +224,7 @@ def regime_record(scored: pd.DataFrame, regime: str, command: str) -> dict:
         "replicates": int(sub["replicate"].nunique()),
         "oracle_cells": POOL_CELLS,
         "adequate": True,
+        "section": section,
         "rows": rows,
     }
 
@@ -228,15 +235,22 @@ def summarize(
     command: str,
     calibration_file: Path = CALIBRATION_FILE,
     notes: Path | None = None,
+    section: str = SECTION,
+    title_suffix: str = "",
 ) -> str:
-    """Write the RESULTS.md section (with ``notes`` appended) and the record's per-regime tables; return the section."""
+    """Write a RESULTS.md section (with ``notes`` appended) and the record's per-regime tables; return the section.
+
+    The record's regimes of ``section`` become exactly those of ``csvs``;
+    regimes recorded from another section are kept (each names its own).
+    """
     from calibration_regimes import rates, score
 
     runs = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in csvs], ignore_index=True)
     scored = score(runs)
     table = rates(scored)
     lines = [
-        "## Verdicts against the same fits on a large pool of cells, in analyst regimes (`calibration_regimes.py`)",
+        "## Verdicts against the same fits on a large pool of cells, in analyst regimes"
+        f"{title_suffix} (`calibration_regimes.py`)",
         "",
         f"Command: `{command}`",
         "",
@@ -298,14 +312,16 @@ def summarize(
         lines += [Path(notes).read_text(encoding="utf-8").strip(), ""]
     body = "\n".join(lines)
     record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
-    # The record holds the regimes of this summary (and the linear toy, from calibration.py's own record).
-    record["regimes"] = {}
+    # The record holds the regimes of this summary, those of other sections, and the linear toy (from
+    # calibration.py's own record).
+    kept = {n: e for n, e in record.get("regimes", {}).items() if e.get("section", SECTION) != section}
+    record["regimes"] = {n: e for n, e in kept.items() if n != "linear toy"}
     for regime in table["regime"].unique():
-        record["regimes"][regime] = regime_record(scored, regime, command)
+        record["regimes"][regime] = regime_record(scored, regime, command, section)
     if "seeds" in record.get("scenarios", {}) and "oracle_rows" in record["scenarios"]["seeds"]:
         record["regimes"]["linear toy"] = linear_toy_regime(record)
     write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
-    write_section(Path(results), SECTION, body)
+    write_section(Path(results), section, body)
     print(body)
     return body
 

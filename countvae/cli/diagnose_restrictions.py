@@ -22,6 +22,7 @@ from countvae._io import remove_interrupted_writes
 from countvae.cli.common import emit
 from countvae.diagnostics import compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
+from countvae.diagnostics.fitting.heldout import resolve_heldout_fraction
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
 
@@ -98,7 +99,8 @@ def run_restrictions(
         seeds=range(args.seeds),
         model_kwargs=model_kwargs,
         train_kwargs=train_kwargs,
-        heldout_fraction=args.heldout_fraction,
+        # the split diagnose makes of this file (a small file holds out more than 10%: default_heldout_cells)
+        heldout_fraction=resolve_heldout_fraction(args.heldout_fraction, adata.n_obs),
         split_seed=args.split_seed,
         markers=markers,
         margin=args.margin,

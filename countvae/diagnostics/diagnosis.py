@@ -37,7 +37,7 @@ from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
-from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -84,7 +84,12 @@ class DiagnoseSettings:
         f"""Keep this many most variable genes (on the raw counts); ``None``: {DIAGNOSE_N_TOP_GENES:,} when the data
         has more; ``"all"``: every gene.""",
     )
-    heldout_fraction: float = setting(0.1, "Share of the cells held out from every fit, in (0, 1).")
+    heldout_fraction: float | None = setting(
+        None,
+        """Share of the cells held out from every fit, in (0, 1); ``None``: 10%, raised to 300 cells on a small
+        file as long as that is at most a quarter of it (``default_heldout_cells``: a file of 1,400 cells holds out
+        300, where 140 leave more of the report's rows undecided).""",
+    )
     split_seed: int = setting(0, "Seed of the held-out split shared by every fit.")
     markers: Sequence[str] | None = setting(
         None, "Genes or ``obs`` columns of the marker analysis, as for :func:`report` (``None``: its default)."
@@ -185,7 +190,10 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
 
     """
     s = settings
-    check_number("heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    if s.heldout_fraction is not None:
+        check_number(
+            "heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True
+        )
     report_dir = _report_destination(s.out_dir, s.overwrite)
     h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite)
     seeds = list(range(s.seeds)) if isinstance(s.seeds, int) else [int(seed) for seed in s.seeds]
@@ -195,6 +203,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     if model.get("n_latent") is None:
         model["n_latent"] = DIAGNOSE_N_LATENT
     genes = choose_genes(adata, s.n_top_genes, DIAGNOSE_N_TOP_GENES, model["n_latent"])
+    heldout_fraction = resolve_heldout_fraction(s.heldout_fraction, genes.adata.n_obs)
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)
     if s.downstream is not None:
@@ -206,7 +215,8 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
         s,
         seeds=seeds,
         model_kwargs=model,
-        train_kwargs=diagnose_train_kwargs(s.train_kwargs, round((1.0 - s.heldout_fraction) * genes.adata.n_obs)),
+        heldout_fraction=heldout_fraction,
+        train_kwargs=diagnose_train_kwargs(s.train_kwargs, round((1.0 - heldout_fraction) * genes.adata.n_obs)),
         markers=markers,
         report_kwargs=_checked_report_kwargs(s.report_kwargs),
     )

@@ -96,3 +96,44 @@ def test_a_reduced_kang_replicate_runs_end_to_end(tmp_path):
     groups = summary.grouping_rows(csv).set_index("fits")
     # two epochs from scratch: in a group of its own, with a worse held-out log p(x) than the converged seeds
     assert bool(groups.loc["seeds + under-trained fit", "under-trained fit alone and worse"])
+
+
+def test_a_summary_replaces_its_own_sections_regimes_and_keeps_the_others(tmp_path):
+    """A second section (new regimes) must not drop the regimes another section recorded, nor keep its own stale."""
+    import json
+
+    summary = _load("calibration_regimes_summary")
+    pairs = [("agree", "agree"), ("agree", "differ"), ("undetermined", "agree")]
+    runs = _runs(pairs).assign(
+        regime="scvi-kang-small-300", report_seconds=10.0, fit_seconds_per_seed=5.0, epochs="50;60;70"
+    )
+    csv = tmp_path / "scvi.csv"
+    runs.to_csv(csv, index=False)
+    record_file = tmp_path / "calibration.json"
+    old = {"configuration": {}, "rows": {}}
+    record_file.write_text(
+        json.dumps(
+            {
+                "scenarios": {},
+                "regimes": {
+                    "kang-small-300": old,  # no section: recorded by the first section
+                    "stale": old | {"section": "extra"},
+                },
+            }
+        )
+    )
+    results = tmp_path / "RESULTS.md"
+    body = summary.summarize([csv], results, "cmd", record_file, section="extra", title_suffix=", SCVI")
+    assert body.startswith("## Verdicts against the same fits on a large pool of cells, in analyst regimes, SCVI")
+    assert "<!-- section: extra -->" in results.read_text()
+    regimes_now = json.loads(record_file.read_text())["regimes"]
+    assert set(regimes_now) == {"kang-small-300", "scvi-kang-small-300"}
+    entry = regimes_now["scvi-kang-small-300"]
+    assert entry["section"] == "extra" and entry["configuration"]["model"] == "scvi-tools"
+    assert entry["rows"]["decoded means"] == {
+        "runs": 3,
+        "correct": 1,
+        "wrong": 1,
+        "undetermined": 1,
+        "oracle_undecided": 0,
+    }

@@ -48,7 +48,7 @@ def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes
     assert main([*argv, "--out", str(out), "--json"]) == 0
     block = "\n".join(_block(messages))
     assert "countvae diagnose: before fitting" in block
-    assert "300 cells x 40 genes; 270 cells fitted, 30 held out" in block
+    assert "300 cells x 40 genes; 225 cells fitted, 75 held out" in block  # a small file: a quarter held out
     assert "the 15 most variable of 40, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
     assert "nb likelihood, linear decoder, 2 latent dimensions" in block
     assert "2 seeds x 3 epochs, batch size 128" in block and "early stopping on" in block  # diagnose's default

@@ -69,8 +69,11 @@ def test_defaults_are_the_commands_and_bad_arguments_fail_before_fitting(data_fi
     assert s.seeds == [0, 1, 2] and s.model_kwargs["n_latent"] == 10
     assert s.train_kwargs["early_stopping"] is True
     assert {k: s.train_kwargs[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING
-    assert s.train_kwargs["max_epochs"] == 400  # 600,000 cell passes over 270 fit cells, at most 400
+    assert s.train_kwargs["max_epochs"] == 400  # 600,000 cell passes over 225 fit cells, at most 400
+    # A small file: a quarter of its 300 cells held out (10% would be 30), and the fits told the share they use.
+    assert plan.n_heldout == 75 and s.heldout_fraction == pytest.approx(0.25)
     assert plan.adata_fit.n_obs + plan.n_heldout == adata.n_obs and plan.report_dir is None
+    assert plan_diagnose(adata, heldout_fraction=0.1).split().n_heldout == 30
     off = plan_diagnose(adata, train_kwargs={"early_stopping": False})
     assert not set(DIAGNOSE_STOPPING) & set(off.settings.train_kwargs)
     # A settings object and keywords give the same plan; keywords given with it replace its fields.

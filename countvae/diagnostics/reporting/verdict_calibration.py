@@ -40,9 +40,11 @@ GOAL_CORRECT = 0.95
 #: Largest share of undetermined verdicts the suite aims at where the data are adequate.
 GOAL_UNDETERMINED = 0.2
 #: A report's configuration, as :func:`report_configuration` gives it and each regime records it.
-CONFIGURATION_KEYS = ("decoder", "n_latent", "n_heldout_cells", "n_genes", "batch")
+CONFIGURATION_KEYS = ("model", "decoder", "n_latent", "n_heldout_cells", "n_genes", "batch")
+#: What a regime recorded before a key existed: every regime without ``model`` was measured on countvae's fits.
+_RECORDED_BEFORE = {"model": "countvae"}
 #: How far a report's numeric settings may be from a regime's and still count as calibrated by it: the largest
-#: ratio either way. Decoder and batch must match exactly.
+#: ratio either way. Package, decoder and batch must match exactly.
 TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0}
 _LABELS = {"n_latent": "latent dimensions", "n_heldout_cells": "held-out cells", "n_genes": "genes"}
 #: Columns of :func:`calibration_table`.
@@ -179,21 +181,24 @@ def calibration_summary(record: dict[str, Any], regime: str | None = None) -> st
 
 # ----- regimes ------------------------------------------------------------------------------------------
 def report_configuration(
-    decoder: str | None, n_latent: int, n_heldout_cells: int, n_genes: int, batch: bool
+    decoder: str | None, n_latent: int, n_heldout_cells: int, n_genes: int, batch: bool, model: str = "countvae"
 ) -> dict[str, Any]:
     """A report's configuration in the terms the regimes record (:data:`CONFIGURATION_KEYS`).
 
     Parameters
     ----------
     decoder
-        ``"linear"`` or ``"mlp"`` (``None`` when the fits do not say, e.g. another package's model).
+        ``"linear"`` or ``"mlp"`` (``None`` when the fits do not say).
     n_latent, n_heldout_cells, n_genes
         Latent dimensions, held-out cells the report was run on, genes of the fits.
     batch
         Whether the fits have a batch covariate (more than one batch).
+    model
+        The package whose fits were audited: ``"countvae"`` or ``"scvi-tools"``.
 
     """
     return {
+        "model": model,
         "decoder": decoder,
         "n_latent": int(n_latent),
         "n_heldout_cells": int(n_heldout_cells),
@@ -203,17 +208,18 @@ def report_configuration(
 
 
 def configuration_of_fits(fits: Sequence[Any], n_heldout_cells: int) -> dict[str, Any]:
-    """:func:`report_configuration` of fitted models (``CountVAEFit``-like: ``model.settings``, ``model.registry``)."""
+    """:func:`report_configuration` of fitted models: countvae's (``CountVAEFit``) or scvi-tools' (``SCVIFit``)."""
     first = fits[0]
     model = getattr(first, "model", None)
-    settings = getattr(model, "settings", None)
-    registry = getattr(model, "registry", None)
+    kind = getattr(first, "kind", None)
+    if kind in ("scvi", "linearscvi"):  # SCVIFit: SCVI has an MLP decoder, LinearSCVI a linear one
+        n_batch = getattr(getattr(model, "summary_stats", None), "n_batch", 1)
+        decoder, batch, package = ("mlp" if kind == "scvi" else "linear"), n_batch > 1, "scvi-tools"
+    else:
+        settings, registry = getattr(model, "settings", None), getattr(model, "registry", None)
+        decoder, batch, package = getattr(settings, "decoder", None), getattr(registry, "n_batches", 1) > 1, "countvae"
     return report_configuration(
-        getattr(settings, "decoder", None),
-        int(first.n_latent),
-        n_heldout_cells,
-        len(first.var_names),
-        bool(getattr(registry, "n_batches", 1) > 1),
+        decoder, int(first.n_latent), n_heldout_cells, len(first.var_names), bool(batch), model=package
     )
 
 
@@ -255,7 +261,7 @@ def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple
     """A distance (exact settings weigh 10, numeric ones ``|log2 ratio|``) and the settings out of range."""
     distance, out = 0.0, []
     for key in CONFIGURATION_KEYS:
-        mine, theirs = configuration.get(key), regime.get(key)
+        mine, theirs = configuration.get(key, _RECORDED_BEFORE.get(key)), regime.get(key, _RECORDED_BEFORE.get(key))
         if key in TOLERANCE:
             ratio = max(mine, theirs) / max(min(mine, theirs), 1)
             distance += abs(math.log2(ratio))
@@ -271,12 +277,12 @@ def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> Reg
     """The regime of ``record["regimes"]`` nearest to ``configuration`` (:func:`report_configuration`).
 
     Nearest: the smallest distance, where each mismatched exact setting
-    (decoder, batch) counts 10 and each numeric one ``|log2 ratio|`` (so a
+    (package, decoder, batch) counts 10 and each numeric one ``|log2 ratio|`` (so a
     mismatched decoder or batch outweighs any size difference below a factor
     of about 2^10 per setting). The report is
     *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the regime recorded first.
     """
-    missing = [k for k in CONFIGURATION_KEYS if k not in configuration]
+    missing = [k for k in CONFIGURATION_KEYS if k not in configuration and k not in _RECORDED_BEFORE]
     if missing:
         raise KeyError(f"The configuration lacks {missing}; build it with report_configuration().")
     scored = [(*_differences(configuration, entry["configuration"]), name) for name, entry in _regimes(record).items()]
@@ -290,7 +296,8 @@ def regime_sentence(record: dict[str, Any], choice: RegimeChoice) -> str:
     """Which regime's rates the report shows, or plainly that its configuration is not calibrated."""
     c = choice.configuration
     mine = (
-        f"{c.get('decoder') or 'unknown'} decoder, {c.get('n_latent')} latent dimensions, "
+        f"{c.get('model', 'countvae')} fits, {c.get('decoder') or 'unknown'} decoder, "
+        f"{c.get('n_latent')} latent dimensions, "
         f"{c.get('n_heldout_cells', 0):,} held-out cells, {c.get('n_genes', 0):,} genes, "
         f"{'with' if c.get('batch') else 'without'} batch"
     )

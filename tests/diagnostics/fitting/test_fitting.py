@@ -352,3 +352,27 @@ def test_each_seed_records_how_it_was_trained(adata, tmp_path):
         again.training.drop(columns=["reused", "fit_seconds"]), fits.training.drop(columns=["reused", "fit_seconds"])
     )
     assert load_seed_fits(tmp_path, adata).settings["training"] == fits.settings["training"]
+
+
+@pytest.mark.parametrize(
+    ("n_obs", "held_out"),
+    [
+        (100, 25),
+        (800, 200),
+        (1199, 299),
+        (1200, 300),
+        (1400, 300),
+        (2999, 300),
+        (3000, 300),
+        (3010, 301),
+        (10000, 1000),
+    ],
+)
+def test_the_default_split_holds_out_300_cells_on_a_small_file_and_10_percent_on_a_large_one(n_obs, held_out):
+    from countvae.diagnostics.fitting.heldout import default_heldout_cells, heldout_split, resolve_heldout_fraction
+
+    assert default_heldout_cells(n_obs) == held_out
+    fraction = resolve_heldout_fraction(None, n_obs)
+    # The share the fits are told gives exactly these cells through the split they use.
+    assert len(heldout_split(n_obs, fraction, 0)[1]) == held_out
+    assert resolve_heldout_fraction(0.3, n_obs) == 0.3

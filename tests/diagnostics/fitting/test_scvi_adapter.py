@@ -94,6 +94,21 @@ def test_a_fit_equals_scvi_trained_directly_with_that_seed(scvi_fits):
     np.testing.assert_array_equal(fit.latent(held), direct.get_latent_representation(fit._prepared(held)))
 
 
+def test_the_report_configuration_names_scvi_tools_its_decoder_and_batch(fits):
+    """What picks the calibration regime: an SCVI report is matched with regimes measured on SCVI fits."""
+    from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
+
+    decoder = "linear" if fits[0].kind == "linearscvi" else "mlp"
+    assert configuration_of_fits(list(fits), 120) == {
+        "model": "scvi-tools",
+        "decoder": decoder,
+        "n_latent": 2,
+        "n_heldout_cells": 120,
+        "n_genes": 40,
+        "batch": True,
+    }
+
+
 def test_latent_and_samples(fits):
     held = fits.adata_heldout
     fit = fits[0]
