@@ -93,6 +93,9 @@ VERDICT_KEYS = {
     "undetermined": "undetermined",
 }
 #: Latent dimensions and training epochs of the embedded default when not given on the command line.
+#: ``--heldout-fraction``: what it sets, and its default (``default_heldout_cells``) in words.
+_HELDOUT_HELP = "share of the cells held out from every fit"
+_HELDOUT = "10%, raised to 300 cells on a small file while that is at most 25% of it"
 EMBEDDED_N_LATENT = 5
 EMBEDDED_MAX_EPOCHS = 100
 #: The fields of DiagnoseSettings that are options of their own, read back by name.
@@ -155,14 +158,7 @@ def register(sub: Subcommands) -> None:
     )
     add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
     add_setting_option(p, DiagnoseSettings, "seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
-    add_setting_option(
-        p,
-        DiagnoseSettings,
-        "heldout_fraction",
-        "share of the cells held out from every fit",
-        type=float,
-        default_text="10%, raised to 300 cells on a small file while that is at most 25% of it",
-    )
+    add_setting_option(p, DiagnoseSettings, "heldout_fraction", _HELDOUT_HELP, type=float, default_text=_HELDOUT)
     add_setting_option(p, DiagnoseSettings, "split_seed", "seed of the held-out split")
     add_setting_option(
         p,
