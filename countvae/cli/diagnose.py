@@ -92,10 +92,10 @@ VERDICT_KEYS = {
     "differ": "differ",
     "undetermined": "undetermined",
 }
-#: Latent dimensions and training epochs of the embedded default when not given on the command line.
 #: ``--heldout-fraction``: what it sets, and its default (``default_heldout_cells``) in words.
 _HELDOUT_HELP = "share of the cells held out from every fit"
 _HELDOUT = "10%, raised to 300 cells on a small file while that is at most 25% of it"
+#: Latent dimensions and training epochs of the embedded default when not given on the command line.
 EMBEDDED_N_LATENT = 5
 EMBEDDED_MAX_EPOCHS = 100
 #: The fields of DiagnoseSettings that are options of their own, read back by name.
