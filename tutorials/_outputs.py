@@ -82,6 +82,9 @@ class Tolerance:
         maximum difference of 4e-13 nats beside numbers that must match more closely).
     suffix
         Only numbers followed directly by this text are covered (``"%"``: percentages).
+    prefix
+        Only numbers preceded directly by this text are covered (``"ica "``: one entry of a line that lists
+        several quantities, each with its own tolerance).
     """
 
     cells: tuple[int, ...]
@@ -92,12 +95,15 @@ class Tolerance:
     integers: bool = False
     below: float | None = None
     suffix: str | None = None
+    prefix: str | None = None
 
     def covers(self, cell: int, line: str, number: re.Match) -> bool:
         """Whether this rule applies to ``number`` (a match on the stored ``line``) of code cell ``cell``."""
         if cell not in self.cells or (self.line is not None and re.search(self.line, line) is None):
             return False
         if self.suffix is not None and not line[number.end() :].startswith(self.suffix):
+            return False
+        if self.prefix is not None and not line[: number.start()].endswith(self.prefix):
             return False
         return self.below is None or abs(float(number.group())) < self.below
 

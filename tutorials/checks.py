@@ -110,6 +110,15 @@ MULTI_SEED = NotebookChecks(
             "ICA efficiency over seed pairs",
         ),
         Tolerance(
+            (3,),
+            line="alignment error",
+            prefix="ica ",
+            abs=0.25,
+            why="the mean of cell 7's ICA alignment errors, which land on another unmixing of these near-Gaussian "
+            "latents under rounding-level changes: 0.128 on an Intel Xeon with AVX-512 (2026-12-03), 0.198 on an "
+            "AMD EPYC (cell 7's rule)",
+        ),
+        Tolerance(
             (3, 4),
             abs=0.06,
             why="agreements between 3 seeds: the seeds' pairs differ by 0.05-0.1 (alignment errors, cell 7)",
@@ -187,8 +196,10 @@ QUICKSTART = NotebookChecks(
         Tolerance(
             (6,),
             line="clusters of Leiden seed 0",
-            abs=0.1,
-            why="twice Leiden's own spread: the ARIs between Leiden seeds on the same graph span 0.905 to 0.953",
+            abs=0.25,
+            why="the smallest and largest ARI among 4 Leiden seeds are tails of Leiden's own randomness: 0.905 to "
+            "0.953 on the AMD EPYC build, 0.742 to 0.935 on an Intel Xeon with AVX-512 (2026-12-03), where one "
+            "Leiden seed split the T cells another way; 1.5 times the largest movement between builds (0.163)",
         ),
         Tolerance(
             (6,),
@@ -219,7 +230,8 @@ QUICKSTART = NotebookChecks(
             "ari",
             0.75,
             why="below the 0.905-0.953 between Leiden seeds on one graph (the cell's third line), which a "
-            "processor's perturbation of the fit adds to (0.927 under other CPU kernels)",
+            "processor's perturbation of the fit adds to (0.927 under other CPU kernels; 0.943 on an Intel Xeon "
+            "with AVX-512, whose own Leiden seeds agreed at 0.742 to 0.935)",
         )
     ],
 )

@@ -171,6 +171,20 @@ def test_a_number_within_its_stated_tolerance_passes_and_beyond_it_fails():
     assert _differences_with(checks, "log p(x) on 527 cells", "log p(x) on 528 cells")
 
 
+def test_a_prefix_rule_covers_only_the_number_it_names():
+    from _outputs import NotebookChecks, Tolerance
+
+    checks = NotebookChecks(
+        tolerances=[
+            Tolerance(cells=(1,), line="error", prefix="ica ", abs=0.25, why="ICA's unmixing"),
+            Tolerance(cells=(1,), line="error", abs=0.01, why="alignment"),
+        ]
+    )
+    assert not _differences_with(checks, "error: linear 0.090, ica 0.198.", "error: linear 0.091, ica 0.128.")
+    assert _differences_with(checks, "error: linear 0.090, ica 0.198.", "error: linear 0.120, ica 0.198.")
+    assert _differences_with(checks, "error: linear 0.090, ica 0.198.", "error: linear 0.090, ica 0.500.")
+
+
 def test_a_relative_tolerance_and_integers_when_the_rule_says_so():
     from _outputs import NotebookChecks, Tolerance
 
