@@ -316,7 +316,13 @@ def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | 
     number; an explicit number larger than the number of genes or smaller than
     ``n_latent`` is an error.
     """
-    n_genes = len(get_var_names(adata, get_registry(adata)))
+    registry = get_registry(adata)
+    if registry is None:
+        raise SetupError(
+            "This AnnData is not set up; call countvae.CountVAE.setup_anndata(adata, layer=..., batch_key=...) "
+            "first (the command line does it from --layer and --batch-key)."
+        )
+    n_genes = len(get_var_names(adata, registry))
     if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
         return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
     n_top = int(default if requested is None else requested)

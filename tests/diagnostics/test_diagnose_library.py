@@ -10,7 +10,7 @@ import pytest
 import countvae as cv
 from countvae.cli import main
 from countvae.diagnostics import DIAGNOSE_STOPPING, DiagnoseSettings, diagnose, plan_diagnose
-from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.errors import InvalidArgumentError, OutputExistsError, SetupError
 
 FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
 #: What the command line above gives the fits (the command's defaults for the options not named).
@@ -101,4 +101,6 @@ def test_report_settings_are_checked_before_fitting(data_file, tmp_path):
         diagnose(adata, report_kwargs={"markers": ["gene0"]}, out_dir=tmp_path / "x")
     with pytest.raises(InvalidArgumentError, match=r"'sede'\. Did you mean 'seeds'"):
         diagnose(adata, sede=3)
+    with pytest.raises(SetupError, match=r"not set up; call countvae\.CountVAE\.setup_anndata"):
+        diagnose(ad.read_h5ad(data_file), out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
