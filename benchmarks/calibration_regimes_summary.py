@@ -24,6 +24,7 @@ SECTION = "calibration-regimes"
 #: The report's configuration in each regime (what :func:`nearest_regime` compares a report with).
 CONFIGURATIONS = {
     "semi-synthetic": report_configuration("mlp", 10, 300, 500, True),
+    "semi-synthetic-10k": report_configuration("mlp", 10, 1000, 500, True),
     "kang": report_configuration("mlp", 10, 300, 500, True),
     "kang-small-140": report_configuration("mlp", 10, 140, 500, True),
     "kang-small-300": report_configuration("mlp", 10, 300, 500, True),
@@ -33,6 +34,9 @@ CONFIGURATIONS = {
 DESCRIPTIONS = {
     "semi-synthetic": "counts simulated from a default countvae (MLP/NB/10-d, batch) fitted to Kang, 500 genes, "
     "3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
+    "semi-synthetic-10k": "counts simulated from the same generator (a default countvae fitted to Kang), a file of "
+    "10,000 cells split as diagnose's default 10% does: 500 genes, 3 seeds with early stopping on 9,000 cells, "
+    "report on 1,000 held-out cells",
     "kang": "real Kang cells, 500 genes, 3 seeds with early stopping on 1,500 cells, report on 300 held-out cells",
     "kang-small-140": "a small file of 1,400 real Kang cells split as diagnose's default 10% does: 500 genes, 3 seeds "
     "with early stopping on 1,260 cells, report on 140 held-out cells",
@@ -144,7 +148,10 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
         if has_fit:  # the analyst's cells: every fit cell (the report keeps up to 10,000) and the held-out ones
             n_analyst = n_held + len(fit_latents[seeds[0]])
         rng = np.random.default_rng(replicate)
-        subsets = [np.sort(rng.choice(n_pool, n_analyst, replace=False)) for _ in range(n_subsets)]
+        if n_analyst <= n_pool:
+            subsets = [np.sort(rng.choice(n_pool, n_analyst, replace=False)) for _ in range(n_subsets)]
+        else:  # the analyst's graph has more cells than the pool: the whole pool, k scaled up to speak for it
+            subsets = [np.arange(n_pool)]
         if has_fit:
             reference, where = {n: fit_latents[n] for n in seeds}, "fit cells"
         else:
@@ -160,7 +167,7 @@ def knn_rows(csv: Path, k: int = 15, n_analyst: int = 1800, n_subsets: int = 3) 
 
 def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict[str, float]:
     from countvae.diagnostics.analyses.downstream import neighbourhood_overlap as knn_jaccard
-    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets_among
+    from countvae.diagnostics.analyses.subspace import analyst_graph_k, knn_jaccard_per_cell, knn_sets_among
 
     seeds = list(reference)
     pairs = [(a, b) for i, a in enumerate(seeds) for b in seeds[i + 1 :]]
@@ -172,13 +179,15 @@ def _knn_overlaps(held, pool, reference, subsets, k: int, k_scaled: int) -> dict
         sets = [knn_sets_among(held[n], reference[n], k) for n in (a, b)]
         return float(knn_jaccard_per_cell(*sets).mean())
 
-    n_held, n_analyst, n_pool = len(held[seeds[0]]), len(subsets[0]), len(pool[seeds[0]])
+    n_held, n_oracle, n_pool = len(held[seeds[0]]), len(subsets[0]), len(pool[seeds[0]])
+    n_analyst = n_held + len(reference[seeds[0]])
+    k_oracle = analyst_graph_k(k, n_oracle, n_analyst) if n_oracle < n_analyst else k
     return {
         f"{n_held} held-out alone, k={k} (the report before)": worst(lambda a, b: knn_jaccard(held[a], held[b], k)),
         f"{n_held} held-out, k={k_scaled} (scaled)": worst(lambda a, b: knn_jaccard(held[a], held[b], k_scaled)),
         f"held-out rows among {n_analyst} cells, k={k} (the report now)": worst(among),
-        f"oracle: graph on {n_analyst} pool cells, k={k}": float(
-            np.mean([worst(lambda a, b, c=c: knn_jaccard(pool[a][c], pool[b][c], k)) for c in subsets])
+        f"oracle: graph on {n_oracle} pool cells, k={k_oracle}": float(
+            np.mean([worst(lambda a, b, c=c: knn_jaccard(pool[a][c], pool[b][c], k_oracle)) for c in subsets])
         ),
         f"pool {n_pool}, k={k}": worst(lambda a, b: knn_jaccard(pool[a], pool[b], k)),
     }
@@ -274,8 +283,8 @@ def summarize(
             f"{len(reps)} replicates ({', '.join(map(str, reps))}). Per replicate: each seed's fit "
             f"{held.groupby('replicate')['fit_seconds_per_seed'].first().median():.0f} s, the report on the held-out "
             f"cells {held.groupby('replicate')['report_seconds'].first().median():.0f} s and on the pool "
-            f"{pool.groupby('replicate')['report_seconds'].first().median():.0f} s (medians, on a shared 2-core "
-            f"machine at load 4-8); epochs trained per seed (early stopping): "
+            f"{pool.groupby('replicate')['report_seconds'].first().median():.0f} s (medians; the machine and its "
+            f"load are in the notes); epochs trained per seed (early stopping): "
             f"{', '.join(held.groupby('replicate')['epochs'].first().astype(str))}.",
             "",
             markdown_table(table[table["regime"] == regime].drop(columns="regime"), floatfmt="{:.1f}"),

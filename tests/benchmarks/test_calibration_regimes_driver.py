@@ -137,3 +137,36 @@ def test_a_summary_replaces_its_own_sections_regimes_and_keeps_the_others(tmp_pa
         "undetermined": 1,
         "oracle_undecided": 0,
     }
+
+
+def test_the_knn_oracle_scales_k_when_the_analysts_graph_is_larger_than_the_pool(tmp_path):
+    """A 10,000-cell file has a larger graph than the 4,000-cell pool: the pool's k is scaled up to speak for it.
+
+    Known answer: seed 1 is a rotation of seed 0 (fit, held-out and pool latents alike), so every k-NN set is the
+    same and every overlap is exactly 1; the column names give the graph sizes and the scaled k.
+    """
+    summary = _load("calibration_regimes_summary")
+    rng = np.random.default_rng(0)
+    rotation, _ = np.linalg.qr(rng.normal(size=(4, 4)))
+    held, fit, pool = (rng.normal(size=(n, 4)).astype(np.float32) for n in (50, 200, 100))
+    arrays = tmp_path / "runs_arrays"
+    arrays.mkdir()
+    both = {"seed 0": lambda z: z, "seed 1": lambda z: (z @ rotation).astype(np.float32)}
+    np.savez(
+        arrays / "replicate_0_heldout.npz",
+        baseline=np.zeros(50),
+        **{f"latent/{n}": f(held) for n, f in both.items()},
+        **{f"latent_fit/{n}": f(fit) for n, f in both.items()},
+    )
+    np.savez(
+        arrays / "replicate_0_pool.npz", baseline=np.zeros(100), **{f"latent/{n}": f(pool) for n, f in both.items()}
+    )
+    row = summary.knn_rows(tmp_path / "runs.csv").iloc[0]
+    from countvae.diagnostics.analyses.subspace import analyst_graph_k
+
+    k_pool = analyst_graph_k(15, 100, 250)
+    assert k_pool == 6  # 15 x 100 / 250
+    assert f"oracle: graph on 100 pool cells, k={k_pool}" in row.index
+    assert "held-out rows among 250 cells, k=15 (the report now)" in row.index
+    assert row["reference"] == "fit cells"
+    assert all(row[c] == pytest.approx(1.0) for c in row.index if c not in ("replicate", "reference"))
