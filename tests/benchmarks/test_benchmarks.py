@@ -100,6 +100,15 @@ def test_in_process_benchmarks_quick(name, results):
         assert "| SCVI s/epoch |" in body and "countvae / SCVI per epoch" in body
 
 
+def test_bench_lpd_workers_quick(results, tmp_path):
+    args = ["--quick", "--datasets", "embedded", "--rounds", "1", "--work", str(tmp_path), "--results", str(results)]
+    _module("bench_lpd_workers").main(args)
+    body = _section(results.read_text(), "report-lpd-workers")
+    assert "QUICK" in body and "Command:" in body
+    assert "| embedded | 2 x 300 | True |" in body  # one thread: the same numbers here and in workers
+    assert "kept as is" in results.read_text()
+
+
 def test_simulate_h5ad_writes_chunked_csr_counts_atomically(tmp_path):
     import anndata as ad
     import numpy as np

@@ -23,11 +23,8 @@ the report states.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import pickle
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -35,9 +32,6 @@ from typing import Any
 import anndata as ad
 import numpy as np
 import pandas as pd
-import torch
-from joblib import Parallel, delayed
-from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
@@ -51,6 +45,7 @@ from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.downstream_section import DECalls, DownstreamRequest, collect_de
+from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
@@ -402,45 +397,6 @@ def _collect_fit(
     return out
 
 
-def _fit_lpd(
-    fit: FittedModel, cells: ad.AnnData, s: ReportSettings, torch_threads: int
-) -> tuple[pd.DataFrame | None, list[warnings.WarningMessage]]:
-    """One fit's held-out log p(x) with ``torch_threads`` torch threads, and the warnings it raised."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(torch_threads)
-    limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
-    try:
-        with limit, warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            frame = fit.log_predictive_density(cells, s.n_lpd_samples, s.seed)
-    finally:
-        torch.set_num_threads(previous)
-    return frame, list(caught)
-
-
-def heldout_lpd(fits: Sequence[FittedModel], cells: ad.AnnData, s: ReportSettings) -> list[pd.DataFrame | None]:
-    """Each fit's held-out log p(x) on ``cells``, in order; in ``s.lpd_jobs`` joblib (loky) workers when above 1.
-
-    A worker runs with this process's torch thread count and the report's BLAS limit,
-    so it computes the same numbers as this process would; the warnings the estimator
-    raises there (e.g. unreliable cells) are raised again here.
-    """
-    jobs = min(s.lpd_jobs, len(fits))
-    threads = torch.get_num_threads()
-    results = None
-    if jobs > 1:
-        try:
-            results = Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd)(fit, cells, s, threads) for fit in fits)
-        except (pickle.PicklingError, TypeError) as error:  # e.g. a model on a backed (file-bound) AnnData
-            logger.info("The fits cannot be sent to worker processes (%s); estimating in this process.", error)
-    if results is None:
-        results = [_fit_lpd(fit, cells, s, threads) for fit in fits]
-    for _, caught in results:
-        for message in caught:
-            warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
-    return [frame for frame, _ in results]
-
-
 def default_markers_with_labels(adata: ad.AnnData, var_names: pd.Index, n: int) -> list[str]:
     """The ``n`` most variable genes, plus the registered ``labels_key`` column if there is one."""
     markers = default_markers(adata, var_names, n)
@@ -500,7 +456,6 @@ def collect(
     stopwatch.lap("prepare")
     arrays: dict[str, FitArrays] = {}
     started = time.perf_counter()
-    logger.info("Estimating the held-out log p(x) of %d fits (%d worker(s)).", len(fits), min(s.lpd_jobs, len(fits)))
     lpds = heldout_lpd(fits, views["lpd"], s) if "lpd" in needs else [None] * len(fits)
     lpd_seconds = time.perf_counter() - started
     for chain, fit in enumerate(tqdm(fits, desc="diagnostics", unit="fit", disable=not progress_bar)):

@@ -33,7 +33,7 @@ MINIMUM = {
     "max_bootstrap_cells": 10,
     "max_fit_cells": 20,
     "max_baseline_cells": 10,
-    "lpd_jobs": 1,
+    "lpd_threads": 1,
 }
 
 
@@ -121,13 +121,19 @@ class ReportSettings:
         dims), so extra threads gain little, while on a busy machine spin-waiting BLAS threads made single calls up
         to 100x slower in our measurements; hence 1.""",
     )
-    lpd_jobs: int = setting(
-        1,
+    lpd_jobs: int | str = setting(
+        "auto",
         """Worker processes that estimate the fits' held-out log p(x), one fit per task (the most expensive output
-        of the report; 1: in this process). Workers use this process's torch and BLAS thread counts, so the numbers
-        do not depend on it. It pays only with idle cores: on a 2-core machine already running other work (load
-        average about 4.5), 2 workers made the estimates of a Kang diagnose slower, not faster
-        (benchmarks/RESULTS.md, report-diagnose), so ``countvae diagnose`` leaves it at 1.""",
+        of the report). ``"auto"``: the first fit is estimated in this process and timed, and the others go to one
+        worker per usable core when that saves more than the workers take to start (on small data it does not);
+        1: all in this process. Every estimate runs on ``lpd_threads`` torch threads wherever it runs, so the
+        numbers do not depend on it (:mod:`countvae.diagnostics.reporting.heldout_lpd`).""",
+    )
+    lpd_threads: int = setting(
+        1,
+        """Torch threads of each held-out log p(x) estimate. On CPU the estimates depend on the thread count (up to
+        0.84 nats on a Kang cell between 1 and 2 threads), so a fixed count gives the same numbers on machines with
+        other cores, and workers of one thread each do not oversubscribe the cores.""",
     )
 
     def validate(self) -> None:
@@ -141,6 +147,8 @@ class ReportSettings:
             check_int("knn_graph_cells (or None)", self.knn_graph_cells, minimum=2)
         for name, low in MINIMUM.items():
             check_int(name, getattr(self, name), minimum=low)
+        if self.lpd_jobs != "auto":
+            check_int('lpd_jobs (or "auto")', self.lpd_jobs, minimum=1)
 
     def replace(self, **overrides: Any) -> ReportSettings:
         """A validated copy with some fields replaced.

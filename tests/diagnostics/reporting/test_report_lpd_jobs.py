@@ -1,4 +1,4 @@
-"""The report's held-out log p(x) in worker processes: the same numbers as in the calling process."""
+"""The report's held-out log p(x) in worker processes: the same numbers as in the calling process, on fixed threads."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import countvae as cv
 from countvae.data.split import split_indices
 from countvae.diagnostics import CountVAEFit
 from countvae.diagnostics.fitting.lpd_quantity import QUANTITY_ATTR
+from countvae.diagnostics.reporting import heldout_lpd as lpd_module
 from countvae.diagnostics.reporting.collect import heldout_lpd
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.errors import InvalidArgumentError
@@ -34,7 +35,7 @@ def mlp_fits():
 
 def test_workers_give_the_same_frames_as_the_calling_process(mlp_fits):
     fits, cells = mlp_fits
-    settings = ReportSettings(n_lpd_samples=20)
+    settings = ReportSettings(n_lpd_samples=20, lpd_jobs=1)
     serial = heldout_lpd(fits, cells, settings)
     threads = torch.get_num_threads()
     parallel = heldout_lpd(fits, cells, settings.replace(lpd_jobs=2))
@@ -79,3 +80,53 @@ def test_fits_that_cannot_be_pickled_are_estimated_in_the_calling_process():
 def test_lpd_jobs_is_validated():
     with pytest.raises(InvalidArgumentError, match="lpd_jobs"):
         ReportSettings().replace(lpd_jobs=0)
+    with pytest.raises(InvalidArgumentError, match="lpd_jobs"):
+        ReportSettings().replace(lpd_jobs="two")
+    with pytest.raises(InvalidArgumentError, match="lpd_threads"):
+        ReportSettings().replace(lpd_threads=0)
+    assert ReportSettings().lpd_jobs == "auto" and ReportSettings().lpd_threads == 1
+
+
+class _ThreadSpyFit(_WarningFit):
+    """Records the torch thread count its estimate runs on."""
+
+    def log_predictive_density(self, adata, n_samples, seed):
+        return pd.DataFrame({"lpd": [float(torch.get_num_threads())]})
+
+
+def test_every_estimate_runs_on_lpd_threads_whatever_the_callers_threads():
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for settings, expected in ((ReportSettings(lpd_jobs=1), 1.0), (ReportSettings(lpd_jobs=1, lpd_threads=3), 3.0)):
+            frames = heldout_lpd([_ThreadSpyFit(), _ThreadSpyFit()], None, settings)
+            assert [float(f.lpd[0]) for f in frames] == [expected, expected]
+            assert torch.get_num_threads() == 2
+        frames = heldout_lpd([_ThreadSpyFit(), _ThreadSpyFit()], None, ReportSettings(lpd_jobs=2))
+        assert [float(f.lpd[0]) for f in frames] == [1.0, 1.0]  # in the workers too
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_auto_sends_the_fits_left_to_workers_only_when_that_repays_their_start():
+    start = lpd_module.WORKER_START_SECONDS
+    # 4 fits left after a 0.5 s first estimate on 2 cores save 1 s in 2 workers: not worth their start
+    assert lpd_module.auto_workers(0.5, 4, 2) == 1
+    assert lpd_module.auto_workers(6.6, 4, 2) == 2  # Kang: saves 13 s
+    assert lpd_module.auto_workers(start, 4, 8) == 4  # one worker per fit left, never more
+    assert lpd_module.auto_workers(1000.0, 1, 8) == 1  # one fit left: nothing to share
+    assert lpd_module.auto_workers(1000.0, 4, 1) == 1  # one core
+
+
+def test_auto_with_workers_gives_the_numbers_of_one_process(mlp_fits, monkeypatch):
+    fits, cells = mlp_fits
+    serial = heldout_lpd(fits, cells, ReportSettings(n_lpd_samples=20, lpd_jobs=1))
+    monkeypatch.setattr(lpd_module, "WORKER_START_SECONDS", 0.0)
+    monkeypatch.setattr(lpd_module, "available_cores", lambda: 2)
+    calls = []
+    original = lpd_module._in_workers
+    monkeypatch.setattr(lpd_module, "_in_workers", lambda f, c, s, jobs: calls.append(jobs) or original(f, c, s, jobs))
+    auto = heldout_lpd(fits, cells, ReportSettings(n_lpd_samples=20))
+    assert calls == [2]  # the first fit here, the other two in two workers
+    for one, other in zip(serial, auto, strict=True):
+        pd.testing.assert_frame_equal(one, other, check_exact=True)
