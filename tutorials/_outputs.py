@@ -80,6 +80,9 @@ class Tolerance:
     below
         Only numbers whose stored magnitude is below this are covered (rounding noise such as a
         maximum difference of 4e-13 nats beside numbers that must match more closely).
+    above
+        Only numbers whose stored magnitude is at least this are covered (one column of a table whose
+        values lie in another range than the others', such as the largest principal angle).
     suffix
         Only numbers followed directly by this text are covered (``"%"``: percentages).
     prefix
@@ -94,6 +97,7 @@ class Tolerance:
     line: str | None = None
     integers: bool = False
     below: float | None = None
+    above: float | None = None
     suffix: str | None = None
     prefix: str | None = None
 
@@ -105,7 +109,8 @@ class Tolerance:
             return False
         if self.prefix is not None and not line[: number.start()].endswith(self.prefix):
             return False
-        return self.below is None or abs(float(number.group())) < self.below
+        magnitude = abs(float(number.group()))
+        return (self.below is None or magnitude < self.below) and (self.above is None or magnitude >= self.above)
 
     def allows(self, stored: str, fresh: str) -> bool:
         """Whether the printed number ``fresh`` is within this tolerance of ``stored``."""

@@ -187,7 +187,14 @@ ICA = NotebookChecks(
             (8,),
             line=r"^IC_[67]\s|<th>IC_[67]</th>",
             why="IC_6 and IC_7 have the same negentropy to 4 decimals: their order is decided by the last digits",
-        )
+        ),
+        FreeLines(
+            (8,),
+            line=r"^IC_[2-4]\s|<th>IC_[2-4]</th>",
+            why="IC_2, IC_3 and IC_4 have negentropies within 0.0003 of each other (0.0019, 0.0018, 0.0016), so their "
+            "order, and which of them is the heavy-tailed one, is decided by the last digits (IC_2 and IC_4 swapped "
+            "under portable kernels on an Intel Xeon); IC_0 and IC_1, the clearly non-Gaussian ones, are compared",
+        ),
     ],
 )
 
@@ -308,6 +315,13 @@ DE_ACROSS_SEEDS = NotebookChecks(
 SCVI_AUDIT = NotebookChecks(
     tolerances=[
         Tolerance(
+            (7,),
+            line=r"\|diff\| / margin",
+            abs=0.33,
+            why="the 0.15 nats of the margin line below, in units of cell 7's margin (0.457 nats per cell); it moved "
+            "from 2.229 to 2.440 margins (0.10 nats) under portable kernels on an Intel Xeon",
+        ),
+        Tolerance(
             (3, 7),
             line="margin|interval",
             abs=0.15,
@@ -334,6 +348,14 @@ SCVI_AUDIT = NotebookChecks(
             why="agreements and alignment errors between 3 seeds: their pairs differ by 0.02-0.1 (cells 6, 9)",
         ),
         Tolerance((9,), line="Spearman", abs=0.04, why="the loading-norm correlation of one pair of the 3 seeds"),
+        Tolerance(
+            (9,),
+            above=45.0,
+            abs=15.0,
+            why="the largest principal angle (the only numbers above 45 degrees in the table), the pair's least "
+            "shared direction: it spans 62-88 degrees over the 3 pairs and moved from 65.6 to 58.8 under portable "
+            "kernels on an Intel Xeon; about half its spread over the pairs",
+        ),
         Tolerance(
             (9,),
             abs=0.03,
@@ -414,7 +436,15 @@ RESTRICTIONS = NotebookChecks(
             why="agreements of 2 seeds and of split halves, costs in nats per cell: twice the largest movement "
             "between builds (0.01), within the +-0.13-1.13 standard errors printed beside the costs",
         ),
-    ]
+    ],
+    optional_warnings=[
+        OptionalWarning(
+            (3,),
+            pattern=r"UnreliableEstimateWarning: [1-3] of 160 cells",
+            why="one to three of 160 cells whose Pareto k-hat sits near 0.7 (none on the stored build, 3 under "
+            "portable kernels on an Intel Xeon)",
+        )
+    ],
 )
 
 #: Tutorial 08's tolerances are measured against the same comparison with another held-out split

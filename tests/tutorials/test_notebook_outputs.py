@@ -185,6 +185,20 @@ def test_a_prefix_rule_covers_only_the_number_it_names():
     assert _differences_with(checks, "error: linear 0.090, ica 0.198.", "error: linear 0.090, ica 0.500.")
 
 
+def test_an_above_rule_covers_only_the_numbers_in_its_range():
+    from _outputs import NotebookChecks, Tolerance
+
+    checks = NotebookChecks(
+        tolerances=[
+            Tolerance(cells=(1,), line="seed", above=45.0, abs=15.0, why="largest angle"),
+            Tolerance(cells=(1,), line="seed", abs=0.03, rel=0.1, why="overlap and mean angle"),
+        ]
+    )
+    assert not _differences_with(checks, "seed 0 seed 1 0.834 26.043 65.584", "seed 0 seed 1 0.840 27.000 58.767")
+    assert _differences_with(checks, "seed 0 seed 1 0.834 26.043 65.584", "seed 0 seed 1 0.834 20.000 65.584")
+    assert _differences_with(checks, "seed 0 seed 1 0.834 26.043 65.584", "seed 0 seed 1 0.834 26.043 40.000")
+
+
 def test_a_relative_tolerance_and_integers_when_the_rule_says_so():
     from _outputs import NotebookChecks, Tolerance
 
