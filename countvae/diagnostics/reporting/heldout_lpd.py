@@ -5,11 +5,10 @@ cells and 2,000 genes, one thread). Two rules keep its numbers and its speed
 independent of the machine:
 
 * every estimate runs on ``lpd_threads`` torch threads (default 1). On CPU the
-  estimates depend on the thread count, since it sets the order of torch's sums,
-  which moves the Newton modes the proposals start from: between 1 and 2 threads
-  the estimate of a Kang cell moved by up to 0.84 nats. A count taken from the
-  machine would give the same fits other numbers on a machine with other cores,
-  and workers that each inherit the caller's threads oversubscribe the cores
+  estimates depend on the thread count (it sets the order of torch's sums):
+  between 1 and 2 threads the estimate of a Kang cell moved by up to 0.84 nats.
+  A count taken from the machine would give the same fits other numbers on a
+  machine with other cores, and workers that each inherit the caller's threads oversubscribe the cores
   (2 workers of 2 threads on 2 cores took 2.2-7.4x as long as one process on
   Kang, 12-16x on the embedded data; benchmarks/RESULTS.md, section
   report-lpd-workers);
