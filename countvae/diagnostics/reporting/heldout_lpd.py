@@ -45,7 +45,7 @@ from countvae.diagnostics.reporting.settings import ReportSettings
 logger = logging.getLogger(__name__)
 
 #: Seconds that worker processes take to start and receive the fits before they estimate anything (loky's
-#: start, the imports, unpickling the models): 4-8 s for 2 workers on 2 cores (section report-lpd-workers).
+#: start, the imports, unpickling the models): 4-9 s for 2 workers on 2 cores (section report-lpd-workers).
 #: ``lpd_jobs="auto"`` uses workers only when they would save more than this.
 WORKER_START_SECONDS = 10.0
 
