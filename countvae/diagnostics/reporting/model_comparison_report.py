@@ -12,15 +12,18 @@ import pandas as pd
 from matplotlib.axes import Axes
 
 from countvae import plotting
-from countvae._formatting import json_ready, markdown_table
+from countvae._formatting import json_ready
 from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
-from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.analyses.model_comparison import rule_text
+from countvae.diagnostics.reporting.page import Part, page_html, page_markdown
+from countvae.diagnostics.reporting.sections.base import Bullets, Figure, Table
 
 __all__ = ["COMPARISON_FILES", "ModelComparison"]
 
 #: The files :meth:`ModelComparison.save` writes.
 COMPARISON_FILES = ("comparison.html", "comparison.json", "comparison.md")
+TITLE = "Model comparison"
+FRONTIER = "Fit against stability"
 
 
 def _nats(mean: float, low: float, high: float) -> str:
@@ -167,24 +170,21 @@ class ModelComparison:
             }
         )
 
+    def _parts(self) -> list[Part]:
+        """The page: the summary, the frontier figure (HTML only) and the table of candidates."""
+        return [
+            Part("summary", "Summary", (Bullets(tuple(self.summary().splitlines())),)),
+            Part("frontier", FRONTIER, (Figure(FRONTIER, self.rule, self.plot_frontier),)),
+            Part("candidates", "Candidates", (Table(self.table),)),
+        ]
+
     def to_markdown(self) -> str:
-        """The comparison as Markdown."""
-        return "\n\n".join(
-            [
-                "# Model comparison",
-                self.summary().replace("\n", "\n\n"),
-                "## Candidates",
-                markdown_table(self.table),
-            ]
-        )
+        """The comparison as Markdown (the figure is in the HTML page)."""
+        return page_markdown(TITLE, [], self._parts())
 
     def to_html(self) -> str:
         """The comparison as one HTML page, with the frontier figure inline."""
-        template = template_environment(__package__).get_template("model_comparison.html.j2")
-        body = template.render(
-            summary=self.summary().splitlines(), draw=self.plot_frontier, rule=self.rule, table=self.table
-        )
-        return html_page("countvae model comparison", [body])
+        return page_html(TITLE, [], self._parts())
 
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write ``comparison.json``, ``comparison.md`` and ``comparison.html`` into a new folder, atomically.

@@ -15,8 +15,20 @@ from typing import Any
 
 import pandas as pd
 
-from countvae._formatting import json_ready, markdown_table
-from countvae._report_files import ALL_ROWS_NOTE, html_page, template_environment, write_report_folder
+from countvae._formatting import json_ready
+from countvae._report_files import write_report_folder
+from countvae.diagnostics.reporting.page import Part, blocks_html, page_html, page_markdown
+from countvae.diagnostics.reporting.sections.base import (
+    HTML,
+    MARKDOWN,
+    Block,
+    Bullets,
+    Details,
+    Heading,
+    KeyValues,
+    Paragraph,
+    Table,
+)
 
 TITLE = "Restrictions: what each one identifies, and at what cost"
 
@@ -44,6 +56,15 @@ SECTIONS = {
     "split_half": "Split half",
     "predictive_seeds": "Predictive cost per seed",
 }
+
+
+def _folded(title: str, mapping: dict[str, Any]) -> tuple[Block, ...]:
+    """``mapping`` folded under ``title`` in HTML, under a sub-heading in Markdown."""
+    return (
+        Details(title, (KeyValues(mapping),), formats=frozenset({HTML})),
+        Heading(title, formats=frozenset({MARKDOWN})),
+        KeyValues(mapping, formats=frozenset({MARKDOWN})),
+    )
 
 
 @dataclass
@@ -104,33 +125,32 @@ class RestrictionReport:
             }
         )
 
+    def _parts(self) -> list[Part]:
+        """The page: the verdict and how to read it, each table, then the settings (HTML and Markdown alike)."""
+        verdict = Part("verdict", "Verdict", (Bullets(tuple(self.headline), boxed=True), Paragraph(INTRODUCTION)))
+        tables = [
+            Part(name, heading, (Table(self.tables[name], max_rows=80),))
+            for name, heading in SECTIONS.items()
+            if len(self.tables.get(name, ()))
+        ]
+        settings = Part(
+            "settings",
+            "Settings and provenance",
+            (
+                KeyValues(self.settings),
+                *_folded("Provenance", self.provenance),
+                *_folded("Timings (seconds)", self.timings),
+            ),
+        )
+        return [verdict, *tables, settings]
+
     def to_markdown(self) -> str:
         """The report as Markdown (the text of report.md)."""
-        parts = [f"# {TITLE}", "## Verdict", "\n".join(f"- {line}" for line in self.headline), INTRODUCTION]
-        for name, heading in SECTIONS.items():
-            if name in self.tables and len(self.tables[name]):
-                parts += [f"## {heading}", markdown_table(self.tables[name], max_rows=80, note=ALL_ROWS_NOTE)]
-        parts += ["## Settings", "\n".join(f"- {k}: {v}" for k, v in self.settings.items())]
-        return "\n\n".join(parts) + "\n"
+        return page_markdown(TITLE, [], self._parts())
 
     def to_html(self) -> str:
         """The report as one self-contained HTML page (the text of report.html)."""
-        shown = [(heading, self.tables[name]) for name, heading in SECTIONS.items() if len(self.tables.get(name, ()))]
-        body = (
-            template_environment(__package__)
-            .get_template("restriction_report.html.j2")
-            .render(
-                title=TITLE,
-                headline=self.headline,
-                introduction=INTRODUCTION,
-                tables=shown,
-                settings=self.settings,
-                provenance=self.provenance,
-                timings=self.timings,
-            )
-        )
-        style = ".verdict{background:#f4f8fb;border-left:5px solid #2171b5;padding:.6em 1.2em}"
-        return html_page(TITLE, [body], extra_style=style)
+        return page_html(TITLE, [], self._parts())
 
     def save(self, dir_path: str | Path, overwrite: bool = False) -> Path:
         """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically."""
@@ -147,5 +167,4 @@ class RestrictionReport:
 
     def _repr_html_(self) -> str:
         """The verdict and the main table, for notebooks."""
-        template = template_environment(__package__).get_template("restriction_summary.html.j2")
-        return template.render(headline=self.headline, restrictions=self.restrictions)
+        return blocks_html([Bullets(tuple(self.headline)), Table(self.restrictions)])
