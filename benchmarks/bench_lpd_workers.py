@@ -43,7 +43,7 @@ def stored_fits(dataset: str, work: Path, quick: bool):
     import countvae as cv
     from countvae.cli import build_parser
     from countvae.cli.diagnose import diagnose_settings
-    from countvae.diagnostics import fit_seeds, plan_diagnose
+    from countvae.diagnostics import plan_diagnose
 
     argv = ["diagnose", "--quiet"] + (["--seeds", "2", "--max-epochs", "2"] if quick else [])
     if dataset != "embedded":
@@ -53,17 +53,7 @@ def stored_fits(dataset: str, work: Path, quick: bool):
         argv += [str(path), "--batch-key", "batch"]
     adata, settings = diagnose_settings(build_parser().parse_args(argv))
     plan = plan_diagnose(adata, settings=replace(settings, out_dir=None)).split()
-    s = plan.settings
-    fits = fit_seeds(
-        plan.adata,
-        seeds=s.seeds,
-        model_kwargs=s.model_kwargs,
-        train_kwargs=s.train_kwargs,
-        heldout_fraction=s.heldout_fraction,
-        split_seed=s.split_seed,
-        n_jobs=s.n_jobs,
-        out_dir=work / f"fits_{dataset}{'_quick' if quick else ''}",
-    )
+    fits = plan.fit(work / f"fits_{dataset}{'_quick' if quick else ''}")
     return list(fits), fits.adata_heldout[:500].copy()
 
 

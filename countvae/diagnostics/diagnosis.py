@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -169,6 +170,24 @@ class DiagnosePlan:
         check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
         return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx))
 
+    def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
+        """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""
+        s = self.settings
+        return fit_seeds(
+            self.adata,
+            seeds=s.seeds,
+            model_kwargs=s.model_kwargs,
+            train_kwargs=s.train_kwargs,
+            heldout_fraction=s.heldout_fraction,
+            split_seed=s.split_seed,
+            n_jobs=s.n_jobs,
+            out_dir=out_dir,
+            overwrite=s.overwrite,
+            progress_bar=s.progress_bar,
+            refit_broken=s.refit_broken,
+            progress=progress,
+        )
+
 
 @takes_settings(DiagnoseSettings)
 def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnosePlan:
@@ -266,20 +285,7 @@ def diagnose(
     s = plan.settings
     if before_fitting is not None:
         before_fitting(plan)
-    fits = fit_seeds(
-        plan.adata,
-        seeds=s.seeds,
-        model_kwargs=s.model_kwargs,
-        train_kwargs=s.train_kwargs,
-        heldout_fraction=s.heldout_fraction,
-        split_seed=s.split_seed,
-        n_jobs=s.n_jobs,
-        out_dir=None if plan.report_dir is None else plan.report_dir.parent / "fits",
-        overwrite=s.overwrite,
-        progress_bar=s.progress_bar,
-        refit_broken=s.refit_broken,
-        progress=progress,
-    )
+    fits = plan.fit(None if plan.report_dir is None else plan.report_dir.parent / "fits", progress)
     if after_fitting is not None:
         after_fitting(fits)
     rep = report(
