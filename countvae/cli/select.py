@@ -30,7 +30,7 @@ OUT/comparison (comparison.html, comparison.json, comparison.md).
 """
 
 
-def _list_of(kind: type) -> Any:
+def _list_of(kind: type, choices: tuple[str, ...] | None = None) -> Any:
     def parse(text: str) -> list:
         try:
             values = [kind(v.strip()) for v in text.split(",") if v.strip()]
@@ -40,6 +40,9 @@ def _list_of(kind: type) -> Any:
             ) from None
         if not values:
             raise argparse.ArgumentTypeError("expected at least one value")
+        unknown = [v for v in values if choices is not None and v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown value(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
         return values
 
     return parse
@@ -61,9 +64,19 @@ def register(sub: Subcommands) -> None:
     )
     add_data_arguments(p, required=True)
     p.add_argument("--n-latent", type=_list_of(int), default=[2, 5, 10], help="latent sizes (default: 2,5,10)")
-    p.add_argument("--decoder", type=_list_of(str), default=["linear", "mlp"], help="decoders (default: linear,mlp)")
+    p.add_argument(
+        "--decoder", type=_list_of(str, ("linear", "mlp")), default=["linear", "mlp"], help="default: linear,mlp"
+    )
     p.add_argument("--n-hidden", type=_list_of(int), default=None, help="hidden widths (default: CountVAE's)")
-    p.add_argument("--likelihood", choices=["poisson", "nb", "zinb"], default="nb")
+    p.add_argument(
+        "--likelihood", type=_list_of(str, ("poisson", "nb", "zinb")), default=["nb"], help="e.g. nb,zinb (default: nb)"
+    )
+    p.add_argument(
+        "--prior",
+        type=_list_of(str, ("normal", "laplace", "diagonal")),
+        default=["normal"],
+        help="latent priors, e.g. normal,laplace (default: normal, N(0, I))",
+    )
     p.add_argument("--seeds", type=int, default=3, help="seeds per candidate (default: 3)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
@@ -84,6 +97,12 @@ def register(sub: Subcommands) -> None:
         default="auto",
         help="seeds fitted at once (default auto: one per usable core, at most the seeds; 1: in this process)",
     )
+    p.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local worker processes, or one Ray task per seed of each candidate (the [ray] extra)",
+    )
     add_output_arguments(p, "countvae_select")
     p.set_defaults(run=run)
 
@@ -96,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"--seeds {args.seeds}: stability needs at least 2 seeds; e.g. --seeds 3.")
     adata = read_h5ad(args.data)
     setup_anndata(adata, layer=args.layer, batch_key=args.batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
-    grid: dict[str, list] = {"n_latent": args.n_latent, "decoder": args.decoder, "likelihood": [args.likelihood]}
+    grid: dict[str, list] = {"n_latent": args.n_latent, "decoder": args.decoder, "likelihood": args.likelihood}
+    if args.prior != ["normal"]:
+        grid["prior"] = args.prior
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
     train_kwargs = {
@@ -113,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         train_kwargs=train_kwargs,
         out_dir=out / "fits",
         n_jobs=args.n_jobs,
+        backend=args.backend,
         n_lpd_samples=args.n_samples,
         progress_bar=progress_enabled(args),
     )

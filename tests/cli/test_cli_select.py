@@ -80,3 +80,31 @@ def test_select_trains_each_candidate_for_the_diagnose_budget(data, tmp_path, mo
     else:
         assert seen["early_stopping"] is True
         assert {k: seen[k] for k in DIAGNOSE_STOPPING} == DIAGNOSE_STOPPING
+
+
+def test_select_grids_over_likelihood_and_prior_on_the_chosen_backend(data, tmp_path, monkeypatch):
+    from countvae.diagnostics.reporting import compare_models
+
+    seen = {}
+
+    def record(adata, runs):
+        seen["candidates"] = [run.model_kwargs for run in runs]
+        seen["backend"] = {run.backend for run in runs}
+        raise _Stop
+
+    monkeypatch.setattr(compare_models, "fit_models", record)
+    args = ["select", str(data), "--n-latent", "2", "--decoder", "mlp", "--likelihood", "nb,zinb"]
+    args += ["--prior", "normal,laplace", "--backend", "ray", "--out", str(tmp_path / "s"), "--quiet"]
+    with pytest.raises(_Stop):
+        main(args)
+    assert seen["backend"] == {"ray"}
+    got = {(c["likelihood"], c["prior"]) for c in seen["candidates"]}
+    assert got == {("nb", "normal"), ("nb", "laplace"), ("zinb", "normal"), ("zinb", "laplace")}
+
+
+@pytest.mark.parametrize("flag,value", [("--prior", "cauchy"), ("--likelihood", "nb,gaussian"), ("--decoder", "cnn")])
+def test_select_refuses_unknown_settings_before_reading_the_data(data, flag, value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["select", str(data), flag, value])
+    assert exc.value.code == 2
+    assert "unknown value" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from countvae._settings import unknown_setting
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
+from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
@@ -121,6 +122,7 @@ def compare_models(
     n_jobs: int | str = AUTO,
     equivalence_margin: float | None = None,
     *,
+    backend: str = "local",
     n_lpd_samples: int = 100,
     alpha: float = 0.05,
     max_baseline_cells: int = 5_000,
@@ -155,6 +157,9 @@ def compare_models(
     n_jobs
         Fits at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`); the seeds of
         all candidates share one pool of workers.
+    backend
+        ``"local"`` (worker processes on this machine) or ``"ray"`` (each seed of each candidate a Ray task, as
+        :func:`~countvae.diagnostics.fit_seeds`; the ``[ray]`` extra).
     equivalence_margin
         The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
         (the report's rule; ``None``: the report's default,
@@ -194,6 +199,7 @@ def compare_models(
     train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
     shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction}
     shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
+    shared["backend"] = backend
     fits = _fit_candidates(adata, dict(zip(names, settings_list, strict=True)), out_dir, shared)
     return compare_fits(
         fits,
@@ -289,6 +295,7 @@ def compare_fits(
     var_names = pd.Index(first[0].var_names)
     frames: dict[str, list[pd.DataFrame]] = {}
     stab: dict[str, dict[str, Any]] = {}
+    rates: dict[str, dict[str, np.ndarray]] = {}
     for name, seed_fits in fits.items():
         frames[name] = [fit.log_predictive_density(heldout, n_lpd_samples, seed) for fit in seed_fits]
     # Observed-library and library-integrated densities differ by the library's own density, not by fit.
@@ -299,6 +306,7 @@ def compare_fits(
         latents = [fit.latent(heldout) for fit in seed_fits]
         log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
+        rates[name] = {str(fit.seed): r for fit, r in zip(seed_fits, log_rates, strict=True)}
     lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
     baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)
     # The margin is a share of what the latent variables add, measured on the best-fitting candidate.
@@ -313,6 +321,7 @@ def compare_fits(
     table = fit.merge(stability, on="candidate")
     table["seed_spread"] = [mc.seed_spread(frames[n]) for n in table["candidate"]]
     table["fit_seconds"] = [_fit_seconds(fits[n]) for n in table["candidate"]]
+    table["seed_groups"] = [_seed_groups(rates[n], frames[n], margin, alpha, seed) for n in table["candidate"]]
     recommended = mc.recommend(table, {n: _size_settings(s) for n, s in settings.items()})
     if recommended is not None:
         table = table.merge(mc.gains_over(lpds, recommended, alpha), on="candidate")
@@ -333,6 +342,21 @@ def compare_fits(
         n_heldout=heldout.n_obs,
         seeds=list(first.seeds),
     )
+
+
+def _seed_groups(
+    log_rates: Mapping[str, np.ndarray], frames: Sequence[pd.DataFrame], margin: float, alpha: float, seed: int
+) -> str:
+    """Which of a candidate's seeds reached the same solution, e.g. ``"0, 1 | 2"`` (best group first).
+
+    The report's grouping (:func:`~countvae.diagnostics.analyses.seed_groups.seed_groups`: decoded means
+    concordant and held-out ``log p(x)`` not shown to differ by more than the margin, complete linkage);
+    ``""`` when there is no margin to judge by.
+    """
+    if not (np.isfinite(margin) and margin > 0):
+        return ""
+    result = seed_groups(log_rates, dict(zip(log_rates, frames, strict=True)), margin=margin, alpha=alpha, seed=seed)
+    return " | ".join(", ".join(group) for group in result.groups["fits"])
 
 
 def _verdict(row: Any, recommended: str | None) -> str:

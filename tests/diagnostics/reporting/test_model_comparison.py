@@ -131,6 +131,15 @@ def test_known_latent_size_fit_ordering(comparison):
     assert "Recommendation:" in comparison.summary()
 
 
+def test_each_candidate_says_which_seeds_reached_the_same_solution(comparison):
+    table = comparison.table.set_index("n_latent")
+    for groups in table["seed_groups"]:
+        seeds = [s for group in groups.split(" | ") for s in group.split(", ")]
+        assert sorted(seeds) == ["0", "1"]  # every seed in exactly one group
+    # the recommended size is stable across seeds, and its two seeds reached one solution
+    assert table.loc[3, "stable"] and table.loc[3, "seed_groups"] == "0, 1"
+
+
 def test_rerun_resumes_from_the_candidate_folders(adata, comparison, fits_dir):
     assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (2, 3, 4))
     again = _compare(adata, fits_dir)
@@ -316,3 +325,17 @@ def test_early_stopping_on_a_few_hundred_cells_stops_within_a_few_dozen_steps(ad
     assert summary["stopped_early"]
     # the epoch kept lies in the first quarter of the schedule (epoch 4 of 200 on one machine)
     assert summary["kept_epoch"] <= TRAIN["max_epochs"] // 4
+
+
+def test_ray_backend_gives_the_comparison_of_local_workers(private_ray_temp):
+    import ray  # the [ray] extra is part of [dev]
+
+    data = cv.data.simulate(n_cells=160, n_genes=20, n_latent=2, decoder="linear", seed=4)
+    cv.CountVAE.setup_anndata(data)
+    args = {"seeds": range(2), "train_kwargs": {"max_epochs": 5}, "n_lpd_samples": 10, "n_jobs": 2}
+    local = diagnostics.compare_models(data, {"n_latent": [1, 2], "decoder": ["linear"]}, **args)
+    remote = diagnostics.compare_models(data, {"n_latent": [1, 2], "decoder": ["linear"]}, backend="ray", **args)
+    assert not ray.is_initialized()
+    columns = ["candidate", "lpd_per_cell", "diff_vs_best", "decoded_means", "seed_groups", "verdict"]
+    pd.testing.assert_frame_equal(remote.table[columns], local.table[columns])
+    assert remote.recommended == local.recommended
