@@ -19,7 +19,8 @@ higher is better):
   the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs
   (decoded log means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of
-  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`). The invariant scores carry a
+  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`); beside the k-NN overlap, its
+  within-seed baseline (:func:`knn_within_seed`: two draws of one fit's guide). The invariant scores carry a
   cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable when the
   worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
   range over pairs), not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
@@ -57,6 +58,7 @@ from countvae.diagnostics.analyses.resampling import (
     weighted_mean,
     worst_interval,
 )
+from countvae.diagnostics.analyses.stability_columns import cell_knn_baseline
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
@@ -284,6 +286,18 @@ def stability(
     out[f"{COORDINATES}_low"], out[f"{COORDINATES}_high"] = float(np.nanmin(coordinates)), float(np.nanmax(coordinates))
     out["stable"] = bool(all(out[s] >= threshold for s, threshold in STABILITY_THRESHOLDS.items()))
     return out
+
+
+def knn_within_seed(draws: Mapping[str, np.ndarray]) -> float:
+    """The k-NN overlap two draws from one fit's guide share, averaged over cells and seeds.
+
+    The within-seed baseline of the ``knn`` score: how much neighbourhoods move under each fit's own
+    posterior uncertainty, with the seed held fixed. A cross-seed overlap near it says the seeds differ
+    no more than one fit's posterior does; far below it, that they reached other neighbourhoods.
+    ``draws`` maps each seed to two draws on the held-out cells, (2, cells, n_latent).
+    """
+    n_cells = next(iter(draws.values())).shape[1]
+    return float(np.mean(cell_knn_baseline(draws, min(KNN_K, n_cells - 1))))
 
 
 def recommend(table: pd.DataFrame, settings: Mapping[str, Mapping[str, Any]]) -> str | None:

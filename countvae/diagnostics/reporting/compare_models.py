@@ -306,6 +306,8 @@ def compare_fits(
         latents = [fit.latent(heldout) for fit in seed_fits]
         log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
+        draws = {str(fit.seed): fit.latent_samples(heldout, 2, seed) for fit in seed_fits}
+        stab[name]["knn_within_seed"] = mc.knn_within_seed(draws)
         rates[name] = {str(fit.seed): r for fit, r in zip(seed_fits, log_rates, strict=True)}
     lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
     baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)

@@ -339,3 +339,15 @@ def test_ray_backend_gives_the_comparison_of_local_workers(private_ray_temp):
     columns = ["candidate", "lpd_per_cell", "diff_vs_best", "decoded_means", "seed_groups", "verdict"]
     pd.testing.assert_frame_equal(remote.table[columns], local.table[columns])
     assert remote.recommended == local.recommended
+
+
+def test_within_seed_knn_baseline_is_one_for_a_point_mass_and_low_for_independent_draws(comparison):
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(120, 3))
+    assert mc.knn_within_seed({"0": np.stack([z, z]), "1": np.stack([z, z])}) == pytest.approx(1.0)
+    independent = mc.knn_within_seed({"0": rng.normal(size=(2, 120, 3))})
+    assert independent < 0.3  # 15 of 119 neighbours drawn twice at random share about 7%
+    slightly = mc.knn_within_seed({"0": np.stack([z, z + 0.05 * rng.normal(size=z.shape)])})
+    assert independent < slightly < 1.0
+    table = comparison.table
+    assert table["knn_within_seed"].between(0.0, 1.0).all()
