@@ -20,7 +20,8 @@ higher is better):
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs
   (decoded log means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of
   coordinates after a signed permutation only (:func:`countvae.metrics.mcc`); beside the k-NN overlap, its
-  within-seed baseline (:func:`knn_within_seed`: two draws of one fit's guide). The invariant scores carry a
+  within-seed baseline (:func:`knn_within_seed`: two draws of one fit's guide), and the gene-space subspace of
+  the decoders (:func:`subspace_agreement`, shown, not judged). The invariant scores carry a
   cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable when the
   worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
   range over pairs), not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
@@ -59,7 +60,7 @@ from countvae.diagnostics.analyses.resampling import (
     worst_interval,
 )
 from countvae.diagnostics.analyses.stability_columns import cell_knn_baseline
-from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, weighted_overlap
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
 
@@ -82,6 +83,8 @@ STABILITY_THRESHOLDS = {
 COORDINATES = "coordinates_signed_permutation"
 #: Neighbours of the k-NN overlap.
 KNN_K = 15
+#: Held-out cells whose decoder Jacobians give the gene-space subspace, at most.
+MAX_JACOBIAN_CELLS = 300
 #: Cells the latent-distance concordance uses at most (the distance matrix is quadratic).
 MAX_DISTANCE_CELLS = 1_000
 
@@ -286,6 +289,17 @@ def stability(
     out[f"{COORDINATES}_low"], out[f"{COORDINATES}_high"] = float(np.nanmin(coordinates)), float(np.nanmax(coordinates))
     out["stable"] = bool(all(out[s] >= threshold for s, threshold in STABILITY_THRESHOLDS.items()))
     return out
+
+
+def subspace_agreement(spans: Sequence[np.ndarray]) -> float:
+    """The gene-space subspace overlap of the worst pair of seeds (shown, not judged by the rule).
+
+    ``spans`` are each seed's leading gene-space directions of its decoder
+    (:func:`~countvae.diagnostics.analyses.subspace.jacobian_span` of the gene contrasts of its Jacobians:
+    the loadings' span for a linear decoder); the score of a pair is their
+    :func:`~countvae.diagnostics.analyses.subspace.weighted_overlap`, the report's, invariant under rotations.
+    """
+    return float(min(weighted_overlap(a, b) for a, b in itertools.combinations(spans, 2)))
 
 
 def knn_within_seed(draws: Mapping[str, np.ndarray]) -> float:

@@ -25,6 +25,7 @@ from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.diagnostics.analyses.seed_groups import seed_groups
+from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
@@ -308,6 +309,9 @@ def compare_fits(
         stab[name] = mc.stability(latents, log_rates, seed=seed)
         draws = {str(fit.seed): fit.latent_samples(heldout, 2, seed) for fit in seed_fits}
         stab[name]["knn_within_seed"] = mc.knn_within_seed(draws)
+        cells = heldout[: mc.MAX_JACOBIAN_CELLS]
+        spans = [jacobian_span(gene_contrasts(fit.decoder_jacobian(cells)), fit.n_latent, seed) for fit in seed_fits]
+        stab[name]["subspace"] = mc.subspace_agreement(spans)
         rates[name] = {str(fit.seed): r for fit, r in zip(seed_fits, log_rates, strict=True)}
     lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
     baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)

@@ -351,3 +351,15 @@ def test_within_seed_knn_baseline_is_one_for_a_point_mass_and_low_for_independen
     assert independent < slightly < 1.0
     table = comparison.table
     assert table["knn_within_seed"].between(0.0, 1.0).all()
+
+
+def test_gene_space_subspace_agreement_ignores_rotations_and_sees_other_directions(comparison):
+    rng = np.random.default_rng(3)
+    basis = rng.normal(size=(40, 3))
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    assert mc.subspace_agreement([basis, basis @ q, 2.0 * basis]) == pytest.approx(1.0)
+    other = np.linalg.qr(np.hstack([basis, rng.normal(size=(40, 3))]))[0][:, 3:]  # orthogonal to the basis
+    assert mc.subspace_agreement([basis, other]) == pytest.approx(0.0, abs=1e-12)
+    table = comparison.table.set_index("n_latent")
+    assert table["subspace"].between(0.0, 1.0).all()
+    assert table.loc[3, "subspace"] > 0.9  # the stable, recommended size: both seeds' loadings span one subspace
