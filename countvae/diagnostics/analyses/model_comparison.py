@@ -19,9 +19,10 @@ higher is better):
   the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs
   (decoded log means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of
-  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`); beside the k-NN overlap, its
-  within-seed baseline (:func:`knn_within_seed`: two draws of one fit's guide), and the gene-space subspace of
-  the decoders (:func:`subspace_agreement`, shown, not judged). The invariant scores carry a
+  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`); beside each, its within-seed
+  baseline (:func:`within_seed_baseline`: the same score between two draws of one fit's guide), and the
+  gene-space subspace of the decoders (:func:`subspace_agreement`); the baselines and the subspace are
+  shown, not judged. The invariant scores carry a
   cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable when the
   worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
   range over pairs), not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
@@ -45,6 +46,7 @@ from scipy.spatial.distance import squareform
 from countvae.diagnostics.analyses.invariants import (
     AGREEMENT_THRESHOLD,
     KNN_THRESHOLD,
+    concordance,
     gene_centred_concordance,
     pairwise_distances,
 )
@@ -59,7 +61,6 @@ from countvae.diagnostics.analyses.resampling import (
     weighted_mean,
     worst_interval,
 )
-from countvae.diagnostics.analyses.stability_columns import cell_knn_baseline
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, weighted_overlap
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
@@ -302,16 +303,34 @@ def subspace_agreement(spans: Sequence[np.ndarray]) -> float:
     return float(min(weighted_overlap(a, b) for a, b in itertools.combinations(spans, 2)))
 
 
-def knn_within_seed(draws: Mapping[str, np.ndarray]) -> float:
-    """The k-NN overlap two draws from one fit's guide share, averaged over cells and seeds.
+def within_seed_baseline(draw_pairs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> dict:
+    """Each stability score between two draws from one fit's guide, averaged over seeds: the within-seed baseline.
 
-    The within-seed baseline of the ``knn`` score: how much neighbourhoods move under each fit's own
-    posterior uncertainty, with the seed held fixed. A cross-seed overlap near it says the seeds differ
-    no more than one fit's posterior does; far below it, that they reached other neighbourhoods.
-    ``draws`` maps each seed to two draws on the held-out cells, (2, cells, n_latent).
+    How much decoded means, latent distances, neighbourhoods and coordinates move under each fit's own
+    posterior uncertainty, with the seed held fixed. The cross-seed scores compare posterior means, so they can
+    lie above it: a cross-seed score at or above its baseline says the seeds differ no more than one fit's
+    posterior is uncertain; far below it, that they reached other solutions.
+
+    Parameters
+    ----------
+    draw_pairs
+        Per seed, ``(z_a, z_b, r_a, r_b)``: two draws of the latents on the held-out cells, (cells, n_latent),
+        and the decoded log means at each, (cells, genes).
+
+    Returns
+    -------
+    dict
+        ``<score>_within_seed`` for ``decoded_means``, ``distances``, ``knn`` and the coordinates.
     """
-    n_cells = next(iter(draws.values())).shape[1]
-    return float(np.mean(cell_knn_baseline(draws, min(KNN_K, n_cells - 1))))
+    scores: dict[str, list[float]] = {s: [] for s in (*STABILITY_THRESHOLDS, COORDINATES)}
+    for za, zb, ra, rb in draw_pairs:
+        cells = slice(0, MAX_DISTANCE_CELLS)
+        k = min(KNN_K, len(za) - 1)
+        scores["decoded_means"].append(gene_centred_concordance(ra, rb))
+        scores["distances"].append(concordance(pairwise_distances(za[cells]), pairwise_distances(zb[cells])))
+        scores["knn"].append(float(np.mean(knn_jaccard_per_cell(knn_sets(za, k), knn_sets(zb, k)))))
+        scores[COORDINATES].append(mcc(za, zb))
+    return {f"{name}_within_seed": float(np.mean(values)) for name, values in scores.items()}
 
 
 def recommend(table: pd.DataFrame, settings: Mapping[str, Mapping[str, Any]]) -> str | None:

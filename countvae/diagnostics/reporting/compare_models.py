@@ -307,8 +307,7 @@ def compare_fits(
         latents = [fit.latent(heldout) for fit in seed_fits]
         log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
-        draws = {str(fit.seed): fit.latent_samples(heldout, 2, seed) for fit in seed_fits}
-        stab[name]["knn_within_seed"] = mc.knn_within_seed(draws)
+        stab[name] |= mc.within_seed_baseline([_draw_pair(fit, heldout, seed) for fit in seed_fits])
         cells = heldout[: mc.MAX_JACOBIAN_CELLS]
         spans = [jacobian_span(gene_contrasts(fit.decoder_jacobian(cells)), fit.n_latent, seed) for fit in seed_fits]
         stab[name]["subspace"] = mc.subspace_agreement(spans)
@@ -348,6 +347,13 @@ def compare_fits(
         n_heldout=heldout.n_obs,
         seeds=list(first.seeds),
     )
+
+
+def _draw_pair(fit: Any, heldout: ad.AnnData, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two draws from a fit's guide on the held-out cells and the decoded log means at each."""
+    za, zb = fit.latent_samples(heldout, 2, seed)
+    ra, rb = fit.decode_log_rate(heldout, za), fit.decode_log_rate(heldout, zb)
+    return tuple(np.asarray(v, dtype=np.float64) for v in (za, zb, ra, rb))
 
 
 def _seed_groups(

@@ -341,16 +341,26 @@ def test_ray_backend_gives_the_comparison_of_local_workers(private_ray_temp):
     assert remote.recommended == local.recommended
 
 
-def test_within_seed_knn_baseline_is_one_for_a_point_mass_and_low_for_independent_draws(comparison):
+def test_within_seed_baseline_is_one_for_a_point_mass_and_low_for_independent_draws(comparison):
     rng = np.random.default_rng(0)
     z = rng.normal(size=(120, 3))
-    assert mc.knn_within_seed({"0": np.stack([z, z]), "1": np.stack([z, z])}) == pytest.approx(1.0)
-    independent = mc.knn_within_seed({"0": rng.normal(size=(2, 120, 3))})
-    assert independent < 0.3  # 15 of 119 neighbours drawn twice at random share about 7%
-    slightly = mc.knn_within_seed({"0": np.stack([z, z + 0.05 * rng.normal(size=z.shape)])})
-    assert independent < slightly < 1.0
+    w = rng.normal(size=(3, 25))
+    same = mc.within_seed_baseline([(z, z, z @ w, z @ w)] * 2)
+    assert all(v == pytest.approx(1.0) for v in same.values())
+    assert set(same) == {f"{s}_within_seed" for s in (*mc.STABILITY_THRESHOLDS, mc.COORDINATES)}
+    z2 = rng.normal(size=(120, 3))
+    independent = mc.within_seed_baseline([(z, z2, z @ w, z2 @ w)])
+    assert independent["knn_within_seed"] < 0.3  # 15 of 119 neighbours drawn twice at random share about 7%
+    assert abs(independent["decoded_means_within_seed"]) < 0.3 and abs(independent["distances_within_seed"]) < 0.3
+    z3 = z + 0.05 * rng.normal(size=z.shape)
+    slightly = mc.within_seed_baseline([(z, z3, z @ w, z3 @ w)])
+    assert all(independent[k] < slightly[k] < 1.0 for k in slightly)
     table = comparison.table
-    assert table["knn_within_seed"].between(0.0, 1.0).all()
+    for score in (*mc.STABILITY_THRESHOLDS, mc.COORDINATES):
+        assert table[f"{score}_within_seed"].between(-1.0, 1.0).all()
+    # seeds of the stable size agree with each other about as well as one fit's own posterior draws do
+    row = table.set_index("n_latent").loc[3]
+    assert row["decoded_means"] > row["decoded_means_within_seed"] - 0.1
 
 
 def test_gene_space_subspace_agreement_ignores_rotations_and_sees_other_directions(comparison):
