@@ -321,8 +321,9 @@ def ica_stability(
     over the other seeds, with the interval of :mod:`countvae.diagnostics.analyses.components`;
     hatched bars mark components too close to Gaussian to be identified; points
     are the other seeds one by one. Black ticks (``same_fit_match``) are the
-    baseline within one seed: its ICA on the other half of the cells. The dashed
-    line is the threshold.
+    baseline within one seed: its ICA on the other half of the cells. Open
+    diamonds (``corrected_match``) are the worst match divided by that baseline,
+    the value the verdict reads. The dashed line is the threshold.
 
     Parameters
     ----------
@@ -360,6 +361,17 @@ def ica_stability(
     if "same_fit_match" in table:
         ax.scatter(
             x, table["same_fit_match"].astype(float), marker="_", s=250, color="black", zorder=4, label="same seed"
+        )
+    if "corrected_match" in table:
+        ax.scatter(
+            x,
+            table["corrected_match"].astype(float),
+            marker="D",
+            s=22,
+            facecolors="none",
+            edgecolors="black",
+            zorder=5,
+            label="corrected (worst / same seed)",
         )
     ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
     ax.set_xticks(x, table["component"], rotation=30, ha="right", fontsize=8)

@@ -255,6 +255,7 @@ def _code_rows() -> pd.DataFrame:
     )
     components = pd.DataFrame(
         {"component": ["IC_0"], "worst_match": [1.0], "low": [1.0], "high": [1.0], "n_matching_cells": [n]}
+        | {"corrected_match": [1.0], "corrected_low": [1.0], "corrected_high": [1.0]}
     )
     inputs = InvariantInputs(
         latents=per_fit(n, latent),

@@ -170,3 +170,25 @@ def test_the_knn_oracle_scales_k_when_the_analysts_graph_is_larger_than_the_pool
     assert "held-out rows among 250 cells, k=15 (the report now)" in row.index
     assert row["reference"] == "fit cells"
     assert all(row[c] == pytest.approx(1.0) for c in row.index if c not in ("replicate", "reference"))
+
+
+def test_the_linear_toy_oracle_estimates_each_fits_ica_on_its_own_large_draw():
+    """Exact rotated copies of one fit: the oracle's ICA row, from ICAs on a separate draw of 3,000 cells matched on
+    the pool, agrees at a corrected match of 1; the fit cells the report uses play no part in it."""
+    from countvae.diagnostics import CountVAEFit
+    from countvae.invariance import random_orthogonal, reparameterize
+
+    cfg = replace(regimes.QUICK, regime="linear-toy", source="simulated", decoder="linear", n_latent=3)
+    cfg = replace(cfg, n_fit=600, n_heldout=100, n_pool=400, n_ica_pool=3000, n_genes=60)
+    fit_cells, heldout, pool, ica_pool = regimes._simulated_cells(cfg, 0)
+    assert (fit_cells.n_obs, heldout.n_obs, pool.n_obs, ica_pool.n_obs) == (600, 100, 400, 3000)
+    assert not set(pool.obs_names) & set(ica_pool.obs_names) and not set(fit_cells.obs_names) & set(pool.obs_names)
+    model, _ = regimes.fit_one(cfg, fit_cells, 0, 40)
+    fits = [model] + [CountVAEFit(reparameterize(model.model, random_orthogonal(3, seed=100 + k)), k) for k in (1, 2)]
+    invariants = pd.DataFrame(
+        {"quantity": ["ICA coordinates"], "verdict": ["undetermined"], "agreement": [0.0], "low": [0.0]}
+        | {"high": [0.0], "n_cells": [0]}
+    )
+    row = regimes._with_pool_ica(invariants, fits, pool, ica_pool, {}).iloc[0]
+    assert row["verdict"] == "agree" and row["agreement"] == pytest.approx(1.0, abs=0.01)
+    assert row["n_cells"] == 400

@@ -94,7 +94,8 @@ METRIC_DEFINITIONS: dict[str, str] = {
     "|diff| / margin": "largest mean per-cell difference in held-out log p(x) between two seeds, in units of "
     "the equivalence margin (a share of what the latent variables add over a no-latent model).",
     "worst best-match |corr|": "for the ICA row, the smallest best-match |correlation| of an ICA component "
-    "of the first seed with the components of another seed.",
+    "of the first seed with the components of another seed, divided by the first seed's match with its own ICA "
+    "on the other half of the cells (corrected for the ICA's estimation error; at most 1).",
     "ccc (posterior predictive)": "for the posterior predictive statistics, the smaller of the "
     "concordances over genes of two seeds' predicted coefficient of variation and zero fraction.",
 }
@@ -690,11 +691,15 @@ def _marker_replicates_of(aligned: bool) -> ReplicateFunction:
 
 
 def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
-    """The smallest ``worst_match`` over components, within the box of the components' intervals."""
+    """The smallest ``corrected_match`` over components, within the box of the components' intervals."""
     table = c.inputs.components
     if table is None or not len(table):
         return Interval.missing()
-    return Interval(float(table["worst_match"].min()), float(table["low"].min()), float(table["high"].min()))
+    return Interval(
+        float(table["corrected_match"].min()),
+        float(table["corrected_low"].min()),
+        float(table["corrected_high"].min()),
+    )
 
 
 def _has(field_name: str) -> Callable[[InvariantInputs], bool]:

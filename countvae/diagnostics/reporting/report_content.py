@@ -101,7 +101,9 @@ class ReportContent:
         (``worst_match`` with its interval ``low``-``high``, and ``mean_match``;
         ICAs estimated on disjoint halves of the fit cells, or of the held-out
         cells without them), the same comparison within the first fit
-        (``same_fit_match``), excess kurtosis, negentropy, the Gaussian flag,
+        (``same_fit_match``), their ratio (``corrected_match``, capped at 1,
+        with its interval ``corrected_low``-``corrected_high``: what the
+        verdict reads), excess kurtosis, negentropy, the Gaussian flag,
         and the ``verdict`` with its ``reason`` and ``remedy`` (see
         :mod:`countvae.diagnostics.analyses.components`). No rows when the
         report was made with ``ica=False``.

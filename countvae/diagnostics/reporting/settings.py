@@ -88,7 +88,8 @@ class ReportSettings:
     ica_threshold: float = setting(
         ICA_THRESHOLD,
         """An ICA component agrees across seeds when its worst best-match |correlation| with another seed's
-        components is at least this, with confidence (see :mod:`countvae.diagnostics.analyses.components`).""",
+        components, corrected for the ICA's estimation error, is at least this, with confidence (see
+        :mod:`countvae.diagnostics.analyses.components`).""",
     )
     max_fit_cells: int = setting(
         10_000,

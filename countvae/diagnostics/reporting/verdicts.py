@@ -238,7 +238,8 @@ def judge_components(table: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
     ``undetermined`` when each half of the estimation cells holds fewer than :data:`MIN_ICA_CELLS_PER_DIMENSION`
     cells per dimension, when the component is too close to Gaussian, or when it does not reproduce within one
-    seed (split-half match below ``threshold``); otherwise decided by its interval.
+    seed (split-half match below ``threshold``); otherwise decided by the interval of its match corrected for the
+    ICA's own estimation error (``corrected_low``-``corrected_high``, see :mod:`..analyses.components`).
     """
     min_cells = MIN_ICA_CELLS_PER_DIMENSION * len(table)
     return _with_judgements(
@@ -266,16 +267,16 @@ def _judge_component(row: Any, threshold: float, min_cells: int, n_dims: int) ->
             f"more cells to estimate ICA on (now {int(row.n_estimation_cells):,} per half, {row.estimated_on})",
         )
     rule = Threshold(threshold, ">=")
-    verdict = interval_verdict(rule, row.low, row.high)
+    low, high = row.corrected_low, row.corrected_high
+    verdict = interval_verdict(rule, low, high)
     if verdict == UNDETERMINED:
-        needed = cells_needed(row.worst_match, row.low, row.high, threshold, int(row.n_matching_cells))
-        return Judgement(
-            UNDETERMINED, _straddle(row.low, row.high, rule), _more_cells(needed, int(row.n_matching_cells), "")
-        )
+        needed = cells_needed(row.corrected_match, low, high, threshold, int(row.n_matching_cells))
+        return Judgement(UNDETERMINED, _straddle(low, high, rule), _more_cells(needed, int(row.n_matching_cells), ""))
     if verdict == DIFFER:
         return Judgement(
             DIFFER,
-            f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds: "
+            f"reproduces within one seed ({row.same_fit_match:.2f}) but not across seeds "
+            f"({row.worst_match:.2f}, {row.corrected_match:.2f} corrected for the ICA's estimation): "
             "the seeds' solutions differ along it",
         )
     return Judgement(AGREE)

@@ -137,3 +137,36 @@ def test_plot_bars_are_worst_matches_coloured_by_verdict():
     assert bars[0].get_facecolor() != bars[1].get_facecolor()
     threshold_lines = [line for line in ax.get_lines() if list(line.get_ydata()) == [0.9, 0.9]]
     assert len(threshold_lines) == 1
+
+
+def _partly_shared(n: int, seed: int) -> dict[str, np.ndarray]:
+    """Two seeds on the same cells: seed 1's first source is (s_0 + u) / sqrt(2), u a new Laplace source.
+
+    Every other source is shared, so the population best match of seed 0's components with seed 1's is 1 for
+    three of them and 1 / sqrt(2) = 0.707 for the first (both ICAs are exact in the limit of many cells).
+    """
+    rng = np.random.default_rng(seed)
+    s = rng.laplace(size=(n, DIM + 1))
+    s = (s - s.mean(0)) / s.std(0)
+    other = s[:, :DIM].copy()
+    other[:, 0] = (s[:, 0] + s[:, DIM]) / np.sqrt(2.0)
+    return {"seed 0": s[:, :DIM] @ random_rotation(DIM, 10).T, "seed 1": other @ random_rotation(DIM, 11).T}
+
+
+@pytest.mark.parametrize("n_per_half", [250, 400])
+def test_the_corrected_match_recovers_the_population_match_that_estimation_on_few_cells_attenuates(n_per_half):
+    """Known answer: population matches 0.707 and 1. With ICAs on a few hundred cells per half the raw match falls
+    below them (each ICA misses its axis); divided by the same seed's split-half match it comes back to them.
+    Fails if the correction is not applied (raw values), applied the wrong way, or taken from other cells."""
+    n_held = 2000
+    held, fit = _partly_shared(n_held, seed=5), _partly_shared(2 * n_per_half, seed=6)
+    table = ica_component_stability(held, cell_bootstrap(n_held, 200, seed=3), fit).table
+    mixed = table["worst_match"].idxmin()  # the component whose population match is 1/sqrt(2)
+    shared = table.drop(index=mixed)
+    corrected_error = np.abs(table["corrected_match"] - np.where(table.index == mixed, 1 / np.sqrt(2), 1.0))
+    raw_error = np.abs(table["worst_match"] - np.where(table.index == mixed, 1 / np.sqrt(2), 1.0))
+    assert corrected_error.max() < 0.03, table[["worst_match", "same_fit_match", "corrected_match"]]
+    assert corrected_error.sum() < raw_error.sum()
+    assert (shared["corrected_match"] >= shared["worst_match"]).all()
+    assert (table["corrected_low"] <= table["corrected_match"]).all()
+    assert (table["corrected_match"] <= table["corrected_high"]).all() and (table["corrected_high"] <= 1.0).all()

@@ -125,7 +125,8 @@ def test_lpd_ppc_and_ica_rows_take_their_numbers_from_their_analyses():
         }
     )
     components = pd.DataFrame(
-        {"component": ["IC_0", "IC_1"], "worst_match": [0.99, 0.9], "low": [0.98, 0.85], "high": [0.995, 0.93]}
+        {"component": ["IC_0", "IC_1"], "worst_match": [0.97, 0.88], "low": [0.96, 0.83], "high": [0.975, 0.9]}
+        | {"corrected_match": [0.99, 0.9], "corrected_low": [0.98, 0.85], "corrected_high": [0.995, 0.93]}
         | {"n_matching_cells": [200, 200]}
     )
     inputs = InvariantInputs(latents={"a": z, "b": z}, lpd_pairs=pairs, components=components)
@@ -134,7 +135,7 @@ def test_lpd_ppc_and_ica_rows_take_their_numbers_from_their_analyses():
     # |diff| / margin = 0.6, inside the box of the interval's distances from zero: 0.1 / 0.5 to 0.6 / 0.5
     assert row["agreement"] == pytest.approx(0.6) and row["low"] == pytest.approx(0.2)
     assert row["high"] == pytest.approx(1.2) and (row["threshold"], row["comparison"]) == (1.0, "<")
-    ica = table.loc["ICA coordinates"]
+    ica = table.loc["ICA coordinates"]  # the match corrected for the ICA's estimation, not the raw match
     assert (ica["agreement"], ica["low"], ica["high"]) == (0.9, 0.85, 0.93)
     assert (ica["threshold"], ica["comparison"]) == (0.95, ">=")
     assert np.isnan(table.loc["posterior predictive statistics", "agreement"])  # not supplied: not measured
@@ -169,6 +170,7 @@ def test_rows_are_tied_to_their_quantities_by_name():
     z = np.random.default_rng(2).standard_normal((300, 2))
     components = pd.DataFrame(
         {"component": ["IC_0"], "worst_match": [1.0], "low": [1.0], "high": [1.0], "n_matching_cells": [300]}
+        | {"corrected_match": [1.0], "corrected_low": [1.0], "corrected_high": [1.0]}
     )
     numbers, _ = invariant_numbers(
         InvariantInputs(latents={"a": z, "b": z @ random_rotation(2, 3).T}, components=components)

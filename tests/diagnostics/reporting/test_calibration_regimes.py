@@ -27,7 +27,7 @@ def _record(regimes: bool = True) -> dict:
     record = {"command": "c", "written": "w", "replicates": 1, "data": "d", "scenarios": {}}
     if regimes:
         record["regimes"] = {
-            "linear toy": {
+            "linear-toy": {
                 "description": "simulated linear NB data",
                 "configuration": report_configuration("linear", 3, 1000, 300, False),
                 "command": "python benchmarks/calibration.py",
@@ -58,7 +58,7 @@ def test_a_report_in_a_regime_is_calibrated_by_it():
     assert (choice.name, choice.calibrated, choice.differences) == ("semi-synthetic", True, [])
     assert regime_sentence(_record(), choice).startswith("Calibrated in the regime 'semi-synthetic'")
     choice = nearest_regime(_record(), report_configuration("linear", 3, 800, 250, False))
-    assert (choice.name, choice.calibrated) == ("linear toy", True)
+    assert (choice.name, choice.calibrated) == ("linear-toy", True)
 
 
 def test_settings_outside_the_range_are_named_and_the_report_says_it_is_not_calibrated():
@@ -145,16 +145,9 @@ def test_bundled_regimes_are_those_of_the_results_section():
 
     record = load_calibration()
     regimes = record.get("regimes", {})
-    assert {"semi-synthetic", "kang-small-140", "kang-small-300", "linear toy"} <= set(regimes)
-    toy = regimes["linear toy"]  # the seeds scenario of calibration.py against its oracle (the section calibration)
-    assert toy["command"] == record["command"]
-    for row, counts in record["scenarios"]["seeds"]["oracle_rows"].items():
-        assert {k: toy["rows"][row][k] for k in ("runs", "correct", "wrong", "undetermined")} == {
-            k: counts[k] for k in ("runs", "correct", "wrong", "undetermined")
-        }
+    assert {"semi-synthetic", "kang-small-140", "kang-small-300", "linear-toy"} <= set(regimes)
+    assert "linear toy" not in regimes  # the seeds scenario's old oracle, replaced by the linear-toy regime
     for name, entry in regimes.items():
-        if name == "linear toy":
-            continue
         section = results_section(entry.get("section", "calibration-regimes"))
         assert f"Command: `{entry['command']}`" in section
         body = re.search(rf"### Regime \*\*{re.escape(name)}\*\*.*?\n\n.*?\n\n(\|.+?)\n\n", section, re.S).group(1)

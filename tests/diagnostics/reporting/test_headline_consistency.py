@@ -95,7 +95,7 @@ def check_headline(rep) -> None:
         verdicts = set(ica["verdict"])
         row = AGREE if verdicts == {AGREE} else DIFFER if DIFFER in verdicts else UNDETERMINED
         assert table.loc["ICA coordinates", "verdict"] == row
-        assert table.loc["ICA coordinates", "agreement"] == pytest.approx(ica["worst_match"].min())
+        assert table.loc["ICA coordinates", "agreement"] == pytest.approx(ica["corrected_match"].min())
     else:
         assert not lines
 

@@ -22,8 +22,9 @@ INTRO = (
     "ICA picks the rotation that makes the coordinates most non-Gaussian. That choice is reproducible only along "
     "directions that are clearly non-Gaussian; inside a Gaussian subspace every rotation is equally good and the axes "
     "are noise. Each seed's ICA is estimated on other cells than those it is compared on; a component agrees when its "
-    "worst match with another seed is at the threshold with confidence, and is undetermined when it is too close to "
-    "Gaussian or does not reproduce even within one seed."
+    "worst match with another seed, corrected for the ICA's own estimation error (divided by the first seed's match "
+    "with its own ICA on the other half), is at the threshold with confidence, and is undetermined when it is too "
+    "close to Gaussian or does not reproduce even within one seed."
 )
 
 
@@ -47,6 +48,8 @@ class ICAComponentsSection(Section):
             "dashed threshold); red: differs; purple: undetermined; hatched: too close to Gaussian to be identified. "
             "Black ticks: the same comparison within the first seed (its own ICA on the other half): high there but "
             "low across seeds means the seeds' solutions differ; low in both means too few cells to fix that axis. "
+            "Open diamonds: the worst match divided by that tick (corrected for the ICA's estimation error), which "
+            "the colour judges. "
             "Only components that agree can be read as axes; the others are identified as a subspace at most. A "
             "random rotation of a d-dimensional Gaussian space gives about 0.90 (d = 2) to 0.7 (d = 6) by chance.",
         ),
