@@ -106,6 +106,7 @@ LAYOUT: dict[str, list[str]] = {
         "test_report_schema",
         "test_report_sections",
         "test_restrictions_known_truth",
+        "test_restrictions_section",
         "test_verdict_calibration",
         "test_verdicts",
     ],

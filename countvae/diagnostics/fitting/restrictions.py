@@ -194,6 +194,8 @@ class RestrictionFits:
         Model name -> its two split-half fits (empty without split halves).
     adata_heldout, adata_fit
         The held-out and the training cells every model shares.
+    split_seed
+        The seed of the split halves of the training cells (:func:`split_half_cells`).
 
     """
 
@@ -202,6 +204,7 @@ class RestrictionFits:
     halves: dict[str, tuple[CountVAEFit, CountVAEFit]]
     adata_heldout: ad.AnnData
     adata_fit: ad.AnnData
+    split_seed: int = 0
 
 
 def fit_restrictions(
@@ -245,4 +248,4 @@ def fit_restrictions(
             name: fit_split_halves(adata_fit, kwargs, train_kwargs, pair, split_seed)
             for name, kwargs in model_kwargs.items()
         }
-    return RestrictionFits(fits, seconds, halves, heldout, adata_fit)
+    return RestrictionFits(fits, seconds, halves, heldout, adata_fit, split_seed)

@@ -14,7 +14,9 @@ of the first fit as its baseline), and two guide draws per fit on the k-NN cells
 (the within-seed baseline of each cell's neighbourhood agreement). From the data alone: the observed counts the
 no-latent baseline of the equivalence margin needs
 (:mod:`countvae.diagnostics.analyses.baseline`) and, for simulated data, the
-true sources. The analyses then work on :class:`Collected` alone.
+true sources. With a restrictions request, the restricted fits are read too
+(:func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`). The analyses then work on
+:class:`Collected` alone.
 
 Work that grows faster than linearly in cells, or that is expensive per cell,
 runs on a random subset of the held-out cells (:class:`CellSubsets`), whose size
@@ -46,6 +48,11 @@ from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.downstream_section import DECalls, DownstreamRequest, collect_de
 from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
+from countvae.diagnostics.reporting.restriction_readout import (
+    RestrictionArrays,
+    RestrictionRequest,
+    collect_restrictions,
+)
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
@@ -283,6 +290,8 @@ class Collected:
         The held-out cells' names, in order.
     downstream_request, de_calls
         The downstream section's request and the fits' DE calls it asked for (``None`` without them).
+    restriction_request, restriction_arrays
+        The restrictions section's request and its restricted fits' read-outs (``None`` without them).
     configuration
         The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
         cells, genes, batch), to choose the nearest calibrated regime.
@@ -307,6 +316,8 @@ class Collected:
     downstream_request: DownstreamRequest | None = None
     de_calls: DECalls | None = None
     configuration: dict[str, Any] | None = None
+    restriction_request: RestrictionRequest | None = None
+    restriction_arrays: RestrictionArrays | None = None
 
     @property
     def names(self) -> list[str]:
@@ -347,7 +358,9 @@ def knn_graph_cells(c: Collected, s: ReportSettings) -> int | None:
 
 
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).
-ALL_NEEDS = frozenset(({f.name for f in fields(FitArrays)} - {"loadings_are_weights"}) | {"differential_expression"})
+ALL_NEEDS = frozenset(
+    ({f.name for f in fields(FitArrays)} - {"loadings_are_weights"}) | {"differential_expression", "restrictions"}
+)
 _DECODER = frozenset({"span", "gram", "loadings", "jacobians", "gram_jacobians"})
 
 
@@ -436,12 +449,16 @@ def collect(
     adata_fit: ad.AnnData | None = None,
     needs: frozenset[str] = ALL_NEEDS,
     downstream: DownstreamRequest | None = None,
+    restrictions: RestrictionRequest | None = None,
 ) -> Collected:
     """Visit each fit once on the held-out cells ``adata`` (and ``adata_fit``'s cells; steps timed by ``stopwatch``).
 
     Each fit is asked only for the outputs in ``needs`` (the union of the needs of the report's sections);
-    the DE of the ``downstream`` request when ``"differential_expression"`` is among them.
+    the DE of the ``downstream`` request when ``"differential_expression"`` is among them, and the restricted
+    fits of the ``restrictions`` request when ``"restrictions"`` is.
     """
+    if restrictions is not None and "restrictions" in needs:
+        restrictions.check(fits, adata)
     var_names = pd.Index(fits[0].var_names)
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
@@ -466,6 +483,10 @@ def collect(
     if downstream is not None and "differential_expression" in needs:
         de = collect_de(fits, adata, downstream)
         stopwatch.lap("DE calls (downstream section)")
+    restricted = None
+    if restrictions is not None and "restrictions" in needs:
+        restricted = collect_restrictions(restrictions, marker_values.to_numpy(dtype=np.float64), var_names)
+        stopwatch.lap("restricted fits (restrictions section)")
     # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
     # own because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
@@ -491,4 +512,6 @@ def collect(
         downstream_request=downstream,
         de_calls=de,
         configuration=configuration_of_fits(fits, int(adata.n_obs)),
+        restriction_request=restrictions if restricted is not None else None,
+        restriction_arrays=restricted,
     )

@@ -32,10 +32,13 @@ from countvae.diagnostics.reporting.collect import collect, resolve_inputs
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
+from countvae.diagnostics.reporting.restriction_readout import RestrictionRequest
 from countvae.diagnostics.reporting.sections.base import Section, SectionResult, Shared
-from countvae.diagnostics.reporting.sections.registry import compute_order, resolve_sections
+from countvae.diagnostics.reporting.sections.registry import compute_order, registered_sections, resolve_sections
+from countvae.diagnostics.reporting.sections.restrictions import NO_REQUEST, RestrictionsSection
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
+from countvae.errors import InvalidArgumentError
 
 __all__ = ["DiagnosticReport", "DownstreamRequest", "ReportSettings", "report"]
 
@@ -51,6 +54,7 @@ def report(
     adata_fit: ad.AnnData | None = None,
     progress_bar: bool = False,
     downstream: DownstreamRequest | None = None,
+    restrictions: RestrictionRequest | None = None,
     sections: Sequence[str | Section] | None = None,
     settings: ReportSettings,
 ) -> DiagnosticReport:
@@ -78,6 +82,10 @@ def report(
         Add the downstream section (DE calls between two groups, Leiden clusters
         and UMAP neighbourhoods across seeds, each against a within-fit
         baseline); see :class:`~countvae.diagnostics.reporting.downstream_section.DownstreamRequest`.
+    restrictions
+        Add the restrictions section (what each restriction buys in identified coordinates and costs in
+        held-out fit, against ``fits``: the unrestricted model's seeds); see
+        :class:`~countvae.diagnostics.reporting.restriction_readout.RestrictionRequest`.
     sections
         The sections to run, by name or as :class:`~countvae.diagnostics.reporting.sections.Section`
         objects (default: every registered section, see
@@ -95,14 +103,13 @@ def report(
     ------
     InvalidArgumentError
         For one fit, duplicated seeds, fits on different genes or of different
-        width, a marker that is neither a gene nor an obs column, an unknown section.
+        width, a marker that is neither a gene nor an obs column, an unknown section, the restrictions
+        section without ``restrictions`` (or with restricted fits of other seeds or cells).
 
     """
     stopwatch = Stopwatch()
     s = settings.replace()  # a validated copy
-    if downstream is not None and sections is not None:
-        sections = [*sections, *(["downstream"] if "downstream" not in sections else [])]
-    chosen = resolve_sections(sections)
+    chosen = _chosen_sections(sections, downstream, restrictions)
     fit_list, adata, adata_fit, fit_settings = resolve_inputs(fits, adata_heldout, adata_fit)
     needs = frozenset().union(*(section.needs for section in chosen))
     limit = threadpool_limits(limits=s.blas_threads, user_api="blas") if s.blas_threads else contextlib.nullcontext()
@@ -118,6 +125,7 @@ def report(
             adata_fit=adata_fit,
             needs=needs,
             downstream=downstream,
+            restrictions=restrictions,
         )
         shared = Shared()
         for section in compute_order(chosen):
@@ -136,6 +144,30 @@ def report(
         sections=tuple(chosen),
         **{k: v for _, r in results for k, v in r.attributes.items()},
     )
+
+
+def _chosen_sections(
+    sections: Sequence[str | Section] | None,
+    downstream: DownstreamRequest | None,
+    restrictions: RestrictionRequest | None,
+) -> tuple[Section, ...]:
+    """The sections asked for (``None``: the registered ones), with the section of each request given.
+
+    Raises
+    ------
+    InvalidArgumentError
+        For the restrictions section without ``restrictions`` (and as :func:`resolve_sections`).
+
+    """
+    asked = {"downstream": downstream is not None, RestrictionsSection.name: restrictions is not None}
+    if sections is not None or asked[RestrictionsSection.name]:
+        sections = list(sections) if sections is not None else list(registered_sections())
+        names = {item if isinstance(item, str) else item.name for item in sections}
+        sections += [name for name, given in asked.items() if given and name not in names]
+    chosen = resolve_sections(sections)
+    if restrictions is None and any(section.name == RestrictionsSection.name for section in chosen):
+        raise InvalidArgumentError(NO_REQUEST)
+    return chosen
 
 
 def _headline(results: list[tuple[Section, SectionResult]]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Section
-from countvae.diagnostics.reporting.sections.registry import registered_sections
+from countvae.diagnostics.reporting.sections.registry import known_sections
 
 TITLE = "Multi-seed diagnostics: what these fits identify"
 
@@ -33,8 +33,8 @@ _STYLE = """
 
 
 def sections_of(rep: ReportContent) -> tuple[Section, ...]:
-    """The sections the report was made with (a report loaded from a file: the registered ones)."""
-    return rep.sections if rep.sections is not None else registered_sections()
+    """The sections the report was made with (a report loaded from a file: every known one, shown if it has tables)."""
+    return rep.sections if rep.sections is not None else known_sections()
 
 
 def _html_blocks(blocks: list[Block]) -> list[Block]:

@@ -1,6 +1,7 @@
 """:class:`RestrictionReport`: what each restriction buys in identified coordinates and costs in fit.
 
-Made by :func:`countvae.diagnostics.compare_restrictions`. It has the verbs every
+Made by :func:`countvae.diagnostics.compare_restrictions`; its words and tables are those of the
+multi-seed report's restrictions section (:mod:`.sections.restrictions`). It has the verbs every
 countvae report shares (``summary``, ``to_frame``, ``tables``, ``to_dict``,
 ``to_markdown``, ``to_html``, ``save``) and is saved the same way, as a folder of
 ``report.html``, ``report.json`` and ``report.md`` written atomically
@@ -29,33 +30,7 @@ from countvae.diagnostics.reporting.sections.base import (
     Paragraph,
     Table,
 )
-
-TITLE = "Restrictions: what each one identifies, and at what cost"
-
-#: How to read the tables (Markdown and HTML).
-INTRODUCTION = (
-    "Every model was fitted from the same seeds on the same training cells and evaluated on the same "
-    "held-out cells. Agreement is measured after a signed permutation of the latent dimensions only "
-    "(no rotation), so it is high only when the dimensions themselves reproduce; the rotation ceiling "
-    "is the same agreement after the best rotation. The split half fits the first two seeds on two disjoint "
-    "halves of the training cells, one each (for ICA: the unrestricted split-half fits, each re-read by an ICA "
-    "of its own half's cells); a restriction is credited with identifying the axes only when the seeds agree "
-    "and the independent halves agree too, because seeds that see the same cells can agree on axes of that "
-    "sample alone; an ICA with a component no more non-Gaussian than Gaussian noise of the same size is "
-    "not credited either. "
-    "Predictive cost is the held-out log p(x) of the restricted model minus the unrestricted one's, "
-    "per cell (negative: the restriction costs fit)."
-)
-
-#: The tables, in the order of the report's sections, with their headings.
-SECTIONS = {
-    "restrictions": "Per restriction",
-    "symmetry": "Declared symmetry and its numerical check",
-    "programs": "Gene programs: supported by the data?",
-    "agreement_pairs": "Agreement per pair of seeds",
-    "split_half": "Split half",
-    "predictive_seeds": "Predictive cost per seed",
-}
+from countvae.diagnostics.reporting.sections.restrictions import INTRODUCTION, TABLE_HEADINGS, TITLE
 
 
 def _folded(title: str, mapping: dict[str, Any]) -> tuple[Block, ...]:
@@ -130,7 +105,7 @@ class RestrictionReport:
         verdict = Part("verdict", "Verdict", (Bullets(tuple(self.headline), boxed=True), Paragraph(INTRODUCTION)))
         tables = [
             Part(name, heading, (Table(self.tables[name], max_rows=80),))
-            for name, heading in SECTIONS.items()
+            for name, heading in TABLE_HEADINGS.items()
             if len(self.tables.get(name, ()))
         ]
         settings = Part(

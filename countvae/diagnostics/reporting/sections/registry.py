@@ -2,6 +2,8 @@
 
 ``report(fits, heldout, sections=...)`` runs the sections given (default: :data:`DEFAULT_SECTIONS`,
 plus any added with :func:`register_section`); a section that another requires is added to the run.
+The sections of :data:`OPTIONAL_SECTIONS` need more than the fits (the restrictions section needs
+restricted fits): they run only when asked for, by name or through their request.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from countvae.diagnostics.reporting.sections.markers import MarkersSection
 from countvae.diagnostics.reporting.sections.per_cell import PerCellSection
 from countvae.diagnostics.reporting.sections.ppc import PPCSection
 from countvae.diagnostics.reporting.sections.predictive import PredictiveSection
+from countvae.diagnostics.reporting.sections.restrictions import RestrictionsSection
 from countvae.diagnostics.reporting.sections.seed_groups import SeedGroupsSection
 from countvae.diagnostics.reporting.sections.subspace import SubspaceSection
 from countvae.errors import InvalidArgumentError
@@ -42,12 +45,23 @@ DEFAULT_SECTIONS: tuple[Section, ...] = (
     PerCellSection(),
     AboutSection(),
 )
+#: Sections run only when asked for, each with the section it is shown before.
+OPTIONAL_SECTIONS: tuple[tuple[Section, str], ...] = ((RestrictionsSection(), "calibration"),)
 _registry: list[Section] = list(DEFAULT_SECTIONS)
 
 
 def registered_sections() -> tuple[Section, ...]:
     """The sections a report runs by default, in report order."""
     return tuple(_registry)
+
+
+def known_sections() -> tuple[Section, ...]:
+    """Every section a report can run, in report order: the registered ones and the optional ones."""
+    known = list(_registry)
+    for section, before in OPTIONAL_SECTIONS:
+        names = [s.name for s in known]
+        known.insert(names.index(before) if before in names else len(known), section)
+    return tuple(known)
 
 
 def register_section(section: Section, before: str = "about") -> None:
@@ -60,7 +74,7 @@ def register_section(section: Section, before: str = "about") -> None:
 
     """
     names = [s.name for s in _registry]
-    if section.name in names:
+    if section.name in {s.name for s in known_sections()}:
         raise InvalidArgumentError(f"A report section named {section.name!r} is registered already.")
     if before not in names:
         raise InvalidArgumentError(f"No registered report section {before!r}; sections: {names}.")
@@ -77,6 +91,8 @@ def unregister_section(name: str) -> None:
 def resolve_sections(requested: Sequence[str | Section] | None) -> tuple[Section, ...]:
     """The sections to run: ``requested`` (names or objects; ``None``: all registered) and what they require.
 
+    A name may also be one of :data:`OPTIONAL_SECTIONS`.
+
     Registered sections keep the report's order; other objects follow in the order given.
 
     Raises
@@ -85,7 +101,7 @@ def resolve_sections(requested: Sequence[str | Section] | None) -> tuple[Section
         For an unknown name, a repeated name, or a requirement that names no known section.
 
     """
-    known = {s.name: s for s in _registry}
+    known = {s.name: s for s in known_sections()}
     if requested is None:
         chosen = list(_registry)
     else:
