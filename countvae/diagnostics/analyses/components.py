@@ -121,6 +121,18 @@ def _ica(z: np.ndarray, seed: int, flags: bool) -> ICARotation:
         return ICARotation(random_state=seed, n_null=20 if flags else 0).fit(z)
 
 
+def _best_matches(reference: np.ndarray, other: np.ndarray, bootstrap: CellBootstrap) -> tuple[np.ndarray, np.ndarray]:
+    """Per reference component: its best-match |correlation| in ``other`` and that pair's bootstrap replicates."""
+    match = match_components(reference, other)
+    k, cells = reference.shape[1], bootstrap.positions
+    best, replicates = np.zeros(k), np.zeros((k, len(bootstrap.weights)))
+    best[match.rows] = np.abs(match.correlations)
+    for r, c in zip(match.rows, match.cols, strict=True):
+        pair = weighted_correlations(bootstrap.weights, reference[cells, r][:, None], other[cells, c][:, None])
+        replicates[r] = np.abs(pair[:, 0, 0])
+    return best, replicates
+
+
 def _ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -> np.ndarray | float:
     """``match / same_fit`` (NaN where the same fit's match is 0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -177,25 +189,11 @@ def ica_component_stability(
     own = _ica(estimation[names[0]][half_b], seed + len(names), flags=False)
     ref_sources = reference.transform(held[names[0]])
     sources = {names[0]: ref_sources} | {n: ica.transform(held[n]) for n, ica in others.items()}
-    weights = bootstrap.weights
-    cells = bootstrap.positions
     k = ref_sources.shape[1]
-    best = np.zeros((len(others), k))
-    replicates = np.zeros((len(others), k, len(weights)))
-    for i, n in enumerate(others):
-        match = match_components(ref_sources, sources[n])
-        best[i, match.rows] = np.abs(match.correlations)
-        for r, c in zip(match.rows, match.cols, strict=True):
-            pair = weighted_correlations(weights, ref_sources[cells, r][:, None], sources[n][cells, c][:, None])
-            replicates[i, r] = np.abs(pair[:, 0, 0])
-    own_sources = own.transform(held[names[0]])
-    own_match = match_components(ref_sources, own_sources)
-    baseline = np.zeros(k)
-    baseline[own_match.rows] = np.abs(own_match.correlations)
-    own_rep = np.zeros((k, len(weights)))
-    for r, c in zip(own_match.rows, own_match.cols, strict=True):
-        pair = weighted_correlations(weights, ref_sources[cells, r][:, None], own_sources[cells, c][:, None])
-        own_rep[r] = np.abs(pair[:, 0, 0])
+    matched = [_best_matches(ref_sources, sources[n], bootstrap) for n in others]
+    best = np.array([m[0] for m in matched]).reshape(len(others), k)
+    replicates = np.array([m[1] for m in matched])
+    baseline, own_rep = _best_matches(ref_sources, own.transform(held[names[0]]), bootstrap)
     worst_rep = replicates.min(axis=0)
     worst = best.min(axis=0)
     intervals = [percentile_interval(float(worst[c]), worst_rep[c], bootstrap.shrink, alpha) for c in range(k)]
