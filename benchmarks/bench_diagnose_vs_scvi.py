@@ -3,6 +3,7 @@
     python benchmarks/bench_diagnose_vs_scvi.py                          # embedded default and Kang
     python benchmarks/bench_diagnose_vs_scvi.py --datasets pbmc_3tech
     python benchmarks/bench_diagnose_vs_scvi.py --quick                  # smoke run: embedded, 2 seeds, 3 epochs
+    python benchmarks/bench_diagnose_vs_scvi.py --datasets sim100k --section diagnose-vs-scvi-100k
 
 In one run and one process tree, one after the other (never two heavy jobs at once), for each data set:
 
@@ -14,7 +15,11 @@ In one run and one process tree, one after the other (never two heavy jobs at on
 
 The ratio of the two wall times is the question an analyst asks: does the audit cost more than the fit it
 audits? Both run with their own default threading (the diagnosis fits its seeds on one torch thread each;
-SCVI uses torch's default). Writes section diagnose-vs-scvi of RESULTS.md.
+SCVI uses torch's default). Writes section diagnose-vs-scvi of RESULTS.md (``--section`` another).
+
+``sim10k`` and ``sim100k`` are the simulated NB counts of ``bench_training.py`` (a random MLP decoder, 2,000
+genes, 3 batches; :func:`_common.simulate_h5ad`, cached under ``--data-dir``); the others are
+:func:`countvae.data.load_dataset` names or ``embedded``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import DEFAULT_RESULTS, REPO_ROOT, command_line, cpu_model, load_average, write_section
+from _common import (
+    DEFAULT_RESULTS,
+    REPO_ROOT,
+    command_line,
+    cpu_model,
+    load_average,
+    simulate_h5ad,
+    write_section,
+)
 
 WORKER = """
 import json, sys, time
@@ -36,8 +49,12 @@ import numpy as np, scvi, torch
 import countvae as cv
 from countvae.diagnostics.fitting.heldout import heldout_split
 spec = json.loads(sys.argv[1])
-adata = cv.data.load_dataset(spec["dataset"]) if spec["dataset"] != "embedded" else None
-if adata is None:
+if spec["path"]:
+    import anndata as ad
+    adata = ad.read_h5ad(spec["path"])
+elif spec["dataset"] != "embedded":
+    adata = cv.data.load_dataset(spec["dataset"])
+else:
     from countvae.cli.diagnose import default_data
     adata = default_data()
 adata = adata[:, spec["genes"]].copy() if spec["genes"] else adata
@@ -58,14 +75,27 @@ print(json.dumps({"seconds": seconds, "epochs": epochs, "cells": adata.n_obs, "g
 """
 
 
-def run_diagnose(dataset: str, out: Path, quick: bool) -> tuple[float, dict]:
+#: Simulated data sets (cells; 2,000 genes, as ``bench_training.py``'s of the same name).
+SIMULATED = {"sim10k": 10_000, "sim100k": 100_000}
+
+
+def data_file(dataset: str, folder: Path, data_dir: Path) -> Path | None:
+    """The h5ad file the diagnosis reads (``None``: the embedded default, which needs none)."""
+    if dataset == "embedded":
+        return None
+    if dataset in SIMULATED:
+        return simulate_h5ad(data_dir / f"sim_{SIMULATED[dataset]}x2000.h5ad", SIMULATED[dataset], 2000, seed=0)
+    import countvae as cv
+
+    path = folder / f"{dataset}.h5ad"
+    cv.data.load_dataset(dataset).write_h5ad(path)
+    return path
+
+
+def run_diagnose(path: Path | None, out: Path, quick: bool) -> tuple[float, dict]:
     """Run `countvae diagnose` on the data set in a fresh process; its wall time and report settings."""
     command = [sys.executable, "-m", "countvae", "diagnose"]
-    if dataset != "embedded":
-        import countvae as cv
-
-        path = out.parent / f"{dataset}.h5ad"
-        cv.data.load_dataset(dataset).write_h5ad(path)
+    if path is not None:
         command += [str(path), "--batch-key", "batch"]
     if quick:
         command += ["--seeds", "2", "--max-epochs", "3"]
@@ -78,12 +108,13 @@ def run_diagnose(dataset: str, out: Path, quick: bool) -> tuple[float, dict]:
     return seconds, report
 
 
-def run_scvi(dataset: str, report: dict, quick: bool) -> dict:
+def run_scvi(dataset: str, path: Path | None, report: dict, quick: bool) -> dict:
     """One default SCVI fit on the diagnosis's fit cells and genes, in a fresh process."""
     fits = report["settings"]["fits"]
     selection = fits.get("gene_selection") or {}
     spec = {
         "dataset": dataset,
+        "path": str(path) if path is not None else None,
         "genes": selection.get("genes"),
         "heldout_fraction": fits["heldout_fraction"],
         "split_seed": fits["split_seed"],
@@ -104,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", default="embedded,kang2018", help="comma-separated: embedded, kang2018, ...")
     parser.add_argument("--quick", action="store_true", help="smoke run: embedded only, 2 seeds, 3 epochs")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--section", default="diagnose-vs-scvi", help="the RESULTS.md section to write")
+    parser.add_argument("--data-dir", type=Path, default=Path("/tmp/countvae_bench_data"), help="simulated data")
     args = parser.parse_args(argv)
     datasets = ["embedded"] if args.quick else args.datasets.split(",")
     rows = []
@@ -111,10 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         for dataset in datasets:
             out = Path(tmp) / dataset / "diag"
             out.parent.mkdir(parents=True)
+            args.data_dir.mkdir(parents=True, exist_ok=True)
+            path = data_file(dataset, out.parent, args.data_dir)
             loads = [load_average()]
-            diagnose_s, report = run_diagnose(dataset, out, args.quick)
+            diagnose_s, report = run_diagnose(path, out, args.quick)
             loads.append(load_average())
-            scvi_run = run_scvi(dataset, report, args.quick)
+            scvi_run = run_scvi(dataset, path, report, args.quick)
             loads.append(load_average())
             fits = report["settings"]["fits"]
             epochs = [t.get("epochs_trained") for t in fits.get("training", [])]
@@ -139,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{', '.join(str(e) for e in epochs) or '-'} | {scvi_run['seconds']:.0f} s ({scvi_run['threads']} threads) "
             f"| {scvi_run['epochs']} | {diagnose_s / scvi_run['seconds']:.2f} | {' / '.join(scvi_run['loads'])} |"
         )
-    write_section(args.results, "diagnose-vs-scvi-quick" if args.quick else "diagnose-vs-scvi", "\n".join(lines))
+    write_section(args.results, f"{args.section}-quick" if args.quick else args.section, "\n".join(lines))
     print("\n".join(lines))
     return 0
 
