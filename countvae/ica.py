@@ -493,6 +493,82 @@ def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
     return [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
 
 
+@dataclass
+class SplitHalfICAs:
+    """Each fit's ICA estimated on one of two disjoint halves of the same cells.
+
+    The estimation scheme behind :func:`ica_stability` (seeds mode) and the
+    report's per-component table
+    (:func:`countvae.diagnostics.analyses.components.ica_component_stability`):
+    no cell informs both sides of a comparison, so a shared sample accident
+    cannot fake agreement.
+
+    Attributes
+    ----------
+    reference
+        The first fit's ICA on ``halves[0]``, with its Gaussian flags.
+    others
+        Each later fit's ICA on ``halves[1]``.
+    own
+        The first fit's own ICA on ``halves[1]``: what one fit's ICA reproduces
+        from one half to the other (the baseline of :func:`attenuation_ratio`).
+    halves
+        The two halves, as sorted row positions.
+
+    """
+
+    reference: ICARotation
+    others: list[ICARotation]
+    own: ICARotation
+    halves: tuple[np.ndarray, np.ndarray]
+
+
+def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_params: Any) -> SplitHalfICAs:
+    """Estimate each fit's ICA on one of two random disjoint halves of the cells.
+
+    Parameters
+    ----------
+    latents
+        Two or more (cells, d) arrays of the same cells, one per fit; the first is the reference.
+    random_state
+        Seed of the split and of the ICA initialisations (``random_state + i`` for
+        fit ``i``, ``random_state + len(latents)`` for the first fit's own ICA on the
+        second half), so that every ICA starts from its own point.
+    **ica_params
+        Passed to :class:`ICARotation`.
+
+    Returns
+    -------
+    SplitHalfICAs
+
+    """
+    runs = _runs(latents)
+    if len(runs) < 2:
+        raise InvalidArgumentError(f"Split-half ICAs need at least two fits, got {len(runs)}.")
+    n = runs[0].shape[0]
+    order = np.random.default_rng(random_state).permutation(n)
+    half_a, half_b = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
+    reference = _fit_quiet(runs[0][half_a], dict(ica_params, random_state=random_state), flags=True)
+    others = [
+        _fit_quiet(z[half_b], dict(ica_params, random_state=random_state + i)) for i, z in enumerate(runs[1:], start=1)
+    ]
+    own = _fit_quiet(runs[0][half_b], dict(ica_params, random_state=random_state + len(runs)))
+    return SplitHalfICAs(reference, others, own, (half_a, half_b))
+
+
+def attenuation_ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -> np.ndarray | float:
+    """A cross-fit match divided by the same fit's split-half match (NaN where the latter is 0).
+
+    An ICA estimated on a finite half is off its population axis, and that error
+    lowers every match it enters: the same fit's across halves as much as
+    another fit's. The ratio (Spearman's correction for attenuation) is the
+    cross-fit match that ICAs estimated on all cells of the distribution would
+    have; above 1 it is estimation noise, and callers cap it there.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(np.asarray(same_fit) > 0, np.asarray(match) / np.asarray(same_fit), np.nan)[()]
+
+
 def ica_stability(
     latents: np.ndarray | Sequence[np.ndarray],
     *,
@@ -518,22 +594,28 @@ def ica_stability(
     then applied to all cells, and every fit gets its own initialisation):
 
     * ``"halves"`` (default): the reference on a random half of the cells, the
-      others on the other half (seeds), or on bootstrap resamples of the other
-      half (bootstrap mode). No cell informs both sides of a comparison.
+      others on the other half (seeds, :func:`split_half_icas`), or on bootstrap
+      resamples of the other half (bootstrap mode). No cell informs both sides
+      of a comparison.
     * ``"bootstrap"``: the reference on all cells, the others on bootstrap
       resamples of all cells.
     * ``"none"`` (seeds mode only): every ICA on all cells.
 
-    Why it matters: ICA is affine-equivariant, and a finite Gaussian sample
-    has accidental most-non-Gaussian directions. Fits that agree up to a
-    linear map on the same cells (as VAE seeds nearly do) hand ICA the same
-    accident, and it returns the same axes even in a Gaussian subspace: noisy
+    Why: a finite Gaussian sample has accidental most-non-Gaussian directions,
+    and fits that agree up to a linear map on the same cells (as VAE seeds
+    nearly do) hand affine-equivariant ICA the same accident: noisy
     rotated copies of one 3-d Gaussian sample give matches of 0.98 with
     ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample keeps
     most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance
     level of a random rotation (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83
     for three, 0.77 for four, 0.69 for six dimensions); Laplace sources give
     0.99 in every scheme. Hence the default ``threshold`` of 0.95.
+
+    Seeds with ``"halves"`` follow the report's ICA rule on point estimates:
+    ``reproducible`` when not flagged Gaussian, matched at ``threshold`` by the
+    first fit's own ICA on the other half (``same_fit``), and with ``corrected``
+    (worst match / ``same_fit``, :func:`attenuation_ratio`, capped at 1) at least
+    ``threshold``. Elsewhere those columns are NaN and the rule is ``mean >= threshold``.
 
     Parameters
     ----------
@@ -545,7 +627,7 @@ def ica_stability(
     n_bootstrap
         Resamples in bootstrap mode.
     threshold
-        A component is reproducible when its mean best-match |correlation| is at least this.
+        The reproducibility threshold, see above.
     method
         ``"pearson"`` or ``"spearman"`` correlation.
     random_state
@@ -570,46 +652,88 @@ def ica_stability(
         raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
     if mode == "bootstrap":
         check_int("n_bootstrap", n_bootstrap, 1)
+        (reference, others), own = _bootstrap_icas(runs[0], resample, n_bootstrap, random_state, ica_params), None
+    elif resample == "halves":
+        split = split_half_icas(runs, random_state, **ica_params)
+        reference, others, own = split.reference, split.others, split.own
+    else:
+        (reference, others), own = _seed_icas(runs, resample, random_state, ica_params), None
+    labels = [f"bootstrap {b}" if mode == "bootstrap" else f"run {b + 1}" for b in range(len(others))]
+    ref_sources = reference.transform(runs[0])
+    own_runs = runs[1:] if mode == "seeds" else [runs[0]] * len(others)
+    rows = [_best_match(ref_sources, ica.transform(z), method) for ica, z in zip(others, own_runs, strict=True)]
+    matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
+    table = _stability_table(reference, matches, own, runs[0], ref_sources, method, threshold)
+    if not table["reproducible"].all():
+        logger.info("ICA components that do not reproduce (%s): %s", mode, list(table.index[~table["reproducible"]]))
+    return ICAStability(
+        table=table, matches=matches, mode=mode, resample=resample, threshold=float(threshold), reference=reference
+    )
+
+
+def _bootstrap_icas(
+    z: np.ndarray, resample: str, n_bootstrap: int, random_state: int, ica_params: dict[str, Any]
+) -> tuple[ICARotation, list[ICARotation]]:
+    """One fit: the reference ICA (on one half, or all cells) and ICAs of bootstrap resamples of the rest."""
     rng = np.random.default_rng(random_state)
-    n = runs[0].shape[0]
+    n = z.shape[0]
     if resample == "halves":
         order = rng.permutation(n)
         ref_cells, other_cells = np.sort(order[: n // 2]), np.sort(order[n // 2 :])
     else:
         ref_cells = other_cells = np.arange(n)
-    # the reference's Gaussian flags are reported in the table instead of warned about
-    reference = _fit_quiet(runs[0][ref_cells], dict(ica_params, random_state=random_state), flags=True)
-    ref_sources = reference.transform(runs[0])
-    rows, labels = [], []
-    if mode == "bootstrap":
-        for b in range(n_bootstrap):
-            sample = runs[0][other_cells[rng.integers(0, other_cells.size, other_cells.size)]]
-            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + b + 1))
-            rows.append(_best_match(ref_sources, ica.transform(runs[0]), method))
-            labels.append(f"bootstrap {b}")
-    else:
-        for i, z in enumerate(runs[1:], start=1):
-            sample = z[other_cells[rng.integers(0, n, n)]] if resample == "bootstrap" else z[other_cells]
-            ica = _fit_quiet(sample, dict(ica_params, random_state=random_state + i))
-            rows.append(_best_match(ref_sources, ica.transform(z), method))
-            labels.append(f"run {i}")
-    matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
+    reference = _fit_quiet(z[ref_cells], dict(ica_params, random_state=random_state), flags=True)
+    others = []
+    for b in range(n_bootstrap):
+        sample = z[other_cells[rng.integers(0, other_cells.size, other_cells.size)]]
+        others.append(_fit_quiet(sample, dict(ica_params, random_state=random_state + b + 1)))
+    return reference, others
+
+
+def _seed_icas(
+    runs: list[np.ndarray], resample: str, random_state: int, ica_params: dict[str, Any]
+) -> tuple[ICARotation, list[ICARotation]]:
+    """Several fits, ICAs on all cells (``"none"``) or the others' on bootstrap resamples (``"bootstrap"``)."""
+    rng = np.random.default_rng(random_state)
+    n = runs[0].shape[0]
+    reference = _fit_quiet(runs[0], dict(ica_params, random_state=random_state), flags=True)
+    others = []
+    for i, z in enumerate(runs[1:], start=1):
+        sample = z[rng.integers(0, n, n)] if resample == "bootstrap" else z
+        others.append(_fit_quiet(sample, dict(ica_params, random_state=random_state + i)))
+    return reference, others
+
+
+def _stability_table(
+    reference: ICARotation,
+    matches: pd.DataFrame,
+    own: ICARotation | None,
+    z: np.ndarray,
+    ref_sources: np.ndarray,
+    method: str,
+    threshold: float,
+) -> pd.DataFrame:
+    """Per component: the match summaries, the split-half baseline where there is one, and ``reproducible``."""
+    index = pd.Index(reference.component_names_, name="component")
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
             "median": matches.median(axis=0),
             "min": matches.min(axis=0),
             "negentropy": reference.negentropy_,
-            "gaussian": reference.gaussian_,
+            "gaussian": reference.gaussian_.astype(bool),
         },
-        index=pd.Index(reference.component_names_, name="component"),
+        index=index,
     )
-    table["reproducible"] = table["mean"] >= threshold
-    if not table["reproducible"].all():
-        logger.info("ICA components that do not reproduce (%s): %s", mode, list(table.index[~table["reproducible"]]))
-    return ICAStability(
-        table=table, matches=matches, mode=mode, resample=resample, threshold=float(threshold), reference=reference
-    )
+    if own is None:
+        table["same_fit"] = table["corrected"] = np.nan
+        table["reproducible"] = table["mean"] >= threshold
+        return table
+    same_fit = _best_match(ref_sources, own.transform(z), method)
+    table["same_fit"] = same_fit
+    table["corrected"] = np.minimum(attenuation_ratio(table["min"].to_numpy(), same_fit), 1.0)
+    table["reproducible"] = (~table["gaussian"]) & (table["same_fit"] >= threshold) & (table["corrected"] >= threshold)
+    return table
 
 
 def _best_match(reference: np.ndarray, other: np.ndarray, method: str) -> np.ndarray:

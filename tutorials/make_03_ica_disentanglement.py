@@ -111,7 +111,11 @@ pd.DataFrame(rows).T.round(3)""",
         "md",
         """**Do the ICA axes reproduce across seeds?** `ica_stability` fits ICA to each seed's latents
 (each on its own half of the cells, so that a shared sample accident cannot fake agreement) and
-matches every component of the first seed to the other seeds' components.""",
+matches every component of the first seed to the other seeds' components. `same_fit` is the first
+seed's ICA on one half against its own ICA on the other half: how well half the cells fix each axis
+at all. `corrected` is the worst cross-seed match divided by it (capped at 1), because the ICA's error
+on half the cells lowers both alike; a component reproduces when it is not flagged Gaussian and both
+are at least 0.95, the rule the diagnostic report applies.""",
     ),
     (
         "code",

@@ -19,7 +19,8 @@ Which cells the ICAs are estimated on matters:
 
 ICAs estimated on the *same* cells are not evidence: seeds of a VAE agree nearly
 up to a linear map, so ICA finds the same accidental non-Gaussian directions of
-a Gaussian sample in each (see :func:`countvae.ica.ica_stability`).
+a Gaussian sample in each (see :func:`countvae.ica.ica_stability`). The halves and the
+ICAs on them are :func:`countvae.ica.split_half_icas`, shared with :func:`countvae.ica.ica_stability`.
 
 Two baselines tell why a component does not reproduce: ``same_fit_match``, the
 same comparison between the first fit's ICA on one half and *its own* ICA on the
@@ -43,13 +44,11 @@ numbers into verdicts.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from sklearn.exceptions import ConvergenceWarning
 
 from countvae.diagnostics.analyses.resampling import (
     CellBootstrap,
@@ -57,8 +56,8 @@ from countvae.diagnostics.analyses.resampling import (
     percentile_interval,
     weighted_correlations,
 )
-from countvae.errors import InvalidArgumentError, NonIdentifiableComponentsWarning
-from countvae.ica import ICARotation
+from countvae.errors import InvalidArgumentError
+from countvae.ica import attenuation_ratio, split_half_icas
 from countvae.metrics import match_components
 
 #: Columns of the per-component table, in order (the verdict columns are added by the verdicts step).
@@ -114,13 +113,6 @@ def empty_stability() -> ComponentStability:
     )
 
 
-def _ica(z: np.ndarray, seed: int, flags: bool) -> ICARotation:
-    with warnings.catch_warnings():  # near-Gaussian components are reported in the table instead
-        warnings.simplefilter("ignore", NonIdentifiableComponentsWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return ICARotation(random_state=seed, n_null=20 if flags else 0).fit(z)
-
-
 def _best_matches(reference: np.ndarray, other: np.ndarray, bootstrap: CellBootstrap) -> tuple[np.ndarray, np.ndarray]:
     """Per reference component: its best-match |correlation| in ``other`` and that pair's bootstrap replicates."""
     match = match_components(reference, other)
@@ -131,12 +123,6 @@ def _best_matches(reference: np.ndarray, other: np.ndarray, bootstrap: CellBoots
         pair = weighted_correlations(bootstrap.weights, reference[cells, r][:, None], other[cells, c][:, None])
         replicates[r] = np.abs(pair[:, 0, 0])
     return best, replicates
-
-
-def _ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -> np.ndarray | float:
-    """``match / same_fit`` (NaN where the same fit's match is 0)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(np.asarray(same_fit) > 0, np.asarray(match) / np.asarray(same_fit), np.nan)[()]
 
 
 def _capped(interval: Interval) -> Interval:
@@ -181,12 +167,9 @@ def ica_component_stability(
         raise InvalidArgumentError(f"ICA component stability needs at least two fits, got {len(names)}.")
     held = {n: np.asarray(z, dtype=np.float64) for n, z in heldout.items()}
     estimation = held if fit_cells is None else {n: np.asarray(fit_cells[n], dtype=np.float64) for n in names}
-    n_est = len(estimation[names[0]])
-    order = np.random.default_rng(seed).permutation(n_est)
-    half_a, half_b = np.sort(order[: n_est // 2]), np.sort(order[n_est // 2 :])
-    reference = _ica(estimation[names[0]][half_a], seed, flags=True)
-    others = {n: _ica(estimation[n][half_b], seed + i, flags=False) for i, n in enumerate(names[1:], start=1)}
-    own = _ica(estimation[names[0]][half_b], seed + len(names), flags=False)
+    split = split_half_icas([estimation[n] for n in names], random_state=seed)
+    reference, own, half_a = split.reference, split.own, split.halves[0]
+    others = dict(zip(names[1:], split.others, strict=True))
     ref_sources = reference.transform(held[names[0]])
     sources = {names[0]: ref_sources} | {n: ica.transform(held[n]) for n, ica in others.items()}
     k = ref_sources.shape[1]
@@ -197,9 +180,9 @@ def ica_component_stability(
     worst_rep = replicates.min(axis=0)
     worst = best.min(axis=0)
     intervals = [percentile_interval(float(worst[c]), worst_rep[c], bootstrap.shrink, alpha) for c in range(k)]
-    ratio_rep = _ratio(worst_rep, own_rep)
+    ratio_rep = attenuation_ratio(worst_rep, own_rep)
     corrected = [
-        _capped(percentile_interval(_ratio(worst[c], baseline[c]), ratio_rep[c], bootstrap.shrink, alpha))
+        _capped(percentile_interval(attenuation_ratio(worst[c], baseline[c]), ratio_rep[c], bootstrap.shrink, alpha))
         for c in range(k)
     ]
     table = pd.DataFrame(

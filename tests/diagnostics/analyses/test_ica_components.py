@@ -19,6 +19,7 @@ from countvae.diagnostics.analyses.resampling import cell_bootstrap
 from countvae.diagnostics.reporting.headline import ica_sentence
 from countvae.diagnostics.reporting.verdicts import AGREE, DIFFER, UNDETERMINED, judge_components
 from countvae.errors import InvalidArgumentError
+from countvae.ica import ica_stability
 
 N_CELLS, DIM = 2000, 4
 
@@ -170,3 +171,19 @@ def test_the_corrected_match_recovers_the_population_match_that_estimation_on_fe
     assert (shared["corrected_match"] >= shared["worst_match"]).all()
     assert (table["corrected_low"] <= table["corrected_match"]).all()
     assert (table["corrected_match"] <= table["corrected_high"]).all() and (table["corrected_high"] <= 1.0).all()
+
+
+def test_the_report_and_ica_stability_measure_one_thing_on_the_same_cells():
+    """The report's table and the public ``ica_stability`` share their estimation (``split_half_icas``): given the
+    same latents to estimate and match on, their worst match, split-half baseline and corrected match are equal,
+    and both call the mixed component of the partly shared seeds not reproducible. Fails if either drifts to
+    another split, other ICA starts, another baseline or another correction."""
+    latents = _partly_shared(1600, seed=7)
+    table = ica_component_stability(latents, cell_bootstrap(1600, 50, seed=3), latents).table.set_index("component")
+    public = ica_stability(list(latents.values())).table
+    np.testing.assert_allclose(public["min"], table["worst_match"], atol=1e-12)
+    np.testing.assert_allclose(public["same_fit"], table["same_fit_match"], atol=1e-12)
+    np.testing.assert_allclose(public["corrected"], table["corrected_match"], atol=1e-12)
+    judged = judge_components(table.reset_index(), 0.95).set_index("component")
+    assert public["reproducible"].to_dict() == (judged["verdict"] == AGREE).to_dict()
+    assert public["reproducible"].sum() == DIM - 1
