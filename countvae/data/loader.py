@@ -57,6 +57,10 @@ class Minibatch:
         Row-major flat positions (``row * n_genes + gene``) of the non-zero entries of
         ``counts``, in increasing order, when the rows came from a sparse matrix
         (saves the likelihood a search over the dense block); else ``None``.
+    nonzero_rows, nonzero_genes
+        The row and the gene of each of those entries (the same order), or ``None``.
+    nonzero_per_row
+        The number of those entries in each row, or ``None``.
 
     """
 
@@ -64,6 +68,9 @@ class Minibatch:
     counts: np.ndarray
     batch: np.ndarray
     nonzero: np.ndarray | None = None
+    nonzero_rows: np.ndarray | None = None
+    nonzero_genes: np.ndarray | None = None
+    nonzero_per_row: np.ndarray | None = None
 
 
 def _dense_dtype(dtype: np.dtype) -> np.dtype:
@@ -154,13 +161,23 @@ class CountSource:
             if not block.has_canonical_format:
                 block.sum_duplicates()
             rows = np.repeat(np.arange(block.shape[0], dtype=np.int64), np.diff(block.indptr))
-            flat = rows * block.shape[1] + block.indices.astype(np.int64)
-            # explicitly stored zeros are not non-zero counts
-            nonzero = flat[block.data != 0]
-        else:
-            counts = np.asarray(block).astype(self.counts_dtype, copy=False)
-            nonzero = None
-        return Minibatch(indices=indices, counts=counts, batch=self.batch[indices], nonzero=nonzero)
+            genes = block.indices.astype(np.int64)
+            per_row = np.diff(block.indptr).astype(np.int64)
+            stored = block.data != 0  # explicitly stored zeros are not non-zero counts
+            if not stored.all():
+                rows, genes = rows[stored], genes[stored]
+                per_row = np.bincount(rows, minlength=block.shape[0]).astype(np.int64)
+            return Minibatch(
+                indices=indices,
+                counts=counts,
+                batch=self.batch[indices],
+                nonzero=rows * block.shape[1] + genes,
+                nonzero_rows=rows,
+                nonzero_genes=genes,
+                nonzero_per_row=per_row,
+            )
+        counts = np.asarray(block).astype(self.counts_dtype, copy=False)
+        return Minibatch(indices=indices, counts=counts, batch=self.batch[indices])
 
     def rows(self, indices: np.ndarray) -> Minibatch:
         """Dense counts of the given rows (sorted first; duplicates are not allowed)."""

@@ -268,7 +268,8 @@ def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple
     x = torch.as_tensor(mb.counts).to(device=device, dtype=dtype)
     b = torch.as_tensor(mb.batch, dtype=torch.long).to(device)
     if mb.nonzero is not None:
-        attach_nonzero_index(x, torch.as_tensor(mb.nonzero, dtype=torch.long).to(device))
+        positions = (mb.nonzero, mb.nonzero_rows, mb.nonzero_genes, mb.nonzero_per_row)
+        attach_nonzero_index(x, *(torch.as_tensor(p, dtype=torch.long).to(device) for p in positions))
     return x, b
 
 

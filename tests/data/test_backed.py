@@ -71,6 +71,8 @@ def test_backed_epoch_reads_each_row_once_in_contiguous_slices(h5ad_path):
         np.testing.assert_array_equal(mb.counts, memory.X[mb.indices].toarray())
         flat = np.flatnonzero(mb.counts.reshape(-1))
         np.testing.assert_array_equal(mb.nonzero, flat)
+        np.testing.assert_array_equal(mb.nonzero_rows * backed.n_vars + mb.nonzero_genes, flat)
+        np.testing.assert_array_equal(mb.nonzero_per_row, (mb.counts != 0).sum(axis=1))
         seen.append(mb.indices)
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), train)
     assert all(isinstance(k, slice) for k in spy.keys)  # never a fancy index into the file
