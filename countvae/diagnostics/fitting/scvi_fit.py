@@ -2,11 +2,10 @@
 
 scvi-tools is an optional dependency; this module does not import it (the
 model object brings its own classes). Where the adapter calls scvi-tools'
-private methods (``_validate_anndata``, ``_make_data_loader``,
-``_compute_local_library_params``) it is because scvi-tools offers no public
-way to set up a new AnnData like the training data, to iterate over it in the
-model's minibatches, or to read the library-size prior; these are the calls
-its own ``get_marginal_ll`` makes.
+private methods (``_validate_anndata``, ``_make_data_loader``) it is because
+scvi-tools offers no public way to set up a new AnnData like the training data
+or to iterate over it in the model's minibatches; these are the calls its own
+``get_marginal_ll`` makes.
 """
 
 from __future__ import annotations
