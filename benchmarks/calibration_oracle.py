@@ -108,8 +108,9 @@ def oracle_replicate(
     import torch
 
     torch.set_num_threads(1)
+    from bilipschitz import true_log_rate_jacobian
+
     import countvae as cv
-    from countvae.data.simulate import true_log_rate_jacobian
     from countvae.diagnostics import CountVAEFit, report
     from countvae.diagnostics.analyses.invariants import concordance, gene_centred_concordance
     from countvae.diagnostics.fitting.heldout import cells_at, heldout_split

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from bilipschitz import bilipschitz_constant, fisher_singular_values, model_bilipschitz
+from bilipschitz import bilipschitz_constant, fisher_singular_values, model_bilipschitz, true_log_rate_jacobian
 from ica_common import (
     add_output_arguments,
     apply_quick,
@@ -52,7 +52,7 @@ def label(decoder: str, slope: float) -> str:
 
 def true_b(adata, library_size: float) -> np.ndarray:
     """B(z) of the simulating decoder at the true sources, at a common library size."""
-    log_mean, jac = cv.data.true_log_rate_jacobian(adata)
+    log_mean, jac = true_log_rate_jacobian(adata)
     log_mean = log_mean - np.log(adata.obs["size_factor"].to_numpy())[:, None] + np.log(library_size)
     theta = np.asarray(adata.uns["simulation"]["theta"])
     return bilipschitz_constant(fisher_singular_values(jac, np.exp(log_mean), theta))

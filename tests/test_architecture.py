@@ -35,9 +35,6 @@ ALLOWED_PRIVATE = {
     ("diagnostics/fitting/scvi_fit.py", "_make_data_loader"): (
         "scvi-tools has no public way to iterate over an AnnData in the model's minibatches"
     ),
-    ("diagnostics/fitting/scvi_fit.py", "_compute_local_library_params"): (
-        "the library-size prior of scvi-tools' VAE, which its own marginal_ll reads the same way"
-    ),
     ("data/backed.py", "_oidx"): (
         "anndata has no public way to get the rows of a view of a backed AnnData in its file; they let countvae "
         "read the view's cells from disk instead of loading them (a view of a view cannot be made, so it is one index)"

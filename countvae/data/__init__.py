@@ -13,7 +13,7 @@ from countvae.data.gene_selection import (
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs, read_gmt
 from countvae.data.loader import CountSource, Minibatch
 from countvae.data.registry import Registry, get_registry, setup_anndata
-from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_log_rate_jacobian, true_programs
+from countvae.data.simulate import draw_sources, planted_lfc, simulate, true_programs
 from countvae.data.split import split_indices
 from countvae.data.validation import CountSummary, validate_counts
 
@@ -41,7 +41,6 @@ __all__ = [
     "setup_anndata",
     "simulate",
     "split_indices",
-    "true_log_rate_jacobian",
     "true_programs",
     "validate_counts",
 ]

@@ -370,45 +370,6 @@ def source_labels(z: np.ndarray, n_bins: int) -> np.ndarray:
     return labels
 
 
-def true_log_rate_jacobian(adata: ad.AnnData, z: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The simulating decoder's log mean and its Jacobian with respect to the sources.
-
-    Parameters
-    ----------
-    adata
-        Output of :func:`simulate` (its ``uns['simulation']`` and ``obs``).
-    z
-        Source values, (cells, n_latent); default ``obsm['z_true']``.
-
-    Returns
-    -------
-    log_mean, jacobian
-        ``log mu`` (cells, genes), including each cell's size factor, batch
-        offset and planted group effect, and ``d log mu / d z`` (cells, genes, n_latent). For the MLP
-        decoder the Jacobian includes the softmax normalisation:
-        ``(I - 1 p^T) V2 diag(leaky_relu'(u)) V1`` with ``p`` the gene shares.
-
-    """
-    params = adata.uns["simulation"]
-    z = np.asarray(adata.obsm["z_true"] if z is None else z, dtype=np.float64)
-    batch = adata.obs["batch"].cat.codes.to_numpy()
-    offset = np.asarray(params["batch_offset"])[batch] + np.log(adata.obs["size_factor"].to_numpy())[:, None]
-    if "de_lfc" in params:
-        offset = offset + np.log(2.0) * np.asarray(params["de_lfc"])[adata.obs["group"].cat.codes.to_numpy()]
-    if params["decoder"] == "linear":
-        W = np.asarray(params["W"])
-        log_mean = np.asarray(params["b"]) + z @ W.T + offset
-        return log_mean, np.broadcast_to(W, (z.shape[0], *W.shape)).copy()
-    V1, a1, V2 = (np.asarray(params[k]) for k in ("V1", "a1", "V2"))
-    slope = float(params["leaky_slope"])
-    pre = z @ V1.T + a1
-    eta = log_softmax(np.asarray(params["b"]) + _leaky_relu(pre, slope) @ V2.T, axis=1)
-    inner = np.einsum("gh,nh,hl->ngl", V2, np.where(pre > 0, 1.0, slope), V1)
-    shares = np.exp(eta)
-    jacobian = inner - np.einsum("ng,ngl->nl", shares, inner)[:, None, :]
-    return eta + offset, jacobian
-
-
 def _draw_counts(
     mu: np.ndarray, likelihood: str, theta: np.ndarray, dropout: float, rng: np.random.Generator
 ) -> np.ndarray:

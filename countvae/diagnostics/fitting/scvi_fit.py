@@ -2,11 +2,10 @@
 
 scvi-tools is an optional dependency; this module does not import it (the
 model object brings its own classes). Where the adapter calls scvi-tools'
-private methods (``_validate_anndata``, ``_make_data_loader``,
-``_compute_local_library_params``) it is because scvi-tools offers no public
-way to set up a new AnnData like the training data, to iterate over it in the
-model's minibatches, or to read the library-size prior; these are the calls
-its own ``get_marginal_ll`` makes.
+private methods (``_validate_anndata``, ``_make_data_loader``) it is because
+scvi-tools offers no public way to set up a new AnnData like the training data
+or to iterate over it in the model's minibatches; these are the calls its own
+``get_marginal_ll`` makes.
 """
 
 from __future__ import annotations
@@ -20,14 +19,13 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 import torch
-from torch.distributions import Normal
 
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
 from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, UnreliableEstimateWarning
 from countvae.model.query import check_genes
-from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary, summarize_log_weights
+from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 
 #: Elements (samples x cells x genes) per forward pass when estimating scvi-tools' log p(x).
@@ -49,9 +47,7 @@ class SCVIFit:
     * :meth:`log_predictive_density` estimates ``log p(x)`` with countvae's
       estimator on the module's own log joint, in float64; scvi-tools'
       ``get_marginal_ll`` (importance sampling from the guide, in float32) can be
-      far too low where the guide is poor. :meth:`scvi_marginal_ll` reproduces
-      ``get_marginal_ll``'s values (tested), with the Monte Carlo standard error,
-      effective sample size and Pareto k-hat it does not report;
+      far too low where the guide is poor;
     * :meth:`normalized_expression` decodes the posterior *mean*, as the
       protocol asks: ``get_normalized_expression`` decodes one posterior draw.
 
@@ -65,9 +61,6 @@ class SCVIFit:
         Label in reports (default ``"seed <seed>"``).
     kind
         ``"scvi"`` or ``"linearscvi"`` (default: from the model's class).
-    samples_per_pass
-        Monte Carlo samples per forward pass in :meth:`scvi_marginal_ll`
-        (default: as many as fit in about 4M elements).
     batch_size
         Cells per minibatch (scvi-tools' default is 128).
     lpd_settings
@@ -80,7 +73,6 @@ class SCVIFit:
     seed: int
     name: str = ""
     kind: str = ""
-    samples_per_pass: int | None = None
     batch_size: int = 128
     lpd_settings: MarginalSettings | None = None
     _cache: tuple[Any, ad.AnnData] | None = field(default=None, init=False, repr=False, compare=False)
@@ -194,69 +186,6 @@ class SCVIFit:
         eps = np.random.default_rng(seed).standard_normal((n_samples, *mean.shape)).astype(mean.dtype)
         return mean[None] + np.sqrt(var)[None] * eps
 
-    @torch.no_grad()
-    def scvi_marginal_ll(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
-        """scvi-tools' own estimate of per-cell ``log p(x)`` (``get_marginal_ll``), with its diagnostics.
-
-        Importance sampling with the amortized guide as the proposal, as
-        ``get_marginal_ll`` does it and with the same values; far below the truth
-        where the guide is poor (see :meth:`log_predictive_density`), which the
-        ``khat`` and ``reliable`` columns show.
-
-        The log weights are those of scvi-tools' ``VAE.marginal_ll``:
-        ``log p(x | z, l) + log p(z) - log q(z | x)``, plus
-        ``log p(l) - log q(l | x)`` when the library size is latent (LinearSCVI's
-        default). ``mc_se``, ``ess`` and ``khat`` are those of
-        :func:`countvae.module.importance.summarize_log_weights`. Torch's global
-        generator is seeded with ``seed`` inside a forked random state.
-
-        Returns
-        -------
-        pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable), ``ess``,
-            ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity`.
-
-        """
-        if n_samples < 2:
-            raise InvalidArgumentError("n_samples must be at least 2 to estimate a Monte Carlo standard error.")
-        prepared = self._prepared(adata)
-        module = self.model.module
-        module.eval()
-        per_pass = self.samples_per_pass or max(
-            1, min(n_samples, _LPD_ELEMENTS_PER_PASS // (self.batch_size * len(self.var_names)))
-        )
-        parts = []
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for tensors in self._loader(prepared):
-                x = tensors["X"]
-                log_w = []
-                for start in range(0, n_samples, per_pass):
-                    k = min(per_pass, n_samples - start)
-                    inference, generative = module.forward(
-                        tensors,
-                        inference_kwargs={"n_samples": k},
-                        get_inference_input_kwargs={"full_forward_pass": True},
-                        compute_loss=False,
-                    )
-                    qz, z = inference["qz"], inference["z"]
-                    w = (
-                        generative["px"].log_prob(x).sum(-1)
-                        + Normal(torch.zeros_like(qz.loc), torch.ones_like(qz.scale)).log_prob(z).sum(-1)
-                        - qz.log_prob(z).sum(-1)
-                    )
-                    if not module.use_observed_lib_size:
-                        means, variances = module._compute_local_library_params(tensors["batch"])
-                        library = inference["library"]
-                        w = w + (
-                            Normal(means, variances.sqrt()).log_prob(library).sum(-1)
-                            - inference["ql"].log_prob(library).sum(-1)
-                        )
-                    log_w.append(w.reshape(k, -1))
-                parts.append(summarize_log_weights(torch.cat(log_w, dim=0)))
-        frame = ImportanceSummary.concatenate(parts).to_frame(index=adata.obs_names)
-        return with_quantity(frame, self.lpd_quantity)
-
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
         """Per-cell ``log p(x)`` by countvae's estimator, through the scvi module's own generative pieces.
 
@@ -267,7 +196,7 @@ class SCVIFit:
         (Newton to each cell's posterior mode, a Student-t/guide mixture proposal,
         Pareto k-hat, a second pass for unreliable cells), started from scvi's
         guide. Where the guide is poor, this is far closer to the true ``log p(x)``
-        than scvi-tools' ``get_marginal_ll`` (:meth:`scvi_marginal_ll`).
+        than scvi-tools' ``get_marginal_ll``.
 
         Parameters
         ----------

@@ -74,8 +74,6 @@ CLOSE_AGREEMENT = 0.05
 MOSTLY_MODEL, MOSTLY_DOWNSTREAM = 2 / 3, 1 / 3
 #: A summary over fewer pairs than these is flagged as a rough estimate.
 FEW_BETWEEN_PAIRS, FEW_WITHIN_PAIRS = 3, 2
-#: The extra that installs Leiden and UMAP.
-EXTRA = "countvae[downstream]"
 
 
 # ----- what is asked ------------------------------------------------------------------------------------------
