@@ -95,7 +95,10 @@ def _split(adata, heldout_fraction: float, lpd_cells: int):
 
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - heldout_fraction, seed=12345)
     held_idx = held_idx[:lpd_cells]
-    return adata[fit_idx].copy(), adata[held_idx].copy()
+    # genes without a count in the fit cells (a few at 1,000 simulated cells) are refused by setup_anndata;
+    # both packages get the same remaining genes
+    expressed = np.asarray(adata[fit_idx].X.sum(axis=0)).ravel() > 0
+    return adata[fit_idx][:, expressed].copy(), adata[held_idx][:, expressed].copy()
 
 
 def _train_countvae(spec: dict, train, held) -> dict:

@@ -8,7 +8,9 @@ tests/module/test_distributions.py) but arrange the arithmetic for sparse counts
 * the terms that do not involve the mean, ``lgamma(x + theta) - lgamma(theta) -
   lgamma(x + 1)``, vanish where ``x = 0`` and are evaluated on the non-zero
   counts only (most entries of a single-cell matrix are zero, and ``lgamma`` with
-  its ``digamma`` gradient dominated the training step in profiles);
+  its ``digamma`` gradient dominated the training step in profiles); with one
+  theta per gene, counts up to :data:`SMALL_COUNTS` read them from a per-gene
+  table (:func:`_per_gene_theta_terms`);
 * those terms do not depend on ``z``, so an importance sampler with S draws per
   cell evaluates them once per cell, not S times; and a caller that evaluates the
   same cells many times (the ``log p(x)`` estimator's Newton steps, pilot and final
@@ -26,10 +28,8 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 from torch.nn import functional as F
 
-#: Attribute under which a count tensor may carry the flat positions of its non-zero entries.
+#: Attribute under which a count tensor may carry the positions of its non-zero entries (see attach_nonzero_index).
 _NONZERO_ATTR = "_countvae_nonzero"
-
-
 #: Counts up to this value take their ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` from a per-gene table.
 SMALL_COUNTS = 8
 
