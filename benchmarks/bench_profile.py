@@ -226,10 +226,12 @@ tests/module/test_distributions.py, tests/module/test_module.py and tests/data/t
 Not pursued, each timed on the whole step of 128 cells x 2,000 genes (2 threads, interleaved runs) and not faster
 than what it would replace: `torch.compile` of the NB term (inductor with gcc 12; 6.85-7.29 ms against 6.91-7.01
 eager; it also needs a C++ toolchain at run time and recompiles for the shorter last minibatch), a hand-written
-backward for the NB term (closed-form gradient, 6.0-6.4 ms either way), and the encoder's `log1p` over the non-zero
-counts only (6.1-6.2 against 5.8-6.1 ms dense). A torch sparse CSR copy of the matrix for row gathering is not
-possible (`index_select` is not implemented for sparse CSR tensors in torch 2.13; scipy's row gather takes well
-under 1 ms for 128 rows). Removing the sparse terms altogether (a lower bound for any change to them) took the
+backward for the NB term (closed-form gradient, 6.0-6.4 ms either way), the encoder's `log1p` over the non-zero
+counts only (6.1-6.2 against 5.8-6.1 ms dense), the encoder's first layer as a sparse product (the layer forward
+and backward alone: 3.2 ms as torch CSR, 7.9 ms as COO, against 0.75 ms dense), and minibatches read ahead in a
+thread (epochs of 90,000 cells: 4.6-5.6 s either way). A torch sparse CSR copy of the matrix for row gathering is
+not possible (`index_select` is not implemented for sparse CSR tensors in torch 2.13; scipy's row gather takes
+well under 1 ms for 128 rows). Removing the sparse terms altogether (a lower bound for any change to them) took the
 step from 6.9 to 5.1 ms before the table, which is what the table went after.
 """
     write_section(Path(args.results), args.section, body)
