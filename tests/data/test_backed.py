@@ -157,3 +157,24 @@ def test_loader_nonzero_index_gives_the_same_likelihood(h5ad_path):
     log_theta = torch.randn(x.shape[1], generator=g, dtype=torch.float64)
     d = NegativeBinomialLogMean(log_mean, log_theta)
     torch.testing.assert_close(d.log_prob(x), d.log_prob(plain), rtol=0, atol=1e-12)
+
+
+def test_explicitly_stored_zeros_are_not_non_zero_entries_of_a_minibatch():
+    """A CSR matrix may store zeros explicitly; the minibatch's non-zero positions, rows, genes and entries per row
+    leave them out, and the likelihood's sparse terms built from them equal those from a search of the dense block.
+    Fails if a stored zero is counted, or if the per-row counts disagree with the rows."""
+    from countvae.module.distributions import _nonzero_lgamma_terms
+
+    dense = np.array([[0, 3, 0, 1], [2, 0, 0, 0], [0, 0, 0, 0], [1, 1, 9, 0]], dtype=np.float32)
+    matrix = sp.csr_matrix(dense)
+    matrix.data[matrix.data == 1] = 0  # three stored zeros, kept in the structure
+    assert matrix.nnz == 6 and (matrix.data == 0).sum() == 3
+    mb = CountSource(matrix, np.zeros(4, dtype=np.int64)).rows(np.arange(4))
+    expected = np.flatnonzero(mb.counts.reshape(-1))
+    np.testing.assert_array_equal(mb.nonzero, expected)
+    np.testing.assert_array_equal(mb.nonzero_rows, expected // 4)
+    np.testing.assert_array_equal(mb.nonzero_genes, expected % 4)
+    np.testing.assert_array_equal(mb.nonzero_per_row, [1, 1, 0, 1])
+    x, _ = to_tensors(mb, torch.float64, torch.device("cpu"))
+    theta = torch.tensor([0.5, 2.0, 1.0, 7.0], dtype=torch.float64)
+    torch.testing.assert_close(_nonzero_lgamma_terms(x, theta), _nonzero_lgamma_terms(x.clone(), theta))
