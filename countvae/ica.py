@@ -660,8 +660,8 @@ def ica_stability(
         (reference, others), own = _seed_icas(runs, resample, random_state, ica_params), None
     labels = [f"bootstrap {b}" if mode == "bootstrap" else f"run {b + 1}" for b in range(len(others))]
     ref_sources = reference.transform(runs[0])
-    own_runs = runs[1:] if mode == "seeds" else [runs[0]] * len(others)
-    rows = [_best_match(ref_sources, ica.transform(z), method) for ica, z in zip(others, own_runs, strict=True)]
+    matched = runs[1:] if mode == "seeds" else [runs[0]] * len(others)  # the latents each other ICA transforms
+    rows = [_best_match(ref_sources, ica.transform(z), method) for ica, z in zip(others, matched, strict=True)]
     matches = pd.DataFrame(np.vstack(rows), index=labels, columns=reference.component_names_)
     table = _stability_table(reference, matches, own, runs[0], ref_sources, method, threshold)
     if not table["reproducible"].all():
