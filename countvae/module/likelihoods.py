@@ -13,6 +13,7 @@ from countvae.module.distributions import (
     PoissonLogMean,
     ZeroInflatedNegativeBinomialLogMean,
     count_log_constant,
+    count_log_constant_sum,
 )
 
 LikelihoodName = Literal["poisson", "nb", "zinb"]
@@ -91,6 +92,17 @@ class CountLikelihood(nn.Module):
         ``count_constant`` to the log probability of :meth:`distribution` for the same cells.
         """
         return count_log_constant(x, self.log_theta_for(batch_index))
+
+    def count_log_constant_sum(self, x: torch.Tensor, batch_index: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`count_log_constant` summed over the cells, a scalar (the training loss's form).
+
+        See :func:`countvae.module.distributions.count_log_constant_sum`.
+        """
+        if self.log_theta is None:
+            return count_log_constant_sum(x, None)
+        if self.dispersion == "gene-batch" and batch_index is not None:
+            return count_log_constant_sum(x, self.log_theta, batch_index)
+        return count_log_constant_sum(x, self.log_theta[:1])
 
     def log_mean_curvature(
         self,

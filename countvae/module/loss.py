@@ -30,6 +30,7 @@ def per_cell_elbo(
     batch_index: torch.Tensor,
     kl_weight: float = 1.0,
     weight: torch.Tensor | None = None,
+    count_constant: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Single-sample ELBO of each cell, with the KL in closed form where it exists.
 
@@ -46,6 +47,10 @@ def per_cell_elbo(
     (their posterior mean). The KL divergence of ``W`` is not a per-cell term: it
     is added by :func:`minibatch_loss`.
 
+    ``count_constant`` (cells,) replaces the likelihood's terms that involve neither
+    ``z`` nor the mean (:meth:`CountVAEModule.count_log_constant`); by default they
+    are computed.
+
     Returns
     -------
     torch.Tensor
@@ -55,7 +60,7 @@ def per_cell_elbo(
     q = module.posterior_distribution(x, batch_index)
     z = q.rsample()
     p = module.prior.distribution(x.shape[0], x)
-    log_lik = module.conditional(z, log_library_size(x), batch_index, weight).log_prob(x)
+    log_lik = module.conditional(z, log_library_size(x), batch_index, weight).log_prob(x, count_constant=count_constant)
     kl = _kl_or_none(q, p)
     if kl is None:
         kl = q.log_prob(z) - p.log_prob(z)
@@ -100,11 +105,16 @@ def minibatch_loss(
     """
     if engine == "direct":
         draw = module.sample_loadings()  # global sites first, in the guide's order
-        if draw is None:
-            return -per_cell_elbo(module, x, batch_index, kl_weight).mean()
-        weight, global_kl = draw
+        weight, global_kl = (None, None) if draw is None else draw
+        # Only the mean over cells is needed, so the terms free of z and of the mean enter
+        # as their sum, whose gradient costs no per-entry scatter (count_log_constant_sum).
+        constant = module.likelihood.count_log_constant_sum(x, batch_index) / x.shape[0]
+        elbo = per_cell_elbo(module, x, batch_index, kl_weight, weight, count_constant=x.new_zeros(x.shape[0]))
+        loss = -(elbo.mean() + constant)
+        if global_kl is None:
+            return loss
         cells = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
-        return -per_cell_elbo(module, x, batch_index, kl_weight, weight).mean() + kl_weight * global_kl / cells
+        return loss + kl_weight * global_kl / cells
     elbo = TraceMeanField_ELBO()  # closed-form KL where torch has one, else a Monte Carlo KL
     scale = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
     loss = elbo.differentiable_loss(

@@ -116,3 +116,35 @@ def test_the_per_gene_table_of_small_counts_gives_the_direct_terms_and_gradients
     for ours in results[:2]:
         torch.testing.assert_close(ours[0], results[2][0], rtol=1e-12, atol=1e-10)
         torch.testing.assert_close(ours[1], results[2][1], rtol=1e-12, atol=1e-10)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_summed_constant_gives_the_direct_sum_and_its_gradient(rows):
+    """``count_log_constant_sum`` (the training loss's form: one histogram of (count, gene, theta row) against
+    the table) equals the dense direct formula summed over cells, value and gradient with respect to every
+    theta, with one theta row or one per batch (``theta_row``). Fails if a histogram bin takes the wrong
+    gene, row or count, a large or fractional value is counted in the table, or a batch reads another's row."""
+    from countvae.module.distributions import SMALL_COUNTS, count_log_constant_sum
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.poisson(torch.rand(9, 30, generator=g, dtype=torch.float64) * 12, generator=g)
+    x[0, 0], x[1, 2], x[2, 3], x[3, 4] = 0.5, 2.5, 57.0, SMALL_COUNTS + 1.0
+    x[6] = 0.0
+    assert ((x > 0) & (x <= SMALL_COUNTS)).sum() > 50 and (x > SMALL_COUNTS).sum() > 10
+    theta_row = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2]) % rows
+    log_theta = torch.randn(rows, 30, generator=g, dtype=torch.float64)
+    results = []
+    for how in ("summed", "dense"):
+        lt = log_theta.clone().requires_grad_()
+        if how == "summed":
+            total = count_log_constant_sum(x, lt, theta_row if rows > 1 else None)
+        else:
+            th = lt.exp()[theta_row]
+            per_entry = torch.lgamma(x + th) - torch.lgamma(th) - torch.lgamma(x + 1.0)
+            total = torch.where(x > 0, per_entry, torch.zeros_like(per_entry)).sum()
+        total.backward()
+        results.append((total.detach(), lt.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-10)
+    poisson = count_log_constant_sum(x, None)
+    torch.testing.assert_close(poisson, -torch.lgamma(x + 1.0).sum(), rtol=1e-12, atol=1e-10)

@@ -12,15 +12,20 @@ import countvae as cv
 from countvae.module import CountVAEModule, minibatch_loss
 
 
-@pytest.mark.parametrize("likelihood", ["poisson", "nb", "zinb"])
+@pytest.mark.parametrize(
+    ("likelihood", "dispersion"), [("poisson", "gene"), ("nb", "gene"), ("zinb", "gene"), ("nb", "gene-batch")]
+)
 @pytest.mark.parametrize("decoder", ["linear", "mlp"])
 @pytest.mark.parametrize("prior", ["normal", "laplace", "diagonal"])
-def test_direct_loss_equals_pyro_trace(likelihood, decoder, prior):
+def test_direct_loss_equals_pyro_trace(likelihood, dispersion, decoder, prior):
     adata = cv.data.simulate(n_cells=64, n_genes=30, n_latent=3, n_batches=2, seed=1)
     x = torch.tensor(adata.X.toarray(), dtype=torch.float64)
     b = torch.tensor(adata.obs["batch"].cat.codes.to_numpy(), dtype=torch.long)
     torch.manual_seed(0)
-    module = CountVAEModule(30, 3, 2, likelihood, decoder, n_hidden=16, prior=prior).double().eval()
+    module = CountVAEModule(30, 3, 2, likelihood, decoder, n_hidden=16, prior=prior, dispersion=dispersion)
+    module = module.double().eval()
+    if dispersion == "gene-batch":  # distinct thetas per batch, so a batch reading another's row shows
+        torch.nn.init.normal_(module.likelihood.log_theta)
     values, grads = [], []
     for engine in ("direct", "pyro"):
         module.zero_grad()

@@ -19,6 +19,7 @@ from pathlib import Path
 import anndata as ad
 import joblib
 
+from countvae._allocator import keep_freed_memory
 from countvae.data.file_cells import FileCells
 from countvae.diagnostics.fitting.seed_job import FitOutcome, FitTask, run_fit
 from countvae.errors import InvalidArgumentError, WorkerLostError
@@ -63,7 +64,10 @@ def _run_fit_with_filters(task: FitTask, fit_data: FitData, filters: list[tuple]
     caller silenced (``warnings.filterwarnings("ignore", module="lightning")``)
     would still be printed by every worker, and whether it shows would depend on
     ``n_jobs``. The filters are restored afterwards, as the worker is reused.
+    The worker keeps freed memory for reuse (:func:`countvae._allocator.keep_freed_memory`):
+    this runs only in worker processes, never in the caller's.
     """
+    keep_freed_memory()
     with warnings.catch_warnings():
         warnings.filters[:] = filters
         return run_fit(task, fit_data)

@@ -123,6 +123,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
             "host": outcome.host,
             "training": outcome.training,
             "peak_rss_mib": round(outcome.peak_rss_mib, 1),
+            "freed_memory_kept": outcome.freed_memory_kept,
             FILES_KEY: file_checksums(outcome.files),
         }
         if outcome.node:

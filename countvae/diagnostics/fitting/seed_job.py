@@ -22,6 +22,7 @@ from typing import Any
 import anndata as ad
 import torch
 
+from countvae._allocator import freed_memory_kept
 from countvae.data.file_cells import FileCells
 from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting import scvi_storage
@@ -75,7 +76,9 @@ class FitOutcome:
     the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
     ``peak_rss_mib`` is the peak resident memory of the process that fitted it, up to
     the end of the fit (Linux ``VmHWM``; for a fit in the calling process, that
-    process's whole high-water mark). ``group`` is the task's.
+    process's whole high-water mark). ``group`` is the task's. ``freed_memory_kept``:
+    whether the process that fitted it ran with glibc keeping freed memory
+    (:mod:`countvae._allocator`; the command line and countvae's worker processes do).
     """
 
     seed: int
@@ -87,6 +90,7 @@ class FitOutcome:
     node: str = ""
     peak_rss_mib: float = 0.0
     group: int = 0
+    freed_memory_kept: bool = False
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:
@@ -159,4 +163,5 @@ def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
         training=training,
         peak_rss_mib=_peak_rss_mib(),
         group=task.group,
+        freed_memory_kept=freed_memory_kept(),
     )

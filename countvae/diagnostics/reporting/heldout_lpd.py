@@ -37,6 +37,7 @@ import torch
 from joblib import Parallel, delayed
 from threadpoolctl import threadpool_limits
 
+from countvae._allocator import keep_freed_memory
 from countvae.diagnostics.fitting.backends import available_cores
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -66,11 +67,17 @@ def _fit_lpd(fit: FittedModel, cells: ad.AnnData, s: ReportSettings) -> _Result:
     return frame, list(caught)
 
 
+def _fit_lpd_in_worker(fit: FittedModel, cells: ad.AnnData, s: ReportSettings) -> _Result:
+    """:func:`_fit_lpd` in a worker process, which keeps freed memory for reuse (:mod:`countvae._allocator`)."""
+    keep_freed_memory()
+    return _fit_lpd(fit, cells, s)
+
+
 def _in_workers(fits: Sequence[FittedModel], cells: ad.AnnData, s: ReportSettings, jobs: int) -> list[_Result]:
     """The fits' estimates in ``jobs`` loky workers, or here when they cannot be sent (or ``jobs`` is 1)."""
     if jobs > 1:
         try:
-            return Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd)(fit, cells, s) for fit in fits)
+            return Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd_in_worker)(fit, cells, s) for fit in fits)
         except (pickle.PicklingError, TypeError) as error:  # e.g. a model on a backed (file-bound) AnnData
             logger.info("The fits cannot be sent to worker processes (%s); estimating in this process.", error)
     return [_fit_lpd(fit, cells, s) for fit in fits]
