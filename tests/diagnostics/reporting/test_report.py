@@ -34,7 +34,10 @@ def test_exact_copies_agree_on_every_invariant_and_only_after_alignment_on_coord
     assert table.loc["held-out log p(x)", "verdict"] == "agree"
     assert copies_report.settings["predictive_equivalence"]["state"] == "equivalent"
     pairs = copies_report.tables["predictive_pairs"]
-    assert ((pairs["ci_low"] <= 0) & (pairs["ci_high"] >= 0)).all()
+    # The report's intervals hold for the three pairs together at 90% only, so one of them missing zero is
+    # an outcome of one fixture in ten; a systematic difference between the copies' estimates shows as a
+    # z beyond 3.5 (by chance: 0.14% for the three pairs).
+    assert (pairs["z"].abs() < 3.5).all(), pairs[["fit_a", "fit_b", "diff_per_cell", "z"]]
     assert (pairs["diff_per_cell"].abs() < 0.01).all()
     assert copies_report.settings["predictively_equivalent"] is True
 
