@@ -66,7 +66,7 @@ def main(argv=None) -> None:
     from countvae.data.loader import CountSource
     from countvae.data.registry import batch_codes, get_count_matrix
     from countvae.model.training import make_optimizer, to_tensors, total_grad_norm
-    from countvae.module.distributions import _nonzero_lgamma_terms
+    from countvae.module.distributions import _nonzero_lgamma_terms, count_log_constant_sum
     from countvae.module.loss import minibatch_loss
 
     torch.set_num_threads(args.threads)
@@ -174,8 +174,11 @@ def main(argv=None) -> None:
         )
         xx.new_zeros(n).index_add(0, torch.div(where, genes, rounding_mode="floor"), terms).sum().backward()
 
-    def lgamma_now(xx):
+    def lgamma_table(xx):
         _nonzero_lgamma_terms(xx, torch.exp(phi)).sum().backward()
+
+    def lgamma_summed(xx):  # the training loss's form: one histogram of (count, gene) against the table
+        count_log_constant_sum(xx, phi.unsqueeze(0)).backward()
 
     old_adam = torch.optim.Adam(module.parameters(), lr=1e-3)
     for p in params:
@@ -195,7 +198,12 @@ def main(argv=None) -> None:
         (
             "lgamma terms fwd+bwd: lgamma and digamma per count, scatter-add -> table for counts <= 8, segment sum",
             lambda: lgamma_previous(x),
-            lambda: lgamma_now(x),
+            lambda: lgamma_table(x),
+        ),
+        (
+            "lgamma terms in the training loss, fwd+bwd: per-cell table sums -> one histogram sum",
+            lambda: lgamma_table(x),
+            lambda: lgamma_summed(x),
         ),
         ("only the search: torch.nonzero -> loader index", lambda: torch.nonzero(plain.reshape(-1)), lambda: None),
         ("Adam step: per-tensor loop -> fused", old_adam.step, opt.step),
@@ -228,11 +236,18 @@ than what it would replace: `torch.compile` of the NB term (inductor with gcc 12
 eager; it also needs a C++ toolchain at run time and recompiles for the shorter last minibatch), a hand-written
 backward for the NB term (closed-form gradient, 6.0-6.4 ms either way), the encoder's `log1p` over the non-zero
 counts only (6.1-6.2 against 5.8-6.1 ms dense), the encoder's first layer as a sparse product (the layer forward
-and backward alone: 3.2 ms as torch CSR, 7.9 ms as COO, against 0.75 ms dense), and minibatches read ahead in a
-thread (epochs of 90,000 cells: 4.6-5.6 s either way). A torch sparse CSR copy of the matrix for row gathering is
-not possible (`index_select` is not implemented for sparse CSR tensors in torch 2.13; scipy's row gather takes
-well under 1 ms for 128 rows). Removing the sparse terms altogether (a lower bound for any change to them) took the
-step from 6.9 to 5.1 ms before the table, which is what the table went after.
+and backward alone: 3.2 ms as torch CSR, 7.9 ms as COO, against 0.75 ms dense), minibatches read ahead in a
+thread (epochs of 90,000 cells: 4.6-5.6 s either way), and a larger table of small counts for the summed z-free
+terms (up to 16, 32 or 64 instead of 8: 0.83-0.97 ms forward and backward either way, 1.49 ms at 128; the
+per-entry gathers and the histogram cost more than the few large counts evaluated directly). Where the rest of a
+step goes, by leaving pieces out of the whole step (sim10k, 2 threads, 5 x 200 steps each): without the z-free
+terms 5.1-5.4 ms against 6.1-6.5 ms with them (before the summed form), with the NB log-probability replaced by
+one product of the log means and the counts 4.5-4.8 ms. So the z-free terms cost about 1 ms of a step, the
+rest of the NB head about 0.6 ms, and the two networks, Adam, the finite-gradient check and loading the rest.
+A torch sparse CSR copy of the matrix for row gathering is not possible (`index_select` is not implemented for
+sparse CSR tensors in torch 2.13; scipy's row gather takes well under 1 ms for 128 rows). Removing the sparse terms
+altogether (a lower bound for any change to them) took the step from 6.9 to 5.1 ms before the table, which is what
+the table went after.
 """
     write_section(Path(args.results), args.section, body)
 
