@@ -42,7 +42,14 @@ from countvae.cli.common import (
     train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
-from countvae.cli.first_contact import add_gene_selection_argument, announce, duration, estimate, n_jobs_value
+from countvae.cli.first_contact import (
+    add_gene_selection_argument,
+    announce,
+    duration,
+    estimate,
+    expected_seconds,
+    n_jobs_value,
+)
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.data import setup_anndata, simulate
 from countvae.diagnostics import (
@@ -368,10 +375,16 @@ class _Observer:
         self.plan: DiagnosePlan | None = None
         self.fits: SeedFits | None = None
         self.fitted = float("nan")
+        self.expected_fitting: float | None = None
+        self.fitting_started = float("nan")
 
     def before_fitting(self, plan: DiagnosePlan) -> None:
         """Log the data size, the settings and the time expected per seed."""
         self.plan, s = plan, plan.settings
+        timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
+        n_jobs = plan_parallelism(s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads).n_jobs
+        if timing is not None:
+            self.expected_fitting = expected_seconds(timing, len(s.seeds), n_jobs)
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,
@@ -382,17 +395,22 @@ class _Observer:
             model_kwargs=s.model_kwargs,
             train_kwargs=s.train_kwargs,
             epochs=s.train_kwargs["max_epochs"],
-            timing=estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads),
+            timing=timing,
             seeds=len(s.seeds),
-            n_jobs=plan_parallelism(s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads).n_jobs,
+            n_jobs=n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
         )
+        self.fitting_started = time.perf_counter()
 
     def after_fitting(self, fits: SeedFits) -> None:
         """Keep the fits and the time, and say what comes next."""
         self.fits, self.fitted = fits, time.perf_counter()
         logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
 
 
 def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer, started: float) -> dict:
@@ -411,6 +429,8 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
         "n_genes": int(plan.adata.n_vars),
         "gene_selection": _selection_summary(plan.genes.record()),
         "seconds_fitting": round(observer.fitted - started, 1),
+        "seconds_seed_fits": round(observer.fitted - observer.fitting_started, 1),
+        "seconds_seed_fits_estimated": _rounded(observer.expected_fitting),
         "seconds_analysis": round(finished - observer.fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),

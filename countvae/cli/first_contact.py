@@ -102,6 +102,12 @@ def estimate(
     return estimate_training_time(adata_fit, model_kwargs, train_kwargs, torch_threads=torch_threads)
 
 
+def expected_seconds(timing: TrainingTimeEstimate, seeds: int, n_jobs: int | None) -> float:
+    """The fitting time the estimate expects: one fit's time, times the rounds of ``n_jobs`` seeds at once."""
+    rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
+    return timing.seconds_per_fit * rounds
+
+
 def announce(
     command: str,
     *,
@@ -145,8 +151,9 @@ def announce(
         lines.append("  estimate  (skipped)")
     else:
         per_fit = timing.seconds_per_fit
-        rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
-        total = f", about {duration(per_fit * rounds)} for {seeds} seeds" if n_jobs is not None else ""
+        total = ""
+        if n_jobs is not None:
+            total = f", about {duration(expected_seconds(timing, seeds, n_jobs))} for {seeds} seeds"
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "

@@ -95,6 +95,9 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
     assert record["settings"]["markers"] == [f"true_source_{k}" for k in range(5)]
     assert set(result["alignment_error_by_map"]) == {"identity", "permutation", "orthogonal", "linear"}
     assert "ica_components" not in result and record["tables"]["ica"] == []
+    assert 0 < result["seconds_seed_fits"] <= result["seconds_fitting"]
+    estimated = result["seconds_seed_fits_estimated"]  # None where log messages are off (no warm-up then)
+    assert estimated is None or estimated > 0
     code, stdout, _ = run([*argv, "--overwrite"], capsys)
     assert code == 0 and "Report:" in stdout and "Agree across both seeds" in stdout
 
