@@ -233,7 +233,10 @@ tests/module/test_distributions.py, tests/module/test_module.py and tests/data/t
 
 Not pursued, each timed on the whole step of 128 cells x 2,000 genes (2 threads, interleaved runs) and not faster
 than what it would replace: `torch.compile` of the NB term (inductor with gcc 12; 6.85-7.29 ms against 6.91-7.01
-eager; it also needs a C++ toolchain at run time and recompiles for the shorter last minibatch), a hand-written
+eager; it also needs a C++ toolchain at run time and recompiles for the shorter last minibatch), `torch.compile`
+of the whole loss but its summed z-free terms (whose sizes change with every minibatch; one graph for encoder,
+decoder, NB mean terms and KL, forward and backward: 5.80-5.96 ms against 6.13-6.41 eager, 7% for about 30 s of
+compilation in every fresh worker process, more than a seed's whole fit on the embedded data), a hand-written
 backward for the NB term (closed-form gradient, 6.0-6.4 ms either way), the encoder's `log1p` over the non-zero
 counts only (6.1-6.2 against 5.8-6.1 ms dense), the encoder's first layer as a sparse product (the layer forward
 and backward alone: 3.2 ms as torch CSR, 7.9 ms as COO, against 0.75 ms dense), minibatches read ahead in a

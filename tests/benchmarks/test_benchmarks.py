@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -163,3 +164,20 @@ def test_bench_time_to_quality_quick_stops_at_scvis_quality(results, tmp_path):
     assert "QUICK" in body and "Command:" in body and "SCVIFit.log_predictive_density" in body
     assert "`train(kl_warmup_epochs=5, adam_eps=0.01, weight_decay=0)`" in body and "- sim600, SCVI" in body
     assert "| sim600 |" in body and "time-to-quality ratio" in body and "kept as is" in results.read_text()
+
+
+def test_stop_forecast_is_exact_on_a_power_law_and_replays_the_rule(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))  # the script imports its shared module as `_common`
+    forecast = _module("stop_forecast")
+    epochs = np.arange(1, 401, dtype=float)
+    # A loss that is exactly a + b t^-c: the fit to epochs 2..20 recovers it, so the forecast is the rule's own stop.
+    curve = 700.0 + 300.0 * epochs**-0.8
+    stop = forecast.rule_stop(curve)
+    assert 12 <= stop < 400 and forecast.forecast(curve, 20) == stop
+    # The rule by hand: a loss that stops improving after epoch 30 ends the fit once patience (10) epochs pass
+    # without an improvement that counts (validation every 2 epochs).
+    flat = np.where(epochs <= 30, 1000.0 - 10.0 * epochs, 700.0)
+    assert forecast.rule_stop(flat) == 40
+    # A loss that turns up (overfitting) stops the rule where no decaying curve fitted to the start can predict.
+    turning = 700.0 + 300.0 * epochs**-0.8 + 0.05 * np.maximum(epochs - 20, 0) ** 2
+    assert forecast.rule_stop(turning) < forecast.forecast(turning, 20) / 1.5
