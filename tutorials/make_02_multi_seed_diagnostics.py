@@ -22,7 +22,7 @@ three seeds on real PBMC counts and measures, on cells none of the fits saw:
    while the marker's R² on all dimensions does not.
 
 Data: control PBMCs of five donors (Kang et al. 2018; raw UMI counts, cell types annotated). To run in
-about a minute on two cores we keep 2,500 cells and 600 genes and train briefly; the conclusions are
+about a minute on two cores we keep 3,500 cells and 600 genes and train briefly; the conclusions are
 about *these* fits, and a real analysis would train longer (see `countvae diagnose`).""",
     ),
     (
@@ -43,7 +43,7 @@ pd.set_option("display.max_colwidth", 60)
 sc.settings.verbosity = 0
 
 adata = cv.data.load_dataset("kang2018")
-adata = adata[np.random.default_rng(0).choice(adata.n_obs, 2500, replace=False)].copy()
+adata = adata[np.random.default_rng(0).choice(adata.n_obs, 3500, replace=False)].copy()
 markers = ["CD14", "LYZ", "FCGR3A", "MS4A1", "CD79A", "CD3D", "IL7R", "NKG7", "GNLY"]
 sc.pp.highly_variable_genes(adata, n_top_genes=600, flavor="seurat_v3")
 keep = adata.var["highly_variable"] | adata.var_names.isin(markers)
