@@ -128,7 +128,7 @@ MULTI_SEED = NotebookChecks(
             (6,),
             abs=0.1,
             rel=0.02,
-            why="paired differences over 500 cells (interval half-widths 0.09-0.22 nats; every edge 0.43 nats or more "
+            why="paired differences over 500 cells (interval half-widths 0.09-0.22 nats; every edge 0.42 nats or more "
             "inside the margin, so the verdicts cannot flip within this tolerance)",
         ),
         Tolerance(
