@@ -181,3 +181,29 @@ def test_stop_forecast_is_exact_on_a_power_law_and_replays_the_rule(monkeypatch)
     # A loss that turns up (overfitting) stops the rule where no decaying curve fitted to the start can predict.
     turning = 700.0 + 300.0 * epochs**-0.8 + 0.05 * np.maximum(epochs - 20, 0) ** 2
     assert forecast.rule_stop(turning) < forecast.forecast(turning, 20) / 1.5
+
+
+def test_stopping_replay_is_the_package_rule_and_its_window_smooths_the_signal(monkeypatch):
+    from countvae.model.training import ConvergenceRule
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    stopping = _module("bench_stopping")
+    rng = np.random.default_rng(0)
+    # Window 1 is the package's rule: the same stop and kept epoch on noisy decreasing curves, several settings.
+    for every, patience, delta in [(1, 3, 0.0), (2, 10, 1e-3), (2, 20, 1e-4), (5, 15, 3e-4)]:
+        for _ in range(20):
+            curve = 800.0 + 200.0 * np.exp(-np.arange(1, 201) / 40.0) + rng.normal(0.0, 2.0, 200)
+            rule = ConvergenceRule(patience, delta)
+            expected = 200
+            for epoch in range(every, 201, every):
+                if rule.update(epoch, float(curve[epoch - 1]))[1]:
+                    expected = epoch
+                    break
+            assert stopping.replay(curve, every, patience, delta, 200) == (expected, rule.best_epoch)
+    # By hand: a single bad validation after an early low stops the raw rule at epoch 4 (patience 2, kept 2);
+    # the mean of the last two losses (8, 7.5, 8, 6, 4.5, ...) keeps improving after epoch 4, so it trains on.
+    losses = np.array([10.0, 6.0, 9.0, 7.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5])
+    assert stopping.replay(losses, 1, 2, 0.0, 10) == (4, 2)
+    assert stopping.replay(losses, 1, 2, 0.0, 10, window=2) == (10, 10)
+    # The kept epoch is judged on validations averaged within the half-width: here epochs 2-6 around epoch 4.
+    assert stopping.smoothed_validation(losses, 4, half_width=2) == pytest.approx((6 + 9 + 7 + 5 + 4) / 5)
