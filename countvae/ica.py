@@ -55,6 +55,7 @@ from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae._warnings import warn_at_caller
 from countvae.errors import InvalidArgumentError, InvalidDataError, NonIdentifiableComponentsWarning
 from countvae.metrics import match_components
 
@@ -381,20 +382,18 @@ class ICARotation(TransformerMixin, BaseEstimator):
         if flagged.size >= 2:
             names = ", ".join(self.component_names_[i] for i in flagged)
             unconverged = "" if self.converged_ else " ICA did not converge, as expected inside a Gaussian subspace."
-            warnings.warn(
+            warn_at_caller(
                 f"ICA components {names} are too close to Gaussian to be identified (negentropy at most "
                 f"{self.negentropy_threshold_:.2g}, what ICA finds in Gaussian noise of this size): their "
                 f"{flagged.size}-dimensional span is determined by the data, the axes inside it are not. "
                 f"Report them as one subspace (ICARotation.gaussian_subspace_), not as separate axes.{unconverged}",
                 NonIdentifiableComponentsWarning,
-                stacklevel=3,
             )
         elif not self.converged_:
-            warnings.warn(
+            warn_at_caller(
                 f"ICA ({self.algorithm}) did not converge in {self.max_iter} iterations; the rotation may not be "
                 "reproducible. Raise max_iter or check the components' non-Gaussianity (summary()).",
                 ConvergenceWarning,
-                stacklevel=3,
             )
 
     # ----- mapping -----------------------------------------------------------------------------

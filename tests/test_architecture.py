@@ -25,7 +25,17 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "countvae"
 
 #: Package-private modules at the root of countvae that every layer may use (the bottom layer of the contract).
-PLUMBING = {"_io", "_provenance", "_formatting", "_checks", "_arviz", "_report_files", "_allocator", "_settings"}
+PLUMBING = {
+    "_io",
+    "_provenance",
+    "_formatting",
+    "_checks",
+    "_arviz",
+    "_report_files",
+    "_allocator",
+    "_settings",
+    "_warnings",
+}
 
 #: (module path relative to countvae/, private name) -> why it is used.
 ALLOWED_PRIVATE = {

@@ -1,4 +1,5 @@
-"""House rules a user relies on: progress bars that can be silenced, no prints, one arviz module, the CLI contract."""
+"""House rules a user relies on: progress bars that can be silenced, no prints, warnings at the caller's line, one arviz
+module, the CLI contract."""
 
 from __future__ import annotations
 
@@ -34,6 +35,25 @@ def test_library_code_never_prints():
         if "cli" not in path.relative_to(PACKAGE).parts and "print" in _calls_and_imports(path)[0]
     ]
     assert offenders == [], f"print() in library code (use logging): {offenders}"
+
+
+def test_warnings_are_raised_at_the_callers_line():
+    # warnings.warn with a fixed stacklevel names the right line for one call path only; warn_at_caller for all
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            if isinstance(func, ast.Attribute) and func.attr == "warn" and getattr(func.value, "id", "") == "warnings":
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    expected = [f"countvae/_warnings.py:{_warn_line()}"]
+    assert offenders == expected, f"use countvae._warnings.warn_at_caller: {offenders}"
+
+
+def _warn_line() -> int:
+    """The line of warn_at_caller's own call of warnings.warn."""
+    lines = (PACKAGE / "_warnings.py").read_text(encoding="utf-8").splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.strip().startswith("warnings.warn("))
 
 
 def test_arviz_is_imported_by_one_module_only():

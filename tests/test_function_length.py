@@ -10,12 +10,9 @@ PACKAGE = ROOT / "countvae"
 MAX_LINES = 100
 
 #: Functions still over the limit, by "path:qualified name"; each is to be split, and then removed from here.
+#: ``simulate``'s body is split into helpers; its 24 documented parameters alone take 120 of its lines.
 KNOWN_LONG = {
     "data/simulate.py:simulate",
-    "invariance/verification.py:verify",
-    "model/anndata_results.py:write_results",
-    "model/differential.py:differential_expression",
-    "model/training.py:train_module",
 }
 
 

@@ -162,6 +162,10 @@ def test_warning_names_the_gaussian_components_and_their_subspace():
     with pytest.warns(NonIdentifiableComponentsWarning, match=r"IC_2, IC_3") as record:
         ica = ICARotation().fit(z)
     assert "subspace" in str(record[0].message)
+    assert record[0].filename == __file__  # the analyst's line, not countvae's
+    with pytest.warns(NonIdentifiableComponentsWarning) as record:  # through scikit-learn's fit_transform
+        ICARotation().fit_transform(z)
+    assert record[0].filename == __file__
     np.testing.assert_array_equal(ica.gaussian_, [False, False, True, True])
     # the flagged span is the span of the true Gaussian mixing columns
     angles = subspace_angles(ica.gaussian_subspace_, mixing[:, [1, 3]])

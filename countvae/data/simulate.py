@@ -175,6 +175,54 @@ def simulate(
         when few genes are planted with balanced signs.
 
     """
+    loadings = _checked_design(
+        likelihood, decoder, loading_sparsity, loadings, n_source_bins, n_cells, n_genes, n_latent, n_batches
+    )
+    loading_sparsity = float(loading_sparsity)
+    groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
+    rng = np.random.default_rng(seed)
+    z = draw_sources(sources, n_cells, n_latent, rng)
+    batch = rng.integers(0, n_batches, n_cells)
+    batch_offset = rng.normal(0.0, batch_effect, (n_batches, n_genes)) if n_batches > 1 else np.zeros((1, n_genes))
+    log_size = np.log(library_size) + rng.normal(0.0, library_log_sd, n_cells)
+    if decoder == "linear":
+        eta, params = _linear_log_shares(z, n_genes, loadings, loading_scale, loading_sparsity, seed, rng)
+    else:
+        eta, params = _mlp_log_shares(z, n_genes, n_hidden, loading_scale, leaky_slope, rng)
+    eta = eta + batch_offset[batch]
+    if de_lfc_matrix is not None and n_de_genes > 0:
+        eta = eta + np.log(2.0) * de_lfc_matrix[groups]
+    mu = np.exp(log_size[:, None] + eta)
+    theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
+    counts = _nonempty_counts(mu, likelihood, theta_g, dropout, rng)
+    params.update(
+        batch_offset=batch_offset,
+        theta=theta_g,
+        dropout=float(dropout if likelihood == "zinb" else 0.0),
+        likelihood=likelihood,
+        decoder=decoder,
+        sources=sources if isinstance(sources, str) else ",".join(sources),
+        source_kinds=np.array([sources] * n_latent if isinstance(sources, str) else list(sources), dtype=str),
+        seed=seed,
+    )
+    adata = _as_anndata(counts, batch, n_batches, log_size, z, n_source_bins, params)
+    if de_lfc_matrix is not None:
+        _store_groups(adata, groups, de_lfc_matrix)
+    return adata
+
+
+def _checked_design(
+    likelihood: str,
+    decoder: str,
+    loading_sparsity: float,
+    loadings: np.ndarray | None,
+    n_source_bins: int,
+    n_cells: int,
+    n_genes: int,
+    n_latent: int,
+    n_batches: int,
+) -> np.ndarray | None:
+    """Check :func:`simulate`'s arguments; the given loadings as float64, or ``None``."""
     check_choice("likelihood", likelihood, ("poisson", "nb", "zinb"))
     check_choice("decoder", decoder, ("linear", "mlp"))
     loading_sparsity = check_number("loading_sparsity", loading_sparsity, 0.0, 1.0, high_open=True)
@@ -194,52 +242,80 @@ def simulate(
             )
     for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
         check_int(name, value, 1)
-    groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
-    rng = np.random.default_rng(seed)
-    z = draw_sources(sources, n_cells, n_latent, rng)
-    batch = rng.integers(0, n_batches, n_cells)
-    batch_offset = rng.normal(0.0, batch_effect, (n_batches, n_genes)) if n_batches > 1 else np.zeros((1, n_genes))
-    log_size = np.log(library_size) + rng.normal(0.0, library_log_sd, n_cells)
+    return loadings
 
-    params: dict[str, np.ndarray | float | str | int] = {}
+
+def _baseline(n_genes: int, rng: np.random.Generator) -> np.ndarray:
+    """Each gene's baseline log-proportion ``b`` (``sum_g exp(b_g) = 1``)."""
     base = rng.normal(0.0, 1.0, n_genes)
-    b = base - np.log(np.exp(base).sum())
-    if decoder == "linear" and loadings is not None:
+    return base - np.log(np.exp(base).sum())
+
+
+def _linear_log_shares(
+    z: np.ndarray,
+    n_genes: int,
+    loadings: np.ndarray | None,
+    loading_scale: float,
+    loading_sparsity: float,
+    seed: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, dict]:
+    """``eta = b + z W^T`` of the linear decoder (cells x genes), and the true parameters drawn for it."""
+    b = _baseline(n_genes, rng)
+    params: dict = {}
+    if loadings is not None:
         W = loadings.copy()
-        eta = b + z @ W.T
-        params.update(W=W, b=b)
-    elif decoder == "linear":
+    else:
+        n_latent = z.shape[1]
         W = rng.normal(0.0, loading_scale / np.sqrt(n_latent), (n_genes, n_latent))
         if loading_sparsity > 0:
             W = W * _loading_mask(n_genes, n_latent, loading_sparsity, seed) / np.sqrt(1.0 - loading_sparsity)
             params["loading_sparsity"] = float(loading_sparsity)
-        eta = b + z @ W.T
-        params.update(W=W, b=b)
-    else:
-        V1 = rng.normal(0.0, 1.0 / np.sqrt(n_latent), (n_hidden, n_latent))
-        a1 = rng.normal(0.0, 0.5, n_hidden)
-        V2 = rng.normal(0.0, loading_scale / np.sqrt(n_hidden), (n_genes, n_hidden))
-        hidden = _leaky_relu(z @ V1.T + a1, leaky_slope)
-        logits = b + hidden @ V2.T
-        eta = log_softmax(logits, axis=1)
-        params.update(V1=V1, a1=a1, V2=V2, b=b, leaky_slope=leaky_slope)
-    eta = eta + batch_offset[batch]
-    if de_lfc_matrix is not None and n_de_genes > 0:
-        eta = eta + np.log(2.0) * de_lfc_matrix[groups]
-    mu = np.exp(log_size[:, None] + eta)
+    params.update(W=W, b=b)
+    return b + z @ W.T, params
 
-    theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
-    counts = _draw_counts(mu, likelihood, theta_g, dropout, rng)
-    for _ in range(20):  # redraw the rare cell that came out empty, from the same model
+
+def _mlp_log_shares(
+    z: np.ndarray, n_genes: int, n_hidden: int, loading_scale: float, leaky_slope: float, rng: np.random.Generator
+) -> tuple[np.ndarray, dict]:
+    """``eta = log_softmax(b + V2 leaky_relu(V1 z + a1))`` of the MLP decoder, and its true parameters."""
+    b = _baseline(n_genes, rng)
+    n_latent = z.shape[1]
+    V1 = rng.normal(0.0, 1.0 / np.sqrt(n_latent), (n_hidden, n_latent))
+    a1 = rng.normal(0.0, 0.5, n_hidden)
+    V2 = rng.normal(0.0, loading_scale / np.sqrt(n_hidden), (n_genes, n_hidden))
+    logits = b + _leaky_relu(z @ V1.T + a1, leaky_slope) @ V2.T
+    return log_softmax(logits, axis=1), {"V1": V1, "a1": a1, "V2": V2, "b": b, "leaky_slope": leaky_slope}
+
+
+def _nonempty_counts(
+    mu: np.ndarray, likelihood: str, theta: np.ndarray, dropout: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Counts drawn with means ``mu``; a cell that comes out empty is redrawn from the same model (up to 20 times)."""
+    counts = _draw_counts(mu, likelihood, theta, dropout, rng)
+    for _ in range(20):
         empty = counts.sum(1) == 0
         if not empty.any():
             break
-        counts[empty] = _draw_counts(mu[empty], likelihood, theta_g, dropout, rng)
+        counts[empty] = _draw_counts(mu[empty], likelihood, theta, dropout, rng)
     if (counts.sum(1) == 0).any() or (counts.sum(0) == 0).any():
         raise InvalidArgumentError(
             "The simulation produced cells or genes with zero counts; raise library_size or n_cells."
         )
+    return counts
 
+
+def _as_anndata(
+    counts: np.ndarray,
+    batch: np.ndarray,
+    n_batches: int,
+    log_size: np.ndarray,
+    z: np.ndarray,
+    n_source_bins: int,
+    params: dict,
+) -> ad.AnnData:
+    """The simulated data set: CSR float32 counts, batches, size factors, true sources and parameters."""
+    n_cells, n_genes = counts.shape
     adata = ad.AnnData(X=sp.csr_matrix(counts.astype(np.float32)))
     adata.obs_names = [f"cell{i}" for i in range(n_cells)]
     adata.var_names = [f"gene{g}" for g in range(n_genes)]
@@ -249,24 +325,18 @@ def simulate(
     adata.obs["size_factor"] = np.exp(log_size)
     adata.obsm["z_true"] = z
     adata.obsm["z_true_labels"] = source_labels(z, n_source_bins)
-    params.update(
-        batch_offset=batch_offset,
-        theta=theta_g,
-        dropout=float(dropout if likelihood == "zinb" else 0.0),
-        likelihood=likelihood,
-        decoder=decoder,
-        sources=sources if isinstance(sources, str) else ",".join(sources),
-        source_kinds=np.array([sources] * n_latent if isinstance(sources, str) else list(sources), dtype=str),
-        seed=seed,
-    )
-    if de_lfc_matrix is not None:
-        names = [f"group{k}" for k in range(n_groups)]
-        adata.obs["group"] = pd.Categorical([names[k] for k in groups], categories=names)
-        for k in range(1, n_groups):
-            adata.var[f"de_lfc_{names[k]}"] = de_lfc_matrix[k]
-        params.update(de_lfc=de_lfc_matrix, group_names=np.array(names, dtype=str))
     adata.uns["simulation"] = params
     return adata
+
+
+def _store_groups(adata: ad.AnnData, groups: np.ndarray, de_lfc_matrix: np.ndarray) -> None:
+    """The simulated groups in ``obs['group']`` and their planted log2 fold changes in ``var`` and ``uns``."""
+    n_groups = de_lfc_matrix.shape[0]
+    names = [f"group{k}" for k in range(n_groups)]
+    adata.obs["group"] = pd.Categorical([names[k] for k in groups], categories=names)
+    for k in range(1, n_groups):
+        adata.var[f"de_lfc_{names[k]}"] = de_lfc_matrix[k]
+    adata.uns["simulation"].update(de_lfc=de_lfc_matrix, group_names=np.array(names, dtype=str))
 
 
 #: Fewest genes each source loads on with ``loading_sparsity > 0``.

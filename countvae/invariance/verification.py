@@ -20,6 +20,7 @@ prior controls are in :mod:`countvae.invariance.controls`; what the checks read
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -45,11 +46,17 @@ from countvae.invariance.reparameterize import check_trained_model, reparameteri
 from countvae.invariance.result import CHECK_COLUMNS, InvarianceReport
 from countvae.model import CountVAE, copy_model
 
+if TYPE_CHECKING:
+    import anndata as ad
+
 logger = logging.getLogger(__name__)
 
 #: A map within this of orthogonality (max |A^T A - I|) is treated as orthogonal and replaced by its polar factor.
 ORTHOGONAL_ATOL = 1e-6
 ORTHOGONAL_ROUNDING = 1e-14
+
+#: The models :func:`verify` compares, by label, each with the latent maps to apply to it, by name.
+_Plans = dict[str, tuple[CountVAE, dict[str, np.ndarray]]]
 
 
 def _resolve_transforms(transforms, n_latent: int, seed: int, controls: bool) -> dict[str, np.ndarray]:
@@ -138,6 +145,103 @@ def _per_cell(c: MapComparison) -> pd.DataFrame:
     return frame
 
 
+def _check_cell_count(adata: ad.AnnData | None, indices: np.ndarray | None) -> None:
+    """Check that ``indices`` names no cell twice and that at least 2 cells are evaluated."""
+    n_cells = getattr(adata, "n_obs", 0) if indices is None else len(np.asarray(indices).ravel())
+    if indices is not None and len(np.unique(np.asarray(indices))) != n_cells:
+        raise InvalidArgumentError("indices must not repeat a cell.")
+    if n_cells < 2 and hasattr(adata, "n_obs"):
+        raise InvalidArgumentError(f"verify needs at least 2 cells, got {n_cells}.")
+
+
+def _quadrature_use(base: CountVAE, s: VerifySettings) -> tuple[bool, str | None]:
+    """Whether the checks use exact quadrature, and why it cannot be used (``None`` when it can).
+
+    Raises :class:`InvalidArgumentError` when ``quadrature=True`` asks for it where it cannot be used.
+    """
+    reason = quadrature_unsupported_reason(base)
+    if s.quadrature is True and reason is not None:
+        raise InvalidArgumentError(f"quadrature=True, but {reason}")
+    return s.quadrature is not False and reason is None, reason
+
+
+def _plans(base: CountVAE, maps: dict[str, np.ndarray], s: VerifySettings) -> _Plans:
+    """The models to compare, by label, each with the maps to apply to it."""
+    plans: _Plans = {FITTED: (base, maps)}
+    if s.prior_controls and base.n_latent >= 2:
+        plans.update(prior_control_variants(base, s.seed))
+    elif s.prior_controls:
+        logger.info("n_latent=1: every orthogonal map is a sign flip, so the prior controls are skipped.")
+    return plans
+
+
+def _measure_plans(
+    plans: _Plans, fitted: EvaluatedModel, progress_bar: bool
+) -> tuple[list[dict], dict[str, pd.DataFrame]]:
+    """Run the model checks on every planned model and the map checks on each of its maps.
+
+    Returns the rows of the checks table and the per-cell estimates, by ``"label / map"``.
+    """
+    rows: list[dict] = []
+    per_cell: dict[str, pd.DataFrame] = {}
+    bar = tqdm(total=sum(len(p) for _, p in plans.values()), desc="invariance", unit="map", disable=not progress_bar)
+    for label, (variant, plan) in plans.items():
+        original = fitted if label == FITTED else EvaluatedModel(variant, fitted.cells, fitted.use_quadrature)
+        rows += _rows(label, "(none)", "-", "-", [m for check in MODEL_CHECKS for m in check(original)])
+        for name, A in plan.items():
+            c = _comparison(label, name, original, A)
+            checks = MAP_CHECKS + LOADINGS_MAP_CHECKS + (FITTED_MAP_CHECKS if label == FITTED else ())
+            measured = [m for check in checks for m in check(c)]
+            kept = c.invariant and c.loadings_invariant is not False
+            rows += _rows(label, name, c.kind, "invariant" if kept else "changes", measured)
+            per_cell[f"{label} / {name}"] = _per_cell(c)
+            bar.update(1)
+    bar.close()
+    return rows, per_cell
+
+
+def _settings_record(
+    model: CountVAE, fitted: EvaluatedModel, maps: dict[str, np.ndarray], reason: str | None, s: VerifySettings
+) -> dict:
+    """The settings of a run of :func:`verify`, as recorded in its report."""
+    base = fitted.model
+    return {
+        "model": repr(model),
+        "n_cells": int(len(fitted.cells.indices)),
+        "n_samples": int(s.n_samples),
+        "seed": int(s.seed),
+        "dtype": s.dtype_name,
+        "n_latent": int(base.n_latent),
+        "prior": model.settings.prior,
+        "quadrature": bool(fitted.use_quadrature),
+        "quadrature_note": reason or (fitted.quadrature.describe() if fitted.quadrature is not None else "skipped"),
+        "quadrature_tolerance": float(s.quadrature_tolerance),
+        "quadrature_max_nodes": int(s.quadrature_max_nodes),
+        "estimator": repr(s.estimator_for(base.module)),
+        "z_threshold": float(s.z_threshold),
+        "change_threshold": float(s.change_threshold),
+        "max_unreliable_fraction": float(s.max_unreliable_fraction),
+        "min_ess": float(s.min_ess),
+        "max_estimator_error": float(s.max_estimator_error),
+        "tolerances": s.tolerances,
+        "expected_invariant": {name: bool(model_preserves(base.module, A)) for name, A in maps.items()},
+        "loadings_prior": "none" if base.module.loadings_prior is None else base.module.loadings_prior.kind,
+        "symmetry": base.module.symmetry,
+    }
+
+
+def _variant_summaries(plans: _Plans) -> dict[str, dict[str, str]]:
+    """The prior, loadings prior and symmetry of each planned model, by label."""
+    return {
+        label: {
+            "prior": v.module.prior.kind,
+            "loadings_prior": "none" if v.module.loadings_prior is None else v.module.loadings_prior.kind,
+            "symmetry": v.module.symmetry,
+        }
+        for label, (v, _) in plans.items()
+    }
+
+
 # The settings of verify are the fields of VerifySettings, each written once there (countvae._settings says why this
 # departs from scvi-tools' explicit keyword arguments).
 @takes_settings(VerifySettings)
@@ -196,83 +300,25 @@ def verify(
     """
     check_trained_model(model)
     s = settings
-    n_cells = getattr(adata, "n_obs", 0) if indices is None else len(np.asarray(indices).ravel())
-    if indices is not None and len(np.unique(np.asarray(indices))) != n_cells:
-        raise InvalidArgumentError("indices must not repeat a cell.")
-    if n_cells < 2 and hasattr(adata, "n_obs"):
-        raise InvalidArgumentError(f"verify needs at least 2 cells, got {n_cells}.")
+    _check_cell_count(adata, indices)
     base = copy_model(model, s.dtype)
     base.module.eval()
     cells = EvaluationCells(base.cells(adata, indices), s)
-    L = base.n_latent
-    maps = _resolve_transforms(transforms, L, s.seed, s.controls)
-    reason = quadrature_unsupported_reason(base)
-    if s.quadrature is True and reason is not None:
-        raise InvalidArgumentError(f"quadrature=True, but {reason}")
-    use_quadrature = s.quadrature is not False and reason is None
-
-    plans: dict[str, tuple[CountVAE, dict[str, np.ndarray]]] = {FITTED: (base, maps)}
-    if s.prior_controls and L >= 2:
-        plans.update(prior_control_variants(base, s.seed))
-    elif s.prior_controls:
-        logger.info("n_latent=1: every orthogonal map is a sign flip, so the prior controls are skipped.")
-
-    rows: list[dict] = []
-    per_cell: dict[str, pd.DataFrame] = {}
+    maps = _resolve_transforms(transforms, base.n_latent, s.seed, s.controls)
+    use_quadrature, reason = _quadrature_use(base, s)
+    plans = _plans(base, maps, s)
     fitted = EvaluatedModel(base, cells, use_quadrature)
-    bar = tqdm(total=sum(len(p) for _, p in plans.values()), desc="invariance", unit="map", disable=not progress_bar)
-    for label, (variant, plan) in plans.items():
-        original = fitted if label == FITTED else EvaluatedModel(variant, cells, use_quadrature)
-        rows += _rows(label, "(none)", "-", "-", [m for check in MODEL_CHECKS for m in check(original)])
-        for name, A in plan.items():
-            c = _comparison(label, name, original, A)
-            checks = MAP_CHECKS + LOADINGS_MAP_CHECKS + (FITTED_MAP_CHECKS if label == FITTED else ())
-            measured = [m for check in checks for m in check(c)]
-            kept = c.invariant and c.loadings_invariant is not False
-            rows += _rows(label, name, c.kind, "invariant" if kept else "changes", measured)
-            per_cell[f"{label} / {name}"] = _per_cell(c)
-            bar.update(1)
-    bar.close()
-
+    rows, per_cell = _measure_plans(plans, fitted, progress_bar)
     checks_frame = pd.DataFrame(rows, columns=CHECK_COLUMNS).astype({"ok": object})
-    settings = {
-        "model": repr(model),
-        "n_cells": int(len(cells.indices)),
-        "n_samples": int(s.n_samples),
-        "seed": int(s.seed),
-        "dtype": s.dtype_name,
-        "n_latent": int(L),
-        "prior": model.settings.prior,
-        "quadrature": bool(use_quadrature),
-        "quadrature_note": reason or (fitted.quadrature.describe() if fitted.quadrature is not None else "skipped"),
-        "quadrature_tolerance": float(s.quadrature_tolerance),
-        "quadrature_max_nodes": int(s.quadrature_max_nodes),
-        "estimator": repr(s.estimator_for(base.module)),
-        "z_threshold": float(s.z_threshold),
-        "change_threshold": float(s.change_threshold),
-        "max_unreliable_fraction": float(s.max_unreliable_fraction),
-        "min_ess": float(s.min_ess),
-        "max_estimator_error": float(s.max_estimator_error),
-        "tolerances": s.tolerances,
-        "expected_invariant": {name: bool(model_preserves(base.module, A)) for name, A in maps.items()},
-        "loadings_prior": "none" if base.module.loadings_prior is None else base.module.loadings_prior.kind,
-        "symmetry": base.module.symmetry,
-    }
+    record = _settings_record(model, fitted, maps, reason, s)
     return InvarianceReport(
         checks=checks_frame,
         transforms={name: np.asarray(A) for name, A in maps.items()},
-        variants={
-            label: {
-                "prior": v.module.prior.kind,
-                "loadings_prior": "none" if v.module.loadings_prior is None else v.module.loadings_prior.kind,
-                "symmetry": v.module.symmetry,
-            }
-            for label, (v, _) in plans.items()
-        },
+        variants=_variant_summaries(plans),
         per_cell=per_cell,
         outputs=outputs_table(checks_frame, list(maps)),
         latent=fitted.outputs.latent,
-        settings=settings,
+        settings=record,
     )
 
 

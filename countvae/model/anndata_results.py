@@ -177,6 +177,36 @@ def write_results(
 
     """
     model.require_trained()
+    adata, latent_key, layer, loadings_key, uns_key = _checked_arguments(
+        model, adata, latent_key, layer, loadings_key, uns_key, library_size
+    )
+    targets = {
+        "obsm": (latent_key, adata.obsm),
+        "layers": (layer, adata.layers),
+        "varm": (loadings_key, adata.varm),
+        "uns": (uns_key, adata.uns),
+    }
+    _refuse_taken_keys(targets, overwrite)
+    values = _result_values(model, adata, latent_key, layer, loadings_key, library_size)
+    written = {slot: targets[slot][0] for slot in ("obsm", "layers", "varm", "uns") if targets[slot][0] is not None}
+    if uns_key is not None:
+        values["uns"] = _uns_record(model, written, library_size if layer is not None else None)
+    for slot, value in values.items():
+        key, store = targets[slot]
+        store[key] = value
+    return written
+
+
+def _checked_arguments(
+    model: CountVAE,
+    adata: ad.AnnData | None,
+    latent_key: Any,
+    layer: Any,
+    loadings_key: Any,
+    uns_key: Any,
+    library_size: float,
+) -> tuple[ad.AnnData, str | None, str | None, str | None, str | None]:
+    """The AnnData to write into and the keys to write, after checking the arguments."""
     if adata is None:
         adata = model.adata
         if adata is None:
@@ -190,17 +220,27 @@ def write_results(
     check_number("library_size", library_size, 0.0, low_open=True)
     if model.settings.decoder != "linear":
         loadings_key = None  # documented: an MLP decoder has no loadings to store
-    targets = {
-        "obsm": (latent_key, adata.obsm),
-        "layers": (layer, adata.layers),
-        "varm": (loadings_key, adata.varm),
-        "uns": (uns_key, adata.uns),
-    }
+    return adata, latent_key, layer, loadings_key, uns_key
+
+
+def _refuse_taken_keys(targets: dict[str, tuple[str | None, Any]], overwrite: bool) -> None:
+    """Raise :class:`~countvae.errors.OutputExistsError` if a key to write exists and ``overwrite`` is False."""
     taken = [f"{slot}[{key!r}]" for slot, (key, store) in targets.items() if key is not None and key in store]
     if taken and not overwrite:
         raise OutputExistsError(
             f"adata already has {', '.join(taken)}; pass overwrite=True to replace them, or choose other keys."
         )
+
+
+def _result_values(
+    model: CountVAE,
+    adata: ad.AnnData,
+    latent_key: str | None,
+    layer: str | None,
+    loadings_key: str | None,
+    library_size: float,
+) -> dict[str, Any]:
+    """The embedding, normalized expression and loadings to write, by slot, for the keys that are not ``None``."""
     positions = _gene_positions(model, adata) if layer is not None or loadings_key is not None else None
 
     values: dict[str, Any] = {}
@@ -213,10 +253,4 @@ def write_results(
     if loadings_key is not None:
         weights = model.get_loadings().to_numpy()
         values["varm"] = weights if positions is None else weights[positions]
-    written = {slot: targets[slot][0] for slot in ("obsm", "layers", "varm", "uns") if targets[slot][0] is not None}
-    if uns_key is not None:
-        values["uns"] = _uns_record(model, written, library_size if layer is not None else None)
-    for slot, value in values.items():
-        key, store = targets[slot]
-        store[key] = value
-    return written
+    return values

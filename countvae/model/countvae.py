@@ -32,14 +32,12 @@ from countvae.model.loadings import build_loadings_prior, latent_names, loadings
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
-from countvae.model.training import TrainingPlan, resolve_device, train_module
+from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, resolve_device, train_module
 from countvae.module.marginal import MarginalSettings
 from countvae.module.priors import LatentPrior
 from countvae.module.vae import CountVAEModule
 
 logger = logging.getLogger(__name__)
-
-_HISTORY_COLUMNS = ["epoch", "loss_train", "loss_validation", "kl_weight"]
 
 
 @documents_settings(ModelSettings)
@@ -112,7 +110,7 @@ class CountVAE:
         self.var_names: pd.Index = data.var_names
         self.adata: ad.AnnData | None = None if isinstance(adata, DataSummary) else adata
         self.is_trained = False
-        self.history = pd.DataFrame(columns=_HISTORY_COLUMNS)
+        self.history = pd.DataFrame(columns=list(HISTORY_COLUMNS))
         self.training_summary: dict = {}
         self.train_indices = np.arange(0)
         self.validation_indices = np.arange(0)

@@ -78,7 +78,6 @@ from numpy's global generator.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -88,6 +87,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_int, check_number
+from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
 from countvae.model.de_statistics import change_statistics, estimate_pseudocount, raw_count_properties
@@ -323,17 +323,72 @@ def differential_expression(
         ``proba_de`` within each comparison, largest first.
 
     """
+    source, comparisons = _checked_comparisons(
+        model, adata, groupby, group1, group2, idx1, idx2, n_samples_overall, pseudocounts, seed
+    )
+    frames = _comparison_frames(
+        model,
+        source,
+        comparisons,
+        delta=delta,
+        fdr_target=fdr_target,
+        batch_correction=batch_correction,
+        n_samples_overall=n_samples_overall,
+        test_mode=test_mode,
+        pseudocounts=pseudocounts,
+        all_stats=all_stats,
+        n_bootstrap=n_bootstrap,
+        seed=seed,
+    )
+    _warn_unstable_calls(frames, n_samples_overall)
+    return pd.concat(frames, axis=0) if len(frames) > 1 else frames[0]
+
+
+def _checked_comparisons(
+    model: CountVAE,
+    adata: ad.AnnData | None,
+    groupby: str | None,
+    group1: str | Sequence[str] | None,
+    group2: str | None,
+    idx1: CellSelection | None,
+    idx2: CellSelection | None,
+    n_samples_overall: int,
+    pseudocounts: float | None,
+    seed: int,
+) -> tuple[CountSource, list[tuple[str | None, str | None, np.ndarray, np.ndarray]]]:
+    """Check the model and the sampling arguments, and choose the cells of each comparison.
+
+    Returns the counts of the cells and, per comparison, the two group names (``None`` for
+    ``idx1``/``idx2``) and the positions of their cells.
+    """
     model.require_trained()
     check_int("n_samples_overall", n_samples_overall, 2)
     if pseudocounts is not None:
         check_number("pseudocounts", pseudocounts, 0.0, low_open=True)
     check_int("seed", seed)
     cells = model.cells(adata)
-    adata = cells.adata
-    comparisons = _comparisons(adata, groupby, group1, group2, idx1, idx2)
+    comparisons = _comparisons(cells.adata, groupby, group1, group2, idx1, idx2)
     for _, _, cells1, cells2 in comparisons:
         _check_groups(cells1, cells2)
-    source = cells.source
+    return cells.source, comparisons
+
+
+def _comparison_frames(
+    model: CountVAE,
+    source: CountSource,
+    comparisons: list[tuple[str | None, str | None, np.ndarray, np.ndarray]],
+    *,
+    delta: float,
+    fdr_target: float,
+    batch_correction: bool,
+    n_samples_overall: int,
+    test_mode: Literal["two", "three"],
+    pseudocounts: float | None,
+    all_stats: bool,
+    n_bootstrap: int,
+    seed: int,
+) -> list[pd.DataFrame]:
+    """The result frame of each comparison, each from its own random stream."""
     n_batch_categories = max(model.registry.n_batches, 1)
     call_column = f"is_de_fdr_{fdr_target}"
     frames = []
@@ -368,6 +423,11 @@ def differential_expression(
             frame["group1"] = name1
             frame["group2"] = name2
         frames.append(frame)
+    return frames
+
+
+def _warn_unstable_calls(frames: list[pd.DataFrame], n_samples_overall: int) -> None:
+    """Warn when another sampling seed is predicted to change the call set of some comparison."""
     unstable = [
         (frame["comparison"].iloc[0] if "comparison" in frame else "idx1 vs idx2", frame["mc_call_jaccard"].iloc[0])
         for frame in frames
@@ -375,14 +435,12 @@ def differential_expression(
     ]
     if unstable:
         listed = ", ".join(f"{name} ({value:.2f})" for name, value in unstable)
-        warnings.warn(
+        warn_at_caller(
             f"With n_samples_overall={n_samples_overall}, another sampling seed would change the call set: predicted "
             f"Jaccard agreement below {STABLE_CALL_JACCARD} for {listed} (column mc_call_jaccard). Raise "
             "n_samples_overall (the Monte Carlo error falls as 1/sqrt(n)) for calls that survive a re-run.",
             MonteCarloWarning,
-            stacklevel=3,
         )
-    return pd.concat(frames, axis=0) if len(frames) > 1 else frames[0]
 
 
 def _frame(

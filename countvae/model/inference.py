@@ -7,7 +7,6 @@ given positions. All of them run in eval mode without gradients.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -17,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
 from countvae.model.training import dtype_device, to_tensors
@@ -212,12 +212,11 @@ def _warn_unreliable(summary: ImportanceSummary, method: str) -> None:
             "estimate them with more draws (a larger n_samples, or settings=MarginalSettings(escalation_draws=...)) "
             "or train longer (a better-fitted encoder starts the search closer to the posterior)"
         )
-    warnings.warn(
+    warn_at_caller(
         f"{n_bad} of {summary.lpd.size} cells have a Pareto k-hat above {KHAT_THRESHOLD}: their log p(x) estimate "
         f"is unreliable (column 'reliable' is False and 'mc_se' is NaN). To fix it, {remedy}; until then leave "
         "these cells out of model comparisons.",
         UnreliableEstimateWarning,
-        stacklevel=3,
     )
 
 

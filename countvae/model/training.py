@@ -22,6 +22,9 @@ from countvae.module.vae import CountVAEModule
 
 logger = logging.getLogger(__name__)
 
+#: The columns of a training history, one row per epoch (see :func:`train_module`).
+HISTORY_COLUMNS = ("epoch", "loss_train", "loss_validation", "kl_weight")
+
 #: Values of ``CountVAE.train(accelerator=...)``: ``"gpu"`` and ``"cuda"`` are the same.
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 
@@ -391,13 +394,11 @@ def train_module(
         ``kl_weight``.
 
     """
-    dtype, device = dtype_device(module)
     if optimizer is None:
         optimizer = make_optimizer(module, plan.lr, plan.weight_decay, plan.adam_eps)
     # Continued training (epoch_offset > 0) draws new minibatch orders and noise, still fixed by the seed.
     rng = np.random.default_rng([plan.seed, epoch_offset])
-    rows: list[dict] = []
-    parameters = list(module.parameters())
+    rows: list[tuple[int, float, float, float]] = []  # the history's columns, HISTORY_COLUMNS
     live = list(module.state_dict().values())
     last_good = [t.detach().clone() for t in live]
     best_state: list[torch.Tensor] | None = None
@@ -408,52 +409,17 @@ def train_module(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(plan.seed if epoch_offset == 0 else int(rng.integers(2**62)))
         for epoch in bar:
-            module.train()
             kl_weight = _kl_weight(epoch_offset + epoch, plan.kl_warmup_epochs)
-            running, seen = 0.0, 0
-            for step, mb in enumerate(
-                source.iterate(
-                    train_indices, plan.batch_size, shuffle=True, rng=rng, shuffle_block_cells=plan.shuffle_block_cells
-                )
-            ):
-                x, b = to_tensors(mb, dtype, device)
-                cell_index = torch.as_tensor(mb.indices, device=device)
-                loss = minibatch_loss(
-                    module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=len(train_indices)
-                )
-                optimizer.zero_grad(set_to_none=True)
-                if not torch.isfinite(loss):
-                    _restore(live, last_good)
-                    _diverged(epoch_offset + epoch, step, "loss", float(loss.detach()))
-                loss.backward()
-                grad_norm = total_grad_norm(parameters)
-                if not torch.isfinite(grad_norm):
-                    optimizer.zero_grad(set_to_none=True)
-                    _restore(live, last_good)
-                    _diverged(epoch_offset + epoch, step, "gradient norm", float(grad_norm))
-                _backup(live, last_good)
-                optimizer.step()
-                running += float(loss.detach()) * len(mb.indices)
-                seen += len(mb.indices)
-            loss_train = running / max(seen, 1)
+            loss_train = _train_epoch(
+                module, source, train_indices, plan, optimizer, rng, kl_weight, epoch_offset + epoch, (live, last_good)
+            )
             validate = len(validation_indices) > 0 and (
                 (epoch + 1) % plan.validation_interval == 0 or epoch + 1 == n_epochs
             )
             loss_val = (
-                evaluate_loss(
-                    module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
-                )
-                if validate
-                else math.nan
+                _validation_loss(module, source, validation_indices, plan, len(train_indices)) if validate else math.nan
             )
-            rows.append(
-                {
-                    "epoch": epoch_offset + epoch + 1,
-                    "loss_train": loss_train,
-                    "loss_validation": loss_val,
-                    "kl_weight": kl_weight,
-                }
-            )
+            rows.append((epoch_offset + epoch + 1, loss_train, loss_val, kl_weight))
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)
             if plan.early_stopping and validate and kl_weight >= 1.0:
                 is_best, stop = rule.update(epoch + 1, loss_val)
@@ -461,14 +427,7 @@ def train_module(
                     best_state = _snapshot(live, best_state)
                 if stop:
                     stopped_early = True
-                    logger.info(
-                        "Early stopping after epoch %d: the validation loss has not improved by more than %g of "
-                        "its value for %d epochs; restoring the parameters of epoch %d.",
-                        epoch_offset + epoch + 1,
-                        plan.early_stopping_relative_delta,
-                        epoch + 1 - rule.last_improvement,
-                        epoch_offset + rule.best_epoch,
-                    )
+                    _log_early_stop(rule, plan, epoch_offset, epoch + 1)
                     break
     bar.close()
     kept = epoch_offset + len(rows)
@@ -477,12 +436,77 @@ def train_module(
         kept = epoch_offset + rule.best_epoch
     module.eval()
     return TrainingRun(
-        history=pd.DataFrame(rows, columns=["epoch", "loss_train", "loss_validation", "kl_weight"]),
+        history=pd.DataFrame(rows, columns=list(HISTORY_COLUMNS)),
         optimizer=optimizer,
         max_epochs=n_epochs,
         epochs=len(rows),
         stopped_early=stopped_early,
         kept_epoch=kept,
+    )
+
+
+def _train_epoch(
+    module: CountVAEModule,
+    source: CountSource,
+    train_indices: np.ndarray,
+    plan: TrainingPlan,
+    optimizer: torch.optim.Optimizer,
+    rng: np.random.Generator,
+    kl_weight: float,
+    epoch: int,
+    guard: tuple[list[torch.Tensor], list[torch.Tensor]],
+) -> float:
+    """One pass over ``train_indices`` in shuffled minibatches; the mean negative ELBO per cell.
+
+    ``guard`` is the module's live state and its copy at the last step whose loss and
+    gradient were finite: a non-finite step restores that copy and raises
+    :class:`TrainingDivergedError` naming ``epoch`` (0-based, counted from the first
+    training call) and the step, before the optimiser moves the parameters.
+    """
+    live, last_good = guard
+    dtype, device = dtype_device(module)
+    parameters = list(module.parameters())
+    module.train()
+    running, seen = 0.0, 0
+    minibatches = source.iterate(
+        train_indices, plan.batch_size, shuffle=True, rng=rng, shuffle_block_cells=plan.shuffle_block_cells
+    )
+    for step, mb in enumerate(minibatches):
+        x, b = to_tensors(mb, dtype, device)
+        cell_index = torch.as_tensor(mb.indices, device=device)
+        loss = minibatch_loss(module, x, b, kl_weight, plan.engine, cell_index=cell_index, n_total=len(train_indices))
+        optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            _restore(live, last_good)
+            _diverged(epoch, step, "loss", float(loss.detach()))
+        loss.backward()
+        grad_norm = total_grad_norm(parameters)
+        if not torch.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            _restore(live, last_good)
+            _diverged(epoch, step, "gradient norm", float(grad_norm))
+        _backup(live, last_good)
+        optimizer.step()
+        running += float(loss.detach()) * len(mb.indices)
+        seen += len(mb.indices)
+    return running / max(seen, 1)
+
+
+def _validation_loss(
+    module: CountVAEModule, source: CountSource, validation_indices: np.ndarray, plan: TrainingPlan, n_train: int
+) -> float:
+    """The validation pass: :func:`evaluate_loss` with the plan's seed, in minibatches of at least 512 cells."""
+    return evaluate_loss(module, source, validation_indices, max(plan.batch_size, 512), plan.seed, n_train)
+
+
+def _log_early_stop(rule: ConvergenceRule, plan: TrainingPlan, epoch_offset: int, epochs_done: int) -> None:
+    logger.info(
+        "Early stopping after epoch %d: the validation loss has not improved by more than %g of "
+        "its value for %d epochs; restoring the parameters of epoch %d.",
+        epoch_offset + epochs_done,
+        plan.early_stopping_relative_delta,
+        epochs_done - rule.last_improvement,
+        epoch_offset + rule.best_epoch,
     )
 
 

@@ -379,3 +379,4 @@ def test_too_few_pairs_warn_with_the_predicted_agreement(planted):
         frame = planted.differential_expression(groupby="group", group1="group1", n_samples_overall=20, seed=1)
     assert frame["mc_call_jaccard"].iloc[0] < 0.95
     assert "group1 vs Rest" in str(record[0].message)
+    assert record[0].filename == __file__  # attributed to the caller's line, not to countvae or beyond the caller

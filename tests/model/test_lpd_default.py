@@ -60,8 +60,9 @@ def test_default_meets_the_accuracy_targets_on_high_count_real_cells(pbmc_small,
     assert est.reliable.all()
     if likelihood == "poisson" and n_latent == 3:
         # the guide estimator (scvi-tools' method) is reachable, and here far below the truth and flagged
-        with pytest.warns(UnreliableEstimateWarning, match=r"cells have a Pareto k-hat above 0.7"):
+        with pytest.warns(UnreliableEstimateWarning, match=r"cells have a Pareto k-hat above 0.7") as record:
             guide = model.get_log_predictive_density(pbmc_small, idx, seed=0, method="guide")
+        assert record[0].filename == __file__  # the analyst's call, through the model's method
         guide_err = guide.lpd.to_numpy() - exact
         assert guide_err.mean() < -0.5  # at least 10x the default's error budget, always from below
         assert (~guide.reliable).mean() >= 0.3

@@ -10,7 +10,6 @@ or to iterate over it in the model's minibatches; these are the calls its own
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,10 +19,16 @@ import numpy as np
 import pandas as pd
 import torch
 
+from countvae._warnings import warn_at_caller
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
-from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, UnreliableEstimateWarning
+from countvae.errors import (
+    InvalidArgumentError,
+    InvalidDataError,
+    NotTrainedError,
+    UnreliableEstimateWarning,
+)
 from countvae.model.query import check_genes
 from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal
@@ -238,13 +243,12 @@ class SCVIFit:
         summary = ImportanceSummary.concatenate(parts)
         n_bad = int((~summary.reliable).sum())
         if n_bad:
-            warnings.warn(
+            warn_at_caller(
                 f"{n_bad} of {summary.lpd.size} cells have a Pareto k-hat above {KHAT_THRESHOLD}: their log p(x) "
                 "estimate is unreliable (column 'reliable' is False and 'mc_se' is NaN). To fix it, use more draws "
                 "(a larger n_samples, or SCVIFit(..., lpd_settings=MarginalSettings(escalation_draws=...))) or "
                 "train the scvi-tools model longer; until then leave these cells out of model comparisons.",
                 UnreliableEstimateWarning,
-                stacklevel=2,
             )
         return with_quantity(summary.to_frame(index=adata.obs_names), self.lpd_quantity)
 

@@ -286,8 +286,9 @@ def test_unreliable_cells_are_flagged_and_warned_about(latent_library_fit, data)
     held = data[N_TRAIN : N_TRAIN + 20].copy()
     bad = MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0, newton_steps=0, redraw=0, escalation_draws=0)
     fit = SCVIFit(latent_library_fit.model, seed=0, lpd_settings=bad)
-    with pytest.warns(UnreliableEstimateWarning, match="unreliable"):
+    with pytest.warns(UnreliableEstimateWarning, match="unreliable") as record:
         frame = fit.log_predictive_density(held, n_samples=100, seed=0)
+    assert record[0].filename == __file__
     flagged = ~frame["reliable"].to_numpy()
     assert flagged.any() and np.isnan(frame["mc_se"].to_numpy()[flagged]).all()
     assert (frame["khat"].to_numpy()[flagged] > KHAT_THRESHOLD).all()
