@@ -50,6 +50,12 @@ def _median_ms(fn, repeats: int) -> float:
     return 1000 * float(np.median(times))
 
 
+def _allocator_line(kept: bool) -> str:
+    if kept:
+        return "glibc malloc keeps freed memory (`countvae._allocator.keep_freed_memory`, as in the fit workers)"
+    return "glibc malloc at its defaults (as in a notebook's `model.train()`; `--keep-freed-memory` for the workers')"
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
@@ -57,7 +63,17 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=60)
     parser.add_argument("--results", default=str(DEFAULT_RESULTS))
     parser.add_argument("--section", default="profile")
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="apply countvae._allocator.keep_freed_memory first, as the command line and its fit workers do",
+    )
     args = parser.parse_args(argv)
+    if args.keep_freed_memory:
+        from countvae._allocator import keep_freed_memory
+
+        # not applied where the C library is not glibc or the environment already tunes malloc
+        args.keep_freed_memory = keep_freed_memory()
 
     import torch
     import torch.nn.functional as F
@@ -220,6 +236,7 @@ def main(argv=None) -> None:
 Command: `{command_line()}` ({time.strftime("%Y-%m-%d %H:%M")}{", QUICK smoke run" if args.quick else ""})
 
 Machine: {machine_line(args.threads)}. Load average before/after: {"; ".join(loads)}.
+Allocator: {_allocator_line(args.keep_freed_memory)}.
 
 Default model on {adata.n_obs} x {adata.n_vars} cells x genes, batch 128, float32; medians over {args.repeats}
 repetitions (in ms). The pieces are timed separately, so they need not add up exactly to the whole step.
@@ -237,7 +254,9 @@ eager; it also needs a C++ toolchain at run time and recompiles for the shorter 
 of the whole loss but its summed z-free terms (whose sizes change with every minibatch; one graph for encoder,
 decoder, NB mean terms and KL, forward and backward: 5.80-5.96 ms against 6.13-6.41 eager, 7% for about 30 s of
 compilation in every fresh worker process, more than a seed's whole fit on the embedded data), a hand-written
-backward for the NB term (closed-form gradient, 6.0-6.4 ms either way), the encoder's `log1p` over the non-zero
+backward for the NB term (closed-form gradient, 6.0-6.4 ms either way; again on an AMD EPYC on 2026-12-04 as one
+autograd Function for the whole NB log-probability, 11 passes over the block instead of about 19, 10 interleaved
+rounds of 100 whole steps on Kang: median 10.64 against 10.44 ms/step), the encoder's `log1p` over the non-zero
 counts only (6.1-6.2 against 5.8-6.1 ms dense), the encoder's first layer as a sparse product (the layer forward
 and backward alone: 3.2 ms as torch CSR, 7.9 ms as COO, against 0.75 ms dense), minibatches read ahead in a
 thread (epochs of 90,000 cells: 4.6-5.6 s either way), and a larger table of small counts for the summed z-free

@@ -9,6 +9,7 @@ expression, each with its Monte Carlo standard error. The model-facing part
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal
 
 import numpy as np
@@ -155,6 +156,29 @@ def _bootstrap_proba(
     return (p_plus + p_minus) if test_mode == "two" else np.maximum(p_plus, p_minus)
 
 
+def check_test_settings(delta: float, fdr_target: float, test_mode: str, n_bootstrap: int) -> None:
+    """Check the settings of the change-mode test (see :func:`change_statistics`).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the first setting out of range.
+
+    """
+    if test_mode not in ("two", "three"):
+        raise InvalidArgumentError(f"test_mode must be 'two' or 'three', got {test_mode!r}.")
+    if not (_is_real(delta) and delta >= 0):
+        raise InvalidArgumentError(f"delta must be a non-negative number, got {delta!r}.")
+    if not (_is_real(fdr_target) and 0.0 < fdr_target < 1.0):
+        raise InvalidArgumentError(f"fdr_target must lie in (0, 1), got {fdr_target!r}.")
+    if isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int | np.integer) or n_bootstrap < 2:
+        raise InvalidArgumentError(f"n_bootstrap must be an integer of at least 2, got {n_bootstrap!r}.")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def change_statistics(
     scales1: np.ndarray,
     scales2: np.ndarray,
@@ -201,12 +225,7 @@ def change_statistics(
         raise InvalidArgumentError(
             f"scales1 and scales2 must be (draws, genes) of one shape, got {scales1.shape}, {scales2.shape}."
         )
-    if test_mode not in ("two", "three"):
-        raise InvalidArgumentError(f"test_mode must be 'two' or 'three', got {test_mode!r}.")
-    if not (isinstance(delta, float | int) and delta >= 0):
-        raise InvalidArgumentError(f"delta must be a non-negative number, got {delta!r}.")
-    if not isinstance(n_bootstrap, int | np.integer) or n_bootstrap < 2:
-        raise InvalidArgumentError(f"n_bootstrap must be an integer of at least 2, got {n_bootstrap!r}.")
+    check_test_settings(delta, fdr_target, test_mode, n_bootstrap)
     n = scales1.shape[0]
     test_lfc = _log2_ratio(scales1, scales2, pseudocount)
     plus = test_lfc >= delta

@@ -90,7 +90,12 @@ from countvae._checks import check_int, check_number
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
-from countvae.model.de_statistics import change_statistics, estimate_pseudocount, raw_count_properties
+from countvae.model.de_statistics import (
+    change_statistics,
+    check_test_settings,
+    estimate_pseudocount,
+    raw_count_properties,
+)
 from countvae.model.training import dtype_device, to_tensors
 from countvae.module.vae import CountVAEModule, sample_latent
 
@@ -323,6 +328,8 @@ def differential_expression(
         ``proba_de`` within each comparison, largest first.
 
     """
+    model.require_trained()
+    check_test_settings(delta, fdr_target, test_mode, n_bootstrap)  # before any sampling
     source, comparisons = _checked_comparisons(
         model, adata, groupby, group1, group2, idx1, idx2, n_samples_overall, pseudocounts, seed
     )
@@ -356,12 +363,11 @@ def _checked_comparisons(
     pseudocounts: float | None,
     seed: int,
 ) -> tuple[CountSource, list[tuple[str | None, str | None, np.ndarray, np.ndarray]]]:
-    """Check the model and the sampling arguments, and choose the cells of each comparison.
+    """Check the sampling arguments, and choose the cells of each comparison.
 
     Returns the counts of the cells and, per comparison, the two group names (``None`` for
     ``idx1``/``idx2``) and the positions of their cells.
     """
-    model.require_trained()
     check_int("n_samples_overall", n_samples_overall, 2)
     if pseudocounts is not None:
         check_number("pseudocounts", pseudocounts, 0.0, low_open=True)

@@ -101,6 +101,13 @@ def test_in_process_benchmarks_quick(name, results):
         assert "| SCVI s/epoch |" in body and "countvae / SCVI per epoch" in body
 
 
+def test_bench_profile_with_the_workers_allocator_says_so(results):
+    # in its own process: the allocator's settings are process-wide
+    _run_script("bench_profile", "--quick", "--keep-freed-memory", "--results", str(results))
+    body = _section(results.read_text(), "profile")
+    assert "QUICK" in body and "keeps freed memory" in body
+
+
 def test_bench_lpd_workers_quick(results, tmp_path):
     args = ["--quick", "--datasets", "embedded", "--rounds", "1", "--work", str(tmp_path), "--results", str(results)]
     _module("bench_lpd_workers").main(args)

@@ -17,6 +17,7 @@ from scipy.stats import norm
 import countvae as cv
 from countvae.errors import InvalidArgumentError, MonteCarloWarning, NotTrainedError
 from countvae.invariance import copy_model, reparameterize
+from countvae.model import differential
 from countvae.model.de_statistics import (
     change_statistics,
     estimate_pseudocount,
@@ -324,6 +325,27 @@ def test_bad_input_is_named(planted):
     untrained = cv.CountVAE(planted.adata, n_latent=2)
     with pytest.raises(NotTrainedError):
         untrained.differential_expression(groupby="group", group1="group1")
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"test_mode": "one"},
+        {"delta": -0.1},
+        {"delta": True},
+        {"fdr_target": 1.0},
+        {"fdr_target": "0.05"},
+        {"n_bootstrap": 1},
+        {"n_bootstrap": 10.0},
+    ],
+)
+def test_bad_test_settings_are_refused_before_any_sampling(planted, monkeypatch, setting):
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("sampling started before the test settings were checked")
+
+    monkeypatch.setattr(differential, "_comparison_frames", no_sampling)
+    with pytest.raises(InvalidArgumentError, match=next(iter(setting))):
+        planted.differential_expression(groupby="group", group1="group1", n_samples_overall=10, **setting)
 
 
 def test_given_pseudocount_is_used(planted):
