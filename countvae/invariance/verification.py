@@ -59,7 +59,12 @@ ORTHOGONAL_ROUNDING = 1e-14
 _Plans = dict[str, tuple[CountVAE, dict[str, np.ndarray]]]
 
 
-def _resolve_transforms(transforms, n_latent: int, seed: int, controls: bool) -> dict[str, np.ndarray]:
+def _resolve_transforms(transforms: object, n_latent: int, seed: int, controls: bool) -> dict[str, np.ndarray]:
+    """The latent maps to check, by name, as invertible matrices (nearly orthogonal ones made exactly so).
+
+    ``transforms`` is ``None`` (the default maps), a dict by name, a list, or one map; with
+    ``controls`` the non-orthogonal control maps are added.
+    """
     if transforms is None:
         maps = default_transforms(n_latent, seed)
     elif isinstance(transforms, dict):
@@ -92,6 +97,7 @@ def _applied_map(original: CountVAE, transformed: CountVAE) -> np.ndarray:
 
 
 def _comparison(variant: str, name: str, original: EvaluatedModel, A: np.ndarray) -> MapComparison:
+    """``original`` against its reparameterization by ``A``, on the same cells."""
     kind = T.classify(A)
     transformed = reparameterize(original.model, A, check=kind != "linear")
     return MapComparison(
@@ -107,6 +113,7 @@ def _comparison(variant: str, name: str, original: EvaluatedModel, A: np.ndarray
 
 
 def _rows(variant: str, transform: str, kind: str, expected: str, measurements: list[Measurement]) -> list[dict]:
+    """Rows of the checks table (``CHECK_COLUMNS``), one per measurement."""
     return [
         {
             "variant": variant,
@@ -124,6 +131,7 @@ def _rows(variant: str, transform: str, kind: str, expected: str, measurements: 
 
 
 def _per_cell(c: MapComparison) -> pd.DataFrame:
+    """Per-cell log p(x) of a comparison: same-noise, independent and (where exact) quadrature values."""
     seed = c.settings.seed
     guide0, guide1 = c.original.guide_lpd(seed), c.transformed.guide_lpd(seed)
     frame = pd.DataFrame(

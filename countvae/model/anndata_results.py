@@ -58,6 +58,7 @@ _COORDINATES_NOTE = (
 
 
 def _check_key(name: str, key: Any) -> str | None:
+    """``key`` if it is a non-empty string, ``None`` if it is ``None`` (nothing written); else an error."""
     if key is None:
         return None
     if not isinstance(key, str) or not key:

@@ -245,6 +245,7 @@ def _comparisons(
 
 
 def _check_groups(cells1: np.ndarray, cells2: np.ndarray) -> None:
+    """Refuse an empty group, or cells in both groups."""
     if len(cells1) == 0 or len(cells2) == 0:
         raise InvalidArgumentError(f"Both groups need cells; got {len(cells1)} and {len(cells2)}.")
     shared = np.intersect1d(cells1, cells2)
@@ -255,6 +256,7 @@ def _check_groups(cells1: np.ndarray, cells2: np.ndarray) -> None:
 
 
 def _library_sizes(source: CountSource, cells: np.ndarray) -> tuple[object, np.ndarray]:
+    """The counts of ``cells`` (sorted positions) as stored, and each cell's total count."""
     counts = source.read_rows(cells)
     return counts, np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()
 
