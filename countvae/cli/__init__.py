@@ -5,19 +5,25 @@ Each subcommand lives in its own module and registers itself with
 
 Exit codes: 0 success; 1 the input or the run failed (bad data, missing file,
 diverged training), with a one-line message on stderr; 2 the command line itself
-is wrong (argparse's usage error); 130 interrupted by Ctrl-C.
+is wrong (argparse's usage error); 130 interrupted by Ctrl-C. countvae's own
+warnings are one line on stderr too (``countvae COMMAND: warning: ...``), without
+the source line a library user would want.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import warnings
+from collections.abc import Iterator
+from typing import TextIO
 
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, select, verify_invariance
-from countvae.errors import CountVAEError
+from countvae.errors import CountVAEError, CountVAEWarning
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 
@@ -53,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        return int(args.run(args) or EXIT_OK)
+        with one_line_warnings(args.command):
+            return int(args.run(args) or EXIT_OK)
     except CountVAEError as exc:
         print(f"countvae {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_FAILURE
@@ -62,8 +69,37 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException | Warning | str) -> str:
     return " ".join(str(exc).split())
+
+
+@contextlib.contextmanager
+def one_line_warnings(command: str) -> Iterator[None]:
+    """Show countvae's warnings as ``countvae COMMAND: warning: Category: message`` on stderr.
+
+    A library user gets the file and line of their own call (:mod:`countvae._warnings`);
+    on the command line that is the console script's ``sys.exit(main())``, which says
+    nothing, so the warning is one line like the errors. Other packages' warnings keep
+    Python's format, with the place they came from.
+    """
+    previous = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if issubclass(category, CountVAEWarning):
+            print(f"countvae {command}: warning: {category.__name__}: {_one_line(message)}", file=sys.stderr)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -106,3 +106,34 @@ def test_wrong_command_line_is_exit_2(capsys):
     with pytest.raises(SystemExit) as info:
         main(["fit", "--likelihood", "gaussian"])
     assert info.value.code == 2
+
+
+def test_countvae_warnings_are_one_line_and_others_keep_their_origin(monkeypatch, capsys):
+    import argparse
+    import warnings
+
+    import countvae.cli as cli
+    from countvae._warnings import warn_at_caller
+    from countvae.errors import MonteCarloWarning
+
+    def run(args):
+        warn_at_caller("too few draws:\n   raise n_samples", MonteCarloWarning)
+        warnings.warn("a third-party warning", UserWarning, stacklevel=1)
+        return 0
+
+    def parser():
+        p = argparse.ArgumentParser(prog="countvae")
+        sub = p.add_subparsers(dest="command")
+        cmd = sub.add_parser("demo")
+        cmd.add_argument("--quiet", action="store_true")
+        cmd.set_defaults(run=run)
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    with pytest.warns(UserWarning, match="third-party") as record:  # handed on to whoever showed warnings before
+        assert cli.main(["demo"]) == 0
+    err = capsys.readouterr().err
+    assert "countvae demo: warning: MonteCarloWarning: too few draws: raise n_samples\n" in err
+    assert [w.category for w in record] == [UserWarning] and record[0].filename == __file__
+    shown = warnings.showwarning
+    assert getattr(shown, "__module__", "") != "countvae.cli"  # restored after the command
