@@ -249,8 +249,8 @@ def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Cross-seed agreement of each quantity (worst pair) with its interval, coloured by verdict.
 
     Hollow dashed bars: the same after alignment (coordinate rows). Rows whose
-    metric is not a 0-1 agreement (held-out log p(x), predictive statistics) are
-    left out of the bars; the table states them.
+    metric is not a 0-1 agreement (held-out log p(x), whose metric is
+    ``|diff| / margin``) are left out of the bars; the table states them.
     """
     _require(table, ["quantity", "agreement", "aligned_agreement", "verdict", "metric"], "invariants")
     ax = _ax(ax, size=(7.5, 4.0))

@@ -7,6 +7,7 @@ checks against a fresh run.
 
 from __future__ import annotations
 
+import ast
 import html
 import importlib
 import inspect
@@ -32,7 +33,7 @@ from countvae.diagnostics.reporting.verdicts import VERDICTS
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(DOCS / "_ext"))
-from api_pages import NAMESPACES  # noqa: E402
+from api_pages import NAMESPACES, public_names  # noqa: E402
 from cli_help import help_texts, subcommands  # noqa: E402
 
 
@@ -325,3 +326,101 @@ def test_readme_is_short_keeps_the_fresh_machine_commands_and_links_to_pages_tha
         assert (ROOT / target).is_file(), f"README.md links to {target}, which does not exist"
     # the second command is what CI runs
     assert "bash scripts/setup.sh\nbash scripts/test.sh" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+# ----- docstrings against signatures ---------------------------------------------------------------------------
+#: A default stated in a parameter's entry: ``(default 500)``, ``(default: "nb")``, ``default ``0.95````.
+_STATED_DEFAULT = re.compile(r"\(default:? (?:``)?(?P<a>[-+\w.\"']+?)(?:``)?[),;]|[Dd]efault:? ``(?P<b>[-+\w.\"']+)``")
+
+
+def _parameters_section(doc: str | None) -> list[tuple[list[str], str]] | None:
+    """The entries of a numpy-style "Parameters" section: (names, text) each, or ``None`` without one."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.strip() != "Parameters" or set(lines[i + 1].strip()) != {"-"}:
+            continue
+        indent = len(line) - len(line.lstrip())
+        entries: list[tuple[list[str], str]] = []
+        for j in range(i + 2, len(lines)):
+            text = lines[j]
+            if not text.strip():
+                continue
+            if len(text) - len(text.lstrip()) > indent:
+                if entries:
+                    entries[-1] = (entries[-1][0], entries[-1][1] + " " + text.strip())
+                continue
+            if j + 1 < len(lines) and lines[j + 1].strip() and set(lines[j + 1].strip()) == {"-"}:
+                break  # the next section
+            head = text.strip().split(" : ")[0].rstrip(":")
+            entries.append(([n.strip().lstrip("*") for n in head.split(",")], ""))
+        return entries
+    return None
+
+
+def _literal(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+
+
+def _public_callables():
+    """(qualified name, callable) for every public function, class and method of the API reference's namespaces."""
+    seen: set[int] = set()
+    for namespace in NAMESPACES:
+        module = importlib.import_module(namespace)
+        for name in public_names(module):
+            obj = getattr(module, name)
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            yield f"{namespace}.{name}", obj
+            if inspect.isclass(obj):
+                for attr, member in vars(obj).items():
+                    func = getattr(member, "__func__", member)
+                    if not attr.startswith("_") and inspect.isfunction(func):
+                        yield f"{namespace}.{name}.{attr}", func
+
+
+def _docstring_problems() -> list[str]:
+    problems = []
+    for qualname, obj in _public_callables():
+        doc = obj.__doc__ if inspect.isclass(obj) else inspect.getdoc(obj)
+        if inspect.isclass(obj) and issubclass(obj, BaseException):
+            continue
+        entries = _parameters_section(doc)
+        if entries is None:
+            continue  # parameters described in prose, or none
+        try:
+            params = {n: p for n, p in inspect.signature(obj).parameters.items() if n not in ("self", "cls")}
+        except (TypeError, ValueError):
+            continue
+        documented = [n for names, _ in entries for n in names]
+        missing = [n for n in params if n not in documented]
+        unknown = [n for n in documented if n not in params]
+        twice = sorted({n for n in documented if documented.count(n) > 1})
+        if missing or unknown or twice:
+            problems.append(f"{qualname}: undocumented {missing}, not parameters {unknown}, twice {twice}")
+        for names, text in entries:
+            for name in names:
+                default = params[name].default if name in params else None
+                if default is None or default is inspect.Parameter.empty:
+                    continue  # a computed default, described in words
+                for match in _STATED_DEFAULT.finditer(text):
+                    stated = _literal(match["a"] or match["b"])
+                    if stated is not None and stated != default:
+                        problems.append(
+                            f"{qualname}({name}=...): the docstring says default {stated!r}, the code {default!r}"
+                        )
+    return problems
+
+
+def test_docstring_parameters_are_the_signatures_parameters_with_their_defaults():
+    problems = _docstring_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_no_public_docstring_shows_an_unexpanded_settings_placeholder():
+    # ``{settings}`` is replaced by the fields' entries (countvae._settings.documents_settings / takes_settings)
+    shown = [q for q, obj in _public_callables() if "{settings}" in (obj.__doc__ or "")]
+    assert not shown, f"docstrings that show the literal {{settings}} line: {shown}"

@@ -158,13 +158,13 @@ def compare_models(
     n_jobs
         Fits at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`); the seeds of
         all candidates share one pool of workers.
-    backend
-        ``"local"`` (worker processes on this machine) or ``"ray"`` (each seed of each candidate a Ray task, as
-        :func:`~countvae.diagnostics.fit_seeds`; the ``[ray]`` extra).
     equivalence_margin
         The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
         (the report's rule; ``None``: the report's default,
         :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
+    backend
+        ``"local"`` (worker processes on this machine) or ``"ray"`` (each seed of each candidate a Ray task, as
+        :func:`~countvae.diagnostics.fit_seeds`; the ``[ray]`` extra).
     n_lpd_samples
         Importance samples per cell of the held-out ``log p(x)`` estimator.
     alpha, max_baseline_cells, seed

@@ -33,7 +33,7 @@ import pandas as pd
 
 from countvae._checks import check_int, check_number
 from countvae._provenance import package_versions
-from countvae._settings import setting, takes_settings
+from countvae._settings import documents_settings, setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.heldout_data import data_checksum
@@ -76,6 +76,7 @@ def _resolve_programs(
     return check_gene_programs(restriction_programs(chosen[0], given), var_names, unknown_genes)
 
 
+@documents_settings()
 @dataclasses.dataclass(frozen=True)
 class RestrictionComparisonSettings:
     """The settings of :func:`compare_restrictions`, each declared once here with its description.
