@@ -32,6 +32,7 @@ import pandas as pd
 import scipy.sparse as sp
 from skmisc.loess import loess
 
+from countvae._checks import check_int, check_number
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry, get_var_names, setup_anndata
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
@@ -58,7 +59,7 @@ def _mean_var(counts: Any) -> tuple[np.ndarray, np.ndarray]:
     else:
         dense = np.asarray(counts)
         mean = dense.mean(axis=0, dtype=np.float64)
-        mean_sq = (dense * dense).mean(axis=0, dtype=np.float64)
+        mean_sq = np.square(dense, dtype=np.float64).mean(axis=0)  # squares of small integer or float16 types overflow
     return mean, (mean_sq - mean**2) * (n / (n - 1))
 
 
@@ -119,7 +120,7 @@ def highly_variable_genes(
     batches
         Batch of each cell (any labels), or ``None`` for one batch.
     span
-        Loess span.
+        Loess span, in (0, 1].
 
     Returns
     -------
@@ -133,12 +134,13 @@ def highly_variable_genes(
     Raises
     ------
     InvalidArgumentError
-        If ``n_top_genes`` is not between 1 and the number of genes.
+        If ``n_top_genes`` is not between 1 and the number of genes, or ``span`` is not in (0, 1].
     InvalidDataError
         If a batch has fewer than 2 cells, or too few varying genes for the loess fit.
 
     """
     n_cells, n_genes = counts.shape
+    span = check_number("span", span, 0.0, 1.0, low_open=True)
     if isinstance(n_top_genes, bool) or not isinstance(n_top_genes, int | np.integer):
         raise InvalidArgumentError(f"n_top_genes must be an integer, got {n_top_genes!r}.")
     if not 1 <= n_top_genes <= n_genes:
@@ -225,6 +227,7 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
     n_genes = len(var_names)
     if isinstance(n_top_genes, bool) or not isinstance(n_top_genes, int | np.integer):
         raise InvalidArgumentError(f"n_top_genes must be an integer, got {n_top_genes!r}.")
+    min_genes = check_int("min_genes", min_genes, 1)
     if n_top_genes > n_genes:
         raise InvalidArgumentError(
             f"n_top_genes={n_top_genes} is more than the {n_genes} genes of the data; choose fewer, or keep all genes."

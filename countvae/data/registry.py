@@ -16,6 +16,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._checks import check_bool
 from countvae.data.backed import backed_view_counts
 from countvae.data.validation import CountSummary, validate_counts
 from countvae.errors import InvalidDataError, SetupError
@@ -106,12 +107,17 @@ def _categories_of(adata: ad.AnnData, key: str, role: str) -> list[str]:
     return sorted({str(v) for v in column})
 
 
+def _raw(adata: ad.AnnData) -> ad.Raw:
+    """``adata.raw``, refused when it is not set."""
+    if adata.raw is None:
+        raise SetupError("use_raw=True but adata.raw is None; pass layer=... or set adata.raw.")
+    return adata.raw
+
+
 def get_count_matrix(adata: ad.AnnData, registry: Registry):
     """The registered count matrix (not copied)."""
     if registry.use_raw:
-        if adata.raw is None:
-            raise SetupError("use_raw=True but adata.raw is None; pass layer=... or set adata.raw.")
-        return adata.raw.X
+        return _raw(adata).X
     if registry.layer is None:
         if adata.isbacked and adata.is_view:
             rows = backed_view_counts(adata)  # a subset of a file larger than memory stays on disk
@@ -130,7 +136,7 @@ def get_count_matrix(adata: ad.AnnData, registry: Registry):
 
 def get_var_names(adata: ad.AnnData, registry: Registry) -> pd.Index:
     """Gene names of the registered count matrix."""
-    return adata.raw.var_names if registry.use_raw else adata.var_names
+    return _raw(adata).var_names if registry.use_raw else adata.var_names
 
 
 def setup_anndata(
@@ -164,15 +170,17 @@ def setup_anndata(
     Raises
     ------
     SetupError
-        If a layer or key does not exist.
+        If a layer or key does not exist or is not a string, or ``adata`` is a view of a backed AnnData
+        (register the backed AnnData before subsetting it).
+    InvalidArgumentError
+        If ``use_raw`` is not a bool.
     InvalidDataError
         If the counts are not finite non-negative integers, or cells/genes are all zero.
 
     """
     if not isinstance(adata, ad.AnnData):
         raise SetupError(f"setup_anndata expects an AnnData, got {type(adata).__name__}.")
-    if use_raw and layer is not None:
-        raise SetupError("Pass either layer=... or use_raw=True, not both.")
+    _check_setup_arguments(adata, layer, batch_key, labels_key, use_raw)
     registry = Registry(layer=layer, use_raw=use_raw)
     matrix = get_count_matrix(adata, registry)
     var_names = get_var_names(adata, registry)
@@ -191,6 +199,24 @@ def setup_anndata(
         registry.labels_categories = _categories_of(adata, labels_key, "labels")
     adata.uns[UNS_KEY] = _to_uns(registry)
     return summary
+
+
+def _check_setup_arguments(
+    adata: ad.AnnData, layer: object, batch_key: object, labels_key: object, use_raw: object
+) -> None:
+    """Refuse keys that are not names, a ``use_raw`` that is not a bool, and a view of a backed AnnData."""
+    for name, key in (("layer", layer), ("batch_key", batch_key), ("labels_key", labels_key)):
+        if key is not None and not isinstance(key, str):
+            raise SetupError(f"{name} must be a name (a string) or None, got {key!r}.")
+    check_bool("use_raw", use_raw)
+    if use_raw and layer is not None:
+        raise SetupError("Pass either layer=... or use_raw=True, not both.")
+    if adata.isbacked and adata.is_view:
+        raise SetupError(
+            "adata is a view of a backed AnnData, and anndata cannot store the registration in it. Call "
+            "setup_anndata on the backed AnnData before taking the subset (its views keep the registration), or "
+            "load the subset into memory with adata[cells].to_memory()."
+        )
 
 
 def _to_uns(registry: Registry) -> dict:

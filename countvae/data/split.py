@@ -28,6 +28,7 @@ def split_indices(n_obs: int, first_fraction: float, seed: int) -> tuple[np.ndar
     """
     check_int("n_obs", n_obs, 0)
     check_number("first_fraction", first_fraction, 0.0, 1.0, low_open=True)
+    seed = check_int("seed", seed, 0)
     n_first = min(n_obs, max(1, int(round(first_fraction * n_obs))))
     order = np.random.default_rng(seed).permutation(n_obs)
     return np.sort(order[:n_first]), np.sort(order[n_first:])

@@ -44,14 +44,25 @@ def iter_row_chunks(matrix, chunk_rows: int = _CHUNK_ROWS) -> Iterator[tuple[int
         yield start, matrix[start : min(start + chunk_rows, n)]
 
 
+def _sums(block, axis: int) -> np.ndarray:
+    """Row (``axis=1``) or column (``axis=0``) sums, accumulated in float64: float16 totals overflow at 65,504."""
+    return np.asarray(block.sum(axis=axis, dtype=np.float64)).ravel()
+
+
 def column_totals(matrix) -> np.ndarray:
     """Total counts of each gene (column sums, float64), reading backed data chunk by chunk."""
+    return count_totals(matrix).gene_totals
+
+
+def count_totals(matrix) -> CountSummary:
+    """Total counts of each cell and of each gene (float64), in one pass, reading backed data chunk by chunk."""
     if sp.issparse(matrix) or isinstance(matrix, np.ndarray):
-        return np.asarray(matrix.sum(axis=0), dtype=np.float64).ravel()
-    totals = np.zeros(matrix.shape[1], dtype=np.float64)
-    for _, block in iter_row_chunks(matrix):
-        totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
-    return totals
+        return CountSummary(cell_totals=_sums(matrix, 1), gene_totals=_sums(matrix, 0))
+    summary = CountSummary(np.zeros(matrix.shape[0], dtype=np.float64), np.zeros(matrix.shape[1], dtype=np.float64))
+    for start, block in iter_row_chunks(matrix):
+        summary.cell_totals[start : start + block.shape[0]] = _sums(block, 1)
+        summary.gene_totals[...] += _sums(block, 0)
+    return summary
 
 
 def _values_of(block) -> np.ndarray:
@@ -165,8 +176,8 @@ def _scan_counts(matrix, n_obs: int, n_vars: int) -> _CountScan:
         scan.fraction += int(np.count_nonzero(fractional))
         if values.size:
             scan.largest = max(scan.largest, float(values.max()))
-        scan.cell_totals[start : start + block.shape[0]] = np.asarray(block.sum(axis=1), dtype=np.float64).ravel()
-        scan.gene_totals += np.asarray(block.sum(axis=0), dtype=np.float64).ravel()
+        scan.cell_totals[start : start + block.shape[0]] = _sums(block, 1)
+        scan.gene_totals += _sums(block, 0)
     return scan
 
 

@@ -37,8 +37,10 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_number
+from countvae._checks import check_bool, check_number
 from countvae._provenance import package_versions
+from countvae.data.registry import UNS_KEY as REGISTRY_KEY
+from countvae.data.registry import get_registry
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
 if TYPE_CHECKING:
@@ -162,6 +164,9 @@ def write_results(
     ------
     OutputExistsError
         If a key exists and ``overwrite`` is False.
+    InvalidArgumentError
+        If ``adata`` is a view (anndata would write into a copy of it, and the results would be lost), or
+        ``layer`` or ``uns_key`` names the raw counts the model reads or the registration of ``adata``.
     InvalidDataError
         If a layer or loadings are requested and ``adata`` has genes the model lacks.
 
@@ -178,6 +183,7 @@ def write_results(
 
     """
     model.require_trained()
+    check_bool("overwrite", overwrite)
     adata, latent_key, layer, loadings_key, uns_key = _checked_arguments(
         model, adata, latent_key, layer, loadings_key, uns_key, library_size
     )
@@ -214,14 +220,36 @@ def _checked_arguments(
             raise InvalidArgumentError("This model was loaded without data; pass the AnnData to write into.")
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
+    if adata.is_view:
+        raise InvalidArgumentError(
+            "adata is a view (a subset such as adata[cells] not copied); results written into it would go to a copy "
+            "that anndata makes, not to the AnnData it was taken from. Pass an AnnData of its own: "
+            "sub = adata[cells].copy() (.to_memory() for a backed file), then model.write_results(sub)."
+        )
     latent_key = _check_key("latent_key", latent_key)
     layer = _check_key("layer", layer)
     loadings_key = _check_key("loadings_key", loadings_key)
     uns_key = _check_key("uns_key", uns_key)
     check_number("library_size", library_size, 0.0, low_open=True)
+    _refuse_registered_slots(model, adata, layer, uns_key)
     if model.settings.decoder != "linear":
         loadings_key = None  # documented: an MLP decoder has no loadings to store
     return adata, latent_key, layer, loadings_key, uns_key
+
+
+def _refuse_registered_slots(model: CountVAE, adata: ad.AnnData, layer: str | None, uns_key: str | None) -> None:
+    """Refuse keys that would replace the counts the model reads, or the registration that says where they are."""
+    read_from = get_registry(adata) or model.registry  # as the model reads adata (countvae.model.query)
+    if layer is not None and layer == read_from.layer:
+        raise InvalidArgumentError(
+            f"layer={layer!r} is the layer of raw counts the model reads; writing the normalized expression there "
+            "would replace them. Choose another key, e.g. the default layer='countvae_normalized'."
+        )
+    if uns_key == REGISTRY_KEY:
+        raise InvalidArgumentError(
+            f"uns_key={uns_key!r} is where setup_anndata keeps the registration; choose another key, e.g. the "
+            "default uns_key='countvae'."
+        )
 
 
 def _refuse_taken_keys(targets: dict[str, tuple[str | None, Any]], overwrite: bool) -> None:

@@ -21,16 +21,17 @@ import numpy as np
 import pandas as pd
 import torch
 
+from countvae._checks import check_bool
 from countvae._settings import documents_settings, takes_settings
 from countvae.data.loader import CountSource
-from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_var_names
+from countvae.data.registry import Registry, batch_codes, get_count_matrix
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
-from countvae.errors import InvalidArgumentError, ModelFileError, NotTrainedError, SetupError
+from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
 from countvae.model import anndata_results, differential, inference
 from countvae.model.loadings import build_loadings_prior, latent_names, loadings_posterior
 from countvae.model.persistence import read_model_folder, write_model_folder
-from countvae.model.query import ModelCells, check_genes, query_source, resolve_registry
+from countvae.model.query import ModelCells, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
 from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, resolve_device, train_module
 from countvae.module.marginal import MarginalSettings
@@ -220,14 +221,14 @@ class CountVAE:
         if self.adata is None:
             raise SetupError("This model was loaded without data; pass adata to CountVAE.load to train it.")
         device = resolve_device(plan.accelerator)
-        source = CountSource(get_count_matrix(self.adata, self.registry), batch_codes(self.adata, self.registry))
-        if not self.is_trained:
+        registry = resolve_registry(self.adata, self.registry)  # as the other methods read it
+        source = CountSource(get_count_matrix(self.adata, registry), batch_codes(self.adata, registry))
+        split = self._training_split(plan, source.n_obs)  # checked before anything changes
+        if split is not None:
             self.device = device
             self.module = self._build_module(plan.seed)
-            self.train_indices, self.validation_indices = split_indices(source.n_obs, plan.train_size, plan.seed)
+            self.train_indices, self.validation_indices = split
             self._optimizer = None
-            if len(self.train_indices) < 2:
-                raise InvalidArgumentError("Training needs at least 2 cells in the training split.")
         elif device != self.device:
             self.module.to(device)
             self.device = device
@@ -250,6 +251,35 @@ class CountVAE:
             "early_stopping": plan.early_stopping,
         }
         return self
+
+    def _training_split(self, plan: TrainingPlan, n_obs: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The train/validation split of a first call (``None`` when continuing), after checking ``plan`` fits it."""
+        if self.is_trained:
+            n_split = len(self.train_indices) + len(self.validation_indices)
+            if n_split != n_obs:
+                raise InvalidDataError(
+                    f"This model was trained on {n_split} cells, but its AnnData has {n_obs}; further training "
+                    "continues on the training cells and their split. Pass the training AnnData to CountVAE.load to "
+                    "train on, or train a new model on these cells."
+                )
+            split, n_validation = None, len(self.validation_indices)
+        else:
+            split = split_indices(n_obs, plan.train_size, plan.seed)
+            if len(split[0]) < 2:
+                raise InvalidArgumentError("Training needs at least 2 cells in the training split.")
+            n_validation = len(split[1])
+        if self._settings.batch_norm and plan.batch_size < 2:
+            raise InvalidArgumentError(
+                "batch_size=1 cannot train batch normalisation, which needs at least 2 cells per minibatch; pass "
+                "batch_size >= 2, or build the model with batch_norm=False."
+            )
+        if plan.early_stopping and n_validation == 0:
+            raise InvalidArgumentError(
+                "early_stopping=True needs validation cells, but the model's train/validation split has none "
+                "(train_size=1.0 at the first call to train, or too few cells); pass early_stopping=False, or train "
+                "a new model with train_size below 1."
+            )
+        return split
 
     # ----- cells ----------------------------------------------------------------------------
     def require_trained(self) -> None:
@@ -370,7 +400,8 @@ class CountVAE:
         n_samples
             Posterior draws to average (1: decode the posterior mean).
         transform_batch
-            Decode every cell as if it came from this batch category.
+            Decode every cell as if it came from this batch category (a label of the
+            batch column; an integer label such as ``3`` matches the category ``"3"``).
         seed
             Seed of the posterior draws.
         return_numpy
@@ -382,15 +413,17 @@ class CountVAE:
             Cells x genes, labelled unless ``return_numpy``.
 
         """
+        check_bool("return_numpy", return_numpy)
         c = self._trained_cells(adata, indices)
         code = None
         if transform_batch is not None:
-            if transform_batch not in self.registry.batch_categories:
+            label = str(transform_batch)  # batch labels are recorded as strings, as each cell's batch is read
+            if label not in self.registry.batch_categories:
                 raise InvalidArgumentError(
                     f"transform_batch {transform_batch!r} is not a training batch; "
                     f"known: {self.registry.batch_categories}."
                 )
-            code = self.registry.batch_categories.index(transform_batch)
+            code = self.registry.batch_categories.index(label)
         values = inference.normalized_expression(self.module, c.source, c.indices, library_size, n_samples, code, seed)
         if return_numpy:
             return values
@@ -469,6 +502,7 @@ class CountVAE:
         return_mean: bool = True,
     ) -> float | np.ndarray:
         """ELBO per cell (a log density, higher is better); the mean over cells unless ``return_mean=False``."""
+        check_bool("return_mean", return_mean)
         c = self._trained_cells(adata, indices)
         values = inference.elbo_per_cell(self.module, c.source, c.indices, n_samples, seed)
         return float(values.mean()) if return_mean else values
@@ -526,6 +560,7 @@ class CountVAE:
         """
         if self._settings.decoder != "linear":
             raise InvalidArgumentError("get_loadings() needs decoder='linear'; an MLP decoder has no loadings.")
+        check_bool("return_uncertainty", return_uncertainty)
         self.require_trained()
         weight = self.module.decoder.weight.detach().cpu().numpy()
         mean = pd.DataFrame(weight, index=self.var_names, columns=self.latent_names)
@@ -568,6 +603,8 @@ class CountVAE:
             Also write the training AnnData as ``adata.h5ad``.
 
         """
+        check_bool("overwrite", overwrite)
+        check_bool("save_anndata", save_anndata)
         latent_map = self.module.latent_map
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
         tensors["train_indices"] = torch.as_tensor(self.train_indices, dtype=torch.long)
@@ -599,8 +636,10 @@ class CountVAE:
         dir_path
             The model folder.
         adata
-            Data to attach (checked to have the training genes); when ``None`` the
-            folder's ``adata.h5ad`` is read if present.
+            Data to attach, checked as any new data is (the training genes in order, known
+            batches, raw counts); when ``None`` the folder's ``adata.h5ad`` is read if present.
+            To train further, pass the training AnnData: training continues on its cells and
+            their train/validation split.
         accelerator
             Device for the parameters.
 
@@ -608,6 +647,8 @@ class CountVAE:
         ------
         ModelFileError
             If the folder is incomplete, corrupted or of another format version.
+        InvalidArgumentError, InvalidDataError, SetupError
+            If ``adata`` is not an AnnData, or its genes, batches or counts do not fit the model.
 
         """
         record, tensors, adata_path = read_model_folder(dir_path)
@@ -640,7 +681,7 @@ class CountVAE:
         if adata is None and adata_path is not None:
             adata = ad.read_h5ad(adata_path)
         if adata is not None:
-            check_genes(get_var_names(adata, resolve_registry(adata, model.registry)), model.var_names)
+            query_source(adata, model.registry, model.var_names)  # genes, batches and counts, as for any new data
             model.adata = adata
         module.eval()
         return model

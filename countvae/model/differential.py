@@ -86,7 +86,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from countvae._checks import check_int, check_number
+from countvae._checks import check_bool, check_int, check_number
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
@@ -230,7 +230,7 @@ def _comparisons(
             raise InvalidArgumentError(f"adata.obs[{groupby!r}] has a single group; DE needs two.")
         firsts = categories
     else:
-        firsts = [group1] if isinstance(group1, str) else [str(g) for g in group1]
+        firsts = [str(group1)] if np.ndim(group1) == 0 else [str(g) for g in group1]  # one group, or a list
     for g in [*firsts, *([] if group2 is None else [group2])]:
         if str(g) not in categories:
             raise InvalidArgumentError(f"Group {g!r} has no cells in adata.obs[{groupby!r}]; groups: {categories}.")
@@ -258,7 +258,7 @@ def _check_groups(cells1: np.ndarray, cells2: np.ndarray) -> None:
 def _library_sizes(source: CountSource, cells: np.ndarray) -> tuple[object, np.ndarray]:
     """The counts of ``cells`` (sorted positions) as stored, and each cell's total count."""
     counts = source.read_rows(cells)
-    return counts, np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()
+    return counts, np.asarray(counts.sum(axis=1, dtype=np.float64)).ravel()  # float16 totals overflow at 65,504
 
 
 def differential_expression(
@@ -332,6 +332,8 @@ def differential_expression(
     """
     model.require_trained()
     check_test_settings(delta, fdr_target, test_mode, n_bootstrap)  # before any sampling
+    batch_correction = check_bool("batch_correction", batch_correction)
+    all_stats = check_bool("all_stats", all_stats)
     source, comparisons = _checked_comparisons(
         model, adata, groupby, group1, group2, idx1, idx2, n_samples_overall, pseudocounts, seed
     )
@@ -373,7 +375,7 @@ def _checked_comparisons(
     check_int("n_samples_overall", n_samples_overall, 2)
     if pseudocounts is not None:
         check_number("pseudocounts", pseudocounts, 0.0, low_open=True)
-    check_int("seed", seed)
+    check_int("seed", seed, 0)
     cells = model.cells(adata)
     comparisons = _comparisons(cells.adata, groupby, group1, group2, idx1, idx2)
     for _, _, cells1, cells2 in comparisons:

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
@@ -77,7 +77,9 @@ def latent_representation(
     batch_size: int = 1024,
 ) -> np.ndarray:
     """Posterior means (or one posterior draw per cell) of ``z``, shape (cells, n_latent)."""
-    gen = torch.Generator().manual_seed(seed)
+    give_mean = check_bool("give_mean", give_mean)
+    check_int("batch_size", batch_size, 1)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, 0))
 
     def latent(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loc, scale = module.encode(x, b)
@@ -107,7 +109,7 @@ def normalized_expression(
     """
     check_number("library_size", library_size, 0.0, low_open=True)
     check_int("n_samples", n_samples, 1)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed, 0))
 
     def expression(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loc, scale = module.encode(x, b)
@@ -281,6 +283,8 @@ def log_predictive_density(
     """
     _check_unique(indices)
     check_choice("method", method, LPD_METHODS)
+    seed = check_int("seed", seed, 0)
+    check_bool("progress_bar", progress_bar)
     if n_samples is not None:
         check_int("n_samples", n_samples, 2)  # a Monte Carlo standard error needs two draws
     if settings is not None and method != "mixture":
@@ -326,6 +330,7 @@ def elbo_per_cell(
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
     check_int("n_samples", n_samples, 1)
+    seed = check_int("seed", seed, 0)
 
     def elbo(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.stack([per_cell_elbo(module, x, b) for _ in range(n_samples)]).mean(0)
@@ -344,6 +349,7 @@ def posterior_predictive(
 ) -> np.ndarray:
     """Counts drawn from ``p(x | z)`` with ``z ~ q(z | x)``; shape (cells, genes, n_samples)."""
     check_int("n_samples", n_samples, 1)
+    seed = check_int("seed", seed, 0)
 
     def draws(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         loc, scale = module.encode(x, b)

@@ -29,13 +29,22 @@ from countvae._io import (
     write_json_atomic,
 )
 from countvae._provenance import package_versions
-from countvae.errors import ModelFileError
+from countvae.errors import InvalidArgumentError, ModelFileError
 
 FORMAT_NAME = "countvae-model"
 FORMAT_VERSION = 1
 SETTINGS_FILE = "model.json"
 PARAMS_FILE = "params.pt"
 ADATA_FILE = "adata.h5ad"
+
+
+def _folder(dir_path: object) -> Path:
+    """``dir_path`` as a :class:`~pathlib.Path`, refused unless it is a path."""
+    if not isinstance(dir_path, str | os.PathLike):
+        raise InvalidArgumentError(
+            f"dir_path must be the path of a model folder (a str or os.PathLike), got {type(dir_path).__name__}."
+        )
+    return Path(dir_path)
 
 
 def write_model_folder(
@@ -46,7 +55,7 @@ def write_model_folder(
     adata=None,
 ) -> Path:
     """Write a model folder atomically (see module docstring)."""
-    with atomic_directory(dir_path, overwrite=overwrite) as tmp:
+    with atomic_directory(_folder(dir_path), overwrite=overwrite) as tmp:
         params = tmp / PARAMS_FILE
         torch.save({k: v.detach().cpu() for k, v in tensors.items()}, params)
         record = {
@@ -78,7 +87,7 @@ def read_model_folder(dir_path: str | os.PathLike) -> tuple[dict[str, Any], dict
         another format or version, or holds anything but tensors.
 
     """
-    folder = Path(dir_path)
+    folder = _folder(dir_path)
     if not folder.is_dir():
         raise ModelFileError(
             f"{folder} is not a model folder (it does not exist or is not a directory); pass the folder that "

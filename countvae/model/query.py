@@ -59,6 +59,12 @@ def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
     """
     if len(var_names) == len(expected) and bool((var_names == expected).all()):
         return
+    if not var_names.is_unique:
+        duplicated = list(var_names[var_names.duplicated()].unique()[:5])
+        raise InvalidDataError(
+            f"The AnnData's gene names are not unique (for example {duplicated}), so its genes cannot be matched to "
+            "the training genes; call adata.var_names_make_unique(), then subset with `adata[:, model.var_names]`."
+        )
     missing = expected.difference(var_names)
     extra = var_names.difference(expected)
     if len(missing) == 0 and len(extra) == 0:
@@ -83,6 +89,12 @@ def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
     """
     own = get_registry(adata)
     if own is None:
+        lacks_raw = trained.use_raw and adata.raw is None
+        if lacks_raw or (trained.layer is not None and trained.layer not in adata.layers):
+            raise SetupError(
+                f"The model reads its counts from {trained.describe_counts()}, which this AnnData lacks; say where "
+                f"its raw counts are with CountVAE.setup_anndata(adata, layer=..., batch_key={trained.batch_key!r})."
+            )
         return trained
     if own.batch_key != trained.batch_key:
         raise SetupError(
@@ -97,6 +109,35 @@ def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
         labels_key=own.labels_key,
         labels_categories=own.labels_categories,
     )
+
+
+def cell_positions(indices: object, n_obs: int) -> np.ndarray:
+    """``indices`` as int64 positions of cells, checked to be integers in ``[0, n_obs)``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``indices`` is a boolean mask, is empty, is not a 1-d sequence of integers, or
+        holds a position outside the cells.
+
+    """
+    arr = np.asarray(indices)
+    if arr.dtype == bool:
+        raise InvalidArgumentError(
+            "indices is a boolean mask; pass the positions of the cells instead, e.g. indices=np.flatnonzero(mask)."
+        )
+    if arr.ndim != 1:
+        raise InvalidArgumentError(f"indices must be a 1-d sequence of cell positions, got shape {arr.shape}.")
+    if arr.size == 0:
+        raise InvalidArgumentError("indices selects no cells; pass the positions of at least one cell.")
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidArgumentError(
+            f"indices must be integer positions of cells, got dtype {arr.dtype}; for cell names pass "
+            "adata.obs_names.get_indexer(names)."
+        )
+    if arr.min() < 0 or arr.max() >= n_obs:
+        raise InvalidArgumentError(f"indices must lie in [0, {n_obs}).")
+    return arr.astype(np.int64)
 
 
 def query_source(
@@ -132,12 +173,7 @@ def query_source(
     registry = resolve_registry(adata, trained)
     check_genes(get_var_names(adata, registry), var_names)
     matrix = get_count_matrix(adata, registry)
-    if indices is None:
-        indices = np.arange(adata.n_obs)
-    else:
-        indices = np.asarray(indices, dtype=np.int64)
-        if indices.size and (indices.min() < 0 or indices.max() >= adata.n_obs):
-            raise InvalidArgumentError(f"indices must lie in [0, {adata.n_obs}).")
+    indices = np.arange(adata.n_obs) if indices is None else cell_positions(indices, adata.n_obs)
     source = CountSource(matrix, batch_codes(adata, registry))
     if validate:
         # Genes without counts among the query cells are valid data for a fitted model; a subset

@@ -21,7 +21,7 @@ from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
-from countvae.data.validation import column_totals
+from countvae.data.validation import count_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
 LIKELIHOODS = ("poisson", "nb", "zinb")
@@ -253,7 +253,7 @@ class DataSummary:
         SetupError
             If it is not registered.
         InvalidDataError
-            If a gene has no counts at all (possible when an AnnData is subset after registration).
+            If a cell or a gene has no counts at all (possible when an AnnData is subset after registration).
 
         """
         if not isinstance(adata, ad.AnnData):
@@ -261,7 +261,15 @@ class DataSummary:
         registry = get_registry(adata)
         if registry is None:
             raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
-        gene_totals = column_totals(get_count_matrix(adata, registry))
+        totals = count_totals(get_count_matrix(adata, registry))
+        gene_totals = totals.gene_totals
+        n_empty_cells = int(np.count_nonzero(totals.cell_totals == 0))
+        if n_empty_cells:
+            raise InvalidDataError(
+                f"{n_empty_cells} of {len(totals.cell_totals)} cells have zero total counts in the training genes (a "
+                "subset taken after setup can leave cells empty); a cell without counts has no library size. Remove "
+                "them (e.g. `sc.pp.filter_cells(adata, min_counts=1)`) and call CountVAE.setup_anndata again."
+            )
         n_empty = int(np.count_nonzero(gene_totals == 0))
         if n_empty:
             raise InvalidDataError(

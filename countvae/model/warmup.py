@@ -11,6 +11,7 @@ import anndata as ad
 import numpy as np
 import torch
 
+from countvae._checks import check_int
 from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry
 from countvae.errors import InvalidArgumentError, SetupError
@@ -125,11 +126,15 @@ def estimate_training_time(
     SetupError
         If ``adata`` is not registered.
     InvalidArgumentError
-        For ``n_steps`` below 1, or invalid model or training arguments.
+        If ``adata`` is not an AnnData, for ``n_steps`` or ``torch_threads`` below 1, or invalid model or
+        training arguments.
 
     """
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-        raise InvalidArgumentError(f"n_steps must be a positive integer, got {n_steps!r}.")
+    n_steps = check_int("n_steps", n_steps, 1)
+    if torch_threads is not None:
+        torch_threads = check_int("torch_threads", torch_threads, 1)
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
     registry = get_registry(adata)
     if registry is None:
         raise SetupError("Register the AnnData with countvae.data.setup_anndata before estimating training time.")

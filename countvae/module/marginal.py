@@ -197,7 +197,7 @@ class MarginalSettings:
         if self.escalation_draws == 1:
             raise InvalidArgumentError("MarginalSettings.escalation_draws must be 0 (no second pass) or >= 2; got 1.")
         if self.pilot_restarts > self.n_pilot:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"MarginalSettings.pilot_restarts ({self.pilot_restarts}) cannot exceed n_pilot ({self.n_pilot}): "
                 "restarts start from pilot draws."
             )
@@ -209,7 +209,8 @@ class MarginalSettings:
         check_number("MarginalSettings.guide_weight", self.guide_weight, 0.0, 1.0, high_open=True)
         check_number("MarginalSettings.mode_floor", self.mode_floor, 0.0, 1.0)
         df = self.df
-        if not (df == math.inf or (isinstance(df, (int, float)) and df >= 1 and float(df).is_integer())):
+        number = isinstance(df, int | float | np.integer | np.floating) and not isinstance(df, bool | np.bool_)
+        if not (number and (df == math.inf or (df >= 1 and float(df).is_integer()))):
             raise InvalidArgumentError(f"MarginalSettings.df must be a positive integer or math.inf; got {df!r}.")
 
     @property

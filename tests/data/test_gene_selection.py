@@ -100,6 +100,13 @@ def test_overdispersed_genes_are_chosen_and_layout_does_not_matter():
         pd.testing.assert_frame_equal(other, dense, check_exact=False, rtol=1e-12)
 
 
+def test_small_integer_and_float16_counts_give_the_float64_ranking():
+    counts = np.minimum(_toy_counts() * 40, 2000)  # counts up to 2,000: their squares overflow int16 and float16
+    expected = highly_variable_genes(counts.astype(np.float64), 20)
+    for dtype in (np.int16, np.uint16, np.float16):
+        pd.testing.assert_frame_equal(highly_variable_genes(counts.astype(dtype), 20), expected)
+
+
 def test_n_top_genes_and_batches_are_checked():
     counts = _toy_counts(n_cells=50, n_genes=30)
     with pytest.raises(InvalidArgumentError, match="between 1 and the number of genes"):
@@ -108,6 +115,9 @@ def test_n_top_genes_and_batches_are_checked():
         highly_variable_genes(counts, 2.5)
     with pytest.raises(InvalidDataError, match="at least 2 cells in batch"):
         highly_variable_genes(counts, 10, np.array(["a"] * 49 + ["b"]))
+    for span in (0, "0.3", 1.5):
+        with pytest.raises(InvalidArgumentError, match="span"):
+            highly_variable_genes(counts, 10, span=span)
 
 
 @pytest.fixture
@@ -159,6 +169,9 @@ def test_select_top_genes_errors(registered):
         select_top_genes(registered, 61)
     with pytest.raises(InvalidArgumentError, match="fewer than 5"):
         select_top_genes(registered, 4, min_genes=5)
+    for min_genes in ("2", True, 0):
+        with pytest.raises(InvalidArgumentError, match="min_genes"):
+            select_top_genes(registered, 10, min_genes=min_genes)
     with pytest.raises(SetupError, match="setup_anndata"):
         select_top_genes(ad.AnnData(X=registered.X.copy()), 10)
 

@@ -78,6 +78,42 @@ def test_missing_layer_and_keys():
         cv.CountVAE.setup_anndata(a, use_raw=True)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"batch_key": ["batch"]}, SetupError),
+        ({"layer": 0}, SetupError),
+        ({"labels_key": 5}, SetupError),
+        ({"use_raw": "yes"}, InvalidArgumentError),
+        ({"use_raw": 0}, InvalidArgumentError),
+    ],
+)
+def test_setup_arguments_of_the_wrong_type_are_refused(kwargs, error):
+    a = _adata(_counts(), batch=["a"] * 10 + ["b"] * 10)
+    with pytest.raises(error, match=next(iter(kwargs))):
+        cv.CountVAE.setup_anndata(a, **kwargs)
+    assert "_countvae" not in a.uns
+
+
+def test_a_view_of_a_backed_anndata_is_registered_through_its_file(tmp_path):
+    _adata(_counts(), batch=["a"] * 10 + ["b"] * 10).write_h5ad(tmp_path / "a.h5ad")
+    backed = ad.read_h5ad(tmp_path / "a.h5ad", backed="r")
+    with pytest.raises(SetupError, match="before taking the subset"):
+        cv.CountVAE.setup_anndata(backed[:10], batch_key="batch")
+    cv.CountVAE.setup_anndata(backed, batch_key="batch")  # the remedy: its views keep the registration
+    assert cv.data.get_registry(backed[:10]).batch_key == "batch"
+
+
+def test_float16_counts_are_summed_without_overflow():
+    counts = np.random.default_rng(0).poisson(60.0, (1500, 6)) + 1  # gene totals near 90,000 > float16's 65,504
+    a = _adata(counts.astype(np.float16))
+    summary = cv.data.setup_anndata(a)
+    np.testing.assert_array_equal(summary.gene_totals, counts.sum(0))
+    np.testing.assert_array_equal(summary.cell_totals, counts.sum(1))
+    proportions = np.exp(cv.CountVAE(a, n_latent=2).data_summary.log_proportions)
+    np.testing.assert_allclose(proportions, counts.sum(0) / counts.sum(), rtol=1e-12)
+
+
 def test_batch_with_missing_values_refused():
     a = _adata(_counts(), batch=pd.Categorical(["a"] * 19 + [None]))
     with pytest.raises(InvalidDataError, match="1 missing values"):
@@ -188,8 +224,42 @@ def test_query_unseen_batch_and_bad_counts(trained_linear):
         trained_linear.get_latent_representation(c)
 
 
+def test_query_without_the_raw_counts_of_a_raw_model():
+    a = _adata(_counts(n=40), batch=["a"] * 20 + ["b"] * 20)
+    a.raw = a.copy()
+    cv.CountVAE.setup_anndata(a, use_raw=True)
+    model = cv.CountVAE(a, n_latent=2, n_hidden=8).train(max_epochs=1, progress_bar=False)
+    query = _adata(_counts(n=40), batch=["a"] * 40)  # not registered: read as the model reads, from adata.raw
+    with pytest.raises(SetupError, match=r"reads its counts from adata.raw.X, which this AnnData lacks"):
+        model.get_latent_representation(query)
+    registered = a.copy()
+    del registered.raw  # registered with use_raw=True, then its raw counts dropped
+    with pytest.raises(SetupError, match="adata.raw is None"):
+        model.get_latent_representation(registered)
+
+
+def test_query_without_the_layer_of_a_layer_model_is_told_to_register():
+    a = _adata(_counts(n=40))
+    a.layers["counts"] = a.X.copy()
+    cv.CountVAE.setup_anndata(a, layer="counts")
+    model = cv.CountVAE(a, n_latent=2, n_hidden=8).train(max_epochs=1, progress_bar=False)
+    query = _adata(_counts(n=40))
+    with pytest.raises(SetupError, match=r"adata.layers\['counts'\], which this AnnData lacks; .*setup_anndata"):
+        model.get_latent_representation(query)
+    cv.CountVAE.setup_anndata(query)  # the remedy: its counts are in X
+    assert model.get_latent_representation(query).shape == (40, 2)
+
+
 def test_query_transfers_setup_from_model(trained_linear):
     a = trained_linear.adata[:40].copy()
     del a.uns["_countvae"]
     z = trained_linear.get_latent_representation(a)
     np.testing.assert_allclose(z, trained_linear.get_latent_representation(indices=np.arange(40)), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", ["0", 1.5, -1, True])
+def test_split_seed_must_be_an_integer(seed):
+    with pytest.raises(InvalidArgumentError, match="seed"):
+        cv.data.split_indices(10, 0.5, seed)
+    first, second = cv.data.split_indices(10, 0.5, np.int64(1))
+    np.testing.assert_array_equal(np.sort(np.concatenate([first, second])), np.arange(10))

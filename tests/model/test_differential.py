@@ -15,6 +15,7 @@ from bench_modules import benchmark_module
 from scipy.stats import norm
 
 import countvae as cv
+from countvae.data import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning, NotTrainedError
 from countvae.invariance import copy_model, reparameterize
 from countvae.model import differential
@@ -185,6 +186,13 @@ def test_raw_count_properties_known_answer():
     sparse = raw_count_properties(sp.csr_matrix(counts1), sp.csr_matrix(counts2), lib1, lib2)
     for key, value in out.items():
         np.testing.assert_allclose(sparse[key], value)
+
+
+def test_library_sizes_of_float16_counts_do_not_overflow():
+    counts = np.random.default_rng(0).poisson(2000.0, (40, 50)).astype(np.float16)  # cell totals ~100,000
+    source = CountSource(counts, np.zeros(40, dtype=np.int64))
+    _, library = differential._library_sizes(source, np.arange(40))
+    np.testing.assert_array_equal(library, counts.astype(np.float64).sum(1))
 
 
 # ----- a fitted model on counts with planted differences -------------------------------------------

@@ -261,6 +261,14 @@ def test_genes_without_counts_in_a_subset_are_refused(small_adata):
         cv.CountVAE(sub, n_latent=2)
 
 
+def test_cells_without_counts_in_a_gene_subset_are_refused(small_adata):
+    dense = small_adata.X.toarray()
+    dense[:3, :4] = 0  # the first 3 cells have counts only in genes outside the subset
+    small_adata.X = sp.csr_matrix(dense)
+    with pytest.raises(cv.errors.InvalidDataError, match="3 of 800 cells have zero total counts"):
+        cv.CountVAE(small_adata[:, :4], n_latent=2)
+
+
 def test_settings_are_one_validated_frozen_dataclass():
     s = ModelSettings(n_latent=np.int64(3), dtype=torch.float64, decoder="linear")
     assert s.n_latent == 3 and type(s.n_latent) is int and s.dtype == "float64" and s.torch_dtype == torch.float64

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from countvae.errors import InvalidArgumentError
 from countvae.module.importance import KHAT_THRESHOLD
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal, finite_difference_neg_hessian
 
@@ -278,6 +279,15 @@ def test_same_seed_same_numbers_and_chunking_does_not_change_the_draws(gaussian_
 def test_settings_are_validated(field, value, match):
     with pytest.raises(ValueError, match=match):
         MarginalSettings(**{field: value})
+
+
+def test_settings_errors_are_countvaes_and_numpy_integers_are_numbers():
+    with pytest.raises(InvalidArgumentError, match="cannot exceed n_pilot"):
+        MarginalSettings(pilot_restarts=300)
+    for df in (True, "5"):
+        with pytest.raises(InvalidArgumentError, match="positive integer or math.inf"):
+            MarginalSettings(df=df)
+    assert MarginalSettings(df=np.int64(5)).df == 5 and MarginalSettings(df=math.inf).df == math.inf
 
 
 def test_inputs_are_validated(gaussian_problem):
