@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ __all__ = [
     "progress_enabled",
     "read_h5ad",
     "refuse_existing_output",
+    "refuse_file_as_output",
     "train_kwargs_of",
 ]
 
@@ -151,10 +153,21 @@ def read_h5ad(path: str) -> ad.AnnData:
         ) from None
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite number (NaN, infinity) as ``None``: JSON has none, and parsers refuse ``NaN``."""
+    if isinstance(value, Mapping):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def emit(result: dict, as_json: bool) -> None:
-    """Print a result: JSON on stdout, or ``key: value`` lines."""
+    """Print a result: JSON on stdout (a non-finite number as ``null``), or ``key: value`` lines."""
     if as_json:
-        json.dump(result, sys.stdout, indent=2, default=str)
+        json.dump(_json_safe(result), sys.stdout, indent=2, default=str, allow_nan=False)
         sys.stdout.write("\n")
         return
     for key, value in result.items():
@@ -171,7 +184,14 @@ def progress_enabled(args: argparse.Namespace) -> bool:
         return False
 
 
+def refuse_file_as_output(out: str) -> None:
+    """Fail before any work when ``--out`` names a file: it names a folder, and the file may be the data just read."""
+    if Path(out).exists() and not Path(out).is_dir():
+        raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
+
+
 def refuse_existing_output(out: str, overwrite: bool) -> None:
-    """Fail before any work when the output folder exists and ``--overwrite`` was not given."""
+    """Fail before any work when the output folder exists and ``--overwrite`` was not given, or is a file."""
+    refuse_file_as_output(out)
     if Path(out).exists() and not overwrite:
         raise OutputExistsError(f"{out} already exists; pass --overwrite to replace it, or choose another --out.")

@@ -116,6 +116,8 @@ OWN_OPTIONS = (
     "refit_broken",
     "write_h5ad",
 )
+#: Options of the multi-seed report that --restrictions would otherwise ignore, by their ``dest``.
+NOT_WITH_RESTRICTIONS = {"write_h5ad": "--write-h5ad", "de": "--de"}
 #: The fields of ReportSettings that are options, given to diagnose as its report_kwargs.
 REPORT_OPTIONS = ("ica", "n_lpd_samples", "equivalence_margin")
 #: The other fields of DiagnoseSettings, and the options each is made from (:func:`diagnose_settings`).
@@ -349,7 +351,14 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
                 "--refit-broken applies to the seeds of a plain diagnose, not to --restrictions; remove the damaged "
                 "seed folder that the error named and rerun."
             )
-        plan = plan_diagnose(adata, settings=settings)
+        given = [option for dest, option in NOT_WITH_RESTRICTIONS.items() if getattr(args, dest) is not None]
+        if given:
+            raise InvalidArgumentError(
+                f"{' and '.join(given)} add to the multi-seed report, which --restrictions replaces by the comparison "
+                "of restrictions; run them without --restrictions."
+            )
+        # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
+        plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})
         s = plan.settings
         return run_restrictions(args, plan.adata, s.model_kwargs, s.train_kwargs, s.markers, s.progress_bar)
     observer = _Observer(args.data)

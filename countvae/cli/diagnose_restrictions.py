@@ -22,6 +22,7 @@ from countvae._io import remove_interrupted_writes
 from countvae.cli.common import emit
 from countvae.diagnostics import compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
+from countvae.diagnostics.diagnosis import discard_replaced_report
 from countvae.diagnostics.fitting.heldout import resolve_heldout_fraction
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
@@ -87,6 +88,8 @@ def run_restrictions(
         model_kwargs = {k: v for k, v in model_kwargs.items() if k != "n_latent"}  # one dimension per program
     out = Path(args.out)
     report_dir = out / "report"
+    if args.overwrite:
+        discard_replaced_report(report_dir)
     logger.info(
         "Comparing %s with the unrestricted model over %d seeds (%d epochs each).",
         ", ".join(r.name for r in chosen),

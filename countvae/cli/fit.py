@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from countvae._checks import check_number
 from countvae._io import atomic_directory, write_json_atomic
 from countvae.cli.common import (
     Subcommands,
@@ -79,6 +80,7 @@ def default_data():
 def run(args: argparse.Namespace) -> int:
     """Execute ``countvae fit``."""
     started = time.perf_counter()
+    check_number("heldout_fraction (--heldout-fraction)", args.heldout_fraction, 0.0, 1.0, high_open=True)
     refuse_existing_output(args.out, args.overwrite)
     adata = read_h5ad(args.data) if args.data else default_data()
     batch_key = args.batch_key if args.data else "batch"

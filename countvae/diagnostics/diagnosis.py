@@ -22,18 +22,23 @@ import dataclasses
 import inspect
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import anndata as ad
+import numpy as np
+import pandas as pd
 
 from countvae._checks import check_number
-from countvae._io import atomic_file_path, remove_interrupted_writes
+from countvae._io import atomic_file_path, explained_write_errors, remove_interrupted_writes
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
+from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
@@ -113,7 +118,11 @@ class DiagnoseSettings:
         """Folder of the run: ``fits/`` (resumable, as for :func:`fit_seeds`) and ``report/``; ``None``: nothing
         written.""",
     )
-    overwrite: bool = setting(False, "Refit every seed and replace a finished report or ``write_h5ad`` file.")
+    overwrite: bool = setting(
+        False,
+        """Refit every seed and replace a finished report (removed before the seeds are refitted, so that a run
+        interrupted meanwhile resumes without ``overwrite``) or ``write_h5ad`` file.""",
+    )
     refit_broken: bool = setting(False, "Move a damaged seed folder aside and refit only that seed.")
     write_h5ad: str | Path | None = setting(
         None,
@@ -223,13 +232,13 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
         model["n_latent"] = DIAGNOSE_N_LATENT
     genes = choose_genes(adata, s.n_top_genes, DIAGNOSE_N_TOP_GENES, model["n_latent"])
     heldout_fraction = resolve_heldout_fraction(s.heldout_fraction, genes.adata.n_obs)
+    _, heldout_idx = heldout_split(genes.adata.n_obs, heldout_fraction, s.split_seed)
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)
     if s.downstream is not None:
-        try:
-            de_groups(genes.adata.obs, s.downstream.groupby, s.downstream.group1, s.downstream.group2)
-        except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"--de {s.downstream.groupby}: {exc}") from None
+        _check_de_groups(genes.adata.obs, s.downstream, heldout_idx)
+    report_kwargs = _checked_report_kwargs(s.report_kwargs)
+    _check_ica_cells(report_kwargs, len(heldout_idx), model["n_latent"])
     resolved = replace(
         s,
         seeds=seeds,
@@ -237,7 +246,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
         heldout_fraction=heldout_fraction,
         train_kwargs=diagnose_train_kwargs(s.train_kwargs, round((1.0 - heldout_fraction) * genes.adata.n_obs)),
         markers=markers,
-        report_kwargs=_checked_report_kwargs(s.report_kwargs),
+        report_kwargs=report_kwargs,
     )
     return DiagnosePlan(
         adata=genes.adata,
@@ -283,8 +292,12 @@ def diagnose(
     """
     plan = plan_diagnose(adata, settings=settings).split()
     s = plan.settings
+    if plan.h5ad_path is not None:
+        _check_writable(plan.h5ad_path)
     if before_fitting is not None:
         before_fitting(plan)
+    if plan.report_dir is not None and s.overwrite:
+        discard_replaced_report(plan.report_dir)
     fits = plan.fit(None if plan.report_dir is None else plan.report_dir.parent / "fits", progress)
     if after_fitting is not None:
         after_fitting(fits)
@@ -329,6 +342,59 @@ def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoi
     marker_matrix(genes.adata, markers, get_var_names(genes.adata, get_registry(genes.adata)))
 
 
+def _check_de_groups(obs: pd.DataFrame, request: DownstreamRequest, heldout_idx: np.ndarray) -> None:
+    """Refuse DE groups before fitting: among all cells, and among the held-out cells the DE runs on."""
+    where = ""
+    try:
+        de_groups(obs, request.groupby, request.group1, request.group2)
+        where = f" (DE runs on the report's {len(heldout_idx)} held-out cells.)"
+        de_groups(obs.iloc[heldout_idx], request.groupby, request.group1, request.group2)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"--de {request.groupby}: {exc}{where}") from None
+
+
+def _check_ica_cells(report_kwargs: Mapping[str, Any], n_heldout: int, n_latent: int) -> None:
+    """Refuse before fitting the ICA map class on too few held-out cells, which would stop the report after the fits.
+
+    The alignment fits each seed's ICA axes on its half of the held-out cells, and ICA needs ``n_latent + 2`` cells
+    at least (:class:`countvae.ica.ICARotation`).
+    """
+    n_cells = len(split_halves(n_heldout, 0)[0])
+    if report_kwargs.get("ica", ReportSettings().ica) and n_cells < n_latent + 2:
+        raise InvalidArgumentError(
+            f"ICA (ica, --no-ica) fits each seed's axes on {n_cells} of the {n_heldout} held-out cells, fewer than the "
+            f"{n_latent + 2} it needs for {n_latent} latent dimensions; turn it off (--no-ica), choose fewer latent "
+            "dimensions (--n-latent) or hold out more cells (--heldout-fraction)."
+        )
+
+
+def _check_writable(path: Path) -> None:
+    """Fail before fitting when ``path``'s folder cannot be written, rather than after the report is saved.
+
+    The saved report would then refuse the rerun with another path unless ``overwrite`` refits every seed.
+    """
+    with explained_write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+
+
+def discard_replaced_report(report_dir: Path) -> None:
+    """Remove the report that ``overwrite`` replaces, before the fits it describes are discarded.
+
+    Left beside the new fits, it would refuse the rerun that resumes an interrupted run (which could then only
+    pass ``overwrite`` again and discard the seeds already refitted). Moved aside first, so that a run killed
+    meanwhile leaves either the whole report or none (what it leaves aside, :func:`_save` removes).
+    """
+    if not report_dir.exists():
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{report_dir.name}.", suffix=".old", dir=report_dir.parent))
+    aside.rmdir()
+    os.replace(report_dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+    logger.info("Removed the report in %s, which the refitted seeds will replace (overwrite).", report_dir)
+
+
 def _save(rep: DiagnosticReport, report_dir: Path, overwrite: bool, progress: Progress | None) -> None:
     """Save the report in one atomic step, first removing what an interrupted save left."""
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
@@ -359,6 +425,8 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
     out = Path(path)
     if out.suffix != ".h5ad":
         raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
+    if out.is_dir():
+        raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
     return out

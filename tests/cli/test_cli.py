@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse as sp
 
 from countvae.cli import main
+from countvae.cli.common import emit
 
 
 def _write_counts(path, **obs):
@@ -100,6 +101,38 @@ def test_bad_input_gives_one_line_error(tmp_path, make, args, message):
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_fit_never_replaces_a_file_named_by_out(tmp_path, capsys):
+    # --out naming the input .h5ad with --overwrite replaced the data file by the output folder.
+    data = _write_counts(tmp_path / "d.h5ad")
+    before = data.read_bytes()
+    argv = ["fit", str(data), "--n-latent", "2", "--max-epochs", "2", "--quiet", "--out", str(data), "--overwrite"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("countvae fit: error: ") and "is not a folder; choose another --out" in err
+    assert data.is_file() and data.read_bytes() == before
+
+
+@pytest.mark.parametrize("fraction", ["1.5", "1", "-0.2"])
+def test_fit_names_its_option_for_a_heldout_fraction_out_of_range(tmp_path, capsys, fraction):
+    # It said "first_fraction must be a number in (0, 1], got -0.5.", an internal name and another number.
+    data = _write_counts(tmp_path / "d.h5ad")
+    assert main(["fit", str(data), "--quiet", "--out", str(tmp_path / "o"), "--heldout-fraction", fraction]) == 1
+    err = capsys.readouterr().err
+    assert f"heldout_fraction (--heldout-fraction) must be a number in [0, 1), got {float(fraction)}" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_json_output_is_strict_json_with_null_for_non_finite_numbers(capsys):
+    # select --json printed "margin_nats_per_cell": NaN when no margin could be stated, which JSON parsers refuse.
+    emit({"margin": float("nan"), "values": [np.float64("inf"), 1.5], "nested": {"x": -np.inf, "n": 2}}, True)
+    out = capsys.readouterr().out
+    assert json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
+        "margin": None,
+        "values": [None, 1.5],
+        "nested": {"x": None, "n": 2},
+    }
 
 
 def test_wrong_command_line_is_exit_2(capsys):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import countvae as cv
-from countvae.cli import main
+from countvae.cli import diagnose_restrictions, main
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +44,28 @@ def test_restrictions_write_their_report(data_file, tmp_path, capsys):
         (["--restrictions", "horseshoe"], "add --decoder linear"),
         (["--restrictions", "lasso"], "Unknown restriction 'lasso'"),
         (["--decoder", "linear", "--restrictions", "programs"], "needs gene programs"),
+        # the multi-seed report's options, once silently ignored (no .h5ad file, no DE)
+        (["--restrictions", "laplace", "--write-h5ad", "x.h5ad"], "--write-h5ad add to the multi-seed report"),
+        (["--restrictions", "laplace", "--de", "batch"], "--de add to the multi-seed report"),
     ],
 )
 def test_bad_restrictions_are_one_line_errors(data_file, tmp_path, capsys, extra, message):
     assert main(["diagnose", str(data_file), *FAST, *extra, "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert message in err and not (tmp_path / "o" / "report").exists()
+
+
+def test_an_interrupted_overwrite_leaves_no_stale_report_and_resumes(data_file, tmp_path, capsys, monkeypatch):
+    # The replaced report stayed beside the refitted seeds: the rerun was refused, and --overwrite refitted them all.
+    out = tmp_path / "restr"
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", "laplace", "--out", str(out)]
+    assert main([*argv, "--quiet"]) == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diagnose_restrictions, "compare_restrictions", interrupted)
+    assert main([*argv, "--quiet", "--overwrite"]) == 130
+    assert not (out / "report").exists()
+    monkeypatch.undo()
+    assert main([*argv, "--quiet"]) == 0 and (out / "report" / "report.json").is_file()

@@ -52,6 +52,25 @@ def test_select_help_and_bad_grids(data, tmp_path, capsys):
     assert "data allow fewer than" in capsys.readouterr().err
 
 
+def test_select_refuses_a_file_as_out_and_bad_numbers_before_fitting_in_one_line(data, tmp_path, capsys):
+    # --out naming a file ended in a NotADirectoryError traceback; --heldout-fraction 1.5 said
+    # "first_fraction must be a number in (0, 1], got -0.5".
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    fast = ["--n-latent", "1", "--decoder", "linear", "--seeds", "2", "--max-epochs", "2", "--quiet"]
+    assert main(["select", str(data), *fast, "--out", str(taken), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("countvae select: error: ") and "is not a folder; choose another --out" in err
+    assert taken.read_text() == "mine"
+    assert main(["select", str(data), *fast, "--out", str(tmp_path / "s"), "--heldout-fraction", "1.5"]) == 1
+    err = capsys.readouterr().err
+    assert "heldout_fraction must be a number in (0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
+    # refused once every candidate's seeds were fitted
+    assert main(["select", str(data), *fast, "--out", str(tmp_path / "n"), "--n-samples", "1"]) == 1
+    assert "n_lpd_samples must be an integer >= 2, got 1" in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()
+
+
 class _Stop(Exception):
     pass
 

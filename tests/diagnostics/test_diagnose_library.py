@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from pathlib import Path
 
 import anndata as ad
 import pytest
 
 import countvae as cv
 from countvae.cli import main
-from countvae.diagnostics import DIAGNOSE_STOPPING, DiagnoseSettings, diagnose, plan_diagnose
-from countvae.errors import InvalidArgumentError, OutputExistsError, SetupError
+from countvae.diagnostics import (
+    DIAGNOSE_STOPPING,
+    DiagnoseSettings,
+    DownstreamRequest,
+    ProgressEvent,
+    ProgressKind,
+    diagnose,
+    heldout_split,
+    plan_diagnose,
+)
+from countvae.errors import InvalidArgumentError, OutputExistsError, OutputWriteError, SetupError
 
 FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
 #: What the command line above gives the fits (the command's defaults for the options not named).
@@ -104,3 +116,90 @@ def test_report_settings_are_checked_before_fitting(data_file, tmp_path):
     with pytest.raises(SetupError, match=r"not set up; call countvae\.CountVAE\.setup_anndata"):
         diagnose(ad.read_h5ad(data_file), out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_de_groups_without_held_out_cells_are_refused_before_fitting(data_file, tmp_path):
+    # The DE runs on the held-out cells: a group whose cells all fit the models was refused only after every seed
+    # was fitted.
+    adata = _registered(data_file)
+    fit_idx, _ = heldout_split(adata.n_obs, 0.25, 0)  # diagnose's default split of this 300-cell file
+    group = ["b"] * adata.n_obs
+    for i in fit_idx[:3]:
+        group[i] = "a"
+    adata.obs["group"] = group
+    request = DownstreamRequest(groupby="group", group1="a", group2="b")
+    with pytest.raises(InvalidArgumentError, match=r"--de group: .*single group \(b\).*75 held-out cells"):
+        diagnose(adata, seeds=2, downstream=request, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_write_h5ad_naming_a_folder_is_refused_before_fitting(data_file, tmp_path, overwrite):
+    # Without overwrite it said "exists; pass --overwrite"; with it, every seed was fitted and then writing the file
+    # failed with an IsADirectoryError traceback.
+    folder = tmp_path / "taken.h5ad"
+    folder.mkdir()
+    with pytest.raises(OutputExistsError, match="taken.h5ad is a folder; give --write-h5ad the name of a file"):
+        diagnose(_registered(data_file), seeds=2, write_h5ad=folder, overwrite=overwrite, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists() and folder.is_dir()
+
+
+def test_too_few_held_out_cells_for_ica_are_refused_before_fitting(tmp_path):
+    # An 80-cell file (as Seurat's pbmc_small) holds out 20 cells: the alignment fits each seed's ICA on 10 of them,
+    # for 10 latent dimensions, and the report stopped after every seed was fitted ("ICA needs many more cells").
+    adata = cv.data.simulate(n_cells=80, n_genes=40, n_latent=2, seed=3)
+    cv.data.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match=r"on 10 of the 20 held-out cells, fewer than the 12.*--no-ica"):
+        diagnose(adata, seeds=2, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    plan = plan_diagnose(adata, seeds=2, report_kwargs={"ica": False})  # the remedies
+    assert plan.settings.model_kwargs["n_latent"] == 10
+    assert plan_diagnose(adata, seeds=2, model_kwargs={"n_latent": 8}).settings.report_kwargs == {}
+
+
+class _Interrupt:
+    """A progress hook that interrupts the run once the first seed is stored (as Ctrl-C would)."""
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if event.kind == ProgressKind.SEED_STORED:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_overwrite_run_resumes_from_its_refitted_seeds(data_file, tmp_path):
+    # The old report stayed beside the new fits: the rerun was refused ("already holds a finished report"), and the
+    # rerun with overwrite discarded the seeds the interrupted run had refitted.
+    adata, out = _registered(data_file), tmp_path / "diag"
+    settings = DiagnoseSettings(seeds=3, model_kwargs=MODEL, train_kwargs=TRAIN, n_jobs=1, out_dir=out)
+    diagnose(adata, settings=settings, report_kwargs={"n_lpd_samples": 10, "ica": False})
+    with pytest.raises(KeyboardInterrupt):
+        diagnose(adata, settings=settings, train_kwargs={**TRAIN, "lr": 2e-3}, overwrite=True, progress=_Interrupt())
+    assert not (out / "report").exists() and sorted(p.name for p in (out / "fits" / "fits").iterdir()) == ["seed_0"]
+    seen = []
+    diagnose(
+        adata,
+        settings=settings,
+        train_kwargs={**TRAIN, "lr": 2e-3},
+        report_kwargs={"n_lpd_samples": 10, "ica": False},
+        after_fitting=lambda fits: seen.append(fits.reused_seeds),
+    )
+    assert seen == [[0]] and (out / "report" / "report.json").is_file()
+
+
+def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_file, tmp_path, monkeypatch):
+    # A read-only --out ended in a traceback from the lock; a read-only folder for --write-h5ad was found only after
+    # every seed was fitted and the report saved, which then refused the rerun without overwrite.
+    read_only = tmp_path / "read-only"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self == read_only or read_only in self.parents:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    adata = _registered(data_file)
+    with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/diag/fits: the file system is read-only"):
+        diagnose(adata, seeds=2, out_dir=read_only / "diag")
+    with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/x\.h5ad: the file system is read-only"):
+        diagnose(adata, seeds=2, out_dir=tmp_path / "diag", write_h5ad=read_only / "x.h5ad")
+    assert not (tmp_path / "diag").exists()

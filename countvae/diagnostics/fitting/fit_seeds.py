@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
-from countvae._settings import takes_settings
+from countvae._settings import takes_settings, unknown_setting
 from countvae.data.file_cells import FileCells
 from countvae.data.gene_selection import get_gene_selection
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
@@ -106,7 +106,7 @@ from countvae.errors import (
     SetupError,
     WorkerLostError,
 )
-from countvae.model import CountVAE
+from countvae.model import CountVAE, TrainingPlan
 
 logger = logging.getLogger(__name__)
 
@@ -209,6 +209,27 @@ def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
             f"(e.g. {names}). Remove rarely detected genes first (e.g. scanpy.pp.filter_genes(adata, min_cells=3)) "
             "or hold out fewer cells."
         )
+
+
+def _check_countvae_settings(
+    adata_fit: ad.AnnData, model_cls: type, model_kwargs: dict[str, Any], train_kwargs: dict[str, Any]
+) -> None:
+    """Refuse, before anything is written, the settings each fit would refuse (it builds the model as a fit does).
+
+    Raised only inside the first fit, they would leave a manifest behind, and the corrected rerun would be refused
+    as one with other settings.
+    """
+    model_cls(adata_fit, **model_kwargs)
+    known = [f.name for f in dataclasses.fields(TrainingPlan) if f.name != "seed"]
+    for name in train_kwargs:
+        if name not in (*known, "plan"):
+            raise unknown_setting(name, known, "train_kwargs")
+    values = {k: v for k, v in train_kwargs.items() if k != "plan"}
+    plan = train_kwargs.get("plan")
+    if isinstance(plan, TrainingPlan):
+        dataclasses.replace(plan, **values)
+    elif plan is None:
+        TrainingPlan(**values)
 
 
 # ----- public API ------------------------------------------------------------------------------
@@ -333,6 +354,8 @@ def _prepared_run(adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, fa
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
     check_fit_genes(adata_fit, registry)
     model_record = to_json_value(s.model_kwargs, "model_kwargs")
+    if family == "countvae":
+        _check_countvae_settings(adata_fit, s.model_cls, s.model_kwargs, s.train_kwargs)
     recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, stream)
     tasks = [
         FitTask(

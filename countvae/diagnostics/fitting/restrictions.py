@@ -25,10 +25,12 @@ import anndata as ad
 import numpy as np
 
 from countvae.data.gene_sets import GenePrograms, read_gmt
+from countvae.data.registry import get_count_matrix, get_registry, get_var_names
+from countvae.data.validation import column_totals
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
-from countvae.diagnostics.fitting.heldout import cells_at
-from countvae.errors import InvalidArgumentError
+from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
+from countvae.errors import InvalidArgumentError, InvalidDataError
 from countvae.model import CountVAE
 
 #: The restriction names, in the order of the report.
@@ -146,6 +148,32 @@ def split_half_cells(n_obs: int, split_seed: int = 0) -> tuple[np.ndarray, np.nd
     return np.sort(order[:half]), np.sort(order[half:])
 
 
+def check_split_half_genes(adata: ad.AnnData, heldout_fraction: float, split_seed: int) -> None:
+    """Refuse, before any fit, genes without counts in one of the split halves of the fit cells.
+
+    A model fitted on that half would refuse them, but only after every seed of every model was fitted.
+
+    Raises
+    ------
+    InvalidDataError
+        Naming the half, how many genes and a few of them, and the remedy.
+
+    """
+    registry = get_registry(adata)
+    fit_idx, _ = heldout_split(adata.n_obs, heldout_fraction, split_seed)
+    for number, half in enumerate(split_half_cells(len(fit_idx), split_seed), start=1):
+        totals = column_totals(get_count_matrix(cells_at(adata, fit_idx[half]), registry))
+        empty = np.flatnonzero(totals == 0)
+        if empty.size:
+            names = list(get_var_names(adata, registry)[empty[:5]])
+            raise InvalidDataError(
+                f"{empty.size} genes have no counts in half {number} of the {len(fit_idx)} fit cells, on which the "
+                f"comparison of restrictions fits each model again (e.g. {names}). Remove rarely detected genes first "
+                "(e.g. scanpy.pp.filter_genes(adata, min_cells=10)), or compare without the split halves "
+                "(split_half=False)."
+            )
+
+
 def fit_split_halves(
     adata_fit: ad.AnnData,
     model_kwargs: dict[str, Any],
@@ -226,6 +254,8 @@ def fit_restrictions(
     ``out_dir``: each model then in ``out_dir/<name>``) go to :func:`fit_seeds`.
     """
     out_dir = fit_seeds_kwargs.pop("out_dir", None)
+    if split_half:
+        check_split_half_genes(adata, heldout_fraction, split_seed)
     fits, seconds, heldout, adata_fit = {}, {}, None, None
     for name, kwargs in model_kwargs.items():
         fitted = fit_seeds(

@@ -22,7 +22,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from countvae._io import write_json_atomic
+from countvae._io import explained_write_errors, write_json_atomic
 from countvae.errors import OutputLockedError
 
 logger = logging.getLogger(__name__)
@@ -93,12 +93,15 @@ def locked(root: Path) -> Iterator[None]:
     ------
     OutputLockedError
         If another run holds the lock; the message names it (pid, host, start time).
+    OutputWriteError
+        If ``root`` cannot be created or written (a read-only folder, a full disk).
 
     """
-    root.mkdir(parents=True, exist_ok=True)
     lock = FileLock(root / LOCK_FILE, timeout=0)
     try:
-        lock.acquire()
+        with explained_write_errors(root):  # a read-only or full disk: one error that says so
+            root.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
     except Timeout:
         raise OutputLockedError(
             f"{root} is being written by another running fit_seeds ({describe_owner(read_owner(root))}, holding "

@@ -19,7 +19,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_number
+from countvae._checks import check_int, check_number
 from countvae._settings import unknown_setting
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
@@ -195,12 +195,12 @@ def compare_models(
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
+    check_int("n_lpd_samples", n_lpd_samples, 2)  # refused by every fit's log p(x), but only after the fitting
     seeds = list(seeds)
     settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
     train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
-    shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction}
+    shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction, "backend": backend}
     shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
-    shared["backend"] = backend
     fits = _fit_candidates(adata, dict(zip(names, settings_list, strict=True)), out_dir, shared)
     return compare_fits(
         fits,

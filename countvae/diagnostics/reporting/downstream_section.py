@@ -74,6 +74,8 @@ CLOSE_AGREEMENT = 0.05
 MOSTLY_MODEL, MOSTLY_DOWNSTREAM = 2 / 3, 1 / 3
 #: A summary over fewer pairs than these is flagged as a rough estimate.
 FEW_BETWEEN_PAIRS, FEW_WITHIN_PAIRS = 3, 2
+#: Groups named in a message about DE groups (a numeric column given as groups has hundreds).
+MAX_LISTED_GROUPS = 10
 
 
 # ----- what is asked ------------------------------------------------------------------------------------------
@@ -158,6 +160,13 @@ class DownstreamRequest:
     settings: DownstreamSettings = field(default_factory=DownstreamSettings)
 
 
+def _listed(names: list[str]) -> str:
+    """``names`` as a list, cut after :data:`MAX_LISTED_GROUPS` with their number (a message stays readable)."""
+    if len(names) <= MAX_LISTED_GROUPS:
+        return str(names)
+    return f"{str(names[:MAX_LISTED_GROUPS])[:-1]}, ... ({len(names)} in all)]"
+
+
 def de_groups(obs: pd.DataFrame, groupby: str, group1: str | None = None, group2: str | None = None) -> tuple[str, str]:
     """The two groups a DE request compares, checked against ``obs``: ``(group1, group2 or "Rest")``.
 
@@ -189,15 +198,20 @@ def de_groups(obs: pd.DataFrame, groupby: str, group1: str | None = None, group2
     if group1 is None:
         if group2 is not None:
             raise InvalidArgumentError("DE groups: group2 needs group1.")
+        if len(levels) > MAX_LISTED_GROUPS and pd.api.types.is_numeric_dtype(column.dtype):
+            raise InvalidArgumentError(
+                f"DE groups: obs[{groupby!r}] holds numbers ({len(levels)} distinct values), not groups of cells; "
+                f"give a column of cell groups (such as cell types). Values: {_listed(levels)}."
+            )
         if len(levels) != 2:
             raise InvalidArgumentError(
                 f"DE groups: obs[{groupby!r}] has {len(levels)} groups; name the two to compare (--de-groups G1 G2, "
-                f"or G1 alone for G1 against all other cells). Groups: {levels}."
+                f"or G1 alone for G1 against all other cells). Groups: {_listed(levels)}."
             )
         return levels[0], levels[1]
     for g in (group1, group2):
         if g is not None and str(g) not in present:
-            raise InvalidArgumentError(f"DE groups: {g!r} has no cells in obs[{groupby!r}]; groups: {levels}.")
+            raise InvalidArgumentError(f"DE groups: {g!r} has no cells in obs[{groupby!r}]; groups: {_listed(levels)}.")
     if group2 is not None and str(group1) == str(group2):
         raise InvalidArgumentError(f"DE groups: both groups are {group1!r}; compare two different groups.")
     return str(group1), "Rest" if group2 is None else str(group2)

@@ -48,6 +48,8 @@ VERDICT_LABELS = {
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:  # a non-finite number of a report read back from report.json (saved as null)
+        return "n/a"
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -124,6 +126,19 @@ def _versions_line(rep: ReportContent) -> str:
     return "- **Software**: " + ", ".join(f"{name} {v}" for name, v in versions.items()) + "."
 
 
+def _data_calls(fits: dict[str, Any]) -> str:
+    """The calls that prepare the data as the fits had it (registration, the genes kept), each followed by ", "."""
+    registry = fits.get("registry")
+    if not registry:
+        return ""
+    given = "".join(f", {k}={v!r}" for k, v in registry.items() if v not in (None, False))
+    calls = f"`countvae.data.setup_anndata(adata{given})`, "
+    selection = fits.get("gene_selection")
+    if selection:
+        calls += f"`adata = countvae.data.select_top_genes(adata, {selection['n_top_genes']})`, "
+    return calls
+
+
 def settings_line(rep: ReportContent) -> str:
     """How to make the fits and the report again: the fits' settings and the report's non-default settings."""
     fits = rep.settings.get("fits") or {}
@@ -132,7 +147,7 @@ def settings_line(rep: ReportContent) -> str:
     changed = {k: v for k, v in (rep.settings.get("report") or {}).items() if defaults.get(k) != v}
     report_args = "".join(f", {k}={v!r}" for k, v in changed.items())
     if fits:
-        fit_call = (
+        fit_call = _data_calls(fits) + (
             f"`fits = countvae.diagnostics.fit_seeds(adata, seeds={seeds}, model_kwargs={fits.get('model_kwargs')}, "
             f"train_kwargs={fits.get('train_kwargs')}, heldout_fraction={fits.get('heldout_fraction')}, "
             f"split_seed={fits.get('split_seed')})`"

@@ -376,3 +376,23 @@ def test_the_default_split_holds_out_300_cells_on_a_small_file_and_10_percent_on
     # The share the fits are told gives exactly these cells through the split they use.
     assert len(heldout_split(n_obs, fraction, 0)[1]) == held_out
     assert resolve_heldout_fraction(0.3, n_obs) == 0.3
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_kwargs": {**MODEL, "n_latent": 0}}, "n_latent must be a positive integer"),
+        ({"model_kwargs": {**MODEL, "n_latent": 25}}, "n_latent=25 is too large"),
+        ({"model_kwargs": {**MODEL, "n_hiden": 8}}, "Did you mean 'n_hidden'"),
+        ({"train_kwargs": {**TRAIN, "lr": -1.0}}, "lr must be a positive number"),
+        ({"train_kwargs": {**TRAIN, "max_epoch": 3}}, "Did you mean 'max_epochs'"),
+    ],
+)
+def test_settings_a_fit_would_refuse_are_refused_before_the_manifest(adata, tmp_path, change, message):
+    # Refused only once a fit ran, they left a manifest behind, and the corrected rerun was refused as "other
+    # settings" until overwrite=True.
+    out = tmp_path / "run"
+    with pytest.raises(InvalidArgumentError, match=message):
+        _run(adata, out_dir=out, **change)
+    assert not (out / "manifest.json").exists()
+    assert _run(adata, out_dir=out).seeds == [0, 1]

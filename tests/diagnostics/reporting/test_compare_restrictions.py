@@ -35,7 +35,8 @@ from countvae.diagnostics.analyses.restrictions import (
     truth_verdict,
 )
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
-from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs
+from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs, split_half_cells
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 
@@ -362,6 +363,21 @@ def test_comparison_refuses_bad_requests_before_fitting():
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
     with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+
+
+def test_a_gene_without_counts_in_a_split_half_is_refused_before_fitting(tmp_path):
+    # The split halves were fitted after every seed of every model, and the first half's fit then refused the gene.
+    adata = cv.data.simulate(n_cells=60, n_genes=12, n_latent=2, seed=0)
+    fit_idx, _ = heldout_split(adata.n_obs, 0.25, 0)
+    first_half = fit_idx[split_half_cells(len(fit_idx), 0)[0]]
+    x = np.asarray(adata.X.todense() if hasattr(adata.X, "todense") else adata.X).copy()
+    x[:, 3] = 1.0
+    x[first_half, 3] = 0.0
+    adata.X = x
+    cv.CountVAE.setup_anndata(adata)
+    with pytest.raises(InvalidDataError, match=r"1 genes have no counts in half 1 of the 45 fit cells.*'gene3'"):
+        compare_restrictions(adata, "laplace", seeds=[0, 1], heldout_fraction=0.25, out_dir=str(tmp_path / "x"))
+    assert not (tmp_path / "x").exists()
 
 
 def test_comparison_takes_its_settings_as_keywords_or_one_object():

@@ -196,6 +196,19 @@ def test_de_groups_refuses_bad_requests():
         de_groups(pd.DataFrame({"g": ["a", None, "b"]}), "g")
 
 
+def test_de_groups_of_a_numeric_column_say_so_in_one_short_line():
+    # A column of counts per cell given as the groups listed all of its hundreds of values.
+    obs = pd.DataFrame({"n_counts": np.arange(300, dtype=float), "label": [f"c{i}" for i in range(300)]})
+    with pytest.raises(InvalidArgumentError, match=r"holds numbers \(300 distinct values\), not groups") as numeric:
+        de_groups(obs, "n_counts")
+    with pytest.raises(InvalidArgumentError, match=r"has 300 groups") as many:
+        de_groups(obs, "label")
+    with pytest.raises(InvalidArgumentError, match=r"'x' has no cells") as missing:
+        de_groups(obs, "label", "x")
+    for exc in (numeric, many, missing):
+        assert len(str(exc.value)) < 400 and "(300 in all)]" in str(exc.value)
+
+
 # ----- in the report --------------------------------------------------------------------------------------------
 def test_report_section_round_trips_through_json_html_and_markdown(planted_fits, tmp_path):
     request = DownstreamRequest("group", settings=DownstreamSettings(n_de_samples=500, max_cells=120, k=8))

@@ -9,6 +9,7 @@ read back from disk.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import anndata as ad
 import matplotlib
@@ -23,7 +24,7 @@ from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSetti
 from countvae.diagnostics.analyses import stability_columns as sc_cols
 from countvae.diagnostics.analyses.maps import PairMaps
 from countvae.diagnostics.reporting.anndata_export import CONSENSUS_KEY, UNS_KEY, h5ad_ready
-from countvae.diagnostics.reporting.model_card import calibration_regime
+from countvae.diagnostics.reporting.model_card import calibration_regime, settings_line
 from countvae.errors import InvalidDataError, OutputExistsError
 
 TINY = dict(
@@ -216,6 +217,24 @@ def test_model_card_states_the_findings(small):
     assert "Calibration regime**: 'few cells'" in card and "% correct/undetermined/wrong" in card
     assert f"countvae {cv.__version__}" in card and "torch" in card
     assert "n_lpd_samples=20" in card and "report(fits" in card
+
+
+def test_model_card_settings_prepare_the_data_as_the_fits_had_it():
+    # The card's "settings that reproduce the fits" left out the batch key and the genes kept.
+    fits = {
+        "registry": {"layer": "counts", "use_raw": False, "batch_key": "donor", "labels_key": None},
+        "gene_selection": {"n_top_genes": 2000, "genes": ["A", "B"]},
+        "model_kwargs": {"n_latent": 10},
+        "train_kwargs": {"max_epochs": 5},
+        "heldout_fraction": 0.1,
+        "split_seed": 0,
+    }
+    rep = SimpleNamespace(settings={"fits": fits, "report": {}}, provenance={"fits": [{"seed": 0}, {"seed": 1}]})
+    assert (
+        "**Settings**: `countvae.data.setup_anndata(adata, layer='counts', batch_key='donor')`, "
+        "`adata = countvae.data.select_top_genes(adata, 2000)`, `fits = countvae.diagnostics.fit_seeds(adata, "
+        "seeds=[0, 1], model_kwargs={'n_latent': 10}"
+    ) in settings_line(rep)
 
 
 def test_diagnose_write_h5ad(tmp_path, capsys):

@@ -120,6 +120,17 @@ def test_load_report_gives_back_the_same_report(seed_report, saved):
     assert loaded.to_markdown() == seed_report.to_markdown()
 
 
+def test_a_loaded_report_gives_the_same_model_card_when_no_margin_could_be_stated(seed_report, tmp_path):
+    # Fits that explain nothing beyond a model without latent variables have no margin (NaN, saved as null):
+    # the loaded report's card read "a margin of None nats per cell".
+    record = {**seed_report.settings["predictive_equivalence"], "margin_nats_per_cell": float("nan")}
+    rep = dataclasses.replace(seed_report, settings={**seed_report.settings, "predictive_equivalence": record})
+    loaded = load_report(rep.save(tmp_path / "report"))
+    assert loaded.settings["predictive_equivalence"]["margin_nats_per_cell"] is None
+    assert "a margin of n/a nats per cell" in rep.model_card()
+    assert loaded.model_card() == rep.model_card()
+
+
 def test_a_report_with_one_entry_changed_does_not_load_equal(seed_report, saved, tmp_path):
     record = copy.deepcopy(saved[1])
     record["tables"]["invariants"][2]["agreement"] += 1e-9
