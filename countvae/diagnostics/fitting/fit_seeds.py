@@ -198,14 +198,18 @@ def _model_family(model_cls: Any) -> str:
 
 
 # ----- data ---
+def genes_without_counts(adata: ad.AnnData, registry: Registry) -> tuple[int, list[str]]:
+    """How many genes have no count in ``adata``'s cells, and the names of the first five."""
+    empty = np.flatnonzero(column_totals(get_count_matrix(adata, registry)) == 0)
+    return int(empty.size), list(get_var_names(adata, registry)[empty[:5]])
+
+
 def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     """Every gene needs a count among the fit cells (a model initialises each gene's mean from them)."""
-    totals = column_totals(get_count_matrix(adata_fit, registry))
-    empty = np.flatnonzero(totals == 0)
-    if empty.size:
-        names = list(get_var_names(adata_fit, registry)[empty[:5]])
+    n_empty, names = genes_without_counts(adata_fit, registry)
+    if n_empty:
         raise InvalidDataError(
-            f"{empty.size} genes have no counts in the cells left for fitting after the held-out split "
+            f"{n_empty} genes have no counts in the cells left for fitting after the held-out split "
             f"(e.g. {names}). Remove rarely detected genes first (e.g. scanpy.pp.filter_genes(adata, min_cells=3)) "
             "or hold out fewer cells."
         )

@@ -25,9 +25,8 @@ import anndata as ad
 import numpy as np
 
 from countvae.data.gene_sets import GenePrograms, read_gmt
-from countvae.data.registry import get_count_matrix, get_registry, get_var_names
-from countvae.data.validation import column_totals
-from countvae.diagnostics.fitting.fit_seeds import fit_seeds
+from countvae.data.registry import get_registry
+from countvae.diagnostics.fitting.fit_seeds import fit_seeds, genes_without_counts
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.errors import InvalidArgumentError, InvalidDataError
@@ -162,12 +161,10 @@ def check_split_half_genes(adata: ad.AnnData, heldout_fraction: float, split_see
     registry = get_registry(adata)
     fit_idx, _ = heldout_split(adata.n_obs, heldout_fraction, split_seed)
     for number, half in enumerate(split_half_cells(len(fit_idx), split_seed), start=1):
-        totals = column_totals(get_count_matrix(cells_at(adata, fit_idx[half]), registry))
-        empty = np.flatnonzero(totals == 0)
-        if empty.size:
-            names = list(get_var_names(adata, registry)[empty[:5]])
+        n_empty, names = genes_without_counts(cells_at(adata, fit_idx[half]), registry)
+        if n_empty:
             raise InvalidDataError(
-                f"{empty.size} genes have no counts in half {number} of the {len(fit_idx)} fit cells, on which the "
+                f"{n_empty} genes have no counts in half {number} of the {len(fit_idx)} fit cells, on which the "
                 f"comparison of restrictions fits each model again (e.g. {names}). Remove rarely detected genes first "
                 "(e.g. scanpy.pp.filter_genes(adata, min_cells=10)), or compare without the split halves "
                 "(split_half=False)."
