@@ -204,7 +204,7 @@ def plan_parallelism(
         jobs = min(per_core, n_seeds)
         reason = f"{n_seeds} seed(s) left to fit" if jobs == n_seeds < per_core else f"{available_cores()} usable cores"
     else:
-        jobs, reason = min(n_jobs, n_seeds), "as asked (n_jobs)"
+        jobs, reason = min(n_jobs, n_seeds), "n_jobs as given"
     if backend == "local" and jobs > 1:
         jobs, reason = _within_memory(jobs, reason, fit_data)
     return Parallelism(jobs, torch_threads, reason)
