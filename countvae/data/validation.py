@@ -110,14 +110,16 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     n_empty_cells = int(np.count_nonzero(scan.cell_totals == 0))
     if n_empty_cells:
         raise InvalidDataError(
-            f"{n_empty_cells} of {n_obs} cells in {what} have zero total counts. Remove them before setup, "
-            "e.g. `sc.pp.filter_cells(adata, min_counts=1)`; countvae never drops cells silently."
+            f"{n_empty_cells} of {n_obs} cells in {what} have zero total counts. Remove them "
+            "before passing the data to countvae, e.g. `sc.pp.filter_cells(adata, min_counts=1)`; countvae never "
+            "drops cells silently."
         )
     n_empty_genes = int(np.count_nonzero(scan.gene_totals == 0))
     if n_empty_genes and not allow_empty_genes:
         raise InvalidDataError(
-            f"{n_empty_genes} of {n_vars} genes in {what} have zero total counts. Remove them before setup, "
-            "e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never drops genes silently."
+            f"{n_empty_genes} of {n_vars} genes in {what} have zero total counts. Remove them "
+            "before passing the data to countvae, e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never "
+            "drops genes silently."
         )
     return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
 

@@ -76,15 +76,15 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
             raise OutputExistsError(
                 f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
                 + "\n  - ".join(differences)
-                + "\nRerun with the recorded settings to resume, choose another out_dir, or pass overwrite=True "
-                "to discard the earlier fits."
+                + "\nRerun with the recorded settings to resume, choose another out_dir (--out), or pass "
+                "overwrite=True (--overwrite on the command line) to discard the earlier fits."
             )
     else:
         unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
         if unexpected and not overwrite:
             raise OutputExistsError(
                 f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
-                "no manifest.json); choose another out_dir or pass overwrite=True."
+                "no manifest.json); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
             )
         # fits/ without a manifest cannot be trusted to match this run.
         _discard(fits_dir)
