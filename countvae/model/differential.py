@@ -176,8 +176,14 @@ def sample_expression(
     return out
 
 
-def _positions(selection: CellSelection, n_obs: int, name: str) -> np.ndarray:
-    """Sorted unique positions from a boolean mask or integer positions."""
+def _positions(selection: CellSelection, obs_names: pd.Index, name: str) -> np.ndarray:
+    """Sorted positions from a boolean mask or integer positions, each cell given once."""
+    n_obs = len(obs_names)
+    if isinstance(selection, pd.Series) and selection.dtype == bool and not selection.index.equals(obs_names):
+        raise InvalidArgumentError(
+            f"{name} is a boolean pandas Series whose index is not adata.obs_names in order, and a mask is read by "
+            f"position; pass {name}.reindex(adata.obs_names).to_numpy() (or .to_numpy() if it is in cell order)."
+        )
     arr = np.asarray(selection)
     if arr.dtype == bool:
         if arr.shape != (n_obs,):
@@ -189,7 +195,13 @@ def _positions(selection: CellSelection, n_obs: int, name: str) -> np.ndarray:
         raise InvalidArgumentError(f"{name} must be a boolean mask or integer positions of cells.")
     if arr.size and (arr.min() < 0 or arr.max() >= n_obs):
         raise InvalidArgumentError(f"{name} has positions outside [0, {n_obs}).")
-    return np.unique(arr.astype(np.int64))
+    unique = np.unique(arr.astype(np.int64))
+    if len(unique) != arr.size:
+        raise InvalidArgumentError(
+            f"{name} gives {arr.size - len(unique)} cell position(s) more than once; give each cell once, e.g. "
+            f"np.unique({name})."
+        )
+    return unique
 
 
 def _comparisons(
@@ -205,8 +217,8 @@ def _comparisons(
     if idx1 is not None:
         if groupby is not None or group1 is not None or group2 is not None:
             raise InvalidArgumentError("Give the groups either as idx1/idx2 or as groupby/group1/group2, not both.")
-        cells1 = _positions(idx1, n_obs, "idx1")
-        cells2 = np.setdiff1d(np.arange(n_obs), cells1) if idx2 is None else _positions(idx2, n_obs, "idx2")
+        cells1 = _positions(idx1, adata.obs_names, "idx1")
+        cells2 = np.setdiff1d(np.arange(n_obs), cells1) if idx2 is None else _positions(idx2, adata.obs_names, "idx2")
         return [(None, None, cells1, cells2)]
     if idx2 is not None:
         raise InvalidArgumentError("idx2 needs idx1.")
@@ -296,7 +308,8 @@ def differential_expression(
     group2
         The group to compare against; ``None``: all other cells (``"Rest"``).
     idx1, idx2
-        Alternatively the cells of each group, as boolean masks or positions
+        Alternatively the cells of each group, as boolean masks (a pandas Series
+        indexed by ``adata.obs_names`` in order) or positions, each cell once
         (``idx2=None``: all other cells). Then there are no
         ``comparison``/``group1``/``group2`` columns.
     delta

@@ -268,6 +268,10 @@ def test_one_vs_all_and_masks_agree_with_groupby(planted):
     mask1 = (adata.obs["group"] == "group1").to_numpy()
     by_mask = planted.differential_expression(idx1=mask1, idx2=np.flatnonzero(~mask1), n_samples_overall=300)
     pd.testing.assert_frame_equal(by_mask, by_group.drop(columns=["comparison", "group1", "group2"]))
+    by_series = planted.differential_expression(  # a boolean Series indexed by obs_names in cell order
+        idx1=adata.obs["group"] == "group1", idx2=np.flatnonzero(~mask1), n_samples_overall=300
+    )
+    pd.testing.assert_frame_equal(by_series, by_mask)
 
 
 def test_orthogonal_reparameterization_leaves_the_result_unchanged(planted):
@@ -326,6 +330,11 @@ def test_bad_input_is_named(planted):
         de(idx1=[0, 1, 2], idx2=[2, 3])
     with pytest.raises(InvalidArgumentError, match="not both"):
         de(groupby="group", idx1=[0, 1])
+    with pytest.raises(InvalidArgumentError, match="more than once"):  # was dropped silently
+        de(idx1=[0, 1, 1, 2], n_samples_overall=10)
+    in_group = planted.adata.obs["group"] == "group1"
+    with pytest.raises(InvalidArgumentError, match="reindex"):  # a mask in another cell order, read by position
+        de(idx1=in_group.iloc[::-1], n_samples_overall=10)
     with pytest.raises(InvalidArgumentError, match="n_samples_overall"):
         de(groupby="group", group1="group1", n_samples_overall=1)
     with pytest.raises(InvalidArgumentError, match="test_mode"):
