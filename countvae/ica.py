@@ -54,7 +54,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.decomposition import FastICA
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._warnings import warn_at_caller
 from countvae.errors import InvalidArgumentError, InvalidDataError, NonIdentifiableComponentsWarning
 from countvae.metrics import match_components
@@ -118,13 +118,26 @@ def _check_latents(latents: Any, name: str = "latents") -> np.ndarray:
         z = np.asarray(latents, dtype=np.float64)
     except (TypeError, ValueError):
         raise InvalidDataError(f"{name} must be a numeric (cells, dimensions) array.") from None
-    if z.ndim != 2:
+    if z.ndim != 2 or z.shape[1] == 0:
         raise InvalidDataError(f"{name} must be 2-dimensional (cells, dimensions), got shape {z.shape}.")
     if not np.all(np.isfinite(z)):
         raise InvalidDataError(f"{name} contains NaN or infinite values; remove those cells first.")
     if z.shape[0] < z.shape[1] + 2:
         raise InvalidDataError(f"{name} has {z.shape[0]} cells for {z.shape[1]} dimensions; ICA needs many more cells.")
     return z
+
+
+def _finite_matrix(values: Any, name: str, width: int) -> np.ndarray:
+    """``values`` as a finite float64 (cells, ``width``) array, for the maps of a fitted :class:`ICARotation`."""
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InvalidDataError(f"{name} must be a numeric (cells, {width}) array.") from None
+    if x.ndim != 2 or x.shape[1] != width:
+        raise InvalidDataError(f"Expected {name} of shape (cells, {width}), got {x.shape}.")
+    if not np.all(np.isfinite(x)):
+        raise InvalidDataError(f"{name} contains NaN or infinite values; remove those cells first.")
+    return x
 
 
 def _fastica_rotation(white: np.ndarray, random_state: int, max_iter: int, tol: float) -> tuple[np.ndarray, int]:
@@ -297,6 +310,9 @@ class ICARotation(TransformerMixin, BaseEstimator):
     # ----- fitting ---------------------------------------------------------------------------
     def _check_params(self, n_dims: int) -> int:
         check_choice("algorithm", self.algorithm, ("fastica", "picard"))
+        check_bool("whiten", self.whiten)
+        check_int("random_state", self.random_state, 0)
+        check_number("tol", self.tol, 0.0, low_open=True)
         k = n_dims if self.n_components is None else check_int("n_components", self.n_components, 1, n_dims)
         if not self.whiten and k != n_dims:
             raise InvalidArgumentError("whiten=False keeps every dimension; leave n_components=None.")
@@ -404,17 +420,13 @@ class ICARotation(TransformerMixin, BaseEstimator):
     def transform(self, latents: np.ndarray) -> np.ndarray:
         """Sources ``(z - mean_) @ components_.T``, shape (cells, k)."""
         self._require_fitted()
-        z = np.asarray(latents, dtype=np.float64)
-        if z.ndim != 2 or z.shape[1] != self.mean_.shape[0]:
-            raise InvalidDataError(f"Expected latents of shape (cells, {self.mean_.shape[0]}), got {z.shape}.")
+        z = _finite_matrix(latents, "latents", self.mean_.shape[0])
         return (z - self.mean_) @ self.components_.T
 
     def inverse_transform(self, sources: np.ndarray) -> np.ndarray:
         """Latents ``mean_ + sources @ mixing_.T`` (the projection on the kept components when ``k < d``)."""
         self._require_fitted()
-        s = np.asarray(sources, dtype=np.float64)
-        if s.ndim != 2 or s.shape[1] != self.mixing_.shape[1]:
-            raise InvalidDataError(f"Expected sources of shape (cells, {self.mixing_.shape[1]}), got {s.shape}.")
+        s = _finite_matrix(sources, "sources", self.mixing_.shape[1])
         return self.mean_ + s @ self.mixing_.T
 
     def summary(self) -> pd.DataFrame:
@@ -486,10 +498,18 @@ def _fit_quiet(latents: np.ndarray, params: dict[str, Any], flags: bool = False)
 
 
 def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
-    """One (cells, d) array, or several, as a list of checked float64 arrays."""
-    if isinstance(latents, np.ndarray) and latents.ndim == 2:
+    """One (cells, d) array, or several of the same shape, as a list of checked float64 arrays."""
+    if hasattr(latents, "shape") and len(latents.shape) != 3:  # one array or data frame (3-d: stacked fits)
         return [_check_latents(latents)]
-    return [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
+    runs = [_check_latents(z, f"latents[{i}]") for i, z in enumerate(latents)]
+    if not runs:
+        raise InvalidDataError("latents is an empty sequence; pass one (cells, d) array or several.")
+    shapes = sorted({z.shape for z in runs})
+    if len(shapes) != 1:
+        raise InvalidDataError(
+            f"The latent matrices must describe the same cells in the same number of dimensions; got shapes {shapes}."
+        )
+    return runs
 
 
 @dataclass
@@ -641,10 +661,13 @@ def ica_stability(
     """
     check_number("threshold", threshold, 0.0, 1.0, low_open=True)
     check_choice("resample", resample, ("halves", "bootstrap", "none"))
+    check_choice("method", method, ("pearson", "spearman"))  # before the fits, not after them
     runs = _runs(latents)
-    if len({z.shape[0] for z in runs}) != 1:
+    n, d = runs[0].shape
+    if resample == "halves" and n // 2 < d + 2:
         raise InvalidDataError(
-            f"The latent matrices must describe the same cells; got cell counts {sorted({z.shape[0] for z in runs})}."
+            f"resample='halves' estimates each ICA on half of the {n} cells, too few for {d} dimensions "
+            f"(at least {2 * (d + 2)} cells); pass more cells or resample='bootstrap'."
         )
     mode = "bootstrap" if len(runs) == 1 else "seeds"
     if mode == "bootstrap" and resample == "none":

@@ -53,6 +53,8 @@ def _as_matrix(values: Any, name: str) -> np.ndarray:
         x = x[:, None]
     if x.ndim != 2:
         raise InvalidDataError(f"{name} must be 2-dimensional (cells, columns), got shape {x.shape}.")
+    if x.size == 0:
+        raise InvalidDataError(f"{name} is empty, shape {x.shape}; it needs at least one cell and one column.")
     if not np.all(np.isfinite(x)):
         raise InvalidDataError(f"{name} contains NaN or infinite values.")
     return x
@@ -69,6 +71,8 @@ def _encode_labels(sources: Any) -> np.ndarray:
     codes = []
     for column in frame.columns:
         values = frame[column]
+        if values.isna().any():
+            raise InvalidDataError(f"Source column {column!r} has missing values.")
         if pd.api.types.is_float_dtype(values) and not np.all(np.mod(values.to_numpy(), 1.0) == 0.0):
             raise InvalidDataError(
                 f"Source column {column!r} holds non-integer values; InfoMEC needs discrete sources. "
@@ -126,11 +130,12 @@ def correlation_matrix(a: Any, b: Any, method: CorrelationMethod = "pearson") ->
     _same_cells(x, y, ("a", "b"))
     if check_choice("method", method, ("pearson", "spearman")) == "spearman":
         x, y = stats.rankdata(x, axis=0), stats.rankdata(y, axis=0)
+    # by range, not by the centred norm: a constant 0.1 leaves rounding residue after centring
+    if np.any(np.ptp(x, axis=0) == 0) or np.any(np.ptp(y, axis=0) == 0):
+        raise InvalidDataError("A column is constant; its correlation is undefined.")
     x = x - x.mean(axis=0)
     y = y - y.mean(axis=0)
     sx, sy = np.linalg.norm(x, axis=0), np.linalg.norm(y, axis=0)
-    if np.any(sx == 0) or np.any(sy == 0):
-        raise InvalidDataError("A column is constant; its correlation is undefined.")
     return (x / sx).T @ (y / sy)
 
 
@@ -274,17 +279,20 @@ def infomec(
     """
     from sklearn.feature_selection import mutual_info_classif
 
+    check_int("n_neighbors", n_neighbors, 1)
+    check_int("random_state", random_state, 0)
+    check_number("active_iqr_fraction", active_iqr_fraction, 0.0, 1.0, high_open=True)
+    check_int("max_iter", max_iter, 1)
     z = _as_matrix(latents, "latents")
     codes = _encode_labels(sources)
     _same_cells(z, codes, ("latents", "sources"))
     n_sources = codes.shape[1]
-    names = source_names or [f"source_{i}" for i in range(n_sources)]
+    names = [f"source_{i}" for i in range(n_sources)] if source_names is None else list(source_names)
     if len(names) != n_sources:
         raise InvalidArgumentError(f"Got {len(names)} source names for {n_sources} sources.")
-    std = z.std(axis=0)
-    if np.any(std == 0):
+    if np.any(np.ptp(z, axis=0) == 0):  # by range: the std of a constant 0.1 is rounding residue, not 0
         raise InvalidDataError("A latent column is constant; drop it before computing InfoMEC.")
-    z_std = (z - z.mean(axis=0)) / std
+    z_std = (z - z.mean(axis=0)) / z.std(axis=0)
     nmi = np.empty((n_sources, z.shape[1]))
     for i in range(n_sources):
         mi = mutual_info_classif(
@@ -335,7 +343,7 @@ def dci(
     sources: Any,
     *,
     n_estimators: int = 100,
-    max_depth: int = 10,
+    max_depth: int | None = 10,
     test_size: float = 0.1,
     random_state: int = 0,
 ) -> DCI:
@@ -350,6 +358,11 @@ def dci(
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.model_selection import train_test_split
 
+    check_int("n_estimators", n_estimators, 1)
+    if max_depth is not None:
+        check_int("max_depth", max_depth, 1)
+    check_number("test_size", test_size, 0.0, 1.0, low_open=True, high_open=True)
+    check_int("random_state", random_state, 0)
     z = _as_matrix(latents, "latents")
     codes = _encode_labels(sources)
     _same_cells(z, codes, ("latents", "sources"))
@@ -393,7 +406,10 @@ def normalized_gini(values: Any) -> float:
     ``1 - 1/p`` (as ``normalized_gini`` in Hsu et al.'s code), computed in
     ``O(p log p)`` from the sorted values.
     """
-    x = np.asarray(values, dtype=np.float64).ravel()
+    try:
+        x = np.asarray(values, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise InvalidDataError("normalized_gini needs numeric values.") from None
     if x.size < 2:
         raise InvalidDataError("normalized_gini needs at least two values.")
     if np.any(~np.isfinite(x)) or np.any(x < 0):
@@ -407,6 +423,16 @@ def normalized_gini(values: Any) -> float:
     return float(gini / (1.0 - 1.0 / p))
 
 
+def _group_keys(values: Any, name: str, n_cells: int) -> np.ndarray:
+    """One group label per cell, without missing values (a cell without a group would be dropped silently)."""
+    keys = np.asarray(values)
+    if keys.ndim != 1 or keys.shape[0] != n_cells:
+        raise InvalidDataError(f"{name} has shape {keys.shape}; it needs one entry per cell ({n_cells}).")
+    if pd.isna(keys).any():
+        raise InvalidDataError(f"{name} has missing values; label every cell or drop the unlabelled ones.")
+    return keys
+
+
 def group_variance(features: Any, labels: Any, within: Any = None) -> np.ndarray:
     """Variance of each feature explained by ``labels`` (between-group variance), (features,).
 
@@ -417,15 +443,11 @@ def group_variance(features: Any, labels: Any, within: Any = None) -> np.ndarray
     """
     x = _as_matrix(features, "features")
     frame = pd.DataFrame(x)
-    keys = [np.asarray(labels)]
+    keys = [_group_keys(labels, "labels", x.shape[0])]
     if within is not None:
-        groups = np.asarray(within)
-        if groups.shape[0] != x.shape[0]:
-            raise InvalidDataError(f"within has {groups.shape[0]} entries for {x.shape[0]} cells.")
+        groups = _group_keys(within, "within", x.shape[0])
         frame = frame - frame.groupby(groups).transform("mean")
         keys = [groups, keys[0]]
-    if keys[-1].shape[0] != x.shape[0]:
-        raise InvalidDataError(f"labels has {keys[-1].shape[0]} entries for {x.shape[0]} cells.")
     means = frame.groupby(keys).transform("mean").to_numpy()
     return np.mean((means - means.mean(axis=0)) ** 2, axis=0)
 
@@ -441,7 +463,8 @@ def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within
     """
     check_number("top_fraction", top_fraction, 0.0, 1.0, low_open=True)
     v = group_variance(features, labels, within)
-    if v.sum() == 0:
+    total = _as_matrix(features, "features").var(axis=0).sum()
+    if v.sum() <= 1e-12 * total:  # rounding of group means that equal the overall means (e.g. a single group)
         raise InvalidDataError("The features do not vary between groups; concentration is undefined.")
     top = math.ceil(top_fraction * v.size)
     return float(np.sort(v)[::-1][:top].sum() / v.sum())

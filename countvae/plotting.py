@@ -135,8 +135,11 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
     """
     _require(predictive, ["fit", "lpd_per_cell"], "paired_lpd_differences")
     _require(pairs, ["fit_a", "fit_b", "diff_per_cell", "se_diff_per_cell"], "paired_lpd_differences")
+    lpd = predictive["lpd_per_cell"].astype(float)
+    if not np.isfinite(lpd).any():
+        raise InvalidArgumentError("paired_lpd_differences needs at least one fit with a finite lpd_per_cell.")
     ax = _ax(ax)
-    best = str(predictive.loc[predictive["lpd_per_cell"].idxmax(), "fit"])
+    best = str(predictive.loc[lpd.idxmax(), "fit"])
     fits = predictive["fit"].astype(str).tolist()
     intervals = {"ci_low", "ci_high"} <= set(pairs.columns)
     diff, below, above = [], [], []
@@ -146,9 +149,15 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
             below.append(0.0)
             above.append(0.0)
             continue
-        row = pairs[
+        found = pairs[
             ((pairs["fit_a"] == fit) & (pairs["fit_b"] == best)) | ((pairs["fit_a"] == best) & (pairs["fit_b"] == fit))
-        ].iloc[0]
+        ]
+        if found.empty:
+            raise InvalidArgumentError(
+                f"paired_lpd_differences: pairs has no row for {fit!r} and the best fit {best!r}; pass the "
+                "predictive_pairs table of the same report."
+            )
+        row = found.iloc[0]
         sign = 1.0 if row["fit_a"] == fit else -1.0
         d = sign * float(row["diff_per_cell"])
         if intervals:
@@ -181,6 +190,8 @@ def marker_correlations(
     coordinates, not of the data.
     """
     _require(correlations, ["fit", "marker", "dim", "corr"], "marker_correlations")
+    if correlations.empty:
+        raise InvalidArgumentError("marker_correlations got an empty table; there is nothing to draw.")
     fits = list(dict.fromkeys(correlations["fit"]))
     markers = list(dict.fromkeys(correlations["marker"]))[:max_markers]
     if axes is None:
@@ -234,7 +245,9 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
-    top = max(float(np.nanmax(summary["rhat_max"])), threshold) * 1.15
+    finite = summary["rhat_max"].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    top = max(float(finite.max(initial=threshold)), threshold) * 1.15
     ticks = [t for t in (1.0, 1.1, 1.5, 2, 3, 5, 10, 20, 50, 100) if t <= top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_ylim(0.99, top)
@@ -273,7 +286,7 @@ def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
         for yi, t in zip(y, rows["threshold"].astype(float), strict=True):
             ax.plot([t, t], [yi - 0.4, yi + 0.4], color="grey", lw=1.2)
     ax.set_yticks(y, rows["quantity"], fontsize=8)
-    ax.set_xlim(min(0.0, float(np.nanmin(rows["agreement"].fillna(0)))), 1.0)
+    ax.set_xlim(min(0.0, float(rows["agreement"].fillna(0).to_numpy(dtype=float).min(initial=0.0))), 1.0)
     ax.set_xlabel("agreement across seeds (worst pair; bars: interval; grey ticks: threshold)")
     handles = [Patch(color=c, label=v) for v, c in _VERDICT_COLOURS.items() if v in set(rows["verdict"])]
     if has.any():
@@ -391,6 +404,21 @@ def ica_stability(
 
 
 # ----- invariance checks (countvae.invariance.verify) ---------------------------------------------------------
+def _check_latent_panels(panels: list[np.ndarray], labels: Sequence | None, dims: tuple[int, int]) -> None:
+    """Both latent arrays (cells, L) of the same shape, ``dims`` among their columns, one label per cell."""
+    if panels[0].ndim != 2 or panels[0].shape != panels[1].shape:
+        raise InvalidArgumentError(
+            f"latent_before_after needs two (cells, L) arrays of the same shape, got {panels[0].shape} and "
+            f"{panels[1].shape}."
+        )
+    n_cells, n_dims = panels[0].shape
+    used = dims[:1] if n_dims == 1 else dims
+    if any(not 0 <= d < n_dims for d in used):
+        raise InvalidArgumentError(f"dims {tuple(dims)} must be latent dimensions in [0, {n_dims}).")
+    if labels is not None and len(labels) != n_cells:
+        raise InvalidArgumentError(f"labels has {len(labels)} entries for {n_cells} cells.")
+
+
 def latent_before_after(
     latent: np.ndarray,
     latent_transformed: np.ndarray,
@@ -420,12 +448,13 @@ def latent_before_after(
         The two axes.
 
     """
+    panels = [np.asarray(latent), np.asarray(latent_transformed)]
+    _check_latent_panels(panels, labels, dims)
     axes = new_axes(ncols=2, size=(4.2, 3.8))[0] if axes is None else np.asarray(axes, dtype=object)
     if len(axes) != 2:
         raise InvalidArgumentError(f"latent_before_after draws two panels; got {len(axes)} axes.")
     categories = pd.Categorical(labels) if labels is not None else None
-    for ax, Z, title in zip(axes, (latent, latent_transformed), titles, strict=True):
-        Z = np.asarray(Z)
+    for ax, Z, title in zip(axes, panels, titles, strict=True):
         x = Z[:, dims[0]]
         y = Z[:, dims[1]] if Z.shape[1] > 1 else np.arange(len(Z))
         if categories is None:
@@ -434,6 +463,9 @@ def latent_before_after(
             for code, name in enumerate(categories.categories):
                 keep = categories.codes == code
                 ax.scatter(x[keep], y[keep], s=4, alpha=0.6, label=str(name), rasterized=True)
+            missing = categories.codes < 0  # cells without a label are drawn too, not dropped
+            if missing.any():
+                ax.scatter(x[missing], y[missing], s=4, alpha=0.6, color="0.6", label="(no label)", rasterized=True)
         ax.set_xlabel(f"z{dims[0]}")
         ax.set_ylabel(f"z{dims[1]}" if Z.shape[1] > 1 else "cell")
         ax.set_title(title)
@@ -472,9 +504,16 @@ def loadings_before_after(
         If a gene of ``genes`` is not among ``gene_names``.
 
     """
-    ax = _ax(ax, size=(5.0, 4.0))
     names = pd.Index([str(g) for g in gene_names])
     W0, W1 = np.asarray(loadings), np.asarray(loadings_transformed)
+    if W0.ndim != 2 or W0.shape != W1.shape or W0.shape[0] != len(names):
+        raise InvalidArgumentError(
+            f"loadings_before_after needs two (genes, L) arrays of the same shape with one gene name per row; got "
+            f"{W0.shape}, {W1.shape} and {len(names)} names."
+        )
+    if not 0 <= dim < W0.shape[1]:
+        raise InvalidArgumentError(f"dim must be a latent dimension in [0, {W0.shape[1]}), got {dim}.")
+    ax = _ax(ax, size=(5.0, 4.0))
     if genes is None:
         rows = np.argsort(-np.linalg.norm(W0, axis=1))[:12]
     else:

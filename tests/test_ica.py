@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import integrate
 from scipy.linalg import subspace_angles
@@ -295,3 +296,38 @@ def test_is_a_scikit_learn_estimator():
     est = ICARotation(algorithm="picard", n_components=2, random_state=4)
     copy = clone(est)
     assert copy.get_params() == est.get_params()
+
+
+def test_settings_and_inputs_are_checked_not_coerced():
+    z = _sources(300, ["laplace"] * 3, seed=19)
+    for kwargs, name in (
+        ({"tol": float("nan")}, "tol"),
+        ({"random_state": None}, "random_state"),
+        ({"random_state": 1.7}, "random_state"),
+        ({"whiten": "no"}, "whiten"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=name):
+            ICARotation(**kwargs).fit(z)
+    with pytest.raises(InvalidDataError, match="2-dimensional"):
+        ICARotation().fit(np.zeros((10, 0)))
+    fitted = ICARotation().fit(z)
+    with pytest.raises(InvalidDataError, match="NaN"):
+        fitted.transform(np.full((2, 3), np.nan))  # was NaN sources
+    with pytest.raises(InvalidDataError, match="NaN"):
+        fitted.inverse_transform(np.full((2, 3), np.inf))
+
+
+def test_stability_inputs_one_frame_or_fits_of_one_width():
+    z = _sources(300, ["laplace"] * 3, seed=20)
+    frame = pd.DataFrame(z, columns=["a", "b", "c"])
+    assert ica_stability(frame, n_bootstrap=2).mode == "bootstrap"  # was iterated over its column names
+    with pytest.raises(InvalidDataError, match="2-dimensional"):
+        ica_stability(z[:, 0])
+    with pytest.raises(InvalidDataError, match="same number of dimensions"):
+        ica_stability([z, z[:, :2]])  # was a table matching 3 components against 2
+    with pytest.raises(InvalidDataError, match="empty"):
+        ica_stability([])
+    stacked = ica_stability(np.stack([z, z]), resample="none")
+    assert stacked.mode == "seeds"
+    with pytest.raises(InvalidDataError, match="half of the 8 cells"):  # named the half (4 cells), not the input
+        ica_stability([z[:8], z[:8]])

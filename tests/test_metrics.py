@@ -161,3 +161,48 @@ def test_metric_input_errors():
         metrics.infomec(np.random.default_rng(0).normal(size=(20, 2)), np.zeros((20, 1), dtype=int))
     with pytest.raises(InvalidArgumentError, match="top_fraction"):
         metrics.concentration(np.eye(4), [0, 0, 1, 1], top_fraction=0)
+
+
+def test_metric_arguments_and_labels_are_checked_not_coerced():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(60, 2))
+    labels = np.stack([(z[:, 0] > 0).astype(int), (z[:, 1] > 0).astype(int)], axis=1)
+    with pytest.raises(InvalidArgumentError, match="active_iqr_fraction"):
+        metrics.infomec(z, labels, active_iqr_fraction=float("nan"))  # was NaN InfoM and InfoC
+    with pytest.raises(InvalidArgumentError, match="n_neighbors"):
+        metrics.infomec(z, labels, n_neighbors=True)
+    with pytest.raises(InvalidArgumentError, match="2 sources"):
+        metrics.infomec(z, labels, source_names=[])  # was silently replaced by default names
+    with pytest.raises(InvalidDataError, match="missing"):
+        metrics.infomec(z, np.where(np.arange(60) == 0, np.nan, labels[:, 0]))  # was "non-integer values"
+    with pytest.raises(InvalidArgumentError, match="test_size"):
+        metrics.dci(z, labels, test_size=0.0)
+    with pytest.raises(InvalidArgumentError, match="n_estimators"):
+        metrics.dci(z, labels, n_estimators=True)
+    with pytest.raises(InvalidDataError, match="empty"):
+        metrics.mcc(np.zeros((10, 0)), np.zeros((10, 0)))  # was NaN
+    with pytest.raises(InvalidDataError, match="numeric"):
+        metrics.normalized_gini(["a", "b"])
+    groups = np.repeat(["a", "b"], 30)
+    with pytest.raises(InvalidDataError, match="missing"):
+        metrics.group_variance(z, np.where(np.arange(60) == 0, None, groups))  # was NaN for every feature
+    with pytest.raises(InvalidDataError, match="missing"):
+        metrics.concentration(z, groups, within=np.where(np.arange(60) == 0, None, groups))
+
+
+def test_concentration_of_a_single_group_is_undefined_not_one():
+    # the group means equal the overall means up to rounding; that rounding must not score as concentration 1
+    z = np.random.default_rng(1).normal(size=(300, 3))
+    with pytest.raises(InvalidDataError, match="do not vary between groups"):
+        metrics.concentration(z, np.repeat("a", 300))
+    np.testing.assert_allclose(metrics.concentration(z, np.repeat(["a", "b"], 150), top_fraction=1.0), 1.0)
+
+
+def test_a_constant_column_is_constant_whatever_its_value():
+    # 0.1 is not exact in binary: centring leaves rounding residue, which used to pass as variation
+    s = np.random.default_rng(2).normal(size=(300, 2))
+    for value in (0.1, 1.0 / 3.0):
+        with pytest.raises(InvalidDataError, match="constant"):
+            metrics.mcc(np.column_stack([s[:, 0], np.full(300, value)]), s)
+        with pytest.raises(InvalidDataError, match="constant"):
+            metrics.infomec(np.column_stack([s, np.full(300, value)]), (s > 0).astype(int))

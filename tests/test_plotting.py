@@ -114,3 +114,43 @@ def test_draws_into_given_axes():
 def test_missing_columns_are_a_clear_error():
     with pytest.raises(InvalidArgumentError, match="rhat_median"):
         plotting.rhat(pd.DataFrame({"quantity": ["x"]}))
+
+
+def test_empty_and_nan_tables_draw_or_fail_clearly():
+    rhat_cols = {"quantity": [], "rhat_median": [], "rhat_max": []}
+    assert isinstance(plotting.rhat(pd.DataFrame(rhat_cols)), plt.Axes)  # was a numpy reduction error
+    nan_rhat = pd.DataFrame({"quantity": ["x"], "rhat_median": [np.nan], "rhat_max": [np.nan]})
+    assert isinstance(plotting.rhat(nan_rhat), plt.Axes)  # was "Axis limits cannot be NaN"
+    columns = ["quantity", "agreement", "aligned_agreement", "verdict", "metric"]
+    assert isinstance(plotting.invariants(pd.DataFrame({c: [] for c in columns})), plt.Axes)
+    predictive = pd.DataFrame({"fit": ["a", "b"], "lpd_per_cell": [1.0, 2.0]})
+    pairs = pd.DataFrame({c: [] for c in ["fit_a", "fit_b", "diff_per_cell", "se_diff_per_cell"]})
+    with pytest.raises(InvalidArgumentError, match="no row for 'a'"):
+        plotting.paired_lpd_differences(predictive, pairs)  # was an IndexError
+    with pytest.raises(InvalidArgumentError, match="finite"):
+        plotting.paired_lpd_differences(predictive.assign(lpd_per_cell=np.nan), pairs)
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        plotting.marker_correlations(pd.DataFrame({c: [] for c in ["fit", "marker", "dim", "corr"]}))
+    assert plt.get_fignums() == []
+
+
+def test_before_after_panels_check_shapes():
+    Z = np.zeros((5, 2))
+    with pytest.raises(InvalidArgumentError, match="dims"):
+        plotting.latent_before_after(Z, Z, dims=(0, 3))
+    with pytest.raises(InvalidArgumentError, match="labels has 2 entries"):
+        plotting.latent_before_after(Z, Z, labels=["a", "b"])  # was a boolean-index error
+    with pytest.raises(InvalidArgumentError, match="same shape"):
+        plotting.latent_before_after(Z, Z[:, :1])
+    with pytest.raises(InvalidArgumentError, match="dim"):
+        plotting.loadings_before_after(Z, Z, list("abcde"), dim=2)
+    with pytest.raises(InvalidArgumentError, match="gene name per row"):
+        plotting.loadings_before_after(Z, Z, list("abc"), genes=["a"])
+
+
+def test_cells_without_a_label_are_drawn():
+    Z = np.arange(6.0).reshape(3, 2)
+    axes = plotting.latent_before_after(Z, Z, labels=["a", None, "b"])
+    drawn = np.vstack([c.get_offsets() for c in axes[0].collections])
+    assert len(drawn) == 3  # the unlabelled cell was dropped
+    assert "(no label)" in [t.get_text() for t in axes[1].get_legend().get_texts()]

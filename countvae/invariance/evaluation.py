@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from countvae._checks import check_choice, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.errors import InvalidArgumentError, UnreliableEstimateWarning
 from countvae.invariance.elbo_geometry import refit_mean_field_elbo
@@ -164,7 +164,13 @@ class VerifySettings:
                 f"estimator_settings must be a countvae.module.marginal.MarginalSettings or None, "
                 f"got {type(self.estimator_settings).__name__}."
             )
-        check_choice("quadrature", self.quadrature, (True, False, "auto"))
+        for name in ("controls", "prior_controls"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
+        if not (isinstance(self.quadrature, str) and self.quadrature == "auto"):
+            # 0 and 1 compare equal to False and True but verify reads the setting by identity: only booleans
+            if not isinstance(self.quadrature, bool | np.bool_):
+                raise InvalidArgumentError(f"quadrature must be True, False or 'auto', got {self.quadrature!r}.")
+            object.__setattr__(self, "quadrature", bool(self.quadrature))
         object.__setattr__(self, "z_threshold", check_number("z_threshold", self.z_threshold, 0.0, low_open=True))
         for name in ("change_threshold", "quadrature_tolerance", "max_estimator_error"):
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, low_open=True))

@@ -29,6 +29,7 @@ import itertools
 import numpy as np
 import torch
 
+from countvae._checks import check_int
 from countvae.errors import InvalidArgumentError
 from countvae.model import CountVAE
 from countvae.model.training import to_tensors
@@ -135,8 +136,9 @@ def log_marginal_linear(
 
     """
     n, L = x.shape[0], weight.shape[1]
-    if L > 3:
-        raise InvalidArgumentError(f"Quadrature is limited to n_latent <= 3 (a {n_nodes}^L grid); got {L}.")
+    n_nodes = check_int("n_nodes", n_nodes, 1)
+    if not 1 <= L <= 3:
+        raise InvalidArgumentError(f"Quadrature needs 1 <= n_latent <= 3 (a {n_nodes}^L grid); got {L}.")
     z, hess = newton_mode(x, offset, weight, theta, max_newton)
     lam, vecs = torch.linalg.eigh(hess)
     S = vecs / torch.sqrt(lam).unsqueeze(-2)  # V diag(lam)^(-1/2), per cell

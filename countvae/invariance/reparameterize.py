@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from countvae._checks import check_bool
 from countvae.errors import InvalidArgumentError
 from countvae.ica import ICARotation
 from countvae.invariance.transforms import as_matrix, check_orthogonal, nearest_orthogonal, orthogonality_error
@@ -105,7 +106,7 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     """
     check_trained_model(model)
     L = model.n_latent
-    if check:
+    if check_bool("check", check):
         A = check_orthogonal(Q, atol=atol, n_latent=L)
         if orthogonality_error(A) > _ROUNDING:
             A = nearest_orthogonal(A)

@@ -99,6 +99,7 @@ def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.n
         not orthogonal within ``atol``; the message gives ``||Q^T Q - I||``.
 
     """
+    atol = check_number("atol", atol, 0.0)  # a NaN tolerance would accept every matrix
     M = as_matrix(Q, "Q", n_latent)
     deviation = M.T @ M - np.eye(M.shape[0])
     worst = float(np.abs(deviation).max())
@@ -112,8 +113,21 @@ def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.n
 
 
 def nearest_orthogonal(Q) -> np.ndarray:
-    """The orthogonal matrix closest to ``Q`` in Frobenius norm: the unitary polar factor (``scipy.linalg.polar``)."""
-    return linalg.polar(as_matrix(Q, "Q"))[0]
+    """The orthogonal matrix closest to ``Q`` in Frobenius norm: the unitary polar factor (``scipy.linalg.polar``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``Q`` is singular (or nearly so): its closest orthogonal matrix is then not unique.
+
+    """
+    M = as_matrix(Q, "Q")
+    singular_values = np.linalg.svd(M, compute_uv=False)
+    if singular_values[-1] <= 1e-12 * max(singular_values[0], np.finfo(float).tiny):
+        raise InvalidArgumentError(
+            "Q is singular (or nearly so), so no single orthogonal matrix is closest to it; pass an invertible map."
+        )
+    return linalg.polar(M)[0]
 
 
 def random_orthogonal(L: int, seed: int | None = 0) -> np.ndarray:

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from countvae._checks import check_bool
 from countvae._settings import takes_settings
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import transforms as T
@@ -69,6 +70,8 @@ def _resolve_transforms(transforms: object, n_latent: int, seed: int, controls: 
         maps = default_transforms(n_latent, seed)
     elif isinstance(transforms, dict):
         maps = {str(k): v for k, v in transforms.items()}
+        if len(maps) != len(transforms):  # e.g. 1 and "1": one map would silently replace the other
+            raise InvalidArgumentError(f"transform names must differ as text, got {list(transforms)}.")
     elif isinstance(transforms, list | tuple):
         maps = {f"A{i}": v for i, v in enumerate(transforms)}
     else:
@@ -154,7 +157,11 @@ def _per_cell(c: MapComparison) -> pd.DataFrame:
 
 
 def _check_cell_count(adata: ad.AnnData | None, indices: np.ndarray | None) -> None:
-    """Check that ``indices`` names no cell twice and that at least 2 cells are evaluated."""
+    """Check that ``indices`` are positions (not a mask) naming no cell twice, and that 2 or more cells are used."""
+    if indices is not None and np.asarray(indices).dtype == bool:
+        raise InvalidArgumentError(
+            "indices must be integer positions of cells, got a boolean mask; pass np.flatnonzero(mask)."
+        )
     n_cells = getattr(adata, "n_obs", 0) if indices is None else len(np.asarray(indices).ravel())
     if indices is not None and len(np.unique(np.asarray(indices))) != n_cells:
         raise InvalidArgumentError("indices must not repeat a cell.")
@@ -307,6 +314,7 @@ def verify(
 
     """
     check_trained_model(model)
+    check_bool("progress_bar", progress_bar)
     s = settings
     _check_cell_count(adata, indices)
     base = copy_model(model, s.dtype)

@@ -139,3 +139,15 @@ def test_bad_input(trained_mlp):
         grid_log_marginal(x, offset, torch.zeros(25, 2, dtype=torch.float64), max_nodes=5)
     with pytest.raises(InvalidArgumentError, match="decoder='linear'"):
         grid_quadrature(trained_mlp)
+
+
+def test_eigenvector_quadrature_checks_its_nodes_and_dimension():
+    x, offset, _ = _toy(2)
+    exact = stats.poisson.logpmf(x.numpy(), np.exp(offset.numpy())).sum(-1)
+    result = inv.log_marginal_linear(x, offset, torch.zeros(25, 2, dtype=torch.float64))
+    np.testing.assert_allclose(result.numpy(), exact, rtol=0, atol=1e-10)
+    for n_nodes in (0, True, 2.5):  # were a numpy error, one node, and a TypeError
+        with pytest.raises(InvalidArgumentError, match="n_nodes"):
+            inv.log_marginal_linear(x, offset, torch.zeros(25, 2, dtype=torch.float64), n_nodes=n_nodes)
+    with pytest.raises(InvalidArgumentError, match="1 <= n_latent <= 3"):  # was a torch reduction error
+        inv.log_marginal_linear(x, offset, torch.zeros(25, 0, dtype=torch.float64))

@@ -115,6 +115,8 @@ def test_check_orthogonal_errors():
         (lambda: inv.random_orthogonal(2.5), "positive integer"),
         (lambda: inv.random_orthogonal(2, seed="x"), "seed"),
         (lambda: inv.signed_permutation([1, 0], [1, 1, 1]), "same length"),
+        (lambda: inv.check_orthogonal(2.0 * np.eye(2), atol=float("nan")), "atol"),  # NaN accepted any matrix
+        (lambda: inv.nearest_orthogonal(np.zeros((2, 2))), "singular"),  # was the identity
     ],
 )
 def test_bad_arguments(call, match):

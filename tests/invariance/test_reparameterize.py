@@ -208,5 +208,9 @@ def test_bad_input():
     untrained = cv.CountVAE(model.adata, n_latent=2)
     with pytest.raises(NotTrainedError, match="train"):
         inv.reparameterize(untrained, np.eye(2))
+    with pytest.raises(InvalidArgumentError, match="atol"):  # was: a shear accepted and replaced by a rotation
+        inv.reparameterize(model, np.array([[1.0, 0.5], [0.0, 1.0]]), atol=float("nan"))
+    with pytest.raises(InvalidArgumentError, match="check"):
+        inv.reparameterize(model, np.eye(2), check="no")
     # a tensor works as well as an array
     inv.reparameterize(model, torch.tensor(inv.random_rotation(2, 0)))

@@ -376,6 +376,33 @@ def test_bad_input(poisson_fit, small_adata):
         inv.verify(mlp, small_adata, quadrature=True)
 
 
+def test_settings_flags_are_booleans_not_truthy_values():
+    with pytest.raises(InvalidArgumentError, match="controls"):
+        inv.VerifySettings(controls="no")  # was read as True
+    with pytest.raises(InvalidArgumentError, match="prior_controls"):
+        inv.VerifySettings(prior_controls=None)
+    with pytest.raises(InvalidArgumentError, match="quadrature"):
+        inv.VerifySettings(quadrature=0)  # was read as "auto": 0 is not False
+    assert inv.VerifySettings(quadrature=np.True_).quadrature is True
+
+
+def test_flags_and_masks_are_clear_errors(small_adata, tmp_path):
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear", n_hidden=8)
+    model.train(max_epochs=1, progress_bar=False)
+    with pytest.raises(InvalidArgumentError, match="boolean mask"):  # was "must not repeat a cell"
+        inv.verify(model, small_adata, indices=np.arange(small_adata.n_obs) < 5)
+    with pytest.raises(InvalidArgumentError, match="progress_bar"):
+        inv.verify(model, small_adata, progress_bar="no")
+    cheap = {"n_samples": 10, "elbo_refit_steps": 0, "n_elbo_samples": 4, "elbo_cells": 5, "prior_controls": False}
+    report = inv.verify(model, small_adata, indices=np.arange(20), quadrature=False, **cheap)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(InvalidArgumentError, match="names must differ"):  # was: one of the two maps dropped
+        inv.verify(model, small_adata, {1: np.eye(2), "1": -np.eye(2)}, indices=np.arange(20), **cheap)
+    with pytest.raises(InvalidArgumentError, match="overwrite"):  # was read as True: the folder was replaced
+        report.save(tmp_path / "kept", overwrite="no")
+    assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())
+
+
 def test_paired_statistics_against_reported_errors():
     rng = np.random.default_rng(0)
     n, se = 400, rng.uniform(0.01, 0.05, 400)
