@@ -21,10 +21,12 @@ from typing import Any
 
 import torch
 
+from countvae._checks import check_bool
 from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 
 def _refuse_existing(path: Path, overwrite: bool) -> None:
+    check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
 

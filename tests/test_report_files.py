@@ -20,7 +20,7 @@ from countvae._report_files import (
     template_environment,
     write_report_folder,
 )
-from countvae.errors import OutputExistsError
+from countvae.errors import InvalidArgumentError, OutputExistsError
 
 EVIL = "<script>alert(1)</script>"
 
@@ -75,6 +75,10 @@ def test_report_folder_is_written_in_order_atomically_and_never_silently_replace
     with pytest.raises(OutputExistsError):
         write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two")
     assert (folder / "report.md").read_text() == "# one"
+    for truthy in ("no", 1):  # only True replaces: a truthy string or number is refused, the folder kept
+        with pytest.raises(InvalidArgumentError, match="overwrite must be True or False"):
+            write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two", overwrite=truthy)
+        assert (folder / "report.md").read_text() == "# one"
     write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two", overwrite=True)
     assert (folder / "report.md").read_text() == "# two"
     # A record that JSON cannot hold (NaN) fails the write: no folder appears, nothing is left behind.
