@@ -659,21 +659,9 @@ def ica_stability(
     ICAStability
 
     """
-    check_number("threshold", threshold, 0.0, 1.0, low_open=True)
-    check_choice("resample", resample, ("halves", "bootstrap", "none"))
-    check_choice("method", method, ("pearson", "spearman"))  # before the fits, not after them
-    runs = _runs(latents)
-    n, d = runs[0].shape
-    if resample == "halves" and n // 2 < d + 2:
-        raise InvalidDataError(
-            f"resample='halves' estimates each ICA on half of the {n} cells, too few for {d} dimensions "
-            f"(at least {2 * (d + 2)} cells); pass more cells or resample='bootstrap'."
-        )
+    runs = _checked_stability_inputs(latents, resample, n_bootstrap, threshold, method)
     mode = "bootstrap" if len(runs) == 1 else "seeds"
-    if mode == "bootstrap" and resample == "none":
-        raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
     if mode == "bootstrap":
-        check_int("n_bootstrap", n_bootstrap, 1)
         (reference, others), own = _bootstrap_icas(runs[0], resample, n_bootstrap, random_state, ica_params), None
     elif resample == "halves":
         split = split_half_icas(runs, random_state, **ica_params)
@@ -691,6 +679,27 @@ def ica_stability(
     return ICAStability(
         table=table, matches=matches, mode=mode, resample=resample, threshold=float(threshold), reference=reference
     )
+
+
+def _checked_stability_inputs(
+    latents: np.ndarray | Sequence[np.ndarray], resample: str, n_bootstrap: int, threshold: float, method: str
+) -> list[np.ndarray]:
+    """The latent matrices of :func:`ica_stability`, with its settings checked before any ICA is fitted."""
+    check_number("threshold", threshold, 0.0, 1.0, low_open=True)
+    check_choice("resample", resample, ("halves", "bootstrap", "none"))
+    check_choice("method", method, ("pearson", "spearman"))
+    runs = _runs(latents)
+    n, d = runs[0].shape
+    if resample == "halves" and n // 2 < d + 2:
+        raise InvalidDataError(
+            f"resample='halves' estimates each ICA on half of the {n} cells, too few for {d} dimensions "
+            f"(at least {2 * (d + 2)} cells); pass more cells or resample='bootstrap'."
+        )
+    if len(runs) == 1 and resample == "none":
+        raise InvalidArgumentError("resample='none' needs several fits; one latent matrix needs resampling.")
+    if len(runs) == 1:
+        check_int("n_bootstrap", n_bootstrap, 1)
+    return runs
 
 
 def _bootstrap_icas(
