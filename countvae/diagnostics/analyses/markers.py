@@ -21,8 +21,9 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._warnings import warn_at_caller
 from countvae.diagnostics.analyses.heldout_data import gene_variance, log1p_normalized
-from countvae.errors import InvalidArgumentError
+from countvae.errors import CountVAEWarning, InvalidArgumentError
 
 #: Categories of an obs column expanded into indicators at most.
 MAX_CATEGORIES = 50
@@ -69,7 +70,23 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
             parts[m] = gene_values[m]
         else:
             parts.update(_obs_marker(adata.obs[m], m))
-    return pd.DataFrame(parts, index=adata.obs_names)
+    return _varying(pd.DataFrame(parts, index=adata.obs_names))
+
+
+def _varying(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without the markers that take fewer than two values on its cells, with a warning naming them.
+
+    Such a marker (a constant column, one missing on every cell, a category no cell has) correlates with
+    nothing: its correlations and ``R^2`` are undefined, and no latent dimension is its best.
+    """
+    flat = [str(name) for name in frame.columns if frame[name].dropna().nunique() < 2]
+    if flat:
+        warn_at_caller(
+            f"Markers {flat} take fewer than two values on these {frame.shape[0]} cells (constant, missing, or a "
+            "category none of them has); they are left out of the marker analysis.",
+            CountVAEWarning,
+        )
+    return frame.drop(columns=flat)
 
 
 def _obs_marker(series: pd.Series, name: str) -> dict[str, np.ndarray]:

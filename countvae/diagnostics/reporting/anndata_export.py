@@ -127,6 +127,19 @@ def _positions(report_names: pd.Index, adata_names: pd.Index) -> np.ndarray:
     return positions
 
 
+def _gene_positions(report_genes: pd.Index, adata_genes: pd.Index) -> np.ndarray:
+    """Position of each of ``adata``'s genes among the report's genes (-1 for genes that are not in it)."""
+    positions = report_genes.get_indexer(adata_genes)
+    if len(report_genes) and not (positions >= 0).any():
+        raise InvalidDataError(
+            f"None of adata's {len(adata_genes)} genes is one of the report's {len(report_genes)} genes (by "
+            f"var_names: the report's e.g. {list(report_genes[:3])}, adata's {list(adata_genes[:3])}); the "
+            "per-gene columns would be NaN for every gene. Pass the AnnData the fits were trained on, or set its "
+            "var_names to the same identifiers (symbols or IDs) first."
+        )
+    return positions
+
+
 def _take(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Rows of ``values`` at ``positions``, NaN where a position is -1."""
     values = np.asarray(values, dtype=np.float64)
@@ -178,14 +191,15 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     OutputExistsError
         If a key exists and ``overwrite`` is False (nothing is written then).
     InvalidDataError
-        If none of ``adata``'s cells is one of the report's held-out cells.
+        If none of ``adata``'s cells is one of the report's held-out cells, or none of its genes one of the
+        report's genes (nothing is written then).
 
     """
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
     cells, genes, consensus = _report_frames(rep)
     positions = _positions(pd.Index(cells.index.astype(str)), pd.Index(adata.obs_names.astype(str)))
-    gene_positions = pd.Index(genes.index.astype(str)).get_indexer(pd.Index(adata.var_names.astype(str)))
+    gene_positions = _gene_positions(pd.Index(genes.index.astype(str)), pd.Index(adata.var_names.astype(str)))
     obs = {HELDOUT_KEY: positions >= 0} | {
         PREFIX + column: _take(cells[column].to_numpy(), positions) for column in cells.columns
     }

@@ -460,6 +460,8 @@ def collect(
     if restrictions is not None and "restrictions" in needs:
         restrictions.check(fits, adata)
     var_names = pd.Index(fits[0].var_names)
+    if isinstance(markers, str):  # one marker, not its letters
+        markers = [markers]
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)

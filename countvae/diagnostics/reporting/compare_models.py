@@ -249,7 +249,22 @@ def _checked_candidates(
     names = [candidate_name(s) for s in settings_list]
     if len(set(names)) != len(names):
         raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
+    _refuse_same_models(settings_list, names)
     return settings_list, names, n_fit_cells
+
+
+def _refuse_same_models(settings_list: list[dict[str, Any]], names: list[str]) -> None:
+    """Refuse two candidates that are one model (their settings differ only in defaults written out, or in order)."""
+    defaults = {f.name: f.default for f in fields(ModelSettings)} | _DEFAULTS
+    seen: dict[str, str] = {}
+    for name, settings in zip(names, settings_list, strict=True):
+        key = repr(sorted((defaults | settings).items()))
+        if key in seen:
+            raise InvalidArgumentError(
+                f"The candidates {seen[key]!r} and {name!r} are the same model (they differ only in CountVAE's "
+                "defaults written out, or in order); give each candidate once."
+            )
+        seen[key] = name
 
 
 def _fit_seconds(seed_fits: SeedFits) -> float:

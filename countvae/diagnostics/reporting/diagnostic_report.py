@@ -106,7 +106,8 @@ class DiagnosticReport(ReportContent):
         OutputExistsError
             If a key exists and ``overwrite`` is False.
         InvalidDataError
-            If none of ``adata``'s cells is one of the report's held-out cells.
+            If none of ``adata``'s cells is one of the report's held-out cells, or none of its genes one of
+            the report's genes.
 
         Examples
         --------

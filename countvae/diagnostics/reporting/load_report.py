@@ -152,6 +152,10 @@ def _check_structure(record: Mapping[str, Any], file: Path) -> None:
                 f"{file} has no {key!r} {kind.__name__} (found {type(record.get(key)).__name__}): the file is "
                 "incomplete or was altered; save the report again."
             )
+    if not isinstance(record.get("table_columns", {}), dict):
+        raise ReportFileError(
+            f"{file}: its 'table_columns' is not an object; the file was altered; save the report again."
+        )
     downstream = record.get("downstream")
     if downstream is not None and not (
         isinstance(downstream, dict) and all(isinstance(downstream.get(t), list) for t in _DOWNSTREAM_TABLES)

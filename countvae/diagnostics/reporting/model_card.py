@@ -162,6 +162,7 @@ def settings_line(rep: ReportContent) -> str:
 def model_card(rep: ReportContent) -> str:
     """The report as a short Markdown block (see the module docstring)."""
     lines = ["### Model card (countvae multi-seed diagnostics)", "", _fits_line(rep)]
-    lines += _verdict_lines(rep.invariants)
+    if "invariants" in rep.tables:  # a report of a subset of the sections may have none
+        lines += _verdict_lines(rep.invariants)
     lines += [predictive_line(rep), *calibration_lines(rep), _versions_line(rep), settings_line(rep)]
     return "\n".join(lines) + "\n"

@@ -121,13 +121,21 @@ class ModelComparison:
         """Fit (nats/cell vs the best, simultaneous intervals) against stability; the seed noise floor as a band."""
         return plotting.model_frontier(self.frontier, ax=ax, noise_floor=self.noise_floor)
 
+    def _margin_line(self) -> str:
+        gain = f"the best candidate's gain of {self.gain_over_baseline:.4f} nats/cell over the no-latent baseline"
+        if not np.isfinite(self.margin):
+            return (
+                f"Equivalence margin: none can be stated ({gain}; only a positive gain gives one), so no candidate "
+                "is recommended."
+            )
+        return f"Equivalence margin: {self.margin:.4f} nats/cell ({self.margin_share:g} of {gain})."
+
     def summary(self) -> str:
         """The recommendation and what each larger candidate buys and costs, in sentences."""
         lines = [
             f"{len(self.table)} candidates, each fitted from seeds {self.seeds}, evaluated on the same "
             f"{self.n_heldout} held-out cells.",
-            f"Equivalence margin: {self.margin:.4f} nats/cell ({self.margin_share:g} of the best candidate's "
-            f"gain of {self.gain_over_baseline:.4f} nats/cell over the no-latent baseline).",
+            self._margin_line(),
         ]
         unreliable = self.table.loc[~self.table["reliable"], "candidate"].tolist()
         if unreliable:

@@ -49,13 +49,13 @@ __all__ = ["DiagnosticReport", "DownstreamRequest", "ReportSettings", "report"]
 def report(
     fits: SeedFits | Sequence[FittedModel],
     adata_heldout: ad.AnnData | None = None,
-    markers: Sequence[str] | None = None,
+    markers: str | Sequence[str] | None = None,
     *,
     adata_fit: ad.AnnData | None = None,
     progress_bar: bool = False,
     downstream: DownstreamRequest | None = None,
     restrictions: RestrictionRequest | None = None,
-    sections: Sequence[str | Section] | None = None,
+    sections: str | Section | Sequence[str | Section] | None = None,
     settings: ReportSettings,
 ) -> DiagnosticReport:
     """Compare fits of one model from several seeds on shared held-out cells.
@@ -69,7 +69,7 @@ def report(
     adata_heldout
         Cells none of the fits was trained on (default: ``fits.adata_heldout``).
     markers
-        Gene names or ``obs`` columns for the marker analysis; default: the
+        Gene names or ``obs`` columns (one name, or several) for the marker analysis; default: the
         genes of largest variance, plus the registered ``labels_key`` column.
     adata_fit
         Cells every fit was trained on (default: ``fits.adata_fit``). Each
@@ -89,7 +89,8 @@ def report(
     sections
         The sections to run, by name or as :class:`~countvae.diagnostics.reporting.sections.Section`
         objects (default: every registered section, see
-        :mod:`countvae.diagnostics.reporting.sections.registry`); the sections they require are added.
+        :mod:`countvae.diagnostics.reporting.sections.registry`; one name or object is one section); the
+        sections they require are added.
     {settings}
     settings
         All of the sizes and seeds above as one :class:`ReportSettings`; keywords given with it replace its fields
@@ -136,7 +137,8 @@ def report(
     return DiagnosticReport(
         headline=_headline(results),
         tables=_tables(results),
-        settings={"report": s.to_dict(), "markers": collected.marker_names, "fits": collected.fit_settings}
+        settings={"report": s.to_dict(), "sections": [section.name for section in chosen]}
+        | {"markers": collected.marker_names, "fits": collected.fit_settings}
         | {k: v for _, r in results for k, v in r.records.items()},
         subsampling={k: v for _, r in results for k, v in r.subsampling.items()},
         provenance=collected.provenance(),
@@ -147,7 +149,7 @@ def report(
 
 
 def _chosen_sections(
-    sections: Sequence[str | Section] | None,
+    sections: str | Section | Sequence[str | Section] | None,
     downstream: DownstreamRequest | None,
     restrictions: RestrictionRequest | None,
 ) -> tuple[Section, ...]:
@@ -159,12 +161,16 @@ def _chosen_sections(
         For the restrictions section without ``restrictions`` (and as :func:`resolve_sections`).
 
     """
+    if isinstance(sections, str | Section):  # one section, not a sequence of them (nor of a name's letters)
+        sections = [sections]
     asked = {"downstream": downstream is not None, RestrictionsSection.name: restrictions is not None}
     if sections is not None or asked[RestrictionsSection.name]:
         sections = list(sections) if sections is not None else list(registered_sections())
         names = {item if isinstance(item, str) else item.name for item in sections}
         sections += [name for name, given in asked.items() if given and name not in names]
     chosen = resolve_sections(sections)
+    if not chosen:
+        raise InvalidArgumentError("sections is empty; name at least one section, or pass None for every section.")
     if restrictions is None and any(section.name == RestrictionsSection.name for section in chosen):
         raise InvalidArgumentError(NO_REQUEST)
     return chosen

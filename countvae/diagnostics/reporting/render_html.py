@@ -33,8 +33,17 @@ _STYLE = """
 
 
 def sections_of(rep: ReportContent) -> tuple[Section, ...]:
-    """The sections the report was made with (a report loaded from a file: every known one, shown if it has tables)."""
-    return rep.sections if rep.sections is not None else known_sections()
+    """The sections the report was made with.
+
+    A report loaded from a file has the known sections named in its settings (``sections``); a file that does
+    not name them (an older version) has every known one, shown if it has tables.
+    """
+    if rep.sections is not None:
+        return rep.sections
+    names = rep.settings.get("sections")
+    if isinstance(names, list):
+        return tuple(section for section in known_sections() if section.name in names)
+    return known_sections()
 
 
 def _html_blocks(blocks: list[Block]) -> list[Block]:

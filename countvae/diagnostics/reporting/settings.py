@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from countvae._checks import check_int, check_number
+from countvae._checks import check_bool, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.diagnostics.analyses.invariants import ICA_THRESHOLD
 from countvae.diagnostics.analyses.predictive import EQUIVALENCE_MARGIN
@@ -138,7 +138,8 @@ class ReportSettings:
     )
 
     def validate(self) -> None:
-        """Raise :class:`InvalidArgumentError` for sizes that cannot work."""
+        """Raise :class:`InvalidArgumentError` for sizes that cannot work, or a switch that is not True or False."""
+        check_bool("ica", self.ica)
         check_number("ica_threshold", self.ica_threshold, 0.0, 1.0, low_open=True)
         check_number("alpha", self.alpha, 0.0, 0.5, low_open=True, high_open=True)
         check_number("equivalence_margin", self.equivalence_margin, 0.0, 1.0, low_open=True)

@@ -15,7 +15,7 @@ from countvae.diagnostics.analyses.markers import (
     marker_summary,
     r_squared,
 )
-from countvae.errors import InvalidArgumentError
+from countvae.errors import CountVAEWarning, InvalidArgumentError
 
 
 def latents_and_marker(n=2000, d=4, seed=0):
@@ -76,6 +76,18 @@ def test_marker_matrix_genes_numeric_and_categorical_columns():
     assert values.loc["c1", "A"] == 0.0
     np.testing.assert_array_equal(values["cell_type=x"].to_numpy()[:4], [1, 0, 1, 0])
     assert np.isnan(values.loc["c4", "cell_type=x"]) and np.isnan(values.loc["c2", "score"])
+
+
+def test_markers_that_do_not_vary_on_the_cells_are_left_out_with_a_warning():
+    # a constant column, a column missing on every cell and a category no cell has correlate with nothing: kept,
+    # they would count as markers whose best dimension "changes between seeds"
+    adata = small_adata()
+    adata.obs["batch"] = 1.0
+    adata.obs["missing"] = np.nan
+    adata.obs["cell_type"] = adata.obs["cell_type"].cat.add_categories(["unused"])
+    with pytest.warns(CountVAEWarning, match=r"\['batch', 'missing', 'cell_type=unused'\]"):
+        values = marker_matrix(adata, ["A", "batch", "missing", "cell_type"], adata.var_names)
+    assert list(values.columns) == ["A", "cell_type=x", "cell_type=y"]
 
 
 def test_default_markers_are_the_most_variable_genes():

@@ -15,6 +15,7 @@ from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.compare_models import check_same_genes
+from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
 TRAIN = {"max_epochs": 200, "batch_size": 128, "lr": 1e-2}
@@ -83,6 +84,25 @@ def _table(verdicts, stable, reliable, margin=0.1):
             "margin": margin,
         }
     )
+
+
+def test_summary_says_why_no_margin_can_be_stated():
+    # the candidates explain less than the no-latent baseline: the margin is NaN, which the summary must not print
+    comparison = ModelComparison(
+        table=_table([mc.BEST], [True], [True], margin=np.nan),
+        recommended=None,
+        recommended_name=None,
+        best="c0",
+        margin=np.nan,
+        gain_over_baseline=-0.58,
+        margin_share=0.02,
+        alpha=0.05,
+        n_heldout=20,
+        seeds=[0, 1],
+    )
+    summary = comparison.summary()
+    assert "nan" not in summary.lower()
+    assert "margin: none can be stated (the best candidate's gain of -0.5800 nats/cell" in summary
 
 
 def test_rule_takes_the_smallest_qualifying_candidate_or_none():
@@ -230,6 +250,17 @@ def test_margin_share_and_repeated_candidates_are_checked(adata):
         diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), equivalence_margin=0.0)
     with pytest.raises(InvalidArgumentError, match="repeat"):
         diagnostics.compare_models(adata, [{"n_latent": 2}, {"n_latent": 2}], seeds=range(2))
+    # one model written two ways (a default spelled out, keys in another order) would be fitted twice
+    same = {
+        "n_latent=2' and 'n_latent=2, decoder=mlp": [{"n_latent": 2}, {"n_latent": 2, "decoder": "mlp"}],
+        "'n_latent=2, decoder=linear' and 'decoder=linear, n_latent=2": [
+            {"n_latent": 2, "decoder": "linear"},
+            {"decoder": "linear", "n_latent": 2},
+        ],
+    }
+    for names, candidates in same.items():
+        with pytest.raises(InvalidArgumentError, match=f"{names}' are the same model"):
+            diagnostics.compare_models(adata, candidates, seeds=range(2))
 
 
 class _StandInFit:

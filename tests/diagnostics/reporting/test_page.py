@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pandas as pd
 
+from countvae import plotting
 from countvae.diagnostics.reporting.page import Part, blocks_html, page_html, page_markdown
-from countvae.diagnostics.reporting.sections.base import HTML, MARKDOWN, Bullets, Heading, KeyValues, Paragraph, Table
+from countvae.diagnostics.reporting.sections.base import (
+    HTML,
+    MARKDOWN,
+    Bullets,
+    Figure,
+    Heading,
+    KeyValues,
+    Paragraph,
+    Table,
+)
 
 
 def _parts() -> list[Part]:
@@ -39,3 +49,11 @@ def test_html_escapes_data_and_skips_parts_without_html_blocks():
 def test_fragment_has_no_page_around_it():
     fragment = blocks_html([Bullets(("a",)), Paragraph("md", formats=frozenset({MARKDOWN}))])
     assert fragment.strip() == "<ul><li>a</li></ul>"
+
+
+def test_a_figure_draws_names_with_dollar_signs_as_written():
+    # a category such as "$\nocommand$" is not valid TeX: read as mathtext it failed the whole page
+    name = "$\\nocommand$"
+    frame = pd.DataFrame({"fit": ["seed 0", "seed 1"], "marker": [name, name], "r2": [0.1, 0.2]})
+    page = page_html("T", [], [Part("fig", "Figure", (Figure("R2", "caption", lambda: plotting.marker_r2(frame)),))])
+    assert 'src="data:image/png;base64,' in page

@@ -178,6 +178,16 @@ def test_write_never_overwrites_unless_asked(small):
         rep.write(ad.AnnData(obs=pd.DataFrame(index=["x", "y"])))
 
 
+def test_write_into_data_with_other_gene_identifiers_is_refused(small):
+    # the report's cells, but genes named otherwise (Ensembl IDs for symbols): every per-gene column would be NaN
+    rep, _, held = small
+    target = held.copy()
+    target.var_names = [f"ENSG{i:011d}" for i in range(target.n_vars)]
+    with pytest.raises(InvalidDataError, match="None of adata's 40 genes is one of the report's 40 genes"):
+        rep.write(target)
+    assert UNS_KEY not in target.uns and "countvae_heldout" not in target.obs  # nothing written
+
+
 def test_the_scanpy_recipe_on_a_file_read_back(small, tmp_path):
     """report.write(adata), write_h5ad, read_h5ad, then neighbours, UMAP and a plot coloured by a stability column."""
     import scanpy as sc

@@ -183,6 +183,7 @@ def test_load_report_refuses_what_it_cannot_read(saved, tmp_path):
             **record,
             "table_columns": {**record["table_columns"], "ica": [{"name": "verdict", "dtype": "no such dtype"}]},
         },
+        "'table_columns' is not an object": {**record, "table_columns": list(record["table_columns"])},
     }
     for message, content in cases.items():
         with pytest.raises(ReportFileError, match=message) as info:

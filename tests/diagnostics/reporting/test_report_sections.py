@@ -8,7 +8,7 @@ import json
 import pandas as pd
 import pytest
 
-from countvae.diagnostics import CountVAEFit, report
+from countvae.diagnostics import CountVAEFit, load_report, report
 from countvae.diagnostics.reporting.sections import (
     DEFAULT_SECTIONS,
     Section,
@@ -83,11 +83,35 @@ def test_a_subset_runs_only_its_sections_and_asks_the_fits_only_for_their_needs(
 
     for method in ("log_predictive_density", "posterior_predictive", "decoder_jacobian", "latent_samples"):
         monkeypatch.setattr(CountVAEFit, method, not_needed)
-    rep = report(seed_fits, sections=["markers"], **SMALL)
+    rep = report(seed_fits, sections="markers", **SMALL)
     assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}
     assert rep.headline[0].startswith("Markers:")
     html = rep.to_html()
     assert 'id="markers"' in html and 'id="invariants"' not in html and 'id="predictive"' not in html
+
+
+def test_a_report_of_a_subset_reads_back_and_renders(seed_fits, tmp_path):
+    # one name is one section (not the letters of "markers"); the saved file names the sections it was made
+    # with, so the report read back renders them alone instead of asking for the invariants table it lacks
+    rep = report(seed_fits, sections="markers", **SMALL)
+    assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}
+    assert rep.settings["sections"] == ["markers"]
+    loaded = load_report(rep.save(tmp_path / "rep"))
+    html = loaded.to_html()
+    assert 'id="markers"' in html and 'id="invariants"' not in html
+    assert loaded.to_markdown() == rep.to_markdown()
+    assert loaded.model_card() == rep.model_card()
+    assert "Markers:" in loaded._repr_html_()
+
+
+def test_one_marker_by_name_no_sections_and_a_switch_that_is_no_bool(seed_fits):
+    gene = str(seed_fits.adata_heldout.var_names[0])
+    rep = report(seed_fits, markers=gene, sections=["markers"], **SMALL)  # one marker, not its letters
+    assert rep.markers["marker"].tolist() == [gene] and rep.settings["markers"] == [gene]
+    with pytest.raises(InvalidArgumentError, match="sections is empty"):
+        report(seed_fits, sections=[], **SMALL)
+    with pytest.raises(InvalidArgumentError, match="ica must be True or False, got 'no'"):
+        report(seed_fits, sections=["markers"], ica="no", **SMALL)  # a non-empty string would have run ICA
 
 
 def test_a_new_section_appears_in_html_markdown_and_json(seed_fits):

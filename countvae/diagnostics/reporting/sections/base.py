@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import matplotlib
 import pandas as pd
 
 from countvae.diagnostics.analyses.maps import PairMaps
@@ -108,13 +109,26 @@ class KeyValues(Block):
 
 @dataclass(frozen=True)
 class Figure(Block):
-    """A figure drawn by ``draw`` (a :mod:`countvae.plotting` call returning axes), with its title and caption."""
+    """A figure drawn by ``draw`` (a :mod:`countvae.plotting` call returning axes), with its title and caption.
+
+    Its text is drawn as written: a gene, group or category name with a pair of ``$`` is not read as
+    matplotlib mathtext (which fails on what is not valid TeX, and would lose the page).
+    """
 
     title: str
     caption: str
     draw: Callable[[], Any]
     formats: frozenset[str] = field(default=frozenset({HTML}), kw_only=True)
     kind: ClassVar[str] = "figure"
+
+    def __post_init__(self) -> None:
+        draw = self.draw
+
+        def literal() -> Any:
+            with matplotlib.rc_context({"text.parse_math": False}):
+                return draw()
+
+        object.__setattr__(self, "draw", literal)
 
 
 @dataclass(frozen=True)
