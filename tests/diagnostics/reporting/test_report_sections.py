@@ -7,6 +7,8 @@ import json
 
 import pandas as pd
 import pytest
+from diagnostics_helpers import assert_valid_report_json
+from jsonschema import ValidationError
 
 from countvae.diagnostics import CountVAEFit, load_report, report
 from countvae.diagnostics.reporting.sections import (
@@ -96,7 +98,16 @@ def test_a_report_of_a_subset_reads_back_and_renders(seed_fits, tmp_path):
     rep = report(seed_fits, sections="markers", **SMALL)
     assert set(rep.tables) == {"markers", "marker_correlations", "marker_r2"}
     assert rep.settings["sections"] == ["markers"]
-    loaded = load_report(rep.save(tmp_path / "rep"))
+    folder = rep.save(tmp_path / "rep")
+    record = json.loads((folder / "report.json").read_text())
+    assert_valid_report_json(record)  # the schema asks a report of some sections for the tables of those
+    without_markers = {**record, "tables": {k: v for k, v in record["tables"].items() if k != "markers"}}
+    with pytest.raises(ValidationError, match="'markers' is a required property"):
+        assert_valid_report_json(without_markers)
+    naming_invariants = {**record, "settings": {**record["settings"], "sections": ["markers", "invariants"]}}
+    with pytest.raises(ValidationError, match="'invariants' is a required property"):
+        assert_valid_report_json(naming_invariants)
+    loaded = load_report(folder)
     html = loaded.to_html()
     assert 'id="markers"' in html and 'id="invariants"' not in html
     assert loaded.to_markdown() == rep.to_markdown()
