@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -462,6 +462,8 @@ def collect(
     var_names = pd.Index(fits[0].var_names)
     if isinstance(markers, str):  # one marker, not its letters
         markers = [markers]
+    elif markers is not None and not isinstance(markers, Iterable):
+        raise InvalidArgumentError(f"markers must be a gene or obs column name, or a list of them, got {markers!r}.")
     marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)

@@ -132,14 +132,15 @@ class ModelComparison:
 
     def summary(self) -> str:
         """The recommendation and what each larger candidate buys and costs, in sentences."""
+        n = len(self.table)
         lines = [
-            f"{len(self.table)} candidates, each fitted from seeds {self.seeds}, evaluated on the same "
+            f"{n} candidate{'s' if n != 1 else ''}, each fitted from seeds {self.seeds}, evaluated on the same "
             f"{self.n_heldout} held-out cells.",
             self._margin_line(),
         ]
         unreliable = self.table.loc[~self.table["reliable"], "candidate"].tolist()
         if unreliable:
-            lines.append(f"Unreliable estimates (not ranked): {', '.join(unreliable)}.")
+            lines.append(f"Unreliable estimates (not ranked): {'; '.join(unreliable)}.")  # names hold commas
         if self.recommended_name is None:
             lines.append("Recommendation: undetermined (no candidate meets the rule, or no margin can be stated).")
         else:

@@ -19,7 +19,7 @@ runs on a random subset of the held-out cells whose size is recorded in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import anndata as ad
 import pandas as pd
@@ -163,6 +163,8 @@ def _chosen_sections(
     """
     if isinstance(sections, str | Section):  # one section, not a sequence of them (nor of a name's letters)
         sections = [sections]
+    elif sections is not None and not isinstance(sections, Iterable):
+        raise InvalidArgumentError(f"sections must be a section name, a Section or a list of them, got {sections!r}.")
     asked = {"downstream": downstream is not None, RestrictionsSection.name: restrictions is not None}
     if sections is not None or asked[RestrictionsSection.name]:
         sections = list(sections) if sections is not None else list(registered_sections())

@@ -121,6 +121,10 @@ def test_one_marker_by_name_no_sections_and_a_switch_that_is_no_bool(seed_fits):
     assert rep.markers["marker"].tolist() == [gene] and rep.settings["markers"] == [gene]
     with pytest.raises(InvalidArgumentError, match="sections is empty"):
         report(seed_fits, sections=[], **SMALL)
+    with pytest.raises(InvalidArgumentError, match="sections must be a section name"):
+        report(seed_fits, sections=5, **SMALL)  # was TypeError: 'int' object is not iterable
+    with pytest.raises(InvalidArgumentError, match="markers must be a gene or obs column name"):
+        report(seed_fits, markers=123, sections=["markers"], **SMALL)
     with pytest.raises(InvalidArgumentError, match="ica must be True or False, got 'no'"):
         report(seed_fits, sections=["markers"], ica="no", **SMALL)  # a non-empty string would have run ICA
 
