@@ -104,7 +104,9 @@ def _categories_of(adata: ad.AnnData, key: str, role: str) -> list[str]:
     if isinstance(column.dtype, pd.CategoricalDtype):
         present = set(column.astype(str))
         return [str(c) for c in column.cat.categories if str(c) in present]
-    return sorted({str(v) for v in column})
+    # As scvi-tools: the order of pandas' categorical of the column, so numbers sort as numbers (9 before 10),
+    # then as text, since the registry keys categories by their text.
+    return list(dict.fromkeys(str(c) for c in pd.Categorical(column).categories))
 
 
 def _raw(adata: ad.AnnData) -> ad.Raw:
@@ -156,7 +158,8 @@ def setup_anndata(
     layer
         Layer with raw counts; ``None`` uses ``adata.X``.
     batch_key
-        Column of ``adata.obs`` with batches (categorical or strings, no missing values).
+        Column of ``adata.obs`` with batches (no missing values). The one-hot order is a categorical column's
+        order of categories, else the values sorted as pandas sorts them (numbers as numbers), as scvi-tools.
     labels_key
         Column of ``adata.obs`` with cell labels, used by diagnostics and tutorials.
     use_raw

@@ -120,6 +120,22 @@ def test_batch_with_missing_values_refused():
         cv.CountVAE.setup_anndata(a, batch_key="batch")
 
 
+@pytest.mark.parametrize(
+    ("batch", "order"),
+    [
+        ([10, 9, 1, 2] * 5, ["1", "2", "9", "10"]),  # numbers sort as numbers, as scvi-tools orders them
+        (["b", "a", "c", "a"] * 5, ["a", "b", "c"]),
+        (pd.Categorical(["x", "y"] * 10, categories=["y", "x", "unused"]), ["y", "x"]),  # a categorical's order
+    ],
+)
+def test_batch_categories_follow_pandas_order(batch, order):
+    a = _adata(_counts(), batch=batch)
+    cv.CountVAE.setup_anndata(a, batch_key="batch")
+    assert cv.data.get_registry(a).batch_categories == order
+    codes = cv.data.registry.batch_codes(a, cv.data.get_registry(a))
+    assert [order[c] for c in codes] == [str(b) for b in a.obs["batch"]]
+
+
 def test_duplicated_gene_names_refused():
     a = _adata(_counts())
     a.var_names = ["g0"] * 2 + [f"g{j}" for j in range(2, 8)]
