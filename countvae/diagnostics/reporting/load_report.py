@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from jsonschema import Draft202012Validator, ValidationError
 
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamSection
@@ -19,6 +20,7 @@ from countvae.diagnostics.reporting.report_format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     READABLE_VERSIONS,
+    report_schema,
     table_from_records,
 )
 from countvae.errors import ReportFileError
@@ -72,14 +74,19 @@ def load_report(path: str | Path) -> DiagnosticReport:
     ------
     ReportFileError
         If the file is missing, is not valid JSON, is not a countvae multi-seed
-        diagnostic report, or has a format version this countvae cannot read
-        (a newer one: upgrade countvae).
+        diagnostic report, has a format version this countvae cannot read
+        (a newer one: upgrade countvae), or does not match the JSON Schema of
+        its version (:func:`~countvae.diagnostics.reporting.report_format.report_schema`:
+        a file edited by hand or cut short), with where it does not.
 
     """
     file = _report_file(Path(path))
     record = _read_record(file)
     version = _version(record, file)
-    _check_structure(record, file)
+    if version == FORMAT_VERSION:
+        _check_against_schema(record, file)
+    else:
+        _check_structure(record, file)
     columns = record.get("table_columns", {}) if version >= 2 else {}
     tables = {name: _table(name, rows, columns.get(name), file) for name, rows in record["tables"].items()}
     downstream = record.get("downstream")
@@ -145,7 +152,26 @@ def _version(record: Mapping[str, Any], file: Path) -> int:
     return version
 
 
+def _check_against_schema(record: Mapping[str, Any], file: Path) -> None:
+    errors = list(Draft202012Validator(report_schema()).iter_errors(record))
+    if errors:
+        where = "; ".join(f"at {'/'.join(map(str, e.absolute_path)) or 'the top'}: {_short(e)}" for e in errors[:3])
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise ReportFileError(
+            f"{file} does not match the format of report.json version {FORMAT_VERSION} (report.schema.json): "
+            f"{where}{more}. The file is incomplete or was altered; save the report again."
+        )
+
+
+def _short(error: ValidationError) -> str:
+    # jsonschema's message starts with the offending value, which can be a whole table
+    if len(error.message) <= 160:
+        return error.message
+    return f"the value breaks the rule {error.validator!r}: {error.validator_value!r}"[:160]
+
+
 def _check_structure(record: Mapping[str, Any], file: Path) -> None:
+    # files of format version 1, which has no schema: the keys the reader needs, with their types
     for key, kind in _REQUIRED.items():
         if not isinstance(record.get(key), kind):
             raise ReportFileError(

@@ -160,6 +160,10 @@ def test_format_version_1_loads_with_inferred_dtypes(seed_report, saved, tmp_pat
     loaded = load_report(_write(tmp_path, record))
     assert loaded.summary() == seed_report.summary() and loaded.settings == saved[1]["settings"]
     pd.testing.assert_frame_equal(loaded.invariants, seed_report.invariants, check_dtype=False)
+    # version 1 has no schema: the keys the reader needs are checked one by one
+    del record["tables"]
+    with pytest.raises(ReportFileError, match="no 'tables' dict.*incomplete or was altered"):
+        load_report(_write(tmp_path, record))
 
 
 def test_load_report_refuses_what_it_cannot_read(saved, tmp_path):
@@ -178,14 +182,22 @@ def test_load_report_refuses_what_it_cannot_read(saved, tmp_path):
         "another countvae report: 'Restrictions'": {"title": "Restrictions", "headline": [], "tables": {}},
         "newer than this countvae reads.*upgrade countvae": {**record, "format_version": FORMAT_VERSION + 1},
         "unknown format version 'two'": {**record, "format_version": "two"},
-        "no 'tables' dict.*incomplete or was altered": {k: v for k, v in record.items() if k != "tables"},
-        "'downstream' section is incomplete": {**record, "downstream": {"statements": []}},
-        "table 'rhat' cannot be read back": {**record, "tables": {**record["tables"], "rhat": [1, 2]}},
+        "at the top: 'tables' is a required property.*incomplete or was altered": {
+            k: v for k, v in record.items() if k != "tables"
+        },
+        "at downstream: .* is not valid under any of the given schemas": {**record, "downstream": {"statements": []}},
+        "at tables/rhat/0: 1 is not of type 'object'": {**record, "tables": {**record["tables"], "rhat": [1, 2]}},
         "table 'ica' cannot be read back": {
             **record,
             "table_columns": {**record["table_columns"], "ica": [{"name": "verdict", "dtype": "no such dtype"}]},
         },
-        "'table_columns' is not an object": {**record, "table_columns": list(record["table_columns"])},
+        "at table_columns: the value breaks the rule 'type': 'object'": {
+            **record,
+            "table_columns": list(record["table_columns"]),
+        },
+        # hand edits the reader once accepted and the renderers then failed on
+        "at settings: 'report' is a required property": {**record, "settings": {}},
+        "at headline/0: 1 is not of type 'string'": {**record, "headline": [1, *record["headline"]]},
     }
     for message, content in cases.items():
         with pytest.raises(ReportFileError, match=message) as info:
