@@ -5,18 +5,26 @@ figure made with :func:`new_axes`, which builds a :class:`matplotlib.figure.Figu
 on the Agg canvas without touching pyplot: library code never changes the
 user's backend and never calls ``plt.show()``. In a notebook, pass axes from
 ``plt.subplots()`` to see the figure inline, or display ``ax.figure``.
+
+Text on the axes a function draws is drawn as written: a gene, group or fit name
+with a pair of ``$`` is not read as matplotlib mathtext, which fails on anything
+that is not valid TeX and would lose the figure.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.text import Text
 from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
 
 from countvae.errors import InvalidArgumentError
@@ -32,6 +40,23 @@ _VERDICT_COLOURS = {
     "undetermined": "#6a51a3",
     "not measured": "#999999",
 }
+
+
+_Plot = TypeVar("_Plot", bound=Callable[..., Any])
+
+
+def _text_as_written(plot: _Plot) -> _Plot:
+    @functools.wraps(plot)
+    def drawn(*args: Any, **kwargs: Any) -> Any:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            axes = plot(*args, **kwargs)
+        # texts that existed before the call (an axes' title) keep the setting they were made with
+        for ax in np.ravel(axes):
+            for text in ax.findobj(Text):
+                text.set_parse_math(False)
+        return axes
+
+    return drawn  # type: ignore[return-value]
 
 
 def new_axes(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (4.8, 3.4)) -> np.ndarray:
@@ -51,6 +76,7 @@ def _require(frame: pd.DataFrame, columns: list[str], what: str) -> None:
         raise InvalidArgumentError(f"{what} needs the columns {missing}; pass the matching report table.")
 
 
+@_text_as_written
 def alignment_errors(alignment: pd.DataFrame, ax: Axes | None = None, column: str = "error_diameter") -> Axes:
     """Alignment error of every pair of seeds under each map class (points), with the mean (bar).
 
@@ -80,6 +106,7 @@ def alignment_errors(alignment: pd.DataFrame, ax: Axes | None = None, column: st
     return ax
 
 
+@_text_as_written
 def principal_angles(subspace: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Principal angles (degrees) between the gene-space spans of each pair of seeds."""
     _require(subspace, ["fit_a", "fit_b", "angles_deg"], "principal_angles")
@@ -99,6 +126,7 @@ def principal_angles(subspace: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def log_predictive_density(predictive: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Held-out log predictive density per cell for each seed, with sampling (±2 SE) and Monte Carlo error bars."""
     _require(predictive, ["fit", "lpd_per_cell", "se_per_cell", "mc_se_per_cell"], "log_predictive_density")
@@ -114,6 +142,7 @@ def log_predictive_density(predictive: pd.DataFrame, ax: Axes | None = None) -> 
     return ax
 
 
+@_text_as_written
 def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Each seed's held-out log p(x) per cell minus the best seed's, with the equivalence test's intervals.
 
@@ -180,6 +209,7 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
     return ax
 
 
+@_text_as_written
 def marker_correlations(
     correlations: pd.DataFrame, axes: np.ndarray | None = None, max_markers: int = 24
 ) -> np.ndarray:
@@ -210,6 +240,7 @@ def marker_correlations(
     return axes
 
 
+@_text_as_written
 def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 24) -> Axes:
     """Rotation-invariant R^2 of each marker on all latent dimensions, one point per seed."""
     _require(r2, ["fit", "marker", "r2"], "marker_r2")
@@ -225,6 +256,7 @@ def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 24) -
     return ax
 
 
+@_text_as_written
 def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01) -> Axes:
     """Median (bar) and maximum (tick) cross-seed R-hat of guide draws per quantity, log scale.
 
@@ -258,6 +290,7 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
     return ax
 
 
+@_text_as_written
 def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Cross-seed agreement of each quantity (worst pair) with its interval, coloured by verdict.
 
@@ -296,6 +329,7 @@ def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def zero_fraction(genes: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Observed against predicted zero fraction per gene, one colour per seed (posterior predictive check)."""
     _require(genes, ["fit", "observed_zero_fraction", "predicted_zero_fraction"], "zero_fraction")
@@ -310,6 +344,7 @@ def zero_fraction(genes: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Eigenvalues of each seed's latent covariance, largest first (log scale)."""
     _require(spectra, ["fit", "component", "eigenvalue"], "covariance_spectra")
@@ -325,6 +360,7 @@ def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def ica_stability(
     table: pd.DataFrame, matches: pd.DataFrame | None = None, ax: Axes | None = None, threshold: float = 0.95
 ) -> Axes:
@@ -419,6 +455,7 @@ def _check_latent_panels(panels: list[np.ndarray], labels: Sequence | None, dims
         raise InvalidArgumentError(f"labels has {len(labels)} entries for {n_cells} cells.")
 
 
+@_text_as_written
 def latent_before_after(
     latent: np.ndarray,
     latent_transformed: np.ndarray,
@@ -475,6 +512,7 @@ def latent_before_after(
     return axes
 
 
+@_text_as_written
 def loadings_before_after(
     loadings: np.ndarray,
     loadings_transformed: np.ndarray,
@@ -532,6 +570,7 @@ def loadings_before_after(
     return ax
 
 
+@_text_as_written
 def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None = None, ax: Axes | None = None) -> Axes:
     """Per-cell ``|log p(x) transformed - original|`` (same base noise) for every map, on a log scale.
 
@@ -572,6 +611,7 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
     return ax
 
 
+@_text_as_written
 def output_changes(outputs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Heat map of the ``log10`` change of each model output (rows) under each latent map (columns).
 
@@ -597,6 +637,7 @@ def output_changes(outputs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Agreement of each compared pair per downstream output: between fits (filled) and within one fit (hollow).
 
@@ -632,6 +673,7 @@ def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+@_text_as_written
 def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: float = 0.0) -> Axes:
     """Fit against stability per candidate model: the frontier of a model comparison.
 

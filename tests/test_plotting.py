@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.text import Text
 
 from countvae import plotting
 from countvae.errors import InvalidArgumentError
@@ -154,3 +155,21 @@ def test_cells_without_a_label_are_drawn():
     drawn = np.vstack([c.get_offsets() for c in axes[0].collections])
     assert len(drawn) == 3  # the unlabelled cell was dropped
     assert "(no label)" in [t.get_text() for t in axes[1].get_legend().get_texts()]
+
+
+def test_names_with_dollar_signs_are_drawn_as_written():
+    # "$\nocommand$" is not valid TeX: read as mathtext it raised ValueError when the figure was drawn
+    name = "$\\nocommand$"
+    fig, given = plt.subplots()  # its title existed before the call, with pyplot's default parse_math
+    given.set_title("made before")
+    markers = pd.DataFrame({"fit": [name, "s1"], "marker": [name, name], "dim": [0, 0], "corr": [0.5, -0.5]})
+    drawn = [
+        plotting.marker_r2(pd.DataFrame({"fit": [name, "b"], "marker": [name, name], "r2": [0.5, 0.52]}), ax=given),
+        *plotting.marker_correlations(markers),
+        *plotting.latent_before_after(np.arange(6.0).reshape(3, 2), np.ones((3, 2)), labels=[name, "a", name]),
+    ]
+    for ax in drawn:
+        ax.figure.canvas.draw()
+    texts = [t.get_text() for ax in drawn for t in ax.findobj(Text)]
+    assert any(name in t for t in texts)
+    plt.close(fig)
