@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -44,7 +45,7 @@ from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
 from countvae.diagnostics.analyses.ppc import PPCStatistics, predictive_statistics, split_half_statistics
 from countvae.diagnostics.analyses.reduced_jacobians import ReducedJacobians, reduce_jacobians
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
-from countvae.diagnostics.fitting.fitted_model import FittedModel
+from countvae.diagnostics.fitting.fitted_model import CountVAEFit, FittedModel
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.downstream_section import DECalls, DownstreamRequest, collect_de
 from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
@@ -56,7 +57,7 @@ from countvae.diagnostics.reporting.restriction_readout import (
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
-from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,29 @@ def check_fits(fits: Sequence[FittedModel]) -> None:
     symmetries = {f.symmetry for f in fits}
     if len(symmetries) != 1:
         raise InvalidArgumentError(f"The fits have different priors (symmetry groups {sorted(symmetries)}).")
+    _warn_if_trained_on_other_cells(fits)
+
+
+def _warn_if_trained_on_other_cells(fits: Sequence[FittedModel]) -> None:
+    # A countvae model keeps its training cells' number and gene shares; other fitted-model kinds keep neither.
+    summaries = {f.name: f.model.data_summary for f in fits if isinstance(f, CountVAEFit)}
+    if len(summaries) < 2:
+        return
+    (first, reference), *others = summaries.items()
+    differ = [
+        name
+        for name, summary in others
+        if summary.n_cells != reference.n_cells
+        or not np.allclose(summary.log_proportions, reference.log_proportions, rtol=0, atol=1e-9)
+    ]
+    if differ:
+        warnings.warn(
+            f"{differ} were trained on other cells than {first!r} (another number of cells or other gene totals): "
+            "their differences then mix the seed with the data, and the report reads them all as seed effects. "
+            "Fit every seed on the same cells (countvae.diagnostics.fit_seeds does).",
+            CountVAEWarning,
+            stacklevel=3,
+        )
 
 
 def resolve_inputs(

@@ -107,6 +107,12 @@ def report(
         width, a marker that is neither a gene nor an obs column, an unknown section, the restrictions
         section without ``restrictions`` (or with restricted fits of other seeds or cells).
 
+    Warns
+    -----
+    CountVAEWarning
+        When countvae fits were trained on other cells (another number of cells or other gene totals):
+        the report would read differences of data as differences between seeds.
+
     """
     stopwatch = Stopwatch()
     s = settings.replace()  # a validated copy

@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -11,8 +12,9 @@ from diagnostics_helpers import SMALL, RotatedFit, random_rotation, rotated_copi
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, DiagnosticReport, report
 from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN
+from countvae.diagnostics.reporting.collect import check_fits
 from countvae.diagnostics.reporting.headline import verdict_lines
-from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.errors import CountVAEWarning, InvalidArgumentError, OutputExistsError
 from countvae.invariance import reparameterize
 
 MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc")
@@ -236,3 +238,14 @@ def test_headline_says_when_most_of_a_difference_is_the_rotation():
         "(threshold 0.9): most of their seed-to-seed difference is the arbitrary rotation, the remainder a genuine "
         "difference between the solutions."
     ]
+
+
+def test_fits_trained_on_other_cells_are_named_in_a_warning(seed_fits):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CountVAEWarning)
+        check_fits(list(seed_fits))  # every seed on the same cells: no warning
+    data = seed_fits.adata_fit
+    other = cv.CountVAE(data[: data.n_obs // 2].copy(), n_latent=3, decoder="linear", likelihood="nb")
+    other.train(max_epochs=2, progress_bar=False, seed=7)
+    with pytest.warns(CountVAEWarning, match=r"\['seed 7'\] were trained on other cells than 'seed 0'"):
+        check_fits([seed_fits[0], CountVAEFit(other, 7)])
