@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -38,6 +37,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
+from countvae._warnings import warn_at_caller
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline
 from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
@@ -114,12 +114,11 @@ def _warn_if_trained_on_other_cells(fits: Sequence[FittedModel]) -> None:
         or not np.allclose(summary.log_proportions, reference.log_proportions, rtol=0, atol=1e-9)
     ]
     if differ:
-        warnings.warn(
+        warn_at_caller(
             f"{differ} were trained on other cells than {first!r} (another number of cells or other gene totals): "
             "their differences then mix the seed with the data, and the report reads them all as seed effects. "
             "Fit every seed on the same cells (countvae.diagnostics.fit_seeds does).",
             CountVAEWarning,
-            stacklevel=3,
         )
 
 

@@ -63,18 +63,17 @@ def report(
     Parameters
     ----------
     fits
-        A :class:`SeedFits` (from :func:`fit_seeds`) or a list of
-        :class:`FittedModel` (e.g. ``[CountVAEFit(model, seed) ...]``), at least
-        two, with distinct seeds, the same genes and the same latent width.
+        A :class:`SeedFits` (from :func:`fit_seeds`) or a list of :class:`FittedModel` (e.g.
+        ``[CountVAEFit(model, seed) ...]``), at least two, with distinct seeds, the same genes and the same latent
+        width, trained on the same cells (else a ``CountVAEWarning``: their data differences read as seed effects).
     adata_heldout
         Cells none of the fits was trained on (default: ``fits.adata_heldout``).
     markers
         Gene names or ``obs`` columns (one name, or several) for the marker analysis; default: the
         genes of largest variance, plus the registered ``labels_key`` column.
     adata_fit
-        Cells every fit was trained on (default: ``fits.adata_fit``). Each
-        seed's ICA is estimated on two disjoint halves of them (many cells, none
-        held out); without them, on halves of the held-out cells. The no-latent
+        Cells every fit was trained on (default: ``fits.adata_fit``). Each seed's ICA is estimated on two disjoint
+        halves of them (many cells, none held out); without them, on halves of the held-out cells. The no-latent
         baseline of the equivalence margin is also estimated on them.
     progress_bar
         Show a progress bar over the fits.
@@ -103,15 +102,9 @@ def report(
     Raises
     ------
     InvalidArgumentError
-        For one fit, duplicated seeds, fits on different genes or of different
-        width, a marker that is neither a gene nor an obs column, an unknown section, the restrictions
-        section without ``restrictions`` (or with restricted fits of other seeds or cells).
-
-    Warns
-    -----
-    CountVAEWarning
-        When countvae fits were trained on other cells (another number of cells or other gene totals):
-        the report would read differences of data as differences between seeds.
+        For one fit, duplicated seeds, fits on different genes or of different width, a marker that is neither a
+        gene nor an obs column, an unknown section, the restrictions section without ``restrictions`` (or with
+        restricted fits of other seeds or cells).
 
     """
     stopwatch = Stopwatch()
