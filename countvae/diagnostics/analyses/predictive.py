@@ -166,7 +166,7 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
                 "mc_se_diff": mc,
                 "diff_per_cell": mean,
                 "se_diff_per_cell": se,
-                "z": mean / se if se > 0 else (0.0 if mean == 0 else np.inf),
+                "z": mean / se if se > 0 else (0.0 if mean == 0 else float(np.copysign(np.inf, mean))),
                 "ci_low": low,
                 "ci_high": high,
                 "ci_level": 1.0 - 2.0 * alpha / n_pairs,
