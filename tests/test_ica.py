@@ -20,6 +20,8 @@ from countvae.ica import (
     excess_kurtosis,
     ica_stability,
     negentropy,
+    skewness,
+    standardize,
 )
 from countvae.metrics import mcc
 
@@ -331,3 +333,111 @@ def test_stability_inputs_one_frame_or_fits_of_one_width():
     assert stacked.mode == "seeds"
     with pytest.raises(InvalidDataError, match="half of the 8 cells"):  # named the half (4 cells), not the input
         ica_stability([z[:8], z[:8]])
+
+
+def test_sign_convention_gives_known_signs():
+    """Known answer: two symmetric sources (antithetic Laplace samples, sample skewness exactly 0) and one skewed
+    source (sample skewness 0.22, above 2 sqrt(6 / 3000) = 0.089, below three times that), mixed by A whose largest
+    entry in every column is negative. The skewed source must come back positively skewed (correlation +1 with it)
+    although its mixing column then has a negative largest entry; each symmetric source must come back with a
+    positive largest mixing entry, hence correlation -1 with the source, whatever the ICA's initialisation. Fails if
+    the skewness threshold is raised, or if the largest entry is taken by value rather than by magnitude."""
+    rng = np.random.default_rng(40)
+    laplace = rng.laplace(size=(1500, 2))
+    u = rng.uniform(-1.0, 1.0, 3000)
+    s = np.column_stack([np.vstack([laplace, -laplace]), u + 0.12 * u**2])
+    s = (s - s.mean(0)) / s.std(0)
+    assert skewness(s)[2] == pytest.approx(0.22, abs=0.005) and np.all(np.abs(skewness(s)[:2]) < 1e-12)
+    mixing = np.array([[-3.0, 0.5, 0.3], [0.4, -2.0, 0.2], [0.3, 0.1, -4.0]])
+    z = s @ mixing.T
+    for state in (0, 4, 7):  # FastICA starts that end at different raw signs
+        ica = ICARotation(random_state=state).fit(z)
+        corr = np.corrcoef(ica.transform(z).T, s.T)[:3, 3:]
+        source = np.abs(corr).argmax(axis=1)  # the source each component recovers
+        np.testing.assert_array_equal(np.sort(source), [0, 1, 2])
+        expected = np.array([-1.0, -1.0, 1.0])[source]  # by source: A's largest entry negative, A's, skewed
+        np.testing.assert_allclose(corr[np.arange(3), source], expected, atol=0.01)
+
+
+def test_gaussian_threshold_scales_as_one_over_the_cells():
+    """Known answer: above 2000 cells the Gaussian null is simulated on 2000 cells and rescaled by 2000 / n (n J is
+    stable in n), so with the same seed and dimension the threshold at 4000 cells is exactly half that at 2000.
+    Fails if the rescaling is inverted or dropped."""
+    s = _sources(4000, ["laplace"] * 3, seed=41)
+    at_4000 = ICARotation().fit(s).negentropy_threshold_
+    at_2000 = ICARotation().fit(s[:2000]).negentropy_threshold_
+    assert at_4000 == pytest.approx(at_2000 / 2.0, rel=1e-12)
+
+
+def test_seed_stability_table_uses_the_worst_fit_and_mcc_is_per_fit():
+    """Known answer: three fits, the second sharing all three Laplace sources with the first, the third sharing two
+    and mixing the first 1:1 with a new source. The mixed component's worst match is 1/sqrt(2) in the population,
+    and its corrected value (worst match / same-fit baseline) must come back within 0.07 of it while the mean over
+    the two fits is about (1 + 1/sqrt(2)) / 2 = 0.85. The cross-fit MCC is one value per later fit: about 1 for
+    "run 1" and (1 + 1 + 1/sqrt(2)) / 3 = 0.90 for "run 2". Fails if the correction uses the mean match, if MCC
+    averages over fits instead of components, or if the correction is not capped at 1."""
+    n = 300
+    s = _sources(n, ["laplace"] * 4, seed=30)
+    mixed = s[:, :3].copy()
+    mixed[:, 0] = (s[:, 0] + s[:, 3]) / np.sqrt(2.0)
+    runs = [s[:, :3] @ ortho_group.rvs(3, random_state=k).T for k in (1, 5)]
+    runs.append(mixed @ ortho_group.rvs(3, random_state=2).T)
+    result = ica_stability(runs, random_state=4)
+    table = result.table
+    worst = table["min"].idxmin()
+    assert abs(table.loc[worst, "corrected"] - 1 / np.sqrt(2.0)) < 0.07
+    assert table.loc[worst, "mean"] > table.loc[worst, "min"] + 0.05
+    assert (table["corrected"] <= 1.0).all()
+    assert list(result.mcc.index) == ["run 1", "run 2"]
+    assert result.mcc["run 1"] > 0.95
+    assert result.mcc["run 2"] == pytest.approx((2.0 + 1 / np.sqrt(2.0)) / 3.0, abs=0.04)
+
+
+def test_reproducible_needs_the_same_fit_baseline_and_no_gaussian_flag():
+    """Known answer: fits that are exact rotations of one another give cross-fit matches equal to the first fit's own
+    split-half match (ICA is rotation-equivariant), so ``corrected`` is 1 and only the other two conditions decide.
+    (a) A single Gaussian source among Laplace and uniform ones is recovered as the complement of the others (match
+    above 0.99) but is flagged Gaussian: not reproducible. (b) On 200 cells the split-half baseline is about 0.96-0.97,
+    so at threshold 0.99 no component is reproducible although every ``corrected`` is 1. Fails if either the Gaussian
+    flag or the baseline is left out of the rule."""
+    s = _sources(3000, ["laplace", "uniform", "normal"], seed=42)
+    table = ica_stability([s @ ortho_group.rvs(3, random_state=k).T for k in (1, 2)]).table
+    flagged = table[table["gaussian"]]
+    assert len(flagged) == 1 and (flagged["same_fit"] > 0.99).all() and (flagged["corrected"] > 0.99).all()
+    assert not flagged["reproducible"].any() and table.loc[~table["gaussian"], "reproducible"].all()
+    rng = np.random.default_rng(1)
+    few = np.column_stack([rng.laplace(size=200), rng.laplace(size=200), rng.uniform(-1, 1, 200)])
+    few = (few - few.mean(0)) / few.std(0)
+    table = ica_stability([few @ ortho_group.rvs(3, random_state=k).T for k in (1, 2)], threshold=0.99).table
+    assert (table["corrected"] >= 0.99).all() and (table["same_fit"] < 0.98).all()
+    assert not table["reproducible"].any()
+
+
+def test_bootstrap_resamples_are_resamples():
+    """Known answer: two identical fits of Laplace sources give matches of 1 (to 1e-4) when every ICA sees all cells
+    (``"none"``), but below 1 once the later fit's ICA is estimated on a bootstrap resample; in bootstrap mode the
+    resamples differ, so their matches are not all equal. One fit's table applies the documented ``mean >=
+    threshold`` rule, checked at a threshold between a component's worst and mean match. Fails if a resample is
+    the cells as they are, or if the one-fit rule uses the worst match."""
+    z = _sources(600, ["laplace"] * 3, seed=43) @ np.random.default_rng(44).normal(size=(3, 3)).T
+    same = ica_stability([z, z], resample="none").matches.to_numpy()
+    np.testing.assert_allclose(same, 1.0, atol=1e-4)
+    assert ica_stability([z, z], resample="bootstrap").matches.to_numpy().min() < 0.9999
+    one = ica_stability(z, n_bootstrap=4)
+    assert (one.matches.std(axis=0) > 1e-4).all()
+    table = one.table
+    component = (table["mean"] - table["min"]).idxmax()
+    threshold = (table.loc[component, "mean"] + table.loc[component, "min"]) / 2
+    judged = ica_stability(z, n_bootstrap=4, threshold=threshold).table
+    assert judged.loc[component, "min"] < threshold <= judged.loc[component, "mean"]
+    assert judged.loc[component, "reproducible"]
+
+
+def test_moment_conventions_on_a_two_point_sample():
+    """Known answers for the symmetric two-point sample {0, 2} (mean 1, plain ``ddof=0`` standard deviation 1):
+    standardized values -1 and +1, skewness 0, E y^4 = 1 so excess kurtosis 1 - 3 = -2. Fails on ``ddof=1`` or on the
+    bias-corrected kurtosis estimator."""
+    x = np.array([[0.0], [2.0]] * 5)
+    np.testing.assert_allclose(standardize(x).ravel(), [-1.0, 1.0] * 5, rtol=1e-15)
+    np.testing.assert_allclose(excess_kurtosis(x), [-2.0], rtol=1e-12)
+    np.testing.assert_allclose(skewness(x), [0.0], atol=1e-15)

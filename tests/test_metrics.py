@@ -206,3 +206,150 @@ def test_a_constant_column_is_constant_whatever_its_value():
             metrics.mcc(np.column_stack([s[:, 0], np.full(300, value)]), s)
         with pytest.raises(InvalidDataError, match="constant"):
             metrics.infomec(np.column_stack([s, np.full(300, value)]), (s > 0).astype(int))
+
+
+def test_infoc_counts_a_source_spread_over_two_latents_and_ignores_inactive_ones():
+    """Known answer: source 0 is carried by latent 0 alone, source 1 by latents 1 and 2 equally (two noisy copies),
+    and three inactive latents follow. NMI is then about [[1, 0, 0], [0, 1, 1]] over the active latents, so
+    InfoM = 1 (each latent informs one source) and InfoC = ((1 + 1/2) / 2 - 1/3) / (1 - 1/3) = 0.625 (L = 3 active
+    latents). Fails if the InfoM and InfoC axes are swapped (InfoM 0.5, InfoC 1) or if InfoC normalizes by all six
+    latents (0.70)."""
+    rng = np.random.default_rng(20)
+    n = 2000
+    s = rng.integers(0, 4, (n, 2))
+    copies = [s[:, 0] + 0.05 * rng.standard_normal(n), s[:, 1] + 0.05 * rng.standard_normal(n)]
+    copies.append(-2.0 * s[:, 1] + 0.1 * rng.standard_normal(n))
+    latents = np.column_stack([*copies, 1e-3 * rng.standard_normal((n, 3))])
+    result = metrics.infomec(latents, s)
+    np.testing.assert_array_equal(result.active, [True] * 3 + [False] * 3)
+    assert result.infom == pytest.approx(1.0, abs=0.02)
+    assert result.infoc == pytest.approx(0.625, abs=0.02)
+
+
+def test_infom_scores_an_uninformative_active_latent_as_uniform():
+    """Known answer: two latents each carry one of two sources and a third, active latent is independent noise
+    whose estimated NMI with both sources is exactly 0. Its share is then 1/K = 1/2 (uninformative, not modular), so
+    InfoM = ((1 + 1 + 1/2) / 3 - 1/2) / (1 - 1/2) = 2/3. Fails if a latent without information counts as fully
+    modular (InfoM 1)."""
+    rng = np.random.default_rng(20)
+    n = 2000
+    s = rng.integers(0, 4, (n, 2))
+    aligned = s + 0.05 * rng.standard_normal((n, 2))
+    noise = np.random.default_rng(4).uniform(0, 3, n)
+    result = metrics.infomec(np.column_stack([aligned, noise]), s)
+    assert result.active.all()
+    np.testing.assert_array_equal(result.nmi["z_2"].to_numpy(), 0.0)  # the premise: no information at all
+    assert result.infom == pytest.approx(2.0 / 3.0, abs=0.02)
+
+
+def test_infoe_is_the_mean_over_sources():
+    """Known answer: source 0 is decodable from the latents (explicitness 1) and source 1 is independent of them
+    (explicitness 0), so InfoE = (1 + 0) / 2 = 0.5. Fails if the per-source scores are combined by max or min."""
+    rng = np.random.default_rng(21)
+    n = 2000
+    s = rng.integers(0, 4, (n, 2))
+    latents = np.column_stack([s[:, 0] + 0.05 * rng.standard_normal(n), rng.standard_normal(n)])
+    result = metrics.infomec(latents, s)
+    np.testing.assert_allclose(result.infoe_per_source.to_numpy(), [1.0, 0.0], atol=0.01)
+    assert result.infoe == pytest.approx(0.5, abs=0.01)
+
+
+class _FixedImportanceForest:
+    """Stands in for the random forest in :func:`metrics.dci`: returns preset importances, one column per source."""
+
+    columns: list[np.ndarray] = []
+
+    def __init__(self, **kwargs):
+        pass
+
+    def fit(self, x, y):
+        self.feature_importances_ = type(self).columns.pop(0)
+        self._label = np.bincount(y).argmax()
+        return self
+
+    def predict(self, x):
+        return np.full(x.shape[0], self._label)
+
+
+def test_dci_disentanglement_and_completeness_formulas(monkeypatch):
+    """Known answer from preset importances (3 latents, 2 sources): R = [[0.6, 0], [0.4, 0.5], [0, 0.5]].
+    Latent weights rho = row sums / 2 = (0.3, 0.45, 0.25); per-latent 1 - H_2(row) = 1, 1 - H_2(4/9, 5/9), 1, so
+    D = 0.3 + 0.45 (1 - H_2(4/9, 5/9)) + 0.25. Source weights 1/2 each; per-source 1 - H_3(column) =
+    1 - H_3(0.6, 0.4) and 1 - H_3(1/2, 1/2), so C = (2 - H_3(0.6, 0.4) - log 2 / log 3) / 2. Fails on a wrong
+    entropy base (natural, or K for C), a wrong axis, or weights that are not normalized."""
+    import sklearn.ensemble
+
+    monkeypatch.setattr(sklearn.ensemble, "RandomForestClassifier", _FixedImportanceForest)
+    monkeypatch.setattr(_FixedImportanceForest, "columns", [np.array([0.6, 0.4, 0.0]), np.array([0.0, 0.5, 0.5])])
+    rng = np.random.default_rng(22)
+    result = metrics.dci(rng.standard_normal((200, 3)), rng.integers(0, 3, (200, 2)))
+
+    def h(p, base):
+        p = np.asarray(p, dtype=float)
+        p = p[p > 0]
+        return float(-np.sum(p * np.log(p)) / np.log(base))
+
+    expected_d = 0.3 + 0.45 * (1.0 - h([4 / 9, 5 / 9], 2)) + 0.25
+    expected_c = (2.0 - h([0.6, 0.4], 3) - np.log(2) / np.log(3)) / 2.0
+    assert expected_d == pytest.approx(0.5540, abs=1e-4) and expected_c == pytest.approx(0.3782, abs=1e-4)  # by hand
+    assert result.disentanglement == pytest.approx(expected_d, abs=1e-8)
+    assert result.completeness == pytest.approx(expected_c, abs=1e-8)
+    np.testing.assert_array_equal(result.importance.to_numpy(), [[0.6, 0.0], [0.4, 0.5], [0.0, 0.5]])
+
+
+def test_dci_informativeness_is_held_out_accuracy():
+    """Known answer: latents independent of four balanced labels give a held-out accuracy at chance, 1/4 (a depth-10
+    forest fits its training cells far better). Fails if the accuracy is measured on the training cells."""
+    rng = np.random.default_rng(23)
+    result = metrics.dci(rng.standard_normal((2000, 3)), rng.integers(0, 4, (2000, 1)), n_estimators=20)
+    assert result.informativeness == pytest.approx(0.25, abs=0.08)
+
+
+def test_group_variance_within_finds_a_batch_effect_of_opposite_sign_in_each_type():
+    """Known answer: a balanced 2 x 2 design (cell type x batch) where the feature is +1 when the batch equals the
+    type and -1 otherwise. Batch means are both 0 (v = 0 without ``within``); inside each type the batch means are
+    +1 and -1, so the variance of the label means within types is exactly 1. Fails if, after centring within types,
+    the means are taken over batches only."""
+    cell_type = np.repeat([0, 0, 1, 1], 50)
+    batch = np.repeat([0, 1, 0, 1], 50)
+    feature = np.where(cell_type == batch, 1.0, -1.0)[:, None]
+    np.testing.assert_allclose(metrics.group_variance(feature, batch), [0.0], atol=1e-12)
+    np.testing.assert_allclose(metrics.group_variance(feature, batch, within=cell_type), [1.0], rtol=1e-12)
+
+
+def test_concentration_rounds_the_number_of_top_features_up():
+    """Known answer: two balanced groups and features = group * (3, 2, 1), so v = (9, 4, 1) / 4. The top
+    ceil(0.5 * 3) = 2 features carry 13/14, the top ceil(0.25 * 3) = 1 carries 9/14. Fails if the count is rounded
+    down (9/14 and 0)."""
+    groups = np.repeat([0, 1], 50)
+    features = groups[:, None] * np.array([3.0, 2.0, 1.0])
+    np.testing.assert_allclose(metrics.group_variance(features, groups), np.array([9.0, 4.0, 1.0]) / 4, rtol=1e-12)
+    assert metrics.concentration(features, groups, top_fraction=0.5) == pytest.approx(13 / 14, rel=1e-12)
+    assert metrics.concentration(features, groups, top_fraction=0.25) == pytest.approx(9 / 14, rel=1e-12)
+
+
+def test_active_latents_are_judged_against_the_largest_iqr():
+    """Known answer: latents with interquartile ranges in the ratio 1 : 0.2 : 0.05 are active, active, inactive at
+    the default 0.1 of the largest (0.05 < 0.1 < 0.2); against the mean IQR (0.42) the third would pass."""
+    rng = np.random.default_rng(24)
+    s = rng.integers(0, 3, (1000, 3))
+    result = metrics.infomec((s + 0.3 * rng.standard_normal(s.shape)) * np.array([1.0, 0.2, 0.05]), s)
+    np.testing.assert_array_equal(result.active, [True, True, False])
+
+
+def test_normalized_gini_of_all_zeros_is_undefined():
+    """0 / 0: every value zero has no Gini coefficient, rather than a NaN passed on."""
+    with pytest.raises(InvalidDataError, match="every value is zero"):
+        metrics.normalized_gini(np.zeros(4))
+
+
+def test_mcc_is_the_mean_over_matched_pairs():
+    """Known answer: latents = (s0, the plane (s1, s2) rotated by a); the matched |correlations| are 1, cos a, cos a
+    (exactly, for white sources), so MCC = (1 + 2 cos a) / 3, not their median cos a."""
+    rng = np.random.default_rng(25)
+    s = rng.laplace(size=(3000, 3))
+    s = (s - s.mean(0)) / s.std(0)
+    s = s @ np.linalg.inv(np.linalg.cholesky(np.cov(s.T, bias=True))).T  # exactly white
+    a = 0.4
+    plane = s[:, 1:] @ np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]).T
+    assert metrics.mcc(np.column_stack([s[:, 0], plane]), s) == pytest.approx((1 + 2 * np.cos(a)) / 3, abs=1e-10)

@@ -10,6 +10,7 @@ from scipy import stats
 
 from countvae import invariance as inv
 from countvae.errors import InvalidArgumentError
+from countvae.invariance import transforms
 
 dims = st.integers(min_value=1, max_value=8)
 seeds = st.integers(min_value=0, max_value=2**31 - 1)
@@ -122,3 +123,40 @@ def test_check_orthogonal_errors():
 def test_bad_arguments(call, match):
     with pytest.raises(InvalidArgumentError, match=match):
         call()
+
+
+def test_orthogonality_checks_catch_contractions():
+    """Known answer: for Q = 0.5 I (2 x 2), Q^T Q - I = -0.75 I, so the largest |entry| is 0.75; a check on the signed
+    deviation would see -0.75 and accept a map that halves every latent. A matrix 1e-4 off orthogonal is "linear" to
+    ``classify`` at its default tolerance."""
+    half = 0.5 * np.eye(2)
+    assert transforms.orthogonality_error(half) == pytest.approx(0.75, abs=1e-15)
+    with pytest.raises(InvalidArgumentError, match=r"max \|Q\^T Q - I\| = 0\.75"):
+        inv.check_orthogonal(half)
+    near = inv.random_orthogonal(3, 1) @ np.diag([1.0, 1.0, 1.0 + 1e-4])
+    assert transforms.orthogonality_error(near) == pytest.approx(2e-4 + 1e-8, rel=1e-6)
+    assert inv.classify(near) == "linear"
+
+
+def test_is_signed_permutation_rejects_near_misses():
+    """Known answers: a repeated column ([[1, 0], [1, 0]]) and a scaled axis (diag(1, 2)) are not signed
+    permutations; [[0, -1], [1, 0]] is."""
+    assert not inv.is_signed_permutation([[1.0, 0.0], [1.0, 0.0]])
+    assert not inv.is_signed_permutation(np.diag([1.0, 2.0]))
+    assert inv.is_signed_permutation([[0.0, -1.0], [1.0, 0.0]])
+
+
+def test_random_permutations_are_uniform_over_the_non_identity_ones():
+    """Known answer: for L = 3, each of the 5 non-identity permutations has probability 1/5 (derangements only
+    would give 2 of them probability 1/2). Random signed permutations never permute trivially for L >= 2 and flip
+    each axis with probability 1/2."""
+    counts: dict[tuple[int, ...], int] = {}
+    for seed in range(2000):
+        order = tuple(int(i) for i in inv.random_permutation(3, seed).argmax(axis=1))
+        counts[order] = counts.get(order, 0) + 1
+    assert len(counts) == 5 and (0, 1, 2) not in counts
+    assert stats.chisquare(list(counts.values())).pvalue > 1e-3
+    signed = np.array([inv.random_signed_permutation(2, seed) for seed in range(400)])
+    assert not np.any(np.all(np.abs(signed) == np.eye(2), axis=(1, 2)))  # never the identity permutation
+    flips = (signed.sum(axis=1) < 0).mean()  # each column holds one entry, +1 or -1
+    assert flips == pytest.approx(0.5, abs=0.06)
