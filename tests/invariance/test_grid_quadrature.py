@@ -151,3 +151,89 @@ def test_eigenvector_quadrature_checks_its_nodes_and_dimension():
             inv.log_marginal_linear(x, offset, torch.zeros(25, 2, dtype=torch.float64), n_nodes=n_nodes)
     with pytest.raises(InvalidArgumentError, match="1 <= n_latent <= 3"):  # was a torch reduction error
         inv.log_marginal_linear(x, offset, torch.zeros(25, 0, dtype=torch.float64))
+
+
+@pytest.fixture(scope="module")
+def diagonal_prior_model():
+    """A 1-d linear NB model with two batches and a diagonal prior, trained for two epochs; the prior's scale
+    and the batch offsets are then set by hand so that folding the scale into ``W`` and adding the batch's
+    offset both change ``p(x)`` by many nats."""
+    import countvae as cv
+
+    adata = cv.data.simulate(
+        n_cells=80, n_genes=20, n_latent=1, decoder="linear", likelihood="nb", n_batches=2, library_size=300, seed=4
+    )
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    model = cv.CountVAE(
+        adata, n_latent=1, decoder="linear", likelihood="nb", prior="diagonal", dtype=torch.float64, n_hidden=16
+    )
+    model.train(max_epochs=2, progress_bar=False, seed=0)
+    with torch.no_grad():
+        model.module.prior.log_scale.fill_(np.log(2.0))
+        model.module.decoder.batch_offset.copy_(torch.linspace(-0.6, 0.6, 20, dtype=torch.float64))
+    return model, adata
+
+
+def _brute_force_module_integral(model, adata, idx):
+    """``log p(x)`` by the trapezoid rule over 40,001 points of z in [-16, 16] of the module's own log joint."""
+    module = model.module.eval()
+    x = torch.as_tensor(adata.X[idx].toarray() if hasattr(adata.X, "toarray") else adata.X[idx], dtype=torch.float64)
+    b = torch.as_tensor(adata.obs["batch"].cat.codes.to_numpy()[idx], dtype=torch.long)
+    grid = torch.linspace(-16.0, 16.0, 40001, dtype=torch.float64)
+    with torch.no_grad():
+        values = torch.cat([module.log_joint(z.view(-1, 1, 1).expand(-1, len(idx), 1), x, b) for z in grid.split(4000)])
+    step = float(grid[1] - grid[0])
+    log_w = torch.full((len(grid), 1), np.log(step), dtype=torch.float64)
+    log_w[[0, -1]] = np.log(step / 2)
+    return torch.logsumexp(values + log_w, dim=0).numpy()
+
+
+def test_model_level_quadratures_equal_the_modules_own_integral_with_a_diagonal_prior_and_batches(
+    diagonal_prior_model,
+):
+    """Known answer: the module's ``log_joint`` (prior scale 2, batch offsets, library size, NB theta) integrated
+    by brute force over z. Both quadratures rebuild the log joint from the model's parameters
+    (``linear_model_pieces``), so a prior scale folded the wrong way, a batch's offset misread or a library
+    size left out shows here as a difference of many nats. Cells are asked for in a shuffled order: each result
+    must be in the order of ``indices``."""
+    model, adata = diagonal_prior_model
+    idx = np.array([41, 5, 77, 12, 60, 33, 0, 68])
+    assert len(set(adata.obs["batch"].cat.codes.to_numpy()[idx])) == 2
+    exact = _brute_force_module_integral(model, adata, idx)
+    np.testing.assert_allclose(inv.quadrature_log_marginal(model, indices=idx), exact, rtol=0, atol=1e-7)
+    grid = grid_quadrature(model, indices=idx)
+    assert grid.converged.all()
+    np.testing.assert_allclose(grid.log_marginal, exact, rtol=0, atol=1e-7)
+
+
+def test_the_node_budget_allows_the_grid_of_exactly_max_nodes():
+    """Known answer from the rule "the last grid has at most ``max_nodes`` nodes per axis": with a budget of 33 a
+    cell that has not converged at 17 nodes is evaluated on the 33-node grid (not stopped at 17), and is reported
+    as not converged when ``|log p(x)|`` changed by more than the tolerance between the two grids."""
+    x, offset, W = _toy(2, scale=1.5, library=3000.0)
+    result = grid_log_marginal(x, offset, W, max_nodes=33)
+    assert (result.nodes_per_axis == 33).all()
+    # the change is the absolute difference from the 17-node grid on the same box: here the coarse grid lies above
+    # the fine one, so a signed difference would pass as converged
+    coarse = grid_log_marginal(x, offset, W, max_nodes=17)
+    np.testing.assert_array_equal(coarse.half_width_sd, result.half_width_sd)
+    np.testing.assert_allclose(result.change, np.abs(result.log_marginal - coarse.log_marginal), rtol=1e-12, atol=0)
+    assert (coarse.log_marginal > result.log_marginal).any()
+    assert not result.converged.any() and result.budget_hit
+
+
+@pytest.mark.parametrize("theta", [None, 3.0])
+def test_the_reference_gradient_and_curvature_are_the_derivatives_of_its_log_likelihood(theta):
+    """Known answer: autograd's first and second derivatives of the summed log-likelihood in each gene's log mean
+    ``eta`` (the Newton steps and the grids' scales of both quadratures use these closed forms)."""
+    from countvae.invariance.quadrature import log_likelihood_terms
+
+    x = torch.tensor([[0.0, 1.0, 4.0, 17.0]], dtype=torch.float64)
+    eta = torch.tensor([[0.3, -1.2, 1.5, 2.0]], dtype=torch.float64, requires_grad=True)
+    th = None if theta is None else torch.full((1, 4), theta, dtype=torch.float64)
+    ll, grad, curvature = log_likelihood_terms(x, eta, th)
+    np.testing.assert_allclose(ll.detach().numpy(), _log_lik_scipy(x.numpy(), eta.detach().numpy(), theta))
+    (auto_grad,) = torch.autograd.grad(ll.sum(), eta, create_graph=True)
+    torch.testing.assert_close(grad, auto_grad.detach(), rtol=1e-12, atol=1e-12)
+    second = torch.stack([torch.autograd.grad(auto_grad[0, g], eta, retain_graph=True)[0][0, g] for g in range(4)])
+    torch.testing.assert_close(curvature.detach()[0], -second, rtol=1e-12, atol=1e-12)

@@ -419,3 +419,28 @@ def test_too_few_pairs_warn_with_the_predicted_agreement(planted):
     assert frame["mc_call_jaccard"].iloc[0] < 0.95
     assert "group1 vs Rest" in str(record[0].message)
     assert record[0].filename == __file__  # attributed to the caller's line, not to countvae or beyond the caller
+
+
+def test_boundaries_of_the_change_test_and_the_plus_one_standard_error():
+    """Known answers of the definitions (scvi-tools' convention): a pair is "up" when its LFC is at least ``delta``
+    and "down" when it is below ``-delta``, so LFCs of exactly +1 and -1 (draws 2 vs 1, pseudocount 0) with
+    ``delta = 1`` are up and not down; with all 10 pairs agreeing the standard error uses ``p~ = 11 / 12``; and
+    the FDR rule calls a set whose expected FDR equals the target (0.25 / 2 = 0.125)."""
+    one, two = np.ones((10, 2), dtype=np.float32), np.full((10, 2), 2.0, dtype=np.float32)
+    s1, s2 = np.c_[two[:, 0], one[:, 1]], np.c_[one[:, 0], two[:, 1]]  # gene 0: LFC +1, gene 1: LFC -1
+    out = change_statistics(s1, s2, delta=1.0, pseudocount=0.0, fdr_target=0.125, test_mode="two", n_bootstrap=4)
+    np.testing.assert_array_equal(out["proba_de"], [1.0, 0.0])
+    np.testing.assert_allclose(out["proba_de_mc_se"], np.sqrt((11 / 12) * (1 / 12) / 10), rtol=1e-12)
+    np.testing.assert_array_equal(fdr_calls(np.array([1.0, 0.75, 0.5]), 0.125), [True, True, False])
+
+
+def test_two_sided_bootstrap_replicates_add_the_two_directions():
+    """Known answer: every pair of gene 0 is beyond ``delta`` (half up, half down), so ``P(up) + P(down) = 1`` in
+    every resample and the gene is called in all of them; gene 1 never is."""
+    n = 40
+    lfc = np.c_[np.where(np.arange(n) % 2 == 0, 2.0, -2.0), np.zeros(n)]
+    s1, s2 = (2.0 ** (lfc / 2)).astype(np.float32), (2.0 ** (-lfc / 2)).astype(np.float32)
+    out = change_statistics(s1, s2, delta=1.0, pseudocount=0.0, fdr_target=0.05, test_mode="two", n_bootstrap=20)
+    np.testing.assert_array_equal(out["is_de"], [True, False])
+    np.testing.assert_array_equal(out["is_de_mc_frequency"], [1.0, 0.0])
+    assert out["mc_call_jaccard"] == 1.0

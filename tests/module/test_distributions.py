@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pyro.distributions as pdist
 import pytest
 import torch
@@ -148,3 +150,43 @@ def test_the_summed_constant_gives_the_direct_sum_and_its_gradient(rows):
     torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-12, atol=1e-10)
     poisson = count_log_constant_sum(x, None)
     torch.testing.assert_close(poisson, -torch.lgamma(x + 1.0).sum(), rtol=1e-12, atol=1e-10)
+
+
+def test_nb_matches_pyro_where_the_mean_is_far_above_theta():
+    """Known answer: Pyro's NB log-probability (written with exact log-sigmoids) where ``d = log mu - log theta``
+    runs from 5 to 38, the range where a softplus cut off at a lower threshold (20 is torch's default) returns
+    ``d`` instead of ``d + log1p(exp(-d))`` and loses ``(x + theta) exp(-d)`` nats per gene."""
+    g = torch.Generator().manual_seed(9)
+    log_theta = torch.full((30,), -3.0, dtype=torch.float64)  # theta = 0.05
+    d = torch.linspace(5.0, 38.0, 30, dtype=torch.float64)
+    log_mean = (log_theta + d).expand(2, 30)
+    x = torch.poisson(torch.rand(2, 30, generator=g, dtype=torch.float64) * 500, generator=g)
+    per_gene = pdist.NegativeBinomial(total_count=log_theta.exp(), logits=log_mean - log_theta).log_prob(x)
+    torch.testing.assert_close(
+        NegativeBinomialLogMean(log_mean, log_theta).log_prob(x), per_gene.sum(-1), rtol=1e-13, atol=1e-9
+    )
+    # the zero-inflated NB with pi = 1/2: log(1/2) + NB at x > 0, log(1/2 + NB(0) / 2) at x = 0
+    half = math.log(0.5)
+    zref = torch.where(x > 0, half + per_gene, torch.logaddexp(torch.tensor(half), half + per_gene)).sum(-1)
+    zinb = ZeroInflatedNegativeBinomialLogMean(log_mean, log_theta, torch.zeros(2, 30, dtype=torch.float64))
+    torch.testing.assert_close(zinb.log_prob(x), zref, rtol=1e-13, atol=1e-9)
+
+
+def test_zinb_mean_and_draws_follow_the_gate_probability_not_its_complement():
+    """Known answer: with ``gate_logits = log(1/4) - log(3/4)`` the zero-inflation probability is ``pi = 1/4``, so
+    the expected count is ``(1 - pi) mu = 0.75 mu`` and the share of zeros is
+    ``pi + (1 - pi) (theta / (theta + mu))^theta``. A symmetric gate (``pi = 1/2``) cannot tell ``sigmoid(gate)``
+    from ``sigmoid(-gate)``; this one can."""
+    torch.manual_seed(1)
+    mu, theta = 6.0, 2.0
+    lm = torch.full((40000, 2), math.log(mu), dtype=torch.float64)
+    lt = torch.full((2,), math.log(theta), dtype=torch.float64)
+    gate = torch.full_like(lm, math.log(1.0 / 3.0))  # logit(1/4)
+    zinb = ZeroInflatedNegativeBinomialLogMean(lm, lt, gate)
+    torch.testing.assert_close(zinb.mean, torch.full_like(lm, 0.75 * mu), rtol=1e-12, atol=0)
+    draws = zinb.sample()
+    torch.testing.assert_close(draws.mean(0), torch.full((2,), 0.75 * mu, dtype=torch.float64), rtol=0.03, atol=0)
+    zero_share = 0.25 + 0.75 * (theta / (theta + mu)) ** theta
+    torch.testing.assert_close(
+        (draws == 0).double().mean(0), torch.full((2,), zero_share, dtype=torch.float64), rtol=0, atol=0.01
+    )

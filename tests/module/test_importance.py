@@ -119,3 +119,28 @@ def test_every_reliability_rule_of_the_package_is_estimate_reliability(monkeypat
     assert (estimator_reliability({"a": moved, "b": moved}, 1.0)["share_khat_above"] == 1.0).all()
     assert per_fit_table({"a": moved, "b": moved})["n_unreliable"].tolist() == [10, 10]
     assert not _frame([0.3])["reliable"].iloc[0]
+
+
+def test_hand_computed_estimate_standard_error_and_ess_of_fixed_weights():
+    """Known answer, by hand: weights ``w_s = 1 + s / (S - 1)`` for ``s = 0..S-1`` (S = 101, bounded, so k-hat
+    passes) give ``lpd = log mean(w) + c``, ``mc_se = sd(w) / (sqrt(S) mean(w))`` with the n - 1 sample standard
+    deviation, and ``ess = (sum w)^2 / sum w^2``. Fails on an n for n - 1 in either place, a missing square
+    root, or an ESS of ``1 / sqrt(sum wn^2)``."""
+    w = 1.0 + np.arange(101) / 100.0
+    shift = -40.0  # the summary is invariant to a common factor of the weights (a log p(x) far below 0)
+    summary = summarize_log_weights(torch.as_tensor(np.log(w) + shift).unsqueeze(1))
+    assert summary.reliable.all()
+    np.testing.assert_allclose(summary.lpd, [math.log(w.mean()) + shift], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(summary.mc_se, [w.std(ddof=1) / (math.sqrt(101) * w.mean())], rtol=1e-10)
+    np.testing.assert_allclose(summary.ess, [w.sum() ** 2 / (w**2).sum()], rtol=1e-12)
+
+
+def test_the_thresholds_are_inclusive_as_documented():
+    """Known answer from the documented rule: a k-hat of exactly 0.7 is reliable ("at most"), an ESS of exactly
+    ``min_ess`` is not below it, and a share of unreliable cells of exactly ``max_share`` passes."""
+    summary = ImportanceSummary(*(np.array([x, x]) for x in (-3.0, 0.1, 40.0)), np.array([KHAT_THRESHOLD, 0.71]))
+    np.testing.assert_array_equal(summary.reliable, [True, False])
+    frame = _frame([KHAT_THRESHOLD] * 19 + [0.9], ess=np.full(20, MIN_ESS))
+    rule = estimate_reliability(frame, min_ess=MIN_ESS, max_share=0.05)
+    np.testing.assert_array_equal(rule.unreliable, [False] * 19 + [True])
+    assert rule.share == pytest.approx(0.05) and rule.reliable

@@ -301,3 +301,134 @@ def test_inputs_are_validated(gaussian_problem):
         estimate_log_marginal(log_joint, post_mean * math.nan, post_sd.expand(N_CELLS, L), gen)
     with pytest.raises(ValueError, match="log_joint returned shape"):
         estimate_log_marginal(lambda z, c: log_joint(z, c).sum(0), post_mean, post_sd.expand(N_CELLS, L), gen)
+
+
+def test_proposal_densities_are_the_closed_form_gaussian_and_student_t():
+    """Known answer: scipy's multivariate normal and multivariate t log densities at the same points, for a
+    lower-triangular scale factor (the t's scale matrix is ``tril tril^T``, df 4; df inf is the Gaussian)."""
+    from scipy import stats
+
+    from countvae.module.marginal import _LocationScale
+
+    gen = torch.Generator().manual_seed(0)
+    loc = torch.randn(2, 3, generator=gen, dtype=torch.float64)
+    tril = torch.tril(torch.randn(2, 3, 3, generator=gen, dtype=torch.float64))
+    tril = tril - torch.diag_embed(torch.diagonal(tril, dim1=-2, dim2=-1)) + torch.diag_embed(torch.rand(2, 3) + 0.5)
+    z = torch.randn(5, 2, 3, generator=gen, dtype=torch.float64) * 2
+    for df in (4, math.inf):
+        ours = _LocationScale(loc, tril, df).log_prob(z).numpy()
+        for c in range(2):
+            shape = (tril[c] @ tril[c].T).numpy()
+            ref = (
+                stats.multivariate_normal(loc[c].numpy(), shape).logpdf(z[:, c].numpy())
+                if df == math.inf
+                else stats.multivariate_t(loc[c].numpy(), shape, df=df).logpdf(z[:, c].numpy())
+            )
+            np.testing.assert_allclose(ours[:, c], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_student_t_draws_have_the_t_variance():
+    """Known answer: a multivariate t with df 5 and scale matrix ``S`` has covariance ``S df / (df - 2)``."""
+    from countvae.module.marginal import _LocationScale
+
+    tril = torch.tensor([[[1.0, 0.0], [0.6, 0.8]]], dtype=torch.float64)
+    t = _LocationScale(torch.zeros(1, 2, dtype=torch.float64), tril, 5)
+    draws = t.sample(200_000, torch.Generator().manual_seed(3))[:, 0]
+    cov = torch.cov(draws.T)
+    torch.testing.assert_close(cov, (tril[0] @ tril[0].T) * 5 / 3, rtol=0.04, atol=0.02)
+
+
+def test_mode_shares_are_laplace_masses_mixed_with_a_uniform_floor():
+    """Known answer by hand: two modes with log joints 0 and log 2 and precisions ``I`` and ``4 I`` (2-d) have
+    Laplace masses ``exp(f) det(H)^(-1/2)`` = 1 and 2 / 4 = 0.5, shares 2/3 and 1/3; with a floor of 0.3 the shares
+    are ``0.7 * (2/3, 1/3) + 0.15``."""
+    from countvae.module.marginal import _mode_shares, _Modes
+
+    eye = torch.eye(2, dtype=torch.float64).expand(3, 2, 2)
+    first = _Modes(torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), eye)
+    second = _Modes(
+        torch.ones(3, 2, dtype=torch.float64), torch.full((3,), math.log(2.0), dtype=torch.float64), 4 * eye
+    )
+    shares = _mode_shares([first, second], 0.3)
+    expected = torch.tensor([0.7 * 2 / 3 + 0.15, 0.7 / 3 + 0.15], dtype=torch.float64)
+    torch.testing.assert_close(shares, expected.unsqueeze(1).expand(2, 3), rtol=1e-12, atol=0)
+
+
+def test_draws_per_component_follow_the_largest_remainders():
+    """Known answer by hand: shares (0.5, 0.3, 0.2) of 7 draws are 3.5, 2.1, 1.4: floors 3, 2, 1 and the one draw
+    left goes to the largest remainder (0.5): 4, 2, 1. Shares (0.34, 0.33, 0.33) of 2 draws: 0.68, 0.66, 0.66 give
+    floors 0 and the two draws go to the first component and then the second (a tie keeps component order)."""
+    from countvae.module.marginal import _LocationScale, _Mixture
+
+    one = _LocationScale(torch.zeros(2, 1, dtype=torch.float64), torch.ones(2, 1, 1, dtype=torch.float64), math.inf)
+    shares = torch.tensor([[0.5, 0.34], [0.3, 0.33], [0.2, 0.33]], dtype=torch.float64)
+    counts = _Mixture((one, one, one), shares).counts(7)
+    assert counts[:, 0].tolist() == [4, 2, 1]
+    assert _Mixture((one, one, one), shares).counts(2)[:, 1].tolist() == [1, 1, 0]
+    # the realised mixture density of identical components is the component's density
+    z = torch.randn(4, 2, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    torch.testing.assert_close(
+        _Mixture((one, one, one), shares).realised_log_prob(z, counts), one.log_prob(z), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_the_guide_component_is_the_guides_gaussian():
+    """Known answer: the guide enters the mixture as ``N(loc, diag(scale^2))`` for a diagonal sd and as
+    ``N(loc, A A^T)`` for a (non-triangular) factor ``A`` of the covariance; torch's normal densities."""
+    from countvae.module.marginal import _guide
+
+    gen = torch.Generator().manual_seed(1)
+    loc = torch.randn(3, 2, generator=gen, dtype=torch.float64)
+    sd = torch.rand(3, 2, generator=gen, dtype=torch.float64) + 0.2
+    factor = torch.randn(3, 2, 2, generator=gen, dtype=torch.float64)
+    z = torch.randn(4, 3, 2, generator=gen, dtype=torch.float64)
+    diag_ref = torch.distributions.Normal(loc, sd).log_prob(z).sum(-1)
+    torch.testing.assert_close(_guide(loc, sd).log_prob(z), diag_ref, rtol=1e-12, atol=1e-12)
+    full_ref = torch.distributions.MultivariateNormal(loc, covariance_matrix=factor @ factor.transpose(-1, -2))
+    torch.testing.assert_close(_guide(loc, factor).log_prob(z), full_ref.log_prob(z), rtol=1e-10, atol=1e-10)
+
+
+def test_flat_and_negative_curvature_directions_take_the_fallbacks_curvature():
+    """Known answer by hand: a symmetric matrix with eigenvalues -1, 0 and 3 along the axes and a fallback of
+    ``5 I``: the directions with curvature below 1e-6 (-1 and exactly 0) take 5, the positive one keeps 3."""
+    from countvae.module.marginal import _patched_precision
+
+    neg_hess = torch.diag(torch.tensor([-1.0, 0.0, 3.0], dtype=torch.float64)).unsqueeze(0)
+    fallback = 5 * torch.eye(3, dtype=torch.float64).unsqueeze(0)
+    expected = torch.diag(torch.tensor([5.0, 5.0, 3.0], dtype=torch.float64)).unsqueeze(0)
+    torch.testing.assert_close(_patched_precision(neg_hess, fallback), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_restart_snaps_to_the_first_mode_only_inside_its_bulk_and_not_above_it():
+    """Known answer from the rule ``(z - mode)^T H (z - mode) < radius^2`` and ``f(z) <= f(mode) + tol``: with
+    ``H = 4 I`` and radius 1.5 a point at distance 0.7 (Mahalanobis 1.4) snaps, one at 0.8 (1.6) does not, and a
+    point at 0.7 whose log joint is above the mode's by more than ``tol`` is climbing elsewhere and does not."""
+    from countvae.module.marginal import _Modes, _near
+
+    known = _Modes(
+        torch.zeros(3, 2, dtype=torch.float64),
+        torch.zeros(3, dtype=torch.float64),
+        4 * torch.eye(2, dtype=torch.float64).expand(3, 2, 2),
+    )
+    z = torch.tensor([[0.7, 0.0], [0.0, 0.8], [0.7, 0.0]], dtype=torch.float64)
+    value = torch.tensor([-0.5, -0.5, 0.02], dtype=torch.float64)
+    assert _near(known, z, value, 1.5, 0.01).tolist() == [True, False, False]
+
+
+def test_the_guides_precision_is_the_inverse_of_its_covariance():
+    """Known answer: for a guide with covariance ``A A^T`` (non-triangular ``A``) the fallback curvature is
+    ``(A A^T)^-1``."""
+    from countvae.module.marginal import _guide, _precision_of
+
+    factor = torch.tensor([[[1.0, 0.5], [-0.3, 0.4]]], dtype=torch.float64)
+    expected = torch.linalg.inv(factor @ factor.transpose(-1, -2))
+    torch.testing.assert_close(_precision_of(_guide(torch.zeros(1, 2, dtype=torch.float64), factor)), expected)
+
+
+def test_the_second_pass_settings_are_as_documented():
+    """``escalated()``: ``escalation_draws`` final draws, twice the pilot and the restarts, 1.5 times the restart
+    steps (rounded down), and no third pass."""
+    s = MarginalSettings(n_pilot=50, pilot_restarts=3, prior_restarts=5, restart_steps=9, escalation_draws=700)
+    e = s.escalated()
+    assert (e.n_draws, e.n_pilot, e.pilot_restarts, e.prior_restarts, e.restart_steps) == (700, 100, 6, 10, 13)
+    assert e.redraw == 0 and e.escalation_draws == 0
