@@ -185,3 +185,125 @@ def test_real_fits_a_badly_trained_seed_lands_in_its_own_worse_group():
     assert any("seed 2 reached a worse optimum" in line for line in rep.headline)
     assert "seed_groups" in rep.to_dict()["tables"] and "reached a worse optimum" in rep.to_html()
     assert "reached a worse optimum" in rep.to_markdown()
+
+
+# ----- the grouping rules against hand-made evidence -------------------------------------------------------------
+def _lpd_pair(a, b, diff, decision, half=0.3):
+    return {"fit_a": a, "fit_b": b, "diff_per_cell": diff, "ci_low": diff - half, "ci_high": diff + half} | {
+        "decision": decision
+    }
+
+
+def test_pair_relations_combine_decoded_means_and_log_p_x_as_documented():
+    """Known relations: a, b and d have identical decoded means (concordance 1: agree), c is unrelated (differ).
+
+    same solution = means agree and log p(x) not shown different (equivalent or undetermined); different = means
+    differ, or log p(x) not equivalent. The table lists (a, b) as b - a = +0.4: oriented a - b it is -0.4, -0.7 to -0.1.
+    """
+    from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT
+    from countvae.diagnostics.analyses.predictive import UNDETERMINED as LPD_UNDETERMINED
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(80, 20))
+    rates = {"a": a, "b": a.copy(), "c": rng.normal(size=(80, 20)), "d": a.copy()}
+    lpd_pairs = pd.DataFrame(
+        [
+            _lpd_pair("b", "a", 0.4, NOT_EQUIVALENT),
+            _lpd_pair("a", "c", 0.0, EQUIVALENT),
+            _lpd_pair("a", "d", 0.1, LPD_UNDETERMINED),
+            _lpd_pair("b", "c", 0.0, LPD_UNDETERMINED),
+            _lpd_pair("b", "d", 0.0, EQUIVALENT),
+            _lpd_pair("c", "d", 0.0, EQUIVALENT),
+        ]
+    )
+    pairs = pair_relations(rates, lpd_pairs, n_replicates=50).set_index(["fit_a", "fit_b"])
+    assert pairs["relation"].to_dict() == {
+        ("a", "b"): DIFFERENT,  # decoded means agree, log p(x) not equivalent
+        ("a", "c"): DIFFERENT,  # decoded means differ, log p(x) equivalent
+        ("a", "d"): SAME,  # decoded means agree, log p(x) undetermined
+        ("b", "c"): DIFFERENT,
+        ("b", "d"): SAME,
+        ("c", "d"): DIFFERENT,
+    }
+    ab = pairs.loc[("a", "b")]
+    assert (ab["lpd_diff_per_cell"], ab["lpd_low"], ab["lpd_high"]) == pytest.approx((-0.4, -0.7, -0.1))
+
+
+def test_pair_intervals_are_bonferroni_over_the_pairs(monkeypatch):
+    """Four fits make 6 pairs: each decoded-means interval errs with alpha / 6 per side."""
+    from countvae.diagnostics.analyses import seed_groups as module
+    from countvae.diagnostics.analyses.predictive import EQUIVALENT
+
+    seen = []
+    real = module.percentile_interval
+
+    def spy(value, reps, shrink, alpha, *args, **kwargs):
+        seen.append(alpha)
+        return real(value, reps, shrink, alpha, *args, **kwargs)
+
+    monkeypatch.setattr(module, "percentile_interval", spy)
+    rng = np.random.default_rng(0)
+    rates = {k: rng.normal(size=(30, 5)) for k in "abcd"}
+    table = pd.DataFrame([_lpd_pair(x, y, 0.0, EQUIVALENT) for i, x in enumerate("abcd") for y in "abcd"[i + 1 :]])
+    pair_relations(rates, table, alpha=0.05, n_replicates=20)
+    assert seen == pytest.approx([0.05 / 6] * 6)
+
+
+def test_complete_linkage_merges_the_pair_of_groups_with_the_largest_smallest_concordance():
+    """Hand-run: c-d (0.99) merge first; then a-b (0.91) beats a-{c, d}, whose smallest concordance is a-d's 0.90
+    (its largest, a-c's 0.98, must not count); b-d differ, so {a, b} and {c, d} stay apart."""
+    concordance = {("a", "b"): 0.91, ("a", "c"): 0.98, ("a", "d"): 0.90, ("b", "c"): 0.93, ("c", "d"): 0.99}
+    rows = [
+        {"fit_a": x, "fit_b": y, "relation": SAME if (x, y) in concordance else DIFFERENT}
+        | {"concordance": concordance.get((x, y), 0.5)}
+        for i, x in enumerate("abcd")
+        for y in "abcd"[i + 1 :]
+    ]
+    assert complete_linkage(list("abcd"), pd.DataFrame(rows)) == [["a", "b"], ["c", "d"]]
+
+
+def test_intransitive_evidence_is_noted():
+    from countvae.diagnostics.analyses.seed_groups import _notes
+
+    names = ["s0", "s1", "s2"]
+    pairs = _relations(names, {("s0", "s1"), ("s1", "s2")})
+    groups = complete_linkage(names, pairs)
+    notes = _notes(names, pairs, groups)
+    assert len(notes) == 1 and notes[0].startswith("Intransitive evidence among s0, s1 and s2")
+    assert not _notes(names, _relations(names, {("s0", "s1"), ("s1", "s2"), ("s0", "s2")}), [names])
+
+
+@pytest.mark.parametrize(("margin", "versus"), [(5.0, AS_GOOD), (1.0, UNDETERMINED), (0.4, WORSE)])
+def test_group_table_by_hand(margin, versus):
+    """Hand computation on 4 cells.
+
+    Group (p, q): per-cell mean [11, 12, 13, 14], mean 12.5, sd sqrt(5/3); its interval 12.5 +- t_3(0.95) se with
+    t_3(0.95) = 2.353363. Group r = [10] * 4: difference from the best [-1, -2, -3, -4], -2.5 +- t_3(1 - 0.05 / 2) se
+    (Bonferroni over the 2 groups compared; t_3(0.975) = 3.182446), i.e. -4.554 to -0.446: as good within a margin
+    of 5, undetermined at 1 (straddles -1), worse at 0.4.
+    """
+    lpd = {
+        "p": np.array([10.0, 12.0, 14.0, 16.0]),
+        "q": np.full(4, 12.0),
+        "r": np.full(4, 10.0),
+        "s": np.array([-20.0, -19.0, -18.0, -16.0]),
+    }
+    table = group_table([["p", "q"], ["r"], ["s"]], lpd, margin=margin).set_index("group")
+    se = np.sqrt(5.0 / 3.0) / 2.0
+    assert table.loc[1, "fits"] == ("p", "q")
+    assert table.loc[1, ["lpd_per_cell", "lpd_low", "lpd_high"]].tolist() == pytest.approx(
+        [12.5, 12.5 - 2.353363 * se, 12.5 + 2.353363 * se], abs=1e-5
+    )
+    assert table.loc[2, "fits"] == ("r",)
+    assert table.loc[2, ["diff_from_best", "diff_low", "diff_high"]].tolist() == pytest.approx(
+        [-2.5, -2.5 - 3.182446 * se, -2.5 + 3.182446 * se], abs=1e-5
+    )
+    assert table.loc[2, "versus_best"] == versus
+    assert table.loc[3, "versus_best"] == WORSE
+
+
+def test_another_solution_that_predicts_as_well_is_said_so():
+    log_rates, lpd, baseline = _synthetic()
+    lpd["s3"] = _lpd_frame(lpd["s0"]["lpd"].to_numpy() - 0.01)  # another solution, 0.01 nats per cell below
+    sentence = seed_groups_sentence(seed_groups(log_rates, lpd, baseline))
+    assert "s3 reached another solution that predicts as well" in sentence

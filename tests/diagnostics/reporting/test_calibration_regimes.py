@@ -165,3 +165,56 @@ def test_bundled_regimes_are_those_of_the_results_section():
             assert int(cells["wrong"]) == counts["wrong"]
             assert int(cells["undetermined"]) == counts["undetermined"]
             assert int(cells["oracle undecided"]) == counts["oracle_undecided"]
+
+
+def test_rates_exactly_at_the_goals_are_silent():
+    """95% correct (19 of 20) and 20% undetermined (2 of 10) meet the goals: no sentence."""
+    record = _record()
+    record["regimes"]["semi-synthetic"]["rows"] = {"decoded means": _counts(19, 1, 0), "k-NN graph": _counts(8, 0, 2)}
+    assert calibration_sentences(record, regime="semi-synthetic") == []
+    scenario = {"truth": "agree", "runs": 20, "correct": 19, "undetermined": 1, "wrong": 0}
+    record["scenarios"] = {"s": {"description": "d", "adequate": True, "rows": {"decoded means": scenario}}}
+    assert calibration_sentences(record) == []
+
+
+def test_nearest_regime_weighs_exact_settings_10_and_sizes_by_log2_ratio():
+    """Hand distances. Linear, 10, 300, 500, no batch against linear-toy (linear, 3, 1000, 300, no batch):
+    log2(10/3) + log2(1000/300) + log2(500/300) = 4.21; against semi-synthetic (mlp, ..., batch): 10 + 10 = 20."""
+    assert nearest_regime(_record(), report_configuration("linear", 10, 300, 500, False)).name == "linear-toy"
+    # One setting 8 times off (log2 8 = 3) is nearer than three 2.2 times off (3 x log2 2.2 = 3.41).
+    record = _record()
+    regime = record["regimes"]["semi-synthetic"]
+    record["regimes"] = {
+        "eightfold": regime | {"configuration": report_configuration("mlp", 80, 300, 500, True)},
+        "three": regime | {"configuration": report_configuration("mlp", 22, 660, 1100, True)},
+    }
+    assert nearest_regime(record, report_configuration("mlp", 10, 300, 500, True)).name == "eightfold"
+    # ties go to the regime recorded first
+    record["regimes"] = {name: regime for name in ("first", "second")}
+    assert nearest_regime(record, report_configuration("mlp", 10, 300, 500, True)).name == "first"
+
+
+def test_the_scenario_table_keeps_each_rows_truth_and_the_order_asked():
+    record = {
+        "scenarios": {
+            "s": {
+                "adequate": True,
+                "rows": {
+                    "decoded means": {"truth": "differ", "runs": 4, "correct": 1, "undetermined": 2, "wrong": 1},
+                    "k-NN graph": {"truth": "agree", "runs": 4, "correct": 4, "undetermined": 0, "wrong": 0},
+                },
+            }
+        }
+    }
+    table = calibration_table(record, ["k-NN graph", "decoded means"])
+    assert table["quantity"].tolist() == ["k-NN graph", "decoded means"]
+    assert table["truth"].tolist() == ["agree", "differ"]
+    assert table.iloc[1][["correct %", "undetermined %", "wrong %"]].tolist() == pytest.approx([25.0, 50.0, 25.0])
+
+
+def test_the_oracle_table_reads_the_oracle_rows():
+    rows = {"decoded means": {"truth": "agree", "runs": 2, "correct": 2, "undetermined": 0, "wrong": 0}}
+    oracle = {"decoded means": {"truth": "differ", "runs": 2, "correct": 0, "undetermined": 0, "wrong": 2}}
+    record = {"scenarios": {"s": {"adequate": True, "rows": rows, "oracle_rows": oracle}, "t": {"adequate": True}}}
+    table = calibration_table(record, truth="oracle")
+    assert table["scenario"].tolist() == ["s"] and table["wrong %"].tolist() == [100.0]

@@ -168,3 +168,67 @@ def test_an_undetermined_ica_row_is_explained_in_the_ica_sentence_only():
     # Without the ICA sentence, the undetermined sentence keeps the reason.
     alone = _lines(judged, verdict)
     assert sum("does not reproduce even within one seed" in line for line in alone) == 1
+
+
+def _verdict_table(rows: list[tuple[str, str, str, float, float]]) -> pd.DataFrame:
+    """(quantity, invariant_in_theory, verdict, agreement, aligned_agreement) -> the columns verdict_lines reads."""
+    return pd.DataFrame(
+        [
+            {"quantity": q, "invariant_in_theory": t, "verdict": v, "agreement": a, "aligned_agreement": al}
+            | {"threshold": 0.9, "comparison": ">=", "reason": "", "remedy": ""}
+            for q, t, v, a, al in rows
+        ]
+    )
+
+
+def test_differing_rows_are_split_by_whether_theory_says_they_are_invariant():
+    from countvae.diagnostics.reporting.verdicts import ALIGNED
+
+    table = _verdict_table(
+        [
+            ("decoded means", "yes", DIFFER, 0.5, np.nan),
+            ("per-dimension coordinates", "no (changes with every rotation)", DIFFER, 0.2, 0.5),
+            ("per-dimension loadings", "no (changes with every rotation)", DIFFER, 0.5, 0.6),
+            ("per-dimension marker correlations", "no (changes with every rotation)", ALIGNED, 0.1, 0.95),
+        ]
+    )
+    lines = verdict_lines(table, "Predictively equivalent.", None, 2)
+    assert lines[0] == "Agree across both seeds: none."
+    assert lines[1].startswith("Agree only after aligning the seeds by a rotation: per-dimension marker correlations.")
+    assert lines[2].startswith("Differ between seeds although the model's symmetry cannot explain it: decoded means.")
+    assert lines[3] == "Differ between seeds even after alignment: per-dimension coordinates, per-dimension loadings."
+    # a gain of exactly 0.3 (0.2 -> 0.5) is named; 0.1 (0.5 -> 0.6) is not
+    assert lines[4].startswith("Rotating the seeds onto each other raises the agreement of per-dimension coordinates ")
+    assert "loadings" not in lines[4] and len(lines) == 5
+    # alignment that lowers the agreement is no gain
+    lowered = _verdict_table([("per-dimension coordinates", "no", DIFFER, 0.8, 0.4)])
+    assert not any(line.startswith("Rotating") for line in verdict_lines(lowered, "", None, 2))
+
+
+def test_components_that_only_differ_are_still_reported_as_one_subspace():
+    sentence = ica_sentence(_components([DIFFER, AGREE, AGREE], ["", "", ""]), 0.95)
+    assert sentence.endswith("Report the components that do not agree as one subspace, not as separate axes.")
+    assert "subspace" not in ica_sentence(_components([AGREE, AGREE], ["", ""]), 0.95)
+
+
+def test_the_numeric_sentences_state_the_tables_extremes():
+    from countvae.diagnostics.reporting.headline import alignment_lines, marker_lines, truth_sentence
+
+    truth = pd.DataFrame({"coordinates": ["raw"] * 3, "mcc": [0.5, 0.9, 0.7], "infom": [0.2, 0.4, 0.3]})
+    assert "raw coordinates MCC 0.50 to 0.90, InfoM 0.20 to 0.40" in truth_sentence(truth)
+    markers = pd.DataFrame(
+        {"best_dim_agrees": [True, False, False], "r2_max": [0.9, 0.8, 0.5], "r2_min": [0.85, 0.7, 0.49]}
+    )
+    assert marker_lines(markers)[0].startswith("Markers: for 2 of 3 markers")
+    assert "varies by at most 0.100 across seeds" in marker_lines(markers)[0]
+    efficiency = pd.DataFrame({"ica_efficiency": [0.2, 0.3, 1.0]})
+    lines = alignment_lines(pd.Series({"rotation": 0.1}), efficiency)
+    assert "mean 0.50, range 0.20 to 1.00" in lines[1]
+
+
+def test_the_predictive_sentence_gives_the_worst_pairs_interval():
+    ok = pd.DataFrame({"fit": ["seed 0"], "share_khat_above": [0.0], "mc_bias_bound": [0.001], "reliable": [True]})
+    verdict = predictive_verdict(_pairs([EQUIVALENT, EQUIVALENT], [0.05, -0.1]), ok, 0.5, 25.0, 0.02)
+    assert "seed 1 vs seed 2, -0.100 nats per cell (98.0% simultaneous interval -0.400 to +0.200)" in (
+        predictive_sentence(verdict)
+    )

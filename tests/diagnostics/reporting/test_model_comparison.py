@@ -404,3 +404,149 @@ def test_gene_space_subspace_agreement_ignores_rotations_and_sees_other_directio
     table = comparison.table.set_index("n_latent")
     assert table["subspace"].between(0.0, 1.0).all()
     assert table.loc[3, "subspace"] > 0.9  # the stable, recommended size: both seeds' loadings span one subspace
+
+
+# ----- the selection rule's arithmetic against hand computations ------------------------------------------------
+def test_critical_t_is_the_bonferroni_student_quantile_of_tables():
+    """Known answers from Student-t tables: t_3(0.975) = 3.182446, t_10(0.95) = 1.812461, t_10(0.975) = 2.228139."""
+    assert mc.critical_t(4, 2, 0.05) == pytest.approx(3.182446, abs=1e-6)  # 2 comparisons: 1 - 0.05 / 2
+    assert mc.critical_t(11, 1, 0.05) == pytest.approx(1.812461, abs=1e-6)
+    assert mc.critical_t(11, 2, 0.05) == pytest.approx(2.228139, abs=1e-6)
+
+
+def test_paired_difference_is_the_mean_and_a_t_interval_with_the_sample_sd():
+    """d = [1, 2, 3, 4]: mean 2.5, sd (ddof 1) sqrt(5/3), se sqrt(5/3) / 2; with t = 2: 2.5 +- 1.290994."""
+    mean, low, high = mc.paired_difference(np.array([2.0, 4.0, 6.0, 8.0]), np.array([1.0, 2.0, 3.0, 4.0]), 2.0)
+    half = 2.0 * np.sqrt(5.0 / 3.0) / 2.0
+    assert (mean, low, high) == pytest.approx((2.5, 2.5 - half, 2.5 + half))
+
+
+def _hand_lpds():
+    """Three candidates on 4 cells: 'b' the best, 'a' = b + [-1, -2, -3, -4] (mean -2.5, se sqrt(5/3) / 2)."""
+    b = np.array([-10.0, -11.0, -12.0, -13.0])
+    return {"a": b + np.array([-1.0, -2.0, -3.0, -4.0]), "b": b, "c": b - 20.0}
+
+
+@pytest.mark.parametrize(
+    ("margin", "verdict"),
+    [(5.0, mc.EQUIVALENT), (1.0, mc.UNDETERMINED), (0.4, mc.WORSE)],
+)
+def test_fit_table_by_hand(margin, verdict):
+    """Best: the highest mean; 'a' against it: -2.5 +- t_3(1 - 0.05 / 2) se = (-4.554, -0.446), Bonferroni over the
+    2 comparisons with the best. Margin 5: inside (-5, 5), equivalent; margin 1: straddles -1, undetermined; margin
+    0.4: entirely below -0.4, worse."""
+    table, best = mc.fit_table(_hand_lpds(), {"a": True, "b": True, "c": True}, margin=margin)
+    assert best == "b"
+    row = table.set_index("candidate").loc["a"]
+    half = 3.182446 * np.sqrt(5.0 / 3.0) / 2.0
+    assert row["diff_vs_best"] == pytest.approx(-2.5)
+    assert (row["diff_low"], row["diff_high"]) == pytest.approx((-2.5 - half, -2.5 + half), abs=1e-5)
+    assert row["fit_verdict"] == verdict
+    assert table.set_index("candidate").loc["b", "fit_verdict"] == mc.BEST
+    assert table.set_index("candidate").loc["c", "fit_verdict"] == (mc.WORSE if margin < 20 else mc.EQUIVALENT)
+
+
+def test_gains_over_use_the_bonferroni_t_over_the_other_candidates():
+    """Gain of 'b' over 'a' = +2.5 +- t_3(1 - 0.05 / 2) sqrt(5/3) / 2 (two other candidates compared with 'a')."""
+    gains = mc.gains_over(_hand_lpds(), "a").set_index("candidate")
+    half = 3.182446 * np.sqrt(5.0 / 3.0) / 2.0
+    assert gains.loc["b", ["gain", "gain_low", "gain_high"]].tolist() == pytest.approx(
+        [2.5, 2.5 - half, 2.5 + half], abs=1e-5
+    )
+
+
+def test_size_order_counts_layers_after_hidden_units_and_only_for_mlp_decoders():
+    settings = [
+        {"n_latent": 2, "decoder": "mlp", "n_hidden": 64, "n_layers": 1},
+        {"n_latent": 2, "decoder": "mlp", "n_hidden": 16, "n_layers": 2},
+        {"n_latent": 2, "decoder": "mlp", "n_hidden": 16, "n_layers": 1},
+        {"n_latent": 2, "decoder": "linear", "n_hidden": 16, "n_layers": 3},
+    ]
+    assert sorted(settings, key=mc.size_key) == [settings[3], settings[2], settings[1], settings[0]]
+    assert mc.size_key(settings[3]) == (2, 0, 0, 0)
+
+
+def test_a_candidates_lpd_is_the_per_cell_mean_over_seeds_and_its_spread_the_range_of_seed_means():
+    frames = [pd.DataFrame({"lpd": [1.0, 2.0]}), pd.DataFrame({"lpd": [3.0, 4.0]}), pd.DataFrame({"lpd": [2.0, 6.0]})]
+    np.testing.assert_allclose(mc.candidate_lpd(frames), [2.0, 4.0])
+    assert mc.seed_spread(frames) == pytest.approx(4.0 - 1.5)  # seed means 1.5, 3.5, 4.0
+
+
+def test_stability_is_judged_on_the_worst_pair_of_three_seeds():
+    """Seeds 0 and 1 are one solution up to a signed permutation, seed 2 is unrelated: the worst pair is the
+    unrelated one (k-NN overlap near 15/149 at random), and the coordinates' range runs up to 1 (seeds 0, 1)."""
+    rng = np.random.default_rng(4)
+    z, noise = rng.normal(size=(150, 3)), rng.normal(size=(150, 3))
+    w = rng.normal(size=(3, 20))
+    copy = -z[:, [2, 0, 1]]
+    out = mc.stability([z, copy, noise], [z @ w, z @ w, noise @ w])
+    assert out["knn"] < 0.3 and out["knn_high"] < mc.KNN_THRESHOLD and not out["stable"]
+    assert out["distances"] < 0.3
+    assert out[f"{mc.COORDINATES}_high"] == pytest.approx(1.0)
+    assert out[mc.COORDINATES] == out[f"{mc.COORDINATES}_low"] < 0.5
+
+
+def test_subspace_agreement_is_the_worst_pair():
+    rng = np.random.default_rng(5)
+    basis = rng.normal(size=(40, 3))
+    other = np.linalg.qr(np.hstack([basis, rng.normal(size=(40, 3))]))[0][:, 3:]
+    assert mc.subspace_agreement([basis, 3.0 * basis, other]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_candidate_is_reliable_only_when_every_seed_is():
+    """Known answer of the package's k-hat rule: a seed whose every cell has k-hat 1.0 (above 0.7) is unreliable."""
+    good = pd.DataFrame({"lpd": np.zeros(50), "mc_se": np.full(50, 0.01), "khat": np.full(50, 0.1)})
+    bad = good.assign(khat=1.0)
+    out = mc.reliability({"ok": [good, good], "one bad seed": [good, bad]}, margin=1.0)
+    assert out.to_dict() == {"ok": True, "one bad seed": False}
+
+
+def test_size_settings_fill_countvaes_defaults_without_overriding_the_candidates():
+    """A candidate that leaves the decoder unset is CountVAE's default, an MLP, in the size order."""
+    from dataclasses import fields
+
+    from countvae.diagnostics.reporting.compare_models import _DEFAULTS, _size_settings
+    from countvae.model.settings import ModelSettings
+
+    defaults = {f.name: f.default for f in fields(ModelSettings)}
+    assert {k: defaults[k] for k in ("decoder", "n_hidden", "n_layers")} == {
+        k: _DEFAULTS[k] for k in ("decoder", "n_hidden", "n_layers")
+    }
+    assert _size_settings({"n_latent": 2, "decoder": "linear"})["n_latent"] == 2
+    assert _size_settings({"n_latent": 2})["decoder"] == "mlp"
+    assert (
+        mc.recommend(
+            _table([mc.EQUIVALENT, mc.BEST], [True, True], [True, True]),
+            {"c0": _size_settings({"n_latent": 3}), "c1": _size_settings({"n_latent": 3, "decoder": "linear"})},
+        )
+        == "c1"
+    )
+
+
+def test_each_candidates_verdict_names_the_first_condition_it_fails():
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting.compare_models import _verdict
+
+    def row(fit_verdict, stable, reliable=True, candidate="x"):
+        return SimpleNamespace(candidate=candidate, fit_verdict=fit_verdict, stable=stable, reliable=reliable)
+
+    assert _verdict(row(mc.EQUIVALENT, True, candidate="r"), "r") == "recommended"
+    assert _verdict(row(mc.UNRELIABLE, True, reliable=False), "r") == "unreliable: not ranked"
+    assert _verdict(row(mc.WORSE, True), "r") == "fits worse than the margin"
+    assert _verdict(row(mc.WORSE, False), "r") == "fits worse than the margin"
+    assert _verdict(row(mc.UNDETERMINED, True), "r") == "fit undetermined"
+    assert _verdict(row(mc.EQUIVALENT, False), "r") == "unstable across seeds"
+    assert _verdict(row(mc.EQUIVALENT, True), "r") == "qualifies, not the smallest"
+
+
+def test_lpd_frames_of_one_quantity_are_compared_and_unnamed_frames_are_taken_on_trust():
+    from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
+
+    frame = pd.DataFrame({"lpd": [0.0]})
+    named = with_quantity(frame.copy(), GIVEN_OBSERVED_LIBRARY)
+    assert require_same_quantity({"a": named, "b": with_quantity(frame.copy(), GIVEN_OBSERVED_LIBRARY)}) == (
+        GIVEN_OBSERVED_LIBRARY
+    )
+    assert require_same_quantity({"a": named, "b": frame}) == GIVEN_OBSERVED_LIBRARY
+    assert require_same_quantity({"a": frame, "b": frame}) is None

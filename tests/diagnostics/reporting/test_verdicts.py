@@ -271,3 +271,78 @@ def test_the_ppc_row_counts_the_cells_its_statistics_are_computed_over():
     )
     row = table.set_index("quantity").loc["posterior predictive statistics"]
     assert row["n_cells"] == 60 and row["interval"] == "bootstrap over 25 genes"
+
+
+# ----- boundaries and the numbers behind each remedy, by hand ---------------------------------------------------
+def test_interval_boundaries_and_missing_ends_for_both_directions():
+    # ">= 0.9": an interval whose top is exactly 0.9 still meets it there: not a confident differ.
+    assert interval_verdict(AGREE_09, 0.8, 0.9) == UNDETERMINED
+    # "< 2": an interval whose top is exactly 2 does not lie wholly below 2.
+    assert interval_verdict(BELOW_2, 1.0, 2.0) == UNDETERMINED
+    # a missing end decides nothing, whichever end is there
+    assert interval_verdict(BELOW_2, 2.5, np.nan) == UNDETERMINED
+    assert interval_verdict(AGREE_09, np.nan, 0.5) == UNDETERMINED
+
+
+def test_cell_preconditions_hold_at_their_minimum_and_count_the_graphs_cells():
+    # exactly 150 cells satisfy the posterior predictive row's minimum of 150
+    assert judge_invariants(pd.DataFrame([_ppc_row(150, 0.96, 0.95, 0.97)]))["verdict"].item() == AGREE
+    # the k-NN graph counts its own cells (fit cells included) when it has more than the held-out ones
+    knn = _row("k-NN graph", 0.8, 0.7, 0.9, threshold=0.5) | {"n_cells": 100, "graph_cells": 400}
+    assert judge_invariants(pd.DataFrame([knn]))["verdict"].item() == AGREE
+    few = knn | {"graph_cells": 200}
+    assert judge_invariants(pd.DataFrame([few]))["verdict"].item() == UNDETERMINED
+
+
+def test_an_undetermined_alignment_names_the_cells_its_aligned_interval_needs():
+    """Aligned 0.95 (0.85 to 0.99) against 0.9 on 300 cells: (0.10 / 0.05)^2 x 300 = 1,200 cells."""
+    row = _row("per-dimension coordinates", 0.1, 0.0, 0.2, aligned=(0.95, 0.85, 0.99))
+    judged = judge_invariants(pd.DataFrame([row])).iloc[0]
+    assert judged["verdict"] == UNDETERMINED and judged["reason"].startswith("after alignment, its interval 0.85")
+    assert judged["remedy"].startswith("about 1,200 cells instead of 300")
+
+
+def test_what_to_report_follows_the_verdict():
+    from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME
+
+    table = pd.DataFrame(
+        [
+            _row("per-dimension coordinates", 0.1, 0.0, 0.2, aligned=(0.99, 0.98, 0.995)),
+            _row("decoded means", 0.9, 0.85, 0.95),
+        ]
+    )
+    judged = judge_invariants(table).set_index("quantity")["report_instead"]
+    coordinates, means = QUANTITY_BY_NAME["per-dimension coordinates"], QUANTITY_BY_NAME["decoded means"]
+    assert judged["per-dimension coordinates"] == coordinates.report_when_aligned
+    # undetermined: report what one would if they differed, until it is decided
+    assert judged["decoded means"] == f"until decided: {means.report_when_differ}"
+    assert means.report_when_differ != means.report_when_agree
+
+
+def test_ica_needs_100_cells_per_half_and_dimension():
+    """Five components: 500 cells per half is the minimum; 499 leaves every component undetermined."""
+    common = {"gaussian": [False] * 5, "same_fit_match": [0.99] * 5}
+    at = judge_components(_components(n_estimation_cells=500, **common), threshold=0.95)
+    assert not at["reason"].str.startswith("too few cells to estimate ICA").any()
+    below = judge_components(_components(n_estimation_cells=499, **common), threshold=0.95)
+    assert (below["verdict"] == UNDETERMINED).all()
+    assert below["reason"].str.startswith("too few cells to estimate ICA: 499 per half").all()
+
+
+def test_a_straddling_component_counts_its_matching_cells():
+    """IC_3: corrected 0.96 / 0.99 with interval 0.93 / 0.99 to 0.98 / 0.99 against 0.95 on 300 matching cells:
+    300 x ((0.96 - 0.93) / (0.96 - 0.95 x 0.99))^2 = 300 x (0.03 / 0.0195)^2 = 710.1, so 711 cells."""
+    judged = judge_components(_components(), threshold=0.95).set_index("component")
+    assert judged.loc["IC_3", "remedy"] == "about 711 cells instead of 300"
+
+
+def test_predictive_verdict_needs_every_fit_reliable_and_names_the_cells_of_the_hardest_pair():
+    two = pd.concat([_reliability(), _reliability(False, share=0.4).assign(fit="b")], ignore_index=True)
+    assert predictive_verdict(_pairs([EQUIVALENT]), two, 0.5, 25.0).state == UNDETERMINED
+    # Two undecided pairs, half-width 0.3 each, margin 0.5 on 200 cells: |diff| 0.4 is 0.1 from the margin,
+    # (0.3 / 0.1)^2 x 200 = 1,800 cells; 0.3 is 0.2 from it, 450 cells. The remedy is the larger.
+    undecided = predictive_verdict(_pairs([UNDETERMINED, UNDETERMINED], diffs=[-0.4, 0.3]), _reliability(), 0.5, 25.0)
+    assert "about 1,800 held-out cells instead of 200" in undecided.remedy
+    # the pair shown is the one with the largest |difference|, whatever its sign
+    assert undecided.worst["fit_a"] == "a0"
+    assert predictive_verdict(_pairs([NOT_EQUIVALENT]), _reliability(), 0.5, 25.0).as_row_judgement().verdict == DIFFER
