@@ -214,3 +214,34 @@ def test_bad_input():
         inv.reparameterize(model, np.eye(2), check="no")
     # a tensor works as well as an array
     inv.reparameterize(model, torch.tensor(inv.random_rotation(2, 0)))
+
+
+def test_nearly_orthogonal_map_is_replaced_by_its_polar_factor():
+    """Known answer: a rotation perturbed by 1e-8 passes the 1e-6 check and is applied as its polar factor, an exactly
+    orthogonal matrix, so A^-1 = A^T holds to rounding and decoded means equal the original's to float64 rounding
+    (applying the perturbed map itself with A^T as its inverse would change them by about 1e-8)."""
+    model = tiny_model("nb", "linear", 1, "float64", 2)
+    Q = inv.random_orthogonal(2, 3) + 1e-8 * np.array([[1.0, -2.0], [0.5, 1.5]])
+    assert inv.transforms.orthogonality_error(Q) > 1e-9
+    new = inv.reparameterize(model, Q)
+    A = new.module.latent_map.detach().numpy()
+    np.testing.assert_allclose(A, inv.transforms.nearest_orthogonal(Q), atol=1e-15, rtol=0)
+    assert inv.transforms.orthogonality_error(A) < 1e-14
+    np.testing.assert_allclose(
+        new.get_normalized_expression(return_numpy=True), model.get_normalized_expression(return_numpy=True), rtol=1e-12
+    )
+
+
+def test_loadings_guide_is_carried_to_the_new_coordinates():
+    """Known answer: for the 3-cycle z' = P z (P^-1 = P^T), the loadings W' = W P^T are W's columns permuted, and so are
+    the guide's scales of W: scale' = scale @ P^T exactly (the squared entries of a permutation are itself)."""
+    adata = cv.data.simulate(n_cells=40, n_genes=12, n_latent=3, seed=4)
+    cv.CountVAE.setup_anndata(adata)
+    model = cv.CountVAE(adata, n_latent=3, decoder="linear", loadings_prior="horseshoe", dtype=torch.float64)
+    model.train(max_epochs=2, batch_size=20, progress_bar=False, seed=0)
+    P = np.eye(3)[[1, 2, 0]]
+    new = inv.reparameterize(model, P)
+    scale = model.module.loadings_prior.weight_log_scale.detach().numpy()
+    assert np.abs(scale[:, 0] - scale[:, 1]).max() > 1e-6  # trained scales differ by column
+    np.testing.assert_allclose(new.module.loadings_prior.weight_log_scale.detach().numpy(), scale @ P.T, atol=1e-12)
+    np.testing.assert_allclose(new.get_loadings().to_numpy(), model.get_loadings().to_numpy() @ P.T, atol=1e-12)

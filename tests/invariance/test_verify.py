@@ -121,6 +121,9 @@ def test_per_cell_numbers_agree_with_direct_computations(poisson_fit, poisson_re
     cells = rotated.cells(held)
     direct = inference.log_predictive_density(rotated.module, cells.source, cells.indices, 200, 0, method="guide")
     np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["lpd_crn"], direct["lpd"], rtol=0, atol=1e-12)
+    # the independent estimate is the rotated model's own estimator at the next seed (seed + 1 = 1), not seed 0
+    indep = inference.log_predictive_density(rotated.module, cells.source, cells.indices, 200, seed=1)
+    np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["estimate_indep"], indep["lpd"], rtol=0, atol=1e-10)
     # the axis-aligned grid against the eigenvector-oriented Gauss-Hermite quadrature (another method)
     exact = inv.quadrature_log_marginal(model, held)
     np.testing.assert_allclose(rep.per_cell["fitted / rotation"]["quadrature"], exact, rtol=0, atol=1e-8)
@@ -456,3 +459,14 @@ def test_verify_an_already_reparameterized_model(poisson_fit):
     rep = inv.verify(rotated, held[:60], n_samples=60, prior_controls=False, elbo_refit_steps=5, n_elbo_samples=8)
     assert rep.passed, rep.summary()
     assert _value(rep, "fitted", "rotation", "latent_map_max_abs_error").value < 1e-9
+
+
+def test_a_nearly_orthogonal_map_is_checked_as_orthogonal(poisson_fit):
+    """Known answer: a rotation perturbed by 1e-8 is within the 1e-6 tolerance, so it is replaced by its polar factor
+    (orthogonal to rounding), classified as orthogonal and expected to leave p(x) unchanged under N(0, I)."""
+    model, held = poisson_fit
+    Q = inv.random_orthogonal(2, 4) + 1e-8 * np.array([[1.0, -2.0], [0.5, 1.5]])
+    rep = inv.verify(model, held, {"near": Q}, n_samples=50, controls=False, prior_controls=False, elbo_refit_steps=0)
+    assert inv.transforms.orthogonality_error(rep.transforms["near"]) < 1e-14
+    v = rep.verdicts().set_index("transform")
+    assert v.loc["near", "kind"] != "linear" and v.loc["near", "p(x) expected"] == "invariant"

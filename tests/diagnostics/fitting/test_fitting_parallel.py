@@ -296,3 +296,36 @@ def test_models_in_one_pool_must_share_the_split_and_have_their_own_folders(adat
         fit_models(adata, [FitSeedsSettings(**OPTIONS, out_dir=shared), FitSeedsSettings(**OPTIONS, out_dir=shared)])
     with pytest.raises(InvalidArgumentError, match="at least one model"):
         fit_models(adata, [])
+
+
+def test_memory_plan_is_the_share_of_available_memory_over_each_workers_need(adata, monkeypatch):
+    """Known answers with a worker needing 1,000 bytes: the workers may take 80% of what is available.
+
+    4 cores and 4 seeds asked; 3,000 bytes available -> 2,400 for the workers -> floor(2.4) = 2 at once;
+    exactly 4,000 * 0.8 / 4 = 1,000 per worker fits 3 at 3,750 bytes (3,000 <= 3,000: the boundary keeps them).
+    """
+    data = adata[:10].copy()
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 4)
+    monkeypatch.setattr(parallelism, "worker_memory_estimate", lambda _: 1000)
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: 3000)
+    assert parallelism.plan_parallelism("auto", 4, data, 1).n_jobs == 2
+    assert parallelism.plan_parallelism(3, 4, data, 1).n_jobs == 2
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: 3750)  # 0.8 * 3750 = 3000 exactly
+    at_boundary = parallelism.plan_parallelism(3, 4, data, 1)
+    assert (at_boundary.n_jobs, at_boundary.reason) == (3, "n_jobs as given")  # no memory warning at equality
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: 2400)  # 1,920 for the workers: 1 at a time
+    assert parallelism.plan_parallelism(4, 4, data, 1).n_jobs == 1
+    # Ray tasks may run on other machines: no memory estimate applies, an explicit n_jobs is kept
+    assert parallelism.plan_parallelism(3, 4, data, 1, backend="ray").n_jobs == 3
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: None)  # unknown memory: no reduction
+    assert parallelism.plan_parallelism(4, 4, data, 1).n_jobs == 4
+
+
+def test_counts_of_raw_and_layers_are_part_of_each_workers_copy(adata):
+    """A worker receives X, every layer and raw.X: the bytes are the sum of the three dense arrays' sizes."""
+    data = adata[:20].copy()
+    X = np.asarray(data.X.toarray() if sp.issparse(data.X) else data.X, dtype=np.float32)
+    data.X = X
+    data.layers["counts"] = X.astype(np.float64)
+    data.raw = data.copy()
+    assert parallelism.counts_nbytes(data) == X.nbytes + X.nbytes * 2 + data.raw.X.nbytes

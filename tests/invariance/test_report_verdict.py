@@ -1,0 +1,47 @@
+"""InvarianceReport's verdict from a hand-written checks table (the rules of status, failures and verdicts)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from countvae.invariance.result import CHECK_COLUMNS, InvarianceReport
+
+
+def _report(rows):
+    checks = pd.DataFrame([dict(zip(CHECK_COLUMNS, row, strict=True)) for row in rows], columns=CHECK_COLUMNS)
+    checks["ok"] = pd.Series([row[-1] for row in rows], dtype=object)  # kept as given (None, bool or numpy bool)
+    return InvarianceReport(checks=checks, transforms={}, variants={})
+
+
+def _row(check, ok, transform="R", expect="equal", value=0.0, threshold=1.0):
+    return ["fitted", transform, "orthogonal", "invariant", check, value, threshold, expect, ok]
+
+
+def test_nothing_judged_is_not_verified():
+    """Known answer: only "report" rows (ok None) judge nothing, so the result is "not verified", never "verified"."""
+    report = _report([_row("crn_max_abs_diff", None, expect="report"), _row("indep_z_mean", None, expect="report")])
+    assert report.status == "not verified" and not report.passed
+    assert report.reasons() == ["no check with a verdict was made"]
+    # a map whose checks are all unjudged is not shown as "ok" either
+    assert report.verdicts()["result"].tolist() == ["FAIL"]
+
+
+def test_numpy_false_counts_as_a_failure():
+    """Known answer: ok = np.False_ (as a numpy comparison returns) fails the check like False does."""
+    report = _report([_row("crn_max_abs_diff", np.True_), _row("indep_z_mean", np.False_, value=5.0, threshold=3.0)])
+    assert report.status == "failed" and not report.passed
+    assert report.failures["check"].tolist() == ["indep_z_mean"]
+    assert report.verdicts()["result"].tolist() == ["FAIL"]
+
+
+def test_an_evidence_failure_outranks_a_theory_failure():
+    """Known answer: with the estimator unreliable (an evidence check) and a theory check failed, the status is
+    "not verified" and the evidence's reason comes first; with the evidence sound it is "failed"."""
+    theory = _row("indep_z_mean", False, value=5.0, threshold=3.0)
+    evidence = _row("unreliable_fraction", False, transform="(none)", value=0.5, threshold=0.1)
+    both = _report([_row("crn_max_abs_diff", True), theory, evidence])
+    assert both.status == "not verified"
+    assert both.reasons()[0].startswith("fitted / (none): the log p(x) estimator is unreliable")
+    assert _report([_row("crn_max_abs_diff", True), theory]).status == "failed"
+    assert _report([_row("crn_max_abs_diff", True), _row("indep_z_mean", True)]).status == "verified numerically"

@@ -1,0 +1,40 @@
+"""The training-time estimate: which stopping settings the calibrated stop applies to, and the warm-up's step count."""
+
+from __future__ import annotations
+
+import countvae as cv
+from countvae.model import warmup
+
+
+def _adata():
+    adata = cv.data.simulate(n_cells=300, n_genes=20, n_latent=2, decoder="linear", seed=7)
+    cv.data.setup_anndata(adata)
+    return adata
+
+
+def test_the_calibrated_stop_applies_only_to_the_shared_rules_validation_interval():
+    """Known answer: the shared rule validates every 2 epochs; at 20 genes it predicts round(840 * 20**-0.364) epochs.
+
+    Validating every 5 epochs with the same patience is another rule: the estimate then takes every epoch (400).
+    """
+    adata = _adata()
+    predicted = round(warmup.STOP_EPOCH_SCALE * 20**warmup.STOP_EPOCH_EXPONENT)
+    same = {"max_epochs": 400, "early_stopping": True, "check_val_every_n_epoch": 2}
+    other = {"max_epochs": 400, "early_stopping": True, "check_val_every_n_epoch": 5}
+    assert warmup.estimate_training_time(adata, {"n_latent": 2}, same, n_steps=1).expected_epochs == predicted
+    assert warmup.estimate_training_time(adata, {"n_latent": 2}, other, n_steps=1).expected_epochs == 400
+
+
+def test_warmup_steps_count_a_partial_last_minibatch():
+    """300 cells, train_size 0.9: 270 training cells, all timed (10 x 128 > 270), in ceil(270 / 128) = 3 minibatches.
+
+    Validation cells in the fit's proportion: round(270 * 0.1 / 0.9) = 30, so 300 cells are timed.
+    """
+    est = warmup.estimate_training_time(_adata(), {"n_latent": 2}, {"max_epochs": 5, "batch_size": 128}, n_steps=10)
+    assert (est.warmup_steps, est.warmup_cells) == (3, 300)
+
+
+def test_expected_stop_of_no_genes_is_that_of_one_gene():
+    """Known answer: the power law at 1 gene is its scale, 840 epochs; 0 genes counts as 1 instead of dividing by 0."""
+    assert warmup.expected_stop_epoch(1, 1000) == round(warmup.STOP_EPOCH_SCALE) == 840
+    assert warmup.expected_stop_epoch(0, 1000) == 840
