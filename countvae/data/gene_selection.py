@@ -90,8 +90,8 @@ def normalized_variance(counts: Any, span: float = LOESS_SPAN) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        One value per gene; genes of zero variance get their squared mean over 1
-        (0 for an all-zero gene), as in scanpy.
+        One value per gene; genes of zero variance (constant genes, all-zero ones
+        included) are left out of the loess and get 0, as in scanpy.
 
     """
     n_cells = counts.shape[0]

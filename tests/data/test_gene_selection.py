@@ -184,3 +184,110 @@ def test_a_cell_without_counts_in_the_chosen_genes_is_an_error():
     cv.data.setup_anndata(adata)
     with pytest.raises(InvalidDataError, match="1 of 400 cells have no counts in the 20 most variable genes"):
         select_top_genes(adata, 20)
+
+
+def test_matches_scanpy_on_simulated_counts_with_batches_and_constant_genes(one_numba_thread):
+    """scanpy's seurat_v3 is the known answer, on synthetic counts (no shared data file needed).
+
+    Two batches of different depth, an all-zero gene and a constant gene (zero variance: left out of the
+    loess, normalized variance exactly 0): the normalized variances, ranks, batch counts and selection must
+    all equal scanpy's.
+    """
+    rng = np.random.default_rng(7)
+    counts = np.vstack([_toy_counts(n_cells=300, seed=1), 3 * _toy_counts(n_cells=200, seed=2)])
+    counts = counts[rng.permutation(len(counts))]
+    counts[:, 5] = 0.0
+    counts[:, 6] = 4.0
+    batches = np.array(["b"] * 300 + ["a"] * 200)[rng.permutation(500)]
+    adata = ad.AnnData(
+        X=counts.astype(np.float64), obs=pd.DataFrame({"batch": batches}, index=[str(i) for i in range(500)])
+    )
+    for batch_key, labels in ((None, None), ("batch", batches)):
+        expected = sc.pp.highly_variable_genes(
+            adata, flavor="seurat_v3", n_top_genes=25, batch_key=batch_key, inplace=False
+        )
+        got = highly_variable_genes(counts if batch_key is None else sp.csr_matrix(counts), 25, labels)
+        columns = ["highly_variable_rank", "highly_variable"]
+        columns += [] if batch_key is None else ["highly_variable_nbatches"]
+        np.testing.assert_allclose(got["variances_norm"], expected["variances_norm"].to_numpy(), rtol=1e-10)
+        for column in columns:
+            np.testing.assert_array_equal(got[column].to_numpy(), expected[column].to_numpy(), err_msg=column)
+    per_batch = [normalized_variance(counts[batches == b]) for b in ("a", "b")]
+    for norm_var in per_batch:
+        assert norm_var[5] == 0.0 and norm_var[6] == 0.0
+
+
+def test_normalized_variance_clips_at_mean_plus_sigma_sqrt_n():
+    """Known answer by hand: one outlier count is clipped at mean + sigma * sqrt(n) before standardising.
+
+    The normalized variance is the ddof=1 variance of (min(x, mean + sigma sqrt(n)) - mean) / sigma, with sigma
+    the loess fit; here it is computed directly from the clipped values (not from sums) and must agree.
+    """
+    from skmisc.loess import loess
+
+    counts = _toy_counts(n_cells=200, seed=3).astype(np.float64)
+    counts[0, 30] = 5000.0  # far above any clip
+    n = counts.shape[0]
+    mean, var = counts.mean(0), counts.var(0, ddof=1)
+    fit = loess(np.log10(mean), np.log10(var), span=0.3, degree=2)
+    fit.fit()
+    sigma = np.sqrt(10**fit.outputs.fitted_values)
+    clipped = np.minimum(counts, mean + sigma * np.sqrt(n))
+    assert clipped[0, 30] < 5000.0
+    expected = np.sum(((clipped - mean) / sigma) ** 2, axis=0) / (n - 1)
+    np.testing.assert_allclose(normalized_variance(counts), expected, rtol=1e-10)
+    np.testing.assert_allclose(normalized_variance(sp.csr_matrix(counts)), expected, rtol=1e-10)
+
+
+def test_choose_genes_keeps_all_genes_unless_there_are_more_than_the_default(registered):
+    """With no explicit number, data with exactly ``default`` genes is kept whole; one gene fewer selects."""
+    from countvae.data.gene_selection import choose_genes
+
+    whole = choose_genes(registered, None, 60, n_latent=2)
+    assert not whole.selected and whole.adata is registered and whole.record() is None
+    chosen = choose_genes(registered, None, 59, n_latent=2)
+    assert chosen.selected and not chosen.explicit and chosen.adata.n_vars == 59
+    assert choose_genes(registered, "all", 10, n_latent=2).adata.n_vars == 60
+    explicit = choose_genes(registered, 30, None, n_latent=2)
+    assert explicit.explicit and explicit.record()["n_top_genes"] == 30
+
+
+def _ranks_from_scores(monkeypatch, scores, n_top_genes):
+    """``highly_variable_genes`` with the per-batch normalized variances replaced by ``scores`` (batches x genes).
+
+    Cells of batch ``b`` (labelled ``"b0"``, ``"b1"``, ...) hold the count ``b`` everywhere, which is how the
+    stand-in tells the batches apart; the counts are sparse, as on real data.
+    """
+    import countvae.data.gene_selection as gene_selection
+
+    scores = np.asarray(scores, dtype=np.float64)
+    monkeypatch.setattr(gene_selection, "normalized_variance", lambda counts, span: scores[int(counts[0, 0])])
+    counts = np.repeat(np.arange(len(scores), dtype=np.float64), 3)[:, None] * np.ones((1, scores.shape[1]))
+    labels = np.repeat([f"b{b}" for b in range(len(scores))], 3)
+    return highly_variable_genes(sp.csr_matrix(counts), n_top_genes, labels)
+
+
+def test_batch_ranks_are_medians_over_the_batches_where_a_gene_is_in_the_top(monkeypatch):
+    """Hand-computed ranks of 5 genes in 3 batches, top 3 (0 = most variable).
+
+    Batch ranks: gene 0 (0, 0, 2), gene 1 (1, 1, 0), gene 2 (2, 2, -), gene 3 (-, -, -), gene 4 (-, -, 1):
+    median ranks 0, 1, 2, NaN, 1 (the mean would give 2/3 for genes 0 and 1), batches in the top 3, 3, 2, 0, 1;
+    selected: genes 0, 1 and 4 (median rank 0, 1, 1 before gene 2's 2).
+    """
+    scores = [[5, 4, 3, 2, 1], [5, 4, 3, 2, 1], [3, 5, 1, 2, 4]]
+    table = _ranks_from_scores(monkeypatch, scores, 3)
+    np.testing.assert_array_equal(table["highly_variable_rank"].to_numpy(), [0, 1, 2, np.nan, 1])
+    np.testing.assert_array_equal(table["highly_variable_nbatches"].to_numpy(), [3, 3, 2, 0, 1])
+    np.testing.assert_array_equal(table["highly_variable"].to_numpy(), [True, True, False, False, True])
+    np.testing.assert_allclose(table["variances_norm"].to_numpy(), np.mean(scores, axis=0))
+
+
+def test_equal_median_ranks_are_broken_by_the_number_of_batches(monkeypatch):
+    """Top 1 of 4 genes in 3 batches: genes 0 (top in 2 batches) and 3 (top in 1) both have median rank 0;
+    the gene top in more batches is the one selected.
+    """
+    scores = [[4, 3, 2, 1], [4, 2, 3, 1], [1, 2, 3, 4]]
+    table = _ranks_from_scores(monkeypatch, scores, 1)
+    np.testing.assert_array_equal(table["highly_variable_rank"].to_numpy(), [0, np.nan, np.nan, 0])
+    np.testing.assert_array_equal(table["highly_variable_nbatches"].to_numpy(), [2, 0, 0, 1])
+    np.testing.assert_array_equal(table["highly_variable"].to_numpy(), [True, False, False, False])

@@ -279,3 +279,63 @@ def test_split_seed_must_be_an_integer(seed):
         cv.data.split_indices(10, 0.5, seed)
     first, second = cv.data.split_indices(10, 0.5, np.int64(1))
     np.testing.assert_array_equal(np.sort(np.concatenate([first, second])), np.arange(10))
+
+
+def test_counts_up_to_two_to_the_24_are_accepted_and_larger_refused():
+    """2**24 is the largest integer float32 holds exactly: a count of 2**24 passes, 2**24 + 1 is refused."""
+    from countvae.data.validation import MAX_EXACT_COUNT, validate_counts
+
+    assert MAX_EXACT_COUNT == 16_777_216
+    X = _counts().astype(np.float64)
+    X[4, 2] = 2**24
+    for matrix in (X, sp.csr_matrix(X)):
+        assert validate_counts(matrix).gene_totals[2] == X[:, 2].sum()
+    X[4, 2] = 2**24 + 1
+    for matrix in (X, sp.csr_matrix(X), X.astype(np.int64)):
+        with pytest.raises(InvalidDataError, match="16777217"):
+            validate_counts(matrix)
+
+
+def test_complex_counts_are_refused():
+    """A complex matrix is numeric to numpy but cannot hold counts."""
+    from countvae.data.validation import validate_counts
+
+    with pytest.raises(InvalidDataError, match="dtype complex"):
+        validate_counts(_counts().astype(np.complex128))
+
+
+class _RowSliced:
+    """Stands in for a backed dataset: a shape, a dtype and contiguous row slices, nothing else."""
+
+    def __init__(self, matrix):
+        self.matrix, self.shape, self.dtype = matrix, matrix.shape, matrix.dtype
+
+    def __getitem__(self, rows):
+        assert isinstance(rows, slice)
+        return self.matrix[rows]
+
+
+def test_totals_add_up_over_chunks_of_rows():
+    """Known answer: the cell and gene totals of a matrix read in several chunks of 4096 rows equal its sums."""
+    from countvae.data.validation import count_totals, validate_counts
+
+    X = np.random.default_rng(1).poisson(2.0, (9000, 5)).astype(np.float32) + 1
+    for matrix in (X, sp.csc_matrix(X), _RowSliced(X), _RowSliced(sp.csr_matrix(X))):
+        for summary in (validate_counts(matrix), count_totals(matrix)):
+            np.testing.assert_array_equal(summary.gene_totals, X.sum(0, dtype=np.float64))
+            np.testing.assert_array_equal(summary.cell_totals, X.sum(1, dtype=np.float64))
+    X[8999] = 0  # the last cell, in the last chunk
+    with pytest.raises(InvalidDataError, match="1 of 9000 cells"):
+        validate_counts(_RowSliced(X))
+
+
+def test_batch_codes_refuse_missing_values_and_follow_the_registry_order():
+    """Codes index the registry's categories (here ``["y", "x"]``, a categorical's order); a missing batch in
+    data coded later (a query) is refused by name rather than read as a batch called "nan"."""
+    a = _adata(_counts(), batch=pd.Categorical(["x", "y"] * 10, categories=["y", "x"]))
+    cv.data.setup_anndata(a, batch_key="batch")
+    registry = cv.data.get_registry(a)
+    np.testing.assert_array_equal(cv.data.registry.batch_codes(a, registry), [1, 0] * 10)
+    query = _adata(_counts(), batch=["x"] * 19 + [np.nan])
+    with pytest.raises(InvalidDataError, match="missing values"):
+        cv.data.registry.batch_codes(query, registry)

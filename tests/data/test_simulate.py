@@ -1,0 +1,96 @@
+"""The simulator is the tests' ground truth: its counts must follow the model its docstring states."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import countvae as cv
+from countvae.data.simulate import draw_sources, source_labels
+
+
+@pytest.mark.parametrize("kind", ["normal", "laplace", "uniform", "discrete"])
+def test_sources_have_mean_0_variance_1_and_their_stated_shape(kind):
+    """Known moments: mean 0 and variance 1 for every kind; excess kurtosis 0 (normal), 3 (Laplace), -1.2
+    (uniform on +-sqrt(3)), -1.5 (three equally likely levels -sqrt(1.5), 0, sqrt(1.5))."""
+    n = 200_000
+    z = draw_sources(kind, n, 2, np.random.default_rng(0))
+    assert z.shape == (n, 2)
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=5 / np.sqrt(n))
+    np.testing.assert_allclose(z.var(0), 1.0, atol=0.02)
+    excess = {"normal": 0.0, "laplace": 3.0, "uniform": -1.2, "discrete": -1.5}[kind]
+    np.testing.assert_allclose((z**4).mean(0) / z.var(0) ** 2 - 3, excess, atol=0.1 + 0.1 * abs(excess))
+    if kind == "uniform":
+        assert np.abs(z).max() <= np.sqrt(3.0)
+    if kind == "discrete":
+        np.testing.assert_allclose(np.unique(z), [-np.sqrt(1.5), 0.0, np.sqrt(1.5)])
+
+
+def _mean_from_truth(adata):
+    """``l_n exp(b_g + W_g z_n + c_{s_n g})``, rebuilt from the stored truth (linear decoder)."""
+    p = adata.uns["simulation"]
+    batch = adata.obs["batch"].cat.codes.to_numpy()
+    eta = p["b"] + adata.obsm["z_true"] @ p["W"].T + p["batch_offset"][batch]
+    return adata.obs["size_factor"].to_numpy()[:, None] * np.exp(eta)
+
+
+@pytest.mark.parametrize("likelihood", ["poisson", "nb"])
+def test_counts_have_the_stored_means_and_dispersions(likelihood):
+    """Each gene's total count is within 5 standard errors of the sum of its stored means (Poisson variance mu,
+    NB mu + mu^2 / theta_g); for NB the median over genes of the moment estimate of 1 / theta_g agrees with
+    the stored theta."""
+    adata = cv.data.simulate(n_cells=3000, n_genes=40, n_latent=2, likelihood=likelihood, n_batches=3, seed=5)
+    p = adata.uns["simulation"]
+    np.testing.assert_allclose(np.exp(p["b"]).sum(), 1.0, rtol=1e-12)
+    assert p["batch_offset"].shape == (3, 40) and set(adata.obs["batch"]) == {"batch0", "batch1", "batch2"}
+    mu = _mean_from_truth(adata)
+    x = adata.X.toarray().astype(np.float64)
+    theta = p["theta"] if likelihood == "nb" else np.inf
+    variance = mu + mu**2 / theta
+    z = (x.sum(0) - mu.sum(0)) / np.sqrt(variance.sum(0))
+    assert np.abs(z).max() < 5, z
+    if likelihood == "nb":
+        ratio = np.sum((x - mu) ** 2 - x, axis=0) / np.sum(mu**2, axis=0) * theta  # expectation 1 for each gene
+        assert abs(np.median(ratio) - 1) < 0.1, ratio
+        np.testing.assert_allclose(np.median(theta), 10.0, rtol=0.3)
+
+
+def test_library_sizes_and_one_batch():
+    """Size factors are log-normal around ``library_size`` with log sd ``library_log_sd``; the observed library
+    (b is a log-proportion) is close to the size factor; one batch has no offsets."""
+    adata = cv.data.simulate(n_cells=4000, n_genes=50, n_latent=2, likelihood="poisson", library_size=500.0, seed=2)
+    log_l = np.log(adata.obs["size_factor"].to_numpy())
+    assert abs(np.median(log_l) - np.log(500.0)) < 0.03 and abs(log_l.std() - 0.3) < 0.02
+    assert not np.any(adata.uns["simulation"]["batch_offset"])
+    observed = np.asarray(adata.X.sum(1)).ravel()
+    expected = _mean_from_truth(adata).sum(1)
+    assert abs(np.log(observed.sum() / expected.sum())) < 0.01
+
+
+def test_loading_scale_is_the_sd_of_each_genes_latent_effect():
+    """With standard normal sources, W_g z has variance sum_k W_gk^2, whose average is ``loading_scale**2``."""
+    adata = cv.data.simulate(
+        n_cells=100, n_genes=4000, n_latent=4, loading_scale=1.5, likelihood="poisson", library_size=1e6, seed=3
+    )
+    W = adata.uns["simulation"]["W"]
+    np.testing.assert_allclose(np.mean(np.sum(W**2, axis=1)), 1.5**2, rtol=0.03)
+
+
+def test_zinb_dropout_zeroes_the_stated_share():
+    """With a huge library every NB count is positive, so the share of zeros is the dropout probability."""
+    adata = cv.data.simulate(
+        n_cells=2000, n_genes=20, n_latent=2, likelihood="zinb", dropout=0.25, library_size=1e6, seed=1
+    )
+    zeros = 1 - adata.X.getnnz() / np.prod(adata.shape)
+    assert abs(zeros - 0.25) < 5 * np.sqrt(0.25 * 0.75 / 40_000)
+    assert adata.uns["simulation"]["dropout"] == 0.25
+
+
+def test_source_labels_are_equally_populated_bins_or_levels():
+    """Quantile bins of a continuous source hold n / n_bins cells each, ordered like the source; a discrete
+    source keeps its levels 0, 1, 2 in order."""
+    z = np.column_stack([np.arange(1000.0)[::-1], np.repeat([-1.0, 0.0, 1.0], [300, 300, 400])])
+    labels = source_labels(z, 10)
+    np.testing.assert_array_equal(np.bincount(labels[:, 0]), [100] * 10)
+    np.testing.assert_array_equal(labels[:, 0], 9 - np.arange(1000) // 100)
+    np.testing.assert_array_equal(labels[:, 1], np.repeat([0, 1, 2], [300, 300, 400]))
