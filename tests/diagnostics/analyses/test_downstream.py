@@ -180,3 +180,25 @@ def test_umap_agreement_baseline_varies_only_the_embedding_seed():
     assert row["between_mean"] == 1.0 and row["within_mean"] < 0.9 and np.isnan(row["model_share"])
     with pytest.raises(InvalidArgumentError, match="two different"):
         ds.umap_agreement({"fit": z, "copy": z}, seeds=(2, 2), embed=embed)
+
+
+def test_model_share_summary_fields_by_hand():
+    # Between-fit scores 0.8 and 0.6: mean 0.7, minimum 0.6, disagreement 0.3; within 0.9: excess 0.2, share 2/3.
+    out = ds.model_share([0.8, 0.6], [0.9])
+    assert out["between_mean"] == pytest.approx(0.7) and out["between_min"] == pytest.approx(0.6)
+    assert out["within_mean"] == pytest.approx(0.9)
+    assert out["model_excess"] == pytest.approx(0.2) and out["model_share"] == pytest.approx(2 / 3)
+    assert (out["n_between"], out["n_within"]) == (2, 1)
+
+
+def test_label_agreement_ari_by_hand():
+    # a = (0,0,0,1,1,1), b = (0,0,1,1,1,1): contingency pairs sum 4, row pairs 6, column pairs 7, all pairs 15:
+    # ARI = (4 - 6*7/15) / ((6 + 7)/2 - 6*7/15) = 12/37. NMI by entropies: H(a) = ln 2, H(b) = H(1/3, 2/3),
+    # I = H(b) - H(b|a) with H(b|a) = H(1/3, 2/3) / 2; arithmetic normalisation (H(a) + H(b)) / 2.
+    a, b = np.array([0, 0, 0, 1, 1, 1]), np.array([0, 0, 1, 1, 1, 1])
+    pairs, _ = ds.label_agreement({"a": a, "b": b}, {})
+    h_b = -(1 / 3) * np.log(1 / 3) - (2 / 3) * np.log(2 / 3)
+    mutual = h_b - h_b / 2
+    row = pairs.iloc[0]
+    assert row["ari"] == pytest.approx(12 / 37)
+    assert row["nmi"] == pytest.approx(mutual / ((np.log(2) + h_b) / 2))

@@ -187,3 +187,29 @@ def test_the_report_and_ica_stability_measure_one_thing_on_the_same_cells():
     judged = judge_components(table.reset_index(), 0.95).set_index("component")
     assert public["reproducible"].to_dict() == (judged["verdict"] == AGREE).to_dict()
     assert public["reproducible"].sum() == DIM - 1
+
+
+def test_worst_and_mean_match_with_one_noisy_seed():
+    """Seed 2 sees the sources through noise of sd 0.6: its best match is about 1 / sqrt(1 + 0.36) = 0.86.
+
+    Seed 1 matches to about 1. The worst match and its interval come from seed 2's bootstrap replicates (not the
+    best seed's); the mean match is the average of the two seeds' matches, not their minimum.
+    """
+    n = 600
+    held_sources, fit_sources = rotated_sources("laplace", seed=1, n=n), rotated_sources("laplace", seed=2)
+    held, fit = seed_latents(held_sources), seed_latents(fit_sources, seed=101)
+    rng = np.random.default_rng(5)
+    held["seed 2"] = held["seed 2"] + 0.6 * rng.standard_normal(held["seed 2"].shape)
+    fit["seed 2"] = fit["seed 2"] + 0.6 * rng.standard_normal(fit["seed 2"].shape)
+    result = ica_component_stability(held, cell_bootstrap(n, 200, seed=3), fit)
+    table = result.table.set_index("component")
+    by_fit = result.matches.pivot(index="component", columns="fit", values="best_match").loc[table.index]
+    assert (by_fit["seed 1"] > 0.97).all()
+    np.testing.assert_allclose(by_fit["seed 2"], 1 / np.sqrt(1.36), atol=0.06)
+    np.testing.assert_allclose(table["worst_match"], by_fit["seed 2"])
+    np.testing.assert_allclose(table["mean_match"], (by_fit["seed 1"] + by_fit["seed 2"]) / 2)
+    assert (table["low"] <= table["worst_match"]).all() and (table["worst_match"] <= table["high"]).all()
+    assert (table["high"] < 0.95).all()
+    # The interval's width is seed 2's sampling error: a correlation r over n cells has standard error about
+    # (1 - r^2) / sqrt(n) = 0.011 here (seed 1's, at r near 1, is a hundred times smaller).
+    assert ((table["high"] - table["low"]) > 0.015).all()

@@ -96,3 +96,84 @@ def test_a_gene_without_counts_in_any_draw_gives_nan_without_a_warning():
     assert np.isnan(stats.cv_gene[1]) and np.isfinite(np.delete(stats.cv_gene, 1)).all()
     expected = np.std(draws[:, 0, :], axis=0) / np.mean(draws[:, 0, :], axis=0)
     assert stats.cv_gene[0] == pytest.approx(expected.mean(), rel=1e-12)
+
+
+def hand_stats(cv_gene, zero_fraction, cv_cell=(1.0,), coverage=None):
+    """PPCStatistics with the given per-gene values (calibration error unused)."""
+    from countvae.diagnostics.analyses.ppc import PPCStatistics
+
+    return PPCStatistics(
+        np.asarray(cv_gene, float), np.asarray(cv_cell, float), np.asarray(zero_fraction, float), 0.0, coverage or {}
+    )
+
+
+def test_ppc_table_known_values_by_hand():
+    # Observed CV per gene (1, 1, 1, 0): the zero-scale gene is dropped; relative errors 0.1, 0.2, 1.0 -> median 0.2.
+    # Per cell: observed (2, 4), predicted (3, 4) -> relative errors 0.5, 0 -> median 0.25.
+    # Zero fraction: |(0.2, 0.5, 0.3) - (0.1, 0.2, 0.3)| -> mean 0.4 / 3 (the median would be 0.1).
+    # Coverage at 95% read from the 0.95 entry.
+    observed = hand_stats([1.0, 1.0, 1.0, 0.0], [0.1, 0.2, 0.3], cv_cell=[2.0, 4.0])
+    predicted = hand_stats([1.1, 1.2, 2.0, 5.0], [0.2, 0.5, 0.3], cv_cell=[3.0, 4.0], coverage={0.9: 0.5, 0.95: 0.8})
+    row = ppc_table(observed, {"fit": predicted}).iloc[0]
+    assert row["cv_gene_rel_error"] == pytest.approx(0.2)
+    assert row["cv_cell_rel_error"] == pytest.approx(0.25)
+    assert row["zero_fraction_abs_error"] == pytest.approx(0.4 / 3)
+    assert row["coverage_95"] == 0.8
+
+
+def test_ppc_agreement_known_values_by_hand():
+    # CV (observed 1): halves of a at 1.0 and 1.1, of b at 1.5 and 1.6 -> between |a1 - b1| = 0.5, within 0.1:
+    # ratio 5. Zero fraction: between |0.1 - 0.11| = 0.01, within (0.02 + 0.04) / 2 = 0.03: ratio 1/3.
+    # noise_ratio = the larger ratio = 5.
+    observed = hand_stats([1.0, 1.0, 1.0], [0.1, 0.1, 0.1])
+    halves = {
+        "a": (hand_stats([1.0] * 3, [0.1] * 3), hand_stats([1.1] * 3, [0.12] * 3)),
+        "b": (hand_stats([1.5] * 3, [0.11] * 3), hand_stats([1.6] * 3, [0.15] * 3)),
+    }
+    row = ppc_agreement(observed, halves).iloc[0]
+    assert row["cv_gene_rel_diff"] == pytest.approx(0.5)
+    assert row["cv_gene_noise"] == pytest.approx(0.1)
+    assert row["zero_fraction_abs_diff"] == pytest.approx(0.01)
+    assert row["zero_fraction_noise"] == pytest.approx(0.03)
+    assert row["noise_ratio"] == pytest.approx(5.0)
+
+
+def test_ppc_agreement_without_monte_carlo_noise():
+    # Identical halves: no noise. Identical fits give ratio 1 (nothing to tell apart); different fits give infinity.
+    observed = hand_stats([1.0, 1.0], [0.1, 0.1])
+    same = hand_stats([1.0, 1.0], [0.1, 0.1])
+    other = hand_stats([2.0, 2.0], [0.1, 0.1])
+    row = ppc_agreement(observed, {"a": (same, same), "b": (same, same)}).iloc[0]
+    assert row["noise_ratio"] == 1.0
+    row = ppc_agreement(observed, {"a": (same, same), "b": (other, other)}).iloc[0]
+    assert row["noise_ratio"] == np.inf
+
+
+def test_statistics_concordance_known_values_by_hand():
+    # Lin's concordance with population moments: a = (1, 2, 3), b = a + 1 -> 2 cov / (vx + vy + 1) = (4/3) / (7/3)
+    # = 4/7. Zero fractions reversed -> cov = -var, equal means: -1. Agreement is the smaller: -1.
+    # A fourth gene with a NaN in one fit only is dropped, not read as 0.
+    from countvae.diagnostics.analyses.ppc import statistics_concordance
+
+    a = hand_stats([1.0, 2.0, 3.0, np.nan], [0.1, 0.2, 0.3, 0.5])
+    b = hand_stats([2.0, 3.0, 4.0, 9.0], [0.3, 0.2, 0.1, np.nan])
+    out = statistics_concordance(a, b)
+    assert out["cv_gene_ccc"] == pytest.approx(4 / 7)
+    assert out["zero_fraction_ccc"] == pytest.approx(-1.0)
+    assert out["agreement"] == pytest.approx(-1.0)
+    # Resampled genes: rows of gene positions; a row of the first three genes repeats the numbers above, a row
+    # (0, 0, 2, 2) gives cv a = (1, 1, 3, 3), b = a + 1: var 1, cov 1 -> 2 / (1 + 1 + 1) = 2/3.
+    out = statistics_concordance(a, b, genes=np.array([[0, 1, 2, 3], [0, 0, 2, 2]]))
+    np.testing.assert_allclose(out["cv_gene_ccc"], [4 / 7, 2 / 3])
+    # Same fit twice: concordance 1 on both statistics.
+    assert statistics_concordance(a, a)["agreement"] == pytest.approx(1.0)
+
+
+def test_ppc_agreement_adds_the_concordance_of_the_full_draws():
+    observed = hand_stats([1.0, 1.0, 1.0], [0.1, 0.1, 0.1])
+    a = hand_stats([1.0, 2.0, 3.0], [0.1, 0.2, 0.3])
+    b = hand_stats([2.0, 3.0, 4.0], [0.1, 0.2, 0.3])
+    row = ppc_agreement(observed, {"a": (a, a), "b": (b, b)}, predicted={"a": a, "b": b}).iloc[0]
+    assert row["cv_gene_ccc"] == pytest.approx(4 / 7)
+    assert row["zero_fraction_ccc"] == pytest.approx(1.0)
+    assert row["agreement"] == pytest.approx(4 / 7)

@@ -1,6 +1,7 @@
 """Spread of guide draws across seeds: copies identical up to a rotation have raw R-hat >> 1 and invariant R-hat ~ 1."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from diagnostics_helpers import random_rotation
 
@@ -97,3 +98,52 @@ def test_bad_inputs(trained_linear):
         rhat_table({"x": np.zeros((1, 10, 3))})
     with pytest.raises(InvalidArgumentError, match="alike for every fit"):
         rhat_chains({"a": np.zeros((10, 3, 2)), "b": np.zeros((10, 4, 2))})
+
+
+def shifted_chains(shifts, n_draws=2000, seed=0):
+    """Two chains of iid N(0, 1) draws per parameter, the second one's mean moved by each shift: (2, draws, params)."""
+    rng = np.random.default_rng(seed)
+    draws = rng.standard_normal((2, n_draws, len(shifts)))
+    draws[1] += np.asarray(shifts, dtype=float)
+    return draws
+
+
+def test_pairwise_distances_are_euclidean_between_the_cells():
+    # Cells at (0, 0), (3, 4) and (6, 8) in every draw: distances 5, 10, 5 (pairs (0,1), (0,2), (1,2)).
+    z = np.tile(np.array([[0.0, 0.0], [3.0, 4.0], [6.0, 8.0]]), (4, 1, 1))
+    chains = rhat_chains({"a": z, "b": z + 1.0})
+    np.testing.assert_allclose(chains["pairwise distances"], np.tile([5.0, 10.0, 5.0], (2, 4, 1)))
+    np.testing.assert_allclose(chains["raw coordinates"][1], z.reshape(4, -1) + 1.0)
+    assert set(chains) == {"raw coordinates", "pairwise distances"}
+    with pytest.raises(InvalidArgumentError, match="4 draws"):
+        rhat_chains({"a": z[:3], "b": z[:3]})
+
+
+def test_rhat_table_summary_of_known_spreads():
+    # Split R-hat of two chains whose means differ by d (unit variance) is about sqrt(1 + d^2 / 4): ~1 for d = 0,
+    # ~1.02 for d = 0.35 (above the 1.01 threshold, below 1.1), far above 1 for d = 10 (disjoint chains; rank
+    # normalisation caps it near 1.8).
+    draws = shifted_chains([0.0, 0.0, 0.35, 10.0])
+    summary, per = rhat_table({"x": draws})
+    row = summary.iloc[0]
+    rhat = per["rhat"].to_numpy()
+    assert rhat[0] < 1.005 and rhat[1] < 1.005 and 1.015 < rhat[2] < 1.06 and rhat[3] > 1.5
+    assert row["fraction_above"] == 0.5
+    assert row["rhat_max"] == rhat[3] and row["rhat_median"] == pytest.approx(np.median(rhat))
+    assert (row["n_chains"], row["n_draws"], row["n_parameters"]) == (2, 2000, 4)
+    # iid draws: bulk ESS near the 4000 draws in all; disjoint chains: a handful.
+    assert per["ess_bulk"].iloc[0] > 3000 and row["ess_bulk_min"] < 50
+
+
+def test_add_baseline_counts_parameters_above_the_baseline_maximum():
+    # Baseline R-hat: ~1.00, ~1.00 and ~1.2 (chains shifted by 1.3): median ~1.00, maximum ~1.2.
+    # Cross-seed R-hat set by hand to 1.1, 1.5, 3.0: two of three above the maximum (all three above the median).
+    # A quantity without baseline draws gets NaN.
+    baseline = {"q": shifted_chains([0.0, 0.0, 1.3], seed=1)}
+    summary = pd.DataFrame({"quantity": ["q", "r"]})
+    per = pd.DataFrame({"quantity": ["q", "q", "q", "r", "r"], "rhat": [1.1, 1.5, 3.0, 5.0, 5.0]})
+    table = add_baseline(summary, per, baseline).set_index("quantity")
+    assert table.loc["q", "baseline_rhat_median"] < 1.01
+    assert 1.12 < table.loc["q", "baseline_rhat_max"] < 1.4
+    assert table.loc["q", "fraction_above_baseline"] == pytest.approx(2 / 3)
+    assert table.loc["r"].isna().all()
