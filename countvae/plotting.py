@@ -50,7 +50,7 @@ def _text_as_written(plot: _Plot) -> _Plot:
     def drawn(*args: Any, **kwargs: Any) -> Any:
         with matplotlib.rc_context({"text.parse_math": False}):
             axes = plot(*args, **kwargs)
-        # texts that existed before the call (an axes' title) keep the setting they were made with
+        # the rc setting reaches only texts made inside the call; an axes' title made before it needs its own
         for ax in np.ravel(axes):
             for text in ax.findobj(Text):
                 text.set_parse_math(False)
