@@ -237,6 +237,31 @@ def test_program_coherence_is_at_par_for_random_genes_and_above_it_for_a_shared_
     assert np.isnan(program_coherence(x, [0, 8]))
 
 
+def test_program_coherence_divides_by_the_95th_percentile_of_the_random_set_eigenvalue():
+    """Known answer: 36 genes whose correlations are exact, so every gene set's top eigenvalue is known.
+
+    Thirteen "loaded" genes share one factor with correlation exactly 0.5 between any two of them; the other 23
+    are exactly uncorrelated with every gene (orthonormal centred columns). A set holding ``j`` loaded genes
+    has top eigenvalue ``1 + (j - 1) * 0.5`` (1 when ``j <= 1``). Random 8-gene sets hold a hypergeometric
+    ``j``: P(j <= 4) = 0.909 and P(j <= 5) = 0.984, so with 5,000 sets the 95th percentile of their
+    eigenvalue is that of j = 5, 3.0, with overwhelming probability (the 90th would be 2.5, the 99th 3.5).
+    Eight loaded genes have 1 + 7 * 0.5 = 4.5: coherence exactly 4.5 / 3.0 = 1.5.
+    """
+    from scipy.stats import hypergeom
+
+    n_genes, n_loaded, set_size = 36, 13, 8
+    cdf = hypergeom(n_genes, n_loaded, set_size).cdf
+    assert 0.905 < cdf(4) < 0.915 and 0.98 < cdf(5) < 0.99  # the design: the 95th percentile sits inside j = 5
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(400, n_genes + 1))
+    basis, _ = np.linalg.qr(raw - raw.mean(0))  # orthonormal columns, each orthogonal to the constant
+    x = basis[:, 1:].copy()
+    x[:, :n_loaded] = np.sqrt(0.5) * basis[:, [0]] + np.sqrt(0.5) * basis[:, 1 : n_loaded + 1]
+    assert program_coherence(x, range(set_size), n_sets=5000, seed=3) == pytest.approx(1.5, abs=1e-9)
+    # a set of free genes has eigenvalue 1 against the same reference
+    assert program_coherence(x, range(20, 28), n_sets=5000, seed=3) == pytest.approx(1.0 / 3.0, abs=1e-9)
+
+
 def test_depth_residuals_remove_a_trend_shared_through_sequencing_depth():
     rng = np.random.default_rng(0)
     library = np.exp(rng.normal(7, 0.5, 500))
