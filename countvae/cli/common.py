@@ -114,7 +114,11 @@ def add_model_arguments(
     if unknown:
         raise ValueError(f"These name no model or training option: {unknown}")
     defaults = {"n_latent": DEFAULT_N_LATENT, **defaults}  # the model's resolved default, not None
-    default_text = {"max_epochs": "as scvi-tools, from the data size", **default_text}
+    default_text = {
+        "max_epochs": "as scvi-tools, from the data size",
+        "lr": "1e-3; with early stopping 1e-2, cut to 1e-3 when the validation loss stalls",
+        **default_text,
+    }
     for cls, options in ((ModelSettings, MODEL_OPTIONS), (TrainingPlan, TRAINING_OPTIONS)):
         for name, text in options.items():
             extra = {"default": defaults[name]} if name in defaults else {}

@@ -135,7 +135,8 @@ BUILT_FROM = {
 def _stopping_help() -> str:
     s = DIAGNOSE_STOPPING
     return (
-        "stop a seed when its validation loss stalls, keeping its best epoch (validation every "
+        "stop a seed when its validation loss stalls, keeping its best epoch (learning rate "
+        f"{s['lr']:g}, cut to {s['lr'] * s['early_stopping_lr_factor']:g} when it first stalls; validation every "
         f"{s['check_val_every_n_epoch']} epochs, patience {s['early_stopping_patience']} epochs, improvements under "
         f"{100 * s['early_stopping_relative_delta']:g}% do not count)"
     )

@@ -11,7 +11,7 @@ import anndata as ad
 from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
-from countvae.model import TrainingTimeEstimate, estimate_training_time
+from countvae.model import TrainingPlan, TrainingTimeEstimate, estimate_training_time
 
 logger = logging.getLogger("countvae.cli")
 
@@ -108,6 +108,15 @@ def expected_seconds(timing: TrainingTimeEstimate, seeds: int, n_jobs: int | Non
     return timing.seconds_per_fit * rounds
 
 
+def _learning_rate(train_kwargs: dict[str, Any]) -> str:
+    """The learning rate as the fits will use it (``TrainingPlan`` resolves its default and its cuts)."""
+    plan = TrainingPlan(**{k: v for k, v in train_kwargs.items() if k in TrainingPlan.__dataclass_fields__})
+    cuts = plan.early_stopping_lr_reductions if plan.early_stopping else 0
+    if not cuts:
+        return f"lr {plan.learning_rate:g}"
+    return f"lr {plan.learning_rate:g} (x{plan.early_stopping_lr_factor:g} when the validation loss stalls, {cuts}x)"
+
+
 def announce(
     command: str,
     *,
@@ -144,7 +153,7 @@ def announce(
         f"  genes     {describe_genes(genes)}",
         f"  model     {model_kwargs['likelihood']} likelihood, {model_kwargs['decoder']} decoder, "
         f"{model_kwargs['n_latent']} latent dimensions" + (hidden if model_kwargs["decoder"] == "mlp" else ""),
-        f"  training  {fits}, batch size {train_kwargs['batch_size']}, lr {train_kwargs['lr']:g}, "
+        f"  training  {fits}, batch size {train_kwargs['batch_size']}, {_learning_rate(train_kwargs)}, "
         f"early stopping {stopping}{parallel}",
     ]
     if timing is None:

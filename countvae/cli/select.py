@@ -90,7 +90,12 @@ def register(sub: Subcommands) -> None:
         help="stop each fit when its validation loss stalls, keeping its best epoch (default: off)",
     )
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="Adam learning rate (default: 1e-3; with --early-stopping 1e-2, cut to 1e-3 when the validation stalls)",
+    )
     p.add_argument("--n-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
     p.add_argument(
         "--n-jobs",

@@ -20,27 +20,32 @@ from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
-#: The epoch at which ``DEFAULT_STOPPING`` ends a fit, ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_EXPONENT``: a power
-#: law through the middle (geometric mean of the extremes) of the measured stops on 300 genes (the embedded data: epochs
-#: 98, 114) and on 2,000 genes (pbmc_3tech: 54-78 over 9 fits; Kang: 36-42 over 9; the first-contact file: 46-72),
-#: so that every one of these stops lies within a factor 1.47 of its prediction (105 and 53 epochs). Least squares on
-#: the logarithms, used before, put 2,000 genes at 47 and left pbmc_3tech's later stops 1.6x above it. The number of
-#: cells did not order the stops (2,430 training cells stopped at 36 on Kang and at 98-114 on the embedded data); fits
-#: on more genes stop sooner. Measured on two gene counts only; 500 genes of Kang-like simulated counts stopped at
-#: 44-76 against 88 predicted (benchmarks/RESULTS.md, stopping-vs-full and calibration-regimes).
-STOP_EPOCH_SCALE = 840.0
-STOP_EPOCH_EXPONENT = -0.364
-#: Fewest epochs predicted (a validation pass every 2 epochs and a patience of 10 stop no fit before epoch 12).
-MIN_STOP_EPOCH = 12
+#: The epoch at which ``DEFAULT_STOPPING`` ends a fit:
+#: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power
+#: law fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then
+#: moved so that its largest over- and under-prediction are the same factor: 35 fits on 230-2,000 genes and 65-8,100
+#: training cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants;
+#: tests/cli/test_first_contact.py holds them), every one within a factor 1.37 of its prediction. Fits on more genes
+#: stop sooner; the cells matter little.
+STOP_EPOCH_SCALE = 310.43
+STOP_EPOCH_GENES_EXPONENT = -0.201
+STOP_EPOCH_CELLS_EXPONENT = -0.058
+#: Fewest epochs predicted: no fit stops before each of the rule's stages has lasted a patience.
+MIN_STOP_EPOCH = DEFAULT_STOPPING.fewest_epochs
 
 
-def expected_stop_epoch(n_genes: int, max_epochs: int) -> int:
+def expected_stop_epoch(n_genes: int, n_train_cells: int, max_epochs: int) -> int:
     """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
 
-    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at most ``max_epochs``. It is
-    an expectation for planning, not a bound: seeds of one data set stopped up to 1.6x apart.
+    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at least :data:`MIN_STOP_EPOCH`, at most
+    ``max_epochs``. It is an expectation for planning, not a bound: seeds of one data set stopped up to
+    1.4x apart. Counts below 1 are taken as 1.
     """
-    predicted = STOP_EPOCH_SCALE * max(int(n_genes), 1) ** STOP_EPOCH_EXPONENT
+    predicted = (
+        STOP_EPOCH_SCALE
+        * max(int(n_genes), 1) ** STOP_EPOCH_GENES_EXPONENT
+        * max(int(n_train_cells), 1) ** STOP_EPOCH_CELLS_EXPONENT
+    )
     return int(min(max_epochs, max(MIN_STOP_EPOCH, round(predicted))))
 
 
@@ -138,7 +143,7 @@ def estimate_training_time(
     registry = get_registry(adata)
     if registry is None:
         raise SetupError("Register the AnnData with countvae.data.setup_anndata before estimating training time.")
-    train = {k: v for k, v in (train_kwargs or {}).items() if k not in ("early_stopping", "progress_bar", "seed")}
+    train = {k: v for k, v in (train_kwargs or {}).items() if k not in ("progress_bar", "seed")}
     plan = TrainingPlan(**{**train, "max_epochs": 1, "seed": seed, "progress_bar": False})
     n_cells = adata.n_obs
     n_train_cells = max(1, int(round(plan.train_size * n_cells)))
@@ -167,11 +172,11 @@ def estimate_training_time(
     finally:
         torch.set_num_threads(previous_threads)
     timed_cells = n_train + n_validation
-    stops = bool((train_kwargs or {}).get("early_stopping")) and _default_rule(plan)
+    stops = plan.early_stopping and _default_rule(plan)
     return TrainingTimeEstimate(
         seconds_per_epoch=timed / timed_cells * n_cells,
         epochs=int(epochs),
-        expected_epochs=expected_stop_epoch(adata.n_vars, int(epochs)) if stops else int(epochs),
+        expected_epochs=expected_stop_epoch(adata.n_vars, n_train_cells, int(epochs)) if stops else int(epochs),
         warmup_seconds=total,
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
@@ -180,7 +185,13 @@ def estimate_training_time(
 
 def _default_rule(plan: TrainingPlan) -> bool:
     """Whether ``plan`` stops by the shared rule's settings (the rule ``expected_stop_epoch`` is calibrated on)."""
-    return (plan.early_stopping_patience, plan.early_stopping_relative_delta) == (
-        DEFAULT_STOPPING.patience,
-        DEFAULT_STOPPING.relative_delta,
-    ) and plan.check_val_every_n_epoch in (None, DEFAULT_STOPPING.check_val_every_n_epoch)
+    rule = DEFAULT_STOPPING
+    return (
+        plan.early_stopping_patience,
+        plan.early_stopping_relative_delta,
+        plan.learning_rate,
+        plan.early_stopping_lr_reductions,
+        plan.early_stopping_lr_factor,
+    ) == (rule.patience, rule.relative_delta, rule.lr, rule.lr_reductions, rule.lr_factor) and (
+        plan.check_val_every_n_epoch in (None, rule.check_val_every_n_epoch)
+    )

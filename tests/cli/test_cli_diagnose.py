@@ -159,6 +159,9 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
             "check_val_every_n_epoch": 2,
             "early_stopping_patience": 10,
             "early_stopping_relative_delta": 1e-3,
+            "lr": 1e-2,
+            "early_stopping_lr_reductions": 1,
+            "early_stopping_lr_factor": 0.1,
         }
 
 

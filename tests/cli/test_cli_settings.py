@@ -69,7 +69,7 @@ def test_the_command_line_gives_the_settings_it_names(data_file, tmp_path):
     library = DiagnoseSettings(
         seeds=3,
         model_kwargs={"n_latent": 2, "likelihood": "nb", "decoder": "linear", "n_hidden": 128, "n_layers": 1},
-        train_kwargs={"max_epochs": None, "batch_size": 128, "lr": 1e-3, "early_stopping": True},
+        train_kwargs={"max_epochs": None, "batch_size": 128, "lr": None, "early_stopping": True},
         markers=["gene0", "gene3"],
         downstream=DownstreamRequest(groupby="group"),
         report_kwargs={"ica": False, "n_lpd_samples": 7, "equivalence_margin": ReportSettings().equivalence_margin},

@@ -171,29 +171,38 @@ def test_estimate_expects_the_stop_of_the_shared_rule():
     cv.data.setup_anndata(adata)
     stopping = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 400, "early_stopping": True})
     assert stopping.epochs == 400
-    assert stopping.expected_epochs == min(400, round(warmup.STOP_EPOCH_SCALE * 20**warmup.STOP_EPOCH_EXPONENT))
+    assert stopping.expected_epochs == warmup.expected_stop_epoch(20, 270, 400) == 123
     assert stopping.seconds_per_fit == pytest.approx(stopping.expected_epochs * stopping.seconds_per_epoch)
     other_rule = {"max_epochs": 400, "early_stopping": True, "early_stopping_patience": 3}
     assert warmup.estimate_training_time(adata, {"n_latent": 2}, other_rule).expected_epochs == 400
-    assert warmup.expected_stop_epoch(10**9, 400) == warmup.MIN_STOP_EPOCH
-    assert warmup.expected_stop_epoch(300, 30) == 30  # never beyond max_epochs
-    # the calibration's own points: the middle of the measured stops, 105 epochs on 300 genes, 53 on 2,000
-    assert (warmup.expected_stop_epoch(300, 400), warmup.expected_stop_epoch(2000, 400)) == (105, 53)
+    assert warmup.expected_stop_epoch(10**9, 10**6, 400) == warmup.MIN_STOP_EPOCH == 24  # 2 stages x (10 + 2)
+    assert warmup.expected_stop_epoch(300, 2430, 30) == 30  # never beyond max_epochs
+    # the embedded data (300 genes, 2,430 training cells) and Kang at diagnose's defaults (2,000 x 7,034)
+    assert (warmup.expected_stop_epoch(300, 2430, 400), warmup.expected_stop_epoch(2000, 7034, 400)) == (63, 40)
 
 
-#: Epochs at which the shared rule stopped default fits, by genes (benchmarks/RESULTS.md, stopping-vs-full,
-#: diagnose-vs-scvi, first-contact): the embedded data; pbmc_3tech, Kang and the first-contact file.
+#: Epochs at which the shared rule (with its learning-rate cut) stopped fits, by genes and training cells
+#: (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants): the embedded data and its variants
+#: (linear, Poisson, ZINB, Laplace prior, horseshoe loadings, 2-d); 600 simulated cells; Kang (all, 3,000 cells, a
+#: small file of 1,400 on 500 genes), pbmc_3tech (default, 2 layers, ZINB 20-d), simulated 3,000 (high depth) and
+#: 10,000 cells; pbmc_small.
 MEASURED_STOPS = {
-    300: [98, 114],
-    2000: [72, 76, 54, 78, 72, 66, 58, 58, 62, 36, 38, 38, 42, 38, 40, 42, 40, 42, 46, 72],
+    (300, 2430): [48, 58, 68, 56, 82, 48, 56, 70, 50],
+    (300, 486): [74, 76, 82],
+    (500, 1134): [52, 58],
+    (2000, 7034): [32],
+    (2000, 2430): [34, 34, 40, 58],
+    (2000, 1620): [40, 40, 54, 40],
+    (2000, 8100): [40],
+    (230, 65): [60],
 }
 
 
 def test_expected_stop_is_within_the_stated_factor_of_every_measured_stop():
     ratios = [
         max(stop, predicted) / min(stop, predicted)
-        for genes, stops in MEASURED_STOPS.items()
-        for predicted in [warmup.expected_stop_epoch(genes, 400)]
+        for (genes, cells), stops in MEASURED_STOPS.items()
+        for predicted in [warmup.expected_stop_epoch(genes, cells, 400)]
         for stop in stops
     ]
     assert max(ratios) <= 1.5

@@ -26,7 +26,7 @@ def test_loss_decreases_and_history(small_adata):
     m = cv.CountVAE(small_adata, n_latent=2, decoder="linear")
     m.train(max_epochs=15, progress_bar=False)
     h = m.history
-    assert list(h.columns) == ["epoch", "loss_train", "loss_validation", "kl_weight"]
+    assert list(h.columns) == ["epoch", "loss_train", "loss_validation", "kl_weight", "lr"]
     assert h["epoch"].tolist() == list(range(1, 16))
     assert h["loss_train"].iloc[-1] < h["loss_train"].iloc[0] - 5
     assert h["loss_validation"].iloc[-1] < h["loss_validation"].iloc[0] - 5

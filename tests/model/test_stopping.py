@@ -13,7 +13,7 @@ import countvae as cv
 from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_STOPPING, default_epochs, diagnose_train_kwargs
-from countvae.model.training import DEFAULT_STOPPING, ConvergenceRule, TrainingPlan, evaluate_loss
+from countvae.model.training import DEFAULT_STOPPING, ConvergenceRule, EarlyStopping, TrainingPlan, evaluate_loss
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +81,7 @@ def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_checked_epo
         early_stopping=True,
         early_stopping_patience=6,
         early_stopping_relative_delta=1e-3,
+        early_stopping_lr_reductions=0,
         check_val_every_n_epoch=2,
     )
     h = m.history
@@ -97,6 +98,78 @@ def test_early_stopping_stops_where_the_rule_says_and_keeps_the_best_checked_epo
     best = checked.loc[checked["loss_validation"].idxmin()]
     assert summary["kept_epoch"] == int(best["epoch"]) == rule.best_epoch
     assert _validation_loss(m, seed=1) == pytest.approx(float(best["loss_validation"]), rel=1e-6)
+
+
+def test_a_learning_rate_cut_restarts_the_patience_from_the_best_parameters(small_adata):
+    """The rule fires twice: first it cuts the rate (and goes back to the best epoch), then it stops.
+
+    Replayed by hand on the recorded validation losses: the history's ``lr`` column changes right after
+    the first firing, the patience restarts there with the next validation as reference, and the kept
+    epoch is the best of the whole run (either stage).
+    """
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    m.train(
+        max_epochs=300,
+        lr=3e-2,
+        seed=1,
+        progress_bar=False,
+        early_stopping=True,
+        early_stopping_patience=6,
+        early_stopping_lr_reductions=1,
+        early_stopping_lr_factor=0.25,
+        check_val_every_n_epoch=2,
+    )
+    h = m.history
+    assert m.training_summary["stopped_early"]
+    rule = ConvergenceRule(patience=6, relative_delta=1e-3)
+    checked = h.dropna(subset=["loss_validation"])
+    fired = []
+    for epoch, loss in zip(checked["epoch"], checked["loss_validation"], strict=True):
+        if rule.update(int(epoch), float(loss))[1]:
+            fired.append(int(epoch))
+            rule.restart(int(epoch))
+    assert len(fired) == 2 and fired[-1] == len(h)
+    lr = h.set_index("epoch")["lr"]
+    assert (lr.loc[: fired[0]] == 3e-2).all() and np.allclose(lr.loc[fired[0] + 1 :], 3e-2 * 0.25, rtol=1e-12)
+    best = checked.loc[checked["loss_validation"].idxmin()]
+    assert m.training_summary["kept_epoch"] == int(best["epoch"]) == rule.best_epoch
+    assert _validation_loss(m, seed=1) == pytest.approx(float(best["loss_validation"]), rel=1e-6)
+
+
+def test_a_cut_goes_back_to_the_best_parameters_and_the_next_firing_stops():
+    """``EarlyStopping`` on a hand-made sequence of losses, with the parameters moved between validations.
+
+    Patience 2, delta 0: 5.0 (epoch 1, best), 6.0, 7.0 (epoch 3 fires: back to epoch 1's parameters, rate
+    0.5 -> 0.05, fresh patience), 5.5 (epoch 4: the new reference, though worse than the best), 5.2 (counts),
+    5.3, 5.25 (epoch 7 fires again: stop). Without the fresh patience epoch 4 or 5 would stop; the kept
+    parameters are epoch 1's, the best of both stages.
+    """
+    layer = torch.nn.Linear(2, 1)
+    live = list(layer.state_dict().values())
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1.0)
+    plan = TrainingPlan(
+        early_stopping=True,
+        lr=0.5,
+        early_stopping_patience=2,
+        early_stopping_relative_delta=0.0,
+        early_stopping_lr_reductions=1,
+        early_stopping_lr_factor=0.1,
+    )
+    stopping = EarlyStopping(plan, live, optimizer)
+    assert optimizer.param_groups[0]["lr"] == 0.5
+    weights = {}
+    for epoch, loss in enumerate([5.0, 6.0, 7.0, 5.5, 5.2, 5.3, 5.25], start=1):
+        with torch.no_grad():
+            layer.weight.fill_(float(epoch))  # the parameters of this epoch
+        weights[epoch] = layer.weight.clone()
+        stop = stopping.update(epoch, loss)
+        if epoch == 3:
+            assert not stop and torch.equal(layer.weight, weights[1])  # back to the best epoch's parameters
+            assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05) == stopping.lr
+        else:
+            assert stop == (epoch == 7), epoch
+    assert stopping.rule.best_epoch == 1 and stopping.restore_best()
+    assert torch.equal(layer.weight, weights[1])
 
 
 def test_early_stopping_is_deterministic(small_adata):
@@ -116,6 +189,7 @@ def test_no_stopping_during_kl_warmup(small_adata):
         early_stopping=True,
         early_stopping_patience=1,
         early_stopping_relative_delta=0.5,
+        early_stopping_lr_reductions=0,
         check_val_every_n_epoch=1,
     )
     plain = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
@@ -138,13 +212,14 @@ def test_train_and_diagnose_share_one_stopping_rule(small_adata):
         **DEFAULT_STOPPING.train_kwargs(),
         "progress_bar": False,
     }
+    assert plan.learning_rate == DEFAULT_STOPPING.lr and TrainingPlan().learning_rate == 1e-3
     # train(early_stopping=True) at its defaults stops where diagnose's rule, spelled out, stops.
-    kwargs = dict(max_epochs=60, lr=3e-2, seed=2, progress_bar=False)
+    kwargs = dict(max_epochs=300, seed=2, progress_bar=False)
     by_default = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(early_stopping=True, **kwargs)
     explicit = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(
         **DIAGNOSE_STOPPING, early_stopping=True, **kwargs
     )
-    assert by_default.training_summary["stopped_early"], "the fit should stop before its 60 epochs"
+    assert by_default.training_summary["stopped_early"], "the fit should stop before its 300 epochs"
     assert by_default.training_summary == explicit.training_summary
     pd.testing.assert_frame_equal(by_default.history, explicit.history)
 
@@ -185,3 +260,14 @@ def test_bad_stopping_arguments_are_named(small_adata, kwargs, name):
     m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
     with pytest.raises(cv.errors.InvalidArgumentError, match=name):
         m.train(progress_bar=False, **kwargs)
+
+
+def test_a_continued_call_trains_at_its_own_learning_rate(small_adata):
+    """A second ``train`` call sets its learning rate on the kept optimiser (it used to keep the first call's)."""
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    m.train(max_epochs=2, lr=1e-3, progress_bar=False)
+    m.train(max_epochs=1, lr=5e-3, progress_bar=False)
+    assert m._optimizer.param_groups[0]["lr"] == 5e-3
+    assert m.history["lr"].tolist() == [1e-3, 1e-3, 5e-3]
+    m.train(max_epochs=1, progress_bar=False)  # the default again: scvi-tools' 1e-3 without early stopping
+    assert m.history["lr"].iloc[-1] == 1e-3 == m._optimizer.param_groups[0]["lr"]

@@ -13,16 +13,20 @@ def _adata():
 
 
 def test_the_calibrated_stop_applies_only_to_the_shared_rules_validation_interval():
-    """Known answer: the shared rule validates every 2 epochs; at 20 genes it predicts round(840 * 20**-0.364) epochs.
+    """Known answer: the shared rule validates every 2 epochs; at 20 genes and 270 training cells (300 x 0.9) it
+    predicts round(310.43 * 20**-0.201 * 270**-0.058) = 123 epochs.
 
-    Validating every 5 epochs with the same patience is another rule: the estimate then takes every epoch (400).
+    Validating every 5 epochs with the same patience is another rule, and so is a learning rate of 1e-3
+    throughout: the estimate then takes every epoch (400).
     """
     adata = _adata()
-    predicted = round(warmup.STOP_EPOCH_SCALE * 20**warmup.STOP_EPOCH_EXPONENT)
+    predicted = 123
     same = {"max_epochs": 400, "early_stopping": True, "check_val_every_n_epoch": 2}
     other = {"max_epochs": 400, "early_stopping": True, "check_val_every_n_epoch": 5}
     assert warmup.estimate_training_time(adata, {"n_latent": 2}, same, n_steps=1).expected_epochs == predicted
     assert warmup.estimate_training_time(adata, {"n_latent": 2}, other, n_steps=1).expected_epochs == 400
+    constant_rate = {**same, "lr": 1e-3, "early_stopping_lr_reductions": 0}
+    assert warmup.estimate_training_time(adata, {"n_latent": 2}, constant_rate, n_steps=1).expected_epochs == 400
 
 
 def test_warmup_steps_count_a_partial_last_minibatch():
@@ -35,6 +39,7 @@ def test_warmup_steps_count_a_partial_last_minibatch():
 
 
 def test_expected_stop_of_no_genes_is_that_of_one_gene():
-    """Known answer: the power law at 1 gene is its scale, 840 epochs; 0 genes counts as 1 instead of dividing by 0."""
-    assert warmup.expected_stop_epoch(1, 1000) == round(warmup.STOP_EPOCH_SCALE) == 840
-    assert warmup.expected_stop_epoch(0, 1000) == 840
+    """Known answer: the power law at 1 gene and 1 cell is its scale, 310.43 epochs; 0 counts as 1 instead of
+    dividing by 0."""
+    assert warmup.expected_stop_epoch(1, 1, 1000) == round(warmup.STOP_EPOCH_SCALE) == 310
+    assert warmup.expected_stop_epoch(0, 0, 1000) == 310

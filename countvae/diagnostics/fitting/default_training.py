@@ -16,10 +16,10 @@ from countvae.model.training import DEFAULT_STOPPING
 #: Cells visited per seed by default (epochs x training cells): about 2.5 minutes per seed for data
 #: like Kang (7,800 cells x 2,500 genes, ~1.3 s per epoch on one core), so 5 seeds fit in 15 minutes.
 CELL_PASSES_PER_SEED = 600_000
-#: The stopping rule of ``diagnose`` (on unless ``train_kwargs`` has ``early_stopping=False``), chosen in
-#: benchmarks/bench_stopping.py (section "stopping" of benchmarks/RESULTS.md): on Kang it stopped 3 seeds after
-#: 52-54 of the 77 default epochs, with a held-out ELBO no worse than training all 77 epochs. A single
-#: ``CountVAE.train`` keeps the TrainingPlan defaults (early stopping off).
+#: The stopping rule of ``diagnose`` (on unless ``train_kwargs`` has ``early_stopping=False``), the shared
+#: ``DEFAULT_STOPPING`` as keywords of ``CountVAE.train``, its learning rate and its cut included (sections
+#: "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md). A single ``CountVAE.train`` keeps the
+#: TrainingPlan defaults (early stopping off, lr 1e-3).
 DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
 
 

@@ -149,9 +149,10 @@ def compare_models(
         :func:`~countvae.diagnostics.diagnose`'s budget of 600,000 cell passes (20 to 400 epochs; scvi-tools'
         rule would train 400 epochs on anything under 20,000 cells). Early stopping is off unless
         ``early_stopping=True`` (then with ``diagnose``'s rule): its patience is counted in epochs, so on a
-        few hundred cells it is a few dozen steps, and with lr 1e-2 it stopped a 540-cell linear fit at its 4th epoch
-        (tests/diagnostics/reporting/test_model_comparison.py), which would rank candidates by where they
-        happened to stop rather than by what they can fit.
+        few hundred cells it is a few dozen steps; without the rule's learning-rate cut, at lr 1e-2, it stopped a
+        540-cell linear fit at its 4th epoch (tests/diagnostics/reporting/test_model_comparison.py), which would
+        rank candidates by where they happened to stop rather than by what they can fit. The cut carries that fit
+        on, but the recommendation is calibrated without early stopping (benchmarks/select_calibration.py).
     out_dir
         Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
         resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
