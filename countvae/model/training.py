@@ -47,9 +47,9 @@ class StoppingRule:
 
     The rate starts ten times above scvi-tools' 1e-3 and drops to it once: fits
     reach a better held-out fit in fewer epochs than at 1e-3 throughout, on the
-    embedded simulation within about 1 nat per cell of the full 400-epoch schedule
-    (benchmarks/bench_stopping.py, sections "stopping" and "stopping-vs-full" of
-    benchmarks/RESULTS.md).
+    embedded simulation within 1-2.3 nats per cell of the full 400-epoch schedule
+    (benchmarks/bench_stopping.py and bench_stopping_variants.py, sections
+    "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md).
     """
 
     check_val_every_n_epoch: int = 2
