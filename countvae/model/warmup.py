@@ -23,7 +23,7 @@ WARMUP_STEPS = 10
 #: The epoch at which ``DEFAULT_STOPPING`` ends a fit:
 #: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power
 #: law fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then
-#: moved so that its largest over- and under-prediction are the same factor: 35 fits on 230-2,000 genes and 65-8,100
+#: moved so that its largest over- and under-prediction are the same factor: 25 fits on 230-2,000 genes and 65-8,100
 #: training cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants;
 #: tests/cli/test_first_contact.py holds them), every one within a factor 1.37 of its prediction. Fits on more genes
 #: stop sooner; the cells matter little.
