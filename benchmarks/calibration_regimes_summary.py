@@ -312,10 +312,12 @@ def summarize(
     record = json.loads(Path(calibration_file).read_text(encoding="utf-8"))
     # The record holds the regimes of this summary and those of other sections. "linear toy" was the seeds scenario
     # of calibration.py against its re-fitting oracle, before the linear toy became a regime of its own here.
-    kept = {n: e for n, e in record.get("regimes", {}).items() if e.get("section", SECTION) != section}
-    record["regimes"] = {n: e for n, e in kept.items() if n != "linear toy"}
-    for regime in table["regime"].unique():
-        record["regimes"][regime] = regime_record(scored, regime, command, section)
+    # Each regime keeps its place in the record (nearest_regime gives ties to the first); a regime this section
+    # wrote before and no longer holds is dropped.
+    fresh = {regime: regime_record(scored, regime, command, section) for regime in table["regime"].unique()}
+    before = {n: e for n, e in record.get("regimes", {}).items() if n != "linear toy"}
+    kept = {n: fresh.get(n, e) for n, e in before.items() if n in fresh or e.get("section", SECTION) != section}
+    record["regimes"] = kept | {n: e for n, e in fresh.items() if n not in kept}
     write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
     write_section(Path(results), section, body)
     print(body)

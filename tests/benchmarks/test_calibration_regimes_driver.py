@@ -192,3 +192,24 @@ def test_the_linear_toy_oracle_estimates_each_fits_ica_on_its_own_large_draw():
     row = regimes._with_pool_ica(invariants, fits, pool, ica_pool, {}).iloc[0]
     assert row["verdict"] == "agree" and row["agreement"] == pytest.approx(1.0, abs=0.01)
     assert row["n_cells"] == 400
+
+
+def test_a_regime_summarized_again_keeps_its_place_in_the_record(tmp_path):
+    """Ties in nearest_regime go to the regime recorded first, so rewriting a regime must not move it to the end."""
+    import json
+
+    summary = _load("calibration_regimes_summary")
+    runs = _runs([("agree", "agree")]).assign(
+        regime="semi-synthetic", report_seconds=10.0, fit_seconds_per_seed=5.0, epochs="50;60;70"
+    )
+    csv = tmp_path / "semi.csv"
+    runs.to_csv(csv, index=False)
+    record_file = tmp_path / "calibration.json"
+    old = {"configuration": {}, "rows": {}}
+    record = {"scenarios": {}, "regimes": {"semi-synthetic": old | {"section": "first"}, "kang-small-300": old}}
+    record_file.write_text(json.dumps(record))
+    for _ in range(2):  # once from another section's entry, once over its own
+        summary.summarize([csv], tmp_path / "RESULTS.md", "cmd", record_file, section="again")
+        regimes_now = json.loads(record_file.read_text())["regimes"]
+        assert list(regimes_now) == ["semi-synthetic", "kang-small-300"]
+        assert regimes_now["semi-synthetic"]["section"] == "again"

@@ -6,7 +6,9 @@ half, and each component of the first fit is matched (Hungarian, on
 |correlation|) to the components of each other fit on the held-out cells. Its
 ``worst_match`` is the smallest best-match |correlation| over the other fits
 (the worst pair with the reference fit), with a bootstrap interval over the
-held-out cells the matching is computed on (the ICAs themselves held fixed).
+held-out cells the matching is computed on (the ICAs themselves held fixed),
+bounded through each pair's own interval as every worst-pair row of the report
+is (:func:`countvae.diagnostics.analyses.resampling.worst_interval`).
 
 Which cells the ICAs are estimated on matters:
 
@@ -33,8 +35,8 @@ lowers every match it enters, the same fit's as much as another seed's: with
 two seeds that reached one solution, the other fit's ICA and the reference's own
 ICA are estimated on the same half and carry the same error. ``corrected_match``
 is therefore ``worst_match / same_fit_match`` (Spearman's correction for
-attenuation, capped at 1), with its interval from the ratio of the same
-bootstrap replicates: the match the seeds' ICA axes would have if each were
+attenuation, capped at 1), with its interval from each pair's ratio of the
+same bootstrap replicates: the match the seeds' ICA axes would have if each were
 estimated on all cells of the distribution. Without it, a component matched at
 0.936 across seeds whose ICA on 2,000-cell halves matches itself at 0.95 was
 called "differ", while the same fits' ICA on 4,000 cells matched at 0.99.
@@ -53,8 +55,8 @@ import pandas as pd
 from countvae.diagnostics.analyses.resampling import (
     CellBootstrap,
     Interval,
-    percentile_interval,
     weighted_correlations,
+    worst_interval,
 )
 from countvae.errors import InvalidArgumentError
 from countvae.ica import attenuation_ratio, split_half_icas
@@ -177,12 +179,12 @@ def ica_component_stability(
     best = np.array([m[0] for m in matched]).reshape(len(others), k)
     replicates = np.array([m[1] for m in matched])
     baseline, own_rep = _best_matches(ref_sources, own.transform(held[names[0]]), bootstrap)
-    worst_rep = replicates.min(axis=0)
-    worst = best.min(axis=0)
-    intervals = [percentile_interval(float(worst[c]), worst_rep[c], bootstrap.shrink, alpha) for c in range(k)]
-    ratio_rep = attenuation_ratio(worst_rep, own_rep)
+    intervals = [
+        worst_interval(list(best[:, c]), list(replicates[:, c]), bootstrap.shrink, alpha, True) for c in range(k)
+    ]
+    ratios, ratio_rep = attenuation_ratio(best, baseline), attenuation_ratio(replicates, own_rep)
     corrected = [
-        _capped(percentile_interval(attenuation_ratio(worst[c], baseline[c]), ratio_rep[c], bootstrap.shrink, alpha))
+        _capped(worst_interval(list(ratios[:, c]), list(ratio_rep[:, c]), bootstrap.shrink, alpha, True))
         for c in range(k)
     ]
     table = pd.DataFrame(

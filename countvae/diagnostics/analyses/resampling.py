@@ -6,12 +6,13 @@ bootstrap over those cells:
 
 * one set of replicates per set of cells, drawn once and used for **every** pair
   of fits (replicate ``r`` weighs cell ``i`` by the number of times it was
-  drawn), so that the replicate of a row's worst pair is computed from one
-  resample of the cells;
+  drawn), so that the pairs' replicates are computed from one resample of the
+  cells and can be read together;
 * each replicate recomputes the score from weighted moments of the arrays the
   score reads (no copies of the data);
-* the interval is the percentile interval of the replicates, at level
-  ``1 - 2 alpha`` (each side errs with probability ``alpha``).
+* a pair's interval is the percentile interval of its replicates, at level
+  ``1 - 2 alpha`` (each side errs with probability ``alpha``); a row's, of
+  its worst pair, is bounded through the pairs' intervals (:func:`worst_interval`).
 
 Where a score is computed on more cells than ``max_cells``, the replicates
 resample ``m = max_cells`` of the ``n`` cells (an m-out-of-n bootstrap): the
@@ -26,7 +27,7 @@ neighbour sets and ICA unmixings, which are fitted once and held fixed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,15 +129,69 @@ def percentile_interval(value: float, replicates: np.ndarray, shrink: float, alp
 def worst_interval(
     values: Sequence[float], replicates: Sequence[np.ndarray], shrink: float, alpha: float, higher_is_better: bool
 ) -> Interval:
-    """The interval of the worst pair: replicate ``r`` of the row is the worst of the pairs' replicates ``r``."""
-    pick: Callable = np.nanmin if higher_is_better else np.nanmax
-    finite = [v for v in values if np.isfinite(v)]
-    if not finite:
+    """The interval of the worst pair's score, from each pair's score and its replicates (element 0 the reference).
+
+    The worst of several estimates is biased towards the bad side (the smallest of
+    noisy scores falls below the smallest of what they estimate), and the
+    percentile interval of each replicate's worst pair carries that bias a second
+    time: with five seeds of near-equal agreement it left the true worst score
+    above the whole interval in about a third of simulated draws, against the
+    ``alpha`` it promises. Each side is therefore bounded through the pairs' own
+    intervals:
+
+    * the bad side is the worst of the pairs' bad-side bounds, each at level
+      ``alpha``: it errs only if the truly worst pair's bound does (no
+      correction for the number of pairs is needed);
+    * the good side is the worst of the pairs' good-side bounds taken
+      *simultaneously*: each pair's percentile bound widened by one factor,
+      chosen on the joint replicates so that in a fraction ``alpha`` of them some
+      pair passes its widened bound (the factor depends on how the pairs' errors
+      go together: none for one pair, most for independent pairs).
+
+    With one pair this is :func:`percentile_interval`. Pairs without finite
+    replicates count as exact; pairs without a finite score are left out.
+    """
+    if not higher_is_better:
+        flipped = worst_interval(
+            [-v for v in values], [-np.asarray(r, dtype=np.float64) for r in replicates], shrink, alpha, True
+        )
+        return Interval(-flipped.value, -flipped.high, -flipped.low)
+    keep = [k for k, v in enumerate(values) if np.isfinite(v)]
+    if not keep:
         return Interval.missing()
-    stacked = np.vstack([np.asarray(r, dtype=np.float64) for r in replicates])
-    with np.errstate(all="ignore"):
-        worst = pick(np.where(np.isfinite(stacked), stacked, np.nan), axis=0)
-    return percentile_interval(float(pick(finite)), worst, shrink, alpha)
+    value = np.array([values[k] for k in keep], dtype=np.float64)
+    stacked = np.vstack([np.asarray(replicates[k], dtype=np.float64) for k in keep])
+    with np.errstate(invalid="ignore"):
+        deviations = (stacked[:, 1:] - stacked[:, :1]) * shrink
+    finite = np.isfinite(deviations)
+    if len(keep) == 1:
+        return percentile_interval(float(value[0]), stacked[0], shrink, alpha)
+    if not finite.any():
+        return Interval(float(value.min()), np.nan, np.nan)
+    low = np.array([np.quantile(d[f], alpha) if f.any() else 0.0 for d, f in zip(deviations, finite, strict=True)])
+    high = np.array([np.quantile(d[f], 1 - alpha) if f.any() else 0.0 for d, f in zip(deviations, finite, strict=True)])
+    high = np.maximum(high, 0.0) * _simultaneous_factor(deviations, high, alpha)
+    return Interval(float(value.min()), float(np.min(value + np.minimum(low, 0.0))), float(np.min(value + high)))
+
+
+def _simultaneous_factor(deviations: np.ndarray, high: np.ndarray, alpha: float) -> float:
+    """How much to widen every pair's good-side bound ``high`` so that they hold together.
+
+    Each replicate's deviation is divided by its pair's bound; the factor is the
+    ``1 - alpha`` quantile, over replicates, of the largest such ratio over the
+    pairs (1 for a single pair; about the ratio of the normal quantiles at
+    ``1 - alpha / pairs`` and ``1 - alpha`` for independent pairs). Only this one
+    quantile is read from the replicates: the bounds' own extreme quantiles
+    would rest on the one or two most extreme of the replicates. Pairs whose
+    replicates never exceed their score take no part.
+    """
+    moving = high > 0
+    if moving.sum() < 2:
+        return 1.0
+    with np.errstate(invalid="ignore"):
+        ratios = deviations[moving] / high[moving, None]
+    largest = np.nanmax(np.where(np.isfinite(ratios), ratios, -np.inf), axis=0)
+    return max(1.0, float(np.quantile(largest, 1.0 - alpha)))
 
 
 # ----- weighted scores --------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ OTHER_DEFINITIONS = {
     "R-hat": "rank-normalised split R-hat (Vehtari et al. 2021, arviz) with seeds as chains and guide draws as draws: "
     "a description of the seed-to-seed spread, not a verdict.",
     "interval": "percentile interval of a paired bootstrap over the held-out cells (the same resampled cells for every "
-    "pair of seeds; the row's replicate is its worst pair).",
+    "pair of seeds); a row's interval runs from the worst of its pairs' lower bounds to the worst of their upper "
+    "bounds widened to hold for all pairs together.",
     "predictively equivalent": "two one-sided tests per pair of seeds on the paired per-cell differences in held-out "
     "log p(x), against the margin, Bonferroni-corrected over pairs, on reliable estimates (Pareto k-hat <= 0.7 on at "
     "least 95% of cells).",
