@@ -135,8 +135,8 @@ def worst_interval(
     noisy scores falls below the smallest of what they estimate), and the
     percentile interval of each replicate's worst pair carries that bias a second
     time: with five seeds of near-equal agreement it left the true worst score
-    above the whole interval in about a third of simulated draws, against the
-    ``alpha`` it promises. Each side is therefore bounded through the pairs' own
+    above the whole interval in 26% (300 cells) to 34% (150 cells) of simulated
+    draws, against the ``alpha`` it promises. Each side is therefore bounded through the pairs' own
     intervals:
 
     * the bad side is the worst of the pairs' bad-side bounds, each at level
