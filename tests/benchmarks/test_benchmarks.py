@@ -85,7 +85,10 @@ def test_bench_scale_quick(results, tmp_path):
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("name", ["bench_lpd", "bench_flops", "bench_gpu", "bench_diagnose_budget", "bench_profile"])
+@pytest.mark.parametrize(
+    "name",
+    ["bench_lpd", "bench_flops", "bench_gpu", "bench_diagnose_budget", "bench_profile", "bench_stopping_small_files"],
+)
 def test_in_process_benchmarks_quick(name, results):
     _module(name).main(["--quick", "--results", str(results)])
     section = {
@@ -94,6 +97,7 @@ def test_in_process_benchmarks_quick(name, results):
         "bench_gpu": "gpu",
         "bench_diagnose_budget": "diagnose-budget",
         "bench_profile": "profile",
+        "bench_stopping_small_files": "stopping-small-files",
     }
     body = _section(results.read_text(), section[name])
     assert "QUICK" in body and "Command:" in body
@@ -214,3 +218,31 @@ def test_stopping_replay_is_the_package_rule_and_its_window_smooths_the_signal(m
     assert stopping.replay(losses, 1, 2, 0.0, 10, window=2) == (10, 10)
     # The kept epoch is judged on validations averaged within the half-width: here epochs 2-6 around epoch 4.
     assert stopping.smoothed_validation(losses, 4, half_width=2) == pytest.approx((6 + 9 + 7 + 5 + 4) / 5)
+
+
+def test_small_files_pairs_each_variant_with_the_shared_rule_cell_by_cell(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    small = _module("bench_stopping_small_files")
+    # Patience of at least S steps: 72 training cells are one step an epoch, 360 are three (ceil(360 / 128)).
+    assert small._variants(72, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 40
+    assert small._variants(360, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 14
+    assert small._variants(5000, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 10
+    assert small._variants(72, [], 400)["train() default"] == {"max_epochs": 400, "early_stopping": False}
+
+    def record(replicate, variant, lpd):
+        return {"n_cells": 80, "replicate": replicate, "variant": variant, "epochs": 60, "seconds": 1.0, "lpd": lpd}
+
+    # Replicate 0: the other variant is 2 nats better on the two cells both estimate reliably (the third is
+    # unreliable under the shared rule and left out); replicate 1: 4 nats worse on every cell.
+    records = [
+        record(0, small.REFERENCE, [-10.0, -20.0, None]),
+        record(0, "other", [-8.0, -18.0, -500.0]),
+        record(1, small.REFERENCE, [-10.0, -10.0, -10.0]),
+        record(1, "other", [-14.0, -14.0, -14.0]),
+    ]
+    table = small.paired_table(records).set_index("variant")
+    # Mean of +2 and -4 is -1; the standard error over replicates is |2 - (-4)| / 2 = 3.
+    assert table.loc["other", "minus shared rule (SE over replicates)"] == "-1.00 (3.00)"
+    assert table.loc["other", "per replicate"] == "+2.00, -4.00"
+    assert table.loc["other", "log p(x) per cell (mean)"] == pytest.approx((-13.0 + -14.0) / 2)
+    assert table.loc[small.REFERENCE, "minus shared rule (SE over replicates)"] == "+0.00 (0.00)"
