@@ -386,10 +386,25 @@ def _with_pool_ica(invariants: pd.DataFrame, fits, pool, ica_pool, settings: dic
     The report estimates each ICA on halves of the fit cells; the truth about the fits' ICA axes is their ICA on
     the distribution, which a large independent draw approximates.
     """
+    from countvae.diagnostics.reporting.verdicts import ICA_QUANTITY, ica_row_judgement
+
+    judged = pool_ica_components(fits, pool, ica_pool, settings)
+    out = invariants.copy()
+    at = out["quantity"] == ICA_QUANTITY
+    out.loc[at, "verdict"] = ica_row_judgement(judged).verdict
+    out.loc[at, "agreement"] = float(judged["corrected_match"].min())
+    out.loc[at, "low"] = float(judged["corrected_low"].min())
+    out.loc[at, "high"] = float(judged["corrected_high"].min())
+    out.loc[at, "n_cells"] = pool.n_obs
+    return out
+
+
+def pool_ica_components(fits, pool, ica_pool, settings: dict) -> pd.DataFrame:
+    """Each ICA component of the fits, estimated on halves of ``ica_pool`` and matched on ``pool``, judged."""
     from countvae.diagnostics import ReportSettings
     from countvae.diagnostics.analyses.components import ica_component_stability
     from countvae.diagnostics.analyses.resampling import cell_bootstrap
-    from countvae.diagnostics.reporting.verdicts import ICA_QUANTITY, ica_row_judgement, judge_components
+    from countvae.diagnostics.reporting.verdicts import judge_components
 
     s = ReportSettings(**settings)
     stability = ica_component_stability(
@@ -399,15 +414,7 @@ def _with_pool_ica(invariants: pd.DataFrame, fits, pool, ica_pool, settings: dic
         alpha=s.alpha,
         seed=s.seed,
     )
-    judged = judge_components(stability.table, s.ica_threshold)
-    out = invariants.copy()
-    at = out["quantity"] == ICA_QUANTITY
-    out.loc[at, "verdict"] = ica_row_judgement(judged).verdict
-    out.loc[at, "agreement"] = float(judged["corrected_match"].min())
-    out.loc[at, "low"] = float(judged["corrected_low"].min())
-    out.loc[at, "high"] = float(judged["corrected_high"].min())
-    out.loc[at, "n_cells"] = pool.n_obs
-    return out
+    return judge_components(stability.table, s.ica_threshold)
 
 
 # ----- scoring ------------------------------------------------------------------------------------------

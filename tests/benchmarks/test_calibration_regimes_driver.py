@@ -192,6 +192,23 @@ def test_the_linear_toy_oracle_estimates_each_fits_ica_on_its_own_large_draw():
     row = regimes._with_pool_ica(invariants, fits, pool, ica_pool, {}).iloc[0]
     assert row["verdict"] == "agree" and row["agreement"] == pytest.approx(1.0, abs=0.01)
     assert row["n_cells"] == 400
+    # The same oracle on the whole ICA pool and on each half of it: the whole pool's row is the driver's; exact
+    # rotated copies match at a corrected 1 on every set of cells, and a half whose ICA does not reproduce within
+    # one seed (750 cells per ICA) is undetermined, not "agree" (the rule's precondition).
+    halves = _load("ica_oracle_halves").oracle_on_halves(fits, pool, ica_pool)
+    assert (
+        halves["ICA estimated on"].str.startswith(("whole ICA pool (3,000", "first half (1,500", "second half")).all()
+    )
+    assert halves.iloc[0]["verdict"] == row["verdict"]
+    assert halves.iloc[0][["corrected match (min)", "low", "high"]].tolist() == [
+        row["agreement"],
+        row["low"],
+        row["high"],
+    ]
+    assert halves["corrected match (min)"].to_numpy() == pytest.approx(1.0, abs=0.01)
+    reproduced = halves["same seed's halves (min)"] >= 0.95
+    assert halves["verdict"].tolist() == ["agree" if r else "undetermined" for r in reproduced]
+    assert reproduced.iloc[0] and not reproduced.all()
 
 
 def test_a_regime_summarized_again_keeps_its_place_in_the_record(tmp_path):
