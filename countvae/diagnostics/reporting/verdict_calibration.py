@@ -332,7 +332,8 @@ def _regime_sentences(record: dict[str, Any], regime: str, quantities: list[str]
         confident = c["correct"] + c["wrong"]
         short = []
         if confident and c["correct"] < GOAL_CORRECT * confident:
-            short.append(f"{c['wrong']} of its {confident} confident verdicts were contradicted by the oracle")
+            verb = "was" if c["wrong"] == 1 else "were"
+            short.append(f"{c['wrong']} of its {confident} confident verdicts {verb} contradicted by the oracle")
         if c["undetermined"] > GOAL_UNDETERMINED * c["runs"]:
             short.append(f"it was undetermined in {c['undetermined']} of {c['runs']} replicates")
         if short:

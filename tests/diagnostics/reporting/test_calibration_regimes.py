@@ -96,10 +96,15 @@ def test_the_regime_table_and_sentences_count_against_the_oracle():
     assert table["truth"].iloc[0] == "the verdict of the same fits on 4,000 independent cells of the same distribution"
     lines = calibration_sentences(_record(), regime="semi-synthetic")
     assert lines == [
-        "decoded means: in the regime 'semi-synthetic' 1 of its 10 confident verdicts were contradicted by the oracle.",
+        "decoded means: in the regime 'semi-synthetic' 1 of its 10 confident verdicts was contradicted by the oracle.",
         "held-out log p(x): in the regime 'semi-synthetic' it was undetermined in 5 of 10 replicates.",
     ]
     assert calibration_sentences(_record(), ["k-NN graph"], regime="semi-synthetic") == []
+    two_wrong = _record()
+    two_wrong["regimes"]["semi-synthetic"]["rows"]["decoded means"] = _counts(8, 2, 0)
+    assert calibration_sentences(two_wrong, ["decoded means"], regime="semi-synthetic") == [
+        "decoded means: in the regime 'semi-synthetic' 2 of its 10 confident verdicts were contradicted by the oracle."
+    ]
     assert "10 replicates of counts from a default model" in calibration_summary(_record(), "semi-synthetic")
     with pytest.raises(KeyError, match="No calibration regime"):
         calibration_table(_record(), regime="scvi")
