@@ -82,7 +82,9 @@ def fit_countvae(adata, epochs: int):
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     model = cv.CountVAE(adata, n_latent=10, likelihood="nb", decoder="mlp", n_hidden=128, n_layers=1)
     t0 = time.perf_counter()
-    model.train(max_epochs=epochs, batch_size=128, train_size=0.9, lr=1e-3, seed=0, progress_bar=False)
+    model.train(
+        early_stopping=False, max_epochs=epochs, batch_size=128, train_size=0.9, lr=1e-3, seed=0, progress_bar=False
+    )
     return model, time.perf_counter() - t0
 
 
@@ -193,7 +195,7 @@ def kang_stability(sizes: list[int], n_seeds: int, epochs: int) -> list[dict]:
     adata = cv.data.load_dataset("kang2018")
     cv.CountVAE.setup_anndata(adata, batch_key="batch")
     model = cv.CountVAE(adata, n_latent=10)
-    model.train(max_epochs=epochs, seed=0, progress_bar=False)
+    model.train(early_stopping=False, max_epochs=epochs, seed=0, progress_bar=False)
     rows = []
     for g1, g2 in (("B cells", "CD14+ Monocytes"), ("CD4 T cells", "NK cells")):
         for n_samples in sizes:

@@ -44,7 +44,7 @@ def _fit_with_checkpoints(train, held, batch_size: int, checkpoints: list[int], 
     for k, epoch in enumerate(checkpoints):
         t0 = time.perf_counter()
         # each call continues training; a new seed per call gives new minibatch orders
-        model.train(max_epochs=epoch - done, batch_size=batch_size, seed=k, progress_bar=False)
+        model.train(early_stopping=False, max_epochs=epoch - done, batch_size=batch_size, seed=k, progress_bar=False)
         seconds += time.perf_counter() - t0
         done = epoch
         lpd = model.get_log_predictive_density(held, n_samples=lpd_samples, seed=0, method="guide")["lpd"].mean()

@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     rows = []
     for dtype in (torch.float32, torch.float64):
         model = cv.CountVAE(adata, n_latent=10 if not args.quick else 3, dtype=dtype)
-        model.train(max_epochs=1, progress_bar=False, seed=0)
+        model.train(early_stopping=False, max_epochs=1, progress_bar=False, seed=0)
         source = CountSource(get_count_matrix(adata, model.registry), batch_codes(adata, model.registry))
         held = model.validation_indices
         log_predictive_density(model.module, source, held[:32], 10, 0, method="guide")  # warm-up

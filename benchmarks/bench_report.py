@@ -133,7 +133,7 @@ def scale(args: argparse.Namespace) -> list[str]:
     fits = []
     for seed in range(2):
         model = cv.CountVAE(fit_data, n_latent=5)
-        model.train(max_epochs=args.epochs, batch_size=256, progress_bar=False, seed=seed)
+        model.train(early_stopping=False, max_epochs=args.epochs, batch_size=256, progress_bar=False, seed=seed)
         fits.append(CountVAEFit(model, seed))
     timings, save_seconds = _time_report(fits, heldout)
     return [

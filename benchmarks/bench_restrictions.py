@@ -101,7 +101,15 @@ def _fit_countvae(spec: dict, adata, programs) -> float:
         kwargs.update(n_latent=spec["n_latent"], **RESTRICTION_SETTINGS[spec["runner"]])
     model = cv.CountVAE(adata, **kwargs)
     started = time.perf_counter()
-    model.train(max_epochs=spec["epochs"], batch_size=128, lr=1e-3, train_size=0.9, seed=0, progress_bar=False)
+    model.train(
+        early_stopping=False,
+        max_epochs=spec["epochs"],
+        batch_size=128,
+        lr=1e-3,
+        train_size=0.9,
+        seed=0,
+        progress_bar=False,
+    )
     return time.perf_counter() - started
 
 

@@ -91,7 +91,7 @@ def worker(spec: dict) -> dict:
     training.evaluate_loss = timed_evaluate
     try:
         t0 = time.perf_counter()
-        model.train(max_epochs=1, batch_size=128, train_size=0.9, seed=0, progress_bar=False)
+        model.train(early_stopping=False, max_epochs=1, batch_size=128, train_size=0.9, seed=0, progress_bar=False)
         out["train_seconds"] = time.perf_counter() - t0 - validation["seconds"]
         out["validation_seconds"] = validation["seconds"]
     finally:

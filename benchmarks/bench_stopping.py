@@ -150,7 +150,7 @@ def trajectory_worker(spec: dict) -> dict:
     training.evaluate_loss = evaluate_and_record
     try:
         clock["last"] = time.perf_counter()
-        model.train(max_epochs=spec["epochs"], seed=spec["seed"], progress_bar=False)
+        model.train(early_stopping=False, max_epochs=spec["epochs"], seed=spec["seed"], progress_bar=False)
     finally:
         training.evaluate_loss = original
     return {**spec, "n_fit": int(fit.n_obs), "n_heldout": int(held.n_obs), "n_genes": int(fit.n_vars), "rows": rows}

@@ -245,6 +245,7 @@ def _countvae_worker(spec: dict, train, held) -> dict:
     t_train = time.perf_counter()
     try:
         model.train(
+            early_stopping=False,
             max_epochs=n_epochs,
             batch_size=128,
             train_size=0.9,

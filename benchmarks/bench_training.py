@@ -127,6 +127,7 @@ def _train_countvae(spec: dict, train, held) -> dict:
     training.tqdm = lambda iterable, *args, **kwargs: original(epochs_marked(iterable), *args, **kwargs)
     try:
         model.train(
+            early_stopping=False,
             max_epochs=spec["epochs"],
             batch_size=128,
             train_size=0.9,

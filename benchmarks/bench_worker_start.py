@@ -81,7 +81,7 @@ def worker(spec: dict) -> dict:
     fits = fit_seeds(
         adata,
         seeds=list(SEEDS),
-        train_kwargs={"max_epochs": spec["epochs"], "batch_size": BATCH_SIZE},
+        train_kwargs={"max_epochs": spec["epochs"], "batch_size": BATCH_SIZE, "early_stopping": False},
         n_jobs=spec["n_jobs"],
         progress_bar=False,
     )

@@ -193,7 +193,9 @@ def _lpd_cache(fit_class):
 
 def _fit(cv, adata_fit, cfg: Config, seed: int, epochs: int):
     model = cv.CountVAE(adata_fit, n_latent=cfg.n_latent, decoder="linear", likelihood="nb")
-    model.train(max_epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, progress_bar=False, seed=seed)
+    model.train(
+        early_stopping=False, max_epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, progress_bar=False, seed=seed
+    )
     return model
 
 

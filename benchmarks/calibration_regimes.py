@@ -304,7 +304,7 @@ def fit_one(cfg: Config, fit_cells, seed: int, max_epochs: int | None = None, ea
 
     if cfg.source == "simulated":  # calibration.py's fits: a fixed schedule, its learning rate and batch size
         model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent, decoder=cfg.decoder, likelihood="nb")
-        model.train(max_epochs=max_epochs, batch_size=256, lr=1e-2, progress_bar=False, seed=seed)
+        model.train(early_stopping=False, max_epochs=max_epochs, batch_size=256, lr=1e-2, progress_bar=False, seed=seed)
         return CountVAEFit(model, seed), int(max_epochs)
     model = cv.CountVAE(fit_cells, n_latent=cfg.n_latent)
     model.train(max_epochs=max_epochs, early_stopping=early_stopping, progress_bar=False, seed=seed)

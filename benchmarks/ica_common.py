@@ -49,7 +49,7 @@ def fit_countvae(adata, n_latent: int, seed: int, max_epochs: int, lr: float = 3
     """A CountVAE (MLP decoder, NB) trained without KL warm-up; returns (model, seconds)."""
     model = cv.CountVAE(adata, n_latent=n_latent, **{"likelihood": "nb", "decoder": "mlp", **model_kwargs})
     start = time.perf_counter()
-    model.train(max_epochs=max_epochs, lr=lr, seed=seed, progress_bar=False)
+    model.train(early_stopping=False, max_epochs=max_epochs, lr=lr, seed=seed, progress_bar=False)
     return model, time.perf_counter() - start
 
 

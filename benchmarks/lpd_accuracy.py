@@ -326,7 +326,7 @@ def linear_section(quick: bool, n_cells: int) -> tuple[pd.DataFrame, pd.DataFram
         model = cached_model(
             key,
             adata,
-            dict(max_epochs=epochs, seed=0),
+            dict(early_stopping=False, max_epochs=epochs, seed=0),
             n_latent=L,
             likelihood=likelihood,
             decoder="linear",
@@ -372,10 +372,20 @@ def mlp_models(quick: bool):
 
         adata = cv.data.simulate(n_cells=600, n_genes=200, n_latent=5, decoder="mlp", n_batches=2, seed=0)
         cv.CountVAE.setup_anndata(adata, batch_key="batch")
-        return [("sim mlp (quick)", "quick_mlp_sim", adata, dict(max_epochs=30, seed=0))]
+        return [("sim mlp (quick)", "quick_mlp_sim", adata, dict(early_stopping=False, max_epochs=30, seed=0))]
     return [
-        ("pbmc_3tech, 2,000 genes", "mlp_pbmc_3tech_e400", real_data("pbmc_3tech", 2000), dict(max_epochs=400, seed=0)),
-        ("kang2018, 2,511 genes", "mlp_kang2018_e100", real_data("kang2018", None), dict(max_epochs=100, seed=0)),
+        (
+            "pbmc_3tech, 2,000 genes",
+            "mlp_pbmc_3tech_e400",
+            real_data("pbmc_3tech", 2000),
+            dict(early_stopping=False, max_epochs=400, seed=0),
+        ),
+        (
+            "kang2018, 2,511 genes",
+            "mlp_kang2018_e100",
+            real_data("kang2018", None),
+            dict(early_stopping=False, max_epochs=100, seed=0),
+        ),
     ]
 
 
@@ -441,7 +451,7 @@ def reliability_cases(quick: bool):
         model = cached_model(
             "quick_lin_sim_poisson_L2",
             adata,
-            dict(max_epochs=20, seed=0),
+            dict(early_stopping=False, max_epochs=20, seed=0),
             n_latent=2,
             likelihood="poisson",
             decoder="linear",
@@ -457,7 +467,7 @@ def reliability_cases(quick: bool):
             ),
         ]
     lin = dict(decoder="linear", dtype=torch.float64)
-    train = dict(max_epochs=LINEAR_EPOCHS, seed=0)
+    train = dict(early_stopping=False, max_epochs=LINEAR_EPOCHS, seed=0)
     pbmc = real_data("pbmc_3tech", 300)
     deep = cv.data.simulate(
         n_cells=2000,

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     t0 = time.perf_counter()
     model = cv.CountVAE(adata, n_latent=10)
-    model.train(max_epochs=epochs, train_size=1.0 - HELD_OUT, seed=SPLIT_SEED, progress_bar=False)
+    model.train(early_stopping=False, max_epochs=epochs, train_size=1.0 - HELD_OUT, seed=SPLIT_SEED, progress_bar=False)
     meta["train_seconds"] = time.perf_counter() - t0
     log(f"countvae trained ({meta['train_seconds']:.0f} s)")
     cells = np.asarray(model.validation_indices[:n_cells])

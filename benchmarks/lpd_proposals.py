@@ -41,7 +41,7 @@ def fit(likelihood: str, n_latent: int, library_size: float) -> cv.CountVAE:
         n_hidden=64,
         n_layers=2,
     )
-    model.train(max_epochs=150, lr=3e-3, progress_bar=False, seed=0)
+    model.train(early_stopping=False, max_epochs=150, lr=3e-3, progress_bar=False, seed=0)
     return model
 
 

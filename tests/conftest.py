@@ -108,7 +108,7 @@ def seed_fits():
     fits = []
     for seed in (0, 1, 2):
         model = cv.CountVAE(fit_data, n_latent=3, decoder="linear", likelihood="nb")
-        model.train(max_epochs=100, batch_size=256, lr=3e-3, progress_bar=False, seed=seed)
+        model.train(max_epochs=100, batch_size=256, lr=3e-3, early_stopping=False, progress_bar=False, seed=seed)
         fits.append(CountVAEFit(model, seed))
     return SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
 

@@ -84,7 +84,7 @@ small neural network. The held-out cells are never seen in training.""",
     (
         "code",
         """model = cv.CountVAE(fit, n_latent=2, likelihood="poisson", decoder="linear", n_hidden=64)
-model.train(max_epochs=60, lr=3e-3, progress_bar=False, seed=0)
+model.train(max_epochs=60, lr=3e-3, early_stopping=False, progress_bar=False, seed=0)
 print(model)
 print("final training loss (negative ELBO per cell):", round(float(model.history["loss_train"].iloc[-1]), 1))""",
     ),

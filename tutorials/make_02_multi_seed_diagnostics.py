@@ -68,7 +68,7 @@ fits = diagnostics.fit_seeds(
     adata,
     seeds=range(3),
     model_kwargs={"n_latent": 6, "likelihood": "nb", "decoder": "linear"},
-    train_kwargs={"max_epochs": 60, "batch_size": 256, "lr": 3e-3},
+    train_kwargs={"max_epochs": 60, "batch_size": 256, "lr": 3e-3, "early_stopping": False},
     heldout_fraction=0.2,
     progress_bar=False,
 )

@@ -56,7 +56,7 @@ cv.CountVAE.setup_anndata(adata)
 models = []
 for seed in (0, 1, 2):
     m = cv.CountVAE(adata, n_latent=3, decoder="mlp", likelihood="nb", n_hidden=32)
-    m.train(max_epochs=40, lr=3e-3, seed=seed, progress_bar=False)
+    m.train(max_epochs=40, lr=3e-3, early_stopping=False, seed=seed, progress_bar=False)
     models.append(m)
 model = models[0]
 truth = adata.obsm["z_true"]
@@ -193,7 +193,7 @@ logged = np.log1p(x / x.sum(1, keepdims=True) * 1e4)
 pbmc = pbmc[:, np.sort(np.argsort(logged.var(0))[::-1][:1000])].copy()
 cv.CountVAE.setup_anndata(pbmc)
 real = cv.CountVAE(pbmc, n_latent=8, decoder="mlp", likelihood="nb", n_hidden=64)
-real.train(max_epochs=40, lr=3e-3, seed=0, progress_bar=False)
+real.train(max_epochs=40, lr=3e-3, early_stopping=False, seed=0, progress_bar=False)
 z_raw = real.get_latent_representation()
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")

@@ -94,7 +94,7 @@ fits, after the fact). Every model has a linear decoder and one latent dimension
     seeds=[0, 1],
     gene_programs=programs,
     model_kwargs={"n_hidden": 64},
-    train_kwargs={"max_epochs": 25, "lr": 5e-3},
+    train_kwargs={"max_epochs": 25, "lr": 5e-3, "early_stopping": False},
     heldout_fraction=0.2,
     n_lpd_samples=20,
 )

@@ -116,7 +116,7 @@ def add_model_arguments(
     defaults = {"n_latent": DEFAULT_N_LATENT, **defaults}  # the model's resolved default, not None
     default_text = {
         "max_epochs": "as scvi-tools, from the data size",
-        "lr": "1e-3; with early stopping 1e-2, cut to 1e-3 when the validation loss stalls",
+        "lr": "1e-2 with early stopping, cut to 1e-3 when the validation loss stalls; 1e-3 without",
         **default_text,
     }
     for cls, options in ((ModelSettings, MODEL_OPTIONS), (TrainingPlan, TRAINING_OPTIONS)):

@@ -174,7 +174,7 @@ def announce(
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
         "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",
-        "early stopping is on: a seed stops when its validation loss stalls"
+        "early stopping is on: a fit stops when its validation loss stalls"
         if train_kwargs.get("early_stopping")
         else "--early-stopping stops when the validation loss stalls",
     ]

@@ -37,7 +37,7 @@ EXAMPLES = """examples:
   countvae fit                                   # embedded simulated data, writes ./countvae_fit
   countvae fit pbmc.h5ad --layer counts --batch-key donor --n-latent 10 --out fit_pbmc
   countvae fit pbmc.h5ad --decoder linear --likelihood poisson --max-epochs 100 --json
-  countvae fit raw_10x.h5ad --n-top-genes 2000 --early-stopping
+  countvae fit raw_10x.h5ad --n-top-genes 2000 --no-early-stopping   # every epoch, at 1e-3
 
 Before fitting, the command prints the data size, the settings and the time it expects
 (from a few timed training steps), with the options that shorten it.

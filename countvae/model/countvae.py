@@ -275,9 +275,9 @@ class CountVAE:
             )
         if plan.early_stopping and n_validation == 0:
             raise InvalidArgumentError(
-                "early_stopping=True needs validation cells, but the model's train/validation split has none "
-                "(train_size=1.0 at the first call to train, or too few cells); pass early_stopping=False, or train "
-                "a new model with train_size below 1."
+                "Early stopping (on by default) needs validation cells, but the model's train/validation split has "
+                "none (train_size=1.0 at the first call to train, or too few cells); pass early_stopping=False to "
+                "train every epoch on every cell, or train a new model with train_size below 1."
             )
         return split
 

@@ -227,7 +227,7 @@ def test_small_files_pairs_each_variant_with_the_shared_rule_cell_by_cell(monkey
     assert small._variants(72, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 40
     assert small._variants(360, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 14
     assert small._variants(5000, [40], 400)["patience >= 40 steps"]["early_stopping_patience"] == 10
-    assert small._variants(72, [], 400)["train() default"] == {"max_epochs": 400, "early_stopping": False}
+    assert small._variants(72, [], 400)[small.FULL_SCHEDULE] == {"max_epochs": 400, "early_stopping": False}
 
     def record(replicate, variant, lpd):
         return {"n_cells": 80, "replicate": replicate, "variant": variant, "epochs": 60, "seconds": 1.0, "lpd": lpd}

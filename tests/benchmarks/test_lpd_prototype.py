@@ -107,7 +107,7 @@ def deep_poisson():
     )
     cv.CountVAE.setup_anndata(adata)
     model = cv.CountVAE(adata, n_latent=2, likelihood="poisson", decoder="linear", dtype=torch.float64)
-    model.train(max_epochs=5, progress_bar=False, seed=0)
+    model.train(max_epochs=5, early_stopping=False, progress_bar=False, seed=0)
     idx = model.validation_indices
     x = torch.as_tensor(adata.X[idx].toarray(), dtype=torch.float64)
     b = torch.as_tensor(batch_codes(adata, model.registry)[idx], dtype=torch.long)

@@ -88,7 +88,7 @@ def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, message
     assert "countvae fit: before fitting" in block and "1 fit x 2 epochs" in block
     assert "the 12 most variable of 40" in block and "s per fit" in block
     assert "--n-jobs" not in block  # fit has no such option
-    assert "--max-epochs N" in block and "--early-stopping" in block
+    assert "--max-epochs N" in block and "early stopping is on: a fit stops" in block  # the default
     result = json.loads(capsys.readouterr().out)
     assert result["n_genes"] == 12 and result["gene_selection"]["n_top_genes"] == 12
     assert len(json.loads((out / "fit.json").read_text())["gene_selection"]["genes"]) == 12
@@ -151,7 +151,11 @@ def test_warmup_extrapolates_the_timed_pass_per_cell_and_restores_threads(monkey
     threads = torch.get_num_threads()
     rng_state = torch.random.get_rng_state()
     est = warmup.estimate_training_time(
-        adata, {"n_latent": 2}, {"batch_size": 50, "max_epochs": None}, n_steps=4, torch_threads=1
+        adata,
+        {"n_latent": 2},
+        {"batch_size": 50, "max_epochs": None, "early_stopping": False},
+        n_steps=4,
+        torch_threads=1,
     )
     monkeypatch.undo()
     assert torch.get_num_threads() == threads
@@ -161,7 +165,7 @@ def test_warmup_extrapolates_the_timed_pass_per_cell_and_restores_threads(monkey
     assert est.seconds_per_epoch == pytest.approx(2.0 / 222 * 2000)
     assert est.epochs == default_max_epochs(1800) and est.warmup_seconds == pytest.approx(8.0)
     assert est.seconds_per_fit == pytest.approx(est.epochs * est.seconds_per_epoch)
-    given = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 7}, n_steps=1)
+    given = warmup.estimate_training_time(adata, {"n_latent": 2}, {"max_epochs": 7, "early_stopping": False}, n_steps=1)
     assert given.epochs == 7 and given.warmup_cells == min(2000, 128 + 14)
     assert est.expected_epochs == est.epochs  # no early stopping: every epoch
 

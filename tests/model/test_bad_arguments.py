@@ -213,6 +213,8 @@ def test_training_settings_the_split_or_the_network_cannot_honour_are_refused_be
     before = [p.detach().clone() for p in fresh.module.parameters()]
     with pytest.raises(InvalidArgumentError, match="needs validation cells"):
         fresh.train(max_epochs=1, train_size=1.0, early_stopping=True, progress_bar=False)
+    with pytest.raises(InvalidArgumentError, match=r"on by default.*early_stopping=False"):
+        fresh.train(max_epochs=1, train_size=1.0, progress_bar=False)
     with pytest.raises(InvalidArgumentError, match="batch_size=1"):
         fresh.train(max_epochs=1, batch_size=1, progress_bar=False)
     after = list(fresh.module.parameters())
@@ -220,6 +222,9 @@ def test_training_settings_the_split_or_the_network_cannot_honour_are_refused_be
     assert all(bool((a == b).all()) for a, b in zip(after, before, strict=True))
     plain = cv.CountVAE(model.adata, n_latent=2, n_hidden=8, batch_norm=False)
     assert len(plain.train(max_epochs=1, batch_size=1, progress_bar=False).history) == 1
+    every_cell = cv.CountVAE(model.adata, n_latent=2, n_hidden=8)
+    every_cell.train(max_epochs=1, train_size=1.0, early_stopping=False, progress_bar=False)
+    assert len(every_cell.train_indices) == model.adata.n_obs and len(every_cell.validation_indices) == 0
 
 
 def test_estimate_training_time_arguments_are_checked(model):

@@ -366,10 +366,11 @@ def test_bad_test_settings_are_refused_before_any_sampling(planted, monkeypatch,
 
 
 def test_given_pseudocount_is_used(planted):
-    frame = planted.differential_expression(groupby="group", group1="group1", n_samples_overall=200, pseudocounts=0.5)
-    assert (frame["pseudocounts"] == 0.5).all()
-    # a pseudocount far above every expression share flattens the test's fold changes to 0
-    assert frame["proba_de"].max() < 0.5
+    frame = planted.differential_expression(groupby="group", group1="group1", n_samples_overall=200, pseudocounts=50.0)
+    assert (frame["pseudocounts"] == 50.0).all()
+    # expression shares are at most 1, so every fold change is within log2(51 / 50) = 0.03 of 0, below the
+    # default delta of 0.25: no gene can be called
+    assert frame["proba_de"].max() == 0.0
 
 
 # ----- simulator with planted groups ----------------------------------------------------------------

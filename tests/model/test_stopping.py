@@ -59,9 +59,9 @@ def test_rule_never_takes_a_nan_loss_as_reference():
 
 def test_validating_less_often_does_not_change_the_fit(small_adata):
     every = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
-    every.train(max_epochs=7, seed=3, progress_bar=False)
+    every.train(max_epochs=7, seed=3, progress_bar=False, early_stopping=False)
     sparse = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
-    sparse.train(max_epochs=7, seed=3, progress_bar=False, check_val_every_n_epoch=3)
+    sparse.train(max_epochs=7, seed=3, progress_bar=False, early_stopping=False, check_val_every_n_epoch=3)
     assert torch.equal(_params(every), _params(sparse))
     np.testing.assert_array_equal(every.history["loss_train"], sparse.history["loss_train"])
     validated = sparse.history["loss_validation"].notna().to_numpy()
@@ -212,10 +212,11 @@ def test_train_and_diagnose_share_one_stopping_rule(small_adata):
         **DEFAULT_STOPPING.train_kwargs(),
         "progress_bar": False,
     }
-    assert plan.learning_rate == DEFAULT_STOPPING.lr and TrainingPlan().learning_rate == 1e-3
-    # train(early_stopping=True) at its defaults stops where diagnose's rule, spelled out, stops.
+    assert TrainingPlan() == plan and plan.learning_rate == DEFAULT_STOPPING.lr
+    assert TrainingPlan(early_stopping=False).learning_rate == 1e-3
+    # train() at its defaults stops where diagnose's rule, spelled out, stops.
     kwargs = dict(max_epochs=300, seed=2, progress_bar=False)
-    by_default = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(early_stopping=True, **kwargs)
+    by_default = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(**kwargs)
     explicit = cv.CountVAE(small_adata, n_latent=2, n_hidden=16).train(
         **DIAGNOSE_STOPPING, early_stopping=True, **kwargs
     )
@@ -225,16 +226,17 @@ def test_train_and_diagnose_share_one_stopping_rule(small_adata):
 
 
 def test_validation_every_epoch_without_early_stopping(small_adata):
-    assert TrainingPlan().validation_interval == 1
+    assert TrainingPlan(early_stopping=False).validation_interval == 1
+    assert TrainingPlan().validation_interval == DEFAULT_STOPPING.check_val_every_n_epoch
     assert TrainingPlan(early_stopping=True, check_val_every_n_epoch=3).validation_interval == 3
-    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=3, progress_bar=False)
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=3, early_stopping=False, progress_bar=False)
     assert m.history["loss_validation"].notna().all()
 
 
 def test_training_summary_without_stopping_and_after_save(small_adata, tmp_path):
     m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
     assert m.training_summary == {}
-    m.train(max_epochs=3, progress_bar=False)
+    m.train(max_epochs=3, early_stopping=False, progress_bar=False)
     assert m.training_summary == {
         "epochs_trained": 3,
         "max_epochs": 3,
@@ -242,7 +244,7 @@ def test_training_summary_without_stopping_and_after_save(small_adata, tmp_path)
         "kept_epoch": 3,
         "early_stopping": False,
     }
-    m.train(max_epochs=2, progress_bar=False)
+    m.train(max_epochs=2, early_stopping=False, progress_bar=False)
     assert m.training_summary["epochs_trained"] == 5 and m.training_summary["max_epochs"] == 5
     m.save(tmp_path / "m")
     assert cv.CountVAE.load(tmp_path / "m").training_summary == m.training_summary
@@ -269,5 +271,7 @@ def test_a_continued_call_trains_at_its_own_learning_rate(small_adata):
     m.train(max_epochs=1, lr=5e-3, progress_bar=False)
     assert m._optimizer.param_groups[0]["lr"] == 5e-3
     assert m.history["lr"].tolist() == [1e-3, 1e-3, 5e-3]
-    m.train(max_epochs=1, progress_bar=False)  # the default again: scvi-tools' 1e-3 without early stopping
+    m.train(max_epochs=1, progress_bar=False)  # the default again: the shared rule's starting rate
+    assert m.history["lr"].iloc[-1] == DEFAULT_STOPPING.lr == m._optimizer.param_groups[0]["lr"]
+    m.train(max_epochs=1, early_stopping=False, progress_bar=False)  # scvi-tools' 1e-3 without early stopping
     assert m.history["lr"].iloc[-1] == 1e-3 == m._optimizer.param_groups[0]["lr"]

@@ -2,8 +2,8 @@
 
 ``diagnose`` and ``compare_models`` fit several models where an analyst would fit one, so each seed gets a
 fixed budget of cell passes (:func:`default_epochs`); ``diagnose`` also stops early with the one shared rule
-(:data:`~countvae.model.training.DEFAULT_STOPPING`). A single ``CountVAE.train`` keeps scvi-tools' epochs and
-no early stopping.
+(:data:`~countvae.model.training.DEFAULT_STOPPING`), as a single ``CountVAE.train`` does by default within
+scvi-tools' epochs.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from countvae.model.training import DEFAULT_STOPPING
 CELL_PASSES_PER_SEED = 600_000
 #: The stopping rule of ``diagnose`` (on unless ``train_kwargs`` has ``early_stopping=False``), the shared
 #: ``DEFAULT_STOPPING`` as keywords of ``CountVAE.train``, its learning rate and its cut included (sections
-#: "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md). A single ``CountVAE.train`` keeps the
-#: TrainingPlan defaults (early stopping off, lr 1e-3).
+#: "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md), which are also the TrainingPlan
+#: defaults of a single ``CountVAE.train``.
 DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
 
 

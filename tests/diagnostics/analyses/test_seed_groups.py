@@ -162,7 +162,7 @@ def test_real_fits_a_badly_trained_seed_lands_in_its_own_worse_group():
     fits = []
     for seed, epochs in ((0, 60), (1, 60), (2, 2)):
         model = cv.CountVAE(fit_cells, n_latent=2, decoder="linear", likelihood="nb")
-        model.train(max_epochs=epochs, batch_size=128, lr=1e-2, progress_bar=False, seed=seed)
+        model.train(max_epochs=epochs, batch_size=128, lr=1e-2, early_stopping=False, progress_bar=False, seed=seed)
         fits.append(CountVAEFit(model, seed))
     log_rates = {
         f.name: np.asarray(f.decode_log_rate(heldout, f.latent(heldout).astype(np.float32)), dtype=np.float64)
