@@ -614,7 +614,8 @@ Rule (`countvae.model.training.DEFAULT_STOPPING`): learning rate {rule.lr:g}, va
 {rule.check_val_every_n_epoch} epochs, patience {rule.patience} epochs, relative delta {rule.relative_delta:g}; when it
 fires, {rule.lr_reductions} time(s) back to the best epoch's parameters with the rate times {rule.lr_factor:g} and a
 fresh patience, then stop; keep the best validation epoch. The full fit trains at scvi-tools' 1e-3 without stopping
-(`train()`'s defaults); all fits of a seed allow 400 epochs (`train()`'s default schedule below 20,000 cells). Data as
+(`early_stopping=False`; `train()`'s default until 2026-12-05); all fits of a seed allow 400 epochs (scvi-tools'
+schedule below 20,000 cells). Data as
 `countvae diagnose` fits it: the embedded simulation (n_latent 5), pbmc_3tech and Kang ({kang}; n_latent 10),
 the 2,000 most variable genes where there are more; 10% of the cells held out (split seed 0, as `fit_seeds`),
 the first {args.lpd_cells} of them scored. Model: the package defaults otherwise (NB, MLP decoder, 1 x 128, batch

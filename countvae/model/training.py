@@ -127,9 +127,10 @@ class TrainingPlan:
         reject this option). During KL warm-up the validation loss is not used for stopping. ``training_summary``
         records the epochs trained and the epoch kept. On by default, with the shared rule ``DEFAULT_STOPPING``
         that ``diagnose`` uses, where scvi-tools trains its whole schedule unless asked: against that schedule
-        (400 epochs at 1e-3) the rule fits held-out cells of Kang and pbmc_3tech 15-26 nats per cell better and of
-        files of 80-400 Kang cells 8-30 better, in a tenth of the time or less, and is 1-2 nats per cell short on
-        the embedded simulation (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-small-files).
+        (400 epochs at 1e-3) the rule fits held-out cells 3.5-3.8 nats per cell better on all of Kang, 15-26 on
+        pbmc_3tech and on 3,000 Kang cells and 8-30 on files of 80-400 Kang cells, in a tenth of the time or less,
+        and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md, sections stopping-vs-full,
+        stopping-vs-full-kang-all and stopping-small-files).
         ``early_stopping=False`` trains every epoch of ``max_epochs``, at scvi-tools' 1e-3 unless ``lr`` is given;
         it is also what training on every cell (``train_size=1.0``) needs.""",
     )
