@@ -35,7 +35,8 @@ each data set, so a long run that is stopped leaves its finished data sets behin
     python benchmarks/bench_time_to_quality.py --stop-at-target    # pbmc_3tech, kang2018, sim100k
     python benchmarks/bench_time_to_quality.py --quick             # tiny data, a smoke run
 
-countvae trains at its package defaults except ``--countvae-kl-warmup EPOCHS``,
+countvae trains every epoch at 1e-3 (``early_stopping=False``, the stopping rules being replayed on that fit in
+step 4) and at the package defaults otherwise, except ``--countvae-kl-warmup EPOCHS``,
 ``--countvae-adam-eps EPS`` and ``--countvae-weight-decay DECAY`` (its ``train`` arguments
 ``kl_warmup_epochs``, ``adam_eps``, ``weight_decay``; by default the package's own values),
 applied to every data set of the run and named in the section.

@@ -92,6 +92,11 @@ def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, message
     result = json.loads(capsys.readouterr().out)
     assert result["n_genes"] == 12 and result["gene_selection"]["n_top_genes"] == 12
     assert len(json.loads((out / "fit.json").read_text())["gene_selection"]["genes"]) == 12
+    messages.clear()
+    assert main([*argv, "--no-early-stopping", "--out", str(tmp_path / "full"), "--json"]) == 0
+    block = "\n".join(_block(messages))
+    assert "lr 0.001, early stopping off" in block and "--early-stopping stops when the validation loss stalls" in block
+    assert json.loads(capsys.readouterr().out)["epochs"] == 2
 
 
 def test_quiet_skips_the_warmup(data_file, tmp_path, monkeypatch, capsys):
