@@ -246,3 +246,32 @@ def test_small_files_pairs_each_variant_with_the_shared_rule_cell_by_cell(monkey
     assert table.loc["other", "per replicate"] == "+2.00, -4.00"
     assert table.loc["other", "log p(x) per cell (mean)"] == pytest.approx((-13.0 + -14.0) / 2)
     assert table.loc[small.REFERENCE, "minus shared rule (SE over replicates)"] == "+0.00 (0.00)"
+
+
+def test_latent_metrics_of_the_stopping_benchmark_have_their_known_values(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    latent_bench = _module("bench_stopping_latent")
+    rng = np.random.default_rng(0)
+    # Two tight, far-apart clusters of 40 cells: labels read perfectly from neighbours and from Leiden.
+    centres = np.repeat([[0.0, 0.0], [50.0, 0.0]], 40, axis=0)
+    latent = centres + rng.normal(scale=0.1, size=centres.shape)
+    labels = np.repeat(["a", "b"], 40)
+    fit = np.arange(80) % 4 != 0  # every fourth cell held out
+    accuracy, balanced = latent_bench.knn_label_accuracy(latent[fit], labels[fit], latent[~fit], labels[~fit])
+    assert accuracy == balanced == 1.0
+    neighbours = latent_bench._neighbours(latent)
+    # Batch = cluster: no cell has a neighbour from the other batch, so mixing is 0.
+    assert latent_bench.batch_mixing(neighbours, labels) == 0.0
+    # Batches alternating within each cluster, neighbours drawn at random within it: mixing near 1. Each cell's
+    # expected share of other-batch cells among its 39 cluster mates is 20/39; random mixing over all 80 cells
+    # expects 40/79, so the ratio is (20/39) / (40/79) = 1.0128 on average.
+    alternating = np.tile(["x", "y"], 40)
+    assert latent_bench.batch_mixing(neighbours, alternating) == pytest.approx(79 / 78, abs=0.08)
+    clusters = latent_bench.leiden_labels(latent, resolutions=(0.1,))
+    assert len(np.unique(clusters[0.1])) == 2
+    # The same latent twice: every neighbourhood and every cluster agree across "seeds".
+    metrics = {"neighbours": neighbours, "clusters": labels}
+    assert latent_bench.across_seeds([metrics, metrics]) == (1.0, 1.0)
+    # Each cell's 15 neighbours replaced by 15 others: overlap 0.
+    shifted = {"neighbours": neighbours + 1000, "clusters": labels}
+    assert latent_bench.across_seeds([metrics, shifted])[0] == 0.0
