@@ -132,7 +132,8 @@ class TrainingPlan:
         and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md, sections stopping-vs-full,
         stopping-vs-full-kang-all and stopping-small-files). Its latent space labels held-out cells as well and
         separates cell types more (Leiden at a given resolution makes more clusters), but on pbmc_3tech mixes the
-        three technologies less (batch mixing 0.83 against 0.93; section stopping-latent): to integrate batches
+        three technologies less (batch mixing 0.83 against 0.93; sections stopping-latent and
+        stopping-latent-schedules: mixing grows with training, past the best held-out fit): to integrate batches
         with strong technical effects, compare with ``early_stopping=False``.
         ``early_stopping=False`` trains every epoch of ``max_epochs``, at scvi-tools' 1e-3 unless ``lr`` is given;
         it is also what training on every cell (``train_size=1.0``) needs.""",

@@ -275,3 +275,16 @@ def test_latent_metrics_of_the_stopping_benchmark_have_their_known_values(monkey
     # Each cell's 15 neighbours replaced by 15 others: overlap 0.
     shifted = {"neighbours": neighbours + 1000, "clusters": labels}
     assert latent_bench.across_seeds([metrics, shifted])[0] == 0.0
+
+
+def test_latent_benchmark_schedules_are_the_package_rule_and_scvi_tools_schedule(monkeypatch):
+    from countvae.model.training import DEFAULT_STOPPING, TrainingPlan
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    latent_bench = _module("bench_stopping_latent")
+    assert latent_bench.schedule_kwargs("stopped") == {**DEFAULT_STOPPING.train_kwargs(), "max_epochs": 400}
+    full = TrainingPlan(**latent_bench.schedule_kwargs("full"))
+    assert (full.early_stopping, full.learning_rate, full.max_epochs) == (False, 1e-3, 400)
+    assert latent_bench.schedule_kwargs("200 epochs at 1e-3", max_epochs=30)["max_epochs"] == 30  # the smoke cap
+    for name in latent_bench.SCHEDULES:  # every schedule is a valid plan
+        TrainingPlan(**latent_bench.schedule_kwargs(name))
