@@ -41,6 +41,7 @@ only scikit-learn and scipy.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
@@ -312,7 +313,18 @@ def scanpy_graph(latent: np.ndarray, n_neighbors: int = 15) -> ad.AnnData:
         )
     adata = ad.AnnData(obs=pd.DataFrame(index=pd.RangeIndex(latent.shape[0]).astype(str)))
     adata.obsm[GRAPH_REP] = latent
-    sc.pp.neighbors(adata, use_rep=GRAPH_REP, n_neighbors=int(n_neighbors))
+    try:
+        sc.pp.neighbors(adata, use_rep=GRAPH_REP, n_neighbors=int(n_neighbors))
+    except AttributeError as error:
+        if "getnnz" not in str(error):
+            raise
+        # From 8,192 cells scanpy asks pynndescent for the neighbours; pynndescent 0.7 returns a scipy sparse
+        # array, which scanpy 1.11 cannot read. The package's extras bound pynndescent; another environment may not.
+        raise MissingDependencyError(
+            f"scanpy {importlib.metadata.version('scanpy')} cannot read the neighbour matrix of pynndescent "
+            f"{importlib.metadata.version('pynndescent')} ({latent.shape[0]:,} cells: scanpy uses pynndescent from "
+            "8,192). Install a pynndescent it reads: pip install 'pynndescent<0.7' (or 'countvae[downstream]')."
+        ) from error
     return adata
 
 

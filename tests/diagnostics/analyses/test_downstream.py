@@ -225,3 +225,23 @@ def test_graph_of_more_cells_than_scanpys_exact_search():
         recalls.append(len(set(found) & set(nearest)) / 14)
     recall = np.mean(recalls)
     assert recall > 0.95  # approximate search, but of the nearest cells
+
+
+def test_a_scanpy_that_cannot_read_pynndescents_matrix_gets_an_error_naming_the_fix(monkeypatch):
+    """What scanpy 1.11 raises on pynndescent 0.7's sparse array becomes an error naming the pynndescent to install."""
+    import scanpy as sc
+
+    def unreadable(*args, **kwargs):
+        raise AttributeError("'csr_array' object has no attribute 'getnnz'")
+
+    monkeypatch.setattr(sc.pp, "neighbors", unreadable)
+    with pytest.raises(MissingDependencyError, match=r"pynndescent<0\.7") as caught:
+        ds.scanpy_graph(np.zeros((20, 2), dtype=np.float32), 3)
+    assert isinstance(caught.value.__cause__, AttributeError)
+
+    def other(*args, **kwargs):
+        raise AttributeError("something else")
+
+    monkeypatch.setattr(sc.pp, "neighbors", other)
+    with pytest.raises(AttributeError, match="something else"):  # any other fault is not disguised
+        ds.scanpy_graph(np.zeros((20, 2), dtype=np.float32), 3)
