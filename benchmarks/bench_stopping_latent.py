@@ -51,6 +51,8 @@ from _common import (  # noqa: E402
 )
 from bench_stopping import _diagnose_data, _split  # noqa: E402
 
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets  # noqa: E402
+
 #: Neighbours of the k-NN metrics and of scanpy's graph (scanpy's default).
 N_NEIGHBORS = 15
 #: Leiden resolutions scanned for the best ARI; 1.0 is scanpy's default. The files have 3-4 cell types, which
@@ -115,13 +117,6 @@ def fit_worker(spec: dict) -> dict:
 
 
 # ----- metrics ------------------------------------------------------------------------------------
-def _neighbours(latent: np.ndarray, k: int = N_NEIGHBORS) -> np.ndarray:
-    """Indices of each cell's ``k`` nearest other cells (Euclidean)."""
-    from sklearn.neighbors import NearestNeighbors
-
-    return NearestNeighbors(n_neighbors=k + 1).fit(latent).kneighbors(latent, return_distance=False)[:, 1:]
-
-
 def knn_label_accuracy(fit_latent, fit_labels, held_latent, held_labels) -> tuple[float, float]:
     """Accuracy and balanced accuracy of held-out labels predicted by their nearest fit cells."""
     from sklearn.metrics import accuracy_score, balanced_accuracy_score
@@ -154,7 +149,7 @@ def fit_metrics(result: dict, labels: np.ndarray, batches: np.ndarray, n_fit: in
     fit_latent, held_latent = np.asarray(result["latent_fit"]), np.asarray(result["latent_held"])
     latent = np.vstack([fit_latent, held_latent])
     accuracy, balanced = knn_label_accuracy(fit_latent, labels[:n_fit], held_latent, labels[n_fit:])
-    neighbours = _neighbours(latent)
+    neighbours = knn_sets(latent, N_NEIGHBORS)
     clusters = leiden_labels(latent)
     aris = {r: adjusted_rand_score(labels, c) for r, c in clusters.items()}
     best = max(aris, key=aris.get)
@@ -180,8 +175,7 @@ def across_seeds(metrics: list[dict]) -> tuple[float, float]:
 
     overlaps, aris = [], []
     for a, b in itertools.combinations(metrics, 2):
-        shared = np.array([len(set(x) & set(y)) for x, y in zip(a["neighbours"], b["neighbours"], strict=True)])
-        overlaps.append(float(np.mean(shared / (2 * N_NEIGHBORS - shared))))
+        overlaps.append(float(knn_jaccard_per_cell(a["neighbours"], b["neighbours"]).mean()))
         aris.append(adjusted_rand_score(a["clusters"], b["clusters"]))
     return float(np.mean(overlaps)), float(np.mean(aris))
 

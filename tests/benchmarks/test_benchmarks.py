@@ -259,7 +259,7 @@ def test_latent_metrics_of_the_stopping_benchmark_have_their_known_values(monkey
     fit = np.arange(80) % 4 != 0  # every fourth cell held out
     accuracy, balanced = latent_bench.knn_label_accuracy(latent[fit], labels[fit], latent[~fit], labels[~fit])
     assert accuracy == balanced == 1.0
-    neighbours = latent_bench._neighbours(latent)
+    neighbours = latent_bench.knn_sets(latent, latent_bench.N_NEIGHBORS)
     # Batch = cluster: no cell has a neighbour from the other batch, so mixing is 0.
     assert latent_bench.batch_mixing(neighbours, labels) == 0.0
     # Batches alternating within each cluster, neighbours drawn at random within it: mixing near 1. Each cell's
