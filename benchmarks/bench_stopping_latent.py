@@ -52,6 +52,7 @@ from _common import (  # noqa: E402
 from bench_stopping import _diagnose_data, _split  # noqa: E402
 
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets  # noqa: E402
+from countvae.metrics import batch_mixing  # noqa: E402
 
 #: Neighbours of the k-NN metrics and of scanpy's graph (scanpy's default).
 N_NEIGHBORS = 15
@@ -126,14 +127,6 @@ def knn_label_accuracy(fit_latent, fit_labels, held_latent, held_labels) -> tupl
     return accuracy_score(held_labels, predicted), balanced_accuracy_score(held_labels, predicted)
 
 
-def batch_mixing(neighbours: np.ndarray, batches: np.ndarray) -> float:
-    """Mean share of neighbours from another batch over the share expected under random mixing."""
-    _, codes, counts = np.unique(batches, return_inverse=True, return_counts=True)
-    other = (codes[neighbours] != codes[:, None]).mean(axis=1)
-    expected = 1.0 - (counts[codes] - 1) / (len(codes) - 1)
-    return float(np.mean(other / expected))
-
-
 def leiden_labels(latent: np.ndarray, resolutions=RESOLUTIONS) -> dict[float, np.ndarray]:
     """Leiden clusters of ``latent`` as the report's downstream section makes them, per resolution (seed 0)."""
     from countvae.diagnostics.analyses.downstream import scanpy_graph, scanpy_leiden
@@ -157,7 +150,7 @@ def fit_metrics(result: dict, labels: np.ndarray, batches: np.ndarray, n_fit: in
         "knn_accuracy": accuracy,
         "knn_balanced_accuracy": balanced,
         "silhouette": float(silhouette_score(latent, labels)),
-        "batch_mixing": batch_mixing(neighbours, batches),
+        "batch_mixing": float(batch_mixing(neighbours, batches).mean()),
         "leiden_ari": aris[1.0],
         "leiden_nmi": normalized_mutual_info_score(labels, clusters[1.0]),
         "leiden_clusters": len(np.unique(clusters[1.0])),

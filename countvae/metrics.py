@@ -12,7 +12,8 @@ Ground-truth metrics compare latents with known sources (simulations):
 Downstream metrics need only labels (cell types, batches): :func:`normalized_gini`
 (sparsity of importances) and :func:`concentration` (share of between-group
 variance carried by the top features). The held-out-batch classifier of the ICA
-benchmarks (``benchmarks/heldout_classification.py``) uses both.
+benchmarks (``benchmarks/heldout_classification.py``) uses both. :func:`batch_mixing`
+reads a k-NN graph: how often cells have neighbours from another batch, against random.
 
 Which metrics depend on the latent coordinates: InfoE, DCI-I and the held-out
 AUROC of a linear model do not change under an invertible linear map of the
@@ -468,3 +469,38 @@ def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within
         raise InvalidDataError("The features do not vary between groups; concentration is undefined.")
     top = math.ceil(top_fraction * v.size)
     return float(np.sort(v)[::-1][:top].sum() / v.sum())
+
+
+def batch_mixing(neighbours: Any, batches: Any) -> np.ndarray:
+    """Per cell, the share of its neighbours from another batch over the share expected if batch were random.
+
+    ``neighbours`` (query cells, k) holds indices into ``batches``, the batch of every
+    cell of the graph; the query cells are the first ``len(neighbours)`` of them (as
+    :func:`~countvae.diagnostics.analyses.subspace.knn_sets_among` stacks them). For
+    a query cell of batch ``b`` among ``n`` cells of which ``n_b`` are in ``b``, a
+    neighbour drawn at random from the other cells is of another batch with
+    probability ``(n - n_b) / (n - 1)``; the score is the observed share over that.
+    Its mean over cells is 1 when batch is independent of the neighbourhoods and 0
+    when no cell has a neighbour from another batch. Rotations and reflections of the
+    latent space leave it unchanged (it reads only the neighbour sets).
+
+    Raises
+    ------
+    InvalidDataError
+        If there are fewer than two batches, a label is missing, or a neighbour index
+        does not point into ``batches``.
+
+    """
+    idx = np.asarray(neighbours)
+    labels = _group_keys(batches, "batches", len(np.asarray(batches)))
+    if idx.ndim != 2 or idx.shape[1] == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise InvalidDataError(f"neighbours must be (cells, k) integer indices, got shape {idx.shape}.")
+    if idx.shape[0] > len(labels) or idx.size and (idx.min() < 0 or idx.max() >= len(labels)):
+        raise InvalidDataError(f"neighbours point outside the {len(labels)} cells of batches.")
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    if len(counts) < 2:
+        raise InvalidDataError("batch_mixing needs cells from at least two batches.")
+    own = codes[: idx.shape[0]]
+    other = (codes[idx] != own[:, None]).mean(axis=1)
+    expected = (len(codes) - counts[own]) / (len(codes) - 1)
+    return other / expected

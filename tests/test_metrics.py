@@ -353,3 +353,43 @@ def test_mcc_is_the_mean_over_matched_pairs():
     a = 0.4
     plane = s[:, 1:] @ np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]]).T
     assert metrics.mcc(np.column_stack([s[:, 0], plane]), s) == pytest.approx((1 + 2 * np.cos(a)) / 3, abs=1e-10)
+
+
+def test_batch_mixing_by_hand_and_at_the_extremes():
+    # cells 0, 1 in batch a and 2, 3 in batch b: a random other cell is of another batch with probability 2/3
+    neighbours = np.array([[1, 2], [0, 3], [3, 0], [2, 1]])
+    scores = metrics.batch_mixing(neighbours, ["a", "a", "b", "b"])
+    np.testing.assert_allclose(scores, [0.75, 0.75, 0.75, 0.75])  # half of the neighbours over 2/3
+    from countvae.diagnostics.analyses.subspace import knn_sets
+
+    rng = np.random.default_rng(0)
+    apart = np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(100, 2)) + 50.0])
+    labels = np.repeat(["a", "b"], [200, 100])
+    assert np.all(metrics.batch_mixing(knn_sets(apart, 15), labels) == 0.0)
+    # batch drawn independently of position: the mean is 1 up to sampling (3,000 cells, sd about 0.01)
+    z = rng.normal(size=(3000, 3))
+    random_labels = rng.choice(["a", "b", "c"], size=3000, p=[0.5, 0.3, 0.2])
+    assert metrics.batch_mixing(knn_sets(z, 15), random_labels).mean() == pytest.approx(1.0, abs=0.04)
+    # only the neighbour sets count: a rotated latent space mixes the same
+    rotated = z @ ortho_group.rvs(3, random_state=1)
+    np.testing.assert_array_equal(
+        metrics.batch_mixing(knn_sets(rotated, 15), random_labels), metrics.batch_mixing(knn_sets(z, 15), random_labels)
+    )
+
+
+def test_batch_mixing_of_query_cells_among_more_cells():
+    # two query cells (batch a) whose neighbours are among 6 cells (2 of a, 4 of b): expected share 4/5
+    neighbours = np.array([[2, 3, 1], [4, 0, 5]])
+    scores = metrics.batch_mixing(neighbours, ["a", "a", "b", "b", "b", "b"])
+    np.testing.assert_allclose(scores, [(2 / 3) / (4 / 5), (2 / 3) / (4 / 5)])
+
+
+def test_batch_mixing_refuses_what_it_cannot_score():
+    with pytest.raises(InvalidDataError, match="at least two batches"):
+        metrics.batch_mixing(np.array([[1], [0]]), ["a", "a"])
+    with pytest.raises(InvalidDataError, match="missing values"):
+        metrics.batch_mixing(np.array([[1], [0]]), np.array(["a", None], dtype=object))
+    with pytest.raises(InvalidDataError, match="point outside"):
+        metrics.batch_mixing(np.array([[1], [5]]), ["a", "b"])
+    with pytest.raises(InvalidDataError, match="integer indices"):
+        metrics.batch_mixing(np.array([[0.5], [1.0]]), ["a", "b"])

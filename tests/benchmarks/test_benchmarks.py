@@ -261,12 +261,12 @@ def test_latent_metrics_of_the_stopping_benchmark_have_their_known_values(monkey
     assert accuracy == balanced == 1.0
     neighbours = latent_bench.knn_sets(latent, latent_bench.N_NEIGHBORS)
     # Batch = cluster: no cell has a neighbour from the other batch, so mixing is 0.
-    assert latent_bench.batch_mixing(neighbours, labels) == 0.0
+    assert latent_bench.batch_mixing(neighbours, labels).mean() == 0.0
     # Batches alternating within each cluster, neighbours drawn at random within it: mixing near 1. Each cell's
     # expected share of other-batch cells among its 39 cluster mates is 20/39; random mixing over all 80 cells
     # expects 40/79, so the ratio is (20/39) / (40/79) = 1.0128 on average.
     alternating = np.tile(["x", "y"], 40)
-    assert latent_bench.batch_mixing(neighbours, alternating) == pytest.approx(79 / 78, abs=0.08)
+    assert latent_bench.batch_mixing(neighbours, alternating).mean() == pytest.approx(79 / 78, abs=0.08)
     clusters = latent_bench.leiden_labels(latent, resolutions=(0.1,))
     assert len(np.unique(clusters[0.1])) == 2
     # The same latent twice: every neighbourhood and every cluster agree across "seeds".
@@ -288,3 +288,22 @@ def test_latent_benchmark_schedules_are_the_package_rule_and_scvi_tools_schedule
     assert latent_bench.schedule_kwargs("200 epochs at 1e-3", max_epochs=30)["max_epochs"] == 30  # the smoke cap
     for name in latent_bench.SCHEDULES:  # every schedule is a valid plan
         TrainingPlan(**latent_bench.schedule_kwargs(name))
+
+
+def test_batch_mixing_benchmark_with_every_fit_cell_is_the_whole_graph(monkeypatch):
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = _module("bench_batch_mixing")
+    monkeypatch.setattr(bench, "SUBSET_FIT_CELLS", 150)
+    monkeypatch.setattr(bench, "DRAWS", 5)
+    rng = np.random.default_rng(4)
+    # two batches, half of the cells of each in a cluster of their own: mixing about 1/2 of random
+    batches = rng.choice(["a", "b"], size=500)
+    apart = rng.random(500) < 0.5
+    z = rng.normal(size=(500, 3)) + np.where(apart[:, None], (batches == "a")[:, None] * 40.0 + 20.0, 0.0)
+    row = bench.embedding_row("sim", "planted", z[100:], z[:100], batches[100:], batches[:100], ReportSettings())
+    assert abs(row["error, all fit cells"]) < 1e-12  # every cell at hand: the section's row is the graph's mixing
+    assert row["truth (all cells)"] == pytest.approx(0.5, abs=0.1)
+    assert abs(row["mean error over draws"]) < 0.1 and 0.0 <= row["coverage over draws"] <= 1.0
+    assert "(k=" in row["report, 150 fit cells (first draw)"]

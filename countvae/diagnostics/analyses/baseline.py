@@ -25,6 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln
+from sklearn.decomposition import PCA
+
+from countvae.errors import InvalidDataError
 
 #: Largest inverse dispersion kept (beyond it the NB is a Poisson to rounding).
 MAX_THETA = 1e8
@@ -104,3 +107,23 @@ def baseline_log_likelihood(
     )
     log_poisson = dense * np.log(mu) - mu - gammaln(dense + 1.0)
     return np.where(theta >= MAX_THETA, log_poisson, log_nb).sum(axis=1)
+
+
+def normalized_counts_pca(counts: sp.spmatrix | np.ndarray, n_components: int, seed: int = 0) -> np.ndarray:
+    """The cells' principal components of ``log1p`` counts per 10,000, (cells, components), without a model.
+
+    What an analyst embeds before any model (scanpy's ``normalize_total(target_sum=1e4)``, ``log1p``, ``pca``
+    on unscaled genes): the no-model reference of the batch-mixing section. Computed on the sparse matrix
+    (scikit-learn's PCA with ARPACK centres implicitly); a cell without counts stays at zero before centring.
+    At most ``min(cells, genes) - 1`` components are returned (ARPACK's limit).
+    """
+    x = _rows(counts)
+    library = np.asarray(x.sum(axis=1)).ravel()
+    scale = np.divide(1e4, library, out=np.zeros_like(library), where=library > 0)
+    normalized = sp.diags(scale) @ x
+    normalized.data = np.log1p(normalized.data)
+    n = min(int(n_components), min(normalized.shape) - 1)
+    if n < 1:
+        raise InvalidDataError(f"A PCA needs at least 2 cells and 2 genes; got {normalized.shape}.")
+    pca = PCA(n_components=n, svd_solver="arpack", random_state=seed)
+    return pca.fit_transform(normalized)

@@ -34,12 +34,13 @@ from typing import Any
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
 from countvae._warnings import warn_at_caller
 from countvae.data.registry import get_registry
-from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline
+from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline, normalized_counts_pca
 from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
 from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
 from countvae.diagnostics.analyses.ppc import PPCStatistics, predictive_statistics, split_half_statistics
@@ -276,6 +277,47 @@ class FitArrays:
 
 
 @dataclass
+class BatchReference:
+    """The registered batch of the held-out cells (and of ``CellSubsets.fit``), and their embedding without a model.
+
+    Attributes
+    ----------
+    key
+        The registered batch column.
+    heldout, fit
+        Batch labels (text) of every held-out cell, and of the fit cells of ``CellSubsets.fit`` (``None``
+        without them).
+    pca_heldout, pca_fit
+        The same cells' principal components of ``log1p`` counts per 10,000 (as many as the first fit's latent
+        dimensions), fitted on them together (:func:`~countvae.diagnostics.analyses.baseline.normalized_counts_pca`).
+
+    """
+
+    key: str
+    heldout: np.ndarray
+    fit: np.ndarray | None
+    pca_heldout: np.ndarray
+    pca_fit: np.ndarray | None
+
+
+def batch_reference(
+    adata: ad.AnnData, adata_fit_cells: ad.AnnData | None, var_names: pd.Index, n_components: int, seed: int
+) -> BatchReference | None:
+    """The held-out (and given fit) cells' batches and no-model embedding; ``None`` without a registered batch."""
+    heldout = _batch_labels(adata)
+    if heldout is None:
+        return None
+    fit = None if adata_fit_cells is None else _batch_labels(adata_fit_cells)
+    counts = observed_counts(adata, var_names)
+    if fit is not None:
+        counts = sp.vstack([counts, observed_counts(adata_fit_cells, var_names)], format="csr")
+    pca = normalized_counts_pca(counts, n_components, seed)
+    n = adata.n_obs
+    key = str(get_registry(adata).batch_key)
+    return BatchReference(key, heldout, fit, pca[:n], None if fit is None else pca[n:])
+
+
+@dataclass
 class Collected:
     """Everything the analyses work on: the held-out data's arrays and each fit's.
 
@@ -315,6 +357,9 @@ class Collected:
         The downstream section's request and the fits' DE calls it asked for (``None`` without them).
     restriction_request, restriction_arrays
         The restrictions section's request and its restricted fits' read-outs (``None`` without them).
+    batches
+        The cells' registered batches and no-model embedding (:class:`BatchReference`), when asked for
+        (``"batches"`` in the needs) and the held-out data have a registered batch column.
     configuration
         The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
         cells, genes, batch), to choose the nearest calibrated regime.
@@ -341,6 +386,7 @@ class Collected:
     configuration: dict[str, Any] | None = None
     restriction_request: RestrictionRequest | None = None
     restriction_arrays: RestrictionArrays | None = None
+    batches: BatchReference | None = None
 
     @property
     def names(self) -> list[str]:
@@ -382,7 +428,8 @@ def knn_graph_cells(c: Collected, s: ReportSettings) -> int | None:
 
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).
 ALL_NEEDS = frozenset(
-    ({f.name for f in fields(FitArrays)} - {"loadings_are_weights"}) | {"differential_expression", "restrictions"}
+    ({f.name for f in fields(FitArrays)} - {"loadings_are_weights"})
+    | {"differential_expression", "restrictions", "batches"}
 )
 _DECODER = frozenset({"span", "gram", "loadings", "jacobians", "gram_jacobians"})
 
@@ -477,8 +524,8 @@ def collect(
     """Visit each fit once on the held-out cells ``adata`` (and ``adata_fit``'s cells; steps timed by ``stopwatch``).
 
     Each fit is asked only for the outputs in ``needs`` (the union of the needs of the report's sections);
-    the DE of the ``downstream`` request when ``"differential_expression"`` is among them, and the restricted
-    fits of the ``restrictions`` request when ``"restrictions"`` is.
+    the DE of the ``downstream`` request when ``"differential_expression"`` is among them, the restricted
+    fits of the ``restrictions`` request when ``"restrictions"`` is, and the cells' batches when ``"batches"`` is.
     """
     if restrictions is not None and "restrictions" in needs:
         restrictions.check(fits, adata)
@@ -514,6 +561,10 @@ def collect(
     if restrictions is not None and "restrictions" in needs:
         restricted = collect_restrictions(restrictions, marker_values.to_numpy(dtype=np.float64), var_names)
         stopwatch.lap("restricted fits (restrictions section)")
+    batches = None
+    if "batches" in needs:
+        batches = batch_reference(adata, views.get("fit"), var_names, int(fits[0].n_latent), s.seed + 7)
+        stopwatch.lap("batches and their no-model embedding")
     # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
     # own because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
@@ -541,4 +592,5 @@ def collect(
         configuration=configuration_of_fits(fits, int(adata.n_obs)),
         restriction_request=restrictions if restricted is not None else None,
         restriction_arrays=restricted,
+        batches=batches,
     )

@@ -80,3 +80,22 @@ def test_a_large_theta_below_the_cap_is_close_to_poisson():
     ll = baseline_log_likelihood(model, counts)
     expected = stats.poisson.logpmf(counts, counts.sum(axis=1, keepdims=True) * 0.5).sum(axis=1)
     np.testing.assert_allclose(ll, expected, rtol=1e-6)
+
+
+def test_normalized_counts_pca_is_the_pca_of_log1p_counts_per_10k():
+    from countvae.diagnostics.analyses.baseline import normalized_counts_pca
+
+    rng = np.random.default_rng(3)
+    counts = rng.poisson(1.5, size=(120, 40)).astype(float)
+    counts[:60, :8] += 15.0  # two groups of cells, so the first component separates them
+    counts[5] = 0.0  # a cell without counts stays at zero before centring
+    pcs = normalized_counts_pca(sp.csr_matrix(counts), 4)
+    library = counts.sum(axis=1, keepdims=True)
+    dense = np.log1p(np.divide(counts * 1e4, library, out=np.zeros_like(counts), where=library > 0))
+    dense -= dense.mean(axis=0)
+    u, s, _ = np.linalg.svd(dense, full_matrices=False)
+    # components are defined up to sign
+    np.testing.assert_allclose(np.abs(pcs), np.abs(u[:, :4] * s[:4]), atol=1e-8)
+    with_counts = np.arange(120) != 5
+    assert abs(np.corrcoef(pcs[with_counts, 0], np.repeat([1.0, 0.0], 60)[with_counts])[0, 1]) > 0.9
+    assert normalized_counts_pca(counts[:3, :5], 10).shape == (3, 2)  # at most min(cells, genes) - 1

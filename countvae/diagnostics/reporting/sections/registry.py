@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from countvae.diagnostics.reporting.sections.about import AboutSection
 from countvae.diagnostics.reporting.sections.alignment import AlignmentSection
 from countvae.diagnostics.reporting.sections.base import Section
+from countvae.diagnostics.reporting.sections.batch_mixing import BatchMixingSection
 from countvae.diagnostics.reporting.sections.calibration import CalibrationSection
 from countvae.diagnostics.reporting.sections.downstream import DownstreamReportSection
 from countvae.diagnostics.reporting.sections.ground_truth import GroundTruthSection
@@ -40,6 +41,7 @@ DEFAULT_SECTIONS: tuple[Section, ...] = (
     GuideSpreadSection(),
     PPCSection(),
     DownstreamReportSection(),
+    BatchMixingSection(),
     GroundTruthSection(),
     CalibrationSection(),
     PerCellSection(),
