@@ -10,6 +10,9 @@
     baseline (how much the neighbourhood moves under the posterior's own uncertainty).
 ``obs["countvae_lpd_mean"]``, ``obs["countvae_lpd_sd"]``
     Held-out log p(x) in nats: mean over seeds, and standard deviation across seeds.
+``obs["countvae_batch_mixing"]``
+    The share of the cell's neighbours from another batch over the share expected if batch
+    were random, mean over seeds (reports of fits with a registered batch only).
 ``var["countvae_decoded_agreement"]``
     Lin's concordance of the gene's decoded log mean across held-out cells between two
     seeds, mean over pairs of seeds.
@@ -67,6 +70,8 @@ KEY_NOTES = {
     "(within-seed baseline)",
     "countvae_lpd_mean": "held-out log p(x) in nats, mean over seeds",
     "countvae_lpd_sd": "held-out log p(x), standard deviation across seeds",
+    "countvae_batch_mixing": "share of the cell's neighbours from another batch over the share expected if batch "
+    "were random (1: as if at random), mean over seeds",
     "countvae_decoded_agreement": "Lin's concordance of the gene's decoded log mean across held-out cells between "
     "two seeds, mean over pairs of seeds",
     "countvae_de_call_frequency": "fraction of seeds that call the gene DE",

@@ -181,3 +181,16 @@ def test_fits_mix_the_batches_as_the_true_sources_do(collected, seed_fits):
     assert truth == pytest.approx(1.0, abs=0.05)
     for name in c.names:
         assert table.loc[name, "batch_mixing"] == pytest.approx(truth, abs=0.05)
+
+
+def test_each_held_out_cells_mixing_flows_into_the_analysts_anndata(seed_fits, seed_report):
+    rep = seed_report
+    held = seed_fits.adata_heldout.copy()
+    rep.write(held)
+    column = held.obs["countvae_batch_mixing"].to_numpy()
+    assert np.isfinite(column).all()  # every held-out cell is scored (300 < max_knn_cells)
+    # the cells' mean is the fits' held-out column of the table, averaged over the fits
+    table = rep.tables["batch_mixing"].set_index("fit")
+    fits = [f.name for f in seed_fits.fits]
+    assert column.mean() == pytest.approx(table.loc[fits, "heldout_cells"].mean(), rel=1e-9)
+    assert "countvae_batch_mixing" in held.uns["countvae_report"]["key_notes"]

@@ -132,9 +132,10 @@ class BatchMixingSection(Section):
         }
         embeddings[NO_MODEL] = np.vstack([ref.pca_heldout[knn], ref.pca_fit]) if fit_latents else ref.pca_heldout[knn]
         seeds = {f["name"]: f["seed"] for f in c.fits}
-        rows, per_batch = [], {}
+        rows, per_batch, scores_by_fit = [], {}, {}
         for name, cells in embeddings.items():
             scores, (value, low, high) = embedding_mixing(cells, pool, weights, graph.k, s)
+            scores_by_fit[name] = scores
             held = float(scores[: len(knn)].mean())
             rows.append(
                 {"fit": name, "seed": seeds.get(name), "batch_mixing": value, "low": low, "high": high}
@@ -160,10 +161,13 @@ class BatchMixingSection(Section):
             "fit_cells": n_fit,
             "pca_components": n_components,
         }
+        # Each held-out cell's score, mean over the fits: the per-cell column of DiagnosticReport.write.
+        heldout_scores = np.mean([scores_by_fit[name][: len(knn)] for name in c.names], axis=0)
         return SectionResult(
             tables={"batch_mixing": table, "batch_mixing_per_batch": batches},
             headline=[line],
             records={"batch_mixing": record},
+            values={"heldout_positions": knn, "heldout_scores": heldout_scores},
         )
 
     def layout(self, rep: ReportContent) -> list[Block]:

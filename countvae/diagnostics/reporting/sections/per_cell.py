@@ -27,11 +27,17 @@ class PerCellSection(Section):
 
     name = "per_cell"
     needs = frozenset({"latent", "latent_fit", "knn_draws", "lpd", "log_rate"})
+    requires = ("batch_mixing",)
 
     def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
-        """The columns, with the consensus mapped by the shared maps onto the first fit."""
+        """The columns (with each held-out cell's batch mixing, when measured), the consensus on the first fit."""
         consensus = consensus_latent(c.per_fit("latent"), heldout_maps(c, shared, s).to_reference(c.names[0]))
         cells, genes = stability_columns(c, s)
+        mixing = shared.results["batch_mixing"].values
+        if "heldout_scores" in mixing:
+            column = np.full(c.n_cells, np.nan)
+            column[mixing["heldout_positions"]] = mixing["heldout_scores"]
+            cells["batch_mixing"] = column
         return SectionResult(attributes={"cells": cells, "genes": genes, "consensus_latent": consensus})
 
 
