@@ -107,6 +107,14 @@ def dataset_rows(name: str, stored: dict, schedules: list[str], seeds: list[int]
     return rows
 
 
+def stored_fits(data_dir: str, name: str) -> dict:
+    """The latent means ``bench_stopping_latent.py`` stored for data set ``name`` in ``data_dir``."""
+    store = Path(data_dir) / f"stopping_latent_{name}_0.json"
+    if not store.exists():
+        raise SystemExit(f"{store} is missing: run bench_stopping_latent.py --data-dir {data_dir} first")
+    return json.loads(store.read_text())
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", default="kang2018,pbmc_3tech")
@@ -119,12 +127,9 @@ def main(argv=None) -> None:
     s = ReportSettings()
     started, t_start = time.strftime("%Y-%m-%d %H:%M"), time.perf_counter()
     rows = []
+    seeds = [int(x) for x in args.seeds.split(",")]
     for name in args.datasets.split(","):
-        store = Path(args.data_dir) / f"stopping_latent_{name}_0.json"
-        if not store.exists():
-            raise SystemExit(f"{store} is missing: run bench_stopping_latent.py --data-dir {args.data_dir} first")
-        stored = json.loads(store.read_text())
-        rows += dataset_rows(name, stored, args.schedules.split(","), [int(x) for x in args.seeds.split(",")], s)
+        rows += dataset_rows(name, stored_fits(args.data_dir, name), args.schedules.split(","), seeds, s)
     frame = pd.DataFrame(rows)
     print(frame.to_string())
     minutes = (time.perf_counter() - t_start) / 60

@@ -93,3 +93,20 @@ def assert_valid_report_json(record: dict) -> None:
     from countvae.diagnostics.reporting.report_format import report_schema
 
     Draft202012Validator(report_schema()).validate(record)
+
+
+def collect_for(seed_fits, needs: frozenset[str], settings):
+    """What ``collect`` gives sections with ``needs`` from the fixture's fits, held-out and fit cells."""
+    from countvae.diagnostics.reporting.collect import collect
+    from countvae.diagnostics.reporting.stopwatch import Stopwatch
+
+    return collect(
+        list(seed_fits.fits),
+        seed_fits.adata_heldout,
+        None,
+        settings,
+        {},
+        Stopwatch(),
+        adata_fit=seed_fits.adata_fit,
+        needs=needs,
+    )

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from diagnostics_helpers import assert_valid_report_json
+from diagnostics_helpers import assert_valid_report_json, collect_for
 from jsonschema import ValidationError
 
 import countvae as cv
@@ -19,11 +19,10 @@ from countvae.diagnostics import load_report, report
 from countvae.diagnostics.analyses.baseline import normalized_counts_pca
 from countvae.diagnostics.analyses.heldout_data import observed_counts
 from countvae.diagnostics.analyses.subspace import knn_sets
-from countvae.diagnostics.reporting.collect import batch_reference, collect
+from countvae.diagnostics.reporting.collect import batch_reference
 from countvae.diagnostics.reporting.sections.base import Shared
 from countvae.diagnostics.reporting.sections.batch_mixing import NO_MODEL, BatchMixingSection
 from countvae.diagnostics.reporting.settings import ReportSettings
-from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.metrics import batch_mixing
 
 SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6, max_jacobian_cells=30, n_bootstrap=50)
@@ -32,16 +31,7 @@ SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6
 @pytest.fixture(scope="module")
 def collected(seed_fits):
     s = ReportSettings(**SMALL)
-    c = collect(
-        list(seed_fits.fits),
-        seed_fits.adata_heldout,
-        None,
-        s,
-        {},
-        Stopwatch(),
-        adata_fit=seed_fits.adata_fit,
-        needs=BatchMixingSection.needs,
-    )
+    c = collect_for(seed_fits, BatchMixingSection.needs, s)
     return c, s
 
 
@@ -104,16 +94,7 @@ def test_fit_cells_stand_for_all_fit_cells_when_only_some_are_scored(seed_fits):
     # per batch (mixing 0): the whole graph's mixing is about 300 / 1000, while an unweighted mean of the 300
     # held-out and 140 fit cells scored would be about 300 / 440
     s = ReportSettings(**SMALL, max_fit_cells=140)
-    c = collect(
-        list(seed_fits.fits[:2]),
-        seed_fits.adata_heldout,
-        None,
-        s,
-        {},
-        Stopwatch(),
-        adata_fit=seed_fits.adata_fit,
-        needs=BatchMixingSection.needs,
-    )
+    c = collect_for(seed_fits, BatchMixingSection.needs, s)
     rng = np.random.default_rng(2)
     b_held = seed_fits.adata_heldout.obs["batch"].astype(str).to_numpy()
     b_fit = seed_fits.adata_fit.obs["batch"].astype(str).to_numpy()

@@ -65,21 +65,28 @@ INTRO = (
 )
 
 
+def mean_with_interval(scores: np.ndarray, weights: np.ndarray, s: ReportSettings) -> tuple[float, float, float]:
+    """The ``weights``-weighted mean of per-cell ``scores`` with its percentile interval from a bootstrap over cells.
+
+    ``s.n_bootstrap`` replicates, at most ``s.max_bootstrap_cells`` cells resampled, level ``1 - 2 s.alpha``.
+    """
+    value = float(np.average(scores, weights=weights))
+    boot = cell_bootstrap(len(scores), s.n_bootstrap, seed=s.seed + 41, max_cells=s.max_bootstrap_cells)
+    replicates = weighted_mean(boot.weights * weights[boot.positions], scores[boot.positions])
+    interval = percentile_interval(value, replicates, boot.shrink, s.alpha)
+    return interval.value, interval.low, interval.high
+
+
 def embedding_mixing(
     cells: np.ndarray, pool: np.ndarray, weights: np.ndarray, k: int, s: ReportSettings
 ) -> tuple[np.ndarray, tuple[float, float, float]]:
     """Each cell's batch-mixing score in the ``k``-NN graph of ``cells``; their weighted mean with its interval.
 
-    ``pool`` holds each cell's batch and ``weights`` the number of cells of the data set each stands for. The
-    interval is the percentile interval of a bootstrap over the cells (``s.n_bootstrap`` replicates, at most
-    ``s.max_bootstrap_cells`` resampled, level ``1 - 2 s.alpha``), the neighbour sets held fixed.
+    ``pool`` holds each cell's batch and ``weights`` the number of cells of the data set each stands for; the
+    interval (:func:`mean_with_interval`) holds the neighbour sets fixed.
     """
     scores = batch_mixing(knn_sets_among(cells, cells[:0], k), pool)
-    value = float(np.average(scores, weights=weights))
-    boot = cell_bootstrap(len(scores), s.n_bootstrap, seed=s.seed + 41, max_cells=s.max_bootstrap_cells)
-    replicates = weighted_mean(boot.weights * weights[boot.positions], scores[boot.positions])
-    interval = percentile_interval(value, replicates, boot.shrink, s.alpha)
-    return scores, (interval.value, interval.low, interval.high)
+    return scores, mean_with_interval(scores, weights, s)
 
 
 def mixing_sentences(table: pd.DataFrame, key: str, n_batches: int, n_components: int) -> tuple[str, str]:

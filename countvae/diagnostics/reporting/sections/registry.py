@@ -22,6 +22,7 @@ from countvae.diagnostics.reporting.sections.ica_components import ICAComponents
 from countvae.diagnostics.reporting.sections.invariants import InvariantsSection
 from countvae.diagnostics.reporting.sections.markers import MarkersSection
 from countvae.diagnostics.reporting.sections.per_cell import PerCellSection
+from countvae.diagnostics.reporting.sections.placement import PlacementSection
 from countvae.diagnostics.reporting.sections.ppc import PPCSection
 from countvae.diagnostics.reporting.sections.predictive import PredictiveSection
 from countvae.diagnostics.reporting.sections.restrictions import RestrictionsSection
@@ -42,6 +43,7 @@ DEFAULT_SECTIONS: tuple[Section, ...] = (
     PPCSection(),
     DownstreamReportSection(),
     BatchMixingSection(),
+    PlacementSection(),
     GroundTruthSection(),
     CalibrationSection(),
     PerCellSection(),
