@@ -278,15 +278,16 @@ class FitArrays:
 
 @dataclass
 class BatchReference:
-    """The registered batch of the held-out cells (and of ``CellSubsets.fit``), and their embedding without a model.
+    """The registered batch of the held-out cells of ``CellSubsets.knn`` (and of ``CellSubsets.fit``), and their
+    embedding without a model.
 
     Attributes
     ----------
     key
         The registered batch column.
     heldout, fit
-        Batch labels (text) of every held-out cell, and of the fit cells of ``CellSubsets.fit`` (``None``
-        without them).
+        Batch labels (text) of the held-out cells of ``CellSubsets.knn``, and of the fit cells of
+        ``CellSubsets.fit`` (``None`` without them).
     pca_heldout, pca_fit
         The same cells' principal components of ``log1p`` counts per 10,000 (as many as the first fit's latent
         dimensions), fitted on them together (:func:`~countvae.diagnostics.analyses.baseline.normalized_counts_pca`).
@@ -358,8 +359,9 @@ class Collected:
     restriction_request, restriction_arrays
         The restrictions section's request and its restricted fits' read-outs (``None`` without them).
     batches
-        The cells' registered batches and no-model embedding (:class:`BatchReference`), when asked for
-        (``"batches"`` in the needs) and the held-out data have a registered batch column.
+        The registered batches and no-model embedding of the cells of ``CellSubsets.knn`` and ``CellSubsets.fit``
+        (:class:`BatchReference`), when asked for (``"batches"`` in the needs) and the held-out data have a
+        registered batch column.
     configuration
         The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
         cells, genes, batch), to choose the nearest calibrated regime.
@@ -563,7 +565,7 @@ def collect(
         stopwatch.lap("restricted fits (restrictions section)")
     batches = None
     if "batches" in needs:
-        batches = batch_reference(adata, views.get("fit"), var_names, int(fits[0].n_latent), s.seed + 7)
+        batches = batch_reference(views["knn"], views.get("fit"), var_names, int(fits[0].n_latent), s.seed + 7)
         stopwatch.lap("batches and their no-model embedding")
     # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
     # own because it is usually the slowest part of collecting.

@@ -175,3 +175,20 @@ def test_each_held_out_cells_mixing_flows_into_the_analysts_anndata(seed_fits, s
     fits = [f.name for f in seed_fits.fits]
     assert column.mean() == pytest.approx(table.loc[fits, "heldout_cells"].mean(), rel=1e-9)
     assert "countvae_batch_mixing" in held.uns["countvae_report"]["key_notes"]
+
+
+def test_a_subset_of_the_held_out_cells_is_scored_with_its_own_labels(seed_fits):
+    # 100 of the 300 held-out cells scored (max_knn_cells): the labels, latents and no-model PCA must be those cells'
+    s = ReportSettings(**SMALL, max_knn_cells=100)
+    c = collect_for(seed_fits, BatchMixingSection.needs, s)
+    assert len(c.batches.heldout) == len(c.batches.pca_heldout) == 100
+    b_held = seed_fits.adata_heldout.obs["batch"].astype(str).to_numpy()
+    np.testing.assert_array_equal(c.batches.heldout, b_held[c.subsets.knn])
+    b_fit = seed_fits.adata_fit.obs["batch"].astype(str).to_numpy()[c.subsets.fit]
+    rng = np.random.default_rng(8)
+    for arrays in c.arrays.values():  # every batch far from the other: mixing exactly 0 if labels match cells
+        arrays.latent = (b_held == b_held[0])[:, None] * 100.0 + rng.normal(size=(len(b_held), 3))
+        arrays.latent_fit = (b_fit == b_held[0])[:, None] * 100.0 + rng.normal(size=(len(b_fit), 3))
+    table = BatchMixingSection().compute(c, Shared(), s).tables["batch_mixing"].set_index("fit")
+    assert (table.loc[c.names, "batch_mixing"] == 0.0).all()
+    assert BatchMixingSection().compute(c, Shared(), s).records["batch_mixing"]["heldout_cells"] == 100

@@ -108,7 +108,7 @@ def mixing_sentences(table: pd.DataFrame, key: str, n_batches: int, n_components
 
 
 class BatchMixingSection(Section):
-    """Batch mixing of the held-out cells in each seed's latent space and in a PCA without a model."""
+    """Batch mixing in each seed's latent space and in a PCA without a model, on the held-out and fit cells."""
 
     name = "batch_mixing"
     title = "How well the batches mix"
@@ -123,7 +123,7 @@ class BatchMixingSection(Section):
         knn = c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
         fit_latents = fit_cell_latents(c) if ref.fit is not None else None
         n_fit = len(ref.fit) if fit_latents else 0
-        pool = np.concatenate([ref.heldout[knn], ref.fit]) if fit_latents else ref.heldout[knn]
+        pool = np.concatenate([ref.heldout, ref.fit]) if fit_latents else ref.heldout
         n_batches = len(np.unique(pool))
         if n_batches < 2:
             sentence = f"Batch mixing not measured: the cells hold one batch of '{ref.key}'."
@@ -137,7 +137,7 @@ class BatchMixingSection(Section):
             name: np.vstack([z[knn], fit_latents[name]]) if fit_latents else z[knn]
             for name, z in c.per_fit("latent").items()
         }
-        embeddings[NO_MODEL] = np.vstack([ref.pca_heldout[knn], ref.pca_fit]) if fit_latents else ref.pca_heldout[knn]
+        embeddings[NO_MODEL] = np.vstack([ref.pca_heldout, ref.pca_fit]) if fit_latents else ref.pca_heldout
         seeds = {f["name"]: f["seed"] for f in c.fits}
         rows, per_batch, scores_by_fit = [], {}, {}
         for name, cells in embeddings.items():
