@@ -278,8 +278,10 @@ class FitArrays:
 
 @dataclass
 class BatchReference:
-    """The registered batch of the held-out cells of ``CellSubsets.knn`` (and of ``CellSubsets.fit``), and their
-    embedding without a model.
+    """The registered batch of the scored cells, and their embedding without a model.
+
+    The scored cells are the held-out cells of ``CellSubsets.knn`` and, when known, the fit cells of
+    ``CellSubsets.fit``.
 
     Attributes
     ----------
