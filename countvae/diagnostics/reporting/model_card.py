@@ -1,7 +1,8 @@
 """A model card: the report's findings in a short Markdown block to paste beside a figure or into a methods section.
 
 It states what the fits identify and up to which symmetry (from the verdict rows),
-whether they are predictively equivalent (with the interval of the worst pair),
+whether they are predictively equivalent (with the interval of the worst pair), the
+measurements that carry no verdict (how well the batches mix, where unseen cells land),
 the calibration scenario that matches the report and how often each row's verdict
 was right there, the package versions, and the settings that reproduce the fits
 and the report. Every number is read from the report; nothing is recomputed.
@@ -95,6 +96,19 @@ def predictive_line(rep: ReportContent) -> str:
     )
 
 
+#: Record of a section without a verdict -> the card's label for its sentence.
+MEASUREMENT_LABELS = {"batch_mixing": "Batch mixing", "placement": "Placement of unseen cells"}
+
+
+def measurement_lines(rep: ReportContent) -> list[str]:
+    """The sentences of the sections that measure without a verdict (batch mixing, placement), when present."""
+    return [
+        f"- **{label}** (a measurement, no verdict): {rep.settings[key]['sentence']}"
+        for key, label in MEASUREMENT_LABELS.items()
+        if rep.settings.get(key, {}).get("sentence")
+    ]
+
+
 def calibration_regime(n_cells: int) -> str:
     """The calibration scenario (of :data:`CALIBRATION_CELLS`) nearest to ``n_cells`` held-out cells on a log scale."""
     return min(CALIBRATION_CELLS, key=lambda s: abs(np.log(max(n_cells, 1)) - np.log(CALIBRATION_CELLS[s])))
@@ -164,5 +178,6 @@ def model_card(rep: ReportContent) -> str:
     lines = ["### Model card (countvae multi-seed diagnostics)", "", _fits_line(rep)]
     if "invariants" in rep.tables:  # a report of a subset of the sections may have none
         lines += _verdict_lines(rep.invariants)
-    lines += [predictive_line(rep), *calibration_lines(rep), _versions_line(rep), settings_line(rep)]
+    lines += [predictive_line(rep), *measurement_lines(rep), *calibration_lines(rep)]
+    lines += [_versions_line(rep), settings_line(rep)]
     return "\n".join(lines) + "\n"

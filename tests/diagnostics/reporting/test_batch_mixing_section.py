@@ -192,3 +192,12 @@ def test_a_subset_of_the_held_out_cells_is_scored_with_its_own_labels(seed_fits)
     table = BatchMixingSection().compute(c, Shared(), s).tables["batch_mixing"].set_index("fit")
     assert (table.loc[c.names, "batch_mixing"] == 0.0).all()
     assert BatchMixingSection().compute(c, Shared(), s).records["batch_mixing"]["heldout_cells"] == 100
+
+
+def test_the_model_card_states_both_measurements_and_reads_back(seed_report, tmp_path):
+    card = seed_report.model_card()
+    mixing, placement = (seed_report.settings[key]["sentence"] for key in ("batch_mixing", "placement"))
+    assert f"- **Batch mixing** (a measurement, no verdict): {mixing}" in card
+    assert f"- **Placement of unseen cells** (a measurement, no verdict): {placement}" in card
+    assert card.index("Predictive equivalence") < card.index("Batch mixing") < card.index("Calibration regime")
+    assert load_report(seed_report.save(tmp_path / "rep")).model_card() == card
