@@ -7,6 +7,7 @@ import copy
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from diagnostics_helpers import assert_valid_report_json, collect_for
 from jsonschema import ValidationError
@@ -73,3 +74,27 @@ def test_the_placement_table_reads_back_from_its_file(seed_report, tmp_path):
         assert_valid_report_json(corrupted)
     loaded = load_report(folder)
     assert loaded.tables["placement"].equals(seed_report.tables["placement"])
+
+
+def test_the_sentence_gives_the_seeds_range_and_the_sampling_error():
+    from countvae.diagnostics.reporting.sections.placement import placement_sentences
+
+    table = pd.DataFrame(
+        {
+            "fit": ["seed 0", "seed 1"],
+            "placement": [0.90, 0.96],
+            "low": [0.88, 0.92],
+            "high": [0.92, 1.00],
+            "heldout_neighbours": [0.15, 0.13],
+            "expected_share": [0.1, 0.1],
+        }
+    )
+    sentence, line = placement_sentences(table)
+    # the median half-width of the intervals (0.02 and 0.04) is 0.03
+    assert "at 0.93 of random placement (seeds 0.90 to 0.96, each within about 0.03 from the sampling" in sentence
+    assert "held-out cells make 14.0% of the neighbours of held-out cells, where 10.0% would be random" in sentence
+    assert line == (
+        "Placement of unseen cells among the training cells (1 = as if at random): 0.93 (seeds 0.90 to 0.96)."
+    )
+    one, _ = placement_sentences(table.iloc[:1])
+    assert "at 0.90 of random placement (within about 0.02 from the sampling of held-out cells)" in one

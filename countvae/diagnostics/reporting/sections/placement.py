@@ -65,13 +65,16 @@ def placement_table(
 
 
 def placement_sentences(table: pd.DataFrame) -> tuple[str, str]:
-    """The section's reading and its line in the verdict."""
+    """The section's reading (with the interval's median half-width) and its line in the verdict."""
     values = table["placement"]
     seeds = f" (seeds {values.min():.2f} to {values.max():.2f})" if len(values) > 1 else ""
+    half_width = float(((table["high"] - table["low"]) / 2).median())
+    spread = f"seeds {values.min():.2f} to {values.max():.2f}, each " if len(values) > 1 else ""
     sentence = (
-        f"Cells the fits never saw land among their training cells at {values.mean():.2f} of random placement"
-        f"{seeds}: held-out cells make {table['heldout_neighbours'].mean():.1%} of the neighbours of held-out cells, "
-        f"where {table['expected_share'].iloc[0]:.1%} would be random."
+        f"Cells the fits never saw land among their training cells at {values.mean():.2f} of random placement "
+        f"({spread}within about {half_width:.2f} from the sampling of held-out cells): held-out cells make "
+        f"{table['heldout_neighbours'].mean():.1%} of the neighbours of held-out cells, where "
+        f"{table['expected_share'].iloc[0]:.1%} would be random."
     )
     line = f"Placement of unseen cells among the training cells (1 = as if at random): {values.mean():.2f}{seeds}."
     return sentence, line
