@@ -5,6 +5,7 @@ import pytest
 
 from countvae.diagnostics.analyses.resampling import (
     cell_bootstrap,
+    neighbour_inflation,
     percentile_interval,
     rowwise_concordance,
     weighted_concordance,
@@ -53,3 +54,40 @@ def test_intervals_leave_out_replicates_without_a_value():
     b = np.r_[0.9, np.full(201, np.nan)]
     worst = worst_interval([0.5, 0.9], [a, b], shrink=1.0, alpha=0.05, higher_is_better=True)
     assert (worst.value, worst.low, worst.high) == pytest.approx((0.5, 0.41, 0.59))
+
+
+def _groups_of_mutual_neighbours(n_groups: int, m: int) -> np.ndarray:
+    """(n_groups * m, m - 1) neighbour indices: each cell's neighbours are the other cells of its group."""
+    cells = np.arange(n_groups * m).reshape(n_groups, m)
+    return np.vstack([np.delete(group, i) for group in cells for i in range(m)])
+
+
+@pytest.mark.parametrize("m", [2, 3, 5])
+def test_cells_identical_within_groups_of_mutual_neighbours_count_as_one_cell(m):
+    """m cells of one score that are each other's neighbours inform like one cell: the variance is m times larger."""
+    rng = np.random.default_rng(m)
+    scores = np.repeat(rng.normal(size=40), m)
+    weights = np.repeat(rng.uniform(0.5, 2.0, size=40), m)
+    assert neighbour_inflation(scores, weights, _groups_of_mutual_neighbours(40, m)) == pytest.approx(np.sqrt(m))
+
+
+def test_independent_scores_on_a_random_graph_need_no_widening():
+    """Scores drawn independently of the neighbour sets: the cross terms average out (about 1 +- 0.02 here)."""
+    rng = np.random.default_rng(0)
+    n, k = 20_000, 3
+    neighbours = np.stack([rng.choice(n, k, replace=False) for _ in range(n)])
+    inflation = neighbour_inflation(rng.normal(size=n), np.ones(n), neighbours)
+    assert 1.0 <= inflation < 1.06
+
+
+def test_neighbours_that_are_not_scored_link_the_cells_sharing_them_and_constant_scores_do_not_widen():
+    """Neighbours that are not scored carry no score but link the cells that share them; equal scores do not widen."""
+    n = 30
+    beyond = np.arange(n, n + 3 * n).reshape(n, 3)
+    assert neighbour_inflation(np.arange(n, dtype=float), np.ones(n), beyond) == 1.0
+    # Pairs of scored cells with one unscored neighbour in common, and equal scores within each pair: sqrt(2).
+    shared = np.repeat(np.arange(n, n + n // 2), 2)[:, None]
+    assert neighbour_inflation(np.repeat(np.arange(n // 2, dtype=float), 2), np.ones(n), shared) == pytest.approx(
+        np.sqrt(2)
+    )
+    assert neighbour_inflation(np.full(n, 0.7), np.ones(n), _groups_of_mutual_neighbours(10, 3)) == 1.0

@@ -21,7 +21,7 @@ from countvae.diagnostics.analyses.heldout_data import observed_counts
 from countvae.diagnostics.analyses.subspace import knn_sets
 from countvae.diagnostics.reporting.collect import batch_reference
 from countvae.diagnostics.reporting.sections.base import Shared
-from countvae.diagnostics.reporting.sections.batch_mixing import NO_MODEL, BatchMixingSection
+from countvae.diagnostics.reporting.sections.batch_mixing import NO_MODEL, BatchMixingSection, mean_with_interval
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.metrics import batch_mixing
 
@@ -201,3 +201,23 @@ def test_the_model_card_states_both_measurements_and_reads_back(seed_report, tmp
     assert f"- **Placement of unseen cells** (a measurement, no verdict): {placement}" in card
     assert card.index("Predictive equivalence") < card.index("Batch mixing") < card.index("Calibration regime")
     assert load_report(seed_report.save(tmp_path / "rep")).model_card() == card
+
+
+def test_the_interval_widens_by_the_correlation_of_cells_whose_neighbourhoods_overlap():
+    """Cells in groups of 4 mutual neighbours with one score per group inform like 1 cell in 4: twice as wide.
+
+    The centre is the weighted mean either way; the deviations of the same bootstrap replicates are scaled by
+    ``sqrt(4)`` against the interval without any pair of correlated cells.
+    """
+    rng = np.random.default_rng(3)
+    groups, m = 60, 4
+    scores = np.repeat(rng.uniform(0.5, 1.0, size=groups), m)
+    weights = np.ones(groups * m)
+    cells = np.arange(groups * m).reshape(groups, m)
+    neighbours = np.vstack([np.delete(group, i) for group in cells for i in range(m)])
+    s = ReportSettings(n_bootstrap=200)
+    value, low, high = mean_with_interval(scores, weights, neighbours, s)
+    plain_value, plain_low, plain_high = mean_with_interval(scores, weights, np.empty((groups * m, 0), int), s)
+    assert value == plain_value == pytest.approx(scores.mean())
+    assert value - low == pytest.approx(2 * (plain_value - plain_low))
+    assert high - value == pytest.approx(2 * (plain_high - plain_value))

@@ -16,7 +16,9 @@ to 0.97 with train()'s early stopping, 0.88 to 0.92 with the same rule at 1e-3, 
 heldout-placement), whose held-out log p(x) was 24-26 and 17-18 nats per cell below the
 first two's (section stopping-vs-full). An embedding that treats every cell alike (the
 simulation's true sources, a PCA fitted on all cells) scores 1 up to sampling. No
-verdict is drawn; the interval covers the sampling of held-out cells.
+verdict is drawn; the interval covers the sampling of held-out cells (widened, as batch
+mixing's, for cells whose neighbourhoods overlap: 91-97% coverage of the known answer of
+random relabellings at nominal 90%, 65-84% without; section heldout-placement).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def placement_table(
     for name, z in latents.items():
         neighbours = knn_sets_among(z, fit_latents[name], k)
         scores = batch_mixing(neighbours, kinds)
-        value, low, high = mean_with_interval(scores, np.ones(n_held), s)
+        value, low, high = mean_with_interval(scores, np.ones(n_held), neighbours, s)
         rows.append(
             {"fit": name, "seed": seeds.get(name), "placement": value, "low": low, "high": high}
             | {"heldout_neighbours": float((neighbours < n_held).mean()), "expected_share": expected}
