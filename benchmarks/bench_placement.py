@@ -65,15 +65,19 @@ def relabelled_coverage(z_held: np.ndarray, z_fit: np.ndarray, draws: int, s: Re
     }
 
 
-def dataset_rows(name: str, stored: dict, s: ReportSettings, draws: int) -> list[dict]:
-    """The placement of every stored fit of one data set, and of the PCA control."""
-    rows = []
+def schedule_keys(stored: dict) -> list[str]:
+    """The stored fits' keys ("<schedule> <seed>") in the order of ``SCHEDULES``, then by seed."""
     order = {name: i for i, name in enumerate(SCHEDULES)}
-    keys = sorted(
+    return sorted(
         (k for k in stored if k != "n_cells"),
         key=lambda k: (order.get(k.rsplit(" ", 1)[0], len(order)), int(k.rsplit(" ", 1)[1])),
     )
-    for key in keys:
+
+
+def dataset_rows(name: str, stored: dict, s: ReportSettings, draws: int) -> list[dict]:
+    """The placement of every stored fit of one data set, and of the PCA control."""
+    rows = []
+    for key in schedule_keys(stored):
         result = stored[key]
         held, fit = {key: np.asarray(result["latent_held"])}, {key: np.asarray(result["latent_fit"])}
         row = placement_table(held, fit, {key: result["seed"]}, K, s).iloc[0].to_dict()

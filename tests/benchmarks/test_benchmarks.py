@@ -307,3 +307,45 @@ def test_batch_mixing_benchmark_with_every_fit_cell_is_the_whole_graph(monkeypat
     assert row["truth (all cells)"] == pytest.approx(0.5, abs=0.1)
     assert abs(row["mean error over draws"]) < 0.1 and 0.0 <= row["coverage over draws"] <= 1.0
     assert "(k=" in row["report, 150 fit cells (first draw)"]
+    quarter = [key for key in row if key.startswith("quarter of cells") and key.endswith(": coverage")]
+    assert len(quarter) == 1 and 0.0 <= row[quarter[0]] <= 1.0
+    # the widened interval contains the bootstrap's own, so it covers at least as often
+    assert row["coverage over draws"] >= row["coverage, bootstrap alone over draws"]
+
+
+def test_placement_benchmark_relabels_to_the_known_answer_one(monkeypatch):
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = _module("bench_placement")
+    rng = np.random.default_rng(5)
+    z = rng.normal(size=(400, 3)) + 30.0 * (rng.random(400) < 0.5)[:, None]  # two clusters, kinds at random
+    row = bench.relabelled_coverage(z[:40], z[40:], 20, ReportSettings(n_bootstrap=50))
+    assert row["relabelled: mean placement"] == pytest.approx(1.0, abs=0.05)
+    assert row["relabelled: coverage of 1"] >= row["relabelled: coverage, bootstrap alone"]
+
+
+def test_training_cells_benchmark_finds_fit_cells_planted_to_disagree(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = _module("bench_training_cells")
+    rng = np.random.default_rng(6)
+    held, fit = rng.normal(size=(200, 3)), rng.normal(size=(600, 3))
+    fits = {
+        f"stopped {seed}": {
+            "latent_held": held.tolist(),
+            "latent_fit": (fit + seed * rng.normal(size=fit.shape)).tolist(),
+        }
+        for seed in (0, 1)
+    }
+    c = bench.collected_latents(fits)
+    tables = bench.training_tables(c, 2)
+    rows = {r["row"]: r for r in bench.schedule_rows("sim", "stopped", c, tables)}
+    assert rows["latent distances"]["held-out (worst pair)"] == pytest.approx(1.0)
+    assert rows["latent distances"]["held-out minus training"] > 0.2
+    assert rows["latent distances"]["held-out verdict"] == "agree"
+    assert rows["latent distances"]["training verdicts"] == "differ 2/2"
+    truth = bench.training_truth(c.per_fit("latent_fit"), c.per_fit("latent"), 15)
+    assert truth["latent distances"] < 0.8 and 0.0 < truth["k-NN graph"] < 0.5
+    calibration = {r["row"]: r for r in bench.calibration_rows("sim", "stopped", tables, truth)}
+    assert calibration["latent distances"]["verdict on all fit cells"] == "differ"
+    assert calibration["latent distances"]["correct"] == 2 and calibration["latent distances"]["wrong"] == 0

@@ -109,6 +109,21 @@ def measurement_lines(rep: ReportContent) -> list[str]:
     ]
 
 
+def training_cell_line(rep: ReportContent) -> list[str]:
+    """The latent rows' verdicts on the cells the fits were trained on, when the report measured them."""
+    record = rep.settings.get("training_cells", {})
+    table = rep.tables.get("training_cells")
+    if not record.get("sentence") or table is None:
+        return []
+    changed = table[table["training_verdict"] != table["heldout_verdict"]]
+    verdicts = (
+        "; ".join(f"{r.quantity}: {r.training_verdict} (held-out: {r.heldout_verdict})" for r in changed.itertuples())
+        if len(changed)
+        else "the same verdicts as on held-out cells"
+    )
+    return [f"- **Training cells** ({verdicts}): {record['sentence']}"]
+
+
 def calibration_regime(n_cells: int) -> str:
     """The calibration scenario (of :data:`CALIBRATION_CELLS`) nearest to ``n_cells`` held-out cells on a log scale."""
     return min(CALIBRATION_CELLS, key=lambda s: abs(np.log(max(n_cells, 1)) - np.log(CALIBRATION_CELLS[s])))
@@ -178,6 +193,6 @@ def model_card(rep: ReportContent) -> str:
     lines = ["### Model card (countvae multi-seed diagnostics)", "", _fits_line(rep)]
     if "invariants" in rep.tables:  # a report of a subset of the sections may have none
         lines += _verdict_lines(rep.invariants)
-    lines += [predictive_line(rep), *measurement_lines(rep), *calibration_lines(rep)]
+    lines += [predictive_line(rep), *measurement_lines(rep), *training_cell_line(rep), *calibration_lines(rep)]
     lines += [_versions_line(rep), settings_line(rep)]
     return "\n".join(lines) + "\n"

@@ -28,6 +28,7 @@ from countvae.diagnostics.reporting.sections.predictive import PredictiveSection
 from countvae.diagnostics.reporting.sections.restrictions import RestrictionsSection
 from countvae.diagnostics.reporting.sections.seed_groups import SeedGroupsSection
 from countvae.diagnostics.reporting.sections.subspace import SubspaceSection
+from countvae.diagnostics.reporting.sections.training_cells import TrainingCellsSection
 from countvae.errors import InvalidArgumentError
 
 #: The default sections, in the order the report shows them.
@@ -44,6 +45,7 @@ DEFAULT_SECTIONS: tuple[Section, ...] = (
     DownstreamReportSection(),
     BatchMixingSection(),
     PlacementSection(),
+    TrainingCellsSection(),
     GroundTruthSection(),
     CalibrationSection(),
     PerCellSection(),

@@ -1,0 +1,110 @@
+"""The training-cells section: seeds that are exact rotations of one fit agree perfectly on their training cells,
+fit cells planted to disagree (held-out cells agreeing) turn the latent rows' verdicts and say so in the headline,
+and the section reads back from report.json."""
+
+from __future__ import annotations
+
+import copy
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from diagnostics_helpers import assert_valid_report_json
+from jsonschema import ValidationError
+
+from countvae.diagnostics import load_report
+from countvae.diagnostics.analyses.invariants import InvariantInputs, invariants_table
+from countvae.diagnostics.reporting.sections.training_cells import (
+    comparison_table,
+    training_cell_rows,
+    training_sentences,
+)
+from countvae.diagnostics.reporting.settings import ReportSettings
+from countvae.diagnostics.reporting.verdicts import judge_invariants
+
+SMALL = dict(n_lpd_samples=10, max_lpd_cells=60, n_rhat_draws=20, n_rhat_cells=6, max_jacobian_cells=30, n_bootstrap=50)
+
+
+def test_exact_rotations_of_one_fit_agree_perfectly_on_their_training_cells(copies_report):
+    """Seeds 1 and 2 are seed 0 in other orthogonal coordinates: distances, neighbours and aligned axes are equal."""
+    table = copies_report.tables["training_cells"].set_index("quantity")
+    assert list(table.index) == ["latent distances", "k-NN graph", "per-dimension coordinates"]
+    assert table["training_agreement"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+    assert table.loc["latent distances", "training_verdict"] == "agree"
+    assert table.loc["k-NN graph", "training_verdict"] == "agree"
+    assert table.loc["per-dimension coordinates", "training_verdict"] == "agree after alignment"
+    assert bool(table.loc["per-dimension coordinates", "aligned"])
+    assert (table["training_verdict"] == table["heldout_verdict"]).all()
+    assert (table["n_cells"] > 0).all()
+
+
+def _planted(noise: float, n_held: int = 300, n_fit: int = 700, seed: int = 0):
+    """Two fits equal (up to a rotation) on the held-out cells; on the fit cells the second adds ``noise``."""
+    rng = np.random.default_rng(seed)
+    rotation, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    held, fit = rng.normal(size=(n_held, 3)), rng.normal(size=(n_fit, 3))
+    latents = {"latent": {"a": held, "b": held @ rotation}}
+    latents["latent_fit"] = {"a": fit, "b": (fit + noise * rng.normal(size=fit.shape)) @ rotation}
+    return SimpleNamespace(
+        per_fit=latents.__getitem__, n_cells=n_held, n_fit_cells=n_fit, symmetry="orthogonal", names=["a", "b"]
+    )
+
+
+def test_fit_cells_planted_to_disagree_turn_the_verdicts_and_the_headline_says_so():
+    s = ReportSettings(**SMALL)
+    c = _planted(noise=1.0)
+    numbers, _ = invariants_table(InvariantInputs(latents=c.per_fit("latent")), k=s.k, seed=s.seed)
+    heldout = judge_invariants(numbers)
+    training, n_cells = training_cell_rows(c, s)
+    assert n_cells == 300
+    table = comparison_table(heldout, training).set_index("quantity")
+    # held-out cells: the two fits are one up to a rotation
+    assert table["heldout_agreement"].to_numpy() == pytest.approx(1.0, abs=1e-9)
+    # fit cells: noise as large as the latents' own spread leaves little of the distances and neighbours
+    assert table.loc["latent distances", "training_agreement"] < 0.8
+    assert table.loc["latent distances", "training_high"] < 0.9
+    assert table.loc["latent distances", "training_verdict"] == "differ"
+    assert table.loc["k-NN graph", "training_verdict"] == "differ"
+    sentence, line = training_sentences(table.reset_index(), n_cells)
+    assert line.startswith("Training cells: latent distances differ (")
+    assert "where held-out cells say agree (1.00)" in line
+    assert sentence.startswith("On 300 cells the fits were trained on, the worst pair of seeds gives: latent distances")
+
+
+def test_without_noise_the_training_rows_equal_their_exact_answer():
+    s = ReportSettings(**SMALL)
+    training, _ = training_cell_rows(_planted(noise=0.0), s)
+    assert training["agreement"].to_numpy()[:2] == pytest.approx(1.0, abs=1e-9)
+    assert training.set_index("quantity").loc["per-dimension coordinates", "aligned_agreement"] == pytest.approx(1.0)
+
+
+def test_without_fit_cells_nothing_is_measured():
+    c = _planted(noise=0.0)
+    no_fit = SimpleNamespace(**{**vars(c), "per_fit": {"latent": c.per_fit("latent"), "latent_fit": {}}.__getitem__})
+    assert training_cell_rows(no_fit, ReportSettings(**SMALL)) is None
+
+
+def test_the_training_cells_table_reads_back_from_its_file(seed_report, tmp_path):
+    assert 'id="training_cells"' in seed_report.to_html()
+    assert any(line.startswith("Training cells:") for line in seed_report.headline)
+    folder = seed_report.save(tmp_path / "rep")
+    record = json.loads((folder / "report.json").read_text())
+    assert_valid_report_json(record)
+    corrupted = copy.deepcopy(record)
+    corrupted["tables"]["training_cells"][0]["training_verdict"] = "fine"
+    with pytest.raises(ValidationError, match="is not one of"):
+        assert_valid_report_json(corrupted)
+    loaded = load_report(folder)
+    assert loaded.tables["training_cells"].equals(seed_report.tables["training_cells"])
+
+
+def test_the_model_card_gives_the_training_cells_verdicts_and_reads_back(seed_report, tmp_path):
+    sentence = seed_report.settings["training_cells"]["sentence"]
+    table = seed_report.tables["training_cells"]
+    same = (table["training_verdict"] == table["heldout_verdict"]).all()
+    expected = "the same verdicts as on held-out cells" if same else "(held-out: "
+    card = seed_report.model_card()
+    line = next(line for line in card.splitlines() if line.startswith("- **Training cells** ("))
+    assert expected in line and line.endswith(sentence)
+    assert load_report(seed_report.save(tmp_path / "rep")).model_card() == card
