@@ -95,6 +95,27 @@ def assert_valid_report_json(record: dict) -> None:
     Draft202012Validator(report_schema()).validate(record)
 
 
+def saved_and_loaded(rep, folder, table: str, column: str, bad_value, message: str):
+    """Save ``rep``, check its report.json against the schema, that a bad ``bad_value`` in the first row's
+    ``column`` of ``table`` fails it with ``message``, and return the report loaded back from the folder."""
+    import copy
+    import json
+
+    import pytest
+    from jsonschema import ValidationError
+
+    from countvae.diagnostics import load_report
+
+    saved = rep.save(folder)
+    record = json.loads((saved / "report.json").read_text())
+    assert_valid_report_json(record)
+    corrupted = copy.deepcopy(record)
+    corrupted["tables"][table][0][column] = bad_value
+    with pytest.raises(ValidationError, match=message):
+        assert_valid_report_json(corrupted)
+    return load_report(saved)
+
+
 def collect_for(seed_fits, needs: frozenset[str], settings):
     """What ``collect`` gives sections with ``needs`` from the fixture's fits, held-out and fit cells."""
     from countvae.diagnostics.reporting.collect import collect
