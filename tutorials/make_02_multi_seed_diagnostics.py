@@ -81,11 +81,13 @@ print({seed: f"{seconds:.1f} s" for seed, seconds in fits.seconds.items()})""",
 
 `report` compares the fits on the held-out cells. Markers can be genes or `obs` columns; a categorical
 column such as `cell_type` becomes one indicator per category. The verdict comes first, in plain words.
-Its last two lines are measurements, not verdicts. Batch mixing: how well the registered batch (here the
+Two of its last lines are measurements, not verdicts. Batch mixing: how well the registered batch (here the
 donors) mixes in each seed's latent space and in a PCA of the normalized counts made without a model (1 is as
 if batch were random; an embedding that keeps less structure mixes more, so read it beside the markers).
 Placement: whether the held-out cells land among the training cells (1 is as if at random; an overfitted fit
-places cells it never saw apart).""",
+places cells it never saw apart). The last line checks the verdicts on the cells you will actually read: the
+rows that need only the latent means (distances, neighbours, aligned coordinates) measured again on as many
+training cells; seeds can agree less on cells their encoders were fitted to than on new ones.""",
     ),
     (
         "code",
