@@ -345,7 +345,10 @@ def test_training_cells_benchmark_finds_fit_cells_planted_to_disagree(monkeypatc
     assert rows["latent distances"]["held-out verdict"] == "agree"
     assert rows["latent distances"]["training verdicts"] == "differ 2/2"
     truth = bench.training_truth(c.per_fit("latent_fit"), c.per_fit("latent"), 15)
-    assert truth["latent distances"] < 0.8 and 0.0 < truth["k-NN graph"] < 0.5
+    assert truth["latent distances"][0] < 0.8 and truth["latent distances"][1] == "differ"
+    assert 0.0 < truth["k-NN graph"][0] < 0.5
+    # the fits are one fit on the held-out cells, not on the fit cells: their aligned coordinates differ there
+    assert truth["per-dimension coordinates"][0] < 0.9 and truth["per-dimension coordinates"][1] == "differ"
     calibration = {r["row"]: r for r in bench.calibration_rows("sim", "stopped", tables, truth)}
     assert calibration["latent distances"]["verdict on all fit cells"] == "differ"
     assert calibration["latent distances"]["correct"] == 2 and calibration["latent distances"]["wrong"] == 0
