@@ -224,7 +224,8 @@ def register(sub: Subcommands) -> None:
         "also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
         "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
         "the consensus latent (obsm X_countvae_consensus), the first seed's latent (obsm X_countvae) and a summary "
-        "(uns countvae_report); NaN for cells the report did not evaluate (the fit cells)",
+        "(uns countvae_report), for the held-out cells and the fit cells the report read (up to 10,000); NaN for "
+        "other cells",
         metavar="PATH",
         default_text="not written",
     )

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -352,3 +353,23 @@ def test_training_cells_benchmark_finds_fit_cells_planted_to_disagree(monkeypatc
     calibration = {r["row"]: r for r in bench.calibration_rows("sim", "stopped", tables, truth)}
     assert calibration["latent distances"]["verdict on all fit cells"] == "differ"
     assert calibration["latent distances"]["correct"] == 2 and calibration["latent distances"]["wrong"] == 0
+
+
+def test_cell_columns_benchmark_summarises_each_kind_of_cell(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    bench = _module("bench_cell_columns")
+    obs = pd.DataFrame(
+        {
+            "countvae_heldout": [True, True, False, False, False],
+            "cell_type": ["T", "B", "T", "T", "B"],
+            "countvae_knn_agreement": [0.2, 0.4, 0.1, 0.3, np.nan],
+            "countvae_knn_agreement_within_seed": [0.1, 0.1, 0.0, 0.2, np.nan],
+        }
+    )
+    obs = obs.assign(**{"cells of": bench.roles(obs)})
+    table = bench.column_summary(obs, ["cells of"]).set_index("cells of")
+    assert table.loc["fit", "cells"] == 3 and table.loc["fit", "measured"] == 2
+    assert table.loc["fit", "k-NN agreement"] == pytest.approx(0.2) and table.loc["held-out", "k-NN agreement"] == 0.3
+    assert "batch mixing" not in table  # not written for data without a batch
+    by_type = bench.column_summary(obs, ["cell_type", "cells of"]).set_index(["cell_type", "cells of"])
+    assert by_type.loc[("B", "fit"), "measured"] == 0 and by_type.loc[("T", "fit"), "within-seed baseline"] == 0.1

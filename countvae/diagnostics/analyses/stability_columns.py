@@ -8,8 +8,8 @@ sit beside the analyst's own columns in an AnnData (see
   nearest neighbours in the latent means of two fits, averaged over every pair of
   fits. Its mean over cells, for one pair, is the report's k-NN overlap of that pair.
 * :func:`cell_knn_baseline`: the same overlap between two independent draws from one
-  fit's guide, averaged over fits: how much a cell's neighbourhood moves under the
-  posterior's own uncertainty, with the seed held fixed.
+  fit's guide of every cell, averaged over fits: how much a cell's neighbourhood moves
+  under the posterior's own uncertainty, with the seed held fixed.
 * :func:`cell_lpd_summary`: each cell's held-out log p(x), its mean over seeds and
   its standard deviation across seeds.
 * :func:`gene_decoded_agreement`: for each gene, Lin's concordance of its decoded
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.invariants import concordance
-from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets_among
+from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets, knn_sets_among
 from countvae.errors import InvalidArgumentError
 
 
@@ -71,20 +71,16 @@ def _neighbours(z: np.ndarray, reference: Mapping[str, np.ndarray] | None, name:
     return knn_sets_among(z, others, k)
 
 
-def cell_knn_baseline(
-    draws: Mapping[str, np.ndarray], k: int, reference: Mapping[str, np.ndarray] | None = None
-) -> np.ndarray:
+def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between two guide draws of one fit, averaged over fits.
 
     Parameters
     ----------
     draws
-        Fit name -> two independent draws from the fit's guide on the same cells, (2, cells, n_latent).
+        Fit name -> two independent draws from the fit's guide on the same cells, (2, cells, n_latent):
+        every cell of the graph is drawn again, its neighbours found among the cells of the same draw.
     k
         Neighbours per cell.
-    reference
-        As for :func:`cell_knn_agreement`: the fit's latent means of the other
-        cells, the same for both draws (only the held-out cells are drawn again).
 
     Returns
     -------
@@ -99,7 +95,7 @@ def cell_knn_baseline(
         z = np.asarray(z, dtype=np.float64)
         if z.ndim != 3 or z.shape[0] != 2:
             raise InvalidArgumentError(f"{name!r}: expected two draws (2, cells, n_latent), got shape {z.shape}.")
-        first, second = (_neighbours(draw, reference, name, k) for draw in z)
+        first, second = (knn_sets(draw, k) for draw in z)
         values.append(knn_jaccard_per_cell(first, second))
     return np.mean(values, axis=0)
 

@@ -163,7 +163,11 @@ def knn_sets_among(z_query: np.ndarray, z_reference: np.ndarray, k: int) -> np.n
     stacked = np.vstack([z_query, z_reference]) if len(z_reference) else z_query
     if k >= len(stacked):
         raise InvalidArgumentError(f"k={k} neighbours need more than {k} cells, got {len(stacked)}.")
-    idx = NearestNeighbors(n_neighbors=k + 1).fit(stacked).kneighbors(z_query, return_distance=False)
+    # Brute force rather than sklearn's default tree: latent means are nearly full-rank in their 5-30 dimensions,
+    # where a tree prunes little (on Kang's 10-d latents and guide draws 0.27-0.37 s a query of 8,700 cells, against
+    # 0.20-0.22 s by brute force, with the same neighbours); the graphs here hold at most max_knn_cells +
+    # max_fit_cells cells.
+    idx = NearestNeighbors(n_neighbors=k + 1, algorithm="brute").fit(stacked).kneighbors(z_query, return_distance=False)
     # Drop each cell itself (not always in column 0 when there are exact ties).
     is_other = idx != np.arange(len(z_query))[:, None]
     order = np.argsort(~is_other, axis=1, kind="stable")
@@ -203,8 +207,16 @@ def analyst_graph_k(k: int, n_cells: int, n_graph_cells: int) -> int:
 
 def knn_jaccard_per_cell(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per-cell Jaccard overlap of two neighbour-index arrays of shape (cells, k)."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim != 2:
+        raise InvalidArgumentError(f"Neighbour arrays must be (cells, k) of one shape; got {a.shape} and {b.shape}.")
     k = a.shape[1]
-    shared = np.array([np.intersect1d(ra, rb, assume_unique=True).size for ra, rb in zip(a, b, strict=True)])
+    shared = np.empty(len(a), dtype=np.int64)
+    rows = max(1, 4_000_000 // max(1, k * k))  # a (rows, k, k) comparison block of at most 4 million entries
+    for start in range(0, len(a), rows):
+        block = slice(start, start + rows)
+        # each row holds distinct indices, so the matching pairs count the shared neighbours
+        shared[block] = (a[block, :, None] == b[block, None, :]).sum(axis=(1, 2))
     return shared / (2 * k - shared)
 
 

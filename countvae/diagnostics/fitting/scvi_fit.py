@@ -22,7 +22,7 @@ import torch
 from countvae._warnings import warn_at_caller
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
-from countvae.diagnostics.fitting.scvi_storage import quiet_scvi, scvi_kind
+from countvae.diagnostics.fitting.scvi_storage import preserved_global_rng, quiet_scvi, scvi_kind
 from countvae.errors import (
     InvalidArgumentError,
     InvalidDataError,
@@ -138,13 +138,16 @@ class SCVIFit:
         if not isinstance(adata, ad.AnnData):
             raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")
         check_genes(pd.Index(adata.var_names), self.var_names)
-        if self.model.get_anndata_manager(adata) is not None:
-            return adata
         if self._cache is not None and self._cache[0]() is adata:
             return self._cache[1]
+        with quiet_scvi():  # asking scvi-tools about an AnnData it has not seen logs a transfer it has not made
+            registered = self.model.get_anndata_manager(adata) is not None
+        if registered:
+            return adata
         copy = adata.copy()
         try:
-            with quiet_scvi():
+            # scvi-tools checks the counts of a few cells drawn from numpy's global generator: keep the caller's.
+            with preserved_global_rng(), quiet_scvi():
                 copy = self.model._validate_anndata(copy)
         except (ValueError, KeyError) as exc:
             raise InvalidDataError(

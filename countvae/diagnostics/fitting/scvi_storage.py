@@ -152,7 +152,8 @@ def setup_for_scvi(adata: ad.AnnData, registry: Registry, model_cls: type) -> ad
     ):
         if key is not None:
             out.obs[key] = pd.Categorical(out.obs[key].astype(str), categories=categories)
-    with quiet_scvi():
+    # setup_anndata checks the counts of a few cells drawn from numpy's global generator: keep the caller's.
+    with preserved_global_rng(), quiet_scvi():
         model_cls.setup_anndata(out, layer=registry.layer, batch_key=registry.batch_key, labels_key=registry.labels_key)
     return out
 

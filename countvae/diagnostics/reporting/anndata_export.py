@@ -1,15 +1,18 @@
 """The report's per-cell and per-gene findings in the AnnData slots a scanpy user looks in.
 
 ``obs["countvae_heldout"]``
-    Whether the cell is one of the report's held-out cells.
+    Whether the cell is one of the report's held-out cells (False for the fit cells the
+    report measured, and for cells it did not measure).
 ``obs["countvae_knn_agreement"]``
     The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
-    pairs of seeds (1: the same neighbours in every fit).
+    pairs of seeds (1: the same neighbours in every fit); held-out and fit cells alike,
+    on one graph of both.
 ``obs["countvae_knn_agreement_within_seed"]``
     The same between two guide draws of one fit, mean over fits: the within-seed
     baseline (how much the neighbourhood moves under the posterior's own uncertainty).
 ``obs["countvae_lpd_mean"]``, ``obs["countvae_lpd_sd"]``
-    Held-out log p(x) in nats: mean over seeds, and standard deviation across seeds.
+    Held-out log p(x) in nats: mean over seeds, and standard deviation across seeds
+    (held-out cells only: the fits were trained on the others).
 ``obs["countvae_batch_mixing"]``
     The share of the cell's neighbours from another batch over the share expected if batch
     were random, mean over seeds (reports of fits with a registered batch only).
@@ -25,13 +28,12 @@
     Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
     written and what each means, package versions, the model card (Markdown).
 
-NaN marks a value that was not computed for that cell or gene: every cell that is
-not one of the report's held-out cells (``countvae_heldout`` is False: the report
-evaluates held-out cells only, and the fits were trained on the others), held-out cells
-outside the random subsets the report computes each quantity on (the k-NN columns
-on ``max_knn_cells`` cells, log p(x) on ``max_lpd_cells``; see
-``DiagnosticReport.subsampling``), and genes outside the ``max_genes`` most variable
-genes the decoded means are compared on. The obsm key follows scanpy's ``X_``
+NaN marks a value that was not computed for that cell or gene: cells the report did
+not measure (fit cells beyond the ``max_fit_cells`` it reads, cells of other data),
+held-out log p(x) of the fit cells, held-out cells outside the random subsets the
+report computes each quantity on (the k-NN columns on ``max_knn_cells`` cells, log p(x)
+on ``max_lpd_cells``; see ``DiagnosticReport.subsampling``), and genes outside the
+``max_genes`` most variable genes the decoded means are compared on. The obsm key follows scanpy's ``X_``
 convention (as ``X_countvae``), so that ``sc.pp.neighbors(adata,
 use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
 
@@ -63,9 +65,10 @@ UNS_KEY = "countvae_report"
 
 #: Key -> what it holds (stored in the summary, so that a saved file explains its own columns).
 KEY_NOTES = {
-    HELDOUT_KEY: "whether the cell is one of the report's held-out cells (all other columns are NaN elsewhere)",
+    HELDOUT_KEY: "whether the cell is one of the report's held-out cells (False for the fit cells and cells not "
+    "measured)",
     "countvae_knn_agreement": "k-NN Jaccard overlap of the cell's neighbours between the latent means of two seeds, "
-    "mean over pairs of seeds; neighbours found among the held-out and fit cells (when the report had them)",
+    "mean over pairs of seeds; held-out and fit cells on one graph of both (when the report had fit cells)",
     "countvae_knn_agreement_within_seed": "the same overlap between two guide draws of one fit, mean over fits "
     "(within-seed baseline)",
     "countvae_lpd_mean": "held-out log p(x) in nats, mean over seeds",
@@ -79,8 +82,8 @@ KEY_NOTES = {
 }
 #: The note every summary carries about NaN.
 NAN_NOTE = (
-    "NaN: not computed for this cell or gene (cells outside the report's held-out cells, or outside the random "
-    "subset a quantity is computed on; genes outside the compared genes)."
+    "NaN: not computed for this cell or gene (cells the report did not measure, held-out log p(x) of the fit "
+    "cells, cells outside the random subset a quantity is computed on; genes outside the compared genes)."
 )
 
 
@@ -122,12 +125,13 @@ def _report_frames(rep: DiagnosticReport) -> tuple[pd.DataFrame, pd.DataFrame, n
 def _positions(report_names: pd.Index, adata_names: pd.Index) -> np.ndarray:
     """Position of each of ``adata``'s cells among the report's cells (-1 for cells that are not in it)."""
     if not report_names.is_unique:
-        raise InvalidDataError("The report's held-out cells have repeated names; give the cells unique obs_names.")
+        raise InvalidDataError("The report's cells have repeated names; give the cells unique obs_names.")
     positions = report_names.get_indexer(adata_names)
     if not (positions >= 0).any():
         raise InvalidDataError(
-            f"None of adata's {len(adata_names)} cells is one of the report's {len(report_names)} held-out cells "
-            f"(by obs_names, e.g. {list(report_names[:3])}); pass the AnnData the report's cells come from."
+            f"None of adata's {len(adata_names)} cells is one of the report's {len(report_names)} cells (held-out "
+            f"and fit cells, by obs_names, e.g. {list(report_names[:3])}); pass the AnnData the report's cells come "
+            "from."
         )
     return positions
 
@@ -168,7 +172,8 @@ def summary_record(rep: DiagnosticReport, written: dict[str, list[str]], n_match
         "seeds": [int(f["seed"]) for f in fits],
         "fits": [str(f["name"]) for f in fits],
         "symmetry": str(fits[0]["symmetry"]) if fits else "",
-        "heldout_cells": int(len(rep.cells)),
+        "heldout_cells": int(rep.cells["heldout"].sum()),
+        "fit_cells": int((~rep.cells["heldout"]).sum()),
         "cells_written": int(n_matched),
         "keys": written,
         "key_notes": {key: KEY_NOTES[key] for keys in written.values() for key in keys if key in KEY_NOTES},
@@ -183,7 +188,8 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     """Write the report's per-cell and per-gene columns, consensus latent and summary into ``adata`` (in place).
 
     See the module docstring for the keys. Cells are matched by ``obs_names``, genes
-    by ``var_names``; cells and genes the report does not cover get NaN.
+    by ``var_names``; cells and genes the report does not cover get NaN. ``adata`` may
+    be the held-out cells, the fit cells or the whole data set the fits came from.
 
     Returns
     -------
@@ -196,8 +202,8 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     OutputExistsError
         If a key exists and ``overwrite`` is False (nothing is written then).
     InvalidDataError
-        If none of ``adata``'s cells is one of the report's held-out cells, or none of its genes one of the
-        report's genes (nothing is written then).
+        If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's
+        genes (nothing is written then).
 
     """
     if not isinstance(adata, ad.AnnData):
@@ -205,8 +211,11 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     cells, genes, consensus = _report_frames(rep)
     positions = _positions(pd.Index(cells.index.astype(str)), pd.Index(adata.obs_names.astype(str)))
     gene_positions = _gene_positions(pd.Index(genes.index.astype(str)), pd.Index(adata.var_names.astype(str)))
-    obs = {HELDOUT_KEY: positions >= 0} | {
-        PREFIX + column: _take(cells[column].to_numpy(), positions) for column in cells.columns
+    heldout = np.zeros(len(positions), dtype=bool)
+    heldout[positions >= 0] = cells["heldout"].to_numpy(dtype=bool)[positions[positions >= 0]]
+    measured = cells.drop(columns="heldout")
+    obs = {HELDOUT_KEY: heldout} | {
+        PREFIX + column: _take(measured[column].to_numpy(), positions) for column in measured.columns
     }
     var = {PREFIX + column: _take(genes[column].to_numpy(), gene_positions) for column in genes.columns}
     written = {"obs": list(obs), "var": list(var), "obsm": [CONSENSUS_KEY], "uns": [UNS_KEY]}

@@ -255,6 +255,8 @@ class FitArrays:
         Posterior means on ``CellSubsets.fit`` of the fit cells (``None`` without them).
     knn_draws
         Two independent guide draws on ``CellSubsets.knn``, (2, cells, n_latent), float32.
+    knn_draws_fit
+        The same on ``CellSubsets.fit`` of the fit cells (``None`` without them).
 
     """
 
@@ -274,6 +276,7 @@ class FitArrays:
     guide_repeat: GuideDraws | None = None
     latent_fit: np.ndarray | None = None
     knn_draws: np.ndarray | None = None
+    knn_draws_fit: np.ndarray | None = None
 
 
 @dataclass
@@ -356,6 +359,8 @@ class Collected:
         Cells the fits were trained on, when known.
     obs_names
         The held-out cells' names, in order.
+    fit_obs_names
+        The names of the fit cells of ``CellSubsets.fit``, in order (``None`` without fit cells).
     downstream_request, de_calls
         The downstream section's request and the fits' DE calls it asked for (``None`` without them).
     restriction_request, restriction_arrays
@@ -385,6 +390,7 @@ class Collected:
     true_sources: np.ndarray | None = None
     n_fit_cells: int | None = None
     obs_names: pd.Index | None = None
+    fit_obs_names: pd.Index | None = None
     downstream_request: DownstreamRequest | None = None
     de_calls: DECalls | None = None
     configuration: dict[str, Any] | None = None
@@ -478,6 +484,10 @@ def _collect_fit(
         out.guide_repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes)
     if "latent_fit" in needs and "fit" in views:
         out.latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64)
+    if "knn_draws_fit" in needs and "fit" in views:
+        # Right after latent_fit: an scvi-tools fit sets up a copy of the last AnnData it was given, once.
+        draws = fit.latent_samples(views["fit"], 2, s.seed + 30_011 + chain)
+        out.knn_draws_fit = np.asarray(draws, dtype=np.float32)
     if "knn_draws" in needs:
         # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
         out.knn_draws = np.asarray(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), dtype=np.float32)
@@ -542,7 +552,7 @@ def collect(
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
     views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}
-    if adata_fit is not None and "latent_fit" in needs:
+    if adata_fit is not None and needs & {"latent_fit", "knn_draws_fit"}:
         views["fit"] = adata_fit[sub.fit].copy()
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()
     checksum = data_checksum(adata, var_names)
@@ -591,6 +601,7 @@ def collect(
         true_sources=truth,
         n_fit_cells=None if adata_fit is None else int(adata_fit.n_obs),
         obs_names=pd.Index(adata.obs_names.astype(str)),
+        fit_obs_names=None if "fit" not in views else pd.Index(views["fit"].obs_names.astype(str)),
         downstream_request=downstream,
         de_calls=de,
         configuration=configuration_of_fits(fits, int(adata.n_obs)),

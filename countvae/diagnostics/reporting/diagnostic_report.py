@@ -49,8 +49,10 @@ class DiagnosticReport(ReportContent):
     timings
         Seconds per step.
     cells, genes, consensus_latent
-        Per held-out cell and per gene, the agreement across seeds, and the
-        consensus latent (in memory only, not in the report files); see :meth:`write`.
+        Per cell (the held-out cells, then the fit cells the report read, told
+        apart by the column ``heldout``) and per gene, the agreement across seeds,
+        and those cells' consensus latent (in memory only, not in the report files);
+        see :meth:`write`.
 
     """
 
@@ -82,16 +84,18 @@ class DiagnosticReport(ReportContent):
         ``countvae_lpd_mean``, ``countvae_lpd_sd`` (held-out log p(x) over seeds);
         ``var``: ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with
         DE); ``obsm["X_countvae_consensus"]``; ``uns["countvae_report"]``. Cells are
-        matched by ``obs_names`` and genes by ``var_names``. Cells that are not the
-        report's held-out cells (and held-out cells outside the subset a quantity is
-        computed on) get NaN; see :mod:`countvae.diagnostics.reporting.anndata_export`.
+        matched by ``obs_names`` and genes by ``var_names``. The held-out cells and the
+        fit cells the report read (up to ``max_fit_cells``) get the k-NN columns and the
+        consensus latent; other cells, held-out log p(x) of fit cells and cells outside
+        the subset a quantity is computed on get NaN; see
+        :mod:`countvae.diagnostics.reporting.anndata_export`.
         Everything written survives ``write_h5ad`` / ``read_h5ad``.
 
         Parameters
         ----------
         adata
-            The AnnData the report's held-out cells come from (all its cells, or
-            only the held-out ones).
+            The AnnData the report's cells come from (all its cells, or only the
+            held-out or fit ones).
         overwrite
             Replace keys that exist; otherwise an existing key is an error and
             nothing is written.
@@ -106,8 +110,8 @@ class DiagnosticReport(ReportContent):
         OutputExistsError
             If a key exists and ``overwrite`` is False.
         InvalidDataError
-            If none of ``adata``'s cells is one of the report's held-out cells, or none of its genes one of
-            the report's genes.
+            If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the
+            report's genes.
 
         Examples
         --------

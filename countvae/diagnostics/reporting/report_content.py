@@ -28,8 +28,8 @@ class ReportContent:
     The fields are described in the docstring of
     :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`,
     the class users see; the main tables are :data:`MAIN_TABLES`. ``cells``,
-    ``genes`` and ``consensus_latent`` (per held-out cell, per gene, and the
-    consensus latent of the held-out cells) are kept in memory for
+    ``genes`` and ``consensus_latent`` (per cell measured: the held-out cells, then
+    the fit cells the report read; per gene; and those cells' consensus latent) are kept in memory for
     :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`
     and are not part of the report files.
     """

@@ -1,9 +1,10 @@
 """The report's findings in AnnData (``DiagnosticReport.write``, ``diagnose --write-h5ad``) and its model card.
 
 Known answers: the per-cell and per-gene functions on arrays whose answer is known
-by hand; the consensus latent recovers a latent from rotated copies; the per-cell
-columns average to the report's own rows; the whole scanpy recipe runs on a file
-read back from disk.
+by hand; the consensus latent recovers a latent from rotated copies; the fit cells'
+columns single out a planted group of fit cells the seeds place apart; the per-cell
+columns average to the report's own rows (held-out cells) and to the training-cells
+section's row (fit cells); the whole scanpy recipe runs on a file read back from disk.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from countvae.data import split_indices
 from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, report
 from countvae.diagnostics.analyses import stability_columns as sc_cols
 from countvae.diagnostics.analyses.maps import PairMaps
+from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.reporting.anndata_export import CONSENSUS_KEY, UNS_KEY, h5ad_ready
 from countvae.diagnostics.reporting.model_card import calibration_regime, settings_line
+from countvae.diagnostics.reporting.sections.per_cell import fit_cell_columns, within_seed_overlap
+from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.errors import InvalidDataError, OutputExistsError
 
 TINY = dict(
@@ -107,6 +111,71 @@ def test_calibration_regime_by_size():
     assert calibration_regime(300) == "seeds" and calibration_regime(50_000) == "seeds"
 
 
+def test_fit_cell_columns_single_out_the_fit_cells_the_seeds_place_apart():
+    """Two fits equal up to a rotation except on a far group of fit cells, where the second adds noise.
+
+    Known answer: every other cell keeps its neighbours exactly (1.0, the noisy group lies 50 apart, beyond any
+    neighbourhood); the noisy cells keep few. Identical guide draws give a within-seed overlap of exactly 1.
+    """
+    rng = np.random.default_rng(4)
+    rotation, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    held, clean, far = rng.normal(size=(150, 3)), rng.normal(size=(250, 3)), rng.normal(size=(100, 3)) + 50.0
+    fit_a = np.vstack([clean, far])
+    fit_b = np.vstack([clean, far + 1.0 * rng.normal(size=far.shape)]) @ rotation
+    arrays = {
+        "latent": {"a": held, "b": held @ rotation},
+        "latent_fit": {"a": fit_a, "b": fit_b},
+        "knn_draws": {"a": np.stack([held, held]), "b": np.stack([held, held]) @ rotation},
+        "knn_draws_fit": {"a": np.stack([fit_a, fit_a]), "b": np.stack([fit_b, fit_b])},
+    }
+    c = SimpleNamespace(
+        per_fit=arrays.__getitem__,
+        n_cells=150,
+        n_fit_cells=350,
+        subsets=SimpleNamespace(knn=None),
+        fit_obs_names=pd.Index([f"fit{i}" for i in range(350)]),
+        names=["a", "b"],
+    )
+    s = ReportSettings(k=10)
+    heldout_within, fit_within = within_seed_overlap(c, s)
+    assert heldout_within.shape == (150,) and fit_within.shape == (350,)
+    np.testing.assert_allclose(np.concatenate([heldout_within, fit_within]), 1.0)
+    cells = fit_cell_columns(c, s, fit_within, batch_scores=np.full(350, 0.5))
+    assert list(cells.index[:2]) == ["fit0", "fit1"] and not cells["heldout"].any()
+    np.testing.assert_allclose(cells["knn_agreement"].to_numpy()[:250], 1.0)
+    assert cells["knn_agreement"].to_numpy()[250:].mean() < 0.3
+    np.testing.assert_allclose(cells["knn_agreement_within_seed"], 1.0)
+    np.testing.assert_array_equal(cells["batch_mixing"], 0.5)
+    no_fit = SimpleNamespace(**{**vars(c), "per_fit": {**arrays, "latent_fit": {"a": None, "b": None}}.__getitem__})
+    assert fit_cell_columns(no_fit, ReportSettings()) is None
+
+
+def test_within_seed_overlap_draws_every_cell_of_the_graph():
+    """Held-out and fit cells drawn together: a cell's value does not depend on which kind of cell it is.
+
+    Known answer with k = 1 on a line: the second draw swaps two fit cells' positions, so exactly the cells whose
+    nearest neighbour was one of them (or who are them) change neighbours, whatever group they are in.
+    """
+    held = np.array([[0.0], [10.0]])
+    fit_first = np.array([[1.0], [11.0], [30.0], [31.5]])
+    fit_second = np.array([[11.0], [1.0], [30.0], [31.5]])  # the cells at 1 and 11 trade places
+    arrays = {
+        "latent": {"a": held, "b": held},
+        "latent_fit": {"a": fit_first, "b": fit_first},
+        "knn_draws": {"a": np.stack([held, held]), "b": np.stack([held, held])},
+        "knn_draws_fit": {"a": np.stack([fit_first, fit_second]), "b": np.stack([fit_first, fit_first])},
+    }
+    c = SimpleNamespace(
+        per_fit=arrays.__getitem__, n_cells=2, n_fit_cells=4, subsets=SimpleNamespace(knn=None), names=["a", "b"]
+    )
+    heldout, fit = within_seed_overlap(c, ReportSettings(k=1))
+    # fit "a": held-out cell 0's neighbour is fit cell 0 in draw 1 and fit cell 1 in draw 2 (overlap 0), held-out
+    # cell 1's the other way round; fit cells 0 and 1 keep a held-out neighbour of another index; 2 and 3 keep theirs.
+    # Fit "b" is drawn identically (1 everywhere); the column is the mean over fits.
+    np.testing.assert_allclose(heldout, [0.5, 0.5])
+    np.testing.assert_allclose(fit, [0.5, 0.5, 1.0, 1.0])
+
+
 # ----- a small report -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small():
@@ -131,8 +200,8 @@ def small():
 
 
 def test_cell_columns_average_to_the_reports_rows(small):
-    rep, _, held = small
-    cells = rep.cells
+    rep, adata, held = small
+    cells = rep.cells[rep.cells["heldout"]]
     assert list(cells.index) == list(held.obs_names)
     row = rep.invariants.set_index("quantity").loc["k-NN graph"]
     # one pair of fits: the mean over cells of the per-cell overlap is the report's k-NN agreement
@@ -143,23 +212,47 @@ def test_cell_columns_average_to_the_reports_rows(small):
     assert lpd.mean() == pytest.approx(rep.predictive["lpd_per_cell"].mean(), rel=1e-10)
     genes = rep.genes["decoded_agreement"]
     assert genes.notna().sum() == TINY["max_genes"] and genes.dropna().between(-1, 1).all()
-    assert rep.consensus_latent.shape == (held.n_obs, 2)
+    assert rep.consensus_latent.shape == (adata.n_obs, 2)
 
 
-def test_write_into_all_cells_gives_nan_outside_the_heldout_cells(small):
+def test_fit_cell_columns_average_to_the_training_cells_row(small):
+    """The fit cells' per-cell overlap, averaged over the training-cells section's cells, is that section's k-NN row.
+
+    Two routes to one number: the per-cell column (each fit cell against the held-out cells' graph) and the
+    invariants table run on the section's subset of fit cells with the other cells as reference.
+    """
     rep, adata, held = small
-    target = adata.copy()
+    fit = rep.cells[~rep.cells["heldout"]]
+    assert len(fit) == adata.n_obs - held.n_obs and not fit.index.isin(held.obs_names).any()
+    assert fit["knn_agreement"].between(0, 1).all() and fit["knn_agreement_within_seed"].between(0, 1).all()
+    assert fit["lpd_mean"].isna().all() and fit["lpd_sd"].isna().all()
+    chosen = subsample(len(fit), held.n_obs, ReportSettings().seed + 9)  # the section's subset of fit cells
+    table = rep.tables["training_cells"].set_index("quantity")
+    expected = table.loc["k-NN graph", "training_agreement"]
+    assert fit["knn_agreement"].iloc[chosen].mean() == pytest.approx(expected, rel=1e-12)
+
+
+def test_write_into_all_cells_fills_the_heldout_and_fit_cells(small):
+    rep, adata, held = small
+    other = adata[:2].copy()
+    other.obs_names = ["x0", "x1"]  # two cells the report never saw
+    target = ad.concat([adata, other], merge="same")
     written = rep.write(target)
     assert written["obs"][0] == "countvae_heldout" and written["obsm"] == [CONSENSUS_KEY]
     is_held = target.obs_names.isin(held.obs_names)
+    is_fit = ~is_held & ~target.obs_names.isin(["x0", "x1"])
     np.testing.assert_array_equal(target.obs["countvae_heldout"].to_numpy(), is_held)
-    for column in ("countvae_knn_agreement", "countvae_lpd_mean", "countvae_lpd_sd"):
-        assert target.obs.loc[~is_held, column].isna().all()
+    assert target.obs.loc[is_fit, "countvae_knn_agreement"].notna().all()
+    assert target.obs.loc[is_fit, ["countvae_lpd_mean", "countvae_lpd_sd"]].isna().all().all()
+    assert target.obs.loc[["x0", "x1"]].filter(like="countvae_knn").isna().all().all()
     np.testing.assert_array_equal(
-        target.obs.loc[held.obs_names, "countvae_knn_agreement"].to_numpy(), rep.cells["knn_agreement"].to_numpy()
+        target.obs.loc[rep.cells.index, "countvae_knn_agreement"].to_numpy(), rep.cells["knn_agreement"].to_numpy()
     )
-    assert np.isnan(target.obsm[CONSENSUS_KEY][~is_held]).all()
-    np.testing.assert_allclose(target.obsm[CONSENSUS_KEY][is_held], rep.consensus_latent, rtol=1e-6)
+    assert np.isnan(target.obsm[CONSENSUS_KEY][-2:]).all()
+    positions = target.obs_names.get_indexer(rep.cells.index)
+    np.testing.assert_allclose(target.obsm[CONSENSUS_KEY][positions], rep.consensus_latent, rtol=1e-6)
+    summary = target.uns[UNS_KEY]
+    assert (summary["heldout_cells"], summary["fit_cells"]) == (held.n_obs, adata.n_obs - held.n_obs)
     frequency = rep.downstream.de_calls.mean(axis=1)
     np.testing.assert_array_equal(target.var["countvae_de_call_frequency"].to_numpy(), frequency.to_numpy())
     assert set(np.unique(frequency)) <= {0.0, 0.5, 1.0}
@@ -193,12 +286,15 @@ def test_the_scanpy_recipe_on_a_file_read_back(small, tmp_path):
     import scanpy as sc
 
     matplotlib.use("Agg")
-    rep, _, held = small
-    adata = held.copy()
+    rep, whole, _ = small
+    adata = whole.copy()
     rep.write(adata)
     path = tmp_path / "analysed.h5ad"
     adata.write_h5ad(path)
     back = ad.read_h5ad(path)
+    back = back[back.obs["countvae_knn_agreement"].notna()].copy()  # the cells the report measured
+    assert back.n_obs == whole.n_obs  # all of them here: the held-out and every fit cell
+    adata = adata[back.obs_names]
     for column in ("countvae_knn_agreement", "countvae_knn_agreement_within_seed", "countvae_lpd_mean"):
         np.testing.assert_array_equal(back.obs[column].to_numpy(), adata.obs[column].to_numpy())
     np.testing.assert_array_equal(back.var["countvae_decoded_agreement"], adata.var["countvae_decoded_agreement"])
@@ -259,7 +355,9 @@ def test_diagnose_write_h5ad(tmp_path, capsys):
     back = ad.read_h5ad(target)
     assert back.n_obs == 300 and "X_countvae" in back.obsm and CONSENSUS_KEY in back.obsm
     # diagnose's default split of a 300-cell file: a quarter held out (10% would leave 30)
-    assert back.obs["countvae_heldout"].sum() == 75 and back.obs["countvae_knn_agreement"].notna().sum() == 75
+    assert back.obs["countvae_heldout"].sum() == 75 and back.obs["countvae_knn_agreement"].notna().all()
+    assert back.obs.loc[~back.obs["countvae_heldout"], "countvae_lpd_mean"].isna().all()
+    assert not np.isnan(back.obsm[CONSENSUS_KEY]).any()
     # an existing file is refused before any fitting
     assert main([*argv[:-2], "--out", str(tmp_path / "other"), "--write-h5ad", str(target)]) == 1
     assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "other" / "fits").exists()

@@ -183,13 +183,16 @@ class BatchMixingSection(Section):
             "fit_cells": n_fit,
             "pca_components": n_components,
         }
-        # Each held-out cell's score, mean over the fits: the per-cell column of DiagnosticReport.write.
-        heldout_scores = np.mean([scores_by_fit[name][: len(knn)] for name in c.names], axis=0)
+        # Each scored cell's score, mean over the fits: the per-cell column of DiagnosticReport.write.
+        scores = np.mean([scores_by_fit[name] for name in c.names], axis=0)
+        values = {"heldout_positions": knn, "heldout_scores": scores[: len(knn)]}
+        if fit_latents:
+            values["fit_scores"] = scores[len(knn) :]
         return SectionResult(
             tables={"batch_mixing": table, "batch_mixing_per_batch": batches},
             headline=[line],
             records={"batch_mixing": record},
-            values={"heldout_positions": knn, "heldout_scores": heldout_scores},
+            values=values,
         )
 
     def layout(self, rep: ReportContent) -> list[Block]:

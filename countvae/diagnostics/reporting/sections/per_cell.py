@@ -1,7 +1,12 @@
-"""Per held-out cell and per gene, the agreement across seeds, and the consensus latent (``DiagnosticReport.write``).
+"""Per cell and per gene, the agreement across seeds, and the consensus latent (``DiagnosticReport.write``).
 
 A section without a heading: its results are fields of the report kept in memory
-(``cells``, ``genes``, ``consensus_latent``), not tables of the report files.
+(``cells``, ``genes``, ``consensus_latent``), not tables of the report files. The cells
+are the held-out cells and, when the report has them, the fit cells of
+``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can
+place less alike than held-out cells (see the training-cells section). Both are scored
+on one k-NN graph (the held-out cells of ``CellSubsets.knn`` and those fit cells), so a
+fit cell's column means what a held-out cell's does.
 """
 
 from __future__ import annotations
@@ -26,32 +31,97 @@ class PerCellSection(Section):
     """The per-cell and per-gene columns and the consensus latent (see :func:`stability_columns`)."""
 
     name = "per_cell"
-    needs = frozenset({"latent", "latent_fit", "knn_draws", "lpd", "log_rate"})
+    needs = frozenset({"latent", "latent_fit", "knn_draws", "knn_draws_fit", "lpd", "log_rate"})
     requires = ("batch_mixing",)
 
     def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
-        """The columns (with each held-out cell's batch mixing, when measured), the consensus on the first fit."""
-        consensus = consensus_latent(c.per_fit("latent"), heldout_maps(c, shared, s).to_reference(c.names[0]))
-        cells, genes = stability_columns(c, s)
+        """The columns (with each cell's batch mixing, when measured), the consensus on the first fit."""
+        to_first = heldout_maps(c, shared, s).to_reference(c.names[0])
+        consensus = consensus_latent(c.per_fit("latent"), to_first)
+        within = within_seed_overlap(c, s)
+        cells, genes = stability_columns(c, s, within[0] if within else None)
+        cells.insert(0, "heldout", True)
         mixing = shared.results["batch_mixing"].values
         if "heldout_scores" in mixing:
             column = np.full(c.n_cells, np.nan)
             column[mixing["heldout_positions"]] = mixing["heldout_scores"]
             cells["batch_mixing"] = column
+        fit_cells = fit_cell_columns(c, s, within[1] if within else None, mixing.get("fit_scores"))
+        if fit_cells is not None:
+            cells = pd.concat([cells, fit_cells])
+            consensus = np.vstack([consensus, consensus_latent(fit_cell_latents(c), to_first)])
         return SectionResult(attributes={"cells": cells, "genes": genes, "consensus_latent": consensus})
 
 
-def stability_columns(c: Collected, s: ReportSettings) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per held-out cell and per gene, the agreement across seeds.
+def _knn_positions(c: Collected) -> np.ndarray:
+    return c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
+
+
+def _graph_k(c: Collected, s: ReportSettings) -> int:
+    """Neighbours per cell in the graph of the held-out cells of ``CellSubsets.knn`` and the fit cells (scaled)."""
+    reference = fit_cell_latents(c)
+    n_reference = len(next(iter(reference.values()))) if reference else 0
+    return KnnGraph.of(c.n_cells, len(_knn_positions(c)), n_reference, s.k, knn_graph_cells(c, s)).k
+
+
+def within_seed_overlap(c: Collected, s: ReportSettings) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Per cell of the k-NN graph, the overlap of its neighbours between two guide draws of one fit, mean over fits.
+
+    Every cell of the graph (the held-out cells of ``CellSubsets.knn``, then the fit cells)
+    is drawn twice, so that each cell's value is the same measurement whichever kind of
+    cell it is. Returns the held-out cells' values and the fit cells' (``None`` without fit
+    cells), or ``None`` without the draws.
+    """
+    heldout = c.per_fit("knn_draws")
+    if any(d is None for d in heldout.values()):
+        return None
+    if fit_cell_latents(c) is None:
+        return cell_knn_baseline(heldout, _graph_k(c, s)), None
+    fit = c.per_fit("knn_draws_fit")
+    if any(d is None for d in fit.values()):
+        return None
+    both = {name: np.concatenate([draws, fit[name]], axis=1) for name, draws in heldout.items()}
+    values = cell_knn_baseline(both, _graph_k(c, s))
+    n = len(_knn_positions(c))
+    return values[:n], values[n:]
+
+
+def fit_cell_columns(
+    c: Collected, s: ReportSettings, within_seed: np.ndarray | None = None, batch_scores: np.ndarray | None = None
+) -> pd.DataFrame | None:
+    """Per fit cell of ``CellSubsets.fit``: the k-NN columns on the held-out cells' graph (``None`` without them).
+
+    Indexed by the fit cells' names, with ``heldout`` False, ``knn_agreement`` (each fit
+    cell's neighbours found among the other fit cells and the held-out cells of
+    ``CellSubsets.knn``: the graph of the held-out rows), and ``knn_agreement_within_seed``
+    (:func:`within_seed_overlap`) and ``batch_mixing`` when given. No held-out log p(x): the
+    fits were trained on these cells.
+    """
+    fit_latents = fit_cell_latents(c)
+    if fit_latents is None or c.fit_obs_names is None:
+        return None
+    heldout = {name: z[_knn_positions(c)] for name, z in c.per_fit("latent").items()}
+    cells = pd.DataFrame({"heldout": False}, index=c.fit_obs_names)
+    cells["knn_agreement"] = cell_knn_agreement(fit_latents, _graph_k(c, s), heldout)
+    for column, values in (("knn_agreement_within_seed", within_seed), ("batch_mixing", batch_scores)):
+        if values is not None:
+            cells[column] = values
+    return cells
+
+
+def stability_columns(
+    c: Collected, s: ReportSettings, within_seed: np.ndarray | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per held-out cell and per gene, the agreement across seeds (the fit cells' rows: :func:`fit_cell_columns`).
 
     Returns
     -------
     cells
         Indexed by the held-out cells' names: ``knn_agreement`` (mean over pairs of
         fits of the cell's k-NN Jaccard in the latent means), ``knn_agreement_within_seed``
-        (the same between two guide draws of one fit, mean over fits), ``lpd_mean`` and
-        ``lpd_sd`` (held-out log p(x) over seeds). NaN for cells outside the subsets
-        they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
+        (``within_seed``, the held-out values of :func:`within_seed_overlap`, when given),
+        ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN for cells outside
+        the subsets they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
     genes
         Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's
         concordance of the decoded log mean across ``CellSubsets.expression``), NaN
@@ -61,14 +131,11 @@ def stability_columns(c: Collected, s: ReportSettings) -> tuple[pd.DataFrame, pd
     sub, latents = c.subsets, c.per_fit("latent")
     names = c.obs_names if c.obs_names is not None else pd.RangeIndex(c.n_cells).astype(str)
     cells = pd.DataFrame(index=pd.Index(names, name=None))
-    knn = sub.knn if sub.knn is not None else np.arange(c.n_cells)
-    reference = fit_cell_latents(c)
-    n_reference = len(next(iter(reference.values()))) if reference else 0
-    k = KnnGraph.of(c.n_cells, len(knn), n_reference, s.k, knn_graph_cells(c, s)).k
-    columns = {"knn_agreement": (knn, cell_knn_agreement({n: z[knn] for n, z in latents.items()}, k, reference))}
-    draws = c.per_fit("knn_draws")
-    if all(d is not None for d in draws.values()):
-        columns["knn_agreement_within_seed"] = (knn, cell_knn_baseline(draws, k, reference))
+    knn = _knn_positions(c)
+    agreement = cell_knn_agreement({n: z[knn] for n, z in latents.items()}, _graph_k(c, s), fit_cell_latents(c))
+    columns = {"knn_agreement": (knn, agreement)}
+    if within_seed is not None:
+        columns["knn_agreement_within_seed"] = (knn, within_seed)
     lpds = {name: frame for name, frame in c.per_fit("lpd").items() if frame is not None}
     if len(lpds) == len(latents):
         mean, sd = cell_lpd_summary({name: frame["lpd"].to_numpy() for name, frame in lpds.items()})
