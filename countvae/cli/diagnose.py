@@ -119,7 +119,7 @@ OWN_OPTIONS = (
 #: Options of the multi-seed report that --restrictions would otherwise ignore, by their ``dest``.
 NOT_WITH_RESTRICTIONS = {"write_h5ad": "--write-h5ad", "de": "--de"}
 #: The fields of ReportSettings that are options, given to diagnose as its report_kwargs.
-REPORT_OPTIONS = ("ica", "n_lpd_samples", "equivalence_margin")
+REPORT_OPTIONS = ("ica", "n_lpd_samples", "equivalence_margin", "max_fit_cells")
 #: The other fields of DiagnoseSettings, and the options each is made from (:func:`diagnose_settings`).
 BUILT_FROM = {
     "model_kwargs": tuple(MODEL_OPTIONS),
@@ -197,6 +197,16 @@ def register(sub: Subcommands) -> None:
     add_setting_option(
         p,
         ReportSettings,
+        "max_fit_cells",
+        "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
+        "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
+        "of a larger file, at the cost of a longer report",
+        type=int,
+        metavar="N",
+    )
+    add_setting_option(
+        p,
+        ReportSettings,
         "equivalence_margin",
         "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
         "latent variables add over a model without them",
@@ -224,7 +234,7 @@ def register(sub: Subcommands) -> None:
         "also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
         "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
         "the consensus latent (obsm X_countvae_consensus), the first seed's latent (obsm X_countvae) and a summary "
-        "(uns countvae_report), for the held-out cells and the fit cells the report read (up to 10,000); NaN for "
+        "(uns countvae_report), for the held-out cells and the fit cells the report read (--max-fit-cells); NaN for "
         "other cells",
         metavar="PATH",
         default_text="not written",

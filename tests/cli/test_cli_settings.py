@@ -72,7 +72,12 @@ def test_the_command_line_gives_the_settings_it_names(data_file, tmp_path):
         train_kwargs={"max_epochs": None, "batch_size": 128, "lr": None, "early_stopping": True},
         markers=["gene0", "gene3"],
         downstream=DownstreamRequest(groupby="group"),
-        report_kwargs={"ica": False, "n_lpd_samples": 7, "equivalence_margin": ReportSettings().equivalence_margin},
+        report_kwargs={
+            "ica": False,
+            "n_lpd_samples": 7,
+            "equivalence_margin": ReportSettings().equivalence_margin,
+            "max_fit_cells": ReportSettings().max_fit_cells,
+        },
         out_dir=str(tmp_path / "d"),
     )
     assert settings == library

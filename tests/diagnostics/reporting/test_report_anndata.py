@@ -354,10 +354,19 @@ def test_diagnose_write_h5ad(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["h5ad"] == str(target)
     back = ad.read_h5ad(target)
     assert back.n_obs == 300 and "X_countvae" in back.obsm and CONSENSUS_KEY in back.obsm
-    # diagnose's default split of a 300-cell file: a quarter held out (10% would leave 30)
+    # diagnose's default split of a 300-cell file: a quarter held out (10% would leave 30); every fit cell measured
     assert back.obs["countvae_heldout"].sum() == 75 and back.obs["countvae_knn_agreement"].notna().all()
     assert back.obs.loc[~back.obs["countvae_heldout"], "countvae_lpd_mean"].isna().all()
     assert not np.isnan(back.obsm[CONSENSUS_KEY]).any()
+    # --max-fit-cells: the report reads 100 of the 225 fit cells, the others stay NaN
+    fewer = tmp_path / "fewer.h5ad"
+    redo = [*argv[:-5], "--out", str(tmp_path / "fewer"), "--write-h5ad", str(fewer), "--max-fit-cells", "100"]
+    assert main(redo) == 0
+    capsys.readouterr()
+    back = ad.read_h5ad(fewer)
+    measured = back.obs["countvae_knn_agreement"].notna()
+    assert measured.sum() == 175 and back.obs.loc[measured, "countvae_heldout"].sum() == 75
+    assert np.isnan(back.obsm[CONSENSUS_KEY]).any(axis=1).sum() == 125
     # an existing file is refused before any fitting
     assert main([*argv[:-2], "--out", str(tmp_path / "other"), "--write-h5ad", str(target)]) == 1
     assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "other" / "fits").exists()
