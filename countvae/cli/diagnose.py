@@ -142,6 +142,35 @@ def _stopping_help() -> str:
     )
 
 
+def _add_report_options(p: argparse.ArgumentParser) -> None:
+    """The options that set fields of :class:`ReportSettings` (:data:`REPORT_OPTIONS`)."""
+    add_setting_option(
+        p,
+        ReportSettings,
+        "ica",
+        "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
+        "across seeds to the report",
+    )
+    add_setting_option(p, ReportSettings, "n_lpd_samples", "importance samples per held-out cell")
+    add_setting_option(
+        p,
+        ReportSettings,
+        "max_fit_cells",
+        "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
+        "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
+        "of a larger file, at the cost of a longer report",
+        type=int,
+        metavar="N",
+    )
+    add_setting_option(
+        p,
+        ReportSettings,
+        "equivalence_margin",
+        "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
+        "latent variables add over a model without them",
+    )
+
+
 def register(sub: Subcommands) -> None:
     """Add the ``diagnose`` subcommand."""
     p = sub.add_parser(
@@ -186,31 +215,7 @@ def register(sub: Subcommands) -> None:
         type=str,
         default_text="the most variable genes, plus --labels-key",
     )
-    add_setting_option(
-        p,
-        ReportSettings,
-        "ica",
-        "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
-        "across seeds to the report",
-    )
-    add_setting_option(p, ReportSettings, "n_lpd_samples", "importance samples per held-out cell")
-    add_setting_option(
-        p,
-        ReportSettings,
-        "max_fit_cells",
-        "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
-        "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
-        "of a larger file, at the cost of a longer report",
-        type=int,
-        metavar="N",
-    )
-    add_setting_option(
-        p,
-        ReportSettings,
-        "equivalence_margin",
-        "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
-        "latent variables add over a model without them",
-    )
+    _add_report_options(p)
     p.add_argument(
         "--de",
         metavar="GROUPBY",
