@@ -13,8 +13,13 @@ report.
 
     python benchmarks/bench_cell_columns.py            # Kang and pbmc_3tech, 5 seeds each
     python benchmarks/bench_cell_columns.py --quick    # 2 seeds, 2 epochs (a check that it runs)
+    python benchmarks/bench_cell_columns.py --scale 30000   # the cost of measuring every fit cell
 
-Writes the section ``cell-columns`` of RESULTS.md (``--results``).
+Writes the section ``cell-columns`` of RESULTS.md (``--results``). With ``--scale N``: N simulated
+cells (``cv.data.simulate``, 1,000 genes, 10 latent dimensions, 2 batches), 3 seeds trained 5 epochs
+(report() reads latent means, so its time hardly depends on the training), 10% held out, and
+``report()`` timed per step with the default ``max_fit_cells`` and with every fit cell
+(``--max-fit-cells``), in that order and again in the other order; section ``cell-columns-scale``.
 """
 
 from __future__ import annotations
@@ -96,11 +101,50 @@ def run_one(name: str, quick: bool) -> tuple[list[str], dict[str, float]]:
     return lines, {"per_cell": float(timings.get("per_cell", np.nan)), "report": float(timings["total"])}
 
 
+def scale_cost(n_cells: int) -> list[str]:
+    """report() on N simulated cells with the default max_fit_cells and with every fit cell, interleaved."""
+    import countvae as cv
+    from countvae.diagnostics import fit_seeds, report
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    adata = cv.data.simulate(n_cells=n_cells, n_genes=1000, n_latent=10, n_batches=2, seed=0)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    started = time.perf_counter()
+    fits = fit_seeds(
+        adata,
+        seeds=range(3),
+        model_kwargs={"n_latent": 10},
+        train_kwargs={"max_epochs": 5, "early_stopping": False},
+        heldout_fraction=0.1,
+        progress_bar=False,
+    )
+    fitting = time.perf_counter() - started
+    n_fit = fits.adata_fit.n_obs
+    default = ReportSettings().max_fit_cells
+    runs = []
+    for max_fit_cells in (default, n_fit, n_fit, default):
+        started = time.perf_counter()
+        rep = report(fits, max_fit_cells=max_fit_cells)
+        wall = time.perf_counter() - started
+        measured = int(rep.cells["knn_agreement"].notna().sum())
+        steps = {k: rep.timings.get(k, float("nan")) for k in ("per-fit outputs", "ica", "batch_mixing", "per_cell")}
+        runs.append({"max_fit_cells": max_fit_cells, "cells measured": measured, "report() s": round(wall, 1)} | steps)
+    table = pd.DataFrame(runs)
+    return [
+        f"{n_cells:,} simulated cells x 1,000 genes, {fits.adata_heldout.n_obs:,} held out, {n_fit:,} fit cells; "
+        f"3 seeds trained 5 epochs ({fitting:.0f} s). report() with the default max_fit_cells ({default:,}) and "
+        "with every fit cell, interleaved (seconds per step):",
+        "",
+        markdown_table(table),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its section."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
     parser.add_argument("--quick", action="store_true", help="2 seeds, 2 epochs")
+    parser.add_argument("--scale", type=int, default=None, metavar="N", help="the cost of measuring every fit cell")
     parser.add_argument("--results", default=str(DEFAULT_RESULTS), help="RESULTS.md to write the section into")
     args = parser.parse_args(argv)
     body = [
@@ -111,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Machine: {cpu_model()}, {len(os.sched_getaffinity(0))} cores available (diagnose's default workers).",
         "",
     ]
+    if args.scale:
+        body[0] = "## The cost of measuring every fit cell (`bench_cell_columns.py --scale`)"
+        body[4] = f"Machine: {cpu_model()}, {len(os.sched_getaffinity(0))} cores available."
+        body += scale_cost(args.scale)
+        print("\n".join(body), flush=True)
+        write_section(Path(args.results), "cell-columns-scale", "\n".join(body))
+        return 0
     for name in args.datasets:
         lines, _ = run_one(name, args.quick)
         body += [*lines, ""]
