@@ -10,9 +10,11 @@ or to iterate over it in the model's minibatches; these are the calls its own
 
 from __future__ import annotations
 
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import anndata as ad
 import numpy as np
@@ -37,6 +39,26 @@ from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 _LPD_ELEMENTS_PER_PASS = 1 << 22
 #: Cells per forward pass through an scvi-tools decoder.
 _CELLS_PER_CHUNK = 1024
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _keeps_global_rng(method: _Method) -> _Method:
+    """Run ``method`` with Python's, numpy's and torch's global random states restored afterwards.
+
+    scvi-tools moves them on calls that only read a model: it checks a few cells
+    drawn from numpy's global generator whenever it validates an AnnData (a view
+    or a new object), its ``inference`` draws ``z`` from torch's global generator
+    even when the mean is asked for, and every torch ``DataLoader`` iteration
+    draws a base seed from it. countvae promises no global RNG side effects.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: SCVIFit, *args: Any, **kwargs: Any) -> Any:
+        with preserved_global_rng():
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass
@@ -146,8 +168,7 @@ class SCVIFit:
             return adata
         copy = adata.copy()
         try:
-            # scvi-tools checks the counts of a few cells drawn from numpy's global generator: keep the caller's.
-            with preserved_global_rng(), quiet_scvi():
+            with quiet_scvi():
                 copy = self.model._validate_anndata(copy)
         except (ValueError, KeyError) as exc:
             raise InvalidDataError(
@@ -177,10 +198,12 @@ class SCVIFit:
         return torch.log(px.scale)
 
     # ----- protocol --------------------------------------------------------------------------
+    @_keeps_global_rng
     def latent(self, adata: ad.AnnData) -> np.ndarray:
         """Posterior means (``get_latent_representation(give_mean=True)``), (cells, n_latent)."""
         return np.asarray(self.model.get_latent_representation(self._prepared(adata), give_mean=True))
 
+    @_keeps_global_rng
     def latent_samples(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
         """Draws from ``q(z | x) = N(mean, var)`` (``get_latent_representation(return_dist=True)``).
 
@@ -194,6 +217,7 @@ class SCVIFit:
         eps = np.random.default_rng(seed).standard_normal((n_samples, *mean.shape)).astype(mean.dtype)
         return mean[None] + np.sqrt(var)[None] * eps
 
+    @_keeps_global_rng
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
         """Per-cell ``log p(x)`` by countvae's estimator, through the scvi module's own generative pieces.
 
@@ -261,10 +285,12 @@ class SCVIFit:
             self._module64 = (self.model.module, float64_copy(self.model.module))
         return self._module64[1]
 
+    @_keeps_global_rng
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
         """``library_size * px_scale`` decoded at each cell's posterior mean, (cells, genes)."""
         return library_size * np.exp(self.decode_log_rate(adata, self.latent(adata)))
 
+    @_keeps_global_rng
     @torch.no_grad()
     def decode_log_rate(self, adata: ad.AnnData, z: np.ndarray) -> np.ndarray:
         """Log ``px_scale`` at latent values ``z`` of shape (..., cells, n_latent), with the cells' batches."""
@@ -292,6 +318,7 @@ class SCVIFit:
             return None
         return self.model.get_loadings().to_numpy()
 
+    @_keeps_global_rng
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
         """Jacobian of log ``px_scale`` at each cell's posterior mean, (cells, genes, n_latent).
 
@@ -316,11 +343,11 @@ class SCVIFit:
                 out[rows, :, k] = column.detach().numpy()
         return out
 
+    @_keeps_global_rng
     def posterior_predictive(self, adata: ad.AnnData, n_samples: int, seed: int) -> np.ndarray:
         """``posterior_predictive_sample`` as a dense array (cells, genes, n_samples), seeded by ``seed``."""
         prepared = self._prepared(adata)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            draws = self.model.posterior_predictive_sample(prepared, n_samples=n_samples)
+        torch.manual_seed(seed)  # the decorator restores the caller's state
+        draws = self.model.posterior_predictive_sample(prepared, n_samples=n_samples)
         dense = np.asarray(draws.todense() if hasattr(draws, "todense") else draws)
         return dense[..., None] if dense.ndim == 2 else dense

@@ -269,6 +269,41 @@ def test_posterior_predictive_is_scvis_sample(fits):
     assert not np.array_equal(draws, fit.posterior_predictive(held, n_samples=3, seed=5))
 
 
+def _global_states():
+    import pickle
+    import random
+
+    return random.getstate(), pickle.dumps(np.random.get_state()), torch.get_rng_state().clone()  # noqa: NPY002
+
+
+def test_reading_a_fit_leaves_the_global_random_states_alone(fits):
+    # scvi-tools validates a view or a new AnnData by drawing cells from numpy's global generator, draws z from
+    # torch's in inference even for the mean, and each DataLoader iteration draws a base seed from torch's: without
+    # the adapter restoring them, every method below moves numpy's or torch's state (both, on a view).
+    held = fits.adata_heldout
+    fit = fits[0]
+    z = np.zeros((held.n_obs // 2, fit.n_latent), dtype=np.float32)
+    calls = {
+        "latent": lambda a: fit.latent(a),
+        "latent_samples": lambda a: fit.latent_samples(a, 2, seed=0),
+        "log_predictive_density": lambda a: fit.log_predictive_density(a, 8, seed=0),
+        "normalized_expression": lambda a: fit.normalized_expression(a),
+        "decode_log_rate": lambda a: fit.decode_log_rate(a, z),
+        "decoder_jacobian": lambda a: fit.decoder_jacobian(a),
+        "posterior_predictive": lambda a: fit.posterior_predictive(a, 2, seed=0),
+    }
+    half = slice(0, held.n_obs // 2)
+    for name, call in calls.items():
+        for cells in (held[half], held[half].copy()):  # a view, and an object scvi-tools has not seen
+            np.random.seed(7)  # noqa: NPY002
+            torch.manual_seed(7)
+            before = _global_states()
+            call(cells)
+            after = _global_states()
+            assert before[0] == after[0] and before[1] == after[1], name
+            assert torch.equal(before[2], after[2]), name
+
+
 def test_resume_reuses_scvi_fits_exactly(adata, scvi_fits):
     np_state = np.random.get_state()  # noqa: NPY002
     again = fit_seeds(
