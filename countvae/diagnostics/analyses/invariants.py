@@ -53,6 +53,7 @@ from countvae.diagnostics.analyses.resampling import (
     CellBootstrap,
     Interval,
     PairSums,
+    RefittedAlignment,
     cell_bootstrap,
     distance_concordance,
     pair_sums,
@@ -620,18 +621,57 @@ def _coordinates(c: Comparison, a: str, b: str) -> float:
 
 
 def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
-    return per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
+    in_sample = per_column_concordance(c.maps.orthogonal(a, b)(c.latents[a]), c.latents[b])
+    return _less_optimism(c, in_sample, _aligned_coordinate_replicates(c, a, b))
 
 
-def _coordinates_replicates_of(aligned: bool) -> ReplicateFunction:
-    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-        boot = c.bootstraps["heldout"]
-        za = c.latents[a][boot.positions]
-        return weighted_column_concordance(
-            boot.weights, c.maps.orthogonal(a, b)(za) if aligned else za, c.latents[b][boot.positions]
-        )
+def _less_optimism(c: Comparison, in_sample: float, refitted: np.ndarray) -> float:
+    """An aligned score less the optimism of a map fitted on the cells it is scored on.
 
-    return replicates
+    The Procrustes map that maximises the agreement on these cells agrees with
+    them better than the map fitted on the population of cells would (by 0.0115
+    on average over samples of 100 simulated cells in 10 dimensions, whose
+    interval with the map held fixed lay wholly above the population value in 13%
+    of samples at a nominal 5%; ``tests/diagnostics/analyses/test_interval_coverage.py``). The bootstrap
+    with the map refitted in every replicate estimates that optimism (the mean
+    replicate's excess over the score of the resampled cells, scaled from the
+    ``m`` resampled cells to the ``n`` scored as one over the number of cells).
+    """
+    return in_sample - _optimism(refitted) * c.bootstraps["heldout"].shrink ** 2
+
+
+def _optimism(refitted: np.ndarray) -> float:
+    """The mean refitted replicate's excess over the resampled cells' score (0 where there is none to read)."""
+    finite = refitted[1:][np.isfinite(refitted[1:])]
+    excess = float(np.mean(finite) - refitted[0]) if finite.size else np.nan
+    return excess if np.isfinite(excess) else 0.0
+
+
+def _centred(refitted: np.ndarray) -> np.ndarray:
+    """Refitted-map replicates centred on the resampled cells' score, as the optimism is removed from the score."""
+    out = refitted.copy()
+    out[1:] -= _optimism(refitted)
+    return out
+
+
+def _alignment(c: Comparison, a: str, b: str) -> RefittedAlignment:
+    boot = c.bootstraps["heldout"]
+    za, zb = c.latents[a][boot.positions], c.latents[b][boot.positions]
+    return c.once(("alignment", a, b), lambda: RefittedAlignment.fit(boot.weights, za, zb))
+
+
+def _aligned_coordinate_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    zb = c.latents[b][c.bootstraps["heldout"].positions]
+    return c.once(("aligned coordinates", a, b), lambda: _alignment(c, a, b).column_concordance(zb))
+
+
+def _coordinates_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    boot = c.bootstraps["heldout"]
+    return weighted_column_concordance(boot.weights, c.latents[a][boot.positions], c.latents[b][boot.positions])
+
+
+def _coordinates_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    return _centred(_aligned_coordinate_replicates(c, a, b))
 
 
 _loadings = _between("loadings", per_column_concordance)
@@ -663,7 +703,21 @@ def _markers(c: Comparison, a: str, b: str) -> float:
 
 def _markers_aligned(c: Comparison, a: str, b: str) -> float:
     mapped = c.maps.orthogonal(a, b)(c.latents[a])
-    return concordance(c.marker_correlations_of(mapped), c.marker_correlations(b))
+    in_sample = concordance(c.marker_correlations_of(mapped), c.marker_correlations(b))
+    return _less_optimism(c, in_sample, _aligned_marker_replicates(c, a, b))
+
+
+def _aligned_marker_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    def compute() -> np.ndarray:
+        return rowwise_concordance(_alignment(c, a, b).correlations(_marker_values(c)), _marker_replicates(c, b))
+
+    return c.once(("aligned markers", a, b), compute)
+
+
+def _marker_replicates(c: Comparison, name: str) -> np.ndarray:
+    boot = c.bootstraps["heldout"]
+    z = c.latents[name][boot.positions]
+    return c.once(("marker replicates", name), lambda: weighted_correlations(boot.weights, z, _marker_values(c)))
 
 
 def _marker_values(c: Comparison) -> np.ndarray:
@@ -675,19 +729,12 @@ def _marker_values(c: Comparison) -> np.ndarray:
     return c.once(("marker values",), compute)
 
 
-def _marker_replicates_of(aligned: bool) -> ReplicateFunction:
-    def replicates(c: Comparison, a: str, b: str) -> np.ndarray:
-        boot = c.bootstraps["heldout"]
-        za = c.latents[a][boot.positions]
-        if aligned:
-            za = c.maps.orthogonal(a, b)(za)
-        zb = c.latents[b][boot.positions]
-        values = _marker_values(c)
-        ca = weighted_correlations(boot.weights, za, values)
-        cb = c.once(("marker replicates", b), lambda: weighted_correlations(boot.weights, zb, values))
-        return rowwise_concordance(ca, cb)
+def _markers_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    return rowwise_concordance(_marker_replicates(c, a), _marker_replicates(c, b))
 
-    return replicates
+
+def _markers_aligned_replicates(c: Comparison, a: str, b: str) -> np.ndarray:
+    return _centred(_aligned_marker_replicates(c, a, b))
 
 
 def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
@@ -827,8 +874,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         "agree",
         score=_coordinates,
         cells="heldout",
-        replicates=_coordinates_replicates_of(aligned=False),
-        aligned_replicates=_coordinates_replicates_of(aligned=True),
+        replicates=_coordinates_replicates,
+        aligned_replicates=_coordinates_aligned_replicates,
         aligned_score=_coordinates_aligned,
     ),
     Quantity(
@@ -859,8 +906,8 @@ QUANTITIES: tuple[Quantity, ...] = (
         report_when_aligned="R^2 of each marker on all latent dimensions (rotation-invariant)",
         score=_markers,
         cells="heldout",
-        replicates=_marker_replicates_of(aligned=False),
-        aligned_replicates=_marker_replicates_of(aligned=True),
+        replicates=_markers_replicates,
+        aligned_replicates=_markers_aligned_replicates,
         aligned_score=_markers_aligned,
         available=lambda inputs: inputs.markers is not None and inputs.markers.shape[1] > 0,
     ),

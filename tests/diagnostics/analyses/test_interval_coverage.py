@@ -13,12 +13,24 @@ the intervals fare on fitted models' outputs (that is the calibration benchmark'
 job, ``benchmarks/calibration_regimes.py``).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
+import pandas as pd
 import pytest
-from scipy import integrate, special, stats
+from scipy import integrate, linalg, special, stats
 from scipy.spatial.distance import pdist, squareform
 
+from countvae.diagnostics.analyses.invariants import (
+    InvariantInputs,
+    ResamplingSettings,
+    concordance,
+    invariants_table,
+    per_column_concordance,
+)
+from countvae.diagnostics.analyses.markers import dimension_correlations
 from countvae.diagnostics.analyses.resampling import (
+    Interval,
     cell_bootstrap,
     distance_concordance,
     neighbour_inflation,
@@ -143,6 +155,110 @@ def test_the_bootstrap_over_pairs_of_cells_covers_the_population_concordance():
     above, below = _miss_rates(intervals, truth)
     assert above <= 0.1 and below <= 0.1, f"missed above in {above:.1%}, below in {below:.1%} of draws"
     assert above + below >= 0.04, f"missed in only {above + below:.1%} of draws: the interval is too wide"
+
+
+@dataclass(frozen=True)
+class _AlignedPopulation:
+    """Two fits' latents ``b = a R + e`` (unequal spreads of ``a``, unequal noise ``e``) and markers ``a beta + u``.
+
+    The population's Procrustes map is the polar factor of ``E[a^T b] = S R`` (for
+    anisotropic ``S`` not ``R`` itself); the aligned scores' population values
+    follow from the covariances in closed form (the map's offset matches the means).
+    """
+
+    spread: np.ndarray
+    rotation: np.ndarray
+    noise_sd: np.ndarray
+    beta: np.ndarray
+
+    @staticmethod
+    def of(d: int = 10, noise: float = 1.2, n_markers: int = 4, seed: int = 0) -> "_AlignedPopulation":
+        rng = np.random.default_rng(seed)
+        noise_sd = noise * rng.permutation(np.linspace(0.3, 1.0, d))
+        beta = rng.normal(size=(n_markers, d))
+        return _AlignedPopulation(np.linspace(1.5, 0.3, d), stats.ortho_group.rvs(d, random_state=seed), noise_sd, beta)
+
+    def values(self) -> tuple[float, float]:
+        """Population values of the aligned per-dimension coordinates and marker correlations."""
+        cov_a = np.diag(self.spread**2)
+        u, _, vt = np.linalg.svd(cov_a @ self.rotation)
+        best = u @ vt
+        var_mapped = np.diag(best.T @ cov_a @ best)
+        var_b = np.diag(self.rotation.T @ cov_a @ self.rotation) + self.noise_sd**2
+        coordinates = float(np.mean(2 * np.diag(best.T @ cov_a @ self.rotation) / (var_mapped + var_b)))
+        var_m = np.einsum("kd,de,ke->k", self.beta, cov_a, self.beta) + 1.0
+        corr_a = self.beta @ cov_a @ best / np.sqrt(var_m[:, None] * var_mapped[None])
+        corr_b = self.beta @ cov_a @ self.rotation / np.sqrt(var_m[:, None] * var_b[None])
+        return coordinates, concordance(corr_a, corr_b)
+
+    def sample(self, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+        rng = np.random.default_rng(seed)
+        a = rng.normal(size=(n, len(self.spread))) * self.spread
+        b = a @ self.rotation + rng.normal(size=a.shape) * self.noise_sd
+        markers = a @ self.beta.T + rng.normal(size=(n, len(self.beta)))
+        return a, b, pd.DataFrame(markers, columns=[f"m{k}" for k in range(len(self.beta))])
+
+
+def _aligned_in_sample(a: np.ndarray, b: np.ndarray, markers: pd.DataFrame) -> tuple[float, float]:
+    r, _ = linalg.orthogonal_procrustes(a - a.mean(0), b - b.mean(0))
+    mapped = (a - a.mean(0)) @ r + b.mean(0)
+    m = markers.to_numpy()
+    corr = [np.stack([dimension_correlations(z, m[:, k]) for k in range(m.shape[1])]) for z in (mapped, b)]
+    return per_column_concordance(mapped, b), concordance(*corr)
+
+
+def _aligned_rows(population: _AlignedPopulation, n: int) -> dict[str, tuple[list, list]]:
+    """Per aligned row of the report: its intervals over DRAWS samples of ``n`` cells, and the in-sample scores."""
+    rows = {"per-dimension coordinates": ([], []), "per-dimension marker correlations": ([], [])}
+    for s in range(DRAWS):
+        a, b, markers = population.sample(n, 10_000 + s)
+        table, _ = invariants_table(
+            InvariantInputs(latents={"a": a, "b": b}, markers=markers),
+            max_knn_cells=30,
+            max_distance_cells=30,
+            resampling=ResamplingSettings(seed=s),
+        )
+        table = table.set_index("quantity")
+        for (quantity, (intervals, in_sample)), score in zip(
+            rows.items(), _aligned_in_sample(a, b, markers), strict=True
+        ):
+            row = table.loc[quantity]
+            intervals.append(Interval(row["aligned_agreement"], row["aligned_low"], row["aligned_high"]))
+            in_sample.append(score)
+    return rows
+
+
+def test_the_aligned_population_values_match_a_large_sample():
+    """The closed forms above against the in-sample scores of 200,000 cells (their optimism about 1e-4)."""
+    population = _AlignedPopulation.of()
+    sample = _aligned_in_sample(*population.sample(200_000, 1))
+    assert sample == pytest.approx(population.values(), abs=0.002)
+
+
+def test_the_aligned_intervals_cover_the_population_values():
+    """The report's aligned rows on samples of 10-d latents, against their population values.
+
+    The Procrustes map is fitted on the cells both rows are scored on. Measured
+    over these 400 draws with the map held fixed (as it was): on 100 cells the
+    in-sample coordinates exceeded the population value by 0.0115 on average (0.6
+    of their standard deviation) and their interval lay wholly above it in 13.3%
+    of draws; on 200 cells the marker correlations' interval, blind to the map's
+    own sampling error, lay wholly below it in 22.8% (above in none). With the map
+    refitted in every replicate and its optimism removed: coordinates bias
+    +0.0015, misses 7.2% above and 5.2% below; markers 5.5% and 7.0%.
+    """
+    population = _AlignedPopulation.of()
+    coordinates, markers = population.values()
+    intervals, in_sample = _aligned_rows(population, 100)["per-dimension coordinates"]
+    assert np.mean(in_sample) - coordinates > 0.008, "the in-sample score was not optimistic: the test shows nothing"
+    estimate = np.mean([iv.value for iv in intervals])
+    assert abs(estimate - coordinates) < 0.004, f"the estimate is biased by {estimate - coordinates:+.4f}"
+    cases = [("coordinates", intervals, coordinates)]
+    cases.append(("markers", _aligned_rows(population, 200)["per-dimension marker correlations"][0], markers))
+    for name, row_intervals, truth in cases:
+        above, below = _miss_rates(row_intervals, truth)
+        assert above <= 0.1 and below <= 0.1, f"{name}: missed above in {above:.1%}, below in {below:.1%} of draws"
+        assert above + below >= 0.04, f"{name}: missed in only {above + below:.1%} of draws: too wide"
 
 
 def _blobs_with_batches(seed: int, n: int = 600) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from countvae.diagnostics.analyses.resampling import (
+    RefittedAlignment,
     cell_bootstrap,
     neighbour_inflation,
     percentile_interval,
@@ -91,3 +92,38 @@ def test_neighbours_that_are_not_scored_link_the_cells_sharing_them_and_constant
         np.sqrt(2)
     )
     assert neighbour_inflation(np.full(n, 0.7), np.ones(n), _groups_of_mutual_neighbours(10, 3)) == 1.0
+
+
+def test_a_refitted_alignment_is_scipys_procrustes_on_the_cells_each_replicate_draws():
+    # Independent route: repeat each cell as often as the replicate draws it, fit scipy's orthogonal_procrustes
+    # on the centred copies and score the mapped cells column by column.
+    from scipy.linalg import orthogonal_procrustes
+
+    from countvae.diagnostics.analyses.invariants import per_column_concordance
+    from countvae.diagnostics.analyses.markers import dimension_correlations
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(60, 4)) * [2.0, 1.0, 0.5, 0.3]
+    b = a @ np.linalg.qr(rng.normal(size=(4, 4)))[0] + 0.5 * rng.normal(size=(60, 4)) + 3.0
+    markers = np.column_stack([a[:, 0] + rng.normal(size=60), rng.normal(size=60)])
+    boot = cell_bootstrap(60, 4, seed=1)
+    alignment = RefittedAlignment.fit(boot.weights, a, b)
+    scores, correlations = alignment.column_concordance(b), alignment.correlations(markers)
+    for r, w in enumerate(boot.weights):
+        cells = np.repeat(np.arange(60), w.astype(int))
+        ra, rb = a[cells], b[cells]
+        rotation, _ = orthogonal_procrustes(ra - ra.mean(0), rb - rb.mean(0))
+        mapped = (ra - ra.mean(0)) @ rotation + rb.mean(0)
+        assert scores[r] == pytest.approx(per_column_concordance(mapped, rb), abs=1e-12)
+        expected = np.stack([dimension_correlations(mapped, markers[cells, k]) for k in range(2)])
+        np.testing.assert_allclose(correlations[r], expected, atol=1e-12)
+    # Replicates that draw other cells get other maps: the map is refitted, not held fixed.
+    assert not np.allclose(alignment.rotation[1], alignment.rotation[2])
+
+
+def test_a_refitted_alignment_of_exact_rotations_scores_one_in_every_replicate():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(40, 3))
+    b = a @ np.linalg.qr(rng.normal(size=(3, 3)))[0] - 2.0
+    boot = cell_bootstrap(40, 20, seed=0)
+    np.testing.assert_allclose(RefittedAlignment.fit(boot.weights, a, b).column_concordance(b), 1.0, atol=1e-12)
