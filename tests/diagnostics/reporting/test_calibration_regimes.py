@@ -172,6 +172,36 @@ def test_bundled_regimes_are_those_of_the_results_section():
             assert int(cells["oracle undecided"]) == counts["oracle_undecided"]
 
 
+def test_the_concepts_page_shows_the_bundled_record():
+    """docs/concepts/multi-seed.md tabulates the record per regime; a rerun that leaves the page stale fails here."""
+    import re
+    from pathlib import Path
+
+    from countvae.diagnostics.reporting.verdict_calibration import load_calibration
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "concepts" / "multi-seed.md").read_text(encoding="utf-8")
+    row = re.compile(r"\| ([a-z0-9-]+) \| ([\d,]+) \| (\d+) \| (\d+) of (\d+) \| (\d+) of (\d+) \(.*\) \| ([a-z-]+) \|")
+    shown = {}
+    for line in page.splitlines():
+        match = row.fullmatch(line)
+        if match:
+            shown[match.group(1)] = match.groups()[1:]
+    regimes = load_calibration()["regimes"]
+    assert set(shown) == set(regimes)
+    for name, entry in regimes.items():
+        rows = entry["rows"].values()
+        expected = (
+            f"{entry['configuration']['n_heldout_cells']:,}",
+            str(entry["replicates"]),
+            str(sum(r["wrong"] for r in rows)),
+            str(sum(r["correct"] + r["wrong"] for r in rows)),
+            str(sum(r["undetermined"] for r in rows)),
+            str(sum(r["runs"] for r in rows)),
+            entry["section"],
+        )
+        assert shown[name] == expected, name
+
+
 def test_rates_exactly_at_the_goals_are_silent():
     """95% correct (19 of 20) and 20% undetermined (2 of 10) meet the goals: no sentence."""
     record = _record()
