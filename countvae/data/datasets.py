@@ -29,12 +29,7 @@ def _candidate_dirs() -> list[Path]:
     for start in (Path.cwd(), Path(__file__).resolve()):
         for parent in [start, *start.parents]:
             dirs.append(parent / "shared" / "data")
-    seen, unique = set(), []
-    for d in dirs:
-        if d not in seen:
-            seen.add(d)
-            unique.append(d)
-    return unique
+    return list(dict.fromkeys(dirs))  # without repeats, in order
 
 
 def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
@@ -64,11 +59,10 @@ def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
     tried = []
     if path is not None:
         p = Path(path)
-        candidates = [p / filename] if p.is_dir() else [p]
-        for c in candidates:
-            if c.is_file():
-                return c
-            tried.append(c)
+        c = p / filename if p.is_dir() else p
+        if c.is_file():
+            return c
+        tried.append(c)
     for d in _candidate_dirs():
         c = d / filename
         if c.is_file():

@@ -241,9 +241,7 @@ def attach_registry(adata: ad.AnnData, registry: Registry) -> None:
 def get_registry(adata: ad.AnnData) -> Registry | None:
     """The registration stored on ``adata``, or ``None`` when it was never set up."""
     record = adata.uns.get(UNS_KEY)
-    if record is None:
-        return None
-    return Registry.from_dict(dict(record))
+    return None if record is None else Registry.from_dict(dict(record))
 
 
 def batch_codes(adata: ad.AnnData, registry: Registry) -> np.ndarray:

@@ -65,13 +65,6 @@ def count_totals(matrix) -> CountSummary:
     return summary
 
 
-def _values_of(block) -> np.ndarray:
-    """The stored values of a block: the non-zeros of a sparse block, all of a dense one."""
-    if sp.issparse(block):
-        return np.asarray(block.data)
-    return np.asarray(block)
-
-
 def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = False) -> CountSummary:
     """Check that ``matrix`` holds finite, non-negative integer counts.
 
@@ -161,7 +154,7 @@ def _scan_counts(matrix, n_obs: int, n_vars: int) -> _CountScan:
     scan = _CountScan(np.zeros(n_obs, dtype=np.float64), np.zeros(n_vars, dtype=np.float64))
     source = matrix.tocsr() if sp.issparse(matrix) and matrix.format != "csr" else matrix
     for start, block in iter_row_chunks(source):
-        values = _values_of(block)
+        values = np.asarray(block.data if sp.issparse(block) else block)  # the stored values
         if np.issubdtype(values.dtype, np.floating):
             n_nonfinite = int(values.size - np.count_nonzero(np.isfinite(values)))
             if n_nonfinite:
