@@ -49,7 +49,7 @@ _MARGINAL_UPPER = 45.0
 _MARGINAL_BELOW = 8.0
 
 
-def _kl_or_mc(q: dist.TorchDistribution, p: dist.TorchDistribution, value: torch.Tensor) -> torch.Tensor:
+def kl_or_monte_carlo(q: dist.TorchDistribution, p: dist.TorchDistribution, value: torch.Tensor) -> torch.Tensor:
     """KL(q || p) in closed form where torch has it, else ``log q - log p`` at ``value`` (as Pyro's mean-field ELBO)."""
     try:
         return kl_divergence(q, p)
@@ -141,10 +141,10 @@ class LoadingsPrior(nn.Module):
         for name, guide in guides.items():
             value = guide.rsample()
             hyper[name] = value
-            kl = kl + _kl_or_mc(guide, priors[name], value)
+            kl = kl + kl_or_monte_carlo(guide, priors[name], value)
         q_weight = self.weight_guide(loc)
         weight = q_weight.rsample()
-        return weight, kl + _kl_or_mc(q_weight, self.weight_prior(hyper, loc), weight)
+        return weight, kl + kl_or_monte_carlo(q_weight, self.weight_prior(hyper, loc), weight)
 
     @torch.no_grad()
     def map_guide(self, inverse_map: torch.Tensor) -> None:

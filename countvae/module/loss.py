@@ -10,18 +10,11 @@ from typing import Literal
 
 import torch
 from pyro.infer import TraceMeanField_ELBO
-from torch.distributions import kl_divergence
 
+from countvae.module.loadings import kl_or_monte_carlo
 from countvae.module.vae import CountVAEModule, log_library_size
 
 LossEngine = Literal["direct", "pyro"]
-
-
-def _kl_or_none(q, p) -> torch.Tensor | None:
-    try:
-        return kl_divergence(q, p)
-    except NotImplementedError:
-        return None
 
 
 def per_cell_elbo(
@@ -61,10 +54,7 @@ def per_cell_elbo(
     z = q.rsample()
     p = module.prior.distribution(x.shape[0], x)
     log_lik = module.conditional(z, log_library_size(x), batch_index, weight).log_prob(x, count_constant=count_constant)
-    kl = _kl_or_none(q, p)
-    if kl is None:
-        kl = q.log_prob(z) - p.log_prob(z)
-    return log_lik - kl_weight * kl
+    return log_lik - kl_weight * kl_or_monte_carlo(q, p, z)
 
 
 def minibatch_loss(
@@ -103,6 +93,7 @@ def minibatch_loss(
         per-cell loss carries ``KL / n_total``.
 
     """
+    cells = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
     if engine == "direct":
         draw = module.sample_loadings()  # global sites first, in the guide's order
         weight, global_kl = (None, None) if draw is None else draw
@@ -111,13 +102,9 @@ def minibatch_loss(
         constant = module.likelihood.count_log_constant_sum(x, batch_index) / x.shape[0]
         elbo = per_cell_elbo(module, x, batch_index, kl_weight, weight, count_constant=x.new_zeros(x.shape[0]))
         loss = -(elbo.mean() + constant)
-        if global_kl is None:
-            return loss
-        cells = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
-        return loss + kl_weight * global_kl / cells
+        return loss if global_kl is None else loss + kl_weight * global_kl / cells
     elbo = TraceMeanField_ELBO()  # closed-form KL where torch has one, else a Monte Carlo KL
-    scale = n_total if (cell_index is not None and n_total is not None) else x.shape[0]
     loss = elbo.differentiable_loss(
         module.model, module.guide, x, batch_index, cell_index=cell_index, n_total=n_total, kl_weight=kl_weight
     )
-    return loss / scale
+    return loss / cells
