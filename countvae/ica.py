@@ -390,11 +390,7 @@ class ICARotation(TransformerMixin, BaseEstimator):
             self.negentropy_threshold_ = float(np.quantile(null, 1.0 - float(self.null_alpha)) * n_sim / n_cells)
             self.gaussian_ = self.negentropy_ <= self.negentropy_threshold_
         flagged = np.flatnonzero(self.gaussian_)
-        if flagged.size:
-            basis, _ = np.linalg.qr(self.mixing_[:, flagged])
-            self.gaussian_subspace_ = basis
-        else:
-            self.gaussian_subspace_ = np.zeros((self.mixing_.shape[0], 0))
+        self.gaussian_subspace_ = np.linalg.qr(self.mixing_[:, flagged])[0]  # (d, 0) when none is flagged
         if flagged.size >= 2:
             names = ", ".join(self.component_names_[i] for i in flagged)
             unconverged = "" if self.converged_ else " ICA did not converge, as expected inside a Gaussian subspace."

@@ -155,9 +155,9 @@ class VerifySettings:
             ("elbo_cells", 1),
             ("elbo_refit_steps", 0),
             ("k_neighbors", 1),
+            ("seed", 0),
         ):
             object.__setattr__(self, name, check_int(name, getattr(self, name), low))
-        object.__setattr__(self, "seed", check_int("seed", self.seed, 0))
         check_choice("dtype", self.dtype, tuple(_DTYPE_NAMES))
         if self.estimator_settings is not None and not isinstance(self.estimator_settings, MarginalSettings):
             raise InvalidArgumentError(
@@ -171,8 +171,7 @@ class VerifySettings:
             if not isinstance(self.quadrature, bool | np.bool_):
                 raise InvalidArgumentError(f"quadrature must be True, False or 'auto', got {self.quadrature!r}.")
             object.__setattr__(self, "quadrature", bool(self.quadrature))
-        object.__setattr__(self, "z_threshold", check_number("z_threshold", self.z_threshold, 0.0, low_open=True))
-        for name in ("change_threshold", "quadrature_tolerance", "max_estimator_error"):
+        for name in ("z_threshold", "change_threshold", "quadrature_tolerance", "max_estimator_error"):
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, low_open=True))
         object.__setattr__(
             self,

@@ -22,7 +22,6 @@ import numpy as np
 import pandas as pd
 
 from countvae import plotting
-from countvae._checks import check_bool
 from countvae._formatting import format_value, json_ready, markdown_table
 from countvae._report_files import html_page, template_environment, write_report_folder
 
@@ -345,8 +344,7 @@ class InvarianceReport:
             shown = table.map(format_value)
             lines.append(shown.to_string(index=False))
         if not self.passed:
-            lines.append("")
-            lines.append("Not verified because:" if self.status == "not verified" else "Disagreements:")
+            lines += ["", "Not verified because:" if self.status == "not verified" else "Disagreements:"]
             lines += [f"  {line}" for line in self.reasons()]
         return "\n".join(lines)
 
@@ -454,7 +452,6 @@ class InvarianceReport:
             The folder.
 
         """
-        check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace a folder
         return write_report_folder(
             dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
         )
