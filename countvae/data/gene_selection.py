@@ -141,8 +141,7 @@ def highly_variable_genes(
     """
     n_cells, n_genes = counts.shape
     span = check_number("span", span, 0.0, 1.0, low_open=True)
-    if isinstance(n_top_genes, bool) or not isinstance(n_top_genes, int | np.integer):
-        raise InvalidArgumentError(f"n_top_genes must be an integer, got {n_top_genes!r}.")
+    check_int("n_top_genes", n_top_genes)
     if not 1 <= n_top_genes <= n_genes:
         raise InvalidArgumentError(
             f"n_top_genes must be between 1 and the number of genes ({n_genes}), got {n_top_genes}."
@@ -225,8 +224,7 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
         raise SetupError("Register the AnnData with countvae.data.setup_anndata before selecting genes.")
     var_names = get_var_names(adata, registry)
     n_genes = len(var_names)
-    if isinstance(n_top_genes, bool) or not isinstance(n_top_genes, int | np.integer):
-        raise InvalidArgumentError(f"n_top_genes must be an integer, got {n_top_genes!r}.")
+    check_int("n_top_genes", n_top_genes)
     min_genes = check_int("min_genes", min_genes, 1)
     if n_top_genes > n_genes:
         raise InvalidArgumentError(

@@ -55,10 +55,6 @@ def draw_sources(kind: SourceKind | list[SourceKind], n: int, n_latent: int, rng
     return np.stack(columns, axis=1)
 
 
-def _leaky_relu(x: np.ndarray, slope: float) -> np.ndarray:
-    return np.where(x > 0, x, slope * x)
-
-
 def simulate(
     n_cells: int = 2000,
     n_genes: int = 200,
@@ -284,7 +280,8 @@ def _mlp_log_shares(
     V1 = rng.normal(0.0, 1.0 / np.sqrt(n_latent), (n_hidden, n_latent))
     a1 = rng.normal(0.0, 0.5, n_hidden)
     V2 = rng.normal(0.0, loading_scale / np.sqrt(n_hidden), (n_genes, n_hidden))
-    logits = b + _leaky_relu(z @ V1.T + a1, leaky_slope) @ V2.T
+    hidden = z @ V1.T + a1
+    logits = b + np.where(hidden > 0, hidden, leaky_slope * hidden) @ V2.T  # a leaky ReLU layer
     return log_softmax(logits, axis=1), {"V1": V1, "a1": a1, "V2": V2, "b": b, "leaky_slope": leaky_slope}
 
 

@@ -55,17 +55,7 @@ CONCLUSIONS = (
 )
 
 #: Columns of :meth:`InvarianceReport.to_frame`.
-CHECK_COLUMNS = [
-    "variant",
-    "transform",
-    "kind",
-    "p_x_expected",
-    "check",
-    "value",
-    "threshold",
-    "expect",
-    "ok",
-]
+CHECK_COLUMNS = ["variant", "transform", "kind", "p_x_expected", "check", "value", "threshold", "expect", "ok"]
 
 #: What each check measures, in the words used by the summaries.
 CHECK_DESCRIPTIONS: dict[str, str] = {

@@ -38,11 +38,7 @@ class LatentPrior(nn.Module):
     @property
     def symmetry(self) -> str:
         """The group of latent maps that leaves this prior, and therefore p(x), unchanged."""
-        return {
-            "normal": "orthogonal",
-            "laplace": "signed permutation",
-            "diagonal": "sign flip",
-        }[self.kind]
+        return {"normal": "orthogonal", "laplace": "signed permutation", "diagonal": "sign flip"}[self.kind]
 
     def distribution(self, n_cells: int, like: torch.Tensor) -> dist.TorchDistribution:
         """The prior of ``n_cells`` cells, batched over cells, event dimension ``n_latent``."""
