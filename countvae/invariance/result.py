@@ -285,16 +285,6 @@ class InvarianceReport:
     # ----- export -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dictionary: settings, verdict, transforms, variants, checks and the outputs table."""
-        checks = [
-            {k: json_ready(v) for k, v in row.items()}
-            for row in self.checks.astype(object).where(self.checks.notna(), None).to_dict(orient="records")
-        ]
-        outputs = {}
-        if len(self.outputs):
-            outputs = {
-                str(idx): {str(c): json_ready(v) for c, v in row.items()}
-                for idx, row in self.outputs.astype(object).where(self.outputs.notna(), None).iterrows()
-            }
         return {
             "passed": self.passed,
             "status": self.status,
@@ -302,11 +292,9 @@ class InvarianceReport:
             "settings": json_ready(self.settings),
             "transforms": {k: json_ready(np.asarray(v)) for k, v in self.transforms.items()},
             "variants": json_ready(self.variants),
-            "verdicts": [
-                {k: json_ready(v) for k, v in row.items()} for row in self.verdicts().to_dict(orient="records")
-            ],
-            "checks": checks,
-            "outputs": outputs,
+            "verdicts": json_ready(self.verdicts()),
+            "checks": json_ready(self.checks),
+            "outputs": json_ready(self.outputs.to_dict(orient="index")),
             "check_descriptions": dict(CHECK_DESCRIPTIONS),
             "evidence_checks": sorted(EVIDENCE_CHECKS),
         }
