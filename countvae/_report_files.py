@@ -139,7 +139,6 @@ def template_environment(package: str) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader(package, "templates"),
         autoescape=True,
-        trim_blocks=False,
         undefined=jinja2.StrictUndefined,
     )
     env.filters["table"] = lambda frame, max_rows: jinja2.utils.markupsafe.Markup(html_table(frame, max_rows=max_rows))

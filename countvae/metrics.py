@@ -79,9 +79,7 @@ def _encode_labels(sources: Any) -> np.ndarray:
                 f"Source column {column!r} holds non-integer values; InfoMEC needs discrete sources. "
                 "Bin continuous sources first, e.g. countvae.metrics.discretize(sources, n_bins=10)."
             )
-        code = pd.factorize(values, sort=True)[0]
-        if np.any(code < 0):
-            raise InvalidDataError(f"Source column {column!r} has missing values.")
+        code = pd.factorize(values, sort=True)[0]  # no -1 codes: missing values were refused above
         if code.max() < 1:
             raise InvalidDataError(f"Source column {column!r} has a single value; it carries no information.")
         codes.append(code)
