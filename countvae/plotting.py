@@ -279,7 +279,7 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
     ax.yaxis.set_minor_formatter(NullFormatter())
     finite = summary["rhat_max"].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
-    top = max(float(finite.max(initial=threshold)), threshold) * 1.15
+    top = float(finite.max(initial=threshold)) * 1.15
     ticks = [t for t in (1.0, 1.1, 1.5, 2, 3, 5, 10, 20, 50, 100) if t <= top]
     ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
     ax.set_ylim(0.99, top)

@@ -173,12 +173,8 @@ class VerifySettings:
             object.__setattr__(self, "quadrature", bool(self.quadrature))
         for name in ("z_threshold", "change_threshold", "quadrature_tolerance", "max_estimator_error"):
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, low_open=True))
-        object.__setattr__(
-            self,
-            "max_unreliable_fraction",
-            check_number("max_unreliable_fraction", self.max_unreliable_fraction, 0.0, 1.0),
-        )
-        object.__setattr__(self, "min_ess", check_number("min_ess", self.min_ess, 0.0))
+        for name, high in (("max_unreliable_fraction", 1.0), ("min_ess", None)):
+            object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, high))
 
     def estimator_for(self, module) -> MarginalSettings:
         """The estimator's settings for ``module``: ``estimator_settings``, or the package's default.

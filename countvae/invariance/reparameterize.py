@@ -52,12 +52,6 @@ def check_trained_model(model) -> CountVAE:
     return model
 
 
-def latent_weight(model: CountVAE) -> torch.nn.Parameter:
-    """The decoder parameter that multiplies ``z``: (genes x L) for linear, (hidden x L) for the MLP."""
-    dec = model.module.decoder
-    return dec.weight if model.settings.decoder == "linear" else dec.hidden.linears[0].data.weight
-
-
 def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6) -> CountVAE:
     """A new fitted model whose latent variable is ``A z`` (``A = Q``), computing the same decoded means.
 
@@ -125,7 +119,7 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     dtype, device = next(module.parameters()).dtype, new.device
     previous = np.eye(L) if module.latent_map is None else module.latent_map.detach().cpu().double().numpy()
     module.latent_map = torch.as_tensor(A @ previous, dtype=dtype, device=device)
-    weight = latent_weight(new)
+    weight = module.decoder.latent_weight  # the parameter that multiplies z
     with torch.no_grad():
         rewritten = weight.detach().cpu().double() @ torch.as_tensor(A_inv, dtype=torch.float64)
         weight.copy_(rewritten.to(dtype=dtype, device=device))
