@@ -139,8 +139,7 @@ def rhat_ess(draws: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         One value per parameter.
 
     """
-    values = np.asarray(draws, dtype=np.float64)
-    data = az.convert_to_dataset({"q": values})
+    data = az.convert_to_dataset({"q": np.asarray(draws, dtype=np.float64)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         rhat = az.rhat(data, method="rank")["q"].to_numpy()

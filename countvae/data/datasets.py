@@ -97,5 +97,4 @@ def load_dataset(name: str, path: str | os.PathLike | None = None, backed: bool 
         Raw integer counts in ``X`` (CSR, float32).
 
     """
-    file = find_dataset(name, path)
-    return ad.read_h5ad(file, backed="r" if backed else None)
+    return ad.read_h5ad(find_dataset(name, path), backed="r" if backed else None)

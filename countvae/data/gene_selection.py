@@ -239,10 +239,8 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
     if not (sp.issparse(counts) or isinstance(counts, np.ndarray)):
         raise InvalidDataError("Gene selection needs the counts in memory; read the file without backed mode.")
     batches = None if registry.batch_key is None else batch_codes(adata, registry)
-    table = highly_variable_genes(counts, int(n_top_genes), batches)
-    keep = table["highly_variable"].to_numpy()
-    kept_counts = counts[:, keep]
-    n_empty = int(np.count_nonzero(np.asarray(kept_counts.sum(axis=1)).ravel() == 0))
+    keep = highly_variable_genes(counts, int(n_top_genes), batches)["highly_variable"].to_numpy()
+    n_empty = int(np.count_nonzero(np.asarray(counts[:, keep].sum(axis=1)).ravel() == 0))
     if n_empty:
         raise InvalidDataError(
             f"{n_empty} of {adata.n_obs} cells have no counts in the {n_top_genes} most variable genes; "

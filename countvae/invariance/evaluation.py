@@ -221,8 +221,7 @@ def prior_started_lpd(model: CountVAE, source, indices: np.ndarray, settings: Ma
         origin = x.new_zeros(x.shape[0], module.n_latent)
         prior = (origin, torch.ones_like(origin))
         parts.append(inference.mixture_log_marginal(module, x, b, settings, generator, points_per_call, prior))
-    position = np.searchsorted(order, indices)
-    return ImportanceSummary.concatenate(parts).take(position).to_frame()
+    return ImportanceSummary.concatenate(parts).take(np.searchsorted(order, indices)).to_frame()
 
 
 class EvaluationCells:

@@ -104,8 +104,7 @@ def _mean_jacobian(model: CountVAE, source: CountSource, indices: np.ndarray, la
     module = model.module.eval()
     dtype = next(module.parameters()).dtype
     order = np.argsort(indices)
-    mb = source.rows(indices[order])
-    _, b = to_tensors(mb, dtype, model.device)
+    _, b = to_tensors(source.rows(indices[order]), dtype, model.device)
     z = torch.as_tensor(latent[order], dtype=dtype, device=model.device)
     columns = []
     for k in range(z.shape[-1]):

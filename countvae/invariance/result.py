@@ -213,8 +213,7 @@ class InvarianceReport:
         if self.checks["ok"].dropna().empty:
             return ["no check with a verdict was made"]
         lines = []
-        evidence = self._evidence_failures()
-        for _, row in evidence.iterrows():
+        for _, row in self._evidence_failures().iterrows():
             shown = _percent if row["check"].endswith("_fraction") else format_value
             text = EVIDENCE_CHECKS[row["check"]].format(value=shown(row["value"]), threshold=shown(row["threshold"]))
             lines.append(f"{row['variant']} / {row['transform']}: {text}")
@@ -319,8 +318,7 @@ class InvarianceReport:
         table = self.verdicts()
         lines = [self._headline(), ""]
         if len(table):
-            shown = table.map(format_value)
-            lines.append(shown.to_string(index=False))
+            lines.append(table.map(format_value).to_string(index=False))
         if not self.passed:
             lines += ["", "Not verified because:" if self.status == "not verified" else "Disagreements:"]
             lines += [f"  {line}" for line in self.reasons()]

@@ -326,7 +326,6 @@ def verify(
     fitted = EvaluatedModel(base, cells, use_quadrature)
     rows, per_cell = _measure_plans(plans, fitted, progress_bar)
     checks_frame = pd.DataFrame(rows, columns=CHECK_COLUMNS).astype({"ok": object})
-    record = _settings_record(model, fitted, maps, reason, s)
     return InvarianceReport(
         checks=checks_frame,
         transforms={name: np.asarray(A) for name, A in maps.items()},
@@ -334,7 +333,7 @@ def verify(
         per_cell=per_cell,
         outputs=outputs_table(checks_frame, list(maps)),
         latent=fitted.outputs.latent,
-        settings=record,
+        settings=_settings_record(model, fitted, maps, reason, s),
     )
 
 

@@ -141,8 +141,7 @@ class MLPDecoder(nn.Module):
         (see :meth:`FullyConnected.forward_with_jacobian`).
         """
         h, dh = self.hidden.forward_with_jacobian(z, batch_onehot)  # dh: (cells, hidden, n_latent)
-        logits = self.scale(h)
-        log_rate = torch.log_softmax(logits, dim=-1)
+        log_rate = torch.log_softmax(self.scale(h), dim=-1)
         logits_t = dh.transpose(1, 2) @ self.scale.weight.T  # (cells, n_latent, genes): row k = d logits / d z_k
         mean_slope = logits_t @ torch.exp(log_rate).unsqueeze(-1)  # (cells, n_latent, 1): p^T A, per latent
         gate = self.gate(h) if self.gate is not None else None

@@ -57,5 +57,4 @@ class LatentPrior(nn.Module):
         """
         if self.kind == "diagonal":
             return torch.exp(-2.0 * self.log_scale.detach()).to(dtype=like.dtype, device=like.device)
-        value = 1.0 if self.kind == "normal" else 0.0
-        return torch.full((self.n_latent,), value, dtype=like.dtype, device=like.device)
+        return torch.full((self.n_latent,), 1.0 if self.kind == "normal" else 0.0, dtype=like.dtype, device=like.device)
