@@ -131,11 +131,8 @@ def prior_control_variants(model: CountVAE, seed: int) -> dict[str, tuple[CountV
     and the default map of the prior's own group (which must not).
     """
     defaults = default_transforms(model.n_latent, seed)
-    out = {}
-    for kind, own in OWN_GROUP.items():
-        if kind != model.settings.prior:
-            out[f"control: {kind} prior"] = (
-                with_prior(model, kind),
-                {"rotation": defaults["rotation"], own: defaults[own]},
-            )
-    return out
+    return {
+        f"control: {kind} prior": (with_prior(model, kind), {"rotation": defaults["rotation"], own: defaults[own]})
+        for kind, own in OWN_GROUP.items()
+        if kind != model.settings.prior
+    }
