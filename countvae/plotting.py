@@ -429,13 +429,8 @@ def ica_stability(
     ax.set_title("ICA components: do they agree across seeds?")
     handles = [Patch(color=c, label=v) for v, c in _VERDICT_COLOURS.items() if v in set(table["verdict"])]
     handles.append(Patch(facecolor="white", edgecolor="black", hatch="///", label="flagged Gaussian"))
-    ax.legend(
-        handles=handles + ax.get_legend_handles_labels()[0],
-        fontsize=7,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        frameon=False,
-    )
+    handles += ax.get_legend_handles_labels()[0]  # the points and lines drawn above
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
 
