@@ -292,15 +292,11 @@ class EvaluatedModel:
         """
         key = ("guide proposal", seed)
         if key not in self._lpd:
+            c = self.cells
             with warnings.catch_warnings():  # its k-hat is no concern of an equality of weights
                 warnings.simplefilter("ignore", UnreliableEstimateWarning)
                 self._lpd[key] = inference.log_predictive_density(
-                    self.model.module,
-                    self.cells.source,
-                    self.cells.indices,
-                    self.settings.n_samples,
-                    seed,
-                    method="guide",
+                    self.model.module, c.source, c.indices, self.settings.n_samples, seed, method="guide"
                 )
         return self._lpd[key]
 
