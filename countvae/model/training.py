@@ -522,7 +522,7 @@ def train_module(
     rng = np.random.default_rng([plan.seed, epoch_offset])
     rows: list[tuple[int, float, float, float, float]] = []  # the history's columns, HISTORY_COLUMNS
     live = list(module.state_dict().values())
-    last_good = [t.detach().clone() for t in live]
+    last_good = _snapshot(live, None)
     stopping = EarlyStopping(plan, live, optimizer)
     n_epochs = plan.epochs_for(len(train_indices))
     stopped_early = False
@@ -599,7 +599,7 @@ def _train_epoch(
             optimizer.zero_grad(set_to_none=True)
             _restore(live, last_good)
             _diverged(epoch, step, "gradient norm", float(grad_norm))
-        _backup(live, last_good)
+        _snapshot(live, last_good)  # the state at which the last finite loss was computed
         optimizer.step()
         running += float(loss.detach()) * len(mb.indices)
         seen += len(mb.indices)
@@ -631,18 +631,14 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 @torch.no_grad()
 def _snapshot(live: list[torch.Tensor], store: list[torch.Tensor] | None) -> list[torch.Tensor]:
-    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use."""
+    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use.
+
+    One foreach call instead of a copy per tensor.
+    """
     if store is None:
         return [t.detach().clone() for t in live]
     torch._foreach_copy_(store, live)
     return store
-
-
-@torch.no_grad()
-def _backup(live: list[torch.Tensor], store: list[torch.Tensor]) -> None:
-    # The parameters (and batch-norm statistics) at which the last finite loss was computed;
-    # one foreach call instead of a copy per tensor.
-    torch._foreach_copy_(store, live)
 
 
 @torch.no_grad()
