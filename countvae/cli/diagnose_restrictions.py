@@ -18,11 +18,10 @@ from typing import Any
 
 import anndata as ad
 
-from countvae._io import remove_interrupted_writes
 from countvae.cli.common import emit
 from countvae.diagnostics import compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
-from countvae.diagnostics.diagnosis import discard_replaced_report
+from countvae.diagnostics.diagnosis import discard_replaced_report, remove_interrupted_report
 from countvae.diagnostics.fitting.heldout import resolve_heldout_fraction
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
@@ -113,8 +112,7 @@ def run_restrictions(
         overwrite=args.overwrite,
         progress_bar=show_progress,
     )
-    for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
-        logger.info("Removed %s, left by a run interrupted while writing its report.", path)
+    remove_interrupted_report(report_dir)
     rep.save(report_dir, overwrite=args.overwrite)
     table = rep.restrictions
     result = {

@@ -62,7 +62,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     fits_dir = root / FITS_FOLDER
     if manifest_path.is_file() and overwrite:
         logger.warning("Discarding the fits in %s (overwrite=True).", root)
-        _discard(fits_dir)
+        discard_folder(fits_dir)
     elif manifest_path.is_file():
         try:
             recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
@@ -87,18 +87,19 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
                 "no manifest.json); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
             )
         # fits/ without a manifest cannot be trusted to match this run.
-        _discard(fits_dir)
+        discard_folder(fits_dir)
     write_json_atomic(manifest_path, manifest, overwrite=True)
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
 
 
-def _discard(fits_dir: Path) -> None:
-    if fits_dir.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{fits_dir.name}.", suffix=".old", dir=fits_dir.parent))
+def discard_folder(folder: Path) -> None:
+    """Remove ``folder`` if it exists, moved aside first so that a run killed meanwhile leaves all of it or none."""
+    if folder.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
         aside.rmdir()
-        os.replace(fits_dir, aside)
+        os.replace(folder, aside)
         shutil.rmtree(aside, ignore_errors=True)
 
 
