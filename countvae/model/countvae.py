@@ -136,14 +136,7 @@ class CountVAE:
                 prior=s.prior,
                 batch_norm=s.batch_norm,
                 init_log_proportions=torch.tensor(self._data.log_proportions, dtype=torch.float32),
-                loadings_prior=build_loadings_prior(
-                    s.loadings_prior,
-                    s.n_latent,
-                    self.var_names,
-                    s.gene_programs,
-                    s.horseshoe_scale,
-                    s.program_outside_scale,
-                ),
+                loadings_prior=build_loadings_prior(s, self.var_names),
             )
         return module.to(dtype=s.torch_dtype, device=self.device)
 
