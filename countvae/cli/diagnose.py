@@ -492,9 +492,7 @@ def _downstream_request(args: argparse.Namespace) -> DownstreamRequest | None:
     groups = list(args.de_groups or [])
     if len(groups) > 2:
         raise InvalidArgumentError(f"--de-groups takes one or two groups (G1 [G2]), got {len(groups)}: {groups}.")
-    group1 = groups[0] if groups else None
-    group2 = groups[1] if len(groups) == 2 else None
-    return DownstreamRequest(groupby=args.de, group1=group1, group2=group2)
+    return DownstreamRequest(args.de, *groups)  # group1 and group2 where given
 
 
 def _downstream_summary(summary: pd.DataFrame, status: dict[str, str]) -> dict[str, object]:
