@@ -35,10 +35,6 @@ def _ordered(indices: np.ndarray, visited: np.ndarray) -> np.ndarray:
     return np.searchsorted(visited, indices)
 
 
-def _iterate_sorted(source: CountSource, indices: np.ndarray, batch_size: int):
-    return source.iterate(np.unique(indices), batch_size, drop_last_singleton=False)
-
-
 def _check_unique(indices: np.ndarray) -> None:
     if len(np.unique(indices)) != len(indices):
         raise InvalidArgumentError("indices contain duplicates; pass each cell once.")
@@ -62,9 +58,10 @@ def _per_cell(
     with torch.random.fork_rng(devices=[], enabled=torch_seed is not None):
         if torch_seed is not None:
             torch.manual_seed(torch_seed)
-        batches = _iterate_sorted(source, indices, batch_size)
+        order = np.unique(indices)
+        batches = source.iterate(order, batch_size, drop_last_singleton=False)
         out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in batches]
-    return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
+    return np.concatenate(out, axis=0)[_ordered(indices, order)]
 
 
 @torch.no_grad()
