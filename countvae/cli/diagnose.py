@@ -435,14 +435,10 @@ class _Observer:
         logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
 
 
-def _rounded(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds, 1)
-
-
 def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer, started: float) -> dict:
     """The command's result (printed as JSON with ``--json``)."""
     finished = time.perf_counter()
-    plan, fits = observer.plan, observer.fits
+    plan, fits, expected = observer.plan, observer.fits, observer.expected_fitting
     table = rep.invariants.set_index("quantity")["verdict"]
     result = {
         "report": str(plan.report_dir / "report.html"),
@@ -456,7 +452,7 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
         "gene_selection": _selection_summary(plan.genes.record()),
         "seconds_fitting": round(observer.fitted - started, 1),
         "seconds_seed_fits": round(observer.fitted - observer.fitting_started, 1),
-        "seconds_seed_fits_estimated": _rounded(observer.expected_fitting),
+        "seconds_seed_fits_estimated": None if expected is None else round(expected, 1),
         "seconds_analysis": round(finished - observer.fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
