@@ -484,10 +484,6 @@ def _recorded_settings(
     return recorded
 
 
-def _n_cells(fit_data: ad.AnnData | FileCells) -> int:
-    return len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
-
-
 def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
     """Load each run's completed seeds from its ``out_dir``, fit the others in one pool and store them.
 
@@ -506,7 +502,7 @@ def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
                 notify(run.settings.progress, ProgressEvent(SEED_REUSED, seed=seed))
         todo = [t for run in runs for t in run.tasks if t.seed not in run.reused]
         fit_data = runs[0].fit_data
-        steps = steps_per_seed(_n_cells(fit_data), runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
+        steps = steps_per_seed(runs[0].adata_fit.n_obs, runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
         parallelism = plan_parallelism(
             first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
         )
@@ -543,7 +539,7 @@ def _keep(run: _Run, fits_dir: Path, outcome: FitOutcome) -> None:
     """Store a finished fit in its run's folder and load it back from there."""
     store(fits_dir, outcome, run.loader.family, run.settings.progress)
     run.fits[outcome.seed] = run.loader.load(fits_dir, outcome.seed)
-    run.records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
+    run.records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed), outcome.seed)
     run.seconds[outcome.seed] = outcome.seconds
     logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
 

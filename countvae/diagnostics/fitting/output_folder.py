@@ -134,7 +134,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
     notify(progress, ProgressEvent(SEED_STORED, seed=outcome.seed, seconds=outcome.seconds))
 
 
-def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
+def read_fit_record(folder: Path, seed: int) -> dict[str, Any]:
     """The ``fit.json`` of a stored fit.
 
     Raises
@@ -143,7 +143,6 @@ def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
         If it is missing, empty or not valid JSON; the message names the remedy.
 
     """
-    seed = seed if seed is not None else _seed_of(folder)
     path = folder / FIT_RECORD
     if not path.is_file():
         raise broken(folder, seed, f"{path} is missing.")
@@ -154,11 +153,6 @@ def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise broken(folder, seed, f"{path} does not hold a fit record.")
     return record
-
-
-def _seed_of(folder: Path) -> int:
-    suffix = folder.name.removeprefix("seed_")
-    return int(suffix) if suffix.isdigit() else -1
 
 
 class FitLoader:
