@@ -333,8 +333,10 @@ def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoi
     """Refuse, before hours of fitting, markers that gene selection dropped or that are neither genes nor columns."""
     if markers is None:
         return
-    if genes.selected:
-        dropped = _missing_marker_genes(markers, adata, genes.adata)
+    if genes.selected:  # markers that were genes before the selection, now neither genes nor obs columns
+        genes_before = set(get_var_names(adata, get_registry(adata)))
+        kept = set(genes.adata.var_names) | set(genes.adata.obs.columns)
+        dropped = [m for m in markers if m in genes_before and m not in kept]
         if dropped:
             raise InvalidArgumentError(
                 f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
@@ -427,13 +429,6 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
     return out
-
-
-def _missing_marker_genes(markers: Sequence[str], before: ad.AnnData, after: ad.AnnData) -> list[str]:
-    """Markers that were genes of ``before`` but are neither genes nor obs columns of ``after``."""
-    genes_before = set(get_var_names(before, get_registry(before)))
-    kept = set(after.var_names) | set(after.obs.columns)
-    return [m for m in markers if m in genes_before and m not in kept]
 
 
 def write_analysed_h5ad(
