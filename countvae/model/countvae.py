@@ -234,8 +234,7 @@ class CountVAE:
         finally:
             self.is_trained = True
         self._optimizer = run.optimizer
-        history = run.history
-        self.history = pd.concat([self.history, history], ignore_index=True) if len(self.history) else history
+        self.history = pd.concat([self.history, run.history], ignore_index=True) if len(self.history) else run.history
         self.training_summary = {
             "epochs_trained": offset + run.epochs,
             "max_epochs": offset + run.max_epochs,
