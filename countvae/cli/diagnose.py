@@ -376,8 +376,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             )
         # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
         plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})
-        s = plan.settings
-        return run_restrictions(args, plan.adata, s.model_kwargs, s.train_kwargs, s.markers, s.progress_bar)
+        return run_restrictions(args, plan)
     observer = _Observer(args.data)
     rep = diagnose(
         adata,
