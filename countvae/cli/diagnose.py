@@ -19,6 +19,7 @@ Per-seed progress messages come from ``fit_seeds``' progress events
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -144,17 +145,14 @@ def _stopping_help() -> str:
 
 def _add_report_options(p: argparse.ArgumentParser) -> None:
     """The options that set fields of :class:`ReportSettings` (:data:`REPORT_OPTIONS`)."""
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option = functools.partial(add_setting_option, p, ReportSettings)
+    report_option(
         "ica",
         "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
         "across seeds to the report",
     )
-    add_setting_option(p, ReportSettings, "n_lpd_samples", "importance samples per held-out cell")
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option("n_lpd_samples", "importance samples per held-out cell")
+    report_option(
         "max_fit_cells",
         "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
         "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
@@ -162,9 +160,7 @@ def _add_report_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
     )
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option(
         "equivalence_margin",
         "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
         "latent variables add over a model without them",
@@ -185,6 +181,7 @@ def register(sub: Subcommands) -> None:
         epilog=EXAMPLES + "\n" + exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    diagnose_option = functools.partial(add_setting_option, p, DiagnoseSettings)
     add_data_arguments(p)
     add_model_arguments(
         p,
@@ -196,20 +193,16 @@ def register(sub: Subcommands) -> None:
         help_text={"max_epochs": "epochs per seed", "early_stopping": _stopping_help()},
     )
     add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
-    add_setting_option(p, DiagnoseSettings, "seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
-    add_setting_option(p, DiagnoseSettings, "heldout_fraction", _HELDOUT_HELP, type=float, default_text=_HELDOUT)
-    add_setting_option(p, DiagnoseSettings, "split_seed", "seed of the held-out split")
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option("seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
+    diagnose_option("heldout_fraction", _HELDOUT_HELP, type=float, default_text=_HELDOUT)
+    diagnose_option("split_seed", "seed of the held-out split")
+    diagnose_option(
         "n_jobs",
         "seeds fitted at once in worker processes (auto: one per usable core, at most the seeds; -1: all cores; "
         "1: in this process; the fits are the same whatever the number)",
         type=n_jobs_value,
     )
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "markers",
         "comma-separated genes or obs columns for the marker analysis",
         type=str,
@@ -232,9 +225,7 @@ def register(sub: Subcommands) -> None:
         help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
         "(default: the column's two groups; required when it has more)",
     )
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "write_h5ad",
         "also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
         "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
@@ -246,9 +237,7 @@ def register(sub: Subcommands) -> None:
     )
     add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "refit_broken",
         "when a stored seed folder under OUT/fits is damaged (a file truncated, empty, altered or swapped), "
         "move it to OUT/fits/broken/ and refit only that seed, keeping the intact ones",
