@@ -161,8 +161,7 @@ def estimate_training_time(
         torch.set_num_threads(torch_threads)
     try:
         started = perf_counter()
-        model = CountVAE(adata, **(model_kwargs or {}))
-        module = model.module  # on the CPU, where CountVAE builds it
+        module = CountVAE(adata, **(model_kwargs or {})).module  # on the CPU, where CountVAE builds it
         source = CountSource(get_count_matrix(adata, registry), batch_codes(adata, registry))
         train_module(module, source, train_cells, validation_cells, plan)
         timed_start = perf_counter()
