@@ -81,8 +81,7 @@ def add_setting_option(
         default_text if default_text is not None else ("on" if value is True else "off" if value is False else value)
     )
     text = f"{help} (default: {shown})".replace("%", "%%")
-    flag = "--" + name.replace("_", "-")
-    return parser.add_argument(flag, dest=name, default=value, help=text, **kwargs)
+    return parser.add_argument("--" + name.replace("_", "-"), dest=name, default=value, help=text, **kwargs)
 
 
 def setting_values(args: argparse.Namespace, cls: type, names: typing.Iterable[str] | None = None) -> dict[str, Any]:

@@ -470,5 +470,4 @@ def _frame(
     columns["mc_call_jaccard"] = stats["mc_call_jaccard"]
     columns["n_samples"] = n_samples
     frame = pd.DataFrame(columns, index=pd.Index(var_names, name=None))
-    order = np.argsort(-frame["proba_de"].to_numpy(), kind="stable")
-    return frame.iloc[order]
+    return frame.iloc[np.argsort(-frame["proba_de"].to_numpy(), kind="stable")]

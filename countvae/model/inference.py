@@ -307,8 +307,7 @@ def log_predictive_density(
             n_guide = GUIDE_SAMPLES if n_samples is None else n_samples
             parts.append(summarize_log_weights(_guide_log_weights(module, x, b, n_guide, gen, per_draw)))
         else:
-            points = max(1, _ELEMENTS_PER_CHUNK // n_genes)
-            parts.append(mixture_log_marginal(module, x, b, settings, gen, points))
+            parts.append(mixture_log_marginal(module, x, b, settings, gen, max(1, _ELEMENTS_PER_CHUNK // n_genes)))
         bar.update(n)
     bar.close()
     summary = ImportanceSummary.concatenate(parts).take(_ordered(indices, order))

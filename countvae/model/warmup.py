@@ -152,8 +152,7 @@ def estimate_training_time(
 
     n_train = min(n_train_cells, n_steps * plan.batch_size)
     n_validation = min(n_cells - n_train, int(round(n_train * (1.0 - plan.train_size) / plan.train_size)))
-    rng = np.random.default_rng(seed)
-    cells = rng.permutation(n_cells)[: n_train + n_validation]
+    cells = np.random.default_rng(seed).permutation(n_cells)[: n_train + n_validation]
     train_cells, validation_cells = np.sort(cells[:n_train]), np.sort(cells[n_train:])
 
     previous_threads = torch.get_num_threads()

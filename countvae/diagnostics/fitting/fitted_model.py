@@ -130,8 +130,7 @@ class CountVAEFit:
         """Posterior draws, (n_samples, cells, n_latent)."""
         module, (x, b) = self.tensors(adata)
         loc, scale = module.encode(x, b)
-        gen = torch.Generator().manual_seed(seed)
-        eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=loc.dtype)
+        eps = torch.randn((n_samples, *loc.shape), generator=torch.Generator().manual_seed(seed), dtype=loc.dtype)
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
