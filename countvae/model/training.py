@@ -450,11 +450,8 @@ def evaluate_loss(
         torch.manual_seed(seed)
         for mb in source.iterate(indices, batch_size, drop_last_singleton=False):
             x, b = to_tensors(mb, dtype, device)
-            if n_train_cells is None:
-                loss = minibatch_loss(module, x, b)
-            else:
-                cell_index = torch.as_tensor(mb.indices, device=device)
-                loss = minibatch_loss(module, x, b, cell_index=cell_index, n_total=n_train_cells)
+            cell_index = torch.as_tensor(mb.indices, device=device)  # without n_total, the minibatch is the data set
+            loss = minibatch_loss(module, x, b, cell_index=cell_index, n_total=n_train_cells)
             total += float(loss) * len(mb.indices)
             count += len(mb.indices)
     module.train(was_training)
