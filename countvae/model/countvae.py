@@ -417,9 +417,7 @@ class CountVAE:
                 )
             code = self.registry.batch_categories.index(label)
         values = inference.normalized_expression(self.module, c.source, c.indices, library_size, n_samples, code, seed)
-        if return_numpy:
-            return values
-        return pd.DataFrame(values, index=c.obs_names, columns=self.var_names)
+        return values if return_numpy else pd.DataFrame(values, index=c.obs_names, columns=self.var_names)
 
     def get_log_predictive_density(
         self,

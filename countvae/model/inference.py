@@ -142,9 +142,7 @@ def default_marginal_settings(module: CountVAEModule) -> MarginalSettings:
         and module.likelihood.kind in ("poisson", "nb")
         and module.prior.kind in ("normal", "diagonal")
     )
-    if concave:
-        return MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0)
-    return MarginalSettings()
+    return MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0) if concave else MarginalSettings()
 
 
 def _guide_log_weights(

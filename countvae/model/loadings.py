@@ -27,9 +27,7 @@ PROGRAM_INSIDE_SCALE = 1.0
 
 def latent_names(n_latent: int, gene_programs: dict[str, list[str]] | None) -> list[str]:
     """Names of the latent dimensions: the gene programs' names, or ``Z_0``, ``Z_1``, ..."""
-    if gene_programs:
-        return list(gene_programs)
-    return [f"Z_{i}" for i in range(n_latent)]
+    return list(gene_programs) if gene_programs else [f"Z_{i}" for i in range(n_latent)]
 
 
 def program_membership(gene_programs: dict[str, list[str]], var_names: Sequence[str]) -> np.ndarray:

@@ -419,9 +419,7 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, eps:
 def total_grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     """Euclidean norm of all gradients together (``inf``/``nan`` when any entry is), by ``get_total_norm``."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.nn.utils.get_total_norm(grads)
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
 
 def _kl_weight(epoch: int, warmup: int) -> float:

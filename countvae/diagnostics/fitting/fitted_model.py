@@ -154,9 +154,7 @@ class CountVAEFit:
 
     def loadings(self) -> np.ndarray | None:
         """Linear decoder weight, else ``None``."""
-        if self.model.settings.decoder != "linear":
-            return None
-        return self.model.get_loadings().to_numpy()
+        return self.model.get_loadings().to_numpy() if self.model.settings.decoder == "linear" else None
 
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
         """Jacobian of the log rate at posterior means: one forward-mode pass per latent direction.

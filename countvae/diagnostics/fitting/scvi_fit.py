@@ -316,9 +316,7 @@ class SCVIFit:
 
     def loadings(self) -> np.ndarray | None:
         """``LinearSCVI.get_loadings()`` (batch norm folded in), (genes, n_latent); ``None`` for SCVI."""
-        if self.kind != "linearscvi":
-            return None
-        return self.model.get_loadings().to_numpy()
+        return self.model.get_loadings().to_numpy() if self.kind == "linearscvi" else None
 
     @_keeps_global_rng
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
