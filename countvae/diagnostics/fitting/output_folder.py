@@ -175,9 +175,7 @@ class FitLoader:
         self.model_cls = model_cls
         self.family = family
         self.adata_fit = adata_fit
-        self._adata_scvi = None
-        if family != "countvae":
-            self._adata_scvi = scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
+        self._adata_scvi = None if family == "countvae" else scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
 
     @property
     def adata_for_fits(self) -> ad.AnnData:
