@@ -595,7 +595,6 @@ class CountVAE:
         """
         check_bool("overwrite", overwrite)
         check_bool("save_anndata", save_anndata)
-        latent_map = self.module.latent_map
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
         tensors["train_indices"] = torch.as_tensor(self.train_indices, dtype=torch.long)
         tensors["validation_indices"] = torch.as_tensor(self.validation_indices, dtype=torch.long)
@@ -605,7 +604,7 @@ class CountVAE:
             "registry": self.registry.to_dict(),
             "var_names": [str(v) for v in self.var_names],
             "is_trained": self.is_trained,
-            "has_latent_map": latent_map is not None,
+            "has_latent_map": self.module.latent_map is not None,
             "history": self.history.astype(float).replace({np.nan: None}).to_dict(orient="list"),
             "training": self.training_summary,
         }
