@@ -55,8 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     keep_freed_memory()  # the process is ours: glibc keeps freed tensors' memory (see countvae._allocator)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         with one_line_warnings(args.command):

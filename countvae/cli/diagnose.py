@@ -19,6 +19,7 @@ Per-seed progress messages come from ``fit_seeds``' progress events
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -144,17 +145,14 @@ def _stopping_help() -> str:
 
 def _add_report_options(p: argparse.ArgumentParser) -> None:
     """The options that set fields of :class:`ReportSettings` (:data:`REPORT_OPTIONS`)."""
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option = functools.partial(add_setting_option, p, ReportSettings)
+    report_option(
         "ica",
         "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
         "across seeds to the report",
     )
-    add_setting_option(p, ReportSettings, "n_lpd_samples", "importance samples per held-out cell")
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option("n_lpd_samples", "importance samples per held-out cell")
+    report_option(
         "max_fit_cells",
         "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
         "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
@@ -162,9 +160,7 @@ def _add_report_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
     )
-    add_setting_option(
-        p,
-        ReportSettings,
+    report_option(
         "equivalence_margin",
         "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
         "latent variables add over a model without them",
@@ -185,6 +181,7 @@ def register(sub: Subcommands) -> None:
         epilog=EXAMPLES + "\n" + exit_codes(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    diagnose_option = functools.partial(add_setting_option, p, DiagnoseSettings)
     add_data_arguments(p)
     add_model_arguments(
         p,
@@ -196,20 +193,16 @@ def register(sub: Subcommands) -> None:
         help_text={"max_epochs": "epochs per seed", "early_stopping": _stopping_help()},
     )
     add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
-    add_setting_option(p, DiagnoseSettings, "seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
-    add_setting_option(p, DiagnoseSettings, "heldout_fraction", _HELDOUT_HELP, type=float, default_text=_HELDOUT)
-    add_setting_option(p, DiagnoseSettings, "split_seed", "seed of the held-out split")
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option("seeds", "number of seeds, fitted as seeds 0..N-1", type=int)
+    diagnose_option("heldout_fraction", _HELDOUT_HELP, type=float, default_text=_HELDOUT)
+    diagnose_option("split_seed", "seed of the held-out split")
+    diagnose_option(
         "n_jobs",
         "seeds fitted at once in worker processes (auto: one per usable core, at most the seeds; -1: all cores; "
         "1: in this process; the fits are the same whatever the number)",
         type=n_jobs_value,
     )
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "markers",
         "comma-separated genes or obs columns for the marker analysis",
         type=str,
@@ -232,9 +225,7 @@ def register(sub: Subcommands) -> None:
         help="the groups --de compares: G1 G2, or G1 alone for G1 against all other cells "
         "(default: the column's two groups; required when it has more)",
     )
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "write_h5ad",
         "also write the analysed data to this .h5ad file with the report's per-cell columns (obs "
         "countvae_knn_agreement, countvae_lpd_mean, ...), per-gene columns (var countvae_decoded_agreement, ...), "
@@ -246,9 +237,7 @@ def register(sub: Subcommands) -> None:
     )
     add_restriction_arguments(p)
     add_output_arguments(p, "countvae_diagnose")
-    add_setting_option(
-        p,
-        DiagnoseSettings,
+    diagnose_option(
         "refit_broken",
         "when a stored seed folder under OUT/fits is damaged (a file truncated, empty, altered or swapped), "
         "move it to OUT/fits/broken/ and refit only that seed, keeping the intact ones",
@@ -376,8 +365,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             )
         # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
         plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})
-        s = plan.settings
-        return run_restrictions(args, plan.adata, s.model_kwargs, s.train_kwargs, s.markers, s.progress_bar)
+        return run_restrictions(args, plan)
     observer = _Observer(args.data)
     rep = diagnose(
         adata,
@@ -435,14 +423,10 @@ class _Observer:
         logger.info("Comparing the %d fits on %d held-out cells.", len(fits), fits.adata_heldout.n_obs)
 
 
-def _rounded(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds, 1)
-
-
 def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer, started: float) -> dict:
     """The command's result (printed as JSON with ``--json``)."""
     finished = time.perf_counter()
-    plan, fits = observer.plan, observer.fits
+    plan, fits, expected = observer.plan, observer.fits, observer.expected_fitting
     table = rep.invariants.set_index("quantity")["verdict"]
     result = {
         "report": str(plan.report_dir / "report.html"),
@@ -456,7 +440,7 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
         "gene_selection": _selection_summary(plan.genes.record()),
         "seconds_fitting": round(observer.fitted - started, 1),
         "seconds_seed_fits": round(observer.fitted - observer.fitting_started, 1),
-        "seconds_seed_fits_estimated": _rounded(observer.expected_fitting),
+        "seconds_seed_fits_estimated": None if expected is None else round(expected, 1),
         "seconds_analysis": round(finished - observer.fitted, 1),
         "seconds_fit_per_seed": {int(k): round(float(v), 1) for k, v in fits.seconds.items()},
         "alignment_error_by_map": _alignment_summary(rep.tables["alignment_summary"]),
@@ -492,9 +476,7 @@ def _downstream_request(args: argparse.Namespace) -> DownstreamRequest | None:
     groups = list(args.de_groups or [])
     if len(groups) > 2:
         raise InvalidArgumentError(f"--de-groups takes one or two groups (G1 [G2]), got {len(groups)}: {groups}.")
-    group1 = groups[0] if groups else None
-    group2 = groups[1] if len(groups) == 2 else None
-    return DownstreamRequest(groupby=args.de, group1=group1, group2=group2)
+    return DownstreamRequest(args.de, *groups)  # group1 and group2 where given
 
 
 def _downstream_summary(summary: pd.DataFrame, status: dict[str, str]) -> dict[str, object]:

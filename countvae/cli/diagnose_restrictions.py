@@ -14,16 +14,11 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
-import anndata as ad
-
-from countvae._io import remove_interrupted_writes
 from countvae.cli.common import emit
-from countvae.diagnostics import compare_restrictions
+from countvae.diagnostics import DiagnosePlan, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
-from countvae.diagnostics.diagnosis import discard_replaced_report
-from countvae.diagnostics.fitting.heldout import resolve_heldout_fraction
+from countvae.diagnostics.diagnosis import discard_replaced_report, remove_interrupted_report
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
 
@@ -53,31 +48,22 @@ def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_restrictions(
-    args: argparse.Namespace,
-    adata: ad.AnnData,
-    model_kwargs: dict[str, Any],
-    train_kwargs: dict[str, Any],
-    markers: list[str] | None,
-    show_progress: bool,
-) -> int:
+def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
     """Run the comparison of restrictions on registered data and write ``OUT/report``.
 
     Parameters
     ----------
     args
         The parsed ``diagnose`` command line (``--restrictions`` given).
-    adata
-        The registered data.
-    model_kwargs, train_kwargs
-        The model and training settings ``diagnose`` derived from the command line.
-    markers
-        Genes or ``obs`` columns for the marker agreement, or ``None`` for the default.
-    show_progress
-        Progress bars.
+    plan
+        What ``diagnose`` made of the command line: the registered data (``adata``) and the ``settings``: the
+        model and training settings, the genes or ``obs`` columns for the marker agreement (``markers``, ``None``
+        for the default), the held-out share of the cells and whether to show progress bars.
 
     """
     started = time.perf_counter()
+    adata, s = plan.adata, plan.settings
+    model_kwargs, train_kwargs = s.model_kwargs, s.train_kwargs
     chosen = parse_restrictions(args.restrictions)
     needs_linear = [r.name for r in chosen if r.name in LOADINGS_RESTRICTIONS]
     if needs_linear and model_kwargs["decoder"] != "linear":
@@ -103,18 +89,17 @@ def run_restrictions(
         model_kwargs=model_kwargs,
         train_kwargs=train_kwargs,
         # the split diagnose makes of this file (a small file holds out more than 10%: default_heldout_cells)
-        heldout_fraction=resolve_heldout_fraction(args.heldout_fraction, adata.n_obs),
+        heldout_fraction=s.heldout_fraction,
         split_seed=args.split_seed,
-        markers=markers,
+        markers=s.markers,
         margin=args.margin,
         n_lpd_samples=args.n_lpd_samples,
         n_jobs=args.n_jobs,
         out_dir=str(out / "fits"),
         overwrite=args.overwrite,
-        progress_bar=show_progress,
+        progress_bar=s.progress_bar,
     )
-    for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
-        logger.info("Removed %s, left by a run interrupted while writing its report.", path)
+    remove_interrupted_report(report_dir)
     rep.save(report_dir, overwrite=args.overwrite)
     table = rep.restrictions
     result = {

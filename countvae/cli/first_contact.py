@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import anndata as ad
@@ -29,30 +30,27 @@ __all__ = [
 ]
 
 
-def n_top_genes_value(text: str) -> int | str:
-    """Parse ``--n-top-genes``: a positive integer, or ``all``."""
-    if text.strip().lower() == ALL_GENES:
-        return ALL_GENES
+def _word_or_integer(text: str, word: str, allowed: Callable[[int], bool], expected: str) -> int | str:
+    """``word`` (in any case), or the integer ``text`` if ``allowed``; else argparse's error naming ``expected``."""
+    if text.strip().lower() == word:
+        return word
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer or 'all', got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not allowed(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value}")
     return value
+
+
+def n_top_genes_value(text: str) -> int | str:
+    """Parse ``--n-top-genes``: a positive integer, or ``all``."""
+    return _word_or_integer(text, ALL_GENES, lambda value: value >= 1, "a positive integer or 'all'")
 
 
 def n_jobs_value(text: str) -> int | str:
     """Parse ``--n-jobs``: ``auto``, ``-1`` or a positive integer."""
-    if text.strip().lower() == AUTO:
-        return AUTO
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {text!r}") from None
-    if value < 1 and value != -1:
-        raise argparse.ArgumentTypeError(f"expected 'auto', -1 or a positive integer, got {value}")
-    return value
+    return _word_or_integer(text, AUTO, lambda value: value >= 1 or value == -1, "'auto', -1 or a positive integer")
 
 
 def add_gene_selection_argument(parser: argparse.ArgumentParser, default: int | None) -> None:

@@ -77,12 +77,10 @@ def add_setting_option(
     scalar = _scalar_type(cls, name)
     if scalar is not None and not {"type", "action", "choices"} & set(kwargs):
         kwargs["type"] = scalar
-    shown = (
-        default_text if default_text is not None else ("on" if value is True else "off" if value is False else value)
-    )
-    text = f"{help} (default: {shown})".replace("%", "%%")
-    flag = "--" + name.replace("_", "-")
-    return parser.add_argument(flag, dest=name, default=value, help=text, **kwargs)
+    if default_text is None:
+        default_text = "on" if value is True else "off" if value is False else value
+    text = f"{help} (default: {default_text})".replace("%", "%%")
+    return parser.add_argument("--" + name.replace("_", "-"), dest=name, default=value, help=text, **kwargs)
 
 
 def setting_values(args: argparse.Namespace, cls: type, names: typing.Iterable[str] | None = None) -> dict[str, Any]:

@@ -149,8 +149,7 @@ def run(args: argparse.Namespace) -> int:
         if args.model is None:
             model.save(out / "model")
     if args.json:
-        verdicts = report.to_dict()["verdicts"]
-        emit({"passed": report.passed, "out": str(args.out), "verdicts": verdicts}, as_json=True)
+        emit({"passed": report.passed, "out": str(args.out), "verdicts": report.to_dict()["verdicts"]}, as_json=True)
     else:
         print(report.summary())
         print(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")

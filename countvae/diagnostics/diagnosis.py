@@ -22,7 +22,6 @@ import dataclasses
 import inspect
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -44,6 +43,7 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
+from countvae.diagnostics.fitting.output_folder import discard_folder
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -305,7 +305,8 @@ def diagnose(
         fits, markers=s.markers, progress_bar=s.progress_bar, downstream=s.downstream, **(s.report_kwargs or {})
     )
     if plan.report_dir is not None:
-        _save(rep, plan.report_dir, s.overwrite, progress)
+        remove_interrupted_report(plan.report_dir)
+        rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
     if plan.h5ad_path is not None:
         write_analysed_h5ad(rep, fits, plan.adata, plan.h5ad_path, s.overwrite)
     return rep
@@ -332,8 +333,10 @@ def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoi
     """Refuse, before hours of fitting, markers that gene selection dropped or that are neither genes nor columns."""
     if markers is None:
         return
-    if genes.selected:
-        dropped = _missing_marker_genes(markers, adata, genes.adata)
+    if genes.selected:  # markers that were genes before the selection, now neither genes nor obs columns
+        genes_before = set(get_var_names(adata, get_registry(adata)))
+        kept = set(genes.adata.var_names) | set(genes.adata.obs.columns)
+        dropped = [m for m in markers if m in genes_before and m not in kept]
         if dropped:
             raise InvalidArgumentError(
                 f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
@@ -384,22 +387,18 @@ def discard_replaced_report(report_dir: Path) -> None:
 
     Left beside the new fits, it would refuse the rerun that resumes an interrupted run (which could then only
     pass ``overwrite`` again and discard the seeds already refitted). Moved aside first, so that a run killed
-    meanwhile leaves either the whole report or none (what it leaves aside, :func:`_save` removes).
+    meanwhile leaves either the whole report or none (what it leaves aside, :func:`remove_interrupted_report` removes).
     """
     if not report_dir.exists():
         return
-    aside = Path(tempfile.mkdtemp(prefix=f".{report_dir.name}.", suffix=".old", dir=report_dir.parent))
-    aside.rmdir()
-    os.replace(report_dir, aside)
-    shutil.rmtree(aside, ignore_errors=True)
+    discard_folder(report_dir)
     logger.info("Removed the report in %s, which the refitted seeds will replace (overwrite).", report_dir)
 
 
-def _save(rep: DiagnosticReport, report_dir: Path, overwrite: bool, progress: Progress | None) -> None:
-    """Save the report in one atomic step, first removing what an interrupted save left."""
+def remove_interrupted_report(report_dir: Path) -> None:
+    """Remove what a run interrupted while writing its report into ``report_dir`` left, before saving it again."""
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
         logger.info("Removed %s, left by a run interrupted while writing its report.", path)
-    rep.save(report_dir, overwrite=overwrite, progress=progress)
 
 
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
@@ -430,13 +429,6 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
     return out
-
-
-def _missing_marker_genes(markers: Sequence[str], before: ad.AnnData, after: ad.AnnData) -> list[str]:
-    """Markers that were genes of ``before`` but are neither genes nor obs columns of ``after``."""
-    genes_before = set(get_var_names(before, get_registry(before)))
-    kept = set(after.var_names) | set(after.obs.columns)
-    return [m for m in markers if m in genes_before and m not in kept]
 
 
 def write_analysed_h5ad(

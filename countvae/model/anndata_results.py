@@ -193,7 +193,11 @@ def write_results(
         "varm": (loadings_key, adata.varm),
         "uns": (uns_key, adata.uns),
     }
-    _refuse_taken_keys(targets, overwrite)
+    taken = [f"{slot}[{key!r}]" for slot, (key, store) in targets.items() if key is not None and key in store]
+    if taken and not overwrite:
+        raise OutputExistsError(
+            f"adata already has {', '.join(taken)}; pass overwrite=True to replace them, or choose other keys."
+        )
     values = _result_values(model, adata, latent_key, layer, loadings_key, library_size)
     written = {slot: targets[slot][0] for slot in ("obsm", "layers", "varm", "uns") if targets[slot][0] is not None}
     if uns_key is not None:
@@ -249,15 +253,6 @@ def _refuse_registered_slots(model: CountVAE, adata: ad.AnnData, layer: str | No
         raise InvalidArgumentError(
             f"uns_key={uns_key!r} is where setup_anndata keeps the registration; choose another key, e.g. the "
             "default uns_key='countvae'."
-        )
-
-
-def _refuse_taken_keys(targets: dict[str, tuple[str | None, Any]], overwrite: bool) -> None:
-    """Raise :class:`~countvae.errors.OutputExistsError` if a key to write exists and ``overwrite`` is False."""
-    taken = [f"{slot}[{key!r}]" for slot, (key, store) in targets.items() if key is not None and key in store]
-    if taken and not overwrite:
-        raise OutputExistsError(
-            f"adata already has {', '.join(taken)}; pass overwrite=True to replace them, or choose other keys."
         )
 
 

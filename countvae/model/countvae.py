@@ -136,14 +136,7 @@ class CountVAE:
                 prior=s.prior,
                 batch_norm=s.batch_norm,
                 init_log_proportions=torch.tensor(self._data.log_proportions, dtype=torch.float32),
-                loadings_prior=build_loadings_prior(
-                    s.loadings_prior,
-                    s.n_latent,
-                    self.var_names,
-                    s.gene_programs,
-                    s.horseshoe_scale,
-                    s.program_outside_scale,
-                ),
+                loadings_prior=build_loadings_prior(s, self.var_names),
             )
         return module.to(dtype=s.torch_dtype, device=self.device)
 
@@ -241,8 +234,7 @@ class CountVAE:
         finally:
             self.is_trained = True
         self._optimizer = run.optimizer
-        history = run.history
-        self.history = pd.concat([self.history, history], ignore_index=True) if len(self.history) else history
+        self.history = pd.concat([self.history, run.history], ignore_index=True) if len(self.history) else run.history
         self.training_summary = {
             "epochs_trained": offset + run.epochs,
             "max_epochs": offset + run.max_epochs,
@@ -425,9 +417,7 @@ class CountVAE:
                 )
             code = self.registry.batch_categories.index(label)
         values = inference.normalized_expression(self.module, c.source, c.indices, library_size, n_samples, code, seed)
-        if return_numpy:
-            return values
-        return pd.DataFrame(values, index=c.obs_names, columns=self.var_names)
+        return values if return_numpy else pd.DataFrame(values, index=c.obs_names, columns=self.var_names)
 
     def get_log_predictive_density(
         self,
@@ -605,7 +595,6 @@ class CountVAE:
         """
         check_bool("overwrite", overwrite)
         check_bool("save_anndata", save_anndata)
-        latent_map = self.module.latent_map
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
         tensors["train_indices"] = torch.as_tensor(self.train_indices, dtype=torch.long)
         tensors["validation_indices"] = torch.as_tensor(self.validation_indices, dtype=torch.long)
@@ -615,7 +604,7 @@ class CountVAE:
             "registry": self.registry.to_dict(),
             "var_names": [str(v) for v in self.var_names],
             "is_trained": self.is_trained,
-            "has_latent_map": latent_map is not None,
+            "has_latent_map": self.module.latent_map is not None,
             "history": self.history.astype(float).replace({np.nan: None}).to_dict(orient="list"),
             "training": self.training_summary,
         }

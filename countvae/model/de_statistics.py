@@ -233,12 +233,9 @@ def change_statistics(
     del test_lfc
     n_plus = plus.sum(axis=0)
     n_minus = minus.sum(axis=0)
-    if test_mode == "two":
-        proba_de = (n_plus + n_minus) / n
-        proba_se = _binomial_se(n_plus + n_minus, n)
-    else:
-        proba_de = np.maximum(n_plus, n_minus) / n
-        proba_se = _binomial_se(np.maximum(n_plus, n_minus), n)
+    n_de = n_plus + n_minus if test_mode == "two" else np.maximum(n_plus, n_minus)
+    proba_de = n_de / n
+    proba_se = _binomial_se(n_de, n)
     smoothed = (proba_de * n + 1.0) / (n + 2.0)
     calls = fdr_calls(proba_de, fdr_target)
     replicates = fdr_calls(

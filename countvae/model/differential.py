@@ -347,12 +347,17 @@ def differential_expression(
     check_test_settings(delta, fdr_target, test_mode, n_bootstrap)  # before any sampling
     batch_correction = check_bool("batch_correction", batch_correction)
     all_stats = check_bool("all_stats", all_stats)
-    source, comparisons = _checked_comparisons(
-        model, adata, groupby, group1, group2, idx1, idx2, n_samples_overall, pseudocounts, seed
-    )
+    check_int("n_samples_overall", n_samples_overall, 2)
+    if pseudocounts is not None:
+        check_number("pseudocounts", pseudocounts, 0.0, low_open=True)
+    check_int("seed", seed, 0)
+    cells = model.cells(adata)
+    comparisons = _comparisons(cells.adata, groupby, group1, group2, idx1, idx2)
+    for _, _, cells1, cells2 in comparisons:
+        _check_groups(cells1, cells2)
     frames = _comparison_frames(
         model,
-        source,
+        cells.source,
         comparisons,
         delta=delta,
         fdr_target=fdr_target,
@@ -366,34 +371,6 @@ def differential_expression(
     )
     _warn_unstable_calls(frames, n_samples_overall)
     return pd.concat(frames, axis=0) if len(frames) > 1 else frames[0]
-
-
-def _checked_comparisons(
-    model: CountVAE,
-    adata: ad.AnnData | None,
-    groupby: str | None,
-    group1: str | Sequence[str] | None,
-    group2: str | None,
-    idx1: CellSelection | None,
-    idx2: CellSelection | None,
-    n_samples_overall: int,
-    pseudocounts: float | None,
-    seed: int,
-) -> tuple[CountSource, list[tuple[str | None, str | None, np.ndarray, np.ndarray]]]:
-    """Check the sampling arguments, and choose the cells of each comparison.
-
-    Returns the counts of the cells and, per comparison, the two group names (``None`` for
-    ``idx1``/``idx2``) and the positions of their cells.
-    """
-    check_int("n_samples_overall", n_samples_overall, 2)
-    if pseudocounts is not None:
-        check_number("pseudocounts", pseudocounts, 0.0, low_open=True)
-    check_int("seed", seed, 0)
-    cells = model.cells(adata)
-    comparisons = _comparisons(cells.adata, groupby, group1, group2, idx1, idx2)
-    for _, _, cells1, cells2 in comparisons:
-        _check_groups(cells1, cells2)
-    return cells.source, comparisons
 
 
 def _comparison_frames(
@@ -493,5 +470,4 @@ def _frame(
     columns["mc_call_jaccard"] = stats["mc_call_jaccard"]
     columns["n_samples"] = n_samples
     frame = pd.DataFrame(columns, index=pd.Index(var_names, name=None))
-    order = np.argsort(-frame["proba_de"].to_numpy(), kind="stable")
-    return frame.iloc[order]
+    return frame.iloc[np.argsort(-frame["proba_de"].to_numpy(), kind="stable")]

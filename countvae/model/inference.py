@@ -35,10 +35,6 @@ def _ordered(indices: np.ndarray, visited: np.ndarray) -> np.ndarray:
     return np.searchsorted(visited, indices)
 
 
-def _iterate_sorted(source: CountSource, indices: np.ndarray, batch_size: int):
-    return source.iterate(np.unique(indices), batch_size, drop_last_singleton=False)
-
-
 def _check_unique(indices: np.ndarray) -> None:
     if len(np.unique(indices)) != len(indices):
         raise InvalidArgumentError("indices contain duplicates; pass each cell once.")
@@ -62,9 +58,10 @@ def _per_cell(
     with torch.random.fork_rng(devices=[], enabled=torch_seed is not None):
         if torch_seed is not None:
             torch.manual_seed(torch_seed)
-        batches = _iterate_sorted(source, indices, batch_size)
+        order = np.unique(indices)
+        batches = source.iterate(order, batch_size, drop_last_singleton=False)
         out = [compute(*to_tensors(mb, dtype, device)).cpu().numpy() for mb in batches]
-    return np.concatenate(out, axis=0)[_ordered(indices, np.unique(indices))]
+    return np.concatenate(out, axis=0)[_ordered(indices, order)]
 
 
 @torch.no_grad()
@@ -145,9 +142,7 @@ def default_marginal_settings(module: CountVAEModule) -> MarginalSettings:
         and module.likelihood.kind in ("poisson", "nb")
         and module.prior.kind in ("normal", "diagonal")
     )
-    if concave:
-        return MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0)
-    return MarginalSettings()
+    return MarginalSettings(n_pilot=0, pilot_restarts=0, prior_restarts=0) if concave else MarginalSettings()
 
 
 def _guide_log_weights(
@@ -310,8 +305,7 @@ def log_predictive_density(
             n_guide = GUIDE_SAMPLES if n_samples is None else n_samples
             parts.append(summarize_log_weights(_guide_log_weights(module, x, b, n_guide, gen, per_draw)))
         else:
-            points = max(1, _ELEMENTS_PER_CHUNK // n_genes)
-            parts.append(mixture_log_marginal(module, x, b, settings, gen, points))
+            parts.append(mixture_log_marginal(module, x, b, settings, gen, max(1, _ELEMENTS_PER_CHUNK // n_genes)))
         bar.update(n)
     bar.close()
     summary = ImportanceSummary.concatenate(parts).take(_ordered(indices, order))

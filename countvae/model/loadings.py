@@ -17,6 +17,7 @@ import torch
 from scipy.stats import norm
 
 from countvae._checks import check_number
+from countvae.model.settings import ModelSettings
 from countvae.module.loadings import HorseshoeLoadings, LoadingsPrior, ProgramLoadings
 from countvae.module.vae import CountVAEModule
 
@@ -26,9 +27,7 @@ PROGRAM_INSIDE_SCALE = 1.0
 
 def latent_names(n_latent: int, gene_programs: dict[str, list[str]] | None) -> list[str]:
     """Names of the latent dimensions: the gene programs' names, or ``Z_0``, ``Z_1``, ..."""
-    if gene_programs:
-        return list(gene_programs)
-    return [f"Z_{i}" for i in range(n_latent)]
+    return list(gene_programs) if gene_programs else [f"Z_{i}" for i in range(n_latent)]
 
 
 def program_membership(gene_programs: dict[str, list[str]], var_names: Sequence[str]) -> np.ndarray:
@@ -40,23 +39,13 @@ def program_membership(gene_programs: dict[str, list[str]], var_names: Sequence[
     return member
 
 
-def build_loadings_prior(
-    kind: str,
-    n_latent: int,
-    var_names: Sequence[str],
-    gene_programs: dict[str, list[str]] | None,
-    horseshoe_scale: float,
-    program_outside_scale: float,
-) -> LoadingsPrior | None:
-    """The prior on the loadings a model's settings ask for (``None`` for ``"none"``).
-
-    The arguments are the validated fields of :class:`~countvae.model.settings.ModelSettings`.
-    """
-    if kind == "horseshoe":
-        return HorseshoeLoadings(len(var_names), n_latent, global_scale=horseshoe_scale)
-    if kind == "programs":
-        membership = torch.as_tensor(program_membership(gene_programs, var_names))
-        return ProgramLoadings(membership, PROGRAM_INSIDE_SCALE, program_outside_scale)
+def build_loadings_prior(settings: ModelSettings, var_names: Sequence[str]) -> LoadingsPrior | None:
+    """The prior on the loadings a model's validated settings ask for (``None`` for ``"none"``)."""
+    if settings.loadings_prior == "horseshoe":
+        return HorseshoeLoadings(len(var_names), settings.n_latent, global_scale=settings.horseshoe_scale)
+    if settings.loadings_prior == "programs":
+        membership = torch.as_tensor(program_membership(settings.gene_programs, var_names))
+        return ProgramLoadings(membership, PROGRAM_INSIDE_SCALE, settings.program_outside_scale)
     return None
 
 

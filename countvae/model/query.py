@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import anndata as ad
 import numpy as np
@@ -101,14 +101,7 @@ def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
             f"This AnnData was set up with batch_key={own.batch_key!r} but the model was trained with "
             f"batch_key={trained.batch_key!r}; call CountVAE.setup_anndata(adata, batch_key={trained.batch_key!r})."
         )
-    return Registry(
-        layer=own.layer,
-        use_raw=own.use_raw,
-        batch_key=trained.batch_key,
-        batch_categories=trained.batch_categories,
-        labels_key=own.labels_key,
-        labels_categories=own.labels_categories,
-    )
+    return replace(own, batch_categories=trained.batch_categories)
 
 
 def cell_positions(indices: object, n_obs: int) -> np.ndarray:

@@ -419,9 +419,7 @@ def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, eps:
 def total_grad_norm(parameters: list[torch.nn.Parameter]) -> torch.Tensor:
     """Euclidean norm of all gradients together (``inf``/``nan`` when any entry is), by ``get_total_norm``."""
     grads = [p.grad for p in parameters if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.nn.utils.get_total_norm(grads)
+    return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
 
 
 def _kl_weight(epoch: int, warmup: int) -> float:
@@ -450,11 +448,8 @@ def evaluate_loss(
         torch.manual_seed(seed)
         for mb in source.iterate(indices, batch_size, drop_last_singleton=False):
             x, b = to_tensors(mb, dtype, device)
-            if n_train_cells is None:
-                loss = minibatch_loss(module, x, b)
-            else:
-                cell_index = torch.as_tensor(mb.indices, device=device)
-                loss = minibatch_loss(module, x, b, cell_index=cell_index, n_total=n_train_cells)
+            cell_index = torch.as_tensor(mb.indices, device=device)  # without n_total, the minibatch is the data set
+            loss = minibatch_loss(module, x, b, cell_index=cell_index, n_total=n_train_cells)
             total += float(loss) * len(mb.indices)
             count += len(mb.indices)
     module.train(was_training)
@@ -522,7 +517,7 @@ def train_module(
     rng = np.random.default_rng([plan.seed, epoch_offset])
     rows: list[tuple[int, float, float, float, float]] = []  # the history's columns, HISTORY_COLUMNS
     live = list(module.state_dict().values())
-    last_good = [t.detach().clone() for t in live]
+    last_good = _snapshot(live, None)
     stopping = EarlyStopping(plan, live, optimizer)
     n_epochs = plan.epochs_for(len(train_indices))
     stopped_early = False
@@ -599,7 +594,7 @@ def _train_epoch(
             optimizer.zero_grad(set_to_none=True)
             _restore(live, last_good)
             _diverged(epoch, step, "gradient norm", float(grad_norm))
-        _backup(live, last_good)
+        _snapshot(live, last_good)  # the state at which the last finite loss was computed
         optimizer.step()
         running += float(loss.detach()) * len(mb.indices)
         seen += len(mb.indices)
@@ -631,18 +626,14 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 @torch.no_grad()
 def _snapshot(live: list[torch.Tensor], store: list[torch.Tensor] | None) -> list[torch.Tensor]:
-    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use."""
+    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use.
+
+    One foreach call instead of a copy per tensor.
+    """
     if store is None:
         return [t.detach().clone() for t in live]
     torch._foreach_copy_(store, live)
     return store
-
-
-@torch.no_grad()
-def _backup(live: list[torch.Tensor], store: list[torch.Tensor]) -> None:
-    # The parameters (and batch-norm statistics) at which the last finite loss was computed;
-    # one foreach call instead of a copy per tensor.
-    torch._foreach_copy_(store, live)
 
 
 @torch.no_grad()

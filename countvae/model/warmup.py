@@ -152,8 +152,7 @@ def estimate_training_time(
 
     n_train = min(n_train_cells, n_steps * plan.batch_size)
     n_validation = min(n_cells - n_train, int(round(n_train * (1.0 - plan.train_size) / plan.train_size)))
-    rng = np.random.default_rng(seed)
-    cells = rng.permutation(n_cells)[: n_train + n_validation]
+    cells = np.random.default_rng(seed).permutation(n_cells)[: n_train + n_validation]
     train_cells, validation_cells = np.sort(cells[:n_train]), np.sort(cells[n_train:])
 
     previous_threads = torch.get_num_threads()
@@ -161,8 +160,7 @@ def estimate_training_time(
         torch.set_num_threads(torch_threads)
     try:
         started = perf_counter()
-        model = CountVAE(adata, **(model_kwargs or {}))
-        module = model.module  # on the CPU, where CountVAE builds it
+        module = CountVAE(adata, **(model_kwargs or {})).module  # on the CPU, where CountVAE builds it
         source = CountSource(get_count_matrix(adata, registry), batch_codes(adata, registry))
         train_module(module, source, train_cells, validation_cells, plan)
         timed_start = perf_counter()

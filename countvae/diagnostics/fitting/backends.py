@@ -188,6 +188,4 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
 
 def run_tasks(backend: str, tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
     """Dispatch to :func:`run_local` or :func:`run_ray`."""
-    if backend == "ray":
-        return run_ray(tasks, fit_data, n_jobs)
-    return run_local(tasks, fit_data, n_jobs)
+    return run_ray(tasks, fit_data, n_jobs) if backend == "ray" else run_local(tasks, fit_data, n_jobs)

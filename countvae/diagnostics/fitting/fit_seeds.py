@@ -484,10 +484,6 @@ def _recorded_settings(
     return recorded
 
 
-def _n_cells(fit_data: ad.AnnData | FileCells) -> int:
-    return len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
-
-
 def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
     """Load each run's completed seeds from its ``out_dir``, fit the others in one pool and store them.
 
@@ -500,15 +496,13 @@ def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
             prepare(root, run.manifest, run.settings.overwrite)
         remove_orphaned()  # left by the workers of a run that was killed
         for run, root in zip(runs, roots, strict=True):
-            run.reused = _reuse_stored(
-                root, [t.seed for t in run.tasks], run.loader, run.fits, run.records, run.settings.refit_broken
-            )
+            _reuse_stored(run, root)
             for seed in run.reused:
                 run.seconds[seed] = 0.0
                 notify(run.settings.progress, ProgressEvent(SEED_REUSED, seed=seed))
         todo = [t for run in runs for t in run.tasks if t.seed not in run.reused]
         fit_data = runs[0].fit_data
-        steps = steps_per_seed(_n_cells(fit_data), runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
+        steps = steps_per_seed(runs[0].adata_fit.n_obs, runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
         parallelism = plan_parallelism(
             first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
         )
@@ -545,40 +539,33 @@ def _keep(run: _Run, fits_dir: Path, outcome: FitOutcome) -> None:
     """Store a finished fit in its run's folder and load it back from there."""
     store(fits_dir, outcome, run.loader.family, run.settings.progress)
     run.fits[outcome.seed] = run.loader.load(fits_dir, outcome.seed)
-    run.records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed))
+    run.records[outcome.seed] = read_fit_record(seed_folder(fits_dir, outcome.seed), outcome.seed)
     run.seconds[outcome.seed] = outcome.seconds
     logger.info("Seed %d: fitted in %.1f s and saved.", outcome.seed, outcome.seconds)
 
 
-def _reuse_stored(
-    root: Path,
-    seeds: list[int],
-    loader: FitLoader,
-    fits: dict[int, FittedModel],
-    records: dict[int, dict[str, Any]],
-    refit_broken: bool,
-) -> list[int]:
-    """Load the stored seeds into ``fits`` and ``records``; damaged ones stop the run, or are set aside to refit."""
+def _reuse_stored(run: _Run, root: Path) -> None:
+    """Load the stored seeds into ``run``'s fits and records; damaged ones stop the run, or are set aside to refit."""
     fits_dir = root / FITS_FOLDER
     reused, damaged = [], []
-    for s in seeds:
+    for s in (t.seed for t in run.tasks):
         folder = seed_folder(fits_dir, s)
         if not folder.is_dir():
             continue
         try:
-            fits[s] = loader.load(fits_dir, s)
-            records[s] = read_fit_record(folder, s)
+            run.fits[s] = run.loader.load(fits_dir, s)
+            run.records[s] = read_fit_record(folder, s)
         except BrokenFitError as exc:
             damaged.append(exc)
             continue
         logger.info("Seed %d: reusing the completed fit in %s.", s, folder)
         reused.append(s)
-    if damaged and not refit_broken:
+    if damaged and not run.settings.refit_broken:
         raise all_broken(damaged)
     for exc in damaged:
         aside = set_aside(root, Path(exc.folder))
         logger.warning("Seed %d: %s Moved it to %s; refitting that seed.", exc.seed, exc.problem, aside)
-    return reused
+    run.reused = reused
 
 
 def _lost_with_remedy(exc: WorkerLostError, runs: list[_Run]) -> WorkerLostError:

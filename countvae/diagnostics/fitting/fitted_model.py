@@ -130,8 +130,7 @@ class CountVAEFit:
         """Posterior draws, (n_samples, cells, n_latent)."""
         module, (x, b) = self.tensors(adata)
         loc, scale = module.encode(x, b)
-        gen = torch.Generator().manual_seed(seed)
-        eps = torch.randn((n_samples, *loc.shape), generator=gen, dtype=loc.dtype)
+        eps = torch.randn((n_samples, *loc.shape), generator=torch.Generator().manual_seed(seed), dtype=loc.dtype)
         return sample_latent(loc, scale, eps).numpy()
 
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
@@ -155,9 +154,7 @@ class CountVAEFit:
 
     def loadings(self) -> np.ndarray | None:
         """Linear decoder weight, else ``None``."""
-        if self.model.settings.decoder != "linear":
-            return None
-        return self.model.get_loadings().to_numpy()
+        return self.model.get_loadings().to_numpy() if self.model.settings.decoder == "linear" else None
 
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
         """Jacobian of the log rate at posterior means: one forward-mode pass per latent direction.

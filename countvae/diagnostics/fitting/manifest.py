@@ -95,9 +95,7 @@ def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list
             f"genes; this AnnData has {data_new.get('n_cells')} x {data_new.get('n_genes')}); differing: "
             f"{', '.join(differing) or 'checksum'}"
         )
-    for key in sorted(set(recorded) | set(current)):
-        if key == "data":
-            continue
+    for key in sorted((set(recorded) | set(current)) - {"data"}):
         old, new = recorded.get(key), current.get(key)
         if old != new:
             lines.append(f"{key}: recorded {json.dumps(old, sort_keys=True)}, now {json.dumps(new, sort_keys=True)}")
@@ -106,9 +104,5 @@ def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list
 
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     """The part of a manifest's settings that must match for completed fits to be reused."""
-    out = dict(settings)
-    train = dict(out.get("train_kwargs", {}))
-    for key in COSMETIC_TRAIN_KWARGS:
-        train.pop(key, None)
-    out["train_kwargs"] = train
-    return out
+    train = {k: v for k, v in settings.get("train_kwargs", {}).items() if k not in COSMETIC_TRAIN_KWARGS}
+    return {**settings, "train_kwargs": train}

@@ -62,7 +62,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     fits_dir = root / FITS_FOLDER
     if manifest_path.is_file() and overwrite:
         logger.warning("Discarding the fits in %s (overwrite=True).", root)
-        _discard(fits_dir)
+        discard_folder(fits_dir)
     elif manifest_path.is_file():
         try:
             recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
@@ -87,18 +87,19 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
                 "no manifest.json); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
             )
         # fits/ without a manifest cannot be trusted to match this run.
-        _discard(fits_dir)
+        discard_folder(fits_dir)
     write_json_atomic(manifest_path, manifest, overwrite=True)
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
 
 
-def _discard(fits_dir: Path) -> None:
-    if fits_dir.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{fits_dir.name}.", suffix=".old", dir=fits_dir.parent))
+def discard_folder(folder: Path) -> None:
+    """Remove ``folder`` if it exists, moved aside first so that a run killed meanwhile leaves all of it or none."""
+    if folder.exists():
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
         aside.rmdir()
-        os.replace(fits_dir, aside)
+        os.replace(folder, aside)
         shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -133,7 +134,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
     notify(progress, ProgressEvent(SEED_STORED, seed=outcome.seed, seconds=outcome.seconds))
 
 
-def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
+def read_fit_record(folder: Path, seed: int) -> dict[str, Any]:
     """The ``fit.json`` of a stored fit.
 
     Raises
@@ -142,7 +143,6 @@ def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
         If it is missing, empty or not valid JSON; the message names the remedy.
 
     """
-    seed = seed if seed is not None else _seed_of(folder)
     path = folder / FIT_RECORD
     if not path.is_file():
         raise broken(folder, seed, f"{path} is missing.")
@@ -153,11 +153,6 @@ def read_fit_record(folder: Path, seed: int | None = None) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise broken(folder, seed, f"{path} does not hold a fit record.")
     return record
-
-
-def _seed_of(folder: Path) -> int:
-    suffix = folder.name.removeprefix("seed_")
-    return int(suffix) if suffix.isdigit() else -1
 
 
 class FitLoader:
@@ -180,9 +175,7 @@ class FitLoader:
         self.model_cls = model_cls
         self.family = family
         self.adata_fit = adata_fit
-        self._adata_scvi = None
-        if family != "countvae":
-            self._adata_scvi = scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
+        self._adata_scvi = None if family == "countvae" else scvi_storage.setup_for_scvi(adata_fit, registry, model_cls)
 
     @property
     def adata_for_fits(self) -> ad.AnnData:

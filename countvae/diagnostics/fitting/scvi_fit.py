@@ -188,8 +188,10 @@ class SCVIFit:
             labels.append(tensors["labels"])
         return torch.cat(batches), torch.cat(labels)
 
-    def _dtype(self) -> torch.dtype:
-        return next(self.model.module.parameters()).dtype
+    def _dtypes(self) -> tuple[torch.dtype, np.dtype]:
+        """The module's floating-point type, in torch and in numpy."""
+        dtype = next(self.model.module.parameters()).dtype
+        return dtype, np.dtype(str(dtype).removeprefix("torch."))
 
     def _log_scale(self, z: torch.Tensor, batch: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Log ``px_scale`` (the decoder's expected share of each gene) at ``z`` (cells, n_latent)."""
@@ -303,9 +305,9 @@ class SCVIFit:
             )
         self.model.module.eval()
         batch, labels = self._covariates(prepared)
-        dtype = self._dtype()
+        dtype, np_dtype = self._dtypes()
         flat = torch.as_tensor(z.reshape(-1, n_cells, self.n_latent), dtype=dtype)
-        out = np.empty((flat.shape[0], n_cells, len(self.var_names)), dtype=np.dtype(str(dtype).removeprefix("torch.")))
+        out = np.empty((flat.shape[0], n_cells, len(self.var_names)), dtype=np_dtype)
         for i in range(flat.shape[0]):
             for start in range(0, n_cells, _CELLS_PER_CHUNK):
                 rows = slice(start, start + _CELLS_PER_CHUNK)
@@ -314,9 +316,7 @@ class SCVIFit:
 
     def loadings(self) -> np.ndarray | None:
         """``LinearSCVI.get_loadings()`` (batch norm folded in), (genes, n_latent); ``None`` for SCVI."""
-        if self.kind != "linearscvi":
-            return None
-        return self.model.get_loadings().to_numpy()
+        return self.model.get_loadings().to_numpy() if self.kind == "linearscvi" else None
 
     @_keeps_global_rng
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
@@ -326,13 +326,11 @@ class SCVIFit:
         cells at once (in eval mode each cell's output depends on its own ``z`` only).
         """
         prepared = self._prepared(adata)
-        dtype = self._dtype()
+        dtype, np_dtype = self._dtypes()
         loc = torch.as_tensor(self.latent(prepared), dtype=dtype)
         batch, labels = self._covariates(prepared)
         self.model.module.eval()
-        out = np.empty(
-            (loc.shape[0], len(self.var_names), self.n_latent), dtype=np.dtype(str(dtype).removeprefix("torch."))
-        )
+        out = np.empty((loc.shape[0], len(self.var_names), self.n_latent), dtype=np_dtype)
         for start in range(0, loc.shape[0], _CELLS_PER_CHUNK):
             rows = slice(start, start + _CELLS_PER_CHUNK)
             z0, b, y = loc[rows], batch[rows], labels[rows]

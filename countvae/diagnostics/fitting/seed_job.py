@@ -93,10 +93,6 @@ class FitOutcome:
     freed_memory_kept: bool = False
 
 
-def _read_tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
 def _peak_rss_mib() -> float:
     """Peak resident memory of this process in MiB.
 
@@ -149,7 +145,7 @@ def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
                 notify(task.progress, ProgressEvent(SEED_TRAINED, seed=task.seed, seconds=seconds))
                 model.save(folder)
                 training = model.training_summary
-            files = _read_tree(folder)
+            files = {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
     finally:
         torch.set_num_threads(previous_threads)
         if isinstance(fit_data, FileCells):
