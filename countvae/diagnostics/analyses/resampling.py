@@ -394,9 +394,7 @@ def weighted_correlations(weights: np.ndarray, z: np.ndarray, markers: np.ndarra
     w = weights / weights.sum(axis=1, keepdims=True)
     mz, mm = w @ z, w @ markers
     vz, vm = w @ (z * z) - mz**2, w @ (markers * markers) - mm**2
-    n, d = z.shape
-    cross = (w @ (markers[:, :, None] * z[:, None, :]).reshape(n, -1)).reshape(len(w), markers.shape[1], d)
-    cov = cross - mm[:, :, None] * mz[:, None, :]
+    cov = _weighted_outer(w, markers, z) - mm[:, :, None] * mz[:, None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
         return cov / np.sqrt(vm[:, :, None] * vz[:, None, :])
 
