@@ -131,8 +131,7 @@ PAIR_COLUMNS = ("quantity", "fit_a", "fit_b", "agreement", "aligned_agreement")
 # ----- agreement scores ---------------------------------------------------------------------------------
 def concordance(a: np.ndarray, b: np.ndarray) -> float:
     """Lin's concordance correlation coefficient of two arrays (flattened)."""
-    a = np.asarray(a, dtype=np.float64).ravel()
-    b = np.asarray(b, dtype=np.float64).ravel()
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     if a.size < 2:
