@@ -125,10 +125,8 @@ def fit_signed_permutation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _cross_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    ac = a - a.mean(0)
-    bc = b - b.mean(0)
-    sa = np.linalg.norm(ac, axis=0)
-    sb = np.linalg.norm(bc, axis=0)
+    ac, bc = a - a.mean(0), b - b.mean(0)
+    sa, sb = np.linalg.norm(ac, axis=0), np.linalg.norm(bc, axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         corr = (ac.T @ bc) / np.outer(sa, sb)
     return np.nan_to_num(corr)
