@@ -741,11 +741,7 @@ def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
     table = c.inputs.components
     if table is None or not len(table):
         return Interval.missing()
-    return Interval(
-        float(table["corrected_match"].min()),
-        float(table["corrected_low"].min()),
-        float(table["corrected_high"].min()),
-    )
+    return Interval(*(float(table[column].min()) for column in ("corrected_match", "corrected_low", "corrected_high")))
 
 
 def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
