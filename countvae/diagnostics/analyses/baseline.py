@@ -121,5 +121,4 @@ def normalized_counts_pca(counts: sp.spmatrix | np.ndarray, n_components: int, s
     n = min(int(n_components), min(normalized.shape) - 1)
     if n < 1:
         raise InvalidDataError(f"A PCA needs at least 2 cells and 2 genes; got {normalized.shape}.")
-    pca = PCA(n_components=n, svd_solver="arpack", random_state=seed)
-    return pca.fit_transform(normalized)
+    return PCA(n_components=n, svd_solver="arpack", random_state=seed).fit_transform(normalized)
