@@ -180,15 +180,14 @@ def ica_efficiency(errors: pd.DataFrame, column: str = "error_diameter") -> pd.D
         raise InvalidArgumentError(f"ICA efficiency needs the map classes {sorted(missing)} in the errors table.")
     gap = wide["permutation"] - wide["orthogonal"]
     eff = (wide["permutation"] - wide["ica"]) / gap.where(gap.abs() > 1e-12)
-    out = pd.DataFrame(
+    return pd.DataFrame(
         {
             "e_permutation": wide["permutation"],
             "e_orthogonal": wide["orthogonal"],
             "e_ica": wide["ica"],
             "ica_efficiency": eff,
         }
-    )
-    return out.reset_index()
+    ).reset_index()
 
 
 def summarize_alignment(errors: pd.DataFrame) -> pd.DataFrame:

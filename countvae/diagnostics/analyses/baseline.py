@@ -53,13 +53,9 @@ class NoLatentBaseline:
     theta: np.ndarray
 
 
-def _rows(counts: sp.spmatrix | np.ndarray) -> sp.csr_matrix:
-    return sp.csr_matrix(counts, dtype=np.float64)
-
-
 def fit_baseline(counts: sp.spmatrix | np.ndarray, batches: np.ndarray | None = None) -> NoLatentBaseline:
     """Estimate the baseline's shares and dispersions from (cells, genes) counts and each cell's batch."""
-    x = _rows(counts)
+    x = sp.csr_matrix(counts, dtype=np.float64)
     n_cells, n_genes = x.shape
     labels = np.full(n_cells, "all") if batches is None else np.asarray(batches).astype(str)
     names = sorted({str(v) for v in labels})
@@ -88,7 +84,7 @@ def baseline_log_likelihood(
 
     Cells of a batch the baseline was not estimated on get the shares pooled over its batches.
     """
-    dense = _rows(counts).toarray()
+    dense = sp.csr_matrix(counts, dtype=np.float64).toarray()
     library = dense.sum(axis=1)
     pooled = model.shares.mean(axis=0)
     if batches is None:
@@ -117,7 +113,7 @@ def normalized_counts_pca(counts: sp.spmatrix | np.ndarray, n_components: int, s
     (scikit-learn's PCA with ARPACK centres implicitly); a cell without counts stays at zero before centring.
     At most ``min(cells, genes) - 1`` components are returned (ARPACK's limit).
     """
-    x = _rows(counts)
+    x = sp.csr_matrix(counts, dtype=np.float64)
     library = np.asarray(x.sum(axis=1)).ravel()
     scale = np.divide(1e4, library, out=np.zeros_like(library), where=library > 0)
     normalized = sp.diags(scale) @ x
@@ -125,5 +121,4 @@ def normalized_counts_pca(counts: sp.spmatrix | np.ndarray, n_components: int, s
     n = min(int(n_components), min(normalized.shape) - 1)
     if n < 1:
         raise InvalidDataError(f"A PCA needs at least 2 cells and 2 genes; got {normalized.shape}.")
-    pca = PCA(n_components=n, svd_solver="arpack", random_state=seed)
-    return pca.fit_transform(normalized)
+    return PCA(n_components=n, svd_solver="arpack", random_state=seed).fit_transform(normalized)

@@ -75,8 +75,7 @@ def _require(module: str, feature: str) -> ModuleType:
 # ----- agreement scores ------------------------------------------------------------------------------
 def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman rank correlation of two per-gene values (e.g. LFCs); NaN if either is constant."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise InvalidArgumentError(f"Values over different genes: shapes {a.shape} and {b.shape}.")
     if np.ptp(a) == 0 or np.ptp(b) == 0:
@@ -91,8 +90,7 @@ def neighbourhood_overlap(a: np.ndarray, b: np.ndarray, k: int = 15) -> float:
     UMAP coordinates). 1 when every cell keeps its neighbours; about
     ``k / (2 n)`` for unrelated representations of ``n`` cells.
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape[0] != b.shape[0]:
         raise InvalidArgumentError(f"Neighbourhoods compare the same cells; got {a.shape[0]} and {b.shape[0]} rows.")
     return float(np.mean(knn_jaccard_per_cell(knn_sets(a, k), knn_sets(b, k))))
@@ -178,11 +176,10 @@ def _pair_table(
     unknown = sorted(set(resampled) - set(results))
     if unknown:
         raise InvalidArgumentError(f"Resampled results for fits that have no result: {unknown}.")
-    rows = []
-    for a, b in combinations(results, 2):
-        rows.append(
-            {"kind": BETWEEN, "fit_a": a, "fit_b": b, **{n: f(results[a], results[b]) for n, f in scores.items()}}
-        )
+    rows = [
+        {"kind": BETWEEN, "fit_a": a, "fit_b": b, **{n: f(results[a], results[b]) for n, f in scores.items()}}
+        for a, b in combinations(results, 2)
+    ]
     for a, other in resampled.items():
         rows.append({"kind": WITHIN, "fit_a": a, "fit_b": a, **{n: f(results[a], other) for n, f in scores.items()}})
     return pd.DataFrame(rows)

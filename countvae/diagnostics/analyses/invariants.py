@@ -131,8 +131,7 @@ PAIR_COLUMNS = ("quantity", "fit_a", "fit_b", "agreement", "aligned_agreement")
 # ----- agreement scores ---------------------------------------------------------------------------------
 def concordance(a: np.ndarray, b: np.ndarray) -> float:
     """Lin's concordance correlation coefficient of two arrays (flattened)."""
-    a = np.asarray(a, dtype=np.float64).ravel()
-    b = np.asarray(b, dtype=np.float64).ravel()
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
     ok = np.isfinite(a) & np.isfinite(b)
     a, b = a[ok], b[ok]
     if a.size < 2:
@@ -742,11 +741,7 @@ def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
     table = c.inputs.components
     if table is None or not len(table):
         return Interval.missing()
-    return Interval(
-        float(table["corrected_match"].min()),
-        float(table["corrected_low"].min()),
-        float(table["corrected_high"].min()),
-    )
+    return Interval(*(float(table[column].min()) for column in ("corrected_match", "corrected_low", "corrected_high")))
 
 
 def _has(field_name: str) -> Callable[[InvariantInputs], bool]:

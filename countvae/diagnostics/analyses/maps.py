@@ -125,10 +125,8 @@ def fit_signed_permutation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _cross_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    ac = a - a.mean(0)
-    bc = b - b.mean(0)
-    sa = np.linalg.norm(ac, axis=0)
-    sb = np.linalg.norm(bc, axis=0)
+    ac, bc = a - a.mean(0), b - b.mean(0)
+    sa, sb = np.linalg.norm(ac, axis=0), np.linalg.norm(bc, axis=0)
     with np.errstate(invalid="ignore", divide="ignore"):
         corr = (ac.T @ bc) / np.outer(sa, sb)
     return np.nan_to_num(corr)
@@ -189,7 +187,7 @@ class PairMaps:
     fit (in the order of ``latents``) to the later one; the map back is its
     inverse. Linear and ICA maps are fitted once per ordered pair (a
     least-squares map back is not the inverse). Each fit's ICA axes are fitted
-    once and shared by every ICA map and by :meth:`ica_sources`.
+    once and shared by every ICA map.
 
     Parameters
     ----------
@@ -219,10 +217,6 @@ class PairMaps:
             self._axes[name] = fit_ica_axes(self.latents[name], random_state=self.seed)
             self.fit_counts["ica axes"] += 1
         return self._axes[name]
-
-    def ica_sources(self, name: str) -> np.ndarray:
-        """Fit ``name``'s latents in its own ICA axes, (cells, d)."""
-        return self.ica_axes(name).transform(self.latents[name])
 
     def map(self, kind: str, a: str, b: str) -> AffineMap:
         """The map of class ``kind`` taking fit ``a``'s latents to fit ``b``'s."""

@@ -66,10 +66,7 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
         gene_values = {g: values[:, i] for i, g in enumerate(genes)}
     parts: dict[str, np.ndarray] = {}
     for m in markers:
-        if m in gene_values:
-            parts[m] = gene_values[m]
-        else:
-            parts.update(_obs_marker(adata.obs[m], m))
+        parts.update({m: gene_values[m]} if m in gene_values else _obs_marker(adata.obs[m], m))
     return _varying(pd.DataFrame(parts, index=adata.obs_names))
 
 
@@ -115,8 +112,7 @@ def _finite_rows(values: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndar
 def dimension_correlations(z: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Pearson correlation of each latent dimension with the marker (NaN cells dropped), (d,)."""
     v, zz = _finite_rows(values, z)
-    vc = v - v.mean()
-    zc = zz - zz.mean(0)
+    vc, zc = v - v.mean(), zz - zz.mean(0)
     denom = np.linalg.norm(zc, axis=0) * np.linalg.norm(vc)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denom > 0, (zc.T @ vc) / denom, np.nan)

@@ -117,8 +117,7 @@ def expand_candidates(candidates: Mapping[str, Sequence[Any]] | Sequence[Mapping
             raise InvalidArgumentError("The candidate grid is empty; give e.g. {'n_latent': [2, 5, 10]}.")
         keys = list(candidates)
         values = []
-        for key in keys:
-            v = candidates[key]
+        for key, v in candidates.items():
             v = [v] if isinstance(v, str) or not isinstance(v, Sequence) else list(v)
             if not v:
                 raise InvalidArgumentError(f"The candidate grid has no values for {key!r}; give at least one.")

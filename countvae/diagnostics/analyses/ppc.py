@@ -127,8 +127,7 @@ def _mean_over_draws(values: np.ndarray) -> np.ndarray:
 
 def predictive_statistics(counts: np.ndarray, draws: np.ndarray) -> PPCStatistics:
     """Posterior predictive statistics from draws (cells, genes, draws) against observed counts (cells, genes)."""
-    counts = np.asarray(counts, dtype=np.float64)
-    draws = np.asarray(draws, dtype=np.float64)
+    counts, draws = np.asarray(counts, dtype=np.float64), np.asarray(draws, dtype=np.float64)
     if draws.ndim != 3 or draws.shape[:2] != counts.shape:
         raise InvalidArgumentError(
             f"Draws must be (cells, genes, draws) matching counts {counts.shape}, got {draws.shape}."

@@ -76,10 +76,6 @@ def _check(lpds: Mapping[str, pd.DataFrame]) -> None:
     require_same_quantity(lpds)
 
 
-def _unreliable(frame: pd.DataFrame) -> np.ndarray:
-    return estimate_reliability(frame).unreliable
-
-
 def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per fit: held-out log predictive density with its sampling and Monte Carlo errors.
 
@@ -115,7 +111,7 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
                 "se_per_cell": se / n,
                 "mc_se_per_cell": mc_total / n,
                 "max_cell_mc_se": float(mc.max()),
-                "n_unreliable": int(_unreliable(frame).sum()),
+                "n_unreliable": int(estimate_reliability(frame).unreliable.sum()),
             }
         )
     return pd.DataFrame(rows)
@@ -173,7 +169,9 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
                 "margin": margin,
                 "p_equivalence": _tost_p(mean, se, n, margin, n_pairs),
                 "decision": _pair_decision(low, high, margin),
-                "n_unreliable": int((_unreliable(lpds[a]) | _unreliable(lpds[b])).sum()),
+                "n_unreliable": int(
+                    (estimate_reliability(lpds[a]).unreliable | estimate_reliability(lpds[b]).unreliable).sum()
+                ),
             }
         )
     return pd.DataFrame(rows)

@@ -125,10 +125,8 @@ def loading_concordance_replicates(
         ya = ya @ rotation
     n_genes = basis_a.shape[0]
     ua, ub = basis_a.sum(axis=0) / n_genes, basis_b.sum(axis=0) / n_genes
-    mean_a = np.einsum("r,krl->kl", ua, ya)
-    mean_b = np.einsum("r,krl->kl", ub, yb)
-    e_aa = np.sum(ya * ya, axis=1) / n_genes
-    e_bb = np.sum(yb * yb, axis=1) / n_genes
+    mean_a, mean_b = np.einsum("r,krl->kl", ua, ya), np.einsum("r,krl->kl", ub, yb)
+    e_aa, e_bb = np.sum(ya * ya, axis=1) / n_genes, np.sum(yb * yb, axis=1) / n_genes
     e_ab = np.einsum("krl,rs,ksl->kl", ya, basis_a.T @ basis_b, yb) / n_genes
     ccc = concordance_from_moments(mean_a, mean_b, e_aa - mean_a**2, e_bb - mean_b**2, e_ab - mean_a * mean_b)
     return np.nanmean(ccc, axis=1)

@@ -217,8 +217,7 @@ def weighted_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray, cent
     ma, mb = w @ a, w @ b
     saa, sbb, sab = w @ (a * a), w @ (b * b), w @ (a * b)
     c = 0.5 * (ma + mb) if centre_columns else np.zeros_like(ma)
-    mean_a = np.mean(ma - c, axis=1)
-    mean_b = np.mean(mb - c, axis=1)
+    mean_a, mean_b = np.mean(ma - c, axis=1), np.mean(mb - c, axis=1)
     e_aa = np.mean(saa - 2.0 * c * ma + c * c, axis=1)
     e_bb = np.mean(sbb - 2.0 * c * mb + c * c, axis=1)
     e_ab = np.mean(sab - c * (ma + mb) + c * c, axis=1)
@@ -394,17 +393,14 @@ def weighted_correlations(weights: np.ndarray, z: np.ndarray, markers: np.ndarra
     w = weights / weights.sum(axis=1, keepdims=True)
     mz, mm = w @ z, w @ markers
     vz, vm = w @ (z * z) - mz**2, w @ (markers * markers) - mm**2
-    n, d = z.shape
-    cross = (w @ (markers[:, :, None] * z[:, None, :]).reshape(n, -1)).reshape(len(w), markers.shape[1], d)
-    cov = cross - mm[:, :, None] * mz[:, None, :]
+    cov = _weighted_outer(w, markers, z) - mm[:, :, None] * mz[:, None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
         return cov / np.sqrt(vm[:, :, None] * vz[:, None, :])
 
 
 def rowwise_concordance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Concordance of ``a[r]`` and ``b[r]`` (flattened, non-finite entries dropped) for each leading index ``r``."""
-    a = a.reshape(len(a), -1)
-    b = b.reshape(len(b), -1)
+    a, b = a.reshape(len(a), -1), b.reshape(len(b), -1)
     ok = np.isfinite(a) & np.isfinite(b)
     count = ok.sum(axis=1)
     a0, b0 = np.where(ok, a, 0.0), np.where(ok, b, 0.0)

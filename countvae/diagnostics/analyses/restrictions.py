@@ -83,12 +83,10 @@ AGREEMENT_COLUMNS = ("fit_a", "fit_b", "coordinates", "loadings", "markers", "ro
 
 def _mean_matched_correlation(a: np.ndarray, b: np.ndarray) -> float:
     """Mean over columns of the Pearson correlation of column ``k`` of ``a`` with column ``k`` of ``b``."""
-    values = []
-    for k in range(a.shape[1]):
-        if np.std(a[:, k]) == 0 or np.std(b[:, k]) == 0:
-            values.append(0.0)
-        else:
-            values.append(float(np.corrcoef(a[:, k], b[:, k])[0, 1]))
+    values = [
+        0.0 if np.std(a[:, k]) == 0 or np.std(b[:, k]) == 0 else float(np.corrcoef(a[:, k], b[:, k])[0, 1])
+        for k in range(a.shape[1])
+    ]
     return float(np.mean(values))
 
 

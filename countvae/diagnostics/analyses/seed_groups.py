@@ -185,12 +185,9 @@ def pair_relations(
         sign = 1.0 if p["fit_a"] == a else -1.0  # orient the difference as a - b
         low, high = sorted((sign * p["ci_low"], sign * p["ci_high"]))
         decision = p["decision"]
-        if means == DIFFER or decision == NOT_EQUIVALENT:
-            relation = DIFFERENT
-        elif means == AGREE:
-            relation = SAME
-        else:
-            relation = UNDETERMINED
+        relation = (
+            DIFFERENT if means == DIFFER or decision == NOT_EQUIVALENT else SAME if means == AGREE else UNDETERMINED
+        )
         rows.append(
             {
                 "fit_a": a,

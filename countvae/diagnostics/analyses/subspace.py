@@ -40,8 +40,7 @@ def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         canonical correlation between the two subspaces.
 
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
         raise InvalidArgumentError(
             f"Principal angles need two matrices with equal row counts, got {a.shape}, {b.shape}."
@@ -113,8 +112,7 @@ def weighted_overlap(a: np.ndarray, b: np.ndarray) -> float:
     principal angles it is not driven by weak, poorly determined directions.
     Invariant under rotations of either latent space (``a -> a Q``).
     """
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
         raise InvalidArgumentError(f"Overlap needs two matrices with equal row counts, got {a.shape}, {b.shape}.")
     qa, _ = np.linalg.qr(a)
@@ -130,12 +128,10 @@ def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)`` on column-centred ``X``, ``Y``:
     1 when ``Y`` is a rotation (and scaling) of ``X``, near 0 for unrelated data.
     """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape[0] != y.shape[0]:
         raise InvalidArgumentError(f"CKA compares the same cells; got {x.shape[0]} and {y.shape[0]} rows.")
-    x = x - x.mean(0)
-    y = y - y.mean(0)
+    x, y = x - x.mean(0), y - y.mean(0)
     cross = np.linalg.norm(y.T @ x) ** 2
     denom = np.linalg.norm(x.T @ x) * np.linalg.norm(y.T @ y)
     return float(cross / denom) if denom > 0 else np.nan
@@ -228,8 +224,7 @@ def covariance_spectrum(z: np.ndarray) -> np.ndarray:
 
 def spectrum_distance(a: np.ndarray, b: np.ndarray) -> float:
     """Relative difference of two covariance spectra: ``||a - b|| / sqrt(||a|| ||b||)``."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise InvalidArgumentError(f"Spectra of different lengths cannot be compared: {a.shape} vs {b.shape}.")
     scale = np.sqrt(np.linalg.norm(a) * np.linalg.norm(b))

@@ -130,13 +130,10 @@ def resolve_inputs(
     fit_settings: dict[str, Any] = {}
     if isinstance(fits, SeedFits):
         fit_settings = dict(fits.settings)
-        if adata_heldout is None:
-            adata_heldout = fits.adata_heldout
-        if adata_fit is None:
-            adata_fit = fits.adata_fit
-        fits = list(fits.fits)
-    else:
-        fits = list(fits)
+        adata_heldout = fits.adata_heldout if adata_heldout is None else adata_heldout
+        adata_fit = fits.adata_fit if adata_fit is None else adata_fit
+        fits = fits.fits
+    fits = list(fits)
     if adata_heldout is None:
         raise InvalidArgumentError(
             "adata_heldout is required with a list of fits: pass cells that none of the fits was trained on."
@@ -172,17 +169,15 @@ def cell_subsets(
 ) -> CellSubsets:
     """The random subsets of the settings (each from its own seed, so they do not depend on each other)."""
     n = adata.n_obs
-    variance = gene_variance(adata, var_names, seed=s.seed)
-    genes = np.sort(np.argsort(-variance, kind="stable")[: min(s.max_genes, len(var_names))])
-    top = np.argsort(-variance, kind="stable")[: s.n_rhat_genes]
+    order = np.argsort(-gene_variance(adata, var_names, seed=s.seed), kind="stable")
     return CellSubsets(
         lpd=subsample(n, s.max_lpd_cells, s.seed),
         expression=subsample(n, s.max_expression_cells, s.seed + 1),
         jacobian=subsample(n, s.max_jacobian_cells, s.seed + 2),
         ppc=subsample(n, s.max_ppc_cells, s.seed + 3),
         rhat=subsample(n, s.n_rhat_cells, s.seed + 4),
-        genes=genes,
-        rhat_genes=np.sort(top),
+        genes=np.sort(order[: s.max_genes]),
+        rhat_genes=np.sort(order[: s.n_rhat_genes]),
         fit=None if n_fit_cells is None else subsample(n_fit_cells, s.max_fit_cells, s.seed + 5),
         # the cells of the invariants table's k-NN overlap (same size and seed)
         knn=subsample(n, s.max_knn_cells, s.seed),

@@ -115,12 +115,11 @@ def truth_sentence(truth: pd.DataFrame) -> str | None:
     """MCC and InfoM of raw and ICA coordinates against the true sources, over seeds (``None`` if not simulated)."""
     if truth is None or not len(truth):
         return None
-    parts = []
-    for coordinates, sub in truth.groupby("coordinates", sort=False):
-        parts.append(
-            f"{coordinates} coordinates MCC {sub['mcc'].min():.2f} to {sub['mcc'].max():.2f}, "
-            f"InfoM {sub['infom'].min():.2f} to {sub['infom'].max():.2f}"
-        )
+    parts = [
+        f"{coordinates} coordinates MCC {sub['mcc'].min():.2f} to {sub['mcc'].max():.2f}, "
+        f"InfoM {sub['infom'].min():.2f} to {sub['infom'].max():.2f}"
+        for coordinates, sub in truth.groupby("coordinates", sort=False)
+    ]
     return f"{TRUTH_LEAD} (held-out cells, over seeds): {'; '.join(parts)}."
 
 

@@ -50,10 +50,6 @@ def _html_blocks(blocks: list[Block]) -> list[Block]:
     return [b for b in blocks if HTML in b.formats]
 
 
-def _summary_blocks(rep: ReportContent) -> list[Block]:
-    return [b for s in sections_of(rep) for b in _html_blocks(s.summary_blocks(rep))]
-
-
 def summary_html(rep: ReportContent) -> str:
     """The verdict and the sections' notebook blocks as an HTML fragment (for notebooks)."""
     blocks = [b for s in sections_of(rep) for b in _html_blocks(s.notebook_blocks(rep))]
@@ -78,7 +74,7 @@ def render_html(rep: ReportContent) -> str:
             heldout_cells=rep.provenance.get("heldout_cells"),
             genes=rep.provenance.get("genes"),
             headline=rep.headline,
-            summary_blocks=_summary_blocks(rep),
+            summary_blocks=[b for s in sections_of(rep) for b in _html_blocks(s.summary_blocks(rep))],
             sections=shown,
         )
     )

@@ -48,6 +48,14 @@ MAX_ICA_CELLS = 5_000
 SYMMETRY_CELLS = 200
 #: Importance samples per cell in that check.
 SYMMETRY_SAMPLES = 50
+#: The checks of :func:`countvae.invariance.verify` that decide whether a map keeps ``p(x)`` as declared.
+SYMMETRY_CHECKS = (
+    "crn_max_abs_diff",
+    "control_z",
+    "loadings_log_prior_abs_diff",
+    "joint_abs_change",
+    "joint_change_over_mc_error",
+)
 #: Importance samples per held-out cell of each fit's ``log p(x)`` (as ``compare_restrictions``).
 DEFAULT_LPD_SAMPLES = 100
 
@@ -293,18 +301,7 @@ def symmetry_rows(fit: CountVAEFit, model_name: str, adata_heldout: ad.AnnData, 
     for name in maps:
         kept = bool(rep.settings["expected_invariant"][name])
         judged = checks[(checks["variant"] == "fitted") & (checks["transform"] == name)]
-        relevant = judged[
-            judged["check"].isin(
-                [
-                    "crn_max_abs_diff",
-                    "control_z",
-                    "loadings_log_prior_abs_diff",
-                    "joint_abs_change",
-                    "joint_change_over_mc_error",
-                ]
-            )
-            & judged["ok"].notna()
-        ]
+        relevant = judged[judged["check"].isin(SYMMETRY_CHECKS) & judged["ok"].notna()]
         if with_loadings:
             key = "joint_abs_change" if kept else "joint_change_over_mc_error"
         else:

@@ -159,26 +159,21 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
     n, setting = int(row["n_cells"]), str(row["cells_setting"])
     if not (np.isfinite(row["low"]) and np.isfinite(row["high"])):
         return Judgement(UNDETERMINED, "no interval: the inputs cannot be resampled", "pass what the row needs")
-    raw = interval_verdict(threshold, row["low"], row["high"])
-    coordinate = np.isfinite(row["aligned_agreement"])
-    if raw == AGREE:
+    verdict = interval_verdict(threshold, row["low"], row["high"])
+    if verdict == AGREE:
         return Judgement(AGREE)
-    if not coordinate:
-        if raw == DIFFER:
-            return Judgement(DIFFER)
-        needed = cells_needed(row["agreement"], row["low"], row["high"], threshold.value, n)
-        return Judgement(UNDETERMINED, _straddle(row["low"], row["high"], threshold), _more_cells(needed, n, setting))
-    aligned = interval_verdict(threshold, row["aligned_low"], row["aligned_high"])
-    if aligned == AGREE:
-        return Judgement(ALIGNED)
-    if aligned == DIFFER:
+    # A coordinate row that does not agree as it is is judged by its score after alignment.
+    prefix, which = "", ""
+    if np.isfinite(row["aligned_agreement"]):
+        prefix, which = "after alignment, ", "aligned_"
+        verdict = interval_verdict(threshold, row["aligned_low"], row["aligned_high"])
+        if verdict == AGREE:
+            return Judgement(ALIGNED)
+    if verdict == DIFFER:
         return Judgement(DIFFER)
-    needed = cells_needed(row["aligned_agreement"], row["aligned_low"], row["aligned_high"], threshold.value, n)
-    return Judgement(
-        UNDETERMINED,
-        "after alignment, " + _straddle(row["aligned_low"], row["aligned_high"], threshold),
-        _more_cells(needed, n, setting),
-    )
+    low, high = row[f"{which}low"], row[f"{which}high"]
+    needed = cells_needed(row[f"{which}agreement"], low, high, threshold.value, n)
+    return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), _more_cells(needed, n, setting))
 
 
 def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | None = None) -> pd.DataFrame:

@@ -168,6 +168,11 @@ class Boxes(Block):
     kind: ClassVar[str] = "boxes"
 
 
+def folded_table(summary: str, frame: pd.DataFrame) -> Details:
+    """Every row of ``frame``, folded under ``summary`` (in HTML only)."""
+    return Details(summary, (Table(frame, max_rows=None),), formats=frozenset({HTML}))
+
+
 # ----- what a section computes ----------------------------------------------------------------------------
 @dataclass
 class SectionResult:

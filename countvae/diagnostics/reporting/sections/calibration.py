@@ -15,6 +15,7 @@ from countvae.diagnostics.reporting.sections.base import (
     SectionResult,
     Shared,
     Table,
+    folded_table,
 )
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.verdict_calibration import (
@@ -78,10 +79,9 @@ class CalibrationSection(Section):
         if regime_rates is not None and len(regime_rates):
             blocks += [Bullets(tuple(regime.get("below_goal", ())))] if regime.get("below_goal") else []
             blocks.append(
-                Details(
+                folded_table(
                     f"Confident verdicts against the same fits on a large pool of cells, regime '{regime['name']}'",
-                    (Table(regime_rates, max_rows=None),),
-                    formats=html,
+                    regime_rates,
                 )
             )
         blocks.append(Paragraph(record.get("measured_by", "")))
@@ -99,11 +99,7 @@ class CalibrationSection(Section):
                 Paragraph("Every row was right in at least 95% of them.", formats=markdown),
             ]
         blocks.append(
-            Details(
-                "Correct, undetermined and wrong verdicts per scenario and row",
-                (Table(rep.tables["calibration"], max_rows=None),),
-                formats=html,
-            )
+            folded_table("Correct, undetermined and wrong verdicts per scenario and row", rep.tables["calibration"])
         )
         oracle = rep.tables.get("calibration_oracle")
         if oracle is not None and len(oracle):

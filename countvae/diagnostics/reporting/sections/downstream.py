@@ -17,10 +17,8 @@ from countvae.diagnostics.reporting.collect import Collected
 from countvae.diagnostics.reporting.downstream_section import CAPTION, INTRO, SUMMARY_COLUMNS, downstream_result
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
-    HTML,
     Block,
     Bullets,
-    Details,
     Figure,
     Heading,
     Paragraph,
@@ -28,6 +26,7 @@ from countvae.diagnostics.reporting.sections.base import (
     SectionResult,
     Shared,
     Table,
+    folded_table,
 )
 from countvae.diagnostics.reporting.settings import ReportSettings
 
@@ -51,7 +50,6 @@ class DownstreamReportSection(Section):
         sec = rep.downstream
         if sec is None:
             return []
-        html = frozenset({HTML})
         blocks: list[Block] = [Paragraph(INTRO), Bullets(tuple(sec.statements))]
         if len(sec.pairs):
             pairs = sec.pairs
@@ -66,8 +64,8 @@ class DownstreamReportSection(Section):
             blocks += [Heading("DE per fit"), Table(sec.de_per_fit)]
         return [
             *blocks,
-            Details("Every compared pair", (Table(sec.pairs, max_rows=None),), formats=html),
-            Details("Settings", (Table(_settings_frame(sec.settings), max_rows=None),), formats=html),
+            folded_table("Every compared pair", sec.pairs),
+            folded_table("Settings", _settings_frame(sec.settings)),
         ]
 
 

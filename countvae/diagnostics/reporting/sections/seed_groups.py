@@ -19,12 +19,12 @@ from countvae.diagnostics.reporting.sections.base import (
     HTML,
     Block,
     Bullets,
-    Details,
     Paragraph,
     Section,
     SectionResult,
     Shared,
     Table,
+    folded_table,
 )
 from countvae.diagnostics.reporting.settings import ReportSettings
 
@@ -79,7 +79,5 @@ class SeedGroupsSection(Section):
         blocks.append(Table(rep.tables["seed_groups"]))
         pairs = rep.tables.get("seed_group_pairs")
         if pairs is not None:
-            blocks.append(
-                Details("The evidence per pair of seeds", (Table(pairs, max_rows=None),), formats=frozenset({HTML}))
-            )
+            blocks.append(folded_table("The evidence per pair of seeds", pairs))
         return blocks
