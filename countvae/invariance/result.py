@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from countvae import plotting
+from countvae._checks import check_bool
 from countvae._formatting import format_value, json_ready, markdown_table
 from countvae._report_files import html_page, template_environment, write_report_folder
 
@@ -428,6 +429,7 @@ class InvarianceReport:
             The folder.
 
         """
+        check_bool("overwrite", overwrite)  # before rendering: a truthy string such as "no" must not replace a folder
         return write_report_folder(
             dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
         )
