@@ -1,10 +1,9 @@
 """Cells of a view of a backed (on-disk) AnnData, read from the file when needed, never loaded whole.
 
-``anndata.read_h5ad(path, backed="r")`` keeps the count matrix on disk, but a view of
-it (``adata[cells]``) reads all of its rows into memory as soon as ``.X`` is touched.
-:func:`backed_view_counts` gives countvae the view's rows as a :class:`BackedRows`
-instead: a matrix-like object that reads contiguous row slices of the file on demand,
-so a model can train on (and be evaluated on) a subset of a file larger than memory.
+``anndata.read_h5ad(path, backed="r")`` keeps the count matrix on disk, but a view of it (``adata[cells]``) reads
+all its rows into memory as soon as ``.X`` is touched. :func:`backed_view_counts` gives the view's rows as a
+:class:`BackedRows` instead, which reads contiguous row slices of the file on demand, so a model can train and be
+evaluated on a subset of a file larger than memory.
 """
 
 from __future__ import annotations
@@ -23,8 +22,8 @@ def file_counts(adata: ad.AnnData):
 def backed_positions(adata: ad.AnnData) -> np.ndarray:
     """Row positions, in its file, of the cells of a backed AnnData (all rows unless it is a view).
 
-    anndata has no public accessor for a view's rows in its parent; ``_oidx`` (a slice
-    or an integer array, as anndata normalises it) is the one private name read here.
+    anndata has no public accessor for a view's rows in its parent; ``_oidx`` (a slice or an integer array, as
+    anndata normalises it) is the one private name read here.
     """
     every_row = np.arange(int(file_counts(adata).shape[0]), dtype=np.int64)
     return every_row[adata._oidx] if adata.is_view else every_row
@@ -33,10 +32,9 @@ def backed_positions(adata: ad.AnnData) -> np.ndarray:
 class BackedRows:
     """Rows ``positions`` (sorted, unique) of a backed matrix, read from disk on demand.
 
-    Supports what countvae's readers use: ``shape``, ``dtype``, ``format`` and row
-    slices ``rows[start:stop]``, which read the file rows from ``positions[start]`` to
-    ``positions[stop - 1]`` as one contiguous slice and keep the wanted ones, so rows
-    left out of the subset in between cost a little extra reading but no extra seeks.
+    Supports what countvae's readers use: ``shape``, ``dtype``, ``format`` and row slices ``rows[start:stop]``,
+    which read the file rows ``positions[start]`` to ``positions[stop - 1]`` as one contiguous slice and keep the
+    wanted ones: rows left out in between cost a little extra reading but no extra seeks.
     """
 
     def __init__(self, matrix, positions: np.ndarray):

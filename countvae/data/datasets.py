@@ -82,10 +82,9 @@ def load_dataset(name: str, path: str | os.PathLike | None = None, backed: bool 
     Parameters
     ----------
     name
-        ``"pbmc_small"`` (80 x 230, Seurat's pbmc_small), ``"kang2018"`` (8,684 x 2,511
-        control PBMCs of 5 donors; ``obs['batch']`` = donor, ``obs['cell_type']``) or
-        ``"pbmc_3tech"`` (2,000 x 8,513 PBMCs from three 10x chemistries;
-        ``obs['batch']``, ``obs['cell_type']``).
+        ``"pbmc_small"`` (80 x 230, Seurat's pbmc_small), ``"kang2018"`` (8,684 x 2,511 control PBMCs of 5 donors;
+        ``obs['batch']`` = donor, ``obs['cell_type']``) or ``"pbmc_3tech"`` (2,000 x 8,513 PBMCs from three 10x
+        chemistries; ``obs['batch']``, ``obs['cell_type']``).
     path
         Explicit location of the file, see :func:`find_dataset`.
     backed

@@ -18,10 +18,8 @@ from countvae.errors import InvalidDataError
 class FileCells:
     """Cells of an .h5ad file, by position, with the registration they were checked under.
 
-    Picklable and small (the path, the positions and the registry), so a worker
-    process can :meth:`open` the cells itself instead of receiving a copy of the data.
-    The file's size and modification time are recorded, and :meth:`open` refuses a
-    file that has changed since.
+    Picklable and small (path, positions, registry), so a worker process can :meth:`open` the cells itself instead
+    of receiving a copy of the data. :meth:`open` refuses a file whose recorded size or modification time changed.
     """
 
     path: str

@@ -1,24 +1,18 @@
 """Highly variable genes on raw counts (Seurat v3's variance-stabilising selection), and keeping only them.
 
-The procedure is the ``seurat_v3`` flavour of scanpy's ``highly_variable_genes``
-(Stuart et al. 2019, Cell 177:1888, "Feature selection"), which scvi-tools'
-tutorials use to choose genes before training:
+The procedure is the ``seurat_v3`` flavour of scanpy's ``highly_variable_genes`` (Stuart et al. 2019, Cell
+177:1888, "Feature selection"), which scvi-tools' tutorials use to choose genes before training:
 
 1. per gene, the mean and the variance (``ddof=1``) of the raw counts;
-2. a loess fit (span 0.3, degree 2) of log10 variance on log10 mean, over the
-   genes whose variance is not zero; its fitted value is the expected variance
-   ``sigma^2`` of a gene of that mean;
-3. each count is clipped at ``mean + sigma * sqrt(n_cells)``, and the variance
-   of the standardised clipped counts ``(x - mean) / sigma`` is the gene's
-   normalised variance;
-4. genes are ranked by normalised variance. With batches, steps 1-3 run in each
-   batch, a gene's rank is its median rank over the batches where it is among
-   the top ``n_top_genes`` and ties are broken by the number of such batches.
+2. a loess fit (span 0.3, degree 2) of log10 variance on log10 mean, over the genes of non-zero variance; its
+   fitted value is the expected variance ``sigma^2`` of a gene of that mean;
+3. each count is clipped at ``mean + sigma * sqrt(n_cells)``; the variance of the standardised clipped counts
+   ``(x - mean) / sigma`` is the gene's normalised variance;
+4. genes are ranked by normalised variance. With batches, steps 1-3 run in each batch, a gene's rank is its median
+   rank over the batches where it is among the top ``n_top_genes``, and ties are broken by the number of such batches.
 
-It uses the same loess as scanpy (scikit-misc's), so it chooses the same genes
-(checked against scanpy on real data in the tests). It is written here rather
-than imported from scanpy so that the command line does not depend on scanpy
-and its dependencies for one function.
+It uses scanpy's loess (scikit-misc's), so it chooses the same genes (checked against scanpy on real data in the
+tests). It is written here so that the command line does not depend on scanpy and its dependencies for one function.
 """
 
 from __future__ import annotations
@@ -47,8 +41,8 @@ LOESS_SPAN = 0.3
 def _mean_var(counts: Any) -> tuple[np.ndarray, np.ndarray]:
     """Per-gene mean and unbiased (``ddof=1``) variance, in float64.
 
-    Sparse counts are summed row after row (as scanpy's kernel does on one
-    thread): the loess below is sensitive to the last digits of its inputs.
+    Sparse counts are summed row after row (as scanpy's kernel does on one thread): the loess below is sensitive to
+    the last digits of its inputs.
     """
     n, n_genes = counts.shape
     if sp.issparse(counts):
@@ -90,8 +84,8 @@ def normalized_variance(counts: Any, span: float = LOESS_SPAN) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        One value per gene; genes of zero variance (constant genes, all-zero ones
-        included) are left out of the loess and get 0, as in scanpy.
+        One value per gene; genes of zero variance (constant, all-zero included) are left out of the loess and get
+        0, as in scanpy.
 
     """
     n_cells = counts.shape[0]
@@ -125,11 +119,10 @@ def highly_variable_genes(
     Returns
     -------
     pandas.DataFrame
-        One row per gene, in the input order: ``variances_norm`` (mean over
-        batches), ``highly_variable_rank`` (median rank among batches where the
-        gene is in the top ``n_top_genes``, 0 = most variable; NaN elsewhere),
-        ``highly_variable_nbatches`` and ``highly_variable``; the same columns
-        and values as scanpy's ``highly_variable_genes(flavor="seurat_v3")``.
+        One row per gene, in input order: ``variances_norm`` (mean over batches), ``highly_variable_rank``
+        (median rank among batches where the gene is in the top ``n_top_genes``, 0 = most variable; NaN elsewhere),
+        ``highly_variable_nbatches`` and ``highly_variable``; the same columns and values as scanpy's
+        ``highly_variable_genes(flavor="seurat_v3")``.
 
     Raises
     ------
@@ -188,11 +181,10 @@ def highly_variable_genes(
 def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) -> ad.AnnData:
     """Keep the ``n_top_genes`` most variable genes of a registered AnnData, chosen on its raw counts.
 
-    Genes are chosen by :func:`countvae.data.highly_variable_genes` on the registered counts,
-    within each batch when a batch key is registered (as scvi-tools' tutorials
-    do). The result is registered with the same layer, batch and labels keys
-    (counts from ``adata.raw`` become the result's ``X``) and records the
-    selection in ``uns["countvae_gene_selection"]`` (see :func:`countvae.data.get_gene_selection`).
+    Genes are chosen by :func:`countvae.data.highly_variable_genes`, within each batch when a batch key is
+    registered (as scvi-tools' tutorials do). The result is registered with the same layer, batch and labels keys
+    (counts from ``adata.raw`` become its ``X``) and records the selection in ``uns["countvae_gene_selection"]``
+    (see :func:`countvae.data.get_gene_selection`).
 
     Parameters
     ----------
@@ -215,8 +207,8 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
     InvalidArgumentError
         If ``n_top_genes`` is below ``min_genes`` or above the number of genes.
     InvalidDataError
-        If some cell has no counts in the chosen genes (it could not be modelled),
-        or a batch is too small for the selection.
+        If some cell has no counts in the chosen genes (it could not be modelled), or a batch is too small for the
+        selection.
 
     """
     registry = get_registry(adata)
@@ -268,8 +260,8 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
 def get_gene_selection(adata: ad.AnnData) -> dict[str, Any] | None:
     """The selection :func:`countvae.data.select_top_genes` recorded on ``adata`` (JSON-ready), or ``None``.
 
-    Keys: ``flavor``, ``n_top_genes``, ``n_genes_before``, ``counts`` (which
-    matrix the genes were chosen on), ``batch_key`` (``""``: none) and ``genes``.
+    Keys: ``flavor``, ``n_top_genes``, ``n_genes_before``, ``counts`` (the matrix the genes were chosen on),
+    ``batch_key`` (``""``: none) and ``genes``.
     """
     record = adata.uns.get(UNS_KEY)
     if record is None:
@@ -292,9 +284,8 @@ ALL_GENES = "all"
 class GeneChoice:
     """The data to fit after :func:`choose_genes`, and how it was chosen.
 
-    ``adata`` is the data to fit (the input itself when every gene is kept),
-    ``n_genes_before`` the genes the input had, ``selected`` whether genes were
-    dropped and ``explicit`` whether the number was asked for rather than a default.
+    ``adata`` is the data to fit (the input itself when every gene is kept), ``n_genes_before`` the input's genes,
+    ``selected`` whether genes were dropped and ``explicit`` whether the number was asked for rather than a default.
     """
 
     adata: ad.AnnData
@@ -310,10 +301,9 @@ class GeneChoice:
 def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | None, n_latent: int) -> GeneChoice:
     """Keep the ``requested`` most variable genes of registered data (:func:`select_top_genes`), or all of them.
 
-    ``requested`` is ``None`` (the ``default``, which applies only when the data
-    has more genes; ``None`` there keeps every gene), ``"all"`` (``ALL_GENES``) or a
-    number; an explicit number larger than the number of genes or smaller than
-    ``n_latent`` is an error.
+    ``requested`` is ``None`` (the ``default``, which applies only when the data has more genes; ``None`` there
+    keeps every gene), ``"all"`` (``ALL_GENES``) or a number; an explicit number larger than the number of genes or
+    smaller than ``n_latent`` is an error.
     """
     registry = get_registry(adata)
     if registry is None:

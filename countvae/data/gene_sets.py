@@ -1,13 +1,11 @@
 """Gene sets (named gene programs): read from a GMT file or a dict, and checked against a data set's genes.
 
-A gene program names a latent dimension by external knowledge: the loadings of
-dimension ``k`` are restricted to program ``k``'s genes (see
-:class:`countvae.module.loadings.ProgramLoadings`). This module only turns what
-the user passes into an ordered ``{name: [genes]}`` dict whose genes all exist in
-the data, or says clearly what does not fit.
+A gene program names a latent dimension by external knowledge: the loadings of dimension ``k`` are restricted to
+program ``k``'s genes (see :class:`countvae.module.loadings.ProgramLoadings`). This module only turns what the user
+passes into an ordered ``{name: [genes]}`` dict whose genes all exist in the data, or says clearly what does not fit.
 
-The GMT format (Broad Institute, used by MSigDB) has one gene set per line,
-tab-separated: the set's name, a description (may be empty), then its genes.
+The GMT format (Broad Institute, used by MSigDB) has one gene set per line, tab-separated: the set's name, a
+description (may be empty), then its genes.
 """
 
 from __future__ import annotations
@@ -110,9 +108,8 @@ def check_gene_programs(
     var_names
         The data's genes.
     unknown_genes
-        ``"error"``: a gene not in ``var_names`` is an error naming it;
-        ``"drop"``: such genes are left out (a gene set from a database lists
-        many genes a filtered data set does not have).
+        ``"error"``: a gene not in ``var_names`` is an error naming it; ``"drop"``: such genes are left out (a
+        gene set from a database lists many genes a filtered data set does not have).
     min_genes
         Fewest genes a program must keep.
 
@@ -124,8 +121,8 @@ def check_gene_programs(
     Raises
     ------
     InvalidDataError
-        Naming the unknown genes (with ``"error"``), or the programs left with
-        fewer than ``min_genes`` genes in the data.
+        Naming the unknown genes (with ``"error"``), or the programs left with fewer than ``min_genes`` genes in
+        the data.
 
     """
     if unknown_genes not in ("error", "drop"):

@@ -2,19 +2,16 @@
 
 Two ways of visiting the cells in random order (``CountSource.iterate``):
 
-* per-cell shuffling (the default for in-memory data): one uniform random
-  permutation of the cells per epoch, as scvi-tools' data loader;
-* block shuffling (the default for backed data, ``shuffle_block_cells=B``): the
-  sorted cells are cut into blocks of ``B`` consecutive cells, the blocks are put in
-  random order, consecutive groups of ``buffer_blocks`` blocks form a buffer, and the
-  cells of each buffer are permuted. Each buffer is read from disk as a few
-  contiguous row slices, so an epoch reads every row once with large sequential
-  reads, and at most two buffers of sparse rows are in memory at any time. Every
-  minibatch mixes cells of ``buffer_blocks`` random places in the file.
+* per-cell shuffling (the default for in-memory data): one uniform random permutation of the cells per epoch, as
+  scvi-tools' data loader;
+* block shuffling (the default for backed data, ``shuffle_block_cells=B``): the sorted cells are cut into blocks of
+  ``B`` consecutive cells, the blocks are put in random order, consecutive groups of ``buffer_blocks`` blocks form a
+  buffer, and the cells of each buffer are permuted. Each buffer is read as a few contiguous row slices, so an epoch
+  reads every row once with large sequential reads, and at most two buffers of sparse rows are in memory at a time.
+  Every minibatch mixes cells of ``buffer_blocks`` random places in the file.
 
-Either way the epoch's cell order is cut into consecutive minibatches of
-``batch_size`` cells (the last one shorter; each minibatch's rows sorted by
-position), so for the same order the minibatches, and therefore training, are
+Either way the epoch's cell order is cut into consecutive minibatches of ``batch_size`` cells (the last one shorter;
+each minibatch's rows sorted by position), so for the same order the minibatches, and therefore training, are
 identical for in-memory and backed data.
 """
 
@@ -49,14 +46,13 @@ class Minibatch:
     indices
         Positions of the rows in the registered AnnData (sorted ascending).
     counts
-        Dense counts, shape (len(indices), n_genes): float32 when the stored matrix
-        is float32 (exact for counts below 2**24), float64 otherwise.
+        Dense counts, shape (len(indices), n_genes): float32 when the stored matrix is float32 (exact for counts
+        below 2**24), float64 otherwise.
     batch
         Integer batch code of each row.
     nonzero
-        Row-major flat positions (``row * n_genes + gene``) of the non-zero entries of
-        ``counts``, in increasing order, when the rows came from a sparse matrix
-        (saves the likelihood a search over the dense block); else ``None``.
+        Row-major flat positions (``row * n_genes + gene``) of the non-zero entries of ``counts``, increasing, when
+        the rows came from a sparse matrix (saves the likelihood a search over the dense block); else ``None``.
     nonzero_rows, nonzero_genes
         The row and the gene of each of those entries (the same order), or ``None``.
     nonzero_per_row
@@ -90,17 +86,15 @@ def _runs(sorted_rows: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
 class CountSource:
     """Row access to a registered count matrix.
 
-    In-memory CSC and COO matrices are converted to CSR once (row access on CSC
-    is slow); this doubles memory for that matrix while the source lives, which is
-    logged. Backed matrices (``anndata.read_h5ad(..., backed="r")``) are never read
-    whole: rows are read as contiguous slices (``matrix[start:stop]``) covering the
-    wanted rows, and only the wanted rows are kept.
+    In-memory CSC and COO matrices are converted to CSR once (row access on CSC is slow); this doubles memory for
+    that matrix while the source lives, which is logged. Backed matrices (``anndata.read_h5ad(..., backed="r")``)
+    are never read whole: contiguous slices (``matrix[start:stop]``) covering the wanted rows are read, and only
+    the wanted rows kept.
 
     Parameters
     ----------
     matrix
-        Cells x genes counts: numpy array, scipy sparse or a backed anndata dataset
-        (sparse CSR or dense).
+        Cells x genes counts: numpy array, scipy sparse or a backed anndata dataset (sparse CSR or dense).
     batch
         Integer batch code of every cell.
 
@@ -195,10 +189,7 @@ class CountSource:
         shuffle_block_cells: int | None = None,
         buffer_blocks: int = DEFAULT_BUFFER_BLOCKS,
     ) -> Iterator[Minibatch]:
-        """Yield minibatches covering ``indices``.
-
-        The epoch's order (``indices`` as given, or shuffled) is cut into consecutive
-        minibatches; each minibatch holds its cells sorted by position.
+        """Yield minibatches covering ``indices``: the epoch's order (as given, or shuffled) cut as the module says.
 
         Parameters
         ----------
@@ -211,13 +202,12 @@ class CountSource:
         rng
             Source of the shuffling order (required when ``shuffle``).
         drop_last_singleton
-            Merge a final minibatch of one cell into the previous one: batch
-            normalisation cannot train on a single cell.
+            Merge a final minibatch of one cell into the previous one: batch normalisation cannot train on a single
+            cell.
         shuffle_block_cells
-            With ``shuffle``: ``None`` for per-cell shuffling (default for in-memory
-            data; backed data then uses ``DEFAULT_BLOCK_CELLS``), or the block size
-            ``B`` of block shuffling (see the module docstring). ``1`` with a buffer
-            covering all cells is a per-cell shuffle drawn differently.
+            With ``shuffle``: ``None`` for per-cell shuffling (default for in-memory data; backed data then uses
+            ``DEFAULT_BLOCK_CELLS``), or the block size ``B`` of block shuffling (see the module docstring). ``1``
+            with a buffer covering all cells is a per-cell shuffle drawn differently.
         buffer_blocks
             Blocks per shuffling buffer (block shuffling only).
 
@@ -283,8 +273,8 @@ def block_shuffle_order(
     Returns
     -------
     order, segments
-        The cell order, and the ``(start, stop)`` positions in ``order`` of each
-        buffer (the cells read from disk together).
+        The cell order, and the ``(start, stop)`` positions in ``order`` of each buffer (the cells read from disk
+        together).
 
     """
     n = len(sorted_indices)

@@ -1,11 +1,9 @@
 """Registration of an AnnData: where the counts are and which obs columns are covariates.
 
-scvi-tools registers fields through ``AnnDataManager`` and writes helper columns
-into ``adata.obs``. countvae keeps one small JSON-serialisable record in
-``adata.uns["_countvae"]`` instead: it needs three fields, importing scvi-tools
-costs several seconds, and the record travels with the AnnData when it is written
-to h5ad. The behaviour users rely on (register once, then pass the AnnData to the
-model) is the same.
+scvi-tools registers fields through ``AnnDataManager`` and writes helper columns into ``adata.obs``. countvae keeps
+one small JSON-serialisable record in ``adata.uns["_countvae"]`` instead: it needs three fields, importing scvi-tools
+costs several seconds, and the record travels with the AnnData written to h5ad. The behaviour users rely on (register
+once, then pass the AnnData to the model) is the same.
 """
 
 from __future__ import annotations
@@ -230,9 +228,8 @@ def _to_uns(registry: Registry) -> dict:
 def attach_registry(adata: ad.AnnData, registry: Registry) -> None:
     """Register ``adata`` as ``registry`` says without checking its counts again.
 
-    Only for data already checked under this registration, e.g. a file reopened in
-    another process (:class:`countvae.data.file_cells.FileCells`); anything else goes
-    through :func:`setup_anndata`.
+    Only for data already checked under this registration, e.g. a file reopened in another process
+    (:class:`countvae.data.file_cells.FileCells`); anything else goes through :func:`setup_anndata`.
     """
     adata.uns[UNS_KEY] = _to_uns(registry)
 

@@ -1,8 +1,7 @@
 """Counts simulated from the countvae model family, with the true parameters kept.
 
-The simulator is the project's test oracle: latent sources, decoder weights,
-dispersions and batch effects are stored next to the counts so that every
-estimate can be compared with the truth.
+The simulator is the project's test oracle: latent sources, decoder weights, dispersions and batch effects are
+stored next to the counts so that every estimate can be compared with the truth.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ def draw_sources(kind: SourceKind | list[SourceKind], n: int, n_latent: int, rng
     Parameters
     ----------
     kind
-        Distribution of every source, or one per source: ``"normal"``, ``"laplace"``,
-        ``"uniform"``, or ``"discrete"`` (three equally likely levels -1, 0, 1, rescaled).
+        Distribution of every source, or one per source: ``"normal"``, ``"laplace"``, ``"uniform"``, or
+        ``"discrete"`` (three equally likely levels -1, 0, 1, rescaled).
     n
         Number of cells.
     n_latent
@@ -81,12 +80,10 @@ def simulate(
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
-    For cell ``n`` with sources ``z_n`` (``obsm['z_true']``), batch ``s_n`` and size
-    factor ``l_n``, gene ``g`` has mean ``l_n * exp(eta_ng)``, where
-    ``eta_ng = b_g + W_g z_n + c_{s_n g}`` for the linear decoder, and for the
-    MLP decoder ``eta_n = log_softmax(V2 leaky_relu(V1 z_n + a1) + a2) + c_{s_n}``.
-    The baseline ``b`` is a log-proportion (``sum_g exp(b_g) = 1``), so the
-    observed library size is close to ``l_n``.
+    For cell ``n`` with sources ``z_n`` (``obsm['z_true']``), batch ``s_n`` and size factor ``l_n``, gene ``g`` has
+    mean ``l_n * exp(eta_ng)``, where ``eta_ng = b_g + W_g z_n + c_{s_n g}`` for the linear decoder, and for the MLP
+    decoder ``eta_n = log_softmax(V2 leaky_relu(V1 z_n + a1) + a2) + c_{s_n}``. The baseline ``b`` is a
+    log-proportion (``sum_g exp(b_g) = 1``), so the observed library size is close to ``l_n``.
 
     Parameters
     ----------
@@ -117,57 +114,46 @@ def simulate(
     seed
         Seed of every random draw.
     n_source_bins
-        Continuous sources are also given as labels of this many equally populated
-        bins (``obsm['z_true_labels']``); discrete sources keep their levels.
+        Continuous sources are also given as labels of this many equally populated bins (``obsm['z_true_labels']``);
+        discrete sources keep their levels.
     n_groups
-        Groups of cells (``obs['group']``, ``"group0"``, ``"group1"``, ...), assigned
-        uniformly at random and independently of the sources and batches. With the
-        default 1 nothing about groups is drawn or stored and the output is the same
-        as without these arguments.
+        Groups of cells (``obs['group']``, ``"group0"``, ``"group1"``, ...), assigned uniformly at random and
+        independently of the sources and batches. With the default 1 nothing about groups is drawn or stored and the
+        output is the same as without these arguments.
     n_de_genes
-        Genes with planted differential expression in each group other than the
-        reference ``group0``, chosen at random for each group. Gene ``g`` of group
-        ``k`` gets ``eta_ng += log(2) * lfc_kg``, so its mean at fixed sources, batch
-        and size factor is ``2 ** lfc_kg`` times the reference group's.
+        Genes with planted differential expression in each group other than the reference ``group0``, chosen at
+        random for each group. Gene ``g`` of group ``k`` gets ``eta_ng += log(2) * lfc_kg``, so its mean at fixed
+        sources, batch and size factor is ``2 ** lfc_kg`` times the reference group's.
     de_lfc
-        ``(low, high)``: each planted ``|lfc_kg|`` (log2 fold change) is uniform on
-        this interval; its sign is + or - with probability 1/2.
+        ``(low, high)``: each planted ``|lfc_kg|`` (log2 fold change) is uniform on this interval; its sign is + or -
+        with probability 1/2.
     loading_sparsity
-        Linear decoder: the share of loadings ``W_gk`` set to exactly 0, each
-        independently (every source keeps at least 3 loaded genes). The others are
-        scaled by ``1 / sqrt(1 - loading_sparsity)`` so that ``loading_scale`` keeps
-        its meaning on average. Each source then acts on its own gene set (its
-        true program, :func:`true_programs`), and genes with a zero row are noise.
-        The zeros come from a separate random stream: with the default 0 nothing
-        is drawn and the output is the same as without this argument.
+        Linear decoder: the share of loadings ``W_gk`` set to exactly 0, each independently (every source keeps at
+        least 3 loaded genes). The others are scaled by ``1 / sqrt(1 - loading_sparsity)`` so that ``loading_scale``
+        keeps its meaning on average. Each source then acts on its own gene set (its true program,
+        :func:`true_programs`), and genes with a zero row are noise. The zeros come from a separate random stream:
+        with the default 0 nothing is drawn and the output is the same as without this argument.
     loadings
-        Linear decoder: the loadings ``W`` (genes x latent) to use instead of
-        drawing them (``loading_scale`` and ``loading_sparsity`` then do not
-        apply). Everything drawn before ``W`` (sources, batches, size factors,
-        the baseline ``b``) is the same as without it for the same seed,
-        shape and source kinds, and so are the dispersions between two calls
-        that both give loadings: a design can be built on a first call.
+        Linear decoder: the loadings ``W`` (genes x latent) to use instead of drawing them (``loading_scale`` and
+        ``loading_sparsity`` then do not apply). Everything drawn before ``W`` (sources, batches, size factors, the
+        baseline ``b``) is the same as without it for the same seed, shape and source kinds, and so are the
+        dispersions between two calls that both give loadings: a design can be built on a first call.
 
     Returns
     -------
     AnnData
-        CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical),
-        ``obs['size_factor']``; ``obsm['z_true']``; ``obsm['z_true_labels']``
-        (integer labels of the sources, the discrete factors that InfoMEC needs);
-        ``uns['simulation']`` with the true parameters (``W``, ``b``,
-        ``batch_offset``, ``theta``, ``dropout``, the MLP weights, and
-        ``source_kinds``, the distribution of each source). With ``n_groups > 1``
-        also ``obs['group']``, ``var['de_lfc_group<k>']`` (the planted log2 fold
-        change of group ``k`` against ``group0``, 0 for genes without one) and in
-        ``uns['simulation']`` ``de_lfc`` (groups x genes, row 0 zero) and
-        ``group_names``; :func:`planted_lfc` gives the true log2 fold change
-        between two groups. The groups and their effects come from a separate
-        random stream, so the rest of the simulation is the same as with
+        CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical), ``obs['size_factor']``;
+        ``obsm['z_true']``; ``obsm['z_true_labels']`` (integer labels of the sources, the discrete factors that
+        InfoMEC needs); ``uns['simulation']`` with the true parameters (``W``, ``b``, ``batch_offset``, ``theta``,
+        ``dropout``, the MLP weights, and ``source_kinds``, the distribution of each source). With ``n_groups > 1``
+        also ``obs['group']``, ``var['de_lfc_group<k>']`` (the planted log2 fold change of group ``k`` against
+        ``group0``, 0 for genes without one) and in ``uns['simulation']`` ``de_lfc`` (groups x genes, row 0 zero)
+        and ``group_names``; :func:`planted_lfc` gives the true log2 fold change between two groups. The groups and
+        their effects come from a separate random stream, so the rest of the simulation is the same as with
         ``n_groups=1`` whenever ``n_de_genes=0``.
 
-        The planted effect is on each gene's mean; a cell's expected share of its
-        library (what a model's normalised expression estimates) moves in addition
-        by ``-log2`` of the group's total fold change over all genes, which is small
+        The planted effect is on each gene's mean; a cell's expected share of its library (what a model's normalised
+        expression estimates) also moves by ``-log2`` of the group's total fold change over all genes, which is small
         when few genes are planted with balanced signs.
 
     """
@@ -395,15 +381,14 @@ def planted_lfc(adata: ad.AnnData, group1: str, group2: str | None = None) -> pd
     adata
         Output of :func:`simulate` with ``n_groups > 1``.
     group1, group2
-        Group names (``"group0"``, ...). ``group2=None`` means the other cells,
-        defined only with two groups (with more, the rest is a mixture whose fold
-        change depends on each cell's sources).
+        Group names (``"group0"``, ...). ``group2=None`` means the other cells, defined only with two groups (with
+        more, the rest is a mixture whose fold change depends on each cell's sources).
 
     Returns
     -------
     pandas.Series
-        ``lfc[group1] - lfc[group2]`` per gene (index: gene names), the log2 ratio
-        of the means at fixed sources, batch and size factor.
+        ``lfc[group1] - lfc[group2]`` per gene (index: gene names), the log2 ratio of the means at fixed sources,
+        batch and size factor.
 
     """
     params = adata.uns.get("simulation", {})

@@ -15,8 +15,7 @@ def split_indices(n_obs: int, first_fraction: float, seed: int) -> tuple[np.ndar
     n_obs
         Number of cells.
     first_fraction
-        Fraction of cells in the first part, in (0, 1]. The first part gets
-        ``round(first_fraction * n_obs)`` cells (at least one).
+        Fraction of cells in the first part, in (0, 1]: ``round(first_fraction * n_obs)`` cells, at least one.
     seed
         Seed of the permutation.
 

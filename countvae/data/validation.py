@@ -36,8 +36,7 @@ class CountSummary:
 def iter_row_chunks(matrix, chunk_rows: int = _CHUNK_ROWS) -> Iterator[tuple[int, object]]:
     """Yield ``(start, block)`` pairs that cover ``matrix`` row-wise.
 
-    Works on numpy arrays, scipy sparse matrices and anndata's backed datasets
-    (which read a contiguous row slice from disk).
+    Works on numpy arrays, scipy sparse matrices and anndata's backed datasets (which read a contiguous row slice).
     """
     n = matrix.shape[0]
     for start in range(0, n, chunk_rows):
@@ -68,21 +67,18 @@ def count_totals(matrix) -> CountSummary:
 def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = False) -> CountSummary:
     """Check that ``matrix`` holds finite, non-negative integer counts.
 
-    Nothing is modified or coerced. Cells and genes whose counts are all zero are
-    an error (with their number and a way to filter them), because a cell with no
-    counts has no library size and a gene with no counts has no information.
+    Nothing is modified or coerced. All-zero cells and genes are an error (with their number and a way to filter
+    them): a cell with no counts has no library size and a gene with no counts has no information.
 
     Parameters
     ----------
     matrix
-        Cells x genes: a numpy array, a scipy sparse matrix (CSR, CSC, COO) or a
-        backed anndata dataset.
+        Cells x genes: a numpy array, a scipy sparse matrix (CSR, CSC, COO) or a backed anndata dataset.
     what
         How to name the matrix in error messages, e.g. ``"adata.layers['counts']"``.
     allow_empty_genes
-        Accept genes with no counts. Training data must not have them, but a
-        handful of query or held-out cells often leaves some gene at zero, and that
-        is valid data for a fitted model.
+        Accept genes with no counts. Training data must not have them, but a handful of query or held-out cells
+        often leaves some gene at zero, which is valid data for a fitted model.
 
     Returns
     -------
@@ -92,9 +88,8 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     Raises
     ------
     InvalidDataError
-        If the matrix is empty, is not numeric, holds NaN or infinite values,
-        negative or non-integer values or counts above ``2**24`` (exact in float32),
-        or has all-zero cells or genes.
+        If the matrix is empty, is not numeric, holds NaN or infinite values, negative or non-integer values or
+        counts above ``2**24`` (exact in float32), or has all-zero cells or genes.
 
     """
     n_obs, n_vars = _check_shape_and_dtype(matrix, what)
