@@ -2,24 +2,21 @@
 
 Ground-truth metrics compare latents with known sources (simulations):
 
-* :func:`infomec`: InfoM, InfoE, InfoC of Hsu et al. (NeurIPS 2023, "Disentanglement
-  via latent quantization"), with an unbiased InfoE for imbalanced labels;
-* :func:`mcc`: mean correlation coefficient after Hungarian matching (Pearson
-  or Spearman), as in ICE-BeeM (Khemakhem et al. 2020);
-* :func:`dci`: disentanglement, completeness, informativeness (Eastwood and
-  Williams 2018) from random-forest importances.
+* :func:`infomec`: InfoM, InfoE, InfoC of Hsu et al. (NeurIPS 2023, "Disentanglement via latent quantization"),
+  with an unbiased InfoE for imbalanced labels;
+* :func:`mcc`: mean correlation coefficient after Hungarian matching (Pearson or Spearman), as in ICE-BeeM
+  (Khemakhem et al. 2020);
+* :func:`dci`: disentanglement, completeness, informativeness (Eastwood and Williams 2018) from random-forest
+  importances.
 
-Downstream metrics need only labels (cell types, batches): :func:`normalized_gini`
-(sparsity of importances) and :func:`concentration` (share of between-group
-variance carried by the top features). The held-out-batch classifier of the ICA
-benchmarks (``benchmarks/heldout_classification.py``) uses both. :func:`batch_mixing`
-reads a k-NN graph: how often cells have neighbours from another batch, against random.
+Downstream metrics need only labels (cell types, batches): :func:`normalized_gini` (sparsity of importances) and
+:func:`concentration` (share of between-group variance carried by the top features), both used by the held-out-batch
+classifier of the ICA benchmarks (``benchmarks/heldout_classification.py``). :func:`batch_mixing` reads a k-NN graph:
+how often cells have neighbours from another batch, against random.
 
-Which metrics depend on the latent coordinates: InfoE, DCI-I and the held-out
-AUROC of a linear model do not change under an invertible linear map of the
-latents; InfoM, InfoC, MCC, DCI-D/C, importance sparsity and concentration do
-(they reward axis-aligned sources), and so does the AUROC of tree ensembles,
-whose splits are axis-aligned.
+InfoE, DCI-I and the held-out AUROC of a linear model do not change under an invertible linear map of the latents;
+InfoM, InfoC, MCC, DCI-D/C, importance sparsity and concentration do (they reward axis-aligned sources), and so does
+the AUROC of tree ensembles, whose splits are axis-aligned.
 """
 
 from __future__ import annotations
@@ -89,8 +86,7 @@ def _encode_labels(sources: Any) -> np.ndarray:
 def discretize(values: Any, n_bins: int = 10) -> np.ndarray:
     """Bin each column into ``n_bins`` equally populated (quantile) bins, labelled 0..n_bins-1.
 
-    Columns with fewer distinct values than ``n_bins`` keep their distinct
-    values as labels (a discrete source stays as it is).
+    Columns with fewer distinct values than ``n_bins`` keep their values as labels (a discrete source stays as it is).
     """
     return source_labels(_as_matrix(values, "values"), check_int("n_bins", n_bins, 2))
 
@@ -148,9 +144,8 @@ def match_components(a: Any, b: Any, method: CorrelationMethod = "pearson") -> C
 def mcc(latents: Any, sources: Any, method: CorrelationMethod = "pearson") -> float:
     """Mean |correlation| between sources and their Hungarian-matched latents.
 
-    1 exactly when the latents are the sources up to a signed permutation and
-    per-coordinate scaling (Pearson) or monotone maps (Spearman). With unequal
-    numbers of columns, the ``min`` of the two are matched.
+    1 exactly when the latents are the sources up to a signed permutation and per-coordinate scaling (Pearson) or
+    monotone maps (Spearman). With unequal numbers of columns, the ``min`` of the two are matched.
     """
     return float(np.mean(np.abs(match_components(sources, latents, method).correlations)))
 
@@ -199,19 +194,15 @@ def _normalized_share(matrix: np.ndarray, axis: int, n: int) -> float:
 def explicitness(latents: Any, codes: np.ndarray, max_iter: int = 1000) -> float:
     """``(H(s) - CE) / H(s)`` for one discrete source ``s`` given all latents.
 
-    ``CE`` is the in-sample cross-entropy (nats) of an unpenalized multinomial
-    logistic regression of ``s`` on the standardized latents; ``H(s)`` is the
-    plug-in entropy of ``s``, which is the in-sample cross-entropy of the
+    ``CE`` is the in-sample cross-entropy (nats) of an unpenalized multinomial logistic regression of ``s`` on the
+    standardized latents; ``H(s)``, the plug-in entropy of ``s``, is the in-sample cross-entropy of the
     intercept-only (null) model. This is McFadden's pseudo-R^2.
 
-    Unlike Hsu et al.'s reference code, no class weights are used: with
-    ``class_weight='balanced'`` the null model predicts the uniform law, its
-    cross-entropy is ``log C`` rather than ``H(s)``, and InfoE is biased upward
-    for imbalanced labels (cell types): for shares (0.8, 0.15, 0.05),
-    ``log 3 = 1.10`` nats against ``H(s) = 0.62``. Unweighted, both terms are
-    cross-entropies of the observed labels and a model that ignores the
-    latents scores exactly 0. The score is invariant under any invertible
-    affine map of the latents (the fitted model absorbs it).
+    Unlike Hsu et al.'s reference code, no class weights are used: with ``class_weight='balanced'`` the null model
+    predicts the uniform law, its cross-entropy is ``log C`` rather than ``H(s)``, and InfoE is biased upward for
+    imbalanced labels (cell types): for shares (0.8, 0.15, 0.05), ``log 3 = 1.10`` nats against ``H(s) = 0.62``.
+    Unweighted, both terms are cross-entropies of the observed labels and a model that ignores the latents scores
+    exactly 0. The score is invariant under any invertible affine map of the latents (the fitted model absorbs it).
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
@@ -240,26 +231,24 @@ def infomec(
 ) -> InfoMEC:
     """InfoM, InfoE and InfoC (Hsu et al. 2023) of continuous latents against discrete sources.
 
-    * ``NMI_ij = I(s_i; z_j) / H(s_i)``: the k-NN (Kraskov-type) estimate of
-      mutual information between source ``i`` and standardized latent ``j``
-      (scikit-learn's ``mutual_info_classif``, ``n_neighbors``, seeded),
-      divided by the plug-in entropy of the source, in nats.
-    * Active latents: interquartile range above ``active_iqr_fraction`` times the
-      largest (the reference code's rule); ``L`` of them, ``K`` sources.
-    * ``InfoM = (mean_j max_i NMI_ij / sum_i NMI_ij - 1/K) / (1 - 1/K)`` over active latents:
-      does each latent carry information about one source only?
-    * ``InfoC = (mean_i max_j NMI_ij / sum_j NMI_ij - 1/L) / (1 - 1/L)``: is each source
-      carried by one latent only?
-    * ``InfoE``: mean over sources of :func:`explicitness` using all latents: how
-      much of each source is linearly decodable.
+    * ``NMI_ij = I(s_i; z_j) / H(s_i)``: the k-NN (Kraskov-type) estimate of mutual information between source
+      ``i`` and standardized latent ``j`` (scikit-learn's ``mutual_info_classif``, ``n_neighbors``, seeded), divided
+      by the plug-in entropy of the source, in nats.
+    * Active latents: interquartile range above ``active_iqr_fraction`` times the largest (the reference code's
+      rule); ``L`` of them, ``K`` sources.
+    * ``InfoM = (mean_j max_i NMI_ij / sum_i NMI_ij - 1/K) / (1 - 1/K)`` over active latents: does each latent carry
+      information about one source only?
+    * ``InfoC = (mean_i max_j NMI_ij / sum_j NMI_ij - 1/L) / (1 - 1/L)``: is each source carried by one latent only?
+    * ``InfoE``: mean over sources of :func:`explicitness` using all latents: how much of each source is linearly
+      decodable.
 
     Parameters
     ----------
     latents
         (cells, latents) continuous values.
     sources
-        (cells, sources) discrete labels (integers, strings or categoricals);
-        bin continuous sources with :func:`discretize`.
+        (cells, sources) discrete labels (integers, strings or categoricals); bin continuous sources with
+        :func:`discretize`.
     n_neighbors
         Neighbours of the mutual-information estimator.
     random_state
@@ -348,11 +337,10 @@ def dci(
 ) -> DCI:
     """DCI from one random-forest classifier (entropy criterion) per discrete source.
 
-    ``R_jk`` is latent ``j``'s importance for source ``k`` (normalized per source).
-    Disentanglement is ``sum_j rho_j (1 - H_K(R_j. / sum R_j.))`` with
-    ``rho_j = sum_k R_jk / sum R`` and entropies in base ``K``; completeness is
-    the same per source with base ``L``; informativeness is the mean accuracy
-    on a held-out ``test_size`` share of cells.
+    ``R_jk`` is latent ``j``'s importance for source ``k`` (normalized per source). Disentanglement is
+    ``sum_j rho_j (1 - H_K(R_j. / sum R_j.))`` with ``rho_j = sum_k R_jk / sum R`` and entropies in base ``K``;
+    completeness is the same per source with base ``L``; informativeness is the mean accuracy on a held-out
+    ``test_size`` share of cells.
     """
     from sklearn.ensemble import RandomForestClassifier
     from sklearn.model_selection import train_test_split
@@ -401,9 +389,8 @@ def dci(
 def normalized_gini(values: Any) -> float:
     """Gini coefficient of non-negative values, scaled so that one non-zero value gives 1 and equal values 0.
 
-    ``G = sum_ij |x_i - x_j| / (2 p^2 mean(x))``, divided by its maximum
-    ``1 - 1/p`` (as ``normalized_gini`` in Hsu et al.'s code), computed in
-    ``O(p log p)`` from the sorted values.
+    ``G = sum_ij |x_i - x_j| / (2 p^2 mean(x))``, divided by its maximum ``1 - 1/p`` (as ``normalized_gini`` in Hsu
+    et al.'s code), computed in ``O(p log p)`` from the sorted values.
     """
     try:
         x = np.asarray(values, dtype=np.float64).ravel()
@@ -435,10 +422,9 @@ def _group_keys(values: Any, name: str, n_cells: int) -> np.ndarray:
 def group_variance(features: Any, labels: Any, within: Any = None) -> np.ndarray:
     """Variance of each feature explained by ``labels`` (between-group variance), (features,).
 
-    ``v_j = sum_g (n_g / n) (mean_gj - mean_j)^2``. With ``within`` (e.g. cell
-    types when ``labels`` are batches) each feature is first centred in each
-    ``within`` group, so ``v_j`` is the variance of the label means inside those
-    groups: batch effects not explained by cell-type composition.
+    ``v_j = sum_g (n_g / n) (mean_gj - mean_j)^2``. With ``within`` (e.g. cell types when ``labels`` are batches)
+    each feature is first centred in each ``within`` group, so ``v_j`` is the variance of the label means inside
+    those groups: batch effects not explained by cell-type composition.
     """
     x = _as_matrix(features, "features")
     frame = pd.DataFrame(x)
@@ -454,11 +440,9 @@ def group_variance(features: Any, labels: Any, within: Any = None) -> np.ndarray
 def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within: Any = None) -> float:
     """Share of the between-group variance carried by the top ``ceil(top_fraction * p)`` features.
 
-    ``sum_{top} v_j / sum_j v_j`` with ``v`` from :func:`group_variance`; about
-    ``top_fraction`` when variation is spread evenly, 1 when it sits in the top
-    features. Computed on the features as given (their scales count): compare
-    embeddings with unit-variance features (whitened, ICA, rotated) with care
-    against raw latents.
+    ``sum_{top} v_j / sum_j v_j`` with ``v`` from :func:`group_variance`; about ``top_fraction`` when variation is
+    spread evenly, 1 when it sits in the top features. Computed on the features as given (their scales count):
+    compare embeddings with unit-variance features (whitened, ICA, rotated) with care against raw latents.
     """
     check_number("top_fraction", top_fraction, 0.0, 1.0, low_open=True)
     v = group_variance(features, labels, within)
@@ -472,21 +456,19 @@ def concentration(features: Any, labels: Any, top_fraction: float = 0.25, within
 def batch_mixing(neighbours: Any, batches: Any) -> np.ndarray:
     """Per cell, the share of its neighbours from another batch over the share expected if batch were random.
 
-    ``neighbours`` (query cells, k) holds indices into ``batches``, the batch of every
-    cell of the graph; the query cells are the first ``len(neighbours)`` of them (as
-    :func:`~countvae.diagnostics.analyses.subspace.knn_sets_among` stacks them). For
-    a query cell of batch ``b`` among ``n`` cells of which ``n_b`` are in ``b``, a
-    neighbour drawn at random from the other cells is of another batch with
-    probability ``(n - n_b) / (n - 1)``; the score is the observed share over that.
-    Its mean over cells is 1 when batch is independent of the neighbourhoods and 0
-    when no cell has a neighbour from another batch. Rotations and reflections of the
-    latent space leave it unchanged (it reads only the neighbour sets).
+    ``neighbours`` (query cells, k) holds indices into ``batches``, the batch of every cell of the graph; the query
+    cells are the first ``len(neighbours)`` of them (as :func:`~countvae.diagnostics.analyses.subspace.knn_sets_among`
+    stacks them). For a query cell of batch ``b`` among ``n`` cells of which ``n_b`` are in ``b``, a neighbour drawn
+    at random from the other cells is of another batch with probability ``(n - n_b) / (n - 1)``; the score is the
+    observed share over that. Its mean over cells is 1 when batch is independent of the neighbourhoods and 0 when no
+    cell has a neighbour from another batch. Rotations and reflections of the latent space leave it unchanged (it
+    reads only the neighbour sets).
 
     Raises
     ------
     InvalidDataError
-        If there are fewer than two batches, a label is missing, or a neighbour index
-        does not point into ``batches``.
+        If there are fewer than two batches, a label is missing, or a neighbour index does not point into
+        ``batches``.
 
     """
     idx = np.asarray(neighbours)
