@@ -1,21 +1,17 @@
 """The numbers of the invariants table: how well the fits agree on each output, with an interval, as it is and aligned.
 
-One row per quantity, defined by a :class:`Quantity` in the registry
-:data:`QUANTITIES` (looked up by name in :data:`QUANTITY_BY_NAME`), which
-carries its score function and how its interval is obtained. For each: whether
-the model's symmetry group leaves it unchanged in theory; how well the seeds
-agree on it (a number with its definition, for the worst pair of seeds, with an
-interval, and its mean over pairs); the same after aligning each pair of seeds
-by the orthogonal Procrustes map of their latent means (coordinate-level
-quantities only); and its :class:`Threshold`, a number with a comparison. The
-verdict, its reason and what to report instead are decided from these numbers
-by :mod:`countvae.diagnostics.reporting.verdicts`.
+One row per quantity, defined by a :class:`Quantity` in the registry :data:`QUANTITIES` (by name:
+:data:`QUANTITY_BY_NAME`), which carries its score function and how its interval is obtained. For each: whether the
+model's symmetry group leaves it unchanged in theory; how well the seeds agree on it (a number with its definition,
+for the worst pair of seeds, with an interval, and its mean over pairs); the same after aligning each pair of seeds
+by the orthogonal Procrustes map of their latent means (coordinate-level quantities only); and its
+:class:`Threshold`, a number with a comparison. :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict,
+its reason and what to report instead from these numbers.
 
 Agreement scores
 ----------------
-Each row's score is named by its :attr:`Quantity.metric` and defined, once, in
-:data:`METRIC_DEFINITIONS`; the report's "Definitions" and the page
-``docs/concepts/report-rows.md`` show those words (a test keeps the page in step).
+Each row's score is named by its :attr:`Quantity.metric` and defined, once, in :data:`METRIC_DEFINITIONS`; the
+report's "Definitions" and the page ``docs/concepts/report-rows.md`` show those words (a test keeps the page in step).
 
 Intervals and thresholds
 ------------------------
@@ -176,8 +172,8 @@ class InvariantInputs:
     symmetry
         The fits' symmetry group (``"orthogonal"`` for a N(0, I) prior).
     lpd_pairs
-        :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (columns
-        ``fit_a``, ``fit_b``, ``diff_per_cell``, ``ci_low``, ``ci_high``, ``margin``).
+        :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (columns ``fit_a``, ``fit_b``,
+        ``diff_per_cell``, ``ci_low``, ``ci_high``, ``margin``).
     ppc_pairs
         :func:`countvae.diagnostics.analyses.ppc.ppc_agreement`.
     ppc_predicted
@@ -196,27 +192,25 @@ class InvariantInputs:
     loadings_are_weights
         Whether ``loadings`` are a linear decoder's weights (no cell informs them: exact interval).
     jacobians, gram_jacobians
-        Each fit's decoder Jacobians in a small gene-space basis, on all genes
-        (span, loadings) and on the Gram's genes (for the intervals of those rows).
+        Each fit's decoder Jacobians in a small gene-space basis, on all genes (span, loadings) and on the Gram's
+        genes (for the intervals of those rows).
     markers
         Marker values (cells, markers) on the cells of ``latents``.
     components
-        The ICA component table (:mod:`countvae.diagnostics.analyses.components`);
-        the ICA row is left out when ``None``.
+        The ICA component table (:mod:`countvae.diagnostics.analyses.components`); the ICA row is left out when
+        ``None``.
     ica_threshold
         Threshold of the ICA row.
     reference_latents
-        Latent means of other cells of the data set (the fit cells, or a subset
-        of them; the same cells in the same order for every fit). The k-NN row
-        then finds each held-out cell's neighbours among the held-out and these
-        cells together: the held-out rows of the graph an analyst builds on all
-        of their cells, not of a graph on the held-out cells alone (whose
-        neighbourhoods are coarser and agree more).
+        Latent means of other cells of the data set (the fit cells, or a subset; the same cells in the same order
+        for every fit). The k-NN row then finds each held-out cell's neighbours among the held-out and these cells
+        together: the held-out rows of the graph an analyst builds on all of their cells, not of a graph on the
+        held-out cells alone (whose neighbourhoods are coarser and agree more).
     graph_cells
-        Cells of the graph the k-NN row speaks about (default: the held-out and
-        reference cells). When the row's graph has another number of cells, ``k``
-        is scaled by :func:`~countvae.diagnostics.analyses.subspace.analyst_graph_k`
-        so that a neighbourhood keeps its share of the cells.
+        Cells of the graph the k-NN row speaks about (default: the held-out and reference cells). When the row's
+        graph has another number of cells, ``k`` is scaled by
+        :func:`~countvae.diagnostics.analyses.subspace.analyst_graph_k` so that a neighbourhood keeps its share of
+        the cells.
 
     """
 
@@ -304,8 +298,8 @@ class Comparison:
     knn_graph
         The graph behind ``neighbours``: its cells, its ``k``, and the cells of the graph it speaks about.
     bootstraps
-        Bootstrap weights per set of cells (``"heldout"``, ``"expression"``,
-        ``"distance"``, ``"knn"``, ``"jacobian"``), the same for every pair.
+        Bootstrap weights per set of cells (``"heldout"``, ``"expression"``, ``"distance"``, ``"knn"``,
+        ``"jacobian"``), the same for every pair.
     resampling
         Interval settings.
 
@@ -408,9 +402,8 @@ class Quantity:
     name
         The row's label, e.g. ``"latent distances"``.
     invariant_in_theory
-        ``"yes"`` (the default) for outputs the prior's symmetry leaves unchanged; for
-        coordinate-level rows (``coordinate_level``) the table states what the
-        fits' symmetry group leaves of them instead.
+        ``"yes"`` (the default) for outputs the prior's symmetry leaves unchanged; for coordinate-level rows
+        (``coordinate_level``) the table states what the fits' symmetry group leaves of them instead.
     coordinate_level
         Whether the quantity changes with the latent coordinates (aligned scores then apply).
     metric
@@ -423,8 +416,8 @@ class Quantity:
     score
         Agreement of two fits.
     cells
-        The set of cells its bootstrap resamples (a key of ``Comparison.bootstraps``),
-        or ``""`` when the interval comes from ``row_interval`` (or is exact).
+        The set of cells its bootstrap resamples (a key of ``Comparison.bootstraps``), or ``""`` when the interval
+        comes from ``row_interval`` (or is exact).
     cells_setting
         The report setting that caps those cells (the remedy names it), or ``""``.
     replicates, aligned_replicates
@@ -444,8 +437,8 @@ class Quantity:
     threshold_from
         The row's threshold from the inputs, when a setting gives it (the ICA row: ``ica_threshold``).
     interval_text
-        How the row's interval was obtained and on how many cells, when it is not a bootstrap over
-        ``cells`` (``None`` from it: the bootstrap's text).
+        How the row's interval was obtained and on how many cells, when it is not a bootstrap over ``cells``
+        (``None`` from it: the bootstrap's text).
     exact
         Whether the row's value has no sampling error for these inputs (a linear decoder's weights).
     reduced
@@ -627,14 +620,12 @@ def _coordinates_aligned(c: Comparison, a: str, b: str) -> float:
 def _less_optimism(c: Comparison, in_sample: float, refitted: np.ndarray) -> float:
     """An aligned score less the optimism of a map fitted on the cells it is scored on.
 
-    The Procrustes map that maximises the agreement on these cells agrees with
-    them better than the map fitted on the population of cells would (by 0.0115
-    on average over samples of 100 simulated cells in 10 dimensions, whose
-    interval with the map held fixed lay wholly above the population value in 13%
-    of samples at a nominal 5%; ``tests/diagnostics/analyses/test_interval_coverage.py``). The bootstrap
-    with the map refitted in every replicate estimates that optimism (the mean
-    replicate's excess over the score of the resampled cells, scaled from the
-    ``m`` resampled cells to the ``n`` scored as one over the number of cells).
+    The Procrustes map that maximises the agreement on these cells agrees with them better than the map fitted on
+    the population of cells would (by 0.0115 on average over samples of 100 simulated cells in 10 dimensions, whose
+    interval with the map held fixed lay wholly above the population value in 13% of samples at a nominal 5%;
+    ``tests/diagnostics/analyses/test_interval_coverage.py``). The bootstrap with the map refitted in every replicate
+    estimates that optimism (the mean replicate's excess over the score of the resampled cells, scaled from the ``m``
+    resampled cells to the ``n`` scored as one over the number of cells).
     """
     return in_sample - _optimism(refitted) * c.bootstraps["heldout"].shrink ** 2
 
@@ -973,31 +964,27 @@ def invariants_table(
     k
         Neighbours per cell of the k-NN graph.
     max_knn_cells, max_distance_cells
-        Random subsets of cells for the k-NN graph and for pairwise distances
-        (the number of distances is quadratic in cells).
+        Random subsets of cells for the k-NN graph and for pairwise distances (their number is quadratic in cells).
     seed
         Seed of the subsets.
     maps
-        The maps between the fits on the cells of ``inputs.latents`` (shared
-        with other analyses); by default they are fitted here.
+        The maps between the fits on the cells of ``inputs.latents`` (shared with other analyses); by default
+        fitted here.
     resampling
         How the intervals are made (default: :class:`ResamplingSettings` with ``seed``).
 
     Returns
     -------
     table
-        One row per quantity, columns :data:`TABLE_COLUMNS`: ``agreement``
-        (worst pair) with its interval ``low``-``high``, ``agreement_mean``
-        (over pairs), ``aligned_agreement`` with ``aligned_low``-``aligned_high``
-        (worst pair after orthogonal alignment; NaN where alignment does not
-        apply), ``threshold`` (a number) and ``comparison`` (``">="`` or
-        ``"<"``), ``interval`` (how it was obtained), ``n_cells`` (cells, or
-        genes, behind it) and ``cells_setting`` (the report setting capping
-        them). :func:`countvae.diagnostics.reporting.verdicts.judge_invariants`
-        adds the verdicts.
+        One row per quantity, columns :data:`TABLE_COLUMNS`: ``agreement`` (worst pair) with its interval
+        ``low``-``high``, ``agreement_mean`` (over pairs), ``aligned_agreement`` with ``aligned_low``-``aligned_high``
+        (worst pair after orthogonal alignment; NaN where alignment does not apply), ``threshold`` (a number) and
+        ``comparison`` (``">="`` or ``"<"``), ``interval`` (how it was obtained), ``n_cells`` (cells, or genes,
+        behind it) and ``cells_setting`` (the report setting capping them).
+        :func:`countvae.diagnostics.reporting.verdicts.judge_invariants` adds the verdicts.
     pairs
-        One row per quantity and pair of fits: ``quantity``, ``fit_a``,
-        ``fit_b``, ``agreement``, ``aligned_agreement``.
+        One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``,
+        ``aligned_agreement``.
 
     """
     resampling = resampling or ResamplingSettings(seed=seed)

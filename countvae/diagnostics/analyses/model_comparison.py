@@ -1,35 +1,31 @@
 """Which model to choose: held-out fit against the best candidate, cross-seed stability, and the rule that picks one.
 
 Pure functions over arrays and tables; the fitted models are asked for their outputs elsewhere
-(:mod:`countvae.diagnostics.reporting.compare_models`). Definitions (log densities in nats,
-higher is better):
+(:mod:`countvae.diagnostics.reporting.compare_models`). Definitions (log densities in nats, higher is better):
 
-- A candidate's per-cell held-out ``log p(x)`` is the mean over its seeds of each seed's estimate
-  for that cell (the package's importance-sampling estimator); every candidate is evaluated on the
-  same held-out cells, so differences are paired per cell.
-- **Fit against the best**: the best candidate has the highest mean per-cell ``log p(x)`` among the
-  candidates whose estimates are reliable. For every other candidate ``c`` the per-cell differences
-  ``d_i = lpd_ci - lpd_best,i`` give a mean and a simultaneous interval
-  ``mean +- t_{n-1}(1 - alpha / K) sd(d) / sqrt(n)``, Bonferroni over the ``K`` comparisons with the best
-  (level at least ``1 - 2 alpha`` for all of them at once, as the report's equivalence test).
-- **Margin**: the report's rule (:func:`countvae.diagnostics.analyses.predictive.equivalence_margin`):
-  a share of the best candidate's mean per-cell gain over the no-latent baseline.
-- **Reliable**: every seed's estimates pass
-  :func:`countvae.diagnostics.analyses.predictive.estimator_reliability` (the package's k-hat rule and
-  the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
-- **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs
-  (decoded log means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of
-  coordinates after a signed permutation only (:func:`countvae.metrics.mcc`); beside each, its within-seed
-  baseline (:func:`within_seed_baseline`: the same score between two draws of one fit's guide), and the
-  gene-space subspace of the decoders (:func:`subspace_agreement`); the baselines and the subspace are
-  shown, not judged. The invariant scores carry a
-  cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable when the
-  worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
+- A candidate's per-cell held-out ``log p(x)`` is the mean over its seeds of each seed's estimate for that cell (the
+  package's importance-sampling estimator); every candidate is evaluated on the same held-out cells, so differences
+  are paired per cell.
+- **Fit against the best**: the best candidate has the highest mean per-cell ``log p(x)`` among the candidates whose
+  estimates are reliable. For every other candidate ``c`` the per-cell differences ``d_i = lpd_ci - lpd_best,i``
+  give a mean and a simultaneous interval ``mean +- t_{n-1}(1 - alpha / K) sd(d) / sqrt(n)``, Bonferroni over the
+  ``K`` comparisons with the best (level at least ``1 - 2 alpha`` for all of them at once, as the report's
+  equivalence test).
+- **Margin**: the report's rule (:func:`countvae.diagnostics.analyses.predictive.equivalence_margin`): a share of
+  the best candidate's mean per-cell gain over the no-latent baseline.
+- **Reliable**: every seed's estimates pass :func:`countvae.diagnostics.analyses.predictive.estimator_reliability`
+  (the package's k-hat rule and the Monte Carlo bias bound); an unreliable candidate is never ranked on its point
+  estimate.
+- **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs (decoded log
+  means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of coordinates after a signed
+  permutation only (:func:`countvae.metrics.mcc`); beside each, its within-seed baseline
+  (:func:`within_seed_baseline`: the same score between two draws of one fit's guide), and the gene-space subspace
+  of the decoders (:func:`subspace_agreement`); the baselines and the subspace are shown, not judged. The invariant
+  scores carry a cell-bootstrap interval of the worst pair (the report's weighted scores). A candidate is stable
+  when the worst pair meets the report's thresholds for the invariant outputs; the coordinates are shown (with their
   range over pairs), not judged (a rotation leaves ``p(x)`` unchanged, so the data do not fix them).
-- **Rule**: the smallest candidate (fewest latent dimensions, then a linear before an MLP decoder, then
-  fewer hidden units and layers) that is reliable, whose interval against the best lies above minus the
-  margin (equivalent to it or not worse by more than the margin), and that is stable. No candidate
-  qualifies, or no margin can be stated: ``None`` ("undetermined").
+- **Rule**: as ``RULE`` states it (:func:`rule_text`); :func:`recommend` returns ``None`` ("undetermined") when no
+  candidate qualifies or no margin can be stated.
 """
 
 from __future__ import annotations
@@ -295,8 +291,8 @@ def subspace_agreement(spans: Sequence[np.ndarray]) -> float:
     """The gene-space subspace overlap of the worst pair of seeds (shown, not judged by the rule).
 
     ``spans`` are each seed's leading gene-space directions of its decoder
-    (:func:`~countvae.diagnostics.analyses.subspace.jacobian_span` of the gene contrasts of its Jacobians:
-    the loadings' span for a linear decoder); the score of a pair is their
+    (:func:`~countvae.diagnostics.analyses.subspace.jacobian_span` of the gene contrasts of its Jacobians: the
+    loadings' span for a linear decoder); the score of a pair is their
     :func:`~countvae.diagnostics.analyses.subspace.weighted_overlap`, the report's, invariant under rotations.
     """
     return float(min(weighted_overlap(a, b) for a, b in itertools.combinations(spans, 2)))

@@ -1,40 +1,32 @@
 """Are the seeds predictively equivalent? Held-out log predictive densities, paired, with an equivalence test.
 
-Every orthogonal reparameterization of a fit has exactly the same ``p(x)``, so
-seeds that found the same solution up to a rotation predict held-out cells
-equally well. Failing to detect a difference is not evidence of equivalence;
+Every orthogonal reparameterization of a fit has exactly the same ``p(x)``, so seeds that found the same solution
+up to a rotation predict held-out cells equally well. Failing to detect a difference is not evidence of equivalence;
 this module therefore tests equivalence itself, against a stated margin.
 
 Definitions (all log densities in nats, higher is better):
 
-- ``elpd`` of a fit: the sum over held-out cells of its estimated ``log p(x_i)``;
-  ``se`` its sampling standard error ``sqrt(n) sd_i``; ``mc_se`` the Monte Carlo
-  standard error of the sum, ``sqrt(sum_i mc_se_i^2)``.
-- For two fits, the paired per-cell differences ``d_i = lpd_ai - lpd_bi``; their
-  mean ``diff_per_cell`` and its standard error ``se_diff_per_cell = sd(d) / sqrt(n)``.
-  The pairing removes the large between-cell variation both fits share, and the
-  differences carry each cell's Monte Carlo noise.
-- **Margin** ``delta`` (nats per cell): a fraction (``equivalence_margin``) of
-  the mean per-cell gain of the fits' held-out ``log p(x)`` over a model
-  without latent variables (:mod:`countvae.diagnostics.analyses.baseline`):
-  differences smaller than that share of what the latent variables explain
-  are taken to be immaterial. Stated this way it means the same on data of any
-  size or gene count.
-- **Equivalence test** (two one-sided tests, Schuirmann 1987) per pair, with a
-  Bonferroni correction over the ``K = m (m - 1) / 2`` pairs of ``m`` fits: the
-  simultaneous interval ``diff_per_cell +- t_{n-1}(1 - alpha / K) se_diff_per_cell``
-  (``ci_low``, ``ci_high``; level at least ``1 - 2 alpha`` for all pairs at once).
-  A pair is ``equivalent`` when its interval lies inside ``(-delta, delta)``,
-  ``not equivalent`` when it lies outside ``[-delta, delta]``, otherwise
-  ``undetermined``. ``p_equivalence`` is the TOST p-value times ``K`` (capped at 1).
-- **Reliability of the estimator**, a precondition (:func:`estimator_reliability`):
-  the package's one rule, :func:`countvae.module.importance.estimate_reliability`
-  (Pareto k-hat at most 0.7 on at least 95% of each fit's cells), and the bias of
-  the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the delta-method bound)
-  at most a tenth of the margin. :mod:`countvae.diagnostics.reporting.verdicts`
-  decides the verdict from these numbers.
-- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN,
-  so the Monte Carlo totals are NaN too).
+- ``elpd`` of a fit: the sum over held-out cells of its estimated ``log p(x_i)``; ``se`` its sampling standard
+  error ``sqrt(n) sd_i``; ``mc_se`` the Monte Carlo standard error of the sum, ``sqrt(sum_i mc_se_i^2)``.
+- For two fits, the paired per-cell differences ``d_i = lpd_ai - lpd_bi``; their mean ``diff_per_cell`` and its
+  standard error ``se_diff_per_cell = sd(d) / sqrt(n)``. The pairing removes the large between-cell variation both
+  fits share, and the differences carry each cell's Monte Carlo noise.
+- **Margin** ``delta`` (nats per cell): a fraction (``equivalence_margin``) of the mean per-cell gain of the fits'
+  held-out ``log p(x)`` over a model without latent variables (:mod:`countvae.diagnostics.analyses.baseline`):
+  differences smaller than that share of what the latent variables explain are taken to be immaterial. Stated this
+  way it means the same on data of any size or gene count.
+- **Equivalence test** (two one-sided tests, Schuirmann 1987) per pair, with a Bonferroni correction over the
+  ``K = m (m - 1) / 2`` pairs of ``m`` fits: the simultaneous interval
+  ``diff_per_cell +- t_{n-1}(1 - alpha / K) se_diff_per_cell`` (``ci_low``, ``ci_high``; level at least
+  ``1 - 2 alpha`` for all pairs at once). A pair is ``equivalent`` when its interval lies inside
+  ``(-delta, delta)``, ``not equivalent`` when it lies outside ``[-delta, delta]``, otherwise ``undetermined``.
+  ``p_equivalence`` is the TOST p-value times ``K`` (capped at 1).
+- **Reliability of the estimator**, a precondition (:func:`estimator_reliability`): the package's one rule,
+  :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat at most 0.7 on at least 95% of each fit's
+  cells), and the bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the delta-method bound) at most
+  a tenth of the margin. :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
+- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN, so the Monte Carlo totals are NaN
+  too).
 """
 
 from __future__ import annotations
@@ -82,8 +74,8 @@ def per_fit_table(lpds: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     Parameters
     ----------
     lpds
-        Fit name -> per-cell frame with columns ``lpd`` and ``mc_se`` (as returned
-        by :meth:`FittedModel.log_predictive_density`), on the same cells.
+        Fit name -> per-cell frame with columns ``lpd`` and ``mc_se`` (as returned by
+        :meth:`FittedModel.log_predictive_density`), on the same cells.
 
     Returns
     -------
@@ -132,12 +124,11 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``),
-        ``se_diff``, ``mc_se_diff``, ``diff_per_cell``, ``se_diff_per_cell``,
-        ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high`` (simultaneous,
-        nats per cell), ``ci_level``, ``margin``, ``p_equivalence`` and
-        ``decision`` (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`)
-        and ``n_unreliable`` (cells unreliable in either fit).
+        Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``), ``se_diff``, ``mc_se_diff``,
+        ``diff_per_cell``, ``se_diff_per_cell``, ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high``
+        (simultaneous, nats per cell), ``ci_level``, ``margin``, ``p_equivalence``, ``decision``
+        (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`) and ``n_unreliable`` (cells unreliable
+        in either fit).
 
     """
     _check(lpds)
@@ -201,8 +192,8 @@ def _pair_decision(low: float, high: float, margin: float) -> str:
 def equivalence_margin(lpds: Mapping[str, pd.DataFrame], baseline: np.ndarray | None, fraction: float) -> tuple:
     """The margin in nats per cell, and the mean per-cell gain over the no-latent baseline it is a share of.
 
-    Returns ``(margin, gain)``; both NaN without a baseline, and the margin NaN
-    when the fits explain no more than the baseline (a non-positive gain).
+    Returns ``(margin, gain)``; both NaN without a baseline, and the margin NaN when the fits explain no more than
+    the baseline (a non-positive gain).
     """
     if baseline is None:
         return np.nan, np.nan
@@ -214,25 +205,20 @@ def equivalence_margin(lpds: Mapping[str, pd.DataFrame], baseline: np.ndarray | 
 def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd.DataFrame:
     """Whether each fit's ``log p(x)`` estimates can be believed, at the precision the margin asks for.
 
-    Which cells are unreliable, and whether few enough are, is the package's one
-    rule, :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat
-    above 0.7 or missing; ESS not judged). Cells without
-    a Monte Carlo standard error (NaN, as the estimator reports where k-hat says
-    the weights' variance is infinite) are left out of the bias bound; they
-    already count as unreliable.
+    Which cells are unreliable, and whether few enough are, is the package's one rule,
+    :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat above 0.7 or missing; ESS not judged).
+    Cells without a Monte Carlo standard error (NaN, as the estimator reports where k-hat says the weights' variance
+    is infinite) are left out of the bias bound; they already count as unreliable.
 
     Returns
     -------
     pandas.DataFrame
-        One row per fit: ``fit``, ``share_khat_above`` (share of unreliable
-        cells; NaN when the frame has neither ``reliable`` nor ``khat``),
-        ``median_khat``, ``median_ess`` and ``min_ess`` (importance sampling's
-        effective sample size per cell, NaN without an ``ess`` column; shown,
-        not judged: a small ESS with an acceptable k-hat shows up as a large
-        Monte Carlo error, which the bias bound judges), ``mc_bias_bound``
-        (mean per-cell ``mc_se^2 / 2``, nats), and ``reliable``: at most
-        :data:`~countvae.module.importance.MAX_UNRELIABLE_SHARE` of cells unreliable and a bias bound at
-        most :data:`MAX_BIAS_SHARE` of the margin.
+        One row per fit: ``fit``, ``share_khat_above`` (share of unreliable cells; NaN when the frame has neither
+        ``reliable`` nor ``khat``), ``median_khat``, ``median_ess`` and ``min_ess`` (importance sampling's effective
+        sample size per cell, NaN without an ``ess`` column; shown, not judged: a small ESS with an acceptable k-hat
+        shows up as a large Monte Carlo error, which the bias bound judges), ``mc_bias_bound`` (mean per-cell
+        ``mc_se^2 / 2``, nats), and ``reliable``: at most :data:`~countvae.module.importance.MAX_UNRELIABLE_SHARE`
+        of cells unreliable and a bias bound at most :data:`MAX_BIAS_SHARE` of the margin.
 
     """
     rows = []

@@ -1,31 +1,24 @@
 """Paired bootstrap over held-out cells: an interval for every agreement score of the report.
 
-Every agreement score compares two fits on a sample of held-out cells; another
-sample would give another score. The interval of a score comes from a paired
-bootstrap over those cells:
+Every agreement score compares two fits on a sample of held-out cells; another sample would give another score.
+The interval of a score comes from a paired bootstrap over those cells:
 
-* one set of replicates per set of cells, drawn once and used for **every** pair
-  of fits (replicate ``r`` weighs cell ``i`` by the number of times it was
-  drawn), so that the pairs' replicates are computed from one resample of the
-  cells and can be read together;
-* each replicate recomputes the score from weighted moments of the arrays the
-  score reads (no copies of the data);
-* a pair's interval is the percentile interval of its replicates, at level
-  ``1 - 2 alpha`` (each side errs with probability ``alpha``); a row's, of
-  its worst pair, is bounded through the pairs' intervals (:func:`worst_interval`).
+* one set of replicates per set of cells, drawn once and used for **every** pair of fits (replicate ``r`` weighs
+  cell ``i`` by the number of times it was drawn), so that the pairs' replicates come from one resample of the cells
+  and can be read together;
+* each replicate recomputes the score from weighted moments of the arrays the score reads (no copies of the data);
+* a pair's interval is the percentile interval of its replicates, at level ``1 - 2 alpha`` (each side errs with
+  probability ``alpha``); a row's, of its worst pair, is bounded through the pairs' intervals (:func:`worst_interval`).
 
-Where a score is computed on more cells than ``max_cells``, the replicates
-resample ``m = max_cells`` of the ``n`` cells (an m-out-of-n bootstrap): the
-spread of the replicates around the score of those ``m`` cells is scaled by
-``sqrt(m / n)`` (the spread of a smooth statistic shrinks like ``1 / sqrt(n)``)
-and centred on the score of all ``n`` cells.
+Where a score is computed on more cells than ``max_cells``, the replicates resample ``m = max_cells`` of the ``n``
+cells (an m-out-of-n bootstrap): the spread of the replicates around the score of those ``m`` cells is scaled by
+``sqrt(m / n)`` (the spread of a smooth statistic shrinks like ``1 / sqrt(n)``) and centred on the score of all ``n``
+cells.
 
-What the intervals cover: the sampling of held-out cells. What they do not: the
-fits themselves (the seeds' randomness is what a row measures) and the maps,
-neighbour sets and ICA unmixings, which are fitted once and held fixed; except the
-orthogonal map of the aligned coordinates and marker correlations, refitted in
-every replicate (:class:`RefittedAlignment`) because it is fitted on the cells
-those are scored on. A mean of per-cell k-NN scores can widen its interval for the
+The intervals cover the sampling of held-out cells, not the fits themselves (the seeds' randomness is what a row
+measures) nor the maps, neighbour sets and ICA unmixings, which are fitted once and held fixed; except the orthogonal
+map of the aligned coordinates and marker correlations, refitted in every replicate (:class:`RefittedAlignment`)
+because it is fitted on the cells those are scored on. A mean of per-cell k-NN scores can widen its interval for the
 correlation of neighbouring cells' scores (:func:`neighbour_inflation`).
 """
 
@@ -52,9 +45,8 @@ class CellBootstrap:
     Attributes
     ----------
     weights
-        (1 + replicates, m): row 0 weighs every resampled cell once (the
-        reference: the score of the ``m`` cells themselves); row ``r`` holds
-        how often each cell was drawn in replicate ``r``.
+        (1 + replicates, m): row 0 weighs every resampled cell once (the reference: the score of the ``m`` cells
+        themselves); row ``r`` holds how often each cell was drawn in replicate ``r``.
     positions
         The ``m`` cells resampled, as positions among the ``n_cells``.
     n_cells
@@ -114,11 +106,10 @@ class Interval:
 def percentile_interval(value: float, replicates: np.ndarray, shrink: float, alpha: float) -> Interval:
     """The interval of ``value`` from replicates whose element 0 is the reference (see :class:`CellBootstrap`).
 
-    The deviations of the replicates from the reference, scaled by ``shrink``,
-    are added to ``value``; with ``shrink = 1`` and ``value`` equal to the
-    reference this is the plain percentile interval. The interval is widened,
-    where needed, to contain ``value`` (the percentile interval of a worst
-    pair, a minimum, can otherwise lie beside it).
+    The deviations of the replicates from the reference, scaled by ``shrink``, are added to ``value``; with
+    ``shrink = 1`` and ``value`` equal to the reference this is the plain percentile interval. The interval is
+    widened, where needed, to contain ``value`` (the percentile interval of a worst pair, a minimum, can otherwise
+    lie beside it).
     """
     replicates = np.asarray(replicates, dtype=np.float64)
     if not np.isfinite(value) or not np.isfinite(replicates[0]):
@@ -136,25 +127,21 @@ def worst_interval(
 ) -> Interval:
     """The interval of the worst pair's score, from each pair's score and its replicates (element 0 the reference).
 
-    The worst of several estimates is biased towards the bad side (the smallest of
-    noisy scores falls below the smallest of what they estimate), and the
-    percentile interval of each replicate's worst pair carries that bias a second
-    time: with five seeds of near-equal agreement it left the true worst score
-    above the whole interval in 26% (300 cells) to 34% (150 cells) of simulated
-    draws, against the ``alpha`` it promises. Each side is therefore bounded through the pairs' own
-    intervals:
+    The worst of several estimates is biased towards the bad side (the smallest of noisy scores falls below the
+    smallest of what they estimate), and the percentile interval of each replicate's worst pair carries that bias a
+    second time: with five seeds of near-equal agreement it left the true worst score above the whole interval in
+    26% (300 cells) to 34% (150 cells) of simulated draws, against the ``alpha`` it promises. Each side is therefore
+    bounded through the pairs' own intervals:
 
-    * the bad side is the worst of the pairs' bad-side bounds, each at level
-      ``alpha``: it errs only if the truly worst pair's bound does (no
-      correction for the number of pairs is needed);
-    * the good side is the worst of the pairs' good-side bounds taken
-      *simultaneously*: each pair's percentile bound widened by one factor,
-      chosen on the joint replicates so that in a fraction ``alpha`` of them some
-      pair passes its widened bound (the factor depends on how the pairs' errors
-      go together: none for one pair, most for independent pairs).
+    * the bad side is the worst of the pairs' bad-side bounds, each at level ``alpha``: it errs only if the truly
+      worst pair's bound does (no correction for the number of pairs is needed);
+    * the good side is the worst of the pairs' good-side bounds taken *simultaneously*: each pair's percentile bound
+      widened by one factor, chosen on the joint replicates so that in a fraction ``alpha`` of them some pair passes
+      its widened bound (the factor depends on how the pairs' errors go together: none for one pair, most for
+      independent pairs).
 
-    With one pair this is :func:`percentile_interval`. Pairs without finite
-    replicates count as exact; pairs without a finite score are left out.
+    With one pair this is :func:`percentile_interval`. Pairs without finite replicates count as exact; pairs without
+    a finite score are left out.
     """
     if not higher_is_better:
         flipped = worst_interval(
@@ -182,12 +169,10 @@ def worst_interval(
 def _simultaneous_factor(deviations: np.ndarray, high: np.ndarray, alpha: float) -> float:
     """How much to widen every pair's good-side bound ``high`` so that they hold together.
 
-    Each replicate's deviation is divided by its pair's bound; the factor is the
-    ``1 - alpha`` quantile, over replicates, of the largest such ratio over the
-    pairs (1 for a single pair; about the ratio of the normal quantiles at
-    ``1 - alpha / pairs`` and ``1 - alpha`` for independent pairs). Only this one
-    quantile is read from the replicates: the bounds' own extreme quantiles
-    would rest on the one or two most extreme of the replicates. Pairs whose
+    Each replicate's deviation is divided by its pair's bound; the factor is the ``1 - alpha`` quantile, over
+    replicates, of the largest such ratio over the pairs (1 for a single pair; about the ratio of the normal quantiles
+    at ``1 - alpha / pairs`` and ``1 - alpha`` for independent pairs). Only this one quantile is read from the
+    replicates: the bounds' own extreme quantiles would rest on the one or two most extreme replicates. Pairs whose
     replicates never exceed their score take no part.
     """
     moving = high > 0
@@ -210,8 +195,8 @@ def concordance_from_moments(mean_a, mean_b, var_a, var_b, cov):
 def weighted_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarray, centre_columns: bool = False) -> np.ndarray:
     """Lin's concordance of two (cells, columns) arrays, flattened, for each row of cell weights.
 
-    With ``centre_columns`` each column is first centred by the pooled weighted
-    mean of both arrays (as :func:`countvae.diagnostics.analyses.invariants.gene_centred_concordance`).
+    With ``centre_columns`` each column is first centred by the pooled weighted mean of both arrays (as
+    :func:`countvae.diagnostics.analyses.invariants.gene_centred_concordance`).
     """
     w = weights / weights.sum(axis=1, keepdims=True)
     ma, mb = w @ a, w @ b
@@ -237,11 +222,10 @@ def weighted_column_concordance(weights: np.ndarray, a: np.ndarray, b: np.ndarra
 class RefittedAlignment:
     """The orthogonal Procrustes map of ``a`` onto ``b`` refitted for each row of bootstrap weights.
 
-    Each row gets its own weighted map (rotation of the weighted-centred ``a``
-    plus the offset that matches the weighted means), so scores computed through
-    it carry the map's sampling error and its in-sample optimism; row ``r``
-    equals the map fitted on the cells repeated as row ``r`` counts them. Scores
-    are computed from weighted moments: no (replicates, cells, dims) array.
+    Each row gets its own weighted map (rotation of the weighted-centred ``a`` plus the offset that matches the
+    weighted means), so scores computed through it carry the map's sampling error and its in-sample optimism; row
+    ``r`` equals the map fitted on the cells repeated as row ``r`` counts them. Scores are computed from weighted
+    moments: no (replicates, cells, dims) array.
 
     Attributes
     ----------
@@ -315,25 +299,23 @@ def weighted_mean(weights: np.ndarray, values: np.ndarray) -> np.ndarray:
 def neighbour_inflation(scores: np.ndarray, weights: np.ndarray, neighbours: np.ndarray) -> float:
     """How much wider than a bootstrap over cells the interval of a weighted mean of k-NN scores must be (>= 1).
 
-    A cell's k-NN score reads its own label and its neighbours'; two cells whose sets of cells read
-    overlap (one is among the other's neighbours, or they share a neighbour) have correlated scores,
-    so a bootstrap that resamples cells as if independent is too narrow. With residuals
-    ``r_i = w_i (s_i - mean)``, the variance of the weighted mean is taken as
-    ``sum_i r_i^2 + sum_{i ~ j} r_i r_j`` over the ordered pairs of such cells (a network form of a
-    spatial HAC estimator, Conley 1999) against ``sum_i r_i^2`` for independent cells; the square
-    root of the ratio, floored at 1, scales the bootstrap's deviations. Cells identical within
-    mutual-neighbour groups of ``m`` give ``sqrt(m)``; scores independent of the graph give about 1
-    (``tests/diagnostics/analyses``). Counting only pairs of neighbours, without shared
-    neighbours, left the placement intervals of real fits covering in 80-91% at nominal 90%
-    (benchmarks/RESULTS.md, section heldout-placement).
+    A cell's k-NN score reads its own label and its neighbours'; two cells whose sets of cells read overlap (one is
+    among the other's neighbours, or they share a neighbour) have correlated scores, so a bootstrap that resamples
+    cells as if independent is too narrow. With residuals ``r_i = w_i (s_i - mean)``, the variance of the weighted
+    mean is taken as ``sum_i r_i^2 + sum_{i ~ j} r_i r_j`` over the ordered pairs of such cells (a network form of a
+    spatial HAC estimator, Conley 1999) against ``sum_i r_i^2`` for independent cells; the square root of the ratio,
+    floored at 1, scales the bootstrap's deviations. Cells identical within mutual-neighbour groups of ``m`` give
+    ``sqrt(m)``; scores independent of the graph give about 1 (``tests/diagnostics/analyses``). Counting only pairs
+    of neighbours, without shared neighbours, left the placement intervals of real fits covering in 80-91% at
+    nominal 90% (benchmarks/RESULTS.md, section heldout-placement).
 
     Parameters
     ----------
     scores, weights
         Per scored cell (``n``,).
     neighbours
-        (``n``, k) indices of each scored cell's neighbours; indices ``>= n`` are cells that are
-        neighbours without being scored (they link the cells that share them).
+        (``n``, k) indices of each scored cell's neighbours; indices ``>= n`` are cells that are neighbours without
+        being scored (they link the cells that share them).
 
     """
     scores, weights = np.asarray(scores, dtype=np.float64), np.asarray(weights, dtype=np.float64)
@@ -366,8 +348,8 @@ class PairSums:
 def pair_sums(weights: np.ndarray, distances: np.ndarray) -> PairSums:
     """Weighted number of cell pairs, and sums of distances and squared distances over them.
 
-    ``distances`` is a square matrix with zero diagonal; a pair of cells ``(i, j)``
-    counts ``w_i w_j`` times (copies of one cell are not a pair).
+    ``distances`` is a square matrix with zero diagonal; a pair of cells ``(i, j)`` counts ``w_i w_j`` times (copies
+    of one cell are not a pair).
     """
     total = weights.sum(axis=1)
     count = 0.5 * (total**2 - np.sum(weights**2, axis=1))

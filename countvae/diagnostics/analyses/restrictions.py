@@ -1,52 +1,42 @@
 """What a restriction buys and what it costs: functions over arrays for ``compare_restrictions``.
 
-A restriction (a non-Gaussian prior, a prior on the loadings, gene programs, ICA
-after the fact) is meant to fix the latent axes that a N(0, I) prior leaves to
-chance. These functions measure whether it does, on the held-out cells every fit
-shares:
+A restriction (a non-Gaussian prior, a prior on the loadings, gene programs, ICA after the fact) is meant to fix the
+latent axes that a N(0, I) prior leaves to chance. These functions measure whether it does, on the held-out cells
+every fit shares:
 
 Agreement after a signed permutation only
-    For two fits ``a`` and ``b`` the signed permutation ``P`` matching ``a``'s
-    dimensions to ``b``'s (Hungarian on |correlation|,
-    :func:`countvae.diagnostics.analyses.maps.fit_signed_permutation`) is fitted
-    on one random half of the held-out cells and scored on the other, so that
-    choosing the best of ``L! 2^L`` matchings does not flatter itself. No
-    rotation is allowed: a restriction that identifies the axes makes the
-    dimensions agree one by one.
+    For two fits ``a`` and ``b`` the signed permutation ``P`` matching ``a``'s dimensions to ``b``'s (Hungarian on
+    |correlation|, :func:`countvae.diagnostics.analyses.maps.fit_signed_permutation`) is fitted on one random half
+    of the held-out cells and scored on the other, so that choosing the best of ``L! 2^L`` matchings does not flatter
+    itself. No rotation is allowed: a restriction that identifies the axes makes the dimensions agree one by one.
 
-    * ``coordinates``: mean over dimensions of the Pearson correlation of
-      ``(Z_a P)_k`` with ``(Z_b)_k`` on the scoring cells;
-    * ``loadings``: mean over dimensions of the correlation across genes of
-      ``(W_a P)_k`` with ``(W_b)_k`` (linear decoders);
-    * ``markers``: Lin's concordance of the (markers x dimensions) correlation
-      matrices of ``Z_a P`` and ``Z_b`` on the scoring cells;
-    * ``rotation_ceiling``: the coordinate agreement after the best orthogonal
-      map instead (Procrustes, fitted on the same half): what a rotation
-      would add, so a low agreement with a high ceiling means the fits share a
-      latent space but not its axes.
+    * ``coordinates``: mean over dimensions of the Pearson correlation of ``(Z_a P)_k`` with ``(Z_b)_k`` on the
+      scoring cells;
+    * ``loadings``: mean over dimensions of the correlation across genes of ``(W_a P)_k`` with ``(W_b)_k`` (linear
+      decoders);
+    * ``markers``: Lin's concordance of the (markers x dimensions) correlation matrices of ``Z_a P`` and ``Z_b`` on
+      the scoring cells;
+    * ``rotation_ceiling``: the coordinate agreement after the best orthogonal map instead (Procrustes, fitted on
+      the same half): what a rotation would add, so a low agreement with a high ceiling means the fits share a latent
+      space but not its axes.
 
 Split half
-    The same agreement between two fits on disjoint halves of the training
-    cells, started from different seeds (the first two): agreement from
-    independent data and independent initialisations. Fits from several seeds
-    all see the same cells, so they can agree on axes that belong to this
-    sample (directions in which its noise happens to look non-Gaussian, which a
-    non-Gaussian prior or an ICA picks up the same way each time) rather than to
-    the population; only agreement between independent halves shows that a
-    restriction identifies the axes, so a restriction is credited only when both
-    agree. When the split-half agreement is lower than the agreement across
+    The same agreement between two fits on disjoint halves of the training cells, started from different seeds (the
+    first two): agreement from independent data and independent initialisations. Fits from several seeds all see
+    the same cells, so they can agree on axes that belong to this sample (directions in which its noise happens to
+    look non-Gaussian, which a non-Gaussian prior or an ICA picks up the same way each time) rather than to the
+    population; only agreement between independent halves shows that a restriction identifies the axes, so a
+    restriction is credited only when both agree. When the split-half agreement is lower than the agreement across
     seeds, agreement grows with cells (too few cells, or axes of the sample).
 
 Gene programs
-    For each program: whether its genes co-vary across the held-out cells more
-    than random gene sets of its size do, once sequencing depth is regressed
-    out (the data's own evidence for a shared program, with no model), and for
-    its dimension: its activity (variance of the posterior means
-    over held-out cells; below :data:`ACTIVE_VARIANCE` the dimension is unused,
-    Burda et al. 2016), the share of its loading energy on the program's genes,
-    how many of them have a credibly non-zero loading, and the held-out ``R^2``
-    of the dimension from the program genes' expression (ridge regression fitted
-    on one half of the held-out cells and scored on the other).
+    For each program: whether its genes co-vary across the held-out cells more than random gene sets of its size
+    do, once sequencing depth is regressed out (the data's own evidence for a shared program, with no model), and
+    for its dimension: its activity (variance of the posterior means over held-out cells; below
+    :data:`ACTIVE_VARIANCE` the dimension is unused, Burda et al. 2016), the share of its loading energy on the
+    program's genes, how many of them have a credibly non-zero loading, and the held-out ``R^2`` of the dimension
+    from the program genes' expression (ridge regression fitted on one half of the held-out cells, scored on the
+    other).
 """
 
 from __future__ import annotations
@@ -178,24 +168,18 @@ def identification_verdict(
 ) -> str:
     """Whether a restriction makes per-dimension coordinates reproducible across seeds and cells.
 
-    ``identified``: every pair of seeds agrees (worst pair at least
-    :data:`IDENTIFIED_AGREEMENT`) while the unrestricted model's seeds do not on
-    average, and the split half (two fits on disjoint halves of the cells, see
-    the module docstring) agrees at least as much too. ``agrees on the same cells
-    only``: the seeds agree but the independent halves do not (the axes are
-    then a property of this sample of cells, or there are too few cells); a
-    split half that was not measured leaves the verdict ``undetermined``. When
-    the unrestricted model's seeds already agree (the axes then
-    come from the fit itself, e.g. the mean-field guide, and no restriction is
-    credited with them): ``agrees without it`` if the restriction keeps that
-    agreement (within :data:`GROWTH_MARGIN`), ``agrees less than without it`` if
-    it loses more. Otherwise ``not identified``: the mean agreement is below the
-    threshold and no better than the unrestricted model's plus
-    :data:`GROWTH_MARGIN`; ``undetermined``: some pairs agree, some not.
-    ``too Gaussian to identify`` (ICA, ``too_gaussian=True``): some component
-    is no more non-Gaussian than what ICA finds in Gaussian noise of the same
-    size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be
-    identified by non-Gaussianity however well the fits agree.
+    ``identified``: every pair of seeds agrees (worst pair at least :data:`IDENTIFIED_AGREEMENT`) while the
+    unrestricted model's seeds do not on average, and the split half (see the module docstring) reaches it too.
+    ``agrees on the same cells only``: the seeds agree but the independent halves do not (the axes are then a
+    property of this sample of cells, or there are too few cells); a split half that was not measured leaves the
+    verdict ``undetermined``. When the unrestricted model's seeds already agree (the axes then come from the fit
+    itself, e.g. the mean-field guide, and no restriction is credited with them): ``agrees without it`` if the
+    restriction keeps that agreement (within :data:`GROWTH_MARGIN`), ``agrees less than without it`` if it loses
+    more. Otherwise ``not identified``: the mean agreement is below the threshold and no better than the unrestricted
+    model's plus :data:`GROWTH_MARGIN`; ``undetermined``: some pairs agree, some not. ``too Gaussian to identify``
+    (ICA, ``too_gaussian=True``): some component is no more non-Gaussian than what ICA finds in Gaussian noise of the
+    same size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be identified by non-Gaussianity however
+    well the fits agree.
     """
     if not np.isfinite(agreement_mean):
         return UNDETERMINED
@@ -251,12 +235,10 @@ def truth_recovery(
 ) -> dict[str, float]:
     """How well the fits recover known sources and loadings (simulated data), axis by axis.
 
-    ``sources_mcc``: mean over fits of the mean |correlation| of each true
-    source with its Hungarian-matched latent dimension
-    (:func:`countvae.metrics.mcc`; 1 exactly when the dimensions are the sources
-    up to a signed permutation and scaling). ``loadings_mcc``: the same between
-    the true loadings and the fitted ones, correlation across genes (NaN without
-    loadings). ``sources_mcc_min``: the worst fit.
+    ``sources_mcc``: mean over fits of the mean |correlation| of each true source with its Hungarian-matched latent
+    dimension (:func:`countvae.metrics.mcc`; 1 exactly when the dimensions are the sources up to a signed permutation
+    and scaling). ``loadings_mcc``: the same between the true and fitted loadings, correlation across genes (NaN
+    without loadings). ``sources_mcc_min``: the worst fit.
     """
     z_scores = [mcc(z, z_true) for z in latents.values()]
     w_scores = [mcc(w, w_true) for w in loadings.values() if w is not None and w_true is not None]
@@ -278,15 +260,12 @@ NO_CLAIM = "no claim: too Gaussian to identify"
 def truth_verdict(sources_mcc: float, worst_mcc: float, baseline_mcc: float | None) -> str:
     """Whether a model recovers simulated sources, against the unrestricted model's :func:`truth_recovery`.
 
-    ``sources_mcc`` is the mean over the model's fits, ``worst_mcc`` its worst
-    fit, ``baseline_mcc`` the unrestricted model's mean. ``recovers the
-    sources``: even the worst fit is above the unrestricted mean by more than
-    :data:`GROWTH_MARGIN`, and the mean is at least :data:`RECOVERED_MCC`;
-    ``closer to the sources than without it``: the worst fit is above by that
-    margin only; else ``no closer to the sources than without it`` (a better
-    mean alone can be one lucky fit). For the unrestricted model itself
-    (``baseline_mcc=None``): ``recovers the sources`` at a mean of at least
-    :data:`RECOVERED_MCC`, else ``reference``.
+    ``sources_mcc`` is the mean over the model's fits, ``worst_mcc`` its worst fit, ``baseline_mcc`` the
+    unrestricted model's mean. ``recovers the sources``: even the worst fit is above the unrestricted mean by more
+    than :data:`GROWTH_MARGIN`, and the mean is at least :data:`RECOVERED_MCC`; ``closer to the sources than without
+    it``: the worst fit is above by that margin only; else ``no closer to the sources than without it`` (a better
+    mean alone can be one lucky fit). For the unrestricted model itself (``baseline_mcc=None``): ``recovers the
+    sources`` at a mean of at least :data:`RECOVERED_MCC`, else ``reference``.
     """
     if baseline_mcc is None:
         return RECOVERS if sources_mcc >= RECOVERED_MCC else "reference"
@@ -303,25 +282,22 @@ def predictive_cost(
 ) -> dict[str, float | str]:
     """Held-out ``log p(x)`` of the restricted model minus the unrestricted one's, per cell, with an interval.
 
-    Each seed's restricted fit is paired with the unrestricted fit of the same
-    seed on the same held-out cells, through
-    :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired
-    differences). The estimate is the per-cell difference averaged over seeds and
-    cells; its standard error combines the spread over cells of the seed-averaged
-    per-cell differences (the table's paired ``se_diff_per_cell``) with the spread
-    of the per-seed differences (``sd / sqrt(seeds)``).
+    Each seed's restricted fit is paired with the unrestricted fit of the same seed on the same held-out cells,
+    through :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired differences). The estimate is
+    the per-cell difference averaged over seeds and cells; its standard error combines the spread over cells of the
+    seed-averaged per-cell differences (the table's paired ``se_diff_per_cell``) with the spread of the per-seed
+    differences (``sd / sqrt(seeds)``).
 
-    Verdict (a stand-in for a two one-sided tests procedure with margin
-    ``margin``): ``equivalent`` when the 90% interval lies within
-    ``(-margin, margin)``; else ``costs`` when the 95% interval lies below 0,
-    ``gains`` when above; else ``undetermined``.
+    Verdict (a stand-in for a two one-sided tests procedure with margin ``margin``): ``equivalent`` when the 90%
+    interval lies within ``(-margin, margin)``; else ``costs`` when the 95% interval lies below 0, ``gains`` when
+    above; else ``undetermined``.
 
     Returns
     -------
     dict
-        ``difference_per_cell`` (negative: the restriction costs), ``se_per_cell``,
-        ``ci95_low``, ``ci95_high``, ``margin``, ``verdict``, ``n_cells``,
-        ``n_seeds``, ``seed_differences`` (the per-seed estimates, comma-separated).
+        ``difference_per_cell`` (negative: the restriction costs), ``se_per_cell``, ``ci95_low``, ``ci95_high``,
+        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (the per-seed estimates,
+        comma-separated).
 
     """
     seeds = [s for s in restricted if s in unrestricted]
@@ -381,9 +357,8 @@ def program_dimension_r2(z: np.ndarray, expression: np.ndarray, seed: int = 0, a
 def depth_residuals(expression: np.ndarray, library: np.ndarray) -> np.ndarray:
     """Expression with the sequencing depth regressed out, gene by gene.
 
-    ``log1p`` normalized expression still rises with depth for lowly expressed
-    genes (more of their zeros become counts), which makes every such gene
-    co-vary with every other; the least-squares fit on ``1, log(library),
+    ``log1p`` normalized expression still rises with depth for lowly expressed genes (more of their zeros become
+    counts), which makes every such gene co-vary with every other; the least-squares fit on ``1, log(library),
     log(library)^2`` per gene removes that shared trend.
     """
     x = np.asarray(expression, dtype=np.float64)
@@ -400,16 +375,13 @@ def _top_eigenvalue(x: np.ndarray) -> float:
 def program_coherence(residuals: np.ndarray, columns: Sequence[int], n_sets: int = 100, seed: int = 0) -> float:
     """Whether a gene set co-varies across cells more than random gene sets of its size do: a ratio, 1 at par.
 
-    The largest eigenvalue of the set's gene-gene correlation matrix over cells,
-    divided by the 95th percentile of the same eigenvalue over ``n_sets`` random
-    sets of as many genes drawn from all non-constant genes of ``residuals``
-    (cells x genes, e.g. :func:`depth_residuals`). Above 1: the set's genes move
-    together more than 95% of random sets (evidence for a shared program from
-    the data alone, with no model); at or below 1: no more than chance genes.
-    Random sets, rather than each gene permuted on its own, are the reference
-    because normalization makes all genes co-vary a little (through the
-    library composition), and a program must stand out from that. NaN when
-    fewer than 2 of the set's genes vary.
+    The largest eigenvalue of the set's gene-gene correlation matrix over cells, divided by the 95th percentile of
+    the same eigenvalue over ``n_sets`` random sets of as many genes drawn from all non-constant genes of
+    ``residuals`` (cells x genes, e.g. :func:`depth_residuals`). Above 1: the set's genes move together more than
+    95% of random sets (evidence for a shared program from the data alone, with no model); at or below 1: no more
+    than chance genes. Random sets, rather than each gene permuted on its own, are the reference because
+    normalization makes all genes co-vary a little (through the library composition), and a program must stand out
+    from that. NaN when fewer than 2 of the set's genes vary.
     """
     x = np.asarray(residuals, dtype=np.float64)
     varying = x.std(0) > 0
@@ -451,22 +423,18 @@ def program_support(
     seed
         Seed of the half split for ``set_r2``.
     min_credible_genes
-        A program is supported when its genes co-vary across the held-out cells
-        more than random gene sets do (:func:`program_coherence` of the
-        depth residuals above 1: evidence from the data alone), its dimension is active (variance of its
-        posterior means at least :data:`ACTIVE_VARIANCE`) in most fits, and at
-        least this many of its genes have a credibly non-zero loading (90%
-        interval excluding 0) in most fits. A dimension can be active on genes
-        that do not co-vary (it then fits their noise); coherence tells the two apart.
+        A program is supported when its genes co-vary across the held-out cells more than random gene sets do
+        (:func:`program_coherence` of the depth residuals above 1: evidence from the data alone), its dimension is
+        active (variance of its posterior means at least :data:`ACTIVE_VARIANCE`) in most fits, and at least this
+        many of its genes have a credibly non-zero loading (90% interval excluding 0) in most fits. A dimension can be
+        active on genes that do not co-vary (it then fits their noise); coherence tells the two apart.
 
     Returns
     -------
     pandas.DataFrame
-        One row per program: ``program``, ``n_genes``, ``coherence``
-        (:func:`program_coherence` of its genes), ``activity`` (median over
-        fits), ``in_program_share`` (loading energy on the program's genes),
-        ``credible_genes``, ``set_r2`` (held-out R^2 of the dimension from its
-        genes), ``supported`` and ``reason``.
+        One row per program: ``program``, ``n_genes``, ``coherence`` (:func:`program_coherence` of its genes),
+        ``activity`` (median over fits), ``in_program_share`` (loading energy on the program's genes),
+        ``credible_genes``, ``set_r2`` (held-out R^2 of the dimension from its genes), ``supported`` and ``reason``.
 
     """
     index = {str(g): i for i, g in enumerate(var_names)}

@@ -1,38 +1,32 @@
 """Which seeds reached the same solution: groups of fits, each with its held-out log p(x).
 
-When the report finds that seeds differ, the analyst's next question is which
-ones: a few seeds may share one solution while others sit in a worse local
-optimum. This module answers it from two pieces of evidence the report already
-computes, per pair of fits:
+When the report finds that seeds differ, the analyst's next question is which ones: a few seeds may share one
+solution while others sit in a worse local optimum. This module answers it from two pieces of evidence the report
+already computes, per pair of fits:
 
-- **decoded means**: Lin's concordance of the two fits' decoded log means
-  (gene-centred, as the invariants table's "decoded means" row), with a paired
-  bootstrap interval over cells at level ``1 - 2 alpha / K`` for the ``K`` pairs
-  (Bonferroni, so the pair decisions hold together); ``agree`` when the interval
-  lies at or above the threshold, ``differ`` when below, else ``undetermined``;
+- **decoded means**: Lin's concordance of the two fits' decoded log means (gene-centred, as the invariants table's
+  "decoded means" row), with a paired bootstrap interval over cells at level ``1 - 2 alpha / K`` for the ``K`` pairs
+  (Bonferroni, so the pair decisions hold together); ``agree`` when the interval lies at or above the threshold,
+  ``differ`` when below, else ``undetermined``;
 - **held-out log p(x)**: the pair's decision in the equivalence table of
-  :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired
-  differences against the report's margin).
+  :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired differences against the report's
+  margin).
 
-A pair reached the **same solution** when its decoded means agree and its
-log p(x) is not confidently different (an undecided log p(x) does not separate
-two fits whose decoded means agree: the difference it cannot rule out is below
-what the cells can resolve); **different solutions** when its decoded means
-differ or its log p(x) is not equivalent; otherwise **undetermined**.
+A pair reached the **same solution** when its decoded means agree and its log p(x) is not confidently different (an
+undecided log p(x) does not separate two fits whose decoded means agree: the difference it cannot rule out is below
+what the cells can resolve); **different solutions** when its decoded means differ or its log p(x) is not
+equivalent; otherwise **undetermined**.
 
-Groups are built by complete linkage on "same solution": two groups merge only
-when *every* pair across them reached the same solution, the pair of groups
-with the largest smallest concordance first. Every pair inside a group is
-therefore directly evidenced. Evidence can be intransitive (seeds 0 and 2 each
-agree with seed 1 but not with each other): complete linkage then keeps them
-apart, and the result says so (:attr:`SeedGroups.notes`). A fit whose pairs are
+Groups are built by complete linkage on "same solution": two groups merge only when *every* pair across them reached
+the same solution, the pair of groups with the largest smallest concordance first, so every pair inside a group is
+directly evidenced. Evidence can be intransitive (seeds 0 and 2 each agree with seed 1 but not with each other):
+complete linkage then keeps them apart, and the result says so (:attr:`SeedGroups.notes`). A fit whose pairs are
 undetermined stays in a group of its own, with the reason.
 
-Each group's held-out log p(x) per cell is the mean over its fits (per cell),
-with a t interval over cells; its difference from the best group is paired
-per cell, with a simultaneous (Bonferroni over the groups compared) t interval,
-and judged against the same margin: ``worse`` (interval below ``-margin``),
-``as good`` (interval inside ``(-margin, margin)``) or ``undetermined``.
+Each group's held-out log p(x) per cell is the mean over its fits (per cell), with a t interval over cells; its
+difference from the best group is paired per cell, with a simultaneous (Bonferroni over the groups compared) t
+interval, and judged against the same margin: ``worse`` (interval below ``-margin``), ``as good`` (interval inside
+``(-margin, margin)``) or ``undetermined``.
 """
 
 from __future__ import annotations
@@ -101,8 +95,7 @@ class SeedGroups:
     pairs
         One row per pair of fits, columns :data:`PAIR_COLUMNS`.
     groups
-        One row per group (best held-out log p(x) first), columns :data:`GROUP_COLUMNS`;
-        ``fits`` is a tuple of names.
+        One row per group (best held-out log p(x) first), columns :data:`GROUP_COLUMNS`; ``fits`` is a tuple of names.
     margin
         The equivalence margin used, nats per cell.
     notes
@@ -141,8 +134,8 @@ def pair_relations(
     log_rates
         Fit name -> decoded log means (cells, genes), the same cells and genes for every fit.
     lpd_pairs
-        :func:`~countvae.diagnostics.analyses.predictive.equivalence_table` of the same fits
-        (columns ``fit_a``, ``fit_b``, ``diff_per_cell``, ``ci_low``, ``ci_high``, ``decision``).
+        :func:`~countvae.diagnostics.analyses.predictive.equivalence_table` of the same fits (columns ``fit_a``,
+        ``fit_b``, ``diff_per_cell``, ``ci_low``, ``ci_high``, ``decision``).
     threshold
         Concordance at or above which decoded means agree (the invariants table's threshold).
     alpha
@@ -255,9 +248,9 @@ def _mean_interval(values: np.ndarray, alpha: float) -> tuple[float, float, floa
 def group_table(
     groups: list[list[str]], lpd: Mapping[str, np.ndarray], margin: float, alpha: float = 0.05
 ) -> pd.DataFrame:
-    """Each group's held-out log p(x) per cell and its paired difference from the best group.
+    """Each group's held-out log p(x) per cell and its paired difference from the best, best group first.
 
-    Columns :data:`GROUP_COLUMNS`, best group first.
+    Columns :data:`GROUP_COLUMNS`.
     """
     per_cell = {tuple(g): np.mean([np.asarray(lpd[n], dtype=np.float64) for n in g], axis=0) for g in groups}
     ranked = sorted(per_cell, key=lambda g: -per_cell[g].mean())
@@ -303,15 +296,14 @@ def seed_groups(
     Parameters
     ----------
     log_rates
-        Fit name -> decoded log means on shared held-out cells (cells, genes),
-        e.g. the report's collected ``log_rate`` per fit.
+        Fit name -> decoded log means on shared held-out cells (cells, genes), e.g. the report's collected
+        ``log_rate`` per fit.
     lpd
-        Fit name -> per-cell frame with columns ``lpd`` and ``mc_se`` on shared
-        held-out cells (the report's ``lpd`` per fit), the same fits as ``log_rates``.
+        Fit name -> per-cell frame with columns ``lpd`` and ``mc_se`` on shared held-out cells (the report's ``lpd``
+        per fit), the same fits as ``log_rates``.
     baseline, margin_fraction
-        Per-cell log p(x) of the no-latent baseline on those cells, and the
-        margin's share of the gain over it (the report's ``equivalence_margin``);
-        used when ``margin`` is not given.
+        Per-cell log p(x) of the no-latent baseline on those cells, and the margin's share of the gain over it (the
+        report's ``equivalence_margin``); used when ``margin`` is not given.
     margin
         The equivalence margin in nats per cell (e.g. the report's).
     threshold, alpha, seed
