@@ -1,26 +1,21 @@
 """How well the latent space of one fit maps onto another's, under five classes of map.
 
-For two fits ``a`` and ``b`` evaluated on the same held-out cells, a map ``T``
-from ``a``'s latent means to ``b``'s is fitted on one half of the cells and scored
-on the other half (a general linear map has ``d^2 + d`` parameters and would
-flatter itself in-sample). The classes of map (identity, signed permutation,
-orthogonal, linear, ICA) are defined in :mod:`countvae.diagnostics.analyses.maps`;
-they are fitted by a :class:`~countvae.diagnostics.analyses.maps.PairMaps` on the
-fitting half, once per pair.
+For two fits ``a`` and ``b`` evaluated on the same held-out cells, a map ``T`` from ``a``'s latent means to ``b``'s
+is fitted on one half of the cells and scored on the other half (a general linear map has ``d^2 + d`` parameters and
+would flatter itself in-sample). The classes of map (identity, signed permutation, orthogonal, linear, ICA) are
+defined in :mod:`countvae.diagnostics.analyses.maps`; they are fitted by a
+:class:`~countvae.diagnostics.analyses.maps.PairMaps` on the fitting half, once per pair.
 
-The error of ``T`` is the mean Euclidean distance per scoring cell between
-``T(z_a)`` and ``z_b``, divided by the diameter of ``z_b`` (largest pairwise
-distance, on at most ``max_diameter_cells`` cells) as in Table 1 of Nelson,
-Fumero, Karaletsos and Locatello (2026), and also by the RMS pairwise distance
-``sqrt(2 tr Cov z_b)``, which is not driven by one outlying cell. Both
-directions ``a -> b`` and ``b -> a`` are scored and averaged. The classes are
-nested (signed permutations are rotations, rotations are linear maps), so
-``e_linear <= e_orthogonal <= e_permutation`` is expected; it is not exact on
-the scoring cells, because each map is fitted on the other half.
+The error of ``T`` is the mean Euclidean distance per scoring cell between ``T(z_a)`` and ``z_b``, divided by the
+diameter of ``z_b`` (largest pairwise distance, on at most ``max_diameter_cells`` cells) as in Table 1 of Nelson,
+Fumero, Karaletsos and Locatello (2026), and also by the RMS pairwise distance ``sqrt(2 tr Cov z_b)``, which is not
+driven by one outlying cell. Both directions ``a -> b`` and ``b -> a`` are scored and averaged. The classes are
+nested (signed permutations are rotations, rotations are linear maps), so ``e_linear <= e_orthogonal <=
+e_permutation`` is expected; it is not exact on the scoring cells, because each map is fitted on the other half.
 
-The ICA efficiency ``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` is the share of
-the gap between the best signed permutation and the best rotation that ICA closes
-without using the cell pairing: 1 means ICA found the aligning rotation.
+The ICA efficiency ``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` is the share of the gap between the best signed
+permutation and the best rotation that ICA closes without using the cell pairing: 1 means ICA found the aligning
+rotation.
 """
 
 from __future__ import annotations
@@ -111,17 +106,14 @@ def alignment_errors(
     map_classes
         Which of :data:`MAP_CLASSES` to score.
     seed
-        Seed of the fit/score split of the cells (and of the ICAs and of the
-        diameter's subsample).
+        Seed of the fit/score split of the cells (and of the ICAs and of the diameter's subsample).
 
     Returns
     -------
     pandas.DataFrame
-        One row per (pair, map class) with columns ``fit_a``, ``fit_b``, ``map``,
-        ``error_diameter`` (the symmetrised error over the diameter),
-        ``error_rms`` (over the RMS pairwise distance), ``error_a_to_b``,
-        ``error_b_to_a`` (directed, over the diameter), ``n_fit_cells``,
-        ``n_score_cells``.
+        One row per (pair, map class) with columns ``fit_a``, ``fit_b``, ``map``, ``error_diameter`` (the
+        symmetrised error over the diameter), ``error_rms`` (over the RMS pairwise distance), ``error_a_to_b``,
+        ``error_b_to_a`` (directed, over the diameter), ``n_fit_cells``, ``n_score_cells``.
 
     """
     names = list(latents)
@@ -164,9 +156,8 @@ def alignment_errors(
 def ica_efficiency(errors: pd.DataFrame, column: str = "error_diameter") -> pd.DataFrame:
     """``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` per pair of fits.
 
-    NaN where the permutation and orthogonal errors coincide (within 1e-12): the
-    fits are then already aligned up to a signed permutation and there is no
-    gap for ICA to close.
+    NaN where the permutation and orthogonal errors coincide (within 1e-12): the fits are then already aligned up to
+    a signed permutation and there is no gap for ICA to close.
 
     Returns
     -------

@@ -1,21 +1,17 @@
 """A model without latent variables: the yardstick of the predictive-equivalence margin.
 
-How much two fits may differ in held-out ``log p(x)`` before the difference
-matters depends on the data: a cell of 300 genes carries a few hundred nats, one
-of 30,000 genes tens of thousands. The margin of the equivalence test is
-therefore stated relative to what the latent variables explain: the mean
-per-cell gain of the fits' held-out ``log p(x)`` over this baseline.
+How much two fits may differ in held-out ``log p(x)`` before the difference matters depends on the data: a cell of
+300 genes carries a few hundred nats, one of 30,000 genes tens of thousands. The margin of the equivalence test is
+therefore stated relative to what the latent variables explain: the mean per-cell gain of the fits' held-out
+``log p(x)`` over this baseline.
 
-The baseline is a negative binomial per gene, with no latent variable: for cell
-``n`` in batch ``b`` with observed library size ``l_n`` (its total count, the
-same offset the count VAEs condition on), ``x_ng ~ NB(mean l_n p_bg, theta_g)``.
-The shares ``p_bg`` are pooled counts over pooled library sizes per batch (with
-half a count added to each gene, so no share is zero); ``theta_g`` comes from
-the method of moments, ``sum_n (x_ng - mu_ng)^2 - mu_ng = sum_n mu_ng^2 / theta_g``
-(Poisson, ``theta = inf``, where the counts are not overdispersed). Both are
-estimated on the cells the fits were trained on when they are given, else on the
-held-out cells themselves (which makes the baseline slightly better, the gain
-smaller and so the margin stricter).
+The baseline is a negative binomial per gene, with no latent variable: for cell ``n`` in batch ``b`` with observed
+library size ``l_n`` (its total count, the same offset the count VAEs condition on),
+``x_ng ~ NB(mean l_n p_bg, theta_g)``. The shares ``p_bg`` are pooled counts over pooled library sizes per batch
+(with half a count added to each gene, so no share is zero); ``theta_g`` comes from the method of moments,
+``sum_n (x_ng - mu_ng)^2 - mu_ng = sum_n mu_ng^2 / theta_g`` (Poisson, ``theta = inf``, where the counts are not
+overdispersed). Both are estimated on the cells the fits were trained on when they are given, else on the held-out
+cells themselves (which makes the baseline slightly better, the gain smaller and so the margin stricter).
 """
 
 from __future__ import annotations

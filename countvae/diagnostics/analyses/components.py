@@ -1,47 +1,36 @@
 """Which ICA components of a model reproduce across seeds: the one source of the report's ICA verdicts.
 
-Per component, Icasso-style (Himberg et al. 2004): the first fit's ICA is
-estimated on one half of a set of cells, every other fit's ICA on the other
-half, and each component of the first fit is matched (Hungarian, on
-|correlation|) to the components of each other fit on the held-out cells. Its
-``worst_match`` is the smallest best-match |correlation| over the other fits
-(the worst pair with the reference fit), with a bootstrap interval over the
-held-out cells the matching is computed on (the ICAs themselves held fixed),
-bounded through each pair's own interval as every worst-pair row of the report
-is (:func:`countvae.diagnostics.analyses.resampling.worst_interval`).
+Per component, Icasso-style (Himberg et al. 2004): the first fit's ICA is estimated on one half of a set of cells,
+every other fit's ICA on the other half, and each component of the first fit is matched (Hungarian, on
+|correlation|) to the components of each other fit on the held-out cells. Its ``worst_match`` is the smallest
+best-match |correlation| over the other fits (the worst pair with the reference fit), with a bootstrap interval over
+the held-out cells the matching is computed on (the ICAs themselves held fixed), bounded through each pair's own
+interval as every worst-pair row of the report is (:func:`countvae.diagnostics.analyses.resampling.worst_interval`).
 
 Which cells the ICAs are estimated on matters:
 
-* **the cells the fits were trained on** (``SeedFits.adata_fit``, which every
-  seed shares), split in two disjoint halves: many cells, none of them held
-  out. The coordinator's measurement on the embedded demo (5 Laplace sources,
+* **the cells the fits were trained on** (``SeedFits.adata_fit``, which every seed shares), split in two disjoint
+  halves: many cells, none of them held out. The coordinator's measurement on the embedded demo (5 Laplace sources,
   1,350 cells per half): every component matched at 0.989-0.996 across seeds;
-* otherwise, halves of the held-out cells (150 each on the demo: 0.79-0.99,
-  too few cells to fix the axes).
+* otherwise, halves of the held-out cells (150 each on the demo: 0.79-0.99, too few cells to fix the axes).
 
-ICAs estimated on the *same* cells are not evidence: seeds of a VAE agree nearly
-up to a linear map, so ICA finds the same accidental non-Gaussian directions of
-a Gaussian sample in each (see :func:`countvae.ica.ica_stability`). The halves and the
-ICAs on them are :func:`countvae.ica.split_half_icas`, shared with :func:`countvae.ica.ica_stability`.
+ICAs estimated on the *same* cells are not evidence: seeds of a VAE agree nearly up to a linear map, so ICA finds the
+same accidental non-Gaussian directions of a Gaussian sample in each (see :func:`countvae.ica.ica_stability`). The
+halves and the ICAs on them are :func:`countvae.ica.split_half_icas`, shared with :func:`countvae.ica.ica_stability`.
 
-Two baselines tell why a component does not reproduce: ``same_fit_match``, the
-same comparison between the first fit's ICA on one half and *its own* ICA on the
-other half (low: too few cells, or too close to Gaussian, to fix the axis even
-within one seed), and ``gaussian``, the reference component's negentropy against
-what ICA finds in Gaussian noise of that size (:class:`countvae.ica.ICARotation`).
+Two baselines tell why a component does not reproduce: ``same_fit_match``, the same comparison between the first
+fit's ICA on one half and *its own* ICA on the other half (low: too few cells, or too close to Gaussian, to fix the
+axis even within one seed), and ``gaussian``, the reference component's negentropy against what ICA finds in
+Gaussian noise of that size (:class:`countvae.ica.ICARotation`).
 
-An ICA estimated on a finite half is off its population axis, and that error
-lowers every match it enters, the same fit's as much as another seed's: with
-two seeds that reached one solution, the other fit's ICA and the reference's own
-ICA are estimated on the same half and carry the same error. ``corrected_match``
-is therefore ``worst_match / same_fit_match`` (Spearman's correction for
-attenuation, capped at 1), with its interval from each pair's ratio of the
-same bootstrap replicates: the match the seeds' ICA axes would have if each were
-estimated on all cells of the distribution. Without it, a component matched at
-0.936 across seeds whose ICA on 2,000-cell halves matches itself at 0.95 was
-called "differ", while the same fits' ICA on 4,000 cells matched at 0.99.
-:func:`countvae.diagnostics.reporting.verdicts.judge_components` turns these
-numbers into verdicts.
+An ICA estimated on a finite half is off its population axis, and that error lowers every match it enters, the same
+fit's as much as another seed's: with two seeds that reached one solution, the other fit's ICA and the reference's
+own ICA are estimated on the same half and carry the same error. ``corrected_match`` is therefore
+``worst_match / same_fit_match`` (Spearman's correction for attenuation, capped at 1), with its interval from each
+pair's ratio of the same bootstrap replicates: the match the seeds' ICA axes would have if each were estimated on all
+cells of the distribution. Without it, a component matched at 0.936 across seeds whose ICA on 2,000-cell halves
+matches itself at 0.95 was called "differ", while the same fits' ICA on 4,000 cells matched at 0.99.
+:func:`countvae.diagnostics.reporting.verdicts.judge_components` turns these numbers into verdicts.
 """
 
 from __future__ import annotations
@@ -98,8 +87,8 @@ class ComponentStability:
     matches
         Best-match |correlation| of each reference component in each other fit.
     sources
-        Fit name -> its latents on the held-out cells in its own ICA axes (for
-        the ground truth, when the data are simulated).
+        Fit name -> its latents on the held-out cells in its own ICA axes (for the ground truth, when the data are
+        simulated).
 
     """
 
@@ -144,14 +133,13 @@ def ica_component_stability(
     Parameters
     ----------
     heldout
-        Fit name -> latent means on the same held-out cells, (cells, d); the
-        first fit is the reference whose components are listed.
+        Fit name -> latent means on the same held-out cells, (cells, d); the first fit is the reference whose
+        components are listed.
     bootstrap
         Bootstrap weights over the held-out cells (see :mod:`.resampling`).
     fit_cells
-        Fit name -> latent means on the same cells the fits were trained on; the
-        ICAs are estimated on halves of these when given, else on halves of the
-        held-out cells.
+        Fit name -> latent means on the same cells the fits were trained on; the ICAs are estimated on halves of
+        these when given, else on halves of the held-out cells.
     alpha
         Each side of the interval of ``worst_match`` errs with this probability.
     seed
@@ -160,8 +148,7 @@ def ica_component_stability(
     Returns
     -------
     ComponentStability
-        ``table`` (one row per component, ``IC_0`` the reference's most
-        non-Gaussian), ``matches``, ``sources``.
+        ``table`` (one row per component, ``IC_0`` the reference's most non-Gaussian), ``matches``, ``sources``.
 
     """
     names = list(heldout)

@@ -1,41 +1,33 @@
 """How much of the seed-to-seed variation of downstream results is the model's (arrays in, frames out).
 
-Analysts publish differentially expressed genes, clusters and embeddings, not
-latent coordinates. Each of these changes between two fits with different seeds
-for two reasons: the fits differ (the model's share), and the downstream step is
-itself random (Monte Carlo draws of the DE posterior, the Leiden seed, the UMAP
-seed). The functions here separate the two by comparing
+Analysts publish differentially expressed genes, clusters and embeddings, not latent coordinates. Each of these
+changes between two fits with different seeds for two reasons: the fits differ (the model's share), and the
+downstream step is itself random (Monte Carlo draws of the DE posterior, the Leiden seed, the UMAP seed). The
+functions here separate the two by comparing
 
-* **between fits**: results of two fits with different model seeds, each computed
-  with its own downstream randomness, and
-* **within a fit** (the baseline): two results of *one* fit that differ only in the
-  downstream seed (two DE sampling seeds; two Leiden seeds on the same k-NN graph;
-  two UMAP seeds on the same graph).
+* **between fits**: results of two fits with different model seeds, each computed with its own downstream
+  randomness, and
+* **within a fit** (the baseline): two results of *one* fit that differ only in the downstream seed (two DE sampling
+  seeds; two Leiden seeds on the same k-NN graph; two UMAP seeds on the same graph).
 
-For an agreement score ``a`` (1 = identical; Jaccard, Spearman, ARI, NMI, k-NN
-overlap) the disagreement is ``d = 1 - a``. With ``d_between`` and ``d_within`` the
-mean disagreements of the between-fit and within-fit pairs,
+For an agreement score ``a`` (1 = identical; Jaccard, Spearman, ARI, NMI, k-NN overlap) the disagreement is
+``d = 1 - a``. With ``d_between`` and ``d_within`` the mean disagreements of the between-fit and within-fit pairs,
 
     model_share = (d_between - d_within) / d_between, clipped to [0, 1],
 
-the fraction of the between-seed disagreement that the downstream randomness alone
-does not produce (NaN when ``d_between = 0``: nothing varies). 0 means re-running
-the downstream step on one fit already moves the result as much as refitting
-does; 1 means the downstream step is reproducible and every change comes from the
-fit. It is a difference of means over few pairs: read it with the pair counts and
-the per-pair table, not to two decimals.
+the fraction of the between-seed disagreement that the downstream randomness alone does not produce (NaN when
+``d_between = 0``: nothing varies). 0 means re-running the downstream step on one fit already moves the result as
+much as refitting does; 1 means the downstream step is reproducible and every change comes from the fit. It is a
+difference of means over few pairs: read it with the pair counts and the per-pair table, not to two decimals.
 
-Clusters and embeddings are computed as an analyst computes them in scanpy: the
-neighbour graph of ``sc.pp.neighbors(adata, use_rep=...)`` (UMAP's fuzzy
-connectivities), clustered by ``sc.tl.leiden`` and embedded by ``sc.tl.umap``
-(:func:`scanpy_graph`, :func:`scanpy_leiden`, :func:`umap_embedding`), so the
-stability reported is that of the clusters that get published: for the same
-latent, neighbours, resolution and seed, the labels are scanpy's own. The plain
-exact k-NN graph it replaced is in ``benchmarks/knn_reference.py``.
+Clusters and embeddings are computed as an analyst computes them in scanpy: the neighbour graph of
+``sc.pp.neighbors(adata, use_rep=...)`` (UMAP's fuzzy connectivities), clustered by ``sc.tl.leiden`` and embedded by
+``sc.tl.umap`` (:func:`scanpy_graph`, :func:`scanpy_leiden`, :func:`umap_embedding`), so the stability reported is
+that of the clusters that get published: for the same latent, neighbours, resolution and seed, the labels are
+scanpy's own. The plain exact k-NN graph it replaced is in ``benchmarks/knn_reference.py``.
 
-scanpy, Leiden (``igraph``, ``leidenalg``) and UMAP (``umap-learn``) are the optional
-extra ``countvae[downstream]``; the k-NN, DE and label-agreement functions need
-only scikit-learn and scipy.
+scanpy, Leiden (``igraph``, ``leidenalg``) and UMAP (``umap-learn``) are the optional extra
+``countvae[downstream]``; the k-NN, DE and label-agreement functions need only scikit-learn and scipy.
 """
 
 from __future__ import annotations
@@ -86,9 +78,8 @@ def rank_correlation(a: np.ndarray, b: np.ndarray) -> float:
 def neighbourhood_overlap(a: np.ndarray, b: np.ndarray, k: int = 15) -> float:
     """Mean over cells of the Jaccard overlap of the cell's ``k`` nearest neighbours in ``a`` and in ``b``.
 
-    ``a`` and ``b`` are two representations of the same cells (latent means,
-    UMAP coordinates). 1 when every cell keeps its neighbours; about
-    ``k / (2 n)`` for unrelated representations of ``n`` cells.
+    ``a`` and ``b`` are two representations of the same cells (latent means, UMAP coordinates). 1 when every cell
+    keeps its neighbours; about ``k / (2 n)`` for unrelated representations of ``n`` cells.
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape[0] != b.shape[0]:
@@ -99,9 +90,9 @@ def neighbourhood_overlap(a: np.ndarray, b: np.ndarray, k: int = 15) -> float:
 def chance_jaccard(n_a: int, n_b: int, n_genes: int) -> float:
     """Expected Jaccard index of two call sets of sizes ``n_a`` and ``n_b`` drawn at random from ``n_genes`` genes.
 
-    The agreement two DE runs would reach by chance alone, with no shared signal:
-    the shared count ``X`` is hypergeometric, and ``E[X / (n_a + n_b - X)]`` is
-    summed exactly. 1 when both sets are empty (:func:`~countvae.model.de_statistics.jaccard`'s convention).
+    The agreement two DE runs would reach by chance alone, with no shared signal: the shared count ``X`` is
+    hypergeometric, and ``E[X / (n_a + n_b - X)]`` is summed exactly. 1 when both sets are empty
+    (:func:`~countvae.model.de_statistics.jaccard`'s convention).
     """
     if not 0 <= n_a <= n_genes or not 0 <= n_b <= n_genes:
         raise InvalidArgumentError(f"Call sets of sizes {n_a} and {n_b} do not fit in {n_genes} genes.")
@@ -121,17 +112,15 @@ def model_share(between: Sequence[float], within: Sequence[float]) -> dict[str, 
     between
         Agreement scores of pairs of fits with different model seeds.
     within
-        Agreement scores of pairs of results of one fit that differ only in the
-        downstream seed. Empty when the downstream step is deterministic (its
-        disagreement is then 0).
+        Agreement scores of pairs of results of one fit that differ only in the downstream seed. Empty when the
+        downstream step is deterministic (its disagreement is then 0).
 
     Returns
     -------
     dict
-        ``between_mean``, ``between_min``, ``within_mean`` (NaN without pairs),
-        ``n_between``, ``n_within``, ``disagreement_between``,
-        ``disagreement_within``, ``model_excess`` (their difference) and
-        ``model_share`` (see the module docstring).
+        ``between_mean``, ``between_min``, ``within_mean`` (NaN without pairs), ``n_between``, ``n_within``,
+        ``disagreement_between``, ``disagreement_within``, ``model_excess`` (their difference) and ``model_share``
+        (see the module docstring).
 
     """
     between = np.asarray(list(between), dtype=np.float64)
@@ -197,18 +186,16 @@ def de_agreement(
     Parameters
     ----------
     calls, lfc
-        Fit name -> boolean calls and LFC estimates (e.g. ``lfc_mean``) per gene,
-        in one gene order, each computed with the fit's own sampling seed.
+        Fit name -> boolean calls and LFC estimates (e.g. ``lfc_mean``) per gene, in one gene order, each computed
+        with the fit's own sampling seed.
     resampled_calls, resampled_lfc
-        Fit name -> the same for (some of) the fits recomputed with another
-        sampling seed: the Monte Carlo baseline.
+        Fit name -> the same for (some of) the fits recomputed with another sampling seed: the Monte Carlo baseline.
 
     Returns
     -------
     pairs, summary
-        ``pairs``: one row per pair (``kind``, ``fit_a``, ``fit_b``, ``jaccard`` of
-        the calls, ``spearman`` of the LFCs). ``summary``: one row per metric with
-        :func:`model_share`.
+        ``pairs``: one row per pair (``kind``, ``fit_a``, ``fit_b``, ``jaccard`` of the calls, ``spearman`` of the
+        LFCs). ``summary``: one row per metric with :func:`model_share`.
 
     """
     if set(calls) != set(lfc) or set(resampled_calls) != set(resampled_lfc):
@@ -261,9 +248,8 @@ def cluster_agreement(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Leiden clusters (scanpy's) of each fit's neighbour graph, compared between fits and between two Leiden seeds.
 
-    Each fit's graph is built once from its latent means (:func:`scanpy_graph`)
-    and clustered (:func:`scanpy_leiden`) with ``seeds[0]`` (compared between
-    fits) and ``seeds[1]`` (the baseline: same graph, another Leiden seed).
+    Each fit's graph is built once from its latent means (:func:`scanpy_graph`) and clustered
+    (:func:`scanpy_leiden`) with ``seeds[0]`` (compared between fits) and ``seeds[1]`` (the baseline).
 
     Returns
     -------
@@ -295,11 +281,10 @@ LEIDEN_FLAVORS = {
 def scanpy_graph(latent: np.ndarray, n_neighbors: int = 15) -> ad.AnnData:
     """An AnnData holding ``latent`` in ``obsm["X_latent"]`` and scanpy's neighbour graph of it.
 
-    The graph is ``sc.pp.neighbors(adata, use_rep="X_latent", n_neighbors=n_neighbors)``
-    with scanpy's defaults otherwise (Euclidean, UMAP connectivities,
-    ``random_state=0``), the graph an analyst builds from ``obsm["X_countvae"]``.
-    The latent is held as float32, the type ``CountVAE.get_latent_representation``
-    returns (and ``write_results`` stores), so that the distances are the analyst's.
+    The graph is ``sc.pp.neighbors(adata, use_rep="X_latent", n_neighbors=n_neighbors)`` with scanpy's defaults
+    otherwise (Euclidean, UMAP connectivities, ``random_state=0``), the graph an analyst builds from
+    ``obsm["X_countvae"]``. The latent is held as float32, the type ``CountVAE.get_latent_representation`` returns
+    (and ``write_results`` stores), so that the distances are the analyst's.
     """
     sc = _require("scanpy", "scanpy's neighbour graph")
     latent = np.asarray(latent, dtype=np.float32)
@@ -337,8 +322,8 @@ def scanpy_leiden(graph: ad.AnnData, resolution: float = 1.0, seed: int = 0, fla
     seed
         ``random_state`` of ``sc.tl.leiden``.
     flavor
-        ``"igraph"`` (``flavor="igraph", n_iterations=2, directed=False``, scanpy's
-        recommended settings) or ``"leidenalg"`` (scanpy's defaults).
+        ``"igraph"`` (``flavor="igraph", n_iterations=2, directed=False``, scanpy's recommended settings) or
+        ``"leidenalg"`` (scanpy's defaults).
 
     Returns
     -------
@@ -364,9 +349,8 @@ def scanpy_leiden(graph: ad.AnnData, resolution: float = 1.0, seed: int = 0, fla
 def umap_embedding(latent: np.ndarray, seed: int = 0, n_neighbors: int = 15) -> np.ndarray:
     """2-D ``sc.tl.umap`` embedding of scanpy's neighbour graph of ``latent`` with ``random_state=seed``.
 
-    The graph is :func:`scanpy_graph`'s; the embedding uses scanpy's defaults
-    otherwise (``min_dist=0.5``). With a seed the coordinates are the same for the
-    same input on the same machine.
+    The graph is :func:`scanpy_graph`'s; the embedding uses scanpy's defaults otherwise (``min_dist=0.5``). With a
+    seed the coordinates are the same for the same input on the same machine.
     """
     sc = _require("scanpy", "UMAP embedding")
     _require("umap", "UMAP embedding")
@@ -387,9 +371,8 @@ def neighbourhood_agreement(
     representations
         Fit name -> (cells, dims): latent means, or an embedding computed with one seed.
     resampled
-        Fit name -> the same fit's embedding computed with another seed (e.g. two
-        UMAP seeds). ``None`` for a deterministic representation (latent means):
-        the baseline disagreement is then 0.
+        Fit name -> the same fit's embedding computed with another seed (e.g. two UMAP seeds). ``None`` for a
+        deterministic representation (latent means): the baseline disagreement is then 0.
     k
         Neighbours per cell.
 

@@ -1,15 +1,12 @@
 """On simulated data: how close each fit's coordinates come to the simulation's true sources.
 
-When the held-out cells carry the sources they were simulated from
-(``obsm["z_true"]``, written by :func:`countvae.data.simulate`), the report adds
-what no real data set can show: for each fit, the mean matched |correlation|
-(MCC, :func:`countvae.metrics.mcc`) and the modularity InfoM
-(:func:`countvae.metrics.infomec`, sources binned into 10 equally populated
-levels) of its raw latent coordinates and of its ICA coordinates (the ICA of
-:mod:`countvae.diagnostics.analyses.components`, estimated on cells other than
-these). Raw coordinates of a rotation-invariant model sit in an arbitrary
-rotation of the sources; ICA coordinates recover non-Gaussian sources up to
-order and sign.
+When the held-out cells carry the sources they were simulated from (``obsm["z_true"]``, written by
+:func:`countvae.data.simulate`), the report adds what no real data set can show: for each fit, the mean matched
+|correlation| (MCC, :func:`countvae.metrics.mcc`) and the modularity InfoM (:func:`countvae.metrics.infomec`, sources
+binned into 10 equally populated levels) of its raw latent coordinates and of its ICA coordinates (the ICA of
+:mod:`countvae.diagnostics.analyses.components`, estimated on cells other than these). Raw coordinates of a
+rotation-invariant model sit in an arbitrary rotation of the sources; ICA coordinates recover non-Gaussian sources up
+to order and sign.
 """
 
 from __future__ import annotations

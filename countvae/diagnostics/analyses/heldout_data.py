@@ -1,8 +1,7 @@
 """Reading the observed counts of the held-out cells the way the fits see them.
 
-These helpers avoid copying the whole count matrix: with 100,000 held-out
-cells a float64 copy of a typical sparse matrix is several hundred megabytes.
-Columns are only selected (a copy) when the AnnData's genes differ from the
+These helpers avoid copying the whole count matrix: with 100,000 held-out cells a float64 copy of a typical sparse
+matrix is several hundred megabytes. Columns are only selected (a copy) when the AnnData's genes differ from the
 fits' genes or when a caller asks for a few genes.
 """
 
@@ -21,8 +20,7 @@ from countvae.errors import InvalidDataError
 def observed_counts(adata: ad.AnnData, var_names: pd.Index) -> sp.csr_matrix:
     """Raw counts of ``adata`` (registered layer, ``raw`` or ``X``) for the genes ``var_names``, in that order.
 
-    The stored dtype is kept; the matrix is not copied when its genes already
-    are ``var_names`` in order.
+    The stored dtype is kept; the matrix is not copied when its genes already are ``var_names`` in order.
 
     Raises
     ------
@@ -55,8 +53,8 @@ def log1p_normalized(
 ) -> sp.csr_matrix:
     """``log1p`` of counts scaled to ``target_sum`` per cell (scanpy's ``normalize_total`` + ``log1p``), sparse.
 
-    Cell totals are taken over all of ``var_names`` (the fits' genes); only the
-    columns ``genes`` (default: all of ``var_names``) are returned.
+    Cell totals are taken over all of ``var_names`` (the fits' genes); only the columns ``genes`` (default: all of
+    ``var_names``) are returned.
     """
     counts = observed_counts(adata, var_names)
     totals = np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()

@@ -1,30 +1,26 @@
 """Maps between two fits' latent spaces, and :class:`PairMaps`, which fits each of them once and shares it.
 
-For two fits ``a`` and ``b`` evaluated on the same cells, a map ``T`` takes ``a``'s
-latent means to ``b``'s. The classes, from most to least restrictive
-(:data:`MAP_CLASSES`):
+For two fits ``a`` and ``b`` evaluated on the same cells, a map ``T`` takes ``a``'s latent means to ``b``'s. The
+classes, from most to least restrictive (:data:`MAP_CLASSES`):
 
 ``identity``
     ``T(z) = z``: the coordinates agree as they are.
 ``permutation``
-    A signed permutation of the centred coordinates (Hungarian matching on the
-    absolute correlations, each sign from its correlation; :func:`fit_signed_permutation`).
+    A signed permutation of the centred coordinates (Hungarian matching on the absolute correlations, each sign
+    from its correlation; :func:`fit_signed_permutation`).
 ``orthogonal``
-    A rigid rotation/reflection of the centred coordinates
-    (:func:`scipy.linalg.orthogonal_procrustes`): the symmetry group of a N(0, I)
-    prior.
+    A rigid rotation/reflection of the centred coordinates (:func:`scipy.linalg.orthogonal_procrustes`): the
+    symmetry group of a N(0, I) prior.
 ``linear``
     A general affine map (least squares with intercept).
 ``ica``
-    Each fit is rotated separately into ICA axes (:class:`countvae.ica.ICARotation`,
-    :func:`fit_ica_axes`); the axes are matched by a signed permutation and a
-    scale per axis. The rotation comes from each fit's own latents; the pairing of
-    cells only picks the order, signs and scales.
+    Each fit is rotated separately into ICA axes (:class:`countvae.ica.ICARotation`, :func:`fit_ica_axes`); the
+    axes are matched by a signed permutation and a scale per axis. The rotation comes from each fit's own latents;
+    the pairing of cells only picks the order, signs and scales.
 
-The alignment scores, the invariants table and the cross-seed R-hat all use
-these maps. A report makes one :class:`PairMaps` per set of cells the maps are
-fitted on (the alignment's fitting half; all held-out cells), so each map is
-fitted once per pair of fits and each ICA once per fit.
+The alignment scores, the invariants table and the cross-seed R-hat all use these maps. A report makes one
+:class:`PairMaps` per set of cells the maps are fitted on (the alignment's fitting half; all held-out cells), so each
+map is fitted once per pair of fits and each ICA once per fit.
 """
 
 from __future__ import annotations
@@ -82,9 +78,8 @@ class ICAAxes:
 def fit_ica_axes(z: np.ndarray, random_state: int = 0, max_iter: int = 1000, max_cells: int = MAX_ICA_CELLS) -> ICAAxes:
     """Whiten ``z`` and rotate it to maximally non-Gaussian axes with :class:`countvae.ica.ICARotation`.
 
-    Only the rotation matters here (components are matched across fits
-    afterwards), so the Gaussian null behind ``ICARotation``'s flags is skipped
-    (``n_null=0``); :func:`countvae.ica.ica_stability` reports those flags.
+    Only the rotation matters here (components are matched across fits afterwards), so the Gaussian null behind
+    ``ICARotation``'s flags is skipped (``n_null=0``); :func:`countvae.ica.ica_stability` reports those flags.
 
     Parameters
     ----------
@@ -101,8 +96,8 @@ def fit_ica_axes(z: np.ndarray, random_state: int = 0, max_iter: int = 1000, max
     if len(z) > max_cells:
         z = z[np.sort(np.random.default_rng(random_state).choice(len(z), max_cells, replace=False))]
     with warnings.catch_warnings():
-        # A non-converged ICA still returns a valid rotation; the cross-fit error
-        # (and the ICA efficiency) then shows how useful it is.
+        # A non-converged ICA still returns a valid rotation; the cross-fit error (and the ICA efficiency) shows how
+        # useful it is.
         warnings.simplefilter("ignore")
         ica = ICARotation(random_state=random_state, max_iter=max_iter, n_null=0).fit(z)
     return ICAAxes(mean=ica.mean_.copy(), unmixing=ica.components_.T.copy(), mixing=ica.mixing_.T.copy())
@@ -111,11 +106,10 @@ def fit_ica_axes(z: np.ndarray, random_state: int = 0, max_iter: int = 1000, max
 def fit_signed_permutation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Fit the signed permutation ``P`` that best matches the columns of ``a`` to those of ``b``.
 
-    Columns are matched by the Hungarian algorithm on the absolute Pearson
-    correlations (scale-free, unlike the raw cross-product ``a^T b``); each
-    matched pair gets the sign of its correlation. ``a @ P`` has ``b``'s column
-    order and signs. (:func:`countvae.invariance.signed_permutation` does the
-    opposite: it builds such a matrix from a given order and signs.)
+    Columns are matched by the Hungarian algorithm on the absolute Pearson correlations (scale-free, unlike the raw
+    cross-product ``a^T b``); each matched pair gets the sign of its correlation. ``a @ P`` has ``b``'s column order
+    and signs. (:func:`countvae.invariance.signed_permutation` does the opposite: it builds such a matrix from a
+    given order and signs.)
     """
     corr = _cross_correlation(a, b)
     rows, cols = linear_sum_assignment(-np.abs(corr))
@@ -182,12 +176,10 @@ def fit_map(
 class PairMaps:
     """The maps between every pair of fits on one set of cells, each fitted once, on first use, and shared.
 
-    A map of a symmetric class (:data:`SYMMETRIC_CLASSES`: identity, signed
-    permutation, orthogonal) is fitted once per unordered pair, from the earlier
-    fit (in the order of ``latents``) to the later one; the map back is its
-    inverse. Linear and ICA maps are fitted once per ordered pair (a
-    least-squares map back is not the inverse). Each fit's ICA axes are fitted
-    once and shared by every ICA map.
+    A map of a symmetric class (:data:`SYMMETRIC_CLASSES`: identity, signed permutation, orthogonal) is fitted once
+    per unordered pair, from the earlier fit (in the order of ``latents``) to the later one; the map back is its
+    inverse. Linear and ICA maps are fitted once per ordered pair (a least-squares map back is not the inverse).
+    Each fit's ICA axes are fitted once and shared by every ICA map.
 
     Parameters
     ----------

@@ -1,16 +1,13 @@
 """The marker pitfall: a latent dimension's correlation with a marker is not an identification.
 
-Under a N(0, I) prior the fit is only determined up to a rotation of ``z``, so
-"dimension 3 correlates with CD14" is a statement about one seed's arbitrary
-coordinates: another seed spreads the same signal over other dimensions. The
-rotation-invariant question is how much of the marker all latent dimensions
-together explain: the ``R^2`` of a least-squares regression of the marker on
-``[1, z]`` is unchanged by any invertible linear map of ``z``, so it should
+Under a N(0, I) prior the fit is only determined up to a rotation of ``z``, so "dimension 3 correlates with CD14" is
+a statement about one seed's arbitrary coordinates: another seed spreads the same signal over other dimensions. The
+rotation-invariant question is how much of the marker all latent dimensions together explain: the ``R^2`` of a
+least-squares regression of the marker on ``[1, z]`` is unchanged by any invertible linear map of ``z``, so it should
 agree across seeds that found equivalent solutions.
 
-A marker is a gene (its ``log1p`` normalized counts, 10,000 per cell) or a
-column of ``obs``: a numeric column as it is, a categorical (or string/boolean)
-column as one 0/1 indicator per category, named ``"column=category"``.
+A marker is a gene (its ``log1p`` normalized counts, 10,000 per cell) or a column of ``obs``: a numeric column as it
+is, a categorical (or string/boolean) column as one 0/1 indicator per category, named ``"column=category"``.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
     Raises
     ------
     InvalidArgumentError
-        If a marker is neither a gene of the fits nor a column of ``obs``, or a
-        column has too many categories.
+        If a marker is neither a gene of the fits nor a column of ``obs``, or a column has too many categories.
 
     """
     if isinstance(markers, str):
@@ -121,8 +117,7 @@ def dimension_correlations(z: np.ndarray, values: np.ndarray) -> np.ndarray:
 def r_squared(z: np.ndarray, values: np.ndarray) -> float:
     """In-sample ``R^2`` of least squares of the marker on ``[1, z]`` (NaN cells dropped).
 
-    Invariant under every invertible affine map of ``z``: the column span of
-    ``[1, z A + c]`` is that of ``[1, z]``.
+    Invariant under every invertible affine map of ``z``: the column span of ``[1, z A + c]`` is that of ``[1, z]``.
     """
     v, zz = _finite_rows(values, z)
     if v.size <= zz.shape[1] + 1 or np.var(v) == 0:
@@ -166,12 +161,10 @@ def marker_summary(latents: Mapping[str, np.ndarray], markers: pd.DataFrame) -> 
     Returns
     -------
     pandas.DataFrame
-        One row per marker: ``marker``; ``r2_mean``, ``r2_min``, ``r2_max``
-        (the invariant ``R^2`` over fits); ``best_dims`` (per fit, the dimension
-        with the largest absolute correlation and that correlation);
-        ``best_dim_agrees`` (every fit picks the same dimension with the same
-        sign); ``max_abs_corr_mean``; ``same_dim_corr_range`` (mean over
-        dimensions of the range across fits of that dimension's correlation).
+        One row per marker: ``marker``; ``r2_mean``, ``r2_min``, ``r2_max`` (the invariant ``R^2`` over fits);
+        ``best_dims`` (per fit, the dimension with the largest absolute correlation and that correlation);
+        ``best_dim_agrees`` (every fit picks the same dimension with the same sign); ``max_abs_corr_mean``;
+        ``same_dim_corr_range`` (mean over dimensions of the range across fits of that dimension's correlation).
 
     """
     corr = marker_correlations(latents, markers)

@@ -1,30 +1,24 @@
 """Posterior predictive checks per seed: whether counts drawn from each fit look like the data.
 
-The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools
-1.4.2): the coefficient of variation of each gene over cells and of each cell
-over genes, computed per posterior predictive draw and averaged over draws; the
-zero fraction per gene; and the calibration error, the sum over symmetric
-central intervals (2.5-97.5%, 5-95%, ..., 17.5-82.5%) of the squared
-difference between the share of observed counts inside the predictive interval
-and the interval's nominal width.
+The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools 1.4.2): the coefficient of variation
+of each gene over cells and of each cell over genes, computed per posterior predictive draw and averaged over draws;
+the zero fraction per gene; and the calibration error, the sum over symmetric central intervals (2.5-97.5%, 5-95%,
+..., 17.5-82.5%) of the squared difference between the share of observed counts inside the predictive interval and
+the interval's nominal width.
 
-Why not call ``scvi.criticism`` itself: it draws samples through
-``model.posterior_predictive_sample(model.adata, ...)``, i.e. on the model's own
-training AnnData rather than the held-out cells, needs an scvi-tools model
-object (countvae fits are not), and its calibration error reads the samples of
-a model named ``"model1"`` whatever the dictionary holds. Its ``zero_fraction``
-also returns the fraction of *non-zero* counts. The code below computes the
-same statistics from :meth:`FittedModel.posterior_predictive` on the held-out
-cells, and reports the fraction of zeros.
+Why not call ``scvi.criticism`` itself: it draws samples through ``model.posterior_predictive_sample(model.adata,
+...)``, i.e. on the model's own training AnnData rather than the held-out cells, needs an scvi-tools model object
+(countvae fits are not), and its calibration error reads the samples of a model named ``"model1"`` whatever the
+dictionary holds. Its ``zero_fraction`` also returns the fraction of *non-zero* counts. The code below computes the
+same statistics from :meth:`FittedModel.posterior_predictive` on the held-out cells, and reports the fraction of
+zeros.
 
-All of these are functions of ``p(x | z)`` integrated over ``q(z | x)``, so an
-orthogonal reparameterization of a fit leaves them unchanged. Seeds are compared
-(:func:`ppc_agreement`) by the concordance of their predicted per-gene statistics
-(coefficient of variation and zero fraction; the smaller of the two), the number
-the invariants table judges, and, as a description, by their difference in units
-of the Monte Carlo noise between two halves of one seed's draws. The noise ratio
-is not a verdict: it measures whether a difference is detectable, and with
-enough cells and draws any difference is.
+All of these are functions of ``p(x | z)`` integrated over ``q(z | x)``, so an orthogonal reparameterization of a fit
+leaves them unchanged. Seeds are compared (:func:`ppc_agreement`) by the concordance of their predicted per-gene
+statistics (coefficient of variation and zero fraction; the smaller of the two), the number the invariants table
+judges, and, as a description, by their difference in units of the Monte Carlo noise between two halves of one
+seed's draws. The noise ratio is not a verdict: it measures whether a difference is detectable, and with enough
+cells and draws any difference is.
 """
 
 from __future__ import annotations
@@ -50,8 +44,7 @@ class PPCStatistics:
     Attributes
     ----------
     cv_gene, cv_cell
-        Predicted coefficient of variation per gene (over cells) and per cell
-        (over genes), averaged over draws.
+        Predicted coefficient of variation per gene (over cells) and per cell (over genes), averaged over draws.
     zero_fraction
         Predicted fraction of zero counts per gene.
     calibration_error
@@ -151,9 +144,8 @@ def ppc_table(observed: PPCStatistics, predicted: Mapping[str, PPCStatistics]) -
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit``; ``cv_gene_rel_error`` and ``cv_cell_rel_error`` (median
-        over genes/cells of ``|predicted - observed| / observed``);
-        ``zero_fraction_abs_error`` (mean over genes); ``calibration_error``;
+        Columns ``fit``; ``cv_gene_rel_error`` and ``cv_cell_rel_error`` (median over genes/cells of
+        ``|predicted - observed| / observed``); ``zero_fraction_abs_error`` (mean over genes); ``calibration_error``;
         ``coverage_95`` (share of counts inside the central 95% interval).
 
     """
@@ -192,23 +184,20 @@ def ppc_agreement(
 ) -> pd.DataFrame:
     """Seed-to-seed differences of the predicted statistics, in units of their own Monte Carlo noise.
 
-    Each fit's draws are split in two halves (:func:`split_half_statistics`).
-    The difference between two fits (first half of each) is compared with the
-    difference between the two halves of the same fit, which has the same
-    Monte Carlo noise and no seed effect. Equivalent seeds give a ratio near 1;
-    a ratio well above 1 means the seeds predict different count distributions.
+    Each fit's draws are split in two halves (:func:`split_half_statistics`). The difference between two fits (first
+    half of each) is compared with the difference between the two halves of the same fit, which has the same Monte
+    Carlo noise and no seed effect. Equivalent seeds give a ratio near 1; a ratio well above 1 means the seeds
+    predict different count distributions.
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of
-        ``|cv_a - cv_b| / cv_observed``) and ``cv_gene_noise`` (the same between
-        halves of one fit, averaged over the two fits); ``zero_fraction_abs_diff``
-        (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger
-        of the two ratios of difference to noise; with ``predicted`` also
-        ``cv_gene_ccc`` and ``zero_fraction_ccc`` (concordance over genes of
-        the two fits' predicted statistics, from all draws) and ``agreement``,
-        the smaller of the two.
+        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of ``|cv_a - cv_b| / cv_observed``)
+        and ``cv_gene_noise`` (the same between halves of one fit, averaged over the two fits);
+        ``zero_fraction_abs_diff`` (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger of the
+        two ratios of difference to noise; with ``predicted`` also ``cv_gene_ccc`` and ``zero_fraction_ccc``
+        (concordance over genes of the two fits' predicted statistics, from all draws) and ``agreement``, the
+        smaller of the two.
 
     """
     rows = []
@@ -255,8 +244,8 @@ def _concordance(a: np.ndarray, b: np.ndarray, genes: np.ndarray) -> np.ndarray:
 def statistics_concordance(a: PPCStatistics, b: PPCStatistics, genes: np.ndarray | None = None) -> dict:
     """Concordance over genes of two fits' predicted CV and zero fraction, and the smaller of the two.
 
-    With ``genes`` ((replicates, genes) positions) each value is an array over
-    the resamples; otherwise a number on all genes.
+    With ``genes`` ((replicates, genes) positions) each value is an array over the resamples; otherwise a number on
+    all genes.
     """
     rows = np.arange(len(a.cv_gene))[None, :] if genes is None else genes
     cv = _concordance(a.cv_gene, b.cv_gene, rows)

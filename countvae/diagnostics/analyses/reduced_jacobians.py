@@ -1,21 +1,18 @@
 """Decoder Jacobians in a small gene-space basis, for bootstrap replicates of the decoder rows.
 
-The decoder rows of the invariants table (gene-space span, decoder Gram, mean
-Jacobian loadings) are functions of per-cell Jacobians ``J_i`` (genes x L).
-Recomputing them for hundreds of bootstrap replicates on thousands of genes is
-too slow, so each fit's Jacobians are written once in the orthonormal basis
-``U`` (genes x r) of their leading ``r = 3 L`` gene-space directions:
-``J_i ~= U C_i``. A replicate then needs only ``r x r`` matrices:
+The decoder rows of the invariants table (gene-space span, decoder Gram, mean Jacobian loadings) are functions of
+per-cell Jacobians ``J_i`` (genes x L). Recomputing them for hundreds of bootstrap replicates on thousands of genes is
+too slow, so each fit's Jacobians are written once in the orthonormal basis ``U`` (genes x r) of their leading
+``r = 3 L`` gene-space directions: ``J_i ~= U C_i``. A replicate then needs only ``r x r`` matrices:
 
-* span: the leading eigenvectors of ``E = sum_i w_i C_i C_i^T``, scaled by the
-  roots of their eigenvalues (as :func:`countvae.diagnostics.analyses.subspace.jacobian_span`);
+* span: the leading eigenvectors of ``E = sum_i w_i C_i C_i^T``, scaled by the roots of their eigenvalues (as
+  :func:`countvae.diagnostics.analyses.subspace.jacobian_span`);
 * Gram: ``G ~= U E U^T``, and ``<G_a, G_b>_F = tr(E_a M E_b M^T)`` with ``M = U_a^T U_b``;
 * loadings: ``U mean_w(C_i)``.
 
-The basis keeps the share ``kept_energy`` of the Jacobians' squared norm (1 for
-a linear decoder, whose Jacobian is its weight matrix). Only the replicates'
-deviations from the all-cells value use this reduction; the scores in the table
-are computed on the full Jacobians.
+The basis keeps the share ``kept_energy`` of the Jacobians' squared norm (1 for a linear decoder, whose Jacobian is
+its weight matrix). Only the replicates' deviations from the all-cells value use this reduction; the scores in the
+table are computed on the full Jacobians.
 """
 
 from __future__ import annotations

@@ -1,34 +1,26 @@
 """Spread of guide draws across seeds: R-hat with seeds as chains and amortized-guide draws as draws.
 
-This is **not** an MCMC convergence diagnostic. The draws come from each fit's
-amortized guide ``q(z | x)`` on a few held-out cells
-(:func:`countvae.diagnostics.reporting.collect.guide_draws`), independent and
-exact for that guide, so within one seed there is nothing to converge. R-hat
-(the rank-normalised split R-hat of Vehtari et al. 2021, as computed by arviz)
-is used here as a number for one question: is the seed-to-seed spread of a
-quantity's draws larger than the spread of one seed's draws?
+This is **not** an MCMC convergence diagnostic. The draws come from each fit's amortized guide ``q(z | x)`` on a few
+held-out cells (:func:`countvae.diagnostics.reporting.collect.guide_draws`), independent and exact for that guide, so
+within one seed there is nothing to converge. R-hat (the rank-normalised split R-hat of Vehtari et al. 2021, as
+computed by arviz) answers one question here: is the seed-to-seed spread of a quantity's draws larger than the spread
+of one seed's draws?
 
-* Raw coordinates: each seed lands in its own rotation, so R-hat is far above 1
-  even for exactly equivalent fits.
+* Raw coordinates: each seed lands in its own rotation, so R-hat is far above 1 even for exactly equivalent fits.
 * Coordinates after the orthogonal map to a reference seed
-  (:meth:`countvae.diagnostics.analyses.maps.PairMaps.to_reference`), distances
-  between cells and decoded means: near 1 only when the seeds' guides agree to
-  within the width of one guide's posterior.
+  (:meth:`countvae.diagnostics.analyses.maps.PairMaps.to_reference`), distances between cells and decoded means:
+  near 1 only when the seeds' guides agree to within the width of one guide's posterior.
 
-**Baseline.** Two independent sets of draws from the *same* fit give the value
-R-hat takes when nothing differs but the draws (the ``baseline_*`` columns);
-``fraction_above_baseline`` is the share of parameters whose cross-seed R-hat
-exceeds the largest baseline value. A guide's posterior for one cell is narrow
-(its standard deviation is a fraction of the between-cell spread), so two seeds
-whose decoded means agree to a concordance of 0.98 can still sit several
-guide-widths apart. Measured on the embedded data of ``countvae diagnose``
-(``benchmarks/RESULTS.md``, section report-embedded), where the five seeds agree
-on every invariant and all ICA components: median R-hat of aligned coordinates
-1.19, of decoded log means 1.41, against a within-seed baseline of 1.00, with
-96-99% of parameters above the baseline's maximum; exact rotated copies of one
-fit give the baseline itself (``tests/diagnostics/analyses/test_rhat.py``, and the copies scenario of
-``benchmarks/calibration.py``). Because it does not separate equivalent from
-non-equivalent fits, it is left out of the verdicts; the report shows it as a
+**Baseline.** Two independent sets of draws from the *same* fit give the value R-hat takes when nothing differs but
+the draws (the ``baseline_*`` columns); ``fraction_above_baseline`` is the share of parameters whose cross-seed R-hat
+exceeds the largest baseline value. A guide's posterior for one cell is narrow (its standard deviation is a fraction
+of the between-cell spread), so two seeds whose decoded means agree to a concordance of 0.98 can still sit several
+guide-widths apart. Measured on the embedded data of ``countvae diagnose`` (``benchmarks/RESULTS.md``, section
+report-embedded), where the five seeds agree on every invariant and all ICA components: median R-hat of aligned
+coordinates 1.19, of decoded log means 1.41, against a within-seed baseline of 1.00, with 96-99% of parameters above
+the baseline's maximum; exact rotated copies of one fit give the baseline itself
+(``tests/diagnostics/analyses/test_rhat.py``, and the copies scenario of ``benchmarks/calibration.py``). Because it
+does not separate equivalent from non-equivalent fits, it is left out of the verdicts; the report shows it as a
 description of the spread.
 """
 
@@ -75,9 +67,8 @@ def rhat_chains(
     Returns
     -------
     dict
-        ``"raw coordinates"``, ``"aligned coordinates"``, ``"pairwise distances"``
-        (between the cells) and ``"decoded log means"`` -> (chains, draws, parameters),
-        for those that apply.
+        ``"raw coordinates"``, ``"aligned coordinates"``, ``"pairwise distances"`` (between the cells) and
+        ``"decoded log means"`` -> (chains, draws, parameters), for those that apply.
 
     """
     draws = {name: np.asarray(z, dtype=np.float64) for name, z in latent_draws.items()}
@@ -113,9 +104,8 @@ def rhat_table(draws: Mapping[str, np.ndarray]) -> tuple[pd.DataFrame, pd.DataFr
     Returns
     -------
     summary
-        One row per quantity: ``quantity``, ``n_parameters``, ``rhat_median``,
-        ``rhat_max``, ``fraction_above`` (share of parameters with R-hat above
-        :data:`RHAT_THRESHOLD`), ``ess_bulk_median``, ``ess_bulk_min``,
+        One row per quantity: ``quantity``, ``n_parameters``, ``rhat_median``, ``rhat_max``, ``fraction_above``
+        (share of parameters with R-hat above :data:`RHAT_THRESHOLD`), ``ess_bulk_median``, ``ess_bulk_min``,
         ``ess_tail_median``, ``n_chains``, ``n_draws``.
     per_parameter
         ``quantity``, ``parameter`` (position), ``rhat``, ``ess_bulk``, ``ess_tail``.
@@ -171,16 +161,14 @@ def add_baseline(
     summary, per_parameter
         The cross-seed summary (one row per quantity) and per-parameter table of :func:`rhat_table`.
     baseline_draws
-        Quantity -> (2, draws, parameters): two independent draw sets of one fit
-        (as :func:`rhat_chains` shapes them, with the fit's own coordinates as
-        "aligned" ones).
+        Quantity -> (2, draws, parameters): two independent draw sets of one fit (as :func:`rhat_chains` shapes
+        them, with the fit's own coordinates as "aligned" ones).
 
     Returns
     -------
     pandas.DataFrame
-        ``summary`` with ``baseline_rhat_median``, ``baseline_rhat_max`` and
-        ``fraction_above_baseline`` (share of parameters whose cross-seed R-hat
-        is above ``baseline_rhat_max``).
+        ``summary`` with ``baseline_rhat_median``, ``baseline_rhat_max`` and ``fraction_above_baseline`` (share of
+        parameters whose cross-seed R-hat is above ``baseline_rhat_max``).
 
     """
     out = summary.copy()

@@ -1,23 +1,7 @@
 """Per-cell and per-gene stability across seeds, and the consensus latent (arrays in, arrays out).
 
-These are the report's numbers resolved to single cells and genes, so that they can
-sit beside the analyst's own columns in an AnnData (see
-:meth:`countvae.diagnostics.DiagnosticReport.write`):
-
-* :func:`cell_knn_agreement`: for each cell, the Jaccard overlap of its ``k``
-  nearest neighbours in the latent means of two fits, averaged over every pair of
-  fits. Its mean over cells, for one pair, is the report's k-NN overlap of that pair.
-* :func:`cell_knn_baseline`: the same overlap between two independent draws from one
-  fit's guide of every cell, averaged over fits: how much a cell's neighbourhood moves
-  under the posterior's own uncertainty, with the seed held fixed.
-* :func:`cell_lpd_summary`: each cell's held-out log p(x), its mean over seeds and
-  its standard deviation across seeds.
-* :func:`gene_decoded_agreement`: for each gene, Lin's concordance of its decoded
-  log mean across cells between two fits, averaged over pairs of fits.
-* :func:`de_call_frequency`: the fraction of fits that call each gene DE.
-* :func:`consensus_latent`: every fit's latent means mapped onto one reference fit
-  by its orthogonal map (Procrustes on centred means, the symmetry group of a
-  N(0, I) prior), then averaged over fits.
+These are the report's numbers resolved to single cells and genes, so that they can sit beside the analyst's own
+columns in an AnnData (see :meth:`countvae.diagnostics.DiagnosticReport.write`).
 """
 
 from __future__ import annotations
@@ -44,6 +28,8 @@ def cell_knn_agreement(
 ) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between the latent means of two fits, averaged over pairs of fits.
 
+    Its mean over cells, for one pair, is the report's k-NN overlap of that pair.
+
     Parameters
     ----------
     latents
@@ -51,8 +37,8 @@ def cell_knn_agreement(
     k
         Neighbours per cell.
     reference
-        Fit name -> latent means of other cells (the fit cells) among which the
-        neighbours are found too (the invariants table's k-NN row does the same).
+        Fit name -> latent means of other cells (the fit cells) among which the neighbours are found too (the
+        invariants table's k-NN row does the same).
 
     Returns
     -------
@@ -73,6 +59,8 @@ def _neighbours(z: np.ndarray, reference: Mapping[str, np.ndarray] | None, name:
 
 def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between two guide draws of one fit, averaged over fits.
+
+    How much a cell's neighbourhood moves under the posterior's own uncertainty, with the seed held fixed.
 
     Parameters
     ----------
@@ -165,8 +153,8 @@ def consensus_latent(
     latents
         Fit name -> latent means of the same cells, (cells, n_latent).
     maps
-        Fit name -> the map taking that fit's latents to the reference's (the
-        identity for the reference), e.g.
+        Fit name -> the map taking that fit's latents to the reference's (the identity for the reference), e.g. the
+        orthogonal maps (Procrustes on centred means, the symmetry group of a N(0, I) prior) of
         :meth:`~countvae.diagnostics.analyses.maps.PairMaps.to_reference`.
 
     Returns

@@ -1,11 +1,9 @@
 """Rotation-invariant comparisons of two fits: gene-space spans, CKA, k-NN graphs, covariance spectra.
 
-Every quantity here is unchanged when one fit's latents are replaced by ``z Q^T``
-and its decoder by ``f(Q^T z)`` for an orthogonal ``Q``: the principal angles
-between gene-space spans (the span of ``W`` equals that of ``W Q^T``), linear CKA
-(``(ZQ)^T (ZQ) = Q^T Z^T Z Q`` has the same Frobenius norm), the k-nearest-neighbour
-sets (distances are preserved) and the eigenvalues of the latent covariance. They
-are what two seeds can be compared on without aligning them first.
+Every quantity here is unchanged when one fit's latents are replaced by ``z Q^T`` and its decoder by ``f(Q^T z)``
+for an orthogonal ``Q``: the principal angles between gene-space spans (the span of ``W`` equals that of ``W Q^T``),
+linear CKA (``(ZQ)^T (ZQ) = Q^T Z^T Z Q`` has the same Frobenius norm), the k-nearest-neighbour sets (distances are
+preserved) and the eigenvalues of the latent covariance: what two seeds can be compared on without aligning them.
 """
 
 from __future__ import annotations
@@ -36,8 +34,8 @@ def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; ``cos`` of each is a
-        canonical correlation between the two subspaces.
+        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; ``cos`` of each is a canonical correlation between the two
+        subspaces.
 
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -56,16 +54,13 @@ def subspace_overlap(angles: np.ndarray) -> float:
 def gene_contrasts(jacobians: np.ndarray) -> np.ndarray:
     """Decoder Jacobians (cells, genes, L) with each cell's mean over genes removed, per latent direction.
 
-    A decoder that outputs each gene's share of the library (a softmax, as
-    countvae's and scVI's do) moves every gene's log rate by the same amount
-    whenever the normaliser changes: its Jacobian of the log rate holds a
-    component along the all-ones gene vector whose size varies from cell to
-    cell. That direction is the normalisation of the shares, not an expression
-    programme, yet over many cells it adds one more direction to the stacked
-    Jacobians (measured on the embedded demo: a sixth singular value of 0.76 of
-    the first for 5 latent dimensions, so the top 5 directions of two seeds
-    overlapped by 0.89-0.99; without it, 0.999). Removing each cell's gene mean
-    keeps exactly the contrasts between genes.
+    A decoder that outputs each gene's share of the library (a softmax, as countvae's and scVI's do) moves every
+    gene's log rate by the same amount whenever the normaliser changes: its Jacobian of the log rate holds a
+    component along the all-ones gene vector whose size varies from cell to cell. That direction is the
+    normalisation of the shares, not an expression programme, yet over many cells it adds one more direction to the
+    stacked Jacobians (measured on the embedded demo: a sixth singular value of 0.76 of the first for 5 latent
+    dimensions, so the top 5 directions of two seeds overlapped by 0.89-0.99; without it, 0.999). Removing each
+    cell's gene mean keeps exactly the contrasts between genes.
     """
     jac = np.asarray(jacobians, dtype=np.float64)
     return jac - jac.mean(axis=1, keepdims=True)
@@ -86,14 +81,12 @@ def jacobian_span(jacobians: np.ndarray, rank: int, seed: int = 0) -> np.ndarray
     Returns
     -------
     numpy.ndarray
-        ``U diag(s)``, (genes, rank): the top-``rank`` left singular vectors
-        ``U`` of the stacked Jacobians, each scaled by its singular value ``s``
-        (the root of the Jacobian energy along it, over cells). Its column span
-        is the gene-space span of the decoder (for a linear decoder, the span of
-        the loadings); the scaling lets :func:`weighted_overlap` weigh each
-        direction by how much the decoder uses it. For an MLP decoder the
-        stacked Jacobians are not of rank ``n_latent`` (they vary over cells),
-        so the last of the ``rank`` directions can be poorly determined.
+        ``U diag(s)``, (genes, rank): the top-``rank`` left singular vectors ``U`` of the stacked Jacobians, each
+        scaled by its singular value ``s`` (the root of the Jacobian energy along it, over cells). Its column span
+        is the gene-space span of the decoder (for a linear decoder, the span of the loadings); the scaling lets
+        :func:`weighted_overlap` weigh each direction by how much the decoder uses it. For an MLP decoder the
+        stacked Jacobians are not of rank ``n_latent`` (they vary over cells), so the last of the ``rank``
+        directions can be poorly determined.
 
     """
     n_cells, n_genes, n_latent = jacobians.shape
@@ -106,11 +99,10 @@ def jacobian_span(jacobians: np.ndarray, rank: int, seed: int = 0) -> np.ndarray
 def weighted_overlap(a: np.ndarray, b: np.ndarray) -> float:
     """Share of each basis' squared norm that lies in the other's column span, averaged over both directions.
 
-    With ``a = U_a diag(s_a)`` this is ``sum_i s_i^2 cos^2(u_i, span b) / sum_i s_i^2``:
-    the fraction of one fit's decoder variation (in gene space) that the other
-    fit's span contains. 1 for equal spans; unlike the mean ``cos^2`` of the
-    principal angles it is not driven by weak, poorly determined directions.
-    Invariant under rotations of either latent space (``a -> a Q``).
+    With ``a = U_a diag(s_a)`` this is ``sum_i s_i^2 cos^2(u_i, span b) / sum_i s_i^2``: the fraction of one fit's
+    decoder variation (in gene space) that the other fit's span contains. 1 for equal spans; unlike the mean
+    ``cos^2`` of the principal angles it is not driven by weak, poorly determined directions. Invariant under
+    rotations of either latent space (``a -> a Q``).
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
@@ -125,8 +117,8 @@ def weighted_overlap(a: np.ndarray, b: np.ndarray) -> float:
 def linear_cka(x: np.ndarray, y: np.ndarray) -> float:
     """Linear centred kernel alignment (Kornblith et al., 2019) of two representations of the same cells.
 
-    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)`` on column-centred ``X``, ``Y``:
-    1 when ``Y`` is a rotation (and scaling) of ``X``, near 0 for unrelated data.
+    ``||Y^T X||_F^2 / (||X^T X||_F ||Y^T Y||_F)`` on column-centred ``X``, ``Y``: 1 when ``Y`` is a rotation (and
+    scaling) of ``X``, near 0 for unrelated data.
     """
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape[0] != y.shape[0]:
@@ -145,9 +137,8 @@ def knn_sets(z: np.ndarray, k: int) -> np.ndarray:
 def knn_sets_among(z_query: np.ndarray, z_reference: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` nearest other cells of each query cell among the query and reference cells together.
 
-    The query cells' rows of the k-NN graph of all the cells, as indices into
-    ``[z_query; z_reference]``: with the fit cells as reference, the held-out
-    rows of the graph an analyst builds on all of their cells. Two fits'
+    The query cells' rows of the k-NN graph of all the cells, as indices into ``[z_query; z_reference]``: with the
+    fit cells as reference, the held-out rows of the graph an analyst builds on all of their cells. Two fits'
     neighbour sets are comparable when both stack the same cells in the same order.
     """
     z_query, z_reference = np.asarray(z_query), np.asarray(z_reference)
@@ -173,15 +164,13 @@ def knn_sets_among(z_query: np.ndarray, z_reference: np.ndarray, k: int) -> np.n
 def analyst_graph_k(k: int, n_cells: int, n_graph_cells: int) -> int:
     """Neighbours per cell on ``n_cells`` cells that speak about a ``k``-NN graph built on ``n_graph_cells``.
 
-    A k-NN overlap depends on the number of cells: ``k = 15`` neighbours among
-    300 cells reach as far as 15 x (1,800 / 300) = 90 would among 1,800, and
-    coarse neighbourhoods agree more than fine ones (on semi-synthetic MLP fits
-    the worst-pair overlap at ``k = 15`` was 0.37 on 300 cells against 0.16 on
-    the analyst's 1,800; benchmarks/RESULTS.md, calibration-regimes). Keeping
-    the neighbourhood's share of the cells, ``k n_cells / n_graph_cells``
-    (rounded, at least 1, at most ``n_cells - 1``), makes the overlap on a subset
-    estimate that of the analyst's graph (0.15 at ``k = 2`` in the same fits);
-    on more cells than the analyst's (e.g. an oracle pool) it scales ``k`` up.
+    A k-NN overlap depends on the number of cells: ``k = 15`` neighbours among 300 cells reach as far as
+    15 x (1,800 / 300) = 90 would among 1,800, and coarse neighbourhoods agree more than fine ones (on semi-synthetic
+    MLP fits the worst-pair overlap at ``k = 15`` was 0.37 on 300 cells against 0.16 on the analyst's 1,800;
+    benchmarks/RESULTS.md, calibration-regimes). Keeping the neighbourhood's share of the cells,
+    ``k n_cells / n_graph_cells`` (rounded, at least 1, at most ``n_cells - 1``), makes the overlap on a subset
+    estimate that of the analyst's graph (0.15 at ``k = 2`` in the same fits); on more cells than the analyst's
+    (e.g. an oracle pool) it scales ``k`` up.
 
     Parameters
     ----------
@@ -252,8 +241,8 @@ def geometry_table(
     latents
         Fit name -> latent means on the same cells.
     spans
-        Fit name -> gene-space basis (genes, rank), e.g. from :func:`jacobian_span`
-        or linear loadings; skipped when ``None``.
+        Fit name -> gene-space basis (genes, rank), e.g. from :func:`jacobian_span` or linear loadings; skipped when
+        ``None``.
     k
         Neighbours per cell for the k-NN overlap.
     max_knn_cells
@@ -264,11 +253,10 @@ def geometry_table(
     Returns
     -------
     pandas.DataFrame
-        One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``,
-        ``n_knn_cells``, ``spectrum_distance``, and with spans
-        ``weighted_overlap`` (see :func:`weighted_overlap`), ``subspace_overlap``
-        (mean cos^2 of the principal angles), ``max_angle_deg``,
-        ``mean_angle_deg`` and ``angles_deg`` (all angles, smallest first).
+        One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``, ``n_knn_cells``,
+        ``spectrum_distance``, and with spans ``weighted_overlap`` (see :func:`weighted_overlap`),
+        ``subspace_overlap`` (mean cos^2 of the principal angles), ``max_angle_deg``, ``mean_angle_deg`` and
+        ``angles_deg`` (all angles, smallest first).
 
     """
     names = list(latents)
