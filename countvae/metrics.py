@@ -239,8 +239,7 @@ def infomec(
     * ``InfoM = (mean_j max_i NMI_ij / sum_i NMI_ij - 1/K) / (1 - 1/K)`` over active latents: does each latent carry
       information about one source only?
     * ``InfoC = (mean_i max_j NMI_ij / sum_j NMI_ij - 1/L) / (1 - 1/L)``: is each source carried by one latent only?
-    * ``InfoE``: mean over sources of :func:`explicitness` using all latents: how much of each source is linearly
-      decodable.
+    * ``InfoE``: mean over sources of :func:`explicitness` using all latents: how linearly decodable each source is.
 
     Parameters
     ----------
@@ -259,10 +258,6 @@ def infomec(
         Iterations of the logistic regressions.
     source_names
         Labels of the sources in the ``nmi`` table.
-
-    Returns
-    -------
-    InfoMEC
 
     """
     from sklearn.feature_selection import mutual_info_classif

@@ -33,7 +33,7 @@ def _candidate_dirs() -> list[Path]:
 
 
 def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
-    """Locate a dataset file.
+    """Locate a dataset file and return its path.
 
     Parameters
     ----------
@@ -41,11 +41,6 @@ def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
         One of ``"pbmc_small"``, ``"kang2018"``, ``"pbmc_3tech"``.
     path
         An explicit file path (or a folder holding the file); checked first.
-
-    Returns
-    -------
-    Path
-        The existing file.
 
     Raises
     ------

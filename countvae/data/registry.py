@@ -221,7 +221,6 @@ def _check_setup_arguments(
 
 
 def _to_uns(registry: Registry) -> dict:
-    # h5ad cannot store None; "" means "not set" (see _none_if_empty).
     return {k: ("" if v is None else v) for k, v in registry.to_dict().items()}
 
 
