@@ -1,9 +1,8 @@
 """A model without latent variables: the yardstick of the predictive-equivalence margin.
 
-How much two fits may differ in held-out ``log p(x)`` before the difference matters depends on the data: a cell of
-300 genes carries a few hundred nats, one of 30,000 genes tens of thousands. The margin of the equivalence test is
-therefore stated relative to what the latent variables explain: the mean per-cell gain of the fits' held-out
-``log p(x)`` over this baseline.
+How much two fits may differ in held-out ``log p(x)`` before the difference matters depends on the data: a cell of 300
+genes carries a few hundred nats, one of 30,000 genes tens of thousands. The equivalence margin is therefore relative to
+what the latent variables explain: the mean per-cell gain of the fits' held-out ``log p(x)`` over this baseline.
 
 The baseline is a negative binomial per gene, with no latent variable: for cell ``n`` in batch ``b`` with observed
 library size ``l_n`` (its total count, the same offset the count VAEs condition on),

@@ -5,8 +5,7 @@ changes between two fits with different seeds for two reasons: the fits differ (
 downstream step is itself random (Monte Carlo draws of the DE posterior, the Leiden seed, the UMAP seed). The
 functions here separate the two by comparing
 
-* **between fits**: results of two fits with different model seeds, each computed with its own downstream
-  randomness, and
+* **between fits**: results of two fits with different model seeds, each with its own downstream randomness, and
 * **within a fit** (the baseline): two results of *one* fit that differ only in the downstream seed (two DE sampling
   seeds; two Leiden seeds on the same k-NN graph; two UMAP seeds on the same graph).
 

@@ -53,8 +53,7 @@ def log1p_normalized(
 ) -> sp.csr_matrix:
     """``log1p`` of counts scaled to ``target_sum`` per cell (scanpy's ``normalize_total`` + ``log1p``), sparse.
 
-    Cell totals are taken over all of ``var_names`` (the fits' genes); only the columns ``genes`` (default: all of
-    ``var_names``) are returned.
+    Cell totals are over all of ``var_names`` (the fits' genes); only the columns ``genes`` (default: all) are returned.
     """
     counts = observed_counts(adata, var_names)
     totals = np.asarray(counts.sum(axis=1), dtype=np.float64).ravel()

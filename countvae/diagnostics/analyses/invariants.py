@@ -736,10 +736,8 @@ def _ica_interval(c: Comparison, pairs: list[tuple[str, str]]) -> Interval:
 
 
 def _has(field_name: str) -> Callable[[InvariantInputs], bool]:
-    def available(inputs: InvariantInputs) -> bool:
-        return getattr(inputs, field_name) is not None
-
-    return available
+    """Whether the inputs' field ``field_name`` is given."""
+    return lambda inputs: getattr(inputs, field_name) is not None
 
 
 def _ppc_interval_text(c: Comparison) -> tuple[str, int]:

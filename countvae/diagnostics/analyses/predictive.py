@@ -25,8 +25,7 @@ Definitions (all log densities in nats, higher is better):
   :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat at most 0.7 on at least 95% of each fit's
   cells), and the bias of the log of a Monte Carlo mean (``mc_se^2 / 2`` per cell, the delta-method bound) at most
   a tenth of the margin. :mod:`countvae.diagnostics.reporting.verdicts` decides the verdict from these numbers.
-- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN, so the Monte Carlo totals are NaN
-  too).
+- ``n_unreliable``: cells whose estimate fails that rule (their ``mc_se`` is NaN, and so are the Monte Carlo totals).
 """
 
 from __future__ import annotations

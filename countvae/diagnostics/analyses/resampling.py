@@ -3,9 +3,8 @@
 Every agreement score compares two fits on a sample of held-out cells; another sample would give another score.
 The interval of a score comes from a paired bootstrap over those cells:
 
-* one set of replicates per set of cells, drawn once and used for **every** pair of fits (replicate ``r`` weighs
-  cell ``i`` by the number of times it was drawn), so that the pairs' replicates come from one resample of the cells
-  and can be read together;
+* one set of replicates per set of cells, drawn once and used for **every** pair of fits (replicate ``r`` weighs cell
+  ``i`` by the number of times it was drawn), so the pairs' replicates come from one resample and can be read together;
 * each replicate recomputes the score from weighted moments of the arrays the score reads (no copies of the data);
 * a pair's interval is the percentile interval of its replicates, at level ``1 - 2 alpha`` (each side errs with
   probability ``alpha``); a row's, of its worst pair, is bounded through the pairs' intervals (:func:`worst_interval`).

@@ -12,8 +12,7 @@ Agreement after a signed permutation only
 
     * ``coordinates``: mean over dimensions of the Pearson correlation of ``(Z_a P)_k`` with ``(Z_b)_k`` on the
       scoring cells;
-    * ``loadings``: mean over dimensions of the correlation across genes of ``(W_a P)_k`` with ``(W_b)_k`` (linear
-      decoders);
+    * ``loadings``: the same across genes, of ``(W_a P)_k`` with ``(W_b)_k`` (linear decoders);
     * ``markers``: Lin's concordance of the (markers x dimensions) correlation matrices of ``Z_a P`` and ``Z_b`` on
       the scoring cells;
     * ``rotation_ceiling``: the coordinate agreement after the best orthogonal map instead (Procrustes, fitted on

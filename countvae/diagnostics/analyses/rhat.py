@@ -2,9 +2,8 @@
 
 This is **not** an MCMC convergence diagnostic. The draws come from each fit's amortized guide ``q(z | x)`` on a few
 held-out cells (:func:`countvae.diagnostics.reporting.collect.guide_draws`), independent and exact for that guide, so
-within one seed there is nothing to converge. R-hat (the rank-normalised split R-hat of Vehtari et al. 2021, as
-computed by arviz) answers one question here: is the seed-to-seed spread of a quantity's draws larger than the spread
-of one seed's draws?
+within one seed there is nothing to converge. R-hat (the rank-normalised split R-hat of Vehtari et al. 2021, as arviz
+computes it) answers one question here: is the seed-to-seed spread of a quantity's draws larger than one seed's?
 
 * Raw coordinates: each seed lands in its own rotation, so R-hat is far above 1 even for exactly equivalent fits.
 * Coordinates after the orthogonal map to a reference seed

@@ -1,8 +1,7 @@
 """Which seeds reached the same solution: groups of fits, each with its held-out log p(x).
 
-When the report finds that seeds differ, the analyst's next question is which ones: a few seeds may share one
-solution while others sit in a worse local optimum. This module answers it from two pieces of evidence the report
-already computes, per pair of fits:
+When the report finds that seeds differ, the analyst asks which: a few seeds may share one solution while others sit in
+a worse local optimum. This module answers from two pieces of evidence the report already computes, per pair of fits:
 
 - **decoded means**: Lin's concordance of the two fits' decoded log means (gene-centred, as the invariants table's
   "decoded means" row), with a paired bootstrap interval over cells at level ``1 - 2 alpha / K`` for the ``K`` pairs
@@ -308,10 +307,6 @@ def seed_groups(
         The equivalence margin in nats per cell (e.g. the report's).
     threshold, alpha, seed
         Decoded means agree at or above ``threshold``; intervals at ``1 - 2 alpha`` overall; bootstrap seed.
-
-    Returns
-    -------
-    SeedGroups
 
     """
     names = list(log_rates)
