@@ -197,8 +197,7 @@ class InvariantInputs:
     markers
         Marker values (cells, markers) on the cells of ``latents``.
     components
-        The ICA component table (:mod:`countvae.diagnostics.analyses.components`); the ICA row is left out when
-        ``None``.
+        The ICA component table (:mod:`countvae.diagnostics.analyses.components`); ``None`` leaves the ICA row out.
     ica_threshold
         Threshold of the ICA row.
     reference_latents
@@ -207,10 +206,9 @@ class InvariantInputs:
         together: the held-out rows of the graph an analyst builds on all of their cells, not of a graph on the
         held-out cells alone (whose neighbourhoods are coarser and agree more).
     graph_cells
-        Cells of the graph the k-NN row speaks about (default: the held-out and reference cells). When the row's
-        graph has another number of cells, ``k`` is scaled by
-        :func:`~countvae.diagnostics.analyses.subspace.analyst_graph_k` so that a neighbourhood keeps its share of
-        the cells.
+        Cells of the graph the k-NN row speaks about (default: the held-out and reference cells); when the row's graph
+        has another number, :func:`~countvae.diagnostics.analyses.subspace.analyst_graph_k` scales ``k`` so that a
+        neighbourhood keeps its share of the cells.
 
     """
 

@@ -29,13 +29,9 @@ Split half
     seeds, agreement grows with cells (too few cells, or axes of the sample).
 
 Gene programs
-    For each program: whether its genes co-vary across the held-out cells more than random gene sets of its size
-    do, once sequencing depth is regressed out (the data's own evidence for a shared program, with no model), and
-    for its dimension: its activity (variance of the posterior means over held-out cells; below
-    :data:`ACTIVE_VARIANCE` the dimension is unused, Burda et al. 2016), the share of its loading energy on the
-    program's genes, how many of them have a credibly non-zero loading, and the held-out ``R^2`` of the dimension
-    from the program genes' expression (ridge regression fitted on one half of the held-out cells, scored on the
-    other).
+    :func:`program_support`: whether each program's genes co-vary across the held-out cells more than random gene
+    sets do once sequencing depth is regressed out (the data's own evidence, with no model), and whether its
+    dimension is active, loads on the program's genes and is predicted by their expression (held-out ``R^2``).
 """
 
 from __future__ import annotations
