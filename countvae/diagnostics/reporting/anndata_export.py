@@ -28,14 +28,12 @@
     Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
     written and what each means, package versions, the model card (Markdown).
 
-NaN marks a value that was not computed for that cell or gene: cells the report did
-not measure (fit cells beyond the ``max_fit_cells`` it reads, cells of other data),
-held-out log p(x) of the fit cells, held-out cells outside the random subsets the
-report computes each quantity on (the k-NN columns on ``max_knn_cells`` cells, log p(x)
-on ``max_lpd_cells``; see ``DiagnosticReport.subsampling``), and genes outside the
-``max_genes`` most variable genes the decoded means are compared on. The obsm key follows scanpy's ``X_``
-convention (as ``X_countvae``), so that ``sc.pp.neighbors(adata,
-use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
+NaN marks a value not computed for that cell or gene: cells the report did not measure (fit cells beyond the
+``max_fit_cells`` it reads, cells of other data), held-out log p(x) of the fit cells, held-out cells outside the random
+subsets the report computes each quantity on (the k-NN columns on ``max_knn_cells`` cells, log p(x) on
+``max_lpd_cells``; see ``DiagnosticReport.subsampling``), and genes outside the ``max_genes`` most variable genes the
+decoded means are compared on. The obsm key follows scanpy's ``X_`` convention (as ``X_countvae``), so that
+``sc.pp.neighbors(adata, use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
 
 Existing keys are never replaced unless ``overwrite=True``, and nothing is written
 when any key is taken. Everything written survives ``adata.write_h5ad`` and
