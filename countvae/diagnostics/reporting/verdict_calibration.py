@@ -1,12 +1,10 @@
 """How often the report's verdicts are right: the calibration suite's measured rates, bundled with the package.
 
-``benchmarks/calibration.py`` runs the whole report on simulations whose truth
-is known and writes, next to its RESULTS.md section, the per-scenario and
-per-row counts of correct, undetermined and wrong verdicts to
-:data:`CALIBRATION_FILE` (one JSON file, written atomically). This module reads
-that file and turns it into the report's section "How often these verdicts are
-right": a table, and one plain sentence for every row that is right in fewer
-than :data:`GOAL_CORRECT` of the replicates of a scenario.
+``benchmarks/calibration.py`` runs the whole report on simulations of known truth and writes, next to its RESULTS.md
+section, the per-scenario and per-row counts of correct, undetermined and wrong verdicts to :data:`CALIBRATION_FILE`
+(one JSON file, written atomically). This module turns that file into the report's section "How often these verdicts
+are right": a table, and one plain sentence for every row right in fewer than :data:`GOAL_CORRECT` of the replicates of
+a scenario.
 
 The numbers describe the suite's simulations (linear NB data with 3 sources,
 5,000 cells), not the data at hand: they say how far each row's verdict can be
@@ -130,14 +128,12 @@ def calibration_sentences(
 ) -> list[str]:
     """One plain sentence per report row that falls short anywhere in the calibration suite.
 
-    With ``regime``, the rows that fall short in that regime instead: fewer than
-    :data:`GOAL_CORRECT` of their confident verdicts confirmed by the oracle, or
-    undetermined in more than :data:`GOAL_UNDETERMINED` of the replicates.
+    With ``regime``, the rows falling short in that regime instead: fewer than :data:`GOAL_CORRECT` of their confident
+    verdicts confirmed by the oracle, or undetermined in more than :data:`GOAL_UNDETERMINED` of the replicates.
 
-    A row falls short in a scenario with adequate data when it is right in
-    fewer than :data:`GOAL_CORRECT` of the replicates, and in a scenario with
-    too few cells when it gives any wrong verdict (there "undetermined" is the
-    right answer whenever the truth is not reached).
+    A row falls short in a scenario with adequate data when right in fewer than :data:`GOAL_CORRECT` of the replicates,
+    and in a scenario with too few cells when it gives any wrong verdict (there "undetermined" is the right answer
+    whenever the truth is not reached).
     """
     if regime is not None:
         return _regime_sentences(record, regime, quantities)

@@ -346,8 +346,7 @@ class PredictiveVerdict:
     reliability
         The estimator's reliability per fit, or ``None``.
     margin, gain, margin_fraction
-        The margin (nats per cell), the mean per-cell gain over the no-latent
-        baseline, and the share of it the margin is.
+        The margin (nats per cell), the mean per-cell gain over the no-latent baseline, and the margin's share of it.
     alpha
         Error per side of the tests (for all pairs together).
 
@@ -393,10 +392,9 @@ def predictive_verdict(
 ) -> PredictiveVerdict:
     """Decide predictive equivalence from the equivalence table and the estimator's reliability.
 
-    See :mod:`countvae.diagnostics.analyses.predictive` for the test; the
-    decision is ``equivalent`` when every pair is, ``not equivalent`` when one
-    pair is, ``undetermined`` otherwise, and ``undetermined`` whatever the
-    pairs when the estimates are unreliable or no margin can be stated.
+    See :mod:`countvae.diagnostics.analyses.predictive` for the test; the decision is ``equivalent`` when every pair
+    is, ``not equivalent`` when one pair is, and ``undetermined`` otherwise, or whatever the pairs when the estimates
+    are unreliable or no margin can be stated.
     """
     if pairs is None:
         return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")
