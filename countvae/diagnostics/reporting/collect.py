@@ -565,8 +565,7 @@ def collect(
     if "batches" in needs:
         batches = batch_reference(views["knn"], views.get("fit"), var_names, int(fits[0].n_latent), s.seed + 7)
         stopwatch.lap("batches and their no-model embedding")
-    # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
-    # own because it is usually the slowest part of collecting.
+    # Part of "per-fit outputs", timed apart because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
     return Collected(
         fits=[

@@ -5,12 +5,10 @@ cells and returns a :class:`DownstreamSection`: the tables and a JSON-ready reco
 :mod:`.sections.downstream`). The DE is asked of the fits by :func:`collect_de` (in the report's collect step);
 everything else is a function of the collected latent means.
 
-What is compared (every comparison has a baseline that holds the fit fixed and
-varies only the downstream seed):
+What is compared (each with a baseline that holds the fit fixed and varies only the downstream seed):
 
-* **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`):
-  fit ``i`` (in the order given) is sampled with seed ``seed + i``; the baseline
-  recomputes (some of) the fits with the sampling seed ``seed + n_fits + i``.
+* **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`): fit ``i`` (in the order
+  given) is sampled with seed ``seed + i``; the baseline recomputes (some of) the fits with seed ``seed + n_fits + i``.
   Agreement: Jaccard of the call sets, Spearman correlation of ``lfc_mean``.
 * **Leiden clusters** as scanpy makes them: ``sc.pp.neighbors(use_rep=...)`` on each
   fit's latent means, then ``sc.tl.leiden`` with seed ``seed`` between fits,
@@ -22,9 +20,8 @@ varies only the downstream seed):
   deterministic function of the fit (no downstream randomness: its baseline
   disagreement is 0), shown for reference.
 
-The DE runs on the report's held-out cells, as every other part of the report:
-none of the fits was trained on them, and all fits see the same cells. Leiden
-and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
+The DE runs on the report's held-out cells, as every other part of the report: none of the fits was trained on them, and
+all see the same cells. Leiden and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
 umap-learn); without it those rows say which extra to install and the rest of the section (and of the report) is
 unaffected.
 """
