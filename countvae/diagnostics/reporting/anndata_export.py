@@ -1,8 +1,7 @@
 """The report's per-cell and per-gene findings in the AnnData slots a scanpy user looks in.
 
 ``obs["countvae_heldout"]``
-    Whether the cell is one of the report's held-out cells (False for the fit cells the
-    report measured, and for cells it did not measure).
+    Whether the cell is one of the report's held-out cells (False for fit cells it measured and for cells it did not).
 ``obs["countvae_knn_agreement"]``
     The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
     pairs of seeds (1: the same neighbours in every fit); held-out and fit cells alike,
@@ -17,8 +16,7 @@
     The share of the cell's neighbours from another batch over the share expected if batch
     were random, mean over seeds (reports of fits with a registered batch only).
 ``var["countvae_decoded_agreement"]``
-    Lin's concordance of the gene's decoded log mean across held-out cells between two
-    seeds, mean over pairs of seeds.
+    Lin's concordance of the gene's decoded log mean across held-out cells between two seeds, mean over seed pairs.
 ``var["countvae_de_call_frequency"]``
     Fraction of seeds that call the gene DE (reports with DE only).
 ``obsm["X_countvae_consensus"]``

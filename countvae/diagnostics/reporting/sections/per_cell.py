@@ -1,12 +1,10 @@
 """Per cell and per gene, the agreement across seeds, and the consensus latent (``DiagnosticReport.write``).
 
-A section without a heading: its results are fields of the report kept in memory
-(``cells``, ``genes``, ``consensus_latent``), not tables of the report files. The cells
-are the held-out cells and, when the report has them, the fit cells of
-``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can
-place less alike than held-out cells (see the training-cells section). Both are scored
-on one k-NN graph (the held-out cells of ``CellSubsets.knn`` and those fit cells), so a
-fit cell's column means what a held-out cell's does.
+A section without a heading: its results are fields of the report kept in memory (``cells``, ``genes``,
+``consensus_latent``), not in the report files. The cells are the held-out cells and, when the report has them, the fit
+cells of ``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can place less alike than
+held-out cells (see the training-cells section). Both are scored on one k-NN graph (the held-out cells of
+``CellSubsets.knn`` and those fit cells), so a fit cell's column means what a held-out cell's does.
 """
 
 from __future__ import annotations
