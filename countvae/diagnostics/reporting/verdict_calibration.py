@@ -10,13 +10,11 @@ The numbers describe the suite's simulations (linear NB data with 3 sources,
 5,000 cells), not the data at hand: they say how far each row's verdict can be
 trusted where its assumptions hold, and where it is known to fail.
 
-**Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the
-rates measured in other configurations (decoder, latent dimensions, held-out
-cells, genes, batch), each scored against the same fits' verdicts on a large
-independent pool of cells. :func:`nearest_regime` picks the regime nearest to a
-report's own configuration (:func:`report_configuration`) and says whether the
-report is within its calibrated range (:data:`TOLERANCE`); the table, the
-summary and the sentences take ``regime=`` to show that regime's numbers.
+**Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the rates measured in other configurations
+(decoder, latent dimensions, held-out cells, genes, batch), each scored against the same fits' verdicts on a large
+independent pool of cells. :func:`nearest_regime` picks the regime nearest to a report's configuration
+(:func:`report_configuration`) and says whether the report is within its calibrated range (:data:`TOLERANCE`); the
+table, summary and sentences take ``regime=`` to show its numbers.
 """
 
 from __future__ import annotations
@@ -80,9 +78,8 @@ def calibration_table(
     quantities
         Keep only these report rows (default: all), in this order within a scenario.
     truth
-        ``"theory"`` (the truth the scenario's theory states) or ``"oracle"``
-        (the truth conditioned on what the simulation's oracle shows the fits
-        reached; only the scenarios that have one).
+        ``"theory"`` (the scenario's theoretical truth) or ``"oracle"`` (the truth conditioned on what the simulation's
+        oracle shows the fits reached; only the scenarios that have one).
     regime
         A name in ``record["regimes"]`` (e.g. :attr:`RegimeChoice.name`): that
         regime's rows instead, against its oracle (``truth`` is then ignored);
