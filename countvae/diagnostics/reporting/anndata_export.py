@@ -1,8 +1,7 @@
 """The report's per-cell and per-gene findings in the AnnData slots a scanpy user looks in.
 
 ``obs["countvae_heldout"]``
-    Whether the cell is one of the report's held-out cells (False for the fit cells the
-    report measured, and for cells it did not measure).
+    Whether the cell is one of the report's held-out cells (False for fit cells it measured and for cells it did not).
 ``obs["countvae_knn_agreement"]``
     The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
     pairs of seeds (1: the same neighbours in every fit); held-out and fit cells alike,
@@ -17,8 +16,7 @@
     The share of the cell's neighbours from another batch over the share expected if batch
     were random, mean over seeds (reports of fits with a registered batch only).
 ``var["countvae_decoded_agreement"]``
-    Lin's concordance of the gene's decoded log mean across held-out cells between two
-    seeds, mean over pairs of seeds.
+    Lin's concordance of the gene's decoded log mean across held-out cells between two seeds, mean over seed pairs.
 ``var["countvae_de_call_frequency"]``
     Fraction of seeds that call the gene DE (reports with DE only).
 ``obsm["X_countvae_consensus"]``
@@ -28,14 +26,12 @@
     Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
     written and what each means, package versions, the model card (Markdown).
 
-NaN marks a value that was not computed for that cell or gene: cells the report did
-not measure (fit cells beyond the ``max_fit_cells`` it reads, cells of other data),
-held-out log p(x) of the fit cells, held-out cells outside the random subsets the
-report computes each quantity on (the k-NN columns on ``max_knn_cells`` cells, log p(x)
-on ``max_lpd_cells``; see ``DiagnosticReport.subsampling``), and genes outside the
-``max_genes`` most variable genes the decoded means are compared on. The obsm key follows scanpy's ``X_``
-convention (as ``X_countvae``), so that ``sc.pp.neighbors(adata,
-use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
+NaN marks a value not computed for that cell or gene: cells the report did not measure (fit cells beyond the
+``max_fit_cells`` it reads, cells of other data), held-out log p(x) of the fit cells, held-out cells outside the random
+subsets the report computes each quantity on (the k-NN columns on ``max_knn_cells`` cells, log p(x) on
+``max_lpd_cells``; see ``DiagnosticReport.subsampling``), and genes outside the ``max_genes`` most variable genes the
+decoded means are compared on. The obsm key follows scanpy's ``X_`` convention (as ``X_countvae``), so that
+``sc.pp.neighbors(adata, use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
 
 Existing keys are never replaced unless ``overwrite=True``, and nothing is written
 when any key is taken. Everything written survives ``adata.write_h5ad`` and

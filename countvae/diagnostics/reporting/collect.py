@@ -1,26 +1,20 @@
 """Step 1 of the report: check the inputs, then visit each fit once for every array the analyses need.
 
-Everything a fitted model is asked for happens here, in one pass over the fits:
-latent means (on the held-out cells, and on a subset of the cells the fits were
-trained on, for ICA), held-out log p(x), decoded means, normalized expression,
-decoder Jacobians (as contrasts between genes, see
-:func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their
-gene-space span, Gram matrix and a small gene-space basis for the intervals, see
-:mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior
-predictive draws (reduced to their statistics, see
-:mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are not kept) and
-guide draws for the cross-seed spread (with a second, independent set of draws
-of the first fit as its baseline), and two guide draws per fit on the k-NN cells
-(the within-seed baseline of each cell's neighbourhood agreement). From the data alone: the observed counts the
-no-latent baseline of the equivalence margin needs
-(:mod:`countvae.diagnostics.analyses.baseline`) and, for simulated data, the
-true sources. With a restrictions request, the restricted fits are read too
+Everything a fitted model is asked for happens here, in one pass over the fits: latent means (on the held-out cells, and
+on a subset of the fit cells, for ICA), held-out log p(x), decoded means, normalized expression, decoder Jacobians (as
+contrasts between genes, see :func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their gene-space
+span, Gram matrix and a small gene-space basis for the intervals, see
+:mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior predictive draws (reduced to their
+statistics, see :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are not kept) and guide draws for the
+cross-seed spread (with a second, independent set of draws of the first fit as its baseline), and two guide draws per
+fit on the k-NN cells (the within-seed baseline of each cell's neighbourhood agreement). From the data alone: the
+observed counts the no-latent baseline of the equivalence margin needs (:mod:`countvae.diagnostics.analyses.baseline`)
+and, for simulated data, the true sources. With a restrictions request, the restricted fits are read too
 (:func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`). The analyses then work on
 :class:`Collected` alone.
 
-Work that grows faster than linearly in cells, or that is expensive per cell,
-runs on a random subset of the held-out cells (:class:`CellSubsets`), whose size
-the report states.
+Work that grows faster than linearly in cells, or is expensive per cell, runs on a random subset of the held-out cells
+(:class:`CellSubsets`), whose size the report states.
 """
 
 from __future__ import annotations
@@ -277,9 +271,6 @@ class FitArrays:
 @dataclass
 class BatchReference:
     """The registered batch of the scored cells, and their embedding without a model.
-
-    The scored cells are the held-out cells of ``CellSubsets.knn`` and, when known, the fit cells of
-    ``CellSubsets.fit``.
 
     Attributes
     ----------
@@ -574,8 +565,7 @@ def collect(
     if "batches" in needs:
         batches = batch_reference(views["knn"], views.get("fit"), var_names, int(fits[0].n_latent), s.seed + 7)
         stopwatch.lap("batches and their no-model embedding")
-    # Not a step of its own: the part of "per-fit outputs" spent estimating held-out log p(x), timed on its
-    # own because it is usually the slowest part of collecting.
+    # Part of "per-fit outputs", timed apart because it is usually the slowest part of collecting.
     stopwatch.timings["of which held-out log p(x)"] = round(lpd_seconds, 3)
     return Collected(
         fits=[

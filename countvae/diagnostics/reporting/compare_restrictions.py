@@ -1,7 +1,6 @@
 """``compare_restrictions``: what each restriction buys in identified coordinates and costs in held-out fit.
 
-It fits the unrestricted model and each restricted one over the same seeds, then runs the
-restrictions section of the multi-seed report on those fits. The steps:
+It runs the restrictions section of the multi-seed report on fits of the unrestricted model and each restricted one:
 
 1. every model (the unrestricted one, then each restriction that is a model of its
    own) is fitted by :func:`countvae.diagnostics.fit_seeds` with the same seeds,

@@ -1,8 +1,7 @@
 """:class:`DiagnosticReport`: the report's content with the verbs every countvae report shares.
 
-The verbs (``summary``, ``to_frame``, ``tables``, ``to_dict``, ``to_markdown``,
-``to_html``, ``save``) are the same for :class:`countvae.invariance.InvarianceReport`;
-both save through :func:`countvae._report_files.write_report_folder`.
+The verbs (``summary``, ``to_frame``, ``tables``, ``to_dict``, ``to_markdown``, ``to_html``, ``save``) are shared
+with :class:`countvae.invariance.InvarianceReport`; both save via :func:`countvae._report_files.write_report_folder`.
 """
 
 from __future__ import annotations
@@ -35,10 +34,8 @@ class DiagnosticReport(ReportContent):
     headline
         The verdict in plain sentences, most important first.
     tables
-        Every table by name: first the main ones (in the order above, also
-        available as attributes, e.g. ``rep.invariants``), then the details
-        (pairwise tables, per-parameter R-hat, per-gene PPC, arviz comparison,
-        spectra, marker correlations, ...).
+        Every table by name: first the main ones (in the order above), then the details (pairwise tables,
+        per-parameter R-hat, per-gene PPC, arviz comparison, spectra, marker correlations, ...).
     settings
         Sizes, seeds, markers, the predictive-equivalence decision (``predictive_equivalence``:
         state, reason, remedy, margin) and the fits' settings.
@@ -79,17 +76,14 @@ class DiagnosticReport(ReportContent):
     def write(self, adata: ad.AnnData, overwrite: bool = False) -> dict[str, list[str]]:
         """Write the per-cell and per-gene findings, the consensus latent and a summary into ``adata`` (in place).
 
-        ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN
-        overlap), ``countvae_knn_agreement_within_seed`` (its within-seed baseline),
-        ``countvae_lpd_mean``, ``countvae_lpd_sd`` (held-out log p(x) over seeds);
-        ``var``: ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with
-        DE); ``obsm["X_countvae_consensus"]``; ``uns["countvae_report"]``. Cells are
-        matched by ``obs_names`` and genes by ``var_names``. The held-out cells and the
-        fit cells the report read (up to ``max_fit_cells``) get the k-NN columns and the
-        consensus latent; other cells, held-out log p(x) of fit cells and cells outside
-        the subset a quantity is computed on get NaN; see
-        :mod:`countvae.diagnostics.reporting.anndata_export`.
-        Everything written survives ``write_h5ad`` / ``read_h5ad``.
+        ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN overlap),
+        ``countvae_knn_agreement_within_seed`` (its within-seed baseline), ``countvae_lpd_mean``, ``countvae_lpd_sd``
+        (held-out log p(x) over seeds); ``var``: ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with
+        DE); ``obsm["X_countvae_consensus"]``; ``uns["countvae_report"]``. Cells are matched by ``obs_names``, genes by
+        ``var_names``. The held-out cells and the fit cells the report read (up to ``max_fit_cells``) get the k-NN
+        columns and the consensus latent; other cells, held-out log p(x) of fit cells and cells outside the subset a
+        quantity is computed on get NaN (:mod:`countvae.diagnostics.reporting.anndata_export`). Everything written
+        survives ``write_h5ad`` / ``read_h5ad``.
 
         Parameters
         ----------
@@ -131,8 +125,7 @@ class DiagnosticReport(ReportContent):
     def save(self, dir_path: str | Path, overwrite: bool = False, progress: Progress | None = None) -> Path:
         """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder.
 
-        The folder is built under a temporary name and renamed into place, so
-        it either appears complete or not at all.
+        The folder is built under a temporary name and renamed into place: it appears complete or not at all.
 
         Parameters
         ----------

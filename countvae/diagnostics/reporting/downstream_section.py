@@ -1,17 +1,14 @@
 """The report's downstream section: which part of the seed-to-seed variation of DE, clusters and UMAPs is the model's.
 
-Given the fits and the report's held-out cells, this module runs the analyses of
-:mod:`countvae.diagnostics.analyses.downstream` and returns a
-:class:`DownstreamSection`: the tables and a JSON-ready record (the report's downstream section,
-:mod:`.sections.downstream`, lays them out). The DE is asked of the fits by :func:`collect_de`
-(in the report's collect step); everything else is a function of the collected latent means.
+This module runs the analyses of :mod:`countvae.diagnostics.analyses.downstream` on the fits and the report's held-out
+cells and returns a :class:`DownstreamSection`: the tables and a JSON-ready record (laid out by
+:mod:`.sections.downstream`). The DE is asked of the fits by :func:`collect_de` (in the report's collect step);
+everything else is a function of the collected latent means.
 
-What is compared (every comparison has a baseline that holds the fit fixed and
-varies only the downstream seed):
+What is compared (each with a baseline that holds the fit fixed and varies only the downstream seed):
 
-* **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`):
-  fit ``i`` (in the order given) is sampled with seed ``seed + i``; the baseline
-  recomputes (some of) the fits with the sampling seed ``seed + n_fits + i``.
+* **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`): fit ``i`` (in the order
+  given) is sampled with seed ``seed + i``; the baseline recomputes (some of) the fits with seed ``seed + n_fits + i``.
   Agreement: Jaccard of the call sets, Spearman correlation of ``lfc_mean``.
 * **Leiden clusters** as scanpy makes them: ``sc.pp.neighbors(use_rep=...)`` on each
   fit's latent means, then ``sc.tl.leiden`` with seed ``seed`` between fits,
@@ -23,9 +20,8 @@ varies only the downstream seed):
   deterministic function of the fit (no downstream randomness: its baseline
   disagreement is 0), shown for reference.
 
-The DE runs on the report's held-out cells, as every other part of the report:
-none of the fits was trained on them, and all fits see the same cells. Leiden
-and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
+The DE runs on the report's held-out cells, as every other part of the report: none of the fits was trained on them, and
+all see the same cells. Leiden and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
 umap-learn); without it those rows say which extra to install and the rest of the section (and of the report) is
 unaffected.
 """
@@ -88,8 +84,7 @@ class DownstreamSettings:
     n_de_samples
         Pairs of draws per DE (``n_samples_overall``).
     n_baseline_fits
-        Fits (the first ones) that are also sampled with a second DE seed for the
-        Monte Carlo baseline; ``None``: all.
+        Fits (the first ones) also sampled with a second DE seed for the Monte Carlo baseline; ``None``: all.
     delta, fdr_target, batch_correction
         As in :meth:`countvae.CountVAE.differential_expression`.
     k
@@ -173,9 +168,8 @@ def de_groups(obs: pd.DataFrame, groupby: str, group1: str | None = None, group2
     Raises
     ------
     InvalidArgumentError
-        For a column that is not in ``obs``, missing values, a single group, more
-        than two groups without ``group1``, a group without cells, ``group2``
-        without ``group1``, or the same group twice.
+        For a column not in ``obs``, missing values, a single group, more than two groups without ``group1``, a group
+        without cells, ``group2`` without ``group1``, or the same group twice.
 
     """
     if groupby not in obs.columns:
@@ -243,8 +237,7 @@ class DownstreamSection:
         Genes (the fits' order) x fits: whether each fit calls the gene DE with
         its own sampling seed; no columns without DE.
     status
-        Output -> ``"computed"``, ``"not requested"`` or why it was not computed
-        (e.g. which extra to install).
+        Output -> ``"computed"``, ``"not requested"`` or why not (e.g. which extra to install).
     statements
         The plain-language reading, one sentence per output.
     settings
@@ -311,9 +304,8 @@ SUMMARY_COLUMNS = [
 def reading(output: str, metric: str, row: Mapping[str, float]) -> str:
     """One calibrated sentence for a summary row: the numbers, the pair counts, and what they support.
 
-    The wording bins (:data:`CLOSE_AGREEMENT`, :data:`MOSTLY_MODEL`,
-    :data:`MOSTLY_DOWNSTREAM`) only choose words for the measured numbers; the
-    numbers and pair counts are always stated.
+    The wording bins (:data:`CLOSE_AGREEMENT`, :data:`MOSTLY_MODEL`, :data:`MOSTLY_DOWNSTREAM`) only choose words;
+    the numbers and pair counts are always stated.
     """
     label, rerun = OUTPUTS[output]
     n_between, n_within = int(row["n_between"]), int(row["n_within"])

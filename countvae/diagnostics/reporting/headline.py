@@ -1,9 +1,8 @@
 """Step 4 of the report: the sentences of ``DiagnosticReport.headline``, which each section places by its rank.
 
-The sentences only state what :mod:`.verdicts` decided and the numbers behind
-it; they make no decision of their own. Each sentence that names quantities or
-components begins with a fixed label (:data:`LEADS`), so that a test can check
-every sentence against the tables (``tests/diagnostics/reporting/test_headline_consistency.py``).
+The sentences only state what :mod:`.verdicts` decided and the numbers behind it; they decide nothing themselves. Each
+sentence that names quantities or components begins with a fixed label (:data:`LEADS`), so that a test can check every
+sentence against the tables (``tests/diagnostics/reporting/test_headline_consistency.py``).
 """
 
 from __future__ import annotations

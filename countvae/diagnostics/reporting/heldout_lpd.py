@@ -1,22 +1,16 @@
 """The report's held-out log p(x) of each fit: on a fixed number of torch threads, here or in worker processes.
 
-It is the most expensive output a report collects (about 6 s a fit on 500 Kang
-cells and 2,000 genes, one thread). Two rules keep its numbers and its speed
-independent of the machine:
+It is the most expensive output of a report (about 6 s a fit on 500 Kang cells and 2,000 genes, one thread). Two rules
+keep its numbers and its speed independent of the machine:
 
-* every estimate runs on ``lpd_threads`` torch threads (default 1). On CPU the
-  estimates depend on the thread count (it sets the order of torch's sums):
-  between 1 and 2 threads the estimate of a Kang cell moved by up to 0.84 nats.
-  A count taken from the machine would give the same fits other numbers on a
-  machine with other cores, and workers that each inherit the caller's threads oversubscribe the cores
-  (2 workers of 2 threads on 2 cores took 2.2-7.4x as long as one process on
-  Kang, 12-16x on the embedded data; benchmarks/RESULTS.md, section
-  report-lpd-workers);
-* ``lpd_jobs="auto"`` estimates the first fit here, times it, and sends the others
-  to one worker per usable core only when their estimates would take longer here
-  than the workers take to start (:data:`WORKER_START_SECONDS`); on small data the
-  workers' start alone costs more than the estimates (embedded data: 3.4 s for 5
-  fits on one thread here).
+* every estimate runs on ``lpd_threads`` torch threads (default 1). On CPU the estimates depend on the thread count (it
+  sets the order of torch's sums): between 1 and 2 threads the estimate of a Kang cell moved by up to 0.84 nats. A count
+  taken from the machine would give the same fits other numbers on other machines, and workers that each inherit the
+  caller's threads oversubscribe the cores (2 workers of 2 threads on 2 cores took 2.2-7.4x as long as one process on
+  Kang, 12-16x on the embedded data; benchmarks/RESULTS.md, section report-lpd-workers);
+* ``lpd_jobs="auto"`` estimates the first fit here, times it, and sends the others to one worker per usable core only
+  when their estimates would take longer here than the workers take to start (:data:`WORKER_START_SECONDS`); on small
+  data the workers' start alone costs more than the estimates (embedded data: 3.4 s for 5 fits on one thread here).
 
 A worker computes the same numbers as this process (same threads, same seeds), so
 ``lpd_jobs`` never changes a report.

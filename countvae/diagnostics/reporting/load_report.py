@@ -1,7 +1,6 @@
 """``load_report(path)``: a saved multi-seed report (report.json) read back into a :class:`DiagnosticReport`.
 
-The inverse of :meth:`DiagnosticReport.save` for everything ``report.json``
-holds; the format is described in :mod:`.report_format`.
+The inverse of :meth:`DiagnosticReport.save` for everything ``report.json`` holds (format: :mod:`.report_format`).
 """
 
 from __future__ import annotations
@@ -42,11 +41,9 @@ _DOWNSTREAM_TABLES = ("summary", "pairs", "de_per_fit")
 def load_report(path: str | Path) -> DiagnosticReport:
     """Read a saved multi-seed report back into a :class:`~countvae.diagnostics.DiagnosticReport`.
 
-    The tables, headline, settings (verdicts and the predictive-equivalence
-    decision included), subsampling, provenance, timings and the downstream
-    section come back as they were saved, so ``load_report(p).to_dict()`` equals
-    the saved report's ``to_dict()`` and ``summary()`` is the same text. What
-    JSON cannot hold comes back in its JSON form:
+    The tables, headline, settings (verdicts and the predictive-equivalence decision included), subsampling,
+    provenance, timings and the downstream section come back as saved: ``load_report(p).to_dict()`` equals the saved
+    report's ``to_dict()`` and ``summary()`` is the same text. What JSON cannot hold comes back in its JSON form:
 
     * a non-finite number (NaN, infinity) in a table is NaN (saved as ``null``);
     * a tuple or array inside a table cell or a setting is a list, a numpy scalar
@@ -68,7 +65,6 @@ def load_report(path: str | Path) -> DiagnosticReport:
     Returns
     -------
     DiagnosticReport
-        The report.
 
     Raises
     ------

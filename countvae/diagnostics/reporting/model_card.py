@@ -1,11 +1,10 @@
 """A model card: the report's findings in a short Markdown block to paste beside a figure or into a methods section.
 
-It states what the fits identify and up to which symmetry (from the verdict rows),
-whether they are predictively equivalent (with the interval of the worst pair), the
-measurements that carry no verdict (how well the batches mix, where unseen cells land),
-the calibration scenario that matches the report and how often each row's verdict
-was right there, the package versions, and the settings that reproduce the fits
-and the report. Every number is read from the report; nothing is recomputed.
+It states what the fits identify and up to which symmetry (from the verdict rows), whether they are predictively
+equivalent (with the interval of the worst pair), the measurements that carry no verdict (how well the batches mix,
+where unseen cells land), the matching calibration scenario and how often each row's verdict was right there, the
+package versions, and the settings that reproduce the fits and the report. Every number is read from the report; nothing
+is recomputed.
 """
 
 from __future__ import annotations

@@ -47,9 +47,8 @@ class ModelComparison:
         of the worst pair ``*_low``/``*_high``) and ``stable``; ``seed_spread`` (nats/cell), ``fit_seconds``;
         ``seed_groups`` (which seeds reached the same solution, best group first, e.g. ``"0, 1 | 2"``);
         ``<score>_within_seed`` (each stability score between two draws of one fit's guide, averaged over seeds:
-        its within-seed baseline); ``subspace`` (the gene-space subspace overlap of the decoders, worst pair;
-        shown, not judged);
-        with a recommendation, ``gain`` over it with ``gain_low``/``gain_high``; and ``verdict``.
+        its within-seed baseline); ``subspace`` (the gene-space subspace overlap of the decoders, worst pair; shown,
+        not judged); with a recommendation, ``gain`` over it with ``gain_low``/``gain_high``; and ``verdict``.
     recommended
         The recommended candidate's settings, or ``None`` (undetermined).
     recommended_name

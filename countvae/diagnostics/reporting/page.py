@@ -1,10 +1,9 @@
 """One page of blocks in HTML and Markdown: the renderer every countvae report shares.
 
-A page is a title, blocks shown before the first heading (the verdict), and parts, each a
-heading over its blocks (:mod:`.sections.base`). The multi-seed report lays its sections out
-this way (:mod:`.render_html`, :mod:`.render_markdown`), and so do the restriction comparison
-and the model comparison: their pages are the same block kinds through the same templates,
-and nothing here knows what any part is about.
+A page is a title, blocks shown before the first heading (the verdict), and parts, each a heading over its blocks
+(:mod:`.sections.base`). The multi-seed report lays its sections out this way (:mod:`.render_html`,
+:mod:`.render_markdown`), and so do the restriction and model comparisons: their pages are the same block kinds through
+the same templates, and nothing here knows what any part is about.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """report.html: one self-contained page, verdict first, then each section's evidence (figures before tables).
 
-The page is the jinja2 templates in ``templates/`` (shipped with the package) over the sections'
-layouts (:mod:`.sections.base`): the templates know the kinds of blocks, not the sections. The
-style sheet is inline, figures are inline PNG images, nothing is fetched, and every string that
-comes from the data or the fits (gene names, obs categories, fit names) is HTML-escaped
-(autoescaping; only a paragraph's ``markup``, written by a section, is trusted).
+The page is the jinja2 templates in ``templates/`` (shipped with the package) over the sections' layouts
+(:mod:`.sections.base`): the templates know the kinds of blocks, not the sections. The style sheet is inline, figures
+are inline PNG images, nothing is fetched, and every string from the data or the fits (gene names, obs categories, fit
+names) is HTML-escaped (autoescaping; only a paragraph's ``markup``, written by a section, is trusted).
 """
 
 from __future__ import annotations

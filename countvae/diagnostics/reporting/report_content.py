@@ -26,12 +26,9 @@ class ReportContent:
     """The multi-seed diagnostics of one model on shared held-out cells: the fields and main tables.
 
     The fields are described in the docstring of
-    :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`,
-    the class users see; the main tables are :data:`MAIN_TABLES`. ``cells``,
-    ``genes`` and ``consensus_latent`` (per cell measured: the held-out cells, then
-    the fit cells the report read; per gene; and those cells' consensus latent) are kept in memory for
-    :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`
-    and are not part of the report files.
+    :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`, the class users see; the main tables
+    are :data:`MAIN_TABLES`. ``cells``, ``genes`` and ``consensus_latent`` are kept in memory for
+    :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`, not in the report files.
     """
 
     headline: list[str]
@@ -50,15 +47,12 @@ class ReportContent:
     def invariants(self) -> pd.DataFrame:
         """A table with one row per quantity (invariant in theory, agreement across seeds, interval, verdict, why).
 
-        Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement``
-        (worst pair) with its interval ``low``-``high``, ``agreement_mean``,
-        ``aligned_agreement`` with ``aligned_low``-``aligned_high``,
-        ``threshold`` (a number), ``comparison`` (``">="`` or ``"<"``: how the
-        agreement must compare with the threshold), ``interval`` (how the
-        interval was made), ``n_cells``, ``cells_setting``, ``verdict``
-        (``agree``, ``agree after alignment``, ``differ``, ``undetermined`` or
-        ``not measured``), ``reason`` and ``remedy`` (why it is undetermined and
-        what would decide it), ``report_instead``. See
+        Columns ``quantity``, ``invariant_in_theory``, ``metric``, ``agreement`` (worst pair) with its interval
+        ``low``-``high``, ``agreement_mean``, ``aligned_agreement`` with ``aligned_low``-``aligned_high``,
+        ``threshold``, ``comparison`` (``">="`` or ``"<"``: how the agreement must compare with the threshold),
+        ``interval`` (how the interval was made), ``n_cells``, ``cells_setting``, ``verdict``
+        (``agree``, ``agree after alignment``, ``differ``, ``undetermined`` or ``not measured``), ``reason`` and
+        ``remedy`` (why it is undetermined and what would decide it), ``report_instead``. See
         :mod:`countvae.diagnostics.reporting.verdicts` for the decision rule.
         """
         return self.tables["invariants"]
@@ -97,15 +91,11 @@ class ReportContent:
     def ica(self) -> pd.DataFrame:
         """For each ICA component of the first fit, whether it agrees across seeds, and why not.
 
-        Its worst best-match |correlation| with the other fits' ICA components
-        (``worst_match`` with its interval ``low``-``high``, and ``mean_match``;
-        ICAs estimated on disjoint halves of the fit cells, or of the held-out
-        cells without them), the same comparison within the first fit
-        (``same_fit_match``), their ratio (``corrected_match``, capped at 1,
-        with its interval ``corrected_low``-``corrected_high``: what the
-        verdict reads), excess kurtosis, negentropy, the Gaussian flag,
-        and the ``verdict`` with its ``reason`` and ``remedy`` (see
-        :mod:`countvae.diagnostics.analyses.components`). No rows when the
-        report was made with ``ica=False``.
+        Its worst best-match |correlation| with the other fits' ICA components (``worst_match`` with its interval
+        ``low``-``high``, and ``mean_match``; ICAs estimated on disjoint halves of the fit cells, or of the held-out
+        cells without them), the same comparison within the first fit (``same_fit_match``), their ratio
+        (``corrected_match``, capped at 1, with its interval ``corrected_low``-``corrected_high``: what the verdict
+        reads), excess kurtosis, negentropy, the Gaussian flag, and the ``verdict`` with its ``reason`` and ``remedy``
+        (see :mod:`countvae.diagnostics.analyses.components`). No rows with ``ica=False``.
         """
         return self.tables["ica"]

@@ -1,12 +1,10 @@
 """The format of report.json: its name and version, its JSON Schema, and how its tables are recorded.
 
-``report.json`` declares ``"format": "countvae-diagnostic-report"`` and an integer
-``"format_version"`` (:data:`FORMAT_VERSION`). Its structure is described by a
-JSON Schema (draft 2020-12) shipped with the package, ``report.schema.json``
-beside this module (:func:`report_schema`). The version changes, together
-with the schema, whenever a reader of the previous version could misread a file
-of the new one: a key removed or renamed, a value whose type or meaning
-changes. Adding a key that readers may ignore does not change it.
+``report.json`` declares ``"format": "countvae-diagnostic-report"`` and an integer ``"format_version"``
+(:data:`FORMAT_VERSION`). Its structure is described by a JSON Schema (draft 2020-12), ``report.schema.json`` beside
+this module (:func:`report_schema`). The version changes, with the schema, whenever a reader of the previous version
+could misread a file of the new one: a key removed or renamed, a value whose type or meaning changes. Adding a key that
+readers may ignore does not change it.
 
 Versions:
 
@@ -57,10 +55,8 @@ def table_from_records(
 ) -> pd.DataFrame:
     """A table read back from its records and, when recorded, its columns (:func:`table_columns`).
 
-    With ``columns`` the table has exactly those columns, in that order, with
-    those dtypes (a missing number, stored as ``null``, becomes NaN again);
-    without (format version 1) pandas infers them from the records, and a table
-    without rows has no columns.
+    With ``columns`` the table has exactly those columns, in that order, with those dtypes (a missing number, stored as
+    ``null``, becomes NaN again); without (format version 1) pandas infers them, and a table without rows has none.
     """
     if columns is None:
         return pd.DataFrame.from_records(list(records))

@@ -1,13 +1,11 @@
 """The restriction comparison's collect step: every restricted fit read once, into arrays.
 
-The one place where the models of a restriction comparison are asked for anything
-(:func:`read_restrictions`): each model's fits on the held-out cells (coordinates,
-loadings, held-out ``log p(x)`` per cell from the importance sampler of
-``get_log_predictive_density``), the split-half fits, the unrestricted fits re-read
-in ICA axes, and :func:`countvae.invariance.verify` on each model's first fit for
-the maps its declaration keeps and breaks. :func:`collect_restrictions` adds what
-the data alone give (markers, the simulated truth, the expression of gene programs'
-genes) and returns :class:`RestrictionArrays`, on which the restrictions section
+The one place where the models of a restriction comparison are asked for anything (:func:`read_restrictions`): each
+model's fits on the held-out cells (coordinates, loadings, held-out ``log p(x)`` per cell from the importance sampler
+of ``get_log_predictive_density``), the split-half fits, the unrestricted fits re-read in ICA axes, and
+:func:`countvae.invariance.verify` on each model's first fit for the maps its declaration keeps and breaks.
+:func:`collect_restrictions` adds what the data alone give (markers, the simulated truth, the expression of gene
+programs' genes) and returns :class:`RestrictionArrays`, from which the restrictions section
 (:mod:`.sections.restrictions`) computes its tables without touching a model.
 
 It serves both the multi-seed report (``report(fits, held, restrictions=RestrictionRequest(...))``,
@@ -127,8 +125,7 @@ class RestrictionRequest:
         Raises
         ------
         InvalidArgumentError
-            For a bad setting, or report fits or held-out cells other than the request's unrestricted fits and
-            held-out cells.
+            For a bad setting, or ``fits`` or ``adata_heldout`` other than the request's.
 
         """
         chosen = self.chosen()

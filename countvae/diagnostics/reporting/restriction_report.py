@@ -1,10 +1,8 @@
 """:class:`RestrictionReport`: what each restriction buys in identified coordinates and costs in fit.
 
-Made by :func:`countvae.diagnostics.compare_restrictions`; its words and tables are those of the
-multi-seed report's restrictions section (:mod:`.sections.restrictions`). It has the verbs every
-countvae report shares (``summary``, ``to_frame``, ``tables``, ``to_dict``,
-``to_markdown``, ``to_html``, ``save``) and is saved the same way, as a folder of
-``report.html``, ``report.json`` and ``report.md`` written atomically
+Made by :func:`countvae.diagnostics.compare_restrictions`; its words and tables are those of the multi-seed report's
+restrictions section (:mod:`.sections.restrictions`). It has the verbs every countvae report shares (``summary``,
+``to_frame``, ``tables``, ``to_dict``, ``to_markdown``, ``to_html``, ``save``) and is saved the same way
 (:mod:`countvae._report_files`).
 """
 

@@ -42,10 +42,9 @@ MINIMUM = {
 class ReportSettings:
     """Sizes and seeds of the diagnostics (all recorded in the report).
 
-    Each field is declared once here, with its description; :func:`countvae.diagnostics.report`
-    takes the fields as keywords (or all of them as ``settings=ReportSettings(...)``), and
-    its signature and "Parameters" section, and the attributes below, are generated
-    from them (``countvae._settings``).
+    Each field is declared once here, with its description; :func:`countvae.diagnostics.report` takes the fields as
+    keywords (or all as ``settings=ReportSettings(...)``), and its signature and "Parameters" section, and the
+    attributes below, are generated from them (``countvae._settings``).
 
     Attributes
     ----------

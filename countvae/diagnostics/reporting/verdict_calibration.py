@@ -1,24 +1,20 @@
 """How often the report's verdicts are right: the calibration suite's measured rates, bundled with the package.
 
-``benchmarks/calibration.py`` runs the whole report on simulations whose truth
-is known and writes, next to its RESULTS.md section, the per-scenario and
-per-row counts of correct, undetermined and wrong verdicts to
-:data:`CALIBRATION_FILE` (one JSON file, written atomically). This module reads
-that file and turns it into the report's section "How often these verdicts are
-right": a table, and one plain sentence for every row that is right in fewer
-than :data:`GOAL_CORRECT` of the replicates of a scenario.
+``benchmarks/calibration.py`` runs the whole report on simulations of known truth and writes, next to its RESULTS.md
+section, the per-scenario and per-row counts of correct, undetermined and wrong verdicts to :data:`CALIBRATION_FILE`
+(one JSON file, written atomically). This module turns that file into the report's section "How often these verdicts
+are right": a table, and one plain sentence for every row right in fewer than :data:`GOAL_CORRECT` of the replicates of
+a scenario.
 
 The numbers describe the suite's simulations (linear NB data with 3 sources,
 5,000 cells), not the data at hand: they say how far each row's verdict can be
 trusted where its assumptions hold, and where it is known to fail.
 
-**Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the
-rates measured in other configurations (decoder, latent dimensions, held-out
-cells, genes, batch), each scored against the same fits' verdicts on a large
-independent pool of cells. :func:`nearest_regime` picks the regime nearest to a
-report's own configuration (:func:`report_configuration`) and says whether the
-report is within its calibrated range (:data:`TOLERANCE`); the table, the
-summary and the sentences take ``regime=`` to show that regime's numbers.
+**Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the rates measured in other configurations
+(decoder, latent dimensions, held-out cells, genes, batch), each scored against the same fits' verdicts on a large
+independent pool of cells. :func:`nearest_regime` picks the regime nearest to a report's configuration
+(:func:`report_configuration`) and says whether the report is within its calibrated range (:data:`TOLERANCE`); the
+table, summary and sentences take ``regime=`` to show its numbers.
 """
 
 from __future__ import annotations
@@ -82,9 +78,8 @@ def calibration_table(
     quantities
         Keep only these report rows (default: all), in this order within a scenario.
     truth
-        ``"theory"`` (the truth the scenario's theory states) or ``"oracle"``
-        (the truth conditioned on what the simulation's oracle shows the fits
-        reached; only the scenarios that have one).
+        ``"theory"`` (the scenario's theoretical truth) or ``"oracle"`` (the truth conditioned on what the simulation's
+        oracle shows the fits reached; only the scenarios that have one).
     regime
         A name in ``record["regimes"]`` (e.g. :attr:`RegimeChoice.name`): that
         regime's rows instead, against its oracle (``truth`` is then ignored);
@@ -130,14 +125,12 @@ def calibration_sentences(
 ) -> list[str]:
     """One plain sentence per report row that falls short anywhere in the calibration suite.
 
-    With ``regime``, the rows that fall short in that regime instead: fewer than
-    :data:`GOAL_CORRECT` of their confident verdicts confirmed by the oracle, or
-    undetermined in more than :data:`GOAL_UNDETERMINED` of the replicates.
+    With ``regime``, the rows falling short in that regime instead: fewer than :data:`GOAL_CORRECT` of their confident
+    verdicts confirmed by the oracle, or undetermined in more than :data:`GOAL_UNDETERMINED` of the replicates.
 
-    A row falls short in a scenario with adequate data when it is right in
-    fewer than :data:`GOAL_CORRECT` of the replicates, and in a scenario with
-    too few cells when it gives any wrong verdict (there "undetermined" is the
-    right answer whenever the truth is not reached).
+    A row falls short in a scenario with adequate data when right in fewer than :data:`GOAL_CORRECT` of the replicates,
+    and in a scenario with too few cells when it gives any wrong verdict (there "undetermined" is the right answer
+    whenever the truth is not reached).
     """
     if regime is not None:
         return _regime_sentences(record, regime, quantities)

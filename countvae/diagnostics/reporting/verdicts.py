@@ -1,14 +1,13 @@
 """Step 3 of the report: verdicts, decided from the analyses' numbers, intervals and thresholds alone.
 
-Every rule that turns a number into a claim about the fits lives here; ``docs/concepts/report-rows.md``
-("How a verdict is decided") states them for readers. In short: a row whose score has the interval
-``[low, high]`` (level ``1 - 2 alpha``) ``agree``s when the whole interval meets its threshold, ``differ``s
-when the whole interval misses it and is ``undetermined`` otherwise (with why, and about how many cells
-would decide it, since the width falls like ``1 / sqrt(cells)``); coordinate rows ``agree after alignment``
-when only the score after the orthogonal Procrustes map of each pair agrees. Rows with preconditions of
-their own: :data:`MIN_CELLS` (posterior predictive statistics, k-NN graph), :func:`predictive_verdict`
-(held-out log p(x): the equivalence test, undetermined while the estimator is unreliable) and
-:func:`judge_components` with :func:`ica_row_judgement` (ICA coordinates, per component).
+Every rule that turns a number into a claim about the fits lives here; ``docs/concepts/report-rows.md`` ("How a verdict
+is decided") states them for readers. In short: a row whose score has the interval ``[low, high]`` (level
+``1 - 2 alpha``) ``agree``s when the whole interval meets its threshold, ``differ``s when none of it does, and is
+``undetermined`` otherwise (with why, and about how many cells would decide it, since the width falls like
+``1 / sqrt(cells)``); coordinate rows ``agree after alignment`` when only the score after the orthogonal Procrustes map
+of each pair agrees. Rows with preconditions of their own: :data:`MIN_CELLS` (posterior predictive statistics, k-NN
+graph), :func:`predictive_verdict` (held-out log p(x): the equivalence test, undetermined while the estimator is
+unreliable) and :func:`judge_components` with :func:`ica_row_judgement` (ICA coordinates, per component).
 """
 
 from __future__ import annotations
@@ -346,8 +345,7 @@ class PredictiveVerdict:
     reliability
         The estimator's reliability per fit, or ``None``.
     margin, gain, margin_fraction
-        The margin (nats per cell), the mean per-cell gain over the no-latent
-        baseline, and the share of it the margin is.
+        The margin (nats per cell), the mean per-cell gain over the no-latent baseline, and the margin's share of it.
     alpha
         Error per side of the tests (for all pairs together).
 
@@ -393,10 +391,9 @@ def predictive_verdict(
 ) -> PredictiveVerdict:
     """Decide predictive equivalence from the equivalence table and the estimator's reliability.
 
-    See :mod:`countvae.diagnostics.analyses.predictive` for the test; the
-    decision is ``equivalent`` when every pair is, ``not equivalent`` when one
-    pair is, ``undetermined`` otherwise, and ``undetermined`` whatever the
-    pairs when the estimates are unreliable or no margin can be stated.
+    See :mod:`countvae.diagnostics.analyses.predictive` for the test; the decision is ``equivalent`` when every pair
+    is, ``not equivalent`` when one pair is, and ``undetermined`` otherwise, or whatever the pairs when the estimates
+    are unreliable or no margin can be stated.
     """
     if pairs is None:
         return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")

@@ -1,13 +1,11 @@
 """The batch-mixing section: how often cells have neighbours from another batch, per seed and without a model.
 
-An analyst who registers a batch covariate reads the latent space as corrected for it, so
-they need to know how far it is: the share of each cell's neighbours from another batch,
-over the share expected if batch were random (:func:`countvae.metrics.batch_mixing`; 1
-is random mixing, 0 none), in the k-NN graph on the held-out cells and the fit cells the
-report has (up to ``max_knn_cells`` and ``max_fit_cells``; ``k`` scaled, as for the k-NN
-row, so that a neighbourhood keeps the share of the cells it has in the analyst's graph on
-all of their cells). Each kind of cell is weighted by the cells it stands for, so the mean
-estimates the mixing of that graph; with every cell at hand it is that graph's mixing.
+An analyst who registers a batch covariate reads the latent space as corrected for it, and needs to know how far it is:
+the share of each cell's neighbours from another batch, over the share expected if batch were random
+(:func:`countvae.metrics.batch_mixing`; 1 is random mixing, 0 none), in the k-NN graph on the held-out cells and the fit
+cells the report has (up to ``max_knn_cells`` and ``max_fit_cells``; ``k`` scaled, as for the k-NN row, so that a
+neighbourhood keeps the share of the cells it has in the analyst's graph on all of their cells). Each kind of cell is
+weighted by the cells it stands for, so the mean estimates the mixing of that graph (exactly, with every cell at hand).
 
 The fit cells count because the analyst's graph is mostly fit cells, and the fits place
 them differently from cells they never saw: on pbmc_3tech the early-stopped default fits
@@ -96,8 +94,7 @@ def embedding_mixing(
 ) -> tuple[np.ndarray, tuple[float, float, float]]:
     """Each cell's batch-mixing score in the ``k``-NN graph of ``cells``; their weighted mean with its interval.
 
-    ``pool`` holds each cell's batch and ``weights`` the number of cells of the data set each stands for; the
-    interval (:func:`mean_with_interval`) holds the neighbour sets fixed.
+    ``pool`` holds each cell's batch and ``weights`` the number of cells of the data set each stands for.
     """
     neighbours = knn_sets_among(cells, cells[:0], k)
     scores = batch_mixing(neighbours, pool)

@@ -1,8 +1,7 @@
 """The downstream section: DE calls, Leiden clusters and UMAP neighbourhoods across seeds, against within-fit baselines.
 
-Only when the report is asked for it (``report(..., downstream=DownstreamRequest(...))``): the
-DE calls are collected with the other outputs (:func:`..downstream_section.collect_de`); the
-rest is computed here from the latent means.
+Only when asked for (``report(..., downstream=DownstreamRequest(...))``): the DE calls are collected with the other
+outputs (:func:`..downstream_section.collect_de`); the rest is computed here from the latent means.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The invariants section: one row per output, its agreement across seeds with an interval, and its verdict.
 
-The rows are :data:`~countvae.diagnostics.analyses.invariants.QUANTITIES`; rows whose verdict
-follows a rule of its own are decided by the section that owns the rule (its
-:attr:`SectionResult.verdict_rows`): the predictive section decides held-out log p(x), the
-ICA components section the ICA row.
+The rows are :data:`~countvae.diagnostics.analyses.invariants.QUANTITIES`; a row whose verdict follows a rule of its own
+is decided by the section that owns the rule (its :attr:`SectionResult.verdict_rows`): the predictive section decides
+held-out log p(x), the ICA components section the ICA row.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Per cell and per gene, the agreement across seeds, and the consensus latent (``DiagnosticReport.write``).
 
-A section without a heading: its results are fields of the report kept in memory
-(``cells``, ``genes``, ``consensus_latent``), not tables of the report files. The cells
-are the held-out cells and, when the report has them, the fit cells of
-``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can
-place less alike than held-out cells (see the training-cells section). Both are scored
-on one k-NN graph (the held-out cells of ``CellSubsets.knn`` and those fit cells), so a
-fit cell's column means what a held-out cell's does.
+A section without a heading: its results are fields of the report kept in memory (``cells``, ``genes``,
+``consensus_latent``), not in the report files. The cells are the held-out cells and, when the report has them, the fit
+cells of ``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can place less alike than
+held-out cells (see the training-cells section). Both are scored on one k-NN graph (the held-out cells of
+``CellSubsets.knn`` and those fit cells), so a fit cell's column means what a held-out cell's does.
 """
 
 from __future__ import annotations
@@ -67,10 +65,9 @@ def _graph_k(c: Collected, s: ReportSettings) -> int:
 def within_seed_overlap(c: Collected, s: ReportSettings) -> tuple[np.ndarray, np.ndarray | None] | None:
     """Per cell of the k-NN graph, the overlap of its neighbours between two guide draws of one fit, mean over fits.
 
-    Every cell of the graph (the held-out cells of ``CellSubsets.knn``, then the fit cells)
-    is drawn twice, so that each cell's value is the same measurement whichever kind of
-    cell it is. Returns the held-out cells' values and the fit cells' (``None`` without fit
-    cells), or ``None`` without the draws.
+    Every cell of the graph (the held-out cells of ``CellSubsets.knn``, then the fit cells) is drawn twice, so each
+    cell's value is the same measurement whichever its kind. Returns the held-out cells' values and the fit cells'
+    (``None`` without fit cells), or ``None`` without the draws.
     """
     heldout = c.per_fit("knn_draws")
     if any(d is None for d in heldout.values()):
@@ -91,11 +88,10 @@ def fit_cell_columns(
 ) -> pd.DataFrame | None:
     """Per fit cell of ``CellSubsets.fit``: the k-NN columns on the held-out cells' graph (``None`` without them).
 
-    Indexed by the fit cells' names, with ``heldout`` False, ``knn_agreement`` (each fit
-    cell's neighbours found among the other fit cells and the held-out cells of
-    ``CellSubsets.knn``: the graph of the held-out rows), and ``knn_agreement_within_seed``
-    (:func:`within_seed_overlap`) and ``batch_mixing`` when given. No held-out log p(x): the
-    fits were trained on these cells.
+    Indexed by the fit cells' names, with ``heldout`` False, ``knn_agreement`` (each fit cell's neighbours found among
+    the other fit cells and the held-out cells of ``CellSubsets.knn``: the graph of the held-out rows) and, when given,
+    ``knn_agreement_within_seed`` (:func:`within_seed_overlap`) and ``batch_mixing``. No held-out log p(x): the fits
+    were trained on these cells.
     """
     fit_latents = fit_cell_latents(c)
     if fit_latents is None or c.fit_obs_names is None:
@@ -117,11 +113,10 @@ def stability_columns(
     Returns
     -------
     cells
-        Indexed by the held-out cells' names: ``knn_agreement`` (mean over pairs of
-        fits of the cell's k-NN Jaccard in the latent means), ``knn_agreement_within_seed``
-        (``within_seed``, the held-out values of :func:`within_seed_overlap`, when given),
-        ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN for cells outside
-        the subsets they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
+        Indexed by the held-out cells' names: ``knn_agreement`` (mean over pairs of fits of the cell's k-NN Jaccard in
+        the latent means), ``knn_agreement_within_seed`` (``within_seed``, the held-out values of
+        :func:`within_seed_overlap`, when given), ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN
+        outside the subsets they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
     genes
         Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's
         concordance of the decoded log mean across ``CellSubsets.expression``), NaN

@@ -1,14 +1,12 @@
 """The placement section: whether the cells the fits never saw land among the cells they were trained on.
 
-A fit embeds its training cells and new cells with the same encoder, but it has fitted
-only the former. Where it overfits, it places cells it never saw apart from its
-training cells: in the k-NN graph on the held-out and fit cells, held-out cells then
-find other held-out cells as neighbours more often than chance. The score is
-:func:`countvae.metrics.batch_mixing` with "held-out" and "fit" as the two batches, over
-the held-out cells' rows of the graph the k-NN row speaks about (``k`` scaled as there):
-1 when unseen cells land among the training cells as if at random, lower when they
-stay apart. It matters twice: an analyst who embeds new cells with the model (or
-reads the report's held-out rows) needs the new cells placed like the old.
+A fit embeds its training cells and new cells with the same encoder, but has fitted only the former; where it overfits,
+it places cells it never saw apart from its training cells: in the k-NN graph on the held-out and fit cells, held-out
+cells then find other held-out cells as neighbours more often than chance. The score is
+:func:`countvae.metrics.batch_mixing` with "held-out" and "fit" as the two batches, over the held-out cells' rows of the
+graph the k-NN row speaks about (``k`` scaled as there): 1 when unseen cells land among the training cells as if at
+random, lower when they stay apart. It matters twice: an analyst who embeds new cells with the model (or reads the
+report's held-out rows) needs the new cells placed like the old.
 
 On pbmc_3tech it fell with the amount of training, in the order of the held-out fit: 0.93
 to 0.97 with train()'s early stopping, 0.88 to 0.92 with the same rule at 1e-3, 0.81 to

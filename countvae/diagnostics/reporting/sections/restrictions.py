@@ -1,16 +1,14 @@
 """The restrictions section: what each restriction buys in identified coordinates and costs in held-out fit.
 
-Only when the report is asked for it (``report(fits, held, restrictions=RestrictionRequest(...))``, ``fits``
-being the unrestricted model's seeds): the restricted fits are read in the collect step
-(:func:`..restriction_readout.collect_restrictions`); :func:`restriction_analysis`, the section's
-``compute``, works on those arrays alone with the functions of
-:mod:`countvae.diagnostics.analyses.restrictions`: agreement across seeds (loadings and marker
-correlations too) after a signed permutation only, the split half (fits on disjoint halves of the cells
-from different seeds), the predictive cost against the unrestricted fit of each seed (paired held-out
-``log p(x)`` with a 95% interval and an equivalence margin), the recovery of the true sources and loadings
-for data from :func:`countvae.data.simulate` (MCC) and the support of each gene program; the verdicts are
-stated in sentences (:func:`headline`). :func:`..compare_restrictions.compare_restrictions` fits the models
-and runs the same two steps.
+Only when asked for (``report(fits, held, restrictions=RestrictionRequest(...))``, ``fits`` being the unrestricted
+model's seeds): the restricted fits are read in the collect step (:func:`..restriction_readout.collect_restrictions`);
+:func:`restriction_analysis`, the section's ``compute``, works on those arrays alone with the functions of
+:mod:`countvae.diagnostics.analyses.restrictions`: agreement across seeds (loadings and marker correlations too) after a
+signed permutation only, the split half (fits on disjoint halves of the cells from different seeds), the predictive cost
+against the unrestricted fit of each seed (paired held-out ``log p(x)`` with a 95% interval and an equivalence margin),
+the recovery of the true sources and loadings for data from :func:`countvae.data.simulate` (MCC) and the support of each
+gene program; the verdicts are stated in sentences (:func:`headline`).
+:func:`..compare_restrictions.compare_restrictions` fits the models and runs the same two steps.
 """
 
 from __future__ import annotations
@@ -306,11 +304,7 @@ def _cost_columns(
 def restriction_analysis(
     arrays: RestrictionArrays, margin: float, seed: int
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
-    """The comparison's tables (in the order of :data:`TABLE_HEADINGS`) and its verdict in sentences.
-
-    A pure function of the collected arrays: the restrictions section's ``compute`` and
-    :func:`..compare_restrictions.compare_restrictions` both call it.
-    """
+    """The comparison's tables (in the order of :data:`TABLE_HEADINGS`) and its verdict in sentences."""
     readouts = arrays.readouts
     tables = restriction_tables(readouts, list(readouts), arrays.markers, arrays.truth, margin, seed)
     if arrays.programs is not None:

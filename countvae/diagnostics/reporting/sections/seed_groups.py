@@ -1,10 +1,9 @@
 """The seed-groups section: which seeds reached the same solution, each group with its held-out log p(x).
 
-When the seeds differ, an analyst needs to know which of them to trust: a few seeds may
-share one solution while others sit in a worse local optimum. The grouping is
-:func:`countvae.diagnostics.analyses.seed_groups.seed_groups` (decoded-means concordance and
-paired held-out log p(x) per pair of fits, complete linkage); this section shows its groups
-and pairs, and puts its sentence in the verdict when the fits do not form one group.
+When the seeds differ, an analyst needs to know which to trust: a few seeds may share one solution while others sit in a
+worse local optimum. The grouping is :func:`countvae.diagnostics.analyses.seed_groups.seed_groups` (decoded-means
+concordance and paired held-out log p(x) per pair of fits, complete linkage); this section shows its groups and pairs,
+and puts its sentence in the verdict when the fits do not form one group.
 """
 
 from __future__ import annotations

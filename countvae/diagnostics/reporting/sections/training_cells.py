@@ -1,25 +1,19 @@
 """The training-cells section: the rows that read only latent means, measured again on cells the fits trained on.
 
-The report measures agreement between seeds on held-out cells, the cells that stand for
-new cells of the same kind. An analyst reads the latent space of the cells the model
-was trained on, and the fits place those differently: an encoder trained on a cell
-gives each seed's own answer for it, while cells none of them saw are placed by what
-the seeds share. On the stored default fits the worst pair's concordance of latent
-distances was higher on held-out cells than on training cells by 0.041 (Kang) and 0.040
-(pbmc_3tech) with train()'s early stopping, and by 0.066 and 0.131 after scvi-tools'
-400 epochs at 1e-3; on pbmc_3tech the held-out row was undetermined where the training
-cells said differ. The k-NN overlap was within 0.015 either way (benchmarks/RESULTS.md,
-section training-cells). So this section computes the rows of the invariants table that
-read only the latent means (latent distances, the k-NN graph, per-dimension
-coordinates) again on as many fit cells as the report has held-out cells, with the same
-definitions, subsets, intervals and thresholds (:func:`invariants_table`), and says
-where the verdict on the training cells is not the held-out one. The k-NN rows are
-those of the same graph on the held-out and fit cells. Checked against the same fits
-on all of their fit cells (the analyst's cells), over 100 subsets per schedule on the
-stored fits, the intervals covered that truth in 90-100% of subsets at nominal 90% for
-distances and the k-NN graph and in 82-96% for the aligned coordinates (the maps fitted
-on a subset align it slightly better than those fitted on every cell); of 2,700 verdicts
-none was wrong and 12 undetermined (same section).
+The report measures agreement between seeds on held-out cells, which stand for new cells of the same kind. An analyst
+reads the latent space of the cells the model was trained on, and the fits place those differently: an encoder trained
+on a cell gives each seed's own answer for it, while cells none of them saw are placed by what the seeds share. On the
+stored default fits the worst pair's concordance of latent distances was higher on held-out cells than on training cells
+by 0.041 (Kang) and 0.040 (pbmc_3tech) with train()'s early stopping, and by 0.066 and 0.131 after scvi-tools' 400
+epochs at 1e-3; on pbmc_3tech the held-out row was undetermined where the training cells said differ. The k-NN overlap
+was within 0.015 either way (benchmarks/RESULTS.md, section training-cells). So this section computes the rows of the
+invariants table that read only the latent means (latent distances, the k-NN graph, per-dimension coordinates) again on
+as many fit cells as the report has held-out cells, with the same definitions, subsets, intervals and thresholds
+(:func:`invariants_table`), and says where the verdict on the training cells is not the held-out one. Checked against
+the same fits on all of their fit cells (the analyst's cells), over 100 subsets per schedule on the stored fits, the
+intervals covered that truth in 90-100% of subsets at nominal 90% for distances and the k-NN graph and in 82-96% for the
+aligned coordinates (the maps fitted on a subset align it slightly better than those fitted on every cell); of 2,700
+verdicts none was wrong and 12 undetermined (same section).
 """
 
 from __future__ import annotations
