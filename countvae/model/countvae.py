@@ -497,8 +497,7 @@ class CountVAE:
         draws = inference.posterior_predictive(self.module, c.source, c.indices, n_samples, seed)
         return draws[..., 0] if n_samples == 1 else draws
 
-    # Differential expression between groups of cells, as scvi-tools' mode="change": the method is the function
-    # countvae.model.differential.differential_expression, whose docstring documents it.
+    # Differential expression as scvi-tools' mode="change": countvae.model.differential's function, documented there.
     differential_expression = differential.differential_expression
 
     @property

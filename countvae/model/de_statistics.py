@@ -78,7 +78,7 @@ def estimate_pseudocount(
     """scvi-tools' data-driven pseudocount for the log fold change.
 
     For each group, the ``quantile`` of the largest sampled expression of the genes not expressed there (mean raw
-    count below ``threshold_counts``); the pseudocount is the larger group's value divided by the number of genes (at
+    count below ``threshold_counts``); the pseudocount is the larger of the two divided by the number of genes (at
     least 1e-10). It shrinks the log fold changes of genes expressed in neither group towards 0.
     """
     n_genes = scales1.shape[1]

@@ -115,21 +115,19 @@ class TrainingPlan:
     train_size: float = setting(0.9, "Fraction of cells trained on; the rest report a validation loss.")
     early_stopping: bool = setting(
         True,
-        """Stop when the validation loss has not improved for ``early_stopping_patience`` epochs and restore the
-        parameters of the best validation loss (unlike scvi-tools' Pyro models, which have no validation loss and
-        reject this option). During KL warm-up the validation loss is not used for stopping. ``training_summary``
-        records the epochs trained and the epoch kept. On by default, with the shared rule ``DEFAULT_STOPPING``
-        that ``diagnose`` uses, where scvi-tools trains its whole schedule unless asked: against that schedule
-        (400 epochs at 1e-3) the rule fits held-out cells 3.5-3.8 nats per cell better on all of Kang, 15-26 on
-        pbmc_3tech and on 3,000 Kang cells and 8-30 on files of 80-400 Kang cells, in a tenth of the time or less,
-        and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md, sections stopping-vs-full,
-        stopping-vs-full-kang-all and stopping-small-files). Its latent space labels held-out cells as well and
-        separates cell types more (Leiden at a given resolution makes more clusters), but on pbmc_3tech mixes the
-        three technologies less (batch mixing 0.83 against 0.93; sections stopping-latent and
-        stopping-latent-schedules: mixing grows with training, past the best held-out fit): to integrate batches
-        with strong technical effects, compare with ``early_stopping=False``.
-        ``early_stopping=False`` trains every epoch of ``max_epochs``, at scvi-tools' 1e-3 unless ``lr`` is given;
-        it is also what training on every cell (``train_size=1.0``) needs.""",
+        """Stop (after any KL warm-up) when the validation loss has not improved for ``early_stopping_patience``
+        epochs, restoring the parameters of the best validation loss (scvi-tools' Pyro models have no validation loss
+        and reject this option). ``training_summary`` records the epochs trained and the epoch kept. On by default,
+        with the shared rule ``DEFAULT_STOPPING`` that ``diagnose`` uses, where scvi-tools trains its whole schedule
+        unless asked: against that schedule (400 epochs at 1e-3) the rule fits held-out cells 3.5-3.8 nats per cell
+        better on all of Kang, 15-26 on pbmc_3tech and on 3,000 Kang cells and 8-30 on files of 80-400 Kang cells, in a
+        tenth of the time or less, and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md,
+        sections stopping-vs-full, stopping-vs-full-kang-all and stopping-small-files). Its latent space labels
+        held-out cells as well and separates cell types more (Leiden at a given resolution makes more clusters), but
+        on pbmc_3tech mixes the three technologies less (batch mixing 0.83 against 0.93; sections stopping-latent and
+        stopping-latent-schedules: mixing grows with training, past the best held-out fit): to integrate batches with
+        strong technical effects, compare with ``early_stopping=False``, which trains every epoch of ``max_epochs``, at
+        scvi-tools' 1e-3 unless ``lr`` is given, and which training on every cell (``train_size=1.0``) needs.""",
     )
     seed: int = setting(0, "Seed of the fit.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar.")
@@ -141,9 +139,9 @@ class TrainingPlan:
         DEFAULT_STOPPING.relative_delta,
         """An improvement counts when the validation loss falls below its value at the last improvement that counted
         by more than this fraction of that value's magnitude (the default ``1e-3``, of the shared rule
-        ``DEFAULT_STOPPING``: 1.3 nats per cell on a loss of 1,300). 0 counts every improvement. scvi-tools'
-        ``early_stopping_min_delta`` is absolute instead; a relative delta suits data sets whose losses differ in
-        scale.""",
+        ``DEFAULT_STOPPING``: 1.3 nats per cell on a loss of 1,300); 0 counts every improvement. Relative, unlike
+        scvi-tools' absolute ``early_stopping_min_delta``, so one value suits data sets whose losses differ in scale (a
+        negative ELBO per cell of hundreds to thousands of nats).""",
     )
     early_stopping_lr_reductions: int = setting(
         DEFAULT_STOPPING.lr_reductions,
@@ -288,9 +286,8 @@ class ConvergenceRule:
 
     An improvement *counts* when the loss falls below the reference (the loss at the last improvement that counted) by
     more than ``relative_delta`` times the reference's magnitude; training stops once ``patience`` epochs have passed
-    since then. The parameters of the best loss seen (counting or not) are kept. Unlike scvi-tools' absolute
-    ``early_stopping_min_delta``, one relative delta fits data sets whose losses differ in scale (a negative ELBO per
-    cell of hundreds to thousands of nats).
+    since then. The parameters of the best loss seen (counting or not) are kept. Why relative:
+    ``TrainingPlan.early_stopping_relative_delta``.
     """
 
     def __init__(self, patience: int, relative_delta: float):

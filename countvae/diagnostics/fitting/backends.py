@@ -37,10 +37,8 @@ def available_cores() -> int:
     return max(1, int(joblib.cpu_count()))
 
 
-#: Torch threads per fit unless ``fit_seeds(torch_threads=...)`` says otherwise: one, on every machine.
-#: On CPU the numbers depend on the thread count (it sets the order in which torch sums), so a default
-#: taken from the machine (cores, CPU quota, affinity, ``LOKY_MAX_CPU_COUNT``, ``n_jobs``) would give the
-#: same seeds different fits on different machines. Seeds run in parallel through ``n_jobs`` instead.
+#: Torch threads per fit unless ``fit_seeds(torch_threads=...)`` says otherwise: one, on every machine (why:
+#: ``FitSeedsSettings.torch_threads``).
 DEFAULT_TORCH_THREADS = 1
 
 
