@@ -226,10 +226,8 @@ def log_predictive_density(
 ) -> pd.DataFrame:
     """Importance-sampling estimate of each cell's ``log p(x)`` with its standard error and reliability.
 
-    ``method="mixture"`` (the default) is :func:`countvae.module.marginal.estimate_log_marginal`: per-cell proposals
-    at the posterior modes found by Newton's method, mixed with the guide, and a second pass with more draws for cells
-    whose Pareto k-hat exceeds 0.7. Verified against exact quadrature and a 10^5-draw gold standard (figures in that
-    module's docstring and benchmarks/RESULTS.md, section lpd-accuracy).
+    ``method="mixture"`` (the default) is :func:`countvae.module.marginal.estimate_log_marginal`, described with its
+    verified accuracy in :meth:`countvae.CountVAE.get_log_predictive_density` and that module's docstring.
 
     ``method="guide"``, scvi-tools' ``get_marginal_ll``, proposes from the amortized guide ``q(z | x)`` alone: ``S``
     draws ``z_s = loc + scale @ eps_s`` and the estimate ``log mean_s w_s`` with ``w_s = p(x, z_s) / q(z_s | x)`` (the

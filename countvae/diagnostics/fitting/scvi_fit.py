@@ -132,9 +132,9 @@ class SCVIFit:
     def lpd_quantity(self) -> str:
         """Which ``log p(x)`` the model defines: given the observed library size, or with the library integrated.
 
-        scvi-tools' ``use_observed_lib_size=True`` (SCVI's default) scales the mean by each cell's observed total
-        count; with ``False`` (LinearSCVI's) the log library size is latent with a per-batch normal prior, and
-        ``log p(x)`` includes the observed total's density.
+        scvi-tools' ``use_observed_lib_size`` decides: ``True`` (SCVI's default) gives the first, ``False``
+        (LinearSCVI's: a per-batch normal prior on the log library) the second
+        (:mod:`countvae.diagnostics.fitting.lpd_quantity`).
         """
         return GIVEN_OBSERVED_LIBRARY if self.model.module.use_observed_lib_size else LIBRARY_INTEGRATED
 
