@@ -1,13 +1,10 @@
 """The ``countvae`` command line.
 
-Each subcommand lives in its own module and registers itself with
-:func:`main`'s parser through a ``register(subparsers)`` function.
+Each subcommand's module registers it with :func:`main`'s parser through ``register(subparsers)``.
 
-Exit codes: 0 success; 1 the input or the run failed (bad data, missing file,
-diverged training), with a one-line message on stderr; 2 the command line itself
-is wrong (argparse's usage error); 130 interrupted by Ctrl-C. countvae's own
-warnings are one line on stderr too (``countvae COMMAND: warning: ...``), without
-the source line a library user would want.
+Exit codes: 0 success; 1 failed input or run (bad data, missing file, diverged training), with a one-line message on
+stderr; 2 a wrong command line (argparse's usage error); 130 interrupted by Ctrl-C. countvae's own warnings are one
+line on stderr too (``countvae COMMAND: warning: ...``), without the source line a library user would want.
 """
 
 from __future__ import annotations
@@ -76,10 +73,9 @@ def _one_line(exc: BaseException | Warning | str) -> str:
 def one_line_warnings(command: str) -> Iterator[None]:
     """Show countvae's warnings as ``countvae COMMAND: warning: Category: message`` on stderr.
 
-    A library user gets the file and line of their own call (:mod:`countvae._warnings`);
-    on the command line that is the console script's ``sys.exit(main())``, which says
-    nothing, so the warning is one line like the errors. Other packages' warnings keep
-    Python's format, with the place they came from.
+    A library user gets the file and line of their own call (:mod:`countvae._warnings`); on the command line that is
+    the console script's ``sys.exit(main())``, which says nothing, so the warning is one line, as the errors are.
+    Other packages' warnings keep Python's format and origin.
     """
     previous = warnings.showwarning
 

@@ -105,9 +105,8 @@ def add_model_arguments(
     """The model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
 
     Each is a field of :class:`~countvae.model.ModelSettings` (:data:`MODEL_OPTIONS`) or
-    :class:`~countvae.model.TrainingPlan` (:data:`TRAINING_OPTIONS`), with its default, except
-    where a command gives its own by ``dest`` in ``defaults`` (with ``default_text`` saying how
-    it reads) or another help in ``help_text``.
+    :class:`~countvae.model.TrainingPlan` (:data:`TRAINING_OPTIONS`) with its default, unless a command gives its own
+    by ``dest`` in ``defaults`` (``default_text`` saying how it reads) or another help in ``help_text``.
     """
     defaults, default_text, help_text = dict(defaults or {}), dict(default_text or {}), dict(help_text or {})
     unknown = sorted((set(defaults) | set(default_text) | set(help_text)) - set(MODEL_OPTIONS) - set(TRAINING_OPTIONS))

@@ -1,19 +1,16 @@
 """``countvae diagnose``: fit several seeds, compare them, and write the multi-seed report.
 
-The command parses its options, reads and registers the data, prints progress and calls
-:func:`countvae.diagnostics.diagnose`, which does the work. The output folder holds
-``fits/`` (the resumable :func:`fit_seeds` folder: an interrupted run started again with
-the same command refits only the seeds that had not finished) and ``report/``
-(report.html, report.json, report.md), written at the end in one atomic step. A folder
-that already holds a finished report is refused unless ``--overwrite`` is given, which
-also refits every seed. With ``--write-h5ad PATH`` the analysed data (its cells and
-fitted genes) is also written to an .h5ad file with the report's per-cell and per-gene
-columns, the consensus latent and the first seed's latent (``obsm["X_countvae"]``), for
-scanpy. A damaged seed folder stops the run with its name; ``--refit-broken`` moves it
-aside and refits only that seed.
+The command parses its options, reads and registers the data, prints progress and leaves the work to
+:func:`countvae.diagnostics.diagnose`. The output folder holds ``fits/`` (the resumable :func:`fit_seeds` folder: the
+same command started again after an interruption refits only the unfinished seeds) and ``report/`` (report.html,
+report.json, report.md), written at the end in one atomic step. A folder holding a finished report is refused unless
+``--overwrite`` is given, which also refits every seed. ``--write-h5ad PATH`` also writes the analysed data (its cells
+and fitted genes) to an .h5ad file for scanpy, with the report's per-cell and per-gene columns, the consensus latent
+and the first seed's latent (``obsm["X_countvae"]``). A damaged seed folder stops the run with its name;
+``--refit-broken`` moves it aside and refits only that seed.
 
-Per-seed progress messages come from ``fit_seeds``' progress events
-(:class:`countvae.diagnostics.ProgressEvent`), not from its log text.
+Per-seed progress messages come from ``fit_seeds``' progress events (:class:`countvae.diagnostics.ProgressEvent`),
+not its log text.
 """
 
 from __future__ import annotations
@@ -249,9 +246,8 @@ def register(sub: Subcommands) -> None:
 def default_data():
     """The embedded default: 3,000 cells x 300 genes, NB counts from 5 Laplace sources, 2 batches.
 
-    The true sources are added as ``obs`` columns ``true_source_0`` ... so that the
-    report's marker analysis shows each one's rotation-invariant R^2 next to its
-    per-dimension correlations.
+    The true sources become ``obs`` columns ``true_source_0`` ..., so the report's marker analysis shows each one's
+    rotation-invariant R^2 next to its per-dimension correlations.
     """
     adata = simulate(n_cells=3000, n_genes=300, n_latent=5, decoder="linear", sources="laplace", n_batches=2, seed=0)
     for k in range(adata.obsm["z_true"].shape[1]):
@@ -262,11 +258,9 @@ def default_data():
 class SeedProgressMessages:
     """Turns fit_seeds' progress events into 'k of n seeds done, about T left' messages.
 
-    Counts the seeds stored or reused (events of the calling process); the
-    estimate of the time left is wall time so far per fitted seed times the
-    seeds left, so it accounts for seeds fitted in parallel. Picklable, as
-    ``fit_seeds`` requires of a ``progress`` sent to worker processes (where it
-    ignores the events it receives).
+    Counts the seeds stored or reused (events of the calling process); the time left is the wall time so far per
+    fitted seed times the seeds left, which accounts for seeds fitted in parallel. Picklable, as ``fit_seeds``
+    requires of a ``progress`` sent to worker processes (where it ignores its events).
     """
 
     def __init__(self, n_seeds: int):
@@ -344,9 +338,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     args
         The parsed command line.
     progress
-        Also called with every progress event of the run (the seeds' from
-        ``fit_seeds`` and the report files' from ``DiagnosticReport.save``),
-        after the command's own messages; see :class:`countvae.diagnostics.ProgressEvent`.
+        Also called, after the command's own messages, with every progress event of the run (the seeds' from
+        ``fit_seeds``, the report files' from ``DiagnosticReport.save``; :class:`countvae.diagnostics.ProgressEvent`).
 
     """
     started = time.perf_counter()

@@ -1,11 +1,9 @@
 """``countvae diagnose --restrictions ...``: what each restriction identifies, and what it costs in fit.
 
-With ``--restrictions`` the ``diagnose`` command fits the unrestricted model and
-each restricted one over the same seeds and held-out cells
-(:func:`countvae.diagnostics.compare_restrictions`) instead of the multi-seed
-report. The output folder holds ``fits/<model>/`` (each model's resumable
-:func:`countvae.diagnostics.fit_seeds` folder) and ``report/`` (report.html,
-report.json, report.md), written at the end in one atomic step.
+With ``--restrictions``, ``diagnose`` fits the unrestricted model and each restricted one over the same seeds and
+held-out cells (:func:`countvae.diagnostics.compare_restrictions`) instead of making the multi-seed report. The output
+folder holds ``fits/<model>/`` (each model's resumable :func:`countvae.diagnostics.fit_seeds` folder) and ``report/``
+(report.html, report.json, report.md), written at the end in one atomic step.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Command-line options made from the fields of a settings dataclass.
 
-An option made here has the field's name as its ``dest``, the field's default
-(unless the command states another), for a ``Literal`` field its values as
-``choices``, for an ``int``, ``float`` or ``str`` field that ``type``, and a help
-that ends with the default. The settings are read back from the parsed arguments
-by field name (:func:`setting_values`), so that a setting's name and default are
-written once, in its dataclass.
+An option made here has the field's name as ``dest``, the field's default (unless the command states another), a
+``Literal`` field's values as ``choices``, an ``int``, ``float`` or ``str`` field's ``type``, and a help ending with
+the default. :func:`setting_values` reads the settings back from the parsed arguments by field name, so a setting's
+name and default are written once, in its dataclass.
 """
 
 from __future__ import annotations

@@ -14,18 +14,13 @@ slot and default key            content                                        s
                                 the coordinates do and do not mean
 =============================== ============================================== =========================
 
-scvi-tools leaves storing to the user (``adata.obsm["X_scVI"] =
-model.get_latent_representation()``); countvae writes all slots in one call so
-that the keys, and the record of what produced them, are always the same.
-Existing keys are never replaced unless ``overwrite=True``, and nothing is
-written when any key is taken.
+scvi-tools leaves storing to the user (``adata.obsm["X_scVI"] = model.get_latent_representation()``); countvae writes
+all slots in one call so that the keys, and the record of what produced them, are always the same.
 
-The layer and the loadings follow ``adata.var_names``. When the model reads its
-counts from ``adata.raw`` (``setup_anndata(use_raw=True)``), ``.raw`` usually holds
-more genes than ``.X`` (scanpy keeps all genes in ``.raw`` before selecting
-highly variable genes); the layer and loadings then hold the model's values for
-the genes of ``.X``, looked up by name, and every gene of ``.X`` must be a gene of
-the model.
+The layer and the loadings follow ``adata.var_names``. A model reading ``adata.raw`` (``setup_anndata(use_raw=True)``)
+usually has more genes than ``.X`` (scanpy keeps all genes in ``.raw`` before selecting highly variable genes); the
+layer and loadings then hold its values for the genes of ``.X``, looked up by name, and every gene of ``.X`` must be a
+gene of the model.
 """
 
 from __future__ import annotations
@@ -132,27 +127,22 @@ def write_results(
     model
         A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
-        The AnnData to write into (default: the model's training AnnData). Its
-        cells are encoded by the model, so it may be new data with the model's
-        genes (registered like the training data, or not registered at all).
+        The AnnData to write into (default: the model's training AnnData). The model encodes its cells, so it may be
+        new data with the model's genes (registered like the training data, or not registered at all).
     latent_key
         ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
     layer
-        ``layers`` key for the normalized expression at ``library_size``
-        (float32, dense: cells x genes, so pass ``None`` for data too large to
-        hold densely).
+        ``layers`` key for the normalized expression at ``library_size``, a dense float32 cells x genes array (pass
+        ``None`` for data too large for it).
     loadings_key
-        ``varm`` key for the linear decoder's weights; only written for
-        ``decoder="linear"`` (an MLP decoder has no loadings), ``None`` skips it.
+        ``varm`` key for the linear decoder's weights (an MLP decoder has none to write); ``None`` skips it.
     uns_key
         ``uns`` key for the record of settings, training summary, versions and
         the keys written; ``None`` skips it.
     library_size
-        Library size of the normalized expression (counts per 10,000 by default;
-        scvi-tools' default of 1 gives proportions).
+        Library size of the normalized expression (default: counts per 10,000; scvi-tools' 1 gives proportions).
     overwrite
-        Replace keys that already exist; otherwise an existing key is an error
-        and nothing is written.
+        Replace existing keys; otherwise an existing key is an error and nothing is written.
 
     Returns
     -------

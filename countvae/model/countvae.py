@@ -1,12 +1,9 @@
 """``CountVAE``: the user-facing model, with scvi-tools' calling conventions.
 
-The class holds state (the AnnData registration, the Pyro module, the training
-history) and delegates each task to a plain function beside its concern:
-settings in :mod:`countvae.model.settings`, training in
-:mod:`countvae.model.training`, reading cells in :mod:`countvae.model.query`,
-per-cell quantities in :mod:`countvae.model.inference`, files in
-:mod:`countvae.model.persistence`. It knows nothing of ICA or of the invariance
-checks: those take a model (or its latents) from the layers above.
+The class holds state (the AnnData registration, the Pyro module, the training history) and delegates each task to
+a plain function: settings in :mod:`countvae.model.settings`, training in :mod:`countvae.model.training`, reading
+cells in :mod:`countvae.model.query`, per-cell quantities in :mod:`countvae.model.inference`, files in
+:mod:`countvae.model.persistence`. ICA and the invariance checks, in the layers above, take a model (or its latents).
 """
 
 from __future__ import annotations
@@ -45,18 +42,15 @@ logger = logging.getLogger(__name__)
 class CountVAE:
     """A count VAE with a N(0, I) prior and a Poisson, NB or ZINB decoder, fitted with Pyro.
 
-    Each cell has latent ``z ~ N(0, I_{n_latent})``; gene ``g`` has mean
-    ``l * exp(f_g(z, batch))`` with ``l`` the cell's observed total count and
-    ``f`` a log-linear (``decoder="linear"``) or MLP (``decoder="mlp"``) decoder.
-    ``q(z | x) = N(mu(x), diag sigma(x)^2)`` is an amortized encoder.
+    Each cell has latent ``z ~ N(0, I_{n_latent})``; gene ``g`` has mean ``l * exp(f_g(z, batch))`` with ``l`` the
+    cell's observed total count and ``f`` a log-linear (``decoder="linear"``) or MLP (``decoder="mlp"``) decoder. The
+    encoder ``q(z | x) = N(mu(x), diag sigma(x)^2)`` is amortized.
 
     Parameters
     ----------
     adata
-        AnnData registered with :meth:`setup_anndata`; or a
-        :class:`countvae.model.DataSummary` (what :meth:`load` passes:
-        the registration, genes and gene shares of the training data, without
-        the data).
+        AnnData registered with :meth:`setup_anndata`; or the :class:`countvae.model.DataSummary` that :meth:`load`
+        passes (registration, genes and gene shares of the training data, without the data).
     {settings}
     settings
         All of the above as one :class:`countvae.model.ModelSettings` (``model.settings`` of another model, say);
@@ -73,13 +67,11 @@ class CountVAE:
     history, train_indices, validation_indices, is_trained, device
         Training state.
     training_summary
-        How the last call to :meth:`train` ended, counting the epochs of earlier
-        calls: ``epochs_trained`` (epochs in the history), ``max_epochs`` (what they
-        could have been), ``stopped_early`` (the early-stopping rule ended training
-        before ``max_epochs``), ``kept_epoch`` (the epoch whose parameters the model
-        holds: with early stopping the one of the best validation loss, else the
-        last) and ``early_stopping``. Empty before training and for models saved
-        before it was recorded.
+        How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
+        ``max_epochs`` (the most there could have been), ``stopped_early`` (early stopping ended training before
+        ``max_epochs``), ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early
+        stopping, else the last) and ``early_stopping``. Empty before training and for models saved before it was
+        recorded.
 
     Examples
     --------
@@ -192,11 +184,9 @@ class CountVAE:
     def train(self, plan: TrainingPlan) -> CountVAE:
         """Fit the model by stochastic variational inference on minibatches.
 
-        On the first call ``seed`` fixes everything random: the initial
-        parameters, the train/validation split, the minibatch order and the
-        Monte Carlo noise, so the same seed gives the same numbers on CPU. A
-        further call continues from the current parameters and optimiser state,
-        on the same split.
+        On the first call ``seed`` fixes everything random (initial parameters, train/validation split, minibatch
+        order, Monte Carlo noise), so the same seed gives the same numbers on CPU. A further call continues from the
+        current parameters and optimiser state, on the same split.
 
         Parameters
         ----------
@@ -289,10 +279,8 @@ class CountVAE:
     def cells(self, adata: ad.AnnData | None = None, indices: np.ndarray | None = None) -> ModelCells:
         """The cells of ``adata`` as the model reads them, checked against the training data.
 
-        Every per-cell method of the class, and every estimator built on a model
-        (:mod:`countvae.invariance`, the diagnostics), reads its cells through
-        this: the counts and batch codes in the model's registration and gene
-        order, for the positions ``indices``.
+        Every per-cell method, and every estimator built on a model (:mod:`countvae.invariance`, the diagnostics), reads
+        cells through this: counts and batch codes in the model's registration and gene order, at positions ``indices``.
 
         Parameters
         ----------
@@ -311,8 +299,7 @@ class CountVAE:
         Raises
         ------
         SetupError
-            If ``adata`` is omitted and the model was loaded without data, or it is
-            registered with another batch key.
+            If ``adata`` is omitted for a model loaded without data, or is registered with another batch key.
         InvalidDataError
             If its genes, batches or counts do not fit the model.
 
@@ -341,8 +328,7 @@ class CountVAE:
     ) -> np.ndarray:
         """Posterior mean of ``z`` per cell (or one draw with ``give_mean=False``).
 
-        The coordinates are the model's own, determined only up to an orthogonal
-        map (:mod:`countvae.invariance`). For ICA axes, fit
+        The coordinates are determined only up to an orthogonal map (:mod:`countvae.invariance`). For ICA axes, fit
         :class:`countvae.ica.ICARotation` to these latents and transform them.
 
         Parameters
@@ -377,9 +363,8 @@ class CountVAE:
     ) -> pd.DataFrame | np.ndarray:
         """Expected counts per gene for a cell of library size ``library_size``.
 
-        Decodes the posterior mean of ``z`` (or averages ``n_samples`` posterior
-        draws). scvi-tools' default ``library_size=1`` gives proportions; the
-        default here, 1e4, gives counts per 10,000 as in ``sc.pp.normalize_total``.
+        Decodes the posterior mean of ``z`` (or averages ``n_samples`` posterior draws). The default 1e4 gives counts
+        per 10,000 as ``sc.pp.normalize_total``; scvi-tools' ``library_size=1`` gives proportions.
 
         Parameters
         ----------
@@ -392,8 +377,7 @@ class CountVAE:
         n_samples
             Posterior draws to average (1: decode the posterior mean).
         transform_batch
-            Decode every cell as if it came from this batch category (a label of the
-            batch column; an integer label such as ``3`` matches the category ``"3"``).
+            Decode every cell as if from this batch category (an integer label such as ``3`` matches ``"3"``).
         seed
             Seed of the posterior draws.
         return_numpy
@@ -431,16 +415,13 @@ class CountVAE:
     ) -> pd.DataFrame:
         """Importance-sampled ``log p(x)`` per cell, in nats, with its standard error and reliability.
 
-        Evaluate it on held-out cells (cells not used in training) to compare models by
-        predictive fit. The default ``method="mixture"`` fits a proposal to each cell
-        (Student-t's at its posterior modes, found by Newton's method from the encoder's
-        mean, mixed with the guide) and redoes cells whose Pareto k-hat exceeds 0.7 with
-        more draws. Verified numerically (benchmarks/RESULTS.md, section lpd-accuracy): on
-        18 linear Poisson/NB models with 1-3 latent dimensions, within 0.012 nats/cell of
-        exact quadrature on average with >= 99% of cells within 3 reported SE; on default
-        NB/MLP models, within 0.06 nats/cell of a 10^5-draw gold standard on average.
-        ``method="guide"`` is the amortized-guide estimator (scvi-tools' ``get_marginal_ll``),
-        which can fall many nats below ``log p(x)``; see
+        On held-out cells it compares models by predictive fit. The default ``method="mixture"`` fits a proposal to each
+        cell (Student-t's at its posterior modes, found by Newton's method from the encoder's mean, mixed with the
+        guide) and redoes cells whose Pareto k-hat exceeds 0.7 with more draws. Verified (benchmarks/RESULTS.md, section
+        lpd-accuracy): on 18 linear Poisson/NB models with 1-3 latent dimensions, within 0.012 nats/cell of exact
+        quadrature on average with >= 99% of cells within 3 reported SE; on default NB/MLP models, within 0.06
+        nats/cell of a 10^5-draw gold standard on average. ``method="guide"``, the amortized-guide estimator
+        (scvi-tools' ``get_marginal_ll``), can fall many nats below ``log p(x)``; see
         :func:`countvae.model.inference.log_predictive_density`.
 
         Parameters
@@ -462,11 +443,10 @@ class CountVAE:
         Returns
         -------
         pandas.DataFrame
-            Index: cell names; columns ``lpd`` (a log density: higher is better), ``mc_se``
-            (Monte Carlo standard error; NaN where unreliable), ``ess`` (effective sample size of
-            the importance weights), ``khat`` (Pareto k-hat) and ``reliable`` (k-hat <= 0.7).
-            Unreliable cells raise a :class:`countvae.errors.UnreliableEstimateWarning` that
-            gives their number and the remedy.
+            Index: cell names; columns ``lpd`` (higher is better), ``mc_se`` (Monte Carlo standard error; NaN where
+            unreliable), ``ess`` (effective sample size of the importance weights), ``khat`` (Pareto k-hat) and
+            ``reliable`` (k-hat <= 0.7). A :class:`countvae.errors.UnreliableEstimateWarning` gives the number of
+            unreliable cells and the remedy.
 
         """
         c = self._trained_cells(adata, indices)
@@ -509,16 +489,15 @@ class CountVAE:
         Returns
         -------
         numpy.ndarray
-            Shape (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples).
-            scvi-tools returns a ``sparse.GCXS`` array of the second shape.
+            (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples), which scvi-tools returns as
+            ``sparse.GCXS``.
 
         """
         c = self._trained_cells(adata, indices)
         draws = inference.posterior_predictive(self.module, c.source, c.indices, n_samples, seed)
         return draws[..., 0] if n_samples == 1 else draws
 
-    # Differential expression between groups of cells, as scvi-tools' mode="change": the method is the function
-    # countvae.model.differential.differential_expression, whose docstring documents it.
+    # Differential expression as scvi-tools' mode="change": countvae.model.differential's function, documented there.
     differential_expression = differential.differential_expression
 
     @property
@@ -529,11 +508,9 @@ class CountVAE:
     def get_loadings(self, return_uncertainty: bool = False) -> pd.DataFrame | tuple[pd.DataFrame, pd.DataFrame]:
         """Decoder weights ``W`` of the linear decoder, genes x latent (like ``LinearSCVI.get_loadings``).
 
-        With free loadings (the default) the columns are only determined up to
-        an orthogonal transformation (see :mod:`countvae.invariance`): compare
-        loadings across fits by their span, not column by column. With a prior
-        on the loadings this is their posterior mean, and the columns are
-        determined up to what that prior keeps (signed permutations for the
+        Free loadings (the default) are determined only up to an orthogonal transformation (see
+        :mod:`countvae.invariance`): compare them across fits by their span, not column by column. With a prior on the
+        loadings this is their posterior mean, determined up to what that prior keeps (signed permutations for the
         horseshoe, sign flips for gene programs, whose names are the columns).
 
         Parameters
@@ -567,10 +544,9 @@ class CountVAE:
     def loadings_posterior(self, credible_mass: float = 0.9) -> pd.DataFrame:
         """The posterior of the loadings, one row per gene and dimension (needs a prior on the loadings).
 
-        Columns ``gene``, ``dimension``, ``mean``, ``sd``, ``lower``, ``upper`` (the
-        central ``credible_mass`` interval of the Gaussian guide), ``nonzero`` (the
-        interval excludes 0), and ``in_program`` for gene programs. See
-        :func:`countvae.model.loadings.loadings_posterior`.
+        Columns ``gene``, ``dimension``, ``mean``, ``sd``, ``lower``, ``upper`` (the central ``credible_mass`` interval
+        of the Gaussian guide), ``nonzero`` (it excludes 0), and ``in_program`` for gene programs
+        (:func:`countvae.model.loadings.loadings_posterior`).
         """
         self.get_loadings(return_uncertainty=True)  # the checks
         return loadings_posterior(self.module, self.var_names, self.latent_names, credible_mass)
@@ -616,19 +592,17 @@ class CountVAE:
     def load(cls, dir_path: str | os.PathLike, adata: ad.AnnData | None = None, accelerator: str = "cpu") -> CountVAE:
         """Read a model saved with :meth:`save`.
 
-        The model is built by the constructor, from the saved settings and
-        :class:`countvae.model.DataSummary`, then given the saved
-        parameters and training state.
+        The constructor builds the model from the saved settings and :class:`countvae.model.DataSummary`, then it is
+        given the saved parameters and training state.
 
         Parameters
         ----------
         dir_path
             The model folder.
         adata
-            Data to attach, checked as any new data is (the training genes in order, known
-            batches, raw counts); when ``None`` the folder's ``adata.h5ad`` is read if present.
-            To train further, pass the training AnnData: training continues on its cells and
-            their train/validation split.
+            Data to attach, checked as any new data is (the training genes in order, known batches, raw counts);
+            ``None`` reads the folder's ``adata.h5ad`` if present. To train further, pass the training AnnData: training
+            continues on its cells and their train/validation split.
         accelerator
             Device for the parameters.
 
@@ -681,11 +655,9 @@ def copy_model(
 ) -> CountVAE:
     """An independent copy of a model, optionally in another floating-point type or with another prior.
 
-    The copy is built by the constructor from the model's settings and
-    :class:`countvae.model.DataSummary` (the path :meth:`CountVAE.load`
-    takes), then given a deep copy of the module and of the training state. The
-    AnnData is shared by reference (it is never modified), and the optimiser
-    state is not copied (a copy that is trained further starts a fresh optimiser).
+    The constructor builds the copy from the model's settings and :class:`countvae.model.DataSummary` (as
+    :meth:`CountVAE.load` does), then it gets a deep copy of the module and of the training state. The AnnData is shared
+    by reference (it is never modified); the optimiser state is not copied (further training starts a fresh optimiser).
 
     Parameters
     ----------
@@ -694,9 +666,8 @@ def copy_model(
     dtype
         ``torch.float32`` or ``torch.float64`` (or their names); ``None`` keeps the model's.
     prior
-        A :class:`countvae.module.LatentPrior` to use instead of the model's
-        (copied, and moved to the copy's dtype and device); the copy's
-        ``settings.prior`` becomes its kind. The networks are unchanged.
+        A :class:`countvae.module.LatentPrior` replacing the model's (copied, and moved to the copy's dtype and
+        device); the copy's ``settings.prior`` becomes its kind. The networks are unchanged.
 
     Returns
     -------
@@ -706,8 +677,7 @@ def copy_model(
     Raises
     ------
     InvalidArgumentError
-        If ``model`` is not a ``CountVAE``, ``dtype`` is not float32 or float64, or
-        ``prior`` is not a ``LatentPrior``.
+        If ``model`` is not a ``CountVAE``, ``dtype`` not float32 or float64, or ``prior`` not a ``LatentPrior``.
 
     """
     if not isinstance(model, CountVAE):

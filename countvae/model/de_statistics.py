@@ -1,10 +1,8 @@
 """Differential-expression statistics from posterior draws of two groups' expression (numpy only).
 
-These functions take the decoded expression draws of two groups of cells and
-return the per-gene quantities of scvi-tools' ``mode="change"`` differential
-expression, each with its Monte Carlo standard error. The model-facing part
-(which draws, from which cells, decoded in which batch) is
-:mod:`countvae.model.differential`; the definitions are stated there.
+From the decoded expression draws of two groups of cells, the per-gene quantities of scvi-tools' ``mode="change"``
+differential expression, each with its Monte Carlo standard error. The model-facing part (which draws, from which
+cells, decoded in which batch) and the definitions are in :mod:`countvae.model.differential`.
 """
 
 from __future__ import annotations
@@ -28,10 +26,9 @@ TestMode = Literal["two", "three"]
 def fdr_calls(proba_de: np.ndarray, fdr_target: float) -> np.ndarray:
     """Genes called differentially expressed at a posterior expected FDR of at most ``fdr_target``.
 
-    Genes are ranked by ``proba_de`` (largest first; ties keep gene order), and
-    the largest set of top-ranked genes whose mean ``1 - proba_de`` (the
-    posterior expected false discovery proportion of that set) is at most
-    ``fdr_target`` is called, as scvi-tools' ``is_de_fdr_<target>`` column.
+    As scvi-tools' ``is_de_fdr_<target>`` column: the largest set of genes with the highest ``proba_de`` (ties keep
+    gene order) whose mean ``1 - proba_de`` (its posterior expected false discovery proportion) is at most
+    ``fdr_target``.
 
     Parameters
     ----------
@@ -80,11 +77,9 @@ def estimate_pseudocount(
 ) -> float:
     """scvi-tools' data-driven pseudocount for the log fold change.
 
-    Among the genes whose mean raw count in a group is below ``threshold_counts``
-    (genes not expressed there), take the ``quantile`` of their largest sampled
-    expression; the pseudocount is the larger of the two groups' values divided
-    by the number of genes (at least 1e-10). It shrinks the log fold changes of
-    genes expressed in neither group towards 0.
+    For each group, the ``quantile`` of the largest sampled expression of the genes not expressed there (mean raw
+    count below ``threshold_counts``); the pseudocount is the larger of the two divided by the number of genes (at
+    least 1e-10). It shrinks the log fold changes of genes expressed in neither group towards 0.
     """
     n_genes = scales1.shape[1]
     values = []
@@ -115,11 +110,10 @@ def _binomial_se(successes: np.ndarray, n: int) -> np.ndarray:
 def _summaries(lfc: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, median, standard deviation and extremes of each column, with Monte Carlo errors.
 
-    Standard errors: ``sd / sqrt(n)`` for the mean; for the median, half the
-    distance between the quantiles at ``1/2 +- 1/(2 sqrt(n))`` (the sample median has
-    standard error ``1 / (2 f(m) sqrt(n))`` and those quantiles lie
-    ``+-1 / (2 f(m) sqrt(n))`` from it, so no density estimate is needed); for the
-    standard deviation the delta method, ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
+    Standard errors: ``sd / sqrt(n)`` for the mean; for the median, half the distance between the quantiles at
+    ``1/2 +- 1/(2 sqrt(n))``, which lie one standard error of the sample median, ``1 / (2 f(m) sqrt(n))``, from it (so
+    no density estimate is needed); for the standard deviation the delta method,
+    ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
     """
     n = lfc.shape[0]
     mean = lfc.mean(axis=0, dtype=np.float64)
@@ -195,9 +189,8 @@ def change_statistics(
     Parameters
     ----------
     scales1, scales2
-        (draws, genes) expression draws of the two groups; row ``s`` of both is
-        the pair ``s``. Pairs must be independent and identically distributed for
-        the standard errors to hold.
+        (draws, genes) expression draws of the two groups, row ``s`` of both the pair ``s``; the standard errors need
+        independent, identically distributed pairs.
     delta
         LFC threshold: a gene is differentially expressed in a pair when its
         ``log2`` fold change is at least ``delta`` (up) or below ``-delta`` (down).
@@ -216,9 +209,8 @@ def change_statistics(
     Returns
     -------
     dict
-        Arrays (genes,) keyed by the output column names of
-        :func:`countvae.model.differential.differential_expression`, plus the
-        scalars ``pseudocounts``, ``delta`` and ``mc_call_jaccard``.
+        Arrays (genes,) under the column names of :func:`countvae.model.differential.differential_expression`, and
+        the scalars ``pseudocounts``, ``delta`` and ``mc_call_jaccard``.
 
     """
     if scales1.shape != scales2.shape or scales1.ndim != 2:

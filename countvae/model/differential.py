@@ -1,32 +1,26 @@
 r"""Differential expression between two groups of cells from a fitted :class:`~countvae.CountVAE`.
 
-This is scvi-tools' ``differential_expression(mode="change")`` (Boyeau et al.
-2019, as implemented in scvi-tools 1.4): the same definitions and the same
-column names, with three additions: a seed, so that a call is reproducible; the
-Monte Carlo error of every estimate; and a default number of draws chosen so that
-the call set barely moves when only the sampling seed changes.
+This is scvi-tools' ``differential_expression(mode="change")`` (Boyeau et al. 2019, as implemented in scvi-tools 1.4):
+the same definitions and column names, plus a seed, so that a call is reproducible (scvi-tools draws from numpy's
+global generator); the Monte Carlo error of every estimate; and a default number of draws chosen so that the call set
+barely moves when only the sampling seed changes.
 
 What is computed
 ----------------
-For groups ``A`` (``group1``/``idx1``) and ``B`` (``group2``/``idx2``), one draw is a
-pair ``(h_A, h_B)`` of expression vectors over genes, obtained by
+For groups ``A`` (``group1``/``idx1``) and ``B`` (``group2``/``idx2``), one draw is a pair ``(h_A, h_B)`` of expression
+vectors over genes:
 
-1. picking a cell ``a`` of ``A`` and a cell ``b`` of ``B`` uniformly at random
-   (with replacement, independently);
-2. drawing ``z_a ~ q(z | x_a)`` and ``z_b ~ q(z | x_b)`` from the fitted encoder;
-3. decoding both: ``h = exp f(z, k)``, the expected count per unit library size
-   (the model's normalised expression at ``library_size=1``; for the MLP decoder
-   the shares of the library, scvi-tools' ``px_scale``). The batch ``k`` is the
-   cell's own batch (``batch_correction=False``, scvi-tools' default), or one batch
-   drawn uniformly from the training batches for the pair, used for both cells
-   (``batch_correction=True``: the comparison averages over batches, as a cell of
-   either group would look in each batch).
+1. pick a cell ``a`` of ``A`` and a cell ``b`` of ``B`` uniformly at random, with replacement and independently;
+2. draw ``z_a ~ q(z | x_a)`` and ``z_b ~ q(z | x_b)`` from the fitted encoder;
+3. decode both: ``h = exp f(z, k)``, the expected count per unit library size (the model's normalised expression at
+   ``library_size=1``; for the MLP decoder the library shares, scvi-tools' ``px_scale``). The batch ``k`` is the cell's
+   own (``batch_correction=False``, scvi-tools' default), or one drawn uniformly from the training batches for the
+   pair and used for both cells (``batch_correction=True``: the comparison averages over batches, as a cell of either
+   group would look in each batch).
 
-The log fold change of gene ``g`` in a pair is
-``LFC_g = log2(h_Ag + c) - log2(h_Bg + c)`` with a small pseudocount ``c``. Its
-distribution mixes the posterior uncertainty of each cell with the differences
-between cells within each group: ``proba_de`` asks how often a random cell of
-``A`` and a random cell of ``B`` differ by more than ``delta``, as in scvi-tools.
+A pair's log fold change of gene ``g`` is ``LFC_g = log2(h_Ag + c) - log2(h_Bg + c)`` with a small pseudocount ``c``.
+Its distribution mixes each cell's posterior uncertainty with the differences between cells within each group:
+``proba_de`` asks how often a random cell of ``A`` and one of ``B`` differ by more than ``delta``, as in scvi-tools.
 From ``S = n_samples_overall`` independent pairs:
 
 =============================== ==================================================================
@@ -52,28 +46,21 @@ column                          definition (estimate from the ``S`` pairs)
 ``group2``                      when groups come from ``groupby``
 =============================== ==================================================================
 
-Monte Carlo error (countvae only; the pairs are independent, so these are exact
-to first order): ``proba_de_mc_se`` is the binomial standard error
-``sqrt(p (1 - p) / S)`` at ``p = (k + 1) / (S + 2)`` (nonzero when all pairs agree);
-``bayes_factor_mc_se`` follows by the delta method; ``scale1_mc_se``,
-``scale2_mc_se`` and ``lfc_mean_mc_se`` are ``sd / sqrt(S)``; ``lfc_median_mc_se``
-is half the distance between the ``1/2 +- 1/(2 sqrt(S))`` quantiles (distribution
-free); ``lfc_std_mc_se`` is ``sqrt((m4 - s^4) / S) / (2 s)`` (``m4`` the fourth central moment). The extremes
-``lfc_min``/``lfc_max`` have no standard error (they drift with ``S``). For the
-calls, the pairs are resampled with replacement ``n_bootstrap`` times:
-``is_de_fdr_<t>_mc_frequency`` is the share of resamples calling the gene, and
-``mc_call_jaccard`` (one value per comparison) the mean Jaccard index between the
-call sets of two resamples, which predicts the agreement of two runs with
-different seeds (two resamples differ by twice the sampling variance, as two runs
-do; measured against real re-runs in ``benchmarks/bench_de.py``). A
+Monte Carlo error (countvae only; exact to first order, the pairs being independent): ``proba_de_mc_se`` is the
+binomial standard error ``sqrt(p (1 - p) / S)`` at ``p = (k + 1) / (S + 2)`` (nonzero when all pairs agree);
+``bayes_factor_mc_se`` follows by the delta method; ``scale1_mc_se``, ``scale2_mc_se`` and ``lfc_mean_mc_se`` are
+``sd / sqrt(S)``; ``lfc_median_mc_se`` is half the distance between the ``1/2 +- 1/(2 sqrt(S))`` quantiles
+(distribution free); ``lfc_std_mc_se`` is ``sqrt((m4 - s^4) / S) / (2 s)`` (``m4`` the fourth central moment).
+``lfc_min``/``lfc_max`` have none (extremes drift with ``S``). For the calls, ``n_bootstrap`` resamples of the pairs
+(with replacement) give ``is_de_fdr_<t>_mc_frequency``, the share of resamples calling the gene, and
+``mc_call_jaccard`` (one value per comparison), the mean Jaccard index between the call sets of two resamples, which
+predicts the agreement of two runs with different seeds (two resamples differ by twice the sampling variance, as two
+runs do; measured against real re-runs in ``benchmarks/bench_de.py``). A
 :class:`~countvae.errors.MonteCarloWarning` says when it is below 0.95.
 
-Departures from scvi-tools: pairs are drawn independently (scvi decodes every
-cell ``S / n + 1`` times and resamples those draws, which makes them dependent);
-under ``batch_correction=True`` each pair's batch is drawn at random rather than
-allocated equally; ``mode="vanilla"``, ``batchid1/2``, outlier filtering and
-importance weights are not offered; the sampling is seeded, where scvi-tools draws
-from numpy's global generator.
+Departures from scvi-tools: pairs are drawn independently (scvi decodes every cell ``S / n + 1`` times and resamples
+those draws, which makes them dependent); under ``batch_correction=True`` each pair's batch is drawn at random rather
+than allocated equally; ``mode="vanilla"``, ``batchid1/2``, outlier filtering and importance weights are not offered.
 """
 
 from __future__ import annotations
@@ -148,8 +135,7 @@ def sample_expression(
     Returns
     -------
     numpy.ndarray
-        (n_samples, genes) float32: ``exp`` of the decoder's log rate, the
-        expected count per unit library size.
+        (n_samples, genes) float32: the expected count per unit library size, ``exp`` of the decoder's log rate.
 
     """
     module.eval()
@@ -303,23 +289,19 @@ def differential_expression(
     groupby
         Column of ``adata.obs`` holding the groups.
     group1
-        A group, or a list of groups each compared in turn; ``None``: every group
-        against the rest (one-vs-all).
+        A group, or a list of groups compared in turn; ``None``: each group against the rest (one-vs-all).
     group2
         The group to compare against; ``None``: all other cells (``"Rest"``).
     idx1, idx2
-        Alternatively the cells of each group, as boolean masks (a pandas Series
-        indexed by ``adata.obs_names`` in order) or positions, each cell once
-        (``idx2=None``: all other cells). Then there are no
-        ``comparison``/``group1``/``group2`` columns.
+        Alternatively each group's cells, as boolean masks (a pandas Series indexed by ``adata.obs_names`` in order) or
+        positions, each cell once (``idx2=None``: all other cells); no ``comparison``/``group1``/``group2`` columns.
     delta
         LFC threshold (log2 units) of the test.
     fdr_target
         Target posterior expected FDR of the ``is_de_fdr_<fdr_target>`` calls.
     batch_correction
-        Decode both cells of each pair in one batch drawn uniformly from the
-        training batches (compare the groups as if in the same batch), instead of
-        in each cell's own batch.
+        Decode both cells of each pair in one batch drawn uniformly from the training batches (compare the groups as if
+        in the same batch), not in each cell's own.
     n_samples_overall
         Pairs of draws per comparison, ``S`` (see :data:`countvae.model.differential.DEFAULT_N_SAMPLES`).
         Peak memory is about six float32 arrays of ``S`` x genes (0.3 GB for
@@ -339,8 +321,7 @@ def differential_expression(
     Returns
     -------
     pandas.DataFrame
-        One row per gene and comparison (index: gene names), sorted by
-        ``proba_de`` within each comparison, largest first.
+        One row per gene and comparison (index: gene names), by decreasing ``proba_de`` within each comparison.
 
     """
     model.require_trained()

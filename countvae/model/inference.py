@@ -1,8 +1,7 @@
 """Quantities computed from a fitted module on a set of cells.
 
-Every function takes the module, a :class:`CountSource` and the positions of the
-cells, visits them in minibatches, and returns numpy arrays in the order of the
-given positions. All of them run in eval mode without gradients.
+Every function takes the module, a :class:`CountSource` and the positions of the cells, visits them in minibatches in
+eval mode without gradients, and returns numpy arrays in the order of the given positions.
 """
 
 from __future__ import annotations
@@ -100,9 +99,8 @@ def normalized_expression(
 ) -> np.ndarray:
     """Expected counts of each gene at library size ``library_size``, shape (cells, genes).
 
-    ``n_samples == 1`` decodes the posterior mean of ``z``; more samples average
-    the decoded expression over draws from ``q(z | x)``. ``transform_batch``
-    decodes every cell as if it came from that batch (integer code).
+    ``n_samples == 1`` decodes the posterior mean of ``z``; more average over draws from ``q(z | x)``.
+    ``transform_batch`` (an integer code) decodes every cell as if from that batch.
     """
     check_number("library_size", library_size, 0.0, low_open=True)
     check_int("n_samples", n_samples, 1)
@@ -129,13 +127,11 @@ GUIDE_SAMPLES = 1000
 def default_marginal_settings(module: CountVAEModule) -> MarginalSettings:
     """The :class:`MarginalSettings` used when none are given: without restarts where the posterior is log-concave.
 
-    With a linear decoder, a Poisson or NB likelihood and a Gaussian prior (normal or
-    diagonal), ``log p(x | z) + log p(z)`` is smooth and strictly concave in ``z``: one
-    mode, which Newton's method from the encoder's mean finds, so the pilot and the
-    restarts would only cost time (benchmarks/RESULTS.md, lpd-accuracy: the single-mode
-    mixture met the accuracy targets on all 18 linear models). The Laplace prior's log
-    joint is concave too, but its kink at 0 is invisible to the Newton curvature; it keeps
-    the restarts as a precaution (not measured either way).
+    With a linear decoder, a Poisson or NB likelihood and a Gaussian prior (normal or diagonal),
+    ``log p(x | z) + log p(z)`` is smooth and strictly concave in ``z``: Newton's method from the encoder's mean finds
+    its one mode, and the pilot and restarts would only cost time (benchmarks/RESULTS.md, lpd-accuracy: the single-mode
+    mixture met the accuracy targets on all 18 linear models). The Laplace prior's log joint is concave too, but the
+    Newton curvature misses its kink at 0; it keeps the restarts as a precaution (not measured either way).
     """
     concave = (
         isinstance(module.decoder, LinearDecoder)
@@ -173,9 +169,8 @@ def mixture_log_marginal(
 ) -> ImportanceSummary:
     """:func:`countvae.module.marginal.estimate_log_marginal` on one chunk of cells, through the module.
 
-    ``start`` is the proposal's starting Gaussian ``(loc, scale)`` per cell (default: the guide
-    ``q(z | x)``); the curvature is the module's Gauss-Newton
-    :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`.
+    ``start``: the proposal's starting Gaussian ``(loc, scale)`` per cell (default: the guide ``q(z | x)``). The
+    curvature is the module's Gauss-Newton :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`.
     """
     loc, scale = module.encode(x, b) if start is None else start
     log_library = log_library_size(x)
@@ -231,35 +226,28 @@ def log_predictive_density(
 ) -> pd.DataFrame:
     """Importance-sampling estimate of each cell's ``log p(x)`` with its standard error and reliability.
 
-    ``method="mixture"`` (the default) is :func:`countvae.module.marginal.estimate_log_marginal`:
-    per-cell proposals at the posterior modes found by Newton's method, mixed with the guide,
-    and a second pass with more draws for cells whose Pareto k-hat exceeds 0.7. Verified
-    numerically against exact quadrature and a 10^5-draw gold standard (figures in that
-    module's docstring and in benchmarks/RESULTS.md, section lpd-accuracy).
+    ``method="mixture"`` (the default) is :func:`countvae.module.marginal.estimate_log_marginal`, described with its
+    verified accuracy in :meth:`countvae.CountVAE.get_log_predictive_density` and that module's docstring.
 
-    ``method="guide"`` uses the amortized guide ``q(z | x)`` as the only proposal:
-    ``S`` draws ``z_s = loc + scale @ eps_s`` and the estimate ``log mean_s w_s`` with
-    ``w_s = p(x, z_s) / q(z_s | x)`` (the importance-weighted bound of Burda et al. 2016,
-    what scvi-tools' ``get_marginal_ll`` computes). Where the posterior is much narrower
-    than, or offset from, the guide (high-count cells, Poisson models) it falls far below
-    ``log p(x)`` (by up to 10 nats/cell on average in RESULTS.md); k-hat flags most such
-    cells. Its noise ``eps`` comes from a generator seeded with ``seed`` in a fixed order
-    (cells in sorted chunks of ``cells_per_chunk``), so two models evaluated on the same
-    cells with the same seed share their base noise (common random numbers).
+    ``method="guide"``, scvi-tools' ``get_marginal_ll``, proposes from the amortized guide ``q(z | x)`` alone: ``S``
+    draws ``z_s = loc + scale @ eps_s`` and the estimate ``log mean_s w_s`` with ``w_s = p(x, z_s) / q(z_s | x)`` (the
+    importance-weighted bound of Burda et al. 2016). Where the posterior is much narrower than, or offset from, the
+    guide (high-count cells, Poisson models) it falls far below ``log p(x)`` (by up to 10 nats/cell on average in
+    RESULTS.md); k-hat flags most such cells. Its noise ``eps`` comes from a generator seeded with ``seed`` in a fixed
+    order (cells in sorted chunks of ``cells_per_chunk``), so two models evaluated on the same cells with the same
+    seed share their base noise (common random numbers).
 
     Parameters
     ----------
     module, source, indices
         The fitted module, the counts and the positions of the cells to evaluate.
     n_samples
-        Draws per cell entering the estimate: ``MarginalSettings.n_draws`` for ``"mixture"``
-        (its pilot and second pass come on top; default 800), the guide draws for
-        ``"guide"`` (default 1000). At least 2.
+        Draws per cell in the estimate, at least 2: ``MarginalSettings.n_draws`` for ``"mixture"`` (default 800, its
+        pilot and second pass on top), the guide draws for ``"guide"`` (default 1000).
     seed
         Seed of every random number: the same seed gives the same numbers.
     cells_per_chunk
-        Cells estimated together (the draws of a cell depend on its chunk, so keep it fixed
-        for reproducible numbers).
+        Cells estimated together (a cell's draws depend on its chunk: keep it fixed for reproducible numbers).
     progress_bar
         Show a progress bar over cells.
     method
@@ -271,9 +259,8 @@ def log_predictive_density(
     Returns
     -------
     pandas.DataFrame
-        Columns ``lpd`` (nats), ``mc_se`` (NaN where unreliable), ``ess``, ``khat`` and
-        ``reliable``, one row per cell in the order of ``indices``. A
-        :class:`countvae.errors.UnreliableEstimateWarning` gives the number of unreliable cells.
+        Columns ``lpd`` (nats), ``mc_se`` (NaN where unreliable), ``ess``, ``khat`` and ``reliable``, a row per cell in
+        the order of ``indices``; a :class:`countvae.errors.UnreliableEstimateWarning` counts the unreliable cells.
 
     """
     _check_unique(indices)

@@ -1,10 +1,8 @@
 """Restrictions on the loadings of a CountVAE: building the prior, naming the axes, reading the posterior.
 
-The priors themselves (regularized horseshoe, gene programs) are Pyro models in
-:mod:`countvae.module.loadings`; this module turns the validated
-:class:`~countvae.model.settings.ModelSettings` into one, names each latent
-dimension (by its gene program where there is one) and summarises the posterior
-of the loadings for the user.
+The priors (regularized horseshoe, gene programs) are Pyro models in :mod:`countvae.module.loadings`; this module
+builds one from the validated :class:`~countvae.model.settings.ModelSettings`, names each latent dimension (by its
+gene program, if any) and summarises the loadings' posterior for the user.
 """
 
 from __future__ import annotations
@@ -55,16 +53,14 @@ def loadings_posterior(
 ) -> pd.DataFrame:
     """One row per gene and latent dimension: posterior mean, standard deviation and credible interval of ``W``.
 
-    The guide of ``W`` is Gaussian, so the central interval holding
-    ``credible_mass`` of it is ``mean +- z sd`` with ``z`` the standard normal
-    quantile; ``nonzero`` says whether it excludes 0. For gene programs
-    ``in_program`` says whether the gene belongs to the dimension's program.
+    The guide of ``W`` is Gaussian, so the central interval holding ``credible_mass`` of it is ``mean +- z sd`` with
+    ``z`` the standard normal quantile.
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``gene``, ``dimension``, ``mean``, ``sd``, ``lower``, ``upper``,
-        ``nonzero`` (and ``in_program`` for gene programs).
+        Columns ``gene``, ``dimension``, ``mean``, ``sd``, ``lower``, ``upper``, ``nonzero`` (the interval excludes 0)
+        and, for gene programs, ``in_program`` (the gene belongs to the dimension's program).
 
     """
     check_number("credible_mass", credible_mass, 0.0, 1.0, low_open=True, high_open=True)

@@ -2,12 +2,10 @@
 
 A model folder holds
 
-* ``model.json``: format name and version, constructor settings, the data
-  registry, gene names, training history, package versions and the SHA-256 of
-  ``params.pt``;
-* ``params.pt``: a dict of tensors written by ``torch.save`` and read with
-  ``torch.load(weights_only=True)``, which refuses any pickled object that is
-  not a tensor or a plain container (no code runs on load);
+* ``model.json``: format name and version, constructor settings, data registry, gene names, training history, package
+  versions and the SHA-256 of ``params.pt``;
+* ``params.pt``: a dict of tensors written by ``torch.save`` and read with ``torch.load(weights_only=True)``, which
+  refuses any pickled object but tensors and plain containers (no code runs on load);
 * ``adata.h5ad`` when saved with ``save_anndata=True``.
 
 The folder is built under a temporary name and renamed into place.

@@ -83,9 +83,8 @@ def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
 def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
     """The registry to read ``adata`` with: its own if set up, else the model's.
 
-    A query AnnData may be registered separately (the usual scvi-tools habit),
-    but it must use the same batch key; its batch categories are read with the
-    model's category order.
+    A query AnnData may be registered separately (the usual scvi-tools habit), but with the same batch key; its batch
+    categories are read in the model's category order.
     """
     own = get_registry(adata)
     if own is None:
@@ -110,8 +109,7 @@ def cell_positions(indices: object, n_obs: int) -> np.ndarray:
     Raises
     ------
     InvalidArgumentError
-        If ``indices`` is a boolean mask, is empty, is not a 1-d sequence of integers, or
-        holds a position outside the cells.
+        If ``indices`` is a boolean mask, empty, not a 1-d sequence of integers, or holds a position outside the cells.
 
     """
     arr = np.asarray(indices)

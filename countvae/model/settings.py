@@ -1,9 +1,7 @@
 """What a :class:`countvae.CountVAE` is built from: its settings and what it keeps of its training data.
 
-Both are plain, validated dataclasses, so that ``CountVAE.__init__`` and
-``CountVAE.load`` build a model the same way: from a :class:`ModelSettings` and
-a :class:`DataSummary` (computed from an AnnData, or read back from a model
-folder).
+Both are plain, validated dataclasses, so that ``CountVAE.__init__`` and ``CountVAE.load`` build a model alike: from a
+:class:`ModelSettings` and a :class:`DataSummary` (from an AnnData, or read back from a model folder).
 """
 
 from __future__ import annotations
@@ -56,12 +54,10 @@ def dtype_name(dtype: torch.dtype | str) -> str:
 class ModelSettings:
     """The constructor settings of a :class:`countvae.CountVAE`, checked when created.
 
-    Each field is declared once here, with its description; ``CountVAE(adata, ...)``
-    takes the fields as keywords (or all of them as ``settings=ModelSettings(...)``),
-    and its signature and "Parameters" section are generated from them
-    (``countvae._settings``). An instance holds the resolved values: ``n_latent``,
-    ``loadings_prior`` and ``gene_programs`` as they follow from one another, and
-    ``dtype`` by name (:meth:`validate`).
+    Each field is declared once here, with its description; ``CountVAE(adata, ...)`` takes them as keywords (or all as
+    ``settings=ModelSettings(...)``) and generates its signature and "Parameters" section from them
+    (``countvae._settings``). An instance holds resolved values: ``n_latent``, ``loadings_prior`` and ``gene_programs``
+    as they follow from one another, ``dtype`` by name (:meth:`validate`).
 
     Attributes
     ----------
@@ -188,11 +184,11 @@ class ModelSettings:
         Raises
         ------
         InvalidArgumentError
-            If ``n_latent`` is not smaller than the numbers of genes and cells, or
-            ``dispersion="gene-batch"`` is asked for without a registered batch key.
+            If ``n_latent`` is not below the numbers of genes and cells, or ``dispersion="gene-batch"`` lacks a
+            registered batch key.
         InvalidDataError
-            If a gene program names genes the data do not have, or keeps fewer
-            than :data:`countvae.data.gene_sets.MIN_PROGRAM_GENES` of them.
+            If a gene program names genes the data lack, or keeps fewer than
+            :data:`countvae.data.gene_sets.MIN_PROGRAM_GENES` of them.
 
         """
         n_genes = len(data.var_names)

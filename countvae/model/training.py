@@ -36,20 +36,15 @@ ACCELERATORS = ("auto", "cpu", "gpu", "cuda")
 class StoppingRule:
     """The early-stopping rule of ``CountVAE.train`` and ``countvae diagnose``, defined once.
 
-    Train at learning rate ``lr``; validate every ``check_val_every_n_epoch``
-    epochs; an improvement counts when the validation loss falls below its value
-    at the last improvement that counted by more than ``relative_delta`` times
-    that value's magnitude. When ``patience`` epochs pass without one, the rule
-    *fires*: the first ``lr_reductions`` times it restores the parameters of the
-    best validation loss, multiplies the learning rate by ``lr_factor`` and goes
-    on with a fresh patience; the next time it stops, keeping the parameters of
-    the best validation loss seen (:class:`ConvergenceRule`).
+    Train at learning rate ``lr``; validate every ``check_val_every_n_epoch`` epochs; an improvement counts by
+    ``relative_delta`` (:class:`ConvergenceRule`). When ``patience`` epochs pass without one, the rule *fires*: the
+    first ``lr_reductions`` times it restores the parameters of the best validation loss, multiplies the learning rate
+    by ``lr_factor`` and goes on with a fresh patience; the next time it stops, keeping the best parameters seen.
 
-    The rate starts ten times above scvi-tools' 1e-3 and drops to it once: fits
-    reach a better held-out fit in fewer epochs than at 1e-3 throughout, on the
-    embedded simulation within 1-2.3 nats per cell of the full 400-epoch schedule
-    (benchmarks/bench_stopping.py and bench_stopping_variants.py, sections
-    "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md).
+    The rate starts ten times above scvi-tools' 1e-3 and drops to it once, reaching a better held-out fit in fewer
+    epochs than 1e-3 throughout; on the embedded simulation within 1-2.3 nats per cell of the full 400-epoch schedule
+    (benchmarks/bench_stopping.py and bench_stopping_variants.py, sections "stopping-vs-full" and "stopping-variants" of
+    benchmarks/RESULTS.md).
     """
 
     check_val_every_n_epoch: int = 2
@@ -94,13 +89,11 @@ def default_max_epochs(n_cells: int) -> int:
 class TrainingPlan:
     """The arguments of one call to ``CountVAE.train``, checked once when created.
 
-    Each field is declared once here, with its description; ``CountVAE.train``
-    takes the fields as keywords (or a whole plan as ``plan=``), and its signature
-    and "Parameters" section are generated from them (``countvae._settings``).
+    Each field is declared once here, with its description; ``CountVAE.train`` takes them as keywords (or a whole plan
+    as ``plan=``) and generates its signature and "Parameters" section from them (``countvae._settings``).
 
-    ``max_epochs=None`` means :func:`~countvae.model.training.default_max_epochs`
-    of the number of training cells (:meth:`epochs_for`). ``train_size`` and
-    ``accelerator`` are used by ``CountVAE.train`` (the split and the device);
+    ``max_epochs=None`` means :func:`~countvae.model.training.default_max_epochs` of the number of training cells
+    (:meth:`epochs_for`). ``CountVAE.train`` uses ``train_size`` and ``accelerator`` (the split and the device);
     :func:`~countvae.model.training.train_module` reads the rest.
 
     Attributes
@@ -122,21 +115,19 @@ class TrainingPlan:
     train_size: float = setting(0.9, "Fraction of cells trained on; the rest report a validation loss.")
     early_stopping: bool = setting(
         True,
-        """Stop when the validation loss has not improved for ``early_stopping_patience`` epochs and restore the
-        parameters of the best validation loss (unlike scvi-tools' Pyro models, which have no validation loss and
-        reject this option). During KL warm-up the validation loss is not used for stopping. ``training_summary``
-        records the epochs trained and the epoch kept. On by default, with the shared rule ``DEFAULT_STOPPING``
-        that ``diagnose`` uses, where scvi-tools trains its whole schedule unless asked: against that schedule
-        (400 epochs at 1e-3) the rule fits held-out cells 3.5-3.8 nats per cell better on all of Kang, 15-26 on
-        pbmc_3tech and on 3,000 Kang cells and 8-30 on files of 80-400 Kang cells, in a tenth of the time or less,
-        and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md, sections stopping-vs-full,
-        stopping-vs-full-kang-all and stopping-small-files). Its latent space labels held-out cells as well and
-        separates cell types more (Leiden at a given resolution makes more clusters), but on pbmc_3tech mixes the
-        three technologies less (batch mixing 0.83 against 0.93; sections stopping-latent and
-        stopping-latent-schedules: mixing grows with training, past the best held-out fit): to integrate batches
-        with strong technical effects, compare with ``early_stopping=False``.
-        ``early_stopping=False`` trains every epoch of ``max_epochs``, at scvi-tools' 1e-3 unless ``lr`` is given;
-        it is also what training on every cell (``train_size=1.0``) needs.""",
+        """Stop (after any KL warm-up) when the validation loss has not improved for ``early_stopping_patience``
+        epochs, restoring the parameters of the best validation loss (scvi-tools' Pyro models have no validation loss
+        and reject this option). ``training_summary`` records the epochs trained and the epoch kept. On by default,
+        with the shared rule ``DEFAULT_STOPPING`` that ``diagnose`` uses, where scvi-tools trains its whole schedule
+        unless asked: against that schedule (400 epochs at 1e-3) the rule fits held-out cells 3.5-3.8 nats per cell
+        better on all of Kang, 15-26 on pbmc_3tech and on 3,000 Kang cells and 8-30 on files of 80-400 Kang cells, in a
+        tenth of the time or less, and is 1-2 nats per cell short on the embedded simulation (benchmarks/RESULTS.md,
+        sections stopping-vs-full, stopping-vs-full-kang-all and stopping-small-files). Its latent space labels
+        held-out cells as well and separates cell types more (Leiden at a given resolution makes more clusters), but
+        on pbmc_3tech mixes the three technologies less (batch mixing 0.83 against 0.93; sections stopping-latent and
+        stopping-latent-schedules: mixing grows with training, past the best held-out fit): to integrate batches with
+        strong technical effects, compare with ``early_stopping=False``, which trains every epoch of ``max_epochs``, at
+        scvi-tools' 1e-3 unless ``lr`` is given, and which training on every cell (``train_size=1.0``) needs.""",
     )
     seed: int = setting(0, "Seed of the fit.")
     progress_bar: bool = setting(True, "Show a tqdm progress bar.")
@@ -148,9 +139,9 @@ class TrainingPlan:
         DEFAULT_STOPPING.relative_delta,
         """An improvement counts when the validation loss falls below its value at the last improvement that counted
         by more than this fraction of that value's magnitude (the default ``1e-3``, of the shared rule
-        ``DEFAULT_STOPPING``: 1.3 nats per cell on a loss of 1,300). 0 counts every improvement. scvi-tools'
-        ``early_stopping_min_delta`` is absolute instead; a relative delta suits data sets whose losses differ in
-        scale.""",
+        ``DEFAULT_STOPPING``: 1.3 nats per cell on a loss of 1,300); 0 counts every improvement. Relative, unlike
+        scvi-tools' absolute ``early_stopping_min_delta``, so one value suits data sets whose losses differ in scale (a
+        negative ELBO per cell of hundreds to thousands of nats).""",
     )
     early_stopping_lr_reductions: int = setting(
         DEFAULT_STOPPING.lr_reductions,
@@ -277,8 +268,8 @@ class TrainingRun:
     stopped_early
         Whether the stopping rule ended training before ``max_epochs``.
     kept_epoch
-        The epoch (numbered as in the history) whose parameters the module holds:
-        with early stopping the one of the best validation loss, else the last.
+        The epoch (numbered as in the history) whose parameters the module holds: the best validation loss's with
+        early stopping, else the last.
 
     """
 
@@ -293,13 +284,10 @@ class TrainingRun:
 class ConvergenceRule:
     """Early stopping on the validation loss (lower is better), checked at the epochs with a validation pass.
 
-    An improvement *counts* when the loss falls below the reference (the loss at
-    the last improvement that counted) by more than ``relative_delta`` times the
-    reference's magnitude; training stops once ``patience`` epochs have passed
-    since then. The parameters of the best loss seen (counting or not) are kept.
-    The relative delta makes one setting fit data sets whose losses differ in
-    scale (a negative ELBO per cell of hundreds to thousands of nats); scvi-tools'
-    ``early_stopping_min_delta`` is absolute instead.
+    An improvement *counts* when the loss falls below the reference (the loss at the last improvement that counted) by
+    more than ``relative_delta`` times the reference's magnitude; training stops once ``patience`` epochs have passed
+    since then. The parameters of the best loss seen (counting or not) are kept. Why relative:
+    ``TrainingPlan.early_stopping_relative_delta``.
     """
 
     def __init__(self, patience: int, relative_delta: float):
@@ -324,9 +312,8 @@ class ConvergenceRule:
     def restart(self, epoch: int) -> None:
         """Begin a fresh patience at ``epoch`` (after a learning-rate cut); the best loss seen is kept.
 
-        The next validation loss becomes the reference, as at the start of training:
-        a lower learning rate moves the loss on another scale than the one the old
-        reference was set on.
+        The next validation loss becomes the reference, as at the start: at a lower learning rate the loss moves on
+        another scale than the old reference's.
         """
         self.reference, self.last_improvement = math.inf, epoch
 
@@ -401,14 +388,11 @@ def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple
 def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.Optimizer:
     """Adam over the module's parameters, with torch's fused kernel where it exists.
 
-    ``eps`` is Adam's term added to the root mean square of the gradient (torch's
-    default 1e-8; scvi-tools' training plan uses 0.01, which damps the steps of
-    parameters whose gradients are small).
+    ``eps`` is Adam's epsilon, ``TrainingPlan.adam_eps`` (torch's default 1e-8; scvi-tools' training plan uses 0.01).
 
-    The fused implementation updates all parameters in one kernel; on CPU it took
-    the optimiser step from about 3 ms to under 1 ms for the default architecture
-    on 2,511 genes (benchmarks/RESULTS.md). It computes the same update as the
-    per-tensor loop up to floating-point rounding.
+    The fused kernel updates all parameters at once, as the per-tensor loop does up to floating-point rounding; on CPU
+    it took the optimiser step from about 3 ms to under 1 ms for the default architecture on 2,511 genes
+    (benchmarks/RESULTS.md).
     """
     try:
         return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay, eps=eps, fused=True)
@@ -437,8 +421,7 @@ def evaluate_loss(
 ) -> float:
     """Mean negative ELBO per cell on ``indices`` (eval mode, fixed noise).
 
-    ``n_train_cells`` is the number of training cells; with a prior on the
-    loadings, each cell's loss carries the global KL divided by it, as in training.
+    With a prior on the loadings each cell's loss carries, as in training, the global KL divided by ``n_train_cells``.
     """
     was_training = module.training
     module.eval()
@@ -473,16 +456,14 @@ def train_module(
 ) -> TrainingRun:
     """Fit ``module`` by maximising the ELBO over minibatches of ``train_indices``.
 
-    Each step checks that the loss and the gradient norm are finite *before*
-    the parameters change, so a diverging step leaves the last good parameters
-    in place and raises :class:`TrainingDivergedError` naming the epoch and step.
+    Each step checks that the loss and gradient norm are finite *before* the parameters change: a diverging step keeps
+    the last good parameters and raises :class:`TrainingDivergedError` naming the epoch and step.
 
-    The validation loss is computed every ``plan.validation_interval`` epochs
-    and at the last epoch. It draws its noise from its own seeded generator and
-    runs in eval mode, so how often it is computed does not change the fit. With
-    ``plan.early_stopping``, :class:`EarlyStopping` decides at each validation
-    (once the KL weight has reached 1) whether to go on, cut the learning rate or
-    stop, and the parameters of the best validation loss are restored at the end.
+    The validation loss is computed every ``plan.validation_interval`` epochs and at the last epoch, in eval mode with
+    noise from its own seeded generator, so how often it is computed does not change the fit. With
+    ``plan.early_stopping``, :class:`EarlyStopping` decides at each validation (once the KL weight has reached 1)
+    whether to go on, cut the learning rate or stop, and the parameters of the best validation loss are restored at the
+    end.
 
     Parameters
     ----------
@@ -491,24 +472,20 @@ def train_module(
     source
         Counts and batches of all cells.
     train_indices, validation_indices
-        Cells to train on, and cells on which the validation loss is reported
-        (may be empty).
+        Cells to train on, and to report the validation loss on (may be empty).
     plan
         Settings.
     optimizer
-        An optimiser to continue with (its state is kept between calls to
-        ``train``); a new Adam when ``None``.
+        The optimiser to continue with (kept between calls to ``train``); ``None``: a new Adam.
     epoch_offset
         Number of epochs already trained (for the history's epoch column).
 
     Returns
     -------
     TrainingRun
-        With ``history``: one row per epoch: ``epoch``, ``loss_train`` (mean
-        negative ELBO per training cell, averaged over the epoch's minibatches),
-        ``loss_validation`` (negative ELBO per validation cell at the epoch's end;
-        NaN at epochs without a validation pass, and without validation cells),
-        ``kl_weight`` and ``lr`` (the learning rate of the epoch).
+        Its ``history`` has one row per epoch: ``epoch``, ``loss_train`` (mean negative ELBO per training cell over
+        the epoch's minibatches), ``loss_validation`` (negative ELBO per validation cell at the epoch's end; NaN at
+        epochs without a validation pass or validation cells), ``kl_weight`` and ``lr`` (the epoch's learning rate).
 
     """
     if optimizer is None:
@@ -567,10 +544,9 @@ def _train_epoch(
 ) -> float:
     """One pass over ``train_indices`` in shuffled minibatches; the mean negative ELBO per cell.
 
-    ``guard`` is the module's live state and its copy at the last step whose loss and
-    gradient were finite: a non-finite step restores that copy and raises
-    :class:`TrainingDivergedError` naming ``epoch`` (0-based, counted from the first
-    training call) and the step, before the optimiser moves the parameters.
+    ``guard`` is the module's live state and its copy at the last finite step, which a non-finite loss or gradient
+    restores before the optimiser moves, raising :class:`TrainingDivergedError` with ``epoch`` (0-based, counted from
+    the first training call) and the step.
     """
     live, last_good = guard
     dtype, device = dtype_device(module)
@@ -626,10 +602,7 @@ def _set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 @torch.no_grad()
 def _snapshot(live: list[torch.Tensor], store: list[torch.Tensor] | None) -> list[torch.Tensor]:
-    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use.
-
-    One foreach call instead of a copy per tensor.
-    """
+    """Copy the parameters (and batch-norm statistics) into ``store``, made on first use, in one foreach call."""
     if store is None:
         return [t.detach().clone() for t in live]
     torch._foreach_copy_(store, live)

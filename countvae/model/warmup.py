@@ -37,9 +37,9 @@ MIN_STOP_EPOCH = DEFAULT_STOPPING.fewest_epochs
 def expected_stop_epoch(n_genes: int, n_train_cells: int, max_epochs: int) -> int:
     """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
 
-    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at least :data:`MIN_STOP_EPOCH`, at most
-    ``max_epochs``. It is an expectation for planning, not a bound: seeds of one data set stopped up to
-    1.4x apart. Counts below 1 are taken as 1.
+    Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at least :data:`MIN_STOP_EPOCH`, at most ``max_epochs``;
+    counts below 1 are taken as 1. An expectation for planning, not a bound: seeds of one data set stopped up to 1.4x
+    apart.
     """
     predicted = (
         STOP_EPOCH_SCALE
@@ -59,8 +59,7 @@ class TrainingTimeEstimate:
         Extrapolated time of one epoch on all the cells (training steps and the
         validation loss, at the fit's proportions).
     epochs
-        Epochs of the fit (``max_epochs``, or the default for its size); with
-        early stopping, the most it can take.
+        Epochs of the fit (``max_epochs``, or the default for its size); with early stopping, the most.
     expected_epochs
         Epochs the fit is expected to train: ``epochs``, or with early stopping at the
         shared rule's settings (``DEFAULT_STOPPING``) ``expected_stop_epoch``.
@@ -97,12 +96,10 @@ def estimate_training_time(
 ) -> TrainingTimeEstimate:
     """Time ``n_steps`` training minibatches of the model a fit would train, and extrapolate to the whole fit.
 
-    A fresh :class:`~countvae.model.CountVAE` is built on ``adata`` with ``model_kwargs``; it
-    trains on a random subset of ``n_steps`` minibatches of cells (and
-    validation cells in the fit's proportion, whose loss is evaluated as in
-    every epoch) once untimed, then once timed. The time per cell of the timed
-    pass, times the cells of ``adata``, is the time per epoch. Nothing of the
-    warm-up is kept: the fits start from their own seeds.
+    A fresh :class:`~countvae.model.CountVAE` built on ``adata`` with ``model_kwargs`` trains on a random subset of
+    ``n_steps`` minibatches of cells (and validation cells in the fit's proportion, their loss evaluated as in every
+    epoch) once untimed, then once timed; the timed pass's time per cell, times the cells of ``adata``, is the time per
+    epoch. Nothing of the warm-up is kept: the fits start from their own seeds.
 
     Parameters
     ----------

@@ -1,8 +1,7 @@
 """Where seeds are fitted: in this process, in joblib worker processes, or as Ray tasks.
 
-Each backend yields :class:`~countvae.diagnostics.fitting.seed_job.FitOutcome` objects
-as fits finish (not in seed order), so the caller can store every fit the
-moment it is done.
+Each backend yields :class:`~countvae.diagnostics.fitting.seed_job.FitOutcome` objects as fits finish (not in seed
+order), so the caller stores every fit the moment it is done.
 """
 
 from __future__ import annotations
@@ -38,10 +37,8 @@ def available_cores() -> int:
     return max(1, int(joblib.cpu_count()))
 
 
-#: Torch threads per fit unless ``fit_seeds(torch_threads=...)`` says otherwise: one, on every machine.
-#: On CPU the numbers depend on the thread count (it sets the order in which torch sums), so a default
-#: taken from the machine (cores, CPU quota, affinity, ``LOKY_MAX_CPU_COUNT``, ``n_jobs``) would give the
-#: same seeds different fits on different machines. Seeds run in parallel through ``n_jobs`` instead.
+#: Torch threads per fit unless ``fit_seeds(torch_threads=...)`` says otherwise: one, on every machine (why:
+#: ``FitSeedsSettings.torch_threads``).
 DEFAULT_TORCH_THREADS = 1
 
 
@@ -60,12 +57,10 @@ def caller_warning_filters() -> list[tuple]:
 def _run_fit_with_filters(task: FitTask, fit_data: FitData, filters: list[tuple]) -> FitOutcome:
     """:func:`run_fit` under the caller's warning filters.
 
-    A worker process starts with Python's default filters, so a warning the
-    caller silenced (``warnings.filterwarnings("ignore", module="lightning")``)
-    would still be printed by every worker, and whether it shows would depend on
-    ``n_jobs``. The filters are restored afterwards, as the worker is reused.
-    The worker keeps freed memory for reuse (:func:`countvae._allocator.keep_freed_memory`):
-    this runs only in worker processes, never in the caller's.
+    A worker process starts with Python's default filters, so every worker would print a warning the caller silenced
+    (``warnings.filterwarnings("ignore", module="lightning")``), and whether it shows would depend on ``n_jobs``. The
+    filters are restored afterwards, as the worker is reused. The worker keeps freed memory for reuse
+    (:func:`countvae._allocator.keep_freed_memory`): this runs only in worker processes, never in the caller's.
     """
     keep_freed_memory()
     with warnings.catch_warnings():
@@ -129,11 +124,9 @@ def _fit_on_ray_node(task: FitTask, fit_data: FitData, filters: list[tuple]) -> 
 def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterator[FitOutcome]:
     """Fit each seed as a Ray task on the cluster ``ray.init`` connected to.
 
-    If Ray is not initialised, a local instance is started with a small
-    footprint (``n_jobs`` CPUs, no dashboard, a 128 MB object store), whose
-    workers import the same countvae as this process, and it is shut down when
-    the fits are done. Each task asks Ray for as many CPUs as it uses
-    torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
+    Without an initialised Ray, a small local instance (``n_jobs`` CPUs, no dashboard, a 128 MB object store) whose
+    workers import this process's countvae is started, and shut down when the fits are done. Each task asks Ray for
+    as many CPUs as its torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
 
     ``fit_data`` goes into the object store once. For fit cells in a backed file
     (:class:`~countvae.data.file_cells.FileCells`) that is the path and the cells'

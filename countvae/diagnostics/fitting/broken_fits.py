@@ -1,10 +1,9 @@
 """Damaged seed folders of a fit_seeds output folder: naming what is wrong, the remedy, and moving them aside.
 
-A seed folder under its final name was complete when it was stored, but a disk
-error, a copy cut short or a hand edit can damage it later. Each problem is
-reported as a :class:`~countvae.errors.BrokenFitError` naming the seed folder and
-the file; ``fit_seeds(..., refit_broken=True)`` moves such folders to
-``out_dir/broken/`` (nothing is deleted) and refits only those seeds.
+A seed folder under its final name was complete when stored, but a disk error, a copy cut short or a hand edit can
+damage it later. A :class:`~countvae.errors.BrokenFitError` names the seed folder and the file;
+``fit_seeds(..., refit_broken=True)`` moves such folders to ``out_dir/broken/`` (nothing is deleted) and refits only
+those seeds.
 """
 
 from __future__ import annotations

@@ -26,10 +26,9 @@ DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
 def default_epochs(n_fit_cells: int) -> int:
     """Epochs per seed when ``max_epochs`` is not given: 600,000 cell passes, between 20 and 400.
 
-    scvi-tools' default (``min(20000 / n * 400, 400)``, 400 epochs below 20,000 cells)
-    is made for one fit; ``diagnose`` fits several, so it trains each for a fixed
-    number of cell passes instead (77 epochs on 7,800 cells). The number is fixed
-    rather than a time budget, so that a resumed run reproduces the same fits.
+    scvi-tools' default (``min(20000 / n * 400, 400)``, 400 epochs below 20,000 cells) is made for one fit;
+    ``diagnose`` fits several, each for a fixed number of cell passes (77 epochs on 7,800 cells), not a time budget,
+    so that a resumed run reproduces the same fits.
     """
     return int(min(400, max(20, round(CELL_PASSES_PER_SEED / max(n_fit_cells, 1)))))
 
@@ -39,9 +38,8 @@ def diagnose_train_kwargs(
 ) -> dict[str, Any]:
     """``train_kwargs`` with the defaults of :func:`diagnose` filled in.
 
-    ``max_epochs``: ``default_epochs``; ``early_stopping``: the given default (on for
-    ``diagnose``), with ``DIAGNOSE_STOPPING`` for the settings not given when on (none
-    of them when off, so that the model's own defaults apply); no progress bar.
+    ``max_epochs``: ``default_epochs``; ``early_stopping``: the given default (on for ``diagnose``), and when on
+    ``DIAGNOSE_STOPPING`` for the settings not given (none when off: the model's own defaults apply); no progress bar.
     """
     given = {k: v for k, v in (train_kwargs or {}).items() if v is not None}
     kwargs: dict[str, Any] = {"max_epochs": default_epochs(n_fit_cells), "early_stopping": early_stopping, **given}

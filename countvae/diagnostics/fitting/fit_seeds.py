@@ -1,37 +1,28 @@
 """Fit one model from several seeds on a shared held-out split, saving each fit as it finishes.
 
-:func:`fit_seeds` is the first step of the multi-seed diagnostics. All seeds
-train on the same cells (``adata_fit``); the held-out cells (``adata_heldout``)
-are never seen by any fit, so predictive comparisons between seeds are paired
+:func:`fit_seeds` is the first step of the multi-seed diagnostics. All seeds train on the same cells
+(``adata_fit``); no fit sees the held-out cells (``adata_heldout``), so predictive comparisons between seeds are paired
 on the same cells.
 
 With ``out_dir`` the run is resumable:
 
-* ``out_dir/manifest.json`` records everything that determines the fits (model
-  class and arguments, training arguments, held-out split, torch threads, a
-  SHA-256 of the data, package versions) before the first fit starts;
-* each fit is stored in ``out_dir/fits/seed_<s>/`` the moment it finishes,
-  built under a temporary name and renamed into place, so a folder under its
-  final name is always complete;
-* a rerun with the same settings loads the completed seeds and fits only the
-  missing ones; the result is bit-identical to an uninterrupted run, because
-  every fit (new or reused) is read back from its folder, and a fit depends
-  only on its seed, the data, the settings and the number of torch threads;
-* a rerun with other settings or other data is refused (``overwrite=True``
-  starts afresh).
+* ``out_dir/manifest.json`` records, before the first fit starts, what determines the fits (model class and
+  arguments, training arguments, held-out split, torch threads, a SHA-256 of the data, package versions);
+* each fit is stored in ``out_dir/fits/seed_<s>/`` when it finishes, atomically (:mod:`.output_folder`);
+* a rerun with the same settings loads the completed seeds and fits only the missing ones, bit-identical to an
+  uninterrupted run: every fit (new or reused) is read back from its folder, and depends only on its seed, the data,
+  the settings and the number of torch threads;
+* a rerun with other settings or data is refused (``overwrite=True`` starts afresh).
 
-A lock file (``out_dir/.lock``, its holder named in ``.lock.owner.json``) keeps
-two runs from writing the same folder: the second stops at once naming the first
-(see :mod:`.run_lock`). Faults stop a run with an error that names the remedy and
-lose nothing stored:
+A lock file (``out_dir/.lock``, its holder named in ``.lock.owner.json``) keeps two runs from writing one folder: the
+second stops at once, naming the first (:mod:`.run_lock`). Faults stop a run with an error naming the remedy, losing
+nothing stored:
 
-* a stored seed folder damaged later (a file cut short, emptied or swapped) is
-  named with the file; ``refit_broken=True`` moves it to ``out_dir/broken/`` and
-  refits only that seed (see :mod:`.broken_fits`);
-* a worker process killed mid-fit (out of memory, SIGKILL) stops the run with a
-  :class:`~countvae.errors.WorkerLostError`; the rerun fits the seeds not stored;
-* a full or read-only disk is an :class:`~countvae.errors.OutputWriteError`,
-  raised after the temporary files are removed.
+* a seed folder damaged after storing (a file cut short, emptied or swapped) is named with its file;
+  ``refit_broken=True`` moves it to ``out_dir/broken/`` and refits that seed alone (:mod:`.broken_fits`);
+* a worker killed mid-fit (out of memory, SIGKILL) raises :class:`~countvae.errors.WorkerLostError`; the rerun fits
+  the seeds not stored;
+* a full or read-only disk raises :class:`~countvae.errors.OutputWriteError` once the temporary files are removed.
 
 ``progress`` reports each step (see :mod:`.progress`).
 """
@@ -244,12 +235,10 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     Parameters
     ----------
     adata
-        Cells x genes, registered with :meth:`countvae.CountVAE.setup_anndata`
-        (also for scvi-tools models: each fit's cells are then set up with
-        ``model_cls.setup_anndata`` using the same layer, batch key and labels
-        key, so both kinds of model see the same counts and covariates).
-        Genes chosen by :func:`countvae.data.select_top_genes` are recorded
-        in the settings (``gene_selection``).
+        Cells x genes, registered with :meth:`countvae.CountVAE.setup_anndata`, also for scvi-tools models (each fit's
+        cells are then set up with ``model_cls.setup_anndata`` with the same layer, batch and labels keys, so both
+        kinds see the same counts and covariates). The settings record genes chosen by
+        :func:`countvae.data.select_top_genes` (``gene_selection``).
     {settings}
     settings
         All of the above as one :class:`FitSeedsSettings`; keywords given with it replace its fields.
@@ -257,8 +246,7 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     Returns
     -------
     SeedFits
-        The fits in the order of ``seeds``, with ``adata_fit``, ``adata_heldout``
-        and the recorded settings.
+        The fits in ``seeds`` order, with ``adata_fit``, ``adata_heldout`` and the recorded settings.
 
     Raises
     ------
@@ -270,8 +258,7 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     InvalidDataError
         If a gene has no counts among the fit cells.
     OutputExistsError
-        If ``out_dir`` holds fits made with other settings or data (or is not a
-        fit_seeds folder) and ``overwrite`` is False.
+        If ``out_dir`` holds fits of other settings or data (or is not a fit_seeds folder) and ``overwrite`` is False.
     OutputLockedError
         If another running fit_seeds writes ``out_dir`` (the message names its pid, host and start time).
     BrokenFitError
@@ -317,10 +304,10 @@ class _Run:
 def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[SeedFits]:
     """:func:`fit_seeds` for several models on one split, their seeds fitted in one pool of workers.
 
-    Every model is stored and resumed in its own ``out_dir`` as :func:`fit_seeds` does; the seeds of all of
-    them share the workers, so no core waits at the end of one model's seeds for the next model to start
-    (3 seeds of each of 5 models on 8 cores: 2 rounds of fits instead of 5). The models must share the
-    held-out split, the model class, the backend, ``n_jobs`` and the torch threads.
+    Each model is stored and resumed in its own ``out_dir`` as by :func:`fit_seeds`; all their seeds share the
+    workers, so no core waits at the end of one model's seeds for the next model to start (3 seeds of each of 5 models
+    on 8 cores: 2 rounds of fits instead of 5). The models must share the held-out split, model class, backend,
+    ``n_jobs`` and torch threads.
 
     Raises
     ------
@@ -413,10 +400,7 @@ def _seed_fits(run: _Run, parallelism: Parallelism) -> SeedFits:
 
 
 def _checked_settings(adata: Any, s: FitSeedsSettings) -> tuple[FitSeedsSettings, Registry, str]:
-    """``s`` checked against ``adata`` and normalised (seeds a list, kwargs dicts, threads a number).
-
-    Returns the settings, the data's registry and the model family.
-    """
+    """``s`` checked and normalised (seeds a list, kwargs dicts, threads a number), the registry and model family."""
     seeds = _check_seeds(s.seeds)
     registry = _check_registered(adata)
     heldout_fraction = check_number("heldout_fraction", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
@@ -597,9 +581,8 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
     out_dir
         Folder written by :func:`fit_seeds`.
     adata
-        The full AnnData given to :func:`fit_seeds` (registered with
-        ``CountVAE.setup_anndata``); it is checked against the recorded checksum
-        and split the same way.
+        The full AnnData given to :func:`fit_seeds` (registered with ``CountVAE.setup_anndata``), checked against the
+        recorded checksum and split the same way.
     model_cls
         The model class; by default the one recorded (only countvae's and
         scvi-tools' supported classes are imported by name).
@@ -607,8 +590,7 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
     Raises
     ------
     InvalidDataError
-        If ``adata`` is not the data the fits were made on (naming whether the
-        genes, cells, counts or batches differ).
+        If ``adata`` is not the fits' data (naming whether the genes, cells, counts or batches differ).
     ModelFileError
         If ``out_dir`` has no manifest or fewer than two completed fits.
 

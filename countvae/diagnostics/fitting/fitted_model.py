@@ -1,10 +1,9 @@
 """One interface over fitted models, so that diagnostics treat countvae and scvi-tools fits alike.
 
-The diagnostics never call a model's own methods directly; they call a
-:class:`FittedModel`. :class:`CountVAEFit` wraps a :class:`countvae.CountVAE`;
-scvi-tools models get :class:`~countvae.diagnostics.fitting.scvi_fit.SCVIFit`. A method
-that a model's API cannot support returns ``None``, and the diagnostic that
-needs it is reported as not available for that model rather than guessed.
+The diagnostics call a :class:`FittedModel`, never a model's own methods: :class:`CountVAEFit` wraps a
+:class:`countvae.CountVAE`, :class:`~countvae.diagnostics.fitting.scvi_fit.SCVIFit` an scvi-tools model. A method a
+model's API cannot support returns ``None``, and the diagnostic needing it is reported as not available for that model
+rather than guessed.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ class FittedModel(Protocol):
     kind
         ``"countvae"``, ``"scvi"`` or ``"linearscvi"``.
     symmetry
-        The group of latent maps that leaves the model's ``p(x)`` unchanged:
-        ``"orthogonal"`` for a N(0, I) prior.
+        The group of latent maps leaving the model's ``p(x)`` unchanged: ``"orthogonal"`` for a N(0, I) prior.
     var_names
         Genes, in the model's order.
     n_latent
@@ -61,11 +59,10 @@ class FittedModel(Protocol):
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame | None:
         """Per-cell ``log p(x)`` (nats), indexed by cell.
 
-        Columns ``lpd``, ``mc_se``, ``ess``, ``khat`` and ``reliable`` (Pareto k-hat <= 0.7;
-        ``mc_se`` is NaN where not), from :func:`countvae.module.marginal.estimate_log_marginal`.
-        ``frame.attrs["quantity"]`` (:mod:`countvae.diagnostics.fitting.lpd_quantity`) says
-        which ``log p(x)`` it is: given the observed library size, or with a latent
-        library size integrated out. Fits of different quantities are not compared.
+        Columns ``lpd``, ``mc_se``, ``ess``, ``khat`` and ``reliable`` (Pareto k-hat <= 0.7; ``mc_se`` is NaN where
+        not), from :func:`countvae.module.marginal.estimate_log_marginal`. ``frame.attrs["quantity"]``
+        (:mod:`countvae.diagnostics.fitting.lpd_quantity`) says which ``log p(x)``: given the observed library size, or
+        with a latent one integrated out. Fits of different quantities are not compared.
         """
 
     def normalized_expression(self, adata: ad.AnnData, library_size: float = 1e4) -> np.ndarray:
@@ -91,9 +88,8 @@ class CountVAEFit:
     Attributes
     ----------
     model, seed, name, kind
-        The fit, its seed, its label in reports (default ``"seed <seed>"``) and
-        its family. Held-out ``log p(x)`` is the model's own
-        :meth:`~countvae.CountVAE.get_log_predictive_density` with its default estimator (``method="mixture"``).
+        The fit, its seed, its label in reports (default ``"seed <seed>"``) and its family. Held-out ``log p(x)`` is
+        the model's :meth:`~countvae.CountVAE.get_log_predictive_density` (default ``method="mixture"``).
 
     """
 
@@ -159,9 +155,8 @@ class CountVAEFit:
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
         """Jacobian of the log rate at posterior means: one forward-mode pass per latent direction.
 
-        In eval mode each cell's output depends on its own ``z`` only, so pushing
-        the tangent ``e_k`` for every cell at once gives column ``k`` of every
-        cell's Jacobian.
+        In eval mode a cell's output depends on its own ``z`` only, so the tangent ``e_k`` pushed for all cells at once
+        gives column ``k`` of each cell's Jacobian.
         """
         module, (x, b) = self.tensors(adata)
         with torch.no_grad():

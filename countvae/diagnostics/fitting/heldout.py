@@ -62,11 +62,9 @@ def fit_cells(
 ) -> tuple[ad.AnnData, ad.AnnData | FileCells]:
     """The fit cells for this process, and what each fit's worker receives to read them.
 
-    With ``stream`` (a countvae model on a backed AnnData) the cells stay in the
-    file: this process gets a backed view of them, and workers get a
-    :class:`~countvae.data.file_cells.FileCells`, which names the file and the
-    positions, so each worker opens the file itself and reads minibatches from disk
-    (nothing is copied into worker processes or Ray's object store). Otherwise the
+    With ``stream`` (a countvae model on a backed AnnData) the cells stay in the file: this process gets a backed view,
+    workers a :class:`~countvae.data.file_cells.FileCells` naming the file and positions, so each worker opens the file
+    and reads minibatches from disk (nothing is copied into worker processes or Ray's object store). Otherwise the
     cells are an AnnData in memory, sent to the workers.
     """
     if stream:

@@ -1,17 +1,13 @@
 """Which ``log p(x)`` a fitted model's held-out log predictive density is.
 
-Two models can both report "held-out log p(x)" and still estimate different
-quantities. countvae's models, and scvi-tools models with
-``use_observed_lib_size=True`` (the SCVI default), condition on each cell's
-observed library size: their density is ``log p(x | observed library size)``.
-An scvi-tools model with a latent library size (LinearSCVI's default) has a
-prior on the log library and its ``log p(x)`` integrates the library out, which
-adds the density of the observed total count. Values of the two kinds differ by
-that term, not by how well the models fit, so they must not be compared.
+Two models can both report "held-out log p(x)" and estimate different quantities. countvae's models, and scvi-tools
+models with ``use_observed_lib_size=True`` (the SCVI default), condition on each cell's observed library size:
+``log p(x | observed library size)``. An scvi-tools model with a latent library size (LinearSCVI's default) has a
+prior on the log library, and its ``log p(x)`` integrates the library out, adding the density of the observed total
+count. The two kinds differ by that term, not by how well the models fit, so they must not be compared.
 
-:meth:`FittedModel.log_predictive_density` frames carry the quantity in
-``frame.attrs["quantity"]`` (an attribute, not a column, so that the frame's
-values stay numeric).
+:meth:`FittedModel.log_predictive_density` frames carry the quantity in ``frame.attrs["quantity"]`` (an attribute,
+not a column, so the values stay numeric).
 """
 
 from __future__ import annotations

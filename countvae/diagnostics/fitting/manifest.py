@@ -1,9 +1,8 @@
 """The record of a multi-seed run: settings, a checksum of the data, and the check that a rerun matches it.
 
-``out_dir/manifest.json`` is written once, before the first fit, and names
-everything that determines the fits' numbers. A rerun on the same ``out_dir``
-computes the same record and compares it field by field, so completed seeds are
-reused only when they are exactly what this run would produce.
+``out_dir/manifest.json``, written once before the first fit, names what determines the fits' numbers. A rerun on
+the same ``out_dir`` computes the record again and compares it field by field, so completed seeds are reused only
+when they are exactly what this run would produce.
 """
 
 from __future__ import annotations
@@ -31,8 +30,7 @@ def to_json_value(value: Any, where: str) -> Any:
     Raises
     ------
     InvalidArgumentError
-        If ``value`` holds something JSON cannot record (the manifest must be
-        able to say exactly which settings made the fits).
+        If ``value`` holds something JSON cannot record (the manifest must say exactly which settings made the fits).
 
     """
     try:
@@ -47,11 +45,9 @@ def to_json_value(value: Any, where: str) -> Any:
 def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
     """SHA-256 checksums of the registered counts, genes, cells and batches.
 
-    The counts are hashed as canonical CSR (values as float64, column indices
-    and per-row non-zero counts as int64), in blocks of rows, so the checksum
-    does not depend on the storage format (dense, CSR, CSC), the integer or
-    float type of equal values, or explicitly stored zeros: the fits depend on
-    none of these. Gene and cell names and each cell's batch are hashed
+    The counts are hashed as canonical CSR (values as float64, column indices and per-row non-zero counts as int64),
+    in blocks of rows, so the checksum ignores what the fits ignore: the storage format (dense, CSR, CSC), the integer
+    or float type of equal values, explicitly stored zeros. Gene and cell names and each cell's batch are hashed
     separately so a mismatch can be named.
 
     Returns

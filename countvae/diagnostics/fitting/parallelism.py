@@ -1,16 +1,13 @@
 """How many seeds are fitted at once: every usable core by default, within the memory the workers need.
 
-``fit_seeds(n_jobs="auto")`` (the default) fits ``min(seeds left, usable cores //
-torch threads per fit)`` seeds at once. Each fit keeps its own number of torch threads
-(1 unless told otherwise), so a parallel run computes exactly the numbers of a serial
-one: a fit depends on its seed, the data, the settings and its torch threads, never on
-how many fits run beside it.
+``fit_seeds(n_jobs="auto")`` (the default) fits ``min(seeds left, usable cores // torch threads per fit)`` seeds at
+once. Each fit keeps its own torch threads (1 unless told otherwise), so a parallel run computes exactly a serial
+run's numbers: a fit depends on its seed, the data, the settings and its torch threads, never on the fits beside it.
 
-Worker processes given an in-memory AnnData each receive a copy of the fit cells'
-counts; :func:`plan_parallelism` estimates each worker's peak memory from the size of
-those counts (:func:`worker_memory_estimate`) and fits fewer seeds at once when the
-machine's available memory (cgroup limits respected) would not hold them, saying why.
-Workers reading a backed file open it by path and hold no copy.
+With an in-memory AnnData each worker process receives a copy of the fit cells' counts; :func:`plan_parallelism`
+estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
+saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
+backed file open it by path and hold no copy.
 """
 
 from __future__ import annotations
@@ -115,8 +112,8 @@ def available_memory_bytes() -> int | None:
 def steps_per_seed(n_cells: int, train_kwargs: dict[str, Any]) -> int:
     """Most minibatch steps one fit on ``n_cells`` cells takes: epochs x minibatches per epoch.
 
-    ``max_epochs`` absent or ``None`` is scvi-tools' default for that many cells (countvae
-    uses the same); an early-stopping fit may take fewer steps, never more.
+    ``max_epochs`` absent or ``None`` means scvi-tools' (and countvae's) default for that many cells; an
+    early-stopping fit may take fewer steps, never more.
     """
     from countvae.model.training import default_max_epochs
 
@@ -154,16 +151,13 @@ def plan_parallelism(
 ) -> Parallelism:
     """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
 
-    ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and
-    cgroup quotas respected), at most ``n_seeds``; ``"auto"`` fits in the calling process
-    instead when ``progress`` cannot be copied into worker processes (an explicit
-    ``n_jobs`` then raises, as the caller checks), and when each seed takes fewer than
-    ``MIN_STEPS_FOR_WORKERS`` minibatch ``steps`` (starting the workers would take longer
-    than the fits). With the local backend and in-memory
-    data, fewer seeds run at once when their workers' estimated memory exceeds
-    a share (``MEMORY_SHARE``) of the available memory (a warning says so). With the Ray
-    backend, ``-1`` keeps every seed in flight (Ray places the tasks by its resources)
-    and no memory estimate applies (the tasks may run on other machines).
+    ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and cgroup quotas respected), at
+    most ``n_seeds``; ``"auto"`` fits in the calling process instead when ``progress`` cannot be copied into worker
+    processes (an explicit ``n_jobs`` then raises, as the caller checks), or each seed takes fewer than
+    ``MIN_STEPS_FOR_WORKERS`` minibatch ``steps`` (the workers would take longer to start than the fits). With the
+    local backend and in-memory data, fewer seeds run at once, with a warning, when their workers' estimated memory
+    exceeds a share (``MEMORY_SHARE``) of the available memory. With the Ray backend, ``-1`` keeps every seed in flight
+    (Ray places the tasks by its resources) and no memory estimate applies (the tasks may run on other machines).
 
     Parameters
     ----------

@@ -1,21 +1,17 @@
 """The events a multi-seed run reports as it goes: seeds started, trained, stored or reused; report files written.
 
-:func:`countvae.diagnostics.fit_seeds` and :meth:`countvae.diagnostics.DiagnosticReport.save`
-take ``progress``, a callable that receives one :class:`ProgressEvent` per step.
-``countvae diagnose`` prints its per-seed messages from these events, and the
-interruption tests (``tests/seedrun.py``) use them to stop a run at a known point.
+:func:`countvae.diagnostics.fit_seeds` and :meth:`countvae.diagnostics.DiagnosticReport.save` take ``progress``, a
+callable receiving one :class:`ProgressEvent` per step. ``countvae diagnose`` prints its per-seed messages from these
+events; the interruption tests (``tests/seedrun.py``) use them to stop a run at a known point.
 
 Where the callable runs
 -----------------------
-Events about storing and reusing fits, and about writing report files, are
-emitted in the calling process, in the order they happen. :data:`SEED_STARTED`
-and :data:`SEED_TRAINED` are emitted where the fit runs: in the calling process
-when seeds are fitted there (``n_jobs=1`` with the local backend), otherwise in
-a joblib worker process or a Ray task, which receives a *copy* of ``progress``
-with each seed's job. ``progress`` must then be picklable by cloudpickle (module
-functions, lambdas, closures and instances of importable classes are), and
-whatever it changes in the worker (counters, lists) stays in the worker; a
-progress display should count the calling-process events.
+Events about storing and reusing fits and writing report files are emitted in the calling process, in order.
+:data:`SEED_STARTED` and :data:`SEED_TRAINED` are emitted where the fit runs: in the calling process when seeds are
+fitted there (``n_jobs=1`` with the local backend), else in a joblib worker process or Ray task, which receives a
+*copy* of ``progress`` with each seed's job. ``progress`` must then be picklable by cloudpickle (module functions,
+lambdas, closures and instances of importable classes are), and what it changes in the worker (counters, lists) stays
+there; a progress display should count the calling-process events.
 """
 
 from __future__ import annotations
@@ -62,8 +58,8 @@ class ProgressEvent:
     seed
         The seed concerned (``None`` for report files).
     seconds
-        Training time of the seed (for :attr:`ProgressKind.SEED_TRAINED` and
-        :attr:`ProgressKind.SEED_STORED`), else ``None``.
+        The seed's training time (for :attr:`ProgressKind.SEED_TRAINED` and :attr:`ProgressKind.SEED_STORED`), else
+        ``None``.
     name
         The report file's name (for :attr:`ProgressKind.REPORT_FILE_WRITTEN`), else ``None``.
 

@@ -180,21 +180,18 @@ def fit_split_halves(
 ) -> tuple[CountVAEFit, CountVAEFit]:
     """The same model fitted on two disjoint random halves of the training cells, each from its own seed.
 
-    ``adata_fit`` must be registered (``CountVAE.setup_anndata``); the halves are
-    :func:`split_half_cells` with ``split_seed``. Different seeds keep the two
-    fits from agreeing through a shared initialisation: their agreement then
-    comes from the data and the model alone. An explicit ``max_epochs`` is
-    doubled, so each half gets as many optimizer steps as a fit on all the
-    cells. Returns the two fits, named
-    ``"half 1"`` and ``"half 2"``.
+    ``adata_fit`` must be registered (``CountVAE.setup_anndata``); the halves are :func:`split_half_cells` with
+    ``split_seed``. Different seeds keep the fits from agreeing through a shared initialisation, so their agreement
+    comes from the data and the model alone. An explicit ``max_epochs`` is doubled: each half gets as many optimizer
+    steps as a fit on all the cells. Returns the fits ``"half 1"`` and ``"half 2"``.
     """
     if len(seeds) != 2 or seeds[0] == seeds[1]:
         raise InvalidArgumentError(f"The split halves are fitted from two different seeds; got {seeds!r}.")
     train = {"progress_bar": False, **train_kwargs}
     if train.get("max_epochs") is not None:
-        # as many optimizer steps as a fit on all the cells: the halves then differ from it in cells, not in
-        # optimisation (a rotation that a restriction drives is slow to settle; fewer steps would look like
-        # fewer cells). The default max_epochs already grows as the cells shrink.
+        # The halves then differ from a fit on all the cells in cells, not in optimisation (a rotation that a
+        # restriction drives is slow to settle; fewer steps would look like fewer cells). The default max_epochs
+        # already grows as the cells shrink.
         train["max_epochs"] = 2 * int(train["max_epochs"])
     fits = []
     halves = split_half_cells(adata_fit.n_obs, split_seed)
@@ -245,10 +242,10 @@ def fit_restrictions(
 ) -> RestrictionFits:
     """Fit each model (name -> its settings, the unrestricted one first) from ``seeds`` with :func:`fit_seeds`.
 
-    Every model shares the training and held-out cells (``heldout_fraction``, ``split_seed``); with
-    ``split_half`` each is fitted again on two disjoint halves of the training cells, from the first two
-    seeds (:func:`fit_split_halves`). ``fit_seeds_kwargs`` (``n_jobs``, ``progress_bar``, ``overwrite``,
-    ``out_dir``: each model then in ``out_dir/<name>``) go to :func:`fit_seeds`.
+    All models share the training and held-out cells (``heldout_fraction``, ``split_seed``); with ``split_half`` each
+    is fitted again on two disjoint halves of the training cells, from the first two seeds (:func:`fit_split_halves`).
+    ``fit_seeds_kwargs`` go to :func:`fit_seeds` (``n_jobs``, ``progress_bar``, ``overwrite``, ``out_dir``: each model
+    in ``out_dir/<name>``).
     """
     out_dir = fit_seeds_kwargs.pop("out_dir", None)
     if split_half:

@@ -1,11 +1,9 @@
 """One writer per output folder: an OS file lock plus a record of who holds it.
 
-``out_dir/.lock`` is locked with :class:`filelock.FileLock`; the operating system
-releases it when the holder ends, even when it is killed. Beside it,
-``out_dir/.lock.owner.json`` names the holder (pid, host, start time), so a second
-run can say which run is writing the folder. The record is removed when the run
-ends normally; a record found by a run that did get the lock was left by a run
-that was killed, and is taken over with a warning naming that run.
+``out_dir/.lock`` is locked with :class:`filelock.FileLock`, which the operating system releases when the holder
+ends, even if killed. Beside it, ``out_dir/.lock.owner.json`` names the holder (pid, host, start time), so a second
+run can say which run writes the folder. A run ending normally removes the record; a record found by a run that got
+the lock was left by a killed run, and is taken over with a warning naming it.
 """
 
 from __future__ import annotations

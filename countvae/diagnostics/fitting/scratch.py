@@ -1,10 +1,9 @@
 """The scratch folders fits are saved into before their bytes go home, and the removal of those a killed process left.
 
-A fit saves its model into a temporary folder (see :mod:`.seed_job`) that is
-removed when the fit returns. A worker killed mid-fit (SIGKILL, the
-out-of-memory killer) cannot remove it, so the folder is named after the host and
-the process that made it, ``countvae-fit-<host>-<pid>-<random>``, and
-:func:`remove_orphaned` removes those whose process no longer runs on this host.
+A fit saves its model into a temporary folder (:mod:`.seed_job`), removed when the fit returns. A worker killed
+mid-fit (SIGKILL, the out-of-memory killer) cannot remove it, so the folder is named after its host and process,
+``countvae-fit-<host>-<pid>-<random>``, and :func:`remove_orphaned` removes those whose process no longer runs on this
+host.
 """
 
 from __future__ import annotations
@@ -34,11 +33,10 @@ def scratch_prefix() -> str:
 def remove_orphaned(temp_dir: str | os.PathLike | None = None, wait_s: float = 0.0) -> list[Path]:
     """Remove the scratch folders, in ``temp_dir`` (default: the temporary folder), of processes that have ended.
 
-    Only folders made on this host are considered, and only when their process is
-    gone: a running fit's folder, or one of another host sharing the folder, is
-    never touched. With ``wait_s``, folders whose process still runs are looked at
-    again until it ends or ``wait_s`` seconds have passed: workers cancelled after a
-    lost one are killed asynchronously and take a moment to end. Returns the folders removed.
+    Only folders made on this host whose process is gone are removed: a running fit's folder, or another host's
+    sharing the folder, is never touched. With ``wait_s``, folders whose process still runs are looked at again until
+    it ends or ``wait_s`` seconds have passed: workers cancelled after a lost one are killed asynchronously and take a
+    moment to end. Returns the folders removed.
     """
     root = Path(tempfile.gettempdir() if temp_dir is None else temp_dir)
     host = socket.gethostname()

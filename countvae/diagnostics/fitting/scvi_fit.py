@@ -1,11 +1,9 @@
 """:class:`SCVIFit`: the :class:`~countvae.diagnostics.fitting.fitted_model.FittedModel` of an scvi-tools model.
 
-scvi-tools is an optional dependency; this module does not import it (the
-model object brings its own classes). Where the adapter calls scvi-tools'
-private methods (``_validate_anndata``, ``_make_data_loader``) it is because
-scvi-tools offers no public way to set up a new AnnData like the training data
-or to iterate over it in the model's minibatches; these are the calls its own
-``get_marginal_ll`` makes.
+scvi-tools is an optional dependency; this module does not import it (the model object brings its own classes). The
+adapter calls scvi-tools' private methods (``_validate_anndata``, ``_make_data_loader``) because scvi-tools offers no
+public way to set up a new AnnData like the training data or to iterate over it in the model's minibatches; these are
+the calls its own ``get_marginal_ll`` makes.
 """
 
 from __future__ import annotations
@@ -46,11 +44,10 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 def _keeps_global_rng(method: _Method) -> _Method:
     """Run ``method`` with Python's, numpy's and torch's global random states restored afterwards.
 
-    scvi-tools moves them on calls that only read a model: it checks a few cells
-    drawn from numpy's global generator whenever it validates an AnnData (a view
-    or a new object), its ``inference`` draws ``z`` from torch's global generator
-    even when the mean is asked for, and every torch ``DataLoader`` iteration
-    draws a base seed from it. countvae promises no global RNG side effects.
+    countvae promises no global RNG side effects, but scvi-tools moves these states on calls that only read a model:
+    validating an AnnData (a view or a new object) checks a few cells drawn from numpy's global generator,
+    ``inference`` draws ``z`` from torch's even when the mean is asked for, and every torch ``DataLoader`` iteration
+    draws a base seed from it.
     """
 
     @functools.wraps(method)
@@ -65,18 +62,16 @@ def _keeps_global_rng(method: _Method) -> _Method:
 class SCVIFit:
     """:class:`FittedModel` over a trained ``scvi.model.SCVI`` or ``scvi.model.LinearSCVI``.
 
-    An AnnData passed to a method is set up for the model by scvi-tools' own
-    transfer of the training registration, on a copy (the caller's object is
-    not modified); the copy is kept for the most recent AnnData.
+    scvi-tools' own transfer of the training registration sets up an AnnData passed to a method, on a copy (the
+    caller's object is not modified) kept for the most recent AnnData.
 
     Where this adapter departs from calling scvi-tools' methods, and why:
 
-    * :meth:`log_predictive_density` estimates ``log p(x)`` with countvae's
-      estimator on the module's own log joint, in float64; scvi-tools'
-      ``get_marginal_ll`` (importance sampling from the guide, in float32) can be
-      far too low where the guide is poor;
-    * :meth:`normalized_expression` decodes the posterior *mean*, as the
-      protocol asks: ``get_normalized_expression`` decodes one posterior draw.
+    * :meth:`log_predictive_density` estimates ``log p(x)`` with countvae's estimator on the module's own log joint, in
+      float64: scvi-tools' ``get_marginal_ll`` (guide importance sampling, float32) can be far too low where the
+      guide is poor;
+    * :meth:`normalized_expression` decodes the posterior *mean*, as the protocol asks, where
+      ``get_normalized_expression`` decodes one posterior draw.
 
     Attributes
     ----------
@@ -91,8 +86,8 @@ class SCVIFit:
     batch_size
         Cells per minibatch (scvi-tools' default is 128).
     lpd_settings
-        The estimator's settings in :meth:`log_predictive_density` other than the number
-        of draws (default: :class:`~countvae.module.marginal.MarginalSettings`'s).
+        The settings of :meth:`log_predictive_density`'s estimator but its number of draws (default:
+        :class:`~countvae.module.marginal.MarginalSettings`'s).
 
     """
 
@@ -137,10 +132,9 @@ class SCVIFit:
     def lpd_quantity(self) -> str:
         """Which ``log p(x)`` the model defines: given the observed library size, or with the library integrated.
 
-        scvi-tools' ``use_observed_lib_size=True`` (SCVI's default) scales the
-        mean by each cell's observed total count; with ``False`` (LinearSCVI's
-        default) the log library size is latent with a per-batch normal prior and
-        ``log p(x)`` includes the density of the observed total.
+        scvi-tools' ``use_observed_lib_size`` decides: ``True`` (SCVI's default) gives the first, ``False``
+        (LinearSCVI's: a per-batch normal prior on the log library) the second
+        (:mod:`countvae.diagnostics.fitting.lpd_quantity`).
         """
         return GIVEN_OBSERVED_LIBRARY if self.model.module.use_observed_lib_size else LIBRARY_INTEGRATED
 
@@ -223,31 +217,26 @@ class SCVIFit:
     def log_predictive_density(self, adata: ad.AnnData, n_samples: int, seed: int) -> pd.DataFrame:
         """Per-cell ``log p(x)`` by countvae's estimator, through the scvi module's own generative pieces.
 
-        The log joint is scvi's (``module.generative``'s likelihood, the N(0, I)
-        prior, and the library-size prior when the library is latent), evaluated
-        in float64 (:class:`~countvae.diagnostics.fitting.scvi_log_joint.SCVICells`);
-        the estimator is :func:`countvae.module.marginal.estimate_log_marginal`
-        (Newton to each cell's posterior mode, a Student-t/guide mixture proposal,
-        Pareto k-hat, a second pass for unreliable cells), started from scvi's
-        guide. Where the guide is poor, this is far closer to the true ``log p(x)``
-        than scvi-tools' ``get_marginal_ll``.
+        The log joint is scvi's (``module.generative``'s likelihood, the N(0, I) prior, and the library-size prior when
+        the library is latent), evaluated in float64 (:class:`~countvae.diagnostics.fitting.scvi_log_joint.SCVICells`);
+        the estimator is :func:`countvae.module.marginal.estimate_log_marginal` (Newton to each cell's posterior mode, a
+        Student-t/guide mixture proposal, Pareto k-hat, a second pass for unreliable cells), started from scvi's guide.
 
         Parameters
         ----------
         adata
             Cells to evaluate (set up like the training data on a copy if needed).
         n_samples
-            Final importance draws per cell (``MarginalSettings.n_draws``; the pilot,
-            restarts and second pass are the estimator's defaults, :attr:`lpd_settings`).
+            Final importance draws per cell (``MarginalSettings.n_draws``; pilot, restarts and second pass as in
+            :attr:`lpd_settings`).
         seed
             Seed of the estimator's ``torch.Generator``: same seed, same numbers.
 
         Returns
         -------
         pandas.DataFrame
-            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable),
-            ``ess``, ``khat`` and ``reliable``, indexed by cell; ``attrs["quantity"]`` is
-            :attr:`lpd_quantity` (with a latent library, ``log p(x)`` integrates it out).
+            Columns ``lpd`` (nats, higher is better), ``mc_se`` (NaN where not reliable), ``ess``, ``khat`` and
+            ``reliable``, by cell; ``attrs["quantity"]`` is :attr:`lpd_quantity` (a latent library is integrated out).
 
         Warns
         -----
@@ -322,8 +311,8 @@ class SCVIFit:
     def decoder_jacobian(self, adata: ad.AnnData) -> np.ndarray:
         """Jacobian of log ``px_scale`` at each cell's posterior mean, (cells, genes, n_latent).
 
-        Forward-mode differentiation, one latent direction at a time, for all
-        cells at once (in eval mode each cell's output depends on its own ``z`` only).
+        Forward mode, one latent direction at a time, all cells at once (in eval mode a cell's output depends on its
+        own ``z`` only).
         """
         prepared = self._prepared(adata)
         dtype, np_dtype = self._dtypes()

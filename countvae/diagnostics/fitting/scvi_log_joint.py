@@ -1,28 +1,21 @@
 """The log joint of an scvi-tools ``VAE``/``LDVAE`` module, in the form countvae's estimators take.
 
-countvae's ``log p(x)`` estimators work on a callable ``u (..., cells, D) ->
-log p(x, u) (..., cells)`` whose latent ``u`` has a standard normal prior, and on
-the amortized guide's per-cell location and scale. :class:`SCVICells` builds
-both for one minibatch of cells from the scvi module's own pieces:
-``module.generative`` gives the likelihood ``px`` (Poisson, NB or ZINB, with the
-module's dispersion and covariates) and ``module.inference`` the guide.
+countvae's ``log p(x)`` estimators take a callable ``u (..., cells, D) -> log p(x, u) (..., cells)``, whose latent
+``u`` has a standard normal prior, and the amortized guide's per-cell location and scale. :class:`SCVICells` builds
+both for one minibatch from the scvi module's own pieces: ``module.generative`` gives the likelihood ``px`` (Poisson,
+NB or ZINB, with the module's dispersion and covariates), ``module.inference`` the guide.
 
-* With an observed library size (``use_observed_lib_size=True``, SCVI's default)
-  ``u = z`` (``D = n_latent``) and the log library is the cell's observed
-  ``log sum_g x_g``, as scvi-tools uses it; the estimate is
+* With an observed library size (``use_observed_lib_size=True``, SCVI's default) ``u = z`` (``D = n_latent``) and the
+  log library is the cell's observed ``log sum_g x_g``, as scvi-tools uses it: the estimate is
   ``log p(x | observed library size)``.
-* With a latent library size (LinearSCVI's default) the log library ``l`` is a
-  latent variable with scvi's per-batch prior ``N(m_b, s_b^2)``; it is added as
-  one more coordinate, standardised: ``u = (z, (l - m_b) / s_b)`` has a
-  ``N(0, I)`` prior in ``D = n_latent + 1`` dimensions (the change of variables
-  leaves the integral unchanged) and the estimate is ``log p(x)`` with the
-  library integrated out, the quantity scvi-tools' ``get_marginal_ll`` estimates.
+* With a latent library size (LinearSCVI's default), the log library ``l`` has scvi's per-batch prior
+  ``N(m_b, s_b^2)`` and is added as one more coordinate, standardised: ``u = (z, (l - m_b) / s_b)`` has a ``N(0, I)``
+  prior in ``D = n_latent + 1`` dimensions (the change of variables leaves the integral unchanged), and the estimate
+  is ``log p(x)`` with the library integrated out, as scvi-tools' ``get_marginal_ll`` estimates.
 
-The log joint is evaluated in float64 on a copy of the module
-(:func:`float64_copy`): scvi-tools computes in float32, whose rounding of a
-cell's log-likelihood (about 1e-5 of it, measured: 0.07 nats on a cell at
--6,650 nats) is of the order of the accuracy the estimate is meant to have.
-scvi-tools is not imported: the module brings its own distribution classes.
+The log joint is evaluated in float64 on a copy of the module (:func:`float64_copy`): scvi-tools' float32 rounds a
+cell's log-likelihood by about 1e-5 of it (measured: 0.07 nats on a cell at -6,650 nats), the order of the accuracy
+the estimate is meant to have. scvi-tools is not imported: the module brings its own distribution classes.
 """
 
 from __future__ import annotations
@@ -59,11 +52,9 @@ def unsupported_module_reason(module: Any) -> str | None:
 def float64_copy(module: Any) -> Any:
     """A float64 copy of an scvi-tools ``VAE`` module, in eval mode (the float32 weights are exact in float64).
 
-    The per-batch library prior and a batch- or label-dependent dispersion stay
-    float32: scvi-tools multiplies them by a one-hot matrix it casts to float32
-    (``VAE._compute_local_library_params``, ``VAE.generative``); their float32
-    values are the model's, and the products are promoted to float64 where they
-    meet the rest.
+    The per-batch library prior and a batch- or label-dependent dispersion stay float32, as the model's values:
+    scvi-tools multiplies them by a one-hot matrix it casts to float32 (``VAE._compute_local_library_params``,
+    ``VAE.generative``), and the products are promoted to float64 where they meet the rest.
     """
     out = copy.deepcopy(module).double().eval()
     for name in ("library_log_means", "library_log_vars"):
@@ -96,8 +87,7 @@ class SCVICells:
     batch, labels
         Batch and label codes (cells, 1), as scvi's data loader gives them.
     library_loc, library_scale
-        Prior mean and standard deviation of each cell's log library size (cells, 1),
-        or ``None`` when the observed library size is used.
+        Prior mean and standard deviation of each cell's log library size (cells, 1); ``None`` with the observed one.
 
     """
 

@@ -1,17 +1,13 @@
 """scvi-tools support for multi-seed fits: lazy import, data setup, and safe saving and loading.
 
-scvi-tools is optional (the ``[scvi]`` extra) and takes seconds to import, so
-nothing here imports it at module level.
+scvi-tools is optional (the ``[scvi]`` extra) and takes seconds to import, so nothing here imports it at module level.
 
-Saving departs from scvi-tools on purpose. ``SCVI.save`` pickles the model's
-attributes and ``SCVI.load`` reads them back with ``torch.load(weights_only=False)``,
-which can run code stored in the file. countvae stores an scvi fit the way it
-stores its own models: the module's ``state_dict`` as tensors (read back with
-``torch.load(weights_only=True)``) and the constructor arguments as JSON, with
-a SHA-256 of the tensor file. Loading rebuilds the model from the training
-AnnData (set up again with the same fields) and the recorded arguments, then
-loads the tensors, so every parameter and buffer (batch-norm statistics
-included) is restored exactly.
+Saving departs from scvi-tools on purpose: ``SCVI.save`` pickles the model's attributes and ``SCVI.load`` reads them
+back with ``torch.load(weights_only=False)``, which can run code stored in the file. countvae stores an scvi fit as
+its own models: the module's ``state_dict`` as tensors (read back with ``torch.load(weights_only=True)``) and the
+constructor arguments as JSON, with a SHA-256 of the tensor file. Loading rebuilds the model from the training AnnData
+(set up again with the same fields) and the recorded arguments, then loads the tensors, restoring every parameter and
+buffer (batch-norm statistics included) exactly.
 """
 
 from __future__ import annotations
@@ -92,9 +88,8 @@ def class_path(model_cls: type) -> str:
 def preserved_global_rng() -> Iterator[None]:
     """Restore Python's, numpy's and torch's global random states on exit.
 
-    scvi-tools seeds through ``scvi.settings.seed``, which reseeds all three
-    global generators; countvae promises no global RNG side effects, so fits run
-    inside this block.
+    scvi-tools seeds through ``scvi.settings.seed``, which reseeds all three; countvae promises no global RNG side
+    effects, so fits run in this block.
     """
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
     xla_flags = os.environ.get("XLA_FLAGS")
@@ -115,9 +110,8 @@ def preserved_global_rng() -> Iterator[None]:
 def quiet_scvi() -> Iterator[None]:
     """Silence scvi-tools' and Lightning's INFO messages (setup transfer, "GPU available", seeds).
 
-    Lightning sets levels on its sub-loggers (``lightning.pytorch``,
-    ``lightning.fabric``), so every existing logger under these prefixes is
-    raised to WARNING for the block and restored afterwards.
+    Lightning sets levels on its sub-loggers (``lightning.pytorch``, ``lightning.fabric``), so every existing logger
+    under these prefixes is raised to WARNING for the block, then restored.
     """
     prefixes = ("scvi", "lightning", "lightning_fabric", "pytorch_lightning")
     names = [n for n in list(logging.root.manager.loggerDict) if n.split(".")[0] in prefixes]
@@ -135,10 +129,9 @@ def quiet_scvi() -> Iterator[None]:
 def setup_for_scvi(adata: ad.AnnData, registry: Registry, model_cls: type) -> ad.AnnData:
     """A copy of ``adata`` registered with ``model_cls.setup_anndata`` using countvae's registration.
 
-    The counts layer, batch key and labels key are those given to
-    ``CountVAE.setup_anndata``. The batch and labels columns are made
-    categorical with the categories of the whole data set, so a subset that
-    lacks a batch still encodes batches as the held-out cells do.
+    The counts layer, batch key and labels key are those given to ``CountVAE.setup_anndata``. The batch and labels
+    columns get the whole data set's categories, so a subset lacking a batch still encodes batches as the held-out
+    cells do.
     """
     if registry.use_raw:
         raise InvalidArgumentError(
@@ -198,8 +191,7 @@ def load_scvi_fit(folder: Path, model_cls: type, adata_scvi: ad.AnnData) -> Any:
     Raises
     ------
     ModelFileError
-        If a file is missing, altered (checksum), of another format, or holds
-        anything but tensors.
+        If a file is missing, altered (checksum), of another format, or holds more than tensors.
 
     """
     settings_path = folder / _SETTINGS_FILE

@@ -18,8 +18,7 @@ from countvae.diagnostics.fitting.fitted_model import FittedModel
 class SeedFits:
     """Fits of the same model from several seeds, with the cells they share.
 
-    Produced by :func:`countvae.diagnostics.fit_seeds`; consumed by
-    :func:`countvae.diagnostics.report`. Every fit was trained on
+    Made by :func:`countvae.diagnostics.fit_seeds` for :func:`countvae.diagnostics.report`. Every fit was trained on
     ``adata_fit`` and none saw ``adata_heldout``.
 
     Attributes
@@ -27,25 +26,21 @@ class SeedFits:
     fits
         One :class:`FittedModel` per seed, in the order of the seeds given.
     adata_fit
-        Cells the models were trained on (for scvi-tools models, set up with
-        the model class's ``setup_anndata``).
+        Cells the models were trained on (set up with the model class's ``setup_anndata`` for scvi-tools models).
     adata_heldout
         Cells held out from every fit (the same split for all seeds).
     settings
-        Everything needed to reproduce the fits: model class and arguments,
-        training arguments, seeds, held-out fraction and split seed, data
-        checksum, package versions.
+        What reproduces the fits: model class and arguments, training arguments, seeds, held-out fraction and split
+        seed, data checksum, package versions.
     seconds
         Wall time of each fit, by seed (0 for a fit reused from ``out_dir``).
     out_dir
         Folder holding the saved fits, or ``None``.
     reused_seeds
-        Seeds whose fits were read from ``out_dir`` rather than fitted by this
-        call (completed by an earlier, possibly interrupted, run).
+        Seeds read from ``out_dir``, completed by an earlier (possibly interrupted) run, not fitted by this call.
     records
-        Each seed's ``fit.json`` record: seconds, torch threads, host (and Ray
-        node), and its ``training`` summary (epochs trained, the epoch kept,
-        whether it stopped early; see ``CountVAE.training_summary``).
+        Each seed's ``fit.json`` record: seconds, torch threads, host (and Ray node), and its ``training`` summary
+        (``CountVAE.training_summary``).
     """
 
     fits: list[FittedModel]
@@ -75,10 +70,9 @@ class SeedFits:
     def training(self) -> pd.DataFrame:
         """A table with one row per seed (epochs trained, the most it could have trained, early stop, the epoch kept).
 
-        Columns ``seed``, ``epochs_trained``, ``max_epochs``, ``stopped_early``,
-        ``kept_epoch``, ``fit_seconds`` (of the run that made the fit) and
-        ``reused`` (read from ``out_dir`` by this call). Missing values are NaN
-        (scvi-tools fits record only the epochs trained).
+        Columns ``seed``, ``epochs_trained``, ``max_epochs``, ``stopped_early``, ``kept_epoch``, ``fit_seconds`` (of
+        the run that made the fit) and ``reused`` (read from ``out_dir`` by this call); NaN where missing (scvi-tools
+        fits record only the epochs trained).
         """
         rows = []
         for seed in self.seeds:

@@ -1,11 +1,9 @@
 """One seed's fit as a self-contained job: train, save into a scratch folder, return the files' bytes.
 
-A job returns the saved model as bytes instead of writing into the output
-folder itself, so the calling process is the only writer of ``out_dir`` (it
-stores each folder atomically as results arrive) and a Ray worker on another
-machine needs no shared file system. The function is importable at module
-level so that joblib and Ray can send it to worker processes; a task's
-``progress`` callable travels with it (see :mod:`.progress` for what that means).
+A job returns the saved model as bytes rather than writing into the output folder, so the calling process is the only
+writer of ``out_dir`` (storing each folder atomically as results arrive) and a Ray worker on another machine needs no
+shared file system. The function is importable at module level so that joblib and Ray can send it to worker
+processes; a task's ``progress`` callable travels with it (see :mod:`.progress` for what that means).
 """
 
 from __future__ import annotations
@@ -71,13 +69,10 @@ class FitTask:
 class FitOutcome:
     """A finished fit: the files of its model folder, and how it was made.
 
-    ``training`` is the model's training summary (``CountVAE.training_summary``:
-    epochs trained, the epoch kept, whether it stopped early; for scvi-tools fits
-    the epochs trained). ``node`` names the Ray node that fitted it (empty elsewhere).
-    ``peak_rss_mib`` is the peak resident memory of the process that fitted it, up to
-    the end of the fit (Linux ``VmHWM``; for a fit in the calling process, that
-    process's whole high-water mark). ``group`` is the task's. ``freed_memory_kept``:
-    whether the process that fitted it ran with glibc keeping freed memory
+    ``training`` is the model's ``CountVAE.training_summary`` (for scvi-tools fits the epochs trained). ``node`` names
+    the Ray node that fitted it (empty elsewhere). ``peak_rss_mib`` is the peak resident memory of the fitting process
+    up to the end of the fit (Linux ``VmHWM``; in the calling process, its whole high-water mark). ``group`` is the
+    task's. ``freed_memory_kept``: whether the fitting process ran with glibc keeping freed memory
     (:mod:`countvae._allocator`; the command line and countvae's worker processes do).
     """
 
@@ -96,11 +91,10 @@ class FitOutcome:
 def _peak_rss_mib() -> float:
     """Peak resident memory of this process in MiB.
 
-    On Linux ``VmHWM`` of ``/proc/self/status``: the high-water mark of this process's
-    own memory since it started its program. ``ru_maxrss`` is not used there because
-    Linux carries it across ``fork`` and ``exec``, so a worker started from a driver
-    holding 3.6 GB reported 3.6 GB whatever it used itself (benchmarks/RESULTS.md,
-    worker-memory). Elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS).
+    On Linux ``VmHWM`` of ``/proc/self/status``, the high-water mark of this process's own memory since it started its
+    program: Linux carries ``ru_maxrss`` across ``fork`` and ``exec``, so a worker started from a driver holding 3.6 GB
+    reported 3.6 GB whatever it used itself (benchmarks/RESULTS.md, worker-memory). Elsewhere ``ru_maxrss`` (KiB on
+    Linux, bytes on macOS).
     """
     status = Path("/proc/self/status")
     if status.exists():
@@ -113,12 +107,10 @@ def _peak_rss_mib() -> float:
 def run_fit(task: FitTask, fit_data: ad.AnnData | FileCells) -> FitOutcome:
     """Fit one seed and return its saved files.
 
-    ``fit_data`` is the fit cells: an AnnData registered with
-    ``CountVAE.setup_anndata``, or a :class:`~countvae.data.file_cells.FileCells`,
-    which this function opens (a backed view of the file: minibatches are read from
-    disk, the cells are never loaded whole) and closes when the fit is saved.
-    The number of torch threads is set for the fit and restored afterwards,
-    so running a job in the calling process leaves its settings unchanged.
+    ``fit_data`` is the fit cells: an AnnData registered with ``CountVAE.setup_anndata``, or a
+    :class:`~countvae.data.file_cells.FileCells`, opened here (a backed view: minibatches are read from disk, the cells
+    never loaded whole) and closed when the fit is saved. The torch threads are set for the fit and restored after, so
+    a job run in the calling process leaves its settings unchanged.
     """
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(task.torch_threads)
