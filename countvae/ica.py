@@ -188,8 +188,8 @@ class ICARotation(TransformerMixin, BaseEstimator):
     """Whitening followed by an ICA rotation, with a fixed sign and order convention.
 
     ``fit`` finds ``s = rotation_ @ whitening_ @ (z - mean_)``: PCA whitening (``whitening_ Sigma whitening_^T = I``),
-    then the orthogonal ``rotation_`` from FastICA (scikit-learn, log-cosh contrast) or Picard (``ortho=True,
-    extended=True``). The module docstring says what each step preserves.
+    then the orthogonal ``rotation_`` from FastICA (scikit-learn, log-cosh contrast) or Picard
+    (``ortho=True, extended=True``). The module docstring says what each step preserves.
 
     Conventions, so that repeated fits can be compared:
 
@@ -435,8 +435,7 @@ class ICAStability:
         ``negentropy`` and ``gaussian`` flag, and ``reproducible``
         (``mean >= threshold``).
     matches
-        Best-match |correlation| of every reference component (columns) in each
-        other run (rows).
+        Best-match |correlation| of each reference component (columns) in each other run (rows).
     mode
         ``"seeds"`` (one latent matrix per fit) or ``"bootstrap"``.
     resample
@@ -493,11 +492,9 @@ def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
 class SplitHalfICAs:
     """Each fit's ICA estimated on one of two disjoint halves of the same cells.
 
-    The estimation scheme behind :func:`ica_stability` (seeds mode) and the
-    report's per-component table
-    (:func:`countvae.diagnostics.analyses.components.ica_component_stability`):
-    no cell informs both sides of a comparison, so a shared sample accident
-    cannot fake agreement.
+    The scheme behind :func:`ica_stability` (seeds mode) and the report's per-component table
+    (:func:`countvae.diagnostics.analyses.components.ica_component_stability`): no cell informs both sides of a
+    comparison, so a shared sample accident cannot fake agreement.
 
     Attributes
     ----------
@@ -527,9 +524,9 @@ def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_
     latents
         Two or more (cells, d) arrays of the same cells, one per fit; the first is the reference.
     random_state
-        Seed of the split and of the ICA initialisations (``random_state + i`` for
-        fit ``i``, ``random_state + len(latents)`` for the first fit's own ICA on the
-        second half), so that every ICA starts from its own point.
+        Seed of the split and of the ICA initialisations (``random_state + i`` for fit ``i``,
+        ``random_state + len(latents)`` for the first fit's own ICA on the second half), so every ICA starts from its
+        own point.
     **ica_params
         Passed to :class:`ICARotation`.
 
@@ -555,11 +552,10 @@ def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_
 def attenuation_ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -> np.ndarray | float:
     """A cross-fit match divided by the same fit's split-half match (NaN where the latter is 0).
 
-    An ICA estimated on a finite half is off its population axis, and that error
-    lowers every match it enters: the same fit's across halves as much as
-    another fit's. The ratio (Spearman's correction for attenuation) is the
-    cross-fit match that ICAs estimated on all cells of the distribution would
-    have; above 1 it is estimation noise, and callers cap it there.
+    An ICA estimated on a finite half is off its population axis, an error that lowers every match it enters, the same
+    fit's across halves as much as another fit's. The ratio (Spearman's correction for attenuation) is the cross-fit
+    match that ICAs estimated on all cells of the distribution would have; above 1 it is estimation noise, and callers
+    cap it there.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.asarray(same_fit) > 0, np.asarray(match) / np.asarray(same_fit), np.nan)[()]
@@ -594,21 +590,17 @@ def ica_stability(
     * ``"bootstrap"``: the reference on all cells, the others on bootstrap resamples of them.
     * ``"none"`` (seeds mode only): every ICA on all cells.
 
-    Why: a finite Gaussian sample has accidental most-non-Gaussian directions,
-    and fits that agree up to a linear map on the same cells (as VAE seeds
-    nearly do) hand affine-equivariant ICA the same accident: noisy
-    rotated copies of one 3-d Gaussian sample give matches of 0.98 with
-    ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample keeps
-    most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance
-    level of a random rotation (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83
-    for three, 0.77 for four, 0.69 for six dimensions); Laplace sources give
-    0.99 in every scheme. Hence the default ``threshold`` of 0.95.
+    Why: a finite Gaussian sample has accidental most-non-Gaussian directions, and fits that agree up to a linear map on
+    the same cells (as VAE seeds nearly do) hand affine-equivariant ICA the same accident: noisy rotated copies of one
+    3-d Gaussian sample give matches of 0.98 with ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample
+    keeps most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance level of a random rotation
+    (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); Laplace sources
+    give 0.99 in every scheme, hence the default ``threshold`` of 0.95.
 
-    Seeds with ``"halves"`` follow the report's ICA rule on point estimates:
-    ``reproducible`` when not flagged Gaussian, matched at ``threshold`` by the
-    first fit's own ICA on the other half (``same_fit``), and with ``corrected``
-    (worst match / ``same_fit``, :func:`attenuation_ratio`, capped at 1) at least
-    ``threshold``. Elsewhere those columns are NaN and the rule is ``mean >= threshold``.
+    Seeds with ``"halves"`` follow the report's ICA rule on point estimates: ``reproducible`` when not flagged Gaussian,
+    matched at ``threshold`` by the first fit's own ICA on the other half (``same_fit``), and with ``corrected`` (worst
+    match / ``same_fit``, :func:`attenuation_ratio`, capped at 1) at least ``threshold``. Elsewhere those columns are
+    NaN, the rule ``mean >= threshold``.
 
     Parameters
     ----------

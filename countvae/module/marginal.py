@@ -115,10 +115,10 @@ class MarginalSettings:
     snap_radius
         A restart that comes within this many posterior sd of the cell's first mode (in that mode's Laplace metric,
         ``(z - mode)^T H (z - mode) < snap_radius^2``) without rising above it stops and becomes a copy of the first
-        mode (location, log joint and precision; 0: every restart runs to its own stop). A copy, not the point where
-        it stopped: with ``pool_pilot`` a component centred on a pilot draw would lower that draw's weight, a bias of
-        about -0.015 nats/cell in tests/module/test_marginal.py. On the stored fits of a default Kang ``countvae
-        diagnose``, 1.5 cut the estimator's CPU time by about a quarter at no loss of accuracy (benchmarks/RESULTS.md,
+        mode (location, log joint and precision; 0: every restart runs to its own stop). A copy, not the point where it
+        stopped: with ``pool_pilot`` a component centred on a pilot draw would lower that draw's weight, a bias of about
+        -0.015 nats/cell in tests/module/test_marginal.py. On the stored fits of a default Kang ``countvae diagnose``,
+        1.5 cut the estimator's CPU time by about a quarter at no loss of accuracy (benchmarks/RESULTS.md,
         lpd-diagnose-accuracy).
     redraw
         For cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh draws from the same mixture
