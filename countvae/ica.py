@@ -573,9 +573,8 @@ def ica_stability(
 ) -> ICAStability:
     """Measure whether ICA components reproduce across fits (seeds) or resamples of the cells.
 
-    Each component of a reference ICA fit is matched (Hungarian, on
-    |correlation| over all cells) to the components of every other ICA fit,
-    and its best-match |correlation| is reported per fit and on average.
+    Each component of a reference ICA fit is matched (Hungarian, on |correlation| over all cells) to the components of
+    every other fit; its best-match |correlation| is reported per fit and on average.
 
     *Seeds mode* (several latent matrices of the same cells, one per model fit): the reference is the first fit's
     ICA, the others the later fits'. *Bootstrap mode* (one latent matrix): the others are ICAs of ``n_bootstrap``

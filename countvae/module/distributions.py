@@ -168,10 +168,9 @@ def _gene_dot(block: torch.Tensor, per_cell: torch.Tensor) -> torch.Tensor:
 def count_log_constant(x: torch.Tensor, log_theta: torch.Tensor | None) -> torch.Tensor:
     """The terms of the log probability of counts ``x`` (cells, genes) that do not involve the mean.
 
-    Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)``
-    (``log_theta`` None, Poisson: ``-lgamma(x + 1)``); ``log_theta`` broadcasts against
-    ``x``. The same for the zero-inflated NB (it adds them at every gene; they vanish at
-    ``x = 0``). Shape (cells,).
+    Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` (``log_theta`` None, Poisson:
+    ``-lgamma(x + 1)``), ``log_theta`` broadcasting against ``x``; the same for the zero-inflated NB, which adds them at
+    every gene (they vanish at ``x = 0``). Shape (cells,).
     """
     return _nonzero_lgamma_terms(x, None if log_theta is None else torch.exp(log_theta))
 
