@@ -1,9 +1,8 @@
 """countvae: probabilistic count VAEs on Pyro, and measurements of what their outputs identify.
 
-The main entry points are :class:`CountVAE` (an scvi-tools-style model),
-:mod:`countvae.invariance` (orthogonal reparameterizations and numerical checks
-that ``p(x)`` is unchanged by them), :mod:`countvae.diagnostics` (multi-seed fits,
-alignment and the report) and :mod:`countvae.ica` (ICA axes for latents).
+Entry points: :class:`CountVAE` (an scvi-tools-style model), :mod:`countvae.invariance` (orthogonal
+reparameterizations and numerical checks that ``p(x)`` is unchanged by them), :mod:`countvae.diagnostics` (multi-seed
+fits, alignment and the report) and :mod:`countvae.ica` (ICA axes for latents).
 """
 
 from importlib import metadata as _metadata

@@ -1,25 +1,21 @@
 """glibc ``malloc`` settings for the ``countvae`` command line: keep freed memory in the process.
 
-torch allocates every CPU tensor with ``malloc``. By default glibc serves blocks above
-a threshold (adjusted at run time, at most 32 MiB) straight from the kernel and gives the
-top of the heap back once more than twice that threshold is free, so a loop that
-allocates and frees the same tens of MiB of temporaries each iteration (the ``log p(x)``
-estimator's (draws, cells, genes) blocks) touches fresh zeroed pages every time. On a
-default Kang ``countvae diagnose`` fit that was about 1.7 million minor page faults and a
-quarter of the estimator's CPU time spent in the kernel (benchmarks/RESULTS.md,
-report-diagnose). :func:`keep_freed_memory` raises the trim threshold and the top pad, and
-pins the mmap threshold at glibc's own upper limit, so up to :data:`TRIM_THRESHOLD` bytes
-of freed memory stay in the process for reuse.
+torch allocates every CPU tensor with ``malloc``. By default glibc serves blocks above a threshold (adjusted at run
+time, at most 32 MiB) straight from the kernel and gives the top of the heap back once more than twice that threshold is
+free, so a loop that allocates and frees the same tens of MiB of temporaries each iteration (the ``log p(x)``
+estimator's (draws, cells, genes) blocks) touches fresh zeroed pages every time: on a default Kang ``countvae diagnose``
+fit, about 1.7 million minor page faults and a quarter of the estimator's CPU time spent in the kernel
+(benchmarks/RESULTS.md, report-diagnose). :func:`keep_freed_memory` raises the trim threshold and the top pad, and pins
+the mmap threshold at glibc's own upper limit, so up to :data:`TRIM_THRESHOLD` bytes of freed memory stay in the process
+for reuse.
 
-The settings are process-wide, so they are applied only in processes countvae runs its own
-work in: the command line's, and the worker processes that fit seeds and estimate held-out
-``log p(x)`` for it (joblib's loky workers, which joblib may reuse for later parallel calls
-in the same session, and Ray tasks); importing the library or training a model in the
-caller's process never applies them. In the training loop they take the per-epoch time
-down by 4-10% (benchmarks/RESULTS.md, training-sizes), where the step's (cells, genes)
-temporaries otherwise come back as fresh pages. Settings given through glibc's environment
-variables (``MALLOC_TRIM_THRESHOLD_`` and friends, or ``glibc.malloc.*`` tunables in
-``GLIBC_TUNABLES``) are left as they are.
+The settings are process-wide, so they are applied only in processes countvae runs its own work in: the command
+line's, and the worker processes that fit seeds and estimate held-out ``log p(x)`` for it (joblib's loky workers,
+which joblib may reuse for later parallel calls in the same session, and Ray tasks); importing the library or training
+a model in the caller's process never applies them. In the training loop they cut the per-epoch time by 4-10%
+(benchmarks/RESULTS.md, training-sizes), where the step's (cells, genes) temporaries otherwise come back as fresh
+pages. Settings given through glibc's environment variables (``MALLOC_TRIM_THRESHOLD_`` and friends, or
+``glibc.malloc.*`` tunables in ``GLIBC_TUNABLES``) are left as they are.
 """
 
 from __future__ import annotations

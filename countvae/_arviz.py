@@ -1,10 +1,8 @@
 """Every call into arviz lives here, so that a move to arviz 1.x touches one file.
 
-arviz 0.23 is used for three things: the model-comparison table (``az.compare``)
-built from held-out pointwise log predictive densities, the convergence
-diagnostics R-hat and ESS (``az.rhat``, ``az.ess``), and the Pareto k-hat of
-importance weights (``az.psislw``) that says when an importance-sampling
-estimate and its standard error cannot be trusted.
+arviz 0.23 gives the model-comparison table (``az.compare``) from held-out pointwise log predictive densities, the
+convergence diagnostics R-hat and ESS (``az.rhat``, ``az.ess``), and the Pareto k-hat of importance weights
+(``az.psislw``) that says when an importance-sampling estimate and its standard error cannot be trusted.
 """
 
 from __future__ import annotations
@@ -28,9 +26,8 @@ with warnings.catch_warnings():
 def _elpd_data(pointwise: np.ndarray) -> az.ELPDData:
     """Held-out pointwise ``log p(x_i)`` as arviz ELPD data.
 
-    arviz keys its comparison on the label ``elpd_loo``; the values here are
-    test-set log predictive densities of held-out cells, not PSIS-LOO estimates,
-    so ``p_loo`` is 0 and there is no Pareto-k warning.
+    arviz keys its comparison on the label ``elpd_loo``; the values here are test-set log predictive densities of
+    held-out cells, not PSIS-LOO estimates, hence ``p_loo`` 0 and no Pareto-k warning.
     """
     values = np.asarray(pointwise, dtype=np.float64)
     n = values.size
@@ -52,12 +49,10 @@ def _elpd_data(pointwise: np.ndarray) -> az.ELPDData:
 def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
     """An ``az.compare`` table from held-out pointwise log predictive densities.
 
-    Stacking weights are computed from the values minus their per-cell maximum
-    over models: with per-cell log densities in the hundreds of nats the weights
-    otherwise underflow to uniform (shared/notes/scvi_pyro_anchors.md, section 5).
-    The shift is common to all models, so ``elpd_diff`` and ``dse`` are
-    unchanged; the ``elpd`` and ``se`` columns are then restored from the
-    unshifted values.
+    Stacking weights are computed from the values minus their per-cell maximum over models: with per-cell log
+    densities in the hundreds of nats the weights otherwise underflow to uniform (shared/notes/scvi_pyro_anchors.md,
+    section 5). The shift, common to all models, leaves ``elpd_diff`` and ``dse`` unchanged; the ``elpd`` and ``se``
+    columns are restored from the unshifted values.
 
     Parameters
     ----------
@@ -103,9 +98,8 @@ def pareto_khat(log_weights: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        One k-hat per row. Above 0.7 the weights' tail is too heavy for the
-        importance-sampling estimate to be reliable, whatever its reported
-        standard error; ``inf`` where a row has too few draws to fit the tail (unreliable too).
+        One k-hat per row. Above 0.7 the weights' tail is too heavy for a reliable importance-sampling estimate,
+        whatever its reported standard error; ``inf`` where a row has too few draws to fit the tail (unreliable too).
 
     """
     values = np.asarray(log_weights, dtype=np.float64)

@@ -1,8 +1,7 @@
 """Validation of scalar arguments at the boundary, with one wording for every error.
 
-Each check returns the value as a plain Python number (so numpy scalars are
-accepted) or raises :class:`countvae.errors.InvalidArgumentError` naming the
-argument, what it must be and what it was.
+Each check returns the value as a plain Python number (numpy scalars are accepted) or raises
+:class:`countvae.errors.InvalidArgumentError` naming the argument, what it must be and what it was.
 """
 
 from __future__ import annotations

@@ -35,8 +35,7 @@ def markdown_table(frame: pd.DataFrame, max_rows: int | None = None, note: str =
     frame
         The table.
     max_rows
-        Show at most this many rows; a line then says how many there are, followed by ``note``
-        (where the other rows can be found).
+        Show at most this many rows; a line then says how many there are, then ``note`` (where the others are).
     note
         Text appended to the truncation line.
 
@@ -89,9 +88,8 @@ def _plain(value: Any, strict: bool) -> Any:
 def json_ready(value: Any, strict: bool = False) -> Any:
     """A copy of ``value`` made of JSON types only (dicts, lists, str, int, float, bool, None).
 
-    numpy and pandas values become plain ones, tables become lists of records, torch
-    dtypes their names. With ``strict=False`` non-finite numbers and missing values
-    become ``None`` and other objects their ``str``; with ``strict=True`` (records from
-    which a run must be reproducible) they raise ``ValueError`` or ``TypeError``.
+    numpy and pandas values become plain ones, tables lists of records, torch dtypes their names. With
+    ``strict=False`` non-finite numbers and missing values become ``None`` and other objects their ``str``; with
+    ``strict=True`` (records from which a run must be reproducible) they raise ``ValueError`` or ``TypeError``.
     """
     return _plain(value, strict)

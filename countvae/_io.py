@@ -140,13 +140,11 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Build a folder under a temporary name; rename it to ``path`` when the block succeeds.
 
-    If the block raises, the temporary folder is removed and ``path`` is left as
-    it was (a full disk or read-only folder becomes an :class:`OutputWriteError`).
-    With ``overwrite=True`` an existing folder is replaced by two renames (old
-    folder aside, new folder in, old folder deleted), so at every moment ``path``
-    is either the complete old folder or the complete new one, except for the
-    instant between the two renames, when it is absent; if the second rename
-    fails, the old folder is moved back.
+    If the block raises, the temporary folder is removed and ``path`` is left as it was (a full disk or read-only
+    folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
+    (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
+    complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
+    the old folder is moved back.
     """
     path = Path(path)
     _refuse_existing(path, overwrite)
@@ -178,11 +176,9 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
-    The atomic writers above build ``.<name>.<random>.partial`` (and, while
-    replacing, ``.<name>.<random>.old``) beside their target; a SIGKILL leaves
-    them behind. Only call this where no other writer can be at work (the
-    caller owns ``folder``). ``name`` limits the clean-up to one target's
-    leftovers. Returns the paths removed.
+    The atomic writers above build ``.<name>.<random>.partial`` (and, while replacing, ``.<name>.<random>.old``)
+    beside their target; a SIGKILL leaves them behind. Call this only where no other writer can be at work (the caller
+    owns ``folder``). ``name`` limits the clean-up to one target's leftovers. Returns the paths removed.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -257,8 +253,8 @@ _RESTORE = "Restore the folder from a copy, or train and save the model again."
 def load_checked_tensors(path: str | os.PathLike, expected_sha256: str | None) -> dict[str, Any]:
     """Load a dict of tensors saved with ``torch.save`` after checking its recorded SHA-256.
 
-    The file is read with ``weights_only=True``, so a file that holds anything but
-    tensors (a pickle that would run code) is refused, never executed.
+    Read with ``weights_only=True``, so a file holding anything but tensors (a pickle that would run code) is
+    refused, never executed.
 
     Raises
     ------

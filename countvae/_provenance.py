@@ -1,7 +1,6 @@
 """What a result was computed from: package versions and checksums of count data.
 
-One canonical form for each, so that a model folder, a fit manifest and a
-report record the same thing in the same way.
+One canonical form for each, so a model folder, a fit manifest and a report record the same thing the same way.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """Writing a report: a self-contained HTML page, tables, inline figures, and the report folder.
 
-Every countvae report (:class:`countvae.diagnostics.DiagnosticReport`,
-:class:`countvae.invariance.InvarianceReport`) is saved the same way, as a folder
-holding ``report.json`` (every number, JSON-ready), ``report.md`` (tables) and
-``report.html`` (one self-contained page, from a jinja2 template in the report's
-package, :func:`template_environment`). This module is that shared plumbing; what a
-report says stays with the report.
+Every countvae report (:class:`countvae.diagnostics.DiagnosticReport`, :class:`countvae.invariance.InvarianceReport`)
+is saved the same way, as a folder holding ``report.json`` (every number, JSON-ready), ``report.md`` (tables) and
+``report.html`` (one self-contained page, from a jinja2 template in the report's package, :func:`template_environment`).
+This module is that shared plumbing; what a report says stays with the report.
 
-The HTML page fetches nothing: the style sheet is inline and figures are inline
-PNG images (base64). Every piece of text that can come from the data (gene
-names, obs categories, fit names, file names) goes through :func:`escape`
-(table cells, headings, captions, key-value lists all do), so a gene named
-``<script>`` shows as text.
+The HTML page fetches nothing: the style sheet and the figures (base64 PNG) are inline. All text that can come from
+the data (gene names, obs categories, fit names, file names) goes through :func:`escape` (in table cells, headings,
+captions and key-value lists alike), so a gene named ``<script>`` shows as text.
 """
 
 from __future__ import annotations
@@ -72,8 +68,8 @@ def html_page(title: str, body: Iterable[str], extra_style: str = "") -> str:
     title
         The page title (escaped).
     body
-        HTML fragments, in order; empty fragments are dropped. They are trusted:
-        build them with the helpers here, which escape what they are given.
+        HTML fragments, in order; empty ones are dropped. They are trusted: build them with the helpers here, which
+        escape what they are given.
     extra_style
         CSS rules appended to :data:`STYLE`.
 
@@ -102,8 +98,8 @@ def _cell(text: str, numeric: bool) -> str:
 def html_table(frame: pd.DataFrame, max_rows: int | None = 60, note: str = ALL_ROWS_NOTE) -> str:
     """A table of a DataFrame's columns (not its index), cells escaped and formatted by ``format_value``.
 
-    Numeric columns are right-aligned. With more than ``max_rows`` rows only the
-    first ``max_rows`` are shown, followed by a line saying so and ``note``.
+    Numeric columns are right-aligned. Beyond ``max_rows`` rows, only the first ``max_rows`` are shown, followed by a
+    line saying so and ``note``.
     """
     numeric = [_is_numeric(frame[c]) for c in frame.columns]
     head = "".join(
@@ -155,8 +151,7 @@ def figure_png_base64(plot: Any, dpi: int = 110) -> str:
     Parameters
     ----------
     plot
-        A matplotlib ``Figure``, ``Axes``, or an array of axes (as the functions
-        in :mod:`countvae.plotting` return).
+        A matplotlib ``Figure``, ``Axes``, or an array of axes (as :mod:`countvae.plotting` returns).
     dpi
         Resolution of the PNG.
 
@@ -181,10 +176,8 @@ def write_report_folder(
 ) -> Path:
     """Write ``report.html``, ``report.json`` and ``report.md`` into a new folder, atomically.
 
-    The folder is built under a temporary name beside ``path`` and renamed into
-    place when all three files are complete (:func:`countvae._io.atomic_directory`),
-    so a reader sees the whole report or none of it, and an existing folder is
-    never replaced unless ``overwrite`` is given.
+    Built under a temporary name beside ``path`` and renamed into place when all three files are complete
+    (:func:`countvae._io.atomic_directory`), so a reader sees the whole report or none of it.
 
     Parameters
     ----------

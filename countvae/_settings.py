@@ -1,21 +1,18 @@
 """Settings written once: a dataclass field is a setting's name, type, default and description.
 
-A public function that takes many settings (``CountVAE(...)``, ``CountVAE.train``,
-``invariance.verify``, ``diagnostics.report``) is written over the settings dataclass
-it builds: :func:`setting` declares a field with its description, and
-:func:`takes_settings` turns a function that receives the built object into one that
-takes the fields as keywords (or the object itself), with a signature and a
-"Parameters" section generated from the fields. A setting is not written again in a
-signature, a docstring and a repacking call.
+A public function that takes many settings (``CountVAE(...)``, ``CountVAE.train``, ``invariance.verify``,
+``diagnostics.report``) is written over the settings dataclass it builds: :func:`setting` declares a field with its
+description, and :func:`takes_settings` turns a function receiving the built object into one taking the fields as
+keywords (or the object itself), with a signature and a "Parameters" section generated from the fields. No setting is
+written again in a signature, a docstring and a repacking call.
 
-This departs from scvi-tools, whose public methods write every keyword argument
-explicitly and describe each again in the docstring: a name and a default then live
-in up to four places that can drift apart (here they had: ``CountVAE``'s defaults of
-``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generated ``__signature__`` keeps what explicit
-arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion,
-``inspect.signature`` and the API docs show every setting with its default. A static
-checker (pyright, mypy) sees ``(...)`` and so accepts every call without checking
-the keywords; the settings' own validation and the unknown-keyword error do that.
+This departs from scvi-tools, whose public methods write every keyword argument explicitly and describe each again
+in the docstring: a name and a default then live in up to four places that can drift apart (here they had:
+``CountVAE``'s defaults of ``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generated ``__signature__``
+keeps what explicit arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion,
+``inspect.signature`` and the API docs show every setting with its default. A static checker (pyright, mypy) sees
+``(...)`` and accepts every call unchecked; the settings' own validation and the unknown-keyword error check the
+keywords.
 """
 
 from __future__ import annotations
@@ -94,15 +91,13 @@ def documents_settings(cls: type | None = None) -> Callable[[type], type]:
 def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Let ``func(head..., obj)`` be called with the fields of dataclass ``cls`` as keywords.
 
-    ``func``'s last parameter receives an instance of ``cls``; its other parameters
-    (the head) stay as they are. The returned function takes the head's positional
-    parameters, the first ``positional`` fields (positional-or-keyword), the head's
-    keyword-only parameters, the other fields (keyword-only), and last, by its
-    name, a keyword-only base object: the fields given as keywords replace those
-    of the base (:func:`dataclasses.replace`); without one they fill ``cls``'s defaults.
-    A keyword that is neither a head parameter nor a field is an
-    :class:`~countvae.errors.InvalidArgumentError` naming the closest field.
-    The line ``{settings}`` of ``func``'s docstring becomes the fields' entries.
+    ``func``'s last parameter receives an instance of ``cls``; its other parameters (the head) stay as they are. The
+    returned function takes the head's positional parameters, the first ``positional`` fields (positional-or-keyword),
+    the head's keyword-only parameters, the other fields (keyword-only), and last, by its name, a keyword-only base
+    object: the fields given as keywords replace those of the base (:func:`dataclasses.replace`); without one they fill
+    ``cls``'s defaults. A keyword that is neither a head parameter nor a field raises an
+    :class:`~countvae.errors.InvalidArgumentError` naming the closest field. The line ``{settings}`` of ``func``'s
+    docstring becomes the fields' entries.
     """
     fields = dataclasses.fields(cls)
     types = typing.get_type_hints(cls)  # real types, not strings: sphinx links them from any module

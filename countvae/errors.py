@@ -1,10 +1,8 @@
 """The errors countvae raises on purpose.
 
-Every error a user can trigger through bad input or misuse is one of these
-classes. Each subclasses the built-in exception a Python user would expect
-(``ValueError`` for bad values, ``FileNotFoundError`` for missing files...), so
-``except ValueError`` keeps working, while ``except CountVAEError`` catches
-everything this package raises deliberately.
+Every error a user can trigger through bad input or misuse is one of these classes. Each subclasses the built-in
+exception a Python user would expect (``ValueError`` for bad values, ``FileNotFoundError`` for missing files...), so
+``except ValueError`` keeps working, and ``except CountVAEError`` catches all this package raises deliberately.
 """
 
 from __future__ import annotations
@@ -97,8 +95,8 @@ class CountVAEWarning(UserWarning):
 class NonIdentifiableComponentsWarning(CountVAEWarning):
     """Several ICA components are too close to Gaussian for ICA to tell them apart.
 
-    Their span is determined by the data, the axes inside it are not: report them
-    as one subspace (compare it across fits by principal angles), not as axes.
+    The data determine their span, not the axes inside it: report them as one subspace (compare it across fits by
+    principal angles), not as axes.
     """
 
 
@@ -109,6 +107,6 @@ class MonteCarloWarning(CountVAEWarning):
 class UnreliableEstimateWarning(CountVAEWarning):
     """Some cells' importance-sampled ``log p(x)`` failed the Pareto k-hat check.
 
-    The message gives their number and the remedy; the per-cell column ``reliable``
-    says which, and their standard error is NaN.
+    The message gives their number and the remedy; the per-cell column ``reliable`` says which; their standard error
+    is NaN.
     """

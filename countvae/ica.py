@@ -1,40 +1,30 @@
 """ICA axes for latent representations: whitening, then the orthogonal rotation that makes coordinates independent.
 
-A count VAE with a N(0, I) prior fixes its latent space only up to an
-orthogonal map ``z -> Qz`` (see :mod:`countvae.invariance`). Independent
-component analysis picks one rotation by a criterion the data can support:
-the coordinates that are most non-Gaussian, hence (for independent
-non-Gaussian sources) the most independent. That choice is reproducible
-across fits exactly when the latent distribution is non-Gaussian along the
-chosen axes; for Gaussian directions every rotation is equally good
-(Comon 1994) and ICA's answer is noise. :class:`ICARotation` therefore reports
-each component's non-Gaussianity and warns, naming the components, when several
-of them cannot be told apart from Gaussian noise. :func:`ica_stability`
-measures directly whether components reproduce across seeds or bootstrap
-resamples (Icasso-style, Himberg et al. 2004).
+A count VAE with a N(0, I) prior fixes its latent space only up to an orthogonal map ``z -> Qz`` (see
+:mod:`countvae.invariance`). Independent component analysis picks one rotation by a criterion the data can support:
+the most non-Gaussian coordinates, hence (for independent non-Gaussian sources) the most independent. The choice
+reproduces across fits exactly when the latent distribution is non-Gaussian along the chosen axes; for Gaussian
+directions every rotation is equally good (Comon 1994) and ICA's answer is noise. :class:`ICARotation` therefore
+reports each component's non-Gaussianity and warns, naming the components, when several cannot be told apart from
+Gaussian noise. :func:`ica_stability` measures whether components reproduce across seeds or bootstrap resamples
+(Icasso-style, Himberg et al. 2004).
 
 What the maps preserve
 ----------------------
-``ICARotation`` maps a latent ``z`` to sources ``s = R K (z - m)``, with ``m``
-the mean, ``K`` the PCA whitening matrix (``K Sigma K^T = I`` for the latent
-covariance ``Sigma``) and ``R`` orthogonal.
+``ICARotation`` maps a latent ``z`` to sources ``s = R K (z - m)``, with ``m`` the mean, ``K`` the PCA whitening
+matrix (``K Sigma K^T = I`` for the latent covariance ``Sigma``) and ``R`` orthogonal.
 
-* Whitening (``K``) is invertible (when all components are kept) but not
-  orthogonal unless ``Sigma`` is a multiple of the identity. It preserves
-  everything invariant under invertible affine maps: which cells can be
-  separated linearly, linear and logistic-regression predictability (so
-  InfoE, :func:`countvae.metrics.infomec`), mutual information with any
-  covariate, the latent subspace as a whole. It does **not** preserve
-  Euclidean distances, angles, k-NN graphs or the scale of each direction:
-  distances after whitening are Mahalanobis distances under ``Sigma``. Small-
-  variance directions (nearly collapsed latents) are blown up to unit variance.
+* Whitening (``K``) is invertible (when all components are kept) but not orthogonal unless ``Sigma`` is a multiple of
+  the identity. It preserves everything invariant under invertible affine maps: linear separability of cells, linear
+  and logistic-regression predictability (so InfoE, :func:`countvae.metrics.infomec`), mutual information with any
+  covariate, the latent subspace as a whole. It does **not** preserve Euclidean distances, angles, k-NN graphs or the
+  scale of each direction: distances after whitening are Mahalanobis distances under ``Sigma``. Small-variance
+  directions (nearly collapsed latents) are blown up to unit variance.
 * The rotation (``R``) is orthogonal: it preserves distances in the whitened space.
-* With ``whiten=False`` the latents are only centred and the whole map is an
-  orthogonal rotation of the centred latents: distances, k-NN graphs and (for a
-  model re-expressed in these axes) ``p(x)`` are exactly preserved. This is the
-  right choice when the latents are already close to white (a VAE's posterior
-  means usually are not: their covariance is ``I`` minus the average posterior
-  covariance).
+* With ``whiten=False`` the latents are only centred and the whole map is an orthogonal rotation of them: distances,
+  k-NN graphs and (for a model re-expressed in these axes) ``p(x)`` are exactly preserved. This is the right choice
+  when the latents are already close to white (a VAE's posterior means usually are not: their covariance is ``I``
+  minus the average posterior covariance).
 """
 
 from __future__ import annotations
@@ -105,9 +95,8 @@ def skewness(values: np.ndarray) -> np.ndarray:
 def negentropy(values: np.ndarray) -> np.ndarray:
     """Hyvarinen's log-cosh approximation of each standardized column's negentropy.
 
-    ``J(y) ~ (E log cosh y - E log cosh N(0, 1))^2`` (Hyvarinen 1998), up to a
-    positive constant; 0 for a Gaussian. About 1.4e-3 for a Laplace and 6e-4
-    for a uniform variable; a sample of ``n`` Gaussian values gives about
+    ``J(y) ~ (E log cosh y - E log cosh N(0, 1))^2`` (Hyvarinen 1998), up to a positive constant; 0 for a Gaussian.
+    About 1.4e-3 for a Laplace and 6e-4 for a uniform variable; a sample of ``n`` Gaussian values gives about
     ``0.006 / n`` (and ICA, which maximises it over directions, finds more).
     """
     return (np.mean(_log_cosh(standardize(values)), axis=0) - EXPECTED_LOGCOSH_NORMAL) ** 2
@@ -198,20 +187,17 @@ def _pca_whiten(centred: np.ndarray, n_components: int) -> tuple[np.ndarray, np.
 class ICARotation(TransformerMixin, BaseEstimator):
     """Whitening followed by an ICA rotation, with a fixed sign and order convention.
 
-    ``fit`` finds ``s = rotation_ @ whitening_ @ (z - mean_)``: PCA whitening
-    (``whitening_ Sigma whitening_^T = I``), then the orthogonal ``rotation_`` from
-    FastICA (scikit-learn, log-cosh contrast) or Picard (``ortho=True,
-    extended=True``). The module docstring says what each step preserves.
+    ``fit`` finds ``s = rotation_ @ whitening_ @ (z - mean_)``: PCA whitening (``whitening_ Sigma whitening_^T = I``),
+    then the orthogonal ``rotation_`` from FastICA (scikit-learn, log-cosh contrast) or Picard
+    (``ortho=True, extended=True``). The module docstring says what each step preserves.
 
     Conventions, so that repeated fits can be compared:
 
-    * **order**: components are sorted by decreasing non-Gaussianity
-      (:func:`negentropy`);
-    * **sign**: a component whose skewness is significant (``|skew| > 2 sqrt(6/n)``)
-      is made positively skewed, a property of the source itself, so the same
-      source gets the same sign in every fit; a symmetric component has no
-      intrinsic sign, and its largest-magnitude entry of ``mixing_`` (its loading
-      on the input latent coordinates) is made positive (statsmodels' rule).
+    * **order**: by decreasing non-Gaussianity (:func:`negentropy`);
+    * **sign**: a component with significant skewness (``|skew| > 2 sqrt(6/n)``) is made positively skewed, a
+      property of the source itself, so the same source gets the same sign in every fit; a symmetric component has no
+      intrinsic sign, and its largest-magnitude entry of ``mixing_`` (its loading on the input latent coordinates) is
+      made positive (statsmodels' rule).
 
     Parameters
     ----------
@@ -220,20 +206,17 @@ class ICARotation(TransformerMixin, BaseEstimator):
     algorithm
         ``"fastica"`` or ``"picard"``.
     whiten
-        PCA-whiten first (default). ``False`` only centres the latents and
-        assumes they are already white, so that the whole map is orthogonal;
-        it then requires ``n_components=None``.
+        PCA-whiten first (default). ``False`` only centres the latents, assumed already white, so that the whole map
+        is orthogonal; it then requires ``n_components=None``.
     random_state
         Seed of the ICA's initial rotation.
     max_iter, tol
         ICA iteration limit and tolerance.
     n_null
-        Replicates of the Gaussian null used to flag near-Gaussian components
-        (0 disables the flags and the warning).
+        Replicates of the Gaussian null used to flag near-Gaussian components (0 disables the flags and the warning).
     null_alpha
-        A component is flagged as Gaussian when its negentropy is below the
-        ``1 - null_alpha`` quantile of the largest negentropy FastICA finds in
-        white Gaussian data of the same dimension and size.
+        A component is flagged as Gaussian when its negentropy is below the ``1 - null_alpha`` quantile of the largest
+        negentropy FastICA finds in white Gaussian data of the same dimension and size.
 
     Attributes
     ----------
@@ -250,9 +233,8 @@ class ICARotation(TransformerMixin, BaseEstimator):
     components_
         Unmixing matrix ``rotation_ @ whitening_``, (k, d): ``s = components_ @ (z - mean_)``.
     mixing_
-        ``dewhitening_ @ rotation_.T``, (d, k): ``z ~ mean_ + mixing_ @ s``
-        (exact when ``k = d``). Column ``i`` is component ``i``'s direction
-        in the input latent coordinates.
+        ``dewhitening_ @ rotation_.T``, (d, k): ``z ~ mean_ + mixing_ @ s`` (exact when ``k = d``). Column ``i`` is
+        component ``i``'s direction in the input latent coordinates.
     kurtosis_, skewness_, negentropy_
         Excess kurtosis, skewness and log-cosh negentropy of each component on the fitted data.
     negentropy_threshold_
@@ -260,9 +242,8 @@ class ICARotation(TransformerMixin, BaseEstimator):
     gaussian_
         Boolean flag per component: too close to Gaussian to be identified.
     gaussian_subspace_
-        Orthonormal basis (d, m) of the span of the flagged components' ``mixing_``
-        columns in the input coordinates: identified as a subspace (compare it
-        across fits by principal angles), not as axes.
+        Orthonormal basis (d, m) of the span of the flagged components' ``mixing_`` columns in the input coordinates:
+        identified as a subspace (compare it across fits by principal angles), not as axes.
     component_names_
         ``["IC_0", "IC_1", ...]`` in the order of the convention above.
     n_iter_, converged_
@@ -271,8 +252,8 @@ class ICARotation(TransformerMixin, BaseEstimator):
     Warns
     -----
     NonIdentifiableComponentsWarning
-        When two or more components are flagged as Gaussian (one Gaussian
-        component is still identified, as the complement of the others).
+        When two or more components are flagged as Gaussian (one Gaussian component is still identified, as the
+        complement of the others).
 
     Examples
     --------
@@ -454,8 +435,7 @@ class ICAStability:
         ``negentropy`` and ``gaussian`` flag, and ``reproducible``
         (``mean >= threshold``).
     matches
-        Best-match |correlation| of every reference component (columns) in each
-        other run (rows).
+        Best-match |correlation| of each reference component (columns) in each other run (rows).
     mode
         ``"seeds"`` (one latent matrix per fit) or ``"bootstrap"``.
     resample
@@ -512,11 +492,9 @@ def _runs(latents: np.ndarray | Sequence[np.ndarray]) -> list[np.ndarray]:
 class SplitHalfICAs:
     """Each fit's ICA estimated on one of two disjoint halves of the same cells.
 
-    The estimation scheme behind :func:`ica_stability` (seeds mode) and the
-    report's per-component table
-    (:func:`countvae.diagnostics.analyses.components.ica_component_stability`):
-    no cell informs both sides of a comparison, so a shared sample accident
-    cannot fake agreement.
+    The scheme behind :func:`ica_stability` (seeds mode) and the report's per-component table
+    (:func:`countvae.diagnostics.analyses.components.ica_component_stability`): no cell informs both sides of a
+    comparison, so a shared sample accident cannot fake agreement.
 
     Attributes
     ----------
@@ -546,9 +524,9 @@ def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_
     latents
         Two or more (cells, d) arrays of the same cells, one per fit; the first is the reference.
     random_state
-        Seed of the split and of the ICA initialisations (``random_state + i`` for
-        fit ``i``, ``random_state + len(latents)`` for the first fit's own ICA on the
-        second half), so that every ICA starts from its own point.
+        Seed of the split and of the ICA initialisations (``random_state + i`` for fit ``i``,
+        ``random_state + len(latents)`` for the first fit's own ICA on the second half), so every ICA starts from its
+        own point.
     **ica_params
         Passed to :class:`ICARotation`.
 
@@ -574,11 +552,10 @@ def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_
 def attenuation_ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -> np.ndarray | float:
     """A cross-fit match divided by the same fit's split-half match (NaN where the latter is 0).
 
-    An ICA estimated on a finite half is off its population axis, and that error
-    lowers every match it enters: the same fit's across halves as much as
-    another fit's. The ratio (Spearman's correction for attenuation) is the
-    cross-fit match that ICAs estimated on all cells of the distribution would
-    have; above 1 it is estimation noise, and callers cap it there.
+    An ICA estimated on a finite half is off its population axis, an error that lowers every match it enters, the same
+    fit's across halves as much as another fit's. The ratio (Spearman's correction for attenuation) is the cross-fit
+    match that ICAs estimated on all cells of the distribution would have; above 1 it is estimation noise, and callers
+    cap it there.
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.asarray(same_fit) > 0, np.asarray(match) / np.asarray(same_fit), np.nan)[()]
@@ -596,41 +573,33 @@ def ica_stability(
 ) -> ICAStability:
     """Measure whether ICA components reproduce across fits (seeds) or resamples of the cells.
 
-    Each component of a reference ICA fit is matched (Hungarian, on
-    |correlation| over all cells) to the components of every other ICA fit,
-    and its best-match |correlation| is reported per fit and on average.
+    Each component of a reference ICA fit is matched (Hungarian, on |correlation| over all cells) to the components of
+    every other fit; its best-match |correlation| is reported per fit and on average.
 
-    *Seeds mode* (several latent matrices of the same cells, one per model fit):
-    the reference is the first fit's ICA, the others are the later fits' ICAs. *Bootstrap
-    mode* (one latent matrix): the others are ICAs of ``n_bootstrap`` resamples
-    of the cells (Icasso-style, Himberg et al. 2004).
+    *Seeds mode* (several latent matrices of the same cells, one per model fit): the reference is the first fit's
+    ICA, the others the later fits'. *Bootstrap mode* (one latent matrix): the others are ICAs of ``n_bootstrap``
+    resamples of the cells (Icasso-style, Himberg et al. 2004).
 
-    ``resample`` decides which cells each ICA is estimated on (every ICA is
-    then applied to all cells, and every fit gets its own initialisation):
+    ``resample`` picks the cells each ICA is estimated on (each is then applied to all cells; every fit gets its own
+    initialisation):
 
-    * ``"halves"`` (default): the reference on a random half of the cells, the
-      others on the other half (seeds, :func:`split_half_icas`), or on bootstrap
-      resamples of the other half (bootstrap mode). No cell informs both sides
-      of a comparison.
-    * ``"bootstrap"``: the reference on all cells, the others on bootstrap
-      resamples of all cells.
+    * ``"halves"`` (default): the reference on a random half of the cells, the others on the other half (seeds,
+      :func:`split_half_icas`) or on bootstrap resamples of it (bootstrap mode). No cell informs both sides of a
+      comparison.
+    * ``"bootstrap"``: the reference on all cells, the others on bootstrap resamples of them.
     * ``"none"`` (seeds mode only): every ICA on all cells.
 
-    Why: a finite Gaussian sample has accidental most-non-Gaussian directions,
-    and fits that agree up to a linear map on the same cells (as VAE seeds
-    nearly do) hand affine-equivariant ICA the same accident: noisy
-    rotated copies of one 3-d Gaussian sample give matches of 0.98 with
-    ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample keeps
-    most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance
-    level of a random rotation (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83
-    for three, 0.77 for four, 0.69 for six dimensions); Laplace sources give
-    0.99 in every scheme. Hence the default ``threshold`` of 0.95.
+    Why: a finite Gaussian sample has accidental most-non-Gaussian directions, and fits that agree up to a linear map on
+    the same cells (as VAE seeds nearly do) hand affine-equivariant ICA the same accident: noisy rotated copies of one
+    3-d Gaussian sample give matches of 0.98 with ``"none"`` and can still give 0.95 with ``"bootstrap"`` (a resample
+    keeps most of the sample), but 0.72 to 0.91 with ``"halves"``, around the chance level of a random rotation
+    (``2 sqrt(2) / pi = 0.90`` for a plane, 0.83 for three, 0.77 for four, 0.69 for six dimensions); Laplace sources
+    give 0.99 in every scheme, hence the default ``threshold`` of 0.95.
 
-    Seeds with ``"halves"`` follow the report's ICA rule on point estimates:
-    ``reproducible`` when not flagged Gaussian, matched at ``threshold`` by the
-    first fit's own ICA on the other half (``same_fit``), and with ``corrected``
-    (worst match / ``same_fit``, :func:`attenuation_ratio`, capped at 1) at least
-    ``threshold``. Elsewhere those columns are NaN and the rule is ``mean >= threshold``.
+    Seeds with ``"halves"`` follow the report's ICA rule on point estimates: ``reproducible`` when not flagged Gaussian,
+    matched at ``threshold`` by the first fit's own ICA on the other half (``same_fit``), and with ``corrected`` (worst
+    match / ``same_fit``, :func:`attenuation_ratio`, capped at 1) at least ``threshold``. Elsewhere those columns are
+    NaN, the rule ``mean >= threshold``.
 
     Parameters
     ----------

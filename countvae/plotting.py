@@ -1,14 +1,12 @@
 """Figures of the diagnostics and the invariance checks: functions that take data and return matplotlib axes.
 
-Each function draws into ``ax`` (or ``axes``) when given, otherwise into a new
-figure made with :func:`new_axes`, which builds a :class:`matplotlib.figure.Figure`
-on the Agg canvas without touching pyplot: library code never changes the
-user's backend and never calls ``plt.show()``. In a notebook, pass axes from
-``plt.subplots()`` to see the figure inline, or display ``ax.figure``.
+Each function draws into ``ax`` (or ``axes``) when given, otherwise into a new figure from :func:`new_axes`: a
+:class:`matplotlib.figure.Figure` on the Agg canvas, without pyplot, so library code never changes the user's backend
+and never calls ``plt.show()``. In a notebook, pass axes from ``plt.subplots()`` to see the figure inline, or display
+``ax.figure``.
 
-Text on the axes a function draws is drawn as written: a gene, group or fit name
-with a pair of ``$`` is not read as matplotlib mathtext, which fails on anything
-that is not valid TeX and would lose the figure.
+Text is drawn as written: a gene, group or fit name with a pair of ``$`` is not read as matplotlib mathtext, which
+fails on anything that is not valid TeX and would lose the figure.
 """
 
 from __future__ import annotations
@@ -146,11 +144,9 @@ def log_predictive_density(predictive: pd.DataFrame, ax: Axes | None = None) -> 
 def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Each seed's held-out log p(x) per cell minus the best seed's, with the equivalence test's intervals.
 
-    Cells differ far more from each other than seeds do, so unpaired error bars
-    hide every difference between seeds; paired per cell, the differences and
-    their uncertainty are on the same scale. The bars are the pairs'
-    simultaneous intervals (``ci_low``, ``ci_high``; ±2 paired standard errors
-    when the table has none); the shaded band is the equivalence margin.
+    Cells differ far more from each other than seeds do, so unpaired error bars hide every difference between seeds;
+    paired per cell, the differences and their uncertainty are on the same scale. Bars: the pairs' simultaneous
+    intervals (``ci_low``, ``ci_high``; ±2 paired standard errors without them); shaded band: the equivalence margin.
 
     Parameters
     ----------
@@ -215,9 +211,8 @@ def marker_correlations(
 ) -> np.ndarray:
     """One heatmap per seed: correlation of each latent dimension (columns) with each marker (rows).
 
-    The same marker lights up different dimensions, with different signs, in
-    different seeds: per-dimension correlations are a property of the seed's
-    coordinates, not of the data.
+    The same marker lights up different dimensions, with different signs, in different seeds: per-dimension
+    correlations belong to the seed's coordinates, not to the data.
     """
     _require(correlations, ["fit", "marker", "dim", "corr"], "marker_correlations")
     if correlations.empty:
@@ -260,9 +255,8 @@ def marker_r2(r2: pd.DataFrame, ax: Axes | None = None, max_markers: int = 24) -
 def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01) -> Axes:
     """Median (bar) and maximum (tick) cross-seed R-hat of guide draws per quantity, log scale.
 
-    With ``baseline_rhat_max`` in ``summary`` (two independent draw sets of one
-    seed), diamonds mark that within-seed baseline: what R-hat is when nothing
-    but the draws differ. The dashed line is Vehtari et al.'s 1.01, for reference.
+    With ``baseline_rhat_max`` in ``summary`` (two independent draw sets of one seed), diamonds mark that within-seed
+    baseline: R-hat when only the draws differ. The dashed line is Vehtari et al.'s 1.01, for reference.
     """
     _require(summary, ["quantity", "rhat_median", "rhat_max"], "rhat")
     ax = _ax(ax)
@@ -294,9 +288,8 @@ def rhat(summary: pd.DataFrame, ax: Axes | None = None, threshold: float = 1.01)
 def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Cross-seed agreement of each quantity (worst pair) with its interval, coloured by verdict.
 
-    Hollow dashed bars: the same after alignment (coordinate rows). Rows whose
-    metric is not a 0-1 agreement (held-out log p(x), whose metric is
-    ``|diff| / margin``) are left out of the bars; the table states them.
+    Hollow dashed bars: the same after alignment (coordinate rows). Rows whose metric is not a 0-1 agreement (held-out
+    log p(x): ``|diff| / margin``) are left out; the table states them.
     """
     _require(table, ["quantity", "agreement", "aligned_agreement", "verdict", "metric"], "invariants")
     ax = _ax(ax, size=(7.5, 4.0))
@@ -366,13 +359,11 @@ def ica_stability(
 ) -> Axes:
     """Worst best-match |correlation| of each ICA component across seeds, with its interval and verdict.
 
-    Bars (coloured by verdict: agree, differ, undetermined) are the worst match
-    over the other seeds, with the interval of :mod:`countvae.diagnostics.analyses.components`;
-    hatched bars mark components too close to Gaussian to be identified; points
-    are the other seeds one by one. Black ticks (``same_fit_match``) are the
-    baseline within one seed: its ICA on the other half of the cells. Open
-    diamonds (``corrected_match``) are the worst match divided by that baseline,
-    the value the verdict reads. The dashed line is the threshold.
+    Bars (coloured by verdict: agree, differ, undetermined): the worst match over the other seeds, with the interval
+    of :mod:`countvae.diagnostics.analyses.components`; hatched: too close to Gaussian to be identified. Points: the
+    other seeds one by one. Black ticks (``same_fit_match``): the baseline within one seed, its ICA on the other half
+    of the cells. Open diamonds (``corrected_match``): the worst match divided by that baseline, the value the verdict
+    reads. Dashed line: the threshold.
 
     Parameters
     ----------
@@ -569,15 +560,13 @@ def loadings_before_after(
 def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None = None, ax: Axes | None = None) -> Axes:
     """Per-cell ``|log p(x) transformed - original|`` (same base noise) for every map, on a log scale.
 
-    Exact zeros are drawn at ``ZERO_FLOOR`` (1e-17). The maps that preserve the
-    prior sit at rounding level (about 1e-13 nats in float64); the controls sit
-    at the size of a real change (about 1 nat).
+    Exact zeros are drawn at ``ZERO_FLOOR`` (1e-17). Prior-preserving maps sit at rounding level (about 1e-13 nats in
+    float64), the controls at the size of a real change (about 1 nat).
 
     Parameters
     ----------
     per_cell
-        ``InvarianceReport.per_cell``: one frame per ``"variant / map"`` with
-        columns ``lpd`` and ``lpd_crn``.
+        ``InvarianceReport.per_cell``: one frame per ``"variant / map"`` with columns ``lpd`` and ``lpd_crn``.
     threshold
         Equality tolerance to draw as a line (e.g. 1e-9).
     ax
@@ -636,9 +625,8 @@ def output_changes(outputs: pd.DataFrame, ax: Axes | None = None) -> Axes:
 def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     """Agreement of each compared pair per downstream output: between fits (filled) and within one fit (hollow).
 
-    ``pairs`` is the long table of the report's downstream section (columns
-    ``output``, ``metric``, ``kind``, ``value``; ``kind`` is ``"between fits"``
-    or ``"within fit"``). One row per output and metric, top to bottom in table order.
+    ``pairs``: the long table of the report's downstream section (columns ``output``, ``metric``, ``kind``, ``value``;
+    ``kind`` is ``"between fits"`` or ``"within fit"``). One row per output and metric, top to bottom in table order.
     """
     _require(pairs, ["output", "metric", "kind", "value"], "downstream_agreement")
     rows = list(dict.fromkeys(zip(pairs["output"], pairs["metric"], strict=True)))

@@ -7,12 +7,10 @@
 >>> report.passed, report.to_frame()  # doctest: +SKIP
 >>> report.save("invariance_report")  # report.json, report.md, report.html  # doctest: +SKIP
 
-``verify`` (verification.py) puts together the maps and prior controls
-(controls.py), the models evaluated on the cells (evaluation.py) and the checks
-(checks.py, one function each, with what each can and cannot catch); the result
-is an ``InvarianceReport`` (result.py). Exact ``log p(x)`` of linear models:
-quadrature.py (eigenvector-oriented, a fast reference for the estimators) and
-grid_quadrature.py (axis-aligned, the invariance checks' reference).
+``verify`` (verification.py) puts together the maps and prior controls (controls.py), the models evaluated on the
+cells (evaluation.py) and the checks (checks.py, one function each, with what each can and cannot catch) into an
+``InvarianceReport`` (result.py). Exact ``log p(x)`` of linear models: quadrature.py (eigenvector-oriented, a fast
+reference for the estimators) and grid_quadrature.py (axis-aligned, the invariance checks' reference).
 """
 
 from countvae.invariance.controls import control_transforms, default_transforms, prior_preserves, with_prior

@@ -1,47 +1,35 @@
 """The checks of :func:`countvae.invariance.verify`, one small function each, and what each can catch.
 
-A map check takes a :class:`~countvae.invariance.evaluation.MapComparison` (a
-model, its reparameterization by a latent map ``A``, and whether theory says
-``p(x)`` is unchanged) and returns :class:`Measurement` rows; a check that does
-not apply to the comparison returns no rows. A measurement with
-``expect="equal"`` passes when its value is at most the threshold, one with
-``expect="differs"`` when it is above it, ``expect="at_least"`` when it is at
-least the threshold, and ``expect="report"`` carries no verdict. To replace a
-check, write a function with the same signature and put it in
-:data:`MAP_CHECKS` (or :data:`FITTED_MAP_CHECKS`) in its place.
+A map check takes a :class:`~countvae.invariance.evaluation.MapComparison` (a model, its reparameterization by a
+latent map ``A``, and whether theory says ``p(x)`` is unchanged) and returns :class:`Measurement` rows, none when it
+does not apply. To replace a check, put a function with the same signature in its place in :data:`MAP_CHECKS` (or
+:data:`FITTED_MAP_CHECKS`).
 
-Checks whose agreement follows from the code's own algebra (they catch a wrong
-rewrite, not a wrong ``p(x)``):
+Checks whose agreement follows from the code's own algebra (they catch a wrong rewrite, not a wrong ``p(x)``):
 
-1. :func:`common_random_numbers`: both models see the same base noise through
-   the guide, so for a map that preserves the prior every importance weight is equal.
-2. :func:`pointwise`: ``log p(x | z)`` of the original equals ``log p'(x | A z)`` of
-   the transformed model; ``log p(A z)`` equals ``log p(z)`` only for maps that preserve the prior.
+1. :func:`common_random_numbers`: both models see the same base noise through the guide, so for a map that preserves
+   the prior every importance weight is equal.
+2. :func:`pointwise`: ``log p(x | z)`` of the original equals ``log p'(x | A z)`` of the transformed model;
+   ``log p(A z)`` equals ``log p(z)`` only for maps that preserve the prior.
 3. :func:`output_changes`: which model outputs change (see :mod:`countvae.invariance.outputs`).
 
-Checks whose agreement is numerical evidence about ``p(x)`` itself (the two
-models are evaluated by computations that are not images of each other):
+Checks whose agreement is numerical evidence about ``p(x)`` itself (the two models are evaluated by computations that
+are not images of each other):
 
-4. :func:`independent_draws`: the package's estimator on the original (at ``seed``)
-   and on the transformed model (at ``seed + 1``), judged against the reported
-   standard errors.
-5. :func:`own_proposal`: the transformed model's estimate from a proposal built from
-   its own log joint alone (Newton from the prior's mean, and random restarts where the posterior
-   may have several modes, in its
-   coordinates, the prior in place of the guide, ``seed + 2``), against the original.
-6. :func:`exact_quadrature`: exact ``log p(x)`` of both models on product grids along
-   each model's own axes (:mod:`countvae.invariance.grid_quadrature`), to the
-   grids' convergence tolerance.
-7. :func:`control_change`: a map that does not preserve the prior must change
-   ``log p(x)`` by more than the estimators' reported error.
+4. :func:`independent_draws`: the package's estimator on the original (at ``seed``) and on the transformed model (at
+   ``seed + 1``), judged against the reported standard errors.
+5. :func:`own_proposal`: the transformed model's estimate from a proposal built from its own log joint alone (the
+   prior in place of the guide, ``seed + 2``), against the original.
+6. :func:`exact_quadrature`: exact ``log p(x)`` of both models on product grids along each model's own axes
+   (:mod:`countvae.invariance.grid_quadrature`), to the grids' convergence tolerance.
+7. :func:`control_change`: a map that does not preserve the prior must change ``log p(x)`` by more than the
+   estimators' reported error.
 
-Checks of the evidence itself, per model (rows with transform ``"(none)"``):
-:func:`estimator_reliability` (k-hat and ESS) and :func:`estimator_accuracy` (the
-estimator against exact quadrature) and :func:`quadrature_convergence`. When
-one of them fails, ``verify`` says "not verified" and why
-(``EVIDENCE_CHECKS`` in :mod:`countvae.invariance.result`). :func:`elbo_geometry`
-reports the ELBO of mean-field guides (not rotation-invariant: the "near" in
-near-identifiability).
+Checks of the evidence itself, per model (rows with transform ``"(none)"``): :func:`estimator_reliability` (k-hat
+and ESS), :func:`estimator_accuracy` (the estimator against exact quadrature) and :func:`quadrature_convergence`.
+When one of them fails, ``verify`` says "not verified" and why (``EVIDENCE_CHECKS`` in
+:mod:`countvae.invariance.result`). :func:`elbo_geometry` reports the ELBO of mean-field guides (not
+rotation-invariant: the "near" in near-identifiability).
 """
 
 from __future__ import annotations
@@ -117,16 +105,13 @@ def crn_tolerance(c: MapComparison) -> float:
 def common_random_numbers(c: MapComparison) -> list[Measurement]:
     """Largest per-cell ``|log p(x)|`` difference when both models use the same base noise (guide proposal).
 
-    The transformed model's guide is the original's pushed forward, so draw ``s``
-    of the transformed model is ``A`` times draw ``s`` of the original, and for a
-    map that preserves the prior every importance weight, hence the estimate, is
-    equal up to rounding (float64: 1e-9 nats). Catches: any error in the rewrite
-    of the decoder, the guide or the prior density that changes a single weight,
-    and a prior that is not invariant under the map (a non-isotropic prior under a
-    rotation). Cannot catch: anything both models share (an error in the log
-    joint, the importance sampler's bias or variance, a map that was never
-    applied), because it compares the code with itself; agreement here is not
-    evidence that ``p(x)`` is estimated correctly.
+    The transformed model's guide is the original's pushed forward, so its draw ``s`` is ``A`` times the original's,
+    and for a map that preserves the prior every importance weight, hence the estimate, is equal up to rounding
+    (float64: 1e-9 nats). Catches: any error in the rewrite of the decoder, the guide or the prior density that
+    changes a single weight, and a prior that is not invariant under the map (a non-isotropic prior under a
+    rotation). Cannot catch: anything both models share (an error in the log joint, the importance sampler's bias or
+    variance, a map never applied): it compares the code with itself, so agreement here is no evidence that ``p(x)``
+    is estimated correctly.
     """
     seed = c.settings.seed
     diff = np.abs(c.transformed.guide_lpd(seed)["lpd"].to_numpy() - c.original.guide_lpd(seed)["lpd"].to_numpy())
@@ -137,15 +122,12 @@ def common_random_numbers(c: MapComparison) -> list[Measurement]:
 def paired_statistics(base: pd.DataFrame, other: pd.DataFrame) -> dict[str, float]:
     """Two independent estimates of each cell's ``log p(x)`` compared against their reported standard errors.
 
-    With ``d_i`` the per-cell difference (``other - base``) and
-    ``s_i = sqrt(se_i^2 + se'_i^2)`` its reported standard error: the mean
-    difference, ``z_mean = mean d / (sqrt(sum s_i^2) / n)``, the fraction of
-    cells with ``|d_i| > 4 s_i``, and ``z_cells = (sum (d_i / s_i)^2 - n) / sqrt(2 n)``,
-    the chi-square of the per-cell differences standardized (about N(0, 1) when
-    nothing changed and the standard errors are right; large when cells change
-    by more than their errors, whatever the signs of the changes). Cells where either estimate has no standard
-    error (an unreliable estimate) are left out of the z statistics; their share
-    is judged by :func:`estimator_reliability`.
+    With ``d_i`` the per-cell difference (``other - base``) and ``s_i = sqrt(se_i^2 + se'_i^2)`` its reported standard
+    error: the mean difference, ``z_mean = mean d / (sqrt(sum s_i^2) / n)``, the fraction of cells with
+    ``|d_i| > 4 s_i``, and ``z_cells = (sum (d_i / s_i)^2 - n) / sqrt(2 n)``, the standardized chi-square of the
+    per-cell differences (about N(0, 1) when nothing changed and the standard errors are right; large when cells
+    change by more than their errors, whatever the signs). Cells where either estimate has no standard error
+    (unreliable) are left out of the z statistics; their share is judged by :func:`estimator_reliability`.
     """
     diff = other["lpd"].to_numpy() - base["lpd"].to_numpy()
     se = np.sqrt(base["mc_se"].to_numpy() ** 2 + other["mc_se"].to_numpy() ** 2)
@@ -195,15 +177,12 @@ def _compare(prefix: str, c: MapComparison, base: pd.DataFrame, other: pd.DataFr
 def independent_draws(c: MapComparison) -> list[Measurement]:
     """The package's estimator on the original (``seed``) and the transformed model (``seed + 1``).
 
-    The transformed model's proposal is built in its own coordinates (Newton from
-    its guide's mean, Student-t scale matrices factored there, and, for models
-    whose posterior may have several modes, restarts from standard normal
-    points), so its draws are not the images of the original's and the two
-    estimates share no random numbers. Catches: a transformed model whose
-    ``p(x)`` differs from the original's by more than the reported Monte Carlo
-    error, and reported standard errors that are too small for the actual spread
-    (then ``*_outside_4se_fraction`` is large). Cannot catch: an error common to
-    both models' log joint, or a bias shared by the estimator on both.
+    The transformed model's proposal is built in its own coordinates (Newton from its guide's mean, Student-t scale
+    matrices factored there and, where the posterior may have several modes, restarts from standard normal points),
+    so its draws are not images of the original's and the two estimates share no random numbers. Catches: a
+    transformed model whose ``p(x)`` differs from the original's by more than the reported Monte Carlo error, and
+    reported standard errors too small for the actual spread (then ``*_outside_4se_fraction`` is large). Cannot
+    catch: an error common to both models' log joint, or a bias shared by the estimator on both.
     """
     seed = c.settings.seed
     if not c.invariant:
@@ -214,16 +193,13 @@ def independent_draws(c: MapComparison) -> list[Measurement]:
 def own_proposal(c: MapComparison) -> list[Measurement]:
     """The transformed model's ``log p(x)`` from a proposal built from the transformed model alone.
 
-    The estimator runs on the transformed model with the prior ``N(0, I)`` in
-    place of the guide (whose rewrite is derived from the original's encoder), so
-    the posterior modes are found by Newton from the origin (and random restarts
-    where the posterior may have several modes)
-    in the transformed coordinates, with an independent seed (``seed + 2``).
-    Compared with the original model's estimate against the reported standard
-    errors. Catches: a rewrite whose guide compensates a wrong decoder (the
-    common-random-number check compares the two rewrites with each other), and a
-    ``p(x)`` that the original's guide cannot find. Cannot catch: an error in the
-    log joint itself that both models share.
+    The estimator runs on the transformed model with the prior ``N(0, I)`` in place of the guide (whose rewrite is
+    derived from the original's encoder), so the posterior modes are found by Newton from the origin (and random
+    restarts where the posterior may have several modes) in the transformed coordinates, with an independent seed
+    (``seed + 2``); compared with the original model's estimate against the reported standard errors. Catches: a
+    rewrite whose guide compensates a wrong decoder (the common-random-number check compares the two rewrites with
+    each other), and a ``p(x)`` that the original's guide cannot find. Cannot catch: an error in the log joint itself
+    that both models share.
     """
     if not c.invariant:
         return []
@@ -235,18 +211,14 @@ def own_proposal(c: MapComparison) -> list[Measurement]:
 def control_change(c: MapComparison) -> list[Measurement]:
     """For a map that does not preserve the prior: the change of ``log p(x)`` in units of its reported error.
 
-    From the per-cell differences ``d_i`` of the package's estimator on the
-    transformed (``seed + 1``) and the original model (``seed``) with reported
-    standard errors ``s_i`` (:func:`paired_statistics`): ``control_z`` is the
-    standardized chi-square ``(sum (d_i / s_i)^2 - n) / sqrt(2 n)``, about 0 when
-    nothing changed, and the control is detected when it exceeds
-    ``change_threshold``. A chi-square rather than the mean, because a control can
-    raise ``p(x)`` for some cells and lower it for others (an axis scaling does).
-    The mean change in its standard errors and the share of cells changed by
-    more than 4 ``s_i`` are reported. Catches: checks that could not tell an
-    invariant from a non-invariant map (a test that passes whatever the map).
-    Cannot catch: a control whose change happens to be smaller than the Monte
-    Carlo error (then the check fails and says so).
+    From the per-cell differences ``d_i`` of the package's estimator on the transformed (``seed + 1``) and the
+    original model (``seed``) with reported standard errors ``s_i`` (:func:`paired_statistics`): ``control_z`` is the
+    standardized chi-square ``(sum (d_i / s_i)^2 - n) / sqrt(2 n)``, about 0 when nothing changed; the control is
+    detected when it exceeds ``change_threshold``. A chi-square rather than the mean, because a control can raise
+    ``p(x)`` for some cells and lower it for others (an axis scaling does). The mean change in its standard errors and
+    the share of cells changed by more than 4 ``s_i`` are reported. Catches: checks that cannot tell an invariant from
+    a non-invariant map (a test that passes whatever the map). Cannot catch: a control whose change happens to be
+    smaller than the Monte Carlo error (then the check fails and says so).
     """
     if c.invariant:
         return []
@@ -293,9 +265,9 @@ def pointwise_differences(c: MapComparison) -> tuple[float, float, float]:
 def pointwise(c: MapComparison) -> list[Measurement]:
     """The conditional likelihood at matched draws is unchanged; the prior density only if the map preserves it.
 
-    Catches: a decoder rewrite that is not the exact compensation of ``A`` (for
-    every invertible map), and a prior that is or is not invariant against the
-    theory. Cannot catch: anything about the integral ``p(x)``; it is algebra at points.
+    Catches: a decoder rewrite that is not the exact compensation of ``A`` (for every invertible map), and a prior
+    whose invariance contradicts the theory. Cannot catch: anything about the integral ``p(x)``; it is algebra at
+    points.
     """
     tol = c.settings.tolerances
     ll_diff, prior_diff, ll_scale = pointwise_differences(c)
@@ -322,16 +294,13 @@ def quadrature_agreement_tolerance(c: MapComparison) -> float:
 def exact_quadrature(c: MapComparison) -> list[Measurement]:
     """Exact ``log p(x)`` of both models on axis-aligned grids (where quadrature applies).
 
-    Each model is integrated on a product grid along its own latent axes
-    (:func:`countvae.invariance.grid_quadrature`), so a model and
-    its rotated copy are evaluated at different nodes and agree only if their
-    integrals do. For a map that preserves the prior the values must agree to the
-    grids' accuracy (twice the convergence tolerance); a control must differ by
-    more than 100 times that. Catches: any difference of ``p(x)`` larger than
-    about 1e-8 nats per cell, without Monte Carlo error and without the guide.
-    Cannot catch: errors in the likelihood formula that both models share (the
-    quadrature reimplements the linear Poisson/NB log joint; that formula is tested
-    against the module's log joint elsewhere).
+    Each model is integrated on a product grid along its own latent axes (:func:`countvae.invariance.grid_quadrature`),
+    so a model and its rotated copy are evaluated at different nodes and agree only if their integrals do. For a map
+    that preserves the prior the values must agree to the grids' accuracy (twice the convergence tolerance); a control
+    must differ by more than 100 times that. Catches: any difference of ``p(x)`` above about 1e-8 nats per cell,
+    without Monte Carlo error and without the guide. Cannot catch: errors in the likelihood formula that both models
+    share (the quadrature reimplements the linear Poisson/NB log joint; that formula is tested against the module's
+    log joint elsewhere).
     """
     quad0, quad1 = c.original.quadrature, c.transformed.quadrature
     if quad0 is None or quad1 is None:
@@ -355,9 +324,8 @@ def exact_quadrature(c: MapComparison) -> list[Measurement]:
 def output_changes(c: MapComparison) -> list[Measurement]:
     """How much each output changes: invariant ones must not, coordinate-level ones are reported.
 
-    Catches: a rewrite that changes decoded expression, or (orthogonal maps) latent
-    distances, neighbour graphs or ``W W^T``; and a map that was never applied
-    (the coordinate-level changes are then zero, which the report shows). Cannot
+    Catches: a rewrite that changes decoded expression, or (orthogonal maps) latent distances, neighbour graphs or
+    ``W W^T``; and a map never applied (the coordinate-level changes are then zero, which the report shows). Cannot
     catch: anything about ``p(x)``; these are the model's outputs at the posterior means.
     """
     changes = compare_outputs(c.original.outputs, c.transformed.outputs, c.A)
@@ -379,10 +347,9 @@ def output_changes(c: MapComparison) -> list[Measurement]:
 def elbo_geometry(c: MapComparison) -> list[Measurement]:
     """For an orthogonal map: the ELBO with the pushed-forward guide (exact), its mean-field projection, a refit.
 
-    The pushed-forward full-covariance guide gives the same ELBO with the same noise
-    (algebra, like the common-random-number check); the mean-field projection and
-    the per-cell refit are reported, not judged: they show how much a mean-field
-    guide prefers some coordinates (the "near" in near-identifiability).
+    The pushed-forward full-covariance guide gives the same ELBO with the same noise (algebra, like the
+    common-random-number check); the mean-field projection and the per-cell refit are reported, not judged: they
+    show how much a mean-field guide prefers some coordinates (the "near" in near-identifiability).
     """
     if not c.orthogonal:
         return []
@@ -421,14 +388,12 @@ def elbo_geometry(c: MapComparison) -> list[Measurement]:
 def estimator_reliability(model: EvaluatedModel) -> list[Measurement]:
     """Whether the estimator's own diagnostics allow its numbers to be used as evidence.
 
-    The share of cells with Pareto k-hat above 0.7 (no standard error) or ESS
-    below ``min_ess`` (:func:`countvae.module.importance.estimate_reliability`),
-    for every estimate the checks use on this model and its maps'
-    reparameterizations so far, must be at most ``max_unreliable_fraction``;
-    the median ESS and largest k-hat are reported. Catches: a proposal that misses
-    the posterior (too few draws, a bad guide), whose standard errors would
-    otherwise make every comparison look precise. Cannot catch: a posterior mode
-    that no proposal component visits (the weights then look well behaved).
+    The share of cells with Pareto k-hat above 0.7 (no standard error) or ESS below ``min_ess``
+    (:func:`countvae.module.importance.estimate_reliability`), for every estimate the checks use on this model and its
+    maps' reparameterizations so far, must be at most ``max_unreliable_fraction``; the median ESS and largest k-hat
+    are reported. Catches: a proposal that misses the posterior (too few draws, a bad guide), whose standard errors
+    would otherwise make every comparison look precise. Cannot catch: a posterior mode no proposal component visits
+    (the weights then look well behaved).
     """
     s = model.settings
     estimate = model.lpd(s.seed)
@@ -443,11 +408,10 @@ def estimator_reliability(model: EvaluatedModel) -> list[Measurement]:
 def estimator_accuracy(model: EvaluatedModel) -> list[Measurement]:
     """The package's estimate against exact quadrature, for one model (where quadrature applies).
 
-    The mean absolute error must be at most ``max_estimator_error`` nats per cell,
-    and at most ``max_unreliable_fraction`` of the cells may lie outside 3 reported
-    standard errors. Catches: a biased estimator or standard errors that are too
-    small (the errors the k-hat diagnostic cannot see). Cannot catch: anything in
-    models without quadrature (MLP decoders, more than 3 latent dimensions).
+    The mean absolute error must be at most ``max_estimator_error`` nats per cell, and at most
+    ``max_unreliable_fraction`` of the cells may lie outside 3 reported standard errors. Catches: a biased estimator
+    or too small standard errors (what the k-hat diagnostic cannot see). Cannot catch: anything in models without
+    quadrature (MLP decoders, more than 3 latent dimensions).
     """
     quad = model.quadrature
     if quad is None:

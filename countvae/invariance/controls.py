@@ -1,10 +1,8 @@
 """What :func:`countvae.invariance.verify` compares: the latent maps, and the same networks under other priors.
 
-The theory says which comparisons must leave ``p(x)`` unchanged: a map ``A``
-does exactly when the law of ``A z`` under the prior is the prior itself
-(:func:`prior_preserves`). The default maps are orthogonal (symmetries of
-N(0, I)); the controls are non-orthogonal maps, and copies of the model with a
-prior whose symmetry group is smaller (:func:`with_prior`).
+A map ``A`` leaves ``p(x)`` unchanged exactly when the law of ``A z`` under the prior is the prior itself
+(:func:`prior_preserves`). The default maps are orthogonal (symmetries of N(0, I)); the controls are non-orthogonal
+maps, and copies of the model with a prior whose symmetry group is smaller (:func:`with_prior`).
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ OWN_GROUP = {"laplace": "signed permutation", "diagonal": "reflection"}
 def default_transforms(n_latent: int, seed: int = 0) -> dict[str, np.ndarray]:
     """The orthogonal maps :func:`countvae.invariance.verify` applies by default, by name.
 
-    A Haar rotation, a sign flip of random axes, a non-identity permutation, a
-    signed permutation and a Haar orthogonal matrix (either determinant); for
-    ``n_latent = 1`` only the sign flip exists.
+    A Haar rotation, a sign flip of random axes, a non-identity permutation, a signed permutation and a Haar
+    orthogonal matrix (either determinant); for ``n_latent = 1`` only the sign flip.
     """
     seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, size=5)
     maps = {}
@@ -74,11 +71,10 @@ def prior_preserves(prior: LatentPrior, A: np.ndarray, atol: float = 1e-8) -> bo
 def loadings_preserve(loadings_prior: LoadingsPrior | None, A: np.ndarray, atol: float = 1e-8) -> bool | None:
     """Whether ``p(W A^-1) = p(W)`` for every ``W`` under the prior on the loadings (``None`` without one).
 
-    ``z' = A z`` rewrites the loadings as ``W' = W A^-1``. Horseshoe (independent,
-    identically distributed, even entries): ``A`` is a signed permutation.
-    Gene programs (``W_gk ~ N(0, s_gk^2)``): ``A^-1 D_g A^-T = D_g`` for every gene
-    ``g``, with ``D_g = diag(1 / s_g^2)``; for orthogonal ``A`` this holds when
-    ``A`` only flips signs and swaps columns with the same gene set.
+    ``z' = A z`` rewrites the loadings as ``W' = W A^-1``. Horseshoe (independent, identically distributed, even
+    entries): ``A`` is a signed permutation. Gene programs (``W_gk ~ N(0, s_gk^2)``): ``A^-1 D_g A^-T = D_g`` for
+    every gene ``g``, with ``D_g = diag(1 / s_g^2)``; for orthogonal ``A``, when ``A`` only flips signs and swaps
+    columns with the same gene set.
     """
     if loadings_prior is None:
         return None
@@ -127,8 +123,8 @@ def with_prior(model: CountVAE, kind: Literal["normal", "laplace", "diagonal"], 
 def prior_control_variants(model: CountVAE, seed: int) -> dict[str, tuple[CountVAE, dict[str, np.ndarray]]]:
     """The prior controls of :func:`verify`, by label: a copy with each prior the model does not have.
 
-    Each comes with two maps: the default rotation (which must change ``p(x)``)
-    and the default map of the prior's own group (which must not).
+    Each comes with the default rotation (which must change ``p(x)``) and the default map of the prior's own group
+    (which must not).
     """
     defaults = default_transforms(model.n_latent, seed)
     return {

@@ -1,19 +1,15 @@
 """The ELBO under latent maps: exactly invariant with the pushed-forward guide, not with a mean-field guide.
 
-``p(x)`` is the same for every orthogonal reparameterization, and so is the ELBO
-when the guide is pushed forward to the full-covariance Gaussian
-``N(A mu, A diag(sigma^2) A^T)``. A mean-field guide cannot represent that
-covariance: in rotated coordinates the best mean-field guide loses the posterior
-correlations the rotation created, so its ELBO is lower. Training with a
-mean-field guide therefore prefers coordinates in which posteriors are
-uncorrelated (Rolinek et al., CVPR 2019): the "near" in near-identifiability.
-Two measurements:
+``p(x)`` is the same for every orthogonal reparameterization, and so is the ELBO with the guide pushed forward to
+the full-covariance Gaussian ``N(A mu, A diag(sigma^2) A^T)``. A mean-field guide cannot represent that covariance:
+in rotated coordinates the best one loses the posterior correlations the rotation created, so its ELBO is lower.
+Training with a mean-field guide therefore prefers coordinates with uncorrelated posteriors (Rolinek et al., CVPR
+2019): the "near" in near-identifiability. Two measurements:
 
-* :func:`elbo_comparison`: the mean-field projection
-  ``N(A mu, diag(diag(A S^2 A^T)))`` of the pushed-forward guide (same marginal
-  variances), with common noise;
-* :func:`refit_mean_field_elbo`: the best mean-field guide of every cell,
-  refitted with the decoder fixed (no amortization), in each model's coordinates.
+* :func:`elbo_comparison`: the mean-field projection ``N(A mu, diag(diag(A S^2 A^T)))`` of the pushed-forward guide
+  (same marginal variances), with common noise;
+* :func:`refit_mean_field_elbo`: the best mean-field guide of every cell, refitted with the decoder fixed (no
+  amortization), in each model's coordinates.
 """
 
 from __future__ import annotations
@@ -53,9 +49,8 @@ def elbo_comparison(
 ) -> dict[str, float]:
     """ELBO of the original vs the transformed model with its pushed-forward guide and its mean-field projection.
 
-    Every ELBO is the Monte Carlo average of ``log p(x | z) + log p(z) - log q(z)``
-    over the same base noise, so the pushed-forward guide reproduces the original
-    draw for draw.
+    Every ELBO is the Monte Carlo average of ``log p(x | z) + log p(z) - log q(z)`` over the same base noise, so the
+    pushed-forward guide reproduces the original's draw for draw.
 
     Returns
     -------
@@ -117,12 +112,10 @@ def refit_mean_field_elbo(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The ELBO of each cell's best mean-field Gaussian guide, with the model's decoder and prior fixed.
 
-    Per cell, ``q(z) = N(m, diag(s^2))`` starts from the model's guide (for a
-    full-covariance guide, its mean and marginal variances) and maximises
-    ``E_q[log p(x | z) + log p(z)] + H[q]`` (entropy in closed form) by Adam on a
-    fixed set of ``n_draws`` base draws (sample-average approximation, so the
-    objective is deterministic). The optimum is then evaluated on ``n_eval_draws``
-    fresh draws.
+    Per cell, ``q(z) = N(m, diag(s^2))`` starts from the model's guide (for a full-covariance guide, its mean and
+    marginal variances) and maximises ``E_q[log p(x | z) + log p(z)] + H[q]`` (entropy in closed form) by Adam on a
+    fixed set of ``n_draws`` base draws (a sample-average approximation: a deterministic objective), then is evaluated
+    on ``n_eval_draws`` fresh draws.
 
     Returns
     -------

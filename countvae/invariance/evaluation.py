@@ -1,14 +1,11 @@
 """What the invariance checks read: a model on the evaluated cells, each estimate computed once.
 
-:func:`countvae.invariance.verify` compares a model with its reparameterization
-by a latent map. Several checks need the same expensive numbers (``log p(x)`` by importance
-sampling with the guide as proposal at a seed, for the common-random-number
-check; by the package's estimator at a seed, started from the guide or from the
-prior alone; exact quadrature on an axis-aligned grid; the model's outputs); an
-:class:`EvaluatedModel` computes each on first use and keeps it, so every check
-can ask for what it needs without knowing who else does. Every estimate draws
-from its own seeded generator, so the order in which checks ask does not change
-any number.
+:func:`countvae.invariance.verify` compares a model with its reparameterization by a latent map. Several checks need
+the same expensive numbers (``log p(x)`` by importance sampling with the guide as proposal at a seed, for the
+common-random-number check; by the package's estimator at a seed, started from the guide or from the prior alone;
+exact quadrature on an axis-aligned grid; the model's outputs); an :class:`EvaluatedModel` computes each on first use
+and keeps it, so every check asks for what it needs without knowing who else does. Every estimate draws from its own
+seeded generator, so the order of the requests changes no number.
 """
 
 from __future__ import annotations
@@ -202,13 +199,11 @@ class VerifySettings:
 def prior_started_lpd(model: CountVAE, source, indices: np.ndarray, settings: MarginalSettings, seed: int):
     """``log p(x)`` per cell by :func:`countvae.module.marginal.estimate_log_marginal` with the prior as the guide.
 
-    The estimator is handed the prior ``N(0, I)`` in place of ``q(z | x)``, so that
-    nothing of the proposal comes from the encoder (whose rewrite under a latent map
-    is derived from the original model): Newton starts at the origin, the restarts (if any)
-    are standard normal points in this model's coordinates, and the defensive
-    component is the prior. Curvature: the module's Gauss-Newton
-    :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`, as in
-    :func:`countvae.model.inference.log_predictive_density`. Rows in the order of ``indices``.
+    The estimator gets the prior ``N(0, I)`` in place of ``q(z | x)``, so nothing of the proposal comes from the
+    encoder (whose rewrite under a latent map derives from the original model): Newton starts at the origin,
+    the restarts (if any) are standard normal points in this model's coordinates, and the defensive component is the
+    prior. Curvature: the module's Gauss-Newton :meth:`~countvae.module.vae.CountVAEModule.log_joint_neg_hessian`, as
+    in :func:`countvae.model.inference.log_predictive_density`. Rows in the order of ``indices``.
     """
     module = model.module.eval()
     dtype = next(module.parameters()).dtype
@@ -286,9 +281,8 @@ class EvaluatedModel:
     def guide_lpd(self, seed: int) -> pd.DataFrame:
         """``log p(x)`` per cell by importance sampling with the guide as proposal (``n_samples`` draws) at ``seed``.
 
-        Two models evaluated at the same seed share their base noise (common random
-        numbers): for a map that preserves the prior, a correct rewrite gives every
-        importance weight unchanged.
+        Two models evaluated at the same seed share their base noise (common random numbers): for a map that
+        preserves the prior, a correct rewrite leaves every importance weight unchanged.
         """
         key = ("guide proposal", seed)
         if key not in self._lpd:
@@ -303,11 +297,9 @@ class EvaluatedModel:
     def lpd(self, seed: int, start: Start = "guide") -> pd.DataFrame:
         """``log p(x)`` per cell by the package's estimator at ``seed`` (columns ``lpd, mc_se, ess, khat``).
 
-        ``start="guide"``: the estimator as every user runs it (Newton from the
-        guide's mean, the guide in the defensive mixture). ``start="prior"``: the
-        guide replaced by the prior ``N(0, I)``, so that the proposal (Newton from
-        the origin and from any random restarts, in this model's own coordinates) is
-        built from this model's log joint alone.
+        ``start="guide"``: the estimator as every user runs it (Newton from the guide's mean, the guide in the
+        defensive mixture). ``start="prior"``: the guide replaced by the prior ``N(0, I)`` (see
+        :func:`prior_started_lpd`), so that the proposal is built from this model's log joint alone.
         """
         key = (f"estimator from {start}", seed)
         if key not in self._lpd:

@@ -1,29 +1,24 @@
 """Exact ``log p(x)`` on a product grid laid along the model's own latent axes, refined until it stops changing.
 
-The eigenvector-oriented Gauss-Hermite grid of :mod:`countvae.invariance.quadrature`
-turns with the latent space, so a model and its rotated copy are integrated on
-grids that are rotations of each other and agree by algebra. Here the grid is a
-tensor product of equispaced nodes along the coordinate axes of whichever model
-is integrated, so a model and its rotated copy are integrated on different node
-sets, and agreement to the convergence tolerance is a numerical finding about
-``p(x)``. A non-orthogonal reparameterization integrated the same way must
-differ by far more than that tolerance.
+The eigenvector-oriented Gauss-Hermite grid of :mod:`countvae.invariance.quadrature` turns with the latent space, so
+a model and its rotated copy are integrated on rotated grids and agree by algebra. Here the grid is a tensor product of
+equispaced nodes along the coordinate axes of whichever model is integrated, so the two are integrated on different
+node sets, and agreement to the convergence tolerance is a numerical finding about ``p(x)``. A non-orthogonal
+reparameterization integrated the same way must differ by far more than that tolerance.
 
 Per cell, for ``log mu = offset + z W^T`` and ``z ~ N(0, I)`` (``L <= 3``):
 
-1. the mode ``m`` and negative Hessian ``H`` of the log joint ``f`` (Newton; ``f``
-   is concave for Poisson and NB with a log link);
-2. an axis-aligned box centred at ``m`` with half-width ``r sd_i`` along axis ``i``,
-   ``sd_i = sqrt((H^-1)_ii)`` the Laplace marginal sd (``r`` starts at
-   :data:`HALF_WIDTH_SD`); the box is widened by half while the largest ``f`` on its
-   boundary is within :data:`TAIL_NATS` of the largest ``f`` inside, so that, ``f``
-   being concave, the mass outside the box is negligible;
-3. the trapezoid rule with ``n`` equispaced nodes per axis, ``n = 17, 33, 65, ...``
-   (each grid contains the previous one), until ``log p(x)`` changes by less than
-   ``tolerance`` between two successive grids or ``max_nodes`` is reached. For an
-   analytic integrand that is negligible at the box's edges the trapezoid error
-   falls faster than any power of the spacing, so the last change bounds the
-   error of the coarser grid, and the finer value (reported) is more accurate.
+1. the mode ``m`` and negative Hessian ``H`` of the log joint ``f`` (Newton; ``f`` is concave for Poisson and NB with
+   a log link);
+2. an axis-aligned box centred at ``m`` with half-width ``r sd_i`` along axis ``i``, ``sd_i = sqrt((H^-1)_ii)`` the
+   Laplace marginal sd (``r`` starts at :data:`HALF_WIDTH_SD`); the box is widened by half while the largest ``f`` on
+   its boundary is within :data:`TAIL_NATS` of the largest ``f`` inside, so that, ``f`` being concave, the mass
+   outside is negligible;
+3. the trapezoid rule with ``n`` equispaced nodes per axis, ``n = 17, 33, 65, ...`` (each grid contains the previous
+   one), until ``log p(x)`` changes by less than ``tolerance`` between two successive grids or ``max_nodes`` is
+   reached. For an analytic integrand negligible at the box's edges the trapezoid error falls faster than any power
+   of the spacing, so the last change bounds the coarser grid's error, and the finer value (reported) is more
+   accurate.
 
 A cell that reaches ``max_nodes`` without converging is reported as such
 (``converged`` False), with the change at its last doubling.
@@ -133,9 +128,8 @@ class GridQuadrature:
 class _LogJoint:
     """``log p(x | z) + log N(z; 0, I)`` for ``z`` (k, cells, L), shape (k, cells), with per-cell constants hoisted.
 
-    The same terms as :func:`countvae.invariance.quadrature.log_likelihood_terms`
-    (tested against it), rearranged so that only one transcendental per gene and
-    node remains: ``x . eta`` is linear in ``z``.
+    The same terms as :func:`countvae.invariance.quadrature.log_likelihood_terms` (tested against it), rearranged so
+    only one transcendental per gene and node remains: ``x . eta`` is linear in ``z``.
     """
 
     def __init__(self, x, offset, weight, theta):
@@ -306,11 +300,10 @@ def grid_quadrature(
     Parameters
     ----------
     model
-        A trained :class:`countvae.CountVAE` with ``decoder="linear"``,
-        ``likelihood`` ``"poisson"`` or ``"nb"``, prior ``"normal"`` or
-        ``"diagonal"`` and ``n_latent <= 3`` (see
-        :func:`countvae.invariance.quadrature.linear_model_pieces`). A
-        reparameterized model is integrated along its new axes.
+        A trained :class:`countvae.CountVAE` with ``decoder="linear"``, ``likelihood`` ``"poisson"`` or ``"nb"``, prior
+        ``"normal"`` or ``"diagonal"`` and ``n_latent <= 3`` (see
+        :func:`countvae.invariance.quadrature.linear_model_pieces`); a reparameterized one is integrated along its
+        new axes.
     adata, indices
         Cells to evaluate (default: the model's AnnData, all cells).
     tolerance

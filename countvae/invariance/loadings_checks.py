@@ -1,40 +1,32 @@
 """The invariance check of a model whose loadings ``W`` are a latent variable with a prior (a restriction).
 
-What ``p(x)`` means then. With free loadings, ``W`` is a parameter and the model's
-density of the data is ``p(x) = prod_i int p(x_i | z, W) p(z) dz``. With a prior on
-``W`` the model is ``p(W) prod_i p(x_i | z_i, W) p(z_i)``, and a latent map ``A``
-acts on ``W`` too (``W' = W A^-1``). The held-out predictive density given the
-posterior of ``W`` cannot see the restriction: pushing ``q(W)`` forward through the
-map only relabels it, so ``log p(x | W)`` is unchanged by every map that keeps the
-prior on ``z``. The restriction acts through ``p(W)``. The quantity checked is
+What ``p(x)`` means then. With free loadings, ``W`` is a parameter and the model's density of the data is
+``p(x) = prod_i int p(x_i | z, W) p(z) dz``. With a prior on ``W`` the model is ``p(W) prod_i p(x_i | z_i, W) p(z_i)``,
+and a latent map ``A`` acts on ``W`` too (``W' = W A^-1``). The held-out predictive density given the posterior of
+``W`` cannot see the restriction: pushing ``q(W)`` forward through the map only relabels it, so ``log p(x | W)`` is
+unchanged by every map that keeps the prior on ``z``; the restriction acts through ``p(W)``. The quantity checked is
 therefore the joint density of the held-out cells and the loadings,
 
     ``log p(x_heldout, W) = sum_i log p(x_i | W) + log p(W)``
 
-at ``W`` = the posterior mean (the decoder's weight), with ``log p(x_i | W)`` the
-importance-sampled held-out log predictive density of each cell (the estimator
-the other checks use) and ``log p(W)`` the prior density of
-:meth:`countvae.module.CountVAEModule.log_prior_loadings` (Gaussian for gene
-programs; for the horseshoe the local scales integrated out by quadrature, at the
-guide's medians of the global scale and the slab). It is unchanged exactly when
-the map keeps both priors, and a map that keeps only the prior on ``z`` (a
-rotation, under a N(0, I) prior) changes it by ``log p(W A^-1) - log p(W)``.
+at ``W`` = the posterior mean (the decoder's weight), with ``log p(x_i | W)`` the importance-sampled held-out log
+predictive density of each cell (the estimator the other checks use) and ``log p(W)`` the prior density of
+:meth:`countvae.module.CountVAEModule.log_prior_loadings` (Gaussian for gene programs; for the horseshoe the local
+scales integrated out by quadrature, at the guide's medians of the global scale and the slab). It is unchanged exactly
+when the map keeps both priors; a map that keeps only the prior on ``z`` (a rotation, under a N(0, I) prior) changes
+it by ``log p(W A^-1) - log p(W)``.
 
 Rows per map:
 
-* ``loadings_log_prior_abs_diff``: ``|log p(W A^-1) - log p(W)|``, equal within
-  rounding for maps the loadings prior keeps, above ten times that otherwise;
-* ``joint_abs_change``: ``|change of log p(x_heldout, W)|`` measured with common
-  random numbers (the held-out sum of per-cell changes plus the change of
-  ``log p(W)``), equal within rounding (the per-cell tolerance of
-  :func:`countvae.invariance.checks.crn_tolerance` times the number of cells)
-  for maps the whole model keeps;
-* ``joint_change_over_mc_error``, for every other map: that change measured with
-  common noise at ``seed`` and again at ``seed + 1``, their mean over the Monte
-  Carlo error of the change (half their difference, at least the rounding
-  tolerance), which must exceed ``change_threshold``. With a N(0, I) prior on
-  ``z`` a rotation leaves every held-out ``log p(x_i | W)`` unchanged with common
-  noise, so the change is the change of ``log p(W)``, exactly replicated.
+* ``loadings_log_prior_abs_diff``: ``|log p(W A^-1) - log p(W)|``, equal within rounding for maps the loadings prior
+  keeps, above ten times that otherwise;
+* ``joint_abs_change``: ``|change of log p(x_heldout, W)|`` with common random numbers (the held-out sum of per-cell
+  changes plus the change of ``log p(W)``), equal within rounding (the per-cell tolerance of
+  :func:`countvae.invariance.checks.crn_tolerance` times the number of cells) for maps the whole model keeps;
+* ``joint_change_over_mc_error``, for every other map: that change measured with common noise at ``seed`` and at
+  ``seed + 1``, their mean over the Monte Carlo error of the change (half their difference, at least the rounding
+  tolerance), which must exceed ``change_threshold``. With a N(0, I) prior on ``z`` a rotation leaves every held-out
+  ``log p(x_i | W)`` unchanged with common noise, so the change is that of ``log p(W)``, exactly replicated.
 """
 
 from __future__ import annotations

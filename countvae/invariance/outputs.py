@@ -1,11 +1,9 @@
 """Which model outputs a latent map changes: the invariant and the coordinate-level quantities.
 
-Under ``z' = A z`` with the decoder compensated, decoded expression is unchanged
-for any invertible ``A``; latent distances, neighbour graphs and the loading Gram
-matrix ``W W^T`` are unchanged for orthogonal ``A``; latent coordinates,
-per-dimension loadings and per-dimension gene correlations change. The
-functions here compute each quantity for one model so that two models can be
-compared (see :func:`output_changes`).
+Under ``z' = A z`` with the decoder compensated, decoded expression is unchanged for any invertible ``A``; latent
+distances, neighbour graphs and the loading Gram matrix ``W W^T`` for orthogonal ``A``; latent coordinates,
+per-dimension loadings and per-dimension gene correlations change. Each quantity is computed for one model, and
+:func:`output_changes` compares two.
 """
 
 from __future__ import annotations

@@ -1,25 +1,21 @@
 """Exact ``log p(x)`` of a linear-decoder model by adaptive Gauss-Hermite quadrature.
 
-For the log-linear model ``log mu_g = log l + b_g + c_{batch,g} + W_g z`` with
-``z ~ N(0, I_L)``, ``L <= 3``, the marginal likelihood of a cell is a smooth
-L-dimensional integral. A grid laid at the prior's scale is inaccurate because
-the posterior of a cell with many genes is far narrower than the grid spacing
-(shared/notes/quadrature.md). Instead, per cell:
+For the log-linear model ``log mu_g = log l + b_g + c_{batch,g} + W_g z`` with ``z ~ N(0, I_L)``, ``L <= 3``, a
+cell's marginal likelihood is a smooth L-dimensional integral. A grid at the prior's scale is inaccurate because the
+posterior of a cell with many genes is far narrower than the grid spacing (shared/notes/quadrature.md). Instead, per
+cell:
 
-1. find the mode ``m`` of the log joint ``f(z) = log p(x | z) + log N(z; 0, I)`` by
-   Newton's method (``f`` is concave for Poisson and NB with a log link);
-2. take the negative Hessian there, ``H = W^T diag(c) W + I = V diag(lam) V^T``,
-   with ``c_g`` the curvature of gene g's log-likelihood in its log mean;
-3. integrate on the tensor grid ``z = m + V diag(lam)^(-1/2) u`` of probabilists'
-   Gauss-Hermite nodes ``u``: ``p(x) = |det S| sum_k w_k exp(f(z_k) + |u_k|^2 / 2)``.
+1. find the mode ``m`` of the log joint ``f(z) = log p(x | z) + log N(z; 0, I)`` by Newton's method (``f`` is
+   concave for Poisson and NB with a log link);
+2. take the negative Hessian there, ``H = W^T diag(c) W + I = V diag(lam) V^T``, with ``c_g`` the curvature of gene
+   g's log-likelihood in its log mean;
+3. integrate on the tensor grid ``z = m + V diag(lam)^(-1/2) u`` of probabilists' Gauss-Hermite nodes ``u``:
+   ``p(x) = |det S| sum_k w_k exp(f(z_k) + |u_k|^2 / 2)``.
 
-The grid is oriented by eigenvectors, so it turns with the latent space: a
-rotated model (``W Q^T``) has mode ``Q m`` and grid ``Q z_k``, and gives the same
-value to rounding. That makes it a fast guide-independent reference for the
-importance-sampling estimators, but its agreement between a model and a rotated
-copy follows from algebra and is no evidence of invariance; the invariance
-checks use the axis-aligned grid of :mod:`countvae.invariance.grid_quadrature`,
-which does not turn with the model.
+The grid is oriented by eigenvectors, so it turns with the latent space: a rotated model (``W Q^T``) has mode ``Q m``
+and grid ``Q z_k``, and gives the same value to rounding. That makes it a fast guide-independent reference for the
+importance-sampling estimators, but no evidence of invariance (the agreement follows from algebra); the invariance
+checks use the axis-aligned grid of :mod:`countvae.invariance.grid_quadrature`, which does not turn with the model.
 """
 
 from __future__ import annotations
@@ -66,8 +62,8 @@ def newton_mode(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-cell mode of ``log p(x | z) + log N(z; 0, I)`` for ``log mu = offset + z W^T``, and the negative Hessian.
 
-    Newton's method from ``z = 0`` with backtracking (the log joint is concave for
-    Poisson and NB with a log link, so the mode is unique).
+    Newton's method from ``z = 0`` with backtracking (the log joint is concave for Poisson and NB with a log link: the
+    mode is unique).
 
     Returns
     -------
@@ -173,9 +169,8 @@ def quadrature_unsupported_reason(model: CountVAE) -> str | None:
 def linear_model_pieces(model: CountVAE, adata=None, indices=None):
     """The cells of a linear Poisson/NB model as ``(positions, x, offset, W, theta)`` minibatches, in float64.
 
-    ``log mu = offset + z W^T`` with ``z ~ N(0, I)``: for a diagonal prior
-    (``z = diag(s) u``, ``u ~ N(0, I)``) the scales are folded into ``W``. A
-    reparameterized model (``latent_map`` set) is handled: its decoder weight
+    ``log mu = offset + z W^T`` with ``z ~ N(0, I)``: for a diagonal prior (``z = diag(s) u``, ``u ~ N(0, I)``) the
+    scales are folded into ``W``. A reparameterized model (``latent_map`` set) needs nothing more: its decoder weight
     already acts on the new coordinates. ``positions`` index the requested cells.
 
     Raises
@@ -217,12 +212,9 @@ def quadrature_log_marginal(model: CountVAE, adata=None, indices=None, n_nodes: 
     Parameters
     ----------
     model
-        A trained :class:`countvae.CountVAE` with ``decoder="linear"``,
-        ``likelihood`` ``"poisson"`` or ``"nb"``, ``prior`` ``"normal"`` or
-        ``"diagonal"`` (``z = diag(s) u`` with ``u ~ N(0, I)``: the scales are
-        folded into ``W``) and ``n_latent <= 3``. A reparameterized model
-        (``latent_map`` set) is handled: its decoder weight already acts on the
-        new coordinates.
+        A trained :class:`countvae.CountVAE` with ``decoder="linear"``, ``likelihood`` ``"poisson"`` or ``"nb"``,
+        ``prior`` ``"normal"`` or ``"diagonal"`` and ``n_latent <= 3``; reparameterized models included (see
+        :func:`countvae.invariance.quadrature.linear_model_pieces`).
     adata, indices
         Cells to evaluate (default: the model's AnnData, all cells).
     n_nodes

@@ -1,20 +1,17 @@
 """A fitted model rewritten in new latent coordinates ``z' = A z`` without changing what it computes.
 
-For a model with decoder ``f(z)`` and guide ``q(z | x) = N(mu, diag sigma^2)``,
-:func:`reparameterize` returns a model with decoder ``f'(z') = f(A^{-1} z')`` and
-guide ``q'(z' | x) = N(A mu, A diag(sigma^2) A^T)`` (the law of ``A z``), with the
-same prior. The decoder is rewritten only in the weight that multiplies ``z``:
+For a model with decoder ``f(z)`` and guide ``q(z | x) = N(mu, diag sigma^2)``, :func:`reparameterize` returns a
+model with decoder ``f'(z') = f(A^{-1} z')``, guide ``q'(z' | x) = N(A mu, A diag(sigma^2) A^T)`` (the law of
+``A z``) and the same prior. The decoder is rewritten only in the weight that multiplies ``z``:
 
 * linear decoder: ``W -> W A^{-1}`` (``decoder.weight``, genes x L);
 * MLP decoder: the first layer's weight on ``z`` (``decoder.hidden.linears[0].data.weight``).
 
-Batch one-hot columns live in a separate ``covariate`` layer, and batch offsets,
-dispersions, zero-inflation gates and library handling are left as they are.
-For orthogonal ``A`` and the N(0, I) prior the new model has exactly the same
-``p(x)``; for other maps (the controls) only the prior's mismatch changes it.
-With a prior on the loadings (:mod:`countvae.module.loadings`) the decoder weight is
-their posterior mean, rewritten as above; the guide's variances are mapped with it
-and the prior on ``W`` is kept, which is what makes a rotation change ``p(W)``.
+Batch one-hot columns live in a separate ``covariate`` layer; batch offsets, dispersions, zero-inflation gates and
+library handling are left as they are. For orthogonal ``A`` and the N(0, I) prior the new model has exactly the same
+``p(x)``; for other maps (the controls) only the prior's mismatch changes it. With a prior on the loadings
+(:mod:`countvae.module.loadings`) the decoder weight is their posterior mean, rewritten as above; the guide's
+variances are mapped with it and the prior on ``W`` is kept, which is what makes a rotation change ``p(W)``.
 """
 
 from __future__ import annotations
@@ -60,15 +57,12 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     model
         A trained :class:`countvae.CountVAE` (left untouched).
     Q
-        The L x L map ``A`` (array-like or tensor). With ``check=True`` it must be
-        orthogonal within ``atol``; it is then replaced by its nearest orthogonal
-        matrix (which differs from it by at most about ``atol``) unless it is
-        orthogonal to rounding already, so that ``A^{-1} = A^T`` holds to rounding
-        and the invariance is exact.
+        The L x L map ``A`` (array-like or tensor). With ``check=True`` it must be orthogonal within ``atol``; unless
+        orthogonal to rounding already, it is then replaced by its nearest orthogonal matrix (at most about ``atol``
+        away), so that ``A^{-1} = A^T`` holds to rounding and the invariance is exact.
     check
-        Require an orthogonal ``A`` (the symmetry of the N(0, I) prior). ``False``
-        accepts any invertible map (the controls); ``A^{-1}`` is then computed by
-        ``torch.linalg.inv``.
+        Require an orthogonal ``A`` (the symmetry of the N(0, I) prior). ``False`` accepts any invertible map (the
+        controls), inverted by ``torch.linalg.inv``.
     atol
         Tolerance of the orthogonality check on ``max |Q^T Q - I|``.
 
@@ -131,41 +125,34 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
 def reparameterize_ica(model: CountVAE, ica: ICARotation | None = None) -> CountVAE:
     """A copy of a fitted :class:`countvae.CountVAE` whose latent coordinates are ICA axes.
 
-    With ``A = ica.components_`` (k = n_latent components), the copy's latent is
-    ``z' = A z`` and its decoder ``f'(z') = f(A^{-1} z')``, through
-    :func:`reparameterize` (the guide returns the law of ``A z``; the prior stays
+    With ``A = ica.components_`` (k = n_latent components), the copy's latent is ``z' = A z`` and its decoder
+    ``f'(z') = f(A^{-1} z')``, through :func:`reparameterize` (the guide returns the law of ``A z``; the prior stays
     N(0, I)). What this preserves, exactly:
 
-    * decoded means at mapped points, ``f'(A z) = f(z)``: normalized expression,
-      posterior-predictive draws and every per-cell decoder output are unchanged
-      (to rounding);
-    * the latent *space*: posterior means become ``A mu = ica.transform(mu) + A mean_``,
-      the ICA sources up to the constant ``A @ ica.mean_`` (near 0 for centred
-      latents), and posterior covariances ``A diag(sigma^2) A^T``;
-    * for a linear decoder, the loadings become ``W A^{-1} = W @ ica.mixing_``:
-      ``get_loadings()`` of the copy has one gene-loading column per ICA component.
+    * decoded means at mapped points, ``f'(A z) = f(z)``: normalized expression, posterior-predictive draws and every
+      per-cell decoder output are unchanged (to rounding);
+    * the latent *space*: posterior means become ``A mu = ica.transform(mu) + A mean_``, the ICA sources up to the
+      constant ``A @ ica.mean_`` (near 0 for centred latents), and posterior covariances ``A diag(sigma^2) A^T``;
+    * for a linear decoder, the loadings become ``W A^{-1} = W @ ica.mixing_``: the copy's ``get_loadings()`` has
+      one gene-loading column per ICA component.
 
     What it does not preserve, unless ``A`` is orthogonal (``ICARotation(whiten=False)``):
 
-    * ``p(x)``: the copy keeps the N(0, I) prior on ``z'``, which on the original
-      coordinates is the prior ``N(0, (A^T A)^{-1})`` = ``N(0, Sigma)`` with ``Sigma``
-      the covariance of the posterior means, not N(0, I). ``log p(x)``, the ELBO
-      and the held-out predictive density therefore change (they are the
-      original decoder's under that prior); with ``whiten=False`` ``A`` is
-      orthogonal and they are exactly unchanged.
-    * Euclidean distances and k-NN graphs of the latents, and the decoder's
-      stretch ``B(z)`` (the Jacobian becomes ``J A^{-1}``).
+    * ``p(x)``: the copy keeps the N(0, I) prior on ``z'``, which on the original coordinates is
+      ``N(0, (A^T A)^{-1})`` = ``N(0, Sigma)`` with ``Sigma`` the covariance of the posterior means. ``log p(x)``,
+      the ELBO and the held-out predictive density therefore change (they are the original decoder's under that
+      prior); with ``whiten=False`` they are exactly unchanged.
+    * Euclidean distances and k-NN graphs of the latents, and the decoder's stretch ``B(z)`` (the Jacobian becomes
+      ``J A^{-1}``).
 
     Parameters
     ----------
     model
         A trained ``CountVAE``.
     ica
-        A fitted :class:`countvae.ica.ICARotation` of this model's latents, used as
-        is. When it is not fitted (or ``None``: ``ICARotation()``), it is fitted
-        here to the posterior means of the model's training cells,
-        ``ica.fit(model.get_latent_representation())``. It must keep all
-        ``n_latent`` components.
+        A fitted :class:`countvae.ica.ICARotation` of this model's latents, used as is; unfitted (or ``None``:
+        ``ICARotation()``), it is fitted here to the posterior means of the model's training cells,
+        ``ica.fit(model.get_latent_representation())``. It must keep all ``n_latent`` components.
 
     Returns
     -------

@@ -1,14 +1,10 @@
 """The result of :func:`countvae.invariance.verify`: every measurement, its threshold and its verdict.
 
-The verdict is "verified numerically", "not verified" (a check of the evidence
-failed: ``EVIDENCE_CHECKS``, with the reasons) or "failed" (a check
-disagrees with the theory on sound evidence).
+The verdict (``InvarianceReport.status``) is "verified numerically", "not verified" or "failed".
 
-:class:`InvarianceReport` shares its verbs with
-:class:`countvae.diagnostics.DiagnosticReport`: ``summary()``, ``to_frame()``,
-``tables``, ``to_dict()``, ``to_markdown()``, ``to_html()`` and
-``save(dir_path)``, which writes ``report.json``, ``report.md`` and
-``report.html`` into a new folder atomically (:mod:`countvae._report_files`).
+:class:`InvarianceReport` shares its verbs with :class:`countvae.diagnostics.DiagnosticReport`: ``summary()``,
+``to_frame()``, ``tables``, ``to_dict()``, ``to_markdown()``, ``to_html()`` and ``save(dir_path)``, which writes
+``report.json``, ``report.md`` and ``report.html`` into a new folder atomically (:mod:`countvae._report_files`).
 """
 
 from __future__ import annotations
@@ -147,21 +143,18 @@ class InvarianceReport:
     transforms
         The maps applied, by name (float64 L x L arrays, ``z' = A z``).
     variants
-        Each model evaluated: ``"fitted"`` is the model passed in (converted to
+        Each model evaluated (values: its prior and symmetry group): ``"fitted"`` is the model passed in (converted to
         ``dtype``); the prior controls are the same networks with another prior.
-        Values describe the prior and its symmetry group.
     per_cell
-        Per-cell numbers by ``"variant / transform"``: ``lpd`` and ``lpd_crn`` (the
-        original and the transformed model with the guide proposal and the same
-        base noise: the common-random-number pair), ``estimate`` and ``mc_se`` (the
-        package's estimator on the original), ``estimate_indep`` and ``mc_se_indep``
-        (on the transformed model, independent noise), ``estimate_own`` and
-        ``mc_se_own`` (the transformed model's own proposal; fitted model,
-        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned
-        grids) where quadrature applies.
+        Per-cell numbers by ``"variant / transform"``: ``lpd`` and ``lpd_crn`` (the original and the transformed model
+        with the guide proposal and the same base noise: the common-random-number pair), ``estimate`` and ``mc_se``
+        (the package's estimator on the original), ``estimate_indep`` and ``mc_se_indep`` (on the transformed model,
+        independent noise), ``estimate_own`` and ``mc_se_own`` (the transformed model's own proposal; fitted model,
+        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned grids) where quadrature
+        applies.
     outputs
-        Output-by-transform table of changes for the fitted model (item 4), with
-        the expected behaviour per cell (``"equal"``, ``"differs"`` or ``"report"``).
+        Output-by-transform table of changes for the fitted model (item 4), with the expected behaviour per cell
+        (``"equal"``, ``"differs"`` or ``"report"``).
     latent
         Posterior means of the evaluated cells under the fitted model, (cells, L).
     settings
@@ -182,11 +175,10 @@ class InvarianceReport:
     def status(self) -> str:
         """``"verified numerically"``, ``"not verified"`` or ``"failed"``.
 
-        "not verified": a check of the evidence failed (``EVIDENCE_CHECKS``: the
-        estimator is unreliable or disagrees with quadrature, or the quadrature did
-        not converge), or nothing was judged; the other checks' numbers cannot
-        then be used either way. "failed": the evidence is sound and a check
-        disagrees with the theory.
+        "not verified": a check of the evidence failed (``EVIDENCE_CHECKS``: the estimator is unreliable or disagrees
+        with quadrature, or the quadrature did not converge; :meth:`reasons` says which), or nothing was judged; the
+        other checks' numbers cannot then be used either way. "failed": the evidence is sound and a check disagrees
+        with the theory.
         """
         if self.checks["ok"].dropna().empty or len(self._evidence_failures()):
             return "not verified"
@@ -231,10 +223,9 @@ class InvarianceReport:
     def to_frame(self) -> pd.DataFrame:
         """Every measurement as a long table.
 
-        Columns: ``variant``, ``transform``, ``kind`` (of the map), ``p_x_expected``
-        (``"invariant"`` or ``"changes"``, from the prior's symmetry group), ``check``,
-        ``value``, ``threshold``, ``expect`` (``"equal"``: value must be at most the
-        threshold; ``"differs"``: above it; ``"report"``: no verdict) and ``ok``.
+        Columns: ``variant``, ``transform``, ``kind`` (of the map), ``p_x_expected`` (``"invariant"`` or ``"changes"``,
+        from the prior's symmetry group), ``check``, ``value``, ``threshold``, ``expect`` (see
+        ``Measurement.expect`` in :mod:`countvae.invariance.checks`) and ``ok``.
         """
         return self.checks.copy()
 
@@ -242,9 +233,8 @@ class InvarianceReport:
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every table of the report, by name (``verdicts``, ``checks``, ``outputs``, ``estimator_accuracy``).
 
-        ``estimator_accuracy`` holds the per-model rows (transform ``"(none)"``):
-        the estimator's reliability, its agreement with quadrature, and the
-        quadrature's convergence.
+        ``estimator_accuracy`` holds the per-model rows (transform ``"(none)"``): the estimator's reliability, its
+        agreement with quadrature, and the quadrature's convergence.
         """
         return {
             "verdicts": self.verdicts(),
@@ -412,16 +402,14 @@ class InvarianceReport:
     def save(self, dir_path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write ``report.json`` (:meth:`to_dict`), ``report.md`` and ``report.html`` into a new folder.
 
-        The folder is built under a temporary name and renamed into place, so it
-        either appears complete or not at all.
+        The folder is built under a temporary name and renamed into place, so it appears complete or not at all.
 
         Parameters
         ----------
         dir_path
             Destination folder.
         overwrite
-            Replace an existing folder; otherwise an existing folder is an error
-            (:class:`countvae.errors.OutputExistsError`).
+            Replace an existing folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
 
         Returns
         -------

@@ -1,15 +1,12 @@
 """Linear maps of the latent space: orthogonal symmetries of the N(0, I) prior and non-orthogonal controls.
 
-Every function returns a float64 numpy array ``A`` of shape (L, L) acting on
-column vectors, ``z' = A z`` (for a matrix of latents with cells in rows,
-``Z' = Z A^T``). Random maps take an integer ``seed`` and use their own
-``numpy.random.Generator``, so the global random state is never touched.
+Every function returns a float64 (L, L) array ``A`` acting on column vectors, ``z' = A z`` (for latents with cells
+in rows, ``Z' = Z A^T``). Random maps take an integer ``seed`` and their own ``numpy.random.Generator``, never the
+global random state.
 
-The orthogonal maps (:func:`random_orthogonal`, :func:`random_rotation`,
-:func:`reflection`, :func:`permutation`, :func:`signed_permutation`) leave
-N(0, I) unchanged and therefore ``p(x)``; the non-orthogonal controls
-(:func:`axis_scaling`, :func:`shear`) do not, even when the decoder is
-compensated by ``A^{-1}``.
+The orthogonal maps (:func:`random_orthogonal`, :func:`random_rotation`, :func:`reflection`, :func:`permutation`,
+:func:`signed_permutation`) leave N(0, I), hence ``p(x)``, unchanged; the non-orthogonal controls
+(:func:`axis_scaling`, :func:`shear`) do not, even with the decoder compensated by ``A^{-1}``.
 """
 
 from __future__ import annotations
@@ -95,8 +92,8 @@ def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.n
     Raises
     ------
     InvalidArgumentError
-        If ``Q`` is not a finite square matrix (of size ``n_latent``), or if it is
-        not orthogonal within ``atol``; the message gives ``||Q^T Q - I||``.
+        If ``Q`` is not a finite square matrix (of size ``n_latent``) or not orthogonal within ``atol``; the
+        message gives ``||Q^T Q - I||``.
 
     """
     atol = check_number("atol", atol, 0.0)  # a NaN tolerance would accept every matrix
@@ -142,10 +139,8 @@ def random_orthogonal(L: int, seed: int | None = 0) -> np.ndarray:
 def random_rotation(L: int, seed: int | None = 0) -> np.ndarray:
     """A Haar-distributed rotation (orthogonal, determinant +1).
 
-    A Haar orthogonal matrix with negative determinant has its first column
-    negated; multiplying by a fixed reflection preserves Haar measure, so the
-    result is uniform on the rotation group. For ``L = 1`` the only rotation is
-    the identity.
+    A Haar orthogonal matrix with negative determinant has its first column negated; a fixed reflection preserves
+    Haar measure, so the result is uniform on the rotation group. For ``L = 1`` the only rotation is the identity.
     """
     Q = random_orthogonal(L, seed)
     if np.linalg.det(Q) < 0:
@@ -242,8 +237,7 @@ def default_scaling(L: int, factor: float = 1.5) -> np.ndarray:
 def shear(L: int, amount: float = 1.0) -> np.ndarray:
     """``I + amount * N`` with ``N`` all ones above the diagonal: a volume-preserving (det 1) non-orthogonal control.
 
-    Every latent coordinate but the last receives ``amount`` times the ones after it,
-    so every pair of axes is coupled.
+    Every latent coordinate but the last receives ``amount`` times the ones after it, coupling every pair of axes.
     """
     L = _check_dimension(L)
     if L < 2:

@@ -1,20 +1,13 @@
 """Measure, on held-out cells, that a fitted model's ``p(x)`` is unchanged by the symmetries of its prior.
 
-For every latent map ``A`` the model is reparameterized (``z' = A z``, decoder
-weight on ``z`` times ``A^{-1}``, guide pushed forward) and compared with the
-original by the checks of :mod:`countvae.invariance.checks`: common random
-numbers and pointwise densities (algebra: they catch a wrong rewrite), and the
-evidence that ``p(x)`` itself is unchanged: independent estimates of the two
-models judged against their reported standard errors, the transformed model
-estimated from a proposal built from its own log joint, exact quadrature on
-grids along each model's own axes (linear Poisson/NB decoders, up to 3 latent
-dimensions), and controls that must change ``p(x)`` beyond the estimators'
-error. The evidence is checked too: an estimator with too many unreliable cells
-(k-hat, ESS), or one that disagrees with quadrature, makes the result
-"not verified". The maps and the
-prior controls are in :mod:`countvae.invariance.controls`; what the checks read
-(each estimate computed once) in :mod:`countvae.invariance.evaluation`.
-:func:`verify` only puts these together.
+For every latent map ``A`` the model is reparameterized (``z' = A z``, decoder weight on ``z`` times ``A^{-1}``,
+guide pushed forward) and compared with the original by the checks of :mod:`countvae.invariance.checks`, which lists
+them and what each can catch: algebraic ones that catch a wrong rewrite; independent estimates, an estimate from the
+transformed model's own proposal, exact quadrature (linear Poisson/NB decoders, up to 3 latent dimensions) and
+controls as evidence about ``p(x)`` itself; and checks of that evidence (k-hat, ESS, agreement with quadrature), which
+make the result "not verified" when they fail. The maps and the prior controls are in
+:mod:`countvae.invariance.controls`; what the checks read (each estimate computed once) in
+:mod:`countvae.invariance.evaluation`. :func:`verify` only puts these together.
 """
 
 from __future__ import annotations
@@ -63,8 +56,8 @@ _Plans = dict[str, tuple[CountVAE, dict[str, np.ndarray]]]
 def _resolve_transforms(transforms: object, n_latent: int, seed: int, controls: bool) -> dict[str, np.ndarray]:
     """The latent maps to check, by name, as invertible matrices (nearly orthogonal ones made exactly so).
 
-    ``transforms`` is ``None`` (the default maps), a dict by name, a list, or one map; with
-    ``controls`` the non-orthogonal control maps are added.
+    ``transforms``: ``None`` (the default maps), a dict by name, a list, or one map; ``controls`` adds the
+    non-orthogonal control maps.
     """
     if transforms is None:
         maps = default_transforms(n_latent, seed)
@@ -271,13 +264,11 @@ def verify(
 ) -> InvarianceReport:
     """Verify numerically on held-out cells that ``p(x)`` is unchanged by the maps that preserve the prior.
 
-    The result is "verified numerically" when every check agrees with the theory
-    and the estimator's own diagnostics allow its numbers to be used; "not
-    verified" (with the reasons) when the estimator is unreliable on too many
-    cells, disagrees with exact quadrature, or the quadrature did not converge;
-    "failed" when a check disagrees with the theory on reliable numbers. The
-    checks and what each can and cannot catch are listed in
-    :mod:`countvae.invariance.checks`.
+    The result is "verified numerically" when every check agrees with the theory and the estimator's own diagnostics
+    allow its numbers to be used; "not verified" (with the reasons) when the estimator is unreliable on too many
+    cells, disagrees with exact quadrature, or the quadrature did not converge; "failed" when a check disagrees with
+    the theory on reliable numbers. :mod:`countvae.invariance.checks` lists the checks and what each can and cannot
+    catch.
 
     Parameters
     ----------
@@ -286,9 +277,8 @@ def verify(
     adata
         Cells to evaluate, ideally cells the model was not trained on, with the model's genes.
     transforms
-        Latent maps ``A`` (``z' = A z``): a dict name -> matrix, a list of matrices,
-        or one matrix. Orthogonal maps are checked for exact invariance, other
-        invertible maps as controls. Default: :func:`default_transforms`.
+        Latent maps ``A`` (``z' = A z``): a dict name -> matrix, a list of matrices, or one matrix. Orthogonal maps are
+        checked for exact invariance, other invertible maps as controls. Default: :func:`default_transforms`.
     indices
         Positions of a subset of ``adata``'s cells.
     progress_bar

@@ -1,7 +1,6 @@
 """Decoders from latent ``z`` (and batch) to each gene's log rate per unit of library size.
 
-Both decoders return ``log_rate`` so that a cell with observed library size ``l``
-has mean counts ``l * exp(log_rate)``.
+A cell with observed library size ``l`` has mean counts ``l * exp(log_rate)``.
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ class DecoderOutput:
 class LinearDecoder(nn.Module):
     """The log-linear decoder ``log_rate = b + W z + c_batch``.
 
-    Unlike scvi-tools' LDVAE decoder, there is no batch normalisation and no
-    softmax: the log mean is exactly linear in ``z``, which makes the rotation
-    symmetry ``(z, W) -> (Qz, W Q^T)`` exact and visible, and keeps the
-    log-joint concave in ``z`` (used by the quadrature reference).
+    Unlike scvi-tools' LDVAE decoder, no batch normalisation and no softmax: the log mean is exactly linear in ``z``,
+    which makes the rotation symmetry ``(z, W) -> (Qz, W Q^T)`` exact and visible, and keeps the log-joint concave in
+    ``z`` (used by the quadrature reference).
 
     Attributes
     ----------
@@ -72,8 +70,8 @@ class LinearDecoder(nn.Module):
     ) -> DecoderOutput:
         """Decode ``z`` of shape (..., cells, n_latent), with ``weight`` in place of ``W`` when given.
 
-        ``weight`` is a draw of the loadings when they are a latent variable
-        (:mod:`countvae.module.loadings`); ``self.weight`` is then their posterior mean.
+        ``weight``: a draw of the loadings when they are a latent variable (:mod:`countvae.module.loadings`);
+        ``self.weight`` is then their posterior mean.
         """
         W = self.weight if weight is None else weight
         log_rate = torch.matmul(z, W.T) + self.bias
@@ -86,9 +84,8 @@ class LinearDecoder(nn.Module):
 class MLPDecoder(nn.Module):
     """scVI's decoder: hidden layers on ``[z, batch one-hot]``, then a softmax over genes.
 
-    ``log_rate = log_softmax(V h + a)`` is the log of each gene's expected share of
-    the library, as scVI's ``px_scale``. With a ZINB likelihood a second head
-    predicts the zero-inflation logits from the same hidden layer.
+    ``log_rate = log_softmax(V h + a)``: the log of each gene's expected share of the library, as scVI's
+    ``px_scale``. With a ZINB likelihood a second head predicts the zero-inflation logits from the same hidden layer.
     """
 
     def __init__(

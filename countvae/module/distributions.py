@@ -1,20 +1,16 @@
 """Count distributions over a cell's whole gene vector, parameterised by log means.
 
-These are Pyro distributions (usable at ``pyro.sample`` sites) with event shape
-(genes,). They compute the same log-probability as Pyro's ``Poisson``,
-``NegativeBinomial`` and ``ZeroInflatedNegativeBinomial`` (checked in
-tests/module/test_distributions.py) but arrange the arithmetic for sparse counts:
+Pyro distributions (usable at ``pyro.sample`` sites) with event shape (genes,), computing the same log-probability
+as Pyro's ``Poisson``, ``NegativeBinomial`` and ``ZeroInflatedNegativeBinomial`` (checked in
+tests/module/test_distributions.py) with the arithmetic arranged for sparse counts:
 
-* the terms that do not involve the mean, ``lgamma(x + theta) - lgamma(theta) -
-  lgamma(x + 1)``, vanish where ``x = 0`` and are evaluated on the non-zero
-  counts only (most entries of a single-cell matrix are zero, and ``lgamma`` with
-  its ``digamma`` gradient dominated the training step in profiles); with one
-  theta per gene, counts up to :data:`SMALL_COUNTS` read them from a per-gene
-  table (:func:`_per_gene_theta_terms`);
-* those terms do not depend on ``z``, so an importance sampler with S draws per
-  cell evaluates them once per cell, not S times; and a caller that evaluates the
-  same cells many times (the ``log p(x)`` estimator's Newton steps, pilot and final
-  draws) computes them once (:func:`count_log_constant`) and passes them to
+* the terms without the mean, ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)``, vanish where ``x = 0`` and are
+  evaluated on the non-zero counts only (most entries of a single-cell matrix are zero, and ``lgamma`` with its
+  ``digamma`` gradient dominated the training step in profiles); with one theta per gene, counts up to
+  :data:`SMALL_COUNTS` read them from a per-gene table (:func:`_per_gene_theta_terms`);
+* those terms do not depend on ``z``, so an importance sampler with S draws per cell evaluates them once per cell,
+  not S times; a caller that evaluates the same cells many times (the ``log p(x)`` estimator's Newton steps, pilot
+  and final draws) computes them once (:func:`count_log_constant`) and passes them to
   ``log_prob(value, count_constant=...)``.
 
 Sample validation is off: counts are validated once, at ``setup_anndata``.
@@ -43,15 +39,12 @@ def attach_nonzero_index(
 ) -> torch.Tensor:
     """Attach the positions of the non-zero entries of ``x`` (cells, genes) to ``x``.
 
-    ``flat_positions`` are the row-major flat positions (``row * n_genes + gene``),
-    optionally with their ``rows`` and ``genes`` and the number of entries ``per_row``
-    (the loader knows them all from the sparse matrix the rows came from). The
-    likelihoods then skip a search over the dense block (``torch.nonzero``), the
-    divisions that split flat positions and a count per row, a measurable share of a
-    training step. The positions must be exactly those of the non-zero entries, in
-    increasing order, and ``x`` must not be modified afterwards; a tensor derived
-    from ``x`` (a copy, a move to another device) does not carry them and is searched
-    as usual. Returns ``x``.
+    ``flat_positions`` are the row-major flat positions (``row * n_genes + gene``), optionally with their ``rows`` and
+    ``genes`` and the number of entries ``per_row`` (the loader knows them from the source sparse matrix). The
+    likelihoods then skip a search over the dense block (``torch.nonzero``), the divisions that split flat positions and
+    a count per row, a measurable share of a training step. The positions must be exactly those of the non-zero entries,
+    in increasing order, and ``x`` must not be modified afterwards; a tensor derived from ``x`` (a copy, a move to
+    another device) does not carry them and is searched as usual. Returns ``x``.
     """
     if rows is None or genes is None:
         rows, genes = _split_positions(flat_positions, x.shape[-1])
@@ -78,10 +71,9 @@ def _nonzero_index(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def _small_count_table(theta: torch.Tensor) -> torch.Tensor:
     """``lgamma(theta + k) - lgamma(theta) - lgamma(k + 1)`` for ``k = 1..SMALL_COUNTS``, shape (SMALL_COUNTS, n).
 
-    ``theta`` has shape (n,). ``lgamma(theta + k) - lgamma(theta) = sum_{j < k} log(theta + j)``,
-    a cumulative sum of logarithms whose gradient is a sum of reciprocals: no ``lgamma`` and
-    no ``digamma`` in theta (several times slower than the other element-wise operations on
-    CPU).
+    ``theta`` has shape (n,). ``lgamma(theta + k) - lgamma(theta) = sum_{j < k} log(theta + j)``, a cumulative sum of
+    logarithms with a sum of reciprocals as gradient: no ``lgamma`` and no ``digamma`` in theta (several times slower
+    than the other element-wise operations on CPU).
     """
     steps = torch.arange(SMALL_COUNTS, dtype=theta.dtype, device=theta.device).unsqueeze(1)
     return torch.cumsum(torch.log(theta + steps), dim=0) - torch.lgamma(steps + 2.0)
@@ -101,12 +93,10 @@ def _small_counts(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _per_gene_theta_terms(values: torch.Tensor, genes: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` at non-zero counts ``values`` with one theta per gene.
 
-    Single-cell counts are mostly small. For a whole count ``k`` up to
-    :data:`SMALL_COUNTS` the term depends only on ``k`` and the gene and is read from
-    :func:`_small_count_table`, where ``lgamma`` and ``digamma`` per count took a
-    quarter of a training step on 2,000 genes. Every other value (larger counts,
-    anything not a whole number from 1 to SMALL_COUNTS) is evaluated directly, so the
-    result is the same function for any non-negative ``values``.
+    Single-cell counts are mostly small. For a whole count ``k`` up to :data:`SMALL_COUNTS` the term depends only on
+    ``k`` and the gene and is read from :func:`_small_count_table` (``lgamma`` and ``digamma`` per count took a
+    quarter of a training step on 2,000 genes). Every other value (larger counts, anything not a whole number from 1
+    to SMALL_COUNTS) is evaluated directly, so the result is the same function for any non-negative ``values``.
     """
     row, small = _small_counts(values)
     terms = _small_count_table(theta).reshape(-1).index_select(0, row * theta.shape[0] + genes)
@@ -122,14 +112,11 @@ def count_log_constant_sum(
 ) -> torch.Tensor:
     """The sum over cells of :func:`count_log_constant`, a scalar, for a loss that averages over cells.
 
-    ``log_theta`` has shape (rows, genes) (``None``: Poisson); cell ``c`` uses row
-    ``theta_row[c]`` (``None``: row 0 for every cell). Same value as
-    ``count_log_constant(x, log_theta[theta_row]).sum()``, arranged for a training
-    step: the small whole counts are counted per (count, gene, row) in one histogram
-    and multiplied with :func:`_small_count_table`, so the gradient is one product of
-    the histogram with the table's, where the per-cell form sends a gradient back to
-    every non-zero entry (a gather forward, a scatter backward; together about a
-    sixth of a training step on 2,000 genes).
+    ``log_theta`` has shape (rows, genes) (``None``: Poisson); cell ``c`` uses row ``theta_row[c]`` (``None``: row 0 for
+    every cell). Same value as ``count_log_constant(x, log_theta[theta_row]).sum()``, arranged for a training step: the
+    small whole counts go into one histogram per (count, gene, row), multiplied with :func:`_small_count_table`, so the
+    gradient is one product of the histogram with the table's, where the per-cell form sends a gradient back to every
+    non-zero entry (a gather forward, a scatter backward; together about a sixth of a training step on 2,000 genes).
     """
     where, rows, genes, _ = _nonzero_index(x)
     values = x.reshape(-1).index_select(0, where)
@@ -151,10 +138,9 @@ def count_log_constant_sum(
 def _nonzero_lgamma_terms(x: torch.Tensor, theta: torch.Tensor | None) -> torch.Tensor:
     """Sum over genes of ``lgamma(x+theta) - lgamma(theta) - lgamma(x+1)`` (``theta=None``: Poisson's ``-lgamma(x+1)``).
 
-    ``x`` has shape (cells, genes); ``theta`` broadcasts against it. Returns shape (cells,).
-    Only the non-zero counts are visited (the terms vanish at ``x = 0``): their positions
-    (attached by the loader, or one ``nonzero`` call), gathers, and a sum per cell over
-    the entries, which come in row order (a segment sum: about half the time of a
+    ``x`` has shape (cells, genes); ``theta`` broadcasts against it. Returns shape (cells,). Only the non-zero counts
+    are visited (the terms vanish at ``x = 0``): their positions (attached by the loader, or one ``nonzero`` call),
+    gathers, and a sum per cell over the entries, in row order (a segment sum: about half the time of a
     scatter-add). With one ``theta`` per gene, see :func:`_per_gene_theta_terms`.
     """
     n_cells, n_genes = x.shape
@@ -182,10 +168,9 @@ def _gene_dot(block: torch.Tensor, per_cell: torch.Tensor) -> torch.Tensor:
 def count_log_constant(x: torch.Tensor, log_theta: torch.Tensor | None) -> torch.Tensor:
     """The terms of the log probability of counts ``x`` (cells, genes) that do not involve the mean.
 
-    Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)``
-    (``log_theta`` None, Poisson: ``-lgamma(x + 1)``); ``log_theta`` broadcasts against
-    ``x``. The same for the zero-inflated NB (it adds them at every gene; they vanish at
-    ``x = 0``). Shape (cells,).
+    Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` (``log_theta`` None, Poisson:
+    ``-lgamma(x + 1)``), ``log_theta`` broadcasting against ``x``; the same for the zero-inflated NB, which adds them at
+    every gene (they vanish at ``x = 0``). Shape (cells,).
     """
     return _nonzero_lgamma_terms(x, None if log_theta is None else torch.exp(log_theta))
 
@@ -256,14 +241,12 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
     def log_prob(self, value: torch.Tensor, count_constant: torch.Tensor | None = None) -> torch.Tensor:
         """Log probability summed over genes, shape (..., cells).
 
-        ``count_constant``: :func:`count_log_constant` of ``value`` and this ``log_theta``,
-        when the caller has it.
+        ``count_constant``: :func:`count_log_constant` of ``value`` and this ``log_theta``, when the caller has it.
 
         The sum of :meth:`_mean_terms` over genes is taken as contractions with the counts,
-        ``x . log mu - x . log theta - (x + theta) . softplus(d)``, so that a block of
-        (draws, cells, genes) log means is passed over twice fewer than in the per-gene form
-        (the importance sampler's evaluations: 40% less time forward, 25% with the
-        gradient, for 100 draws of 128 cells x 2,000 genes in float32).
+        ``x . log mu - x . log theta - (x + theta) . softplus(d)``, passing over a block of (draws, cells, genes) log
+        means half as often as the per-gene form (the importance sampler's evaluations: 40% less time forward, 25%
+        with the gradient, for 100 draws of 128 cells x 2,000 genes in float32).
         """
         const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
         log_theta = self.log_theta
@@ -298,8 +281,7 @@ class ZeroInflatedNegativeBinomialLogMean(NegativeBinomialLogMean):
     def log_prob(self, value: torch.Tensor, count_constant: torch.Tensor | None = None) -> torch.Tensor:
         """Log probability summed over genes, shape (..., cells).
 
-        ``count_constant``: :func:`count_log_constant` of ``value`` and this ``log_theta``,
-        when the caller has it.
+        ``count_constant``: as for :meth:`NegativeBinomialLogMean.log_prob`.
         """
         const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
         nb_terms = self._mean_terms(value)  # NB log-prob less the lgamma terms (which are 0 at x = 0)

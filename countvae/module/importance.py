@@ -1,10 +1,9 @@
 """From log importance weights to an estimate of ``log p(x)`` with its error and reliability.
 
-Every importance-sampling estimator in the package (the guide proposal, the
-per-cell Student-t proposal, the scvi-tools adapter) produces log weights
-``log w_s = log p(x, z_s) - log r(z_s)`` for draws ``z_s`` from a proposal ``r``,
-and hands them to :func:`summarize_log_weights`, so the estimate, its standard
-error, the effective sample size and the Pareto k-hat are defined once.
+Every importance-sampling estimator in the package (the guide proposal, the per-cell Student-t proposal, the
+scvi-tools adapter) hands its log weights ``log w_s = log p(x, z_s) - log r(z_s)``, for draws ``z_s`` from a proposal
+``r``, to :func:`summarize_log_weights`, so the estimate, its standard error, the ESS and the Pareto k-hat are
+defined once.
 """
 
 from __future__ import annotations
@@ -45,11 +44,10 @@ class ImportanceSummary:
         ``log mean_s w_s`` in nats (a log density: higher is better).
     mc_se
         Delta-method Monte Carlo standard error of ``lpd``,
-        ``sd(w) / (sqrt(S) mean(w)) = sqrt((S sum_s wn_s^2 - 1) / (S - 1))`` with normalised
-        weights ``wn``, where ``khat`` is at most :data:`KHAT_THRESHOLD`; NaN elsewhere. This
-        empirical formula cannot exceed 1 whatever the true error (one dominant weight gives
-        exactly 1), so where k-hat says the weights' variance is effectively infinite no
-        finite standard error is reported.
+        ``sd(w) / (sqrt(S) mean(w)) = sqrt((S sum_s wn_s^2 - 1) / (S - 1))`` with normalised weights ``wn``, where
+        ``khat`` is at most :data:`KHAT_THRESHOLD`; NaN elsewhere: this empirical formula cannot exceed 1 whatever the
+        true error (one dominant weight gives exactly 1), so no finite standard error is reported where k-hat says
+        the weights' variance is effectively infinite.
     ess
         Effective sample size ``1 / sum_s wn_s^2``.
     khat
@@ -163,10 +161,9 @@ def estimate_reliability(
 ) -> Reliability:
     """Whether importance-sampling estimates of ``log p(x)`` can be believed: the package's one rule.
 
-    A cell's estimate is unreliable when its Pareto k-hat is above :data:`KHAT_THRESHOLD` or
-    NaN (column ``khat`` and, where present, ``reliable`` of :meth:`ImportanceSummary.to_frame`:
-    the cells :func:`summarize_log_weights` gives no standard error), or its ESS (``ess``) is
-    below ``min_ess`` (0: not judged; a small ESS with a good k-hat shows as a large Monte Carlo
+    A cell's estimate is unreliable when its Pareto k-hat is above :data:`KHAT_THRESHOLD` or NaN (column ``khat``
+    and, where present, ``reliable`` of :meth:`ImportanceSummary.to_frame`: the cells without a standard error), or
+    its ESS (``ess``) is below ``min_ess`` (0: not judged; a small ESS with a good k-hat shows as a large Monte Carlo
     error). The estimates are reliable when at most ``max_share`` of the cells are unreliable.
 
     Parameters

@@ -30,17 +30,17 @@ class CountLikelihood(nn.Module):
     n_genes, n_batches
         Sizes of the dispersion parameters.
     dispersion
-        ``"gene"``: one inverse dispersion ``theta_g`` per gene; ``"gene-batch"``:
-        one per gene and batch (as scVI's options of the same names).
+        ``"gene"``: one inverse dispersion ``theta_g`` per gene; ``"gene-batch"``: one per gene and batch (as scVI's
+        options of the same names).
     gene_gate
-        For ZINB: learn one zero-inflation logit per gene. Used with the linear
-        decoder; the MLP decoder predicts the logits per cell instead (as scVI).
+        For ZINB: learn one zero-inflation logit per gene (linear decoder; the MLP decoder predicts the logits per
+        cell instead, as scVI).
 
     Notes
     -----
-    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta``
-    (variance ``mu + mu^2 / theta``), as Pyro's ``NegativeBinomial(total_count=theta,
-    logits=log mu - log theta)``; see :mod:`countvae.module.distributions`.
+    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta`` (variance ``mu + mu^2 / theta``), as
+    Pyro's ``NegativeBinomial(total_count=theta, logits=log mu - log theta)``; see
+    :mod:`countvae.module.distributions`.
 
     """
 
@@ -88,8 +88,8 @@ class CountLikelihood(nn.Module):
     def count_log_constant(self, x: torch.Tensor, batch_index: torch.Tensor | None = None) -> torch.Tensor:
         """Per cell, the terms of ``log p(x | log_mean)`` that do not involve the mean (shape (cells,)).
 
-        See :func:`countvae.module.distributions.count_log_constant`; pass the result as
-        ``count_constant`` to the log probability of :meth:`distribution` for the same cells.
+        See :func:`countvae.module.distributions.count_log_constant`; pass it as ``count_constant`` to the log
+        probability of :meth:`distribution` for the same cells.
         """
         return count_log_constant(x, self.log_theta_for(batch_index))
 
@@ -113,12 +113,11 @@ class CountLikelihood(nn.Module):
     ) -> torch.Tensor:
         """Per gene, ``-d^2 log p(x | log_mean) / d log_mean^2``, floored at 0 (shape of ``log_mean``).
 
-        Poisson: ``mu``; NB: ``theta mu (theta + x) / (theta + mu)^2`` (both >= 0). ZINB: the
-        NB value for ``x > 0``; at ``x = 0``, with ``rho`` the posterior probability that the
-        zero is an NB zero and ``a = theta mu / (theta + mu)``, ``rho theta a / (theta + mu) -
-        rho (1 - rho) a^2``, which can be negative and is floored at 0. Gate logits are held
-        fixed. Used for the Gauss-Newton curvature that shapes importance proposals
-        (:meth:`countvae.module.vae.CountVAEModule.log_joint_neg_hessian`), never in an estimate.
+        Poisson: ``mu``; NB: ``theta mu (theta + x) / (theta + mu)^2`` (both >= 0). ZINB: the NB value for ``x > 0``;
+        at ``x = 0``, with ``rho`` the posterior probability that the zero is an NB zero and
+        ``a = theta mu / (theta + mu)``, ``rho theta a / (theta + mu) - rho (1 - rho) a^2``, which can be negative and
+        is floored at 0. Gate logits are held fixed. Only for the Gauss-Newton curvature that shapes importance
+        proposals (:meth:`countvae.module.vae.CountVAEModule.log_joint_neg_hessian`), never in an estimate.
         """
         mu = torch.exp(log_mean)
         if self.kind == "poisson":

@@ -1,34 +1,27 @@
 """Priors on the loadings ``W`` of the linear decoder: ``W`` as a global latent variable with its own guide.
 
-With free loadings (the default) ``W`` is a parameter fitted by maximum
-likelihood, and any rotation of the latent axes can be absorbed by ``W``. A prior
-on ``W`` that is not rotation-invariant is a restriction: it prefers some axes.
-Two are offered, each a Pyro model over the loadings with a mean-field guide,
-so that loadings come with posterior uncertainty:
+With free loadings (the default) ``W`` is a parameter fitted by maximum likelihood, and ``W`` can absorb any rotation
+of the latent axes. A prior on ``W`` that is not rotation-invariant is a restriction: it prefers some axes. Two are
+offered, each a Pyro model over the loadings with a mean-field guide, so loadings come with posterior uncertainty:
 
-* :class:`HorseshoeLoadings`, the regularized horseshoe of Piironen and Vehtari
-  (2017, Electron. J. Statist. 11:5018): ``W_gk ~ N(0, tau^2 lt_gk^2)`` with
-  ``lt_gk^2 = c^2 l_gk^2 / (c^2 + tau^2 l_gk^2)``, local scales
+* :class:`HorseshoeLoadings`, the regularized horseshoe of Piironen and Vehtari (2017, Electron. J. Statist.
+  11:5018): ``W_gk ~ N(0, tau^2 lt_gk^2)`` with ``lt_gk^2 = c^2 l_gk^2 / (c^2 + tau^2 l_gk^2)``, local scales
   ``l_gk ~ HalfCauchy(1)``, a global scale ``tau ~ HalfCauchy(tau0)`` and a slab
-  ``c^2 ~ InvGamma(nu / 2, nu s^2 / 2)``. Most loadings are shrunk to zero, a few
-  escape: sparse loadings. Its density is the same for every signed permutation
-  of the columns of ``W`` and for no other orthogonal map (for generic ``W``).
-* :class:`ProgramLoadings`, named gene programs: column ``k`` belongs to program
-  ``k`` and ``W_gk ~ N(0, s_in^2)`` for genes of the program, ``N(0, s_out^2)``
-  (``s_out`` small) for the others, so each latent dimension is named by a gene
-  set. Its density is kept by sign flips of single columns, not by rotations or
-  permutations (columns with exactly the same gene set share a prior, and any
-  rotation among them is kept: give each dimension its own set).
+  ``c^2 ~ InvGamma(nu / 2, nu s^2 / 2)``. Most loadings are shrunk to zero, a few escape: sparse loadings. Its
+  density is kept by every signed permutation of the columns of ``W`` and by no other orthogonal map (for generic
+  ``W``).
+* :class:`ProgramLoadings`, named gene programs: column ``k`` belongs to program ``k`` and ``W_gk ~ N(0, s_in^2)``
+  for genes of the program, ``N(0, s_out^2)`` (``s_out`` small) for the others, so a gene set names each latent
+  dimension. Its density is kept by sign flips of single columns, not by rotations or permutations (columns with
+  exactly the same gene set share a prior, and any rotation among them is kept: give each dimension its own set).
 
-The guide of ``W`` is ``N(loc, diag(scale^2))`` with ``loc`` the decoder's own
-weight (``LinearDecoder.weight``): the posterior mean is what the decoder uses
-outside training, what ``get_loadings`` returns and what a reparameterization
+The guide of ``W`` is ``N(loc, diag(scale^2))`` with ``loc`` the decoder's own weight (``LinearDecoder.weight``): the
+posterior mean is what the decoder uses outside training, what ``get_loadings`` returns and what a reparameterization
 rewrites. Hyper-parameters of the horseshoe have log-normal guides.
 
-Departure from scvi-tools: ``LinearSCVI`` has point-estimated loadings with no
-prior; here the global latent enters the minibatch ELBO once per data set, so its
-KL divergence is divided by the number of training cells in the per-cell loss
-(:func:`countvae.module.loss.minibatch_loss`), as a Pyro plate subsample scales it.
+Departure from scvi-tools: ``LinearSCVI`` has point-estimated loadings with no prior; here the global latent enters
+the minibatch ELBO once per data set, so its KL divergence is divided by the number of training cells in the per-cell
+loss (:func:`countvae.module.loss.minibatch_loss`), as a Pyro plate subsample scales it.
 """
 
 from __future__ import annotations
@@ -124,10 +117,9 @@ class LoadingsPrior(nn.Module):
     def sample_with_kl(self, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One reparameterized draw of ``W`` from the guide and the KL divergence of the global sites.
 
-        The draws are made in the order of :meth:`guide_sites`, so with the same
-        torch random state this is the draw Pyro's ``TraceMeanField_ELBO`` makes;
-        the KL is in closed form where torch has it (``W`` given the
-        hyper-parameters) and ``log q - log p`` at the draw otherwise, as there.
+        Drawn in the order of :meth:`guide_sites`, so with the same torch random state this is the draw Pyro's
+        ``TraceMeanField_ELBO`` makes; as there, the KL is in closed form where torch has it (``W`` given the
+        hyper-parameters) and ``log q - log p`` at the draw otherwise.
 
         Returns
         -------
@@ -150,10 +142,9 @@ class LoadingsPrior(nn.Module):
     def map_guide(self, inverse_map: torch.Tensor) -> None:
         """Rewrite the guide for latent coordinates ``z' = A z`` (``W' = W A^-1``), given ``A^-1``.
 
-        The decoder rewrites the posterior mean exactly. The mean-field variances
-        become ``var' = var @ (A^-1)^2`` (entrywise square): the exact marginal
-        variances of ``W A^-1``; only their correlations are dropped, so for a
-        signed permutation the guide is mapped exactly.
+        The decoder rewrites the posterior mean exactly. The mean-field variances become ``var' = var @ (A^-1)^2``
+        (entrywise square), the exact marginal variances of ``W A^-1``; only their correlations are dropped, so a
+        signed permutation maps the guide exactly.
         """
         mix = inverse_map.to(self.weight_log_scale.dtype) ** 2
         var = torch.exp(2.0 * self.weight_log_scale) @ mix
@@ -166,8 +157,8 @@ class ProgramLoadings(LoadingsPrior):
     Parameters
     ----------
     membership
-        Boolean genes x latent: ``membership[g, k]`` when gene ``g`` is in
-        program ``k``. A column of all ``True`` is a free dimension.
+        Boolean genes x latent: ``membership[g, k]`` when gene ``g`` is in program ``k``; a column of all ``True`` is
+        a free dimension.
     inside_scale
         Prior standard deviation of a program's own loadings.
     outside_scale
@@ -271,14 +262,12 @@ class HorseshoeLoadings(LoadingsPrior):
     def log_density(self, weight: torch.Tensor) -> torch.Tensor:
         """``log p(W | tau, c^2)`` with each local scale integrated out, at the guide's medians of ``tau`` and ``c^2``.
 
-        For every entry, ``log int_0^inf N(w; 0, tau^2 lt(l)^2) 2 / (pi (1 + l^2)) dl``
-        by the trapezoid rule in ``u = log l`` (the integrand is smooth in ``u``
-        and decays on both sides, where the rule converges geometrically), from
-        :data:`_MARGINAL_BELOW` below ``log(|w| / tau)`` up to
-        :data:`_MARGINAL_UPPER`, in float64. The density depends on each entry
-        alone and is even in it, so it is unchanged by signed permutations of the
-        columns of ``W`` and by nothing else in general. (At ``w = 0`` the
-        horseshoe density is infinite; a fitted loading is never exactly 0.)
+        For every entry, ``log int_0^inf N(w; 0, tau^2 lt(l)^2) 2 / (pi (1 + l^2)) dl`` by the trapezoid rule in
+        ``u = log l`` (the integrand is smooth in ``u`` and decays on both sides, where the rule converges
+        geometrically), from :data:`_MARGINAL_BELOW` below ``log(|w| / tau)`` up to :data:`_MARGINAL_UPPER`, in
+        float64. The density depends on each entry alone and is even in it, so only signed permutations of the columns
+        of ``W`` keep it, in general. (At ``w = 0`` the horseshoe density is infinite; a fitted loading is never
+        exactly 0.)
         """
         tau, slab = self.point_hyper()
         w = weight.detach().to(torch.float64).abs().clamp_min(1e-300).reshape(-1)

@@ -27,22 +27,17 @@ def per_cell_elbo(
 ) -> torch.Tensor:
     """Single-sample ELBO of each cell, with the KL in closed form where it exists.
 
-    This is the estimator of Pyro's ``TraceMeanField_ELBO`` applied to
-    :meth:`CountVAEModule.model` and :meth:`CountVAEModule.guide`, written out
-    without tracing: ``log p(x | z) - kl_weight * KL(q(z | x) || p(z))`` with one
-    reparameterized draw ``z ~ q``; when the KL has no closed form (Laplace prior,
-    full-covariance guide) it is replaced by ``log q(z) - log p(z)`` at the same
-    draw, as Pyro does. ``tests/module/test_module.py`` checks that both give the same
-    number from the same random draw.
+    Pyro's ``TraceMeanField_ELBO`` estimator for :meth:`CountVAEModule.model` and :meth:`CountVAEModule.guide`,
+    written out without tracing: ``log p(x | z) - kl_weight * KL(q(z | x) || p(z))`` with one reparameterized draw
+    ``z ~ q``; where the KL has no closed form (Laplace prior, full-covariance guide), ``log q(z) - log p(z)`` at the
+    same draw, as Pyro does. ``tests/module/test_module.py`` checks that both give the same number from the same draw.
 
-    ``weight`` is a draw of the loadings ``W`` when they are a latent variable
-    (:meth:`CountVAEModule.sample_loadings`); by default the decoder's own weight
-    (their posterior mean). The KL divergence of ``W`` is not a per-cell term: it
-    is added by :func:`minibatch_loss`.
+    ``weight``: a draw of the loadings ``W`` when they are a latent variable (:meth:`CountVAEModule.sample_loadings`);
+    default: the decoder's own weight (their posterior mean). The KL divergence of ``W`` is not a per-cell term:
+    :func:`minibatch_loss` adds it.
 
-    ``count_constant`` (cells,) replaces the likelihood's terms that involve neither
-    ``z`` nor the mean (:meth:`CountVAEModule.count_log_constant`); by default they
-    are computed.
+    ``count_constant`` (cells,) replaces the likelihood's terms that involve neither ``z`` nor the mean
+    (:meth:`CountVAEModule.count_log_constant`); computed when not given.
 
     Returns
     -------
@@ -77,20 +72,15 @@ def minibatch_loss(
     kl_weight
         Weight of the KL term (KL warm-up).
     engine
-        ``"direct"`` evaluates :func:`per_cell_elbo`; ``"pyro"`` traces
-        ``module.model`` and ``module.guide`` with ``TraceMeanField_ELBO``
-        (Monte Carlo KL where no closed form exists). Both give the same value
-        and gradients; ``"direct"`` skips Pyro's tracing overhead (measured in
-        benchmarks/RESULTS.md).
+        ``"direct"`` evaluates :func:`per_cell_elbo`; ``"pyro"`` traces ``module.model`` and ``module.guide`` with
+        ``TraceMeanField_ELBO`` (Monte Carlo KL where no closed form exists). Same value and gradients; ``"direct"``
+        skips Pyro's tracing overhead (measured in benchmarks/RESULTS.md).
     cell_index, n_total
-        For ``"pyro"``: positions of the minibatch's cells among ``n_total``, so
-        the plate scales minibatch terms to the whole data set (the result is
-        divided back to a per-cell mean).
-        Both engines treat them alike: with both given, the data set has
-        ``n_total`` cells, else it is the minibatch. With a prior on the loadings
-        (a global latent) ``n_total`` must be the number of training cells: the
-        KL divergence of the global sites enters the data set's ELBO once, so the
-        per-cell loss carries ``KL / n_total``.
+        For ``"pyro"``: positions of the minibatch's cells among ``n_total``, so the plate scales minibatch terms to
+        the whole data set (the result is divided back to a per-cell mean). Both engines treat them alike: with both
+        given, the data set has ``n_total`` cells, else it is the minibatch. With a prior on the loadings (a global
+        latent) ``n_total`` must be the number of training cells: the KL divergence of the global sites enters the
+        data set's ELBO once, so the per-cell loss carries ``KL / n_total``.
 
     """
     cells = n_total if (cell_index is not None and n_total is not None) else x.shape[0]

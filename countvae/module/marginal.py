@@ -16,40 +16,32 @@ How to call it (the stable interface; everything else in this file is internal):
     summary.lpd, summary.mc_se, summary.ess, summary.khat, summary.reliable  # numpy arrays (n,)
     summary.to_frame()  # columns lpd, mc_se, ess, khat, reliable
 
-``log_joint(z, cells)`` must return ``log p(x_c | z) + log p(z)`` (nats, a log
-density: higher is better) for the cells ``c = cells[j]`` (positions ``0..n-1`` in
-the rows of ``loc``) at the points ``z[:, j]``; it is called with subsets of cells
-and any leading number of points ``S``, and must be differentiable in ``z`` by
-torch autograd (the gradient drives Newton's method). For a countvae module it is
-``lambda z, c: module.log_joint(z, x[c], batch_index[c], log_library[c])``.
-``neg_hessian`` optionally gives a positive semi-definite approximation of
-``-d^2 log_joint / dz^2`` (e.g. Gauss-Newton); without it the curvature is the
-forward-difference Jacobian of autograd gradients.
+``log_joint(z, cells)`` returns ``log p(x_c | z) + log p(z)`` (nats, a log density: higher is better) for the cells
+``c = cells[j]`` (row positions ``0..n-1`` of ``loc``) at the points ``z[:, j]``, for any subset of cells and any
+leading number of points ``S``; it must be differentiable in ``z`` by torch autograd (the gradient drives Newton's
+method). For a countvae module it is ``lambda z, c: module.log_joint(z, x[c], batch_index[c], log_library[c])``.
+``neg_hessian`` optionally gives a positive semi-definite approximation of ``-d^2 log_joint / dz^2`` (e.g.
+Gauss-Newton); without it the curvature is the forward-difference Jacobian of autograd gradients.
 
 Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accuracy of
 ``benchmarks/RESULTS.md``; defaults in :class:`MarginalSettings`):
 
 1. damped Newton ascent on the log joint from the guide's mean to a posterior mode;
-2. a pilot of ``n_pilot`` draws from a Student-t (``df`` 4) at that mode, scale
-   matrix the inverse curvature, mixed with the guide; Newton restarts from each
-   cell's ``pilot_restarts`` highest-weight pilot draws and ``prior_restarts``
-   standard normal points (a ReLU decoder's log joint has several local maxima,
-   and the guide's mean can sit in the basin of a minor one); a restart that enters
-   the first mode's bulk (``snap_radius`` posterior sd) is that mode and stops;
-3. ``n_draws`` draws from a defensive mixture: t's at all modes (shares by Laplace
-   mass, with a uniform floor) with total weight ``1 - guide_weight``, and the guide
-   with ``guide_weight``; each component gets a fixed number of draws per cell and
-   the weights use the whole mixture density, so ``exp(lpd)`` is unbiased for ``p(x)``.
-   The pilot's draws are pooled with these (``pool_pilot``): every draw is weighted by
-   the mixture of all components in the proportions of all draws (multiple importance
-   sampling, balance heuristic), so a mode the pilot missed does not inflate its weights;
-4. the log weights go to :func:`countvae.module.importance.summarize_log_weights`
-   (estimate, standard error, ESS, Pareto k-hat); cells with k-hat above
-   :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw`` times as
-   many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals
-   by chance), whose values replace theirs; those still above it are estimated again with
-   ``escalation_draws`` draws and twice the pilot and restarts. A cell still above the
-   threshold has ``reliable`` False and no standard error.
+2. a pilot of ``n_pilot`` draws from a Student-t (``df`` 4) at that mode, scale matrix the inverse curvature, mixed
+   with the guide; Newton restarts from each cell's ``pilot_restarts`` highest-weight pilot draws and
+   ``prior_restarts`` standard normal points (a ReLU decoder's log joint has several local maxima, and the guide's
+   mean can sit in the basin of a minor one); a restart entering the first mode's bulk (``snap_radius`` posterior
+   sd) is that mode and stops;
+3. ``n_draws`` draws from a defensive mixture: t's at all modes (shares by Laplace mass, with a uniform floor) with
+   total weight ``1 - guide_weight``, and the guide with ``guide_weight``; each component gets a fixed number of
+   draws per cell and the weights use the whole mixture density, so ``exp(lpd)`` is unbiased for ``p(x)``. The
+   pilot's draws are pooled with these (``pool_pilot``, multiple importance sampling), so a mode the pilot missed
+   does not inflate its weights;
+4. the log weights go to :func:`countvae.module.importance.summarize_log_weights` (estimate, standard error, ESS,
+   Pareto k-hat); cells with k-hat above :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw``
+   times as many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals by chance), whose
+   values replace theirs; those still above it are estimated again with ``escalation_draws`` draws and twice the
+   pilot and restarts. A cell still above the threshold has ``reliable`` False and no standard error.
 
 Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the
 restarts dominate when the final draws are few (``countvae diagnose`` uses 100). A step is
@@ -57,13 +49,7 @@ halved only for the rows it lowers, restarts stop at ``restart_tol`` or in the f
 bulk (they only place components), the pilot's draws count in the estimate, and cells
 flagged by a noisy k-hat are redrawn rather than refitted.
 
-Verified numerically (RESULTS.md, lpd-accuracy, 200 held-out cells per model): on
-18 linear Poisson/NB models with 1-3 latent dimensions (pbmc_3tech, Kang, simulated),
-the worst mean absolute error against exact quadrature was 0.012 nats/cell with at
-least 99% of cells within 3 reported standard errors; on default NB/MLP models
-(10 latent dimensions) the mean absolute error against a 10^5-draw gold standard
-was 0.046-0.057 nats/cell. No weight diagnostic can see a posterior mode that no
-component visits; the standard-normal restarts guard against that without a guarantee.
+Accuracy, verified numerically: see docs/concepts/heldout-lpd.md.
 """
 
 from __future__ import annotations
@@ -101,9 +87,8 @@ class MarginalSettings:
     n_draws
         Draws per cell that enter the estimate (from the final mixture).
     n_pilot
-        Draws per cell from the pilot mixture (the t at the first mode and the guide), which rank
-        starting points for the Newton restarts (0: no restarts) and, with ``pool_pilot``, also
-        enter the estimate.
+        Draws per cell from the pilot mixture (the t at the first mode and the guide): they rank starting points for
+        the Newton restarts (0: no restarts) and, with ``pool_pilot``, enter the estimate.
     pilot_restarts
         Newton restarts per cell from its highest-weight pilot draws.
     prior_restarts
@@ -116,9 +101,9 @@ class MarginalSettings:
         A point stops once its Newton decrement (predicted gain) or realised gain is below
         this many nats; a decrement of 1e-3 puts it about 0.05 posterior sd from the mode.
     restart_tol
-        The same for the restarts. They only place proposal components in the basins they
-        reach, and a t component a fraction of a posterior sd off its local maximum is as good
-        a proposal, so they may stop earlier: a decrement of 0.02 is about 0.2 sd.
+        The same for the restarts, which may stop earlier: they only place proposal components in the basins they
+        reach, and a t component a fraction of a posterior sd off its local maximum is as good a proposal (a decrement
+        of 0.02 is about 0.2 sd).
     guide_weight
         Share of the guide in the pilot and final mixtures, in [0, 1); the rest goes to the modes.
     mode_floor
@@ -128,40 +113,35 @@ class MarginalSettings:
         Degrees of freedom of the Student-t components: a positive integer, or ``math.inf``
         for Gaussians.
     snap_radius
-        A restart that comes within this many posterior sd of the cell's first mode (in that
-        mode's Laplace metric, ``(z - mode)^T H (z - mode) < snap_radius^2``) without rising
-        above it stops and becomes a copy of the first mode (its location, log joint and
-        precision; 0: every restart runs to its own stop). A copy, not the point where the
-        restart stopped: with ``pool_pilot`` a component centred on a pilot draw would lower
-        that draw's weight, a bias of about -0.015 nats/cell in tests/module/test_marginal.py. On the
-        stored fits of a default Kang ``countvae diagnose``, 1.5 cut the estimator's CPU time
-        by about a quarter at no loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy).
+        A restart that comes within this many posterior sd of the cell's first mode (in that mode's Laplace metric,
+        ``(z - mode)^T H (z - mode) < snap_radius^2``) without rising above it stops and becomes a copy of the first
+        mode (location, log joint and precision; 0: every restart runs to its own stop). A copy, not the point where it
+        stopped: with ``pool_pilot`` a component centred on a pilot draw would lower that draw's weight, a bias of about
+        -0.015 nats/cell in tests/module/test_marginal.py. On the stored fits of a default Kang ``countvae diagnose``,
+        1.5 cut the estimator's CPU time by about a quarter at no loss of accuracy (benchmarks/RESULTS.md,
+        lpd-diagnose-accuracy).
     redraw
-        For the cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh
-        draws from the same mixture, whose values replace theirs (a k-hat from few draws is
-        noisy, and most such cells pass with more; fresh draws keep the estimate independent
-        of the draws that selected the cell). Only the cells still above the threshold go to
-        the second pass (0: straight to the second pass).
+        For cells whose k-hat exceeds the threshold, first ``redraw * n_draws`` fresh draws from the same mixture
+        replace theirs (a k-hat from few draws is noisy, and most such cells pass with more; fresh draws keep the
+        estimate independent of the draws that selected the cell). Only cells still above the threshold go to the
+        second pass (0: straight there).
     pool_pilot
-        Pool the pilot's draws with the final draws (``n_pilot + n_draws`` weights per cell),
-        each weighted by the mixture of all components in the proportions of all draws
-        (multiple importance sampling with the balance heuristic). Unbiased for fixed
-        components; the final components depend on the pilot draws only through the
-        restarts' starting points, which Newton's method carries to a local maximum (or which
-        snap to the first mode), and tests/module/test_marginal.py finds no bias over 1,000 estimates
-        against the closed form. On the stored Kang fits it cut the mean absolute error against
-        the gold standard from 0.112 to about 0.08 nats/cell at the report's 100 final draws.
+        Pool the pilot's draws with the final ones (``n_pilot + n_draws`` weights per cell), each weighted by the
+        mixture of all components in the proportions of all draws (multiple importance sampling with the balance
+        heuristic). Unbiased for fixed components; the final components depend on the pilot draws only through the
+        restarts' starting points, which Newton's method carries to a local maximum (or which snap to the first
+        mode): tests/module/test_marginal.py finds no bias over 1,000 estimates against the closed form. On the stored
+        Kang fits it cut the mean absolute error against the gold standard from 0.112 to about 0.08 nats/cell at the
+        report's 100 final draws.
     fixed_restart_metric
-        The restarts' Newton steps use the first mode's precision as their metric instead of
-        the curvature at each point, and the curvature is computed once, where a restart stops
-        (for its component's scale). A restart only has to reach a basin, not to converge
-        quadratically; on the stored Kang fits this cut the estimator's CPU time by 8-20%
-        with no loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are
-        still halved until they do not lower the log joint.
+        The restarts' Newton steps use the first mode's precision as metric instead of the curvature at each point,
+        which is computed once, where a restart stops (for its component's scale): a restart only has to reach a
+        basin, not converge quadratically. On the stored Kang fits this cut the estimator's CPU time by 8-20% with no
+        loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are still halved until they do not
+        lower the log joint.
     escalation_draws
-        Final draws for the cells whose k-hat still exceeds the threshold, estimated again with
-        twice ``n_pilot``, ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps``
-        (0: no second pass).
+        Final draws for cells whose k-hat still exceeds the threshold, estimated again with twice ``n_pilot``,
+        ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps`` (0: no second pass).
 
     """
 
@@ -268,9 +248,8 @@ def _value_and_gradient(
 def finite_difference_neg_hessian(log_joint: LogJoint, points_per_call: int = 2**14) -> NegHessian:
     """Minus the Hessian of ``log_joint`` in ``z``, as forward differences of autograd gradients.
 
-    One batched call on ``L + 1`` points per cell. The step (1e-5 in float64, 1e-2 in
-    float32) balances truncation and rounding; the curvature only shapes proposals,
-    so its error never biases the estimate. The result is symmetrised.
+    One batched call on ``L + 1`` points per cell, symmetrised. The step (1e-5 in float64, 1e-2 in float32) balances
+    truncation and rounding; the curvature only shapes proposals, so its error never biases the estimate.
     """
 
     def neg_hessian(z: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
@@ -288,9 +267,8 @@ def finite_difference_neg_hessian(log_joint: LogJoint, points_per_call: int = 2*
 def _patched_precision(neg_hess: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """A positive-definite precision from a symmetric matrix.
 
-    Eigen-directions with curvature below :data:`MIN_CURVATURE` (a log joint that is
-    not concave there, possible with an MLP decoder or a Laplace prior) take the
-    fallback's (the guide's) curvature along that direction, floored at :data:`MIN_CURVATURE`.
+    Eigen-directions with curvature below :data:`MIN_CURVATURE` (a log joint not concave there, possible with an MLP
+    decoder or a Laplace prior) take the fallback's (the guide's) curvature along them, floored at the same value.
     """
     sym = 0.5 * (neg_hess + neg_hess.transpose(-1, -2))
     lam, vecs = torch.linalg.eigh(sym)
@@ -326,8 +304,7 @@ def _backtrack(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Halve the steps of rows whose full step fell below ``floor``; their new points, log joints and gradients.
 
-    Each row is evaluated only until its step is accepted (the rows still searching
-    shrink with every halving); a row still below ``floor`` after :data:`MAX_HALVINGS`
+    Each row is evaluated only until its step is accepted; a row still below ``floor`` after :data:`MAX_HALVINGS`
     halvings stays at ``z0``.
     """
     factor = torch.full_like(floor, 0.5)
@@ -372,20 +349,17 @@ def _newton(
 ) -> _Modes:
     """Damped Newton ascent on the log joint from ``start`` (m, L), one independent run per row.
 
-    A step is halved where it would lower the log joint by more than its rounding
-    error, so the log joint never decreases; a row stops when its Newton decrement
-    or its realised gain falls below ``tol`` (the optimum, or a kink of a ReLU
-    decoder's log joint). Only moving rows are evaluated, and during the halvings
-    only the rows whose step is not yet accepted.
+    A step is halved where it would lower the log joint by more than its rounding error, so the log joint never
+    decreases; a row stops when its Newton decrement or realised gain falls below ``tol`` (the optimum, or a kink of a
+    ReLU decoder's log joint). Only moving rows are evaluated, and during the halvings only rows whose step is not yet
+    accepted.
 
-    With ``known`` (a mode per row, found before) and ``radius`` > 0, a row that comes
-    within ``radius`` sd of its known mode (see :func:`_near`) stops and returns the known
-    mode itself (location, log joint, precision): it is in the bulk that mode's component
-    already covers, and a component placed where it stopped would depend on its start.
+    With ``known`` (a mode per row, found before) and ``radius`` > 0, a row that comes within ``radius`` sd of its
+    known mode (see :func:`_near`) stops and returns that mode (location, log joint, precision): it is in the bulk
+    that mode's component already covers, and a component placed where it stopped would depend on its start.
 
-    With ``metric`` (m, L, L) positive definite, every step solves against it instead of
-    the curvature at the current point, and the curvature is computed once, at the end,
-    for the rows that did not snap (their precision).
+    With ``metric`` (m, L, L) positive definite, every step solves against it instead of the curvature at the current
+    point, and the curvature is computed once, at the end, for the rows that did not snap (their precision).
     """
     z = start.detach().clone()
     value, grad = _value_and_gradient(log_joint, z.unsqueeze(0), cells, points_per_call)
@@ -620,12 +594,10 @@ def _pooled_log_weights(
 ) -> torch.Tensor:
     """Log weights (n_pilot + n_draws, cells) of the pilot's draws and ``n_draws`` from ``proposal``, pooled.
 
-    Multiple importance sampling with the balance heuristic: every draw is weighted by the
-    mixture of all components in the proportions of all draws (the pilot's t at the first
-    mode is the proposal's first component and its guide the last), so the mean weight is an
-    unbiased estimate of ``p(x)`` however the pilot and the final mixture differ, as long as
-    the components are fixed. ``pilot_draws`` is (draws, log joint at them, draws per pilot
-    component (2, cells)).
+    Multiple importance sampling with the balance heuristic: every draw is weighted by the mixture of all components
+    in the proportions of all draws (the pilot's t at the first mode is the proposal's first component, its guide the
+    last), so the mean weight is unbiased for ``p(x)`` however the pilot and final mixture differ, as long as the
+    components are fixed. ``pilot_draws`` is (draws, log joint at them, draws per pilot component (2, cells)).
     """
     zp, log_jp, pilot_counts = pilot_draws
     z, _ = proposal.sample_with_log_prob(n_draws, generator)
@@ -674,11 +646,10 @@ def estimate_log_marginal(
     Parameters
     ----------
     log_joint
-        ``(z[S, m, L], cells[m]) -> [S, m]``: ``log p(x_c | z) + log p(z)`` of cell
-        ``cells[j]`` at ``z[:, j]``, differentiable in ``z``; see the module docstring.
+        ``(z[S, m, L], cells[m]) -> [S, m]``, differentiable in ``z``; see the module docstring.
     loc, scale
-        The guide ``q(z | x)`` per cell: mean (n, L) and either the diagonal sd (n, L) or
-        a factor ``A`` (n, L, L) of the covariance ``A A^T`` (lower triangular or not).
+        The guide ``q(z | x)`` per cell: mean (n, L) and either the diagonal sd (n, L) or a factor ``A`` (n, L, L) of
+        the covariance ``A A^T`` (lower triangular or not).
     generator
         Source of every random number: the same seed gives the same numbers.
     settings
@@ -687,8 +658,7 @@ def estimate_log_marginal(
         ``(z[m, L], cells[m]) -> [m, L, L]``, a positive semi-definite approximation of the
         log joint's negative Hessian; default :func:`finite_difference_neg_hessian`.
     points_per_call
-        Largest number of (draw, cell) points handed to ``log_joint`` at once (memory);
-        the draws do not depend on it.
+        Most (draw, cell) points handed to ``log_joint`` at once (memory); the draws do not depend on it.
 
     Returns
     -------

@@ -9,9 +9,8 @@ from torch import nn
 class CovariateLinear(nn.Module):
     """``W x + V c + bias``: a linear layer whose input is split into data and covariates.
 
-    Keeping the weight on the data input (``W``, attribute ``data``) apart from the
-    weight on the batch one-hot covariates (``V``, attribute ``covariate``) lets the
-    invariance module rewrite the weight on the latent variables alone.
+    The weight on the data input (``W``, attribute ``data``) is kept apart from the weight on the batch one-hot
+    covariates (``V``, attribute ``covariate``), so the invariance module can rewrite the former alone.
     """
 
     def __init__(self, n_in: int, n_out: int, n_covariates: int = 0, bias: bool = True):
@@ -76,9 +75,8 @@ class FullyConnected(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The output (rows, n_hidden) for inputs ``x`` (rows, n_in) and its Jacobian in ``x``, (rows, n_hidden, n_in).
 
-        Exact, in evaluation mode only: batch norm then applies its running statistics
-        (an affine map per unit) and dropout is the identity. In training mode batch
-        norm couples the rows, so a per-row Jacobian does not exist.
+        Exact, in evaluation mode only: batch norm then applies its running statistics (an affine map per unit) and
+        dropout is the identity; in training mode batch norm couples the rows, and there is no per-row Jacobian.
         """
         if self.training:
             raise RuntimeError("FullyConnected.forward_with_jacobian needs evaluation mode (call .eval() first).")

@@ -18,12 +18,11 @@ class LatentPrior(nn.Module):
     Parameters
     ----------
     kind
-        ``"normal"``: N(0, I), invariant under every orthogonal map (the
-        default; the rotation symmetry the project measures).
-        ``"laplace"``: independent unit-variance Laplace; only signed
-        permutations leave it unchanged.
-        ``"diagonal"``: N(0, diag(s^2)) with learned scales ``s``; only sign
-        flips (and permutations among equal scales) leave it unchanged.
+        ``"normal"``: N(0, I), invariant under every orthogonal map (the default; the rotation symmetry the project
+        measures).
+        ``"laplace"``: independent unit-variance Laplace; only signed permutations keep it.
+        ``"diagonal"``: N(0, diag(s^2)) with learned scales ``s``; only sign flips (and permutations among equal
+        scales) keep it.
     n_latent
         Number of latent dimensions.
 
@@ -52,8 +51,8 @@ class LatentPrior(nn.Module):
     def curvature(self, like: torch.Tensor) -> torch.Tensor:
         """``-d^2 log p(z) / dz_k^2`` per dimension, shape (n_latent,), in ``like``'s dtype.
 
-        N(0, I): 1; N(0, diag(s^2)): ``1 / s^2``; Laplace: 0 (its kink at 0 is left to the
-        likelihood's curvature). Used to shape importance proposals, never in an estimate.
+        N(0, I): 1; N(0, diag(s^2)): ``1 / s^2``; Laplace: 0 (its kink at 0 is left to the likelihood's curvature).
+        Only shapes importance proposals, never in an estimate.
         """
         if self.kind == "diagonal":
             return torch.exp(-2.0 * self.log_scale.detach()).to(dtype=like.dtype, device=like.device)

@@ -1,10 +1,8 @@
 """The groups of latent maps ``z -> A z`` that can leave a model's ``p(x)`` unchanged, and how they combine.
 
-Each part of a model that is not rotation-invariant (the prior on ``z``, a prior on
-the loadings ``W``) declares the largest group of maps that leaves its density
-unchanged. The model as a whole keeps only the maps that every part keeps: the
-intersection of their groups. The groups here are nested, largest first, so the
-intersection is the smallest of them:
+Each part of a model that is not rotation-invariant (the prior on ``z``, a prior on the loadings ``W``) declares the
+largest group of maps that leaves its density unchanged. The model keeps only the maps every part keeps: the
+intersection of their groups, which, the groups being nested (largest first), is the smallest of them:
 
 ``"orthogonal"``
     every orthogonal ``A`` (the N(0, I) prior with free loadings);
@@ -12,9 +10,8 @@ intersection is the smallest of them:
     reorderings and sign flips of the axes (factorised non-Gaussian priors,
     exchangeable priors on the columns of ``W``);
 ``"sign flip"``
-    sign flips of individual axes (a diagonal prior with distinct scales, named
-    gene programs with distinct gene sets); axes that every part treats alike
-    (equal scales, identical gene sets) keep more, which the numerical check of
+    sign flips of individual axes (a diagonal prior with distinct scales, named gene programs with distinct gene
+    sets); axes every part treats alike (equal scales, identical gene sets) keep more, which the numerical check of
     :mod:`countvae.invariance` evaluates map by map;
 ``"none"``
     only the identity.

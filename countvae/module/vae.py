@@ -1,13 +1,10 @@
 """The count VAE as a Pyro model and guide over a torch module's parameters.
 
-Departure from the scvi-tools Pyro pattern (``PyroModule`` + ``pyro.module``):
-countvae's networks are plain ``torch.nn.Module`` objects and the model and
-guide never call ``pyro.param`` or ``pyro.module``. Parameters enter the Pyro
-trace through torch autograd, and training uses a torch optimiser over
-``module.parameters()``. Pyro's *global* parameter store is therefore never
-touched, so several models in one process (the multi-seed diagnostics) each
-train for real; with the global store, fitting model B silently stops model A
-from training (shared/notes/scvi_pyro_anchors.md, section 2).
+Departure from the scvi-tools Pyro pattern (``PyroModule`` + ``pyro.module``): countvae's networks are plain
+``torch.nn.Module`` objects, and the model and guide never call ``pyro.param`` or ``pyro.module``. Parameters enter
+the Pyro trace through torch autograd, and a torch optimiser trains ``module.parameters()``. Pyro's *global* parameter
+store is never touched, so several models in one process (the multi-seed diagnostics) each train for real; with the
+global store, fitting model B silently stops model A from training (shared/notes/scvi_pyro_anchors.md, section 2).
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ def log_library_size(x: torch.Tensor) -> torch.Tensor:
 def sample_latent(loc: torch.Tensor, scale: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """Reparameterized draws ``z = loc + scale eps`` from the guide's parameters (see :meth:`CountVAEModule.encode`).
 
-    ``scale`` is a vector per cell (mean-field guide; ``loc + scale * eps``) or a
-    matrix per cell (after a reparameterization; ``loc + scale @ eps``). ``eps``
-    has shape (..., cells, L), standard normal; the result has its shape.
+    ``scale`` is a vector per cell (mean-field guide; ``loc + scale * eps``) or a matrix per cell (after a
+    reparameterization; ``loc + scale @ eps``). ``eps``: standard normal, (..., cells, L), the result's shape.
     """
     if scale.dim() == loc.dim():
         return loc + scale * eps
@@ -64,21 +60,19 @@ class CountVAEModule(nn.Module):
     batch_norm
         Batch normalisation in the encoder and MLP decoder hidden layers (scVI's default).
     init_log_proportions
-        Optional per-gene log share of all counts; initialises the decoder's
-        output bias so that training starts from the per-gene mean profile.
+        Optional per-gene log share of all counts: the decoder's initial output bias, so training starts from the
+        per-gene mean profile.
     loadings_prior
-        ``None`` (the loadings ``W`` are a parameter), or a
-        :class:`countvae.module.loadings.LoadingsPrior`: ``W`` is then a global
-        latent variable (site ``"W"``, outside the cell plate) with that prior, and
-        the decoder's weight is the mean of its guide. Linear decoder only.
+        ``None`` (the loadings ``W`` are a parameter), or a :class:`countvae.module.loadings.LoadingsPrior`: ``W`` is
+        then a global latent variable with that prior (site ``"W"``, outside the cell plate), the decoder's weight
+        the mean of its guide. Linear decoder only.
 
     Attributes
     ----------
     latent_map
-        ``None``, or an invertible L x L matrix ``A`` set by
-        :func:`countvae.invariance.reparameterize`: the guide then returns the
-        law of ``A z`` for ``z ~ Normal(mu, diag sigma^2)``, a full-covariance
-        Gaussian with mean ``A mu`` and covariance ``A diag(sigma^2) A^T``.
+        ``None``, or an invertible L x L matrix ``A`` set by :func:`countvae.invariance.reparameterize`: the guide
+        then returns the law of ``A z`` for ``z ~ Normal(mu, diag sigma^2)``: a full-covariance Gaussian, mean
+        ``A mu``, covariance ``A diag(sigma^2) A^T``.
 
     """
 
@@ -149,9 +143,8 @@ class CountVAEModule(nn.Module):
     def encode(self, x: torch.Tensor, batch_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Guide parameters ``(loc, scale)``.
 
-        ``scale`` is the vector ``sigma`` (cells, L) for the mean-field guide, or the
-        matrix ``A diag(sigma)`` (cells, L, L) after a reparameterization, so that
-        ``z = loc + scale @ eps`` with ``eps ~ N(0, I)`` in both cases.
+        ``scale`` is the vector ``sigma`` (cells, L) for the mean-field guide, or the matrix ``A diag(sigma)``
+        (cells, L, L) after a reparameterization (see :func:`sample_latent`).
         """
         mu, sigma = self.encoder(x, self.batch_onehot(batch_index, x))
         if self.latent_map is None:
@@ -169,8 +162,8 @@ class CountVAEModule(nn.Module):
     def decode(self, z: torch.Tensor, batch_index: torch.Tensor, weight: torch.Tensor | None = None) -> DecoderOutput:
         """Decoder output for latent values of shape (cells, L) or (samples, cells, L).
 
-        ``weight`` replaces the linear decoder's loadings (a draw of ``W``); by
-        default the decoder's own weight (for a prior on ``W``: its posterior mean).
+        ``weight`` replaces the linear decoder's loadings (a draw of ``W``); default: the decoder's own weight (for a
+        prior on ``W``: its posterior mean).
         """
         if weight is None:
             return self.decoder(z, batch_index, self.batch_onehot(batch_index, z))
@@ -193,14 +186,12 @@ class CountVAEModule(nn.Module):
     ) -> torch.Tensor:
         """``log p(x | z, batch, library) + log p(z)`` per cell, in nats, for ``z`` of shape (..., cells, L).
 
-        This is the log density of the sample sites of :meth:`model` (tested against
-        its Pyro trace); every estimator of ``log p(x)`` in the package and the
-        invariance checks evaluate it through this method. With a prior on the
-        loadings it is ``log p(x | z, W) + log p(z)`` at ``W`` = the posterior mean
-        (the decoder's weight); ``log p(W)`` is :meth:`log_prior_loadings`. ``log_library`` defaults to
-        :func:`log_library_size` of ``x``. ``count_constant`` (cells,) is
-        :meth:`count_log_constant` of the same ``x`` and ``batch_index``, for callers that
-        evaluate the same cells at many ``z`` (computed here when not given). Returns shape (..., cells).
+        The log density of the sample sites of :meth:`model` (tested against its Pyro trace), through which every
+        estimator of ``log p(x)`` in the package and the invariance checks evaluate it. With a prior on the loadings
+        it is ``log p(x | z, W) + log p(z)`` at ``W`` = the posterior mean (the decoder's weight); ``log p(W)`` is
+        :meth:`log_prior_loadings`. ``log_library`` defaults to :func:`log_library_size` of ``x``.
+        ``count_constant`` (cells,) is :meth:`count_log_constant` of the same ``x`` and ``batch_index``, for callers
+        that evaluate the same cells at many ``z`` (computed here when not given). Returns shape (..., cells).
         """
         if log_library is None:
             log_library = log_library_size(x)
@@ -229,16 +220,14 @@ class CountVAEModule(nn.Module):
     ) -> torch.Tensor:
         """Gauss-Newton approximation of ``-d^2 log_joint / dz^2`` at ``z`` (cells, L); shape (cells, L, L).
 
-        ``J^T diag(c) J + diag(prior curvature)`` with ``J = d eta / d z`` the Jacobian of the
-        genes' log means and ``c`` from :meth:`CountLikelihood.log_mean_curvature`. Positive semi-definite for
-        every decoder; for the linear decoder with a Poisson or NB likelihood and a Gaussian
-        prior it is the exact negative Hessian. It only shapes importance proposals
-        (:mod:`countvae.module.marginal`), so its approximation error never biases an estimate.
+        ``J^T diag(c) J + diag(prior curvature)`` with ``J = d eta / d z`` the Jacobian of the genes' log means and
+        ``c`` from :meth:`CountLikelihood.log_mean_curvature`. Positive semi-definite for every decoder; the exact
+        negative Hessian for the linear decoder with a Poisson or NB likelihood and a Gaussian prior. It only shapes
+        importance proposals (:mod:`countvae.module.marginal`), so its approximation error never biases an estimate.
 
         ``J`` is exact for the MLP decoder in evaluation mode
-        (:meth:`~countvae.module.decoders.MLPDecoder.log_rate_jacobian`: one matrix product per
-        cell, no softmax at perturbed points); otherwise forward differences, one decoder call
-        on ``L + 1`` points per cell.
+        (:meth:`~countvae.module.decoders.MLPDecoder.log_rate_jacobian`: one matrix product per cell, no softmax at
+        perturbed points); otherwise forward differences, one decoder call on ``L + 1`` points per cell.
         """
         if log_library is None:
             log_library = log_library_size(x)
@@ -298,10 +287,9 @@ class CountVAEModule(nn.Module):
     ) -> None:
         """Generative model: (``W ~ p(W)``), ``z ~ p(z)``, ``x ~ p(x | z, (W,) batch, library)``.
 
-        ``cell_index`` and ``n_total`` make the plate a subsample of ``n_total``
-        cells, so minibatch terms are scaled to the whole data set;
-        ``kl_weight`` scales the latent sites (KL warm-up). With a prior on the
-        loadings, ``W`` and its hyper-parameters are global sites, outside the plate.
+        ``cell_index`` and ``n_total`` subsample the plate from ``n_total`` cells, scaling minibatch terms to the
+        whole data set; ``kl_weight`` scales the latent sites (KL warm-up). With a prior on the loadings, ``W`` and
+        its hyper-parameters are global sites, outside the plate.
         """
         log_library = log_library_size(x)
         weight = None
