@@ -35,8 +35,9 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
 3. ``n_draws`` draws from a defensive mixture: t's at all modes (shares by Laplace mass, with a uniform floor) with
    total weight ``1 - guide_weight``, and the guide with ``guide_weight``; each component gets a fixed number of
    draws per cell and the weights use the whole mixture density, so ``exp(lpd)`` is unbiased for ``p(x)``. The
-   pilot's draws are pooled with these (``pool_pilot``, multiple importance sampling), so a mode the pilot missed
-   does not inflate its weights;
+   pilot's draws are pooled with these (``pool_pilot``): each draw is weighted by the mixture of all components in
+   the proportions of all draws (multiple importance sampling, balance heuristic), so a mode the pilot missed does
+   not inflate its weights;
 4. the log weights go to :func:`countvae.module.importance.summarize_log_weights` (estimate, standard error, ESS,
    Pareto k-hat); cells with k-hat above :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw``
    times as many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals by chance), whose
