@@ -36,6 +36,7 @@ from countvae._warnings import warn_at_caller
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline, normalized_counts_pca
 from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
+from countvae.diagnostics.analyses.invariants import KnnGraph
 from countvae.diagnostics.analyses.markers import default_markers, marker_matrix
 from countvae.diagnostics.analyses.ppc import PPCStatistics, predictive_statistics, split_half_statistics
 from countvae.diagnostics.analyses.reduced_jacobians import ReducedJacobians, reduce_jacobians
@@ -420,6 +421,22 @@ def knn_graph_cells(c: Collected, s: ReportSettings) -> int | None:
     if s.knn_graph_cells is not None:
         return s.knn_graph_cells
     return None if fit_cell_latents(c) is None or c.n_fit_cells is None else c.n_cells + c.n_fit_cells
+
+
+def knn_positions(c: Collected) -> np.ndarray:
+    """Positions of the held-out cells of the k-NN graph (``CellSubsets.knn``, else every held-out cell)."""
+    return c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
+
+
+def knn_graph(c: Collected, s: ReportSettings, n_fit: int | None = None) -> KnnGraph:
+    """The k-NN row's graph: the held-out cells of :func:`knn_positions` and ``n_fit`` fit cells.
+
+    ``n_fit`` defaults to the fit cells of :func:`fit_cell_latents` (none without them).
+    """
+    if n_fit is None:
+        reference = fit_cell_latents(c)
+        n_fit = len(next(iter(reference.values()))) if reference else 0
+    return KnnGraph.of(c.n_cells, len(knn_positions(c)), n_fit, s.k, knn_graph_cells(c, s))
 
 
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).

@@ -6,8 +6,8 @@ from typing import Any
 
 import pandas as pd
 
-from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS, KnnGraph
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS
+from countvae.diagnostics.reporting.collect import Collected, knn_graph, knn_positions
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
     HTML,
@@ -122,10 +122,9 @@ def training_table(fit_settings: dict[str, Any]) -> dict[str, pd.DataFrame]:
 
 def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
     """Which cells the k-NN row's graph holds, and its ``k`` (as the invariants table builds it)."""
-    n, n_query = c.n_cells, min(c.n_cells, s.max_knn_cells)
-    reference = fit_cell_latents(c)
-    n_reference = len(next(iter(reference.values()))) if reference else 0
-    g = KnnGraph.of(n, n_query, n_reference, s.k, knn_graph_cells(c, s))
+    n, n_query = c.n_cells, len(knn_positions(c))
+    g = knn_graph(c, s)
+    n_reference = g.n_cells - n_query
     text = f"{n_query} of {n} held-out cells"
     if n_reference:
         text += f", their neighbours found among them and {n_reference} of {c.n_fit_cells} fit cells"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.invariants import KnnGraph
 from countvae.diagnostics.analyses.resampling import (
     cell_bootstrap,
     neighbour_inflation,
@@ -36,7 +35,7 @@ from countvae.diagnostics.analyses.resampling import (
     weighted_mean,
 )
 from countvae.diagnostics.analyses.subspace import knn_sets_among
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph, knn_positions
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
     HTML,
@@ -132,7 +131,7 @@ class BatchMixingSection(Section):
         ref = c.batches
         if ref is None:
             return SectionResult()
-        knn = c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
+        knn = knn_positions(c)
         fit_latents = fit_cell_latents(c) if ref.fit is not None else None
         n_fit = len(ref.fit) if fit_latents else 0
         pool = np.concatenate([ref.heldout, ref.fit]) if fit_latents else ref.heldout
@@ -140,7 +139,7 @@ class BatchMixingSection(Section):
         if n_batches < 2:
             sentence = f"Batch mixing not measured: the cells hold one batch of '{ref.key}'."
             return SectionResult(records={"batch_mixing": {"sentence": sentence}})
-        graph = KnnGraph.of(c.n_cells, len(knn), n_fit, s.k, knn_graph_cells(c, s))
+        graph = knn_graph(c, s, n_fit)
         weights = np.ones(len(pool))
         weights[: len(knn)] = c.n_cells / len(knn)
         if fit_latents and c.n_fit_cells:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.invariants import KnnGraph
 from countvae.diagnostics.analyses.stability_columns import (
     cell_knn_agreement,
     cell_knn_baseline,
@@ -20,7 +19,7 @@ from countvae.diagnostics.analyses.stability_columns import (
     consensus_latent,
     gene_decoded_agreement,
 )
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph, knn_positions
 from countvae.diagnostics.reporting.sections.base import Section, SectionResult, Shared, heldout_maps
 from countvae.diagnostics.reporting.settings import ReportSettings
 
@@ -51,17 +50,6 @@ class PerCellSection(Section):
         return SectionResult(attributes={"cells": cells, "genes": genes, "consensus_latent": consensus})
 
 
-def _knn_positions(c: Collected) -> np.ndarray:
-    return c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
-
-
-def _graph_k(c: Collected, s: ReportSettings) -> int:
-    """Neighbours per cell in the graph of the held-out cells of ``CellSubsets.knn`` and the fit cells (scaled)."""
-    reference = fit_cell_latents(c)
-    n_reference = len(next(iter(reference.values()))) if reference else 0
-    return KnnGraph.of(c.n_cells, len(_knn_positions(c)), n_reference, s.k, knn_graph_cells(c, s)).k
-
-
 def within_seed_overlap(c: Collected, s: ReportSettings) -> tuple[np.ndarray, np.ndarray | None] | None:
     """Per cell of the k-NN graph, the overlap of its neighbours between two guide draws of one fit, mean over fits.
 
@@ -73,13 +61,13 @@ def within_seed_overlap(c: Collected, s: ReportSettings) -> tuple[np.ndarray, np
     if any(d is None for d in heldout.values()):
         return None
     if fit_cell_latents(c) is None:
-        return cell_knn_baseline(heldout, _graph_k(c, s)), None
+        return cell_knn_baseline(heldout, knn_graph(c, s).k), None
     fit = c.per_fit("knn_draws_fit")
     if any(d is None for d in fit.values()):
         return None
     both = {name: np.concatenate([draws, fit[name]], axis=1) for name, draws in heldout.items()}
-    values = cell_knn_baseline(both, _graph_k(c, s))
-    n = len(_knn_positions(c))
+    values = cell_knn_baseline(both, knn_graph(c, s).k)
+    n = len(knn_positions(c))
     return values[:n], values[n:]
 
 
@@ -96,9 +84,9 @@ def fit_cell_columns(
     fit_latents = fit_cell_latents(c)
     if fit_latents is None or c.fit_obs_names is None:
         return None
-    heldout = {name: z[_knn_positions(c)] for name, z in c.per_fit("latent").items()}
+    heldout = {name: z[knn_positions(c)] for name, z in c.per_fit("latent").items()}
     cells = pd.DataFrame({"heldout": False}, index=c.fit_obs_names)
-    cells["knn_agreement"] = cell_knn_agreement(fit_latents, _graph_k(c, s), heldout)
+    cells["knn_agreement"] = cell_knn_agreement(fit_latents, knn_graph(c, s).k, heldout)
     for column, values in (("knn_agreement_within_seed", within_seed), ("batch_mixing", batch_scores)):
         if values is not None:
             cells[column] = values
@@ -126,8 +114,8 @@ def stability_columns(
     sub, latents = c.subsets, c.per_fit("latent")
     names = c.obs_names if c.obs_names is not None else pd.RangeIndex(c.n_cells).astype(str)
     cells = pd.DataFrame(index=pd.Index(names, name=None))
-    knn = _knn_positions(c)
-    agreement = cell_knn_agreement({n: z[knn] for n, z in latents.items()}, _graph_k(c, s), fit_cell_latents(c))
+    knn = knn_positions(c)
+    agreement = cell_knn_agreement({n: z[knn] for n, z in latents.items()}, knn_graph(c, s).k, fit_cell_latents(c))
     columns = {"knn_agreement": (knn, agreement)}
     if within_seed is not None:
         columns["knn_agreement_within_seed"] = (knn, within_seed)

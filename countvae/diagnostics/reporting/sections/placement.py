@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.invariants import KnnGraph
 from countvae.diagnostics.analyses.subspace import knn_sets_among
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph, knn_positions
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Paragraph, Section, SectionResult, Shared, Table
 from countvae.diagnostics.reporting.sections.batch_mixing import mean_with_interval
@@ -93,13 +92,11 @@ class PlacementSection(Section):
         fit_latents = fit_cell_latents(c)
         if fit_latents is None:
             return SectionResult()
-        knn = c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
-        n_fit = len(next(iter(fit_latents.values())))
-        graph = KnnGraph.of(c.n_cells, len(knn), n_fit, s.k, knn_graph_cells(c, s))
+        knn, graph = knn_positions(c), knn_graph(c, s)
         latents = {name: z[knn] for name, z in c.per_fit("latent").items()}
         table = placement_table(latents, fit_latents, {f["name"]: f["seed"] for f in c.fits}, graph.k, s)
         sentence, line = placement_sentences(table)
-        record = {"sentence": sentence, "k": graph.k, "heldout_cells": len(knn), "fit_cells": n_fit}
+        record = {"sentence": sentence, "k": graph.k, "heldout_cells": len(knn), "fit_cells": graph.n_cells - len(knn)}
         return SectionResult(tables={"placement": table}, headline=[line], records={"placement": record})
 
     def layout(self, rep: ReportContent) -> list[Block]:
