@@ -160,7 +160,7 @@ class ReportSettings:
             For a name that is not a field, or a value :meth:`validate` refuses.
 
         """
-        unknown = sorted(set(overrides) - set(fields_of(self)))
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             raise InvalidArgumentError(f"Unknown report settings {unknown}; see ReportSettings.")
         out = dataclasses.replace(self, **overrides)
@@ -170,8 +170,3 @@ class ReportSettings:
     def to_dict(self) -> dict[str, Any]:
         """The settings by name."""
         return dataclasses.asdict(self)
-
-
-def fields_of(settings: ReportSettings) -> list[str]:
-    """The names of the settings."""
-    return [f.name for f in dataclasses.fields(settings)]
