@@ -6,9 +6,6 @@ outputs (:func:`..downstream_section.collect_de`); the rest is computed here fro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import pandas as pd
 
 from countvae import plotting
@@ -61,12 +58,5 @@ class DownstreamReportSection(Section):
             blocks.append(Table(sec.summary[SUMMARY_COLUMNS]))
         if len(sec.de_per_fit):
             blocks += [Heading("DE per fit"), Table(sec.de_per_fit)]
-        return [
-            *blocks,
-            folded_table("Every compared pair", sec.pairs),
-            folded_table("Settings", _settings_frame(sec.settings)),
-        ]
-
-
-def _settings_frame(settings: Mapping[str, Any]) -> pd.DataFrame:
-    return pd.DataFrame({"setting": list(settings), "value": [str(v) for v in settings.values()]})
+        settings = pd.DataFrame({"setting": list(sec.settings), "value": [str(v) for v in sec.settings.values()]})
+        return [*blocks, folded_table("Every compared pair", sec.pairs), folded_table("Settings", settings)]
