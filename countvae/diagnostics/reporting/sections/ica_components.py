@@ -11,7 +11,7 @@ from __future__ import annotations
 from countvae import plotting
 from countvae.diagnostics.analyses.components import empty_stability, ica_component_stability
 from countvae.diagnostics.analyses.resampling import cell_bootstrap
-from countvae.diagnostics.reporting.collect import Collected
+from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents
 from countvae.diagnostics.reporting.headline import ica_sentence
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import Block, Paragraph, Section, SectionResult, Shared, Table
@@ -63,12 +63,10 @@ class ICAComponentsSection(Section):
                 tables={"ica": judge_components(stability.table, s.ica_threshold)},
                 values={"components": stability, "sentence": None},
             )
-        fit_latents = c.per_fit("latent_fit")
-        known = all(z is not None for z in fit_latents.values())
         stability = ica_component_stability(
             c.per_fit("latent"),
             cell_bootstrap(c.n_cells, s.n_bootstrap, seed=s.seed + 2000, max_cells=s.max_bootstrap_cells),
-            fit_cells=fit_latents if known else None,
+            fit_cells=fit_cell_latents(c),
             alpha=s.alpha,
             seed=s.seed,
         )
