@@ -127,12 +127,7 @@ def run(args: argparse.Namespace) -> int:
         grid["prior"] = args.prior
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
-    train_kwargs = {
-        "max_epochs": args.max_epochs,
-        "early_stopping": args.early_stopping,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-    }
+    train_kwargs = {name: getattr(args, name) for name in ("max_epochs", "early_stopping", "batch_size", "lr")}
     comparison = compare_models(
         adata,
         grid,

@@ -368,10 +368,9 @@ class CountVAE:
 
         Parameters
         ----------
-        adata
-            Cells to evaluate (default: the training AnnData).
-        indices
-            Positions of a subset of cells.
+        adata, indices
+            Cells to evaluate: an AnnData (default: the training AnnData) and positions of a subset of its cells
+            (default: all).
         library_size
             Library size to scale the expected shares to.
         n_samples

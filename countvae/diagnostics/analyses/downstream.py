@@ -153,12 +153,12 @@ def summarize(pairs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _pair_table(
+def _agreement(
     results: Mapping[str, object],
     resampled: Mapping[str, object],
     scores: Mapping[str, Callable[[object, object], float]],
-) -> pd.DataFrame:
-    """Scores of every pair of fits (``results``) and of each fit against its own resampled result."""
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Scores of every pair of fits (``results``) and of each fit against its own resampled result, summarized."""
     if len(results) < 2:
         raise InvalidArgumentError(f"Comparing fits needs at least two, got {len(results)}.")
     unknown = sorted(set(resampled) - set(results))
@@ -170,7 +170,8 @@ def _pair_table(
     ]
     for a, other in resampled.items():
         rows.append({"kind": WITHIN, "fit_a": a, "fit_b": a, **{n: f(results[a], other) for n, f in scores.items()}})
-    return pd.DataFrame(rows)
+    pairs = pd.DataFrame(rows)
+    return pairs, summarize(pairs, list(scores))
 
 
 # ----- differential expression -------------------------------------------------------------------------
@@ -208,8 +209,7 @@ def de_agreement(
         "jaccard": lambda x, y: jaccard(x[0], y[0]),
         "spearman": lambda x, y: rank_correlation(x[1], y[1]),
     }
-    pairs = _pair_table(results, resampled, scores)
-    return pairs, summarize(pairs, list(scores))
+    return _agreement(results, resampled, scores)
 
 
 # ----- clusters -------------------------------------------------------------------------------------------
@@ -232,10 +232,9 @@ def label_agreement(
 
     """
     scores = {"ari": adjusted_rand_score, "nmi": normalized_mutual_info_score}
-    pairs = _pair_table(
+    return _agreement(
         {k: np.asarray(v) for k, v in labels.items()}, {k: np.asarray(v) for k, v in resampled_labels.items()}, scores
     )
-    return pairs, summarize(pairs, list(scores))
 
 
 def cluster_agreement(
@@ -382,8 +381,7 @@ def neighbourhood_agreement(
 
     """
     scores = {"knn_overlap": lambda a, b: neighbourhood_overlap(a, b, k)}
-    pairs = _pair_table(dict(representations), dict(resampled or {}), scores)
-    return pairs, summarize(pairs, list(scores))
+    return _agreement(dict(representations), dict(resampled or {}), scores)
 
 
 def umap_agreement(

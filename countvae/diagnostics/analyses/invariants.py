@@ -993,14 +993,8 @@ def invariants_table(
         if not q.included(inputs):
             continue
         threshold = threshold_of(q, inputs)
-        row = {
-            "quantity": q.name,
-            "invariant_in_theory": theory_coord if q.coordinate_level else q.invariant_in_theory,
-            "metric": q.metric,
-            "threshold": threshold.value,
-            "comparison": threshold.comparison,
-            "cells_setting": q.cells_setting,
-        }
+        interval = aligned_interval = Interval.missing()
+        mean, text, n_cells, graph_cells = np.nan, "", 0, np.nan
         if q.available(inputs):
             agreement = [q.score(comparison, a, b) for a, b in pairs]
             aligned = [q.aligned_score(comparison, a, b) if q.aligned_score else np.nan for a, b in pairs]
@@ -1010,31 +1004,33 @@ def invariants_table(
                     for (a, b), v, w in zip(pairs, agreement, aligned, strict=True)
                 ]
             interval = _row_interval(q, comparison, pairs, agreement, q.replicates, threshold)
-            aligned_interval = (
-                _row_interval(q, comparison, pairs, aligned, q.aligned_replicates, threshold)
-                if q.aligned_score
-                else Interval.missing()
-            )
+            if q.aligned_score:
+                aligned_interval = _row_interval(q, comparison, pairs, aligned, q.aligned_replicates, threshold)
             text, n_cells = _interval_text(q, comparison)
             finite = [v for v in agreement if np.isfinite(v)]
-            row |= {
+            mean = float(np.mean(finite)) if finite else interval.value
+            if q.cells == "knn":
+                graph_cells = float(comparison.knn_graph.graph_cells)
+        rows.append(
+            {
+                "quantity": q.name,
+                "invariant_in_theory": theory_coord if q.coordinate_level else q.invariant_in_theory,
+                "metric": q.metric,
                 "agreement": interval.value,
                 "low": interval.low,
                 "high": interval.high,
-                "agreement_mean": float(np.mean(finite)) if finite else interval.value,
+                "agreement_mean": mean,
                 "aligned_agreement": aligned_interval.value,
                 "aligned_low": aligned_interval.low,
                 "aligned_high": aligned_interval.high,
+                "threshold": threshold.value,
+                "comparison": threshold.comparison,
                 "interval": text,
                 "n_cells": n_cells,
-                "graph_cells": float(comparison.knn_graph.graph_cells) if q.cells == "knn" else np.nan,
+                "graph_cells": graph_cells,
+                "cells_setting": q.cells_setting,
             }
-        else:
-            row |= dict.fromkeys(
-                ("agreement", "low", "high", "agreement_mean", "aligned_agreement", "aligned_low", "aligned_high"),
-                np.nan,
-            ) | {"interval": "", "n_cells": 0, "graph_cells": np.nan}
-        rows.append(row)
+        )
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)), pd.DataFrame(per_pair, columns=list(PAIR_COLUMNS))
 
 

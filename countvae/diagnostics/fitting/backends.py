@@ -136,9 +136,10 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
     if not tasks:
         return
     ray = _import_ray()
+    in_flight_limit = len(tasks) if n_jobs == -1 else n_jobs
     started_here = False
     if not ray.is_initialized():
-        n_cpus = max(len(tasks) if n_jobs == -1 else n_jobs, max(t.torch_threads for t in tasks))
+        n_cpus = max(in_flight_limit, max(t.torch_threads for t in tasks))
         logger.info("Starting a local Ray instance with %d CPUs.", n_cpus)
         ray.init(
             address="local",  # a new instance: without it, ray.init joins any Ray cluster running on this machine
@@ -150,7 +151,6 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
             runtime_env={"env_vars": {"PYTHONPATH": _pythonpath_with_this_countvae()}},
         )
         started_here = True
-    in_flight_limit = len(tasks) if n_jobs == -1 else n_jobs
     pending: dict = {}
     queue = list(tasks)
     try:

@@ -445,12 +445,7 @@ def _recorded_settings(
         "train_kwargs": to_json_value(s.train_kwargs, "train_kwargs"),
         "heldout_fraction": s.heldout_fraction,
         "split_seed": s.split_seed,
-        "registry": {
-            "layer": registry.layer,
-            "use_raw": registry.use_raw,
-            "batch_key": registry.batch_key,
-            "labels_key": registry.labels_key,
-        },
+        "registry": {key: getattr(registry, key) for key in ("layer", "use_raw", "batch_key", "labels_key")},
         "data": data_fingerprint(adata, registry),
         "split": {
             "n_fit": int(len(fit_idx)),

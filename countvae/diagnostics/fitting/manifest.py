@@ -57,10 +57,10 @@ def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
         ``cells_sha256``, ``batches_sha256``, ``n_cells``, ``n_genes``.
 
     """
-    counts = counts_sha256(get_count_matrix(adata, registry))
+    genes = get_var_names(adata, registry)
     parts = {
-        "counts_sha256": counts,
-        "genes_sha256": names_sha256(get_var_names(adata, registry)),
+        "counts_sha256": counts_sha256(get_count_matrix(adata, registry)),
+        "genes_sha256": names_sha256(genes),
         "cells_sha256": names_sha256(adata.obs_names),
         "batches_sha256": json_sha256(
             {"categories": registry.batch_categories, "codes": batch_codes(adata, registry).tolist()}
@@ -70,7 +70,7 @@ def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
         "sha256": json_sha256(parts),
         **parts,
         "n_cells": int(adata.n_obs),
-        "n_genes": int(len(get_var_names(adata, registry))),
+        "n_genes": len(genes),
     }
 
 
