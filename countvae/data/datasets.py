@@ -51,19 +51,14 @@ def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
     if name not in DATASETS:
         raise InvalidArgumentError(f"Unknown dataset {name!r}; choose one of {sorted(DATASETS)}.")
     filename = DATASETS[name]
-    tried = []
+    candidates = [d / filename for d in _candidate_dirs()]
     if path is not None:
         p = Path(path)
-        c = p / filename if p.is_dir() else p
+        candidates.insert(0, p / filename if p.is_dir() else p)
+    for c in candidates:
         if c.is_file():
             return c
-        tried.append(c)
-    for d in _candidate_dirs():
-        c = d / filename
-        if c.is_file():
-            return c
-        tried.append(c)
-    shown = "\n  ".join(str(t) for t in tried[:6])
+    shown = "\n  ".join(str(c) for c in candidates[:6])
     raise DataFileNotFoundError(
         f"Dataset {name!r} ({filename}) was not found. Put the file in a folder and set "
         f"{DATA_DIR_ENV}=<folder>, pass path=..., or place it in shared/data beside the repository. "

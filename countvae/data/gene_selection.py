@@ -36,6 +36,8 @@ FLAVOR = "seurat_v3"
 UNS_KEY = "countvae_gene_selection"
 #: Span of the loess of log variance on log mean (Seurat's and scanpy's default).
 LOESS_SPAN = 0.3
+#: The recorded selection's entries other than ``genes``, in order, with the type each is read back as.
+_RECORD_SCALARS = {"flavor": str, "n_top_genes": int, "n_genes_before": int, "counts": str, "batch_key": str}
 
 
 def _mean_var(counts: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -266,14 +268,8 @@ def get_gene_selection(adata: ad.AnnData) -> dict[str, Any] | None:
     record = adata.uns.get(UNS_KEY)
     if record is None:
         return None
-    return {
-        "flavor": str(record["flavor"]),
-        "n_top_genes": int(record["n_top_genes"]),
-        "n_genes_before": int(record["n_genes_before"]),
-        "counts": str(record["counts"]),
-        "batch_key": str(record["batch_key"]),
-        "genes": [str(g) for g in record["genes"]],
-    }
+    scalars = {key: kind(record[key]) for key, kind in _RECORD_SCALARS.items()}
+    return {**scalars, "genes": [str(g) for g in record["genes"]]}
 
 
 #: Value of ``n_top_genes`` (and of ``--n-top-genes``) that keeps every gene.

@@ -69,10 +69,6 @@ class Minibatch:
     nonzero_per_row: np.ndarray | None = None
 
 
-def _dense_dtype(dtype: np.dtype) -> np.dtype:
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float32 else np.dtype(np.float64)
-
-
 def _runs(sorted_rows: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
     """Split sorted row positions into ``[first, last]`` runs whose gaps are at most ``max_gap`` rows."""
     if len(sorted_rows) == 0:
@@ -117,7 +113,8 @@ class CountSource:
             )
         self.matrix = matrix
         self.batch = np.asarray(batch, dtype=np.int64)
-        self.counts_dtype = _dense_dtype(getattr(matrix, "dtype", np.float64))
+        float32 = np.dtype(getattr(matrix, "dtype", np.float64)) == np.float32
+        self.counts_dtype = np.dtype(np.float32) if float32 else np.dtype(np.float64)  # see Minibatch.counts
         if len(self.batch) != matrix.shape[0]:
             raise ValueError("batch codes and count matrix differ in their number of cells")
 

@@ -225,16 +225,8 @@ class EvaluationCells:
     def __init__(self, cells: ModelCells, settings: VerifySettings):
         self.cells = cells
         self.settings = settings
-
-    @property
-    def source(self):
-        """The :class:`countvae.data.CountSource` of the cells."""
-        return self.cells.source
-
-    @property
-    def indices(self) -> np.ndarray:
-        """Positions of the evaluated cells."""
-        return self.cells.indices
+        self.source = cells.source  # the countvae.data.CountSource of the cells
+        self.indices = cells.indices  # positions of the evaluated cells
 
     @functools.cached_property
     def log_expression(self) -> np.ndarray:
@@ -271,12 +263,8 @@ class EvaluatedModel:
         self.model = model
         self.cells = cells
         self.use_quadrature = use_quadrature
+        self.settings = cells.settings  # the verification settings
         self._lpd: dict[tuple[str, int], pd.DataFrame] = {}
-
-    @property
-    def settings(self) -> VerifySettings:
-        """The verification settings."""
-        return self.cells.settings
 
     def guide_lpd(self, seed: int) -> pd.DataFrame:
         """``log p(x)`` per cell by importance sampling with the guide as proposal (``n_samples`` draws) at ``seed``.

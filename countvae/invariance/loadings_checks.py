@@ -37,15 +37,6 @@ from countvae.invariance.checks import Measurement, crn_tolerance
 from countvae.invariance.evaluation import MapComparison
 
 
-def loadings_log_prior(c: MapComparison) -> tuple[float, float]:
-    """``log p(W)`` of the original and of the transformed model, at their posterior-mean loadings."""
-    with torch.no_grad():
-        return (
-            float(c.original.model.module.log_prior_loadings()),
-            float(c.transformed.model.module.log_prior_loadings()),
-        )
-
-
 def joint_change(c: MapComparison, seed: int, prior_change: float) -> float:
     """Change of ``log p(x_heldout, W)``: per-cell changes (common noise at ``seed``) summed, plus ``log p(W)``'s."""
     before, after = c.original.guide_lpd(seed), c.transformed.guide_lpd(seed)  # common random numbers
@@ -56,7 +47,9 @@ def loadings_prior_change(c: MapComparison) -> list[Measurement]:
     """For a model with a prior on its loadings: the change of ``log p(W)`` and of ``log p(x_heldout, W)``."""
     if c.original.model.module.loadings_prior is None:
         return []
-    lp0, lp1 = loadings_log_prior(c)
+    with torch.no_grad():  # log p(W) of the original and of the transformed model, at their posterior-mean loadings
+        lp0 = float(c.original.model.module.log_prior_loadings())
+        lp1 = float(c.transformed.model.module.log_prior_loadings())
     tol = c.settings.tolerances
     prior_tol = tol["abs"] + max(tol["rel"], 1e-12) * abs(lp0)
     joint_tol = len(c.original.cells.indices) * crn_tolerance(c) + prior_tol

@@ -129,20 +129,17 @@ def _rows(variant: str, transform: str, kind: str, expected: str, measurements: 
 def _per_cell(c: MapComparison) -> pd.DataFrame:
     """Per-cell log p(x) of a comparison: same-noise, independent and (where exact) quadrature values."""
     seed = c.settings.seed
-    guide0, guide1 = c.original.guide_lpd(seed), c.transformed.guide_lpd(seed)
     frame = pd.DataFrame(
         {
-            "lpd": guide0["lpd"].to_numpy(),
-            "lpd_crn": guide1["lpd"].to_numpy(),
-            "estimate": c.original.lpd(seed)["lpd"].to_numpy(),
-            "mc_se": c.original.lpd(seed)["mc_se"].to_numpy(),
+            "lpd": c.original.guide_lpd(seed)["lpd"].to_numpy(),
+            "lpd_crn": c.transformed.guide_lpd(seed)["lpd"].to_numpy(),
         }
     )
-    indep = c.transformed.lpd(seed + 1)
-    frame["estimate_indep"], frame["mc_se_indep"] = indep["lpd"].to_numpy(), indep["mc_se"].to_numpy()
+    estimates = {"": c.original.lpd(seed), "_indep": c.transformed.lpd(seed + 1)}
     if c.variant == FITTED and c.invariant:
-        own = c.transformed.lpd(seed + 2, "prior")
-        frame["estimate_own"], frame["mc_se_own"] = own["lpd"].to_numpy(), own["mc_se"].to_numpy()
+        estimates["_own"] = c.transformed.lpd(seed + 2, "prior")
+    for suffix, estimate in estimates.items():
+        frame[f"estimate{suffix}"], frame[f"mc_se{suffix}"] = estimate["lpd"].to_numpy(), estimate["mc_se"].to_numpy()
     if c.original.quadrature is not None and c.transformed.quadrature is not None:
         frame["quadrature"] = c.original.quadrature.log_marginal
         frame["quadrature_transformed"] = c.transformed.quadrature.log_marginal

@@ -127,13 +127,11 @@ class LoadingsPrior(nn.Module):
             ``W`` (genes x latent) and the KL divergence (a scalar, nats).
 
         """
-        guides = self.hyper_guides(loc)
         priors = self.hyper_priors(loc)
         hyper, kl = {}, loc.new_zeros(())
-        for name, guide in guides.items():
-            value = guide.rsample()
-            hyper[name] = value
-            kl = kl + kl_or_monte_carlo(guide, priors[name], value)
+        for name, guide in self.hyper_guides(loc).items():
+            hyper[name] = guide.rsample()
+            kl = kl + kl_or_monte_carlo(guide, priors[name], hyper[name])
         q_weight = self.weight_guide(loc)
         weight = q_weight.rsample()
         return weight, kl + kl_or_monte_carlo(q_weight, self.weight_prior(hyper, loc), weight)

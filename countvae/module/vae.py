@@ -313,6 +313,5 @@ class CountVAEModule(nn.Module):
         if self.loadings_prior is not None:
             with poutine.scale(scale=kl_weight):
                 self.loadings_prior.guide_sites(self.decoder.weight)
-        with self._plate(x, cell_index, n_total):
-            with poutine.scale(scale=kl_weight):
-                pyro.sample("z", self.posterior_distribution(x, batch_index))
+        with self._plate(x, cell_index, n_total), poutine.scale(scale=kl_weight):
+            pyro.sample("z", self.posterior_distribution(x, batch_index))
