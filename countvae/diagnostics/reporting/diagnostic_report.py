@@ -78,12 +78,13 @@ class DiagnosticReport(ReportContent):
 
         ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN overlap),
         ``countvae_knn_agreement_within_seed`` (its within-seed baseline), ``countvae_lpd_mean``, ``countvae_lpd_sd``
-        (held-out log p(x) over seeds); ``var``: ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with
-        DE); ``obsm["X_countvae_consensus"]``; ``uns["countvae_report"]``. Cells are matched by ``obs_names``, genes by
-        ``var_names``. The held-out cells and the fit cells the report read (up to ``max_fit_cells``) get the k-NN
-        columns and the consensus latent; other cells, held-out log p(x) of fit cells and cells outside the subset a
-        quantity is computed on get NaN (:mod:`countvae.diagnostics.reporting.anndata_export`). Everything written
-        survives ``write_h5ad`` / ``read_h5ad``.
+        (held-out log p(x) over seeds), ``countvae_batch_mixing`` (with batches); ``var``:
+        ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with DE); ``obsm["X_countvae_consensus"]``;
+        ``uns["countvae_report"]``. Cells are matched by ``obs_names``, genes by ``var_names``. The held-out cells and
+        the fit cells the report read (up to ``max_fit_cells``) get the k-NN columns and the consensus latent; other
+        cells, held-out log p(x) of fit cells and cells outside the subset a quantity is computed on get NaN
+        (:mod:`countvae.diagnostics.reporting.anndata_export`). Everything written survives ``write_h5ad`` /
+        ``read_h5ad``.
 
         Parameters
         ----------
