@@ -3,9 +3,8 @@
 ``obs["countvae_heldout"]``
     Whether the cell is one of the report's held-out cells (False for fit cells it measured and for cells it did not).
 ``obs["countvae_knn_agreement"]``
-    The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over
-    pairs of seeds (1: the same neighbours in every fit); held-out and fit cells alike,
-    on one graph of both.
+    The cell's k-NN Jaccard overlap between the latent means of two seeds, mean over pairs of seeds (1: the same
+    neighbours in every fit); held-out and fit cells alike, on one graph of both.
 ``obs["countvae_knn_agreement_within_seed"]``
     The same between two guide draws of one fit, mean over fits: the within-seed
     baseline (how much the neighbourhood moves under the posterior's own uncertainty).
@@ -20,8 +19,7 @@
 ``var["countvae_de_call_frequency"]``
     Fraction of seeds that call the gene DE (reports with DE only).
 ``obsm["X_countvae_consensus"]``
-    Consensus latent: each seed's latent means mapped onto the first seed's by
-    orthogonal Procrustes, then averaged.
+    Consensus latent: each seed's latent means mapped onto the first seed's by orthogonal Procrustes, then averaged.
 ``uns["countvae_report"]``
     Summary: headline, verdict per quantity, predictive equivalence, seeds, the keys
     written and what each means, package versions, the model card (Markdown).

@@ -2,20 +2,17 @@
 
 It runs the restrictions section of the multi-seed report on fits of the unrestricted model and each restricted one:
 
-1. every model (the unrestricted one, then each restriction that is a model of its
-   own) is fitted by :func:`countvae.diagnostics.fit_seeds` with the same seeds,
-   training cells and held-out cells (with ``out_dir``, each in its own resumable
-   folder; :func:`~countvae.diagnostics.fitting.restrictions.fit_restrictions`); ICA
-   re-reads the unrestricted fits;
+1. every model (the unrestricted one, then each restriction that is a model of its own) is fitted by
+   :func:`countvae.diagnostics.fit_seeds` with the same seeds, training cells and held-out cells (with ``out_dir``, each
+   in its own resumable folder; :func:`~countvae.diagnostics.fitting.restrictions.fit_restrictions`); ICA re-reads the
+   unrestricted fits;
 2. each fit is read once on the held-out cells (the collect step,
    :func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`);
-3. the section's pure computation,
-   :func:`~countvae.diagnostics.reporting.sections.restrictions.restriction_analysis`, makes the tables
-   and states the verdicts in sentences (the definitions are in
+3. the section's pure computation, :func:`~countvae.diagnostics.reporting.sections.restrictions.restriction_analysis`,
+   makes the tables and states the verdicts in sentences (the definitions are in
    :mod:`countvae.diagnostics.analyses.restrictions`).
 
-``report(fits, held, restrictions=RestrictionRequest(fitted))`` runs steps 2 and 3 inside the
-multi-seed report.
+``report(fits, held, restrictions=RestrictionRequest(fitted))`` runs steps 2 and 3 inside the multi-seed report.
 """
 
 from __future__ import annotations

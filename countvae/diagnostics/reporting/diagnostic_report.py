@@ -46,9 +46,8 @@ class DiagnosticReport(ReportContent):
     timings
         Seconds per step.
     cells, genes, consensus_latent
-        Per cell (the held-out cells, then the fit cells the report read, told
-        apart by the column ``heldout``) and per gene, the agreement across seeds,
-        and those cells' consensus latent (in memory only, not in the report files);
+        Per cell (the held-out cells, then the fit cells the report read, told apart by the column ``heldout``) and per
+        gene, the agreement across seeds, and those cells' consensus latent (in memory only, not in the report files);
         see :meth:`write`.
 
     """
@@ -89,11 +88,9 @@ class DiagnosticReport(ReportContent):
         Parameters
         ----------
         adata
-            The AnnData the report's cells come from (all its cells, or only the
-            held-out or fit ones).
+            The AnnData the report's cells come from (all its cells, or only the held-out or fit ones).
         overwrite
-            Replace keys that exist; otherwise an existing key is an error and
-            nothing is written.
+            Replace keys that exist; otherwise an existing key is an error and nothing is written.
 
         Returns
         -------
@@ -105,8 +102,7 @@ class DiagnosticReport(ReportContent):
         OutputExistsError
             If a key exists and ``overwrite`` is False.
         InvalidDataError
-            If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the
-            report's genes.
+            If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's genes.
 
         Examples
         --------

@@ -10,15 +10,13 @@ What is compared (each with a baseline that holds the fit fixed and varies only 
 * **DE calls** between two groups of cells (:meth:`countvae.CountVAE.differential_expression`): fit ``i`` (in the order
   given) is sampled with seed ``seed + i``; the baseline recomputes (some of) the fits with seed ``seed + n_fits + i``.
   Agreement: Jaccard of the call sets, Spearman correlation of ``lfc_mean``.
-* **Leiden clusters** as scanpy makes them: ``sc.pp.neighbors(use_rep=...)`` on each
-  fit's latent means, then ``sc.tl.leiden`` with seed ``seed`` between fits,
-  ``seed + 1`` for the baseline (the labels are scanpy's own for these settings).
-  Agreement: ARI, NMI.
+* **Leiden clusters** as scanpy makes them: ``sc.pp.neighbors(use_rep=...)`` on each fit's latent means, then
+  ``sc.tl.leiden`` with seed ``seed`` between fits, ``seed + 1`` for the baseline (the labels are scanpy's own for these
+  settings). Agreement: ARI, NMI.
 * **UMAP neighbourhoods**: ``sc.tl.umap`` of the same graph with seed ``seed``
   between fits, ``seed + 1`` for the baseline. Agreement: k-NN overlap in 2-D.
-* **latent k-NN**: the k-NN overlap of the latent means themselves, a
-  deterministic function of the fit (no downstream randomness: its baseline
-  disagreement is 0), shown for reference.
+* **latent k-NN**: the k-NN overlap of the latent means themselves, a deterministic function of the fit (no downstream
+  randomness: its baseline disagreement is 0), shown for reference.
 
 The DE runs on the report's held-out cells, as every other part of the report: none of the fits was trained on them, and
 all see the same cells. Leiden and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
@@ -141,9 +139,8 @@ class DownstreamRequest:
     groupby
         ``obs`` column of the groups to compare by DE; ``None``: clusters and UMAP only.
     group1, group2
-        The groups compared (``group2=None``: ``group1`` against all other cells).
-        Without ``group1`` the column must have exactly two groups, compared in
-        the order of its categories.
+        The groups compared (``group2=None``: ``group1`` against all other cells). Without ``group1`` the column must
+        have exactly two groups, compared in the order of its categories.
     settings
         Sizes and seeds.
 
@@ -221,18 +218,15 @@ class DownstreamSection:
     summary
         One row per output and metric: ``output``, ``metric``, the columns of
         :func:`~countvae.diagnostics.analyses.downstream.model_share` (means,
-        pair counts, disagreements, ``model_share``), ``chance_mean`` (DE Jaccard:
-        the mean over pairs of fits of the agreement random call sets of the same
-        sizes would reach) and ``reading`` (the sentence).
+        pair counts, disagreements, ``model_share``), ``chance_mean`` (DE Jaccard: the mean over pairs of fits of the
+        agreement random call sets of the same sizes would reach) and ``reading`` (the sentence).
     pairs
-        Long table of every compared pair: ``output``, ``metric``, ``kind``
-        (between fits / within fit), ``fit_a``, ``fit_b``, ``value`` and, for
-        the DE Jaccard, ``chance``: the expected Jaccard of random call sets of
-        the pair's sizes (:func:`~countvae.diagnostics.analyses.downstream.chance_jaccard`).
+        Long table of every compared pair: ``output``, ``metric``, ``kind`` (between fits / within fit), ``fit_a``,
+        ``fit_b``, ``value`` and, for the DE Jaccard, ``chance``: the expected Jaccard of random call sets of the pair's
+        sizes (:func:`~countvae.diagnostics.analyses.downstream.chance_jaccard`).
     de_per_fit
-        Per fit: sampling seeds, number of calls, the DE's own predicted
-        agreement of two sampling seeds (``mc_call_jaccard``) and, for the
-        baseline fits, the calls with the second seed.
+        Per fit: sampling seeds, number of calls, the DE's own predicted agreement of two sampling seeds
+        (``mc_call_jaccard``) and, for the baseline fits, the calls with the second seed.
     de_calls
         Genes (the fits' order) x fits: whether each fit calls the gene DE with
         its own sampling seed; no columns without DE.

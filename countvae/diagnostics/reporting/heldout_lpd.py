@@ -12,8 +12,7 @@ keep its numbers and its speed independent of the machine:
   when their estimates would take longer here than the workers take to start (:data:`WORKER_START_SECONDS`); on small
   data the workers' start alone costs more than the estimates (embedded data: 3.4 s for 5 fits on one thread here).
 
-A worker computes the same numbers as this process (same threads, same seeds), so
-``lpd_jobs`` never changes a report.
+A worker computes the same numbers as this process (same threads, same seeds), so ``lpd_jobs`` never changes a report.
 """
 
 from __future__ import annotations

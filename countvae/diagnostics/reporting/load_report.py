@@ -46,15 +46,12 @@ def load_report(path: str | Path) -> DiagnosticReport:
     report's ``to_dict()`` and ``summary()`` is the same text. What JSON cannot hold comes back in its JSON form:
 
     * a non-finite number (NaN, infinity) in a table is NaN (saved as ``null``);
-    * a tuple or array inside a table cell or a setting is a list, a numpy scalar
-      a Python number, and a setting that was an object other than a dict, list,
-      number or string is its ``str``;
-    * figures are not stored in report.json: :meth:`~DiagnosticReport.to_html`
-      redraws them from the tables.
+    * a tuple or array inside a table cell or a setting is a list, a numpy scalar a Python number, and a setting that
+      was an object other than a dict, list, number or string is its ``str``;
+    * figures are not stored in report.json: :meth:`~DiagnosticReport.to_html` redraws them from the tables.
 
-    Each table has the columns and dtypes it was saved with (files of format
-    version 1, which did not record them, get the dtypes pandas infers, and a
-    table without rows gets no columns).
+    Each table has the columns and dtypes it was saved with (files of format version 1, which did not record them, get
+    the dtypes pandas infers, and a table without rows gets no columns).
 
     Parameters
     ----------
@@ -69,11 +66,10 @@ def load_report(path: str | Path) -> DiagnosticReport:
     Raises
     ------
     ReportFileError
-        If the file is missing, is not valid JSON, is not a countvae multi-seed
-        diagnostic report, has a format version this countvae cannot read
-        (a newer one: upgrade countvae), or does not match the JSON Schema of
-        its version (:func:`~countvae.diagnostics.reporting.report_format.report_schema`:
-        a file edited by hand or cut short), with where it does not.
+        If the file is missing, is not valid JSON, is not a countvae multi-seed diagnostic report, has a format version
+        this countvae cannot read (a newer one: upgrade countvae), or does not match the JSON Schema of its version
+        (:func:`~countvae.diagnostics.reporting.report_format.report_schema`: a file edited by hand or cut short), with
+        where it does not.
 
     """
     file = _report_file(Path(path))

@@ -2,14 +2,12 @@
 
 The report is made of sections (:mod:`.sections`), run in three steps:
 
-1. :mod:`.collect` visits each fit once for the union of what the sections need (latent means,
-   held-out log p(x), decoded means, Jacobians, posterior predictive draws, guide draws, DE calls)
-   and keeps the arrays;
+1. :mod:`.collect` visits each fit once for the union of what the sections need (latent means, held-out log p(x),
+   decoded means, Jacobians, posterior predictive draws, guide draws, DE calls) and keeps the arrays;
 2. each section's ``compute`` works on those arrays alone (what is fitted once, such as the maps
    between fits, is shared), returning its tables, the verdict rows it decides, its headline
    sentences and records (:mod:`.verdicts` holds the decision rules, :mod:`.headline` the wording);
-3. :class:`~.diagnostic_report.DiagnosticReport` holds the result; its renderers loop over the
-   sections' layouts.
+3. :class:`~.diagnostic_report.DiagnosticReport` holds the result; its renderers loop over the sections' layouts.
 
 Work that grows faster than linearly in cells, or is expensive per cell, runs on a random subset of the held-out cells
 whose size is recorded in ``DiagnosticReport.subsampling`` and stated in the report.
@@ -85,10 +83,9 @@ def report(
         held-out fit, against ``fits``: the unrestricted model's seeds); see
         :class:`~countvae.diagnostics.reporting.restriction_readout.RestrictionRequest`.
     sections
-        The sections to run, by name or as :class:`~countvae.diagnostics.reporting.sections.Section`
-        objects (default: every registered section, see
-        :mod:`countvae.diagnostics.reporting.sections.registry`; one name or object is one section); the
-        sections they require are added.
+        The sections to run, by name or as :class:`~countvae.diagnostics.reporting.sections.Section` objects (default:
+        every registered section, see :mod:`countvae.diagnostics.reporting.sections.registry`; one name or object is one
+        section); the sections they require are added.
     {settings}
     settings
         All of the sizes and seeds above as one :class:`ReportSettings`; keywords given with it replace its fields

@@ -1,10 +1,8 @@
 """What a diagnostics report holds: the headline, every table by name, and the record of how it was made.
 
-:class:`ReportContent` is the data the renderers (:mod:`.render_html`,
-:mod:`.render_markdown`, :mod:`.render_json`) read;
-:class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport` adds
-the verbs (``summary``, ``to_frame``, ``to_dict``, ``to_markdown``, ``to_html``,
-``save``).
+:class:`ReportContent` is the data the renderers (:mod:`.render_html`, :mod:`.render_markdown`, :mod:`.render_json`)
+read; :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport` adds the verbs (``summary``,
+``to_frame``, ``to_dict``, ``to_markdown``, ``to_html``, ``save``).
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ readers may ignore does not change it.
 Versions:
 
 1. ``"format": 1``; tables as lists of records only.
-2. ``"format"`` names the format and ``"format_version"`` holds the version;
-   ``table_columns`` records each table's columns and dtypes, so a table without
-   rows keeps its columns and every column its dtype when the file is read back
+2. ``"format"`` names the format and ``"format_version"`` holds the version; ``table_columns`` records each table's
+   columns and dtypes, so a table without rows keeps its columns and every column its dtype when the file is read back
    (:func:`countvae.diagnostics.load_report`).
 
 Tables are stored as lists of records (one JSON object per row; the row index

@@ -49,9 +49,8 @@ class RestrictionReport:
     headline
         Sentences an analyst can paste into a methods section, most important first.
     tables
-        ``restrictions`` (the main table: one row per model), ``symmetry``,
-        ``programs`` (with gene programs), ``agreement_pairs``, ``split_half``,
-        ``predictive_seeds``.
+        ``restrictions`` (the main table: one row per model), ``symmetry``, ``programs`` (with gene programs),
+        ``agreement_pairs``, ``split_half``, ``predictive_seeds``.
     settings
         The run's settings (seeds, models, margins, thresholds).
     provenance

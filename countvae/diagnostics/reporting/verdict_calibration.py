@@ -6,9 +6,8 @@ section, the per-scenario and per-row counts of correct, undetermined and wrong 
 are right": a table, and one plain sentence for every row right in fewer than :data:`GOAL_CORRECT` of the replicates of
 a scenario.
 
-The numbers describe the suite's simulations (linear NB data with 3 sources,
-5,000 cells), not the data at hand: they say how far each row's verdict can be
-trusted where its assumptions hold, and where it is known to fail.
+The numbers describe the suite's simulations (linear NB data with 3 sources, 5,000 cells), not the data at hand: they
+say how far each row's verdict can be trusted where its assumptions hold, and where it is known to fail.
 
 **Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the rates measured in other configurations
 (decoder, latent dimensions, held-out cells, genes, batch), each scored against the same fits' verdicts on a large
@@ -81,9 +80,8 @@ def calibration_table(
         ``"theory"`` (the scenario's theoretical truth) or ``"oracle"`` (the truth conditioned on what the simulation's
         oracle shows the fits reached; only the scenarios that have one).
     regime
-        A name in ``record["regimes"]`` (e.g. :attr:`RegimeChoice.name`): that
-        regime's rows instead, against its oracle (``truth`` is then ignored);
-        ``correct %`` and ``wrong %`` are shares of all its verdicts, as for the scenarios.
+        A name in ``record["regimes"]`` (e.g. :attr:`RegimeChoice.name`): that regime's rows instead, against its oracle
+        (``truth`` is then ignored); ``correct %`` and ``wrong %`` are shares of all its verdicts, as for the scenarios.
 
     """
     if regime is not None:
@@ -269,11 +267,10 @@ def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple
 def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> RegimeChoice:
     """The regime of ``record["regimes"]`` nearest to ``configuration`` (:func:`report_configuration`).
 
-    Nearest: the smallest distance, where each mismatched exact setting
-    (package, decoder, batch) counts 10 and each numeric one ``|log2 ratio|`` (so a
-    mismatched decoder or batch outweighs any size difference below a factor
-    of about 2^10 per setting). The report is
-    *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the regime recorded first.
+    Nearest: the smallest distance, where each mismatched exact setting (package, decoder, batch) counts 10 and each
+    numeric one ``|log2 ratio|`` (so a mismatched decoder or batch outweighs any size difference below a factor of about
+    2^10 per setting). The report is *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the
+    regime recorded first.
     """
     missing = [k for k in CONFIGURATION_KEYS if k not in configuration and k not in _RECORDED_BEFORE]
     if missing:

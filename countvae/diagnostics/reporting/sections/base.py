@@ -8,12 +8,10 @@ A section is the unit of the multi-seed report. It declares
   so that :func:`~countvae.diagnostics.reporting.collect.collect` asks each fit once for the
   union of the needs of the sections that run;
 * ``requires``: the sections whose results its ``compute`` reads (in ``shared.results``);
-* ``compute(collected, shared, settings) -> SectionResult``: a pure function of the
-  collected arrays (``settings`` is the :class:`ReportSettings`; a section with settings of
-  its own carries them as attributes);
-* ``layout(report) -> list[Block]``: what the renderers show, built from the finished
-  report's tables and records only (so a report loaded back from report.json renders
-  the same page).
+* ``compute(collected, shared, settings) -> SectionResult``: a pure function of the collected arrays (``settings`` is
+  the :class:`ReportSettings`; a section with settings of its own carries them as attributes);
+* ``layout(report) -> list[Block]``: what the renderers show, built from the finished report's tables and records only
+  (so a report loaded back from report.json renders the same page).
 
 The renderers (:mod:`..render_html`, :mod:`..render_markdown`) loop over the sections and
 their blocks and know nothing specific to any section.

@@ -7,20 +7,17 @@ cells the report has (up to ``max_knn_cells`` and ``max_fit_cells``; ``k`` scale
 neighbourhood keeps the share of the cells it has in the analyst's graph on all of their cells). Each kind of cell is
 weighted by the cells it stands for, so the mean estimates the mixing of that graph (exactly, with every cell at hand).
 
-The fit cells count because the analyst's graph is mostly fit cells, and the fits place
-them differently from cells they never saw: on pbmc_3tech the early-stopped default fits
-mixed their held-out cells 0.03 to 0.06 more than the graph on all cells
-(benchmarks/RESULTS.md, batch-mixing-estimate), so held-out cells alone overstate it.
-The held-out cells' own mixing is shown beside.
+The fit cells count because the analyst's graph is mostly fit cells, and the fits place them differently from cells they
+never saw: on pbmc_3tech the early-stopped default fits mixed their held-out cells 0.03 to 0.06 more than the graph on
+all cells (benchmarks/RESULTS.md, batch-mixing-estimate), so held-out cells alone overstate it. The held-out cells' own
+mixing is shown beside.
 
-The same is measured in a PCA of the normalized counts without a model (how mixed the
-cells are before any correction; an embedding that keeps less structure mixes more, so
-the difference is not the model's correction alone), and per batch, so that a batch that
-stays apart shows. The intervals cover the sampling of cells: a bootstrap over the scored
-cells, the neighbour sets held fixed, widened for the correlation of cells whose
-neighbourhoods overlap (:func:`mean_with_interval`). The seeds' spread is what a re-run changes. No verdict is
-drawn: how much mixing is right depends on whether the batches hold the same cell types,
-which the report does not know.
+The same is measured in a PCA of the normalized counts without a model (how mixed the cells are before any correction;
+an embedding that keeps less structure mixes more, so the difference is not the model's correction alone), and per
+batch, so that a batch that stays apart shows. The intervals cover the sampling of cells: a bootstrap over the scored
+cells, the neighbour sets held fixed, widened for the correlation of cells whose neighbourhoods overlap
+(:func:`mean_with_interval`). The seeds' spread is what a re-run changes. No verdict is drawn: how much mixing is right
+depends on whether the batches hold the same cell types, which the report does not know.
 """
 
 from __future__ import annotations
@@ -71,14 +68,12 @@ def mean_with_interval(
 ) -> tuple[float, float, float]:
     """The ``weights``-weighted mean of per-cell k-NN ``scores`` with its percentile interval over cells.
 
-    A bootstrap over cells (``s.n_bootstrap`` replicates, at most ``s.max_bootstrap_cells`` cells
-    resampled, level ``1 - 2 s.alpha``) whose deviations are widened by
-    :func:`~countvae.diagnostics.analyses.resampling.neighbour_inflation` for the correlation of
-    neighbouring cells' scores (``neighbours``: each scored cell's neighbour indices). Without it
-    the 90% intervals covered the mixing of the whole graph in 72-84% of random quarters of Kang's
-    and pbmc_3tech's cells (per data set and schedule), with it in 89-97%; the placement's covered
-    its known answer in 65-84% and 91-97% (benchmarks/RESULTS.md, sections batch-mixing-estimate
-    and heldout-placement).
+    A bootstrap over cells (``s.n_bootstrap`` replicates, at most ``s.max_bootstrap_cells`` cells resampled, level ``1 -
+    2 s.alpha``) whose deviations are widened by :func:`~countvae.diagnostics.analyses.resampling.neighbour_inflation`
+    for the correlation of neighbouring cells' scores (``neighbours``: each scored cell's neighbour indices). Without it
+    the 90% intervals covered the mixing of the whole graph in 72-84% of random quarters of Kang's and pbmc_3tech's
+    cells (per data set and schedule), with it in 89-97%; the placement's covered its known answer in 65-84% and 91-97%
+    (benchmarks/RESULTS.md, sections batch-mixing-estimate and heldout-placement).
     """
     value = float(np.average(scores, weights=weights))
     boot = cell_bootstrap(len(scores), s.n_bootstrap, seed=s.seed + 41, max_cells=s.max_bootstrap_cells)

@@ -1,9 +1,8 @@
 """The ICA components section: which ICA axes of the first seed reproduce across seeds (and the ICA row's verdict).
 
-This is the worked example of docs/architecture.md ("where to add things"): what the section
-asks of the fits, computes, decides, says and shows is declared in this file, and the registry
-lists it. The computation (``analyses.components``), the components' verdicts (``verdicts``) and
-the sentence (``headline``) are older helpers it calls.
+This is the worked example of docs/architecture.md ("where to add things"): what the section asks of the fits, computes,
+decides, says and shows is declared in this file, and the registry lists it. The computation (``analyses.components``),
+the components' verdicts (``verdicts``) and the sentence (``headline``) are older helpers it calls.
 """
 
 from __future__ import annotations

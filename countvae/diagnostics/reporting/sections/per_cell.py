@@ -106,9 +106,8 @@ def stability_columns(
         :func:`within_seed_overlap`, when given), ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN
         outside the subsets they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
     genes
-        Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's
-        concordance of the decoded log mean across ``CellSubsets.expression``), NaN
-        outside ``CellSubsets.genes``.
+        Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's concordance of the decoded log mean
+        across ``CellSubsets.expression``), NaN outside ``CellSubsets.genes``.
 
     """
     sub, latents = c.subsets, c.per_fit("latent")

@@ -8,15 +8,13 @@ graph the k-NN row speaks about (``k`` scaled as there): 1 when unseen cells lan
 random, lower when they stay apart. It matters twice: an analyst who embeds new cells with the model (or reads the
 report's held-out rows) needs the new cells placed like the old.
 
-On pbmc_3tech it fell with the amount of training, in the order of the held-out fit: 0.93
-to 0.97 with train()'s early stopping, 0.88 to 0.92 with the same rule at 1e-3, 0.81 to
-0.83 after scvi-tools' 400 epochs at 1e-3 (benchmarks/RESULTS.md, section
-heldout-placement), whose held-out log p(x) was 24-26 and 17-18 nats per cell below the
-first two's (section stopping-vs-full). An embedding that treats every cell alike (the
-simulation's true sources, a PCA fitted on all cells) scores 1 up to sampling. No
-verdict is drawn; the interval covers the sampling of held-out cells (widened, as batch
-mixing's, for cells whose neighbourhoods overlap: 91-97% coverage of the known answer of
-random relabellings at nominal 90%, 65-84% without; section heldout-placement).
+On pbmc_3tech it fell with the amount of training, in the order of the held-out fit: 0.93 to 0.97 with train()'s early
+stopping, 0.88 to 0.92 with the same rule at 1e-3, 0.81 to 0.83 after scvi-tools' 400 epochs at 1e-3
+(benchmarks/RESULTS.md, section heldout-placement), whose held-out log p(x) was 24-26 and 17-18 nats per cell below the
+first two's (section stopping-vs-full). An embedding that treats every cell alike (the simulation's true sources, a PCA
+fitted on all cells) scores 1 up to sampling. No verdict is drawn; the interval covers the sampling of held-out cells
+(widened, as batch mixing's, for cells whose neighbourhoods overlap: 91-97% coverage of the known answer of random
+relabellings at nominal 90%, 65-84% without; section heldout-placement).
 """
 
 from __future__ import annotations
