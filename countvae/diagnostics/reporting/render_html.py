@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from countvae._report_files import html_page, template_environment
 from countvae.diagnostics.reporting.report_content import ReportContent
-from countvae.diagnostics.reporting.sections.base import HTML, Block, Section
+from countvae.diagnostics.reporting.sections.base import HTML, Section
 from countvae.diagnostics.reporting.sections.registry import known_sections
 
 TITLE = "Multi-seed diagnostics: what these fits identify"
@@ -45,13 +45,9 @@ def sections_of(rep: ReportContent) -> tuple[Section, ...]:
     return known_sections()
 
 
-def _html_blocks(blocks: list[Block]) -> list[Block]:
-    return [b for b in blocks if HTML in b.formats]
-
-
 def summary_html(rep: ReportContent) -> str:
     """The verdict and the sections' notebook blocks as an HTML fragment (for notebooks)."""
-    blocks = [b for s in sections_of(rep) for b in _html_blocks(s.notebook_blocks(rep))]
+    blocks = [b for s in sections_of(rep) for b in s.notebook_blocks(rep) if HTML in b.formats]
     template = template_environment(__package__).get_template("summary.html.j2")
     return template.render(title="Multi-seed diagnostics", headline=rep.headline, blocks=blocks)
 
@@ -60,7 +56,7 @@ def render_html(rep: ReportContent) -> str:
     """The self-contained HTML report: verdict first, then every section that has something to show."""
     shown = []
     for section in sections_of(rep):
-        blocks = _html_blocks(section.layout(rep)) if section.title else []
+        blocks = [b for b in section.layout(rep) if HTML in b.formats] if section.title else []
         if blocks:
             shown.append({"name": section.name, "title": section.title, "level": section.level, "blocks": blocks})
     fits = [f"{f['name']} ({f['kind']})" for f in rep.provenance.get("fits", [])]
@@ -73,7 +69,7 @@ def render_html(rep: ReportContent) -> str:
             heldout_cells=rep.provenance.get("heldout_cells"),
             genes=rep.provenance.get("genes"),
             headline=rep.headline,
-            summary_blocks=[b for s in sections_of(rep) for b in _html_blocks(s.summary_blocks(rep))],
+            summary_blocks=[b for s in sections_of(rep) for b in s.summary_blocks(rep) if HTML in b.formats],
             sections=shown,
         )
     )

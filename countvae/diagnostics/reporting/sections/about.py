@@ -136,8 +136,7 @@ def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
 
 def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
     """What was computed on a subset of cells or genes, and how large it was (stated in the report)."""
-    sub, var_names = c.subsets, c.var_names
-    n = c.n_cells
+    sub, var_names, n = c.subsets, c.var_names, c.n_cells
     out = {
         "heldout_cells": n,
         "genes": len(var_names),

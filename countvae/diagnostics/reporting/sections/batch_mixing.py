@@ -149,10 +149,9 @@ class BatchMixingSection(Section):
         for name, cells in embeddings.items():
             scores, (value, low, high) = embedding_mixing(cells, pool, weights, graph.k, s)
             scores_by_fit[name] = scores
-            held = float(scores[: len(knn)].mean())
             rows.append(
                 {"fit": name, "seed": seeds.get(name), "batch_mixing": value, "low": low, "high": high}
-                | {"heldout_cells": held}
+                | {"heldout_cells": float(scores[: len(knn)].mean())}
             )
             frame = pd.DataFrame({"batch": pool, "score": scores * weights, "weight": weights})
             sums = frame.groupby("batch").sum()
