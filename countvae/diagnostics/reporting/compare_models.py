@@ -375,11 +375,10 @@ def _draw_pair(fit: Any, heldout: ad.AnnData, seed: int) -> tuple[np.ndarray, np
 def _seed_groups(
     log_rates: Mapping[str, np.ndarray], frames: Sequence[pd.DataFrame], margin: float, alpha: float, seed: int
 ) -> str:
-    """Which of a candidate's seeds reached the same solution, e.g. ``"0, 1 | 2"`` (best group first).
+    """Which of a candidate's seeds reached the same solution, e.g. ``"0, 1 | 2"`` (best first; ``""``: no margin).
 
-    The report's grouping (:func:`~countvae.diagnostics.analyses.seed_groups.seed_groups`: decoded means
-    concordant and held-out ``log p(x)`` not shown to differ by more than the margin, complete linkage);
-    ``""`` when there is no margin to judge by.
+    The report's grouping (:func:`~countvae.diagnostics.analyses.seed_groups.seed_groups`: decoded means concordant and
+    held-out ``log p(x)`` not shown to differ by more than the margin, complete linkage).
     """
     if not (np.isfinite(margin) and margin > 0):
         return ""

@@ -123,11 +123,7 @@ def truth_sentence(truth: pd.DataFrame) -> str | None:
 
 
 def _why_undetermined(quantity: str, rows: pd.DataFrame, predictive: str, ica: str | None) -> str:
-    """Why a row is undetermined and what would decide it.
-
-    Said once: the predictive sentence already says it for log p(x), the ICA
-    components sentence for the ICA row (it names each component's reason).
-    """
+    """Why a row is undetermined and what would decide it (said once: log p(x) and ICA point to their own sentence)."""
     if quantity == LPD_QUANTITY and predictive.startswith(PREDICTIVE_LEADS[UNDETERMINED]):
         return f"{quantity} (see the sentence on predictive equivalence)"
     if quantity == ICA_QUANTITY and ica:
