@@ -176,11 +176,7 @@ def compare_restrictions(
     train_kwargs = {"progress_bar": False, **(opts.train_kwargs or {})}
     logger.info("Fitting %d models from %d seeds.", len(kwargs_by_model), len(seeds))
     fitted = fit_restrictions(
-        adata,
-        kwargs_by_model,
-        seeds,
-        train_kwargs,
-        **{name: getattr(opts, name) for name in _FIT_OPTIONS},
+        adata, kwargs_by_model, seeds, train_kwargs, **{name: getattr(opts, name) for name in _FIT_OPTIONS}
     )
     timings = {"fitting": time.perf_counter() - started}
     mark = time.perf_counter()

@@ -335,11 +335,7 @@ def simulated_truth(heldout: ad.AnnData, var_names: pd.Index) -> tuple[np.ndarra
 
 
 def read_restrictions(
-    fitted: RestrictionFits,
-    chosen: list[Restriction],
-    n_lpd_samples: int,
-    seed: int,
-    check_symmetry: bool,
+    fitted: RestrictionFits, chosen: list[Restriction], n_lpd_samples: int, seed: int, check_symmetry: bool
 ) -> dict[str, ModelReadout]:
     """Every fit read once on the held-out cells (the one step that asks the models), ICA re-reads included.
 

@@ -127,11 +127,7 @@ class RestrictionReport:
     def save(self, dir_path: str | Path, overwrite: bool = False) -> Path:
         """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically."""
         return write_report_folder(
-            dir_path,
-            html_text=self.to_html(),
-            record=self.to_dict(),
-            markdown=self.to_markdown(),
-            overwrite=overwrite,
+            dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
         )
 
     def __repr__(self) -> str:

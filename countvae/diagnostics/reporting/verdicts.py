@@ -21,12 +21,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME, Threshold
-from countvae.diagnostics.analyses.predictive import (
-    EQUIVALENT,
-    MAX_BIAS_SHARE,
-    NOT_EQUIVALENT,
-    UNDETERMINED,
-)
+from countvae.diagnostics.analyses.predictive import EQUIVALENT, MAX_BIAS_SHARE, NOT_EQUIVALENT, UNDETERMINED
 from countvae.module.importance import KHAT_THRESHOLD, MAX_UNRELIABLE_SHARE
 
 AGREE, ALIGNED, DIFFER, NOT_MEASURED = "agree", "agree after alignment", "differ", "not measured"
