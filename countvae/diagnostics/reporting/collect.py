@@ -12,9 +12,6 @@ observed counts the no-latent baseline of the equivalence margin needs (:mod:`co
 and, for simulated data, the true sources. With a restrictions request, the restricted fits are read too
 (:func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`). The analyses then work on
 :class:`Collected` alone.
-
-Work that grows faster than linearly in cells, or is expensive per cell, runs on a random subset of the held-out cells
-(:class:`CellSubsets`), whose size the report states.
 """
 
 from __future__ import annotations

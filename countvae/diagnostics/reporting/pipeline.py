@@ -10,7 +10,7 @@ The report is made of sections (:mod:`.sections`), run in three steps:
 3. :class:`~.diagnostic_report.DiagnosticReport` holds the result; its renderers loop over the sections' layouts.
 
 Work that grows faster than linearly in cells, or is expensive per cell, runs on a random subset of the held-out cells
-whose size is recorded in ``DiagnosticReport.subsampling`` and stated in the report.
+(:class:`~.collect.CellSubsets`) whose size is recorded in ``DiagnosticReport.subsampling`` and stated in the report.
 """
 
 from __future__ import annotations
