@@ -303,8 +303,7 @@ def batch_reference(
         counts = sp.vstack([counts, observed_counts(adata_fit_cells, var_names)], format="csr")
     pca = normalized_counts_pca(counts, n_components, seed)
     n = adata.n_obs
-    key = str(get_registry(adata).batch_key)
-    return BatchReference(key, heldout, fit, pca[:n], None if fit is None else pca[n:])
+    return BatchReference(str(get_registry(adata).batch_key), heldout, fit, pca[:n], None if fit is None else pca[n:])
 
 
 @dataclass

@@ -338,8 +338,7 @@ def compare_fits(
     if best is not None and best != top:
         margin, gain = predictive.equivalence_margin({best: pd.DataFrame({"lpd": lpds[best]})}, baseline, share)
         fit, best = mc.fit_table(lpds, reliable.to_dict(), margin, alpha)
-    stability = pd.DataFrame([{"candidate": n, **stab[n]} for n in fits])
-    table = fit.merge(stability, on="candidate")
+    table = fit.merge(pd.DataFrame([{"candidate": n, **stab[n]} for n in fits]), on="candidate")
     table["seed_spread"] = [mc.seed_spread(frames[n]) for n in table["candidate"]]
     table["fit_seconds"] = [_fit_seconds(fits[n]) for n in table["candidate"]]
     table["seed_groups"] = [_seed_groups(rates[n], frames[n], margin, alpha, seed) for n in table["candidate"]]
@@ -347,10 +346,8 @@ def compare_fits(
     if recommended is not None:
         table = table.merge(mc.gains_over(lpds, recommended, alpha), on="candidate")
     table["verdict"] = [_verdict(row, recommended) for row in table.itertuples()]
-    settings_frame = pd.DataFrame([dict(s) for s in settings.values()], index=list(settings)).reset_index(
-        names="candidate"
-    )
-    table = settings_frame.merge(table, on="candidate")
+    settings_frame = pd.DataFrame([dict(s) for s in settings.values()], index=list(settings))
+    table = settings_frame.reset_index(names="candidate").merge(table, on="candidate")
     return ModelComparison(
         table=table,
         recommended=None if recommended is None else dict(settings[recommended]),

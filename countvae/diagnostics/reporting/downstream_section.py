@@ -536,9 +536,7 @@ def downstream_result(
 
     summary_frame = pd.concat(summaries, ignore_index=True)
     order = {name: i for i, name in enumerate(OUTPUTS)}
-    summary_frame = summary_frame.sort_values("output", key=lambda c: c.map(order), kind="stable").reset_index(
-        drop=True
-    )
+    summary_frame = summary_frame.sort_values("output", key=lambda c: c.map(order), kind="stable", ignore_index=True)
     return DownstreamSection(
         summary=summary_frame,
         pairs=pd.concat(long_parts, ignore_index=True),

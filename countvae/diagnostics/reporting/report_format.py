@@ -59,6 +59,5 @@ def table_from_records(
     """
     if columns is None:
         return pd.DataFrame.from_records(list(records))
-    names = [c["name"] for c in columns]
-    frame = pd.DataFrame.from_records(list(records), columns=names)
+    frame = pd.DataFrame.from_records(list(records), columns=[c["name"] for c in columns])
     return frame.astype({c["name"]: c["dtype"] for c in columns})

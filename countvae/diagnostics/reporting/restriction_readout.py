@@ -257,9 +257,8 @@ def ica_axes(model: CountVAE, adata_fit: ad.AnnData, cells: np.ndarray, seed: in
 def ica_readout(unrestricted: ModelReadout, fits: list[CountVAEFit], adata_fit: ad.AnnData, seed: int) -> ModelReadout:
     """The unrestricted ``fits`` re-read in ICA axes (fitted on the training cells): sources and ``W @ mixing``."""
     out = ModelReadout(Restriction("ica"), "orthogonal", dict.fromkeys(unrestricted.seconds, 0.0))
-    cells = np.arange(adata_fit.n_obs)
     for fit in fits:
-        ica = ica_axes(fit.model, adata_fit, cells, seed)
+        ica = ica_axes(fit.model, adata_fit, np.arange(adata_fit.n_obs), seed)
         out.gaussian_components = max(out.gaussian_components, int(ica.gaussian_.sum()))
         out.latents[fit.name] = ica.transform(unrestricted.latents[fit.name])
         weight = unrestricted.loadings[fit.name]

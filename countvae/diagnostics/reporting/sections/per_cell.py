@@ -128,5 +128,4 @@ def stability_columns(
         cells[column] = full
     decoded = np.full(len(c.var_names), np.nan)
     decoded[sub.genes] = gene_decoded_agreement(c.per_fit("log_rate"))
-    genes = pd.DataFrame({"decoded_agreement": decoded}, index=pd.Index(c.var_names.astype(str)))
-    return cells, genes
+    return cells, pd.DataFrame({"decoded_agreement": decoded}, index=pd.Index(c.var_names.astype(str)))
