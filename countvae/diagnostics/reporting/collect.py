@@ -1,17 +1,16 @@
 """Step 1 of the report: check the inputs, then visit each fit once for every array the analyses need.
 
-Everything a fitted model is asked for happens here, in one pass over the fits: latent means (on the held-out cells, and
-on a subset of the fit cells, for ICA), held-out log p(x), decoded means, normalized expression, decoder Jacobians (as
-contrasts between genes, see :func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their gene-space
-span, Gram matrix and a small gene-space basis for the intervals, see
-:mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior predictive draws (reduced to their
-statistics, see :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are not kept) and guide draws for the
-cross-seed spread (with a second, independent set of draws of the first fit as its baseline), and two guide draws per
-fit on the k-NN cells (the within-seed baseline of each cell's neighbourhood agreement). From the data alone: the
-observed counts the no-latent baseline of the equivalence margin needs (:mod:`countvae.diagnostics.analyses.baseline`)
-and, for simulated data, the true sources. With a restrictions request, the restricted fits are read too
-(:func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`). The analyses then work on
-:class:`Collected` alone.
+The one place the fits are asked for anything: latent means (on the held-out cells, and on a subset of the fit cells,
+for ICA), held-out log p(x), decoded means, normalized expression, decoder Jacobians (as contrasts between genes, see
+:func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their gene-space span, Gram matrix and a small
+gene-space basis for the intervals, see :mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior
+predictive draws (reduced to their statistics, see :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are
+not kept) and guide draws for the cross-seed spread (with a second, independent set of draws of the first fit as its
+baseline), and two guide draws per fit on the k-NN cells (the within-seed baseline of each cell's neighbourhood
+agreement). From the data alone: the observed counts the no-latent baseline of the equivalence margin needs
+(:mod:`countvae.diagnostics.analyses.baseline`) and, for simulated data, the true sources. With a restrictions request,
+the restricted fits are read too (:func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`). The
+analyses then work on :class:`Collected` alone.
 """
 
 from __future__ import annotations
@@ -349,9 +348,8 @@ class Collected:
     restriction_request, restriction_arrays
         The restrictions section's request and its restricted fits' read-outs (``None`` without them).
     batches
-        The registered batches and no-model embedding of the cells of ``CellSubsets.knn`` and ``CellSubsets.fit``
-        (:class:`BatchReference`), when asked for (``"batches"`` in the needs) and the held-out data have a
-        registered batch column.
+        The registered batches and no-model embedding (:class:`BatchReference`) of ``CellSubsets.knn`` and
+        ``CellSubsets.fit``, when ``"batches"`` is in the needs and the held-out data have a registered batch column.
     configuration
         The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
         cells, genes, batch), to choose the nearest calibrated regime.

@@ -2,10 +2,9 @@
 
 It runs the restrictions section of the multi-seed report on fits of the unrestricted model and each restricted one:
 
-1. every model (the unrestricted one, then each restriction that is a model of its own) is fitted by
-   :func:`countvae.diagnostics.fit_seeds` with the same seeds, training cells and held-out cells (with ``out_dir``, each
-   in its own resumable folder; :func:`~countvae.diagnostics.fitting.restrictions.fit_restrictions`); ICA re-reads the
-   unrestricted fits;
+1. every model (the unrestricted one, then each restricted one) is fitted by :func:`countvae.diagnostics.fit_seeds` with
+   the same seeds, training cells and held-out cells (with ``out_dir``, each in its own resumable folder;
+   :func:`~countvae.diagnostics.fitting.restrictions.fit_restrictions`); ICA re-reads the unrestricted fits;
 2. each fit is read once on the held-out cells (the collect step,
    :func:`~countvae.diagnostics.reporting.restriction_readout.collect_restrictions`);
 3. the section's pure computation, :func:`~countvae.diagnostics.reporting.sections.restrictions.restriction_analysis`,

@@ -18,10 +18,9 @@ What is compared (each with a baseline that holds the fit fixed and varies only 
 * **latent k-NN**: the k-NN overlap of the latent means themselves, a deterministic function of the fit (no downstream
   randomness: its baseline disagreement is 0), shown for reference.
 
-The DE runs on the report's held-out cells, as every other part of the report: none of the fits was trained on them, and
-all see the same cells. Leiden and UMAP need the optional extra ``countvae[downstream]`` (scanpy, igraph, leidenalg,
-umap-learn); without it those rows say which extra to install and the rest of the section (and of the report) is
-unaffected.
+The DE runs on the report's held-out cells, as the rest of the report: none of the fits was trained on them, and all see
+the same cells. Leiden and UMAP need the extra ``countvae[downstream]`` (scanpy, igraph, leidenalg, umap-learn); without
+it those rows say which extra to install and the rest of the section (and of the report) is unaffected.
 """
 
 from __future__ import annotations

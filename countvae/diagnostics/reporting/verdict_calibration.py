@@ -3,8 +3,7 @@
 ``benchmarks/calibration.py`` runs the whole report on simulations of known truth and writes, next to its RESULTS.md
 section, the per-scenario and per-row counts of correct, undetermined and wrong verdicts to :data:`CALIBRATION_FILE`
 (one JSON file, written atomically). This module turns that file into the report's section "How often these verdicts
-are right": a table, and one plain sentence for every row right in fewer than :data:`GOAL_CORRECT` of the replicates of
-a scenario.
+are right": a table, and one plain sentence for every row that falls short (:func:`calibration_sentences`).
 
 The numbers describe the suite's simulations (linear NB data with 3 sources, 5,000 cells), not the data at hand: they
 say how far each row's verdict can be trusted where its assumptions hold, and where it is known to fail.
@@ -269,8 +268,7 @@ def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> Reg
 
     Nearest: the smallest distance, where each mismatched exact setting (package, decoder, batch) counts 10 and each
     numeric one ``|log2 ratio|`` (so a mismatched decoder or batch outweighs any size difference below a factor of about
-    2^10 per setting). The report is *calibrated* by it when no setting is outside :data:`TOLERANCE`. Ties go to the
-    regime recorded first.
+    2^10 per setting). Ties go to the regime recorded first.
     """
     missing = [k for k in CONFIGURATION_KEYS if k not in configuration and k not in _RECORDED_BEFORE]
     if missing:
