@@ -14,8 +14,7 @@ mixing is shown beside.
 
 The same is measured in a PCA of the normalized counts without a model (how mixed the cells are before any correction;
 an embedding that keeps less structure mixes more, so the difference is not the model's correction alone), and per
-batch, so that a batch that stays apart shows. The intervals cover the sampling of cells: a bootstrap over the scored
-cells, the neighbour sets held fixed, widened for the correlation of cells whose neighbourhoods overlap
+batch, so that a batch that stays apart shows. The intervals cover the sampling of cells, the neighbour sets held fixed
 (:func:`mean_with_interval`). The seeds' spread is what a re-run changes. No verdict is drawn: how much mixing is right
 depends on whether the batches hold the same cell types, which the report does not know.
 """
@@ -72,8 +71,7 @@ def mean_with_interval(
     2 s.alpha``) whose deviations are widened by :func:`~countvae.diagnostics.analyses.resampling.neighbour_inflation`
     for the correlation of neighbouring cells' scores (``neighbours``: each scored cell's neighbour indices). Without it
     the 90% intervals covered the mixing of the whole graph in 72-84% of random quarters of Kang's and pbmc_3tech's
-    cells (per data set and schedule), with it in 89-97%; the placement's covered its known answer in 65-84% and 91-97%
-    (benchmarks/RESULTS.md, sections batch-mixing-estimate and heldout-placement).
+    cells (per data set and schedule), with it in 89-97% (benchmarks/RESULTS.md, section batch-mixing-estimate).
     """
     value = float(np.average(scores, weights=weights))
     boot = cell_bootstrap(len(scores), s.n_bootstrap, seed=s.seed + 41, max_cells=s.max_bootstrap_cells)
