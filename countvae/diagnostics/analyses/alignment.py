@@ -93,9 +93,7 @@ def _directed_error(t: AffineMap, a: _ScoringCells, b: _ScoringCells) -> tuple[f
 
 
 def alignment_errors(
-    latents: Mapping[str, np.ndarray],
-    map_classes: Sequence[str] = MAP_CLASSES,
-    seed: int = 0,
+    latents: Mapping[str, np.ndarray], map_classes: Sequence[str] = MAP_CLASSES, seed: int = 0
 ) -> pd.DataFrame:
     """Symmetrised alignment errors of every pair of fits under each map class.
 

@@ -41,12 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.resampling import (
-    CellBootstrap,
-    Interval,
-    weighted_correlations,
-    worst_interval,
-)
+from countvae.diagnostics.analyses.resampling import CellBootstrap, Interval, weighted_correlations, worst_interval
 from countvae.errors import InvalidArgumentError
 from countvae.ica import attenuation_ratio, split_half_icas
 from countvae.metrics import match_components

@@ -979,8 +979,7 @@ def invariants_table(
         behind it) and ``cells_setting`` (the report setting capping them).
         :func:`countvae.diagnostics.reporting.verdicts.judge_invariants` adds the verdicts.
     pairs
-        One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``,
-        ``aligned_agreement``.
+        One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``, ``aligned_agreement``.
 
     """
     resampling = resampling or ResamplingSettings(seed=seed)

@@ -192,12 +192,11 @@ def ppc_agreement(
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of ``|cv_a - cv_b| / cv_observed``)
-        and ``cv_gene_noise`` (the same between halves of one fit, averaged over the two fits);
-        ``zero_fraction_abs_diff`` (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger of the
-        two ratios of difference to noise; with ``predicted`` also ``cv_gene_ccc`` and ``zero_fraction_ccc``
-        (concordance over genes of the two fits' predicted statistics, from all draws) and ``agreement``, the
-        smaller of the two.
+        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of ``|cv_a - cv_b| / cv_observed``) and
+        ``cv_gene_noise`` (the same between halves of one fit, averaged over the two fits); ``zero_fraction_abs_diff``
+        (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger of the two ratios of difference to
+        noise; with ``predicted`` also ``cv_gene_ccc`` and ``zero_fraction_ccc`` (concordance over genes of the two
+        fits' predicted statistics, from all draws) and ``agreement``, the smaller of the two.
 
     """
     rows = []

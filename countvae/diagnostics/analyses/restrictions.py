@@ -271,9 +271,7 @@ def truth_verdict(sources_mcc: float, worst_mcc: float, baseline_mcc: float | No
 
 # ----- predictive cost ----------------------------------------------------------------------------------
 def predictive_cost(
-    restricted: Mapping[int, pd.DataFrame],
-    unrestricted: Mapping[int, pd.DataFrame],
-    margin: float = DEFAULT_MARGIN,
+    restricted: Mapping[int, pd.DataFrame], unrestricted: Mapping[int, pd.DataFrame], margin: float = DEFAULT_MARGIN
 ) -> dict[str, float | str]:
     """Held-out ``log p(x)`` of the restricted model minus the unrestricted one's, per cell, with an interval.
 
