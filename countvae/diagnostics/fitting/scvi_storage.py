@@ -214,11 +214,7 @@ def load_scvi_fit(folder: Path, model_cls: type, adata_scvi: ad.AnnData) -> Any:
 
 
 def fit_scvi(
-    model_cls: type,
-    adata_scvi: ad.AnnData,
-    model_kwargs: dict[str, Any],
-    train_kwargs: dict[str, Any],
-    seed: int,
+    model_cls: type, adata_scvi: ad.AnnData, model_kwargs: dict[str, Any], train_kwargs: dict[str, Any], seed: int
 ) -> Any:
     """Construct and train an scvi-tools model from ``seed`` (``scvi.settings.seed`` before both)."""
     scvi = import_scvi()
