@@ -71,13 +71,7 @@ def _cv(values: np.ndarray, axis: int) -> np.ndarray:
 def observed_statistics(counts: np.ndarray) -> PPCStatistics:
     """The same statistics on the observed counts (cells, genes); calibration is not defined (NaN)."""
     counts = np.asarray(counts, dtype=np.float64)
-    return PPCStatistics(
-        cv_gene=_cv(counts, 0),
-        cv_cell=_cv(counts, 1),
-        zero_fraction=(counts == 0).mean(0),
-        calibration_error=np.nan,
-        coverage={},
-    )
+    return PPCStatistics(_cv(counts, 0), _cv(counts, 1), (counts == 0).mean(0), np.nan, {})
 
 
 def calibration(counts: np.ndarray, draws: np.ndarray, levels=CALIBRATION_LEVELS) -> tuple[float, dict[float, float]]:

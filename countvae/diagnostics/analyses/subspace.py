@@ -164,12 +164,13 @@ def knn_sets_among(z_query: np.ndarray, z_reference: np.ndarray, k: int) -> np.n
 def analyst_graph_k(k: int, n_cells: int, n_graph_cells: int) -> int:
     """Neighbours per cell on ``n_cells`` cells that speak about a ``k``-NN graph built on ``n_graph_cells``.
 
-    A k-NN overlap depends on the number of cells: ``k = 15`` neighbours among 300 cells reach as far as 15 x (1,800 /
-    300) = 90 would among 1,800, and coarse neighbourhoods agree more than fine ones (on semi-synthetic MLP fits the
-    worst-pair overlap at ``k = 15`` was 0.37 on 300 cells against 0.16 on the analyst's 1,800; benchmarks/RESULTS.md,
-    calibration-regimes). Keeping the neighbourhood's share of the cells, ``k n_cells / n_graph_cells`` (rounded, at
-    least 1, at most ``n_cells - 1``), makes the overlap on a subset estimate that of the analyst's graph (0.15 at
-    ``k = 2`` in the same fits); on more cells than the analyst's (e.g. an oracle pool) it scales ``k`` up.
+    A k-NN overlap depends on the number of cells: ``k = 15`` neighbours among 300 cells reach as far as
+    15 x (1,800 / 300) = 90 would among 1,800, and coarse neighbourhoods agree more than fine ones (on semi-synthetic
+    MLP fits the worst-pair overlap at ``k = 15`` was 0.37 on 300 cells against 0.16 on the analyst's 1,800;
+    benchmarks/RESULTS.md, calibration-regimes). Keeping the neighbourhood's share of the cells,
+    ``k n_cells / n_graph_cells`` (rounded, at least 1, at most ``n_cells - 1``), makes the overlap on a subset
+    estimate that of the analyst's graph (0.15 at ``k = 2`` in the same fits); on more cells than the analyst's
+    (e.g. an oracle pool) it scales ``k`` up.
 
     Parameters
     ----------

@@ -218,10 +218,9 @@ def fit_scvi(
 ) -> Any:
     """Construct and train an scvi-tools model from ``seed`` (``scvi.settings.seed`` before both)."""
     scvi = import_scvi()
-    kwargs = {"enable_progress_bar": False, **train_kwargs}
     with preserved_global_rng(), quiet_scvi():
         scvi.settings.seed = int(seed)
         model = model_cls(adata_scvi, **model_kwargs)
-        model.train(**kwargs)
+        model.train(**{"enable_progress_bar": False, **train_kwargs})
     model.module.eval()
     return model
