@@ -82,8 +82,7 @@ class ComponentStability:
     matches
         Best-match |correlation| of each reference component in each other fit.
     sources
-        Fit name -> its latents on the held-out cells in its own ICA axes (for the ground truth, when the data are
-        simulated).
+        Fit name -> its latents on the held-out cells in its own ICA axes (for the ground truth of simulated data).
 
     """
 

@@ -964,8 +964,7 @@ def invariants_table(
     seed
         Seed of the subsets.
     maps
-        The maps between the fits on the cells of ``inputs.latents`` (shared with other analyses); by default
-        fitted here.
+        The maps between the fits on the cells of ``inputs.latents`` (shared with other analyses); default: fitted here.
     resampling
         How the intervals are made (default: :class:`ResamplingSettings` with ``seed``).
 

@@ -12,9 +12,8 @@ Pure functions over arrays and tables; the fitted models are asked for their out
   comparisons with the best (level at least ``1 - 2 alpha`` for all of them at once, as the report's equivalence test).
 - **Margin**: the report's rule (:func:`countvae.diagnostics.analyses.predictive.equivalence_margin`): a share of
   the best candidate's mean per-cell gain over the no-latent baseline.
-- **Reliable**: every seed's estimates pass :func:`countvae.diagnostics.analyses.predictive.estimator_reliability`
-  (the package's k-hat rule and the Monte Carlo bias bound); an unreliable candidate is never ranked on its point
-  estimate.
+- **Reliable**: every seed's estimates pass :func:`countvae.diagnostics.analyses.predictive.estimator_reliability` (the
+  package's k-hat rule and the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs (decoded log
   means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of coordinates after a signed
   permutation only (:func:`countvae.metrics.mcc`); beside each, its within-seed baseline

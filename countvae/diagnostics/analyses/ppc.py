@@ -1,10 +1,9 @@
 """Posterior predictive checks per seed: whether counts drawn from each fit look like the data.
 
-The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools 1.4.2): the coefficient of variation
-of each gene over cells and of each cell over genes, computed per posterior predictive draw and averaged over draws;
-the zero fraction per gene; and the calibration error, the sum over symmetric central intervals (2.5-97.5%, 5-95%,
-..., 17.5-82.5%) of the squared difference between the share of observed counts inside the predictive interval and
-the interval's nominal width.
+The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools 1.4.2): the coefficient of variation of
+each gene over cells and of each cell over genes, per posterior predictive draw, averaged over draws; the zero fraction
+per gene; and the calibration error, the sum over symmetric central intervals (2.5-97.5%, 5-95%, ..., 17.5-82.5%) of the
+squared difference between the share of observed counts inside the predictive interval and the interval's nominal width.
 
 Why not call ``scvi.criticism`` itself: it draws samples through ``model.posterior_predictive_sample(model.adata,
 ...)``, i.e. on the model's own training AnnData rather than the held-out cells, needs an scvi-tools model object

@@ -289,8 +289,7 @@ def predictive_cost(
     -------
     dict
         ``difference_per_cell`` (negative: the restriction costs), ``se_per_cell``, ``ci95_low``, ``ci95_high``,
-        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (the per-seed estimates,
-        comma-separated).
+        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (per-seed estimates, comma-separated).
 
     """
     seeds = [s for s in restricted if s in unrestricted]

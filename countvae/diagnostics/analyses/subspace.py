@@ -34,8 +34,7 @@ def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; ``cos`` of each is a canonical correlation between the two
-        subspaces.
+        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; their cosines are the subspaces' canonical correlations.
 
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)

@@ -130,8 +130,7 @@ def setup_for_scvi(adata: ad.AnnData, registry: Registry, model_cls: type) -> ad
     """A copy of ``adata`` registered with ``model_cls.setup_anndata`` using countvae's registration.
 
     The counts layer, batch key and labels key are those given to ``CountVAE.setup_anndata``. The batch and labels
-    columns get the whole data set's categories, so a subset lacking a batch still encodes batches as the held-out
-    cells do.
+    columns get the whole data set's categories, so a subset lacking a batch encodes batches as the held-out cells do.
     """
     if registry.use_raw:
         raise InvalidArgumentError(
