@@ -177,10 +177,9 @@ def ppc_agreement(
 ) -> pd.DataFrame:
     """Seed-to-seed differences of the predicted statistics, in units of their own Monte Carlo noise.
 
-    Each fit's draws are split in two halves (:func:`split_half_statistics`). The difference between two fits (first
-    half of each) is compared with the difference between the two halves of the same fit, which has the same Monte
-    Carlo noise and no seed effect. Equivalent seeds give a ratio near 1; a ratio well above 1 means the seeds
-    predict different count distributions.
+    Each fit's draws are split in halves (:func:`split_half_statistics`). The difference between two fits (first half of
+    each) is compared with that between the two halves of one fit, which has the same Monte Carlo noise and no seed
+    effect. Equivalent seeds give a ratio near 1; well above 1, the seeds predict different count distributions.
 
     Returns
     -------
