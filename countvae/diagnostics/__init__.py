@@ -1,10 +1,9 @@
 """Multi-seed fits, their alignment, and the report of which quantities are stable across fits.
 
-Three rooms, imports pointing down only: ``reporting/`` (the report as a
-pipeline) uses ``analyses/`` (functions over arrays), which use ``fitting/``
-(seeds, backends, storage, the fits' common interface). ``diagnosis.py``, above
-the three, is ``diagnose(adata)``: gene selection, ``fit_seeds`` and ``report`` in
-one call, what ``countvae diagnose`` runs.
+Three rooms, imports pointing down only: ``reporting/`` (the report as a pipeline) uses ``analyses/`` (functions over
+arrays), which use ``fitting/`` (seeds, backends, storage, the fits' common interface). ``diagnosis.py``, above the
+three, is ``diagnose(adata)``: gene selection, ``fit_seeds`` and ``report`` in one call, what ``countvae diagnose``
+runs.
 """
 
 from countvae.diagnostics.diagnosis import (

@@ -1,13 +1,12 @@
 """``diagnose(adata)``: what ``countvae diagnose`` does, as one library call.
 
 It chooses the genes (the most variable when the data has more than :data:`DIAGNOSE_N_TOP_GENES`), fits the seeds with
-:func:`fit_seeds` on one shared held-out split, trained as :mod:`~countvae.diagnostics.fitting.default_training` says
-(a budget of cell passes, early stopping), compares them with :func:`report`, and returns the
-:class:`DiagnosticReport`. With ``out_dir`` the run is the command's: ``out_dir/fits`` is the resumable
-:func:`fit_seeds` folder (an interrupted run called again with the same arguments refits only the seeds that had not
-finished), ``out_dir/report`` the saved report, refused when it exists unless ``overwrite``. ``write_h5ad`` also writes
-the analysed data to an .h5ad file with the report's columns (:meth:`DiagnosticReport.write`) and the first seed's
-latent.
+:func:`fit_seeds` on one shared held-out split, trained as :mod:`~countvae.diagnostics.fitting.default_training` says (a
+budget of cell passes, early stopping), compares them with :func:`report`, and returns the :class:`DiagnosticReport`.
+With ``out_dir`` the run is the command's: ``out_dir/fits`` is the resumable :func:`fit_seeds` folder (an interrupted
+run called again with the same arguments refits only the seeds that had not finished), ``out_dir/report`` the saved
+report, refused when it exists unless ``overwrite``. ``write_h5ad`` also writes the analysed data to an .h5ad file with
+the report's columns (:meth:`DiagnosticReport.write`) and the first seed's latent.
 
 The defaults here are the command's: the command line only parses its options,
 prints progress and calls :func:`diagnose`.

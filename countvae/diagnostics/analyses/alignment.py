@@ -14,8 +14,7 @@ nested (signed permutations are rotations, rotations are linear maps), so ``e_li
 e_permutation`` is expected; it is not exact on the scoring cells, because each map is fitted on the other half.
 
 The ICA efficiency ``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` is the share of the gap between the best signed
-permutation and the best rotation that ICA closes without using the cell pairing: 1 means ICA found the aligning
-rotation.
+permutation and the best rotation that ICA closes without the cell pairing: 1 means ICA found the aligning rotation.
 """
 
 from __future__ import annotations
@@ -93,9 +92,7 @@ def _directed_error(t: AffineMap, a: _ScoringCells, b: _ScoringCells) -> tuple[f
 
 
 def alignment_errors(
-    latents: Mapping[str, np.ndarray],
-    map_classes: Sequence[str] = MAP_CLASSES,
-    seed: int = 0,
+    latents: Mapping[str, np.ndarray], map_classes: Sequence[str] = MAP_CLASSES, seed: int = 0
 ) -> pd.DataFrame:
     """Symmetrised alignment errors of every pair of fits under each map class.
 

@@ -41,12 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from countvae.diagnostics.analyses.resampling import (
-    CellBootstrap,
-    Interval,
-    weighted_correlations,
-    worst_interval,
-)
+from countvae.diagnostics.analyses.resampling import CellBootstrap, Interval, weighted_correlations, worst_interval
 from countvae.errors import InvalidArgumentError
 from countvae.ica import attenuation_ratio, split_half_icas
 from countvae.metrics import match_components
@@ -87,8 +82,7 @@ class ComponentStability:
     matches
         Best-match |correlation| of each reference component in each other fit.
     sources
-        Fit name -> its latents on the held-out cells in its own ICA axes (for the ground truth, when the data are
-        simulated).
+        Fit name -> its latents on the held-out cells in its own ICA axes (for the ground truth of simulated data).
 
     """
 

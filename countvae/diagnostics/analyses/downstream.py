@@ -35,6 +35,7 @@ import importlib
 import importlib.metadata
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from itertools import combinations
 from types import ModuleType
 
@@ -205,10 +206,7 @@ def de_agreement(
         name: (np.asarray(resampled_calls[name], bool), np.asarray(resampled_lfc[name], float))
         for name in resampled_calls
     }
-    scores = {
-        "jaccard": lambda x, y: jaccard(x[0], y[0]),
-        "spearman": lambda x, y: rank_correlation(x[1], y[1]),
-    }
+    scores = {"jaccard": lambda x, y: jaccard(x[0], y[0]), "spearman": lambda x, y: rank_correlation(x[1], y[1])}
     return _agreement(results, resampled, scores)
 
 
@@ -358,9 +356,7 @@ def umap_embedding(latent: np.ndarray, seed: int = 0, n_neighbors: int = 15) -> 
 
 
 def neighbourhood_agreement(
-    representations: Mapping[str, np.ndarray],
-    resampled: Mapping[str, np.ndarray] | None = None,
-    k: int = 15,
+    representations: Mapping[str, np.ndarray], resampled: Mapping[str, np.ndarray] | None = None, k: int = 15
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """k-NN overlap of representations of the same cells between fits, against a downstream-seed baseline.
 
@@ -415,10 +411,7 @@ def umap_agreement(
     if seeds[0] == seeds[1]:
         raise InvalidArgumentError("The baseline needs two different embedding seeds.")
     if embed is None:
-
-        def embed(latent: np.ndarray, seed: int) -> np.ndarray:
-            return umap_embedding(latent, seed, n_neighbors)
-
+        embed = partial(umap_embedding, n_neighbors=n_neighbors)
     first = {name: embed(z, seeds[0]) for name, z in latents.items()}
     second = {name: embed(z, seeds[1]) for name, z in latents.items()}
     return neighbourhood_agreement(first, second, k)

@@ -964,8 +964,7 @@ def invariants_table(
     seed
         Seed of the subsets.
     maps
-        The maps between the fits on the cells of ``inputs.latents`` (shared with other analyses); by default
-        fitted here.
+        The maps between the fits on the cells of ``inputs.latents`` (shared with other analyses); default: fitted here.
     resampling
         How the intervals are made (default: :class:`ResamplingSettings` with ``seed``).
 
@@ -979,8 +978,7 @@ def invariants_table(
         behind it) and ``cells_setting`` (the report setting capping them).
         :func:`countvae.diagnostics.reporting.verdicts.judge_invariants` adds the verdicts.
     pairs
-        One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``,
-        ``aligned_agreement``.
+        One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``, ``aligned_agreement``.
 
     """
     resampling = resampling or ResamplingSettings(seed=seed)

@@ -1,10 +1,9 @@
 """Refuse to compare held-out ``log p(x)`` values that are different quantities.
 
-A model conditioned on the observed library size reports ``log p(x | observed library size)``; an scvi-tools model
-with a latent library reports ``log p(x)`` with the library integrated out, which also contains the density of the
-observed total count (see :mod:`countvae.diagnostics.fitting.lpd_quantity`). A difference between the two says
-nothing about which model fits better, so fits whose frames name different quantities are not compared. A frame that
-does not name its quantity (no ``attrs["quantity"]``, e.g. built by another tool) is compared on the caller's word.
+Fits whose frames name different quantities (given the observed library size, or with a latent library integrated
+out: :mod:`countvae.diagnostics.fitting.lpd_quantity`) are not compared, as their difference says nothing about which
+model fits better. A frame that does not name its quantity (no ``attrs["quantity"]``, e.g. built by another tool) is
+compared on the caller's word.
 """
 
 from __future__ import annotations

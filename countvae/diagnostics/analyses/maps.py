@@ -127,11 +127,7 @@ def _cross_correlation(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def fit_map(
-    kind: str,
-    za: np.ndarray,
-    zb: np.ndarray,
-    ica_a: ICAAxes | None = None,
-    ica_b: ICAAxes | None = None,
+    kind: str, za: np.ndarray, zb: np.ndarray, ica_a: ICAAxes | None = None, ica_b: ICAAxes | None = None
 ) -> AffineMap:
     """Fit a map of class ``kind`` taking ``za`` to ``zb`` (rows are the same cells).
 

@@ -7,15 +7,13 @@ Pure functions over arrays and tables; the fitted models are asked for their out
   package's importance-sampling estimator); every candidate is evaluated on the same held-out cells, so differences
   are paired per cell.
 - **Fit against the best**: the best candidate has the highest mean per-cell ``log p(x)`` among the candidates whose
-  estimates are reliable. For every other candidate ``c`` the per-cell differences ``d_i = lpd_ci - lpd_best,i``
-  give a mean and a simultaneous interval ``mean +- t_{n-1}(1 - alpha / K) sd(d) / sqrt(n)``, Bonferroni over the
-  ``K`` comparisons with the best (level at least ``1 - 2 alpha`` for all of them at once, as the report's
-  equivalence test).
+  estimates are reliable. For every other candidate ``c`` the per-cell differences ``d_i = lpd_ci - lpd_best,i`` give a
+  mean and a simultaneous interval ``mean +- t_{n-1}(1 - alpha / K) sd(d) / sqrt(n)``, Bonferroni over the ``K``
+  comparisons with the best (level at least ``1 - 2 alpha`` for all of them at once, as the report's equivalence test).
 - **Margin**: the report's rule (:func:`countvae.diagnostics.analyses.predictive.equivalence_margin`): a share of
   the best candidate's mean per-cell gain over the no-latent baseline.
-- **Reliable**: every seed's estimates pass :func:`countvae.diagnostics.analyses.predictive.estimator_reliability`
-  (the package's k-hat rule and the Monte Carlo bias bound); an unreliable candidate is never ranked on its point
-  estimate.
+- **Reliable**: every seed's estimates pass :func:`countvae.diagnostics.analyses.predictive.estimator_reliability` (the
+  package's k-hat rule and the Monte Carlo bias bound); an unreliable candidate is never ranked on its point estimate.
 - **Stability**: over every pair of seeds, the report's agreement scores of rotation-invariant outputs (decoded log
   means, gene-centred concordance; latent distances, concordance; k-NN overlap) and of coordinates after a signed
   permutation only (:func:`countvae.metrics.mcc`); beside each, its within-seed baseline
@@ -71,11 +69,7 @@ BEST, EQUIVALENT, NOT_WORSE, WORSE, UNDETERMINED, UNRELIABLE = (
     "unreliable",
 )
 #: Invariant stability scores, with the report's threshold each must meet on the worst pair of seeds.
-STABILITY_THRESHOLDS = {
-    "decoded_means": AGREEMENT_THRESHOLD,
-    "distances": AGREEMENT_THRESHOLD,
-    "knn": KNN_THRESHOLD,
-}
+STABILITY_THRESHOLDS = {"decoded_means": AGREEMENT_THRESHOLD, "distances": AGREEMENT_THRESHOLD, "knn": KNN_THRESHOLD}
 #: Shown, not judged: coordinates after the best signed permutation.
 COORDINATES = "coordinates_signed_permutation"
 #: Neighbours of the k-NN overlap.

@@ -1,10 +1,9 @@
 """Posterior predictive checks per seed: whether counts drawn from each fit look like the data.
 
-The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools 1.4.2): the coefficient of variation
-of each gene over cells and of each cell over genes, computed per posterior predictive draw and averaged over draws;
-the zero fraction per gene; and the calibration error, the sum over symmetric central intervals (2.5-97.5%, 5-95%,
-..., 17.5-82.5%) of the squared difference between the share of observed counts inside the predictive interval and
-the interval's nominal width.
+The statistics follow ``scvi.criticism.PosteriorPredictiveCheck`` (scvi-tools 1.4.2): the coefficient of variation of
+each gene over cells and of each cell over genes, per posterior predictive draw, averaged over draws; the zero fraction
+per gene; and the calibration error, the sum over symmetric central intervals (2.5-97.5%, 5-95%, ..., 17.5-82.5%) of the
+squared difference between the share of observed counts inside the predictive interval and the interval's nominal width.
 
 Why not call ``scvi.criticism`` itself: it draws samples through ``model.posterior_predictive_sample(model.adata,
 ...)``, i.e. on the model's own training AnnData rather than the held-out cells, needs an scvi-tools model object
@@ -71,13 +70,7 @@ def _cv(values: np.ndarray, axis: int) -> np.ndarray:
 def observed_statistics(counts: np.ndarray) -> PPCStatistics:
     """The same statistics on the observed counts (cells, genes); calibration is not defined (NaN)."""
     counts = np.asarray(counts, dtype=np.float64)
-    return PPCStatistics(
-        cv_gene=_cv(counts, 0),
-        cv_cell=_cv(counts, 1),
-        zero_fraction=(counts == 0).mean(0),
-        calibration_error=np.nan,
-        coverage={},
-    )
+    return PPCStatistics(_cv(counts, 0), _cv(counts, 1), (counts == 0).mean(0), np.nan, {})
 
 
 def calibration(counts: np.ndarray, draws: np.ndarray, levels=CALIBRATION_LEVELS) -> tuple[float, dict[float, float]]:
@@ -184,20 +177,18 @@ def ppc_agreement(
 ) -> pd.DataFrame:
     """Seed-to-seed differences of the predicted statistics, in units of their own Monte Carlo noise.
 
-    Each fit's draws are split in two halves (:func:`split_half_statistics`). The difference between two fits (first
-    half of each) is compared with the difference between the two halves of the same fit, which has the same Monte
-    Carlo noise and no seed effect. Equivalent seeds give a ratio near 1; a ratio well above 1 means the seeds
-    predict different count distributions.
+    Each fit's draws are split in halves (:func:`split_half_statistics`). The difference between two fits (first half of
+    each) is compared with that between the two halves of one fit, which has the same Monte Carlo noise and no seed
+    effect. Equivalent seeds give a ratio near 1; well above 1, the seeds predict different count distributions.
 
     Returns
     -------
     pandas.DataFrame
-        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of ``|cv_a - cv_b| / cv_observed``)
-        and ``cv_gene_noise`` (the same between halves of one fit, averaged over the two fits);
-        ``zero_fraction_abs_diff`` (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger of the
-        two ratios of difference to noise; with ``predicted`` also ``cv_gene_ccc`` and ``zero_fraction_ccc``
-        (concordance over genes of the two fits' predicted statistics, from all draws) and ``agreement``, the
-        smaller of the two.
+        Columns ``fit_a``, ``fit_b``; ``cv_gene_rel_diff`` (median over genes of ``|cv_a - cv_b| / cv_observed``) and
+        ``cv_gene_noise`` (the same between halves of one fit, averaged over the two fits); ``zero_fraction_abs_diff``
+        (mean over genes) and ``zero_fraction_noise``; ``noise_ratio``, the larger of the two ratios of difference to
+        noise; with ``predicted`` also ``cv_gene_ccc`` and ``zero_fraction_ccc`` (concordance over genes of the two
+        fits' predicted statistics, from all draws) and ``agreement``, the smaller of the two.
 
     """
     rows = []

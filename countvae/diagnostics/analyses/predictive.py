@@ -124,10 +124,9 @@ def equivalence_table(lpds: Mapping[str, pd.DataFrame], margin: float, alpha: fl
     -------
     pandas.DataFrame
         Columns ``fit_a``, ``fit_b``, ``n_cells``, ``diff`` (``elpd_a - elpd_b``), ``se_diff``, ``mc_se_diff``,
-        ``diff_per_cell``, ``se_diff_per_cell``, ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high``
-        (simultaneous, nats per cell), ``ci_level``, ``margin``, ``p_equivalence``, ``decision``
-        (:data:`EQUIVALENT`, :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`) and ``n_unreliable`` (cells unreliable
-        in either fit).
+        ``diff_per_cell``, ``se_diff_per_cell``, ``z`` (``diff / se_diff``), ``ci_low`` and ``ci_high`` (simultaneous,
+        nats per cell), ``ci_level``, ``margin``, ``p_equivalence``, ``decision`` (:data:`EQUIVALENT`,
+        :data:`NOT_EQUIVALENT` or :data:`UNDETERMINED`) and ``n_unreliable`` (cells unreliable in either fit).
 
     """
     _check(lpds)

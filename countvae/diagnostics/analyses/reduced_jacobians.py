@@ -111,11 +111,7 @@ def loading_replicates(weights: np.ndarray, rj: ReducedJacobians) -> np.ndarray:
 
 
 def loading_concordance_replicates(
-    ya: np.ndarray,
-    yb: np.ndarray,
-    basis_a: np.ndarray,
-    basis_b: np.ndarray,
-    rotation: np.ndarray | None = None,
+    ya: np.ndarray, yb: np.ndarray, basis_a: np.ndarray, basis_b: np.ndarray, rotation: np.ndarray | None = None
 ) -> np.ndarray:
     """Mean over columns of the concordance of loadings ``U_a Y_a R`` and ``U_b Y_b`` over genes, per replicate."""
     if rotation is not None:

@@ -9,10 +9,9 @@ The interval of a score comes from a paired bootstrap over those cells:
 * a pair's interval is the percentile interval of its replicates, at level ``1 - 2 alpha`` (each side errs with
   probability ``alpha``); a row's, of its worst pair, is bounded through the pairs' intervals (:func:`worst_interval`).
 
-Where a score is computed on more cells than ``max_cells``, the replicates resample ``m = max_cells`` of the ``n``
-cells (an m-out-of-n bootstrap): the spread of the replicates around the score of those ``m`` cells is scaled by
-``sqrt(m / n)`` (the spread of a smooth statistic shrinks like ``1 / sqrt(n)``) and centred on the score of all ``n``
-cells.
+For a score on more cells than ``max_cells``, the replicates resample ``m = max_cells`` of the ``n`` cells (an
+m-out-of-n bootstrap): the spread of the replicates around the score of those ``m`` cells is scaled by ``sqrt(m / n)``
+(the spread of a smooth statistic shrinks like ``1 / sqrt(n)``) and centred on the score of all ``n`` cells.
 
 The intervals cover the sampling of held-out cells, not the fits themselves (the seeds' randomness is what a row
 measures) nor the maps, neighbour sets and ICA unmixings, which are fitted once and held fixed; except the orthogonal
@@ -106,9 +105,8 @@ def percentile_interval(value: float, replicates: np.ndarray, shrink: float, alp
     """The interval of ``value`` from replicates whose element 0 is the reference (see :class:`CellBootstrap`).
 
     The deviations of the replicates from the reference, scaled by ``shrink``, are added to ``value``; with
-    ``shrink = 1`` and ``value`` equal to the reference this is the plain percentile interval. The interval is
-    widened, where needed, to contain ``value`` (the percentile interval of a worst pair, a minimum, can otherwise
-    lie beside it).
+    ``shrink = 1`` and ``value`` equal to the reference this is the plain percentile interval. The interval is widened
+    where needed to contain ``value`` (the percentile interval of a worst pair, a minimum, can otherwise lie beside it).
     """
     replicates = np.asarray(replicates, dtype=np.float64)
     if not np.isfinite(value) or not np.isfinite(replicates[0]):

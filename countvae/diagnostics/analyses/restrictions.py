@@ -271,9 +271,7 @@ def truth_verdict(sources_mcc: float, worst_mcc: float, baseline_mcc: float | No
 
 # ----- predictive cost ----------------------------------------------------------------------------------
 def predictive_cost(
-    restricted: Mapping[int, pd.DataFrame],
-    unrestricted: Mapping[int, pd.DataFrame],
-    margin: float = DEFAULT_MARGIN,
+    restricted: Mapping[int, pd.DataFrame], unrestricted: Mapping[int, pd.DataFrame], margin: float = DEFAULT_MARGIN
 ) -> dict[str, float | str]:
     """Held-out ``log p(x)`` of the restricted model minus the unrestricted one's, per cell, with an interval.
 
@@ -291,8 +289,7 @@ def predictive_cost(
     -------
     dict
         ``difference_per_cell`` (negative: the restriction costs), ``se_per_cell``, ``ci95_low``, ``ci95_high``,
-        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (the per-seed estimates,
-        comma-separated).
+        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (per-seed estimates, comma-separated).
 
     """
     seeds = [s for s in restricted if s in unrestricted]

@@ -8,8 +8,7 @@ a worse local optimum. This module answers from two pieces of evidence the repor
   (Bonferroni, so the pair decisions hold together); ``agree`` when the interval lies at or above the threshold,
   ``differ`` when below, else ``undetermined``;
 - **held-out log p(x)**: the pair's decision in the equivalence table of
-  :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired differences against the report's
-  margin).
+  :func:`countvae.diagnostics.analyses.predictive.equivalence_table` (paired differences against the report's margin).
 
 A pair reached the **same solution** when its decoded means agree and its log p(x) is not confidently different (an
 undecided log p(x) does not separate two fits whose decoded means agree: the difference it cannot rule out is below

@@ -34,8 +34,7 @@ def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; ``cos`` of each is a canonical correlation between the two
-        subspaces.
+        ``min(rank a, rank b)`` angles in ``[0, pi/2]``; their cosines are the subspaces' canonical correlations.
 
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -253,10 +252,9 @@ def geometry_table(
     Returns
     -------
     pandas.DataFrame
-        One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``, ``n_knn_cells``,
-        ``spectrum_distance``, and with spans ``weighted_overlap`` (see :func:`weighted_overlap`),
-        ``subspace_overlap`` (mean cos^2 of the principal angles), ``max_angle_deg``, ``mean_angle_deg`` and
-        ``angles_deg`` (all angles, smallest first).
+        One row per pair: ``fit_a``, ``fit_b``, ``cka``, ``knn_jaccard``, ``k``, ``n_knn_cells``, ``spectrum_distance``,
+        and with spans ``weighted_overlap`` (see :func:`weighted_overlap`), ``subspace_overlap`` (mean cos^2 of the
+        principal angles), ``max_angle_deg``, ``mean_angle_deg`` and ``angles_deg`` (all angles, smallest first).
 
     """
     names = list(latents)

@@ -129,9 +129,8 @@ def run_ray(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Iterato
     as many CPUs as its torch threads. At most ``n_jobs`` tasks are in flight at once (``-1``: all).
 
     ``fit_data`` goes into the object store once. For fit cells in a backed file
-    (:class:`~countvae.data.file_cells.FileCells`) that is the path and the cells'
-    positions, not the counts: every node must see the file at the same path (a
-    shared or copied file system) and each task reads its minibatches from it.
+    (:class:`~countvae.data.file_cells.FileCells`) that is the path and the cells' positions, not the counts: every node
+    must see the file at the same path (a shared or copied file system) and each task reads its minibatches from it.
     """
     if not tasks:
         return

@@ -56,9 +56,8 @@ def file_checksums(files: dict[str, bytes]) -> dict[str, str]:
 def check_model_files(model_folder: Path, record: dict[str, Any], seed: int, folder: Path) -> None:
     """Check each file of ``model_folder`` against the checksums in ``fit.json`` (older records have none).
 
-    This catches what the model's own checks cannot: a model folder swapped in
-    whole from another seed or another run is self-consistent, but not the files
-    stored for this seed.
+    This catches what the model's own checks cannot: a model folder swapped in whole from another seed or another run is
+    self-consistent, but not the files stored for this seed.
     """
     recorded = record.get(FILES_KEY)
     if recorded is None:

@@ -1,8 +1,7 @@
 """Fit one model from several seeds on a shared held-out split, saving each fit as it finishes.
 
-:func:`fit_seeds` is the first step of the multi-seed diagnostics. All seeds train on the same cells
-(``adata_fit``); no fit sees the held-out cells (``adata_heldout``), so predictive comparisons between seeds are paired
-on the same cells.
+:func:`fit_seeds` is the first step of the multi-seed diagnostics. All seeds train on the same cells (``adata_fit``); no
+fit sees the held-out cells (``adata_heldout``), so predictive comparisons between seeds are paired on the same cells.
 
 With ``out_dir`` the run is resumable:
 
@@ -41,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import anndata as ad
-import cloudpickle
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -80,6 +78,7 @@ from countvae.diagnostics.fitting.parallelism import (
     AUTO,
     Parallelism,
     check_n_jobs,
+    pickling_error,
     plan_parallelism,
     steps_per_seed,
 )
@@ -155,15 +154,13 @@ def _check_progress(progress: Any, parallel: bool) -> None:
         return
     if not callable(progress):
         raise InvalidArgumentError(f"progress must be a callable taking a ProgressEvent, or None; got {progress!r}.")
-    if parallel:
-        try:
-            cloudpickle.dumps(progress)
-        except Exception as exc:  # cloudpickle raises several types for objects it cannot copy
-            raise InvalidArgumentError(
-                f"progress cannot be copied into worker processes ({type(exc).__name__}: {exc}); with n_jobs > 1, "
-                "n_jobs=-1 or backend='ray' it must be picklable (see countvae.diagnostics.fitting.progress), or "
-                "fit with n_jobs=1 (n_jobs='auto', the default, falls back to it)."
-            ) from None
+    error = pickling_error(progress) if parallel else None
+    if error is not None:
+        raise InvalidArgumentError(
+            f"progress cannot be copied into worker processes ({type(error).__name__}: {error}); with n_jobs > 1, "
+            "n_jobs=-1 or backend='ray' it must be picklable (see countvae.diagnostics.fitting.progress), or "
+            "fit with n_jobs=1 (n_jobs='auto', the default, falls back to it)."
+        )
 
 
 def _check_kwargs(name: str, kwargs: dict[str, Any] | None, forbidden: dict[str, str]) -> dict[str, Any]:

@@ -77,12 +77,11 @@ class FitSeedsSettings:
     )
     torch_threads: int | None = setting(
         None,
-        """Torch threads per fit (``None``: 1, whatever the machine, the backend and ``n_jobs``). On CPU the
-        numbers depend on it (it sets the order in which torch sums), so it is fixed rather than taken from the
-        machine (cores, CPU quota, affinity, ``LOKY_MAX_CPU_COUNT``, ``n_jobs``): the same seeds give the same fits on
-        every machine. Recorded in the manifest; a resumed run must use the same value. More threads can speed up one
-        large fit on an otherwise idle machine; ``n_jobs`` uses the cores for several seeds at once without changing
-        the numbers.""",
+        """Torch threads per fit (``None``: 1, whatever the machine, the backend and ``n_jobs``). On CPU the numbers
+        depend on it (it sets the order in which torch sums), so it is fixed rather than taken from the machine (cores,
+        CPU quota, affinity, ``LOKY_MAX_CPU_COUNT``, ``n_jobs``): the same seeds give the same fits on every machine.
+        Recorded in the manifest; a resumed run must use the same value. More threads can speed up one large fit on an
+        otherwise idle machine; ``n_jobs`` uses the cores for several seeds at once without changing the numbers.""",
     )
     progress: Progress | None = setting(
         None,

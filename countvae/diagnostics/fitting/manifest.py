@@ -66,12 +66,7 @@ def data_fingerprint(adata: ad.AnnData, registry: Registry) -> dict[str, Any]:
             {"categories": registry.batch_categories, "codes": batch_codes(adata, registry).tolist()}
         ),
     }
-    return {
-        "sha256": json_sha256(parts),
-        **parts,
-        "n_cells": int(adata.n_obs),
-        "n_genes": len(genes),
-    }
+    return {"sha256": json_sha256(parts), **parts, "n_cells": int(adata.n_obs), "n_genes": len(genes)}
 
 
 def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

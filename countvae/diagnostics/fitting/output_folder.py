@@ -106,9 +106,8 @@ def discard_folder(folder: Path) -> None:
 def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress | None = None) -> None:
     """Write one finished fit to ``fits/seed_<s>/`` atomically (temporary name, then rename).
 
-    ``progress`` receives :data:`~.progress.SEED_WRITTEN` when the files are
-    complete under the temporary name and :data:`~.progress.SEED_STORED` once
-    the folder is in place.
+    ``progress`` receives :data:`~.progress.SEED_WRITTEN` when the files are complete under the temporary name and
+    :data:`~.progress.SEED_STORED` once the folder is in place.
     """
     final = seed_folder(fits_dir, outcome.seed)
     with atomic_directory(final) as tmp:

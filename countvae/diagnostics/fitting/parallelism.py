@@ -187,7 +187,7 @@ def plan_parallelism(
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):
         per_core = max(1, available_cores() // torch_threads)
-        if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and not _picklable(progress):
+        if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and pickling_error(progress) is not None:
             logger.info("Fitting one seed at a time: the progress callable cannot be copied into worker processes.")
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and steps is not None and steps < MIN_STEPS_FOR_WORKERS:
@@ -226,11 +226,10 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
     return fitting, f"memory: {why}"
 
 
-def _picklable(progress: Any) -> bool:
-    if progress is None:
-        return True
+def pickling_error(progress: Any) -> Exception | None:
+    """Why ``progress`` cannot be copied into worker processes, or ``None`` when it can."""
     try:
         cloudpickle.dumps(progress)
-    except Exception:  # cloudpickle raises several types for objects it cannot copy
-        return False
-    return True
+    except Exception as exc:  # cloudpickle raises several types for objects it cannot copy
+        return exc
+    return None

@@ -58,8 +58,7 @@ class ProgressEvent:
     seed
         The seed concerned (``None`` for report files).
     seconds
-        The seed's training time (for :attr:`ProgressKind.SEED_TRAINED` and :attr:`ProgressKind.SEED_STORED`), else
-        ``None``.
+        The seed's training time (:attr:`ProgressKind.SEED_TRAINED`, :attr:`ProgressKind.SEED_STORED`), else ``None``.
     name
         The report file's name (for :attr:`ProgressKind.REPORT_FILE_WRITTEN`), else ``None``.
 

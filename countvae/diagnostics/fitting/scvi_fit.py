@@ -23,12 +23,7 @@ from countvae._warnings import warn_at_caller
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import preserved_global_rng, quiet_scvi, scvi_kind
-from countvae.errors import (
-    InvalidArgumentError,
-    InvalidDataError,
-    NotTrainedError,
-    UnreliableEstimateWarning,
-)
+from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, UnreliableEstimateWarning
 from countvae.model.query import check_genes
 from countvae.module.importance import KHAT_THRESHOLD, ImportanceSummary
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal

@@ -130,8 +130,7 @@ def setup_for_scvi(adata: ad.AnnData, registry: Registry, model_cls: type) -> ad
     """A copy of ``adata`` registered with ``model_cls.setup_anndata`` using countvae's registration.
 
     The counts layer, batch key and labels key are those given to ``CountVAE.setup_anndata``. The batch and labels
-    columns get the whole data set's categories, so a subset lacking a batch still encodes batches as the held-out
-    cells do.
+    columns get the whole data set's categories, so a subset lacking a batch encodes batches as the held-out cells do.
     """
     if registry.use_raw:
         raise InvalidArgumentError(
@@ -214,18 +213,13 @@ def load_scvi_fit(folder: Path, model_cls: type, adata_scvi: ad.AnnData) -> Any:
 
 
 def fit_scvi(
-    model_cls: type,
-    adata_scvi: ad.AnnData,
-    model_kwargs: dict[str, Any],
-    train_kwargs: dict[str, Any],
-    seed: int,
+    model_cls: type, adata_scvi: ad.AnnData, model_kwargs: dict[str, Any], train_kwargs: dict[str, Any], seed: int
 ) -> Any:
     """Construct and train an scvi-tools model from ``seed`` (``scvi.settings.seed`` before both)."""
     scvi = import_scvi()
-    kwargs = {"enable_progress_bar": False, **train_kwargs}
     with preserved_global_rng(), quiet_scvi():
         scvi.settings.seed = int(seed)
         model = model_cls(adata_scvi, **model_kwargs)
-        model.train(**kwargs)
+        model.train(**{"enable_progress_bar": False, **train_kwargs})
     model.module.eval()
     return model
