@@ -285,9 +285,8 @@ class CountVAE:
         Parameters
         ----------
         adata
-            Cells with the training genes (default: the training AnnData). A new
-            AnnData is checked (genes, batch categories, counts); it may be
-            registered on its own with the same batch key, or not at all.
+            Cells with the training genes (default: the training AnnData). A new AnnData is checked (genes, batch
+            categories, counts); it may be registered on its own with the same batch key, or not at all.
         indices
             Positions of a subset of the cells (default: all, in order).
 

@@ -21,12 +21,11 @@ from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
 #: The epoch at which ``DEFAULT_STOPPING`` ends a fit:
-#: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power
-#: law fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then
-#: moved so that its largest over- and under-prediction are the same factor: 25 fits on 230-2,000 genes and 65-8,100
-#: training cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants;
-#: tests/cli/test_first_contact.py holds them), every one within a factor 1.37 of its prediction. Fits on more genes
-#: stop sooner; the cells matter little.
+#: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power law
+#: fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then moved so
+#: that its largest over- and under-prediction are the same factor: 25 fits on 230-2,000 genes and 65-8,100 training
+#: cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants; tests/cli/test_first_contact.py holds
+#: them), every one within a factor 1.37 of its prediction. Fits on more genes stop sooner; the cells matter little.
 STOP_EPOCH_SCALE = 310.43
 STOP_EPOCH_GENES_EXPONENT = -0.201
 STOP_EPOCH_CELLS_EXPONENT = -0.058
@@ -108,10 +107,9 @@ def estimate_training_time(
     model_kwargs
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
-        Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
-        ``lr``, ``train_size``, ...). With ``early_stopping`` at the shared rule's
-        settings the fit is expected to stop at ``expected_stop_epoch``
-        (other stopping settings: at its last epoch). The warm-up runs on the CPU.
+        Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``, ``lr``, ``train_size``,
+        ...). With ``early_stopping`` at the shared rule's settings the fit is expected to stop at
+        ``expected_stop_epoch`` (other stopping settings: at its last epoch). The warm-up runs on the CPU.
     n_steps
         Minibatches timed (fewer when ``adata`` has fewer cells).
     seed

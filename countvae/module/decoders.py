@@ -45,8 +45,7 @@ class LinearDecoder(nn.Module):
     bias
         ``b``, per gene.
     batch_offset
-        ``c``, batches x genes, with the first batch as the reference (row fixed to 0);
-        absent without batches.
+        ``c``, batches x genes, with the first batch as the reference (row fixed to 0); absent without batches.
 
     """
 

@@ -229,11 +229,10 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
     def _mean_terms(self, value: torch.Tensor) -> torch.Tensor:
         """Per-gene ``theta log(theta/(theta+mu)) + x log(mu/(theta+mu))``.
 
-        Written as ``x d - (x + theta) softplus(d)`` with ``d = log mu - log theta``:
-        the same number, in fewer passes over the (cells, genes) block forward and
-        backward than the ``logaddexp`` form (about 35% less time for this term,
-        benchmarks/RESULTS.md). The softplus threshold of 40 keeps it exact to double
-        precision (``exp(-40)`` is below float64 resolution at 40).
+        Written as ``x d - (x + theta) softplus(d)`` with ``d = log mu - log theta``: the same number, in fewer passes
+        over the (cells, genes) block forward and backward than the ``logaddexp`` form (about 35% less time for this
+        term, benchmarks/RESULTS.md). The softplus threshold of 40 keeps it exact to double precision (``exp(-40)`` is
+        below float64 resolution at 40).
         """
         d = self.log_mean - self.log_theta
         return value * d - (value + torch.exp(self.log_theta)) * F.softplus(d, threshold=40.0)

@@ -38,9 +38,8 @@ class CountLikelihood(nn.Module):
 
     Notes
     -----
-    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta`` (variance ``mu + mu^2 / theta``), as
-    Pyro's ``NegativeBinomial(total_count=theta, logits=log mu - log theta)``; see
-    :mod:`countvae.module.distributions`.
+    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta`` (variance ``mu + mu^2 / theta``), as Pyro's
+    ``NegativeBinomial(total_count=theta, logits=log mu - log theta)``; see :mod:`countvae.module.distributions`.
 
     """
 

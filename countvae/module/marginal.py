@@ -44,11 +44,10 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
    values replace theirs; those still above it are estimated again with ``escalation_draws`` draws and twice the
    pilot and restarts. A cell still above the threshold has ``reliable`` False and no standard error.
 
-Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the
-restarts dominate when the final draws are few (``countvae diagnose`` uses 100). A step is
-halved only for the rows it lowers, restarts stop at ``restart_tol`` or in the first mode's
-bulk (they only place components), the pilot's draws count in the estimate, and cells
-flagged by a noisy k-hat are redrawn rather than refitted.
+Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the restarts dominate when the
+final draws are few (``countvae diagnose`` uses 100). A step is halved only for the rows it lowers, restarts stop at
+``restart_tol`` or in the first mode's bulk (they only place components), the pilot's draws count in the estimate, and
+cells flagged by a noisy k-hat are redrawn rather than refitted.
 
 Accuracy, verified numerically: see docs/concepts/heldout-lpd.md.
 """
@@ -111,8 +110,7 @@ class MarginalSettings:
         Part of the modes' share spread uniformly over them, in [0, 1]; the rest follows
         their Laplace masses (a rough guide to a local maximum's share of the posterior).
     df
-        Degrees of freedom of the Student-t components: a positive integer, or ``math.inf``
-        for Gaussians.
+        Degrees of freedom of the Student-t components: a positive integer, or ``math.inf`` for Gaussians.
     snap_radius
         A restart that comes within this many posterior sd of the cell's first mode (in that mode's Laplace metric,
         ``(z - mode)^T H (z - mode) < snap_radius^2``) without rising above it stops and becomes a copy of the first
