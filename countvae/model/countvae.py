@@ -265,14 +265,7 @@ class CountVAE:
 
     # ----- cells ----------------------------------------------------------------------------
     def require_trained(self) -> None:
-        """Raise :class:`countvae.errors.NotTrainedError` unless :meth:`train` has run.
-
-        Raises
-        ------
-        NotTrainedError
-            If the model is not trained.
-
-        """
+        """Raise :class:`countvae.errors.NotTrainedError` unless :meth:`train` has run."""
         if not self.is_trained:
             raise NotTrainedError("The model is not trained yet; call model.train() first.")
 
@@ -476,11 +469,7 @@ class CountVAE:
         return float(values.mean()) if return_mean else values
 
     def posterior_predictive_sample(
-        self,
-        adata: ad.AnnData | None = None,
-        indices: np.ndarray | None = None,
-        n_samples: int = 1,
-        seed: int = 0,
+        self, adata: ad.AnnData | None = None, indices: np.ndarray | None = None, n_samples: int = 1, seed: int = 0
     ) -> np.ndarray:
         """Counts simulated from the fitted model for each cell.
 
@@ -666,11 +655,6 @@ def copy_model(
     prior
         A :class:`countvae.module.LatentPrior` replacing the model's (copied, and moved to the copy's dtype and
         device); the copy's ``settings.prior`` becomes its kind. The networks are unchanged.
-
-    Returns
-    -------
-    CountVAE
-        The copy.
 
     Raises
     ------

@@ -140,14 +140,11 @@ def sample_expression(
     dtype, device = dtype_device(module)
     drawn = rng.choice(cells, size=n_samples, replace=True)
     unique, inverse = np.unique(drawn, return_inverse=True)
-    locs, scales = [], []
-    for mb in source.iterate(unique, _DRAWS_PER_PASS, drop_last_singleton=False):
-        x, b = to_tensors(mb, dtype, device)
-        loc, scale = module.encode(x, b)
-        locs.append(loc)
-        scales.append(scale)
-    loc = torch.cat(locs)[torch.as_tensor(inverse, device=device)]
-    scale = torch.cat(scales)[torch.as_tensor(inverse, device=device)]
+    minibatches = source.iterate(unique, _DRAWS_PER_PASS, drop_last_singleton=False)
+    encoded = [module.encode(*to_tensors(mb, dtype, device)) for mb in minibatches]
+    index = torch.as_tensor(inverse, device=device)
+    loc = torch.cat([loc for loc, _ in encoded])[index]
+    scale = torch.cat([scale for _, scale in encoded])[index]
     eps = torch.randn(loc.shape, generator=generator, dtype=dtype).to(device)
     z = sample_latent(loc, scale, eps)
     batch = source.batch[drawn] if decode_batch is None else np.asarray(decode_batch, dtype=np.int64)

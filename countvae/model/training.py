@@ -388,11 +388,9 @@ def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple
 def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.Optimizer:
     """Adam over the module's parameters, with torch's fused kernel where it exists.
 
-    ``eps`` is Adam's epsilon, ``TrainingPlan.adam_eps`` (torch's default 1e-8; scvi-tools' training plan uses 0.01).
-
     The fused kernel updates all parameters at once, as the per-tensor loop does up to floating-point rounding; on CPU
     it took the optimiser step from about 3 ms to under 1 ms for the default architecture on 2,511 genes
-    (benchmarks/RESULTS.md).
+    (benchmarks/RESULTS.md). ``eps`` is Adam's epsilon, ``TrainingPlan.adam_eps``.
     """
     try:
         return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay, eps=eps, fused=True)
@@ -509,9 +507,11 @@ def train_module(
             validate = len(validation_indices) > 0 and (
                 (epoch + 1) % plan.validation_interval == 0 or epoch + 1 == n_epochs
             )
-            loss_val = (
-                _validation_loss(module, source, validation_indices, plan, len(train_indices)) if validate else math.nan
-            )
+            loss_val = math.nan
+            if validate:  # in minibatches of at least 512 cells
+                loss_val = evaluate_loss(
+                    module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
+                )
             rows.append((epoch_offset + epoch + 1, loss_train, loss_val, kl_weight, lr))
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)
             if plan.early_stopping and validate and kl_weight >= 1.0 and stopping.update(epoch + 1, loss_val):
@@ -575,13 +575,6 @@ def _train_epoch(
         running += float(loss.detach()) * len(mb.indices)
         seen += len(mb.indices)
     return running / max(seen, 1)
-
-
-def _validation_loss(
-    module: CountVAEModule, source: CountSource, validation_indices: np.ndarray, plan: TrainingPlan, n_train: int
-) -> float:
-    """The validation pass: :func:`evaluate_loss` with the plan's seed, in minibatches of at least 512 cells."""
-    return evaluate_loss(module, source, validation_indices, max(plan.batch_size, 512), plan.seed, n_train)
 
 
 def _log_early_stop(rule: ConvergenceRule, plan: TrainingPlan, epoch_offset: int, epochs_done: int) -> None:

@@ -177,14 +177,8 @@ def estimate_training_time(
 
 
 def _default_rule(plan: TrainingPlan) -> bool:
-    """Whether ``plan`` stops by the shared rule's settings (the rule ``expected_stop_epoch`` is calibrated on)."""
-    rule = DEFAULT_STOPPING
-    return (
-        plan.early_stopping_patience,
-        plan.early_stopping_relative_delta,
-        plan.learning_rate,
-        plan.early_stopping_lr_reductions,
-        plan.early_stopping_lr_factor,
-    ) == (rule.patience, rule.relative_delta, rule.lr, rule.lr_reductions, rule.lr_factor) and (
-        plan.check_val_every_n_epoch in (None, rule.check_val_every_n_epoch)
-    )
+    """Whether ``plan``, with early stopping, stops by the shared rule's settings (``expected_stop_epoch``'s)."""
+    rule = DEFAULT_STOPPING.settings()
+    resolved = {name: getattr(plan, name) for name in rule}
+    resolved.update(lr=plan.learning_rate, check_val_every_n_epoch=plan.validation_interval)  # defaults resolved
+    return resolved == rule
