@@ -248,13 +248,11 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
         with the gradient, for 100 draws of 128 cells x 2,000 genes in float32).
         """
         const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
-        log_theta = self.log_theta
-        d = self.log_mean - log_theta
-        per_cell_x_log_theta = (value * log_theta).sum(-1)
+        d = self.log_mean - self.log_theta
         summed = (
             _gene_dot(self.log_mean, value)
-            - per_cell_x_log_theta
-            - _gene_dot(F.softplus(d, threshold=40.0), value + torch.exp(log_theta))
+            - (value * self.log_theta).sum(-1)
+            - _gene_dot(F.softplus(d, threshold=40.0), value + torch.exp(self.log_theta))
         )
         return summed + const
 

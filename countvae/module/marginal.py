@@ -593,10 +593,8 @@ def _pooled_log_weights(
 ) -> torch.Tensor:
     """Log weights (n_pilot + n_draws, cells) of the pilot's draws and ``n_draws`` from ``proposal``, pooled.
 
-    Multiple importance sampling with the balance heuristic: every draw is weighted by the mixture of all components
-    in the proportions of all draws (the pilot's t at the first mode is the proposal's first component, its guide the
-    last), so the mean weight is unbiased for ``p(x)`` however the pilot and final mixture differ, as long as the
-    components are fixed. ``pilot_draws`` is (draws, log joint at them, draws per pilot component (2, cells)).
+    As ``MarginalSettings.pool_pilot`` says; the pilot's t at the first mode is the proposal's first component, its
+    guide the last. ``pilot_draws`` is (draws, log joint at them, draws per pilot component (2, cells)).
     """
     zp, log_jp, pilot_counts = pilot_draws
     z, _ = proposal.sample_with_log_prob(n_draws, generator)

@@ -212,11 +212,7 @@ class CountVAEModule(nn.Module):
         return self.likelihood.count_log_constant(x, batch_index)
 
     def log_joint_neg_hessian(
-        self,
-        z: torch.Tensor,
-        x: torch.Tensor,
-        batch_index: torch.Tensor,
-        log_library: torch.Tensor | None = None,
+        self, z: torch.Tensor, x: torch.Tensor, batch_index: torch.Tensor, log_library: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Gauss-Newton approximation of ``-d^2 log_joint / dz^2`` at ``z`` (cells, L); shape (cells, L, L).
 
