@@ -68,10 +68,9 @@ class CountVAE:
         Training state.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
-        ``max_epochs`` (the most there could have been), ``stopped_early`` (early stopping ended training before
-        ``max_epochs``), ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early
-        stopping, else the last) and ``early_stopping``. Empty before training and for models saved before it was
-        recorded.
+        ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
+        ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early stopping, else the last)
+        and ``early_stopping``. Empty before training and for models saved before it was recorded.
 
     Examples
     --------
@@ -361,8 +360,7 @@ class CountVAE:
         Parameters
         ----------
         adata, indices
-            Cells to evaluate: an AnnData (default: the training AnnData) and positions of a subset of its cells
-            (default: all).
+            Cells to evaluate: an AnnData and positions of some of its cells (default: the training AnnData, all cells).
         library_size
             Library size to scale the expected shares to.
         n_samples
@@ -476,8 +474,7 @@ class CountVAE:
         Returns
         -------
         numpy.ndarray
-            (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples), which scvi-tools returns as
-            ``sparse.GCXS``.
+            (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples) (scvi-tools returns a ``sparse.GCXS``).
 
         """
         c = self._trained_cells(adata, indices)

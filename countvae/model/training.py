@@ -458,10 +458,9 @@ def train_module(
     the last good parameters and raises :class:`TrainingDivergedError` naming the epoch and step.
 
     The validation loss is computed every ``plan.validation_interval`` epochs and at the last epoch, in eval mode with
-    noise from its own seeded generator, so how often it is computed does not change the fit. With
-    ``plan.early_stopping``, :class:`EarlyStopping` decides at each validation (once the KL weight has reached 1)
-    whether to go on, cut the learning rate or stop, and the parameters of the best validation loss are restored at the
-    end.
+    noise from its own seeded generator, so its frequency does not change the fit. With ``plan.early_stopping``,
+    :class:`EarlyStopping` decides at each validation (once the KL weight has reached 1) whether to go on, cut the
+    learning rate or stop, and the parameters of the best validation loss are restored at the end.
 
     Parameters
     ----------

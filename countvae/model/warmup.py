@@ -37,8 +37,7 @@ def expected_stop_epoch(n_genes: int, n_train_cells: int, max_epochs: int) -> in
     """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
 
     Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at least :data:`MIN_STOP_EPOCH`, at most ``max_epochs``;
-    counts below 1 are taken as 1. An expectation for planning, not a bound: seeds of one data set stopped up to 1.4x
-    apart.
+    counts below 1 count as 1. An expectation for planning, not a bound: one data set's seeds stopped up to 1.4x apart.
     """
     predicted = (
         STOP_EPOCH_SCALE
@@ -126,8 +125,7 @@ def estimate_training_time(
     SetupError
         If ``adata`` is not registered.
     InvalidArgumentError
-        If ``adata`` is not an AnnData, for ``n_steps`` or ``torch_threads`` below 1, or invalid model or
-        training arguments.
+        For ``adata`` not an AnnData, ``n_steps`` or ``torch_threads`` below 1, or invalid model or training arguments.
 
     """
     n_steps = check_int("n_steps", n_steps, 1)
