@@ -155,8 +155,7 @@ class ProgramLoadings(LoadingsPrior):
     Parameters
     ----------
     membership
-        Boolean genes x latent: ``membership[g, k]`` when gene ``g`` is in program ``k``; a column of all ``True`` is
-        a free dimension.
+        Boolean genes x latent, True where gene ``g`` is in program ``k``; an all-``True`` column is a free dimension.
     inside_scale
         Prior standard deviation of a program's own loadings.
     outside_scale

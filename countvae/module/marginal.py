@@ -133,11 +133,10 @@ class MarginalSettings:
         Kang fits it cut the mean absolute error against the gold standard from 0.112 to about 0.08 nats/cell at the
         report's 100 final draws.
     fixed_restart_metric
-        The restarts' Newton steps use the first mode's precision as metric instead of the curvature at each point,
-        which is computed once, where a restart stops (for its component's scale): a restart only has to reach a
-        basin, not converge quadratically. On the stored Kang fits this cut the estimator's CPU time by 8-20% with no
-        loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are still halved until they do not
-        lower the log joint.
+        The restarts' Newton steps use the first mode's precision as metric instead of each point's curvature, computed
+        once, where a restart stops (for its component's scale): a restart only has to reach a basin, not converge
+        quadratically. On the stored Kang fits this cut the estimator's CPU time by 8-20% with no loss of accuracy
+        (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are still halved until they do not lower the log joint.
     escalation_draws
         Final draws for cells whose k-hat still exceeds the threshold, estimated again with twice ``n_pilot``,
         ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps`` (0: no second pass).
@@ -350,8 +349,7 @@ def _newton(
 
     A step is halved where it would lower the log joint by more than its rounding error, so the log joint never
     decreases; a row stops when its Newton decrement or realised gain falls below ``tol`` (the optimum, or a kink of a
-    ReLU decoder's log joint). Only moving rows are evaluated, and during the halvings only rows whose step is not yet
-    accepted.
+    ReLU decoder's log joint). Only moving rows are evaluated; during the halvings, only rows whose step is pending.
 
     With ``known`` (a mode per row, found before) and ``radius`` > 0, a row that comes within ``radius`` sd of its
     known mode (see :func:`_near`) stops and returns that mode (location, log joint, precision): it is in the bulk
