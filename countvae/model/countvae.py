@@ -535,8 +535,7 @@ class CountVAE:
         self.get_loadings(return_uncertainty=True)  # the checks
         return loadings_posterior(self.module, self.var_names, self.latent_names, credible_mass)
 
-    # The embedding, normalized expression, loadings and a record stored in adata for scanpy: the method is the
-    # function countvae.model.anndata_results.write_results, whose docstring documents it.
+    # Results stored in adata for scanpy: countvae.model.anndata_results.write_results, documented there.
     write_results = anndata_results.write_results
 
     # ----- files -----------------------------------------------------------------------------

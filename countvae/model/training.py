@@ -543,9 +543,8 @@ def _train_epoch(
 ) -> float:
     """One pass over ``train_indices`` in shuffled minibatches; the mean negative ELBO per cell.
 
-    ``guard`` is the module's live state and its copy at the last finite step, which a non-finite loss or gradient
-    restores before the optimiser moves, raising :class:`TrainingDivergedError` with ``epoch`` (0-based, counted from
-    the first training call) and the step.
+    ``guard`` is the module's live state and its copy at the last finite step, restored on divergence (see
+    :func:`train_module`); ``epoch`` is 0-based, counted from the first training call.
     """
     live, last_good = guard
     dtype, device = dtype_device(module)

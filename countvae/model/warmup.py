@@ -54,8 +54,7 @@ class TrainingTimeEstimate:
     Attributes
     ----------
     seconds_per_epoch
-        Extrapolated time of one epoch on all the cells (training steps and the
-        validation loss, at the fit's proportions).
+        Extrapolated time of one epoch on all cells (training steps and the validation loss, at the fit's proportions).
     epochs
         Epochs of the fit (``max_epochs``, or the default for its size); with early stopping, the most.
     expected_epochs
