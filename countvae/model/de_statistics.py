@@ -109,9 +109,8 @@ def _summaries(lfc: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, median, standard deviation and extremes of each column, with Monte Carlo errors.
 
     Standard errors: ``sd / sqrt(n)`` for the mean; for the median, half the distance between the quantiles at
-    ``1/2 +- 1/(2 sqrt(n))``, which lie one standard error of the sample median, ``1 / (2 f(m) sqrt(n))``, from it (so
-    no density estimate is needed); for the standard deviation the delta method,
-    ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
+    ``1/2 +- 1/(2 sqrt(n))``, which lie one standard error of the sample median, ``1 / (2 f(m) sqrt(n))``, from it (no
+    density estimate needed); for the standard deviation the delta method, ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
     """
     n = lfc.shape[0]
     mean = lfc.mean(axis=0, dtype=np.float64)
