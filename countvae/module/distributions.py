@@ -218,8 +218,7 @@ class PoissonLogMean(_GeneVectorDistribution):
 class NegativeBinomialLogMean(_GeneVectorDistribution):
     """Independent NB counts per gene with mean ``exp(log_mean)`` and inverse dispersion ``theta``.
 
-    Variance ``mu + mu^2 / theta``; equal to Pyro's
-    ``NegativeBinomial(total_count=theta, logits=log_mean - log(theta))``.
+    Variance ``mu + mu^2 / theta``; it is Pyro's ``NegativeBinomial(total_count=theta, logits=log_mean - log(theta))``.
     """
 
     def __init__(self, log_mean: torch.Tensor, log_theta: torch.Tensor):
