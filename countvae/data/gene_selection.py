@@ -86,8 +86,7 @@ def normalized_variance(counts: Any, span: float = LOESS_SPAN) -> np.ndarray:
     Returns
     -------
     numpy.ndarray
-        One value per gene; genes of zero variance (constant, all-zero included) are left out of the loess and get
-        0, as in scanpy.
+        One value per gene; zero-variance genes (constant, all-zero included) skip the loess and get 0, as in scanpy.
 
     """
     n_cells = counts.shape[0]
@@ -209,8 +208,7 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
     InvalidArgumentError
         If ``n_top_genes`` is below ``min_genes`` or above the number of genes.
     InvalidDataError
-        If some cell has no counts in the chosen genes (it could not be modelled), or a batch is too small for the
-        selection.
+        If a cell has no counts in the chosen genes (it cannot be modelled) or a batch is too small for the selection.
 
     """
     registry = get_registry(adata)

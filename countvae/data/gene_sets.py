@@ -121,8 +121,7 @@ def check_gene_programs(
     Raises
     ------
     InvalidDataError
-        Naming the unknown genes (with ``"error"``), or the programs left with fewer than ``min_genes`` genes in
-        the data.
+        Naming the unknown genes (``"error"``) or the programs with fewer than ``min_genes`` genes in the data.
 
     """
     if unknown_genes not in ("error", "drop"):

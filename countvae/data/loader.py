@@ -82,10 +82,9 @@ def _runs(sorted_rows: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
 class CountSource:
     """Row access to a registered count matrix.
 
-    In-memory CSC and COO matrices are converted to CSR once (row access on CSC is slow); this doubles memory for
-    that matrix while the source lives, which is logged. Backed matrices (``anndata.read_h5ad(..., backed="r")``)
-    are never read whole: contiguous slices (``matrix[start:stop]``) covering the wanted rows are read, and only
-    the wanted rows kept.
+    In-memory CSC and COO matrices are converted to CSR once (row access on CSC is slow), doubling that matrix's memory
+    while the source lives (logged). Backed matrices (``anndata.read_h5ad(..., backed="r")``) are never read whole:
+    contiguous slices (``matrix[start:stop]``) covering the wanted rows are read, and only those rows kept.
 
     Parameters
     ----------
@@ -199,8 +198,7 @@ class CountSource:
         rng
             Source of the shuffling order (required when ``shuffle``).
         drop_last_singleton
-            Merge a final minibatch of one cell into the previous one: batch normalisation cannot train on a single
-            cell.
+            Merge a final one-cell minibatch into the previous one: batch normalisation cannot train on a single cell.
         shuffle_block_cells
             With ``shuffle``: ``None`` for per-cell shuffling (default for in-memory data; backed data then uses
             ``DEFAULT_BLOCK_CELLS``), or the block size ``B`` of block shuffling (see the module docstring). ``1``
@@ -270,8 +268,7 @@ def block_shuffle_order(
     Returns
     -------
     order, segments
-        The cell order, and the ``(start, stop)`` positions in ``order`` of each buffer (the cells read from disk
-        together).
+        The cell order, and each buffer's ``(start, stop)`` positions in ``order`` (the cells read from disk together).
 
     """
     n = len(sorted_indices)

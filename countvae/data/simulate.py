@@ -142,15 +142,14 @@ def simulate(
     Returns
     -------
     AnnData
-        CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical), ``obs['size_factor']``;
-        ``obsm['z_true']``; ``obsm['z_true_labels']`` (integer labels of the sources, the discrete factors that
-        InfoMEC needs); ``uns['simulation']`` with the true parameters (``W``, ``b``, ``batch_offset``, ``theta``,
-        ``dropout``, the MLP weights, and ``source_kinds``, the distribution of each source). With ``n_groups > 1``
-        also ``obs['group']``, ``var['de_lfc_group<k>']`` (the planted log2 fold change of group ``k`` against
-        ``group0``, 0 for genes without one) and in ``uns['simulation']`` ``de_lfc`` (groups x genes, row 0 zero)
-        and ``group_names``; :func:`planted_lfc` gives the true log2 fold change between two groups. The groups and
-        their effects come from a separate random stream, so the rest of the simulation is the same as with
-        ``n_groups=1`` whenever ``n_de_genes=0``.
+        CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical), ``obs['size_factor']``; ``obsm['z_true']``;
+        ``obsm['z_true_labels']`` (integer labels of the sources, the discrete factors that InfoMEC needs);
+        ``uns['simulation']`` with the true parameters (``W``, ``b``, ``batch_offset``, ``theta``, ``dropout``, the MLP
+        weights, and ``source_kinds``, the distribution of each source). With ``n_groups > 1`` also ``obs['group']``,
+        ``var['de_lfc_group<k>']`` (the planted log2 fold change of group ``k`` against ``group0``, 0 for genes without
+        one) and in ``uns['simulation']`` ``de_lfc`` (groups x genes, row 0 zero) and ``group_names``;
+        :func:`planted_lfc` gives the true log2 fold change between two groups. The groups and their effects come from a
+        separate random stream, so the rest of the simulation is as with ``n_groups=1`` whenever ``n_de_genes=0``.
 
         The planted effect is on each gene's mean; a cell's expected share of its library (what a model's normalised
         expression estimates) also moves by ``-log2`` of the group's total fold change over all genes, which is small

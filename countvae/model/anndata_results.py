@@ -137,8 +137,7 @@ def write_results(
     loadings_key
         ``varm`` key for the linear decoder's weights (an MLP decoder has none to write); ``None`` skips it.
     uns_key
-        ``uns`` key for the record of settings, training summary, versions and
-        the keys written; ``None`` skips it.
+        ``uns`` key for the record of settings, training summary, versions and the keys written; ``None`` skips it.
     library_size
         Library size of the normalized expression (default: counts per 10,000; scvi-tools' 1 gives proportions).
     overwrite

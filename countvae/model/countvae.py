@@ -68,10 +68,9 @@ class CountVAE:
         Training state.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
-        ``max_epochs`` (the most there could have been), ``stopped_early`` (early stopping ended training before
-        ``max_epochs``), ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early
-        stopping, else the last) and ``early_stopping``. Empty before training and for models saved before it was
-        recorded.
+        ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
+        ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early stopping, else the last)
+        and ``early_stopping``. Empty before training and for models saved before it was recorded.
 
     Examples
     --------
@@ -265,14 +264,7 @@ class CountVAE:
 
     # ----- cells ----------------------------------------------------------------------------
     def require_trained(self) -> None:
-        """Raise :class:`countvae.errors.NotTrainedError` unless :meth:`train` has run.
-
-        Raises
-        ------
-        NotTrainedError
-            If the model is not trained.
-
-        """
+        """Raise :class:`countvae.errors.NotTrainedError` unless :meth:`train` has run."""
         if not self.is_trained:
             raise NotTrainedError("The model is not trained yet; call model.train() first.")
 
@@ -285,9 +277,8 @@ class CountVAE:
         Parameters
         ----------
         adata
-            Cells with the training genes (default: the training AnnData). A new
-            AnnData is checked (genes, batch categories, counts); it may be
-            registered on its own with the same batch key, or not at all.
+            Cells with the training genes (default: the training AnnData). A new AnnData is checked (genes, batch
+            categories, counts); it may be registered on its own with the same batch key, or not at all.
         indices
             Positions of a subset of the cells (default: all, in order).
 
@@ -369,8 +360,7 @@ class CountVAE:
         Parameters
         ----------
         adata, indices
-            Cells to evaluate: an AnnData (default: the training AnnData) and positions of a subset of its cells
-            (default: all).
+            Cells to evaluate: an AnnData and positions of some of its cells (default: the training AnnData, all cells).
         library_size
             Library size to scale the expected shares to.
         n_samples
@@ -477,19 +467,14 @@ class CountVAE:
         return float(values.mean()) if return_mean else values
 
     def posterior_predictive_sample(
-        self,
-        adata: ad.AnnData | None = None,
-        indices: np.ndarray | None = None,
-        n_samples: int = 1,
-        seed: int = 0,
+        self, adata: ad.AnnData | None = None, indices: np.ndarray | None = None, n_samples: int = 1, seed: int = 0
     ) -> np.ndarray:
         """Counts simulated from the fitted model for each cell.
 
         Returns
         -------
         numpy.ndarray
-            (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples), which scvi-tools returns as
-            ``sparse.GCXS``.
+            (cells, genes) for ``n_samples=1``, else (cells, genes, n_samples) (scvi-tools returns a ``sparse.GCXS``).
 
         """
         c = self._trained_cells(adata, indices)
@@ -550,8 +535,7 @@ class CountVAE:
         self.get_loadings(return_uncertainty=True)  # the checks
         return loadings_posterior(self.module, self.var_names, self.latent_names, credible_mass)
 
-    # The embedding, normalized expression, loadings and a record stored in adata for scanpy: the method is the
-    # function countvae.model.anndata_results.write_results, whose docstring documents it.
+    # Results stored in adata for scanpy: countvae.model.anndata_results.write_results, documented there.
     write_results = anndata_results.write_results
 
     # ----- files -----------------------------------------------------------------------------
@@ -667,11 +651,6 @@ def copy_model(
     prior
         A :class:`countvae.module.LatentPrior` replacing the model's (copied, and moved to the copy's dtype and
         device); the copy's ``settings.prior`` becomes its kind. The networks are unchanged.
-
-    Returns
-    -------
-    CountVAE
-        The copy.
 
     Raises
     ------

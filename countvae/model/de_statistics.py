@@ -26,15 +26,13 @@ TestMode = Literal["two", "three"]
 def fdr_calls(proba_de: np.ndarray, fdr_target: float) -> np.ndarray:
     """Genes called differentially expressed at a posterior expected FDR of at most ``fdr_target``.
 
-    As scvi-tools' ``is_de_fdr_<target>`` column: the largest set of genes with the highest ``proba_de`` (ties keep
-    gene order) whose mean ``1 - proba_de`` (its posterior expected false discovery proportion) is at most
-    ``fdr_target``.
+    As scvi-tools' ``is_de_fdr_<target>`` column: the largest set of genes with the highest ``proba_de`` (ties keep gene
+    order) whose mean ``1 - proba_de`` (its posterior expected false discovery proportion) is at most ``fdr_target``.
 
     Parameters
     ----------
     proba_de
-        Posterior probability of differential expression, (genes,) or
-        (replicates, genes) to call each row separately.
+        Posterior probability of differential expression, (genes,) or (replicates, genes) to call each row separately.
     fdr_target
         Target posterior expected FDR, in (0, 1).
 
@@ -111,9 +109,8 @@ def _summaries(lfc: np.ndarray) -> dict[str, np.ndarray]:
     """Mean, median, standard deviation and extremes of each column, with Monte Carlo errors.
 
     Standard errors: ``sd / sqrt(n)`` for the mean; for the median, half the distance between the quantiles at
-    ``1/2 +- 1/(2 sqrt(n))``, which lie one standard error of the sample median, ``1 / (2 f(m) sqrt(n))``, from it (so
-    no density estimate is needed); for the standard deviation the delta method,
-    ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
+    ``1/2 +- 1/(2 sqrt(n))``, which lie one standard error of the sample median, ``1 / (2 f(m) sqrt(n))``, from it (no
+    density estimate needed); for the standard deviation the delta method, ``sqrt((m4 - m2^2) / n) / (2 sqrt(m2))``.
     """
     n = lfc.shape[0]
     mean = lfc.mean(axis=0, dtype=np.float64)
@@ -272,9 +269,8 @@ def raw_count_properties(counts1, counts2, library1: np.ndarray, library2: np.nd
     Returns
     -------
     dict
-        ``raw_mean1/2`` (mean count), ``non_zeros_proportion1/2`` (share of cells
-        with a non-zero count) and ``raw_normalized_mean1/2`` (mean count per
-        10,000 counts of the cell's library).
+        ``raw_mean1/2`` (mean count), ``non_zeros_proportion1/2`` (share of cells with a non-zero count) and
+        ``raw_normalized_mean1/2`` (mean count per 10,000 counts of the cell's library).
 
     """
     means, nonzero, normalized = {}, {}, {}

@@ -52,11 +52,10 @@ binomial standard error ``sqrt(p (1 - p) / S)`` at ``p = (k + 1) / (S + 2)`` (no
 ``sd / sqrt(S)``; ``lfc_median_mc_se`` is half the distance between the ``1/2 +- 1/(2 sqrt(S))`` quantiles
 (distribution free); ``lfc_std_mc_se`` is ``sqrt((m4 - s^4) / S) / (2 s)`` (``m4`` the fourth central moment).
 ``lfc_min``/``lfc_max`` have none (extremes drift with ``S``). For the calls, ``n_bootstrap`` resamples of the pairs
-(with replacement) give ``is_de_fdr_<t>_mc_frequency``, the share of resamples calling the gene, and
-``mc_call_jaccard`` (one value per comparison), the mean Jaccard index between the call sets of two resamples, which
-predicts the agreement of two runs with different seeds (two resamples differ by twice the sampling variance, as two
-runs do; measured against real re-runs in ``benchmarks/bench_de.py``). A
-:class:`~countvae.errors.MonteCarloWarning` says when it is below 0.95.
+(with replacement) give ``is_de_fdr_<t>_mc_frequency``, the share of resamples calling the gene, and ``mc_call_jaccard``
+(one value per comparison), the mean Jaccard index between the call sets of two resamples, which predicts the agreement
+of two runs with different seeds (two resamples differ by twice the sampling variance, as two runs do; measured against
+real re-runs in ``benchmarks/bench_de.py``). A :class:`~countvae.errors.MonteCarloWarning` says when it is below 0.95.
 
 Departures from scvi-tools: pairs are drawn independently (scvi decodes every cell ``S / n + 1`` times and resamples
 those draws, which makes them dependent); under ``batch_correction=True`` each pair's batch is drawn at random rather
@@ -89,11 +88,10 @@ from countvae.module.vae import CountVAEModule, sample_latent
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
 
-#: Default number of pairs per comparison. On the benchmark data (benchmarks/bench_de.py, section
-#: de-known-truth of benchmarks/RESULTS.md) two runs that differ only in the sampling seed then agree on
-#: the call set with Jaccard >= 0.95 for every pair of seeds: simulated counts with planted genes and two
-#: cell-type comparisons on Kang PBMCs. With scvi-tools' 5,000 the harder Kang comparison (CD4 T against
-#: NK cells, ~330 calls) fell to 0.93.
+#: Default number of pairs per comparison. On the benchmark data (benchmarks/bench_de.py, section de-known-truth of
+#: benchmarks/RESULTS.md) two runs that differ only in the sampling seed then agree on the call set with Jaccard >= 0.95
+#: for every pair of seeds: simulated counts with planted genes and two cell-type comparisons on Kang PBMCs. With
+#: scvi-tools' 5,000 the harder Kang comparison (CD4 T against NK cells, ~330 calls) fell to 0.93.
 DEFAULT_N_SAMPLES = 10_000
 #: Predicted call-set agreement between two sampling seeds below which a warning suggests more pairs.
 STABLE_CALL_JACCARD = 0.95
@@ -142,14 +140,11 @@ def sample_expression(
     dtype, device = dtype_device(module)
     drawn = rng.choice(cells, size=n_samples, replace=True)
     unique, inverse = np.unique(drawn, return_inverse=True)
-    locs, scales = [], []
-    for mb in source.iterate(unique, _DRAWS_PER_PASS, drop_last_singleton=False):
-        x, b = to_tensors(mb, dtype, device)
-        loc, scale = module.encode(x, b)
-        locs.append(loc)
-        scales.append(scale)
-    loc = torch.cat(locs)[torch.as_tensor(inverse, device=device)]
-    scale = torch.cat(scales)[torch.as_tensor(inverse, device=device)]
+    minibatches = source.iterate(unique, _DRAWS_PER_PASS, drop_last_singleton=False)
+    encoded = [module.encode(*to_tensors(mb, dtype, device)) for mb in minibatches]
+    index = torch.as_tensor(inverse, device=device)
+    loc = torch.cat([loc for loc, _ in encoded])[index]
+    scale = torch.cat([scale for _, scale in encoded])[index]
     eps = torch.randn(loc.shape, generator=generator, dtype=dtype).to(device)
     z = sample_latent(loc, scale, eps)
     batch = source.batch[drawn] if decode_batch is None else np.asarray(decode_batch, dtype=np.int64)
@@ -303,16 +298,14 @@ def differential_expression(
         Decode both cells of each pair in one batch drawn uniformly from the training batches (compare the groups as if
         in the same batch), not in each cell's own.
     n_samples_overall
-        Pairs of draws per comparison, ``S`` (see :data:`countvae.model.differential.DEFAULT_N_SAMPLES`).
-        Peak memory is about six float32 arrays of ``S`` x genes (0.3 GB for
-        5,000 pairs and 2,500 genes).
+        Pairs of draws per comparison, ``S`` (see :data:`countvae.model.differential.DEFAULT_N_SAMPLES`). Peak memory is
+        about six float32 arrays of ``S`` x genes (0.3 GB for 5,000 pairs and 2,500 genes).
     test_mode
         ``"three"`` (up and down separately, scvi's default) or ``"two"``.
     pseudocounts
         The pseudocount ``c`` of the test's LFC; ``None``: scvi-tools' estimate.
     all_stats
-        Add the observed-count columns ``raw_mean``, ``non_zeros_proportion`` and
-        ``raw_normalized_mean``.
+        Add the observed-count columns ``raw_mean``, ``non_zeros_proportion`` and ``raw_normalized_mean``.
     n_bootstrap
         Resamples of the pairs for ``is_de_fdr_<t>_mc_frequency`` and ``mc_call_jaccard``.
     seed

@@ -19,13 +19,7 @@ from typing import Any
 
 import torch
 
-from countvae._io import (
-    atomic_directory,
-    load_checked_tensors,
-    read_versioned_json,
-    sha256_file,
-    write_json_atomic,
-)
+from countvae._io import atomic_directory, load_checked_tensors, read_versioned_json, sha256_file, write_json_atomic
 from countvae._provenance import package_versions
 from countvae.errors import InvalidArgumentError, ModelFileError
 

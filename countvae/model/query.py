@@ -9,13 +9,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.data.loader import CountSource
-from countvae.data.registry import (
-    Registry,
-    batch_codes,
-    get_count_matrix,
-    get_registry,
-    get_var_names,
-)
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import validate_counts
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
@@ -132,11 +126,7 @@ def cell_positions(indices: object, n_obs: int) -> np.ndarray:
 
 
 def query_source(
-    adata: ad.AnnData,
-    trained: Registry,
-    var_names: pd.Index,
-    indices: np.ndarray | None = None,
-    validate: bool = True,
+    adata: ad.AnnData, trained: Registry, var_names: pd.Index, indices: np.ndarray | None = None, validate: bool = True
 ) -> tuple[CountSource, np.ndarray]:
     """A :class:`CountSource` over ``adata`` checked against the training data.
 

@@ -184,8 +184,7 @@ class ModelSettings:
         Raises
         ------
         InvalidArgumentError
-            If ``n_latent`` is not below the numbers of genes and cells, or ``dispersion="gene-batch"`` lacks a
-            registered batch key.
+            If ``n_latent`` >= the number of genes or cells, or ``dispersion="gene-batch"`` has no registered batch key.
         InvalidDataError
             If a gene program names genes the data lack, or keeps fewer than
             :data:`countvae.data.gene_sets.MIN_PROGRAM_GENES` of them.

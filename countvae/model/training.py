@@ -388,11 +388,9 @@ def to_tensors(mb: Minibatch, dtype: torch.dtype, device: torch.device) -> tuple
 def make_optimizer(module: torch.nn.Module, lr: float, weight_decay: float, eps: float = 1e-8) -> torch.optim.Optimizer:
     """Adam over the module's parameters, with torch's fused kernel where it exists.
 
-    ``eps`` is Adam's epsilon, ``TrainingPlan.adam_eps`` (torch's default 1e-8; scvi-tools' training plan uses 0.01).
-
     The fused kernel updates all parameters at once, as the per-tensor loop does up to floating-point rounding; on CPU
     it took the optimiser step from about 3 ms to under 1 ms for the default architecture on 2,511 genes
-    (benchmarks/RESULTS.md).
+    (benchmarks/RESULTS.md). ``eps`` is Adam's epsilon, ``TrainingPlan.adam_eps``.
     """
     try:
         return torch.optim.Adam(module.parameters(), lr=lr, weight_decay=weight_decay, eps=eps, fused=True)
@@ -460,10 +458,9 @@ def train_module(
     the last good parameters and raises :class:`TrainingDivergedError` naming the epoch and step.
 
     The validation loss is computed every ``plan.validation_interval`` epochs and at the last epoch, in eval mode with
-    noise from its own seeded generator, so how often it is computed does not change the fit. With
-    ``plan.early_stopping``, :class:`EarlyStopping` decides at each validation (once the KL weight has reached 1)
-    whether to go on, cut the learning rate or stop, and the parameters of the best validation loss are restored at the
-    end.
+    noise from its own seeded generator, so its frequency does not change the fit. With ``plan.early_stopping``,
+    :class:`EarlyStopping` decides at each validation (once the KL weight has reached 1) whether to go on, cut the
+    learning rate or stop, and the parameters of the best validation loss are restored at the end.
 
     Parameters
     ----------
@@ -509,9 +506,11 @@ def train_module(
             validate = len(validation_indices) > 0 and (
                 (epoch + 1) % plan.validation_interval == 0 or epoch + 1 == n_epochs
             )
-            loss_val = (
-                _validation_loss(module, source, validation_indices, plan, len(train_indices)) if validate else math.nan
-            )
+            loss_val = math.nan
+            if validate:  # in minibatches of at least 512 cells
+                loss_val = evaluate_loss(
+                    module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
+                )
             rows.append((epoch_offset + epoch + 1, loss_train, loss_val, kl_weight, lr))
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)
             if plan.early_stopping and validate and kl_weight >= 1.0 and stopping.update(epoch + 1, loss_val):
@@ -544,9 +543,8 @@ def _train_epoch(
 ) -> float:
     """One pass over ``train_indices`` in shuffled minibatches; the mean negative ELBO per cell.
 
-    ``guard`` is the module's live state and its copy at the last finite step, which a non-finite loss or gradient
-    restores before the optimiser moves, raising :class:`TrainingDivergedError` with ``epoch`` (0-based, counted from
-    the first training call) and the step.
+    ``guard`` is the module's live state and its copy at the last finite step, restored on divergence (see
+    :func:`train_module`); ``epoch`` is 0-based, counted from the first training call.
     """
     live, last_good = guard
     dtype, device = dtype_device(module)
@@ -575,13 +573,6 @@ def _train_epoch(
         running += float(loss.detach()) * len(mb.indices)
         seen += len(mb.indices)
     return running / max(seen, 1)
-
-
-def _validation_loss(
-    module: CountVAEModule, source: CountSource, validation_indices: np.ndarray, plan: TrainingPlan, n_train: int
-) -> float:
-    """The validation pass: :func:`evaluate_loss` with the plan's seed, in minibatches of at least 512 cells."""
-    return evaluate_loss(module, source, validation_indices, max(plan.batch_size, 512), plan.seed, n_train)
 
 
 def _log_early_stop(rule: ConvergenceRule, plan: TrainingPlan, epoch_offset: int, epochs_done: int) -> None:

@@ -21,12 +21,11 @@ from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
 #: The epoch at which ``DEFAULT_STOPPING`` ends a fit:
-#: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power
-#: law fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then
-#: moved so that its largest over- and under-prediction are the same factor: 25 fits on 230-2,000 genes and 65-8,100
-#: training cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants;
-#: tests/cli/test_first_contact.py holds them), every one within a factor 1.37 of its prediction. Fits on more genes
-#: stop sooner; the cells matter little.
+#: ``STOP_EPOCH_SCALE * n_genes ** STOP_EPOCH_GENES_EXPONENT * n_train_cells ** STOP_EPOCH_CELLS_EXPONENT``, a power law
+#: fitted by least squares on the logarithms of the measured stops of the rule with its learning-rate cut, then moved so
+#: that its largest over- and under-prediction are the same factor: 25 fits on 230-2,000 genes and 65-8,100 training
+#: cells (benchmarks/RESULTS.md, sections stopping-vs-full and stopping-variants; tests/cli/test_first_contact.py holds
+#: them), every one within a factor 1.37 of its prediction. Fits on more genes stop sooner; the cells matter little.
 STOP_EPOCH_SCALE = 310.43
 STOP_EPOCH_GENES_EXPONENT = -0.201
 STOP_EPOCH_CELLS_EXPONENT = -0.058
@@ -38,8 +37,7 @@ def expected_stop_epoch(n_genes: int, n_train_cells: int, max_epochs: int) -> in
     """The epoch at which the shared stopping rule is expected to end a fit on ``n_genes`` genes.
 
     Calibrated on measured runs (:data:`STOP_EPOCH_SCALE`); at least :data:`MIN_STOP_EPOCH`, at most ``max_epochs``;
-    counts below 1 are taken as 1. An expectation for planning, not a bound: seeds of one data set stopped up to 1.4x
-    apart.
+    counts below 1 count as 1. An expectation for planning, not a bound: one data set's seeds stopped up to 1.4x apart.
     """
     predicted = (
         STOP_EPOCH_SCALE
@@ -56,8 +54,7 @@ class TrainingTimeEstimate:
     Attributes
     ----------
     seconds_per_epoch
-        Extrapolated time of one epoch on all the cells (training steps and the
-        validation loss, at the fit's proportions).
+        Extrapolated time of one epoch on all cells (training steps and the validation loss, at the fit's proportions).
     epochs
         Epochs of the fit (``max_epochs``, or the default for its size); with early stopping, the most.
     expected_epochs
@@ -108,10 +105,9 @@ def estimate_training_time(
     model_kwargs
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
-        Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``,
-        ``lr``, ``train_size``, ...). With ``early_stopping`` at the shared rule's
-        settings the fit is expected to stop at ``expected_stop_epoch``
-        (other stopping settings: at its last epoch). The warm-up runs on the CPU.
+        Arguments of :meth:`~countvae.model.CountVAE.train` (``max_epochs``, ``batch_size``, ``lr``, ``train_size``,
+        ...). With ``early_stopping`` at the shared rule's settings the fit is expected to stop at
+        ``expected_stop_epoch`` (other stopping settings: at its last epoch). The warm-up runs on the CPU.
     n_steps
         Minibatches timed (fewer when ``adata`` has fewer cells).
     seed
@@ -128,8 +124,7 @@ def estimate_training_time(
     SetupError
         If ``adata`` is not registered.
     InvalidArgumentError
-        If ``adata`` is not an AnnData, for ``n_steps`` or ``torch_threads`` below 1, or invalid model or
-        training arguments.
+        For ``adata`` not an AnnData, ``n_steps`` or ``torch_threads`` below 1, or invalid model or training arguments.
 
     """
     n_steps = check_int("n_steps", n_steps, 1)
@@ -179,14 +174,8 @@ def estimate_training_time(
 
 
 def _default_rule(plan: TrainingPlan) -> bool:
-    """Whether ``plan`` stops by the shared rule's settings (the rule ``expected_stop_epoch`` is calibrated on)."""
-    rule = DEFAULT_STOPPING
-    return (
-        plan.early_stopping_patience,
-        plan.early_stopping_relative_delta,
-        plan.learning_rate,
-        plan.early_stopping_lr_reductions,
-        plan.early_stopping_lr_factor,
-    ) == (rule.patience, rule.relative_delta, rule.lr, rule.lr_reductions, rule.lr_factor) and (
-        plan.check_val_every_n_epoch in (None, rule.check_val_every_n_epoch)
-    )
+    """Whether ``plan``, with early stopping, stops by the shared rule's settings (``expected_stop_epoch``'s)."""
+    rule = DEFAULT_STOPPING.settings()
+    resolved = {name: getattr(plan, name) for name in rule}
+    resolved.update(lr=plan.learning_rate, check_val_every_n_epoch=plan.validation_interval)  # defaults resolved
+    return resolved == rule

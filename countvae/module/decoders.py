@@ -22,8 +22,7 @@ class DecoderOutput:
     log_rate
         Log mean count per unit library size, shape (..., cells, genes).
     gate_logits
-        Zero-inflation logits per cell and gene when the decoder predicts them
-        (MLP decoder with a ZINB likelihood), else ``None``.
+        Zero-inflation logits per cell and gene when the MLP decoder predicts them (ZINB likelihood), else ``None``.
 
     """
 
@@ -45,8 +44,7 @@ class LinearDecoder(nn.Module):
     bias
         ``b``, per gene.
     batch_offset
-        ``c``, batches x genes, with the first batch as the reference (row fixed to 0);
-        absent without batches.
+        ``c``, batches x genes, with the first batch as the reference (row fixed to 0); absent without batches.
 
     """
 

@@ -218,8 +218,7 @@ class PoissonLogMean(_GeneVectorDistribution):
 class NegativeBinomialLogMean(_GeneVectorDistribution):
     """Independent NB counts per gene with mean ``exp(log_mean)`` and inverse dispersion ``theta``.
 
-    Variance ``mu + mu^2 / theta``; equal to Pyro's
-    ``NegativeBinomial(total_count=theta, logits=log_mean - log(theta))``.
+    Variance ``mu + mu^2 / theta``; it is Pyro's ``NegativeBinomial(total_count=theta, logits=log_mean - log(theta))``.
     """
 
     def __init__(self, log_mean: torch.Tensor, log_theta: torch.Tensor):
@@ -229,11 +228,10 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
     def _mean_terms(self, value: torch.Tensor) -> torch.Tensor:
         """Per-gene ``theta log(theta/(theta+mu)) + x log(mu/(theta+mu))``.
 
-        Written as ``x d - (x + theta) softplus(d)`` with ``d = log mu - log theta``:
-        the same number, in fewer passes over the (cells, genes) block forward and
-        backward than the ``logaddexp`` form (about 35% less time for this term,
-        benchmarks/RESULTS.md). The softplus threshold of 40 keeps it exact to double
-        precision (``exp(-40)`` is below float64 resolution at 40).
+        Written as ``x d - (x + theta) softplus(d)`` with ``d = log mu - log theta``: the same number, in fewer passes
+        over the (cells, genes) block forward and backward than the ``logaddexp`` form (about 35% less time for this
+        term, benchmarks/RESULTS.md). The softplus threshold of 40 keeps it exact to double precision (``exp(-40)`` is
+        below float64 resolution at 40).
         """
         d = self.log_mean - self.log_theta
         return value * d - (value + torch.exp(self.log_theta)) * F.softplus(d, threshold=40.0)
@@ -249,13 +247,11 @@ class NegativeBinomialLogMean(_GeneVectorDistribution):
         with the gradient, for 100 draws of 128 cells x 2,000 genes in float32).
         """
         const = count_log_constant(value, self.log_theta) if count_constant is None else count_constant
-        log_theta = self.log_theta
-        d = self.log_mean - log_theta
-        per_cell_x_log_theta = (value * log_theta).sum(-1)
+        d = self.log_mean - self.log_theta
         summed = (
             _gene_dot(self.log_mean, value)
-            - per_cell_x_log_theta
-            - _gene_dot(F.softplus(d, threshold=40.0), value + torch.exp(log_theta))
+            - (value * self.log_theta).sum(-1)
+            - _gene_dot(F.softplus(d, threshold=40.0), value + torch.exp(self.log_theta))
         )
         return summed + const
 

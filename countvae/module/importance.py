@@ -1,9 +1,8 @@
 """From log importance weights to an estimate of ``log p(x)`` with its error and reliability.
 
-Every importance-sampling estimator in the package (the guide proposal, the per-cell Student-t proposal, the
-scvi-tools adapter) hands its log weights ``log w_s = log p(x, z_s) - log r(z_s)``, for draws ``z_s`` from a proposal
-``r``, to :func:`summarize_log_weights`, so the estimate, its standard error, the ESS and the Pareto k-hat are
-defined once.
+Every importance-sampling estimator in the package (the guide proposal, the per-cell Student-t proposal, the scvi-tools
+adapter) hands its log weights ``log w_s = log p(x, z_s) - log r(z_s)``, for draws ``z_s`` from a proposal ``r``, to
+:func:`summarize_log_weights`, so the estimate, its standard error, the ESS and the Pareto k-hat are defined once.
 """
 
 from __future__ import annotations

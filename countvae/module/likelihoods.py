@@ -38,9 +38,8 @@ class CountLikelihood(nn.Module):
 
     Notes
     -----
-    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta`` (variance ``mu + mu^2 / theta``), as
-    Pyro's ``NegativeBinomial(total_count=theta, logits=log mu - log theta)``; see
-    :mod:`countvae.module.distributions`.
+    The NB is parameterised by mean ``mu`` and inverse dispersion ``theta`` (variance ``mu + mu^2 / theta``), as Pyro's
+    ``NegativeBinomial(total_count=theta, logits=log mu - log theta)``; see :mod:`countvae.module.distributions`.
 
     """
 
@@ -71,10 +70,7 @@ class CountLikelihood(nn.Module):
         return self.log_theta[0]
 
     def distribution(
-        self,
-        log_mean: torch.Tensor,
-        batch_index: torch.Tensor | None = None,
-        gate_logits: torch.Tensor | None = None,
+        self, log_mean: torch.Tensor, batch_index: torch.Tensor | None = None, gate_logits: torch.Tensor | None = None
     ) -> TorchDistribution:
         """The distribution of a cell's counts given its log mean (shape (..., cells, genes))."""
         if self.kind == "poisson":

@@ -155,8 +155,7 @@ class ProgramLoadings(LoadingsPrior):
     Parameters
     ----------
     membership
-        Boolean genes x latent: ``membership[g, k]`` when gene ``g`` is in program ``k``; a column of all ``True`` is
-        a free dimension.
+        Boolean genes x latent, True where gene ``g`` is in program ``k``; an all-``True`` column is a free dimension.
     inside_scale
         Prior standard deviation of a program's own loadings.
     outside_scale
@@ -262,10 +261,9 @@ class HorseshoeLoadings(LoadingsPrior):
 
         For every entry, ``log int_0^inf N(w; 0, tau^2 lt(l)^2) 2 / (pi (1 + l^2)) dl`` by the trapezoid rule in
         ``u = log l`` (the integrand is smooth in ``u`` and decays on both sides, where the rule converges
-        geometrically), from :data:`_MARGINAL_BELOW` below ``log(|w| / tau)`` up to :data:`_MARGINAL_UPPER`, in
-        float64. The density depends on each entry alone and is even in it, so only signed permutations of the columns
-        of ``W`` keep it, in general. (At ``w = 0`` the horseshoe density is infinite; a fitted loading is never
-        exactly 0.)
+        geometrically), from :data:`_MARGINAL_BELOW` below ``log(|w| / tau)`` up to :data:`_MARGINAL_UPPER`, in float64.
+        The density depends on each entry alone and is even in it, so only signed permutations of the columns of ``W``
+        keep it, in general. (At ``w = 0`` the horseshoe density is infinite; a fitted loading is never exactly 0.)
         """
         tau, slab = self.point_hyper()
         w = weight.detach().to(torch.float64).abs().clamp_min(1e-300).reshape(-1)
@@ -295,9 +293,8 @@ class HorseshoeLoadings(LoadingsPrior):
     def map_guide(self, inverse_map: torch.Tensor) -> None:
         """As :meth:`LoadingsPrior.map_guide`; the local scales' guides are averaged with the weights ``(A^-1)^2``.
 
-        For a signed permutation that is the same permutation of their columns
-        (exact); for other maps the local scales have no counterpart, and the
-        average is only a starting point (they do not enter ``log_density``).
+        For a signed permutation that is the same permutation of their columns (exact); for other maps the local scales
+        have no counterpart, and the average is only a starting point (they do not enter ``log_density``).
         """
         super().map_guide(inverse_map)
         mix = inverse_map.to(self.local_loc.dtype) ** 2

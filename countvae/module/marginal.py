@@ -44,11 +44,10 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
    values replace theirs; those still above it are estimated again with ``escalation_draws`` draws and twice the
    pilot and restarts. A cell still above the threshold has ``reliable`` False and no standard error.
 
-Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the
-restarts dominate when the final draws are few (``countvae diagnose`` uses 100). A step is
-halved only for the rows it lowers, restarts stop at ``restart_tol`` or in the first mode's
-bulk (they only place components), the pilot's draws count in the estimate, and cells
-flagged by a noisy k-hat are redrawn rather than refitted.
+Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the restarts dominate when the
+final draws are few (``countvae diagnose`` uses 100). A step is halved only for the rows it lowers, restarts stop at
+``restart_tol`` or in the first mode's bulk (they only place components), the pilot's draws count in the estimate, and
+cells flagged by a noisy k-hat are redrawn rather than refitted.
 
 Accuracy, verified numerically: see docs/concepts/heldout-lpd.md.
 """
@@ -111,8 +110,7 @@ class MarginalSettings:
         Part of the modes' share spread uniformly over them, in [0, 1]; the rest follows
         their Laplace masses (a rough guide to a local maximum's share of the posterior).
     df
-        Degrees of freedom of the Student-t components: a positive integer, or ``math.inf``
-        for Gaussians.
+        Degrees of freedom of the Student-t components: a positive integer, or ``math.inf`` for Gaussians.
     snap_radius
         A restart that comes within this many posterior sd of the cell's first mode (in that mode's Laplace metric,
         ``(z - mode)^T H (z - mode) < snap_radius^2``) without rising above it stops and becomes a copy of the first
@@ -135,11 +133,10 @@ class MarginalSettings:
         Kang fits it cut the mean absolute error against the gold standard from 0.112 to about 0.08 nats/cell at the
         report's 100 final draws.
     fixed_restart_metric
-        The restarts' Newton steps use the first mode's precision as metric instead of the curvature at each point,
-        which is computed once, where a restart stops (for its component's scale): a restart only has to reach a
-        basin, not converge quadratically. On the stored Kang fits this cut the estimator's CPU time by 8-20% with no
-        loss of accuracy (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are still halved until they do not
-        lower the log joint.
+        The restarts' Newton steps use the first mode's precision as metric instead of each point's curvature, computed
+        once, where a restart stops (for its component's scale): a restart only has to reach a basin, not converge
+        quadratically. On the stored Kang fits this cut the estimator's CPU time by 8-20% with no loss of accuracy
+        (benchmarks/RESULTS.md, lpd-diagnose-accuracy). Steps are still halved until they do not lower the log joint.
     escalation_draws
         Final draws for cells whose k-hat still exceeds the threshold, estimated again with twice ``n_pilot``,
         ``pilot_restarts``, ``prior_restarts`` and 1.5x ``restart_steps`` (0: no second pass).
@@ -352,8 +349,7 @@ def _newton(
 
     A step is halved where it would lower the log joint by more than its rounding error, so the log joint never
     decreases; a row stops when its Newton decrement or realised gain falls below ``tol`` (the optimum, or a kink of a
-    ReLU decoder's log joint). Only moving rows are evaluated, and during the halvings only rows whose step is not yet
-    accepted.
+    ReLU decoder's log joint). Only moving rows are evaluated; during the halvings, only rows whose step is pending.
 
     With ``known`` (a mode per row, found before) and ``radius`` > 0, a row that comes within ``radius`` sd of its
     known mode (see :func:`_near`) stops and returns that mode (location, log joint, precision): it is in the bulk
@@ -595,10 +591,8 @@ def _pooled_log_weights(
 ) -> torch.Tensor:
     """Log weights (n_pilot + n_draws, cells) of the pilot's draws and ``n_draws`` from ``proposal``, pooled.
 
-    Multiple importance sampling with the balance heuristic: every draw is weighted by the mixture of all components
-    in the proportions of all draws (the pilot's t at the first mode is the proposal's first component, its guide the
-    last), so the mean weight is unbiased for ``p(x)`` however the pilot and final mixture differ, as long as the
-    components are fixed. ``pilot_draws`` is (draws, log joint at them, draws per pilot component (2, cells)).
+    As ``MarginalSettings.pool_pilot`` says; the pilot's t at the first mode is the proposal's first component, its
+    guide the last. ``pilot_draws`` is (draws, log joint at them, draws per pilot component (2, cells)).
     """
     zp, log_jp, pilot_counts = pilot_draws
     z, _ = proposal.sample_with_log_prob(n_draws, generator)

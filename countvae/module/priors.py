@@ -18,11 +18,9 @@ class LatentPrior(nn.Module):
     Parameters
     ----------
     kind
-        ``"normal"``: N(0, I), invariant under every orthogonal map (the default; the rotation symmetry the project
-        measures).
+        ``"normal"``: N(0, I), kept by every orthogonal map (the default; the rotation symmetry the project measures).
         ``"laplace"``: independent unit-variance Laplace; only signed permutations keep it.
-        ``"diagonal"``: N(0, diag(s^2)) with learned scales ``s``; only sign flips (and permutations among equal
-        scales) keep it.
+        ``"diagonal"``: N(0, diag(s^2)), ``s`` learned; only sign flips (and permutations among equal scales) keep it.
     n_latent
         Number of latent dimensions.
 

@@ -60,8 +60,7 @@ class CountVAEModule(nn.Module):
     batch_norm
         Batch normalisation in the encoder and MLP decoder hidden layers (scVI's default).
     init_log_proportions
-        Optional per-gene log share of all counts: the decoder's initial output bias, so training starts from the
-        per-gene mean profile.
+        Per-gene log share of all counts: the decoder's initial output bias, so training starts from the mean profile.
     loadings_prior
         ``None`` (the loadings ``W`` are a parameter), or a :class:`countvae.module.loadings.LoadingsPrior`: ``W`` is
         then a global latent variable with that prior (site ``"W"``, outside the cell plate), the decoder's weight
@@ -212,11 +211,7 @@ class CountVAEModule(nn.Module):
         return self.likelihood.count_log_constant(x, batch_index)
 
     def log_joint_neg_hessian(
-        self,
-        z: torch.Tensor,
-        x: torch.Tensor,
-        batch_index: torch.Tensor,
-        log_library: torch.Tensor | None = None,
+        self, z: torch.Tensor, x: torch.Tensor, batch_index: torch.Tensor, log_library: torch.Tensor | None = None
     ) -> torch.Tensor:
         """Gauss-Newton approximation of ``-d^2 log_joint / dz^2`` at ``z`` (cells, L); shape (cells, L, L).
 
