@@ -1,9 +1,8 @@
 """Figures of the diagnostics and the invariance checks: functions that take data and return matplotlib axes.
 
 Each function draws into ``ax`` (or ``axes``) when given, otherwise into a new figure from :func:`new_axes`: a
-:class:`matplotlib.figure.Figure` on the Agg canvas, without pyplot, so library code never changes the user's backend
-and never calls ``plt.show()``. In a notebook, pass axes from ``plt.subplots()`` to see the figure inline, or display
-``ax.figure``.
+:class:`matplotlib.figure.Figure` on the Agg canvas, without pyplot, so library code neither changes the user's backend
+nor calls ``plt.show()``. In a notebook, pass axes from ``plt.subplots()`` to see it inline, or display ``ax.figure``.
 
 Text is drawn as written: a gene, group or fit name with a pair of ``$`` is not read as matplotlib mathtext, which
 fails on anything that is not valid TeX and would lose the figure.
