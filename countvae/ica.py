@@ -706,7 +706,6 @@ def _stability_table(
     threshold: float,
 ) -> pd.DataFrame:
     """Per component: the match summaries, the split-half baseline where there is one, and ``reproducible``."""
-    index = pd.Index(reference.component_names_, name="component")
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
@@ -715,7 +714,7 @@ def _stability_table(
             "negentropy": reference.negentropy_,
             "gaussian": reference.gaussian_.astype(bool),
         },
-        index=index,
+        index=pd.Index(reference.component_names_, name="component"),
     )
     if own is None:
         table["same_fit"] = table["corrected"] = np.nan

@@ -575,16 +575,12 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
     for label, frame in per_cell.items():
         _require(frame, ["lpd", "lpd_crn"], f"lpd_differences ({label!r})")
     ax = _ax(ax, size=(6.5, 0.45 * len(per_cell) + 1.5))
-    labels = list(per_cell)
     rng = np.random.default_rng(0)
-    for row, label in enumerate(labels):
-        frame = per_cell[label]
-        diff = np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy())
-        shown = np.maximum(diff, ZERO_FLOOR)
-        jitter = rng.uniform(-0.25, 0.25, len(shown))
-        ax.scatter(shown, row + jitter, s=5, alpha=0.5, rasterized=True)
+    for row, frame in enumerate(per_cell.values()):
+        shown = np.maximum(np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy()), ZERO_FLOOR)
+        ax.scatter(shown, row + rng.uniform(-0.25, 0.25, len(shown)), s=5, alpha=0.5, rasterized=True)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(per_cell)), list(per_cell))
     ax.invert_yaxis()
     ax.axvline(ZERO_FLOOR, color="0.7", lw=0.8, ls=":")
     if threshold is not None:

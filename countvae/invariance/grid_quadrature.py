@@ -141,8 +141,7 @@ class _LogJoint:
 
     def without_rates(self, z: torch.Tensor, cells: slice) -> torch.Tensor:
         """Poisson only: every term but ``- sum_g exp(eta_g)``, for ``z`` (c, K, L) of ``cells``; shape (c, K)."""
-        quadratic = 0.5 * (z**2).sum(-1)
-        return self.const[cells].unsqueeze(-1) + (z * self.linear[cells].unsqueeze(1)).sum(-1) - quadratic
+        return self.const[cells].unsqueeze(-1) + (z * self.linear[cells].unsqueeze(1)).sum(-1) - 0.5 * (z**2).sum(-1)
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         eta = self.offset + z @ self.weight.T
