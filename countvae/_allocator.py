@@ -51,8 +51,7 @@ def _user_tuned_malloc() -> bool:
 def keep_freed_memory() -> bool:
     """Apply the settings where the C library is glibc; returns whether they were applied.
 
-    Nothing happens on other platforms and C libraries, or when the user set any of
-    :data:`ENVIRONMENT` or a ``glibc.malloc.*`` tunable.
+    Nothing happens when the user set any of :data:`ENVIRONMENT` or a ``glibc.malloc.*`` tunable.
     """
     global _applied
     if not sys.platform.startswith("linux") or _user_tuned_malloc():

@@ -62,9 +62,8 @@ def compare_pointwise(pointwise: Mapping[str, np.ndarray]) -> pd.DataFrame:
     Returns
     -------
     pandas.DataFrame
-        Indexed by model, best first, with ``rank``, ``elpd`` (sum over cells),
-        ``elpd_diff`` (to the best), ``dse`` (paired standard error of the
-        difference), ``se``, ``weight`` (stacking).
+        Indexed by model, best first, with ``rank``, ``elpd`` (sum over cells), ``elpd_diff`` (to the best), ``dse``
+        (paired standard error of the difference), ``se``, ``weight`` (stacking).
 
     """
     names = list(pointwise)

@@ -18,8 +18,7 @@ from countvae.errors import InvalidArgumentError
 def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
     """An integer (not a bool) within ``[minimum, maximum]`` (either bound may be omitted)."""
     ok = isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
-    if ok:
-        ok = (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+    ok = ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
     if not ok:
         raise InvalidArgumentError(f"{name} must be {_int_range(minimum, maximum)}, got {value!r}.")
     return int(value)

@@ -1,8 +1,7 @@
 """Writing files and folders so that no reader ever sees them half-written.
 
-Everything countvae writes goes to a temporary name in the destination's folder
-and is renamed into place (``os.replace`` is atomic on POSIX within one file
-system). An existing destination is an error unless ``overwrite=True``.
+Everything countvae writes goes to a temporary name beside the destination and is renamed into place (``os.replace`` is
+atomic on POSIX within one file system). An existing destination is an error unless ``overwrite=True``.
 """
 
 from __future__ import annotations
@@ -62,9 +61,8 @@ _STORAGE_ERRNOS = {
 def explained_write_errors(path: Path) -> Iterator[None]:
     """Turn a file-system error raised in the block into an :class:`OutputWriteError` about ``path``.
 
-    The message says what failed, that nothing was left half-written (the atomic
-    writers remove their temporary files first) and what to do. Other errors
-    pass unchanged.
+    The message says what failed, that nothing was left half-written (the atomic writers remove their temporary files
+    first) and what to do. Other errors pass unchanged.
     """
     try:
         yield

@@ -186,17 +186,14 @@ def write_report_folder(
     html_text
         The page, e.g. from :func:`html_page`.
     record
-        JSON-ready content (see :func:`countvae._formatting.json_ready`); NaN and
-        infinities are refused.
+        JSON-ready content (see :func:`countvae._formatting.json_ready`); NaN and infinities are refused.
     markdown
         The Markdown text.
     overwrite
-        Replace an existing folder; otherwise it is an error
-        (:class:`countvae.errors.OutputExistsError`).
+        Replace an existing folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
     on_file_written
-        Called with each file's name (in the order of :data:`REPORT_FILES`) once
-        it is complete inside the temporary folder, before the folder is renamed
-        into place.
+        Called with each file's name (in the order of :data:`REPORT_FILES`) once it is complete inside the temporary
+        folder, before the folder is renamed into place.
 
     Returns
     -------

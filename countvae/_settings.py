@@ -6,13 +6,12 @@ description, and :func:`takes_settings` turns a function receiving the built obj
 keywords (or the object itself), with a signature and a "Parameters" section generated from the fields. No setting is
 written again in a signature, a docstring and a repacking call.
 
-This departs from scvi-tools, whose public methods write every keyword argument explicitly and describe each again
-in the docstring: a name and a default then live in up to four places that can drift apart (here they had:
-``CountVAE``'s defaults of ``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generated ``__signature__``
-keeps what explicit arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion,
-``inspect.signature`` and the API docs show every setting with its default. A static checker (pyright, mypy) sees
-``(...)`` and accepts every call unchecked; the settings' own validation and the unknown-keyword error check the
-keywords.
+This departs from scvi-tools, whose public methods write every keyword argument explicitly and describe each again in
+the docstring: a name and a default then live in up to four places that can drift apart (here they had: ``CountVAE``'s
+defaults of ``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generated ``__signature__`` keeps what explicit
+arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion, ``inspect.signature`` and the API docs
+show every setting with its default. A static checker (pyright, mypy) sees ``(...)`` and accepts every call unchecked;
+the settings' own validation and the unknown-keyword error check the keywords.
 """
 
 from __future__ import annotations

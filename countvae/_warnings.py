@@ -20,9 +20,8 @@ def warn_at_caller(message: str, category: type[Warning]) -> None:
 
     A fixed ``stacklevel`` is right for one call path only: reached through a method or a wrapper, the warning would
     point into countvae, or past the analyst's line. Frames of ``WRAPPER_PACKAGES`` are skipped too: their decorators
-    and mixins sit between the analyst's call and countvae's code (torch's ``no_grad`` around a method,
-    scikit-learn's ``fit_transform`` calling ``fit``). Python 3.12's ``skip_file_prefixes`` does this; the package
-    supports 3.11.
+    and mixins sit between the analyst's call and countvae's code (torch's ``no_grad`` around a method, scikit-learn's
+    ``fit_transform`` calling ``fit``). Python 3.12's ``skip_file_prefixes`` does this; the package supports 3.11.
     """
     skipped = (_PACKAGE_DIR, *(_package_dir(name) for name in WRAPPER_PACKAGES if name in sys.modules))
     level, frame = 2, inspect.currentframe().f_back

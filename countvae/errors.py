@@ -107,6 +107,5 @@ class MonteCarloWarning(CountVAEWarning):
 class UnreliableEstimateWarning(CountVAEWarning):
     """Some cells' importance-sampled ``log p(x)`` failed the Pareto k-hat check.
 
-    The message gives their number and the remedy; the per-cell column ``reliable`` says which; their standard error
-    is NaN.
+    The message gives their number and remedy; the per-cell column ``reliable`` says which; their standard error is NaN.
     """

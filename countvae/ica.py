@@ -430,10 +430,8 @@ class ICAStability:
     Attributes
     ----------
     table
-        One row per component of the reference fit: ``mean``, ``median`` and
-        ``min`` best-match |correlation| over the other runs, the reference's
-        ``negentropy`` and ``gaussian`` flag, and ``reproducible``
-        (``mean >= threshold``).
+        One row per component of the reference fit: ``mean``, ``median`` and ``min`` best-match |correlation| over the
+        other runs, the reference's ``negentropy`` and ``gaussian`` flag, and ``reproducible`` (``mean >= threshold``).
     matches
         Best-match |correlation| of each reference component (columns) in each other run (rows).
     mode
@@ -554,8 +552,7 @@ def attenuation_ratio(match: np.ndarray | float, same_fit: np.ndarray | float) -
 
     An ICA estimated on a finite half is off its population axis, an error that lowers every match it enters, the same
     fit's across halves as much as another fit's. The ratio (Spearman's correction for attenuation) is the cross-fit
-    match that ICAs estimated on all cells of the distribution would have; above 1 it is estimation noise, and callers
-    cap it there.
+    match that ICAs estimated on the whole distribution would have; above 1 it is estimation noise (callers cap it).
     """
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(np.asarray(same_fit) > 0, np.asarray(match) / np.asarray(same_fit), np.nan)[()]
@@ -580,8 +577,7 @@ def ica_stability(
     ICA, the others the later fits'. *Bootstrap mode* (one latent matrix): the others are ICAs of ``n_bootstrap``
     resamples of the cells (Icasso-style, Himberg et al. 2004).
 
-    ``resample`` picks the cells each ICA is estimated on (each is then applied to all cells; every fit gets its own
-    initialisation):
+    ``resample`` picks the cells each ICA is estimated on (each is then applied to all cells):
 
     * ``"halves"`` (default): the reference on a random half of the cells, the others on the other half (seeds,
       :func:`split_half_icas`) or on bootstrap resamples of it (bootstrap mode). No cell informs both sides of a
@@ -710,7 +706,6 @@ def _stability_table(
     threshold: float,
 ) -> pd.DataFrame:
     """Per component: the match summaries, the split-half baseline where there is one, and ``reproducible``."""
-    index = pd.Index(reference.component_names_, name="component")
     table = pd.DataFrame(
         {
             "mean": matches.mean(axis=0),
@@ -719,7 +714,7 @@ def _stability_table(
             "negentropy": reference.negentropy_,
             "gaussian": reference.gaussian_.astype(bool),
         },
-        index=index,
+        index=pd.Index(reference.component_names_, name="component"),
     )
     if own is None:
         table["same_fit"] = table["corrected"] = np.nan

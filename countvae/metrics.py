@@ -246,8 +246,7 @@ def infomec(
     latents
         (cells, latents) continuous values.
     sources
-        (cells, sources) discrete labels (integers, strings or categoricals); bin continuous sources with
-        :func:`discretize`.
+        (cells, sources) discrete labels (integers, strings or categories); bin continuous ones with :func:`discretize`.
     n_neighbors
         Neighbours of the mutual-information estimator.
     random_state
@@ -453,17 +452,15 @@ def batch_mixing(neighbours: Any, batches: Any) -> np.ndarray:
 
     ``neighbours`` (query cells, k) holds indices into ``batches``, the batch of every cell of the graph; the query
     cells are the first ``len(neighbours)`` of them (as :func:`~countvae.diagnostics.analyses.subspace.knn_sets_among`
-    stacks them). For a query cell of batch ``b`` among ``n`` cells of which ``n_b`` are in ``b``, a neighbour drawn
-    at random from the other cells is of another batch with probability ``(n - n_b) / (n - 1)``; the score is the
-    observed share over that. Its mean over cells is 1 when batch is independent of the neighbourhoods and 0 when no
-    cell has a neighbour from another batch. Rotations and reflections of the latent space leave it unchanged (it
-    reads only the neighbour sets).
+    stacks them). For a query cell of batch ``b`` among ``n`` cells of which ``n_b`` are in ``b``, a neighbour drawn at
+    random from the other cells is of another batch with probability ``(n - n_b) / (n - 1)``. The score's mean over
+    cells is 1 when batch is independent of the neighbourhoods and 0 when no cell has a neighbour from another batch.
+    Rotations and reflections of the latent space leave it unchanged (it reads only the neighbour sets).
 
     Raises
     ------
     InvalidDataError
-        If there are fewer than two batches, a label is missing, or a neighbour index does not point into
-        ``batches``.
+        If there are fewer than two batches, a label is missing, or a neighbour index does not point into ``batches``.
 
     """
     idx = np.asarray(neighbours)

@@ -1,9 +1,8 @@
 """Figures of the diagnostics and the invariance checks: functions that take data and return matplotlib axes.
 
 Each function draws into ``ax`` (or ``axes``) when given, otherwise into a new figure from :func:`new_axes`: a
-:class:`matplotlib.figure.Figure` on the Agg canvas, without pyplot, so library code never changes the user's backend
-and never calls ``plt.show()``. In a notebook, pass axes from ``plt.subplots()`` to see the figure inline, or display
-``ax.figure``.
+:class:`matplotlib.figure.Figure` on the Agg canvas, without pyplot, so library code neither changes the user's backend
+nor calls ``plt.show()``. In a notebook, pass axes from ``plt.subplots()`` to see it inline, or display ``ax.figure``.
 
 Text is drawn as written: a gene, group or fit name with a pair of ``$`` is not read as matplotlib mathtext, which
 fails on anything that is not valid TeX and would lose the figure.
@@ -576,16 +575,12 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
     for label, frame in per_cell.items():
         _require(frame, ["lpd", "lpd_crn"], f"lpd_differences ({label!r})")
     ax = _ax(ax, size=(6.5, 0.45 * len(per_cell) + 1.5))
-    labels = list(per_cell)
     rng = np.random.default_rng(0)
-    for row, label in enumerate(labels):
-        frame = per_cell[label]
-        diff = np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy())
-        shown = np.maximum(diff, ZERO_FLOOR)
-        jitter = rng.uniform(-0.25, 0.25, len(shown))
-        ax.scatter(shown, row + jitter, s=5, alpha=0.5, rasterized=True)
+    for row, frame in enumerate(per_cell.values()):
+        shown = np.maximum(np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy()), ZERO_FLOOR)
+        ax.scatter(shown, row + rng.uniform(-0.25, 0.25, len(shown)), s=5, alpha=0.5, rasterized=True)
     ax.set_xscale("log")
-    ax.set_yticks(range(len(labels)), labels)
+    ax.set_yticks(range(len(per_cell)), list(per_cell))
     ax.invert_yaxis()
     ax.axvline(ZERO_FLOOR, color="0.7", lw=0.8, ls=":")
     if threshold is not None:

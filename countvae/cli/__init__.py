@@ -3,8 +3,7 @@
 Each subcommand's module registers it with :func:`main`'s parser through ``register(subparsers)``.
 
 Exit codes: 0 success; 1 failed input or run (bad data, missing file, diverged training), with a one-line message on
-stderr; 2 a wrong command line (argparse's usage error); 130 interrupted by Ctrl-C. countvae's own warnings are one
-line on stderr too (``countvae COMMAND: warning: ...``), without the source line a library user would want.
+stderr; 2 a wrong command line (argparse's usage error); 130 interrupted by Ctrl-C.
 """
 
 from __future__ import annotations

@@ -105,13 +105,12 @@ def crn_tolerance(c: MapComparison) -> float:
 def common_random_numbers(c: MapComparison) -> list[Measurement]:
     """Largest per-cell ``|log p(x)|`` difference when both models use the same base noise (guide proposal).
 
-    The transformed model's guide is the original's pushed forward, so its draw ``s`` is ``A`` times the original's,
-    and for a map that preserves the prior every importance weight, hence the estimate, is equal up to rounding
-    (float64: 1e-9 nats). Catches: any error in the rewrite of the decoder, the guide or the prior density that
-    changes a single weight, and a prior that is not invariant under the map (a non-isotropic prior under a
-    rotation). Cannot catch: anything both models share (an error in the log joint, the importance sampler's bias or
-    variance, a map never applied): it compares the code with itself, so agreement here is no evidence that ``p(x)``
-    is estimated correctly.
+    The transformed model's guide is the original's pushed forward, so its draw ``s`` is ``A`` times the original's, and
+    for a map that preserves the prior every importance weight, hence the estimate, is equal up to rounding (float64:
+    1e-9 nats). Catches: any error in the rewrite of the decoder, the guide or the prior density that changes a single
+    weight, and a prior that is not invariant under the map (a non-isotropic prior under a rotation). Cannot catch:
+    anything both models share (an error in the log joint, the importance sampler's bias or variance, a map never
+    applied): it compares the code with itself, so agreement here is no evidence that ``p(x)`` is estimated correctly.
     """
     seed = c.settings.seed
     diff = np.abs(c.transformed.guide_lpd(seed)["lpd"].to_numpy() - c.original.guide_lpd(seed)["lpd"].to_numpy())
@@ -169,8 +168,8 @@ def _compare(prefix: str, c: MapComparison, base: pd.DataFrame, other: pd.DataFr
     return [
         Measurement(f"{prefix}_unreliable_fraction", unreliable, s.max_unreliable_fraction, "equal"),
         Measurement(f"{prefix}_mean_diff", stats["mean_diff"]),
-        Measurement(f"{prefix}_z_mean", stats["z_mean"], c.settings.z_threshold, expect),
-        Measurement(f"{prefix}_outside_4se_fraction", stats["outside_4se"], c.settings.max_unreliable_fraction, expect),
+        Measurement(f"{prefix}_z_mean", stats["z_mean"], s.z_threshold, expect),
+        Measurement(f"{prefix}_outside_4se_fraction", stats["outside_4se"], s.max_unreliable_fraction, expect),
     ]
 
 
@@ -196,10 +195,9 @@ def own_proposal(c: MapComparison) -> list[Measurement]:
     The estimator runs on the transformed model with the prior ``N(0, I)`` in place of the guide (whose rewrite is
     derived from the original's encoder), so the posterior modes are found by Newton from the origin (and random
     restarts where the posterior may have several modes) in the transformed coordinates, with an independent seed
-    (``seed + 2``); compared with the original model's estimate against the reported standard errors. Catches: a
-    rewrite whose guide compensates a wrong decoder (the common-random-number check compares the two rewrites with
-    each other), and a ``p(x)`` that the original's guide cannot find. Cannot catch: an error in the log joint itself
-    that both models share.
+    (``seed + 2``); compared with the original's estimate against the reported standard errors. Catches: a rewrite whose
+    guide compensates a wrong decoder (the common-random-number check compares the two rewrites with each other), and a
+    ``p(x)`` that the original's guide cannot find. Cannot catch: an error in the log joint that both models share.
     """
     if not c.invariant:
         return []
@@ -265,9 +263,8 @@ def pointwise_differences(c: MapComparison) -> tuple[float, float, float]:
 def pointwise(c: MapComparison) -> list[Measurement]:
     """The conditional likelihood at matched draws is unchanged; the prior density only if the map preserves it.
 
-    Catches: a decoder rewrite that is not the exact compensation of ``A`` (for every invertible map), and a prior
-    whose invariance contradicts the theory. Cannot catch: anything about the integral ``p(x)``; it is algebra at
-    points.
+    Catches: a decoder rewrite that is not the exact compensation of ``A`` (for every invertible map), and a prior whose
+    invariance contradicts the theory. Cannot catch: anything about the integral ``p(x)``; it is algebra at points.
     """
     tol = c.settings.tolerances
     ll_diff, prior_diff, ll_scale = pointwise_differences(c)

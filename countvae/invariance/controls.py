@@ -123,8 +123,7 @@ def with_prior(model: CountVAE, kind: Literal["normal", "laplace", "diagonal"], 
 def prior_control_variants(model: CountVAE, seed: int) -> dict[str, tuple[CountVAE, dict[str, np.ndarray]]]:
     """The prior controls of :func:`verify`, by label: a copy with each prior the model does not have.
 
-    Each comes with the default rotation (which must change ``p(x)``) and the default map of the prior's own group
-    (which must not).
+    Each comes with the default rotation (must change ``p(x)``) and the default map of the prior's own group (must not).
     """
     defaults = default_transforms(model.n_latent, seed)
     return {

@@ -55,9 +55,8 @@ def elbo_comparison(
     Returns
     -------
     dict
-        ``elbo_original_mean`` and ``elbo_projected_mean`` (mean over cells, nats),
-        ``elbo_pushforward_max_abs_diff`` (largest per-cell difference with the
-        pushed-forward guide), ``elbo_projected_mean_diff`` and its z-score
+        ``elbo_original_mean`` and ``elbo_projected_mean`` (mean over cells, nats), ``elbo_pushforward_max_abs_diff``
+        (largest per-cell difference with the pushed-forward guide), ``elbo_projected_mean_diff`` and its z-score
         ``elbo_projected_z``.
 
     """

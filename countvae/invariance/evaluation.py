@@ -174,11 +174,7 @@ class VerifySettings:
             object.__setattr__(self, name, check_number(name, getattr(self, name), 0.0, high))
 
     def estimator_for(self, module) -> MarginalSettings:
-        """The estimator's settings for ``module``: ``estimator_settings``, or the package's default.
-
-        The default is :func:`countvae.model.inference.default_marginal_settings` for
-        ``module`` with ``n_samples`` final draws.
-        """
+        """The estimator's settings for ``module``: ``estimator_settings``, or the default its description gives."""
         if self.estimator_settings is not None:
             return self.estimator_settings
         return replace(inference.default_marginal_settings(module), n_draws=self.n_samples)
@@ -349,8 +345,7 @@ class MapComparison:
     A
         The map relating their latents, ``z' = A z`` (as applied, after any polar correction).
     loadings_invariant
-        With a prior on the loadings: whether the map preserves it (then ``log p(W)``
-        is unchanged); ``None`` without one.
+        With a prior on the loadings: whether the map preserves it (so ``log p(W)`` is unchanged); ``None`` without one.
 
     """
 

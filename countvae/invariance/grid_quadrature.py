@@ -15,13 +15,11 @@ Per cell, for ``log mu = offset + z W^T`` and ``z ~ N(0, I)`` (``L <= 3``):
    its boundary is within :data:`TAIL_NATS` of the largest ``f`` inside, so that, ``f`` being concave, the mass
    outside is negligible;
 3. the trapezoid rule with ``n`` equispaced nodes per axis, ``n = 17, 33, 65, ...`` (each grid contains the previous
-   one), until ``log p(x)`` changes by less than ``tolerance`` between two successive grids or ``max_nodes`` is
-   reached. For an analytic integrand negligible at the box's edges the trapezoid error falls faster than any power
-   of the spacing, so the last change bounds the coarser grid's error, and the finer value (reported) is more
-   accurate.
+   one), until ``log p(x)`` changes by less than ``tolerance`` between two successive grids or ``max_nodes`` is reached.
+   For an analytic integrand negligible at the box's edges the trapezoid error falls faster than any power of the
+   spacing, so the last change bounds the coarser grid's error, and the finer value (reported) is more accurate.
 
-A cell that reaches ``max_nodes`` without converging is reported as such
-(``converged`` False), with the change at its last doubling.
+A cell that reaches ``max_nodes`` unconverged is reported with ``converged`` False and the change at its last doubling.
 """
 
 from __future__ import annotations
@@ -143,8 +141,7 @@ class _LogJoint:
 
     def without_rates(self, z: torch.Tensor, cells: slice) -> torch.Tensor:
         """Poisson only: every term but ``- sum_g exp(eta_g)``, for ``z`` (c, K, L) of ``cells``; shape (c, K)."""
-        quadratic = 0.5 * (z**2).sum(-1)
-        return self.const[cells].unsqueeze(-1) + (z * self.linear[cells].unsqueeze(1)).sum(-1) - quadratic
+        return self.const[cells].unsqueeze(-1) + (z * self.linear[cells].unsqueeze(1)).sum(-1) - 0.5 * (z**2).sum(-1)
 
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         eta = self.offset + z @ self.weight.T
@@ -160,10 +157,9 @@ def poisson_rate_sums(
 ) -> torch.Tensor:
     """``sum_g exp(offset_cg + W_g . z)`` at every node of each cell's product grid, shape (cells, n^L).
 
-    The nodes are ``z = center_c + half_c * (t_j1, ..., t_jL)`` in ``meshgrid(..., indexing="ij")``
-    order. The sum is separable in the axes,
-    ``exp(offset_g + W_g . center) prod_i exp(W_gi half_i t_ji)``, so the last axis is a
-    batched matrix product instead of one exponential per gene and node.
+    The nodes are ``z = center_c + half_c * (t_j1, ..., t_jL)`` in ``meshgrid(..., indexing="ij")`` order. The sum is
+    separable in the axes, ``exp(offset_g + W_g . center) prod_i exp(W_gi half_i t_ji)``, so the last axis is a batched
+    matrix product instead of one exponential per gene and node.
     """
     L = weight.shape[1]
     base = torch.exp(offset + center @ weight.T)  # (cells, G)
@@ -314,8 +310,7 @@ def grid_quadrature(
     Returns
     -------
     GridQuadrature
-        Per cell, in the order of ``indices``: ``log_marginal``, ``nodes_per_axis``,
-        ``change`` at the last doubling and ``converged``; ``describe()`` says it in one line.
+        Per cell, in the order of ``indices``; ``describe()`` says it in one line.
 
     Raises
     ------

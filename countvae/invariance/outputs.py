@@ -47,8 +47,7 @@ class ModelOutputs:
     expression
         Decoded expected counts at library size 1e4 from the posterior mean, (cells, genes).
     loadings
-        Linear decoder: ``W`` (genes, L); MLP: the decoder Jacobian of the log rate
-        averaged over the cells (genes, L).
+        Linear decoder: ``W`` (genes, L); MLP: the decoder Jacobian of the log rate averaged over the cells (genes, L).
     gram
         ``W W^T`` for a linear decoder, else ``None``.
     gene_correlations

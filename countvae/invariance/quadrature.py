@@ -1,9 +1,8 @@
 """Exact ``log p(x)`` of a linear-decoder model by adaptive Gauss-Hermite quadrature.
 
-For the log-linear model ``log mu_g = log l + b_g + c_{batch,g} + W_g z`` with ``z ~ N(0, I_L)``, ``L <= 3``, a
-cell's marginal likelihood is a smooth L-dimensional integral. A grid at the prior's scale is inaccurate because the
-posterior of a cell with many genes is far narrower than the grid spacing (shared/notes/quadrature.md). Instead, per
-cell:
+For the log-linear model ``log mu_g = log l + b_g + c_{batch,g} + W_g z`` with ``z ~ N(0, I_L)``, ``L <= 3``, a cell's
+marginal likelihood is a smooth L-dimensional integral. A grid at the prior's scale is inaccurate because the posterior
+of a cell with many genes is far narrower than the grid spacing (shared/notes/quadrature.md). Instead, per cell:
 
 1. find the mode ``m`` of the log joint ``f(z) = log p(x | z) + log N(z; 0, I)`` by Newton's method (``f`` is
    concave for Poisson and NB with a log link);

@@ -69,11 +69,10 @@ def reparameterize(model: CountVAE, Q, *, check: bool = True, atol: float = 1e-6
     Returns
     -------
     CountVAE
-        A deep copy (sharing the AnnData) with ``module.latent_map = A @ (previous map or I)``
-        and the decoder's weight on ``z`` multiplied by ``A^{-1}`` on the right. Its
-        posterior means are ``Z A^T``; its normalized expression equals the
-        original's; its prior is unchanged (for a ``"laplace"`` or ``"diagonal"``
-        prior this is what makes a rotation change ``p(x)``).
+        A deep copy (sharing the AnnData) with ``module.latent_map = A @ (previous map or I)`` and the decoder's weight
+        on ``z`` multiplied by ``A^{-1}`` on the right. Its posterior means are ``Z A^T``; its normalized expression
+        equals the original's; its prior is unchanged (for a ``"laplace"`` or ``"diagonal"`` prior this is what makes a
+        rotation change ``p(x)``).
 
     Raises
     ------

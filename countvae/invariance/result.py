@@ -147,11 +147,10 @@ class InvarianceReport:
         ``dtype``); the prior controls are the same networks with another prior.
     per_cell
         Per-cell numbers by ``"variant / transform"``: ``lpd`` and ``lpd_crn`` (the original and the transformed model
-        with the guide proposal and the same base noise: the common-random-number pair), ``estimate`` and ``mc_se``
-        (the package's estimator on the original), ``estimate_indep`` and ``mc_se_indep`` (on the transformed model,
+        with the guide proposal and the same base noise: the common-random-number pair), ``estimate`` and ``mc_se`` (the
+        package's estimator on the original), ``estimate_indep`` and ``mc_se_indep`` (on the transformed model,
         independent noise), ``estimate_own`` and ``mc_se_own`` (the transformed model's own proposal; fitted model,
-        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned grids) where quadrature
-        applies.
+        invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned grids) where quadrature applies.
     outputs
         Output-by-transform table of changes for the fitted model (item 4), with the expected behaviour per cell
         (``"equal"``, ``"differs"`` or ``"report"``).

@@ -84,11 +84,6 @@ def check_orthogonal(Q, atol: float = 1e-6, n_latent: int | None = None) -> np.n
     n_latent
         Required size, or ``None``.
 
-    Returns
-    -------
-    numpy.ndarray
-        ``Q`` as a float64 array.
-
     Raises
     ------
     InvalidArgumentError
@@ -259,6 +254,6 @@ def classify(A, atol: float = 1e-10) -> str:
         if np.allclose(np.abs(M), np.eye(L), rtol=0, atol=atol):
             return "sign flip"
         return "permutation" if (M > 0.5).sum() == L else "signed permutation"
-    if np.abs(M.T @ M - np.eye(L)).max() <= atol:
+    if orthogonality_error(M) <= atol:
         return "rotation" if np.linalg.det(M) > 0 else "orthogonal"
     return "linear"

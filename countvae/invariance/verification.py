@@ -1,13 +1,9 @@
 """Measure, on held-out cells, that a fitted model's ``p(x)`` is unchanged by the symmetries of its prior.
 
-For every latent map ``A`` the model is reparameterized (``z' = A z``, decoder weight on ``z`` times ``A^{-1}``,
-guide pushed forward) and compared with the original by the checks of :mod:`countvae.invariance.checks`, which lists
-them and what each can catch: algebraic ones that catch a wrong rewrite; independent estimates, an estimate from the
-transformed model's own proposal, exact quadrature (linear Poisson/NB decoders, up to 3 latent dimensions) and
-controls as evidence about ``p(x)`` itself; and checks of that evidence (k-hat, ESS, agreement with quadrature), which
-make the result "not verified" when they fail. The maps and the prior controls are in
-:mod:`countvae.invariance.controls`; what the checks read (each estimate computed once) in
-:mod:`countvae.invariance.evaluation`. :func:`verify` only puts these together.
+For every latent map ``A`` the model is reparameterized (``z' = A z``, decoder weight on ``z`` times ``A^{-1}``, guide
+pushed forward) and compared with the original by the checks of :mod:`countvae.invariance.checks`, which lists them and
+what each can catch. The maps and the prior controls are in :mod:`countvae.invariance.controls`; what the checks read
+(each estimate computed once) in :mod:`countvae.invariance.evaluation`. :func:`verify` only puts these together.
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ _Plans = dict[str, tuple[CountVAE, dict[str, np.ndarray]]]
 def _resolve_transforms(transforms: object, n_latent: int, seed: int, controls: bool) -> dict[str, np.ndarray]:
     """The latent maps to check, by name, as invertible matrices (nearly orthogonal ones made exactly so).
 
-    ``transforms``: ``None`` (the default maps), a dict by name, a list, or one map; ``controls`` adds the
-    non-orthogonal control maps.
+    ``transforms``: ``None`` (the default maps), a dict by name, a list, or one map; ``controls`` adds the control maps.
     """
     if transforms is None:
         maps = default_transforms(n_latent, seed)
@@ -262,10 +257,9 @@ def verify(
     """Verify numerically on held-out cells that ``p(x)`` is unchanged by the maps that preserve the prior.
 
     The result is "verified numerically" when every check agrees with the theory and the estimator's own diagnostics
-    allow its numbers to be used; "not verified" (with the reasons) when the estimator is unreliable on too many
-    cells, disagrees with exact quadrature, or the quadrature did not converge; "failed" when a check disagrees with
-    the theory on reliable numbers. :mod:`countvae.invariance.checks` lists the checks and what each can and cannot
-    catch.
+    allow its numbers to be used; "not verified" (with the reasons) when the estimator is unreliable on too many cells,
+    disagrees with exact quadrature, or the quadrature did not converge; "failed" when a check disagrees with the theory
+    on reliable numbers. :mod:`countvae.invariance.checks` lists the checks and what each can and cannot catch.
 
     Parameters
     ----------
