@@ -152,8 +152,8 @@ class InvarianceReport:
         independent noise), ``estimate_own`` and ``mc_se_own`` (the transformed model's own proposal; fitted model,
         invariant maps), and ``quadrature`` / ``quadrature_transformed`` (axis-aligned grids) where quadrature applies.
     outputs
-        Output-by-transform table of changes for the fitted model (item 4), with the expected behaviour per cell
-        (``"equal"``, ``"differs"`` or ``"report"``).
+        Output-by-map table of changes for the fitted model, with the maps under which each output is invariant
+        (:func:`countvae.invariance.verification.outputs_table`).
     latent
         Posterior means of the evaluated cells under the fitted model, (cells, L).
     settings
