@@ -1,9 +1,9 @@
 """Cells of a view of a backed (on-disk) AnnData, read from the file when needed, never loaded whole.
 
 ``anndata.read_h5ad(path, backed="r")`` keeps the count matrix on disk, but a view of it (``adata[cells]``) reads
-all its rows into memory as soon as ``.X`` is touched. :func:`backed_view_counts` gives the view's rows as a
-:class:`BackedRows` instead, which reads contiguous row slices of the file on demand, so a model can train and be
-evaluated on a subset of a file larger than memory.
+all its rows into memory as soon as ``.X`` is touched. :func:`backed_view_counts` gives the view's cells (and genes,
+in the view's order) as a :class:`BackedRows` instead, which reads contiguous row slices of the file on demand, so a
+model can train and be evaluated on a subset of a file larger than memory.
 """
 
 from __future__ import annotations
@@ -29,39 +29,48 @@ def backed_positions(adata: ad.AnnData) -> np.ndarray:
     return every_row[adata._oidx] if adata.is_view else every_row
 
 
+def backed_columns(adata: ad.AnnData) -> np.ndarray | None:
+    """Column positions, in its file, of the genes of a backed view, in the view's order; ``None`` for all in order.
+
+    Read from ``_vidx``, the column counterpart of ``_oidx`` (:func:`backed_positions`).
+    """
+    n_genes = int(file_counts(adata).shape[1])
+    columns = np.arange(n_genes, dtype=np.int64)[adata._vidx] if adata.is_view else None
+    return None if columns is None or np.array_equal(columns, np.arange(n_genes)) else columns
+
+
 class BackedRows:
-    """Rows ``positions`` (sorted, unique) of a backed matrix, read from disk on demand.
+    """Rows ``positions`` (sorted, unique) of a backed matrix, read from disk on demand; ``columns`` keeps those genes.
 
     Supports what countvae's readers use: ``shape``, ``dtype``, ``format`` and row slices ``rows[start:stop]``,
     which read the file rows ``positions[start]`` to ``positions[stop - 1]`` as one contiguous slice and keep the
     wanted ones: rows left out in between cost a little extra reading but no extra seeks.
     """
 
-    def __init__(self, matrix, positions: np.ndarray):
+    def __init__(self, matrix, positions: np.ndarray, columns: np.ndarray | None = None):
         positions = np.asarray(positions, dtype=np.int64)
         if positions.size and np.any(np.diff(positions) <= 0):
             raise ValueError("positions must be sorted and unique")
         self.matrix = matrix
         self.positions = positions
+        self.columns = columns
         self.dtype = matrix.dtype
         self.format = getattr(matrix, "format", None)
 
     @property
     def shape(self) -> tuple[int, int]:
         """Rows in the subset x columns."""
-        return (len(self.positions), int(self.matrix.shape[1]))
+        return (len(self.positions), int(self.matrix.shape[1]) if self.columns is None else len(self.columns))
 
     def __getitem__(self, key):
         if not isinstance(key, slice) or key.step not in (None, 1):
             raise TypeError("BackedRows supports row slices with step 1 only")
         start, stop, _ = key.indices(len(self.positions))
-        if stop <= start:
-            return self.matrix[0:0]
         rows = self.positions[start:stop]
-        block = self.matrix[int(rows[0]) : int(rows[-1]) + 1]
-        if len(rows) == rows[-1] - rows[0] + 1:
-            return block
-        return block[rows - rows[0]]
+        block = self.matrix[int(rows[0]) : int(rows[-1]) + 1] if stop > start else self.matrix[0:0]
+        if stop > start and len(rows) != rows[-1] - rows[0] + 1:
+            block = block[rows - rows[0]]
+        return block if self.columns is None else block[:, self.columns]
 
 
 def backed_view_counts(adata: ad.AnnData) -> BackedRows | None:
@@ -72,4 +81,4 @@ def backed_view_counts(adata: ad.AnnData) -> BackedRows | None:
     positions = backed_positions(adata)
     if positions.size > 1 and np.any(np.diff(positions) <= 0):
         return None
-    return BackedRows(file_counts(adata), positions)
+    return BackedRows(file_counts(adata), positions, backed_columns(adata))

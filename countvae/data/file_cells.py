@@ -9,7 +9,7 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 
-from countvae.data.backed import backed_positions
+from countvae.data.backed import backed_columns, backed_positions
 from countvae.data.registry import Registry, attach_registry
 from countvae.errors import InvalidDataError
 
@@ -18,6 +18,7 @@ from countvae.errors import InvalidDataError
 class FileCells:
     """Cells of an .h5ad file, by position, with the registration they were checked under.
 
+    ``columns`` are the genes' positions in the file when a view chose or reordered them (``None``: all, in order).
     Picklable and small (path, positions, registry), so a worker process can :meth:`open` the cells itself instead
     of receiving a copy of the data. :meth:`open` refuses a file whose recorded size or modification time changed.
     """
@@ -27,6 +28,7 @@ class FileCells:
     registry: Registry
     size: int
     mtime_ns: int
+    columns: np.ndarray | None = None
 
     @classmethod
     def of(cls, adata: ad.AnnData, positions: np.ndarray, registry: Registry) -> FileCells:
@@ -34,7 +36,7 @@ class FileCells:
         path = Path(adata.filename).resolve()
         stat = os.stat(path)
         in_file = backed_positions(adata)[np.asarray(positions, dtype=np.int64)]
-        return cls(str(path), in_file, registry, stat.st_size, stat.st_mtime_ns)
+        return cls(str(path), in_file, registry, stat.st_size, stat.st_mtime_ns, backed_columns(adata))
 
     def open(self) -> ad.AnnData:
         """A backed view of the cells, registered as recorded (the counts are not checked again).
@@ -54,4 +56,4 @@ class FileCells:
             raise InvalidDataError(f"{path} has changed since the fit started; start it again on the current file.")
         full = ad.read_h5ad(path, backed="r")
         attach_registry(full, self.registry)
-        return full[self.positions]
+        return full[self.positions] if self.columns is None else full[self.positions, self.columns]

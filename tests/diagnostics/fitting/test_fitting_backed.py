@@ -87,6 +87,29 @@ def test_a_backed_view_reads_its_rows_from_the_file(h5ad_path):
     assert counts[5:5].shape[0] == 0
 
 
+def test_a_backed_view_of_chosen_genes_reads_them_in_its_order(h5ad_path):
+    # A view's genes, reversed and a third left out: the reader must apply the view's columns, not the file's, and
+    # so must the worker that reopens the file from FileCells.
+    backed, memory = _backed(h5ad_path), _in_memory(h5ad_path)
+    rows, genes = np.arange(0, 400, 3), list(memory.var_names[::-1][:20])
+    view = backed[rows, genes]
+    counts = get_count_matrix(view, get_registry(backed))
+    assert isinstance(counts, BackedRows) and counts.shape == (len(rows), 20)
+    np.testing.assert_array_equal(counts[0 : len(rows)].toarray(), memory[rows, genes].X.toarray())
+    assert counts[4:4].shape == (0, 20)
+    opened = FileCells.of(view, np.arange(10), get_registry(backed)).open()
+    assert list(opened.var_names) == genes
+    np.testing.assert_array_equal(
+        get_count_matrix(opened, get_registry(backed))[0:10].toarray(), counts[0:10].toarray()
+    )
+    opened.file.close()
+    fitted = [
+        cv.CountVAE(cells, **MODEL).train(seed=0, progress_bar=False, **TRAIN)
+        for cells in (view, memory[rows, genes].copy())
+    ]
+    np.testing.assert_array_equal(fitted[0].get_latent_representation(), fitted[1].get_latent_representation())
+
+
 def test_backed_fits_stream_and_equal_in_memory_fits(h5ad_path, local_backed_fits):
     fits = local_backed_fits
     for fit in fits:  # each model holds a view of the file, not a copy of the counts
