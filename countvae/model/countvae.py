@@ -30,7 +30,7 @@ from countvae.model.loadings import build_loadings_prior, latent_names, loadings
 from countvae.model.persistence import read_model_folder, write_model_folder
 from countvae.model.query import ModelCells, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
-from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, resolve_device, train_module
+from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, make_optimizer, resolve_device, train_module
 from countvae.module.marginal import MarginalSettings
 from countvae.module.priors import LatentPrior
 from countvae.module.vae import CountVAEModule
@@ -70,7 +70,9 @@ class CountVAE:
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
         ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
         ``kept_epoch`` (whose parameters the model holds: the best validation loss's with early stopping, else the last)
-        and ``early_stopping``. Empty before training and for models saved before it was recorded.
+        and ``early_stopping``; ``max_epochs``, ``stopped_early`` and ``kept_epoch`` are ``None`` after a call ended by
+        an error or an interrupt, which keeps its finished epochs. Empty before training and for models saved before
+        it was recorded.
 
     Examples
     --------
@@ -216,22 +218,48 @@ class CountVAE:
             self.device = device
             self._optimizer = None
         offset = int(self.history["epoch"].max()) if len(self.history) else 0
+        if self._optimizer is None:
+            self._optimizer = make_optimizer(self.module, plan.learning_rate, plan.weight_decay, plan.adam_eps)
+        completed: list = []
         try:
             run = train_module(
-                self.module, source, self.train_indices, self.validation_indices, plan, self._optimizer, offset
+                self.module,
+                source,
+                self.train_indices,
+                self.validation_indices,
+                plan,
+                self._optimizer,
+                offset,
+                completed,
             )
-        finally:
-            self.is_trained = True
-        self._optimizer = run.optimizer
-        self.history = pd.concat([self.history, run.history], ignore_index=True) if len(self.history) else run.history
+        except BaseException:
+            # An error or Ctrl-C: the parameters are those of the interruption (the last good step after a divergence).
+            # The epochs that finished are kept, and a model with none stays untrained, so the next call starts afresh.
+            if completed:
+                self._record_training(pd.DataFrame(completed, columns=list(HISTORY_COLUMNS)), plan, offset, None, None)
+            raise
+        self._record_training(run.history, plan, offset, run.stopped_early, run.kept_epoch, run.max_epochs)
+        return self
+
+    def _record_training(
+        self,
+        history: pd.DataFrame,
+        plan: TrainingPlan,
+        offset: int,
+        stopped_early: bool | None,
+        kept_epoch: int | None,
+        max_epochs: int | None = None,
+    ) -> None:
+        """Append a call's epochs to the history and summarise it (``None``: the call was interrupted)."""
+        self.is_trained = True
+        self.history = pd.concat([self.history, history], ignore_index=True) if len(self.history) else history
         self.training_summary = {
-            "epochs_trained": offset + run.epochs,
-            "max_epochs": offset + run.max_epochs,
-            "stopped_early": run.stopped_early,
-            "kept_epoch": run.kept_epoch,
+            "epochs_trained": offset + len(history),
+            "max_epochs": None if max_epochs is None else offset + max_epochs,
+            "stopped_early": stopped_early,
+            "kept_epoch": kept_epoch,
             "early_stopping": plan.early_stopping,
         }
-        return self
 
     def _training_split(self, plan: TrainingPlan, n_obs: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The train/validation split of a first call (``None`` when continuing), after checking ``plan`` fits it."""

@@ -451,6 +451,7 @@ def train_module(
     plan: TrainingPlan,
     optimizer: torch.optim.Optimizer | None = None,
     epoch_offset: int = 0,
+    completed: list | None = None,
 ) -> TrainingRun:
     """Fit ``module`` by maximising the ELBO over minibatches of ``train_indices``.
 
@@ -476,6 +477,9 @@ def train_module(
         The optimiser to continue with (kept between calls to ``train``); ``None``: a new Adam.
     epoch_offset
         Number of epochs already trained (for the history's epoch column).
+    completed
+        A list that receives each epoch's history row as the epoch ends, so that a caller keeps the epochs finished
+        before an error or an interrupt.
 
     Returns
     -------
@@ -489,7 +493,7 @@ def train_module(
         optimizer = make_optimizer(module, plan.learning_rate, plan.weight_decay, plan.adam_eps)
     # Continued training (epoch_offset > 0) draws new minibatch orders and noise, still fixed by the seed.
     rng = np.random.default_rng([plan.seed, epoch_offset])
-    rows: list[tuple[int, float, float, float, float]] = []  # the history's columns, HISTORY_COLUMNS
+    rows: list[tuple[int, float, float, float, float]] = [] if completed is None else completed  # HISTORY_COLUMNS
     live = list(module.state_dict().values())
     last_good = _snapshot(live, None)
     stopping = EarlyStopping(plan, live, optimizer)

@@ -12,7 +12,7 @@ import torch
 from nb_baseline import per_gene_nb_log_likelihood
 
 import countvae as cv
-from countvae.errors import ModelFileError, OutputExistsError, TrainingDivergedError
+from countvae.errors import ModelFileError, NotTrainedError, OutputExistsError, TrainingDivergedError
 from countvae.model import DataSummary, ModelSettings, TrainingPlan, copy_model
 from countvae.module import LatentPrior
 from countvae.module.marginal import MarginalSettings
@@ -201,6 +201,38 @@ def test_divergence_is_reported_with_epoch_and_step(small_adata):
     assert "float64" in str(info.value)
     # the parameters kept are finite (the last good step), so outputs stay finite
     assert all(torch.isfinite(p).all() for p in m.module.parameters())
+    # it diverged before an epoch finished: the model is not trained, and the next call starts a fresh fit
+    assert not m.is_trained and len(m.history) == 0 and m.training_summary == {}
+    with pytest.raises(NotTrainedError):
+        m.get_latent_representation()
+    m.train(max_epochs=2, progress_bar=False, seed=3)
+    fresh = cv.CountVAE(small_adata, n_latent=2, decoder="linear", likelihood="poisson")
+    fresh.train(max_epochs=2, progress_bar=False, seed=3)
+    np.testing.assert_array_equal(m.get_latent_representation(), fresh.get_latent_representation())
+
+
+def test_an_interrupted_call_keeps_its_finished_epochs(small_adata, monkeypatch):
+    from countvae.model import training
+
+    epochs_run = []
+
+    def interrupted_at_the_fourth(*args, **kwargs):
+        epochs_run.append(1)
+        if len(epochs_run) == 4:
+            raise KeyboardInterrupt
+        return train_epoch(*args, **kwargs)
+
+    train_epoch = training._train_epoch
+    monkeypatch.setattr(training, "_train_epoch", interrupted_at_the_fourth)
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    with pytest.raises(KeyboardInterrupt):
+        m.train(max_epochs=10, progress_bar=False)
+    assert m.is_trained and m.history["epoch"].tolist() == [1, 2, 3]
+    assert m.training_summary["epochs_trained"] == 3 and m.training_summary["kept_epoch"] is None
+    split = m.train_indices.copy()
+    m.train(max_epochs=2, progress_bar=False)  # continues: same split, the history goes on from epoch 4
+    assert m.history["epoch"].tolist() == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(split, m.train_indices)
 
 
 def test_early_stopping_restores_best(small_adata):
