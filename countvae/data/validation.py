@@ -92,9 +92,8 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
         counts above ``2**24`` (exact in float32), or has all-zero cells or genes.
 
     """
-    n_obs, n_vars = _check_shape_and_dtype(matrix, what)
-    scan = _scan_counts(matrix, n_obs, n_vars)
-    _check_values(scan, what)
+    scan = checked_count_totals(matrix, what)
+    n_obs, n_vars = len(scan.cell_totals), len(scan.gene_totals)
     n_empty_cells = int(np.count_nonzero(scan.cell_totals == 0))
     if n_empty_cells:
         raise InvalidDataError(
@@ -109,6 +108,14 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
             "before passing the data to countvae, e.g. `sc.pp.filter_genes(adata, min_counts=1)`; countvae never "
             "drops genes silently."
         )
+    return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
+
+
+def checked_count_totals(matrix, what: str) -> CountSummary:
+    """Totals of each cell and gene, in the one pass that checks the values as :func:`validate_counts` does."""
+    n_obs, n_vars = _check_shape_and_dtype(matrix, what)
+    scan = _scan_counts(matrix, n_obs, n_vars)
+    _check_values(scan, what)
     return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
 
 

@@ -19,7 +19,7 @@ from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
 from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
-from countvae.data.validation import count_totals
+from countvae.data.validation import checked_count_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
 LIKELIHOODS = ("poisson", "nb", "zinb")
@@ -248,7 +248,8 @@ class DataSummary:
         SetupError
             If it is not registered.
         InvalidDataError
-            If a cell or a gene has no counts at all (possible when an AnnData is subset after registration).
+            If the counts are not raw counts (:func:`countvae.data.validate_counts`), or a cell or a gene has no counts
+            at all (possible when an AnnData is subset or changed after registration).
 
         """
         if not isinstance(adata, ad.AnnData):
@@ -256,7 +257,8 @@ class DataSummary:
         registry = get_registry(adata)
         if registry is None:
             raise SetupError("This AnnData is not set up; call CountVAE.setup_anndata(adata, ...) first.")
-        totals = count_totals(get_count_matrix(adata, registry))
+        # Checked again, not only counted: the counts may have been changed in place (e.g. normalised) since setup.
+        totals = checked_count_totals(get_count_matrix(adata, registry), registry.describe_counts())
         gene_totals = totals.gene_totals
         n_empty_cells = int(np.count_nonzero(totals.cell_totals == 0))
         if n_empty_cells:

@@ -304,6 +304,20 @@ def test_cells_without_counts_in_a_gene_subset_are_refused(small_adata):
         cv.CountVAE(small_adata[:, :4], n_latent=2)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: np.log1p(x / x.sum(1, keepdims=True) * 1e4), "non-integer values"),
+        (lambda x: np.where(np.arange(x.size).reshape(x.shape) == 7, np.nan, x), "NaN or infinite"),
+    ],
+)
+def test_counts_changed_in_place_after_setup_are_refused(small_adata, change, message):
+    # setup checked the counts; a model built after they were normalised (or damaged) in place must check again
+    small_adata.X = sp.csr_matrix(change(small_adata.X.toarray()))
+    with pytest.raises(cv.errors.InvalidDataError, match=message):
+        cv.CountVAE(small_adata, n_latent=2)
+
+
 def test_settings_are_one_validated_frozen_dataclass():
     s = ModelSettings(n_latent=np.int64(3), dtype=torch.float64, decoder="linear")
     assert s.n_latent == 3 and type(s.n_latent) is int and s.dtype == "float64" and s.torch_dtype == torch.float64
