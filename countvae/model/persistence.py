@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import anndata as ad
 import torch
 
 from countvae._io import atomic_directory, load_checked_tensors, read_versioned_json, sha256_file, write_json_atomic
@@ -58,7 +59,8 @@ def write_model_folder(
             **settings,
         }
         if adata is not None:
-            adata.write_h5ad(tmp / ADATA_FILE)
+            # anndata's function, not the method, which would move a backed AnnData onto the copy it writes
+            ad.io.write_h5ad(tmp / ADATA_FILE, adata)
             record["checksums"][ADATA_FILE] = sha256_file(tmp / ADATA_FILE)
         write_json_atomic(tmp / SETTINGS_FILE, record)
     return Path(dir_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -169,6 +170,20 @@ def test_save_with_anndata(trained_linear, tmp_path):
     loaded = cv.CountVAE.load(tmp_path / "m")
     assert loaded.adata is not None and loaded.adata.shape == trained_linear.adata.shape
     np.testing.assert_array_equal(loaded.get_latent_representation(), trained_linear.get_latent_representation())
+
+
+def test_saving_a_backed_anndata_leaves_it_on_its_file(sim_linear, tmp_path):
+    sim_linear.write_h5ad(tmp_path / "cells.h5ad")
+    backed = ad.read_h5ad(tmp_path / "cells.h5ad", backed="r")
+    cv.CountVAE.setup_anndata(backed, batch_key="batch")
+    model = cv.CountVAE(backed, n_latent=2, decoder="linear").train(max_epochs=2, progress_bar=False)
+    model.save(tmp_path / "m", save_anndata=True)
+    # the analyst's AnnData still reads its own file (anndata's write method would have moved it onto the copy)
+    assert backed.filename == tmp_path / "cells.h5ad"
+    np.testing.assert_array_equal(backed[:10].to_memory().X.toarray(), sim_linear.X[:10].toarray())
+    loaded = cv.CountVAE.load(tmp_path / "m")
+    np.testing.assert_array_equal(loaded.get_latent_representation(), model.get_latent_representation())
+    backed.file.close()
 
 
 def test_load_refuses_damaged_folders(trained_linear, tmp_path):
