@@ -28,7 +28,7 @@ from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileErr
 from countvae.model import anndata_results, differential, inference
 from countvae.model.loadings import build_loadings_prior, latent_names, loadings_posterior
 from countvae.model.persistence import read_model_folder, write_model_folder
-from countvae.model.query import ModelCells, query_source, resolve_registry
+from countvae.model.query import ModelCells, cells_fingerprint, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
 from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, make_optimizer, resolve_device, train_module
 from countvae.module.marginal import MarginalSettings
@@ -110,6 +110,7 @@ class CountVAE:
         self.validation_indices = np.arange(0)
         self.device = torch.device("cpu")
         self._optimizer: torch.optim.Optimizer | None = None
+        self._training_cells: str | None = None  # cells_fingerprint of the training AnnData
         self.module = self._build_module(seed=0)
 
     def _build_module(self, seed: int) -> CountVAEModule:
@@ -187,7 +188,8 @@ class CountVAE:
 
         On the first call ``seed`` fixes everything random (initial parameters, train/validation split, minibatch
         order, Monte Carlo noise), so the same seed gives the same numbers on CPU. A further call continues from the
-        current parameters and optimiser state, on the same split.
+        current parameters and optimiser state (a fresh optimiser after :meth:`load` or :func:`copy_model`, which do not
+        keep it), on the same split.
 
         Parameters
         ----------
@@ -212,6 +214,7 @@ class CountVAE:
             self.device = device
             self.module = self._build_module(plan.seed)
             self.train_indices, self.validation_indices = split
+            self._training_cells = cells_fingerprint(self.adata.obs_names)
             self._optimizer = None
         elif device != self.device:
             self.module.to(device)
@@ -270,6 +273,12 @@ class CountVAE:
                     f"This model was trained on {n_split} cells, but its AnnData has {n_obs}; further training "
                     "continues on the training cells and their split. Pass the training AnnData to CountVAE.load to "
                     "train on, or train a new model on these cells."
+                )
+            if self._training_cells not in (None, cells_fingerprint(self.adata.obs_names)):
+                raise InvalidDataError(
+                    "This model was trained on other cells, or on these in another order; further training continues "
+                    "the training cells' train/validation split, by position. Pass the training AnnData, its cells "
+                    "in their order, to CountVAE.load to train on, or train a new model on these cells."
                 )
             split, n_validation = None, len(self.validation_indices)
         else:
@@ -594,6 +603,7 @@ class CountVAE:
             "has_latent_map": self.module.latent_map is not None,
             "history": self.history.astype(float).replace({np.nan: None}).to_dict(orient="list"),
             "training": self.training_summary,
+            "training_cells": self._training_cells,
         }
         if save_anndata and self.adata is None:
             raise SetupError("save_anndata=True, but this model holds no AnnData.")
@@ -650,6 +660,7 @@ class CountVAE:
         model.is_trained = bool(record["is_trained"])
         model.history = pd.DataFrame(record["history"]).astype(float)
         model.training_summary = dict(record.get("training", {}))  # absent in folders saved before it was recorded
+        model._training_cells = record.get("training_cells")  # absent before: only the number of cells is checked
         if len(model.history):
             model.history["epoch"] = model.history["epoch"].astype(int)
         if adata is None and adata_path is not None:
@@ -703,6 +714,7 @@ def copy_model(
     new.is_trained = model.is_trained
     new.history = model.history.copy()
     new.training_summary = dict(model.training_summary)
+    new._training_cells = model._training_cells
     new.train_indices = model.train_indices.copy()
     new.validation_indices = model.validation_indices.copy()
     return new

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 
 import anndata as ad
@@ -72,6 +73,11 @@ def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
         f"(e.g. {list(extra[:5])}). Subset to the training genes with `adata[:, model.var_names]` "
         "when all are present; otherwise the model cannot be applied to these cells."
     )
+
+
+def cells_fingerprint(obs_names: pd.Index) -> str:
+    """SHA-256 of the cells' names in order: recognises the training cells without storing their names."""
+    return hashlib.sha256("\n".join(map(str, obs_names)).encode()).hexdigest()
 
 
 def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:

@@ -136,6 +136,11 @@ def test_training_a_loaded_model_needs_its_training_cells(model, folder):
     assert fewer.get_latent_representation().shape == (50, 2)  # other cells can be evaluated
     with pytest.raises(InvalidDataError, match="trained on 120 cells, but its AnnData has 50"):
         fewer.train(max_epochs=1, progress_bar=False)
+    # as many cells, but not the training cells in their order: the saved split would select other cells
+    for other in (model.adata[::-1], model.adata[np.r_[1:120, 0]]):
+        shuffled = cv.CountVAE.load(folder, adata=_unregistered(other))
+        with pytest.raises(InvalidDataError, match="trained on other cells, or on these in another order"):
+            shuffled.train(max_epochs=1, progress_bar=False)
     same = cv.CountVAE.load(folder, adata=_unregistered(model.adata))
     same.train(max_epochs=1, progress_bar=False)
     assert len(same.history) == len(model.history) + 1
