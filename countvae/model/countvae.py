@@ -391,8 +391,10 @@ class CountVAE:
     ) -> pd.DataFrame | np.ndarray:
         """Expected counts per gene for a cell of library size ``library_size``.
 
-        Decodes the posterior mean of ``z`` (or averages ``n_samples`` posterior draws). The default 1e4 gives counts
-        per 10,000 as ``sc.pp.normalize_total``; scvi-tools' ``library_size=1`` gives proportions.
+        For a zero-inflated model these are the negative binomial's means, before zero inflation (as scvi-tools';
+        the expected counts, zeros included, are smaller by the probability of a dropout). Decodes the posterior mean
+        of ``z`` (or averages ``n_samples`` posterior draws). The default 1e4 gives counts per 10,000 as
+        ``sc.pp.normalize_total``; scvi-tools' ``library_size=1`` gives proportions.
 
         Parameters
         ----------

@@ -97,7 +97,7 @@ def normalized_expression(
     seed: int = 0,
     batch_size: int = 512,
 ) -> np.ndarray:
-    """Expected counts of each gene at library size ``library_size``, shape (cells, genes).
+    """Expected counts of each gene at library size ``library_size``, shape (cells, genes); before zero inflation.
 
     ``n_samples == 1`` decodes the posterior mean of ``z``; more average over draws from ``q(z | x)``.
     ``transform_batch`` (an integer code) decodes every cell as if from that batch.
