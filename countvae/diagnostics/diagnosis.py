@@ -14,6 +14,7 @@ prints progress and calls :func:`diagnose`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -28,7 +29,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_number
+from countvae._checks import check_bool, check_int, check_number
 from countvae._io import atomic_file_path, explained_write_errors, remove_interrupted_writes
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.gene_selection import GeneChoice, choose_genes
@@ -37,7 +38,7 @@ from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, fit_seeds
+from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import discard_folder
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -214,15 +215,16 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
 
     """
     s = settings
+    for name in ("overwrite", "refit_broken", "progress_bar"):  # before anything is discarded or fitted
+        check_bool(name, getattr(s, name))
+    check_int("split_seed (--split-seed)", s.split_seed, 0)
     if s.heldout_fraction is not None:
         check_number(
             "heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
     report_dir = _report_destination(s.out_dir, s.overwrite)
     h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite)
-    seeds = list(range(s.seeds)) if isinstance(s.seeds, int) else [int(seed) for seed in s.seeds]
-    if len(seeds) < 2:
-        raise InvalidArgumentError(f"seeds (--seeds) must be at least 2 to compare fits, got {len(seeds)}.")
+    seeds = _seed_list(s.seeds)
     model = dict(s.model_kwargs or {})
     if model.get("n_latent") is None:
         model["n_latent"] = DIAGNOSE_N_LATENT
@@ -300,12 +302,27 @@ def diagnose(
     rep = report(
         fits, markers=s.markers, progress_bar=s.progress_bar, downstream=s.downstream, **(s.report_kwargs or {})
     )
-    if plan.report_dir is not None:
-        remove_interrupted_report(plan.report_dir)
-        rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
+    # The .h5ad is written first under a temporary name and renamed after the report is saved, so that a run
+    # interrupted while writing it has no finished report yet, and resumes (a finished report refuses a rerun).
+    with contextlib.ExitStack() as stack:
+        if plan.h5ad_path is not None:
+            tmp = stack.enter_context(atomic_file_path(plan.h5ad_path, s.overwrite))
+            write_analysed_h5ad(rep, fits, plan.adata, tmp)
+        if plan.report_dir is not None:
+            remove_interrupted_report(plan.report_dir)
+            rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
     if plan.h5ad_path is not None:
-        write_analysed_h5ad(rep, fits, plan.adata, plan.h5ad_path, s.overwrite)
+        logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
     return rep
+
+
+def _seed_list(seeds: int | Sequence[int]) -> list[int]:
+    """The seeds: ``range(seeds)`` for a number (at least 2), else the seeds given, checked as fit_seeds checks them."""
+    if isinstance(seeds, int | np.integer) and not isinstance(seeds, bool):
+        if seeds < 2:
+            raise InvalidArgumentError(f"seeds (--seeds) must be at least 2 to compare fits, got {seeds}.")
+        return list(range(int(seeds)))
+    return check_seeds(seeds)
 
 
 def _checked_report_kwargs(report_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -427,14 +444,9 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
     return out
 
 
-def write_analysed_h5ad(
-    rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path, overwrite: bool = False
-) -> Path:
-    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``, atomically."""
+def write_analysed_h5ad(rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path) -> None:
+    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``."""
     adata = adata.to_memory() if adata.isbacked else adata.copy()
     fits.fits[0].model.write_results(adata, layer=None, overwrite=True)
     rep.write(adata, overwrite=True)
-    with atomic_file_path(path, overwrite=overwrite) as tmp:
-        adata.write_h5ad(tmp)
-    logger.info("Wrote %s (%d cells, %d genes) with the report's columns.", path, adata.n_obs, adata.n_vars)
-    return path
+    adata.write_h5ad(path)

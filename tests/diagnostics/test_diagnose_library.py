@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import anndata as ad
+import numpy as np
 import pytest
 
 import countvae as cv
@@ -98,6 +99,19 @@ def test_defaults_are_the_commands_and_bad_arguments_fail_before_fitting(data_fi
     )
     with pytest.raises(InvalidArgumentError, match="at least 2"):
         diagnose(adata, seeds=1)
+    # a number of seeds as numpy gives it; seeds that are no integers, repeated or a string are refused (floats were
+    # truncated, a string read letter by letter, a repeated seed refused only after the warm-up fit)
+    assert plan_diagnose(adata, seeds=np.int64(3)).settings.seeds == [0, 1, 2]
+    for seeds, message in [
+        (-1, "at least 2 to compare fits, got -1"),
+        ([0.5, 1.7], r"Every seed must be an integer; got 0\.5"),
+        ([0, 0], r"Seeds \[0\] are given more than once"),
+        ("3", "seeds must be a sequence of integers"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=message):
+            plan_diagnose(adata, seeds=seeds)
+    with pytest.raises(InvalidArgumentError, match=r"split_seed \(--split-seed\)"):
+        plan_diagnose(adata, split_seed=-1)
     with pytest.raises(InvalidArgumentError, match="NOT_A_GENE"):
         diagnose(adata, markers=["NOT_A_GENE"], out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
@@ -183,6 +197,52 @@ def test_an_interrupted_overwrite_run_resumes_from_its_refitted_seeds(data_file,
         after_fitting=lambda fits: seen.append(fits.reused_seeds),
     )
     assert seen == [[0]] and (out / "report" / "report.json").is_file()
+
+
+def test_an_overwrite_that_is_no_bool_is_refused_before_anything_is_discarded(data_file, tmp_path):
+    # overwrite="no" is truthy: the finished report was removed and every seed refitted before save refused it
+    adata, out = _registered(data_file), tmp_path / "diag"
+    settings = DiagnoseSettings(seeds=2, model_kwargs=MODEL, train_kwargs=TRAIN, n_jobs=1, out_dir=out)
+    diagnose(adata, settings=settings, report_kwargs={"n_lpd_samples": 10, "ica": False})
+    stored = (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").stat().st_mtime_ns
+    for value in ("no", 0, None):
+        with pytest.raises(InvalidArgumentError, match="overwrite must be True or False"):
+            diagnose(adata, settings=settings, overwrite=value)
+    assert (out / "report" / "report.json").is_file()
+    assert (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").stat().st_mtime_ns == stored
+
+
+def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, monkeypatch):
+    # The report was saved before the .h5ad: a run interrupted while writing the .h5ad left a finished report, and
+    # the same command was refused ("already holds a finished report"), the only remedy refitting every seed.
+    from countvae.diagnostics import diagnosis
+
+    adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
+    settings = DiagnoseSettings(
+        seeds=2,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        n_jobs=1,
+        out_dir=out,
+        write_h5ad=h5ad,
+        report_kwargs={"n_lpd_samples": 10, "ica": False},
+    )
+    write = diagnosis.write_analysed_h5ad
+
+    def interrupted(*args):
+        write(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diagnosis, "write_analysed_h5ad", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose(adata, settings=settings)
+    assert not (out / "report").exists() and not h5ad.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    monkeypatch.setattr(diagnosis, "write_analysed_h5ad", write)
+    seen = []
+    diagnose(adata, settings=settings, after_fitting=lambda fits: seen.append(fits.reused_seeds))
+    assert seen == [[0, 1]] and (out / "report" / "report.json").is_file()
+    assert "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
 
 
 def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_file, tmp_path, monkeypatch):

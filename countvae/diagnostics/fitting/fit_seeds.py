@@ -114,7 +114,8 @@ _LOADABLE_CLASSES = {
 
 
 # ----- input checks ----------------------------------------------------------------------------
-def _check_seeds(seeds: Iterable[int]) -> list[int]:
+def check_seeds(seeds: Iterable[int]) -> list[int]:
+    """``seeds`` as a list of at least two distinct integers in ``[0, 2**32 - 1]``, refused clearly otherwise."""
     if isinstance(seeds, str | bytes) or not isinstance(seeds, Iterable):
         raise InvalidArgumentError(f"seeds must be a sequence of integers such as range(5), got {seeds!r}.")
     values = list(seeds)
@@ -126,7 +127,7 @@ def _check_seeds(seeds: Iterable[int]) -> list[int]:
     values = [int(s) for s in values]
     if len(values) < 2:
         raise InvalidArgumentError(
-            f"fit_seeds needs at least two seeds to compare fits, got {values}; for example seeds=range(5)."
+            f"seeds must hold at least two seeds to compare fits, got {values}; for example seeds=range(5)."
         )
     duplicated = sorted({s for s in values if values.count(s) > 1})
     if duplicated:
@@ -398,7 +399,7 @@ def _seed_fits(run: _Run, parallelism: Parallelism) -> SeedFits:
 
 def _checked_settings(adata: Any, s: FitSeedsSettings) -> tuple[FitSeedsSettings, Registry, str]:
     """``s`` checked and normalised (seeds a list, kwargs dicts, threads a number), the registry and model family."""
-    seeds = _check_seeds(s.seeds)
+    seeds = check_seeds(s.seeds)
     registry = _check_registered(adata)
     heldout_fraction = check_number("heldout_fraction", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
     split_seed = check_int("split_seed", s.split_seed, minimum=0)
@@ -420,6 +421,7 @@ def _checked_settings(adata: Any, s: FitSeedsSettings) -> tuple[FitSeedsSettings
             DEFAULT_TORCH_THREADS if s.torch_threads is None else check_int("torch_threads", s.torch_threads, minimum=1)
         ),
         refit_broken=check_bool("refit_broken", s.refit_broken),
+        overwrite=check_bool("overwrite", s.overwrite),
     )
     return checked, registry, family
 

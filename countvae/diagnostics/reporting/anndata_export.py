@@ -44,6 +44,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
+from countvae._checks import check_bool
 from countvae._formatting import json_ready
 from countvae._provenance import package_versions
 from countvae.diagnostics.analyses.stability_columns import de_call_frequency
@@ -104,6 +105,12 @@ def h5ad_ready(value: Any) -> Any:
 
 
 def _report_frames(rep: DiagnosticReport) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray]:
+    sections = rep.settings.get("sections")
+    if sections is not None and "per_cell" not in sections:
+        raise InvalidArgumentError(
+            f"This report was made with sections={sections}; write() needs the 'per_cell' and 'invariants' sections. "
+            "Add them to report(..., sections=[...]), or make the report with every section."
+        )
     if rep.cells is None or rep.genes is None or rep.consensus_latent is None:
         raise InvalidArgumentError(
             "This report holds no per-cell results (a report read back from its files, or made by an older "
@@ -202,6 +209,7 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     """
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
+    check_bool("overwrite", overwrite)
     cells, genes, consensus = _report_frames(rep)
     positions = _positions(pd.Index(cells.index.astype(str)), pd.Index(adata.obs_names.astype(str)))
     gene_positions = _gene_positions(pd.Index(genes.index.astype(str)), pd.Index(adata.var_names.astype(str)))
@@ -220,10 +228,11 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
             f"adata already has {', '.join(taken)}; pass overwrite=True to replace them (report.write(adata, "
             "overwrite=True), or --overwrite on the command line), or write into a copy."
         )
+    summary = summary_record(rep, written, int((positions >= 0).sum()))  # before anything is written: it can fail
     for key, values in obs.items():
         adata.obs[key] = values
     for key, values in var.items():
         adata.var[key] = values
     adata.obsm[CONSENSUS_KEY] = _take(consensus, positions).astype(np.float32)
-    adata.uns[UNS_KEY] = summary_record(rep, written, int((positions >= 0).sum()))
+    adata.uns[UNS_KEY] = summary
     return written

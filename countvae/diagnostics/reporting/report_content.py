@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from countvae.diagnostics.reporting.downstream_section import DownstreamSection
+from countvae.errors import InvalidArgumentError
 
 #: The main tables, in the order of the report's sections; every report has them (``ica`` may have no rows).
 MAIN_TABLES = ("invariants", "alignment", "predictive", "subspace", "rhat", "markers", "ppc", "ica")
@@ -41,6 +42,15 @@ class ReportContent:
     consensus_latent: np.ndarray | None = field(default=None, repr=False)
     sections: tuple[Any, ...] | None = field(default=None, repr=False)  # the sections run (None: the registered ones)
 
+    def _table(self, name: str) -> pd.DataFrame:
+        """Main table ``name``, refused with the section to add when the report was made without that section."""
+        if name not in self.tables:
+            raise InvalidArgumentError(
+                f"This report was made with sections={self.settings.get('sections')}, without the {name!r} section "
+                f"that makes this table; add {name!r} to report(..., sections=[...]) to have it."
+            )
+        return self.tables[name]
+
     @property
     def invariants(self) -> pd.DataFrame:
         """A table with one row per quantity (invariant in theory, agreement across seeds, interval, verdict, why).
@@ -53,37 +63,37 @@ class ReportContent:
         ``remedy`` (why it is undetermined and what would decide it), ``report_instead``. See
         :mod:`countvae.diagnostics.reporting.verdicts` for the decision rule.
         """
-        return self.tables["invariants"]
+        return self._table("invariants")
 
     @property
     def alignment(self) -> pd.DataFrame:
         """Seed-pair alignment errors per map class (see :mod:`countvae.diagnostics.analyses.alignment`)."""
-        return self.tables["alignment"]
+        return self._table("alignment")
 
     @property
     def predictive(self) -> pd.DataFrame:
         """Held-out log predictive density per seed."""
-        return self.tables["predictive"]
+        return self._table("predictive")
 
     @property
     def subspace(self) -> pd.DataFrame:
         """Rotation-invariant geometry per seed pair (CKA, k-NN overlap, spectra distance, principal angles)."""
-        return self.tables["subspace"]
+        return self._table("subspace")
 
     @property
     def rhat(self) -> pd.DataFrame:
         """Spread of guide draws across seeds (R-hat, seeds as chains) per quantity, with its within-seed baseline."""
-        return self.tables["rhat"]
+        return self._table("rhat")
 
     @property
     def markers(self) -> pd.DataFrame:
         """Per marker, the invariant R^2 across seeds against the per-dimension story."""
-        return self.tables["markers"]
+        return self._table("markers")
 
     @property
     def ppc(self) -> pd.DataFrame:
         """Posterior predictive checks per seed."""
-        return self.tables["ppc"]
+        return self._table("ppc")
 
     @property
     def ica(self) -> pd.DataFrame:
@@ -96,4 +106,4 @@ class ReportContent:
         reads), excess kurtosis, negentropy, the Gaussian flag, and the ``verdict`` with its ``reason`` and ``remedy``
         (see :mod:`countvae.diagnostics.analyses.components`). No rows with ``ica=False``.
         """
-        return self.tables["ica"]
+        return self._table("ica")

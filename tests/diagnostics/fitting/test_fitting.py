@@ -303,6 +303,7 @@ def test_fingerprint_ignores_storage_but_not_values():
         ({"model_kwargs": {"n_latent": object()}}, InvalidArgumentError, "cannot be recorded"),
         ({"model_kwargs": [("n_latent", 2)]}, InvalidArgumentError, "dict of keyword arguments"),
         ({"torch_threads": 0}, InvalidArgumentError, "torch_threads"),
+        ({"overwrite": "no"}, InvalidArgumentError, "overwrite must be True or False"),  # was read as True
     ],
 )
 def test_bad_input(adata, kwargs, error, message):

@@ -115,6 +115,23 @@ def test_a_report_of_a_subset_reads_back_and_renders(seed_fits, tmp_path):
     assert "Markers:" in loaded._repr_html_()
 
 
+def test_a_subset_without_headline_or_main_table_reads_back_and_says_what_it_lacks(seed_fits, tmp_path):
+    # The PPC section writes no headline sentence: its saved report was refused by load_report (the schema asked
+    # for one); to_frame() and write() raised a bare KeyError, write() after changing the AnnData.
+    rep = report(seed_fits, sections=["ppc"], **SMALL)
+    assert rep.headline == []
+    loaded = load_report(rep.save(tmp_path / "rep"))
+    assert loaded.to_dict() == rep.to_dict()
+    with pytest.raises(InvalidArgumentError, match=r"sections=\['ppc'\], without the 'invariants' section"):
+        rep.to_frame()
+    adata = seed_fits.adata_heldout.copy()
+    before = (list(adata.obs.columns), list(adata.obsm), list(adata.uns))
+    for made in (rep, report(seed_fits, sections=["per_cell"], **SMALL)):
+        with pytest.raises(InvalidArgumentError, match="the 'per_cell' and 'invariants' sections|'invariants' section"):
+            made.write(adata)
+        assert (list(adata.obs.columns), list(adata.obsm), list(adata.uns)) == before  # nothing written
+
+
 def test_one_marker_by_name_no_sections_and_a_switch_that_is_no_bool(seed_fits):
     gene = str(seed_fits.adata_heldout.var_names[0])
     rep = report(seed_fits, markers=gene, sections=["markers"], **SMALL)  # one marker, not its letters
