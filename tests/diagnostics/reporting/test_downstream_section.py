@@ -9,6 +9,7 @@ sizes; the expected chance Jaccard has a closed form on a small case.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from html import unescape
 
@@ -236,6 +237,9 @@ def test_report_section_round_trips_through_json_html_and_markdown(planted_fits,
     assert 'id="downstream"' in html and "## Downstream results across seeds" in markdown
     for statement in sec.statements:
         assert statement in unescape(html) and statement in markdown
+    # n_baseline_fits=None (all fits) is a dash in the settings table, as every missing value, not Python's None
+    assert sec.settings["n_baseline_fits"] is None
+    assert re.search(r"n_baseline_fits</td><td[^>]*>–</td>", unescape(html)) and ">None<" not in html
     # reports without the request have no section
     assert report(planted_fits, ica=False, **SMALL_REPORT).downstream is None
 
