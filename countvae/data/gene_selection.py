@@ -148,7 +148,7 @@ def highly_variable_genes(
     per_batch = []
     for batch in np.unique(labels):
         rows = np.flatnonzero(labels == batch)
-        where = "" if batches is None else f" in batch {batch!r}"
+        where = "" if batches is None else f" in batch {str(batch)!r}"
         if len(rows) < 2:
             raise InvalidDataError(f"Highly variable genes need at least 2 cells{where}, found {len(rows)}.")
         try:
@@ -230,7 +230,10 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
     counts = get_count_matrix(adata, registry)
     if not (sp.issparse(counts) or isinstance(counts, np.ndarray)):
         raise InvalidDataError("Gene selection needs the counts in memory; read the file without backed mode.")
-    batches = None if registry.batch_key is None else batch_codes(adata, registry)
+    # the batches' names, not their codes, so that an error names the batch as the analyst knows it
+    batches = (
+        None if registry.batch_key is None else np.asarray(registry.batch_categories)[batch_codes(adata, registry)]
+    )
     keep = highly_variable_genes(counts, int(n_top_genes), batches)["highly_variable"].to_numpy()
     n_empty = int(np.count_nonzero(np.asarray(counts[:, keep].sum(axis=1)).ravel() == 0))
     if n_empty:

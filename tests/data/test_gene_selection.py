@@ -165,6 +165,11 @@ def test_select_top_genes_reads_layers_and_raw(registered):
 
 
 def test_select_top_genes_errors(registered):
+    lonely = registered.copy()
+    lonely.obs["batch"] = ["donor A"] * (lonely.n_obs - 1) + ["donor B"]
+    cv.data.setup_anndata(lonely, batch_key="batch")
+    with pytest.raises(InvalidDataError, match="at least 2 cells in batch 'donor B'"):  # its name, not its code
+        select_top_genes(lonely, 10)
     with pytest.raises(InvalidArgumentError, match="more than the 60 genes"):
         select_top_genes(registered, 61)
     with pytest.raises(InvalidArgumentError, match="fewer than 5"):
