@@ -230,7 +230,8 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
         model["n_latent"] = DIAGNOSE_N_LATENT
     genes = choose_genes(adata, s.n_top_genes, DIAGNOSE_N_TOP_GENES, model["n_latent"])
     heldout_fraction = resolve_heldout_fraction(s.heldout_fraction, genes.adata.n_obs)
-    _, heldout_idx = heldout_split(genes.adata.n_obs, heldout_fraction, s.split_seed)
+    fit_idx, heldout_idx = heldout_split(genes.adata.n_obs, heldout_fraction, s.split_seed)
+    check_fit_genes(genes.adata[fit_idx], get_registry(genes.adata))  # as the fits would, before the warm-up
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)
     if s.downstream is not None:

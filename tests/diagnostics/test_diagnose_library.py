@@ -10,6 +10,7 @@ from pathlib import Path
 import anndata as ad
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import countvae as cv
 from countvae.cli import main
@@ -23,7 +24,7 @@ from countvae.diagnostics import (
     heldout_split,
     plan_diagnose,
 )
-from countvae.errors import InvalidArgumentError, OutputExistsError, OutputWriteError, SetupError
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError, OutputWriteError, SetupError
 
 FAST = ["--seeds", "2", "--n-latent", "2", "--decoder", "linear", "--max-epochs", "5", "--n-lpd-samples", "10"]
 #: What the command line above gives the fits (the command's defaults for the options not named).
@@ -156,6 +157,21 @@ def test_write_h5ad_naming_a_folder_is_refused_before_fitting(data_file, tmp_pat
     with pytest.raises(OutputExistsError, match="taken.h5ad is a folder; give --write-h5ad the name of a file"):
         diagnose(_registered(data_file), seeds=2, write_h5ad=folder, overwrite=overwrite, out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists() and folder.is_dir()
+
+
+def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_file, tmp_path):
+    # It was refused only when the fits started, after the command's timed warm-up fit, advising min_cells=3,
+    # which does not prevent it.
+    adata = _registered(data_file)
+    _, heldout_idx = heldout_split(adata.n_obs, 0.25, 0)  # diagnose's default split of this 300-cell file
+    counts = adata.X.toarray()
+    counts[:, 3] = 0
+    counts[heldout_idx[:3], 3] = 1
+    adata.X = sp.csr_matrix(counts)
+    warmed = []
+    with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
+        diagnose(adata, seeds=2, out_dir=tmp_path / "x", before_fitting=warmed.append)
+    assert warmed == [] and not (tmp_path / "x").exists()
 
 
 def test_too_few_held_out_cells_for_ica_are_refused_before_fitting(tmp_path):

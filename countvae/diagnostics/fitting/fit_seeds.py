@@ -198,9 +198,10 @@ def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     n_empty, names = genes_without_counts(adata_fit, registry)
     if n_empty:
         raise InvalidDataError(
-            f"{n_empty} genes have no counts in the cells left for fitting after the held-out split "
-            f"(e.g. {names}). Remove rarely detected genes first (e.g. scanpy.pp.filter_genes(adata, min_cells=3)) "
-            "or hold out fewer cells."
+            f"{n_empty} genes have no counts in the cells left for fitting after the held-out split (e.g. {names}): "
+            "each is detected only in held-out cells. Remove rarely detected genes first: with "
+            "scanpy.pp.filter_genes(adata, min_cells=10) a gene's cells all land among a quarter held out with "
+            "chance 0.25**10 (min_cells=3: 0.25**3, too likely among 2,000 genes); or hold out fewer cells."
         )
 
 
