@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         n_lpd_samples=args.n_samples,
         progress_bar=progress_enabled(args),
+        overwrite=args.overwrite,
     )
     comparison.save(out / "comparison", overwrite=args.overwrite)
     result = {

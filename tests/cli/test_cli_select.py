@@ -37,6 +37,11 @@ def test_select_writes_the_comparison_and_resumes(data, tmp_path, capsys):
     # the same command again refuses to overwrite the comparison
     assert main(args) == 1
     assert "already exists" in capsys.readouterr().err
+    # --overwrite refits with other settings (it replaced only the comparison, and the recorded fits refused the run)
+    changed = [*args[: args.index("--max-epochs") + 1], "4", *args[args.index("--max-epochs") + 2 :]]
+    assert main([*changed, "--overwrite"]) == 0, capsys.readouterr().err
+    fit_record = next((out / "fits" / "n_latent=1__decoder=linear__likelihood=nb").rglob("manifest.json"))
+    assert '"max_epochs": 4' in fit_record.read_text()
 
 
 def test_select_help_and_bad_grids(data, tmp_path, capsys):
