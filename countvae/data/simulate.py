@@ -18,6 +18,8 @@ from countvae._checks import check_choice, check_int, check_number
 from countvae.errors import InvalidArgumentError
 
 SourceKind = Literal["normal", "laplace", "uniform", "discrete"]
+#: The largest gene mean simulated (numpy's Poisson sampler refuses means near 1e19).
+MAX_MEAN = 1e12
 
 
 def draw_sources(kind: SourceKind | list[SourceKind], n: int, n_latent: int, rng: np.random.Generator) -> np.ndarray:
@@ -82,8 +84,10 @@ def simulate(
 
     For cell ``n`` with sources ``z_n`` (``obsm['z_true']``), batch ``s_n`` and size factor ``l_n``, gene ``g`` has
     mean ``l_n * exp(eta_ng)``, where ``eta_ng = b_g + W_g z_n + c_{s_n g}`` for the linear decoder, and for the MLP
-    decoder ``eta_n = log_softmax(V2 leaky_relu(V1 z_n + a1) + a2) + c_{s_n}``. The baseline ``b`` is a
-    log-proportion (``sum_g exp(b_g) = 1``), so the observed library size is close to ``l_n``.
+    decoder ``eta_n = log_softmax(V2 leaky_relu(V1 z_n + a1) + a2) + c_{s_n}``. The MLP's shares sum to 1, so its
+    observed library size is close to ``l_n``; the linear decoder's baseline ``b`` is a log-proportion
+    (``sum_g exp(b_g) = 1``), but ``sum_g exp(b_g + W_g z_n)`` is not 1 away from ``z = 0``, and its libraries run
+    larger (a median of 1.4 ``l_n`` with the defaults).
 
     Parameters
     ----------
@@ -159,6 +163,7 @@ def simulate(
     loadings = _checked_design(
         likelihood, decoder, loading_sparsity, loadings, n_source_bins, n_cells, n_genes, n_latent, n_batches
     )
+    _check_scales(batch_effect, loading_scale, library_size, library_log_sd, theta, dropout, leaky_slope, seed)
     loading_sparsity = float(loading_sparsity)
     groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
     rng = np.random.default_rng(seed)
@@ -174,6 +179,11 @@ def simulate(
     if de_lfc_matrix is not None and n_de_genes > 0:
         eta = eta + np.log(2.0) * de_lfc_matrix[groups]
     mu = np.exp(log_size[:, None] + eta)
+    if not np.all(mu <= MAX_MEAN):
+        raise InvalidArgumentError(
+            f"A simulated gene mean reaches {np.max(mu):.3g} counts (more than {MAX_MEAN:.0e}); lower loading_scale "
+            f"({loading_scale}) or library_size ({library_size})."
+        )
     theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
     counts = _nonempty_counts(mu, likelihood, theta_g, dropout, rng)
     params.update(
@@ -224,6 +234,30 @@ def _checked_design(
     for name, value in (("n_cells", n_cells), ("n_genes", n_genes), ("n_latent", n_latent), ("n_batches", n_batches)):
         check_int(name, value, 1)
     return loadings
+
+
+def _check_scales(
+    batch_effect: float,
+    loading_scale: float,
+    library_size: float,
+    library_log_sd: float,
+    theta: float,
+    dropout: float,
+    leaky_slope: float,
+    seed: int,
+) -> None:
+    """Refuse :func:`simulate`'s scales outside their ranges (numpy's samplers fail on them with their own words)."""
+    for name, value in (
+        ("batch_effect", batch_effect),
+        ("loading_scale", loading_scale),
+        ("library_log_sd", library_log_sd),
+    ):
+        check_number(name, value, 0.0)
+    check_number("library_size", library_size, 0.0, low_open=True)
+    check_number("theta", theta, 0.0, low_open=True)
+    check_number("dropout", dropout, 0.0, 1.0, high_open=True)
+    check_number("leaky_slope", leaky_slope)
+    check_int("seed", seed, 0)
 
 
 def _baseline(n_genes: int, rng: np.random.Generator) -> np.ndarray:

@@ -7,6 +7,7 @@ import pytest
 
 import countvae as cv
 from countvae.data.simulate import draw_sources, source_labels
+from countvae.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize("kind", ["normal", "laplace", "uniform", "discrete"])
@@ -57,7 +58,7 @@ def test_counts_have_the_stored_means_and_dispersions(likelihood):
 
 def test_library_sizes_and_one_batch():
     """Size factors are log-normal around ``library_size`` with log sd ``library_log_sd``; the observed library
-    (b is a log-proportion) is close to the size factor; one batch has no offsets."""
+    totals the stored means; one batch has no offsets."""
     adata = cv.data.simulate(n_cells=4000, n_genes=50, n_latent=2, likelihood="poisson", library_size=500.0, seed=2)
     log_l = np.log(adata.obs["size_factor"].to_numpy())
     assert abs(np.median(log_l) - np.log(500.0)) < 0.03 and abs(log_l.std() - 0.3) < 0.02
@@ -94,3 +95,31 @@ def test_source_labels_are_equally_populated_bins_or_levels():
     np.testing.assert_array_equal(np.bincount(labels[:, 0]), [100] * 10)
     np.testing.assert_array_equal(labels[:, 0], 9 - np.arange(1000) // 100)
     np.testing.assert_array_equal(labels[:, 1], np.repeat([0, 1, 2], [300, 300, 400]))
+
+
+def test_observed_library_against_the_size_factor_as_the_docstring_says():
+    # the MLP's shares sum to 1; the linear decoder's exp(b + W z) do not away from z = 0 (median 1.4 l_n)
+    ratios = {}
+    for decoder in ("mlp", "linear"):
+        adata = cv.data.simulate(n_cells=2000, n_genes=200, decoder=decoder, seed=1)
+        ratios[decoder] = np.median(np.asarray(adata.X.sum(1)).ravel() / adata.obs["size_factor"].to_numpy())
+    assert abs(ratios["mlp"] - 1.0) < 0.05 and 1.3 < ratios["linear"] < 1.5
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"theta": -1.0}, "theta must be a positive number"),
+        ({"theta": 0.0}, "theta must be a positive number"),
+        ({"likelihood": "zinb", "dropout": 1.5}, r"dropout must be a number in \[0, 1\)"),
+        ({"seed": -1}, "seed"),
+        ({"library_size": 0.0}, "library_size"),
+        ({"library_log_sd": -0.1}, "library_log_sd"),
+        ({"batch_effect": float("nan")}, "batch_effect"),
+        ({"loading_scale": 30.0}, r"A simulated gene mean reaches .* lower loading_scale \(30.0\)"),
+    ],
+)
+def test_scales_outside_their_range_are_refused_by_name(setting, message):
+    # numpy's samplers refused them with "shape < 0" or "lam value too large", or an empty cell was blamed
+    with pytest.raises(InvalidArgumentError, match=message):
+        cv.data.simulate(n_cells=50, n_genes=20, n_latent=2, **setting)
