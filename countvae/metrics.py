@@ -147,7 +147,9 @@ def mcc(latents: Any, sources: Any, method: CorrelationMethod = "pearson") -> fl
     1 exactly when the latents are the sources up to a signed permutation and per-coordinate scaling (Pearson) or
     monotone maps (Spearman). With unequal numbers of columns, the ``min`` of the two are matched.
     """
-    return float(np.mean(np.abs(match_components(sources, latents, method).correlations)))
+    x, y = _as_matrix(latents, "latents"), _as_matrix(sources, "sources")
+    _same_cells(x, y, ("latents", "sources"))  # named as the caller passed them, not as match_components' a and b
+    return float(np.mean(np.abs(match_components(y, x, method).correlations)))
 
 
 # ----- InfoMEC ---------------------------------------------------------------------------------

@@ -393,3 +393,10 @@ def test_batch_mixing_refuses_what_it_cannot_score():
         metrics.batch_mixing(np.array([[1], [5]]), ["a", "b"])
     with pytest.raises(InvalidDataError, match="integer indices"):
         metrics.batch_mixing(np.array([[0.5], [1.0]]), ["a", "b"])
+
+
+def test_mcc_names_its_own_arguments_when_their_cells_differ():
+    # it said "a has 90 cells but b has 100" for latents of 100 cells and sources of 90: match_components' names
+    rng = np.random.default_rng(0)
+    with pytest.raises(InvalidDataError, match="latents has 100 cells but sources has 90"):
+        metrics.mcc(rng.normal(size=(100, 2)), rng.normal(size=(90, 2)))
