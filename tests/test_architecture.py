@@ -49,6 +49,10 @@ ALLOWED_PRIVATE = {
         "anndata has no public way to get the rows of a view of a backed AnnData in its file; they let countvae "
         "read the view's cells from disk instead of loading them (a view of a view cannot be made, so it is one index)"
     ),
+    ("data/backed.py", "_vidx"): (
+        "the columns' counterpart of _oidx: the genes a view of a backed AnnData keeps, in its order, so that they are "
+        "read from the file in that order"
+    ),
     ("model/training.py", "_foreach_copy_"): (
         "torch has no public multi-tensor copy; the training loop keeps the last good parameters with one call "
         "per step instead of one copy per tensor"

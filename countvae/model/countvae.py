@@ -66,6 +66,9 @@ class CountVAE:
         The Pyro module (:class:`countvae.module.CountVAEModule`).
     history, train_indices, validation_indices, is_trained, device
         Training state.
+    training_cells
+        SHA-256 of the training cells' names in order (``None`` before training, and in folders saved before it was
+        recorded): further training refuses an AnnData of other cells, whose positions the split would misread.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
         ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
@@ -110,7 +113,7 @@ class CountVAE:
         self.validation_indices = np.arange(0)
         self.device = torch.device("cpu")
         self._optimizer: torch.optim.Optimizer | None = None
-        self._training_cells: str | None = None  # cells_fingerprint of the training AnnData
+        self.training_cells: str | None = None
         self.module = self._build_module(seed=0)
 
     def _build_module(self, seed: int) -> CountVAEModule:
@@ -214,7 +217,7 @@ class CountVAE:
             self.device = device
             self.module = self._build_module(plan.seed)
             self.train_indices, self.validation_indices = split
-            self._training_cells = cells_fingerprint(self.adata.obs_names)
+            self.training_cells = cells_fingerprint(self.adata.obs_names)
             self._optimizer = None
         elif device != self.device:
             self.module.to(device)
@@ -274,7 +277,7 @@ class CountVAE:
                     "continues on the training cells and their split. Pass the training AnnData to CountVAE.load to "
                     "train on, or train a new model on these cells."
                 )
-            if self._training_cells not in (None, cells_fingerprint(self.adata.obs_names)):
+            if self.training_cells not in (None, cells_fingerprint(self.adata.obs_names)):
                 raise InvalidDataError(
                     "This model was trained on other cells, or on these in another order; further training continues "
                     "the training cells' train/validation split, by position. Pass the training AnnData, its cells "
@@ -605,7 +608,7 @@ class CountVAE:
             "has_latent_map": self.module.latent_map is not None,
             "history": self.history.astype(float).replace({np.nan: None}).to_dict(orient="list"),
             "training": self.training_summary,
-            "training_cells": self._training_cells,
+            "training_cells": self.training_cells,
         }
         if save_anndata and self.adata is None:
             raise SetupError("save_anndata=True, but this model holds no AnnData.")
@@ -662,7 +665,7 @@ class CountVAE:
         model.is_trained = bool(record["is_trained"])
         model.history = pd.DataFrame(record["history"]).astype(float)
         model.training_summary = dict(record.get("training", {}))  # absent in folders saved before it was recorded
-        model._training_cells = record.get("training_cells")  # absent before: only the number of cells is checked
+        model.training_cells = record.get("training_cells")  # absent before: only the number of cells is checked
         if len(model.history):
             model.history["epoch"] = model.history["epoch"].astype(int)
         if adata is None and adata_path is not None:
@@ -716,7 +719,7 @@ def copy_model(
     new.is_trained = model.is_trained
     new.history = model.history.copy()
     new.training_summary = dict(model.training_summary)
-    new._training_cells = model._training_cells
+    new.training_cells = model.training_cells
     new.train_indices = model.train_indices.copy()
     new.validation_indices = model.validation_indices.copy()
     return new
