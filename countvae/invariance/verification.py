@@ -72,8 +72,13 @@ def _resolve_transforms(transforms: object, n_latent: int, seed: int, controls: 
         if ORTHOGONAL_ROUNDING < T.orthogonality_error(M) <= ORTHOGONAL_ATOL:
             M = T.nearest_orthogonal(M)  # as reparameterize() does, so the map is classified as orthogonal
         resolved[name] = M
-    if controls:
-        resolved.update(control_transforms(n_latent))
+    for name, M in (control_transforms(n_latent) if controls else {}).items():
+        if name in resolved and not np.allclose(resolved[name], M, rtol=0.0, atol=1e-12):
+            raise InvalidArgumentError(
+                f"transform {name!r} has the name of a built-in control, which is another map; rename it, or pass "
+                "controls=False."
+            )
+        resolved[name] = M
     if not resolved:
         raise InvalidArgumentError("No transforms to check.")
     return resolved

@@ -401,6 +401,12 @@ def test_flags_and_masks_are_clear_errors(small_adata, tmp_path):
     (tmp_path / "kept").mkdir()
     with pytest.raises(InvalidArgumentError, match="names must differ"):  # was: one of the two maps dropped
         inv.verify(model, small_adata, {1: np.eye(2), "1": -np.eye(2)}, indices=np.arange(20), **cheap)
+    # a user map named like a control was replaced by the control, never checked (the control itself is accepted)
+    rotation = np.array([[0.0, -1.0], [1.0, 0.0]])
+    with pytest.raises(InvalidArgumentError, match="'scaling \\(control\\)' has the name of a built-in control"):
+        inv.verify(model, small_adata, {"scaling (control)": rotation}, indices=np.arange(20), **cheap)
+    assert set(report.transforms) >= {"scaling (control)"}
+    inv.verify(model, small_adata, dict(report.transforms), indices=np.arange(20), quadrature=False, **cheap)
     with pytest.raises(InvalidArgumentError, match="overwrite"):  # was read as True: the folder was replaced
         report.save(tmp_path / "kept", overwrite="no")
     assert (tmp_path / "kept").is_dir() and not any((tmp_path / "kept").iterdir())

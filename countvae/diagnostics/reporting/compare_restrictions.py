@@ -26,7 +26,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_int, check_number
+from countvae._checks import check_bool, check_int, check_number
 from countvae._provenance import package_versions
 from countvae._settings import documents_settings, setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
@@ -36,6 +36,7 @@ from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN, IDENTIFIED_AGREEMENT
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.restrictions import (
+    MODEL_SETTINGS,
     UNRESTRICTED,
     Restriction,
     fit_restrictions,
@@ -171,6 +172,8 @@ def compare_restrictions(
     programs = _resolve_programs(chosen, opts.gene_programs, var_names, opts.unknown_genes)
     margin = check_number("margin", opts.margin, 0.0, low_open=True)
     check_int("n_lpd_samples", opts.n_lpd_samples, 2)
+    check_bool("split_half", opts.split_half)  # "no" would run the split-half fits asked away
+    check_bool("check_symmetry", opts.check_symmetry)
     base_kwargs, kwargs_by_model = _model_settings(chosen, programs, opts.model_kwargs)
     train_kwargs = {"progress_bar": False, **(opts.train_kwargs or {})}
     logger.info("Fitting %d models from %d seeds.", len(kwargs_by_model), len(seeds))
@@ -201,6 +204,8 @@ def compare_restrictions(
         "margin_nats_per_cell": margin,
         "identified_threshold": IDENTIFIED_AGREEMENT,
         "n_lpd_samples": opts.n_lpd_samples,
+        "split_half": opts.split_half,
+        "check_symmetry": opts.check_symmetry,
         "gene_programs": programs,
     }
     return RestrictionReport(
@@ -216,6 +221,13 @@ def _model_settings(
     chosen: list[Restriction], programs: GenePrograms | None, model_kwargs: dict[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The settings every model shares, and each model's own (the unrestricted one first)."""
+    owned = {"gene_programs", *(key for kwargs in MODEL_SETTINGS.values() for key in kwargs)}
+    owned = sorted(owned & set(model_kwargs or {}))
+    if owned:  # given to every model, they would make the unrestricted reference a restricted model
+        raise InvalidArgumentError(
+            f"model_kwargs sets {owned}, which the restrictions set for their own models (the unrestricted reference "
+            "keeps the N(0, I) prior and free loadings); name the restriction in restrictions= instead."
+        )
     base_kwargs = {"decoder": "linear", **(model_kwargs or {})}
     if programs is not None and base_kwargs.setdefault("n_latent", len(programs)) != len(programs):
         raise InvalidArgumentError(

@@ -388,6 +388,14 @@ def test_comparison_refuses_bad_requests_before_fitting():
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "NOPE"], "b": ["gene2", "gene3"]})
     with pytest.raises(InvalidArgumentError, match="leave n_latent out"):
         compare_restrictions(adata, "programs", gene_programs={"a": ["gene0", "gene1"]}, model_kwargs={"n_latent": 3})
+    # "no" is truthy: the split-half fits and the symmetry check ran though asked away
+    for name in ("split_half", "check_symmetry"):
+        with pytest.raises(InvalidArgumentError, match=f"{name} must be True or False"):
+            compare_restrictions(adata, "laplace", **{name: "no"})
+    # a restriction's own setting given to every model made the unrestricted reference restricted, still so labelled
+    for kwargs in ({"prior": "laplace"}, {"loadings_prior": "horseshoe"}):
+        with pytest.raises(InvalidArgumentError, match=rf"model_kwargs sets \['{next(iter(kwargs))}'\].*restrictions="):
+            compare_restrictions(adata, "laplace", model_kwargs=kwargs)
 
 
 def test_a_gene_without_counts_in_a_split_half_is_refused_before_fitting(tmp_path):
