@@ -112,7 +112,9 @@ class SCVIFit:
             raise InvalidArgumentError(
                 f"gene_likelihood={module.gene_likelihood!r} is not a count likelihood; use 'zinb', 'nb' or 'poisson'."
             )
-        if getattr(module, "n_continuous_cov", 0) or getattr(module, "n_cats_per_cov", None):
+        # From the model's registry: scvi-tools' VAE takes the covariates' sizes as arguments but does not keep them.
+        stats = self.model.summary_stats
+        if stats.get("n_extra_categorical_covs", 0) or stats.get("n_extra_continuous_covs", 0):
             raise InvalidArgumentError(
                 "The scvi-tools model was set up with extra covariates (continuous_covariate_keys or "
                 "categorical_covariate_keys); SCVIFit supports batch and labels only."

@@ -35,15 +35,17 @@ COUNT_LIKELIHOODS = ("poisson", "nb", "zinb")
 
 
 def unsupported_module_reason(module: Any) -> str | None:
-    """Why :class:`SCVICells` cannot build the log joint of ``module``, or ``None`` when it can."""
+    """Why :class:`SCVICells` cannot build the log joint of ``module``, or ``None`` when it can.
+
+    Extra covariates are not visible on the module (scvi-tools' ``VAE`` does not keep their sizes): :class:`SCVIFit`
+    refuses such models from their registry.
+    """
     if getattr(module, "latent_distribution", "normal") != "normal":
         return f"latent_distribution={module.latent_distribution!r}; the log joint needs the normal latent."
     if getattr(module, "gene_likelihood", None) not in COUNT_LIKELIHOODS:
         return f"gene_likelihood={getattr(module, 'gene_likelihood', None)!r} is not 'poisson', 'nb' or 'zinb'."
     if getattr(module, "use_size_factor_key", False):
         return "the model was set up with size_factor_key; its library size is an external size factor."
-    if getattr(module, "n_continuous_cov", 0) or getattr(module, "n_cats_per_cov", None):
-        return "the model has extra covariates (continuous_covariate_keys or categorical_covariate_keys)."
     if getattr(module, "batch_representation", "one-hot") != "one-hot":
         return f"batch_representation={module.batch_representation!r}; only one-hot batches are supported."
     return None

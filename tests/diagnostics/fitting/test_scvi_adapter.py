@@ -354,6 +354,16 @@ def test_bad_models_and_data(adata, scvi_fits):
     ln.is_trained_ = True
     with pytest.raises(InvalidArgumentError, match="normal latent"):
         SCVIFit(ln, seed=0)
+    # the check read attributes scvi-tools' VAE does not keep, and let through a model whose decoder needs a covariate
+    for covariates in ({"categorical_covariate_keys": ["extra"]}, {"continuous_covariate_keys": ["extra_value"]}):
+        with_covariate = adata.copy()
+        with_covariate.obs["extra"] = np.where(np.arange(adata.n_obs) % 2, "x", "y")
+        with_covariate.obs["extra_value"] = np.arange(adata.n_obs, dtype=float) / adata.n_obs
+        scvi.model.SCVI.setup_anndata(with_covariate, batch_key="batch", **covariates)
+        covariate_model = scvi.model.SCVI(with_covariate, n_latent=2)
+        covariate_model.is_trained_ = True
+        with pytest.raises(InvalidArgumentError, match="extra covariates"):
+            SCVIFit(covariate_model, seed=0)
     with pytest.raises(InvalidDataError, match="genes"):
         scvi_fits[0].latent(scvi_fits.adata_heldout[:, :30].copy())
     with pytest.raises(InvalidArgumentError, match="supports the scvi-tools classes"):
