@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,29 @@ def check_same_design(fits: Mapping[str, SeedFits], settings: Mapping[str, Mappi
             raise InvalidArgumentError(
                 f"Candidate {name} holds out other cells than {first_name}; fit every candidate with the same "
                 "heldout_fraction and split_seed on the same AnnData."
+            )
+        _check_settings_describe_fits(name, seed_fits.fits[0], settings[name])
+
+
+def _check_settings_describe_fits(name: str, fit: Any, given: Mapping[str, Any]) -> None:
+    """Refuse settings that are not the fits': they order the candidates by size and name them in the table."""
+    size = _size_settings(given)
+    if size["n_latent"] != fit.n_latent:
+        raise InvalidArgumentError(
+            f"The settings of candidate {name} say n_latent={size['n_latent']}, but its fits have {fit.n_latent} "
+            "latent dimensions; give each candidate the settings its fits were made with."
+        )
+    recorded = getattr(getattr(fit, "model", None), "settings", None)
+    if not isinstance(recorded, ModelSettings):
+        return  # an scvi-tools fit: its latent dimensions are all that is known here
+    known = [f.name for f in fields(ModelSettings)]
+    for key, value in size.items():
+        if key not in known:
+            raise unknown_setting(key, known, f"compare_fits: the settings of candidate {name}")
+        if replace(recorded, **{key: value}) != recorded:
+            raise InvalidArgumentError(
+                f"The settings of candidate {name} say {key}={value!r}, but its fits were made with "
+                f"{key}={getattr(recorded, key)!r}; give each candidate the settings its fits were made with."
             )
 
 

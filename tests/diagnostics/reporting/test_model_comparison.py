@@ -268,6 +268,7 @@ class _StandInFit:
 
     def __init__(self, seed, quantity=GIVEN_OBSERVED_LIBRARY, genes=("g1", "g2")):
         self.seed, self.quantity, self.var_names = seed, quantity, pd.Index(genes)
+        self.n_latent = 10  # what settings without n_latent say (CountVAE's default)
 
     def log_predictive_density(self, adata, n_samples, seed):
         return with_quantity(pd.DataFrame({"lpd": np.zeros(adata.n_obs)}), self.quantity)
@@ -299,6 +300,19 @@ def _stand_in(seeds=(0, 1), cells=("c1", "c2", "c3"), **kwargs):
 def test_compare_fits_refuses_fits_that_cannot_be_compared(fits, settings, match):
     with pytest.raises(InvalidArgumentError, match=match):
         diagnostics.compare_fits(fits, settings)
+
+
+def test_compare_fits_refuses_settings_that_are_not_the_fits(adata, fits_dir):
+    # Swapped or misspelled settings were taken on trust: they order candidates by size and label the table.
+    with pytest.raises(InvalidArgumentError, match="say n_latent=3, but its fits have 10 latent dimensions"):
+        diagnostics.compare_fits({"a": _stand_in()}, {"a": {"n_latent": 3}})
+    fits = diagnostics.fit_seeds(
+        adata, seeds=range(2), model_kwargs={"n_latent": 2, "decoder": "linear"}, train_kwargs={"max_epochs": 2}
+    )
+    with pytest.raises(InvalidArgumentError, match="say decoder='mlp', but its fits were made with decoder='linear'"):
+        diagnostics.compare_fits({"a": fits}, {"a": {"n_latent": 2}})  # the size order's default decoder
+    with pytest.raises(InvalidArgumentError, match="'n_latnt'. Did you mean 'n_latent'"):
+        diagnostics.compare_fits({"a": fits}, {"a": {"n_latent": 2, "decoder": "linear", "n_latnt": 2}})
 
 
 def test_compare_fits_refuses_mixed_gene_sets():
