@@ -28,6 +28,7 @@ from countvae.cli.first_contact import add_gene_selection_argument, announce, ch
 from countvae.data.registry import setup_anndata
 from countvae.data.simulate import simulate
 from countvae.data.split import split_indices
+from countvae.errors import InvalidArgumentError
 from countvae.model import CountVAE
 from countvae.model.training import default_max_epochs
 
@@ -83,11 +84,16 @@ def run(args: argparse.Namespace) -> int:
     check_number("heldout_fraction (--heldout-fraction)", args.heldout_fraction, 0.0, 1.0, high_open=True)
     refuse_existing_output(args.out, args.overwrite)
     adata = read_h5ad(args.data) if args.data else default_data()
-    batch_key = args.batch_key if args.data else "batch"
+    batch_key = args.batch_key if args.data or args.batch_key else "batch"  # the embedded data's batches
     setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
     genes = choose_genes(adata, args.n_top_genes, None, args.n_latent)
     adata = genes.adata
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)
+    if len(held_idx) == 1:  # no standard error of the held-out log p(x); refused before training
+        raise InvalidArgumentError(
+            f"--heldout-fraction {args.heldout_fraction} holds out 1 of {adata.n_obs} cells; hold out at least 2 "
+            "(a larger --heldout-fraction), or none with --heldout-fraction 0."
+        )
     fit_data = adata[fit_idx].copy()
     show = progress_enabled(args)
     model_kwargs, train_kwargs = model_kwargs_of(args), train_kwargs_of(args)

@@ -114,6 +114,18 @@ def test_fit_never_replaces_a_file_named_by_out(tmp_path, capsys):
     assert data.is_file() and data.read_bytes() == before
 
 
+def test_fit_refuses_one_held_out_cell_and_a_batch_key_the_embedded_data_lacks(tmp_path, capsys):
+    # one held-out cell crashed after training (a NaN standard error in fit.json), losing the model; an unknown
+    # --batch-key was ignored without a data file
+    for extra, message in [
+        (["--heldout-fraction", "0.0004"], "holds out 1 of 3000 cells; hold out at least 2"),
+        (["--batch-key", "nonexistent"], "nonexistent"),
+    ]:
+        assert main(["fit", "--quiet", "--max-epochs", "1", "--out", str(tmp_path / "o"), *extra]) == 1
+        err = capsys.readouterr().err
+        assert message in err and err.strip().count("\n") == 0 and not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("fraction", ["1.5", "1", "-0.2"])
 def test_fit_names_its_option_for_a_heldout_fraction_out_of_range(tmp_path, capsys, fraction):
     # It said "first_fraction must be a number in (0, 1], got -0.5.", an internal name and another number.

@@ -61,6 +61,8 @@ def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
                 "20",
                 "--n-samples",
                 "20",
+                "--n-top-genes",
+                "25",
                 "--out",
                 str(tmp_path / "fit"),
                 "--quiet",
@@ -69,6 +71,7 @@ def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
         == 0
     )
     capsys.readouterr()
+    # the model has the 25 genes fit chose; verify-invariance reads those of the file (it refused the other 5)
     args = ["verify-invariance", str(h5ad), "--model", str(tmp_path / "fit" / "model"), "--out", str(tmp_path / "v")]
     assert main([*args, *FAST, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
