@@ -221,7 +221,7 @@ def _comparisons(
     if group1 is None:
         if len(categories) < 2:
             raise InvalidArgumentError(f"adata.obs[{groupby!r}] has a single group; DE needs two.")
-        firsts = categories
+        firsts = [c for c in categories if group2 is None or c != str(group2)]  # as scvi-tools: each other group
     else:
         firsts = [str(group1)] if np.ndim(group1) == 0 else [str(g) for g in group1]  # one group, or a list
     for g in [*firsts, *([] if group2 is None else [group2])]:
@@ -284,7 +284,8 @@ def differential_expression(
     groupby
         Column of ``adata.obs`` holding the groups.
     group1
-        A group, or a list of groups compared in turn; ``None``: each group against the rest (one-vs-all).
+        A group, or a list of groups compared in turn; ``None``: each group against the rest (one-vs-all), or each
+        other group against ``group2`` when it is given (as scvi-tools).
     group2
         The group to compare against; ``None``: all other cells (``"Rest"``).
     idx1, idx2

@@ -272,6 +272,9 @@ def test_one_vs_all_and_masks_agree_with_groupby(planted):
         idx1=adata.obs["group"] == "group1", idx2=np.flatnonzero(~mask1), n_samples_overall=300
     )
     pd.testing.assert_frame_equal(by_series, by_mask)
+    # group2 without group1: each other group against group2, as scvi-tools (it said "group1 and group2 are both")
+    against = planted.differential_expression(groupby="group", group2="group0", n_samples_overall=300)
+    pd.testing.assert_frame_equal(against, by_group)
 
 
 def test_orthogonal_reparameterization_leaves_the_result_unchanged(planted):
