@@ -87,10 +87,23 @@ def check_fits(fits: Sequence[FittedModel]) -> None:
                 f"{f.name!r} has n_latent={f.n_latent} but {first.name!r} has {first.n_latent}; "
                 "compare fits of the same model only."
             )
+        _check_same_model(f, first)
     symmetries = {f.symmetry for f in fits}
     if len(symmetries) != 1:
         raise InvalidArgumentError(f"The fits have different priors (symmetry groups {sorted(symmetries)}).")
     _warn_if_trained_on_other_cells(fits)
+
+
+def _check_same_model(fit: FittedModel, first: FittedModel) -> None:
+    """Refuse fits of another kind, or countvae fits of other settings: the report compares one model's seeds."""
+    remedy = "report() compares fits of one model from several seeds; compare_fits compares different models."
+    if fit.kind != first.kind:
+        raise InvalidArgumentError(f"{fit.name!r} is a {fit.kind} fit, {first.name!r} a {first.kind} fit; {remedy}")
+    if isinstance(fit, CountVAEFit) and isinstance(first, CountVAEFit):
+        ours, theirs = fit.model.settings.to_dict(), first.model.settings.to_dict()
+        differ = [key for key in ours if ours[key] != theirs.get(key)]
+        if differ:
+            raise InvalidArgumentError(f"{fit.name!r} and {first.name!r} differ in {differ}; {remedy}")
 
 
 def _warn_if_trained_on_other_cells(fits: Sequence[FittedModel]) -> None:

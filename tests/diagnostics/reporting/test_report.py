@@ -194,6 +194,14 @@ def test_bad_inputs(trained_linear, seed_fits):
         report([base, OtherGenes(base, np.eye(2), 5)], held)
     with pytest.raises(InvalidArgumentError, match="n_latent"):
         report([seed_fits[0], RotatedFit(base, np.eye(2), 5)], seed_fits.adata_heldout)
+    # fits of other settings (or of scvi-tools beside countvae) are other models, not seeds of one
+    mlp = cv.CountVAE(trained_linear.adata, n_latent=2, decoder="mlp", n_hidden=8).train(
+        max_epochs=1, progress_bar=False
+    )
+    with pytest.raises(InvalidArgumentError, match=r"differ in \['decoder'.*compare_fits compares different models"):
+        report([base, CountVAEFit(mlp, 1)], held)
+    with pytest.raises(InvalidArgumentError, match="is a scvi fit, 'seed 0' a countvae fit"):
+        report([base, RotatedFit(base, np.eye(2), 5, kind="scvi")], held)
     with pytest.raises(InvalidArgumentError, match="CD14"):
         report(rotated_copies(base, [0, 1]), held, markers=["CD14"])
     with pytest.raises(InvalidArgumentError, match="adata_heldout is required"):
