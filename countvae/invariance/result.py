@@ -247,13 +247,20 @@ class InvarianceReport:
         return other[["variant", "check", "value", "threshold", "ok"]].reset_index(drop=True)
 
     def verdicts(self) -> pd.DataFrame:
-        """One row per model variant and map: the headline numbers and whether all its checks agree."""
+        """One row per model variant and map: the headline numbers and its ``result``.
+
+        ``"ok"`` (every judged check agrees), ``"FAIL"`` (a check of the theory disagrees) or ``"not verified"`` (only
+        checks of the evidence failed, :data:`EVIDENCE_CHECKS`, or nothing was judged).
+        """
         rows = []
         for (variant, transform), group in self.checks.groupby(["variant", "transform"], sort=False):
             if transform == "(none)":
                 continue
             values = dict(zip(group["check"], group["value"], strict=True))
-            judged = group["ok"].dropna()
+            judged = group["ok"].dropna().astype(bool)
+            failed = set(group.loc[judged.index[~judged.to_numpy()], "check"])
+            # a row fails only on a theory check; a failed check of the evidence, or none judged, is "not verified"
+            result = "ok" if len(judged) and not failed else "FAIL" if failed - set(EVIDENCE_CHECKS) else "not verified"
             rows.append(
                 {
                     "variant": variant,
@@ -266,7 +273,7 @@ class InvarianceReport:
                     "z control": values.get("control_z", np.nan),
                     "quadrature max |diff|": values.get("quadrature_max_abs_diff", np.nan),
                     "prior max |diff|": values.get("prior_max_abs_diff", np.nan),
-                    "result": "ok" if len(judged) and bool(judged.astype(bool).all()) else "FAIL",
+                    "result": result,
                 }
             )
         return pd.DataFrame(rows)

@@ -23,8 +23,17 @@ def test_nothing_judged_is_not_verified():
     report = _report([_row("crn_max_abs_diff", None, expect="report"), _row("indep_z_mean", None, expect="report")])
     assert report.status == "not verified" and not report.passed
     assert report.reasons() == ["no check with a verdict was made"]
-    # a map whose checks are all unjudged is not shown as "ok" either
-    assert report.verdicts()["result"].tolist() == ["FAIL"]
+    # a map whose checks are all unjudged is not shown as "ok" either, nor as a failure of the theory
+    assert report.verdicts()["result"].tolist() == ["not verified"]
+
+
+def test_a_map_whose_evidence_alone_failed_is_not_verified_not_failed():
+    """Known answer: every theory check of the map agrees and only its estimates' reliability (an evidence check)
+    fails: the row says "not verified", as the report's status does, where it said FAIL (the theory contradicted)."""
+    evidence = _row("indep_unreliable_fraction", False, value=0.125, threshold=0.05)
+    report = _report([_row("crn_max_abs_diff", True), _row("indep_z_mean", True), evidence])
+    assert report.status == "not verified"
+    assert report.verdicts()["result"].tolist() == ["not verified"]
 
 
 def test_numpy_false_counts_as_a_failure():
