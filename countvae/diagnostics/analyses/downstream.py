@@ -279,12 +279,11 @@ def scanpy_graph(latent: np.ndarray, n_neighbors: int = 15) -> ad.AnnData:
 
     The graph is ``sc.pp.neighbors(adata, use_rep="X_latent", n_neighbors=n_neighbors)`` with scanpy's defaults
     otherwise (Euclidean, UMAP connectivities, ``random_state=0``), the graph an analyst builds from
-    ``obsm["X_countvae"]``. The latent keeps the float type ``CountVAE.get_latent_representation`` returns (and
-    ``write_results`` stores): float32, or float64 for a float64 model, so that the distances are the analyst's.
+    ``obsm["X_countvae"]``. The latent is held as float32, the type ``CountVAE.get_latent_representation`` returns
+    (and ``write_results`` stores), so that the distances are the analyst's.
     """
     sc = _require("scanpy", "scanpy's neighbour graph")
-    latent = np.asarray(latent)
-    latent = latent if latent.dtype in (np.float32, np.float64) else latent.astype(np.float32)
+    latent = np.asarray(latent, dtype=np.float32)
     if latent.ndim != 2 or n_neighbors >= latent.shape[0]:
         raise InvalidArgumentError(
             f"A {n_neighbors}-NN graph needs a (cells, dims) array with more than {n_neighbors} cells, "
