@@ -110,21 +110,28 @@ def check_same_design(fits: Mapping[str, SeedFits], settings: Mapping[str, Mappi
 
 
 def _check_settings_describe_fits(name: str, fit: Any, given: Mapping[str, Any]) -> None:
-    """Refuse settings that are not the fits': they order the candidates by size and name them in the table."""
-    size = _size_settings(given)
-    if size["n_latent"] != fit.n_latent:
+    """Refuse settings that are not the fits': they order the candidates by size and name them in the table.
+
+    Only the settings given are checked (one left out may be one the model derives, as ``n_latent`` from gene
+    programs).
+    """
+    if given.get("n_latent") is not None and given["n_latent"] != fit.n_latent:
         raise InvalidArgumentError(
-            f"The settings of candidate {name} say n_latent={size['n_latent']}, but its fits have {fit.n_latent} "
+            f"The settings of candidate {name} say n_latent={given['n_latent']}, but its fits have {fit.n_latent} "
             "latent dimensions; give each candidate the settings its fits were made with."
         )
     recorded = getattr(getattr(fit, "model", None), "settings", None)
     if not isinstance(recorded, ModelSettings):
         return  # an scvi-tools fit: its latent dimensions are all that is known here
     known = [f.name for f in fields(ModelSettings)]
-    for key, value in size.items():
+    for key, value in given.items():
         if key not in known:
             raise unknown_setting(key, known, f"compare_fits: the settings of candidate {name}")
-        if replace(recorded, **{key: value}) != recorded:
+        try:
+            same = replace(recorded, **{key: value}) == recorded
+        except InvalidArgumentError:
+            same = False  # a value the fits' other settings do not allow
+        if not same:
             raise InvalidArgumentError(
                 f"The settings of candidate {name} say {key}={value!r}, but its fits were made with "
                 f"{key}={getattr(recorded, key)!r}; give each candidate the settings its fits were made with."

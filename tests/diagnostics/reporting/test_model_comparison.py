@@ -310,7 +310,7 @@ def test_compare_fits_refuses_settings_that_are_not_the_fits(adata, fits_dir):
         adata, seeds=range(2), model_kwargs={"n_latent": 2, "decoder": "linear"}, train_kwargs={"max_epochs": 2}
     )
     with pytest.raises(InvalidArgumentError, match="say decoder='mlp', but its fits were made with decoder='linear'"):
-        diagnostics.compare_fits({"a": fits}, {"a": {"n_latent": 2}})  # the size order's default decoder
+        diagnostics.compare_fits({"a": fits}, {"a": {"n_latent": 2, "decoder": "mlp"}})
     with pytest.raises(InvalidArgumentError, match="'n_latnt'. Did you mean 'n_latent'"):
         diagnostics.compare_fits({"a": fits}, {"a": {"n_latent": 2, "decoder": "linear", "n_latnt": 2}})
 
