@@ -14,7 +14,6 @@ prints progress and calls :func:`diagnose`.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import logging
@@ -303,17 +302,23 @@ def diagnose(
     rep = report(
         fits, markers=s.markers, progress_bar=s.progress_bar, downstream=s.downstream, **(s.report_kwargs or {})
     )
-    # The .h5ad is written first under a temporary name and renamed after the report is saved, so that a run
-    # interrupted while writing it has no finished report yet, and resumes (a finished report refuses a rerun).
-    with contextlib.ExitStack() as stack:
-        if plan.h5ad_path is not None:
-            tmp = stack.enter_context(atomic_file_path(plan.h5ad_path, s.overwrite))
-            write_analysed_h5ad(rep, fits, plan.adata, tmp)
+    # The .h5ad is written first, complete, under a name of its own and renamed after the report is saved, so that a
+    # run interrupted while writing it has no finished report yet and resumes (a finished report refuses a rerun).
+    pending = None if plan.h5ad_path is None else plan.h5ad_path.with_name(f".{plan.h5ad_path.name}.pending")
+    try:
+        if pending is not None:
+            with atomic_file_path(pending, overwrite=True) as tmp:
+                write_analysed_h5ad(rep, fits, plan.adata, tmp)
         if plan.report_dir is not None:
             remove_interrupted_report(plan.report_dir)
             rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
-    if plan.h5ad_path is not None:
-        logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
+        if pending is not None:
+            with explained_write_errors(plan.h5ad_path):
+                os.replace(pending, plan.h5ad_path)
+            logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
+    finally:
+        if pending is not None:
+            pending.unlink(missing_ok=True)
     return rep
 
 

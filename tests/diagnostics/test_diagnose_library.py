@@ -253,12 +253,24 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         diagnose(adata, settings=settings)
     assert not (out / "report").exists() and not h5ad.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", ".pending"))]
     monkeypatch.setattr(diagnosis, "write_analysed_h5ad", write)
     seen = []
     diagnose(adata, settings=settings, after_fitting=lambda fits: seen.append(fits.reused_seeds))
     assert seen == [[0, 1]] and (out / "report" / "report.json").is_file()
     assert "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+    # a full disk while saving the report is told about the report, not about the .h5ad written before it
+    from countvae._io import explained_write_errors
+    from countvae.diagnostics import DiagnosticReport
+
+    def no_space(self, path, **kwargs):
+        with explained_write_errors(Path(path)):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(DiagnosticReport, "save", no_space)
+    with pytest.raises(OutputWriteError, match=r"Could not write \S*other[/\\]report: the disk is full"):
+        diagnose(adata, settings=settings, out_dir=tmp_path / "other", write_h5ad=tmp_path / "other.h5ad")
+    assert not (tmp_path / "other.h5ad").exists() and not list(tmp_path.glob(".other.h5ad*"))
 
 
 def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_file, tmp_path, monkeypatch):
