@@ -249,9 +249,11 @@ class InvarianceReport:
     def verdicts(self) -> pd.DataFrame:
         """One row per model variant and map: the headline numbers and its ``result``.
 
-        ``"ok"`` (every judged check agrees), ``"FAIL"`` (a check of the theory disagrees) or ``"not verified"`` (only
-        checks of the evidence failed, :data:`EVIDENCE_CHECKS`, or nothing was judged).
+        ``"ok"`` (every judged check agrees), ``"not verified"`` (a check of the evidence failed, the map's own or its
+        model variant's, :data:`EVIDENCE_CHECKS`, or nothing was judged: as :attr:`status`, the evidence outranks
+        the theory) or ``"FAIL"`` (the evidence is sound and a check of the theory disagrees).
         """
+        unsound = set(self._evidence_failures()["variant"])
         rows = []
         for (variant, transform), group in self.checks.groupby(["variant", "transform"], sort=False):
             if transform == "(none)":
@@ -259,8 +261,10 @@ class InvarianceReport:
             values = dict(zip(group["check"], group["value"], strict=True))
             judged = group["ok"].dropna().astype(bool)
             failed = set(group.loc[judged.index[~judged.to_numpy()], "check"])
-            # a row fails only on a theory check; a failed check of the evidence, or none judged, is "not verified"
-            result = "ok" if len(judged) and not failed else "FAIL" if failed - set(EVIDENCE_CHECKS) else "not verified"
+            if not len(judged) or variant in unsound or failed & set(EVIDENCE_CHECKS):
+                result = "not verified"
+            else:
+                result = "FAIL" if failed else "ok"
             rows.append(
                 {
                     "variant": variant,

@@ -34,6 +34,12 @@ def test_a_map_whose_evidence_alone_failed_is_not_verified_not_failed():
     report = _report([_row("crn_max_abs_diff", True), _row("indep_z_mean", True), evidence])
     assert report.status == "not verified"
     assert report.verdicts()["result"].tolist() == ["not verified"]
+    # the evidence outranks the theory, as in the status: a failed theory check beside it, or the model's own
+    # estimator unreliable (its "(none)" row), leaves the map "not verified"
+    both = _report([_row("indep_z_mean", False, value=5.0, threshold=3.0), evidence])
+    assert both.verdicts()["result"].tolist() == ["not verified"]
+    own = _row("unreliable_fraction", False, transform="(none)", value=0.5, threshold=0.1)
+    assert _report([_row("crn_max_abs_diff", True), own]).verdicts()["result"].tolist() == ["not verified"]
 
 
 def test_numpy_false_counts_as_a_failure():
