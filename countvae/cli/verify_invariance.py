@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     if model is not None:
         layer = layer if layer is not None else model.registry.layer
         batch_key = batch_key if batch_key is not None else model.registry.batch_key
-        if not args.use_raw and model.var_names.isin(adata.var_names).all():
+        genes = model.var_names
+        if not args.use_raw and not adata.var_names.equals(genes) and genes.isin(adata.var_names).all():
             adata = adata[:, model.var_names].copy()  # e.g. the genes `countvae fit --n-top-genes` kept, in order
     setup_anndata(adata, layer=layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)

@@ -87,7 +87,7 @@ def simulate(
     decoder ``eta_n = log_softmax(V2 leaky_relu(V1 z_n + a1) + a2) + c_{s_n}``. The MLP's shares sum to 1, so its
     observed library size is close to ``l_n``; the linear decoder's baseline ``b`` is a log-proportion
     (``sum_g exp(b_g) = 1``), but ``sum_g exp(b_g + W_g z_n)`` is not 1 away from ``z = 0``, and its libraries run
-    larger (a median of 1.4 ``l_n`` with the defaults).
+    larger (a median of 1.4-1.5 ``l_n`` with the defaults).
 
     Parameters
     ----------
@@ -163,7 +163,9 @@ def simulate(
     loadings = _checked_design(
         likelihood, decoder, loading_sparsity, loadings, n_source_bins, n_cells, n_genes, n_latent, n_batches
     )
-    _check_scales(batch_effect, loading_scale, library_size, library_log_sd, theta, dropout, leaky_slope, seed)
+    _check_scales(
+        likelihood, batch_effect, loading_scale, library_size, library_log_sd, theta, dropout, leaky_slope, seed
+    )
     loading_sparsity = float(loading_sparsity)
     groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
     rng = np.random.default_rng(seed)
@@ -182,7 +184,7 @@ def simulate(
     if not np.all(mu <= MAX_MEAN):
         raise InvalidArgumentError(
             f"A simulated gene mean reaches {np.max(mu):.3g} counts (more than {MAX_MEAN:.0e}); lower loading_scale "
-            f"({loading_scale}) or library_size ({library_size})."
+            f"({loading_scale}), library_size ({library_size}), batch_effect ({batch_effect}) or de_lfc ({de_lfc})."
         )
     theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
     counts = _nonempty_counts(mu, likelihood, theta_g, dropout, rng)
@@ -237,6 +239,7 @@ def _checked_design(
 
 
 def _check_scales(
+    likelihood: str,
     batch_effect: float,
     loading_scale: float,
     library_size: float,
@@ -254,8 +257,10 @@ def _check_scales(
     ):
         check_number(name, value, 0.0)
     check_number("library_size", library_size, 0.0, low_open=True)
-    check_number("theta", theta, 0.0, low_open=True)
-    check_number("dropout", dropout, 0.0, 1.0, high_open=True)
+    if likelihood != "poisson":  # the Poisson's counts use neither
+        check_number("theta", theta, 0.0, low_open=True)
+    if likelihood == "zinb":
+        check_number("dropout", dropout, 0.0, 1.0, high_open=True)
     check_number("leaky_slope", leaky_slope)
     check_int("seed", seed, 0)
 

@@ -123,3 +123,6 @@ def test_scales_outside_their_range_are_refused_by_name(setting, message):
     # numpy's samplers refused them with "shape < 0" or "lam value too large", or an empty cell was blamed
     with pytest.raises(InvalidArgumentError, match=message):
         cv.data.simulate(n_cells=50, n_genes=20, n_latent=2, **setting)
+    # a scale the likelihood does not use is not checked: Poisson counts ignore theta and dropout, NB dropout
+    cv.data.simulate(n_cells=50, n_genes=20, n_latent=2, likelihood="poisson", theta=0.0, dropout=1.0)
+    cv.data.simulate(n_cells=50, n_genes=20, n_latent=2, likelihood="nb", dropout=1.0)

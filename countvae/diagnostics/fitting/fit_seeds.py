@@ -199,9 +199,9 @@ def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
     if n_empty:
         raise InvalidDataError(
             f"{n_empty} genes have no counts in the cells left for fitting after the held-out split (e.g. {names}): "
-            "each is detected only in held-out cells. Remove rarely detected genes first: with "
-            "scanpy.pp.filter_genes(adata, min_cells=10) a gene's cells all land among a quarter held out with "
-            "chance 0.25**10 (min_cells=3: 0.25**3, too likely among 2,000 genes); or hold out fewer cells."
+            "each is detected only in held-out cells. Remove rarely detected genes first: a gene seen in n cells has "
+            "them all held out with chance (held-out share)**n, e.g. 0.25**3 = 1.6% for min_cells=3, too likely among "
+            "2,000 genes, and 1e-6 for scanpy.pp.filter_genes(adata, min_cells=10); or hold out fewer cells."
         )
 
 

@@ -52,6 +52,7 @@ from countvae.diagnostics.reporting.restriction_readout import (
 from countvae.diagnostics.reporting.restriction_report import RestrictionReport
 from countvae.diagnostics.reporting.sections.restrictions import restriction_analysis
 from countvae.errors import InvalidArgumentError
+from countvae.model.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +223,8 @@ def _model_settings(
 ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The settings every model shares, and each model's own (the unrestricted one first)."""
     owned = {"gene_programs", *(key for kwargs in MODEL_SETTINGS.values() for key in kwargs)}
-    owned = sorted(owned & set(model_kwargs or {}))
+    defaults = ModelSettings()  # the reference's own values (prior="normal", ...) restrict nothing
+    owned = sorted(k for k in owned & set(model_kwargs or {}) if model_kwargs[k] != getattr(defaults, k))
     if owned:  # given to every model, they would make the unrestricted reference a restricted model
         raise InvalidArgumentError(
             f"model_kwargs sets {owned}, which the restrictions set for their own models (the unrestricted reference "

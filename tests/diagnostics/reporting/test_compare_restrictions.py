@@ -396,6 +396,11 @@ def test_comparison_refuses_bad_requests_before_fitting():
     for kwargs in ({"prior": "laplace"}, {"loadings_prior": "horseshoe"}):
         with pytest.raises(InvalidArgumentError, match=rf"model_kwargs sets \['{next(iter(kwargs))}'\].*restrictions="):
             compare_restrictions(adata, "laplace", model_kwargs=kwargs)
+    # the reference's own values restrict nothing and are accepted
+    from countvae.diagnostics.reporting.compare_restrictions import _model_settings
+
+    _, by_model = _model_settings(parse_restrictions("laplace"), None, {"prior": "normal", "loadings_prior": "none"})
+    assert by_model["unrestricted"]["prior"] == "normal" and by_model["laplace"]["prior"] == "laplace"
 
 
 def test_a_gene_without_counts_in_a_split_half_is_refused_before_fitting(tmp_path):

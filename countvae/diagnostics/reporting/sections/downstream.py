@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from countvae import plotting
-from countvae._formatting import format_value
+from countvae._formatting import MISSING
 from countvae.diagnostics.reporting.collect import Collected
 from countvae.diagnostics.reporting.downstream_section import CAPTION, INTRO, SUMMARY_COLUMNS, downstream_result
 from countvae.diagnostics.reporting.report_content import ReportContent
@@ -59,6 +59,6 @@ class DownstreamReportSection(Section):
             blocks.append(Table(sec.summary[SUMMARY_COLUMNS]))
         if len(sec.de_per_fit):
             blocks += [Heading("DE per fit"), Table(sec.de_per_fit)]
-        values = [format_value(v) for v in sec.settings.values()]  # None (n_baseline_fits: all fits) as a dash
+        values = [MISSING if v is None else str(v) for v in sec.settings.values()]  # None (n_baseline_fits: all fits)
         settings = pd.DataFrame({"setting": list(sec.settings), "value": values})
         return [*blocks, folded_table("Every compared pair", sec.pairs), folded_table("Settings", settings)]
