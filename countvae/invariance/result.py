@@ -250,7 +250,7 @@ class InvarianceReport:
         """One row per model variant and map: the headline numbers and its ``result``.
 
         ``"ok"`` (every judged check agrees), ``"not verified"`` (a check of the evidence failed, the map's own or its
-        model variant's, :data:`EVIDENCE_CHECKS`, or nothing was judged: as :attr:`status`, the evidence outranks
+        model variant's, ``EVIDENCE_CHECKS``, or nothing was judged: as :attr:`status`, the evidence outranks
         the theory) or ``"FAIL"`` (the evidence is sound and a check of the theory disagrees).
         """
         unsound = set(self._evidence_failures()["variant"])
