@@ -170,9 +170,11 @@ def count_log_constant(x: torch.Tensor, log_theta: torch.Tensor | None) -> torch
 
     Per cell, the sum over genes of ``lgamma(x + theta) - lgamma(theta) - lgamma(x + 1)`` (``log_theta`` None, Poisson:
     ``-lgamma(x + 1)``), ``log_theta`` broadcasting against ``x``; the same for the zero-inflated NB, which adds them at
-    every gene (they vanish at ``x = 0``). Shape (cells,).
+    every gene (they vanish at ``x = 0``). Shape (cells,), in the dtype of ``x``: float64 counts with float32
+    parameters give the terms in float64 (their sum over a deep cell's genes cancels to a few thousandths of its parts,
+    below float32's resolution).
     """
-    return _nonzero_lgamma_terms(x, None if log_theta is None else torch.exp(log_theta))
+    return _nonzero_lgamma_terms(x, None if log_theta is None else torch.exp(log_theta.to(x.dtype)))
 
 
 class _GeneVectorDistribution(TorchDistribution):

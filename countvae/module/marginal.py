@@ -19,7 +19,8 @@ How to call it (the stable interface; everything else in this file is internal):
 ``log_joint(z, cells)`` returns ``log p(x_c | z) + log p(z)`` (nats, a log density: higher is better) for the cells
 ``c = cells[j]`` (row positions ``0..n-1`` of ``loc``) at the points ``z[:, j]``, for any subset of cells and any
 leading number of points ``S``; it must be differentiable in ``z`` by torch autograd (the gradient drives Newton's
-method). For a countvae module it is ``lambda z, c: module.log_joint(z, x[c], batch_index[c], log_library[c])``.
+method). Its values may be in a wider floating-point type than ``z`` (float64 log joints of float32 points). For a
+countvae module it is ``lambda z, c: module.log_joint(z, x[c], batch_index[c], log_library[c])``.
 ``neg_hessian`` optionally gives a positive semi-definite approximation of ``-d^2 log_joint / dz^2`` (e.g.
 Gauss-Newton); without it the curvature is the forward-difference Jacobian of autograd gradients.
 
@@ -305,7 +306,7 @@ def _backtrack(
     Each row is evaluated only until its step is accepted; a row still below ``floor`` after :data:`MAX_HALVINGS`
     halvings stays at ``z0``.
     """
-    factor = torch.full_like(floor, 0.5)
+    factor = torch.full_like(floor, 0.5, dtype=step.dtype)  # the log joint may be in a wider type than z
     accepted = torch.zeros_like(floor, dtype=torch.bool)
     pending = torch.arange(floor.shape[0], device=floor.device)
     for _ in range(MAX_HALVINGS - 1):
