@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -54,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        with one_line_warnings(args.command):
+        with one_line_warnings(args.command, vars(args)):
             return int(args.run(args) or EXIT_OK)
     except CountVAEError as exc:
-        print(f"countvae {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), vars(args))}", file=sys.stderr)
         return EXIT_FAILURE
     except KeyboardInterrupt:
         print(f"countvae {args.command}: interrupted", file=sys.stderr)
@@ -68,13 +69,43 @@ def _one_line(exc: BaseException | Warning | str) -> str:
     return " ".join(str(exc).split())
 
 
+# ``name=value`` in a message, not inside a call's argument list (after "(" or ", "), with optional backticks and an
+# optional parenthesised option that already says the same ("overwrite=True (--overwrite)").
+_ARGUMENT = re.compile(r"(?<![(,] )(?<!\()`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?")
+
+
+def in_option_terms(message: str, options: dict[str, object]) -> str:
+    """The library's remedies in the command's own terms: ``layer=...`` becomes ``--layer NAME``.
+
+    The package's errors name Python arguments (they are raised by the library a script calls); on the command line
+    each argument that is one of the command's ``options`` (argparse's destinations, ``--n-top-genes`` for
+    ``n_top_genes``) is named as its option: ``name=True`` as the flag, ``name=None`` as "no ``--name``", ``name=...``
+    as ``--name VALUE``, ``name=5`` as ``--name 5``. Arguments of a call (``setup_anndata(adata, layer=...)``) and
+    names that are not options are left as written.
+    """
+
+    def option(match: re.Match[str]) -> str:
+        name, value = match.group(1), match.group(2)
+        if name not in options or name in ("command", "run"):
+            return match.group(0)
+        flag = "--" + name.replace("_", "-")
+        if value == "True":
+            return flag
+        if value == "None":
+            return f"no {flag}"
+        return f"{flag} {'VALUE' if value == '...' else value}"
+
+    return _ARGUMENT.sub(option, message)
+
+
 @contextlib.contextmanager
-def one_line_warnings(command: str) -> Iterator[None]:
+def one_line_warnings(command: str, options: dict[str, object] | None = None) -> Iterator[None]:
     """Show countvae's warnings as ``countvae COMMAND: warning: Category: message`` on stderr.
 
     A library user gets the file and line of their own call (:mod:`countvae._warnings`); on the command line that is
     the console script's ``sys.exit(main())``, which says nothing, so the warning is one line, as the errors are.
-    Other packages' warnings keep Python's format and origin.
+    Other packages' warnings keep Python's format and origin. ``options``: the command's arguments, whose names the
+    message gives as options (:func:`in_option_terms`).
     """
     previous = warnings.showwarning
 
@@ -87,7 +118,8 @@ def one_line_warnings(command: str) -> Iterator[None]:
         line: str | None = None,
     ) -> None:
         if issubclass(category, CountVAEWarning):
-            print(f"countvae {command}: warning: {category.__name__}: {_one_line(message)}", file=sys.stderr)
+            text = in_option_terms(_one_line(message), options or {})
+            print(f"countvae {command}: warning: {category.__name__}: {text}", file=sys.stderr)
         else:
             previous(message, category, filename, lineno, file, line)
 

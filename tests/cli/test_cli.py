@@ -16,9 +16,9 @@ from countvae.cli import main
 from countvae.cli.common import emit
 
 
-def _write_counts(path, **obs):
+def _write_counts(path, fraction=False, **obs):
     rng = np.random.default_rng(0)
-    X = rng.poisson(4.0, (120, 30)).astype(np.float32) + 1
+    X = rng.poisson(4.0, (120, 30)).astype(np.float32) + (1.5 if fraction else 1)
     a = ad.AnnData(X=sp.csr_matrix(X))
     a.obs_names = [f"c{i}" for i in range(120)]
     a.var_names = [f"g{j}" for j in range(30)]
@@ -83,11 +83,15 @@ def test_fit_on_file_writes_results(tmp_path, capsys):
         (lambda p: p.write_text("not an hdf5 file"), [], "not an HDF5"),
         (lambda p: p.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64), [], "could not be read as AnnData"),
         (lambda p: _write_counts(p), ["--layer", "counts"], "layer 'counts' is not in adata.layers"),
+        (lambda p: _write_counts(p), ["--layer", "counts"], "or no --layer for adata.X"),
+        (lambda p: _write_counts(p), ["--use-raw"], "--use-raw but adata.raw is None; pass --layer VALUE"),
+        (lambda p: _write_counts(p, fraction=True), [], "with --layer VALUE (or --use-raw when"),
         (lambda p: _write_counts(p), ["--batch-key", "donor"], "batch_key 'donor' is not a column"),
-        (lambda p: _write_counts(p), ["--n-latent", "500"], "n_latent=500 is too large"),
+        (lambda p: _write_counts(p), ["--n-latent", "500"], "--n-latent 500 is too large"),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, make, args, message):
+    """One line, no traceback, nothing written; remedies name the command's options, not Python arguments."""
     path = tmp_path / "data.h5ad"
     make(path)
     proc = subprocess.run(
