@@ -34,9 +34,10 @@ import pandas as pd
 
 from countvae._checks import check_bool, check_number
 from countvae._provenance import package_versions
+from countvae._warnings import warn_at_caller
 from countvae.data.registry import UNS_KEY as REGISTRY_KEY
 from countvae.data.registry import get_registry
-from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError, OutputExistsError
 
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
@@ -159,6 +160,12 @@ def write_results(
     InvalidDataError
         If a layer or loadings are requested and ``adata`` has genes the model lacks.
 
+    Warns
+    -----
+    CountVAEWarning
+        When the record at ``uns_key`` is replaced and entries it listed are left in place (a layer written before,
+        skipped now with ``layer=None``): they came from the earlier call and no longer match the record.
+
     Examples
     --------
     >>> import countvae as cv
@@ -191,10 +198,32 @@ def write_results(
     written = {slot: targets[slot][0] for slot in ("obsm", "layers", "varm", "uns") if targets[slot][0] is not None}
     if uns_key is not None:
         values["uns"] = _uns_record(model, written, library_size if layer is not None else None)
+        left = _left_from_earlier_record(adata, uns_key, written)
     for slot, value in values.items():
         key, store = targets[slot]
         store[key] = value
+    if uns_key is not None and left:
+        warn_at_caller(
+            f"{', '.join(left)} were written by an earlier write_results (another model, or other settings) and are "
+            f"not replaced by this call, whose record adata.uns[{uns_key!r}] now replaces theirs: they no longer "
+            "match it. Delete them (del adata.layers[...], ...) or write them again with this model.",
+            CountVAEWarning,
+        )
     return written
+
+
+def _left_from_earlier_record(adata: ad.AnnData, uns_key: str, written: dict[str, str]) -> list[str]:
+    """Entries that the record about to be replaced lists and this call leaves in place (``"layers['key']"``)."""
+    earlier = adata.uns.get(uns_key)
+    keys = earlier.get("keys") if isinstance(earlier, dict) else None
+    if not isinstance(keys, dict):
+        return []
+    stores = {"obsm": adata.obsm, "layers": adata.layers, "varm": adata.varm}
+    return [
+        f"adata.{slot}[{key!r}]"
+        for slot, key in keys.items()
+        if slot in stores and written.get(slot) != key and key in stores[slot]
+    ]
 
 
 def _checked_arguments(

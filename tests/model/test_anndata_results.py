@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import warnings
+
 import anndata as ad
 import numpy as np
 import pytest
 import scanpy as sc
 
 import countvae as cv
-from countvae.errors import InvalidArgumentError, InvalidDataError, NotTrainedError, OutputExistsError
+from countvae.errors import (
+    CountVAEWarning,
+    InvalidArgumentError,
+    InvalidDataError,
+    NotTrainedError,
+    OutputExistsError,
+)
 
 ALL_SLOTS = {"obsm": "X_countvae", "layers": "countvae_normalized", "varm": "countvae_loadings", "uns": "countvae"}
 
@@ -68,6 +76,17 @@ def test_custom_keys_and_skipped_slots(trained_linear, adata):
         "layers": "norm10",
         "uns": "countvae",
     }
+
+
+def test_overwriting_the_record_warns_about_entries_it_no_longer_describes(trained_linear, adata):
+    """A second write with ``layer=None`` replaces the record, and the first write's layer stays: named in a warning."""
+    trained_linear.write_results(adata)
+    with pytest.warns(CountVAEWarning, match=r"adata.layers\['countvae_normalized'\] were written by an earlier"):
+        trained_linear.write_results(adata, layer=None, overwrite=True)
+    assert adata.uns["countvae"]["keys"] == {"obsm": "X_countvae", "varm": "countvae_loadings", "uns": "countvae"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same keys again, or a record that lists what is there: no warning
+        trained_linear.write_results(adata, layer=None, overwrite=True)
 
 
 def test_mlp_decoder_stores_no_loadings(trained_mlp):
