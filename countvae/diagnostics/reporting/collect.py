@@ -149,7 +149,28 @@ def resolve_inputs(
     check_fits(fits)
     if adata_heldout.n_obs < 8:
         raise InvalidDataError(f"The held-out data has {adata_heldout.n_obs} cells; the diagnostics need at least 8.")
+    _warn_if_heldout_cells_were_fitted(fits, adata_heldout, adata_fit)
     return fits, adata_heldout, adata_fit, fit_settings
+
+
+def _warn_if_heldout_cells_were_fitted(
+    fits: Sequence[FittedModel], adata_heldout: ad.AnnData, adata_fit: ad.AnnData | None
+) -> None:
+    """Warn when held-out cells have the names of cells a fit was trained on (its AnnData, or ``adata_fit``)."""
+    trained = [adata_fit] + [getattr(getattr(f, "model", None), "adata", None) for f in fits]
+    names = [a.obs_names for a in trained if isinstance(a, ad.AnnData)]
+    if not names:
+        return
+    shared = adata_heldout.obs_names.isin(names[0].append(names[1:]) if len(names) > 1 else names[0])
+    if shared.any():
+        warn_at_caller(
+            f"{int(shared.sum())} of the {adata_heldout.n_obs} held-out cells have the names of cells the fits were "
+            "trained on: measured on them, held-out log p(x) and the other held-out quantities describe training "
+            "cells, and read better than they are. Pass cells none of the fits saw (fit_seeds holds them out for "
+            "you); if these are other cells that share names, give them unique names (adata.obs_names_make_unique "
+            "does not look across AnnData objects).",
+            CountVAEWarning,
+        )
 
 
 # ----- what is collected ------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ def report(
         ``[CountVAEFit(model, seed) ...]``), at least two, with distinct seeds, the same genes and the same latent
         width, trained on the same cells (else a ``CountVAEWarning``: their data differences read as seed effects).
     adata_heldout
-        Cells none of the fits was trained on (default: ``fits.adata_heldout``).
+        Cells none of the fits was trained on (default: ``fits.adata_heldout``); a ``CountVAEWarning`` counts those
+        named like cells of a fit's training AnnData or of ``adata_fit``.
     markers
         Gene names or ``obs`` columns (one name, or several) for the marker analysis; default: the
         genes of largest variance, plus the registered ``labels_key`` column.

@@ -4,6 +4,7 @@ import json
 import re
 import warnings
 
+import anndata as ad
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,7 +13,7 @@ from diagnostics_helpers import SMALL, RotatedFit, random_rotation, rotated_copi
 import countvae as cv
 from countvae.diagnostics import CountVAEFit, DiagnosticReport, report
 from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN
-from countvae.diagnostics.reporting.collect import check_fits
+from countvae.diagnostics.reporting.collect import check_fits, resolve_inputs
 from countvae.diagnostics.reporting.headline import verdict_lines
 from countvae.errors import CountVAEWarning, InvalidArgumentError, OutputExistsError
 from countvae.invariance import reparameterize
@@ -257,3 +258,20 @@ def test_fits_trained_on_other_cells_are_named_in_a_warning(seed_fits):
     other.train(max_epochs=2, progress_bar=False, seed=7)
     with pytest.warns(CountVAEWarning, match=r"\['seed 7'\] were trained on other cells than 'seed 0'"):
         check_fits([seed_fits[0], CountVAEFit(other, 7)])
+
+
+def test_held_out_cells_that_a_fit_was_trained_on_are_counted_in_a_warning(seed_fits):
+    """Training cells passed as held-out cells would make held-out log p(x) read better than it is."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CountVAEWarning)
+        resolve_inputs(seed_fits, None)  # fit_seeds' own split: no warning
+    mixed = ad.concat([seed_fits.adata_fit[:5], seed_fits.adata_heldout[:15]])
+    with pytest.warns(CountVAEWarning, match=r"^5 of the 20 held-out cells have the names of cells the fits were"):
+        resolve_inputs(list(seed_fits), mixed)
+    # fits that keep no AnnData (RotatedFit): the training cells are known from adata_fit alone
+    rotated = [RotatedFit(fit, np.eye(3), fit.seed) for fit in seed_fits]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CountVAEWarning)
+        resolve_inputs(rotated, seed_fits.adata_fit[:12].copy())
+    with pytest.warns(CountVAEWarning, match=r"^12 of the 12 held-out cells"):
+        resolve_inputs(rotated, seed_fits.adata_fit[:12].copy(), adata_fit=seed_fits.adata_fit)
