@@ -441,6 +441,9 @@ class Quantity:
         Whether the row's value has no sampling error for these inputs (a linear decoder's weights).
     reduced
         The field of :class:`InvariantInputs` with the reduced Jacobians the row's replicates need.
+    narrows_with_cells
+        Whether the interval narrows as more cells are held out (False for a bootstrap over genes): an undetermined
+        row's remedy then names a number of cells.
 
     """
 
@@ -467,6 +470,7 @@ class Quantity:
     interval_text: Callable[[Comparison], tuple[str, int] | None] | None = None
     exact: Callable[[InvariantInputs], bool] = lambda inputs: False
     reduced: str = "jacobians"
+    narrows_with_cells: bool = True
 
     @property
     def definition(self) -> str:
@@ -780,6 +784,7 @@ QUANTITIES: tuple[Quantity, ...] = (
         available=lambda inputs: inputs.ppc_pairs is not None and "agreement" in inputs.ppc_pairs,
         definition_key=PPC_METRIC,
         interval_text=_ppc_interval_text,
+        narrows_with_cells=False,
     ),
     Quantity(
         "decoded means",

@@ -166,6 +166,12 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
     if verdict == DIFFER:
         return Judgement(DIFFER)
     low, high = row[f"{which}low"], row[f"{which}high"]
+    if not QUANTITY_BY_NAME[row["quantity"]].narrows_with_cells:
+        remedy = (
+            "more cells will not narrow this interval (it resamples genes, the model's own); more seeds show "
+            "whether the fits agree, and the per-gene statistics where they differ"
+        )
+        return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), remedy)
     needed = cells_needed(row[f"{which}agreement"], low, high, threshold.value, n)
     return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), _more_cells(needed, n, setting))
 

@@ -302,6 +302,14 @@ def test_an_undetermined_alignment_names_the_cells_its_aligned_interval_needs():
     assert judged["remedy"].startswith("about 1,200 cells instead of 300")
 
 
+def test_an_undetermined_gene_bootstrap_names_no_number_of_cells():
+    """The posterior predictive row's interval resamples genes: more held-out cells would not narrow it."""
+    judged = judge_invariants(pd.DataFrame([_ppc_row(300, 0.88, 0.85, 0.91)])).iloc[0]
+    assert judged["verdict"] == UNDETERMINED and judged["reason"].startswith("its interval 0.85 to 0.91")
+    assert judged["remedy"].startswith("more cells will not narrow this interval (it resamples genes")
+    assert "cells instead of" not in judged["remedy"]
+
+
 def test_what_to_report_follows_the_verdict():
     from countvae.diagnostics.analyses.invariants import QUANTITY_BY_NAME
 
