@@ -977,10 +977,11 @@ def invariants_table(
     -------
     table
         One row per quantity, columns :data:`TABLE_COLUMNS`: ``agreement`` (worst pair) with its interval
-        ``low``-``high``, ``agreement_mean`` (over pairs), ``aligned_agreement`` with ``aligned_low``-``aligned_high``
-        (worst pair after orthogonal alignment; NaN where alignment does not apply), ``threshold`` (a number) and
-        ``comparison`` (``">="`` or ``"<"``), ``interval`` (how it was obtained), ``n_cells`` (cells, or genes,
-        behind it) and ``cells_setting`` (the report setting capping them).
+        ``low``-``high``, ``agreement_mean`` (over pairs; NaN for a row scored once for all fits),
+        ``aligned_agreement`` with ``aligned_low``-``aligned_high`` (worst pair after orthogonal alignment; NaN where
+        alignment does not apply), ``threshold`` (a number) and ``comparison`` (``">="`` or ``"<"``), ``interval``
+        (how it was obtained), ``n_cells`` (cells, or genes, behind it) and ``cells_setting`` (the report setting
+        capping them).
         :func:`countvae.diagnostics.reporting.verdicts.judge_invariants` adds the verdicts.
     pairs
         One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``, ``aligned_agreement``.
@@ -1011,7 +1012,8 @@ def invariants_table(
                 aligned_interval = _row_interval(q, comparison, pairs, aligned, q.aligned_replicates, threshold)
             text, n_cells = _interval_text(q, comparison)
             finite = [v for v in agreement if np.isfinite(v)]
-            mean = float(np.mean(finite)) if finite else interval.value
+            # a row scored once for all fits (the ICA row) has no pairs to average: no mean, not its worst value
+            mean = float(np.mean(finite)) if finite else (interval.value if q.pairwise else np.nan)
             if q.cells == "knn":
                 graph_cells = float(comparison.knn_graph.graph_cells)
         rows.append(

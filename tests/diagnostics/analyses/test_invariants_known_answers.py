@@ -44,6 +44,17 @@ def test_gram_cosine_known_value():
     assert gram_cosine(np.diag([1.0, 0.0]), np.eye(2)) == pytest.approx(1 / np.sqrt(2))
 
 
+def test_the_ica_row_scored_once_for_all_fits_has_no_mean_over_pairs():
+    """The ICA row's agreement is the worst component's corrected match: one number, no pairs to average."""
+    z = np.random.default_rng(0).normal(size=(200, 2))
+    components = pd.DataFrame(
+        {"corrected_match": [0.58], "corrected_low": [0.50], "corrected_high": [0.66], "n_matching_cells": [200]}
+    )
+    table, _ = _rows(InvariantInputs(latents={"a": z, "b": z, "c": z}, components=components))
+    row = table.loc["ICA coordinates"]
+    assert row["agreement"] == pytest.approx(0.58) and np.isnan(row["agreement_mean"])
+
+
 def test_distance_row_worst_pair_and_mean_over_pairs():
     """Fits a and b equal, c = 2 a: distances agree perfectly for (a, b) and with the CCC of (d, 2 d) otherwise.
 
