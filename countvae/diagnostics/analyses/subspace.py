@@ -13,7 +13,7 @@ from itertools import combinations
 
 import numpy as np
 import pandas as pd
-from scipy.linalg import subspace_angles
+from scipy.linalg import orth, subspace_angles
 from sklearn.neighbors import NearestNeighbors
 from sklearn.utils.extmath import randomized_svd
 
@@ -101,13 +101,14 @@ def weighted_overlap(a: np.ndarray, b: np.ndarray) -> float:
     With ``a = U_a diag(s_a)`` this is ``sum_i s_i^2 cos^2(u_i, span b) / sum_i s_i^2``: the fraction of one fit's
     decoder variation (in gene space) that the other fit's span contains. 1 for equal spans; unlike the mean
     ``cos^2`` of the principal angles it is not driven by weak, poorly determined directions. Invariant under
-    rotations of either latent space (``a -> a Q``).
+    rotations of either latent space (``a -> a Q``). The spans are orthonormal bases of rank-revealing SVDs: a basis
+    with a zero (or dependent) column spans fewer directions than it has columns, and a QR factor would add an
+    arbitrary one.
     """
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
         raise InvalidArgumentError(f"Overlap needs two matrices with equal row counts, got {a.shape}, {b.shape}.")
-    qa, _ = np.linalg.qr(a)
-    qb, _ = np.linalg.qr(b)
+    qa, qb = orth(a), orth(b)
     share_a = np.linalg.norm(qb.T @ a) ** 2 / np.linalg.norm(a) ** 2
     share_b = np.linalg.norm(qa.T @ b) ** 2 / np.linalg.norm(b) ** 2
     return float(0.5 * (share_a + share_b))

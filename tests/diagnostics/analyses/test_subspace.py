@@ -61,6 +61,9 @@ def test_weighted_overlap_known_value():
     b = np.column_stack([e[:, 0], e[:, 2]])  # half of b's energy (e1) lies in span a
     assert weighted_overlap(a, b) == pytest.approx(0.5 * (0.8 + 0.5))
     assert weighted_overlap(a, a @ random_rotation(2, 3)) == pytest.approx(1.0)
+    # A zero or repeated column adds no direction to a span: orthogonal spans still do not overlap at all.
+    assert weighted_overlap(np.column_stack([e[:, 0], 0 * e[:, 1]]), e[:, [1]]) == pytest.approx(0.0, abs=1e-15)
+    assert weighted_overlap(np.column_stack([e[:, 0], e[:, 0]]), e[:, [1]]) == pytest.approx(0.0, abs=1e-15)
 
 
 def test_linear_cka_known_values_and_invariance():
