@@ -164,7 +164,7 @@ def announce(
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "
-            "timed training steps)"
+            f"timed training step{'' if timing.warmup_steps == 1 else 's'})"
         )
     shorter = []
     if n_jobs is not None:
