@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -15,6 +14,7 @@ from typing import Any, Protocol
 import anndata as ad
 import h5py
 
+from countvae._formatting import json_ready
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
@@ -156,21 +156,10 @@ def read_h5ad(path: str) -> ad.AnnData:
         ) from None
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` with every non-finite number (NaN, infinity) as ``None``: JSON has none, and parsers refuse ``NaN``."""
-    if isinstance(value, Mapping):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def emit(result: dict, as_json: bool) -> None:
     """Print a result: JSON on stdout (a non-finite number as ``null``), or ``key: value`` lines."""
     if as_json:
-        json.dump(_json_safe(result), sys.stdout, indent=2, default=str, allow_nan=False)
+        json.dump(json_ready(result), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
         return
     for key, value in result.items():

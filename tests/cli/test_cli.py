@@ -142,11 +142,19 @@ def test_fit_names_its_option_for_a_heldout_fraction_out_of_range(tmp_path, caps
 
 def test_json_output_is_strict_json_with_null_for_non_finite_numbers(capsys):
     # select --json printed "margin_nats_per_cell": NaN when no margin could be stated, which JSON parsers refuse.
-    emit({"margin": float("nan"), "values": [np.float64("inf"), 1.5], "nested": {"x": -np.inf, "n": 2}}, True)
+    # numpy scalars that are not Python floats (float32, int64) are numbers too, not their str
+    emit(
+        {
+            "margin": float("nan"),
+            "values": [np.float64("inf"), 1.5, np.float32("nan"), np.float32(0.5), np.int64(3)],
+            "nested": {"x": -np.inf, "n": 2},
+        },
+        True,
+    )
     out = capsys.readouterr().out
     assert json.loads(out, parse_constant=lambda name: pytest.fail(f"{name} is not JSON")) == {
         "margin": None,
-        "values": [None, 1.5],
+        "values": [None, 1.5, None, 0.5, 3],
         "nested": {"x": None, "n": 2},
     }
 
