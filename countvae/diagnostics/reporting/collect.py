@@ -50,6 +50,7 @@ from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
 from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
 from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError
+from countvae.model import ModelSettings
 
 logger = logging.getLogger(__name__)
 
@@ -100,10 +101,21 @@ def _check_same_model(fit: FittedModel, first: FittedModel) -> None:
     if fit.kind != first.kind:
         raise InvalidArgumentError(f"{fit.name!r} is a {fit.kind} fit, {first.name!r} a {first.kind} fit; {remedy}")
     if isinstance(fit, CountVAEFit) and isinstance(first, CountVAEFit):
-        ours, theirs = fit.model.settings.to_dict(), first.model.settings.to_dict()
-        differ = [key for key in ours if ours[key] != theirs.get(key)]
+        ours, theirs = _settings_in_use(fit.model.settings), _settings_in_use(first.model.settings)
+        differ = [key for key in {**ours, **theirs} if ours.get(key) != theirs.get(key)]
         if differ:
             raise InvalidArgumentError(f"{fit.name!r} and {first.name!r} differ in {differ}; {remedy}")
+
+
+def _settings_in_use(settings: ModelSettings) -> dict[str, Any]:
+    """The settings as a record, less those the model does not use (a horseshoe's scale without the horseshoe)."""
+    record = settings.to_dict()
+    unused = {"dispersion"} if settings.likelihood == "poisson" else set()
+    if settings.loadings_prior != "horseshoe":
+        unused.add("horseshoe_scale")
+    if settings.loadings_prior != "programs":
+        unused.add("program_outside_scale")
+    return {key: value for key, value in record.items() if key not in unused}
 
 
 def _warn_if_trained_on_other_cells(fits: Sequence[FittedModel]) -> None:

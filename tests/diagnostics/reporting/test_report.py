@@ -201,6 +201,12 @@ def test_bad_inputs(trained_linear, seed_fits):
     )
     with pytest.raises(InvalidArgumentError, match=r"differ in \['decoder'.*compare_fits compares different models"):
         report([base, CountVAEFit(mlp, 1)], held)
+    # a setting the model does not use (the horseshoe's scale without the horseshoe) does not make another model
+    unused = cv.CountVAE(trained_linear.adata, n_latent=2, decoder="linear", horseshoe_scale=0.5)
+    check_fits([base, CountVAEFit(unused.train(max_epochs=1, progress_bar=False), 1)])
+    horseshoe = cv.CountVAE(trained_linear.adata, n_latent=2, decoder="linear", loadings_prior="horseshoe")
+    with pytest.raises(InvalidArgumentError, match=r"differ in \['loadings_prior', 'horseshoe_scale'\]"):
+        check_fits([base, CountVAEFit(horseshoe.train(max_epochs=1, progress_bar=False), 1)])
     with pytest.raises(InvalidArgumentError, match="is a scvi fit, 'seed 0' a countvae fit"):
         report([base, RotatedFit(base, np.eye(2), 5, kind="scvi")], held)
     with pytest.raises(InvalidArgumentError, match="CD14"):
