@@ -396,15 +396,19 @@ class CountVAE:
 
         For a zero-inflated model these are the negative binomial's means, before zero inflation (as scvi-tools';
         the expected counts, zeros included, are smaller by the probability of a dropout). Decodes the posterior mean
-        of ``z`` (or averages ``n_samples`` posterior draws). The default 1e4 gives counts per 10,000 as
-        ``sc.pp.normalize_total``; scvi-tools' ``library_size=1`` gives proportions.
+        of ``z`` (or averages ``n_samples`` posterior draws). With the MLP decoder (a softmax over genes) the default
+        1e4 gives counts per 10,000 as ``sc.pp.normalize_total``, and scvi-tools' ``library_size=1`` proportions. The
+        linear decoder's rate ``exp(b + W z)`` is not normalised over genes (unlike scvi-tools' ``LinearSCVI``, whose
+        linear decoder ends in a softmax): its values are the model's expected counts at that library size, and a
+        cell's total differs from ``library_size`` by what the model predicts for its depth (totals 9,126-10,738 at
+        1e4 for a linear NB model of pbmc_small's 80 cells).
 
         Parameters
         ----------
         adata, indices
             Cells to evaluate: an AnnData and positions of some of its cells (default: the training AnnData, all cells).
         library_size
-            Library size to scale the expected shares to.
+            Library size to scale the expected shares (MLP decoder) or rates (linear decoder) to.
         n_samples
             Posterior draws to average (1: decode the posterior mean).
         transform_batch
