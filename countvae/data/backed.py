@@ -13,6 +13,37 @@ import h5py
 import numpy as np
 
 
+def read_into_memory(adata: ad.AnnData) -> ad.AnnData:
+    """An in-memory copy of a backed AnnData or of a view of one, its file left open.
+
+    anndata's ``to_memory()`` closes the file of the backed AnnData it reads (anndata 0.12), so the caller's object
+    could no longer read its counts; the file is reopened in the mode it had.
+    """
+    manager = adata.file  # a view shares its parent's
+    was_open = manager.is_open
+    copy = adata.to_memory()
+    if was_open and not manager.is_open:
+        manager.open()
+    return copy
+
+
+def cells_in_memory(adata: ad.AnnData, positions: np.ndarray) -> ad.AnnData:
+    """The cells at ``positions`` of ``adata`` (in memory, backed, or a backed view) as an AnnData in memory.
+
+    anndata cannot index a view of a backed AnnData again; its rows (and genes) are composed with the view's own
+    (``_oidx``/``_vidx``, as :func:`backed_positions`) and read through the backed parent, whose in-memory ``obs``,
+    ``var`` and ``uns`` (the registration) the view shares. The file stays open.
+    """
+    if not adata.isbacked:
+        return adata[positions].copy()
+    if not adata.is_view:
+        return read_into_memory(adata[positions])
+    rows = backed_positions(adata)[positions]
+    columns = backed_columns(adata)
+    parent = adata._adata_ref
+    return read_into_memory(parent[rows] if columns is None else parent[rows, columns])
+
+
 def file_counts(adata: ad.AnnData):
     """The whole ``X`` of backed ``adata``'s file, unread: anndata's sparse dataset or an h5py dataset."""
     stored = adata.file["X"]

@@ -31,6 +31,7 @@ import pandas as pd
 from countvae._checks import check_bool, check_int, check_number
 from countvae._io import atomic_file_path, explained_write_errors, remove_interrupted_writes
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
+from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics.analyses.alignment import split_halves
@@ -452,7 +453,7 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
 
 def write_analysed_h5ad(rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path) -> None:
     """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``."""
-    adata = adata.to_memory() if adata.isbacked else adata.copy()
+    adata = read_into_memory(adata) if adata.isbacked else adata.copy()
     fits.fits[0].model.write_results(adata, layer=None, overwrite=True)
     rep.write(adata, overwrite=True)
     adata.write_h5ad(path)

@@ -6,6 +6,7 @@ import anndata as ad
 import numpy as np
 
 from countvae._checks import check_number
+from countvae.data.backed import cells_in_memory
 from countvae.data.file_cells import FileCells
 from countvae.data.registry import Registry
 from countvae.data.split import split_indices
@@ -53,8 +54,7 @@ def heldout_split(n_obs: int, heldout_fraction: float, split_seed: int) -> tuple
 
 def cells_at(adata: ad.AnnData, positions: np.ndarray) -> ad.AnnData:
     """The cells at ``positions`` as an AnnData in memory (read from disk when ``adata`` is backed)."""
-    view = adata[positions]
-    return view.to_memory() if adata.isbacked else view.copy()
+    return cells_in_memory(adata, positions)
 
 
 def fit_cells(

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from countvae._provenance import package_versions
 from countvae._warnings import warn_at_caller
+from countvae.data.backed import cells_in_memory
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.baseline import baseline_log_likelihood, fit_baseline, normalized_counts_pca
 from countvae.diagnostics.analyses.heldout_data import data_checksum, gene_variance, observed_counts
@@ -559,8 +560,11 @@ def no_latent_baseline(
 ) -> tuple[np.ndarray, str]:
     """Per-cell held-out log p(x) under the no-latent baseline, and the cells it was estimated on."""
     source, text = (adata_fit, "the fit cells") if adata_fit is not None else (heldout, "the held-out cells")
-    if source.n_obs > max_cells:
-        source = source[subsample(source.n_obs, max_cells, seed)]
+    positions = subsample(source.n_obs, max_cells, seed)
+    if source.isbacked:  # read only these cells from the file (a view of a backed file cannot be indexed again)
+        source = cells_in_memory(source, positions)
+    elif source.n_obs > max_cells:
+        source = source[positions]
     model = fit_baseline(observed_counts(source, var_names), _batch_labels(source))
     return baseline_log_likelihood(model, observed_counts(heldout, var_names), _batch_labels(heldout)), text
 
@@ -596,7 +600,7 @@ def collect(
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
     views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}
     if adata_fit is not None and needs & {"latent_fit", "knn_draws_fit"}:
-        views["fit"] = adata_fit[sub.fit].copy()
+        views["fit"] = cells_in_memory(adata_fit, sub.fit)  # the fit cells may be a view of a backed file
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()
     checksum = data_checksum(adata, var_names)
     baseline, baseline_source = no_latent_baseline(views["lpd"], adata_fit, var_names, s.max_baseline_cells, s.seed + 6)

@@ -175,3 +175,28 @@ def test_ray_cluster_fits_from_the_backed_file(h5ad_path, local_backed_fits, tmp
     # The two seeds ran at once, one per node: each node has one CPU and each task asks for one.
     assert {fits.records[s]["ray_node"] for s in fits.seeds} == nodes
     assert all(fits.records[s]["peak_rss_mib"] > 0 for s in fits.seeds)
+
+
+def test_diagnose_on_a_backed_file_reports_as_in_memory_and_leaves_the_file_open(h5ad_path):
+    """The main call on a backed AnnData: the same report as on the data in memory, and the caller's file still open.
+
+    Reading cells into memory (anndata's ``to_memory``) closed the caller's file, so a second call failed; the report
+    then indexed the streamed fit cells, a view of the backed file, which anndata cannot index again.
+    """
+    from countvae.diagnostics import diagnose
+
+    options = {
+        "seeds": 2,
+        "n_jobs": 1,
+        "model_kwargs": MODEL,
+        "train_kwargs": TRAIN,
+        "report_kwargs": {"ica": False, "n_lpd_samples": 10},
+    }
+    backed = _backed(h5ad_path)
+    on_disk = diagnose(backed, **options)
+    assert backed.file.is_open
+    in_memory = diagnose(_in_memory(h5ad_path), **options)
+    for name in ("invariants", "alignment"):
+        numbers = [rep.tables[name].select_dtypes("number").to_numpy() for rep in (on_disk, in_memory)]
+        np.testing.assert_allclose(*numbers, rtol=1e-6, atol=1e-9)
+    _same_fits(fit_seeds(backed, **OPTIONS), fit_seeds(backed, **OPTIONS))  # again on the same object
