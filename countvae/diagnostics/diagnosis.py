@@ -5,8 +5,10 @@ It chooses the genes (the most variable when the data has more than :data:`DIAGN
 budget of cell passes, early stopping), compares them with :func:`report`, and returns the :class:`DiagnosticReport`.
 With ``out_dir`` the run is the command's: ``out_dir/fits`` is the resumable :func:`fit_seeds` folder (an interrupted
 run called again with the same arguments refits only the seeds that had not finished), ``out_dir/report`` the saved
-report, refused when it exists unless ``overwrite``. ``write_h5ad`` also writes the analysed data to an .h5ad file with
-the report's columns (:meth:`DiagnosticReport.write`) and the first seed's latent.
+report, refused when it exists unless ``overwrite``; ``out_dir`` is locked from the first fit to the saved report
+(:mod:`~countvae.diagnostics.fitting.run_lock`), so a second run on it stops at once, naming the first.
+``write_h5ad`` also writes the analysed data to an .h5ad file with the report's columns
+(:meth:`DiagnosticReport.write`) and the first seed's latent.
 
 The defaults here are the command's: the command line only parses its options,
 prints progress and calls :func:`diagnose`.
@@ -14,6 +16,7 @@ prints progress and calls :func:`diagnose`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -43,6 +46,7 @@ from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolv
 from countvae.diagnostics.fitting.output_folder import discard_folder
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
+from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
@@ -290,6 +294,19 @@ def diagnose(
 
     """
     plan = plan_diagnose(adata, settings=settings).split()
+    with contextlib.ExitStack() as stack:
+        if plan.report_dir is not None:  # one writer from the first fit to the saved report, not only while fitting
+            stack.enter_context(locked(plan.report_dir.parent))
+        return _diagnose_planned(plan, progress, before_fitting, after_fitting)
+
+
+def _diagnose_planned(
+    plan: DiagnosePlan,
+    progress: Progress | None,
+    before_fitting: Callable[[DiagnosePlan], None] | None,
+    after_fitting: Callable[[SeedFits], None] | None,
+) -> DiagnosticReport:
+    """:func:`diagnose` after its plan (and with the output folder locked): fit, report, save."""
     s = plan.settings
     if plan.h5ad_path is not None:
         _check_writable(plan.h5ad_path)

@@ -102,7 +102,7 @@ def locked(root: Path) -> Iterator[None]:
             lock.acquire()
     except Timeout:
         raise OutputLockedError(
-            f"{root} is being written by another running fit_seeds ({describe_owner(read_owner(root))}, holding "
+            f"{root} is being written by another run ({describe_owner(read_owner(root))}, holding "
             f"{root / LOCK_FILE}); wait for it to finish, stop it, or use another out_dir."
         ) from None
     try:

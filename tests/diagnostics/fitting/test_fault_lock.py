@@ -82,3 +82,32 @@ def test_second_run_refused_naming_the_first_then_stale_lock_taken_over(tmp_path
     assert list(temp.glob("countvae-fit-*")) == [], "the killed run's scratch folder was not removed"
     assert not (out / OWNER_FILE).exists(), "a finished run removes its owner record"
     assert_same_numbers(fits, numbers(run(adata, None)))  # as an uninterrupted run
+
+
+def test_diagnose_holds_its_folder_from_the_first_fit_to_the_saved_report(tmp_path):
+    """A second run started while the first reports (its fits done) is refused, not left to replace the report."""
+    from countvae.diagnostics import diagnose
+    from countvae.diagnostics.fitting.run_lock import locked
+
+    out = tmp_path / "out"
+    refusals = []
+
+    def try_the_folder(fits):  # called once the seeds are fitted, before the report is made and saved
+        with pytest.raises(OutputLockedError) as info, locked(out):
+            pass
+        refusals.append(str(info.value))
+
+    diagnose(
+        tiny_data(),
+        seeds=2,
+        out_dir=out,
+        n_jobs=1,
+        model_kwargs={"n_latent": 2, "n_hidden": 16},
+        train_kwargs={"max_epochs": 2},
+        report_kwargs={"ica": False, "n_lpd_samples": 10},
+        after_fitting=try_the_folder,
+    )
+    assert len(refusals) == 1 and f"pid {os.getpid()}" in refusals[0]
+    assert (out / "report" / "report.json").is_file() and not (out / OWNER_FILE).exists()
+    with locked(out):  # released once the report is saved
+        pass
