@@ -20,6 +20,7 @@ from countvae.cli.common import (
 from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
 from countvae.diagnostics import compare_models
+from countvae.diagnostics.fitting.run_lock import locked
 from countvae.errors import InvalidArgumentError
 
 EXAMPLES = """examples:
@@ -128,20 +129,21 @@ def run(args: argparse.Namespace) -> int:
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
     train_kwargs = {name: getattr(args, name) for name in ("max_epochs", "early_stopping", "batch_size", "lr")}
-    comparison = compare_models(
-        adata,
-        grid,
-        seeds=range(args.seeds),
-        heldout_fraction=args.heldout_fraction,
-        train_kwargs=train_kwargs,
-        out_dir=out / "fits",
-        n_jobs=args.n_jobs,
-        backend=args.backend,
-        n_lpd_samples=args.n_samples,
-        progress_bar=progress_enabled(args),
-        overwrite=args.overwrite,
-    )
-    comparison.save(out / "comparison", overwrite=args.overwrite)
+    with locked(out):  # one writer from the first fit to the saved comparison (the fits' locks end with the fits)
+        comparison = compare_models(
+            adata,
+            grid,
+            seeds=range(args.seeds),
+            heldout_fraction=args.heldout_fraction,
+            train_kwargs=train_kwargs,
+            out_dir=out / "fits",
+            n_jobs=args.n_jobs,
+            backend=args.backend,
+            n_lpd_samples=args.n_samples,
+            progress_bar=progress_enabled(args),
+            overwrite=args.overwrite,
+        )
+        comparison.save(out / "comparison", overwrite=args.overwrite)
     result = {
         "recommended": comparison.recommended,
         "rule": comparison.rule,

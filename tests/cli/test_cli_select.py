@@ -132,3 +132,18 @@ def test_select_refuses_unknown_settings_before_reading_the_data(data, flag, val
         main(["select", str(data), flag, value])
     assert exc.value.code == 2
     assert "unknown value" in capsys.readouterr().err
+
+
+def test_select_refuses_a_folder_another_run_is_writing(data, tmp_path, capsys):
+    """The whole run holds ``--out``: a second run stops at once, naming the first, before it fits or saves."""
+    import os
+
+    from countvae.diagnostics.fitting.run_lock import locked
+
+    out = tmp_path / "sel"
+    args = ["select", str(data), "--n-latent", "1", "--decoder", "linear", "--seeds", "2", "--max-epochs", "2"]
+    with locked(out):  # stands for a first run, fitting or saving
+        assert main([*args, "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "is being written by another run" in err and f"pid {os.getpid()}" in err
+    assert not (out / "fits").exists() and not (out / "comparison").exists()

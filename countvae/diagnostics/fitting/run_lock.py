@@ -13,6 +13,7 @@ import datetime
 import json
 import logging
 import os
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,7 @@ def locked(root: Path) -> Iterator[None]:
 
     """
     lock = FileLock(root / LOCK_FILE, timeout=0)
+    created = not root.exists()
     try:
         with explained_write_errors(root):  # a read-only or full disk: one error that says so
             root.mkdir(parents=True, exist_ok=True)
@@ -113,7 +115,17 @@ def locked(root: Path) -> Iterator[None]:
         )
         try:
             yield
+        except BaseException:
+            if created:  # a run refused before it wrote anything leaves no folder behind
+                _remove_if_only_the_lock(root)
+            raise
         finally:
             (root / OWNER_FILE).unlink(missing_ok=True)
     finally:
         lock.release()
+
+
+def _remove_if_only_the_lock(root: Path) -> None:
+    """Remove ``root`` if it holds nothing but the lock's own files."""
+    if {p.name for p in root.iterdir()} <= {LOCK_FILE, OWNER_FILE}:
+        shutil.rmtree(root, ignore_errors=True)
