@@ -73,6 +73,7 @@ from countvae.diagnostics.fitting.output_folder import (
     read_fit_record,
     seed_folder,
     store,
+    stored_seeds,
 )
 from countvae.diagnostics.fitting.parallelism import (
     AUTO,
@@ -620,7 +621,9 @@ def load_seed_fits(out_dir: str | os.PathLike, adata: ad.AnnData, model_cls: typ
     adata_heldout = cells_at(adata, heldout_idx)
     loader = FitLoader(model_cls, family, adata_fit, registry)
     fits_dir = root / FITS_FOLDER
-    seeds = [s for s in manifest["seeds"] if seed_folder(fits_dir, s).is_dir()]
+    # every stored fit: the manifest names the seeds of the last call, and an earlier call into the folder may have
+    # stored others (a later call with fewer seeds keeps them)
+    seeds = stored_seeds(fits_dir)
     if len(seeds) < 2:
         raise ModelFileError(
             f"{root} holds {len(seeds)} completed fit(s) of seeds {manifest['seeds']}; rerun fit_seeds with the "

@@ -56,6 +56,14 @@ def seed_folder(fits_dir: Path, seed: int) -> Path:
     return fits_dir / f"seed_{seed}"
 
 
+def stored_seeds(fits_dir: Path) -> list[int]:
+    """The seeds whose fits are stored in ``fits_dir`` (a fit is moved into place whole), in increasing order."""
+    if not fits_dir.is_dir():
+        return []
+    names = [p.name.removeprefix("seed_") for p in fits_dir.glob("seed_*") if p.is_dir()]
+    return sorted(int(name) for name in names if name.isdigit())
+
+
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
     manifest_path = root / MANIFEST_FILE

@@ -215,6 +215,13 @@ def test_load_seed_fits(adata, tmp_path):
         load_seed_fits(tmp_path / "fits", adata)
 
 
+def test_load_seed_fits_reads_every_stored_seed_not_only_the_last_calls(adata, tmp_path):
+    """A later call with fewer seeds rewrites the manifest; the fits of the earlier call are still there and load."""
+    _run(adata, out_dir=tmp_path, seeds=[0, 1, 2])
+    assert _run(adata, out_dir=tmp_path, seeds=[1, 2]).reused_seeds == [1, 2]
+    assert load_seed_fits(tmp_path, adata).seeds == [0, 1, 2]
+
+
 def test_load_needs_two_completed_fits(adata, tmp_path):
     _run(adata, out_dir=tmp_path)
     import shutil
