@@ -96,4 +96,8 @@ def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:
     """The part of a manifest's settings that must match for completed fits to be reused."""
     train = {k: v for k, v in settings.get("train_kwargs", {}).items() if k not in COSMETIC_TRAIN_KWARGS}
-    return {**settings, "train_kwargs": train}
+    out = {**settings, "train_kwargs": train}
+    if settings.get("model_family") == "countvae" and isinstance(settings.get("registry"), dict):
+        # a countvae model never reads the labels (scvi-tools models may): they are for the report only
+        out["registry"] = {k: v for k, v in settings["registry"].items() if k != "labels_key"}
+    return out

@@ -222,6 +222,15 @@ def test_load_seed_fits_reads_every_stored_seed_not_only_the_last_calls(adata, t
     assert load_seed_fits(tmp_path, adata).seeds == [0, 1, 2]
 
 
+def test_labels_added_on_a_rerun_resume_countvae_fits_which_never_read_them(adata, tmp_path):
+    """Labels are for the report; a countvae model does not read them, so they do not make the stored fits others."""
+    _run(adata, out_dir=tmp_path)
+    labelled = adata.copy()
+    labelled.obs["kind"] = np.where(np.arange(adata.n_obs) % 2 == 0, "a", "b")
+    cv.CountVAE.setup_anndata(labelled, batch_key=get_registry(adata).batch_key, labels_key="kind")
+    assert _run(labelled, out_dir=tmp_path).reused_seeds == [0, 1]
+
+
 def test_load_needs_two_completed_fits(adata, tmp_path):
     _run(adata, out_dir=tmp_path)
     import shutil
