@@ -82,8 +82,7 @@ class CountVAE:
     >>> import countvae as cv
     >>> adata = cv.data.simulate(n_cells=500, n_genes=100, seed=0)
     >>> cv.CountVAE.setup_anndata(adata, batch_key="batch")
-    >>> model = cv.CountVAE(adata, n_latent=3, decoder="linear")
-    >>> model.train(max_epochs=5, progress_bar=False)
+    >>> model = cv.CountVAE(adata, n_latent=3, decoder="linear").train(max_epochs=5, progress_bar=False)
     >>> model.get_latent_representation().shape
     (500, 3)
 

@@ -271,9 +271,10 @@ def fit_seeds(adata: ad.AnnData, *, settings: FitSeedsSettings) -> SeedFits:
     Examples
     --------
     >>> import countvae as cv
+    >>> from countvae.diagnostics import fit_seeds
     >>> adata = cv.data.simulate(n_cells=300, n_genes=40, n_latent=2, seed=0)
     >>> cv.CountVAE.setup_anndata(adata)
-    >>> fits = cv.diagnostics.fit_seeds(
+    >>> fits = fit_seeds(
     ...     adata, seeds=[0, 1], model_kwargs={"n_latent": 2}, train_kwargs={"max_epochs": 5}, progress_bar=False
     ... )
     >>> fits.seeds, fits.adata_heldout.n_obs
