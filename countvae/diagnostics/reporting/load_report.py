@@ -56,8 +56,8 @@ def load_report(path: str | Path) -> DiagnosticReport:
     Parameters
     ----------
     path
-        The report folder written by :meth:`~countvae.diagnostics.DiagnosticReport.save`
-        (or by ``countvae diagnose``), or its ``report.json``.
+        The report folder written by :meth:`~countvae.diagnostics.DiagnosticReport.save`, its ``report.json``, or
+        the ``--out`` folder of ``countvae diagnose`` (whose ``report/`` holds it).
 
     Returns
     -------
@@ -94,11 +94,14 @@ def load_report(path: str | Path) -> DiagnosticReport:
 
 
 def _report_file(path: Path) -> Path:
+    """``path`` itself, ``path/report.json``, or ``path/report/report.json`` (``countvae diagnose --out path``)."""
     file = path / REPORT_JSON if path.is_dir() else path
+    if path.is_dir() and not file.is_file() and (path / "report" / REPORT_JSON).is_file():
+        file = path / "report" / REPORT_JSON
     if not file.is_file():
         raise ReportFileError(
-            f"{file} does not exist. Give the folder that DiagnosticReport.save or `countvae diagnose` wrote "
-            f"(it holds {REPORT_JSON}), or that {REPORT_JSON} itself."
+            f"{file} does not exist. Give the folder that DiagnosticReport.save wrote (it holds {REPORT_JSON}), "
+            f"the --out folder of `countvae diagnose` (its report/ holds it), or {REPORT_JSON} itself."
         )
     return file
 

@@ -133,6 +133,14 @@ def test_a_loaded_report_gives_the_same_model_card_when_no_margin_could_be_state
     assert loaded.model_card() == rep.model_card()
 
 
+def test_the_folder_of_a_diagnose_run_loads_its_report(seed_report, tmp_path):
+    """``countvae diagnose --out OUT`` saves the report in OUT/report: load_report(OUT) reads it."""
+    seed_report.save(tmp_path / "out" / "report")
+    assert load_report(tmp_path / "out").to_dict() == load_report(tmp_path / "out" / "report").to_dict()
+    with pytest.raises(ReportFileError, match=r"the --out folder of `countvae diagnose`"):
+        load_report(tmp_path)
+
+
 def test_a_report_with_one_entry_changed_does_not_load_equal(seed_report, saved, tmp_path):
     record = copy.deepcopy(saved[1])
     record["tables"]["invariants"][2]["agreement"] += 1e-9
