@@ -176,7 +176,7 @@ def mixture_log_marginal(
     The decoder runs in the module's dtype; the log likelihood after it (and the terms without ``z``) in float64,
     whatever that dtype. A deep cell's log joint is a sum over genes of terms (``x log mu``, ``lgamma(x + 1)``,
     ``(x + theta) log(mu + theta)``) that cancel to a small fraction of their size: in float32 its rounding error was
-    up to 0.01 nats at the 15k counts of Kang's deepest cells and 0.2-3 nats at 0.3-1M simulated counts, noise that
+    up to 0.01 nats on Kang's deepest cells (7k counts) and 0.2-3 nats at 0.3-1M simulated counts, noise that
     the log-sum-exp of the weights turns into an upward bias (0.05-0.1 nats on a 278k-count cell, 3-5 standard
     errors). scvi-tools models are evaluated in float64 throughout (:mod:`countvae.diagnostics.fitting.scvi_fit`).
     """
