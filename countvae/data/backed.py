@@ -31,8 +31,8 @@ def cells_in_memory(adata: ad.AnnData, positions: np.ndarray) -> ad.AnnData:
     """The cells at ``positions`` of ``adata`` (in memory, backed, or a backed view) as an AnnData in memory.
 
     anndata cannot index a view of a backed AnnData again; its rows (and genes) are composed with the view's own
-    (``_oidx``/``_vidx``, as :func:`backed_positions`) and read through the backed parent, whose in-memory ``obs``,
-    ``var`` and ``uns`` (the registration) the view shares. The file stays open.
+    (``_oidx``/``_vidx``, as :func:`backed_positions`) and read through the backed parent (``_adata_ref``), whose
+    in-memory ``obs``, ``var`` and ``uns`` (the registration) the view shares. The file stays open.
     """
     if not adata.isbacked:
         return adata[positions].copy()
@@ -54,7 +54,8 @@ def backed_positions(adata: ad.AnnData) -> np.ndarray:
     """Row positions, in its file, of the cells of a backed AnnData (all rows unless it is a view).
 
     anndata has no public accessor for a view's rows in its parent; ``_oidx`` (a slice or an integer array, as
-    anndata normalises it) is the one private name read here.
+    anndata normalises it) is read instead, as ``_vidx`` (:func:`backed_columns`) and a view's parent ``_adata_ref``
+    (:func:`cells_in_memory`) are: the private names of anndata this module depends on.
     """
     every_row = np.arange(int(file_counts(adata).shape[0]), dtype=np.int64)
     return every_row[adata._oidx] if adata.is_view else every_row
