@@ -178,3 +178,21 @@ def test_explicitly_stored_zeros_are_not_non_zero_entries_of_a_minibatch():
     x, _ = to_tensors(mb, torch.float64, torch.device("cpu"))
     theta = torch.tensor([0.5, 2.0, 1.0, 7.0], dtype=torch.float64)
     torch.testing.assert_close(_nonzero_lgamma_terms(x, theta), _nonzero_lgamma_terms(x.clone(), theta))
+
+
+def test_cells_of_a_backed_view_are_read_as_the_view_orders_rows_and_genes(h5ad_path):
+    """anndata cannot index a backed view again; ``cells_in_memory`` composes the view's rows and genes with the
+    positions asked for, reads them from the file, and leaves the caller's file open."""
+    from countvae.data.backed import cells_in_memory
+
+    memory = ad.read_h5ad(h5ad_path)
+    backed = ad.read_h5ad(h5ad_path, backed="r")
+    rows, genes, positions = np.arange(10, 600, 3), list(backed.var_names[::-1][:25]), np.array([0, 4, 5, 77, 150])
+    got = cells_in_memory(backed[rows, genes], positions)
+    expected = memory[rows][:, genes][positions]
+    assert list(got.obs_names) == list(expected.obs_names) and list(got.var_names) == genes
+    np.testing.assert_array_equal(sp.csr_matrix(got.X).toarray(), sp.csr_matrix(expected.X).toarray())
+    assert backed.file.is_open and not got.isbacked
+    whole = cells_in_memory(backed, positions)  # not a view: the same cells of the file
+    np.testing.assert_array_equal(sp.csr_matrix(whole.X).toarray(), sp.csr_matrix(memory[positions].X).toarray())
+    assert backed.file.is_open
