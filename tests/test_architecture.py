@@ -53,6 +53,10 @@ ALLOWED_PRIVATE = {
         "the columns' counterpart of _oidx: the genes a view of a backed AnnData keeps, in its order, so that they are "
         "read from the file in that order"
     ),
+    ("data/backed.py", "_adata_ref"): (
+        "anndata has no public way to reach the backed AnnData a view was taken from; a view of a backed AnnData "
+        "cannot be indexed again, so its cells are read through that parent (whose obs, var and uns it shares)"
+    ),
     ("model/training.py", "_foreach_copy_"): (
         "torch has no public multi-tensor copy; the training loop keeps the last good parameters with one call "
         "per step instead of one copy per tensor"

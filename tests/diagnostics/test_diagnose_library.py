@@ -286,7 +286,7 @@ def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_f
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
     adata = _registered(data_file)
-    with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/diag/fits: the file system is read-only"):
+    with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/diag: the file system is read-only"):
         diagnose(adata, seeds=2, out_dir=read_only / "diag")
     with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/x\.h5ad: the file system is read-only"):
         diagnose(adata, seeds=2, out_dir=tmp_path / "diag", write_h5ad=read_only / "x.h5ad")

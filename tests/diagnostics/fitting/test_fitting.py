@@ -263,7 +263,7 @@ def test_out_dir_checks(adata, tmp_path):
 def test_a_running_fit_locks_its_out_dir(adata, tmp_path):
     _run(adata, out_dir=tmp_path)
     with FileLock(tmp_path / ".lock", timeout=0):
-        with pytest.raises(OutputExistsError, match="another running fit_seeds"):
+        with pytest.raises(OutputExistsError, match="is being written by another run"):
             _run(adata, out_dir=tmp_path)
     assert len(_run(adata, out_dir=tmp_path)) == 2  # released: the next run proceeds
 
