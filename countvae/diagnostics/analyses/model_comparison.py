@@ -44,7 +44,7 @@ from countvae.diagnostics.analyses.invariants import (
     gene_centred_concordance,
     pairwise_distances,
 )
-from countvae.diagnostics.analyses.predictive import estimator_reliability
+from countvae.diagnostics.analyses.predictive import equivalence_margin, estimator_reliability
 from countvae.diagnostics.analyses.resampling import (
     N_REPLICATES,
     CellBootstrap,
@@ -194,6 +194,31 @@ def fit_table(lpds: Mapping[str, np.ndarray], reliable: Mapping[str, bool], marg
         row["fit_verdict"] = _fit_verdict(row, name == best, margin)
         rows.append(row)
     return pd.DataFrame(rows), best
+
+
+def settled_fit_table(
+    lpds: Mapping[str, np.ndarray],
+    frames: Mapping[str, Sequence[pd.DataFrame]],
+    baseline: np.ndarray | None,
+    share: float,
+    alpha: float = 0.05,
+) -> tuple[pd.DataFrame, str | None, float, float]:
+    """:func:`fit_table` at a margin and a reliability that agree: ``(table, best, margin, gain)``.
+
+    The margin is ``share`` of the best reliable candidate's gain over the no-latent ``baseline``, and reliability (a
+    Monte Carlo bias bound under a tenth of the margin) is judged at that margin; each depends on the other. Starting
+    from the best-fitting candidate, the best is moved to the best candidate reliable at the current margin until it
+    stays: the margin only shrinks as the best moves down, so this ends within one step per candidate. Without any
+    reliable candidate the margin is that of the last best tried.
+    """
+    best = max(lpds, key=lambda n: float(np.mean(lpds[n])))
+    for _ in range(len(lpds)):
+        margin, gain = equivalence_margin({best: pd.DataFrame({"lpd": lpds[best]})}, baseline, share)
+        table, chosen = fit_table(lpds, reliability(frames, margin).to_dict(), margin, alpha)
+        if chosen is None or chosen == best:
+            break
+        best = chosen
+    return table, chosen, margin, gain
 
 
 def _fit_verdict(row: Mapping[str, Any], is_best: bool, margin: float) -> str:

@@ -190,7 +190,7 @@ def compare_models(
         Fits at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`); the seeds of
         all candidates share one pool of workers.
     equivalence_margin
-        The margin as a share, in (0, 1), of the best candidate's per-cell gain over the no-latent baseline
+        The margin as a share, in (0, 1], of the best candidate's per-cell gain over the no-latent baseline
         (the report's rule; ``None``: the report's default,
         :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
     backend
@@ -199,8 +199,8 @@ def compare_models(
     n_lpd_samples
         Importance samples per cell of the held-out ``log p(x)`` estimator.
     alpha, max_baseline_cells, seed
-        Error rate of the simultaneous intervals (Bonferroni over the comparisons with the best); fit cells the
-        no-latent baseline is estimated on at most; seed of the estimator and of the cell subsamples.
+        Error rate of the simultaneous intervals, in (0, 0.5) (Bonferroni over the comparisons with the best); fit
+        cells the no-latent baseline is estimated on at most; seed of the estimator and of the cell subsamples.
     overwrite, progress_bar
         Refit candidates already stored in ``out_dir``; show a progress bar over each candidate's seeds.
 
@@ -226,6 +226,7 @@ def compare_models(
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
+    check_number("alpha", alpha, 0.0, 0.5, low_open=True, high_open=True)  # as the report's intervals
     check_int("n_lpd_samples", n_lpd_samples, 2)  # refused by every fit's log p(x), but only after the fitting
     seeds = list(seeds)
     settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
@@ -335,6 +336,7 @@ def compare_fits(
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
+    check_number("alpha", alpha, 0.0, 0.5, low_open=True, high_open=True)
     check_same_design(fits, settings)
     check_same_genes(fits)
     first = next(iter(fits.values()))
@@ -360,14 +362,8 @@ def compare_fits(
         rates[name] = {str(fit.seed): r for fit, r in zip(seed_fits, log_rates, strict=True)}
     lpds = {name: mc.candidate_lpd(fs) for name, fs in frames.items()}
     baseline, _ = no_latent_baseline(heldout, first.adata_fit, var_names, max_baseline_cells, seed)
-    # The margin is a share of what the latent variables add, measured on the best-fitting candidate.
-    top = max(lpds, key=lambda n: float(np.mean(lpds[n])))
-    margin, gain = predictive.equivalence_margin({top: pd.DataFrame({"lpd": lpds[top]})}, baseline, share)
-    reliable = mc.reliability(frames, margin)
-    fit, best = mc.fit_table(lpds, reliable.to_dict(), margin, alpha)
-    if best is not None and best != top:
-        margin, gain = predictive.equivalence_margin({best: pd.DataFrame({"lpd": lpds[best]})}, baseline, share)
-        fit, best = mc.fit_table(lpds, reliable.to_dict(), margin, alpha)
+    # The margin is a share of what the latent variables add, measured on the best reliable candidate.
+    fit, best, margin, gain = mc.settled_fit_table(lpds, frames, baseline, share, alpha)
     table = fit.merge(pd.DataFrame([{"candidate": n, **stab[n]} for n in fits]), on="candidate")
     table["seed_spread"] = [mc.seed_spread(frames[n]) for n in table["candidate"]]
     table["fit_seconds"] = [_fit_seconds(fits[n]) for n in table["candidate"]]

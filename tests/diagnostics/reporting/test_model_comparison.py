@@ -129,6 +129,28 @@ def test_unreliable_candidates_are_never_best():
     assert table.set_index("candidate").loc[other, "fit_verdict"] == mc.EQUIVALENT
 
 
+def test_reliability_is_judged_at_the_margin_the_table_reports():
+    """A: best fit, unreliable (k-hat); B: bias bound 0.0295 nats, under a tenth of A's margin (0.30) but over a tenth
+    of its own (0.29); C: precise. The margin is measured on the best reliable candidate, so B cannot be best at its
+    own margin: C is, and the table's margin is C's (0.28). Judged at A's margin and reported at B's, B was best."""
+    n = 200
+    noise = np.random.default_rng(0).normal(0.0, 0.5, size=n)
+    lpds = {"A": -100.0 + noise, "B": -101.0 + noise, "C": -102.0 + noise}
+
+    def seeds(mc_se, khat):
+        frame = pd.DataFrame({"lpd": lpds_of, "mc_se": mc_se, "khat": khat, "reliable": khat <= 0.7})
+        return [frame, frame.copy()]
+
+    frames = {}
+    for name, mc_se, khat in (("A", 0.01, 0.9), ("B", np.sqrt(2 * 0.0295), 0.1), ("C", 0.01, 0.1)):
+        lpds_of = lpds[name]
+        frames[name] = seeds(np.full(n, mc_se), np.full(n, khat))
+    table, best, margin, gain = mc.settled_fit_table(lpds, frames, np.full(n, -130.0), share=0.01)
+    assert best == "C" and gain == pytest.approx(28.0 + noise.mean()) and margin == pytest.approx(0.01 * gain)
+    assert table.set_index("candidate")["reliable"].to_dict() == {"A": False, "B": False, "C": True}
+    assert (table["margin"] == margin).all()
+
+
 def test_known_latent_size_fit_ordering(comparison):
     table = comparison.table.set_index("n_latent")
     margin = comparison.margin
@@ -248,6 +270,12 @@ def test_gains_are_paired_differences_with_intervals():
 def test_margin_share_and_repeated_candidates_are_checked(adata):
     with pytest.raises(InvalidArgumentError, match="equivalence_margin"):
         diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), equivalence_margin=0.0)
+    # alpha 0.9 inverted every interval, 1.5 failed in numpy after every estimate: both refused before any work
+    for alpha in (0.9, 1.5, 0.0):
+        with pytest.raises(InvalidArgumentError, match=r"alpha must be a number in \(0, 0\.5\)"):
+            diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), alpha=alpha)
+        with pytest.raises(InvalidArgumentError, match=r"alpha must be a number in \(0, 0\.5\)"):
+            diagnostics.compare_fits({"a": _stand_in()}, {"a": {}}, alpha=alpha)
     with pytest.raises(InvalidArgumentError, match="repeat"):
         diagnostics.compare_models(adata, [{"n_latent": 2}, {"n_latent": 2}], seeds=range(2))
     # one model written two ways (a default spelled out, keys in another order) would be fitted twice
