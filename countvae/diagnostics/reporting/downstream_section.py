@@ -312,10 +312,10 @@ def reading(output: str, metric: str, row: Mapping[str, float]) -> str:
     d_between = row["disagreement_between"]
     chance = row.get("chance_mean", np.nan)
     if chance is not None and np.isfinite(chance):
-        if chance == 1.0:
+        if chance == 1.0:  # every pair's call sets are both empty or both every gene: they cannot differ
             return (
-                f"{label} ({metric}): no fit calls any gene with its own sampling seed ({n_between} pairs of "
-                "fits): nothing to compare."
+                f"{label} ({metric}): every fit calls no gene, or every fit calls every gene, with its own sampling "
+                f"seed ({n_between} pairs of fits): the calls cannot differ, so there is nothing to compare."
             )
         numbers += f"; random call sets of the same sizes would agree {chance:.2f}"
     if not np.isfinite(share):
