@@ -233,15 +233,10 @@ def compare_models(
     train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
     shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction, "backend": backend}
     shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
-    fits = _fit_candidates(adata, dict(zip(names, settings_list, strict=True)), out_dir, shared)
+    named = dict(zip(names, settings_list, strict=True))
+    fits = _fit_candidates(adata, named, out_dir, shared)
     return compare_fits(
-        fits,
-        dict(zip(names, settings_list, strict=True)),
-        equivalence_margin=share,
-        n_lpd_samples=n_lpd_samples,
-        alpha=alpha,
-        max_baseline_cells=max_baseline_cells,
-        seed=seed,
+        fits, named, share, n_lpd_samples=n_lpd_samples, alpha=alpha, max_baseline_cells=max_baseline_cells, seed=seed
     )
 
 
