@@ -43,7 +43,9 @@ Method (chosen and measured in ``benchmarks/lpd_accuracy.py``, section lpd-accur
    Pareto k-hat); cells with k-hat above :data:`~countvae.module.importance.KHAT_THRESHOLD` first get ``redraw``
    times as many fresh draws from the same mixture (a k-hat from 100 draws flags good proposals by chance), whose
    values replace theirs; those still above it are estimated again with ``escalation_draws`` draws and twice the
-   pilot and restarts. A cell still above the threshold has ``reliable`` False and no standard error.
+   pilot and restarts. A cell still above the threshold has ``reliable`` False and no standard error. Cells whose
+   weights are flat count as reliable whatever their k-hat
+   (:attr:`~countvae.module.importance.ImportanceSummary.reliable`), and are not estimated again.
 
 Cost (benchmarks/RESULTS.md, lpd-package and report-diagnose): Newton's curvature and the restarts dominate when the
 final draws are few (``countvae diagnose`` uses 100). A step is halved only for the rows it lowers, restarts stop at

@@ -85,7 +85,11 @@ def test_summary_rows_concatenate_take_and_frame():
 
 def _frame(khat, ess=50.0):
     summary = ImportanceSummary(
-        lpd=np.zeros(len(khat)), mc_se=np.full(len(khat), 0.1), ess=np.broadcast_to(ess, len(khat)), khat=np.array(khat)
+        lpd=np.zeros(len(khat)),
+        mc_se=np.full(len(khat), 0.1),
+        ess=np.broadcast_to(ess, len(khat)),
+        khat=np.array(khat),
+        flat=np.zeros(len(khat), dtype=bool),
     )
     return summary.to_frame()
 
@@ -138,9 +142,58 @@ def test_hand_computed_estimate_standard_error_and_ess_of_fixed_weights():
 def test_the_thresholds_are_inclusive_as_documented():
     """Known answer from the documented rule: a k-hat of exactly 0.7 is reliable ("at most"), an ESS of exactly
     ``min_ess`` is not below it, and a share of unreliable cells of exactly ``max_share`` passes."""
-    summary = ImportanceSummary(*(np.array([x, x]) for x in (-3.0, 0.1, 40.0)), np.array([KHAT_THRESHOLD, 0.71]))
+    columns = (np.array([x, x]) for x in (-3.0, 0.1, 40.0))
+    summary = ImportanceSummary(*columns, khat=np.array([KHAT_THRESHOLD, 0.71]), flat=np.zeros(2, dtype=bool))
     np.testing.assert_array_equal(summary.reliable, [True, False])
     frame = _frame([KHAT_THRESHOLD] * 19 + [0.9], ess=np.full(20, MIN_ESS))
     rule = estimate_reliability(frame, min_ess=MIN_ESS, max_share=0.05)
     np.testing.assert_array_equal(rule.unreliable, [False] * 19 + [True])
     assert rule.share == pytest.approx(0.05) and rule.reliable
+
+
+def _plateau_and_peak_weights(n_draws: int, n_cells: int, seed: int) -> tuple[torch.Tensor, float]:
+    """Bounded weights shaped like those of a one-dimensional posterior close to its Student-t proposal: half the
+    draws on a plateau at 0.9375, 3% piling up below the maximum 1 (density ~ ``1 / sqrt(1 - w)``), the rest
+    uniform below 0.9. Returns the log weights and the log of their exact mean."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand((n_draws, n_cells), generator=gen, dtype=torch.float64)
+    component = torch.rand((n_draws, n_cells), generator=gen, dtype=torch.float64)
+    plateau, peak, low = 0.9375 * (1 - 1e-3 * u), 1 - 0.0625 * u**2, 0.9 * u
+    weights = torch.where(component < 0.5, plateau, torch.where(component < 0.53, peak, low))
+    mean = 0.5 * 0.9375 * (1 - 0.5e-3) + 0.03 * (1 - 0.0625 / 3) + 0.47 * 0.45
+    return torch.log(weights), math.log(mean)
+
+
+def test_bounded_weights_with_a_plateau_are_reliable_although_the_pareto_fit_says_otherwise():
+    """Known answer: iid bounded weights of known mean. The generalized-Pareto fit to their top draws (the plateau's
+    edge, then the pile below the maximum) returns a median k-hat of 5, as it returned 2-3 for 1-d MLP models whose
+    estimates were within 0.01 nats of quadrature. The largest weight is at most 1.5 times the mean, so the cells are
+    reliable, with standard errors that match the spread over repeats. Fails if k-hat alone decides."""
+    log_w, log_mean = _plateau_and_peak_weights(4000, 100, seed=0)
+    summary = summarize_log_weights(log_w)
+    assert (summary.khat > KHAT_THRESHOLD).mean() > 0.9  # the false alarm this rule exists for
+    assert summary.flat.all() and summary.reliable.all() and np.isfinite(summary.mc_se).all()
+    z = (summary.lpd - log_mean) / summary.mc_se
+    assert abs(float(np.mean(summary.lpd - log_mean))) < 0.002 and 0.85 < float(np.std(z)) < 1.15
+    assert not summarize_log_weights(log_w[:199]).flat.any()  # too few draws to call a tail absent
+
+
+@pytest.mark.parametrize("n_draws", [200, 1000])
+def test_pareto_tails_are_never_flat_so_flat_weights_cannot_hide_them(n_draws):
+    """Closed form: a proposal ``N(0, s^2)`` for ``N(0, 1)`` gives weights with a Pareto tail of shape
+    ``k = 1 - s^2``. For k from 0.70 to 0.91, no cell of 400 has every weight at most 2.5 times the mean with 200
+    or more draws (the smallest largest-to-mean ratio of 20,000 cells was 2.7 at 200 draws, 6.8 at 1,000), so
+    reliability stays with k-hat there. Fails if the flat threshold were loose enough to clear heavy tails."""
+    for s in (0.3, 0.45, 0.55):
+        summary = summarize_log_weights(_log_weights(s, n_draws, 400, seed=1))
+        assert not summary.flat.any()
+        np.testing.assert_array_equal(summary.reliable, summary.khat <= KHAT_THRESHOLD)
+
+
+def test_reliability_of_a_frame_is_its_reliable_column_where_there_is_one():
+    """A cell with k-hat above the threshold and flat weights is ``reliable`` in the summary's frame, and the
+    report's rule reads that column rather than k-hat alone; a frame without it falls back to k-hat."""
+    frame = _frame([0.9, 0.3])
+    frame.loc[0, "reliable"] = True  # as ImportanceSummary.to_frame writes a flat cell
+    np.testing.assert_array_equal(estimate_reliability(frame).unreliable, [False, False])
+    np.testing.assert_array_equal(estimate_reliability(frame.drop(columns="reliable")).unreliable, [True, False])
