@@ -204,7 +204,8 @@ def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd
     """Whether each fit's ``log p(x)`` estimates can be believed, at the precision the margin asks for.
 
     Which cells are unreliable, and whether few enough are, is the package's one rule,
-    :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat above 0.7 or missing; ESS not judged).
+    :func:`countvae.module.importance.estimate_reliability` (Pareto k-hat above 0.7 or missing, unless the weights
+    are flat; ESS not judged).
     Cells without a Monte Carlo standard error (NaN, as the estimator reports where k-hat says the weights' variance
     is infinite) are left out of the bias bound; they already count as unreliable.
 
@@ -216,7 +217,9 @@ def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd
         sample size per cell, NaN without an ``ess`` column; shown, not judged: a small ESS with an acceptable k-hat
         shows up as a large Monte Carlo error, which the bias bound judges), ``mc_bias_bound`` (mean per-cell
         ``mc_se^2 / 2``, nats), and ``reliable``: at most :data:`~countvae.module.importance.MAX_UNRELIABLE_SHARE`
-        of cells unreliable and a bias bound at most :data:`MAX_BIAS_SHARE` of the margin.
+        of cells unreliable and a bias bound at most :data:`MAX_BIAS_SHARE` of the margin. Without a margin (NaN: the
+        fits gain nothing over a model without latent variables) the bias bound is not judged: there is no precision
+        to hold it to, and what fails is the fits, which the verdicts say, not the estimator.
 
     """
     rows = []
@@ -228,7 +231,7 @@ def estimator_reliability(lpds: Mapping[str, pd.DataFrame], margin: float) -> pd
         median = float(np.nanmedian(khat)) if khat is not None and np.isfinite(khat).any() else np.nan
         ess = frame["ess"].to_numpy(dtype=np.float64) if "ess" in frame else np.full(1, np.nan)
         finite_ess = ess[np.isfinite(ess)]
-        ok_bias = bool(np.isfinite(margin) and np.isfinite(bias) and bias <= MAX_BIAS_SHARE * margin)
+        ok_bias = bool(np.isfinite(bias) and bias <= MAX_BIAS_SHARE * margin) if np.isfinite(margin) else True
         rows.append(
             {
                 "fit": name,

@@ -129,6 +129,26 @@ def test_unreliable_candidates_are_never_best():
     assert table.set_index("candidate").loc[other, "fit_verdict"] == mc.EQUIVALENT
 
 
+def test_without_a_margin_candidates_are_judged_by_k_hat_and_ranked_but_none_recommended():
+    """Fits that gain nothing over the no-latent baseline have no margin; their estimates (k-hat 0.1, bias bound
+    0.00005 nats) are not the problem, so no candidate is "unreliable": the best fit is named, the others are
+    undetermined (no margin to judge a difference by), and nothing is recommended. One candidate with k-hat 0.9
+    stays unreliable. Before, every candidate was "unreliable: not ranked", blaming the estimator."""
+    n = 200
+    noise = np.random.default_rng(1).normal(0.0, 0.5, size=n)
+    lpds = {"A": -100.0 + noise, "B": -100.5 + noise, "C": -99.0 + noise}
+    frames = {}
+    for name, khat in (("A", 0.1), ("B", 0.1), ("C", 0.9)):
+        frame = pd.DataFrame({"lpd": lpds[name], "mc_se": 0.01, "khat": khat, "reliable": khat <= 0.7})
+        frames[name] = [frame, frame.copy()]
+    table, best, margin, gain = mc.settled_fit_table(lpds, frames, np.full(n, -90.0), share=0.02)
+    assert np.isnan(margin) and gain < 0 and best == "A"
+    verdicts = table.set_index("candidate")["fit_verdict"].to_dict()
+    assert verdicts == {"A": mc.BEST, "B": mc.UNDETERMINED, "C": mc.UNRELIABLE}
+    table["stable"] = True
+    assert mc.recommend(table, {name: {"n_latent": 2} for name in lpds}) is None
+
+
 def test_reliability_is_judged_at_the_margin_the_table_reports():
     """A: best fit, unreliable (k-hat); B: bias bound 0.0295 nats, under a tenth of A's margin (0.30) but over a tenth
     of its own (0.29); C: precise. The margin is measured on the best reliable candidate, so B cannot be best at its
