@@ -171,10 +171,12 @@ def identification_verdict(
     itself, e.g. the mean-field guide, and no restriction is credited with them): ``agrees without it`` if the
     restriction keeps that agreement (within :data:`GROWTH_MARGIN`), ``agrees less than without it`` if it loses
     more. Otherwise ``not identified``: the mean agreement is below the threshold and no better than the unrestricted
-    model's plus :data:`GROWTH_MARGIN`; ``undetermined``: some pairs agree, some not. ``too Gaussian to identify``
-    (ICA, ``too_gaussian=True``): some component is no more non-Gaussian than what ICA finds in Gaussian noise of the
-    same size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be identified by non-Gaussianity however
-    well the fits agree.
+    model's plus :data:`GROWTH_MARGIN`; ``undetermined`` in the other cases: every pair agrees but the split half was
+    not measured, the worst pair is below the threshold while the mean agreement is above it (some pairs agree, some
+    not) or above the unrestricted model's plus :data:`GROWTH_MARGIN`, or the agreement could not be measured.
+    ``too Gaussian to identify`` (ICA, ``too_gaussian=True``): some component is no more non-Gaussian than what ICA
+    finds in Gaussian noise of the same size (:class:`countvae.ica.ICARotation`'s null), so its axis cannot be
+    identified by non-Gaussianity however well the fits agree.
     """
     if not np.isfinite(agreement_mean):
         return UNDETERMINED

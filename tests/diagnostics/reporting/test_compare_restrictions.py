@@ -442,3 +442,63 @@ def test_a_fit_declares_the_symmetry_of_its_whole_model():
     for kwargs, symmetry in expected:
         model = cv.CountVAE(adata, n_latent=2, decoder="linear", **kwargs)
         assert CountVAEFit(model, seed=0).symmetry == symmetry
+
+
+def _readout_row(model, label, mean, worst, split, baseline_mean, loadings_mcc=np.nan):
+    verdict = "reference" if baseline_mean is None else identification_verdict(worst, mean, baseline_mean, split)
+    reading = "reference" if baseline_mean is None else split_half_reading(verdict, mean, split)
+    return {
+        "model": model,
+        "label": label,
+        "kind": "model",
+        "coordinates_agreement": mean,
+        "coordinates_agreement_min": worst,
+        "rotation_ceiling": 0.86,
+        "identified": verdict,
+        "split_half_agreement": split,
+        "split_half_reading": reading,
+        "predictive": "equivalent",
+        "lpd_difference_per_cell": 0.0,
+        "lpd_se_per_cell": 0.1,
+        "margin": 0.5,
+        "sources_mcc": 0.7,
+        "loadings_mcc": loadings_mcc,
+        "truth": NOT_CLOSER,
+    }
+
+
+@pytest.mark.parametrize(
+    ("mean", "worst", "split", "why"),
+    [
+        (0.83, 0.83, 0.49, "above the N(0, I) prior's, but below 0.9 on the worst pair"),
+        (1.0, 1.0, np.nan, "every seed pair agrees, but the split half was not measured"),
+        (0.93, 0.88, 0.95, "some seed pairs agree, some do not"),
+    ],
+)
+def test_an_undetermined_restriction_is_worded_by_its_case(mean, worst, split, why):
+    """Each of identification_verdict's undetermined cases gets its own reason; with one pair of seeds at 0.83,
+    or every pair at 1.0, the headline said "some seed pairs agree, some do not"."""
+    from countvae.diagnostics.reporting.sections.restrictions import headline
+
+    table = pd.DataFrame(
+        [
+            _readout_row("unrestricted", "N(0, I) prior", 0.74, 0.74, 0.76, None),
+            _readout_row("horseshoe", "horseshoe prior", mean, worst, split, 0.74),
+        ]
+    )
+    assert table["identified"].iloc[1] == UNDETERMINED
+    sentence = next(line for line in headline(table, 2, None) if line.startswith("The horseshoe prior"))
+    assert f"undetermined ({why})" in sentence
+
+
+def test_the_truth_sentence_brackets_loadings_only_for_models_that_have_them():
+    """An MLP decoder has no loadings (MCC NaN): no "(loadings nan)"; a linear one's loadings MCC is bracketed."""
+    from countvae.diagnostics.reporting.sections.restrictions import headline
+
+    rows = [_readout_row("unrestricted", "N(0, I) prior", 0.74, 0.74, 0.76, None)]
+    rows.append(_readout_row("laplace", "Laplace prior on z", 0.75, 0.7, 0.7, 0.74))
+    mlp = " ".join(headline(pd.DataFrame(rows), 2, None))
+    assert "nan" not in mlp and "loadings MCC in brackets" not in mlp
+    rows[1]["loadings_mcc"] = 0.81
+    linear = " ".join(headline(pd.DataFrame(rows), 2, None))
+    assert "0.70 (loadings 0.81) under the Laplace prior on z" in linear and "in brackets" in linear

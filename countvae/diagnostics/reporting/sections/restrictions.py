@@ -115,13 +115,17 @@ def _cost_phrase(row: pd.Series) -> str:
 def _truth_lines(table: pd.DataFrame) -> list[str]:
     """What the simulated truth says: each model's recovery (MCC), and whether a restriction's axes are the sources."""
     base = table.iloc[0]
+    loadings = table["loadings_mcc"].astype(float)  # NaN for a model without loadings (an MLP decoder)
     parts = [
-        f"{row['sources_mcc']:.2f} (loadings {row['loadings_mcc']:.2f}) under the {row['label']}"
-        for _, row in table.iterrows()
+        f"{row['sources_mcc']:.2f}"
+        + (f" (loadings {loadings[index]:.2f})" if np.isfinite(loadings[index]) else "")
+        + f" under the {row['label']}"
+        for index, row in table.iterrows()
     ]
+    bracket = "; loadings MCC in brackets" if np.isfinite(loadings).any() else ""
     lines = [
         "Against the simulated truth, the held-out sources are recovered dimension by dimension (MCC, mean over "
-        f"seeds; loadings MCC in brackets) at {'; '.join(parts)}."
+        f"seeds{bracket}) at {'; '.join(parts)}."
     ]
     for _, row in table.iloc[1:].iterrows():
         versus = f"MCC {row['sources_mcc']:.2f} vs {base['sources_mcc']:.2f} under the {base['label']}"
@@ -135,6 +139,18 @@ def _truth_lines(table: pd.DataFrame) -> list[str]:
                 "reproducible is not the same as true."
             )
     return lines
+
+
+def _undetermined_why(row: pd.Series, base: pd.Series) -> str:
+    """Which of :func:`identification_verdict`'s undetermined cases a restriction's row is in."""
+    mean, worst = row["coordinates_agreement"], row["coordinates_agreement_min"]
+    if not np.isfinite(mean):
+        return "the agreement could not be measured"
+    if worst >= IDENTIFIED_AGREEMENT:
+        return "every seed pair agrees, but the split half was not measured"
+    if mean >= IDENTIFIED_AGREEMENT:
+        return "some seed pairs agree, some do not"
+    return f"above the {base['label']}'s, but below {IDENTIFIED_AGREEMENT:g} on the worst pair"
 
 
 def headline(table: pd.DataFrame, n_seeds: int, programs: pd.DataFrame | None) -> list[str]:
@@ -179,12 +195,7 @@ def headline(table: pd.DataFrame, n_seeds: int, programs: pd.DataFrame | None) -
             "independent halves of the cells, so it is not credited with identifying them",
             TOO_GAUSSIAN: f"cannot identify the axes: {row.get('gaussian_components', 0):.0f} of its components are no "
             "more non-Gaussian than what ICA finds in Gaussian noise of this size",
-        }.get(
-            row["identified"],
-            "leaves the per-dimension agreement undetermined (some seed pairs agree, some do not)"
-            if not np.isfinite(row["split_half_agreement"]) or row["coordinates_agreement_min"] < IDENTIFIED_AGREEMENT
-            else "leaves the per-dimension agreement undetermined",
-        )
+        }.get(row["identified"], f"leaves the per-dimension agreement undetermined ({_undetermined_why(row, base)})")
         lines.append(
             f"The {row['label']} {verdict} (agreement {row['coordinates_agreement']:.2f}, worst pair "
             f"{row['coordinates_agreement_min']:.2f}), {_cost_phrase(row)}; {row['split_half_reading']}."
