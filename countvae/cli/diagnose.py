@@ -115,7 +115,13 @@ OWN_OPTIONS = (
     "write_h5ad",
 )
 #: Options of the multi-seed report that --restrictions would otherwise ignore, by their ``dest``.
-NOT_WITH_RESTRICTIONS = {"write_h5ad": "--write-h5ad", "de": "--de"}
+NOT_WITH_RESTRICTIONS = {
+    "write_h5ad": "--write-h5ad",
+    "de": "--de",
+    "ica": "--ica/--no-ica (the ICA comparison is --restrictions ica)",
+    "equivalence_margin": "--equivalence-margin (the comparison's margin is --margin, in nats/cell)",
+    "max_fit_cells": "--max-fit-cells",
+}
 #: The fields of ReportSettings that are options, given to diagnose as its report_kwargs.
 REPORT_OPTIONS = ("ica", "n_lpd_samples", "equivalence_margin", "max_fit_cells")
 #: The other fields of DiagnoseSettings, and the options each is made from (:func:`diagnose_settings`).
@@ -142,7 +148,8 @@ def _stopping_help() -> str:
 
 def _add_report_options(p: argparse.ArgumentParser) -> None:
     """The options that set fields of :class:`ReportSettings` (:data:`REPORT_OPTIONS`)."""
-    report_option = functools.partial(add_setting_option, p, ReportSettings)
+    # unset when absent: --restrictions refuses the ones it would ignore (NOT_WITH_RESTRICTIONS), given or not
+    report_option = functools.partial(add_setting_option, p, ReportSettings, unset_when_absent=True)
     report_option(
         "ica",
         "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
@@ -321,7 +328,7 @@ def diagnose_settings(args: argparse.Namespace) -> tuple[ad.AnnData, DiagnoseSet
         **setting_values(args, DiagnoseSettings, OWN_OPTIONS),
         model_kwargs=model_kwargs,
         train_kwargs=train_kwargs,
-        report_kwargs=setting_values(args, ReportSettings, REPORT_OPTIONS),
+        report_kwargs={k: v for k, v in setting_values(args, ReportSettings, REPORT_OPTIONS).items() if v is not None},
         markers=markers,
         downstream=_downstream_request(args),
         out_dir=args.out,
@@ -353,8 +360,9 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         given = [option for dest, option in NOT_WITH_RESTRICTIONS.items() if getattr(args, dest) is not None]
         if given:
             raise InvalidArgumentError(
-                f"{' and '.join(given)} add to the multi-seed report, which --restrictions replaces by the comparison "
-                "of restrictions; run them without --restrictions."
+                f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} the multi-seed report, which "
+                "--restrictions replaces by the comparison of restrictions; leave "
+                f"{'them' if len(given) > 1 else 'it'} out, or run without --restrictions."
             )
         # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
         plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})

@@ -68,8 +68,9 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
         raise InvalidArgumentError(
             f"--restrictions {','.join(needs_linear)} restrict the linear decoder's loadings; add --decoder linear."
         )
-    if any(r.name == "programs" for r in chosen):
-        model_kwargs = {k: v for k, v in model_kwargs.items() if k != "n_latent"}  # one dimension per program
+    if any(r.name == "programs" for r in chosen) and args.n_latent is None:
+        # one dimension per program; a given --n-latent goes on, to be refused unless it is their number
+        model_kwargs = {k: v for k, v in model_kwargs.items() if k != "n_latent"}
     out = Path(args.out)
     report_dir = out / "report"
     if args.overwrite:

@@ -42,6 +42,7 @@ def add_setting_option(
     *,
     default: Any = _FIELD_DEFAULT,
     default_text: str | None = None,
+    unset_when_absent: bool = False,
     **kwargs: Any,
 ) -> argparse.Action:
     """Add ``--name`` (underscores as hyphens) for the field ``name`` of ``cls``.
@@ -58,6 +59,9 @@ def add_setting_option(
         The command's default, where it differs from the field's (e.g. an embedded data set's).
     default_text
         How the default reads in the help, where its value alone would not say it.
+    unset_when_absent
+        Parse to ``None`` when the option is not given, so the command can tell a given option from its default;
+        the help still shows the default, which the settings object applies.
     **kwargs
         Given to :meth:`argparse.ArgumentParser.add_argument` (``type``, ``metavar``, ...). A
         ``bool`` field is a ``--name/--no-name`` pair unless ``action`` is given.
@@ -78,6 +82,7 @@ def add_setting_option(
     if default_text is None:
         default_text = "on" if value is True else "off" if value is False else value
     text = f"{help} (default: {default_text})".replace("%", "%%")
+    value = None if unset_when_absent else value
     return parser.add_argument("--" + name.replace("_", "-"), dest=name, default=value, help=text, **kwargs)
 
 

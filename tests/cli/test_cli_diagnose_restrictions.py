@@ -45,8 +45,12 @@ def test_restrictions_write_their_report(data_file, tmp_path, capsys):
         (["--restrictions", "lasso"], "Unknown restriction 'lasso'"),
         (["--decoder", "linear", "--restrictions", "programs"], "needs gene programs"),
         # the multi-seed report's options, once silently ignored (no .h5ad file, no DE)
-        (["--restrictions", "laplace", "--write-h5ad", "x.h5ad"], "--write-h5ad add to the multi-seed report"),
-        (["--restrictions", "laplace", "--de", "batch"], "--de add to the multi-seed report"),
+        (["--restrictions", "laplace", "--write-h5ad", "x.h5ad"], "--write-h5ad sets the multi-seed report"),
+        (["--restrictions", "laplace", "--de", "batch"], "--de sets the multi-seed report"),
+        # the report's own settings, ignored without a word: the margin read was --margin's, ICA ran after --no-ica
+        (["--restrictions", "laplace", "--equivalence-margin", "0.05"], "comparison's margin is --margin"),
+        (["--restrictions", "ica", "--no-ica"], "--ica/--no-ica (the ICA comparison is --restrictions ica) sets"),
+        (["--restrictions", "laplace", "--max-fit-cells", "50", "--ica"], "--max-fit-cells set the multi-seed"),
     ],
 )
 def test_bad_restrictions_are_one_line_errors(data_file, tmp_path, capsys, extra, message):
@@ -69,3 +73,16 @@ def test_an_interrupted_overwrite_leaves_no_stale_report_and_resumes(data_file, 
     assert not (out / "report").exists()
     monkeypatch.undo()
     assert main([*argv, "--quiet"]) == 0 and (out / "report" / "report.json").is_file()
+
+
+def test_a_given_n_latent_that_is_not_the_number_of_programs_is_refused(data_file, tmp_path, capsys):
+    """Gene programs fix the latent size (one dimension per program): --n-latent 2 with three programs was dropped
+    without a word and both models fitted with three dimensions; it is refused, as compare_restrictions refuses it."""
+    genes = [f"gene{g}" for g in range(30)]
+    gmt = tmp_path / "three.gmt"
+    gmt.write_text("".join(f"p{k}\tna\t" + "\t".join(genes[10 * k : 10 * k + 10]) + "\n" for k in range(3)))
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", f"programs:{gmt}"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "there are 3 gene programs" in err and "--n-latent 2" in err
+    assert not (tmp_path / "o" / "fits").exists()
