@@ -39,7 +39,7 @@ from countvae.cli.common import (
     read_h5ad,
     train_kwargs_of,
 )
-from countvae.cli.diagnose_restrictions import add_restriction_arguments, run_restrictions
+from countvae.cli.diagnose_restrictions import ONLY_WITH_RESTRICTIONS, add_restriction_arguments, run_restrictions
 from countvae.cli.first_contact import (
     add_gene_selection_argument,
     announce,
@@ -148,15 +148,16 @@ def _stopping_help() -> str:
 
 def _add_report_options(p: argparse.ArgumentParser) -> None:
     """The options that set fields of :class:`ReportSettings` (:data:`REPORT_OPTIONS`)."""
-    # unset when absent: --restrictions refuses the ones it would ignore (NOT_WITH_RESTRICTIONS), given or not
-    report_option = functools.partial(add_setting_option, p, ReportSettings, unset_when_absent=True)
-    report_option(
+    report_option = functools.partial(add_setting_option, p, ReportSettings)
+    # unset when absent, so that --restrictions can refuse those it would ignore (NOT_WITH_RESTRICTIONS)
+    unset_option = functools.partial(report_option, unset_when_absent=True)
+    unset_option(
         "ica",
         "add the ICA map class, ICA efficiency, ICA coordinates and the per-component stability of ICA "
         "across seeds to the report",
     )
     report_option("n_lpd_samples", "importance samples per held-out cell")
-    report_option(
+    unset_option(
         "max_fit_cells",
         "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
         "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
@@ -164,7 +165,7 @@ def _add_report_options(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
     )
-    report_option(
+    unset_option(
         "equivalence_margin",
         "margin of the predictive equivalence test, as a share of the held-out log p(x) per cell that the "
         "latent variables add over a model without them",
@@ -328,7 +329,10 @@ def diagnose_settings(args: argparse.Namespace) -> tuple[ad.AnnData, DiagnoseSet
         **setting_values(args, DiagnoseSettings, OWN_OPTIONS),
         model_kwargs=model_kwargs,
         train_kwargs=train_kwargs,
-        report_kwargs={k: v for k, v in setting_values(args, ReportSettings, REPORT_OPTIONS).items() if v is not None},
+        report_kwargs={
+            name: getattr(ReportSettings(), name) if value is None else value  # an option left unset
+            for name, value in setting_values(args, ReportSettings, REPORT_OPTIONS).items()
+        },
         markers=markers,
         downstream=_downstream_request(args),
         out_dir=args.out,
@@ -367,6 +371,12 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
         # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
         plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})
         return run_restrictions(args, plan)
+    given = [option for dest, option in ONLY_WITH_RESTRICTIONS.items() if getattr(args, dest) is not None]
+    if given:
+        raise InvalidArgumentError(
+            f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} the comparison of restrictions; add "
+            f"--restrictions, or leave {'them' if len(given) > 1 else 'it'} out."
+        )
     observer = _Observer(args.data)
     rep = diagnose(
         adata,

@@ -20,16 +20,21 @@ from countvae.diagnostics.diagnosis import discard_replaced_report, remove_inter
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
 from countvae.errors import InvalidArgumentError
 
-__all__ = ["LOADINGS_RESTRICTIONS", "add_restriction_arguments", "run_restrictions"]
+__all__ = ["LOADINGS_RESTRICTIONS", "ONLY_WITH_RESTRICTIONS", "add_restriction_arguments", "run_restrictions"]
 
 logger = logging.getLogger("countvae.cli")
 
 #: Restrictions that put a prior on the linear decoder's loadings.
 LOADINGS_RESTRICTIONS = ("horseshoe", "programs")
+#: Options of the comparison of restrictions that a plain diagnose would otherwise ignore, by their ``dest``.
+ONLY_WITH_RESTRICTIONS = {
+    "margin": "--margin (the multi-seed report's margin is --equivalence-margin, a share of the gain)",
+    "unknown_genes": "--unknown-genes",
+}
 
 
 def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--restrictions`` and ``--margin``."""
+    """``--restrictions``, ``--margin`` and ``--unknown-genes``."""
     parser.add_argument(
         "--restrictions",
         default=None,
@@ -37,12 +42,21 @@ def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"compare restricted models with the unrestricted one instead of the multi-seed report: {SYNTAX} "
         "(e.g. laplace,horseshoe,programs:markers.gmt,ica; horseshoe and programs need --decoder linear)",
     )
+    # unset when absent: a plain diagnose refuses them (ONLY_WITH_RESTRICTIONS) rather than ignore them
     parser.add_argument(
         "--margin",
         type=float,
-        default=DEFAULT_MARGIN,
+        default=None,
         help=f"with --restrictions: equivalence margin of the held-out log p(x) cost, nats/cell "
         f"(default {DEFAULT_MARGIN:g})",
+    )
+    parser.add_argument(
+        "--unknown-genes",
+        choices=("error", "drop"),
+        default=None,
+        help="with --restrictions programs:FILE: genes of the programs that the data lack are an error, or are "
+        "left out (drop; a gene set from a database lists many genes a filtered file does not have) "
+        "(default: error)",
     )
 
 
@@ -91,7 +105,8 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
         heldout_fraction=s.heldout_fraction,
         split_seed=args.split_seed,
         markers=s.markers,
-        margin=args.margin,
+        margin=DEFAULT_MARGIN if args.margin is None else args.margin,
+        unknown_genes=args.unknown_genes or "error",
         n_lpd_samples=args.n_lpd_samples,
         n_jobs=args.n_jobs,
         out_dir=str(out / "fits"),

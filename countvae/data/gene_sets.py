@@ -134,9 +134,9 @@ def check_gene_programs(
             f"{name}: {', '.join(genes[:10])}{' ...' if len(genes) > 10 else ''}" for name, genes in missing.items()
         )
         raise InvalidDataError(
-            f"Gene programs name genes that are not in the data ({listed}). Fix the names, or drop the genes the "
-            "data lack (countvae.data.gene_sets.check_gene_programs(..., unknown_genes='drop'); "
-            "countvae diagnose: --unknown-genes drop)."
+            f"Gene programs name genes that are not in the data ({listed}). Fix the names, or leave out the genes "
+            "the data lack: unknown_genes='drop' (compare_restrictions; for a model, "
+            "gene_programs=countvae.data.check_gene_programs(programs, adata.var_names, unknown_genes='drop'))."
         )
     kept = {name: [g for g in genes if g in known] for name, genes in programs.items()}
     small = {name: len(genes) for name, genes in kept.items() if len(genes) < min_genes}

@@ -75,6 +75,32 @@ def test_an_interrupted_overwrite_leaves_no_stale_report_and_resumes(data_file, 
     assert main([*argv, "--quiet"]) == 0 and (out / "report" / "report.json").is_file()
 
 
+def test_program_genes_the_data_lack_are_dropped_on_request(data_file, tmp_path, capsys):
+    """The error for unknown program genes named a --unknown-genes option that did not exist; it does now."""
+    genes = [f"gene{g}" for g in range(20)]
+    gmt = tmp_path / "two.gmt"
+    gmt.write_text(f"p0\tna\t{chr(9).join(genes[:10])}\tNOTAGENE\np1\tna\t{chr(9).join(genes[10:])}\n")
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", f"programs:{gmt}", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 1
+    err = capsys.readouterr().err
+    assert "p0: NOTAGENE" in err and "--unknown-genes 'drop'" in err
+    assert main([*argv, "--unknown-genes", "drop", "--out", str(tmp_path / "dropped"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["identified"]["programs"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--margin", "0.25"], "--margin (the multi-seed report's margin is --equivalence-margin"),
+        (["--unknown-genes", "drop"], "--unknown-genes sets the comparison of restrictions; add --restrictions"),
+    ],
+)
+def test_options_of_the_comparison_are_refused_without_restrictions(data_file, tmp_path, capsys, extra, message):
+    """A plain diagnose ignored --margin and --unknown-genes without a word."""
+    assert main(["diagnose", str(data_file), *FAST, *extra, "--out", str(tmp_path / "o")]) == 1
+    assert message in capsys.readouterr().err and not (tmp_path / "o" / "fits").exists()
+
+
 def test_a_given_n_latent_that_is_not_the_number_of_programs_is_refused(data_file, tmp_path, capsys):
     """Gene programs fix the latent size (one dimension per program): --n-latent 2 with three programs was dropped
     without a word and both models fitted with three dimensions; it is refused, as compare_restrictions refuses it."""
