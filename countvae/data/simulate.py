@@ -15,6 +15,7 @@ import scipy.sparse as sp
 from scipy.special import log_softmax
 
 from countvae._checks import check_choice, check_int, check_number
+from countvae.data.validation import MAX_EXACT_COUNT
 from countvae.errors import InvalidArgumentError
 
 SourceKind = Literal["normal", "laplace", "uniform", "discrete"]
@@ -146,7 +147,8 @@ def simulate(
     Returns
     -------
     AnnData
-        CSR float32 integer counts in ``X``; ``obs['batch']`` (categorical), ``obs['size_factor']``; ``obsm['z_true']``;
+        CSR float32 integer counts in ``X`` (each at most ``2**24``, where float32 is exact: a larger draw is refused,
+        naming the settings to lower); ``obs['batch']`` (categorical), ``obs['size_factor']``; ``obsm['z_true']``;
         ``obsm['z_true_labels']`` (integer labels of the sources, the discrete factors that InfoMEC needs);
         ``uns['simulation']`` with the true parameters (``W``, ``b``, ``batch_offset``, ``theta``, ``dropout``, the MLP
         weights, and ``source_kinds``, the distribution of each source). With ``n_groups > 1`` also ``obs['group']``,
@@ -322,6 +324,13 @@ def _nonempty_counts(
     if (counts.sum(1) == 0).any() or (counts.sum(0) == 0).any():
         raise InvalidArgumentError(
             "The simulation produced cells or genes with zero counts; raise library_size or n_cells."
+        )
+    if counts.max() > MAX_EXACT_COUNT:  # stored as float32, it would not be the count drawn
+        raise InvalidArgumentError(
+            f"The simulation drew a count of {counts.max():.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest "
+            "integer float32 holds exactly (and the largest count the models accept): some gene's rate in some "
+            "cell was that large. Lower library_size or library_log_sd, or loading_scale or loading_sparsity (larger "
+            "loadings, and Laplace sources' heavier tails, reach larger rates)."
         )
     return counts
 
