@@ -31,9 +31,9 @@ subsets the report computes each quantity on (the k-NN columns on ``max_knn_cell
 decoded means are compared on. The obsm key follows scanpy's ``X_`` convention (as ``X_countvae``), so that
 ``sc.pp.neighbors(adata, use_rep="X_countvae_consensus")`` and ``sc.pl.embedding`` find it.
 
-Existing keys are never replaced unless ``overwrite=True``, and nothing is written
-when any key is taken. Everything written survives ``adata.write_h5ad`` and
-``anndata.read_h5ad`` (the summary holds strings, numbers and lists of strings only).
+Existing keys are never replaced unless ``overwrite=True``, and nothing is written when any key is taken; with
+``overwrite=True`` the columns an earlier report wrote and this one does not are removed. Everything written survives
+``adata.write_h5ad`` and ``anndata.read_h5ad`` (the summary holds strings, numbers and lists of strings only).
 """
 
 from __future__ import annotations
@@ -185,6 +185,24 @@ def summary_record(rep: DiagnosticReport, written: dict[str, list[str]], n_match
     return h5ad_ready(record)
 
 
+def _remove_earlier_keys(adata: ad.AnnData, written: dict[str, list[str]]) -> None:
+    """Remove what the report being replaced wrote (its summary's ``keys``) and this one does not write.
+
+    A column of other fits (``countvae_batch_mixing`` of fits with a batch, ``countvae_de_call_frequency`` of a report
+    with DE) would otherwise stay beside a summary that does not list it, and read as this report's finding.
+    """
+    earlier = adata.uns.get(UNS_KEY)
+    keys = earlier.get("keys") if isinstance(earlier, dict) else None
+    if not isinstance(keys, dict):
+        return
+    stores = {"obs": adata.obs, "var": adata.var, "obsm": adata.obsm}
+    for slot, names in keys.items():
+        for name in map(str, [names] if isinstance(names, str) else names):
+            rewritten = name in written.get(slot, [])
+            if slot in stores and not rewritten and name.startswith((PREFIX, CONSENSUS_KEY)) and name in stores[slot]:
+                del stores[slot][name]
+
+
 def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = False) -> dict[str, list[str]]:
     """Write the report's per-cell and per-gene columns, consensus latent and summary into ``adata`` (in place).
 
@@ -201,7 +219,8 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     Raises
     ------
     OutputExistsError
-        If a key exists and ``overwrite`` is False (nothing is written then).
+        If a key exists and ``overwrite`` is False (nothing is written then). With ``overwrite``, the columns an
+        earlier report wrote (listed in its summary) and this one does not are removed with it.
     InvalidDataError
         If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's
         genes (nothing is written then).
@@ -209,6 +228,13 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
     """
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"adata must be an AnnData, got {type(adata).__name__}.")
+    if adata.is_view:
+        raise InvalidArgumentError(
+            "adata is a view (a subset such as adata[cells] not copied); the report's columns written into it would "
+            "go to a copy that anndata makes, not to the AnnData it was taken from. Pass an AnnData of its own: "
+            "sub = adata[cells].copy() (.to_memory() for a backed file), then report.write(sub); or write into the "
+            "whole AnnData (cells the report did not measure get NaN)."
+        )
     check_bool("overwrite", overwrite)
     cells, genes, consensus = _report_frames(rep)
     positions = _positions(pd.Index(cells.index.astype(str)), pd.Index(adata.obs_names.astype(str)))
@@ -229,6 +255,7 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
             "overwrite=True), or --overwrite on the command line), or write into a copy."
         )
     summary = summary_record(rep, written, int((positions >= 0).sum()))  # before anything is written: it can fail
+    _remove_earlier_keys(adata, written)
     for key, values in obs.items():
         adata.obs[key] = values
     for key, values in var.items():

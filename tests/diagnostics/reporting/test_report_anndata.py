@@ -29,7 +29,7 @@ from countvae.diagnostics.reporting.anndata_export import CONSENSUS_KEY, UNS_KEY
 from countvae.diagnostics.reporting.model_card import calibration_regime, settings_line
 from countvae.diagnostics.reporting.sections.per_cell import fit_cell_columns, within_seed_overlap
 from countvae.diagnostics.reporting.settings import ReportSettings
-from countvae.errors import InvalidDataError, OutputExistsError
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
 TINY = dict(
     n_lpd_samples=20,
@@ -269,6 +269,31 @@ def test_write_never_overwrites_unless_asked(small):
     assert target.obs["countvae_lpd_mean"].isna().sum() == held.n_obs - TINY["max_lpd_cells"]
     with pytest.raises(InvalidDataError, match="None of adata's"):
         rep.write(ad.AnnData(obs=pd.DataFrame(index=["x", "y"])))
+
+
+def test_rewriting_removes_what_the_replaced_report_wrote_and_this_one_does_not(small, tmp_path):
+    """A report of fits with a batch wrote countvae_batch_mixing; replacing it with this report (no batch) left that
+    column beside a summary that did not list it, read as this report's finding. It goes; the analyst's own
+    countvae-named column, which no summary lists, stays. The summary is read back from an .h5ad, as on a rerun."""
+    rep, _, held = small
+    target = held.copy()
+    rep.write(target)
+    target.obs["countvae_batch_mixing"] = 0.5
+    target.uns[UNS_KEY]["keys"]["obs"] = [*target.uns[UNS_KEY]["keys"]["obs"], "countvae_batch_mixing"]
+    target.obs["countvae_mine"] = 1.0
+    target.write_h5ad(tmp_path / "earlier.h5ad")
+    target = ad.read_h5ad(tmp_path / "earlier.h5ad")
+    rep.write(target, overwrite=True)
+    assert "countvae_batch_mixing" not in target.obs and (target.obs["countvae_mine"] == 1.0).all()
+    written = {c for c in target.obs if c.startswith("countvae_") and c != "countvae_mine"}
+    assert set(target.uns[UNS_KEY]["keys"]["obs"]) == written
+
+
+def test_write_into_a_view_is_refused(small):
+    """The columns went to anndata's implicit copy of the view, and write() reported them written."""
+    rep, _, held = small
+    with pytest.raises(InvalidArgumentError, match=r"adata is a view .* report.write\(sub\)"):
+        rep.write(held[:10])
 
 
 def test_write_into_data_with_other_gene_identifiers_is_refused(small):
