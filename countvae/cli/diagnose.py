@@ -20,6 +20,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -66,7 +67,7 @@ from countvae.diagnostics import (
     plan_diagnose,
     plan_parallelism,
 )
-from countvae.errors import InvalidArgumentError
+from countvae.errors import InvalidArgumentError, OutputExistsError
 
 __all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "diagnose_settings", "register", "run"]
 
@@ -354,6 +355,13 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
     """
     started = time.perf_counter()
+    if args.data is not None and args.write_h5ad is not None:  # diagnose itself sees the data in memory, not its file
+        written = Path(args.write_h5ad)
+        if written.exists() and Path(args.data).exists() and written.samefile(args.data):
+            raise OutputExistsError(
+                f"--write-h5ad {written} is the data file being analysed; the analysed copy holds only the chosen "
+                "genes, so --overwrite would replace the file's other counts. Write it to another file."
+            )
     adata, settings = diagnose_settings(args)
     if args.restrictions is not None:
         if args.refit_broken:

@@ -48,10 +48,12 @@ from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
+from countvae.diagnostics.reporting.anndata_export import existing_report_keys
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +229,9 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
             "heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
     report_dir = _report_destination(s.out_dir, s.overwrite)
-    h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite)
+    h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite, Path(adata.filename) if adata.isbacked else None)
+    if h5ad_path is not None:
+        _check_analysed_copy(adata, s.overwrite)
     seeds = _seed_list(s.seeds)
     model = dict(s.model_kwargs or {})
     if model.get("n_latent") is None:
@@ -326,7 +330,7 @@ def _diagnose_planned(
     try:
         if pending is not None:
             with atomic_file_path(pending, overwrite=True) as tmp:
-                write_analysed_h5ad(rep, fits, plan.adata, tmp)
+                write_analysed_h5ad(rep, fits, plan.adata, tmp, s.overwrite)
         if plan.report_dir is not None:
             remove_interrupted_report(plan.report_dir)
             rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
@@ -454,8 +458,8 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     return report_dir
 
 
-def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
-    """The ``write_h5ad`` file, refused before any fitting when it exists without ``overwrite``."""
+def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | None = None) -> Path | None:
+    """The ``write_h5ad`` file, refused before any fitting when it exists without ``overwrite``, or is ``source``."""
     if path is None:
         return None
     out = Path(path)
@@ -463,14 +467,61 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool) -> Path | None:
         raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
+    refuse_input_as_h5ad_output(out, source)
     if out.exists() and not overwrite:
         raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
     return out
 
 
-def write_analysed_h5ad(rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path) -> None:
-    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``."""
+def refuse_input_as_h5ad_output(out: Path, source: Path | None) -> None:
+    """Refuse ``write_h5ad`` naming the data file analysed, whatever ``overwrite`` says.
+
+    The analysed copy holds the chosen genes only (and with ``use_raw`` the raw counts as ``X``), so replacing the
+    input with it would lose the other genes' counts.
+    """
+    if source is not None and out.exists() and source.exists() and out.samefile(source):
+        raise OutputExistsError(
+            f"--write-h5ad {out} is the data file being analysed; the analysed copy holds only the chosen genes, so "
+            "it would replace the file's other counts. Write it to another file."
+        )
+
+
+def _check_analysed_copy(adata: ad.AnnData, overwrite: bool) -> None:
+    """Refuse, before any fitting, an analysed copy that could not be written, or would replace results unasked."""
+    if not adata.obs_names.is_unique:
+        repeated = adata.obs_names[adata.obs_names.duplicated()].unique()
+        raise InvalidDataError(
+            f"The cells' names repeat ({len(repeated)} names, e.g. {list(repeated[:3])}), and --write-h5ad writes the "
+            "report's columns by cell name; make them unique first (adata.obs_names_make_unique(), then write the "
+            "file again for the command line)."
+        )
+    model_keys = {
+        "obsm": anndata_results.LATENT_KEY,
+        "varm": anndata_results.LOADINGS_KEY,
+        "layers": anndata_results.LAYER_KEY,
+        "uns": anndata_results.UNS_KEY,
+    }
+    taken = [f"{slot}[{key!r}]" for slot, key in model_keys.items() if key in getattr(adata, slot)]
+    taken += existing_report_keys(adata)
+    if taken and not overwrite:
+        raise OutputExistsError(
+            f"The data already hold countvae results ({', '.join(taken)}), which the analysed copy (--write-h5ad) "
+            "would replace; pass --overwrite to replace them in the copy (the data file itself is not changed), "
+            "or remove them first."
+        )
+
+
+def write_analysed_h5ad(
+    rep: DiagnosticReport, fits: SeedFits, adata: ad.AnnData, path: Path, overwrite: bool = False
+) -> None:
+    """Write ``adata`` (in memory) with the first seed's latent and the report's columns to ``path``.
+
+    With ``overwrite``, earlier countvae results in the copy are replaced, and a normalized-expression layer that an
+    earlier ``write_results`` wrote is removed: this copy records no layer, and the layer is of another model.
+    """
     adata = read_into_memory(adata) if adata.isbacked else adata.copy()
-    fits.fits[0].model.write_results(adata, layer=None, overwrite=True)
-    rep.write(adata, overwrite=True)
+    if overwrite:
+        adata.layers.pop(anndata_results.LAYER_KEY, None)
+    fits.fits[0].model.write_results(adata, layer=None, overwrite=overwrite)
+    rep.write(adata, overwrite=overwrite)
     adata.write_h5ad(path)

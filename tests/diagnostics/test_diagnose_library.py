@@ -159,6 +159,64 @@ def test_write_h5ad_naming_a_folder_is_refused_before_fitting(data_file, tmp_pat
     assert not (tmp_path / "x").exists() and folder.is_dir()
 
 
+def test_repeated_cell_names_with_write_h5ad_are_refused_before_fitting(data_file, tmp_path):
+    """The .h5ad is written by cell name: with two cells of one name every seed was fitted and the report made, then
+    the write failed and the report was not saved."""
+    adata = ad.read_h5ad(data_file)
+    adata.obs_names = [adata.obs_names[0], *adata.obs_names[1:-1], adata.obs_names[0]]
+    cv.data.setup_anndata(adata)
+    with pytest.raises(InvalidDataError, match=r"names repeat \(1 names, e.g. \['cell0'\]\).*obs_names_make_unique"):
+        diagnose(adata, seeds=2, write_h5ad=tmp_path / "a.h5ad", out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_write_h5ad_naming_the_data_file_is_refused_whatever_overwrite_says(data_file, tmp_path, capsys):
+    """The error advised --overwrite, which replaced the analyst's file by the chosen genes' copy (400 x 300 became
+    400 x 100). The command line reads the file into memory, the library sees it in a backed AnnData."""
+    from countvae.cli import main
+
+    data = tmp_path / "data.h5ad"
+    data.write_bytes(data_file.read_bytes())
+    before = data.read_bytes()
+    for extra in ([], ["--overwrite"]):
+        argv = ["diagnose", str(data), *FAST, "--no-ica", "--write-h5ad", str(data), "--out", str(tmp_path / "o")]
+        assert main([*argv, *extra]) == 1
+        assert "is the data file being analysed" in capsys.readouterr().err
+    backed = ad.read_h5ad(data, backed="r")
+    cv.data.setup_anndata(backed)
+    with pytest.raises(OutputExistsError, match="is the data file being analysed"):
+        diagnose(backed, seeds=2, write_h5ad=data, overwrite=True, out_dir=tmp_path / "o")
+    backed.file.close()
+    assert data.read_bytes() == before and not (tmp_path / "o").exists()
+
+
+def test_results_in_the_data_are_replaced_in_the_analysed_copy_only_with_overwrite(data_file, tmp_path):
+    """The analyst's earlier write_results (a 4-d latent, a normalized layer) and a column named like the report's
+    were replaced without --overwrite, and the copy kept the other model's layer beside the new record."""
+    adata = _registered(data_file)
+    adata.obsm["X_countvae"] = np.zeros((adata.n_obs, 4))
+    adata.layers["countvae_normalized"] = adata.X.copy()
+    adata.obs["countvae_knn_agreement"] = 7.0
+    settings = DiagnoseSettings(
+        seeds=2,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        n_jobs=1,
+        out_dir=tmp_path / "x",
+        write_h5ad=tmp_path / "a.h5ad",
+        report_kwargs={"n_lpd_samples": 10, "ica": False},
+    )
+    message = r"obsm\['X_countvae'\], layers\['countvae_normalized'\], obs\['countvae_knn_agreement'\].*--overwrite"
+    with pytest.raises(OutputExistsError, match=message):
+        diagnose(adata, settings=settings)
+    assert not (tmp_path / "x").exists()
+    diagnose(adata, settings=settings, overwrite=True)
+    copy = ad.read_h5ad(tmp_path / "a.h5ad")
+    assert copy.obsm["X_countvae"].shape[1] == 2 and "countvae_normalized" not in copy.layers
+    assert copy.obs["countvae_knn_agreement"].between(0, 1).all()
+    assert adata.obsm["X_countvae"].shape[1] == 4 and (adata.obs["countvae_knn_agreement"] == 7.0).all()
+
+
 def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_file, tmp_path):
     # It was refused only when the fits started, after the command's timed warm-up fit, advising min_cells=3,
     # which does not prevent it.

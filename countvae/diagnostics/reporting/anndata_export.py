@@ -82,6 +82,14 @@ NAN_NOTE = (
 )
 
 
+def existing_report_keys(adata: ad.AnnData) -> list[str]:
+    """The keys a report can write (:data:`KEY_NOTES`, the summary) that ``adata`` holds already, as ``"obs['k']"``."""
+    frames = {"obs": adata.obs.columns, "var": adata.var.columns}
+    taken = [f"{slot}[{key!r}]" for slot, columns in frames.items() for key in KEY_NOTES if key in columns]
+    taken += [f"obsm[{CONSENSUS_KEY!r}]"] if CONSENSUS_KEY in adata.obsm else []
+    return taken + ([f"uns[{UNS_KEY!r}]"] if UNS_KEY in adata.uns else [])
+
+
 def h5ad_ready(value: Any) -> Any:
     """``value`` as h5ad can store it: JSON-ready, ``None`` as ``""``, mixed lists as strings, no "/" in keys.
 
