@@ -115,6 +115,22 @@ def test_h5ad_round_trip_and_scanpy_neighbours(trained_linear, adata, tmp_path):
     assert back.obsp["connectivities"].shape == (back.n_obs, back.n_obs)
 
 
+def test_gene_programs_named_with_a_slash_survive_the_h5ad_round_trip(sim_linear, tmp_path):
+    """h5ad reads "/" in a key as a group path: programs "T/NK" and "T" came back as "T" alone, with no error."""
+    data = sim_linear.copy()
+    cv.CountVAE.setup_anndata(data)
+    genes = list(data.var_names)
+    programs = {"T/NK": genes[:10], "T": genes[10:20]}
+    model = cv.CountVAE(data, decoder="linear", gene_programs=programs)
+    model.train(max_epochs=1, seed=0, progress_bar=False)
+    target = data.copy()
+    model.write_results(target, layer=None)
+    target.write_h5ad(tmp_path / "p.h5ad")
+    stored = ad.read_h5ad(tmp_path / "p.h5ad").uns["countvae"]["settings"]["gene_programs"]
+    back = {entry["name"]: list(entry["genes"]) for _, entry in sorted(stored.items())}
+    assert back == programs and list(back) == ["T/NK", "T"]
+
+
 def test_bad_input(trained_linear, adata, sim_linear):
     with pytest.raises(InvalidArgumentError, match="latent_key"):
         trained_linear.write_results(adata, latent_key="")
