@@ -64,7 +64,15 @@ def count_totals(matrix) -> CountSummary:
     return summary
 
 
-def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = False) -> CountSummary:
+#: How to pass raw counts instead, where the data are being registered (``setup_anndata``'s arguments).
+RAW_COUNTS_REMEDY = (
+    "Pass the layer that holds the raw counts with `layer=...` (or `use_raw=True` when they are in adata.raw)"
+)
+
+
+def validate_counts(
+    matrix, what: str = "adata.X", allow_empty_genes: bool = False, remedy: str = RAW_COUNTS_REMEDY
+) -> CountSummary:
     """Check that ``matrix`` holds finite, non-negative integer counts.
 
     Nothing is modified or coerced. All-zero cells and genes are an error (with their number and a way to filter
@@ -79,6 +87,9 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     allow_empty_genes
         Accept genes with no counts. Training data must not have them, but a handful of query or held-out cells
         often leaves some gene at zero, which is valid data for a fitted model.
+    remedy
+        How to pass raw counts instead, for the errors about values that are not raw counts (the default names
+        ``setup_anndata``'s arguments, as registration is where the counts are chosen).
 
     Returns
     -------
@@ -92,7 +103,7 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
         counts above ``2**24`` (exact in float32), or has all-zero cells or genes.
 
     """
-    scan = checked_count_totals(matrix, what)
+    scan = checked_count_totals(matrix, what, remedy)
     n_obs, n_vars = len(scan.cell_totals), len(scan.gene_totals)
     n_empty_cells = int(np.count_nonzero(scan.cell_totals == 0))
     if n_empty_cells:
@@ -111,11 +122,11 @@ def validate_counts(matrix, what: str = "adata.X", allow_empty_genes: bool = Fal
     return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
 
 
-def checked_count_totals(matrix, what: str) -> CountSummary:
+def checked_count_totals(matrix, what: str, remedy: str = RAW_COUNTS_REMEDY) -> CountSummary:
     """Totals of each cell and gene, in the one pass that checks the values as :func:`validate_counts` does."""
     n_obs, n_vars = _check_shape_and_dtype(matrix, what)
     scan = _scan_counts(matrix, n_obs, n_vars)
-    _check_values(scan, what)
+    _check_values(scan, what, remedy)
     return CountSummary(cell_totals=scan.cell_totals, gene_totals=scan.gene_totals)
 
 
@@ -178,7 +189,7 @@ def _scan_counts(matrix, n_obs: int, n_vars: int) -> _CountScan:
     return scan
 
 
-def _check_values(scan: _CountScan, what: str) -> None:
+def _check_values(scan: _CountScan, what: str, remedy: str) -> None:
     """Refuse non-finite, negative, non-integer and too large counts, saying how to pass raw counts."""
     if scan.nonfinite:
         raise InvalidDataError(
@@ -190,12 +201,11 @@ def _check_values(scan: _CountScan, what: str) -> None:
         parts += [f"{scan.fraction} non-integer values"] if scan.fraction else []
         raise InvalidDataError(
             f"{what} contains {' and '.join(parts)} (for example {scan.example!r}); countvae models raw "
-            "counts. Pass the layer that holds the raw counts with `layer=...` (or `use_raw=True` when "
-            "they are in adata.raw), not normalized, log-transformed or scaled values."
+            f"counts. {remedy}, not normalized, log-transformed or scaled values."
         )
     if scan.largest > MAX_EXACT_COUNT:
         raise InvalidDataError(
             f"{what} holds a count of {scan.largest:.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest integer the "
             "models' float32 arithmetic represents exactly; a single cell's raw count of one gene is never this "
-            "large. Check how the matrix was produced and pass the raw counts (`layer=...` or `use_raw=True`)."
+            f"large. Check how the matrix was produced. {remedy}."
         )

@@ -95,9 +95,11 @@ def _history_summary(history: pd.DataFrame) -> dict[str, Any]:
 
 
 def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | None) -> dict[str, Any]:
-    """A record h5ad can store: no ``None`` values (an unset registry field is written as ``""``), and gene programs
-    as ``{"0": {"name": ..., "genes": [...]}, ...}``: h5ad reads a "/" in a key as a path, so a program named
-    ``"T/NK"`` kept as a key came back nested, or was lost beside ``"T"``."""
+    """A record h5ad can store: no ``None`` values (an unset registry field is written as ``""``).
+
+    Gene programs are stored as ``{"0": {"name": ..., "genes": [...]}, ...}``: h5ad reads a "/" in a key as a path, so
+    a program named ``"T/NK"`` kept as a key came back nested, or was lost beside ``"T"``.
+    """
     registry = {k: ("" if v is None else v) for k, v in model.registry.to_dict().items()}
     settings = model.settings.to_dict()
     if settings.get("gene_programs"):

@@ -80,6 +80,14 @@ def cells_fingerprint(obs_names: pd.Index) -> str:
     return hashlib.sha256("\n".join(map(str, obs_names)).encode()).hexdigest()
 
 
+#: How to pass raw counts instead, for cells given to a trained model (read as the training data was registered
+#: unless registered themselves): the methods that take them have no ``layer`` argument.
+QUERY_RAW_COUNTS_REMEDY = (
+    "Register these cells' raw counts first: CountVAE.setup_anndata(adata, layer=...) for a layer, or use_raw=True "
+    "for adata.raw (cells not registered are read as the training data was)"
+)
+
+
 def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
     """The registry to read ``adata`` with: its own if set up, else the model's.
 
@@ -166,5 +174,5 @@ def query_source(
         # Genes without counts among the query cells are valid data for a fitted model; a subset
         # of a backed matrix is read in contiguous runs rather than by fancy indexing.
         subset = matrix if len(indices) == adata.n_obs else source.read_rows(np.unique(indices))
-        validate_counts(subset, registry.describe_counts(), allow_empty_genes=True)
+        validate_counts(subset, registry.describe_counts(), allow_empty_genes=True, remedy=QUERY_RAW_COUNTS_REMEDY)
     return source, indices

@@ -333,6 +333,18 @@ def test_counts_changed_in_place_after_setup_are_refused(small_adata, change, me
         cv.CountVAE(small_adata, n_latent=2)
 
 
+def test_normalised_query_cells_are_told_to_register_their_raw_counts(trained_linear, sim_linear):
+    """Query cells with log-normalised X and raw counts in a layer were told to pass `layer=...`: write_results'
+    layer is the layer it writes, and the getters take none. The remedy is registering them."""
+    query = sim_linear[:50].copy()
+    query.layers["counts"] = query.X.copy()
+    query.X = sp.csr_matrix(np.log1p(query.X.toarray()))
+    with pytest.raises(cv.errors.InvalidDataError, match=r"Register these cells' raw counts first: .*layer=\.\.\.\)"):
+        trained_linear.get_latent_representation(query)
+    cv.CountVAE.setup_anndata(query, layer="counts", batch_key="batch")
+    assert trained_linear.get_latent_representation(query).shape == (50, 2)
+
+
 def test_settings_are_one_validated_frozen_dataclass():
     s = ModelSettings(n_latent=np.int64(3), dtype=torch.float64, decoder="linear")
     assert s.n_latent == 3 and type(s.n_latent) is int and s.dtype == "float64" and s.torch_dtype == torch.float64
