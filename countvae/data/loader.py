@@ -69,6 +69,17 @@ class Minibatch:
     nonzero_per_row: np.ndarray | None = None
 
 
+def refuse_backed_csc(matrix) -> None:
+    """Refuse a backed matrix stored as CSC: every cell (row) read from it reads the whole file."""
+    backed = not (sp.issparse(matrix) or isinstance(matrix, np.ndarray))
+    if backed and getattr(matrix, "format", "csr") == "csc":
+        raise InvalidDataError(
+            "The backed count matrix is stored as CSC; reading cells (rows) from it reads the whole file. "
+            "Load it into memory (adata = adata.to_memory()), or rewrite the file as CSR once: a = "
+            "anndata.read_h5ad(path); a.X = a.X.tocsr(); a.write_h5ad(new_path); then read new_path backed."
+        )
+
+
 def _runs(sorted_rows: np.ndarray, max_gap: int) -> list[tuple[int, int]]:
     """Split sorted row positions into ``[first, last]`` runs whose gaps are at most ``max_gap`` rows."""
     if len(sorted_rows) == 0:
@@ -105,11 +116,7 @@ class CountSource:
             logger.info("Converting the %s count matrix to CSR for row access.", matrix.format)
             matrix = matrix.tocsr()
         self.is_backed = not (sp.issparse(matrix) or isinstance(matrix, np.ndarray))
-        if self.is_backed and getattr(matrix, "format", "csr") == "csc":
-            raise InvalidDataError(
-                "The backed count matrix is stored as CSC; reading cells (rows) from it reads the whole file. "
-                "Rewrite it as CSR (adata.X = adata.X.tocsr(); adata.write_h5ad(...)) or load it into memory."
-            )
+        refuse_backed_csc(matrix)
         self.matrix = matrix
         self.batch = np.asarray(batch, dtype=np.int64)
         float32 = np.dtype(getattr(matrix, "dtype", np.float64)) == np.float32

@@ -16,6 +16,7 @@ import pandas as pd
 
 from countvae._checks import check_bool
 from countvae.data.backed import backed_view_counts
+from countvae.data.loader import refuse_backed_csc
 from countvae.data.validation import CountSummary, validate_counts
 from countvae.errors import InvalidDataError, SetupError
 
@@ -184,6 +185,7 @@ def setup_anndata(
     _check_setup_arguments(adata, layer, batch_key, labels_key, use_raw)
     registry = Registry(layer=layer, use_raw=use_raw)
     matrix = get_count_matrix(adata, registry)
+    refuse_backed_csc(matrix)  # now, not after a pass over the whole file
     var_names = get_var_names(adata, registry)
     if not var_names.is_unique:
         duplicated = list(var_names[var_names.duplicated()].unique()[:5])

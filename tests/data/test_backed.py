@@ -139,8 +139,16 @@ def test_backed_csc_matrix_is_refused(tmp_path):
     adata.X = sp.csc_matrix(adata.X)
     adata.write_h5ad(tmp_path / "csc.h5ad")
     backed = ad.read_h5ad(tmp_path / "csc.h5ad", backed="r")
-    with pytest.raises(InvalidDataError, match="CSC.*CSR"):
+    with pytest.raises(InvalidDataError, match=r"CSC.*adata.to_memory\(\).*a.X = a.X.tocsr\(\)"):
         CountSource(backed.X, np.zeros(60, dtype=np.int64))
+    with pytest.raises(InvalidDataError, match="CSC"):  # at registration, before its pass over the file
+        cv.data.setup_anndata(backed)
+    # both remedies the message gives work (it advised adata.X.tocsr(), which a backed CSC dataset lacks)
+    CountSource(backed.to_memory().X, np.zeros(60, dtype=np.int64))
+    a = ad.read_h5ad(tmp_path / "csc.h5ad")
+    a.X = a.X.tocsr()
+    a.write_h5ad(tmp_path / "csr.h5ad")
+    CountSource(ad.read_h5ad(tmp_path / "csr.h5ad", backed="r").X, np.zeros(60, dtype=np.int64))
 
 
 def test_loader_nonzero_index_gives_the_same_likelihood(h5ad_path):
