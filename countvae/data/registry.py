@@ -90,7 +90,7 @@ def _categories_of(adata: ad.AnnData, key: str, role: str) -> list[str]:
     """Categories of an obs column, refusing missing values."""
     if key not in adata.obs.columns:
         raise SetupError(
-            f"{role}_key {key!r} is not a column of adata.obs; pass one of the available columns "
+            f"{role}_key={key!r} is not a column of adata.obs; pass one of the available columns "
             f"{list(adata.obs.columns)}, or add the column first."
         )
     column = adata.obs[key]

@@ -211,8 +211,9 @@ def _warn_unreliable(summary: ImportanceSummary, method: str) -> None:
         remedy = "use the default method='mixture', whose proposals are fitted to each cell"
     else:
         remedy = (
-            "estimate them with more draws (a larger n_samples, or settings=MarginalSettings(escalation_draws=...)) "
-            "or train longer (a better-fitted encoder starts the search closer to the posterior)"
+            "estimate them with more draws (a larger n_samples=..., or "
+            "settings=MarginalSettings(escalation_draws=...)) or train longer (a better-fitted encoder starts the "
+            "search closer to the posterior)"
         )
     warn_at_caller(
         f"{n_bad} of {summary.lpd.size} cells have a Pareto k-hat above {KHAT_THRESHOLD}: their log p(x) estimate "

@@ -86,7 +86,7 @@ def test_fit_on_file_writes_results(tmp_path, capsys):
         (lambda p: _write_counts(p), ["--layer", "counts"], "or no --layer for adata.X"),
         (lambda p: _write_counts(p), ["--use-raw"], "--use-raw but adata.raw is None; pass --layer VALUE"),
         (lambda p: _write_counts(p, fraction=True), [], "with --layer VALUE (or --use-raw when"),
-        (lambda p: _write_counts(p), ["--batch-key", "donor"], "batch_key 'donor' is not a column"),
+        (lambda p: _write_counts(p), ["--batch-key", "donor"], "--batch-key 'donor' is not a column"),
         (lambda p: _write_counts(p), ["--n-latent", "500"], "--n-latent 500 is too large"),
     ],
 )
@@ -194,3 +194,16 @@ def test_countvae_warnings_are_one_line_and_others_keep_their_origin(monkeypatch
     assert [w.category for w in record] == [UserWarning] and record[0].filename == __file__
     shown = warnings.showwarning
     assert getattr(shown, "__module__", "") != "countvae.cli"  # restored after the command
+
+
+def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
+    """Its remedy said "a larger n_samples", which the command line left as a Python argument."""
+    from countvae.cli import in_option_terms
+    from countvae.errors import UnreliableEstimateWarning
+    from countvae.model.inference import _warn_unreliable
+    from countvae.module.importance import ImportanceSummary
+
+    summary = ImportanceSummary(*(np.zeros(2) for _ in range(3)), khat=np.array([0.9, 0.1]), flat=np.zeros(2, bool))
+    with pytest.warns(UnreliableEstimateWarning) as record:
+        _warn_unreliable(summary, "mixture")
+    assert "a larger --n-samples VALUE" in in_option_terms(str(record[0].message), {"n_samples": 20})

@@ -72,7 +72,7 @@ def test_missing_layer_and_keys():
     a = _adata(_counts(), batch=["a"] * 10 + ["b"] * 10)
     with pytest.raises(SetupError, match="layer 'counts' is not in adata.layers"):
         cv.CountVAE.setup_anndata(a, layer="counts")
-    with pytest.raises(SetupError, match="batch_key 'donor' is not a column"):
+    with pytest.raises(SetupError, match="batch_key='donor' is not a column"):
         cv.CountVAE.setup_anndata(a, batch_key="donor")
     with pytest.raises(SetupError, match="use_raw"):
         cv.CountVAE.setup_anndata(a, use_raw=True)
