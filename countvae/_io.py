@@ -142,9 +142,11 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
     (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
     complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
-    the old folder is moved back.
+    the old folder is moved back. A file at ``path`` is refused whatever ``overwrite`` says.
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():  # a file there may be data; overwrite replaces folders only
+        raise OutputExistsError(f"{path} exists and is not a folder; give the path of a folder to write.")
     _refuse_existing(path, overwrite)
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -85,3 +85,14 @@ def test_report_folder_is_written_in_order_atomically_and_never_silently_replace
     with pytest.raises(ValueError):
         write_report_folder(tmp_path / "bad", html_text="", record={"a": float("nan")}, markdown="")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+def test_a_file_where_a_report_folder_goes_is_refused_even_with_overwrite(tmp_path):
+    """save(path, overwrite=True) on a file moved it aside as a hidden .NAME.*.old and put the folder in its place
+    (DiagnosticReport, InvarianceReport, ModelComparison: one writer)."""
+    data = tmp_path / "mydata.h5ad"
+    data.write_bytes(b"the analyst's data")
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match="exists and is not a folder"):
+            write_report_folder(data, html_text="", record={}, markdown="", overwrite=overwrite)
+    assert data.read_bytes() == b"the analyst's data" and sorted(p.name for p in tmp_path.iterdir()) == ["mydata.h5ad"]
