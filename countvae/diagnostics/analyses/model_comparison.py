@@ -81,8 +81,9 @@ MAX_DISTANCE_CELLS = 1_000
 
 RULE = (
     "Recommended: the smallest candidate (fewest latent dimensions, then a linear before an MLP decoder, "
-    "then fewer hidden units and layers) whose held-out log p(x) estimates are reliable (k-hat rule), whose "
-    "simultaneous interval of the per-cell difference from the best candidate lies above minus the equivalence "
+    "then fewer hidden units and layers, then Poisson before NB before ZINB and one dispersion per gene before one "
+    "per gene and batch; of equal size, the better fit) whose held-out log p(x) estimates are reliable (k-hat rule), "
+    "whose simultaneous interval of the per-cell difference from the best candidate lies above minus the equivalence "
     "margin (equivalent to the best, or not worse by more than the margin), and whose rotation-invariant outputs "
     "agree across seeds on the worst pair (decoded means and latent distances concordance >= {agree:g}, "
     "k-NN overlap >= {knn:g}). Undetermined when no candidate qualifies or no margin can be stated."
@@ -125,11 +126,23 @@ def expand_candidates(candidates: Mapping[str, Sequence[Any]] | Sequence[Mapping
     return out
 
 
+#: Parameters per gene beyond the rate, in the size order: a dispersion (NB), and a dropout (ZINB).
+_LIKELIHOOD_SIZE = {"poisson": 0, "nb": 1, "zinb": 2}
+
+
 def size_key(settings: Mapping[str, Any]) -> tuple:
-    """Order of candidates from smallest to largest: n_latent, then linear before MLP, then hidden units, layers."""
+    """Order of candidates from smallest to largest.
+
+    n_latent, then linear before MLP, then hidden units, layers, then the likelihood's parameters per gene (Poisson,
+    NB, ZINB), then per-gene before per-gene-and-batch dispersion. Candidates that differ only in the prior are of
+    one size.
+    """
     decoder = 0 if settings.get("decoder") == "linear" else 1
     hidden = 0 if decoder == 0 else settings.get("n_hidden", 0)
-    return (settings.get("n_latent", 0), decoder, hidden, settings.get("n_layers", 0) if decoder else 0)
+    layers = settings.get("n_layers", 0) if decoder else 0
+    likelihood = _LIKELIHOOD_SIZE.get(settings.get("likelihood", "nb"), 1)
+    per_batch = settings.get("dispersion") == "gene-batch"
+    return (settings.get("n_latent", 0), decoder, hidden, layers, likelihood, per_batch)
 
 
 def candidate_lpd(frames: Sequence[pd.DataFrame]) -> np.ndarray:
@@ -355,7 +368,9 @@ def recommend(table: pd.DataFrame, settings: Mapping[str, Mapping[str, Any]]) ->
     qualifying = table.loc[fit_ok & table["reliable"] & table["stable"], "candidate"].tolist()
     if not qualifying:
         return None
-    return min(qualifying, key=lambda name: size_key(settings[name]))
+    fit = table.set_index("candidate")["lpd_per_cell"]
+    # of equal size, the better fit; the list order never decides
+    return min(qualifying, key=lambda name: (size_key(settings[name]), -float(fit[name]), name))
 
 
 def gains_over(lpds: Mapping[str, np.ndarray], reference: str, alpha: float = 0.05) -> pd.DataFrame:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,8 +39,10 @@ from countvae.model.settings import ModelSettings
 
 __all__ = ["compare_fits", "compare_models"]
 
-#: Settings of the size order that a candidate may leave at CountVAE's defaults.
-_DEFAULTS = {"n_latent": 10, "decoder": "mlp", "n_hidden": 128, "n_layers": 1}
+#: Settings of the size order that an scvi-tools candidate may leave at its defaults (its latent size is the fits').
+_DEFAULTS = {"decoder": "mlp", "n_hidden": 128, "n_layers": 1}
+#: Longest candidate folder name; longer ones (gene programs spelled out) end in a digest of the label.
+_MAX_FOLDER_NAME = 120
 
 
 def candidate_name(settings: Mapping[str, Any]) -> str:
@@ -48,7 +51,11 @@ def candidate_name(settings: Mapping[str, Any]) -> str:
 
 
 def _folder_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(", ", "__"))
+    folder = re.sub(r"[^A-Za-z0-9_.=-]+", "_", name.replace(", ", "__"))
+    if len(folder) <= _MAX_FOLDER_NAME:
+        return folder
+    # a file system takes 255 bytes per name: three gene programs of 20 genes already exceed it
+    return f"{folder[: _MAX_FOLDER_NAME - 17]}__{hashlib.sha256(name.encode()).hexdigest()[:15]}"
 
 
 def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: int) -> None:
@@ -58,8 +65,8 @@ def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: in
         for key in settings:
             if key not in known:
                 raise unknown_setting(key, known, "compare_models: a candidate")
-        n_latent = settings.get("n_latent", _DEFAULTS["n_latent"])
-        if isinstance(n_latent, int) and n_latent >= min(n_genes, n_cells):
+        n_latent = ModelSettings(**settings).n_latent  # derived from gene programs where they give it
+        if n_latent >= min(n_genes, n_cells):
             raise InvalidArgumentError(
                 f"Candidate {candidate_name(settings)} has n_latent={n_latent}, but the data allow fewer than "
                 f"{min(n_genes, n_cells)} latent dimensions ({n_genes} genes, {n_cells} fit cells). Remove it from "
@@ -138,8 +145,16 @@ def _check_settings_describe_fits(name: str, fit: Any, given: Mapping[str, Any])
             )
 
 
-def _size_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {**_DEFAULTS, **settings}
+def _size_settings(given: Mapping[str, Any], fit: Any) -> dict[str, Any]:
+    """The settings that order a candidate by size.
+
+    A countvae fit's own (the latent size gene programs give, CountVAE's defaults for what the candidate left out);
+    for an scvi-tools fit, the settings given and its latent size.
+    """
+    recorded = getattr(getattr(fit, "model", None), "settings", None)
+    if isinstance(recorded, ModelSettings):
+        return recorded.to_dict()
+    return {**_DEFAULTS, **given, "n_latent": fit.n_latent}
 
 
 def compare_models(
@@ -282,10 +297,9 @@ def _checked_candidates(
 
 def _refuse_same_models(settings_list: list[dict[str, Any]], names: list[str]) -> None:
     """Refuse two candidates that are one model (their settings differ only in defaults written out, or in order)."""
-    defaults = {f.name: f.default for f in fields(ModelSettings)} | _DEFAULTS
     seen: dict[str, str] = {}
     for name, settings in zip(names, settings_list, strict=True):
-        key = repr(sorted((defaults | settings).items()))
+        key = repr(sorted(ModelSettings(**settings).to_dict().items()))
         if key in seen:
             raise InvalidArgumentError(
                 f"The candidates {seen[key]!r} and {name!r} are the same model (they differ only in CountVAE's "
@@ -363,11 +377,13 @@ def compare_fits(
     table["seed_spread"] = [mc.seed_spread(frames[n]) for n in table["candidate"]]
     table["fit_seconds"] = [_fit_seconds(fits[n]) for n in table["candidate"]]
     table["seed_groups"] = [_seed_groups(rates[n], frames[n], margin, alpha, seed) for n in table["candidate"]]
-    recommended = mc.recommend(table, {n: _size_settings(s) for n, s in settings.items()})
+    recommended = mc.recommend(table, {n: _size_settings(s, fits[n].fits[0]) for n, s in settings.items()})
     if recommended is not None:
         table = table.merge(mc.gains_over(lpds, recommended, alpha), on="candidate")
     table["verdict"] = [_verdict(row, recommended) for row in table.itertuples()]
     settings_frame = pd.DataFrame([dict(s) for s in settings.values()], index=list(settings))
+    if "n_latent" in settings_frame:  # a candidate that left it out (gene programs give it) shows its fits'
+        settings_frame["n_latent"] = [fits[n].fits[0].n_latent for n in settings_frame.index]
     table = settings_frame.reset_index(names="candidate").merge(table, on="candidate")
     return ModelComparison(
         table=table,

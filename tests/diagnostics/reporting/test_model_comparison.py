@@ -82,6 +82,7 @@ def _table(verdicts, stable, reliable, margin=0.1):
             "stable": stable,
             "reliable": reliable,
             "margin": margin,
+            "lpd_per_cell": np.zeros(n),
         }
     )
 
@@ -115,6 +116,47 @@ def test_rule_takes_the_smallest_qualifying_candidate_or_none():
     assert mc.recommend(table, settings) == "c1"
     assert mc.recommend(_table([mc.BEST, mc.WORSE, mc.WORSE], [False] * 3, [True] * 3), settings) is None
     assert mc.recommend(_table([mc.BEST, mc.EQUIVALENT, mc.BEST], [True] * 3, [True] * 3, np.nan), settings) is None
+
+
+def test_of_equal_latent_size_the_fewer_parameters_then_the_better_fit_whatever_the_list_order():
+    """NB and ZINB candidates of one latent size were ordered by the list: --likelihood zinb,nb recommended ZINB,
+    --likelihood nb,zinb NB, on the same fits. Candidates that differ only in the prior are of one size: the better
+    fit is recommended."""
+    table = _table([mc.EQUIVALENT, mc.EQUIVALENT], [True, True], [True, True])
+    sizes = {name: {"n_latent": 3, "decoder": "linear", "likelihood": name} for name in ("nb", "zinb")}
+    for names in (["zinb", "nb"], ["nb", "zinb"]):
+        for fits in ({"nb": -217.5, "zinb": -218.2}, {"nb": -218.2, "zinb": -217.5}):  # the smaller, however fit
+            ordered = table.assign(candidate=names, lpd_per_cell=[fits[n] for n in names])
+            assert mc.recommend(ordered, sizes) == "nb"
+    priors = {"normal": {"n_latent": 3, "prior": "normal"}, "laplace": {"n_latent": 3, "prior": "laplace"}}
+    for names, fits in ((["normal", "laplace"], [-218.2, -217.5]), (["laplace", "normal"], [-217.5, -218.2])):
+        assert mc.recommend(table.assign(candidate=names, lpd_per_cell=fits), priors) == "laplace"
+
+
+def test_a_gene_program_candidate_is_sized_by_its_programs():
+    """A candidate given by three gene programs has three latent dimensions; it was sized as CountVAE's default 10,
+    so a 4-d candidate was recommended over it."""
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting import compare_models as cm
+    from countvae.model.settings import ModelSettings
+
+    programs = {f"p{k}": [f"gene{g}" for g in range(10 * k, 10 * k + 10)] for k in range(3)}
+    given = {"decoder": "linear", "gene_programs": programs}
+    recorded = ModelSettings(**given)
+    fit = SimpleNamespace(model=SimpleNamespace(settings=recorded), n_latent=recorded.n_latent)
+    assert cm._size_settings(given, fit)["n_latent"] == 3
+    four = {"decoder": "linear", "n_latent": 4}
+    four_fit = SimpleNamespace(model=SimpleNamespace(settings=ModelSettings(**four)), n_latent=4)
+    sizes = {"c0": cm._size_settings(four, four_fit), "c1": cm._size_settings(given, fit)}
+    table = _table([mc.EQUIVALENT, mc.BEST], [True, True], [True, True])
+    assert mc.recommend(table, sizes) == "c1"
+    # an scvi-tools fit without the setting: its fits' latent size
+    assert cm._size_settings({}, SimpleNamespace(n_latent=5))["n_latent"] == 5
+    # the folder of such a candidate: a file name the file system takes, one per candidate
+    name = cm.candidate_name(given)
+    assert len(name) > 255 and len(cm._folder_name(name)) <= 120
+    assert cm._folder_name(name) != cm._folder_name(cm.candidate_name({**given, "n_hidden": 64}))
 
 
 def test_unreliable_candidates_are_never_best():
@@ -531,7 +573,7 @@ def test_size_order_counts_layers_after_hidden_units_and_only_for_mlp_decoders()
         {"n_latent": 2, "decoder": "linear", "n_hidden": 16, "n_layers": 3},
     ]
     assert sorted(settings, key=mc.size_key) == [settings[3], settings[2], settings[1], settings[0]]
-    assert mc.size_key(settings[3]) == (2, 0, 0, 0)
+    assert mc.size_key(settings[3]) == (2, 0, 0, 0, 1, False)  # NB, one dispersion per gene
 
 
 def test_a_candidates_lpd_is_the_per_cell_mean_over_seeds_and_its_spread_the_range_of_seed_means():
@@ -570,25 +612,25 @@ def test_a_candidate_is_reliable_only_when_every_seed_is():
 
 
 def test_size_settings_fill_countvaes_defaults_without_overriding_the_candidates():
-    """A candidate that leaves the decoder unset is CountVAE's default, an MLP, in the size order."""
+    """A candidate that leaves the decoder unset is CountVAE's default, an MLP, in the size order (from its fits'
+    settings; for an scvi-tools fit, from the defaults the size order assumes, which are CountVAE's)."""
     from dataclasses import fields
+    from types import SimpleNamespace
 
     from countvae.diagnostics.reporting.compare_models import _DEFAULTS, _size_settings
     from countvae.model.settings import ModelSettings
 
+    def fit(given):
+        return SimpleNamespace(model=SimpleNamespace(settings=ModelSettings(**given)), n_latent=given["n_latent"])
+
     defaults = {f.name: f.default for f in fields(ModelSettings)}
-    assert {k: defaults[k] for k in ("decoder", "n_hidden", "n_layers")} == {
-        k: _DEFAULTS[k] for k in ("decoder", "n_hidden", "n_layers")
-    }
-    assert _size_settings({"n_latent": 2, "decoder": "linear"})["n_latent"] == 2
-    assert _size_settings({"n_latent": 2})["decoder"] == "mlp"
-    assert (
-        mc.recommend(
-            _table([mc.EQUIVALENT, mc.BEST], [True, True], [True, True]),
-            {"c0": _size_settings({"n_latent": 3}), "c1": _size_settings({"n_latent": 3, "decoder": "linear"})},
-        )
-        == "c1"
-    )
+    assert {k: defaults[k] for k in ("decoder", "n_hidden", "n_layers")} == _DEFAULTS
+    linear, default = {"n_latent": 3, "decoder": "linear"}, {"n_latent": 3}
+    assert _size_settings(linear, fit(linear))["n_latent"] == 3
+    assert _size_settings(default, fit(default))["decoder"] == "mlp"
+    assert _size_settings(default, SimpleNamespace(n_latent=3))["decoder"] == "mlp"
+    sizes = {"c0": _size_settings(default, fit(default)), "c1": _size_settings(linear, fit(linear))}
+    assert mc.recommend(_table([mc.EQUIVALENT, mc.BEST], [True, True], [True, True]), sizes) == "c1"
 
 
 def test_each_candidates_verdict_names_the_first_condition_it_fails():
