@@ -20,6 +20,7 @@ import pandas as pd
 import torch
 
 from countvae._warnings import warn_at_caller
+from countvae.data.validation import validate_counts
 from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LIBRARY_INTEGRATED, with_quantity
 from countvae.diagnostics.fitting.scvi_log_joint import SCVICells, float64_copy
 from countvae.diagnostics.fitting.scvi_storage import preserved_global_rng, quiet_scvi, scvi_kind
@@ -157,6 +158,7 @@ class SCVIFit:
             registered = self.model.get_anndata_manager(adata) is not None
         if registered:
             return adata
+        self._check_counts(adata)
         copy = adata.copy()
         try:
             with quiet_scvi():
@@ -167,6 +169,21 @@ class SCVIFit:
             ) from None
         self._cache = (weakref.ref(adata), copy)
         return copy
+
+    def _check_counts(self, adata: ad.AnnData) -> None:
+        """Refuse counts the model would read that are not raw counts, as countvae fits' cells are refused.
+
+        scvi-tools only warns about non-integer counts, and NaN or negative ones fail inside torch.
+        """
+        source = self.model.adata_manager.data_registry["X"]
+        if source.attr_name == "X":
+            matrix, what = adata.X, "adata.X"
+        elif source.attr_name == "layers" and source.attr_key in adata.layers:
+            matrix, what = adata.layers[source.attr_key], f"adata.layers[{source.attr_key!r}]"
+        else:
+            return  # scvi-tools' own set-up names what is missing
+        remedy = f"Pass cells with their raw counts in {what}, where the scvi-tools model reads them"
+        validate_counts(matrix, what, allow_empty_genes=True, remedy=remedy)
 
     def _loader(self, prepared: ad.AnnData):
         return self.model._make_data_loader(adata=prepared, batch_size=self.batch_size, shuffle=False)

@@ -6,6 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import scvi  # noqa: E402  (the [scvi] extra is part of [dev])
 import torch
 from bench_modules import benchmark_module
@@ -373,3 +374,20 @@ def test_bad_models_and_data(adata, scvi_fits):
     cv.CountVAE.setup_anndata(on_raw, use_raw=True, batch_key="batch")
     with pytest.raises(InvalidArgumentError, match="adata.raw"):
         fit_seeds(on_raw, seeds=[0, 1], model_cls=scvi.model.SCVI, train_kwargs={"max_epochs": 1}, progress_bar=False)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: np.where(np.arange(x.size).reshape(x.shape) == 3, np.nan, x), "NaN or infinite"),
+        (lambda x: np.where(np.arange(x.size).reshape(x.shape) == 3, -3.0, x), "negative values"),
+        (lambda x: np.log1p(x), "non-integer values"),
+        (lambda x: np.where(np.arange(x.shape[0])[:, None] == 0, 0.0, x), "zero total counts"),
+    ],
+)
+def test_cells_that_are_not_raw_counts_are_refused_as_for_countvae_fits(scvi_fits, adata, change, message):
+    """NaN or negative counts failed inside torch; log-normalised counts and an empty cell gave a full report."""
+    cells = adata[scvi_fits.adata_heldout.obs_names[:20]].copy()
+    cells.X = sp.csr_matrix(change(cells.X.toarray()))
+    with pytest.raises(InvalidDataError, match=f"{message}.*where the scvi-tools model reads them|{message}"):
+        scvi_fits[0].latent(cells)
