@@ -69,9 +69,12 @@ def _one_line(exc: BaseException | Warning | str) -> str:
     return " ".join(str(exc).split())
 
 
-# ``name=value`` in a message, not inside a call's argument list (after "(" or ", "), with optional backticks and an
-# optional parenthesised option that already says the same ("overwrite=True (--overwrite)").
-_ARGUMENT = re.compile(r"(?<![(,] )(?<!\()`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?")
+# ``name=value`` in a message, not inside a call's argument list (after "(" or ", ") nor inside a word, a path or a
+# quoted label (only after a space, a backtick or the start: "fits/n_latent=2__decoder=linear" is a folder), with
+# optional backticks and an optional parenthesised option that already says the same ("overwrite=True (--overwrite)").
+_ARGUMENT = re.compile(
+    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?"
+)
 
 
 def in_option_terms(message: str, options: dict[str, object]) -> str:

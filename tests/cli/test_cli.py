@@ -207,3 +207,21 @@ def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
     with pytest.warns(UnreliableEstimateWarning) as record:
         _warn_unreliable(summary, "mixture")
     assert "a larger --n-samples VALUE" in in_option_terms(str(record[0].message), {"n_samples": 20})
+
+
+def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options():
+    """A resumed select named 'r4/fits/--n-latent 2__decoder=linear', a folder that does not exist, and labels were
+    rewritten in part ("Candidate --n-latent 60, decoder=linear")."""
+    from countvae.cli import in_option_terms
+
+    options = {"n_latent": 2, "layer": None}
+    folder = "r4/fits/n_latent=2__decoder=linear__likelihood=nb holds fits made with other settings"
+    assert in_option_terms(folder, options) == folder
+    label = "Candidate 'n_latent=60, decoder=linear' has n_latent=60, but the data allow fewer"
+    assert (
+        in_option_terms(label, options)
+        == "Candidate 'n_latent=60, decoder=linear' has --n-latent 60, but the data allow fewer"
+    )
+    assert in_option_terms("pass `layer=...` or setup_anndata(adata, layer=...)", options) == (
+        "pass --layer VALUE or setup_anndata(adata, layer=...)"
+    )

@@ -68,7 +68,7 @@ def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: in
         n_latent = ModelSettings(**settings).n_latent  # derived from gene programs where they give it
         if n_latent >= min(n_genes, n_cells):
             raise InvalidArgumentError(
-                f"Candidate {candidate_name(settings)} has n_latent={n_latent}, but the data allow fewer than "
+                f"Candidate {candidate_name(settings)!r} has n_latent={n_latent}, but the data allow fewer than "
                 f"{min(n_genes, n_cells)} latent dimensions ({n_genes} genes, {n_cells} fit cells). Remove it from "
                 "the grid or use more genes and cells."
             )
@@ -84,7 +84,7 @@ def check_same_genes(fits: Mapping[str, SeedFits]) -> None:
                 reference = genes
             elif not genes.equals(reference):
                 raise InvalidDataError(
-                    f"Candidate {name} was fitted on other genes than the first candidate ({len(genes)} vs "
+                    f"Candidate {name!r} was fitted on other genes than the first candidate ({len(genes)} vs "
                     f"{len(reference)}); compare models on one gene set: use a fresh out_dir or the same AnnData."
                 )
 
@@ -99,18 +99,18 @@ def check_same_design(fits: Mapping[str, SeedFits], settings: Mapping[str, Mappi
     first_name, first = next(iter(fits.items()))
     if len(first.seeds) < 2:
         raise InvalidArgumentError(
-            f"Stability needs at least two seeds per candidate; {first_name} has {len(first.seeds)}."
+            f"Stability needs at least two seeds per candidate; {first_name!r} has {len(first.seeds)}."
         )
     held = pd.Index(first.adata_heldout.obs_names)
     for name, seed_fits in fits.items():
         if list(seed_fits.seeds) != list(first.seeds):
             raise InvalidArgumentError(
-                f"Candidate {name} was fitted from seeds {list(seed_fits.seeds)}, {first_name} from "
+                f"Candidate {name!r} was fitted from seeds {list(seed_fits.seeds)}, {first_name!r} from "
                 f"{list(first.seeds)}; fit every candidate from the same seeds."
             )
         if not pd.Index(seed_fits.adata_heldout.obs_names).equals(held):
             raise InvalidArgumentError(
-                f"Candidate {name} holds out other cells than {first_name}; fit every candidate with the same "
+                f"Candidate {name!r} holds out other cells than {first_name!r}; fit every candidate with the same "
                 "heldout_fraction and split_seed on the same AnnData."
             )
         _check_settings_describe_fits(name, seed_fits.fits[0], settings[name])
@@ -124,7 +124,7 @@ def _check_settings_describe_fits(name: str, fit: Any, given: Mapping[str, Any])
     """
     if given.get("n_latent") is not None and given["n_latent"] != fit.n_latent:
         raise InvalidArgumentError(
-            f"The settings of candidate {name} say n_latent={given['n_latent']}, but its fits have {fit.n_latent} "
+            f"The settings of candidate {name!r} say n_latent={given['n_latent']}, but its fits have {fit.n_latent} "
             "latent dimensions; give each candidate the settings its fits were made with."
         )
     recorded = getattr(getattr(fit, "model", None), "settings", None)
@@ -133,14 +133,14 @@ def _check_settings_describe_fits(name: str, fit: Any, given: Mapping[str, Any])
     known = [f.name for f in fields(ModelSettings)]
     for key, value in given.items():
         if key not in known:
-            raise unknown_setting(key, known, f"compare_fits: the settings of candidate {name}")
+            raise unknown_setting(key, known, f"compare_fits: the settings of candidate {name!r}")
         try:
             same = replace(recorded, **{key: value}) == recorded
         except InvalidArgumentError:
             same = False  # a value the fits' other settings do not allow
         if not same:
             raise InvalidArgumentError(
-                f"The settings of candidate {name} say {key}={value!r}, but its fits were made with "
+                f"The settings of candidate {name!r} say {key}={value!r}, but its fits were made with "
                 f"{key}={getattr(recorded, key)!r}; give each candidate the settings its fits were made with."
             )
 
