@@ -109,7 +109,9 @@ def expand_candidates(candidates: Mapping[str, Sequence[Any]] | Sequence[Mapping
         keys = list(candidates)
         values = []
         for key, v in candidates.items():
-            v = [v] if isinstance(v, str) or not isinstance(v, Sequence) else list(v)
+            # a numpy array or a pandas column of values is a list of values, as a list or a range is
+            many = isinstance(v, Sequence | np.ndarray | pd.Index | pd.Series) and not isinstance(v, str)
+            v = [x.item() if isinstance(x, np.generic) else x for x in v] if many else [v]
             if not v:
                 raise InvalidArgumentError(f"The candidate grid has no values for {key!r}; give at least one.")
             values.append(v)

@@ -60,6 +60,11 @@ def test_grid_expands_to_the_product_and_lists_pass_through():
     assert mc.expand_candidates({"decoder": "linear"}) == [{"decoder": "linear"}]
     listed = [{"n_latent": 3}, {"n_latent": 1, "decoder": "linear"}]
     assert mc.expand_candidates(listed) == listed
+    # a numpy array or a pandas column of values is a list of values (it was one value: "got array([2, 3, 4])")
+    for values in (np.arange(2, 5), pd.Series([2, 3, 4]), pd.Index([2, 3, 4])):
+        grid = mc.expand_candidates({"n_latent": values, "decoder": "linear"})
+        assert grid == [{"n_latent": k, "decoder": "linear"} for k in (2, 3, 4)]
+        assert all(type(c["n_latent"]) is int for c in grid)
 
 
 def test_size_order_is_latents_then_linear_then_hidden_units():
