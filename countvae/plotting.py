@@ -22,7 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.text import Text
-from matplotlib.ticker import MaxNLocator, NullFormatter, ScalarFormatter
+from matplotlib.ticker import LogFormatter, MaxNLocator, NullFormatter, ScalarFormatter
 
 from countvae.errors import InvalidArgumentError
 
@@ -54,6 +54,16 @@ def _text_as_written(plot: _Plot) -> _Plot:
         return axes
 
     return drawn  # type: ignore[return-value]
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Log-axis tick labels as plain text ("1e-16").
+
+    matplotlib's default writes them as mathtext, which the figures show as written (``_text_as_written``: labels
+    from data must not be parsed), so the raw markup appeared under the axis.
+    """
+    axis.set_major_formatter(LogFormatter())
+    axis.set_minor_formatter(LogFormatter())
 
 
 def new_axes(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (4.8, 3.4)) -> np.ndarray:
@@ -344,6 +354,7 @@ def covariance_spectra(spectra: pd.DataFrame, ax: Axes | None = None) -> Axes:
     for fit, sub in spectra.groupby("fit", sort=False):
         ax.plot(sub["component"] + 1, sub["eigenvalue"], marker="o", ms=3, label=str(fit))
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("component")
     ax.set_ylabel("eigenvalue of latent covariance")
@@ -580,6 +591,7 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
         shown = np.maximum(np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy()), ZERO_FLOOR)
         ax.scatter(shown, row + rng.uniform(-0.25, 0.25, len(shown)), s=5, alpha=0.5, rasterized=True)
     ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
     ax.set_yticks(range(len(per_cell)), list(per_cell))
     ax.invert_yaxis()
     ax.axvline(ZERO_FLOOR, color="0.7", lw=0.8, ls=":")

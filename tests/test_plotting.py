@@ -173,3 +173,19 @@ def test_names_with_dollar_signs_are_drawn_as_written():
     texts = [t.get_text() for ax in drawn for t in ax.findobj(Text)]
     assert any(name in t for t in texts)
     plt.close(fig)
+
+
+def test_log_axes_label_their_ticks_in_plain_text():
+    """The figures show text as written (no mathtext), so matplotlib's log labels appeared as
+    '$\\mathdefault{10^{-16}}$', overlapping into an unreadable axis."""
+    lpd = plotting.lpd_differences(
+        {"fitted / rotation": pd.DataFrame({"lpd": [-100.0, -50.0], "lpd_crn": [-100.0 + 1e-13, -48.0]})},
+        threshold=1e-9,
+    )
+    spectra = pd.DataFrame({"fit": ["seed 0"] * 3, "component": [0, 1, 2], "eigenvalue": [2.0, 0.5, 0.1]})
+    cov = plotting.covariance_spectra(spectra)
+    for labels in (lpd.get_xticklabels(), cov.get_yticklabels()):
+        lpd.figure.canvas.draw()
+        cov.figure.canvas.draw()
+        texts = [t.get_text() for t in labels if t.get_text()]
+        assert texts and not any("$" in t or "mathdefault" in t for t in texts), texts
