@@ -200,6 +200,10 @@ class InvarianceReport:
         failed = self.failures
         return failed[failed["check"].isin(list(EVIDENCE_CHECKS))].reset_index(drop=True)
 
+    def _reasons_heading(self) -> str:
+        """The heading of :meth:`reasons`: a failed check disagrees, unreliable evidence leaves the question open."""
+        return "Why this failed" if self.status == "failed" else "Why this is not verified"
+
     def reasons(self) -> list[str]:
         """Why the result is not "verified numerically", one line per failed check (the evidence's first)."""
         if self.checks["ok"].dropna().empty:
@@ -350,7 +354,7 @@ class InvarianceReport:
             parts += ["## The evidence: estimator reliability and accuracy, quadrature convergence", ""]
             parts += [markdown_table(accuracy), ""]
         if not self.passed:
-            parts += ["## Why this is not verified", ""] + [f"- {line}" for line in self.reasons()] + [""]
+            parts += [f"## {self._reasons_heading()}", ""] + [f"- {line}" for line in self.reasons()] + [""]
         parts += ["## Checks", ""]
         parts += [f"- `{k}`: {v}" for k, v in self._descriptions()]
         parts += ["", "## What this shows and what it does not", ""]
@@ -396,6 +400,7 @@ class InvarianceReport:
                 outputs=self.outputs.reset_index() if len(self.outputs) else None,
                 accuracy=accuracy if len(accuracy) else None,
                 reasons=[] if self.passed else self.reasons(),
+                reasons_heading=self._reasons_heading(),
                 failures=self.failures if len(self.failures) else None,
                 checks=self._descriptions(),
                 conclusions=CONCLUSIONS,

@@ -106,7 +106,8 @@ def resolve_registry(adata: ad.AnnData, trained: Registry) -> Registry:
     if own.batch_key != trained.batch_key:
         raise SetupError(
             f"This AnnData was set up with batch_key={own.batch_key!r} but the model was trained with "
-            f"batch_key={trained.batch_key!r}; call CountVAE.setup_anndata(adata, batch_key={trained.batch_key!r})."
+            f"batch_key={trained.batch_key!r}; register it with batch_key={trained.batch_key!r} as the model was "
+            "(CountVAE.setup_anndata)."
         )
     return replace(own, batch_categories=trained.batch_categories)
 

@@ -238,6 +238,9 @@ def test_verify_fails_when_the_expectation_is_wrong(poisson_fit, monkeypatch):
     assert ("shear (control)", "quadrature_max_abs_diff") in failing
     assert ("scaling (control)", "indep_z_mean") in failing and ("shear (control)", "own_z_mean") in failing
     assert "FAILED" in rep.summary() and "Disagreements" in rep.summary()
+    # the report's heading says what the summary says (it read "Why this is not verified" for a failed check)
+    for text in (rep.to_markdown(), rep.to_html()):
+        assert "Why this failed" in text and "Why this is not verified" not in text
 
 
 #: A deliberately weak estimator: no Newton steps (the "mode" component sits at the guide's mean), no pilot or

@@ -454,3 +454,17 @@ def test_adam_eps_enters_the_first_adam_step_as_in_closed_form(small_adata):
     m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
     m.train(max_epochs=1, adam_eps=0.01, progress_bar=False)
     assert m._optimizer.param_groups[0]["eps"] == 0.01
+
+
+def test_a_query_set_up_with_another_batch_key_is_told_the_models(trained_linear, sim_linear):
+    """The remedy was a call, CountVAE.setup_anndata(adata, batch_key='batch'), which the command line left as Python
+    (verify-invariance --model with --batch-key donor); it names the setting, which the command line names as its
+    option."""
+    from countvae.cli import in_option_terms
+
+    query = sim_linear[:30].copy()
+    query.obs["donor"] = query.obs["batch"]
+    cv.CountVAE.setup_anndata(query, batch_key="donor")
+    with pytest.raises(cv.errors.SetupError, match="register it with batch_key='batch' as the model was") as info:
+        trained_linear.get_latent_representation(query)
+    assert "register it with --batch-key 'batch'" in in_option_terms(str(info.value), {"batch_key": "donor"})
