@@ -13,6 +13,8 @@ import torch
 
 from countvae._io import atomic_directory
 from countvae.cli.common import (
+    MODEL_OPTIONS,
+    TRAINING_OPTIONS,
     Subcommands,
     add_data_arguments,
     add_model_arguments,
@@ -98,6 +100,19 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise InvalidArgumentError(f"--{name.replace('_', '-')} must be at least 2.")
     if args.elbo_refit_steps < 0:
         raise InvalidArgumentError("--elbo-refit-steps must not be negative.")
+    if args.model is not None:
+        from countvae.cli import build_parser  # the command's defaults: the options left out
+
+        defaults = build_parser().parse_args(["verify-invariance"])
+        set_here = [
+            name for name in (*MODEL_OPTIONS, *TRAINING_OPTIONS) if getattr(args, name) != getattr(defaults, name)
+        ]
+        if set_here:
+            options = ", ".join("--" + name.replace("_", "-") for name in set_here)
+            raise InvalidArgumentError(
+                f"{options} set the model this command fits without --model; with --model DIR the trained model is "
+                "checked as it is, so leave them out."
+            )
 
 
 def run(args: argparse.Namespace) -> int:

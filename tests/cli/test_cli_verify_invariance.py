@@ -9,7 +9,8 @@ import pytest
 import countvae as cv
 from countvae.cli import main
 
-FAST = ["--max-epochs", "30", "--max-cells", "60", "--n-samples", "60", "--elbo-refit-steps", "0", "--quiet"]
+FAST_CHECK = ["--max-cells", "60", "--n-samples", "60", "--elbo-refit-steps", "0", "--quiet"]
+FAST = ["--max-epochs", "30", *FAST_CHECK]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,9 @@ def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
     capsys.readouterr()
     # the model has the 25 genes fit chose; verify-invariance reads those of the file (it refused the other 5)
     args = ["verify-invariance", str(h5ad), "--model", str(tmp_path / "fit" / "model"), "--out", str(tmp_path / "v")]
-    assert main([*args, *FAST, "--json"]) == 0
+    assert main([*args, *FAST, "--json"]) == 1  # --max-epochs sets the model fitted without --model
+    assert "--max-epochs set the model this command fits without --model" in capsys.readouterr().err
+    assert main([*args, *FAST_CHECK, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["passed"] is True
     run = json.loads((tmp_path / "v" / "report" / "report.json").read_text())["settings"]["run"]
@@ -92,7 +95,7 @@ def test_saved_model_and_json_output(h5ad, tmp_path, capsys):
     ],
 )
 def test_bad_input_is_one_line_exit_1(h5ad, tmp_path, capsys, extra, message):
-    assert main(["verify-invariance", str(h5ad), "--out", str(tmp_path / "o"), *FAST, *extra]) == 1
+    assert main(["verify-invariance", str(h5ad), "--out", str(tmp_path / "o"), *FAST_CHECK, *extra]) == 1
     err = capsys.readouterr().err
     assert message in err and err.strip().count("\n") == 0
     assert not (tmp_path / "o").exists()
@@ -104,7 +107,9 @@ def test_genes_mismatch_with_saved_model(h5ad, tmp_path, capsys):
     model = cv.CountVAE(other, n_latent=2, decoder="linear")
     model.train(max_epochs=1, progress_bar=False)
     model.save(tmp_path / "m")
-    rc = main(["verify-invariance", str(h5ad), "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o"), *FAST])
+    rc = main(
+        ["verify-invariance", str(h5ad), "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o"), *FAST_CHECK]
+    )
     err = capsys.readouterr().err
     assert rc == 1 and "genes" in err and err.strip().count("\n") == 0
 
