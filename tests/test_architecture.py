@@ -39,6 +39,10 @@ PLUMBING = {
 
 #: (module path relative to countvae/, private name) -> why it is used.
 ALLOWED_PRIVATE = {
+    ("diagnostics/fitting/scvi_storage.py", "_seed"): (
+        "scvi-tools' public seed setter reseeds every global random state; restoring the user's recorded seed after a "
+        "fit must leave the states just restored alone"
+    ),
     ("diagnostics/fitting/scvi_fit.py", "_validate_anndata"): (
         "scvi-tools has no public way to set up a new AnnData like the model's training data"
     ),

@@ -84,26 +84,38 @@ def class_path(model_cls: type) -> str:
     return f"{model_cls.__module__}.{model_cls.__qualname__}"
 
 
+#: What setting ``scvi.settings.seed`` writes to the environment (scvi-tools' XLA flag, Lightning's seeds).
+_SEED_ENVIRONMENT = ("XLA_FLAGS", "PL_GLOBAL_SEED", "PL_SEED_WORKERS")
+
+
 @contextlib.contextmanager
 def preserved_global_rng() -> Iterator[None]:
-    """Restore Python's, numpy's and torch's global random states on exit.
+    """Restore Python's, numpy's and torch's global random states, and scvi-tools' seed settings, on exit.
 
-    scvi-tools seeds through ``scvi.settings.seed``, which reseeds all three; countvae promises no global RNG side
-    effects, so fits run in this block.
+    scvi-tools seeds through ``scvi.settings.seed``, which reseeds all three, records the seed (and Lightning's
+    ``PL_GLOBAL_SEED``, which seeds data-loader workers), sets cuDNN's determinism flags and appends to
+    ``XLA_FLAGS``; countvae promises no global side effects, so fits run in this block.
     """
+    import scvi
+
     py_state, np_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()  # noqa: NPY002
-    xla_flags = os.environ.get("XLA_FLAGS")
+    environment = {name: os.environ.get(name) for name in _SEED_ENVIRONMENT}
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    scvi_seed = scvi.settings.seed
     try:
         yield
     finally:
         random.setstate(py_state)
         np.random.set_state(np_state)  # noqa: NPY002 (restoring what scvi reseeds)
         torch.set_rng_state(torch_state)
-        # scvi.settings.seed appends to XLA_FLAGS on every call.
-        if xla_flags is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = xla_flags
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        # the setter would reseed everything just restored: the recorded value alone goes back
+        scvi.settings._seed = scvi_seed
 
 
 @contextlib.contextmanager

@@ -391,3 +391,24 @@ def test_cells_that_are_not_raw_counts_are_refused_as_for_countvae_fits(scvi_fit
     cells.X = sp.csr_matrix(change(cells.X.toarray()))
     with pytest.raises(InvalidDataError, match=f"{message}.*where the scvi-tools model reads them|{message}"):
         scvi_fits[0].latent(cells)
+
+
+def test_fitting_leaves_scvi_tools_seed_settings_as_they_were(adata, monkeypatch):
+    """scvi.settings.seed and Lightning's PL_GLOBAL_SEED were left at the last fit's seed (documented: global random
+    states restored)."""
+    import os
+
+    scvi.settings.seed = 7
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    fit_seeds(
+        adata,
+        seeds=[0, 1],
+        model_cls=scvi.model.SCVI,
+        model_kwargs=MODEL,
+        train_kwargs={**TRAIN, "max_epochs": 1},
+        torch_threads=1,
+        progress_bar=False,
+    )
+    assert scvi.settings.seed == 7 and os.environ["PL_GLOBAL_SEED"] == "7"
+    assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == cudnn
