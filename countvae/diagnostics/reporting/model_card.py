@@ -128,8 +128,29 @@ def calibration_regime(n_cells: int) -> str:
     return min(CALIBRATION_CELLS, key=lambda s: abs(np.log(max(n_cells, 1)) - np.log(CALIBRATION_CELLS[s])))
 
 
+def _rates(rows: pd.DataFrame) -> str:
+    return "; ".join(
+        f"{r['quantity']} {r['correct %']:.0f}/{r['undetermined %']:.0f}/{r['wrong %']:.0f}"
+        for r in rows.to_dict("records")
+    )
+
+
 def calibration_lines(rep: ReportContent) -> list[str]:
-    """The matching calibration scenario and the share of correct, undetermined and wrong verdicts per row."""
+    """The matching calibration scenario and the share of correct, undetermined and wrong verdicts per row.
+
+    The regime the report's calibration section chose for its configuration (fits, decoder, size, data), in its own
+    words (whether the configuration is calibrated there); for a report without one, the simulated scenario nearest
+    to its number of held-out cells.
+    """
+    regime = (rep.settings.get("calibration") or {}).get("regime")
+    regimes = rep.tables.get("calibration_regime")
+    if regime and regimes is not None and len(regimes):
+        rows = regimes[regimes["scenario"] == regime["name"]]
+        if len(rows):
+            return [
+                f"- **Calibration regime**: {regime['sentence']} Verdicts there, % correct/undetermined/wrong over "
+                f"{int(rows['replicates'].iloc[0])} replicates: {_rates(rows)}."
+            ]
     table = rep.tables.get("calibration")
     if table is None or not len(table):
         return ["- **Calibration**: no calibration record."]
@@ -138,10 +159,7 @@ def calibration_lines(rep: ReportContent) -> list[str]:
     if not len(rows):
         return [f"- **Calibration**: the scenario {regime!r} is not in the calibration record."]
     adequate = "adequate data" if bool(rows["adequate data"].iloc[0]) else "too few cells to decide"
-    rates = "; ".join(
-        f"{r['quantity']} {r['correct %']:.0f}/{r['undetermined %']:.0f}/{r['wrong %']:.0f}"
-        for r in rows.to_dict("records")
-    )
+    rates = _rates(rows)
     return [
         f"- **Calibration regime**: {regime!r} ({CALIBRATION_CELLS[regime]} held-out cells, {adequate}; the "
         "calibration scenario nearest to this report's size). Verdicts there, % correct/undetermined/wrong over "
@@ -150,7 +168,9 @@ def calibration_lines(rep: ReportContent) -> list[str]:
 
 
 def _versions_line(rep: ReportContent) -> str:
-    versions = rep.provenance.get("versions", {})
+    """The report's package versions, and those the fits recorded that it lacks (scvi-tools for its fits)."""
+    fitted = (rep.settings.get("fits") or {}).get("versions") or {}
+    versions = {**fitted, **rep.provenance.get("versions", {})}
     return "- **Software**: " + ", ".join(f"{name} {v}" for name, v in versions.items()) + "."
 
 
@@ -173,10 +193,17 @@ def settings_line(rep: ReportContent) -> str:
     seeds = [f["seed"] for f in rep.provenance.get("fits", [])]
     defaults = ReportSettings().to_dict()
     changed = {k: v for k, v in (rep.settings.get("report") or {}).items() if defaults.get(k) != v}
-    report_args = "".join(f", {k}={v!r}" for k, v in changed.items())
+    markers = rep.settings.get("markers")
+    report_args = (f", markers={list(markers)!r}" if markers else "") + "".join(
+        f", {k}={v!r}" for k, v in changed.items()
+    )
+    model_class = fits.get("model_class")
+    # fits of another package (scvi-tools) are made with model_cls; countvae's are fit_seeds' default
+    model_cls = f"model_cls={model_class}, " if model_class and not model_class.startswith("countvae.") else ""
     if fits:
         fit_call = _data_calls(fits) + (
-            f"`fits = countvae.diagnostics.fit_seeds(adata, seeds={seeds}, model_kwargs={fits.get('model_kwargs')}, "
+            f"`fits = countvae.diagnostics.fit_seeds(adata, seeds={seeds}, {model_cls}"
+            f"model_kwargs={fits.get('model_kwargs')}, "
             f"train_kwargs={fits.get('train_kwargs')}, heldout_fraction={fits.get('heldout_fraction')}, "
             f"split_seed={fits.get('split_seed')})`"
         )

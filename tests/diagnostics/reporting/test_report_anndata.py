@@ -345,7 +345,9 @@ def test_model_card_states_the_findings(small):
     pairs = rep.tables["predictive_pairs"].iloc[0]
     assert rep.settings["predictive_equivalence"]["state"] in card
     assert f"{pairs['ci_low']:.3g} to {pairs['ci_high']:.3g}" in card and "90% interval" in card
-    assert "Calibration regime**: 'few cells'" in card and "% correct/undetermined/wrong" in card
+    # the regime the report's calibration section chose, in its words (it named a simulated scenario by cell count)
+    regime = rep.settings["calibration"]["regime"]
+    assert f"Calibration regime**: {regime['sentence']}" in card and "% correct/undetermined/wrong" in card
     assert f"countvae {cv.__version__}" in card and "torch" in card
     assert "n_lpd_samples=20" in card and "report(fits" in card
 
@@ -366,6 +368,29 @@ def test_model_card_settings_prepare_the_data_as_the_fits_had_it():
         "`adata = countvae.data.select_top_genes(adata, 2000)`, `fits = countvae.diagnostics.fit_seeds(adata, "
         "seeds=[0, 1], model_kwargs={'n_latent': 10}"
     ) in settings_line(rep)
+
+
+def test_model_card_of_scvi_tools_fits_makes_them_with_scvi_tools():
+    """The settings line refitted an audit's SCVI fits as countvae's own model and left out the markers; the
+    software line left out scvi-tools, recorded with the fits."""
+    from countvae.diagnostics.reporting.model_card import _versions_line
+
+    fits = {
+        "model_class": "scvi.model.SCVI",
+        "model_kwargs": {"n_latent": 3},
+        "train_kwargs": {"max_epochs": 10},
+        "heldout_fraction": 0.25,
+        "split_seed": 0,
+        "versions": {"scvi-tools": "1.4.2", "torch": "2.13.0"},
+    }
+    rep = SimpleNamespace(
+        settings={"fits": fits, "report": {}, "markers": ["cell_type"]},
+        provenance={"fits": [{"seed": 0}, {"seed": 1}], "versions": {"countvae": "0.1.0", "torch": "2.13.0"}},
+    )
+    line = settings_line(rep)
+    assert "fit_seeds(adata, seeds=[0, 1], model_cls=scvi.model.SCVI, model_kwargs={'n_latent': 3}" in line
+    assert "report(fits, markers=['cell_type'])" in line
+    assert _versions_line(rep) == "- **Software**: scvi-tools 1.4.2, torch 2.13.0, countvae 0.1.0."
 
 
 def test_diagnose_write_h5ad(tmp_path, capsys):
