@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from countvae.invariance.checks import (
     Measurement,
@@ -33,6 +34,7 @@ SETTINGS = SimpleNamespace(
     z_threshold=5.0,
     change_threshold=4.0,
     tolerances={"abs": 1e-9, "rel": 0.0, "output": 1e-9},
+    dtype=torch.float64,
 )
 
 
@@ -108,6 +110,10 @@ def test_quadrature_agreement_tolerance_and_verdicts():
     # the transformed model's own convergence is judged against the tolerance
     unconverged = _comparison(True, quad0, _quadrature(quad0.log_marginal, change=2e-8))
     assert not _row(exact_quadrature(unconverged), "quadrature_transformed_change").ok
+    # in float32 the two models are float32 numbers: the float32 equality tolerance is added, 1e-4 + 2e-5 * 5e4
+    float32 = SimpleNamespace(**{**vars(SETTINGS), "dtype": torch.float32, "tolerances": {"abs": 1e-4, "rel": 2e-5}})
+    in_float32 = SimpleNamespace(**{**vars(_comparison(True, quad0, quad0)), "settings": float32})
+    assert quadrature_agreement_tolerance(in_float32) == pytest.approx(2e-8 + 1e-4 + 1.0, rel=1e-9)
 
 
 def _evaluated(lpd, se, exact, khat=0.2):
