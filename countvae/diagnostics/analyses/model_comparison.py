@@ -136,8 +136,8 @@ def size_key(settings: Mapping[str, Any]) -> tuple:
     """Order of candidates from smallest to largest.
 
     n_latent, then linear before MLP, then hidden units, layers, then the likelihood's parameters per gene (Poisson,
-    NB, ZINB), then per-gene before per-gene-and-batch dispersion. Candidates that differ only in the prior are of
-    one size.
+    NB, ZINB), then per-gene before per-gene-and-batch dispersion. The prior is not part of the order (a diagonal
+    prior's learned variances are not counted): candidates that differ only in it go to the better fit.
     """
     decoder = 0 if settings.get("decoder") == "linear" else 1
     hidden = 0 if decoder == 0 else settings.get("n_hidden", 0)
