@@ -50,6 +50,17 @@ def _list_of(kind: type, choices: tuple[str, ...] | None = None) -> Any:
     return parse
 
 
+def _importance_samples(text: str) -> int:
+    # Checked here rather than by compare_models, whose error names its argument n_lpd_samples, not this option.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (the estimator's spread needs two draws), got {value}")
+    return value
+
+
 def register(sub: Subcommands) -> None:
     """Add the ``select`` subcommand."""
     p = sub.add_parser(
@@ -97,7 +108,9 @@ def register(sub: Subcommands) -> None:
         default=None,
         help="Adam learning rate (default: 1e-3; with --early-stopping 1e-2, cut to 1e-3 when the validation stalls)",
     )
-    p.add_argument("--n-samples", type=int, default=100, help="importance samples per held-out cell (default 100)")
+    p.add_argument(
+        "--n-samples", type=_importance_samples, default=100, help="importance samples per held-out cell (default 100)"
+    )
     p.add_argument(
         "--n-jobs",
         type=n_jobs_value,
