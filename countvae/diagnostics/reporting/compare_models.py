@@ -25,6 +25,7 @@ from countvae._settings import unknown_setting
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
+from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDETERMINED
 from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
@@ -412,12 +413,22 @@ def _seed_groups(
     """Which of a candidate's seeds reached the same solution, e.g. ``"0, 1 | 2"`` (best first; ``""``: no margin).
 
     The report's grouping (:func:`~countvae.diagnostics.analyses.seed_groups.seed_groups`: decoded means concordant and
-    held-out ``log p(x)`` not shown to differ by more than the margin, complete linkage).
+    held-out ``log p(x)`` not shown to differ by more than the margin, complete linkage). Seeds in separate groups
+    whose pair the evidence did not settle are listed after the groups, ``"0 | 1 (undetermined: 0-1)"``, so that
+    they do not read as different solutions.
     """
     if not (np.isfinite(margin) and margin > 0):
         return ""
     result = seed_groups(log_rates, dict(zip(log_rates, frames, strict=True)), margin=margin, alpha=alpha, seed=seed)
-    return " | ".join(", ".join(group) for group in result.groups["fits"])
+    groups = list(result.groups["fits"])
+    text = " | ".join(", ".join(group) for group in groups)
+    group_of = {name: i for i, group in enumerate(groups) for name in group}
+    undecided = [
+        f"{a}-{b}"
+        for a, b, relation in result.pairs[["fit_a", "fit_b", "relation"]].itertuples(index=False)
+        if relation == PAIR_UNDETERMINED and group_of[a] != group_of[b]
+    ]
+    return f"{text} (undetermined: {', '.join(undecided)})" if undecided else text
 
 
 def _verdict(row: Any, recommended: str | None) -> str:

@@ -45,7 +45,8 @@ class ModelComparison:
         with its simultaneous interval ``diff_low``/``diff_high`` and ``margin`` (nats/cell); ``reliable`` (k-hat
         rule), ``fit_verdict``; the stability scores (worst pair of seeds, with the cell-bootstrap 95% interval
         of the worst pair ``*_low``/``*_high``) and ``stable``; ``seed_spread`` (nats/cell), ``fit_seconds``;
-        ``seed_groups`` (which seeds reached the same solution, best group first, e.g. ``"0, 1 | 2"``);
+        ``seed_groups`` (which seeds reached the same solution, best group first, e.g. ``"0, 1 | 2"``, then the
+        pairs in separate groups the evidence did not settle, ``"0 | 1 (undetermined: 0-1)"``);
         ``<score>_within_seed`` (each stability score between two draws of one fit's guide, averaged over seeds:
         its within-seed baseline); ``subspace`` (the gene-space subspace overlap of the decoders, worst pair; shown,
         not judged); with a recommendation, ``gain`` over it with ``gain_low``/``gain_high``; and ``verdict``.
