@@ -51,6 +51,7 @@ from countvae.diagnostics.analyses.markers import dimension_correlations
 from countvae.diagnostics.analyses.predictive import equivalence_table
 from countvae.errors import InvalidArgumentError
 from countvae.metrics import mcc
+from countvae.module.importance import MAX_UNRELIABLE_SHARE, estimate_reliability
 
 #: Variance of a dimension's posterior means over cells below which it is unused (Burda, Grosse, Salakhutdinov 2016).
 ACTIVE_VARIANCE = 0.01
@@ -285,13 +286,18 @@ def predictive_cost(
 
     Verdict (a stand-in for a two one-sided tests procedure with margin ``margin``): ``equivalent`` when the 90%
     interval lies within ``(-margin, margin)``; else ``costs`` when the 95% interval lies below 0, ``gains`` when
-    above; else ``undetermined``.
+    above; else ``undetermined``. The estimates are judged by the package's one rule
+    (:func:`countvae.module.importance.estimate_reliability`): a cell is unreliable when its estimate is in any of the
+    fits compared, and when more than :data:`~countvae.module.importance.MAX_UNRELIABLE_SHARE` of the cells are, the
+    verdict is ``undetermined`` whatever the interval says (as :func:`~countvae.diagnostics.compare_models` does not
+    rank such a candidate). Frames without k-hat are taken on trust.
 
     Returns
     -------
     dict
         ``difference_per_cell`` (negative: the restriction costs), ``se_per_cell``, ``ci95_low``, ``ci95_high``,
-        ``margin``, ``verdict``, ``n_cells``, ``n_seeds``, ``seed_differences`` (per-seed estimates, comma-separated).
+        ``margin``, ``verdict``, ``n_cells``, ``n_unreliable`` (cells unreliable in any fit compared), ``reliable``,
+        ``n_seeds``, ``seed_differences`` (per-seed estimates, comma-separated).
 
     """
     seeds = [s for s in restricted if s in unrestricted]
@@ -313,7 +319,11 @@ def predictive_cost(
     seed_var = float(np.var(diffs, ddof=1)) / len(seeds) if len(seeds) > 1 else 0.0
     se = float(np.sqrt(pooled["se_diff_per_cell"] ** 2 + seed_var))
     diff = float(pooled["diff_per_cell"])
-    if abs(diff) + Z90 * se < margin:
+    n_unreliable = _unreliable_cells([*(restricted[s] for s in seeds), *(unrestricted[s] for s in seeds)])
+    reliable = n_unreliable <= MAX_UNRELIABLE_SHARE * int(pooled["n_cells"])
+    if not reliable:
+        verdict = "undetermined"
+    elif abs(diff) + Z90 * se < margin:
         verdict = "equivalent"
     elif diff + Z95 * se < 0:
         verdict = "costs"
@@ -329,9 +339,21 @@ def predictive_cost(
         "margin": float(margin),
         "verdict": verdict,
         "n_cells": int(pooled["n_cells"]),
+        "n_unreliable": n_unreliable,
+        "reliable": reliable,
         "n_seeds": len(seeds),
         "seed_differences": ", ".join(f"{d:.3g}" for d in diffs),
     }
+
+
+def _unreliable_cells(frames: Sequence[pd.DataFrame]) -> int:
+    """Cells whose ``log p(x)`` estimate is unreliable in any of the frames (frames without k-hat: none)."""
+    flagged = np.zeros(len(frames[0]), dtype=bool)
+    for frame in frames:
+        judged = estimate_reliability(frame)
+        if np.isfinite(judged.share):
+            flagged |= np.asarray(judged.unreliable, dtype=bool)
+    return int(flagged.sum())
 
 
 # ----- gene programs ------------------------------------------------------------------------------------

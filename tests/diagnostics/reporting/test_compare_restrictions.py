@@ -182,6 +182,41 @@ def test_predictive_cost_undetermined_when_the_interval_is_wide():
     assert cost["ci95_low"] < 0 < cost["ci95_high"] and cost["verdict"] == "undetermined"
 
 
+def test_predictive_cost_is_undetermined_when_too_many_cells_have_unreliable_estimates():
+    # The cost counted cells with Pareto k-hat above 0.7, which the estimator's warning says to leave out of
+    # model comparisons; the package's one rule now decides, as compare_models does for a candidate.
+    rng = np.random.default_rng(2)
+    base = rng.normal(-200, 30, 400)
+    d = rng.normal(-1.0, 0.5, 400)
+
+    def judged(values, bad):
+        frame = _lpd(values)
+        frame["khat"] = np.where(np.arange(values.size) < bad, 0.9, 0.3)
+        frame["reliable"] = frame["khat"] <= 0.7
+        return frame
+
+    # 20 of 400 cells (5%) flagged, in the restricted fit only: within the rule, the verdict stands
+    within = predictive_cost({0: judged(base + d, 20)}, {0: judged(base, 0)}, margin=0.5)
+    assert within["verdict"] == "costs" and within["n_unreliable"] == 20 and within["reliable"]
+    # the union over the fits compared: 15 flagged in one, a different 15 in the other (30 cells, 7.5%)
+    shifted = judged(base, 0)
+    shifted.loc[np.arange(400) >= 385, ["khat", "reliable"]] = [0.9, False]
+    union = predictive_cost({0: judged(base + d, 15)}, {0: shifted}, margin=0.5)
+    assert union["n_unreliable"] == 30 and not union["reliable"] and union["verdict"] == "undetermined"
+    assert union["difference_per_cell"] == pytest.approx(d.mean(), abs=1e-9)  # the estimate is still shown
+    # frames without k-hat are taken on trust
+    assert predictive_cost({0: _lpd(base + d)}, {0: _lpd(base)}, margin=0.5)["n_unreliable"] == 0
+
+    from countvae.diagnostics.reporting.sections.restrictions import _cost_phrase
+
+    row = pd.Series({"kind": "model", "lpd_difference_per_cell": union["difference_per_cell"], "margin": 0.5})
+    row["lpd_se_per_cell"], row["predictive"] = union["se_per_cell"], union["verdict"]
+    row["lpd_unreliable_cells"], row["lpd_cells"] = union["n_unreliable"], union["n_cells"]
+    assert _cost_phrase(row).endswith(
+        "cannot be judged: the estimates are unreliable (Pareto k-hat) on 30 of 400 held-out cells"
+    )
+
+
 # ----- gene programs and the simulated truth -------------------------------------------------------------
 def _program_loadings(genes, programs, nonzero):
     rows = []

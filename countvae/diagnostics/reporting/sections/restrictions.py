@@ -59,6 +59,7 @@ from countvae.diagnostics.reporting.sections.base import (
 )
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.errors import InvalidArgumentError
+from countvae.module.importance import MAX_UNRELIABLE_SHARE
 
 TITLE = "Restrictions: what each one identifies, and at what cost"
 
@@ -109,6 +110,12 @@ def _cost_phrase(row: pd.Series) -> str:
         return f"at a cost of {-d:.2f} ± {se:.2f} nats/cell in held-out log p(x)"
     if verdict == "gains":
         return f"with a gain of {d:.2f} ± {se:.2f} nats/cell in held-out log p(x)"
+    unreliable, cells = row.get("lpd_unreliable_cells", np.nan), row.get("lpd_cells", np.nan)
+    if np.isfinite(unreliable) and unreliable > MAX_UNRELIABLE_SHARE * cells:
+        return (
+            f"with a held-out log p(x) difference of {d:+.2f} ± {se:.2f} nats/cell that cannot be judged: the "
+            f"estimates are unreliable (Pareto k-hat) on {unreliable:.0f} of {cells:.0f} held-out cells"
+        )
     return f"with a held-out log p(x) difference of {d:+.2f} ± {se:.2f} nats/cell (neither a cost nor within ±{m:g})"
 
 
@@ -300,6 +307,8 @@ def _cost_columns(
             "ci95_low": cost["ci95_low"],
             "ci95_high": cost["ci95_high"],
             "margin": margin,
+            "lpd_unreliable_cells": cost["n_unreliable"],
+            "lpd_cells": cost["n_cells"],
             "predictive": cost["verdict"],
         }
     return {
@@ -308,6 +317,8 @@ def _cost_columns(
         "ci95_low": np.nan,
         "ci95_high": np.nan,
         "margin": margin,
+        "lpd_unreliable_cells": np.nan,
+        "lpd_cells": np.nan,
         "predictive": "unchanged model" if name == "ica" else "reference",
     }
 
