@@ -221,9 +221,13 @@ def test_the_numeric_sentences_state_the_tables_extremes():
     )
     assert marker_lines(markers)[0].startswith("Markers: for 2 of 3 markers")
     assert "varies by at most 0.100 across seeds" in marker_lines(markers)[0]
-    efficiency = pd.DataFrame({"ica_efficiency": [0.2, 0.3, 1.0]})
+    efficiency = pd.DataFrame(
+        {"ica_efficiency": [0.2, 0.3, 1.0], "e_permutation": [0.4, 0.5, 0.6], "e_orthogonal": [0.1, 0.1, 0.3]}
+    )
     lines = alignment_lines(pd.Series({"rotation": 0.1}), efficiency)
-    assert "mean 0.50, range 0.20 to 1.00" in lines[1]
+    assert "mean 0.50, range 0.20 to 1.00, over a gap of 0.333 of the latent diameter" in lines[1]
+    # a ratio that can leave [0, 1] is not called a share (it printed 11.70 as a "share ... 1 = all")
+    assert "share" not in lines[1] and "above 1 = better than the best rotation" in lines[1]
 
 
 def test_the_predictive_sentence_gives_the_worst_pairs_interval():
