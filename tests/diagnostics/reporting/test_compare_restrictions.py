@@ -260,6 +260,26 @@ def test_program_support_tells_a_used_program_from_an_absent_one():
     assert table.loc["present", "supported"]
 
 
+def test_program_support_reason_counts_the_fits_that_fail_the_rule_the_median_hides():
+    # Two fits with variances 0.089 and 0.0009: the table's median activity is 0.045, and the reason said
+    # "variance of its posterior means below 0.01" beside it; the rule asks most fits, and one of two is not most.
+    rng = np.random.default_rng(0)
+    genes = [f"g{i}" for i in range(40)]
+    programs = {"P": genes[:4]}
+    factor = rng.normal(size=400)
+    expression = rng.normal(size=(400, 40))
+    expression[:, :4] += factor[:, None]
+    latents = {"seed 0": 0.3 * factor[:, None], "seed 1": 0.03 * factor[:, None]}
+    loadings = dict.fromkeys(latents, _program_loadings(genes, programs, {"P": True}))
+    row = program_support(latents, loadings, expression, programs, genes).iloc[0]
+    assert row["activity"] == pytest.approx((0.09 * factor.var() + 0.0009 * factor.var()) / 2)
+    assert not row["supported"] and row["reason"].startswith("dimension unused in 1 of 2 fits (variance of its")
+    # a third fit that uses it makes two of three: most fits, supported
+    latents["seed 2"] = 0.3 * factor[:, None]
+    loadings["seed 2"] = loadings["seed 0"]
+    assert program_support(latents, loadings, expression, programs, genes).iloc[0]["supported"]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_program_coherence_is_at_par_for_random_genes_and_above_it_for_a_shared_factor(seed):
     rng = np.random.default_rng(seed)
