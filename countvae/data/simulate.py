@@ -80,6 +80,7 @@ def simulate(
     de_lfc: tuple[float, float] = (1.0, 2.0),
     loading_sparsity: float = 0.0,
     loadings: np.ndarray | None = None,
+    large_counts: Literal["raise", "drop"] = "raise",
 ) -> ad.AnnData:
     """Simulate counts with known latent sources and decoder.
 
@@ -143,13 +144,18 @@ def simulate(
         ``loading_sparsity`` then do not apply). Everything drawn before ``W`` (sources, batches, size factors, the
         baseline ``b``) is the same as without it for the same seed, shape and source kinds, and so are the
         dispersions between two calls that both give loadings: a design can be built on a first call.
+    large_counts
+        A drawn count above ``2**24`` (the largest integer float32 holds exactly, and the largest count the models
+        accept): ``"raise"`` refuses the simulation, naming the settings to lower; ``"drop"`` leaves out the cells
+        that drew one (every other cell is as drawn; ``uns['simulation']['n_dropped_cells']`` counts them), for
+        heavy-tailed sources where a few cells in tens of thousands reach such rates.
 
     Returns
     -------
     AnnData
-        CSR float32 integer counts in ``X`` (each at most ``2**24``, where float32 is exact: a larger draw is refused,
-        naming the settings to lower); ``obs['batch']`` (categorical), ``obs['size_factor']``; ``obsm['z_true']``;
-        ``obsm['z_true_labels']`` (integer labels of the sources, the discrete factors that InfoMEC needs);
+        CSR float32 integer counts in ``X`` (each at most ``2**24``, where float32 is exact: see ``large_counts``);
+        ``obs['batch']`` (categorical), ``obs['size_factor']``; ``obsm['z_true']``; ``obsm['z_true_labels']``
+        (integer labels of the sources, the discrete factors that InfoMEC needs);
         ``uns['simulation']`` with the true parameters (``W``, ``b``, ``batch_offset``, ``theta``, ``dropout``, the MLP
         weights, and ``source_kinds``, the distribution of each source). With ``n_groups > 1`` also ``obs['group']``,
         ``var['de_lfc_group<k>']`` (the planted log2 fold change of group ``k`` against ``group0``, 0 for genes without
@@ -168,6 +174,7 @@ def simulate(
     _check_scales(
         likelihood, batch_effect, loading_scale, library_size, library_log_sd, theta, dropout, leaky_slope, seed
     )
+    check_choice("large_counts", large_counts, ("raise", "drop"))
     loading_sparsity = float(loading_sparsity)
     groups, de_lfc_matrix = _draw_groups(n_cells, n_genes, n_groups, n_de_genes, de_lfc, seed)
     rng = np.random.default_rng(seed)
@@ -189,7 +196,7 @@ def simulate(
             f"({loading_scale}), library_size ({library_size}), batch_effect ({batch_effect}) or de_lfc ({de_lfc})."
         )
     theta_g = theta * np.exp(rng.normal(0.0, 0.3, n_genes))
-    counts = _nonempty_counts(mu, likelihood, theta_g, dropout, rng)
+    counts = _nonempty_counts(mu, likelihood, theta_g, dropout, rng, refuse_large=large_counts == "raise")
     params.update(
         batch_offset=batch_offset,
         theta=theta_g,
@@ -203,7 +210,20 @@ def simulate(
     adata = _as_anndata(counts, batch, n_batches, log_size, z, n_source_bins, params)
     if de_lfc_matrix is not None:
         _store_groups(adata, groups, de_lfc_matrix)
-    return adata
+    return _without_large_counts(adata, counts) if large_counts == "drop" else adata
+
+
+def _without_large_counts(adata: ad.AnnData, counts: np.ndarray) -> ad.AnnData:
+    """``adata`` without the cells that drew a count above 2**24, counted in ``uns['simulation']``."""
+    keep = counts.max(axis=1) <= MAX_EXACT_COUNT
+    out = adata[keep].copy()
+    out.uns["simulation"]["n_dropped_cells"] = int((~keep).sum())
+    if out.n_obs == 0 or (counts[keep].sum(0) == 0).any():
+        raise InvalidArgumentError(
+            "Leaving out the cells with counts above 2**24 left no cells or a gene with zero counts; lower "
+            "library_size or loading_scale."
+        )
+    return out
 
 
 def _checked_design(
@@ -312,7 +332,12 @@ def _mlp_log_shares(
 
 
 def _nonempty_counts(
-    mu: np.ndarray, likelihood: str, theta: np.ndarray, dropout: float, rng: np.random.Generator
+    mu: np.ndarray,
+    likelihood: str,
+    theta: np.ndarray,
+    dropout: float,
+    rng: np.random.Generator,
+    refuse_large: bool = True,
 ) -> np.ndarray:
     """Counts drawn with means ``mu``; a cell that comes out empty is redrawn from the same model (up to 20 times)."""
     counts = _draw_counts(mu, likelihood, theta, dropout, rng)
@@ -325,7 +350,7 @@ def _nonempty_counts(
         raise InvalidArgumentError(
             "The simulation produced cells or genes with zero counts; raise library_size or n_cells."
         )
-    if counts.max() > MAX_EXACT_COUNT:  # stored as float32, it would not be the count drawn
+    if refuse_large and counts.max() > MAX_EXACT_COUNT:  # stored as float32, it would not be the count drawn
         raise InvalidArgumentError(
             f"The simulation drew a count of {counts.max():.0f}, above 2**24 = {MAX_EXACT_COUNT:,}, the largest "
             "integer float32 holds exactly (and the largest count the models accept): some gene's rate in some "

@@ -137,3 +137,22 @@ def test_a_count_above_what_float32_holds_exactly_is_refused_with_the_settings_t
     adata = cv.data.simulate(**kwargs, loading_scale=0.5)  # the remedy works: every count exact, and accepted
     assert adata.X.max() <= 2**24
     cv.CountVAE.setup_anndata(adata)
+
+
+def test_large_counts_drop_leaves_out_only_the_cells_that_drew_one():
+    """The calibration benchmarks dropped such cells after simulating, which the refusal above made impossible
+    (their documented commands crashed); ``large_counts="drop"`` does it with every other cell as drawn."""
+    kwargs = {"n_cells": 500, "n_genes": 120, "n_latent": 3, "sources": "laplace", "seed": 3, "loading_sparsity": 0.7}
+    with pytest.raises(InvalidArgumentError, match="large_counts"):
+        cv.data.simulate(**kwargs, large_counts="keep")
+    dropped = cv.data.simulate(**kwargs, large_counts="drop")
+    n_dropped = dropped.uns["simulation"]["n_dropped_cells"]
+    assert n_dropped >= 1 and dropped.n_obs == 500 - n_dropped and dropped.X.max() <= 2**24
+    cv.CountVAE.setup_anndata(dropped)
+    # the cells kept are the full draw's, with their own sources (the first draw of the seed's stream)
+    kept = np.array([int(name.removeprefix("cell")) for name in dropped.obs_names])
+    z_all = cv.data.draw_sources("laplace", 500, 3, np.random.default_rng(3))
+    np.testing.assert_allclose(dropped.obsm["z_true"], z_all[kept])
+    assert len(kept) == len(set(kept)) == 500 - n_dropped
+    small = cv.data.simulate(n_cells=50, n_genes=20, n_latent=2, large_counts="drop")
+    assert small.uns["simulation"]["n_dropped_cells"] == 0 and small.n_obs == 50
