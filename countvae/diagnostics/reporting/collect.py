@@ -49,7 +49,7 @@ from countvae.diagnostics.reporting.restriction_readout import (
 )
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.diagnostics.reporting.stopwatch import Stopwatch
-from countvae.diagnostics.reporting.verdict_calibration import configuration_of_fits
+from countvae.diagnostics.reporting.verdict_calibration import changed_report_settings, configuration_of_fits
 from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError
 from countvae.model import ModelSettings
 
@@ -398,8 +398,9 @@ class Collected:
         The registered batches and no-model embedding (:class:`BatchReference`) of ``CellSubsets.knn`` and
         ``CellSubsets.fit``, when ``"batches"`` is in the needs and the held-out data have a registered batch column.
     configuration
-        The fits' configuration as the calibration regimes record it (decoder, latent dimensions, held-out
-        cells, genes, batch), to choose the nearest calibrated regime.
+        The fits' configuration as the calibration regimes record it (package, decoder, likelihood, prior,
+        architecture, latent dimensions, held-out cells, genes, batch, seeds, training, fit cells, report settings,
+        real or simulated cells), to choose the nearest calibrated regime.
 
     """
 
@@ -650,7 +651,13 @@ def collect(
         fit_obs_names=None if "fit" not in views else pd.Index(views["fit"].obs_names.astype(str)),
         downstream_request=downstream,
         de_calls=de,
-        configuration=configuration_of_fits(fits, int(adata.n_obs)),
+        configuration=configuration_of_fits(
+            fits,
+            int(adata.n_obs),
+            fit_cells=adata_fit is not None,
+            report_settings=changed_report_settings(s),
+            data="real" if truth is None else "simulated",
+        ),
         restriction_request=restrictions if restricted is not None else None,
         restriction_arrays=restricted,
         batches=batches,

@@ -128,9 +128,11 @@ def calibration_regime(n_cells: int) -> str:
     return min(CALIBRATION_CELLS, key=lambda s: abs(np.log(max(n_cells, 1)) - np.log(CALIBRATION_CELLS[s])))
 
 
-def _rates(rows: pd.DataFrame) -> str:
+def _rates(rows: pd.DataFrame, oracle: bool = False) -> str:
+    """Per row ``correct/undetermined/wrong`` %, and with ``oracle`` the runs the oracle left undecided (regimes)."""
+    columns = ["correct %", "undetermined %", "wrong %"] + (["oracle undecided %"] if oracle else [])
     return "; ".join(
-        f"{r['quantity']} {r['correct %']:.0f}/{r['undetermined %']:.0f}/{r['wrong %']:.0f}"
+        f"{r['quantity']} " + "/".join(f"{r.get(c, float('nan')):.0f}" for c in columns)
         for r in rows.to_dict("records")
     )
 
@@ -148,8 +150,8 @@ def calibration_lines(rep: ReportContent) -> list[str]:
         rows = regimes[regimes["scenario"] == regime["name"]]
         if len(rows):
             return [
-                f"- **Calibration regime**: {regime['sentence']} Verdicts there, % correct/undetermined/wrong over "
-                f"{int(rows['replicates'].iloc[0])} replicates: {_rates(rows)}."
+                f"- **Calibration regime**: {regime['sentence']} Verdicts there, % correct/undetermined/wrong/"
+                f"oracle undecided over {int(rows['replicates'].iloc[0])} replicates: {_rates(rows, oracle=True)}."
             ]
     table = rep.tables.get("calibration")
     if table is None or not len(table):

@@ -9,10 +9,11 @@ The numbers describe the suite's simulations (linear NB data with 3 sources, 5,0
 say how far each row's verdict can be trusted where its assumptions hold, and where it is known to fail.
 
 **Regimes.** ``benchmarks/calibration_regimes.py`` adds, under ``regimes``, the rates measured in other configurations
-(decoder, latent dimensions, held-out cells, genes, batch), each scored against the same fits' verdicts on a large
-independent pool of cells. :func:`nearest_regime` picks the regime nearest to a report's configuration
-(:func:`report_configuration`) and says whether the report is within its calibrated range (:data:`TOLERANCE`); the
-table, summary and sentences take ``regime=`` to show its numbers.
+(package, decoder, likelihood, prior, architecture, latent dimensions, held-out cells, genes, batch, seeds, training,
+report settings), each scored against the same fits' verdicts on a large independent pool of cells.
+:func:`nearest_regime` picks the regime nearest to a report's configuration (:func:`report_configuration`) and says
+whether the report is within its calibrated range (:data:`TOLERANCE`; every other setting equal); the table, summary
+and sentences take ``regime=`` to show its numbers.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from countvae.model.settings import ModelSettings
 
 #: The bundled calibration record (written by ``benchmarks/calibration.py``).
 CALIBRATION_FILE = Path(__file__).with_name("verdict_calibration.json")
@@ -34,13 +37,49 @@ GOAL_CORRECT = 0.95
 #: Largest share of undetermined verdicts the suite aims at where the data are adequate.
 GOAL_UNDETERMINED = 0.2
 #: A report's configuration, as :func:`report_configuration` gives it and each regime records it.
-CONFIGURATION_KEYS = ("model", "decoder", "n_latent", "n_heldout_cells", "n_genes", "batch")
+CONFIGURATION_KEYS = (
+    "model",
+    "decoder",
+    "n_latent",
+    "n_heldout_cells",
+    "n_genes",
+    "batch",
+    "likelihood",
+    "prior",
+    "dispersion",
+    "n_hidden",
+    "n_layers",
+    "n_seeds",
+    "early_stopping",
+    "fit_cells",
+    "report_settings",
+)
+#: Settings that choose between equally near regimes without making a report uncalibrated: real cells prefer a
+#: regime of real cells, simulated ones a simulated regime (the regimes' simulations are drawn from models of real
+#: cells, so each speaks for the other, but the nearer kind is the better evidence).
+PREFERENCE_KEYS = ("data",)
 #: What a regime recorded before a key existed: every regime without ``model`` was measured on countvae's fits.
 _RECORDED_BEFORE = {"model": "countvae"}
+#: ``report_settings`` of a report run with every verdict-affecting setting at its default.
+DEFAULT_REPORT_SETTINGS = "defaults"
+#: Report settings that do not change what a verdict says (threads, workers, the subsets' seed, whether ICA rows are
+#: added, how many default markers are shown); every other setting away from its default makes a report uncalibrated.
+NEUTRAL_REPORT_SETTINGS = frozenset({"seed", "blas_threads", "lpd_jobs", "lpd_threads", "ica", "n_markers"})
 #: How far a report's numeric settings may be from a regime's and still count as calibrated by it: the largest
-#: ratio either way. Package, decoder and batch must match exactly.
+#: ratio either way. Every other setting must match exactly.
 TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0}
-_LABELS = {"n_latent": "latent dimensions", "n_heldout_cells": "held-out cells", "n_genes": "genes"}
+_LABELS = {
+    "n_latent": "latent dimensions",
+    "n_heldout_cells": "held-out cells",
+    "n_genes": "genes",
+    "n_seeds": "seeds",
+    "n_hidden": "hidden width",
+    "n_layers": "hidden layers",
+    "early_stopping": "early stopping",
+    "fit_cells": "fit cells given to the report",
+    "report_settings": "report settings",
+}
+_MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelSettings)}
 #: Columns of :func:`calibration_table`.
 CALIBRATION_COLUMNS = (
     "scenario",
@@ -50,6 +89,8 @@ CALIBRATION_COLUMNS = (
     "correct %",
     "undetermined %",
     "wrong %",
+    "oracle undecided %",
+    "correct % of confident",
     "adequate data",
 )
 
@@ -111,10 +152,17 @@ def _rate_rows(
             "correct %": 100.0 * counts[quantity]["correct"] / n,
             "undetermined %": 100.0 * counts[quantity]["undetermined"] / n,
             "wrong %": 100.0 * counts[quantity]["wrong"] / n,
+            # regimes only: runs where the oracle itself was undetermined, which score neither way
+            "oracle undecided %": 100.0 * counts[quantity].get("oracle_undecided", 0) / n,
+            "correct % of confident": _share(counts[quantity]["correct"], counts[quantity]["wrong"]),
             "adequate data": bool(adequate),
         }
         for quantity in names
     ]
+
+
+def _share(correct: int, wrong: int) -> float:
+    return 100.0 * correct / (correct + wrong) if correct + wrong else math.nan
 
 
 def calibration_sentences(
@@ -171,9 +219,28 @@ def calibration_summary(record: dict[str, Any], regime: str | None = None) -> st
 
 # ----- regimes ------------------------------------------------------------------------------------------
 def report_configuration(
-    decoder: str | None, n_latent: int, n_heldout_cells: int, n_genes: int, batch: bool, model: str = "countvae"
+    decoder: str | None,
+    n_latent: int,
+    n_heldout_cells: int,
+    n_genes: int,
+    batch: bool,
+    model: str = "countvae",
+    *,
+    likelihood: str | None = _MODEL_DEFAULTS["likelihood"],
+    prior: str | None = _MODEL_DEFAULTS["prior"],
+    dispersion: str | None = _MODEL_DEFAULTS["dispersion"],
+    n_hidden: int | None = _MODEL_DEFAULTS["n_hidden"],
+    n_layers: int | None = _MODEL_DEFAULTS["n_layers"],
+    n_seeds: int = 3,
+    early_stopping: bool | None = True,
+    fit_cells: bool = True,
+    report_settings: str = DEFAULT_REPORT_SETTINGS,
+    data: str = "real",
 ) -> dict[str, Any]:
-    """A report's configuration in the terms the regimes record (:data:`CONFIGURATION_KEYS`).
+    """A report's configuration in the terms the regimes record (:data:`CONFIGURATION_KEYS`, :data:`PREFERENCE_KEYS`).
+
+    The keyword settings default to a report of ``countvae diagnose``'s defaults (countvae's default model, 3 seeds
+    with early stopping, fit cells given, default report settings, real cells).
 
     Parameters
     ----------
@@ -185,6 +252,19 @@ def report_configuration(
         Whether the fits have a batch covariate (more than one batch).
     model
         The package whose fits were audited: ``"countvae"`` or ``"scvi-tools"``.
+    likelihood, prior, dispersion, n_hidden, n_layers
+        The fits' count distribution, latent prior, dispersion, and hidden width and layers (``None``: not known).
+    n_seeds
+        Fits compared.
+    early_stopping
+        Whether the fits were trained with early stopping (``None``: not recorded, as for scvi-tools fits).
+    fit_cells
+        Whether the report was given the fits' training cells.
+    report_settings
+        :data:`DEFAULT_REPORT_SETTINGS`, or the verdict-affecting settings away from their defaults
+        (:func:`changed_report_settings`).
+    data
+        ``"real"`` or ``"simulated"`` cells (a preference between equally near regimes, not a calibration limit).
 
     """
     return {
@@ -194,23 +274,101 @@ def report_configuration(
         "n_heldout_cells": int(n_heldout_cells),
         "n_genes": int(n_genes),
         "batch": bool(batch),
+        "likelihood": likelihood,
+        "prior": prior,
+        "dispersion": dispersion,
+        "n_hidden": None if n_hidden is None else int(n_hidden),
+        "n_layers": None if n_layers is None else int(n_layers),
+        "n_seeds": int(n_seeds),
+        "early_stopping": None if early_stopping is None else bool(early_stopping),
+        "fit_cells": bool(fit_cells),
+        "report_settings": str(report_settings),
+        "data": str(data),
     }
 
 
-def configuration_of_fits(fits: Sequence[Any], n_heldout_cells: int) -> dict[str, Any]:
-    """:func:`report_configuration` of fitted models: countvae's (``CountVAEFit``) or scvi-tools' (``SCVIFit``)."""
-    first = fits[0]
-    model = getattr(first, "model", None)
-    kind = getattr(first, "kind", None)
+def changed_report_settings(settings: Any) -> str:
+    """The verdict-affecting report settings away from their defaults, ``"alpha=0.45, k=30"``, or the defaults.
+
+    ``settings``: a report settings dataclass; the settings in :data:`NEUTRAL_REPORT_SETTINGS` are left out.
+    """
+    changed = [
+        f"{f.name}={getattr(settings, f.name)!r}"
+        for f in fields(settings)
+        if f.name not in NEUTRAL_REPORT_SETTINGS and getattr(settings, f.name) != f.default
+    ]
+    return ", ".join(changed) or DEFAULT_REPORT_SETTINGS
+
+
+def _scvi_settings(model: Any) -> dict[str, Any]:
+    """An scvi-tools model's likelihood, prior, dispersion and architecture, from its module and constructor."""
+    import inspect
+
+    module = getattr(model, "module", None)
+    given = (getattr(model, "init_params_", None) or {}).get("non_kwargs", {})
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(type(model).__init__).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    latent = getattr(module, "latent_distribution", None)
+    return {
+        "likelihood": getattr(module, "gene_likelihood", None),
+        # scvi-tools' "normal" latent is the N(0, I) prior of countvae's "normal"; "ln" is a logistic normal
+        "prior": {"normal": "normal", "ln": "logistic normal"}.get(latent, latent),
+        "dispersion": getattr(module, "dispersion", None),
+        "n_hidden": given.get("n_hidden", defaults.get("n_hidden")),
+        "n_layers": given.get("n_layers", defaults.get("n_layers")),
+        "early_stopping": None,  # scvi-tools does not record it on the model
+    }
+
+
+def configuration_of_fits(
+    fits: Sequence[Any],
+    n_heldout_cells: int,
+    *,
+    fit_cells: bool = True,
+    report_settings: str = DEFAULT_REPORT_SETTINGS,
+    data: str = "real",
+) -> dict[str, Any]:
+    """:func:`report_configuration` of fitted models: countvae's (``CountVAEFit``) or scvi-tools' (``SCVIFit``).
+
+    Every fit's settings are read; fits that differ from the first in a setting give ``None`` for it (not a
+    configuration any regime records).
+    """
+    described = [_fit_configuration(fit) for fit in fits]
+    first = described[0]
+    settings = {k: (v if all(d[k] == v for d in described) else None) for k, v in first.items()}
+    return report_configuration(
+        n_latent=int(fits[0].n_latent),
+        n_heldout_cells=n_heldout_cells,
+        n_genes=len(fits[0].var_names),
+        n_seeds=len(fits),
+        fit_cells=fit_cells,
+        report_settings=report_settings,
+        data=data,
+        **settings,
+    )
+
+
+def _fit_configuration(fit: Any) -> dict[str, Any]:
+    model, kind = getattr(fit, "model", None), getattr(fit, "kind", None)
     if kind in ("scvi", "linearscvi"):  # SCVIFit: SCVI has an MLP decoder, LinearSCVI a linear one
         n_batch = getattr(getattr(model, "summary_stats", None), "n_batch", 1)
-        decoder, batch, package = ("mlp" if kind == "scvi" else "linear"), n_batch > 1, "scvi-tools"
-    else:
-        settings, registry = getattr(model, "settings", None), getattr(model, "registry", None)
-        decoder, batch, package = getattr(settings, "decoder", None), getattr(registry, "n_batches", 1) > 1, "countvae"
-    return report_configuration(
-        decoder, int(first.n_latent), n_heldout_cells, len(first.var_names), bool(batch), model=package
-    )
+        return {
+            "decoder": "mlp" if kind == "scvi" else "linear",
+            "batch": n_batch > 1,
+            "model": "scvi-tools",
+            **_scvi_settings(model),
+        }
+    settings, registry = getattr(model, "settings", None), getattr(model, "registry", None)
+    return {
+        "decoder": getattr(settings, "decoder", None),
+        "batch": getattr(registry, "n_batches", 1) > 1,
+        "model": "countvae",
+        **{key: getattr(settings, key, None) for key in ("likelihood", "prior", "dispersion", "n_hidden", "n_layers")},
+        "early_stopping": (getattr(model, "training_summary", None) or {}).get("early_stopping"),
+    }
 
 
 @dataclass(frozen=True)
@@ -247,8 +405,8 @@ def _regime(record: dict[str, Any], name: str) -> dict[str, Any]:
     return regimes[name]
 
 
-def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple[float, list[str]]:
-    """A distance (exact settings weigh 10, numeric ones ``|log2 ratio|``) and the settings out of range."""
+def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple[float, float, list[str]]:
+    """A distance (exact settings 10, numeric ones ``|log2 ratio|``), preferences missed, settings out of range."""
     distance, out = 0.0, []
     for key in CONFIGURATION_KEYS:
         mine, theirs = configuration.get(key, _RECORDED_BEFORE.get(key)), regime.get(key, _RECORDED_BEFORE.get(key))
@@ -259,16 +417,22 @@ def _differences(configuration: dict[str, Any], regime: dict[str, Any]) -> tuple
                 out.append(f"{_LABELS[key]} {mine:,} (calibrated: {theirs:,})")
         elif mine != theirs:
             distance += 10.0
-            out.append(f"{key} {mine} (calibrated: {theirs})")
-    return distance, out
+            out.append(f"{_LABELS.get(key, key)} {_shown(mine)} (calibrated: {_shown(theirs)})")
+    missed = sum(configuration.get(key) != regime.get(key) for key in PREFERENCE_KEYS)
+    return distance, float(missed), out
+
+
+def _shown(value: Any) -> str:
+    return "not recorded" if value is None else str(value)
 
 
 def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> RegimeChoice:
     """The regime of ``record["regimes"]`` nearest to ``configuration`` (:func:`report_configuration`).
 
-    Nearest: the smallest distance, where each mismatched exact setting (package, decoder, batch) counts 10 and each
-    numeric one ``|log2 ratio|`` (so a mismatched decoder or batch outweighs any size difference below a factor of about
-    2^10 per setting). Ties go to the regime recorded first.
+    Nearest: the smallest distance, where each mismatched exact setting (package, decoder, likelihood, batch, ...)
+    counts 10 and each numeric one ``|log2 ratio|`` (so a mismatched decoder or batch outweighs any size difference
+    below a factor of about 2^10 per setting); among equally near regimes, the one whose data are of the report's
+    kind (:data:`PREFERENCE_KEYS`: real or simulated cells), then the regime recorded first.
     """
     missing = [k for k in CONFIGURATION_KEYS if k not in configuration and k not in _RECORDED_BEFORE]
     if missing:
@@ -276,7 +440,7 @@ def nearest_regime(record: dict[str, Any], configuration: dict[str, Any]) -> Reg
     scored = [(*_differences(configuration, entry["configuration"]), name) for name, entry in _regimes(record).items()]
     if not scored:
         return RegimeChoice(None, False, ["no regime is recorded"], dict(configuration))
-    _, differences, name = min(scored, key=lambda t: t[0])
+    _, _, differences, name = min(scored, key=lambda t: (t[0], t[1]))
     return RegimeChoice(name, not differences, differences, dict(configuration))
 
 
@@ -285,9 +449,10 @@ def regime_sentence(record: dict[str, Any], choice: RegimeChoice) -> str:
     c = choice.configuration
     mine = (
         f"{c.get('model', 'countvae')} fits, {c.get('decoder') or 'unknown'} decoder, "
-        f"{c.get('n_latent')} latent dimensions, "
+        f"{c.get('likelihood') or 'unknown'} likelihood, {c.get('n_latent')} latent dimensions, "
         f"{c.get('n_heldout_cells', 0):,} held-out cells, {c.get('n_genes', 0):,} genes, "
-        f"{'with' if c.get('batch') else 'without'} batch"
+        f"{'with' if c.get('batch') else 'without'} batch, {c.get('n_seeds', '?')} seeds, "
+        f"{c.get('data', 'real')} cells"
     )
     if choice.name is None:
         return f"This report's configuration ({mine}) is not calibrated: the calibration record has no regimes."

@@ -110,6 +110,17 @@ def test_the_report_configuration_names_scvi_tools_its_decoder_and_batch(fits):
         "n_heldout_cells": 120,
         "n_genes": 40,
         "batch": True,
+        # read from the module and the constructor (n_hidden given; n_layers and the rest scvi-tools' defaults)
+        "likelihood": "zinb" if decoder == "mlp" else "nb",
+        "prior": "normal",
+        "dispersion": "gene",
+        "n_hidden": 16,
+        "n_layers": 1,
+        "n_seeds": len(fits),
+        "early_stopping": None,
+        "fit_cells": True,
+        "report_settings": "defaults",
+        "data": "real",
     }
 
 

@@ -68,7 +68,8 @@ def test_settings_outside_the_range_are_named_and_the_report_says_it_is_not_cali
     assert choice.differences == ["held-out cells 141 (calibrated: 300)"]
     sentence = regime_sentence(_record(), choice)
     assert sentence.startswith(
-        "This report's configuration (countvae fits, mlp decoder, 10 latent dimensions, 141 held-out cells"
+        "This report's configuration (countvae fits, mlp decoder, nb likelihood, 10 latent dimensions, 141 held-out "
+        "cells"
     )
     assert "is not calibrated" in sentence and "held-out cells 141 (calibrated: 300)" in sentence
 
@@ -77,7 +78,7 @@ def test_a_mismatched_decoder_outweighs_sizes():
     choice = nearest_regime(_record(), report_configuration("linear", 10, 300, 500, True))
     assert choice.name == "semi-synthetic" and choice.differences == ["decoder linear (calibrated: mlp)"]
     choice = nearest_regime(_record(), report_configuration(None, 10, 300, 500, True))
-    assert not choice.calibrated and choice.differences == ["decoder None (calibrated: mlp)"]
+    assert not choice.calibrated and choice.differences == ["decoder not recorded (calibrated: mlp)"]
 
 
 def test_no_regime_recorded_says_so():
@@ -93,6 +94,11 @@ def test_the_regime_table_and_sentences_count_against_the_oracle():
     assert table["quantity"].tolist() == ["decoded means", "held-out log p(x)"]
     assert table["correct %"].tolist() == pytest.approx([90.0, 40.0])
     assert table["undetermined %"].tolist() == pytest.approx([0.0, 50.0])
+    # the runs the oracle left undecided, so that the shares add up to 100%, and the share of confident verdicts
+    assert table["oracle undecided %"].tolist() == pytest.approx([0.0, 10.0])
+    assert table["correct % of confident"].tolist() == pytest.approx([90.0, 100.0])
+    shares = table[["correct %", "undetermined %", "wrong %", "oracle undecided %"]].sum(axis=1)
+    assert shares.tolist() == pytest.approx([100.0, 100.0])
     assert table["truth"].iloc[0] == "the verdict of the same fits on 4,000 independent cells of the same distribution"
     lines = calibration_sentences(_record(), regime="semi-synthetic")
     assert lines == [
@@ -110,12 +116,72 @@ def test_the_regime_table_and_sentences_count_against_the_oracle():
         calibration_table(_record(), regime="scvi")
 
 
-def test_configuration_of_real_fits(trained_linear):
+def test_configuration_of_real_fits(trained_linear, trained_mlp):
     configuration = configuration_of_fits([CountVAEFit(trained_linear, 0)], 240)
     assert configuration == {"model": "countvae", "decoder": "linear", "n_latent": 2, "n_heldout_cells": 240} | {
         "n_genes": 60,
         "batch": True,
+        "likelihood": "nb",
+        "prior": "normal",
+        "dispersion": "gene",
+        "n_hidden": 128,
+        "n_layers": 1,
+        "n_seeds": 1,
+        "early_stopping": True,
+        "fit_cells": True,
+        "report_settings": "defaults",
+        "data": "real",
     }
+    # fits that differ in a setting leave it unknown, which no regime records
+    mixed = configuration_of_fits([CountVAEFit(trained_linear, 0), CountVAEFit(trained_mlp, 1)], 240)
+    assert mixed["likelihood"] is None and mixed["n_hidden"] is None and mixed["n_seeds"] == 2
+
+
+def test_settings_no_regime_measured_make_a_report_uncalibrated():
+    # Only the package, decoder, sizes and batch were compared: ZINB, Poisson, other priors and architectures,
+    # two seeds, no early stopping, no fit cells and changed report settings all read "Calibrated".
+    cases = {
+        "likelihood": ("zinb", "likelihood zinb (calibrated: nb)"),
+        "prior": ("laplace", "prior laplace (calibrated: normal)"),
+        "dispersion": ("gene-batch", "dispersion gene-batch (calibrated: gene)"),
+        "n_hidden": (512, "hidden width 512 (calibrated: 128)"),
+        "n_layers": (3, "hidden layers 3 (calibrated: 1)"),
+        "n_seeds": (2, "seeds 2 (calibrated: 3)"),
+        "early_stopping": (False, "early stopping False (calibrated: True)"),
+        "fit_cells": (False, "fit cells given to the report False (calibrated: True)"),
+        "report_settings": ("alpha=0.45", "report settings alpha=0.45 (calibrated: defaults)"),
+    }
+    for key, (value, clause) in cases.items():
+        choice = nearest_regime(_record(), report_configuration("mlp", 10, 300, 500, True, **{key: value}))
+        assert (choice.name, choice.calibrated, choice.differences) == ("semi-synthetic", False, [clause]), key
+    unknown = nearest_regime(_record(), report_configuration("mlp", 10, 300, 500, True, early_stopping=None))
+    assert unknown.differences == ["early stopping not recorded (calibrated: True)"]
+
+
+def test_real_cells_prefer_the_regime_of_real_cells_among_equally_near_ones():
+    # semi-synthetic and kang-small-300 record the same settings; ties went to the first recorded, so real cells
+    # were shown the simulated regime's rates.
+    record = _record()
+    simulated = record["regimes"]["semi-synthetic"]
+    simulated["configuration"] = report_configuration("mlp", 10, 300, 500, True, data="simulated")
+    record["regimes"]["kang-small-300"] = simulated | {"configuration": report_configuration("mlp", 10, 300, 500, True)}
+    real = nearest_regime(record, report_configuration("mlp", 10, 300, 500, True))
+    assert (real.name, real.calibrated) == ("kang-small-300", True)
+    sim = nearest_regime(record, report_configuration("mlp", 10, 300, 500, True, data="simulated"))
+    assert (sim.name, sim.calibrated) == ("semi-synthetic", True)
+    # a preference, not a limit: a size nearer by any margin still wins, and the kind is not a difference
+    record["regimes"]["kang-small-300"]["configuration"]["n_heldout_cells"] = 350
+    assert nearest_regime(record, report_configuration("mlp", 10, 300, 500, True)).name == "semi-synthetic"
+    assert nearest_regime(record, report_configuration("mlp", 10, 300, 500, True)).calibrated
+
+
+def test_changed_report_settings_names_the_verdict_affecting_ones():
+    from countvae.diagnostics.reporting.settings import ReportSettings
+    from countvae.diagnostics.reporting.verdict_calibration import changed_report_settings
+
+    assert changed_report_settings(ReportSettings()) == "defaults"
+    assert changed_report_settings(ReportSettings(seed=5, ica=False, lpd_threads=2)) == "defaults"
+    assert changed_report_settings(ReportSettings(alpha=0.45, n_bootstrap=50)) == "alpha=0.45, n_bootstrap=50"
 
 
 def test_the_package_must_match_and_regimes_recorded_before_it_are_countvaes():
