@@ -2,8 +2,9 @@
 
 The diagnostics call a :class:`FittedModel`, never a model's own methods: :class:`CountVAEFit` wraps a
 :class:`countvae.CountVAE`, :class:`~countvae.diagnostics.fitting.scvi_fit.SCVIFit` an scvi-tools model. A method a
-model's API cannot support returns ``None``, and the diagnostic needing it is reported as not available for that model
-rather than guessed.
+model's API cannot support may return ``None`` where the report has a path for it: ``log_predictive_density`` (the
+held-out log p(x) rows then read "not measured" rather than guessed) and ``loadings`` (the mean decoder Jacobian
+stands in). Every other method must return its array; ``None`` there is refused, naming the fit and the method.
 """
 
 from __future__ import annotations

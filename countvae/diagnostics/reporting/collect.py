@@ -247,11 +247,11 @@ def guide_draws(
         raise InvalidArgumentError("Cross-seed R-hat needs at least 2 cells.")
     if n_draws < 4:
         raise InvalidArgumentError(f"Cross-seed R-hat needs at least 4 draws per seed, got {n_draws}.")
-    z = np.asarray(fit.latent_samples(adata_cells, n_draws, seed), dtype=np.float64)
+    z = np.asarray(_given(fit.latent_samples(adata_cells, n_draws, seed), fit, "latent_samples"), dtype=np.float64)
     log_rate = None
     if gene_positions is not None and len(gene_positions):
-        decoded = np.asarray(fit.decode_log_rate(adata_cells, z.astype(np.float32)), dtype=np.float64)
-        log_rate = decoded[..., gene_positions]
+        decoded = _given(fit.decode_log_rate(adata_cells, z.astype(np.float32)), fit, "decode_log_rate")
+        log_rate = np.asarray(decoded, dtype=np.float64)[..., gene_positions]
     return GuideDraws(latent=z, log_rate=log_rate)
 
 
@@ -501,15 +501,19 @@ def _collect_fit(
     needs: frozenset[str] = ALL_NEEDS,
 ) -> FitArrays:
     """What one fit provides of ``needs`` (see :class:`FitArrays`; the rest is ``None``), given its ``lpd`` frame."""
-    latent = np.asarray(fit.latent(adata), dtype=np.float64)
+    latent = np.asarray(_given(fit.latent(adata), fit, "latent"), dtype=np.float64)
     out = FitArrays(latent=latent, lpd=lpd)
     if needs & {"log_rate", "normalized"}:
         z_expr = latent[sub.expression]
-        log_rate = np.asarray(fit.decode_log_rate(views["expression"], z_expr.astype(np.float32)), dtype=np.float64)
-        normalized = np.log1p(np.asarray(fit.normalized_expression(views["expression"]), dtype=np.float64))
+        log_rate = np.asarray(
+            _given(fit.decode_log_rate(views["expression"], z_expr.astype(np.float32)), fit, "decode_log_rate"),
+            dtype=np.float64,
+        )
+        expression = _given(fit.normalized_expression(views["expression"]), fit, "normalized_expression")
+        normalized = np.log1p(np.asarray(expression, dtype=np.float64))
         out.log_rate, out.normalized = log_rate[:, sub.genes], normalized[:, sub.genes]
     if needs & _DECODER:
-        jac = gene_contrasts(fit.decoder_jacobian(views["jacobian"]))
+        jac = gene_contrasts(_given(fit.decoder_jacobian(views["jacobian"]), fit, "decoder_jacobian"))
         sel = jac[:, sub.genes, :]
         stacked = np.transpose(sel, (1, 0, 2)).reshape(len(sub.genes), -1)
         weights = fit.loadings()
@@ -519,7 +523,8 @@ def _collect_fit(
         out.loadings_are_weights = weights is not None
         out.jacobians, out.gram_jacobians = reduce_jacobians(jac, seed=s.seed), reduce_jacobians(sel, seed=s.seed)
     if needs & {"ppc", "ppc_halves"}:
-        draws = np.asarray(fit.posterior_predictive(views["ppc"], s.n_ppc_samples, s.seed), dtype=np.float64)
+        predicted = _given(fit.posterior_predictive(views["ppc"], s.n_ppc_samples, s.seed), fit, "posterior_predictive")
+        draws = np.asarray(predicted, dtype=np.float64)
         out.ppc, out.ppc_halves = predictive_statistics(ppc_counts, draws), split_half_statistics(ppc_counts, draws)
     if "guide" in needs:
         # Chain c draws with seed + c, so that the chains are independent even when two fits are identical.
@@ -528,15 +533,31 @@ def _collect_fit(
         # The first fit draws once more, independently (a seed no chain uses): the within-seed baseline.
         out.guide_repeat = guide_draws(fit, views["rhat"], s.n_rhat_draws, s.seed + 10_007, sub.rhat_genes)
     if "latent_fit" in needs and "fit" in views:
-        out.latent_fit = np.asarray(fit.latent(views["fit"]), dtype=np.float64)
+        out.latent_fit = np.asarray(_given(fit.latent(views["fit"]), fit, "latent"), dtype=np.float64)
     if "knn_draws_fit" in needs and "fit" in views:
         # Right after latent_fit: an scvi-tools fit sets up a copy of the last AnnData it was given, once.
-        draws = fit.latent_samples(views["fit"], 2, s.seed + 30_011 + chain)
+        draws = _given(fit.latent_samples(views["fit"], 2, s.seed + 30_011 + chain), fit, "latent_samples")
         out.knn_draws_fit = np.asarray(draws, dtype=np.float32)
     if "knn_draws" in needs:
         # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
-        out.knn_draws = np.asarray(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), dtype=np.float32)
+        draws = _given(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), fit, "latent_samples")
+        out.knn_draws = np.asarray(draws, dtype=np.float32)
     return out
+
+
+def _given(value: Any, fit: FittedModel, method: str) -> Any:
+    """``value``, or a clear error when ``fit``'s ``method`` returned ``None``.
+
+    Only ``log_predictive_density`` and ``loadings`` may return ``None`` (the rows they feed then read "not measured");
+    every other output feeds computations that have no such path.
+    """
+    if value is None:
+        raise InvalidArgumentError(
+            f"Fit {fit.name!r}: {method} returned None, but the report's sections need it; only "
+            "log_predictive_density and loadings may return None (the rows they feed then read 'not measured'). "
+            "Implement it, or pass sections= without the sections that need it."
+        )
+    return value
 
 
 def default_markers_with_labels(adata: ad.AnnData, var_names: pd.Index, n: int) -> list[str]:

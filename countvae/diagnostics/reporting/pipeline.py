@@ -129,6 +129,7 @@ def report(
             shared.results[section.name] = section.compute(collected, shared, s)
             stopwatch.lap(section.name)
     results = [(section, shared.results[section.name]) for section in chosen]
+    _check_names(results)
     stopwatch.timings["total"] = stopwatch.total()
     return DiagnosticReport(
         headline=_headline(results),
@@ -172,6 +173,50 @@ def _chosen_sections(
     if restrictions is None and any(section.name == RestrictionsSection.name for section in chosen):
         raise InvalidArgumentError(NO_REQUEST)
     return chosen
+
+
+#: Settings records the report writes itself, which no section may name.
+_REPORT_RECORDS = ("report", "sections", "markers", "fits")
+#: DiagnosticReport's own fields, which no section's attribute may name.
+_REPORT_FIELDS = ("headline", "tables", "settings", "subsampling", "provenance", "timings", "sections")
+
+
+def _check_names(results: list[tuple[Section, SectionResult]]) -> None:
+    """Refuse names the report cannot merge: one name from two sections, the report's own, a repeated column.
+
+    The report merges the sections' tables, records, subsampling and attributes by name, so a second section's name
+    would replace the first's without a word (and a record named like the report's settings would make a report.json
+    its schema refuses); a table with a repeated column cannot be saved.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Naming the sections, the kind of result and the name.
+
+    """
+    for kind, reserved in (
+        ("tables", ()),
+        ("records", _REPORT_RECORDS),
+        ("subsampling", ()),
+        ("attributes", _REPORT_FIELDS),
+    ):
+        owner: dict[str, str] = dict.fromkeys(reserved, "the report itself")
+        for section, result in results:
+            for name in getattr(result, kind):
+                if name in owner:
+                    raise InvalidArgumentError(
+                        f"Section {section.name!r} gives {kind} {name!r}, which {owner[name]} already gives; rename "
+                        "it in the section's SectionResult."
+                    )
+                owner[name] = f"section {section.name!r}"
+    for section, result in results:
+        for name, table in result.tables.items():
+            if table is not None and table.columns.has_duplicates:
+                repeated = sorted({str(c) for c in table.columns[table.columns.duplicated()]})
+                raise InvalidArgumentError(
+                    f"Section {section.name!r} gives table {name!r} with repeated columns {repeated}; give each "
+                    "column its own name."
+                )
 
 
 def _headline(results: list[tuple[Section, SectionResult]]) -> list[str]:

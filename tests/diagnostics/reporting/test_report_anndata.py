@@ -348,6 +348,11 @@ def test_model_card_states_the_findings(small):
     # the regime the report's calibration section chose, in its words (it named a simulated scenario by cell count)
     regime = rep.settings["calibration"]["regime"]
     assert f"Calibration regime**: {regime['sentence']}" in card and "% correct/undetermined/wrong" in card
+    # with the runs the oracle left undecided, so that each row's shares add up to 100
+    rates = rep.tables["calibration_regime"].iloc[0]
+    shares = [rates[c] for c in ("correct %", "undetermined %", "wrong %", "oracle undecided %")]
+    assert "/oracle undecided over" in card and f"{rates['quantity']} " + "/".join(f"{v:.0f}" for v in shares) in card
+    assert sum(shares) == pytest.approx(100.0)
     assert f"countvae {cv.__version__}" in card and "torch" in card
     assert "n_lpd_samples=20" in card and "report(fits" in card
 

@@ -165,3 +165,64 @@ def test_a_new_section_appears_in_html_markdown_and_json(seed_fits):
     assert [r["fit"] for r in record["tables"]["latent_norms"]] == list(expected)
     assert record["settings"]["latent_norms"] == {"fits": 3}
     assert "latent_norms" not in [s.name for s in registered_sections()]
+
+
+class _NamingSection(Section):
+    """A section whose result names what another section (or the report) already names."""
+
+    name = "clashing"
+    title = "Clashing names"
+    needs = frozenset({"latent"})
+
+    def __init__(self, result: SectionResult) -> None:
+        self.result = result
+
+    def compute(self, collected, shared, settings):
+        return self.result
+
+    def layout(self, rep):
+        return []
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (SectionResult(tables={"alignment": pd.DataFrame({"a": [1]})}), "tables 'alignment', which section"),
+        (SectionResult(records={"markers": {"note": "mine"}}), "records 'markers', which the report itself"),
+        (SectionResult(records={"report": {"alpha": 0.25}}), "records 'report', which the report itself"),
+        (SectionResult(attributes={"tables": {}}), "attributes 'tables', which the report itself"),
+        (SectionResult(tables={"joined": pd.DataFrame([[1, 2]], columns=["x", "x"])}), r"repeated columns \['x'\]"),
+    ],
+)
+def test_a_section_naming_what_the_report_already_has_is_refused(seed_fits, result, message):
+    # The report merged by name: a section's "markers" record replaced the marker names, its "report" record every
+    # report setting (report.json then failed its schema), a table named like another replaced it without a word;
+    # a repeated column failed only at save() with an AttributeError.
+    with pytest.raises(InvalidArgumentError, match=message):
+        report(seed_fits, sections=["alignment", _NamingSection(result)], **SMALL)
+
+
+@pytest.mark.parametrize(
+    ("method", "section"),
+    [
+        ("posterior_predictive", "ppc"),
+        ("latent_samples", "rhat"),
+        ("decoder_jacobian", "subspace"),
+        ("normalized_expression", "invariants"),
+    ],
+)
+def test_a_fit_method_returning_none_is_named_unless_the_report_has_a_path_for_it(seed_fits, method, section):
+    # A new model kind returning None from these failed deep in the analyses ("both arguments to matmul need to be
+    # at least 1D"); only log_predictive_density (and loadings) have a "not measured" path.
+    class Lacking(CountVAEFit):
+        pass
+
+    setattr(Lacking, method, lambda self, *args, **kwargs: None)
+    fits = [Lacking(f.model, f.seed) for f in seed_fits.fits]
+    with pytest.raises(InvalidArgumentError, match=rf"Fit 'seed 0': {method} returned None, but the report's"):
+        report(fits, seed_fits.adata_heldout, sections=[section], **SMALL)
+    Lacking.log_predictive_density = lambda self, *args, **kwargs: None
+    setattr(Lacking, method, getattr(CountVAEFit, method))
+    rep = report(fits, seed_fits.adata_heldout, sections=["predictive"], **SMALL)
+    assert rep.settings["predictive_equivalence"]["state"] == "not tested"
+    assert "Predictive equivalence not tested: held-out log p(x) is not available for these fits." in rep.headline

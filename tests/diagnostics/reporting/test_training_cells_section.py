@@ -100,3 +100,28 @@ def test_the_model_card_gives_the_training_cells_verdicts_and_reads_back(seed_re
     line = next(line for line in card.splitlines() if line.startswith("- **Training cells** ("))
     assert expected in line and line.endswith(sentence)
     assert load_report(seed_report.save(tmp_path / "rep")).model_card() == card
+
+
+def test_a_new_row_reading_only_the_latents_joins_the_training_cells_table(seed_fits, monkeypatch):
+    # The section listed its rows by name, so a row added to QUANTITIES as docs/architecture.md says (per-cell
+    # latent norms, rotation-invariant) was measured on held-out cells but never on the training cells.
+    import countvae.diagnostics.analyses.invariants as inv
+
+    def norms(z):
+        return np.linalg.norm(z, axis=1)
+
+    row = inv.Quantity(
+        "latent norms",
+        report_when_agree="latent norms",
+        report_when_differ="their spread",
+        score=lambda c, a, b: inv.concordance(norms(c.latents[a]), norms(c.latents[b])),
+    )
+    monkeypatch.setattr(inv, "QUANTITIES", (*inv.QUANTITIES, row))
+    monkeypatch.setitem(inv.QUANTITY_BY_NAME, "latent norms", row)
+    from countvae.diagnostics import report
+
+    rep = report(seed_fits, sections=["training_cells"], **SMALL)
+    rows = list(rep.tables["training_cells"]["quantity"])
+    assert rows == ["latent distances", "k-NN graph", "per-dimension coordinates", "latent norms"]
+    # its training-cell agreement is the concordance of the norms on the cells the section chose
+    assert 0.0 < rep.tables["training_cells"].set_index("quantity").loc["latent norms", "training_agreement"] <= 1.0
