@@ -118,6 +118,7 @@ TABLE_COLUMNS = (
     "interval",
     "n_cells",
     "graph_cells",
+    "n_latent",
     "cells_setting",
 )
 #: Columns of its per-pair table.
@@ -980,8 +981,8 @@ def invariants_table(
         ``low``-``high``, ``agreement_mean`` (over pairs; NaN for a row scored once for all fits),
         ``aligned_agreement`` with ``aligned_low``-``aligned_high`` (worst pair after orthogonal alignment; NaN where
         alignment does not apply), ``threshold`` (a number) and ``comparison`` (``">="`` or ``"<"``), ``interval``
-        (how it was obtained), ``n_cells`` (cells, or genes, behind it) and ``cells_setting`` (the report setting
-        capping them).
+        (how it was obtained), ``n_cells`` (cells, or genes, behind it), ``n_latent`` (the latent width, which the
+        aligned verdicts' cells are counted against) and ``cells_setting`` (the report setting capping them).
         :func:`countvae.diagnostics.reporting.verdicts.judge_invariants` adds the verdicts.
     pairs
         One row per quantity and pair of fits: ``quantity``, ``fit_a``, ``fit_b``, ``agreement``, ``aligned_agreement``.
@@ -993,6 +994,7 @@ def invariants_table(
     theory_coord = COORDINATE_THEORY.get(inputs.symmetry, "no")
     per_pair: list[dict] = []
     rows = []
+    n_latent = int(np.shape(next(iter(comparison.latents.values())))[1])
     for q in QUANTITIES:
         if not q.included(inputs):
             continue
@@ -1033,6 +1035,7 @@ def invariants_table(
                 "interval": text,
                 "n_cells": n_cells,
                 "graph_cells": graph_cells,
+                "n_latent": n_latent,
                 "cells_setting": q.cells_setting,
             }
         )

@@ -302,6 +302,26 @@ def test_an_undetermined_alignment_names_the_cells_its_aligned_interval_needs():
     assert judged["remedy"].startswith("about 1,200 cells instead of 300")
 
 
+def test_agree_after_alignment_needs_ten_held_out_cells_per_latent_dimension():
+    # 12 held-out cells for 10 dimensions read "agree after alignment" (0.930, interval 0.901 to 0.953) while the same
+    # map fitted on the 68 other cells of the file scored 0.833 on them: the in-sample optimism was not corrected.
+    aligned = dict(aligned=(0.93, 0.901, 0.953))
+    few = _row("per-dimension coordinates", 0.1, 0.0, 0.2, **aligned) | {"n_cells": 12, "n_latent": 10}
+    judged = judge_invariants(pd.DataFrame([few])).iloc[0]
+    assert judged["verdict"] == UNDETERMINED
+    assert judged["reason"].startswith("too few held-out cells (n = 12 < 100, 10 per latent dimension) to say 'agree")
+    assert judged["remedy"].startswith("use >= 100 held-out cells (raise max_distance_cells and hold out that many")
+    enough = judge_invariants(pd.DataFrame([few | {"n_cells": 100}])).iloc[0]
+    assert enough["verdict"] == "agree after alignment"
+    # a report saved before the width was recorded keeps its verdict; a "differ" after alignment is not held back
+    assert (
+        judge_invariants(pd.DataFrame([_row("per-dimension coordinates", 0.1, 0.0, 0.2, **aligned)])).iloc[0]["verdict"]
+        == "agree after alignment"
+    )
+    differ = few | {"aligned_agreement": 0.5, "aligned_low": 0.4, "aligned_high": 0.6}
+    assert judge_invariants(pd.DataFrame([differ])).iloc[0]["verdict"] == "differ"
+
+
 def test_an_undetermined_gene_bootstrap_names_no_number_of_cells():
     """The posterior predictive row's interval resamples genes: more held-out cells would not narrow it."""
     judged = judge_invariants(pd.DataFrame([_ppc_row(300, 0.88, 0.85, 0.91)])).iloc[0]
