@@ -25,9 +25,10 @@ from countvae.cli.common import (
     train_kwargs_of,
 )
 from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
-from countvae.data.registry import setup_anndata
+from countvae.data.registry import get_registry, setup_anndata
 from countvae.data.simulate import simulate
 from countvae.data.split import split_indices
+from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes
 from countvae.errors import InvalidArgumentError
 from countvae.model import CountVAE
 from countvae.model.training import default_max_epochs
@@ -95,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
             "(a larger --heldout-fraction), or none with --heldout-fraction 0."
         )
     fit_data = adata[fit_idx].copy()
+    # refused as diagnose refuses them, naming the held-out split (the model's own error named only the genes' counts)
+    check_fit_genes(fit_data, get_registry(fit_data))
+    check_fit_batches(fit_data, get_registry(fit_data))
     show = progress_enabled(args)
     model_kwargs, train_kwargs = model_kwargs_of(args), train_kwargs_of(args)
     model = CountVAE(fit_data, **model_kwargs)

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import inspect
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +42,7 @@ from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import check_fit_genes, check_seeds, fit_seeds
+from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import discard_folder
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -49,6 +50,7 @@ from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.anndata_export import existing_report_keys
+from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
@@ -180,6 +182,7 @@ class DiagnosePlan:
         fit_idx, heldout_idx = heldout_split(self.adata.n_obs, s.heldout_fraction, s.split_seed)
         adata_fit = cells_at(self.adata, fit_idx)
         check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
+        check_fit_batches(adata_fit, get_registry(adata_fit))
         return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx))
 
     def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
@@ -240,6 +243,8 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     heldout_fraction = resolve_heldout_fraction(s.heldout_fraction, genes.adata.n_obs)
     fit_idx, heldout_idx = heldout_split(genes.adata.n_obs, heldout_fraction, s.split_seed)
     check_fit_genes(genes.adata[fit_idx], get_registry(genes.adata))  # as the fits would, before the warm-up
+    check_fit_batches(genes.adata[fit_idx], get_registry(genes.adata))
+    _check_heldout_cells(len(heldout_idx), genes.adata.n_obs)
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)
     if s.downstream is not None:
@@ -395,6 +400,17 @@ def _check_de_groups(obs: pd.DataFrame, request: DownstreamRequest, heldout_idx:
         de_groups(obs.iloc[heldout_idx], request.groupby, request.group1, request.group2)
     except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"--de {request.groupby}: {exc}{where}") from None
+
+
+def _check_heldout_cells(n_heldout: int, n_cells: int) -> None:
+    """Refuse, before fitting, a split the report would refuse after every fit."""
+    if n_heldout < MIN_HELDOUT_CELLS:
+        share = math.ceil(100 * MIN_HELDOUT_CELLS / n_cells) / 100
+        raise InvalidArgumentError(
+            f"The held-out split keeps {n_heldout} of {n_cells} cells; the report needs at least {MIN_HELDOUT_CELLS}. "
+            f"Pass heldout_fraction={share:g} or more (the verdicts need far more held-out cells to decide: see the "
+            "verdicts' remedies), or use a larger file."
+        )
 
 
 def _check_ica_cells(report_kwargs: Mapping[str, Any], n_heldout: int, n_latent: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import anndata as ad
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 
@@ -21,6 +22,7 @@ from countvae.diagnostics import (
     ProgressEvent,
     ProgressKind,
     diagnose,
+    fit_seeds,
     heldout_split,
     plan_diagnose,
 )
@@ -230,6 +232,55 @@ def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_f
     with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
         diagnose(adata, seeds=2, out_dir=tmp_path / "x", before_fitting=warmed.append)
     assert warmed == [] and not (tmp_path / "x").exists()
+
+
+def test_a_batch_only_held_out_cells_have_is_refused_before_fitting(data_file, tmp_path, capsys):
+    # setup_anndata on the whole file registers every batch, so a batch whose cells were all held out was fitted
+    # without them and its held-out cells scored with an effect no fit cell trained (diagnose, fit_seeds, fit).
+    adata = ad.read_h5ad(data_file)
+    _, heldout_idx = heldout_split(adata.n_obs, 0.25, 0)
+    batch = np.array(["main"] * adata.n_obs, dtype=object)
+    batch[heldout_idx[:2]] = "tiny"
+    adata.obs["batch"] = pd.Categorical(batch)
+    cv.data.setup_anndata(adata, batch_key="batch")
+    message = r"Batch categories \['tiny'\] of adata.obs\['batch'\] have no cell left for fitting"
+    with pytest.raises(InvalidDataError, match=message):
+        diagnose(adata, seeds=2, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(InvalidDataError, match=message):
+        fit_seeds(adata, seeds=[0, 1], heldout_fraction=0.25, out_dir=tmp_path / "y")
+    assert not (tmp_path / "y").exists()
+    path = tmp_path / "tiny.h5ad"
+    adata.write_h5ad(path)
+    argv = ["fit", str(path), "--batch-key", "batch", "--heldout-fraction", "0.25", "--max-epochs", "1", "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "z")]) == 1
+    assert "Batch categories ['tiny'] of adata.obs['batch'] have no cell left" in capsys.readouterr().err
+    assert not (tmp_path / "z").exists()
+    # countvae fit refuses a gene seen only in held-out cells as diagnose does, naming the split (the model's error
+    # advised a filter_genes(min_counts=1) that keeps the gene)
+    counts = adata.X.toarray()
+    counts[:, 3] = 0
+    counts[heldout_idx[:3], 3] = 1
+    adata.obs["batch"] = "main"
+    adata.X = sp.csr_matrix(counts)
+    adata.write_h5ad(path)
+    assert main([*argv, "--out", str(tmp_path / "z")]) == 1
+    assert "detected only in held-out cells" in capsys.readouterr().err
+
+
+def test_a_split_with_fewer_held_out_cells_than_the_report_needs_is_refused_before_fitting(tmp_path):
+    # 30 cells hold out 7: the report refused them after every seed was fitted, and the remedy (another
+    # --heldout-fraction) was then refused as other settings for the saved fits.
+    adata = cv.data.simulate(n_cells=30, n_genes=20, n_latent=2, seed=3)
+    cv.data.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match=r"keeps 7 of 30 cells; the report needs at least 8. Pass "):
+        diagnose(adata, seeds=2, model_kwargs={"n_latent": 2}, report_kwargs={"ica": False}, out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    plan = plan_diagnose(
+        adata, seeds=2, model_kwargs={"n_latent": 2}, report_kwargs={"ica": False}, heldout_fraction=0.27
+    )
+    assert plan.split().n_heldout >= 8  # the fraction the message names
 
 
 def test_too_few_held_out_cells_for_ica_are_refused_before_fitting(tmp_path):

@@ -55,6 +55,9 @@ from countvae.model import ModelSettings
 
 logger = logging.getLogger(__name__)
 
+#: Held-out cells the report needs at least (its intervals resample them).
+MIN_HELDOUT_CELLS = 8
+
 
 # ----- inputs -----------------------------------------------------------------------------------------
 def check_fits(fits: Sequence[FittedModel]) -> None:
@@ -160,8 +163,10 @@ def resolve_inputs(
     if adata_fit is not None and not isinstance(adata_fit, ad.AnnData):
         raise InvalidArgumentError(f"adata_fit must be an AnnData or None, got {type(adata_fit).__name__}.")
     check_fits(fits)
-    if adata_heldout.n_obs < 8:
-        raise InvalidDataError(f"The held-out data has {adata_heldout.n_obs} cells; the diagnostics need at least 8.")
+    if adata_heldout.n_obs < MIN_HELDOUT_CELLS:
+        raise InvalidDataError(
+            f"The held-out data has {adata_heldout.n_obs} cells; the diagnostics need at least {MIN_HELDOUT_CELLS}."
+        )
     _warn_if_heldout_cells_were_fitted(fits, adata_heldout, adata_fit)
     return fits, adata_heldout, adata_fit, fit_settings
 
