@@ -271,6 +271,26 @@ def _pair_scores(za: np.ndarray, zb: np.ndarray, ra: np.ndarray, rb: np.ndarray,
     }
 
 
+def knn_chance_overlap(n_cells: int, k: int = KNN_K) -> float:
+    """Expected k-NN overlap (Jaccard) of two unrelated graphs on ``n_cells`` cells.
+
+    Each cell's ``k`` neighbours are ``k`` of its ``n_cells - 1`` others drawn independently in the two graphs:
+    ``E|A & B| = k^2 / (n - 1)``, over ``2k - E|A & B|`` (the ratio of the expectations). On 16 or fewer cells
+    (``k = 15``) every neighbourhood is every other cell and the overlap is 1 whatever the fits.
+    """
+    k = min(k, n_cells - 1)
+    shared = k * k / max(n_cells - 1, 1)
+    return float(shared / (2 * k - shared)) if k > 0 else 1.0
+
+
+#: The k-NN overlap is judged only where unrelated graphs would reach at most half its threshold by chance
+#: (:func:`knn_chance_overlap`: 39 held-out cells or more with 15 neighbours); below, a candidate's stability is
+#: undetermined, whatever its other scores.
+KNN_CHANCE_LIMIT = STABILITY_THRESHOLDS["knn"] / 2
+#: The fewest held-out cells on which the k-NN overlap is judged.
+KNN_MIN_CELLS = next(n for n in range(2, 100_000) if knn_chance_overlap(n) <= KNN_CHANCE_LIMIT)
+
+
 def stability(
     latents: Sequence[np.ndarray],
     log_rates: Sequence[np.ndarray],
@@ -299,7 +319,9 @@ def stability(
     dict
         For each score ``s``: ``s`` (the worst pair of seeds), ``s_low`` and ``s_high`` (the cell-bootstrap
         interval of the worst pair, at ``level``; for the coordinates, which are not judged, the range over
-        pairs); and ``stable``: the worst pair meets :data:`STABILITY_THRESHOLDS`.
+        pairs); and ``stable``: the worst pair meets :data:`STABILITY_THRESHOLDS`. On cells so few that unrelated
+        k-NN graphs overlap by chance more than :data:`KNN_CHANCE_LIMIT`, the ``knn`` scores are NaN and the
+        candidate is not stable (undetermined).
     """
     if len(latents) < 2 or len(latents) != len(log_rates):
         raise InvalidArgumentError("Stability compares at least two seeds, each with latents and decoded means.")
@@ -317,6 +339,8 @@ def stability(
     coordinates = np.array([p[COORDINATES][0] for p in pairs], dtype=np.float64)
     out[COORDINATES] = float(np.nanmin(coordinates))
     out[f"{COORDINATES}_low"], out[f"{COORDINATES}_high"] = float(np.nanmin(coordinates)), float(np.nanmax(coordinates))
+    if knn_chance_overlap(len(latents[0])) > KNN_CHANCE_LIMIT:
+        out["knn"] = out["knn_low"] = out["knn_high"] = np.nan
     out["stable"] = bool(all(out[s] >= threshold for s, threshold in STABILITY_THRESHOLDS.items()))
     return out
 

@@ -33,7 +33,7 @@ from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.seed_fits import SeedFits
-from countvae.diagnostics.reporting.collect import no_latent_baseline
+from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, no_latent_baseline
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
 from countvae.errors import InvalidArgumentError, InvalidDataError
 from countvae.model.settings import ModelSettings
@@ -287,7 +287,13 @@ def _checked_candidates(
         raise InvalidArgumentError(
             f"compare_models needs at least two seeds to measure stability, got {len(seeds)}; e.g. seeds=range(3)."
         )
-    n_fit_cells = len(heldout_split(adata.n_obs, heldout_fraction, split_seed)[0])
+    fit_idx, heldout_idx = heldout_split(adata.n_obs, heldout_fraction, split_seed)
+    n_fit_cells = len(fit_idx)
+    if len(heldout_idx) < MIN_HELDOUT_CELLS:
+        raise InvalidArgumentError(
+            f"The held-out split keeps {len(heldout_idx)} of {adata.n_obs} cells; comparing candidates needs at least "
+            f"{MIN_HELDOUT_CELLS} (and their k-NN stability {mc.KNN_MIN_CELLS}); pass a larger heldout_fraction."
+        )
     check_candidates(settings_list, adata.n_vars, n_fit_cells)
     names = [candidate_name(s) for s in settings_list]
     if len(set(names)) != len(names):
@@ -440,6 +446,8 @@ def _verdict(row: Any, recommended: str | None) -> str:
         return "fits worse than the margin"
     if row.fit_verdict == mc.UNDETERMINED:
         return "fit undetermined"
+    if not row.stable and not np.isfinite(row.knn):
+        return "stability undetermined: too few held-out cells for the k-NN overlap"
     if not row.stable:
         return "unstable across seeds"
     return "qualifies, not the smallest"

@@ -601,6 +601,48 @@ def test_stability_is_judged_on_the_worst_pair_of_three_seeds():
     assert out[mc.COORDINATES] == out[f"{mc.COORDINATES}_low"] < 0.5
 
 
+def test_knn_overlap_is_not_judged_where_unrelated_graphs_would_pass_by_chance():
+    # On 16 or fewer held-out cells every neighbourhood is every other cell: three unrelated "seeds" scored 1.0
+    # with a zero-width interval, and passed the 0.5 threshold on up to about 23 cells.
+    from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets
+
+    rng = np.random.default_rng(0)
+    for n in (24, 30, 60):  # the closed form against unrelated graphs (ratio of means, within sampling)
+        measured = np.mean(
+            [
+                knn_jaccard_per_cell(
+                    knn_sets(rng.normal(size=(n, 5)), 15), knn_sets(rng.normal(size=(n, 5)), 15)
+                ).mean()
+                for _ in range(30)
+            ]
+        )
+        assert measured == pytest.approx(mc.knn_chance_overlap(n), abs=0.03)
+    assert mc.knn_chance_overlap(16) == 1.0 and mc.KNN_MIN_CELLS == 39
+    for n in (8, 16, 23, 38):
+        latents = [rng.normal(size=(n, 5)) for _ in range(3)]
+        out = mc.stability(latents, [rng.normal(size=(n, 50)) for _ in range(3)], seed=0)
+        assert np.isnan(out["knn"]) and np.isnan(out["knn_low"]) and not out["stable"]
+    same = rng.normal(size=(39, 5))
+    out = mc.stability([same, same.copy()], [same @ np.ones((5, 8))] * 2, seed=0)
+    assert out["knn"] == 1.0 and out["stable"]
+
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting.compare_models import _verdict
+
+    row = SimpleNamespace(candidate="x", fit_verdict=mc.EQUIVALENT, stable=False, reliable=True, knn=np.nan)
+    assert _verdict(row, "r") == "stability undetermined: too few held-out cells for the k-NN overlap"
+
+
+def test_too_few_held_out_cells_are_refused_before_fitting(tmp_path):
+    # select on 30 cells held out 3 and compared the candidates on them (a raw numpy warning was the only sign).
+    adata = cv.data.simulate(n_cells=30, n_genes=20, n_latent=2, seed=3)
+    cv.data.setup_anndata(adata)
+    with pytest.raises(InvalidArgumentError, match=r"keeps 3 of 30 cells; comparing candidates needs at least 8"):
+        diagnostics.compare_models(adata, {"n_latent": [1, 2]}, seeds=[0, 1], out_dir=tmp_path / "c")
+    assert not (tmp_path / "c").exists()
+
+
 def test_subspace_agreement_is_the_worst_pair():
     rng = np.random.default_rng(5)
     basis = rng.normal(size=(40, 3))
@@ -666,7 +708,7 @@ def test_each_candidates_verdict_names_the_first_condition_it_fails():
     from countvae.diagnostics.reporting.compare_models import _verdict
 
     def row(fit_verdict, stable, reliable=True, candidate="x"):
-        return SimpleNamespace(candidate=candidate, fit_verdict=fit_verdict, stable=stable, reliable=reliable)
+        return SimpleNamespace(candidate=candidate, fit_verdict=fit_verdict, stable=stable, reliable=reliable, knn=0.9)
 
     assert _verdict(row(mc.EQUIVALENT, True, candidate="r"), "r") == "recommended"
     assert _verdict(row(mc.UNRELIABLE, True, reliable=False), "r") == "unreliable: not ranked"
