@@ -177,12 +177,13 @@ def marker_summary(latents: Mapping[str, np.ndarray], markers: pd.DataFrame) -> 
         best_dim = table.abs().to_numpy().argmax(axis=1)
         best_corr = table.to_numpy()[np.arange(len(table)), best_dim]
         best = [f"{fit}: z{d} ({c:+.2f})" for fit, d, c in zip(table.index, best_dim, best_corr, strict=True)]
+        measured = r2[np.isfinite(r2)]  # none on as few cells as latent dimensions + 1 (no residual to score)
         rows.append(
             {
                 "marker": marker,
-                "r2_mean": float(np.nanmean(r2)),
-                "r2_min": float(np.nanmin(r2)),
-                "r2_max": float(np.nanmax(r2)),
+                "r2_mean": float(measured.mean()) if measured.size else np.nan,
+                "r2_min": float(measured.min()) if measured.size else np.nan,
+                "r2_max": float(measured.max()) if measured.size else np.nan,
                 "best_dims": "; ".join(best),
                 "best_dim_agrees": bool(len(set(zip(best_dim, np.sign(best_corr), strict=True))) == 1),
                 "max_abs_corr_mean": float(np.mean(np.abs(best_corr))),

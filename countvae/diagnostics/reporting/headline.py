@@ -207,9 +207,17 @@ def marker_lines(markers: pd.DataFrame) -> list[str]:
     if not len(markers):
         return []
     moved = int((~markers["best_dim_agrees"]).sum())
-    spread = float((markers["r2_max"] - markers["r2_min"]).max())
-    return [
+    spreads = (markers["r2_max"] - markers["r2_min"]).astype(float)
+    lead = (
         f"Markers: for {moved} of {len(markers)} markers the best-correlated latent dimension (or its sign) "
-        f"changes between seeds, while the rotation-invariant R^2 on all dimensions varies by at most "
-        f"{spread:.3f} across seeds."
+        "changes between seeds"
+    )
+    if not np.isfinite(spreads).any():
+        return [
+            f"{lead}; the rotation-invariant R^2 on all dimensions cannot be computed on these cells (it needs more "
+            "held-out cells than latent dimensions + 1)."
+        ]
+    return [
+        f"{lead}, while the rotation-invariant R^2 on all dimensions varies by at most {np.nanmax(spreads):.3f} "
+        "across seeds."
     ]

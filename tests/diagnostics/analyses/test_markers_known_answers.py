@@ -1,5 +1,7 @@
 """Hand-computed marker correlations, R^2 and the per-marker summary on tiny designs."""
 
+import warnings
+
 import anndata as ad
 import numpy as np
 import pandas as pd
@@ -47,6 +49,11 @@ def test_summary_known_values_for_a_sign_flipped_seed():
     assert row["same_dim_corr_range"] == pytest.approx(0.5 * (2 * c0 + 2 * c1))
     same = marker_summary({"a": z, "b": z.copy()}, pd.DataFrame({"M": v})).iloc[0]
     assert same["best_dim_agrees"] and same["same_dim_corr_range"] == pytest.approx(0.0)
+    # 3 cells in 2 dimensions leave no residual: R^2 is not measured, without numpy's all-NaN warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        few = marker_summary({"a": z[:3], "b": -z[:3]}, pd.DataFrame({"M": v[:3]})).iloc[0]
+    assert np.isnan(few["r2_min"]) and np.isnan(few["r2_max"]) and np.isnan(few["r2_mean"])
 
 
 def test_boolean_obs_column_becomes_one_indicator_per_value():

@@ -221,6 +221,12 @@ def test_the_numeric_sentences_state_the_tables_extremes():
     )
     assert marker_lines(markers)[0].startswith("Markers: for 2 of 3 markers")
     assert "varies by at most 0.100 across seeds" in marker_lines(markers)[0]
+    # on as few held-out cells as latent dimensions + 1 no R^2 can be computed: it printed "at most nan"
+    unmeasured = markers.assign(r2_max=np.nan, r2_min=np.nan)
+    line = marker_lines(unmeasured)[0]
+    assert "nan" not in line and line.endswith(
+        "cannot be computed on these cells (it needs more held-out cells than latent dimensions + 1)."
+    )
     efficiency = pd.DataFrame(
         {"ica_efficiency": [0.2, 0.3, 1.0], "e_permutation": [0.4, 0.5, 0.6], "e_orthogonal": [0.1, 0.1, 0.3]}
     )
