@@ -206,15 +206,17 @@ QUICKSTART = NotebookChecks(
             (6,),
             line="clusters of Leiden seed 0",
             abs=0.25,
-            why="the smallest and largest ARI among 4 Leiden seeds are tails of Leiden's own randomness: 0.905 to "
-            "0.953 on the AMD EPYC build, 0.742 to 0.935 on an Intel Xeon with AVX-512 (2026-12-03), where one "
-            "Leiden seed split the T cells another way; 1.5 times the largest movement between builds (0.163)",
+            why="the smallest and largest ARI among 4 Leiden seeds are tails of Leiden's own randomness: 0.814 to "
+            "0.906 in the stored run (0.905 to 0.953 before train()'s default changed, and 0.742 to 0.935 then on "
+            "an Intel Xeon with AVX-512, where one Leiden seed split the T cells another way); 1.5 times the largest "
+            "movement between builds (0.163)",
         ),
         Tolerance(
             (6,),
-            abs=0.04,
+            abs=0.2,
             why="twice Leiden's own spread: the ARIs with the cell types of Leiden seeds 1-4 on the same graph span "
-            "0.629 to 0.647 (the cell's second line)",
+            "0.524 to 0.625 (the cell's second line), so another processor's graph may put Leiden seed 0 anywhere "
+            "in that range",
         ),
         Tolerance(
             (9,),
@@ -238,9 +240,9 @@ QUICKSTART = NotebookChecks(
             'adata_train.obs["leiden"]',
             "ari",
             0.75,
-            why="below the 0.905-0.953 between Leiden seeds on one graph (the cell's third line), which a "
-            "processor's perturbation of the fit adds to (0.927 under other CPU kernels; 0.943 on an Intel Xeon "
-            "with AVX-512, whose own Leiden seeds agreed at 0.742 to 0.935)",
+            why="below the 0.814-0.906 between Leiden seeds on one graph (the cell's third line), which a "
+            "processor's perturbation of the fit adds to (before train()'s default changed: 0.927 under other CPU "
+            "kernels, 0.943 on an Intel Xeon with AVX-512, whose own Leiden seeds agreed at 0.742 to 0.935)",
         )
     ],
 )
@@ -252,7 +254,7 @@ DE_ACROSS_SEEDS = NotebookChecks(
             rel=0.15,
             abs=0.02,
             integers=True,
-            why="DE calls per seed span 63-91 over the 5 seeds (about +-18% of their mean); the DE's Monte Carlo "
+            why="DE calls per seed span 62-89 over the 5 seeds (about +-18% of their mean); the DE's Monte Carlo "
             "prediction of its own re-run agreement varies by 0.03 between seeds",
         ),
         Tolerance(
@@ -261,7 +263,7 @@ DE_ACROSS_SEEDS = NotebookChecks(
             integers=True,
             abs=3,
             rel=0.15,
-            why="genes near the FDR boundary move between seeds: 68 of 147 genes are called by one seed only",
+            why="genes near the FDR boundary move between seeds: 62 of 140 genes are called by one seed only",
         ),
         Tolerance(
             (5,),
@@ -290,8 +292,9 @@ DE_ACROSS_SEEDS = NotebookChecks(
             (5,),
             pattern=r"(most of the variation is the model's \(its seed\), not|the model's seed and) "
             r"(Leiden|UMAP) with another seed( both contribute)?",
-            why="for clusters and UMAP the model's share (0.61-0.66) sits by the 2/3 edge between 'both contribute' "
-            "and 'most of the variation is the model's'; the share itself is compared (within 20 points)",
+            why="for clusters and UMAP the model's share (about 50-60% in the stored run, 61-66% in an earlier one) "
+            "can sit by the 2/3 edge between 'both contribute' and 'most of the variation is the model's'; the share "
+            "itself is compared (within 20 points)",
         )
     ],
     agreements=[

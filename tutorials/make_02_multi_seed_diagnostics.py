@@ -136,8 +136,9 @@ not proof, that a longer run would agree as well; the thresholds are conventions
 
 Left: held-out log p(x) per cell for each seed, with ±2 standard errors over cells and the Monte Carlo
 error of the importance sampler; cells differ so much that these bars hide any difference between seeds.
-Right: each seed minus the best seed, cell by cell, with ±2 standard errors of that paired difference,
-which removes the cell-to-cell variation all seeds share.""",
+Right: each seed minus the best seed, cell by cell, with the simultaneous interval of that paired
+difference (Bonferroni over the pairs, as the predictive table's `ci_low` and `ci_high`), which removes the
+cell-to-cell variation all seeds share.""",
     ),
     (
         "code",

@@ -124,9 +124,10 @@ Two different things happen here, and the report separates them:
   the arbitrary rotation, and no amount of training removes it.
 * **Genuinely different solutions.** Outputs that no rotation can change (held-out log p(x), decoded
   expression, distances, the k-NN graph, the gene-space subspace, `W W^T`) would agree exactly if the
-  seeds had found the same solution in different coordinates. Here they agree well but not perfectly:
-  the held-out log p(x) of the seeds differs by a fraction of a nat per cell (out of about -160 nats),
-  which 300 held-out cells can detect, and the k-NN graphs share only part of their neighbours. Briefly
+  seeds had found the same solution in different coordinates. The report above says which of them agree
+  on these cells and which do not: the held-out log p(x) of the seeds differs by a fraction of a nat per
+  cell (out of about -160 nats), which 300 held-out cells can detect, and the k-NN graphs share only part
+  of their neighbours. Briefly
   trained SCVI models with a 128-unit MLP decoder on 1,200 cells reach slightly different optima. The
   remedy for that part is more data or training, not alignment.
 
@@ -152,7 +153,7 @@ rep.markers[["marker", "best_dims", "best_dim_agrees", "r2_min", "r2_max"]].roun
         "md",
         """**What the heatmaps show.** The monocyte markers (CD14, LYZ, the CD14+ monocyte indicator) light up a
 strong dimension in every seed, but a *different* one in each (the `best_dims` column names them); the
-NK markers (NKG7, GNLY) also change sign from seed to seed, and the B-cell markers spread over several
+NK markers (NKG7, GNLY) move to another dimension or change sign from seed to seed, and the B-cell markers spread over several
 dimensions, differently in each seed. So the sentence "z0 is the monocyte axis" describes seed 0's
 arbitrary coordinates and would not survive a re-run. **What does survive**: the R² of each marker
 regressed on *all* latent dimensions (`r2_min` to `r2_max` is a narrow range). The embedding as a whole
@@ -253,9 +254,10 @@ top""",
     ),
     (
         "md",
-        """The columns do not correspond: the correlation matrix is far from a signed permutation, and the top
-genes of `Z_k` in one seed are not those of `Z_k` in another. In this run an NK-like column (GNLY, NKG7,
-GZMB) appears in every seed, under different indices; a clean B-cell column (CD79A, MS4A1) appears in
+        """The columns do not correspond as a rule: the correlation matrix is far from a signed permutation, and
+nothing ties `Z_k` of one seed to `Z_k` of another. In this run an NK-like column (GNLY, NKG7, GZMB)
+appears in every seed, at an index and with a sign the data do not fix (two seeds can share an index by
+chance, and a rotation of either would fit as well); a clean B-cell column (CD79A, MS4A1) appears in
 two seeds, while in the third those genes share a column with NK genes. A statement such as "programme
 Z_3 is the B-cell programme" is about one seed's coordinates.
 

@@ -60,7 +60,9 @@ adata = adata[np.random.default_rng(0).choice(adata.n_obs, 800, replace=False)].
 A gene program names one latent dimension: its loadings are shrunk to 0 outside the program's genes,
 so the dimension can only move those genes. We write down marker sets of the PBMC cell types and one
 of the interferon response. These control cells were not stimulated with interferon, so that program
-may well have little to explain; the comparison should say so rather than name a dimension after it.""",
+may have little to explain; the comparison says for each program whether the data support it (its genes
+co-vary more than random genes, its dimension is used, its loadings are credible) rather than name a
+dimension after it.""",
     ),
     (
         "code",
