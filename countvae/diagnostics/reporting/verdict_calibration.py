@@ -67,7 +67,7 @@ DEFAULT_REPORT_SETTINGS = "defaults"
 NEUTRAL_REPORT_SETTINGS = frozenset({"seed", "blas_threads", "lpd_jobs", "lpd_threads", "ica", "n_markers"})
 #: How far a report's numeric settings may be from a regime's and still count as calibrated by it: the largest
 #: ratio either way. Every other setting must match exactly.
-TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0}
+TOLERANCE = {"n_latent": 2.0, "n_heldout_cells": 2.0, "n_genes": 4.0, "n_seeds": 2.0}
 _LABELS = {
     "n_latent": "latent dimensions",
     "n_heldout_cells": "held-out cells",
