@@ -170,6 +170,9 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
         prefix, which = "after alignment, ", "aligned_"
         verdict = interval_verdict(threshold, row["aligned_low"], row["aligned_high"])
         if verdict == AGREE:
+            # only where the map is fitted on the very cells the row is scored on (not the loadings')
+            if QUANTITY_BY_NAME[row["quantity"]].cells != "heldout":
+                return Judgement(ALIGNED)
             return _aligned_with_enough_cells(n, row.get("n_latent", np.nan), setting)
     if verdict == DIFFER:
         return Judgement(DIFFER)

@@ -320,6 +320,10 @@ def test_agree_after_alignment_needs_ten_held_out_cells_per_latent_dimension():
     )
     differ = few | {"aligned_agreement": 0.5, "aligned_low": 0.4, "aligned_high": 0.6}
     assert judge_invariants(pd.DataFrame([differ])).iloc[0]["verdict"] == "differ"
+    # the loadings are scored on the decoder, not on the cells the map was fitted on (a linear decoder's row has
+    # no cells at all): its aligned verdict stands
+    loadings = few | {"quantity": "per-dimension loadings", "n_cells": 0}
+    assert judge_invariants(pd.DataFrame([loadings])).iloc[0]["verdict"] == "agree after alignment"
 
 
 def test_an_undetermined_gene_bootstrap_names_no_number_of_cells():
