@@ -378,7 +378,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             )
         # the comparison of restrictions makes no multi-seed report, so the report's ICA map class is not checked
         plan = plan_diagnose(adata, settings=settings, report_kwargs={**settings.report_kwargs, "ica": False})
-        return run_restrictions(args, plan)
+        return run_restrictions(args, plan, adata)
     given = [option for dest, option in ONLY_WITH_RESTRICTIONS.items() if getattr(args, dest) is not None]
     if given:
         raise InvalidArgumentError(

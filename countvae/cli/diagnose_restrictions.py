@@ -13,11 +13,14 @@ import logging
 import time
 from pathlib import Path
 
+import anndata as ad
+
 from countvae.cli.common import emit
+from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics import DiagnosePlan, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
 from countvae.diagnostics.diagnosis import discard_replaced_report, remove_interrupted_report
-from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions
+from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions, restriction_programs
 from countvae.errors import InvalidArgumentError
 
 __all__ = ["LOADINGS_RESTRICTIONS", "ONLY_WITH_RESTRICTIONS", "add_restriction_arguments", "run_restrictions"]
@@ -30,11 +33,12 @@ LOADINGS_RESTRICTIONS = ("horseshoe", "programs")
 ONLY_WITH_RESTRICTIONS = {
     "margin": "--margin (the multi-seed report's margin is --equivalence-margin, a share of the gain)",
     "unknown_genes": "--unknown-genes",
+    "no_split_half": "--no-split-half",
 }
 
 
 def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--restrictions``, ``--margin`` and ``--unknown-genes``."""
+    """``--restrictions``, ``--margin``, ``--unknown-genes`` and ``--no-split-half``."""
     parser.add_argument(
         "--restrictions",
         default=None,
@@ -58,9 +62,37 @@ def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
         "left out (drop; a gene set from a database lists many genes a filtered file does not have) "
         "(default: error)",
     )
+    parser.add_argument(
+        "--no-split-half",
+        action="store_const",
+        const=True,
+        default=None,
+        help="with --restrictions: do not fit each model again on two halves of the fit cells (then no restriction "
+        "is credited with identifying the axes: the verdicts are at most undetermined)",
+    )
 
 
-def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
+def _refuse_program_genes_not_selected(chosen: list, adata: ad.AnnData, selected: ad.AnnData) -> None:
+    """Refuse program genes that the data have but gene selection left out (the library would call them unknown)."""
+    programs = [r for r in chosen if r.name == "programs" and r.gene_programs_file is not None]
+    if not programs:
+        return
+    before = set(get_var_names(adata, get_registry(adata)))
+    kept = set(get_var_names(selected, get_registry(selected)))
+    dropped = {
+        name: [g for g in genes if g in before and g not in kept]
+        for name, genes in restriction_programs(programs[0], None).items()
+    }
+    listing = "; ".join(f"{name}: {', '.join(genes[:8])}" for name, genes in dropped.items() if genes)
+    if listing:
+        raise InvalidArgumentError(
+            f"Gene programs name genes that are in the data but not among the {selected.n_vars:,} genes the gene "
+            f"selection kept ({listing}); pass --n-top-genes all, or a larger --n-top-genes, so that they are "
+            "fitted (--unknown-genes is for genes the data lack)."
+        )
+
+
+def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_selection: ad.AnnData) -> int:
     """Run the comparison of restrictions on registered data and write ``OUT/report``.
 
     Parameters
@@ -71,12 +103,19 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
         What ``diagnose`` made of the command line: the registered data (``adata``) and the ``settings``: the
         model and training settings, the genes or ``obs`` columns for the marker agreement (``markers``, ``None``
         for the default), the held-out share of the cells and whether to show progress bars.
+    adata_before_selection
+        The registered data with every gene, before the gene selection.
 
     """
     started = time.perf_counter()
     adata, s = plan.adata, plan.settings
     model_kwargs, train_kwargs = s.model_kwargs, s.train_kwargs
     chosen = parse_restrictions(args.restrictions)
+    if args.unknown_genes is not None and not any(r.name == "programs" for r in chosen):
+        raise InvalidArgumentError(
+            "--unknown-genes applies to the genes of --restrictions programs:FILE; leave it out, or add programs."
+        )
+    _refuse_program_genes_not_selected(chosen, adata_before_selection, adata)
     needs_linear = [r.name for r in chosen if r.name in LOADINGS_RESTRICTIONS]
     if needs_linear and model_kwargs["decoder"] != "linear":
         raise InvalidArgumentError(
@@ -107,6 +146,7 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan) -> int:
         markers=s.markers,
         margin=DEFAULT_MARGIN if args.margin is None else args.margin,
         unknown_genes=args.unknown_genes or "error",
+        split_half=not args.no_split_half,
         n_lpd_samples=args.n_lpd_samples,
         n_jobs=args.n_jobs,
         out_dir=str(out / "fits"),

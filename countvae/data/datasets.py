@@ -26,7 +26,7 @@ def _candidate_dirs() -> list[Path]:
         dirs.append(Path(os.environ[DATA_DIR_ENV]))
     # The repository sits beside shared/ (``<root>/main`` and ``<root>/shared/data``);
     # look above the working directory and above the installed package.
-    for start in (Path.cwd(), Path(__file__).resolve()):
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
         for parent in [start, *start.parents]:
             dirs.append(parent / "shared" / "data")
     return list(dict.fromkeys(dirs))  # without repeats, in order
@@ -58,7 +58,7 @@ def find_dataset(name: str, path: str | os.PathLike | None = None) -> Path:
     for c in candidates:
         if c.is_file():
             return c
-    shown = "\n  ".join(str(c) for c in candidates[:6])
+    shown = "\n  ".join(str(c) for c in candidates)  # every place searched, as the docstring says
     raise DataFileNotFoundError(
         f"Dataset {name!r} ({filename}) was not found. Put the file in a folder and set "
         f"{DATA_DIR_ENV}=<folder>, pass path=..., or place it in shared/data beside the repository. "

@@ -33,14 +33,24 @@ def read_gmt(path: str | os.PathLike) -> GenePrograms:
     DataFileNotFoundError
         If the file does not exist.
     InvalidDataError
-        If a line has no genes, a set name is empty or repeated, or the file has no sets.
+        If the path is not a file or not UTF-8 text (a byte-order mark is allowed), a line has no genes, a set name
+        is empty or repeated, or the file has no sets.
 
     """
     p = Path(path)
+    if p.exists() and not p.is_file():
+        raise InvalidDataError(f"Gene set file {p} is not a file (expected a GMT file).")
     if not p.is_file():
         raise DataFileNotFoundError(f"Gene set file {p} does not exist (expected a GMT file).")
+    try:  # utf-8-sig: a byte-order mark (some Windows editors write one) is not part of the first set's name
+        text = p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidDataError(
+            f"{p} is not UTF-8 text (byte {exc.start} cannot be read as UTF-8; GMT files from some tools are Latin-1 "
+            "or cp1252): save it as UTF-8."
+        ) from None
     programs: GenePrograms = {}
-    for number, line in enumerate(p.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         fields = [f.strip() for f in line.split("\t")]

@@ -93,6 +93,9 @@ def test_program_genes_the_data_lack_are_dropped_on_request(data_file, tmp_path,
     [
         (["--margin", "0.25"], "--margin (the multi-seed report's margin is --equivalence-margin"),
         (["--unknown-genes", "drop"], "--unknown-genes sets the comparison of restrictions; add --restrictions"),
+        (["--no-split-half"], "--no-split-half sets the comparison of restrictions; add --restrictions"),
+        # with restrictions but no programs, --unknown-genes was accepted and ignored
+        (["--restrictions", "laplace", "--unknown-genes", "drop"], "--unknown-genes applies to the genes of"),
     ],
 )
 def test_options_of_the_comparison_are_refused_without_restrictions(data_file, tmp_path, capsys, extra, message):
@@ -112,3 +115,35 @@ def test_a_given_n_latent_that_is_not_the_number_of_programs_is_refused(data_fil
     err = capsys.readouterr().err
     assert "there are 3 gene programs" in err and "--n-latent 2" in err
     assert not (tmp_path / "o" / "fits").exists()
+
+
+def test_program_genes_left_out_by_gene_selection_are_named_as_such(data_file, tmp_path, capsys):
+    # They were called "not in the data", with --unknown-genes drop as the remedy, which would drop them from the fit.
+    genes = [f"gene{g}" for g in range(30)]
+    gmt = tmp_path / "two.gmt"
+    gmt.write_text(f"p0\tna\t{chr(9).join(genes[:15])}\np1\tna\t{chr(9).join(genes[15:])}\n")
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", f"programs:{gmt}"]
+    assert main([*argv, "--n-top-genes", "20", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "in the data but not among the 20 genes the gene selection kept" in err and "--n-top-genes all" in err
+    assert not (tmp_path / "o" / "fits").exists()
+
+
+def test_no_split_half_is_the_remedy_the_split_half_refusal_names(data_file, tmp_path, capsys, monkeypatch):
+    # The refusal named split_half=False, which the command line did not have.
+    from countvae.errors import InvalidDataError
+
+    seen = {}
+
+    def refuse(*args, **kwargs):
+        seen.update(kwargs)
+        raise InvalidDataError(
+            "1 genes have no counts in half 1 ... compare without the split halves: split_half=False (--no-split-half)."
+        )
+
+    monkeypatch.setattr(diagnose_restrictions, "compare_restrictions", refuse)
+    argv = ["diagnose", str(data_file), *FAST, "--restrictions", "laplace", "--out", str(tmp_path / "o")]
+    assert main(argv) == 1
+    assert "split_half=False (--no-split-half)" in capsys.readouterr().err and seen["split_half"] is True
+    assert main([*argv, "--no-split-half"]) == 1
+    assert seen["split_half"] is False

@@ -339,3 +339,23 @@ def test_batch_codes_refuse_missing_values_and_follow_the_registry_order():
     query = _adata(_counts(), batch=["x"] * 19 + [np.nan])
     with pytest.raises(InvalidDataError, match="missing values"):
         cv.data.registry.batch_codes(query, registry)
+
+
+def test_a_missing_dataset_lists_every_folder_searched_including_the_one_beside_the_repository(tmp_path, monkeypatch):
+    # The message kept 6 of 8 folders, leaving out shared/data beside the repository (which it recommends), and
+    # listed a folder under datasets.py itself.
+    from pathlib import Path
+
+    import countvae
+    from countvae.data.datasets import DATA_DIR_ENV, find_dataset
+    from countvae.errors import DataFileNotFoundError
+
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "empty"))
+    monkeypatch.chdir(tmp_path)
+    beside = Path(countvae.__file__).resolve().parents[2] / "shared" / "data" / "no_such.h5ad"
+    monkeypatch.setitem(countvae.data.datasets.DATASETS, "missing", "no_such.h5ad")
+    with pytest.raises(DataFileNotFoundError) as raised:
+        find_dataset("missing")
+    listed = str(raised.value).split("Looked in:")[1].split()
+    assert str(beside) in listed and str(tmp_path / "empty" / "no_such.h5ad") == listed[0]
+    assert not any(".py/" in place for place in listed)

@@ -271,6 +271,15 @@ def test_gene_program_errors_name_what_is_wrong(sparse_data, tmp_path):
     bad.write_text("empty\tno genes here\n")
     with pytest.raises(InvalidDataError, match="line 1: gene set 'empty' lists no genes"):
         cv.data.read_gmt(bad)
+    # Latin-1 text (some tools write it) and a folder were a raw UnicodeDecodeError and "does not exist"
+    bad.write_bytes(b"A\tdesc\tgene0\tg\xe8ne1\n")
+    with pytest.raises(InvalidDataError, match=r"is not UTF-8 text \(byte 14.*save it as UTF-8"):
+        cv.data.read_gmt(bad)
+    with pytest.raises(InvalidDataError, match="is not a file"):
+        cv.data.read_gmt(tmp_path)
+    # a byte-order mark is not part of the first program's name
+    bad.write_bytes("\ufeffA\tdesc\tgene1\tgene2\n".encode())
+    assert list(cv.data.read_gmt(bad)) == ["A"]
 
 
 def test_point_estimated_loadings_have_no_posterior(trained_linear):

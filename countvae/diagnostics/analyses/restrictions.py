@@ -397,7 +397,8 @@ def program_coherence(residuals: np.ndarray, columns: Sequence[int], n_sets: int
     95% of random sets (evidence for a shared program from the data alone, with no model); at or below 1: no more
     than chance genes. Random sets, rather than each gene permuted on its own, are the reference because
     normalization makes all genes co-vary a little (through the library composition), and a program must stand out
-    from that. NaN when fewer than 2 of the set's genes vary.
+    from that. NaN when fewer than 2 of the set's genes vary, or when no random set of its size can be drawn from the
+    other varying genes.
     """
     x = np.asarray(residuals, dtype=np.float64)
     varying = x.std(0) > 0
@@ -479,7 +480,12 @@ def program_support(
         few = int((frame["credible_genes"] < min_credible_genes).sum())
         # the table shows medians over fits, while the rule asks most fits: the reason counts the fits that fail
         active, credible = unused < len(frame) / 2, few < len(frame) / 2
-        if not coherent:
+        if not np.isfinite(coherence):
+            reason = (
+                "its coherence cannot be measured (fewer than 2 of its genes vary on these cells, or it holds every "
+                "varying gene and leaves none to draw random sets from)"
+            )
+        elif not coherent:
             reason = "its genes co-vary no more than random genes do (no shared program in the data)"
         elif not active:
             reason = (

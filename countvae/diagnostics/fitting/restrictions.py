@@ -99,6 +99,8 @@ def parse_restrictions(restrictions: str | Iterable[str | Restriction]) -> list[
     out: list[Restriction] = []
     for item in items:
         if isinstance(item, Restriction):
+            if item.name not in RESTRICTION_NAMES:
+                raise InvalidArgumentError(f"Unknown restriction {item.name!r}; use {SYNTAX}.")
             out.append(item)
             continue
         if not isinstance(item, str):
@@ -166,8 +168,8 @@ def check_split_half_genes(adata: ad.AnnData, heldout_fraction: float, split_see
             raise InvalidDataError(
                 f"{n_empty} genes have no counts in half {number} of the {len(fit_idx)} fit cells, on which the "
                 f"comparison of restrictions fits each model again (e.g. {names}). Remove rarely detected genes first "
-                "(e.g. scanpy.pp.filter_genes(adata, min_cells=10)), or compare without the split halves "
-                "(split_half=False)."
+                "(e.g. scanpy.pp.filter_genes(adata, min_cells=10)), or compare without the split halves: "
+                "split_half=False (--no-split-half)."
             )
 
 

@@ -26,7 +26,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_bool, check_int, check_number
+from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._provenance import package_versions
 from countvae._settings import documents_settings, setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
@@ -34,6 +34,7 @@ from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.heldout_data import data_checksum
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN, IDENTIFIED_AGREEMENT
+from countvae.diagnostics.fitting.fit_seeds import check_seeds
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.restrictions import (
     MODEL_SETTINGS,
@@ -61,6 +62,24 @@ _FIT_OPTIONS = ("split_half", "heldout_fraction", "split_seed", "n_jobs", "out_d
 
 
 # ----- the comparison ------------------------------------------------------------------------------------
+def _checked_before_fitting(
+    adata: ad.AnnData, opts: RestrictionComparisonSettings, kwargs_by_model: dict[str, dict[str, Any]], var_names: Any
+) -> list[str] | None:
+    """Refuse before any fit what would stop the comparison after the fits; the markers asked for, as a list.
+
+    Each model's settings (a restricted model's were first checked when its fits began, after the unrestricted
+    model's), the markers and the analyses' seed.
+    """
+    for kwargs in kwargs_by_model.values():
+        ModelSettings(**kwargs)
+    check_int("seed", opts.seed, 0)
+    if opts.markers is None:
+        return None
+    markers = [opts.markers] if isinstance(opts.markers, str) else [str(m) for m in opts.markers]
+    marker_matrix(adata, markers, var_names)
+    return markers
+
+
 def _resolve_programs(
     restrictions: list[Restriction], gene_programs: Any, var_names: pd.Index, unknown_genes: str
 ) -> GenePrograms | None:
@@ -166,7 +185,10 @@ def compare_restrictions(
 
     """
     started, opts = time.perf_counter(), settings
-    seeds = list(seeds) if isinstance(seeds, Iterable) and not isinstance(seeds, str) else seeds
+    if not isinstance(adata, ad.AnnData):
+        raise InvalidArgumentError(f"compare_restrictions expects an AnnData, got {type(adata).__name__}.")
+    seeds = check_seeds(seeds)
+    check_choice("unknown_genes", opts.unknown_genes, ("error", "drop"))
     chosen = parse_restrictions(restrictions)
     registry = get_registry(adata)
     var_names = pd.Index(adata.raw.var_names if registry is not None and registry.use_raw else adata.var_names)
@@ -176,6 +198,7 @@ def compare_restrictions(
     check_bool("split_half", opts.split_half)  # "no" would run the split-half fits asked away
     check_bool("check_symmetry", opts.check_symmetry)
     base_kwargs, kwargs_by_model = _model_settings(chosen, programs, opts.model_kwargs)
+    marker_names = _checked_before_fitting(adata, opts, kwargs_by_model, var_names)
     train_kwargs = {"progress_bar": False, **(opts.train_kwargs or {})}
     logger.info("Fitting %d models from %d seeds.", len(kwargs_by_model), len(seeds))
     fitted = fit_restrictions(
@@ -184,7 +207,7 @@ def compare_restrictions(
     timings = {"fitting": time.perf_counter() - started}
     mark = time.perf_counter()
     heldout = fitted.adata_heldout
-    marker_names = opts.markers if opts.markers is not None else default_markers_with_labels(heldout, var_names, 8)
+    marker_names = marker_names if marker_names is not None else default_markers_with_labels(heldout, var_names, 8)
     request = RestrictionRequest(fitted, chosen, margin, opts.n_lpd_samples, opts.seed, opts.check_symmetry)
     markers = marker_matrix(heldout, marker_names, var_names).to_numpy(dtype=np.float64)
     arrays = collect_restrictions(request, markers, var_names)

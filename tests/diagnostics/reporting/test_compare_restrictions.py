@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import scipy.sparse as sp
 
 import countvae as cv
 from countvae.diagnostics import RestrictionComparisonSettings, compare_restrictions
@@ -36,7 +37,12 @@ from countvae.diagnostics.analyses.restrictions import (
 )
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import heldout_split
-from countvae.diagnostics.fitting.restrictions import parse_restrictions, restriction_programs, split_half_cells
+from countvae.diagnostics.fitting.restrictions import (
+    Restriction,
+    parse_restrictions,
+    restriction_programs,
+    split_half_cells,
+)
 from countvae.errors import InvalidArgumentError, InvalidDataError
 
 
@@ -260,6 +266,19 @@ def test_program_support_tells_a_used_program_from_an_absent_one():
     assert table.loc["present", "supported"]
 
 
+def test_program_support_says_when_coherence_cannot_be_measured():
+    # A program of every gene has no random sets to compare with: its NaN coherence read "its genes co-vary no
+    # more than random genes do", a finding that was never measured.
+    rng = np.random.default_rng(0)
+    genes = [f"g{i}" for i in range(10)]
+    expression = rng.normal(size=(200, 10))
+    latents = {"seed 0": rng.normal(size=(200, 1)), "seed 1": rng.normal(size=(200, 1))}
+    loadings = dict.fromkeys(latents, _program_loadings(genes, {"ALL": genes}, {"ALL": True}))
+    row = program_support(latents, loadings, expression, {"ALL": genes}, genes).iloc[0]
+    assert np.isnan(row["coherence"]) and not row["supported"]
+    assert row["reason"].startswith("its coherence cannot be measured")
+
+
 def test_program_support_reason_counts_the_fits_that_fail_the_rule_the_median_hides():
     # Two fits with variances 0.089 and 0.0009: the table's median activity is 0.045, and the reason said
     # "variance of its posterior means below 0.01" beside it; the rule asks most fits, and one of two is not most.
@@ -451,6 +470,31 @@ def test_comparison_refuses_bad_requests_before_fitting():
     for kwargs in ({"prior": "laplace"}, {"loadings_prior": "horseshoe"}):
         with pytest.raises(InvalidArgumentError, match=rf"model_kwargs sets \['{next(iter(kwargs))}'\].*restrictions="):
             compare_restrictions(adata, "laplace", model_kwargs=kwargs)
+    # refused before any fit (they raised a raw TypeError/AttributeError/KeyError, or only after every fit)
+    fitted = []
+    import countvae.diagnostics.reporting.compare_restrictions as module
+
+    def no_fits(*args, **kwargs):
+        fitted.append(args)
+        raise AssertionError("fitted before refusing")
+
+    original, module.fit_restrictions = module.fit_restrictions, no_fits
+    try:
+        for kwargs, message in (
+            ({"seeds": 3}, "seeds must be a sequence of integers"),
+            ({"model_kwargs": {"decoder": "mlp"}, "restrictions": "horseshoe"}, "use decoder='linear'"),
+            ({"markers": ["CD3E"]}, "CD3E"),
+            ({"seed": -1}, "seed must be an integer >= 0"),
+            ({"restrictions": [Restriction("lapalce")]}, "Unknown restriction 'lapalce'"),
+            ({"unknown_genes": "bogus"}, "unknown_genes"),
+        ):
+            with pytest.raises(InvalidArgumentError, match=message):
+                compare_restrictions(adata, **{"restrictions": "laplace", **kwargs})
+        with pytest.raises(InvalidArgumentError, match="expects an AnnData, got csr_matrix"):
+            compare_restrictions(sp.csr_matrix(adata.X), "laplace")
+    finally:
+        module.fit_restrictions = original
+    assert fitted == []
     # the reference's own values restrict nothing and are accepted
     from countvae.diagnostics.reporting.compare_restrictions import _model_settings
 
