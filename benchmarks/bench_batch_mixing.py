@@ -96,11 +96,12 @@ def embedding_row(name, label, z_fit, z_held, b_fit, b_held, s) -> dict:
     row["error, all fit cells"] = value - truth
     rng = np.random.default_rng(0)
     n_fit, n_held = len(z_fit), len(z_held)
-    graph = KnnGraph.of(n_held, n_held, SUBSET_FIT_CELLS, K, n_fit + n_held)
-    weights = np.concatenate([np.ones(n_held), np.full(SUBSET_FIT_CELLS, n_fit / SUBSET_FIT_CELLS)])
+    subset = min(SUBSET_FIT_CELLS, n_fit)  # small files have fewer fit cells than the subset
+    graph = KnnGraph.of(n_held, n_held, subset, K, n_fit + n_held)
+    weights = np.concatenate([np.ones(n_held), np.full(subset, n_fit / subset)])
     draws = []
     for _ in range(DRAWS):
-        keep = np.sort(rng.choice(n_fit, SUBSET_FIT_CELLS, replace=False))
+        keep = np.sort(rng.choice(n_fit, subset, replace=False))
         cells, pool = np.vstack([z_held, z_fit[keep]]), np.concatenate([b_held, b_fit[keep]])
         draws.append(both_intervals(cells, pool, weights, graph.k, s))
     value, low, high = draws[0][0]

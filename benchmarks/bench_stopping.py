@@ -129,11 +129,12 @@ def trajectory_worker(spec: dict) -> dict:
     original = training.evaluate_loss
     clock = {"last": 0.0}
 
-    def evaluate_and_record(module, source, indices, batch_size, seed):
+    def evaluate_and_record(module, source, indices, batch_size, seed, *rest):
+        # *rest: what train_module passes beyond these (the number of training cells), passed on unchanged
         t_train_end = time.perf_counter()
-        value = original(module, source, indices, batch_size, seed)
+        value = original(module, source, indices, batch_size, seed, *rest)
         t_validated = time.perf_counter()
-        heldout_loss = original(module, held_source, held_idx, 512, 12345)
+        heldout_loss = original(module, held_source, held_idx, 512, 12345, *rest)
         t_done = time.perf_counter()
         rows.append(
             {

@@ -49,7 +49,7 @@ from countvae.diagnostics.analyses.invariants import (  # noqa: E402
 )
 from countvae.diagnostics.analyses.maps import fit_map  # noqa: E402
 from countvae.diagnostics.analyses.subspace import knn_jaccard_per_cell, knn_sets  # noqa: E402
-from countvae.diagnostics.reporting.sections.training_cells import LATENT_ROWS, training_cell_rows  # noqa: E402
+from countvae.diagnostics.reporting.sections.training_cells import training_cell_rows  # noqa: E402
 from countvae.diagnostics.reporting.settings import ReportSettings  # noqa: E402
 from countvae.diagnostics.reporting.verdicts import judge_invariants  # noqa: E402
 
@@ -155,7 +155,7 @@ def schedule_rows(name: str, schedule: str, c: SimpleNamespace, training: list[p
     )
     heldout = judge_invariants(numbers).set_index("quantity")
     rows = []
-    for quantity in LATENT_ROWS:
+    for quantity in training[0].index:  # the rows the section measures on training cells, in its order
         values = [value_of(t, quantity) for t in training]
         held_value = value_of(heldout, quantity)
         verdicts = pd.Series([t.loc[quantity, "verdict"] for t in training]).value_counts()

@@ -76,7 +76,9 @@ Writes the section ``calibration`` of RESULTS.md (``--results``) and, from the
 same confusion tables, the calibration record the report bundles and shows in
 its section "How often these verdicts are right"
 (``countvae/diagnostics/reporting/verdict_calibration.json``, ``--calibration-file``;
-both written atomically).
+both written atomically). A ``--quick`` run or a subset of ``--scenarios`` writes
+the section ``calibration-quick`` or ``calibration-partial`` instead, and a record
+only to a ``--calibration-file`` named: the calibration of record stays as it is.
 """
 
 from __future__ import annotations
@@ -690,8 +692,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--calibration-file",
-        default=str(CALIBRATION_FILE),
-        help="JSON the report's section 'How often these verdicts are right' reads (default: the bundled one)",
+        default=None,
+        help="JSON the report's section 'How often these verdicts are right' reads (default: the bundled one, "
+        "written only by a full run: every scenario, not --quick)",
     )
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else Config()
@@ -845,12 +848,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.notes:
         lines += ["", Path(args.notes).read_text(encoding="utf-8").strip()]
     body = "\n".join(lines)
-    record = calibration_record(tables, command_line(), started_at, finished, cfg, oracle_tables)
-    previous = Path(args.calibration_file)
-    if previous.is_file():  # the per-regime tables are written by calibration_regimes.py: keep them
-        record |= {k: v for k, v in json.loads(previous.read_text(encoding="utf-8")).items() if k == "regimes"}
-    write_text_atomic(args.calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
-    write_section(Path(args.results), "calibration", body)
+    # A smoke run or a subset of scenarios would replace the calibration of record, which every report shows:
+    # it writes its own section, and a record only where one is named.
+    full = not args.quick and set(scenarios) == set(TRUTH)
+    calibration_file = args.calibration_file or (str(CALIBRATION_FILE) if full else None)
+    if calibration_file is not None:
+        record = calibration_record(tables, command_line(), started_at, finished, cfg, oracle_tables)
+        previous = Path(calibration_file)
+        if previous.is_file():  # the per-regime tables are written by calibration_regimes.py: keep them
+            record |= {k: v for k, v in json.loads(previous.read_text(encoding="utf-8")).items() if k == "regimes"}
+        write_text_atomic(calibration_file, json.dumps(record, indent=1) + "\n", overwrite=True)
+    else:
+        print(
+            f"Not a full run: the bundled record {CALIBRATION_FILE} is left as it is (--calibration-file to write one)."
+        )
+    write_section(
+        Path(args.results),
+        "calibration" if full else "calibration-quick" if args.quick else "calibration-partial",
+        body,
+    )
     print(body)
     return 0
 

@@ -496,6 +496,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--notes", type=Path, help="hand-written notes appended to the section")
     parser.add_argument("--section", default="calibration-regimes", help="the RESULTS.md section to write")
     parser.add_argument("--title-suffix", default="", help="added to the section's title")
+    parser.add_argument(
+        "--calibration-file",
+        type=Path,
+        default=None,
+        help="with --summarize: the record whose regimes it writes (default: the bundled one, which reports read)",
+    )
     args = parser.parse_args(argv)
     if args.summarize:
         from calibration_regimes_summary import summarize
@@ -504,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
             args.summarize,
             args.results,
             command_line(),
+            **({"calibration_file": args.calibration_file} if args.calibration_file else {}),
             notes=args.notes,
             section=args.section,
             title_suffix=args.title_suffix,

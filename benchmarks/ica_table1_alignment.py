@@ -109,7 +109,14 @@ def model_arguments(spec: ModelSpec, n_latent: int, epochs: int, lr: float, batc
     """(model class, model_kwargs, train_kwargs) for fit_seeds; the same architecture and optimiser for all."""
     if spec.family == "countvae":
         model_kwargs = {"n_latent": n_latent, "likelihood": "nb", "decoder": spec.decoder, "n_hidden": 128}
-        train_kwargs = {"max_epochs": epochs, "batch_size": batch_size, "lr": lr, "progress_bar": False}
+        # SCVI's schedule: every epoch at one learning rate (train() would otherwise stop early and cut the rate)
+        train_kwargs = {
+            "max_epochs": epochs,
+            "batch_size": batch_size,
+            "lr": lr,
+            "early_stopping": False,
+            "progress_bar": False,
+        }
         return cv.CountVAE, model_kwargs, train_kwargs
     import scvi
 

@@ -518,7 +518,7 @@ def train_module(
             rows.append((epoch_offset + epoch + 1, loss_train, loss_val, kl_weight, lr))
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)
             if plan.early_stopping and validate and kl_weight >= 1.0 and stopping.update(epoch + 1, loss_val):
-                stopped_early = True
+                stopped_early = epoch + 1 < n_epochs  # the rule firing on the last epoch ended nothing early
                 _log_early_stop(stopping.rule, plan, epoch_offset, epoch + 1)
                 break
     bar.close()

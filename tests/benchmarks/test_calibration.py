@@ -170,3 +170,34 @@ def test_summarize_writes_the_bundled_record_from_the_same_tables_as_the_section
     section = results.read_text()
     assert "| decoded means | agree | 1 | 0 | 1 | 0 | 2 | 1 | 0 | 1 |" in section
     assert f"Command: `{record['command']}`" in section
+
+
+def test_a_smoke_run_or_some_scenarios_leave_the_bundled_record_and_its_section_alone(tmp_path, monkeypatch):
+    # The documented smoke command (--quick) and --scenarios wrote the bundled record every report shows, replacing
+    # the 20-replicate scenarios with the run's own (1 replicate, "100% wrong"), and the section of record.
+    bundled = tmp_path / "bundled.json"
+    bundled.write_text('{"kept": true}\n')
+    monkeypatch.setattr(calibration, "CALIBRATION_FILE", bundled)
+    runs = pd.DataFrame(
+        {
+            "scenario": ["seeds"],
+            "replicate": [0],
+            "row": ["decoded means"],
+            "verdict": ["differ"],
+            "reason": [""],
+            "agreement": [0.7],
+            "low": [0.6],
+            "seconds": [1.0],
+            "fit_seconds_per_seed": [1.0],
+        }
+    )
+    csv, results = tmp_path / "runs.csv", tmp_path / "RESULTS.md"
+    runs.to_csv(csv, index=False)
+    for extra, section in ((["--quick"], "calibration-quick"), (["--scenarios", "seeds"], "calibration-partial")):
+        assert calibration.main(["--summarize", str(csv), "--results", str(results), *extra]) == 0
+        assert bundled.read_text() == '{"kept": true}\n'
+        assert f"<!-- section: {section} -->" in results.read_text()
+    assert "<!-- section: calibration -->" not in results.read_text()
+    # a full run writes the record it names, or the bundled one
+    assert calibration.main(["--summarize", str(csv), "--results", str(results)]) == 0
+    assert json.loads(bundled.read_text())["scenarios"]["seeds"]["rows"]["decoded means"]["wrong"] == 1

@@ -275,3 +275,21 @@ def test_a_continued_call_trains_at_its_own_learning_rate(small_adata):
     assert m.history["lr"].iloc[-1] == DEFAULT_STOPPING.lr == m._optimizer.param_groups[0]["lr"]
     m.train(max_epochs=1, early_stopping=False, progress_bar=False)  # scvi-tools' 1e-3 without early stopping
     assert m.history["lr"].iloc[-1] == 1e-3 == m._optimizer.param_groups[0]["lr"]
+
+
+def test_the_rule_firing_on_the_last_epoch_is_not_stopping_early(small_adata, monkeypatch):
+    # stopped_early ("early stopping ended training before max_epochs") read True with every epoch trained.
+    from countvae.model import training
+
+    original = training.EarlyStopping.update
+
+    def fires_at_four(self, epoch, loss):
+        original(self, epoch, loss)
+        return epoch == 4
+
+    monkeypatch.setattr(training.EarlyStopping, "update", fires_at_four)
+    kwargs = dict(early_stopping=True, check_val_every_n_epoch=1, progress_bar=False)
+    last = cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=4, **kwargs).training_summary
+    assert last["epochs_trained"] == 4 and last["stopped_early"] is False
+    before = cv.CountVAE(small_adata, n_latent=2, n_hidden=8).train(max_epochs=6, **kwargs).training_summary
+    assert before["epochs_trained"] == 4 and before["stopped_early"] is True
