@@ -424,3 +424,14 @@ def test_no_public_docstring_shows_an_unexpanded_settings_placeholder():
     # ``{settings}`` is replaced by the fields' entries (countvae._settings.documents_settings / takes_settings)
     shown = [q for q, obj in _public_callables() if "{settings}" in (obj.__doc__ or "")]
     assert not shown, f"docstrings that show the literal {{settings}} line: {shown}"
+
+
+def test_exported_constants_are_shown_with_their_values_once(site):
+    # DIAGNOSE_STOPPING (which the docs name as where the stopping rule is defined), DATASETS and ALL_GENES were in
+    # __all__ but on no page of the site.
+    page = (site / "api" / "countvae.diagnostics.html").read_text(encoding="utf-8")
+    assert 'id="countvae.diagnostics.DIAGNOSE_STOPPING"' in page and "patience" in page
+    assert 'id="countvae.diagnostics.DIAGNOSE_N_LATENT"' in page
+    data = (site / "api" / "countvae.data.html").read_text(encoding="utf-8")
+    assert 'id="countvae.data.DATASETS"' in data and 'id="countvae.data.ALL_GENES"' in data
+    assert "kang2018_pbmc_ctrl_5donors.h5ad" in data

@@ -1,7 +1,8 @@
 """Write one API reference page per public namespace of countvae, from what the namespace exports.
 
 The pages list the namespace's ``__all__`` (or, without one, the public functions and classes it
-defines) in autosummary tables; autosummary then writes a page per object. Moving code between
+defines) in autosummary tables; autosummary then writes a page per object. The constants it exports are
+shown on the namespace's page with their values. Moving code between
 private modules therefore changes nothing here: only a new or renamed public namespace needs an
 entry in :data:`NAMESPACES`. An object that several namespaces export (``CountVAE`` is in both
 ``countvae`` and ``countvae.model``) is documented once, under the first of them in
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -49,6 +51,16 @@ def public_names(module: ModuleType) -> list[str]:
     return sorted(n for n in names if inspect.isclass(getattr(module, n)) or inspect.isroutine(getattr(module, n)))
 
 
+def public_constants(module: ModuleType) -> list[str]:
+    """The values a namespace exports in ``__all__`` that are neither classes, functions nor modules."""
+    return sorted(
+        n
+        for n in getattr(module, "__all__", [])
+        if not n.startswith("_")
+        and not (inspect.isclass(obj := getattr(module, n)) or inspect.isroutine(obj) or inspect.ismodule(obj))
+    )
+
+
 def home_namespaces(namespaces: list[str]) -> dict[str, dict[str, str]]:
     """Per namespace, each public name and the namespace whose page documents it: the first one exporting it."""
     home: dict[int, str] = {}
@@ -76,16 +88,44 @@ def namespace_page(namespace: str, homes: dict[str, str]) -> str:
             continue
         lines += [title, "-" * len(title), "", ".. autosummary::", "   :toctree: generated", "   :nosignatures:", ""]
         lines += [f"   {n}" for n in members] + [""]
+    # constants by name (equal values are not one object: 10 is cached), on the first namespace exporting them
+    constants = [n for n in public_constants(module) if _constant_home(n) == namespace]
+    if constants:
+        lines += ["Constants", "-" * 9, ""]
+        for n in constants:
+            # py:data with the value and the "#:" comment of its definition (autodata would show a dict's own
+            # docstring, as a re-exported value carries no comment of its own)
+            lines += [f".. py:data:: {n}", f"   :value: {getattr(module, n)!r}", ""]
+            lines += [f"   {_definition_comment(n, getattr(module, n))}", ""]
     elsewhere = [f":obj:`~{home}.{n}`" for n, home in homes.items() if home != namespace]
     if elsewhere:
         lines += ["Also importable from here", "-" * 25, "", ", ".join(elsewhere) + ".", ""]
     return "\n".join(lines)
 
 
+def _definition_comment(name: str, value: object) -> str:
+    """The ``#:`` comment above the package's definition of ``name`` (the module whose global it is)."""
+    from sphinx.pycode import ModuleAnalyzer, PycodeError
+
+    for module_name, module in sorted(sys.modules.items()):
+        if module_name.startswith("countvae") and vars(module).get(name) is value:
+            try:
+                comment = ModuleAnalyzer.for_module(module_name).find_attr_docs().get(("", name))
+            except PycodeError:
+                continue
+            if comment:
+                return " ".join(line.strip() for line in comment if line.strip())
+    return "A constant of the public API."
+
+
+def _constant_home(name: str) -> str:
+    return next(ns for ns in NAMESPACES if name in public_constants(importlib.import_module(ns)))
+
+
 def index_page(namespaces: list[str]) -> str:
     """The reStructuredText of the reference's front page: one entry per namespace, in the given order."""
     lines = ["API reference", "=============", ""]
-    lines += ["Every public function and class, by the namespace it is imported from.", ""]
+    lines += ["Every public function, class and constant, by the namespace it is imported from.", ""]
     lines += [".. toctree::", "   :maxdepth: 1", ""] + [f"   {namespace}" for namespace in namespaces]
     return "\n".join(lines) + "\n"
 
