@@ -411,6 +411,34 @@ def program_coherence(residuals: np.ndarray, columns: Sequence[int], n_sets: int
     return _top_eigenvalue(x[:, cols]) / float(np.quantile(null, 0.95))
 
 
+def _program_verdict(coherence: float, per_fit: pd.DataFrame, min_credible_genes: int) -> tuple[bool, str]:
+    """Whether a program is supported, and the first condition it fails.
+
+    The reason counts the fits that fail: the table shows medians over fits, while the rule asks most fits.
+    """
+    unused = int((per_fit["activity"] < ACTIVE_VARIANCE).sum())
+    few = int((per_fit["credible_genes"] < min_credible_genes).sum())
+    n = len(per_fit)
+    if not np.isfinite(coherence):
+        return False, (
+            "its coherence cannot be measured (fewer than 2 of its genes vary on these cells, or it holds every "
+            "varying gene and leaves none to draw random sets from)"
+        )
+    if coherence <= 1.0:
+        return False, "its genes co-vary no more than random genes do (no shared program in the data)"
+    if unused >= n / 2:
+        return False, (
+            f"dimension unused in {unused} of {n} fits (variance of its posterior means below {ACTIVE_VARIANCE}; most "
+            "fits must use it)"
+        )
+    if few >= n / 2:
+        return False, (
+            f"fewer than {min_credible_genes} program genes with a credibly non-zero loading in {few} of {n} fits "
+            "(most fits must have them)"
+        )
+    return True, "used, on its own genes"
+
+
 def program_support(
     latents: Mapping[str, np.ndarray],
     loadings: Mapping[str, pd.DataFrame],
@@ -475,30 +503,7 @@ def program_support(
             )
         frame = pd.DataFrame(per_fit)
         coherence = program_coherence(residuals, cols, seed=seed)
-        coherent = bool(coherence > 1.0)
-        unused = int((frame["activity"] < ACTIVE_VARIANCE).sum())
-        few = int((frame["credible_genes"] < min_credible_genes).sum())
-        # the table shows medians over fits, while the rule asks most fits: the reason counts the fits that fail
-        active, credible = unused < len(frame) / 2, few < len(frame) / 2
-        if not np.isfinite(coherence):
-            reason = (
-                "its coherence cannot be measured (fewer than 2 of its genes vary on these cells, or it holds every "
-                "varying gene and leaves none to draw random sets from)"
-            )
-        elif not coherent:
-            reason = "its genes co-vary no more than random genes do (no shared program in the data)"
-        elif not active:
-            reason = (
-                f"dimension unused in {unused} of {len(frame)} fits (variance of its posterior means below "
-                f"{ACTIVE_VARIANCE}; most fits must use it)"
-            )
-        elif not credible:
-            reason = (
-                f"fewer than {min_credible_genes} program genes with a credibly non-zero loading in {few} of "
-                f"{len(frame)} fits (most fits must have them)"
-            )
-        else:
-            reason = "used, on its own genes"
+        supported, reason = _program_verdict(coherence, frame, min_credible_genes)
         rows.append(
             {
                 "program": name,
@@ -508,7 +513,7 @@ def program_support(
                 "in_program_share": float(frame["in_program_share"].median()),
                 "credible_genes": float(frame["credible_genes"].median()),
                 "set_r2": float(frame["set_r2"].median()),
-                "supported": coherent and active and credible,
+                "supported": supported,
                 "reason": reason,
             }
         )
