@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     fit_data = adata[fit_idx].copy()
     # refused as diagnose refuses them, naming the held-out split (the model's own error named only the genes' counts)
     check_fit_genes(fit_data, get_registry(fit_data))
-    check_fit_batches(fit_data, get_registry(fit_data))
+    check_fit_batches(fit_data, get_registry(fit_data), adata)
     show = progress_enabled(args)
     model_kwargs, train_kwargs = model_kwargs_of(args), train_kwargs_of(args)
     model = CountVAE(fit_data, **model_kwargs)

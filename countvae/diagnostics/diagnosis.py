@@ -182,7 +182,7 @@ class DiagnosePlan:
         fit_idx, heldout_idx = heldout_split(self.adata.n_obs, s.heldout_fraction, s.split_seed)
         adata_fit = cells_at(self.adata, fit_idx)
         check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
-        check_fit_batches(adata_fit, get_registry(adata_fit))
+        check_fit_batches(adata_fit, get_registry(adata_fit), self.adata)
         return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx))
 
     def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
@@ -243,7 +243,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     heldout_fraction = resolve_heldout_fraction(s.heldout_fraction, genes.adata.n_obs)
     fit_idx, heldout_idx = heldout_split(genes.adata.n_obs, heldout_fraction, s.split_seed)
     check_fit_genes(genes.adata[fit_idx], get_registry(genes.adata))  # as the fits would, before the warm-up
-    check_fit_batches(genes.adata[fit_idx], get_registry(genes.adata))
+    check_fit_batches(genes.adata[fit_idx], get_registry(genes.adata), genes.adata)
     _check_heldout_cells(len(heldout_idx), genes.adata.n_obs)
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)

@@ -250,6 +250,11 @@ def test_a_batch_only_held_out_cells_have_is_refused_before_fitting(data_file, t
     with pytest.raises(InvalidDataError, match=message):
         fit_seeds(adata, seeds=[0, 1], heldout_fraction=0.25, out_dir=tmp_path / "y")
     assert not (tmp_path / "y").exists()
+    # a batch that no cell of the data has (a subset made after registering) is no concern
+    from countvae.diagnostics.fitting.fit_seeds import check_fit_batches
+
+    subset = adata[adata.obs["batch"] == "main"].copy()
+    check_fit_batches(subset[:100], cv.data.get_registry(subset), subset)
     path = tmp_path / "tiny.h5ad"
     adata.write_h5ad(path)
     argv = ["fit", str(path), "--batch-key", "batch", "--heldout-fraction", "0.25", "--max-epochs", "1", "--quiet"]

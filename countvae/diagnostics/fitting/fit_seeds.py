@@ -206,16 +206,17 @@ def check_fit_genes(adata_fit: ad.AnnData, registry: Registry) -> None:
         )
 
 
-def check_fit_batches(adata_fit: ad.AnnData, registry: Registry) -> None:
-    """Every batch needs a fit cell (a model learns each batch's effect from its fit cells only).
+def check_fit_batches(adata_fit: ad.AnnData, registry: Registry, adata: ad.AnnData) -> None:
+    """Every batch of ``adata``'s cells needs a fit cell (a model learns each batch's effect from its fit cells only).
 
     ``setup_anndata`` on the whole file registers every batch, so a batch whose cells were all held out would be
-    scored with an effect no fit cell trained.
+    scored with an effect no fit cell trained. Registered batches that no cell of ``adata`` has (a subset made after
+    registering) are no concern.
     """
     if registry.batch_key is None:
         return
     present = set(adata_fit.obs[registry.batch_key].astype(str))
-    absent = [c for c in registry.batch_categories if c not in present]
+    absent = sorted(set(adata.obs[registry.batch_key].astype(str)) - present)
     if absent:
         raise InvalidDataError(
             f"Batch categories {absent[:10]} of adata.obs[{registry.batch_key!r}] have no cell left for fitting after "
@@ -364,7 +365,7 @@ def _prepared_run(adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, fa
     stream = adata.isbacked and family == "countvae"
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
     check_fit_genes(adata_fit, registry)
-    check_fit_batches(adata_fit, registry)
+    check_fit_batches(adata_fit, registry, adata)
     model_record = to_json_value(s.model_kwargs, "model_kwargs")
     if family == "countvae":
         _check_countvae_settings(adata_fit, s.model_cls, s.model_kwargs, s.train_kwargs)
