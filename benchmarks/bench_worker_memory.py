@@ -56,7 +56,7 @@ def worker(spec: dict) -> dict:
         fits = fit_seeds(
             adata,
             seeds=[0, 1],
-            train_kwargs={"max_epochs": 1, "progress_bar": False},
+            train_kwargs={"max_epochs": 1, "early_stopping": False, "progress_bar": False},  # as measured
             n_jobs=2,
             out_dir=Path(tmp) / "fits",
             progress_bar=False,
