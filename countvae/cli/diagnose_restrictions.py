@@ -92,6 +92,27 @@ def _refuse_program_genes_not_selected(chosen: list, adata: ad.AnnData, selected
         )
 
 
+def _refuse_programs_arguments(chosen: list, n_latent: int | None) -> None:
+    """Refuse, in the command's terms, ``programs`` without a GMT file and an ``--n-latent`` that is not their number.
+
+    The library's own messages name ``gene_programs=`` and ``n_latent=``, which a command line cannot pass.
+    """
+    programs = [r for r in chosen if r.name == "programs"]
+    if not programs:
+        return
+    if programs[0].gene_programs_file is None:
+        raise InvalidArgumentError(
+            "--restrictions programs needs a GMT file of gene programs: write programs:FILE.gmt (one program per line: "
+            "name, description, then its genes, separated by tabs)."
+        )
+    n_programs = len(restriction_programs(programs[0], None))
+    if n_latent is not None and n_latent != n_programs:
+        raise InvalidArgumentError(
+            f"--n-latent {n_latent} differs from the {n_programs} gene programs of {programs[0].gene_programs_file}: "
+            "every model of the comparison has one latent dimension per program; leave --n-latent out."
+        )
+
+
 def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_selection: ad.AnnData) -> int:
     """Run the comparison of restrictions on registered data and write ``OUT/report``.
 
@@ -115,6 +136,7 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_
         raise InvalidArgumentError(
             "--unknown-genes applies to the genes of --restrictions programs:FILE; leave it out, or add programs."
         )
+    _refuse_programs_arguments(chosen, args.n_latent)
     _refuse_program_genes_not_selected(chosen, adata_before_selection, adata)
     needs_linear = [r.name for r in chosen if r.name in LOADINGS_RESTRICTIONS]
     if needs_linear and model_kwargs["decoder"] != "linear":

@@ -43,7 +43,7 @@ def test_restrictions_write_their_report(data_file, tmp_path, capsys):
     [
         (["--restrictions", "horseshoe"], "add --decoder linear"),
         (["--restrictions", "lasso"], "Unknown restriction 'lasso'"),
-        (["--decoder", "linear", "--restrictions", "programs"], "needs gene programs"),
+        (["--decoder", "linear", "--restrictions", "programs"], "--restrictions programs needs a GMT file"),
         # the multi-seed report's options, once silently ignored (no .h5ad file, no DE)
         (["--restrictions", "laplace", "--write-h5ad", "x.h5ad"], "--write-h5ad sets the multi-seed report"),
         (["--restrictions", "laplace", "--de", "batch"], "--de sets the multi-seed report"),
@@ -57,6 +57,7 @@ def test_bad_restrictions_are_one_line_errors(data_file, tmp_path, capsys, extra
     assert main(["diagnose", str(data_file), *FAST, *extra, "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert message in err and not (tmp_path / "o" / "report").exists()
+    assert "gene_programs=" not in err  # a Python argument the command line cannot pass
 
 
 def test_an_interrupted_overwrite_leaves_no_stale_report_and_resumes(data_file, tmp_path, capsys, monkeypatch):
@@ -113,7 +114,9 @@ def test_a_given_n_latent_that_is_not_the_number_of_programs_is_refused(data_fil
     argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", f"programs:{gmt}"]
     assert main([*argv, "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
-    assert "there are 3 gene programs" in err and "--n-latent 2" in err
+    assert "--n-latent 2 differs from the 3 gene programs" in err and "leave --n-latent out" in err
+    # the command line cannot pass Python arguments: its message names none (it named model_kwargs and n_latent)
+    assert "model_kwargs" not in err.replace(str(gmt), "") and "n_latent" not in err.replace(str(gmt), "")
     assert not (tmp_path / "o" / "fits").exists()
 
 
