@@ -87,6 +87,11 @@ def _resolve_programs(
     if not chosen:
         if gene_programs is not None:
             raise InvalidArgumentError("gene_programs were given, but 'programs' is not among the restrictions.")
+        if unknown_genes != "error":  # it would otherwise be recorded in the settings as if it had done something
+            raise InvalidArgumentError(
+                f"unknown_genes={unknown_genes!r} applies to the genes of the 'programs' restriction, which is not "
+                "among the restrictions; leave unknown_genes out, or add 'programs'."
+            )
         return None
     given = None if gene_programs is None else as_gene_programs(gene_programs)
     return check_gene_programs(restriction_programs(chosen[0], given), var_names, unknown_genes)

@@ -487,6 +487,8 @@ def test_comparison_refuses_bad_requests_before_fitting():
             ({"seed": -1}, "seed must be an integer >= 0"),
             ({"restrictions": [Restriction("lapalce")]}, "Unknown restriction 'lapalce'"),
             ({"unknown_genes": "bogus"}, "unknown_genes"),
+            # dropping program genes when no restriction has programs did nothing, and the settings recorded it
+            ({"unknown_genes": "drop"}, "unknown_genes='drop' applies to the genes of the 'programs' restriction"),
         ):
             with pytest.raises(InvalidArgumentError, match=message):
                 compare_restrictions(adata, **{"restrictions": "laplace", **kwargs})
