@@ -105,6 +105,7 @@ def embedding_row(name, label, z_fit, z_held, b_fit, b_held, s) -> dict:
         cells, pool = np.vstack([z_held, z_fit[keep]]), np.concatenate([b_held, b_fit[keep]])
         draws.append(both_intervals(cells, pool, weights, graph.k, s))
     value, low, high = draws[0][0]
+    row["subset fit cells"] = subset
     row[f"report, {SUBSET_FIT_CELLS:,} fit cells (first draw)"] = f"{value:.3f} [{low:.3f}, {high:.3f}] (k={graph.k})"
     row |= {f"{key} over draws": v for key, v in coverage(draws, truth).items()}
     z_all, b_all = np.vstack([z_fit, z_held]), np.concatenate([b_fit, b_held])
@@ -215,11 +216,12 @@ cells and genes `countvae diagnose` fits, 10% held out by split seed 0). Truth: 
 in the {K}-NN graph on all cells. Held-out rows: the mean over the held-out cells' rows of that graph. Report: the
 batch-mixing section's estimate (`embedding_mixing`, the report's default settings: {s.n_bootstrap} bootstrap
 replicates, {level} intervals) from every held-out cell and every fit cell, or {SUBSET_FIT_CELLS:,} of the fit cells
-(k scaled to keep a neighbourhood's share of the cells, fit cells weighted by the cells they stand for); errors are
-estimate minus truth. Coverage over draws: the share of {DRAWS} random draws of the {SUBSET_FIT_CELLS:,} fit cells
-whose interval covers the truth (nominal {level}), as the report gives it (the bootstrap over cells widened for the
-correlation of neighbouring cells' scores, `neighbour_inflation`) and from the bootstrap alone. Quarter of cells: the
-report's cells are a random {SUBSET_SHARE:.0%} of all cells, held-out and fit alike, {DRAWS} draws (k scaled).
+(every fit cell of a file with fewer: column `subset fit cells` of the per-fit table; k scaled to keep a
+neighbourhood's share of the cells, fit cells weighted by the cells they stand for); errors are estimate minus truth.
+Coverage over draws: the share of {DRAWS} random draws of the {SUBSET_FIT_CELLS:,} fit cells whose interval covers
+the truth (nominal {level}), as the report gives it (the bootstrap over cells widened for the correlation of
+neighbouring cells' scores, `neighbour_inflation`) and from the bootstrap alone. Quarter of cells: the report's cells
+are a random {SUBSET_SHARE:.0%} of all cells, held-out and fit alike, {DRAWS} draws (k scaled).
 
 {markdown_table(_summary(frame), "{:.3f}")}
 
