@@ -20,11 +20,19 @@ import torch
 
 from countvae._checks import check_bool
 from countvae._settings import documents_settings, takes_settings
+from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import split_indices
-from countvae.errors import InvalidArgumentError, InvalidDataError, ModelFileError, NotTrainedError, SetupError
+from countvae.errors import (
+    CountVAEWarning,
+    InvalidArgumentError,
+    InvalidDataError,
+    ModelFileError,
+    NotTrainedError,
+    SetupError,
+)
 from countvae.model import anndata_results, differential, inference
 from countvae.model.loadings import build_loadings_prior, latent_names, loadings_posterior
 from countvae.model.persistence import read_model_folder, write_model_folder
@@ -288,6 +296,7 @@ class CountVAE:
             if len(split[0]) < 2:
                 raise InvalidArgumentError("Training needs at least 2 cells in the training split.")
             n_validation = len(split[1])
+            self._warn_batches_only_in_validation(split[0])
         if self._settings.batch_norm and plan.batch_size < 2:
             raise InvalidArgumentError(
                 "batch_size=1 cannot train batch normalisation, which needs at least 2 cells per minibatch; pass "
@@ -300,6 +309,22 @@ class CountVAE:
                 "train every epoch on every cell, or train a new model with train_size below 1."
             )
         return split
+
+    def _warn_batches_only_in_validation(self, train_positions: np.ndarray) -> None:
+        """Warn of batches whose every cell fell in the validation split: their effect is never trained."""
+        if self.registry.n_batches < 2:
+            return
+        codes = batch_codes(self.adata, resolve_registry(self.adata, self.registry))
+        untrained = sorted(set(range(self.registry.n_batches)) - set(codes[train_positions].tolist()))
+        if untrained:
+            names = [self.registry.batch_categories[i] for i in untrained]
+            warn_at_caller(
+                f"Batch categories {names[:10]} of adata.obs[{self.registry.batch_key!r}] have cells only in the "
+                "validation split (a share 1 - train_size of the cells, drawn by seed): their batch effect is never "
+                "trained, and those cells are scored with its starting value. Merge such small batches into another, "
+                "or train with another seed or a larger train_size.",
+                CountVAEWarning,
+            )
 
     # ----- cells ----------------------------------------------------------------------------
     def require_trained(self) -> None:

@@ -7,7 +7,7 @@ Both are plain, validated dataclasses, so that ``CountVAE.__init__`` and ``Count
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 import anndata as ad
@@ -18,7 +18,7 @@ import torch
 from countvae._checks import check_bool, check_choice, check_int, check_number
 from countvae._settings import documents_settings, setting
 from countvae.data.gene_sets import as_gene_programs, check_gene_programs
-from countvae.data.registry import Registry, get_count_matrix, get_registry, get_var_names
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import checked_count_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
@@ -275,4 +275,21 @@ class DataSummary:
                 "CountVAE.setup_anndata again."
             )
         log_proportions = np.log(gene_totals / float(np.sum(gene_totals)))
+        registry = _batches_of_the_cells(adata, registry)
         return cls(registry, pd.Index(get_var_names(adata, registry)), log_proportions, int(adata.n_obs))
+
+
+def _batches_of_the_cells(adata: ad.AnnData, registry: Registry) -> Registry:
+    """The registration with only the batches ``adata``'s cells have, in the registered order.
+
+    A subset taken after registering keeps every registered batch; a model sized from them would have an effect for
+    batches none of its cells has, never trained, and would score such cells with it instead of refusing them as
+    unseen (a registration made on the subset itself would). Codes are read through the model's categories
+    (:func:`countvae.model.query.resolve_registry`), so its cells' codes follow the narrowed list.
+    """
+    if registry.batch_key is None:
+        return registry
+    present = np.unique(batch_codes(adata, registry))
+    if len(present) == registry.n_batches:
+        return registry
+    return replace(registry, batch_categories=[registry.batch_categories[i] for i in present])
