@@ -73,7 +73,7 @@ def _encode_labels(sources: Any) -> np.ndarray:
             raise InvalidDataError(f"Source column {column!r} has missing values.")
         if pd.api.types.is_float_dtype(values) and not np.all(np.mod(values.to_numpy(), 1.0) == 0.0):
             raise InvalidDataError(
-                f"Source column {column!r} holds non-integer values; InfoMEC needs discrete sources. "
+                f"Source column {column!r} holds non-integer values; this metric needs discrete sources. "
                 "Bin continuous sources first, e.g. countvae.metrics.discretize(sources, n_bins=10)."
             )
         code = pd.factorize(values, sort=True)[0]  # no -1 codes: missing values were refused above
@@ -209,7 +209,13 @@ def explicitness(latents: Any, codes: np.ndarray, max_iter: int = 1000) -> float
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import log_loss
 
+    check_int("max_iter", max_iter, 1)
     z = _as_matrix(latents, "latents")
+    labels = _encode_labels(codes)
+    if labels.shape[1] != 1:
+        raise InvalidArgumentError(f"codes must be one source (one label per cell), got {labels.shape[1]} columns.")
+    codes = labels[:, 0]
+    _same_cells(z, labels, ("latents", "codes"))
     std = z.std(axis=0)
     z = (z - z.mean(axis=0)) / np.where(std > 0, std, 1.0)
     h = _entropy(codes)
@@ -276,6 +282,14 @@ def infomec(
         raise InvalidArgumentError(f"Got {len(names)} source names for {n_sources} sources.")
     if np.any(np.ptp(z, axis=0) == 0):  # by range: the std of a constant 0.1 is rounding residue, not 0
         raise InvalidDataError("A latent column is constant; drop it before computing InfoMEC.")
+    for i, name in enumerate(names):
+        counts = np.bincount(codes[:, i])
+        if counts.max() < 2:  # the estimator leaves out single-cell levels, which would leave no cell at all
+            raise InvalidDataError(
+                f"Source {name!r} has {len(counts)} levels over {len(codes)} cells, one cell each: the k-NN mutual "
+                "information needs a level shared by at least two cells. Bin it into fewer levels "
+                "(countvae.metrics.discretize(..., n_bins=...)) or give more cells."
+            )
     z_std = (z - z.mean(axis=0)) / z.std(axis=0)
     nmi = np.empty((n_sources, z.shape[1]))
     for i in range(n_sources):

@@ -247,7 +247,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     _check_heldout_cells(len(heldout_idx), genes.adata.n_obs)
     markers = None if s.markers is None else list(s.markers)
     _check_markers(markers, adata, genes)
-    if s.downstream is not None:
+    if s.downstream is not None and s.downstream.groupby is not None:  # groupby=None: clusters and UMAP only
         _check_de_groups(genes.adata.obs, s.downstream, heldout_idx)
     report_kwargs = _checked_report_kwargs(s.report_kwargs)
     _check_ica_cells(report_kwargs, len(heldout_idx), model["n_latent"])

@@ -41,7 +41,8 @@ def ground_truth_table(
     """
     truth = np.asarray(true_sources, dtype=np.float64)
     cells = subsample(len(truth), MAX_INFOM_CELLS, seed)
-    labels = discretize(truth[cells], n_bins=10)
+    # ten levels, or two cells per level on fewer than 20 cells (a level of one cell carries no k-NN information)
+    labels = discretize(truth[cells], n_bins=max(2, min(10, len(cells) // 2)))
     kinds = {"raw": latents} | ({"ICA": ica_sources} if ica_sources else {})
     rows = []
     for kind, coordinates in kinds.items():

@@ -35,7 +35,7 @@ import anndata as ad
 import numpy as np
 import pandas as pd
 
-from countvae._checks import check_int, check_number
+from countvae._checks import check_bool, check_int, check_number
 from countvae._formatting import json_ready
 from countvae.diagnostics.analyses.downstream import (
     BETWEEN,
@@ -114,19 +114,26 @@ class DownstreamSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_int("n_de_samples", self.n_de_samples, 2)
+        # checked when made, before any fit; the checked values are kept (numpy scalars become Python ones)
+        checked = {
+            "n_de_samples": check_int("n_de_samples", self.n_de_samples, 2),
+            "delta": check_number("delta", self.delta, 0.0),
+            "fdr_target": check_number("fdr_target", self.fdr_target, 0.0, 1.0, low_open=True, high_open=True),
+            "k": check_int("k", self.k, 2),
+            "leiden_resolution": check_number("leiden_resolution", self.leiden_resolution, 0.0, low_open=True),
+            "max_cells": check_int("max_cells", self.max_cells, 3),
+            "seed": check_int("DownstreamSettings seed", self.seed, 0),
+        }
         if self.n_baseline_fits is not None:
-            check_int("n_baseline_fits", self.n_baseline_fits, 1)
-        check_number("delta", self.delta, 0.0)
-        check_number("fdr_target", self.fdr_target, 0.0, 1.0, low_open=True, high_open=True)
-        check_int("k", self.k, 2)
-        check_number("leiden_resolution", self.leiden_resolution, 0.0, low_open=True)
+            checked["n_baseline_fits"] = check_int("n_baseline_fits", self.n_baseline_fits, 1)
+        for name in ("batch_correction", "clusters", "umap"):
+            checked[name] = check_bool(name, getattr(self, name))
         if self.leiden_flavor not in LEIDEN_FLAVORS:
             raise InvalidArgumentError(
                 f"leiden_flavor must be one of {sorted(LEIDEN_FLAVORS)}, got {self.leiden_flavor!r}."
             )
-        check_int("max_cells", self.max_cells, 3)
-        check_int("seed", self.seed)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # a frozen dataclass
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ MINIMUM = {
     "max_fit_cells": 20,
     "max_baseline_cells": 10,
     "lpd_threads": 1,
+    "seed": 0,
 }
 
 
@@ -138,18 +139,19 @@ class ReportSettings:
 
     def validate(self) -> None:
         """Raise :class:`InvalidArgumentError` for sizes that cannot work, or a switch that is not True or False."""
+        # the checked values are kept: a numpy integer reached torch's manual_seed, which refuses it
         check_bool("ica", self.ica)
-        check_number("ica_threshold", self.ica_threshold, 0.0, 1.0, low_open=True)
-        check_number("alpha", self.alpha, 0.0, 0.5, low_open=True, high_open=True)
-        check_number("equivalence_margin", self.equivalence_margin, 0.0, 1.0, low_open=True)
+        self.ica_threshold = check_number("ica_threshold", self.ica_threshold, 0.0, 1.0, low_open=True)
+        self.alpha = check_number("alpha", self.alpha, 0.0, 0.5, low_open=True, high_open=True)
+        self.equivalence_margin = check_number("equivalence_margin", self.equivalence_margin, 0.0, 1.0, low_open=True)
         if self.blas_threads is not None:
-            check_int("blas_threads (or None)", self.blas_threads, minimum=1)
+            self.blas_threads = check_int("blas_threads (or None)", self.blas_threads, minimum=1)
         if self.knn_graph_cells is not None:
-            check_int("knn_graph_cells (or None)", self.knn_graph_cells, minimum=2)
+            self.knn_graph_cells = check_int("knn_graph_cells (or None)", self.knn_graph_cells, minimum=2)
         for name, low in MINIMUM.items():
-            check_int(name, getattr(self, name), minimum=low)
+            setattr(self, name, check_int(name, getattr(self, name), minimum=low))
         if self.lpd_jobs != "auto":
-            check_int('lpd_jobs (or "auto")', self.lpd_jobs, minimum=1)
+            self.lpd_jobs = check_int('lpd_jobs (or "auto")', self.lpd_jobs, minimum=1)
 
     def replace(self, **overrides: Any) -> ReportSettings:
         """A validated copy with some fields replaced.
