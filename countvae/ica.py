@@ -533,6 +533,7 @@ def split_half_icas(latents: Sequence[np.ndarray], random_state: int = 0, **ica_
     SplitHalfICAs
 
     """
+    random_state = check_int("random_state", random_state, 0)
     runs = _runs(latents)
     if len(runs) < 2:
         raise InvalidArgumentError(f"Split-half ICAs need at least two fits, got {len(runs)}.")

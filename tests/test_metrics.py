@@ -400,3 +400,29 @@ def test_mcc_names_its_own_arguments_when_their_cells_differ():
     rng = np.random.default_rng(0)
     with pytest.raises(InvalidDataError, match="latents has 100 cells but sources has 90"):
         metrics.mcc(rng.normal(size=(100, 2)), rng.normal(size=(90, 2)))
+
+
+def test_infomec_refuses_a_source_with_one_cell_per_level():
+    """scikit-learn's k-NN estimate leaves single-cell levels out, and with every level single it raised about an
+    array of 0 samples."""
+    z = np.random.default_rng(0).normal(size=(10, 2))
+    with pytest.raises(InvalidDataError, match="10 levels over 10 cells, one cell each"):
+        metrics.infomec(z, metrics.discretize(z, n_bins=10))
+    assert np.isfinite(metrics.infomec(z, metrics.discretize(z, n_bins=5)).infom)
+
+
+def test_explicitness_checks_its_arguments():
+    """Each gave scikit-learn's or numpy's own error, and max_iter=0 returned a number."""
+    z = np.random.default_rng(0).normal(size=(200, 3))
+    codes = metrics.discretize(z[:, :1], n_bins=4)[:, 0]
+    with pytest.raises(InvalidDataError, match="latents has 200 cells but codes has 10"):
+        metrics.explicitness(z, codes[:10])
+    with pytest.raises(InvalidDataError, match="non-integer values; this metric needs discrete sources"):
+        metrics.explicitness(z, z[:, 0])
+    with pytest.raises(InvalidDataError, match="single value"):
+        metrics.explicitness(z, np.zeros(200, dtype=int))
+    with pytest.raises(InvalidArgumentError, match="max_iter"):
+        metrics.explicitness(z, codes, max_iter=0)
+    # labels as strings are the same source as their integer codes
+    strings = np.array(["a", "b", "c", "d"])[codes]
+    assert metrics.explicitness(z, strings) == pytest.approx(metrics.explicitness(z, codes))

@@ -28,6 +28,7 @@ from skmisc.loess import loess
 
 from countvae._checks import check_int, check_number
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry, get_var_names, setup_anndata
+from countvae.data.validation import checked_count_totals
 from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
 
 #: The selection procedure, under scanpy's name for it.
@@ -130,9 +131,12 @@ def highly_variable_genes(
     InvalidArgumentError
         If ``n_top_genes`` is not between 1 and the number of genes, or ``span`` is not in (0, 1].
     InvalidDataError
-        If a batch has fewer than 2 cells, or too few varying genes for the loess fit.
+        If the counts are not raw counts (NaN, infinite, negative or non-integer values), a batch has fewer than 2
+        cells, or there are too few varying genes for the loess fit.
 
     """
+    # NaN or infinite values crashed the loess (a segfault), negative ones ended in a message about too few cells
+    checked_count_totals(counts, "counts", remedy="Pass the raw counts")
     n_cells, n_genes = counts.shape
     span = check_number("span", span, 0.0, 1.0, low_open=True)
     check_int("n_top_genes", n_top_genes)
@@ -311,7 +315,12 @@ def choose_genes(adata: ad.AnnData, requested: int | str | None, default: int | 
     n_genes = len(get_var_names(adata, registry))
     if requested == ALL_GENES or (requested is None and (default is None or n_genes <= default)):
         return GeneChoice(adata, n_genes, selected=False, explicit=requested is not None)
-    n_top = int(default if requested is None else requested)
+    if requested is not None and (isinstance(requested, str) or not isinstance(requested, int | np.integer)):
+        # int() truncated 12.9 to 12 and read "12" as 12; other strings raised int()'s own error
+        raise InvalidArgumentError(
+            f"n_top_genes must be a positive integer or {ALL_GENES!r} (every gene), got {requested!r}."
+        )
+    n_top = check_int("n_top_genes", default if requested is None else requested, 1)
     return GeneChoice(
         select_top_genes(adata, n_top, min_genes=n_latent), n_genes, selected=True, explicit=requested is not None
     )

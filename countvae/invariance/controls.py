@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from countvae._checks import check_choice
+from countvae._checks import check_choice, check_int
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import transforms as T
 from countvae.model import CountVAE, copy_model
@@ -33,7 +33,7 @@ def default_transforms(n_latent: int, seed: int = 0) -> dict[str, np.ndarray]:
     A Haar rotation, a sign flip of random axes, a non-identity permutation, a signed permutation and a Haar
     orthogonal matrix (either determinant); for ``n_latent = 1`` only the sign flip.
     """
-    seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, size=5)
+    seeds = np.random.default_rng(check_int("seed", seed, 0)).integers(0, 2**31 - 1, size=5)
     maps = {}
     if n_latent >= 2:
         maps["rotation"] = T.random_rotation(n_latent, int(seeds[0]))

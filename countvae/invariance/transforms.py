@@ -57,6 +57,8 @@ def as_matrix(A, name: str = "A", n_latent: int | None = None) -> np.ndarray:
         raise InvalidArgumentError(f"{name} must be a 2-d matrix, got an array of shape {M.shape}.")
     if M.shape[0] != M.shape[1]:
         raise InvalidArgumentError(f"{name} must be square (L x L), got shape {M.shape}.")
+    if M.shape[0] == 0:
+        raise InvalidArgumentError(f"{name} is an empty 0 x 0 matrix; a latent space has at least one dimension.")
     if n_latent is not None and M.shape[0] != n_latent:
         raise InvalidArgumentError(
             f"{name} has shape {M.shape} but the model has n_latent={n_latent}; pass an {n_latent} x {n_latent} matrix."

@@ -224,6 +224,11 @@ def _comparisons(
         firsts = [c for c in categories if group2 is None or c != str(group2)]  # as scvi-tools: each other group
     else:
         firsts = [str(group1)] if np.ndim(group1) == 0 else [str(g) for g in group1]  # one group, or a list
+        if not firsts:
+            raise InvalidArgumentError("group1 is an empty list; name a group, a list of groups, or leave it None.")
+        repeated = sorted({g for g in firsts if firsts.count(g) > 1})
+        if repeated:  # each repeat was compared again, with its own random draws, under the same label
+            raise InvalidArgumentError(f"group1 names {repeated} more than once; name each group once.")
     for g in [*firsts, *([] if group2 is None else [group2])]:
         if str(g) not in categories:
             raise InvalidArgumentError(f"Group {g!r} has no cells in adata.obs[{groupby!r}]; groups: {categories}.")

@@ -120,6 +120,21 @@ def test_n_top_genes_and_batches_are_checked():
             highly_variable_genes(counts, 10, span=span)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda x: np.where(x > 3, np.nan, x), "NaN or infinite"),  # the loess crashed the process (a segfault)
+        (lambda x: np.vstack([np.full((1, x.shape[1]), np.inf), x[1:]]), "NaN or infinite"),
+        (lambda x: x - 5.0, "negative values"),  # the message blamed too few cells and a batch key never given
+        (lambda x: x + 0.5, "non-integer values"),
+    ],
+)
+def test_counts_that_are_not_raw_counts_are_refused(change, message):
+    counts = np.random.default_rng(0).poisson(3, (100, 20)).astype(float)
+    with pytest.raises(InvalidDataError, match=message):
+        highly_variable_genes(change(counts), 5)
+
+
 @pytest.fixture
 def registered():
     adata = cv.data.simulate(n_cells=300, n_genes=60, n_latent=2, decoder="linear", n_batches=2, seed=4)
@@ -255,6 +270,11 @@ def test_choose_genes_keeps_all_genes_unless_there_are_more_than_the_default(reg
     assert choose_genes(registered, "all", 10, n_latent=2).adata.n_vars == 60
     explicit = choose_genes(registered, 30, None, n_latent=2)
     assert explicit.explicit and explicit.record()["n_top_genes"] == 30
+    assert choose_genes(registered, np.int64(30), None, n_latent=2).adata.n_vars == 30
+    # int() truncated 12.9 and read "12"; other strings raised int()'s error
+    for bad in (12.9, "12", "ALL", True):
+        with pytest.raises(InvalidArgumentError, match="n_top_genes must be a positive integer"):
+            choose_genes(registered, bad, None, n_latent=2)
 
 
 def _ranks_from_scores(monkeypatch, scores, n_top_genes):

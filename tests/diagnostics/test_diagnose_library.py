@@ -135,6 +135,31 @@ def test_report_settings_are_checked_before_fitting(data_file, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_values_given_as_numpy_scalars_or_one_string_are_read_as_meant(data_file):
+    """A numpy seed reached torch's manual_seed after every fit; one marker was split into its letters; a float
+    number of genes was truncated; DownstreamRequest() (clusters and UMAP only) was refused as a column None."""
+    from countvae.diagnostics import DownstreamSettings, ReportSettings
+
+    settings = ReportSettings().replace(seed=np.int64(3), alpha=np.float32(0.1))
+    assert type(settings.seed) is int and settings.seed == 3 and type(settings.alpha) is float
+    with pytest.raises(InvalidArgumentError, match="seed must be an integer >= 0"):
+        ReportSettings().replace(seed=-1)
+    adata = _registered(data_file)
+    plan = plan_diagnose(adata, seeds=2, markers="gene1", downstream=DownstreamRequest())
+    assert plan.settings.markers == ["gene1"]
+    with pytest.raises(InvalidArgumentError, match="n_top_genes must be a positive integer or 'all'"):
+        plan_diagnose(adata, seeds=2, n_top_genes=12.9)
+    # made before any fit: a negative seed and switches that are not booleans were refused after every fit, or not
+    for kwargs, message in (
+        ({"seed": -1}, "DownstreamSettings seed must be an integer >= 0"),
+        ({"batch_correction": 1}, "batch_correction must be True or False"),
+        ({"clusters": "no"}, "clusters must be True or False"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            DownstreamSettings(**kwargs)
+    assert type(DownstreamSettings(seed=np.int64(2)).seed) is int
+
+
 def test_de_groups_without_held_out_cells_are_refused_before_fitting(data_file, tmp_path):
     # The DE runs on the held-out cells: a group whose cells all fit the models was refused only after every seed
     # was fitted.

@@ -118,6 +118,9 @@ def test_check_orthogonal_errors():
         (lambda: inv.signed_permutation([1, 0], [1, 1, 1]), "same length"),
         (lambda: inv.check_orthogonal(2.0 * np.eye(2), atol=float("nan")), "atol"),  # NaN accepted any matrix
         (lambda: inv.nearest_orthogonal(np.zeros((2, 2))), "singular"),  # was the identity
+        # numpy's own errors before: a reduction over an empty array, a negative seed
+        (lambda: inv.check_orthogonal(np.zeros((0, 0))), "empty 0 x 0"),
+        (lambda: inv.default_transforms(2, seed=-1), "seed must be an integer >= 0"),
     ],
 )
 def test_bad_arguments(call, match):

@@ -335,6 +335,11 @@ def test_bad_input_is_named(planted):
         de(groupby="group", idx1=[0, 1])
     with pytest.raises(InvalidArgumentError, match="more than once"):  # was dropped silently
         de(idx1=[0, 1, 1, 2], n_samples_overall=10)
+    # a repeated group was compared twice under one label, with other numbers; an empty list raised an IndexError
+    with pytest.raises(InvalidArgumentError, match=r"group1 names \['group1'\] more than once"):
+        de(groupby="group", group1=["group1", "group1"], n_samples_overall=10)
+    with pytest.raises(InvalidArgumentError, match="group1 is an empty list"):
+        de(groupby="group", group1=[], n_samples_overall=10)
     in_group = planted.adata.obs["group"] == "group1"
     with pytest.raises(InvalidArgumentError, match="reindex"):  # a mask in another cell order, read by position
         de(idx1=in_group.iloc[::-1], n_samples_overall=10)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anndata as ad
 import numpy as np
 
-from countvae._checks import check_number
+from countvae._checks import check_int, check_number
 from countvae.data.backed import cells_in_memory
 from countvae.data.file_cells import FileCells
 from countvae.data.registry import Registry
@@ -43,6 +43,7 @@ def resolve_heldout_fraction(heldout_fraction: float | None, n_obs: int) -> floa
 def heldout_split(n_obs: int, heldout_fraction: float, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions of the fit cells and the held-out cells (sorted), as :func:`fit_seeds` splits them."""
     check_number("heldout_fraction", heldout_fraction, 0.0, 1.0, low_open=True, high_open=True)
+    split_seed = check_int("split_seed", split_seed, 0)  # split_indices would name it seed
     fit_idx, heldout_idx = split_indices(n_obs, 1.0 - heldout_fraction, split_seed)
     if len(heldout_idx) < 2 or len(fit_idx) < 2:
         raise InvalidArgumentError(

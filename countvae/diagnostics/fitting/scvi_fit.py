@@ -159,6 +159,7 @@ class SCVIFit:
         if registered:
             return adata
         self._check_counts(adata)
+        self._check_batches(adata)
         copy = adata.copy()
         try:
             with quiet_scvi():
@@ -169,6 +170,30 @@ class SCVIFit:
             ) from None
         self._cache = (weakref.ref(adata), copy)
         return copy
+
+    def _check_batches(self, adata: ad.AnnData) -> None:
+        """Refuse batches the model was not trained on, with countvae's remedy.
+
+        scvi-tools' own message suggests ``extend_categories = True``, which no countvae call takes and which would
+        score the cells with a batch effect nothing trained.
+        """
+        from scvi import REGISTRY_KEYS
+
+        manager = self.model.adata_manager
+        if REGISTRY_KEYS.BATCH_KEY not in manager.data_registry:
+            return
+        state = manager.get_state_registry(REGISTRY_KEYS.BATCH_KEY)
+        key = state.original_key
+        if key not in adata.obs.columns or adata.obs[key].isna().any():
+            return  # scvi-tools' own set-up names a missing column or missing values
+        known = [str(c) for c in state.categorical_mapping]
+        unseen = sorted(set(adata.obs[key].astype(str)) - set(known))
+        if unseen:
+            raise InvalidDataError(
+                f"Batch categories {unseen[:10]} in adata.obs[{key!r}] were not seen in training (known: {known}). "
+                "A batch effect cannot be applied to an unseen batch; map those cells to a known batch or retrain "
+                "with them."
+            )
 
     def _check_counts(self, adata: ad.AnnData) -> None:
         """Refuse counts the model would read that are not raw counts, as countvae fits' cells are refused.

@@ -29,3 +29,14 @@ def test_without_ica_only_raw_rows():
     table = ground_truth_table({"a": truth, "b": -truth}, None, truth)
     assert table["coordinates"].tolist() == ["raw", "raw"]
     np.testing.assert_allclose(table["mcc"], 1.0)
+
+
+@pytest.mark.parametrize("n_cells", [8, 10, 19])
+def test_few_held_out_cells_are_binned_into_levels_of_two_cells(n_cells):
+    """Ten levels over 10 held-out cells left one cell per level, and the report stopped with scikit-learn's error
+    (the report accepts 8 held-out cells)."""
+    rng = np.random.default_rng(2)
+    truth = rng.laplace(size=(n_cells, 2))
+    table = ground_truth_table({"seed 0": truth @ ortho_group.rvs(2, random_state=3).T}, {"seed 0": truth}, truth)
+    assert np.isfinite(table["infom"]).all()
+    assert table.set_index("coordinates").loc["ICA", "mcc"] == pytest.approx(1.0)

@@ -378,6 +378,12 @@ def test_bad_models_and_data(adata, scvi_fits):
             SCVIFit(covariate_model, seed=0)
     with pytest.raises(InvalidDataError, match="genes"):
         scvi_fits[0].latent(scvi_fits.adata_heldout[:, :30].copy())
+    # scvi-tools' message suggested extend_categories = True, which would score the cells with an untrained effect
+    unseen = scvi_fits.adata_heldout.copy()
+    unseen.obs["batch"] = "NEW"
+    with pytest.raises(InvalidDataError, match=r"\['NEW'\] in adata.obs\['batch'\] were not seen in training") as error:
+        scvi_fits[0].latent(unseen)
+    assert "extend_categories" not in str(error.value)
     with pytest.raises(InvalidArgumentError, match="supports the scvi-tools classes"):
         fit_seeds(adata, seeds=[0, 1], model_cls=scvi.model.TOTALVI, progress_bar=False)
     on_raw = adata.copy()

@@ -272,6 +272,21 @@ def test_bad_input_is_refused_with_a_remedy(adata, candidates, seeds, match):
         diagnostics.compare_models(adata, candidates, seeds=seeds, train_kwargs=TRAIN)
 
 
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [
+        # a baseline on 1 cell gave a gain of 11,000 nats per cell and a margin to match; 0 cells gave NaN
+        ({"max_baseline_cells": 1}, "max_baseline_cells must be an integer >= 10"),
+        ({"max_baseline_cells": -5}, "max_baseline_cells must be an integer >= 10"),
+        ({"seed": -1}, "seed must be an integer >= 0"),  # refused only after every candidate was fitted
+    ],
+)
+def test_comparison_settings_are_refused_before_fitting(adata, tmp_path, setting, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        diagnostics.compare_models(adata, {"n_latent": [2]}, seeds=range(2), out_dir=tmp_path / "c", **setting)
+    assert not (tmp_path / "c").exists()
+
+
 def test_unknown_key_names_the_valid_arguments(adata):
     with pytest.raises(InvalidArgumentError, match="Valid: n_latent, likelihood, decoder"):
         diagnostics.compare_models(adata, {"width": [2]}, seeds=range(2))
