@@ -61,6 +61,10 @@ ALLOWED_PRIVATE = {
         "anndata has no public way to reach the backed AnnData a view was taken from; a view of a backed AnnData "
         "cannot be indexed again, so its cells are read through that parent (whose obs, var and uns it shares)"
     ),
+    ("diagnostics/fitting/backends.py", "_exit"): (
+        "os._exit is the standard library's public way to end a process at once: a joblib worker whose parent was "
+        "killed must not wait for the fit running in its main thread"
+    ),
     ("model/training.py", "_foreach_copy_"): (
         "torch has no public multi-tensor copy; the training loop keeps the last good parameters with one call "
         "per step instead of one copy per tensor"

@@ -10,6 +10,8 @@ import contextlib
 import logging
 import os
 import pickle
+import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -30,6 +32,8 @@ BACKENDS = ("local", "ray")
 FitData = ad.AnnData | FileCells
 #: Seconds an idle joblib worker lives on after the last fit (joblib's default is 300).
 _IDLE_WORKER_SECONDS = 5
+#: Seconds between a joblib worker's checks that the process that started it still runs.
+PARENT_CHECK_SECONDS = 1.0
 
 
 def available_cores() -> int:
@@ -54,6 +58,45 @@ def caller_warning_filters() -> list[tuple]:
     return sendable
 
 
+def exit_with_parent(parent_pid: int, interval: float = PARENT_CHECK_SECONDS) -> None:
+    """End this worker process as soon as ``parent_pid`` is no longer its parent (a loky worker ``initializer``).
+
+    Loky workers are told to stop by the process that started them. When that process is killed outright (SIGKILL,
+    the out-of-memory killer) nothing tells them: they are reparented to init (or a subreaper) and wait on their pipes
+    to it forever, each holding its model and data, and loky's resource trackers keep the run's shared-memory folder
+    and semaphores for as long as the workers live. A daemon thread compares ``os.getppid()`` with ``parent_pid``
+    every ``interval`` seconds and ends the process with :func:`os._exit` once they differ: a normal exit would wait
+    for the fit running in the main thread. The scratch folder of a fit cut short this way is removed by the next run
+    (:func:`~countvae.diagnostics.fitting.scratch.remove_orphaned`).
+
+    Polling works on Linux and macOS alike. ``prctl(PR_SET_PDEATHSIG)`` would be Linux-only and fires when the
+    *thread* that started the worker ends, and loky starts replacement workers from its management thread.
+
+    Parameters
+    ----------
+    parent_pid
+        The process that started the worker (:func:`loky_worker_options` passes the caller's pid).
+    interval
+        Seconds between two checks.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="countvae-exit-with-parent", daemon=True).start()
+
+
+def loky_worker_options() -> dict[str, object]:
+    """Keyword arguments for ``joblib.Parallel(backend="loky")`` whose workers end when this process ends.
+
+    Each worker runs :func:`exit_with_parent` with this process's pid when it starts. The arguments are the same on
+    every call from this process, so they never stop joblib from reusing its workers.
+    """
+    return {"initializer": exit_with_parent, "initargs": (os.getpid(),)}
+
+
 def _run_fit_with_filters(task: FitTask, fit_data: FitData, filters: list[tuple]) -> FitOutcome:
     """:func:`run_fit` under the caller's warning filters.
 
@@ -72,7 +115,8 @@ def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Itera
     """Fit in this process (``n_jobs=1``) or in ``n_jobs`` joblib (loky) worker processes.
 
     Workers receive ``fit_data`` pickled: a copy of an in-memory AnnData, or, for a
-    :class:`~countvae.data.file_cells.FileCells`, only the file's path and the positions.
+    :class:`~countvae.data.file_cells.FileCells`, only the file's path and the positions. They end on their own when
+    this process is killed (:func:`exit_with_parent`).
     """
     if n_jobs == 1 or len(tasks) <= 1:
         for task in tasks:
@@ -85,6 +129,7 @@ def run_local(tasks: Sequence[FitTask], fit_data: FitData, n_jobs: int) -> Itera
         return_as="generator_unordered",
         inner_max_num_threads=threads,
         idle_worker_timeout=_IDLE_WORKER_SECONDS,
+        **loky_worker_options(),
     )
     try:
         filters = caller_warning_filters()

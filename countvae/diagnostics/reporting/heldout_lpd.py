@@ -31,7 +31,7 @@ from joblib import Parallel, delayed
 from threadpoolctl import threadpool_limits
 
 from countvae._allocator import keep_freed_memory
-from countvae.diagnostics.fitting.backends import available_cores
+from countvae.diagnostics.fitting.backends import available_cores, loky_worker_options
 from countvae.diagnostics.fitting.fitted_model import FittedModel
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -67,10 +67,15 @@ def _fit_lpd_in_worker(fit: FittedModel, cells: ad.AnnData, s: ReportSettings) -
 
 
 def _in_workers(fits: Sequence[FittedModel], cells: ad.AnnData, s: ReportSettings, jobs: int) -> list[_Result]:
-    """The fits' estimates in ``jobs`` loky workers, or here when they cannot be sent (or ``jobs`` is 1)."""
+    """The fits' estimates in ``jobs`` loky workers, or here when they cannot be sent (or ``jobs`` is 1).
+
+    The workers end on their own when this process is killed
+    (:func:`~countvae.diagnostics.fitting.backends.exit_with_parent`).
+    """
     if jobs > 1:
         try:
-            return Parallel(n_jobs=jobs, backend="loky")(delayed(_fit_lpd_in_worker)(fit, cells, s) for fit in fits)
+            parallel = Parallel(n_jobs=jobs, backend="loky", **loky_worker_options())
+            return parallel(delayed(_fit_lpd_in_worker)(fit, cells, s) for fit in fits)
         except (pickle.PicklingError, TypeError) as error:  # e.g. a model on a backed (file-bound) AnnData
             logger.info("The fits cannot be sent to worker processes (%s); estimating in this process.", error)
     return [_fit_lpd(fit, cells, s) for fit in fits]
