@@ -58,11 +58,12 @@ _STORAGE_ERRNOS = {
 
 
 @contextlib.contextmanager
-def explained_write_errors(path: Path) -> Iterator[None]:
+def explained_write_errors(path: Path, reused: bool = False) -> Iterator[None]:
     """Turn a file-system error raised in the block into an :class:`OutputWriteError` about ``path``.
 
     The message says what failed, that nothing was left half-written (the atomic writers remove their temporary files
-    first) and what to do. Other errors pass unchanged.
+    first) and what to do. Other errors pass unchanged. ``reused``: the writer resumes (``fit_seeds``, ``diagnose``,
+    ``select``), so the message adds that a rerun reuses the finished results; an outer block's ``reused`` decides.
     """
     try:
         yield
@@ -74,8 +75,8 @@ def explained_write_errors(path: Path) -> Iterator[None]:
         error = OutputWriteError(
             f"Could not write {path}: {_STORAGE_ERRNOS[exc.errno]} ({errno.errorcode[exc.errno]}: "
             f"{os.strerror(exc.errno)}). Nothing was left half-written; what {path.parent} held before is intact. "
-            f"Free disk space (or make {path.parent} writable, or choose another output folder) and rerun: "
-            "finished results are reused."
+            f"Free disk space (or make {path.parent} writable, or choose another output folder) and rerun"
+            + (": finished results are reused." if reused else ".")
         )
         error.errno = exc.errno
         error.filename = str(path)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from countvae._io import explained_write_errors
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
             progress_bar=progress_enabled(args),
             overwrite=args.overwrite,
         )
-        comparison.save(out / "comparison", overwrite=args.overwrite)
+        with explained_write_errors(out / "comparison", reused=True):  # the fits stored are reused by a rerun
+            comparison.save(out / "comparison", overwrite=args.overwrite)
     result = {
         "recommended": comparison.recommended,
         "rule": comparison.rule,

@@ -225,3 +225,25 @@ def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options()
     assert in_option_terms("pass `layer=...` or setup_anndata(adata, layer=...)", options) == (
         "pass --layer VALUE or setup_anndata(adata, layer=...)"
     )
+
+
+def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, capsys, monkeypatch):
+    # torch.save's RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") ended in a traceback
+    import errno
+    import os
+
+    data = _write_counts(tmp_path / "d.h5ad")
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        if "params.pt" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    out = tmp_path / "o"
+    argv = ["fit", str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--n-samples", "10", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: Could not write {out}: the disk is full") and err.count("\n") == 1
+    assert err.endswith("and rerun.\n") and not (out.exists() or list(tmp_path.glob(".o.*")))
