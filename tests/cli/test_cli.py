@@ -227,6 +227,86 @@ def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options()
     )
 
 
+@pytest.mark.parametrize("command", ["diagnose", "select"])
+def test_seed_is_not_taken_as_an_abbreviation_of_seeds(command, capsys):
+    # diagnose --seed 3 ran seeds 0, 1, 2 (argparse expanded it to --seeds 3), where fit --seed 3 is a seed
+    with pytest.raises(SystemExit) as info:
+        main([command, "data.h5ad", "--seed", "3"])
+    assert info.value.code == 2 and "unrecognized arguments: --seed 3" in capsys.readouterr().err
+
+
+def test_no_option_of_any_command_can_be_abbreviated(capsys):
+    import argparse
+
+    from countvae.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in commands.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        for option in sorted(o for o in options if o.startswith("--") and len(o) > 4):
+            prefix = option[:-1]
+            if prefix in options:
+                continue
+            with pytest.raises(SystemExit) as info:
+                parser.parse_args([name, "data.h5ad", prefix, "1"])
+            assert info.value.code == 2, f"countvae {name} {prefix} was taken as {option}"
+    capsys.readouterr()
+
+
+def test_the_docs_name_every_option_in_full():
+    """An abbreviated option in the docs would be a wrong command line (exit code 2): options are never abbreviated."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from countvae.cli import build_parser
+
+    parser = build_parser()
+    options = {o for a in parser._actions for o in a.option_strings}
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    options |= {o for sub in commands.values() for a in sub._actions for o in a.option_strings}
+    root = Path(__file__).resolve().parents[2]
+    for page in (root / "docs" / "cli.md", root / "README.md"):
+        named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", page.read_text(encoding="utf-8")))
+        assert named and named <= options, f"{page.name} names {sorted(named - options)}, which are not options"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n-latent", "0"], "--n-latent must be a positive integer, got 0."),
+        (["--max-epochs", "0"], "--max-epochs must be a positive integer, got 0."),
+        (["--lr", "-1"], "--lr must be a positive number, got -1.0."),
+        (["--seed", "-1"], "--seed must be an integer >= 0, got -1."),
+    ],
+)
+def test_argument_checks_name_the_option(tmp_path, capsys, args, message):
+    # they named the Python argument: "n_latent must be a positive integer, got 0."
+    data = _write_counts(tmp_path / "d.h5ad")
+    assert main(["fit", str(data), "--quiet", "--out", str(tmp_path / "o"), *args]) == 1
+    assert capsys.readouterr().err == f"countvae fit: error: {message}\n"
+
+
+def test_a_leading_name_must_be_is_rewritten_only_for_the_commands_options():
+    from countvae.cli import in_option_terms
+
+    options = {"n_latent": 0, "batch_size": 0, "command": "fit"}
+    assert in_option_terms("n_latent must be a positive integer, got 0.", options) == (
+        "--n-latent must be a positive integer, got 0."
+    )
+    assert in_option_terms("Too small. batch_size must be a positive integer.", options) == (
+        "Too small. --batch-size must be a positive integer."
+    )
+    for kept in (
+        "dropout_rate must be a number in [0, 1), got 2.",  # not an option of the command
+        "heldout_fraction (--heldout-fraction) must be a number",  # names its option already
+        "the n_latent must be positive",  # not at the start of a sentence
+        "command must be one of",
+    ):
+        assert in_option_terms(kept, options) == kept
+
+
 def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, capsys, monkeypatch):
     # torch.save's RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") ended in a traceback
     import errno
