@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +16,7 @@ import h5py
 
 from countvae._formatting import json_ready
 from countvae.cli.settings_options import add_setting_option, setting_values
-from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
+from countvae.errors import DataFileNotFoundError, InvalidArgumentError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
 from countvae.model.settings import DEFAULT_N_LATENT
 
@@ -34,6 +34,7 @@ __all__ = [
     "read_h5ad",
     "refuse_existing_output",
     "refuse_file_as_output",
+    "refuse_inputs_in_output",
     "train_kwargs_of",
 ]
 
@@ -174,6 +175,51 @@ def progress_enabled(args: argparse.Namespace) -> bool:
         return os.isatty(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, as written (``..`` resolved) or with links followed."""
+    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(folder))), (path.resolve(), folder.resolve()))
+    return any(p.is_relative_to(f) for p, f in pairs)
+
+
+def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced: Iterable[str] = ("",)) -> None:
+    """Fail before any work when ``--out`` is empty, a file, or writing it could delete an input or the working folder.
+
+    Parameters
+    ----------
+    out
+        The ``--out`` folder.
+    inputs
+        Each input as the message names it (``"the data file"``) and its path (``None``: not given).
+    replaced
+        The folders under ``out`` that the command writes whole and replaces with ``--overwrite`` (``""``: ``out``
+        itself): whatever they hold would be deleted, so they must hold no input (checked with or without
+        ``--overwrite``, whose remedy the existing folder would otherwise suggest).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``out`` is empty.
+    OutputExistsError
+        If a replaced folder is or holds an input or the working folder.
+
+    """
+    if not out.strip():
+        raise InvalidArgumentError("--out is empty; give the folder to write, e.g. --out results.")
+    refuse_file_as_output(out)
+    named = {**{label: Path(path) for label, path in inputs.items() if path}, "the working folder": Path.cwd()}
+    for sub in replaced:
+        folder = Path(out, sub)
+        for label, path in named.items():
+            if _within(path, folder):
+                where = f"--out {out}" if not sub else str(folder)
+                shown = label if label == "the working folder" else f"{label} {path}"
+                verb = "is" if _within(folder, path) else "holds"
+                raise OutputExistsError(
+                    f"{where} {verb} {shown}; this command replaces {folder} whole, so it would be deleted. Choose "
+                    "another --out (a new folder)."
+                )
 
 
 def refuse_file_as_output(out: str) -> None:

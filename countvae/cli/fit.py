@@ -22,6 +22,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    refuse_inputs_in_output,
     train_kwargs_of,
 )
 from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``countvae fit``."""
     started = time.perf_counter()
     check_number("heldout_fraction (--heldout-fraction)", args.heldout_fraction, 0.0, 1.0, high_open=True)
+    refuse_inputs_in_output(args.out, {"the data file": args.data})
     refuse_existing_output(args.out, args.overwrite)
     adata = read_h5ad(args.data) if args.data else default_data()
     batch_key = args.batch_key if args.data or args.batch_key else "batch"  # the embedded data's batches

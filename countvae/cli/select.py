@@ -16,7 +16,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
-    refuse_file_as_output,
+    refuse_inputs_in_output,
 )
 from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
@@ -131,7 +131,7 @@ def register(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Execute ``countvae select``."""
     out = Path(args.out)
-    refuse_file_as_output(str(out))
+    refuse_inputs_in_output(args.out, {"the data file": args.data}, replaced=("fits", "comparison"))
     refuse_existing_output(str(out / "comparison"), args.overwrite)
     if args.seeds < 2:
         raise InvalidArgumentError(f"--seeds {args.seeds}: stability needs at least 2 seeds; e.g. --seeds 3.")

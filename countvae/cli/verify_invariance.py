@@ -25,6 +25,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    refuse_inputs_in_output,
     train_kwargs_of,
 )
 from countvae.data.registry import setup_anndata
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``countvae verify-invariance``."""
     started = time.perf_counter()
     _check_arguments(args)
+    refuse_inputs_in_output(args.out, {"the data file": args.data, "the --model folder": args.model})
     refuse_existing_output(args.out, args.overwrite)
     show = progress_enabled(args)
     adata = read_h5ad(args.data) if args.data else default_data()

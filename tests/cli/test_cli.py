@@ -227,6 +227,84 @@ def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options()
     )
 
 
+def _never_trains(monkeypatch):
+    from countvae.model import CountVAE
+
+    def train(*args, **kwargs):
+        raise AssertionError("the command trained a model before refusing its command line")
+
+    monkeypatch.setattr(CountVAE, "train", train)
+
+
+def test_fit_refuses_an_out_holding_its_data_file_before_any_work(tmp_path, capsys, monkeypatch):
+    # --out naming the folder of the data file, with --overwrite, replaced the folder: the data file was deleted.
+    project = tmp_path / "proj"
+    project.mkdir()
+    data = _write_counts(project / "data.h5ad")
+    (project / "notes.txt").write_text("notes")
+    before = data.read_bytes()
+    _never_trains(monkeypatch)
+    for overwrite in (["--overwrite"], []):  # without it, the remedy must not be --overwrite
+        assert main(["fit", str(data), "--quiet", "--out", str(project), *overwrite]) == 1
+        err = capsys.readouterr().err
+        assert err == (
+            f"countvae fit: error: --out {project} holds the data file {data}; this command replaces {project} "
+            "whole, so it would be deleted. Choose another --out (a new folder).\n"
+        )
+    assert data.read_bytes() == before and (project / "notes.txt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [(".", "--out . is the working folder"), ("..", "--out .. holds the working folder"), ("", "--out is empty")],
+)
+def test_fit_refuses_the_working_folder_and_an_empty_out_before_fitting(tmp_path, capsys, monkeypatch, out, message):
+    # --out . trained, then crashed with an OSError traceback (EBUSY renaming '.'); --out "" had an empty name
+    here = tmp_path / "a" / "b"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    _never_trains(monkeypatch)
+    assert main(["fit", "--quiet", "--max-epochs", "1", "--out", out, "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: {message}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b"]
+
+
+def test_replacing_the_working_folder_is_one_write_error_not_a_traceback(tmp_path, monkeypatch):
+    from countvae._io import atomic_directory
+    from countvae.errors import OutputWriteError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputWriteError, match=r"Could not write \.: Device or resource busy \(EBUSY\)"):
+        with atomic_directory(".", overwrite=True) as tmp:
+            (tmp / "x.txt").write_text("x")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "inside"),
+    [("diagnose", "report"), ("diagnose", "fits/fits"), ("select", "comparison"), ("select", "fits/c")],
+)
+def test_diagnose_and_select_refuse_an_input_in_the_folders_they_replace(
+    tmp_path, capsys, monkeypatch, command, inside
+):
+    # they replace only OUT/report, OUT/fits... (not OUT), so a data file there was deleted with --overwrite
+    out = tmp_path / "out"
+    (out / inside).mkdir(parents=True)
+    data = _write_counts(out / inside / "data.h5ad")
+    _never_trains(monkeypatch)
+    fast = ["--seeds", "2", "--max-epochs", "1", "--n-jobs", "1", "--quiet", "--overwrite"]
+    assert main([command, str(data), *fast, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    replaced = out / inside.split("/")[0]
+    assert f"error: {replaced} holds the data file {data}; this command replaces {replaced} whole" in err
+    assert data.is_file()
+    # beside the folders the command replaces, in OUT itself, the data file is safe and not refused
+    from countvae.cli.common import refuse_inputs_in_output
+
+    refuse_inputs_in_output(str(out), {"the data file": str(out / "data.h5ad")}, replaced=("report", "fits"))
+
+
 @pytest.mark.parametrize("command", ["diagnose", "select"])
 def test_seed_is_not_taken_as_an_abbreviation_of_seeds(command, capsys):
     # diagnose --seed 3 ran seeds 0, 1, 2 (argparse expanded it to --seeds 3), where fit --seed 3 is a seed
