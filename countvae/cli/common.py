@@ -29,6 +29,7 @@ __all__ = [
     "add_output_arguments",
     "emit",
     "exit_codes",
+    "importance_samples",
     "model_kwargs_of",
     "progress_enabled",
     "read_h5ad",
@@ -73,6 +74,18 @@ def exit_codes(failure_also: str = "") -> str:
         "  2    wrong command line (unknown option, invalid value)\n"
         "  130  interrupted (Ctrl-C)\n"
     )
+
+
+def importance_samples(text: str) -> int:
+    """The ``type`` of ``--n-samples``: an integer of at least 2, refused before any fitting (exit code 2)."""
+    # Checked here rather than by the library, whose error comes after the fits and names its argument.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (the estimator's spread needs two draws), got {value}")
+    return value
 
 
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:

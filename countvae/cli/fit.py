@@ -18,6 +18,7 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    importance_samples,
     model_kwargs_of,
     progress_enabled,
     read_h5ad,
@@ -66,7 +67,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
         "--n-samples",
-        type=int,
+        type=importance_samples,
         default=None,
         help="importance draws per held-out cell entering the estimate (default 800, after a 200-draw pilot)",
     )

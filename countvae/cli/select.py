@@ -13,6 +13,7 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    importance_samples,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
@@ -49,17 +50,6 @@ def _list_of(kind: type, choices: tuple[str, ...] | None = None) -> Any:
         return values
 
     return parse
-
-
-def _importance_samples(text: str) -> int:
-    # Checked here rather than by compare_models, whose error names its argument n_lpd_samples, not this option.
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 (the estimator's spread needs two draws), got {value}")
-    return value
 
 
 def register(sub: Subcommands) -> None:
@@ -110,7 +100,7 @@ def register(sub: Subcommands) -> None:
         help="Adam learning rate (default: 1e-3; with --early-stopping 1e-2, cut to 1e-3 when the validation stalls)",
     )
     p.add_argument(
-        "--n-samples", type=_importance_samples, default=100, help="importance samples per held-out cell (default 100)"
+        "--n-samples", type=importance_samples, default=100, help="importance samples per held-out cell (default 100)"
     )
     p.add_argument(
         "--n-jobs",

@@ -350,6 +350,17 @@ def test_the_docs_name_every_option_in_full():
         assert named and named <= options, f"{page.name} names {sorted(named - options)}, which are not options"
 
 
+def test_fit_checks_n_samples_before_fitting(tmp_path, capsys, monkeypatch):
+    # --n-samples 0 was refused only after training, and the trained model was thrown away
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    for value in ("0", "1", "x"):
+        with pytest.raises(SystemExit) as info:
+            main(["fit", str(data), "--quiet", "--out", str(tmp_path / "o"), "--n-samples", value])
+        assert info.value.code == 2 and "--n-samples" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
