@@ -115,12 +115,14 @@ def add_model_arguments(
     defaults: Mapping[str, Any] | None = None,
     default_text: Mapping[str, str] | None = None,
     help_text: Mapping[str, str] | None = None,
+    unset_when_absent: bool = False,
 ) -> None:
     """The model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
 
     Each is a field of :class:`~countvae.model.ModelSettings` (:data:`MODEL_OPTIONS`) or
     :class:`~countvae.model.TrainingPlan` (:data:`TRAINING_OPTIONS`) with its default, unless a command gives its own
-    by ``dest`` in ``defaults`` (``default_text`` saying how it reads) or another help in ``help_text``.
+    by ``dest`` in ``defaults`` (``default_text`` saying how it reads) or another help in ``help_text``. With
+    ``unset_when_absent`` each parses to ``None`` when not given (:func:`add_setting_option`).
     """
     defaults, default_text, help_text = dict(defaults or {}), dict(default_text or {}), dict(help_text or {})
     unknown = sorted((set(defaults) | set(default_text) | set(help_text)) - set(MODEL_OPTIONS) - set(TRAINING_OPTIONS))
@@ -136,7 +138,13 @@ def add_model_arguments(
         for name, text in options.items():
             extra = {"default": defaults[name]} if name in defaults else {}
             add_setting_option(
-                parser, cls, name, help_text.get(name, text), default_text=default_text.get(name), **extra
+                parser,
+                cls,
+                name,
+                help_text.get(name, text),
+                default_text=default_text.get(name),
+                unset_when_absent=unset_when_absent,
+                **extra,
             )
 
 
@@ -215,7 +223,7 @@ def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced
     InvalidArgumentError
         If ``out`` is empty.
     OutputExistsError
-        If a replaced folder is or holds an input or the working folder.
+        If ``out`` is a file, or a replaced folder is or holds an input or the working folder.
 
     """
     if not out.strip():

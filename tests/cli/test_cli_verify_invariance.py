@@ -167,6 +167,26 @@ def model_folder(h5ad, tmp_path_factory):
     return folder
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--n-latent", "2"],
+        ["--likelihood", "poisson"],
+        ["--decoder", "linear"],
+        ["--n-hidden", "128"],
+        ["--batch-size", "128"],
+        ["--early-stopping"],
+    ],
+)
+def test_with_model_a_model_option_is_refused_even_at_its_default(h5ad, model_folder, tmp_path, capsys, given):
+    # options equal to the command's defaults were silently ignored; only other values were refused
+    args = ["verify-invariance", str(h5ad), "--model", str(model_folder / "model"), "--out", str(tmp_path / "v")]
+    assert main([*args, *FAST_CHECK, *given]) == 1
+    err = capsys.readouterr().err
+    assert f"{given[0]} set the model this command fits without --model" in err and err.count("\n") == 1
+    assert not (tmp_path / "v").exists()
+
+
 def test_an_out_holding_the_model_is_refused_before_any_work(h5ad, model_folder, capsys):
     # --out DIR --overwrite with --model DIR/model replaced DIR: the model being checked was deleted
     model = model_folder / "model"
