@@ -58,11 +58,12 @@ _STORAGE_ERRNOS = {
 
 
 @contextlib.contextmanager
-def explained_write_errors(path: Path) -> Iterator[None]:
+def explained_write_errors(path: Path, reused: bool = False) -> Iterator[None]:
     """Turn a file-system error raised in the block into an :class:`OutputWriteError` about ``path``.
 
     The message says what failed, that nothing was left half-written (the atomic writers remove their temporary files
-    first) and what to do. Other errors pass unchanged.
+    first) and what to do. Other errors pass unchanged. ``reused``: the writer resumes (``fit_seeds``, ``diagnose``,
+    ``select``), so the message adds that a rerun reuses the finished results; an outer block's ``reused`` decides.
     """
     try:
         yield
@@ -74,12 +75,33 @@ def explained_write_errors(path: Path) -> Iterator[None]:
         error = OutputWriteError(
             f"Could not write {path}: {_STORAGE_ERRNOS[exc.errno]} ({errno.errorcode[exc.errno]}: "
             f"{os.strerror(exc.errno)}). Nothing was left half-written; what {path.parent} held before is intact. "
-            f"Free disk space (or make {path.parent} writable, or choose another output folder) and rerun: "
-            "finished results are reused."
+            f"Free disk space (or make {path.parent} writable, or choose another output folder) and rerun"
+            + (": finished results are reused." if reused else ".")
         )
         error.errno = exc.errno
         error.filename = str(path)
         raise error from cause
+
+
+@contextlib.contextmanager
+def _other_os_errors_explained(path: Path) -> Iterator[None]:
+    """Turn an OSError that :func:`explained_write_errors` passes on (not of the storage) into an OutputWriteError.
+
+    For a writer's own steps (creating, renaming), where any such error means ``path`` could not be written there.
+    """
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, OutputWriteError) or exc.errno in _STORAGE_ERRNOS:
+            raise
+        reason = f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})" if exc.strerror else str(exc)
+        error = OutputWriteError(
+            f"Could not write {path}: {reason}. Nothing was left half-written; what {path} held before is intact. "
+            "Choose another output folder."
+        )
+        error.errno = exc.errno
+        error.filename = str(path)
+        raise error from exc
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = False) -> Path:
@@ -149,28 +171,35 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
         raise OutputExistsError(f"{path} exists and is not a folder; give the path of a folder to write.")
     _refuse_existing(path, overwrite)
     with explained_write_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+        with _other_os_errors_explained(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
         try:
             _usual_permissions(tmp, 0o777)
             yield tmp
             _fsync_dir(tmp)
-            if path.exists():
-                aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
-                aside.rmdir()
-                os.replace(path, aside)
-                try:
-                    os.replace(tmp, path)
-                except BaseException:
-                    os.replace(aside, path)
-                    raise
-                shutil.rmtree(aside, ignore_errors=True)
-            else:
-                os.replace(tmp, path)
+            with _other_os_errors_explained(path):  # e.g. EBUSY: the working folder cannot be renamed
+                _replace_folder(tmp, path)
             _fsync_dir(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+def _replace_folder(new: Path, path: Path) -> None:
+    """Rename ``new`` to ``path``; an existing ``path`` is moved aside first, and back if the second rename fails."""
+    if not path.exists():
+        os.replace(new, path)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    aside.rmdir()
+    os.replace(path, aside)
+    try:
+        os.replace(new, path)
+    except BaseException:
+        os.replace(aside, path)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:

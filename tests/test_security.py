@@ -78,6 +78,42 @@ def test_save_is_atomic_when_interrupted(trained_linear, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one is left
 
 
+def test_save_on_a_full_disk_is_one_write_error_and_leaves_nothing(trained_linear, tmp_path, monkeypatch):
+    # torch.save wrote params.pt itself, and a full disk raised torch's RuntimeError ("unexpected pos"), not an
+    # OutputWriteError; the remedy also said "finished results are reused", which a save does not do
+    import errno
+
+    from countvae.errors import OutputWriteError
+
+    real_fdopen = os.fdopen
+
+    class _Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+    def fdopen(fd, *args, **kwargs):
+        fh = real_fdopen(fd, *args, **kwargs)
+        return _Full(fh) if "params.pt" in os.readlink(f"/proc/self/fd/{fd}") else fh
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(OutputWriteError) as info:
+        trained_linear.save(tmp_path / "m")
+    message = str(info.value)
+    assert info.value.errno == errno.ENOSPC
+    assert message.startswith(f"Could not write {tmp_path / 'm'}: the disk is full (ENOSPC")
+    assert message.endswith("or choose another output folder) and rerun.")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor a temporary one is left
+
+
 def test_written_files_get_the_usual_permissions(trained_linear, tmp_path):
     import stat
 

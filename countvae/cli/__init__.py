@@ -15,7 +15,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
@@ -27,9 +27,20 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
 _COMMANDS = (fit, verify_invariance, diagnose, select)
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that takes only whole option names, and makes its subcommands' parsers of the same class.
+
+    With argparse's prefix matching, ``countvae diagnose --seed 3`` was taken as ``--seeds 3`` (the number of
+    seeds), where ``fit --seed`` is a seed; a misspelt or partial option is a wrong command line (exit code 2).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="countvae",
         description=(
             "Fit probabilistic count VAEs to single-cell counts and measure which of their outputs "
@@ -76,6 +87,9 @@ _ARGUMENT = re.compile(
     r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?"
 )
 
+# An argument check's ``name must be ...`` (countvae._checks) at the start of the message or of a sentence.
+_CHECKED = re.compile(r"(?:^|(?<=[.!?] ))([a-z][a-z0-9_]*)(?= must be\b)")
+
 
 def in_option_terms(message: str, options: dict[str, object]) -> str:
     """The library's remedies in the command's own terms: ``layer=...`` becomes ``--layer NAME``.
@@ -83,13 +97,17 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
     The package's errors name Python arguments (they are raised by the library a script calls); on the command line
     each argument that is one of the command's ``options`` (argparse's destinations, ``--n-top-genes`` for
     ``n_top_genes``) is named as its option: ``name=True`` as the flag, ``name=None`` as "no ``--name``", ``name=...``
-    as ``--name VALUE``, ``name=5`` as ``--name 5``. Arguments of a call (``setup_anndata(adata, layer=...)``) and
-    names that are not options are left as written.
+    as ``--name VALUE``, ``name=5`` as ``--name 5``, and an argument check's ``name must be ...`` at the start of a
+    sentence as ``--name must be ...``. Arguments of a call (``setup_anndata(adata, layer=...)``) and names that are
+    not options are left as written.
     """
+
+    def is_option(name: str) -> bool:
+        return name in options and name not in ("command", "run")
 
     def option(match: re.Match[str]) -> str:
         name, value = match.group(1), match.group(2)
-        if name not in options or name in ("command", "run"):
+        if not is_option(name):
             return match.group(0)
         flag = "--" + name.replace("_", "-")
         if value == "True":
@@ -98,7 +116,11 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
             return f"no {flag}"
         return f"{flag} {'VALUE' if value == '...' else value}"
 
-    return _ARGUMENT.sub(option, message)
+    def checked(match: re.Match[str]) -> str:
+        name = match.group(1)
+        return "--" + name.replace("_", "-") if is_option(name) else name
+
+    return _CHECKED.sub(checked, _ARGUMENT.sub(option, message))
 
 
 @contextlib.contextmanager

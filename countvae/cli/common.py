@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,7 +16,7 @@ import h5py
 
 from countvae._formatting import json_ready
 from countvae.cli.settings_options import add_setting_option, setting_values
-from countvae.errors import DataFileNotFoundError, InvalidDataError, OutputExistsError
+from countvae.errors import DataFileNotFoundError, InvalidArgumentError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
 from countvae.model.settings import DEFAULT_N_LATENT
 
@@ -29,11 +29,13 @@ __all__ = [
     "add_output_arguments",
     "emit",
     "exit_codes",
+    "importance_samples",
     "model_kwargs_of",
     "progress_enabled",
     "read_h5ad",
     "refuse_existing_output",
     "refuse_file_as_output",
+    "refuse_inputs_in_output",
     "train_kwargs_of",
 ]
 
@@ -74,6 +76,18 @@ def exit_codes(failure_also: str = "") -> str:
     )
 
 
+def importance_samples(text: str) -> int:
+    """The ``type`` of ``--n-samples``: an integer of at least 2, refused before any fitting (exit code 2)."""
+    # Checked here rather than by the library, whose error comes after the fits and names its argument.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (the estimator's spread needs two draws), got {value}")
+    return value
+
+
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``DATA`` (an .h5ad path; optional where an embedded default exists), ``--layer``, ``--batch-key``."""
     parser.add_argument(
@@ -101,12 +115,14 @@ def add_model_arguments(
     defaults: Mapping[str, Any] | None = None,
     default_text: Mapping[str, str] | None = None,
     help_text: Mapping[str, str] | None = None,
+    unset_when_absent: bool = False,
 ) -> None:
     """The model and training options shared by ``fit``, ``diagnose`` and ``verify-invariance``.
 
     Each is a field of :class:`~countvae.model.ModelSettings` (:data:`MODEL_OPTIONS`) or
     :class:`~countvae.model.TrainingPlan` (:data:`TRAINING_OPTIONS`) with its default, unless a command gives its own
-    by ``dest`` in ``defaults`` (``default_text`` saying how it reads) or another help in ``help_text``.
+    by ``dest`` in ``defaults`` (``default_text`` saying how it reads) or another help in ``help_text``. With
+    ``unset_when_absent`` each parses to ``None`` when not given (:func:`add_setting_option`).
     """
     defaults, default_text, help_text = dict(defaults or {}), dict(default_text or {}), dict(help_text or {})
     unknown = sorted((set(defaults) | set(default_text) | set(help_text)) - set(MODEL_OPTIONS) - set(TRAINING_OPTIONS))
@@ -122,7 +138,13 @@ def add_model_arguments(
         for name, text in options.items():
             extra = {"default": defaults[name]} if name in defaults else {}
             add_setting_option(
-                parser, cls, name, help_text.get(name, text), default_text=default_text.get(name), **extra
+                parser,
+                cls,
+                name,
+                help_text.get(name, text),
+                default_text=default_text.get(name),
+                unset_when_absent=unset_when_absent,
+                **extra,
             )
 
 
@@ -174,6 +196,51 @@ def progress_enabled(args: argparse.Namespace) -> bool:
         return os.isatty(sys.stderr.fileno())
     except (AttributeError, OSError, ValueError):
         return False
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies inside it, as written (``..`` resolved) or with links followed."""
+    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(folder))), (path.resolve(), folder.resolve()))
+    return any(p.is_relative_to(f) for p, f in pairs)
+
+
+def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced: Iterable[str] = ("",)) -> None:
+    """Fail before any work when ``--out`` is empty, a file, or writing it could delete an input or the working folder.
+
+    Parameters
+    ----------
+    out
+        The ``--out`` folder.
+    inputs
+        Each input as the message names it (``"the data file"``) and its path (``None``: not given).
+    replaced
+        The folders under ``out`` that the command writes whole and replaces with ``--overwrite`` (``""``: ``out``
+        itself): whatever they hold would be deleted, so they must hold no input (checked with or without
+        ``--overwrite``, whose remedy the existing folder would otherwise suggest).
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``out`` is empty.
+    OutputExistsError
+        If ``out`` is a file, or a replaced folder is or holds an input or the working folder.
+
+    """
+    if not out.strip():
+        raise InvalidArgumentError("--out is empty; give the folder to write, e.g. --out results.")
+    refuse_file_as_output(out)
+    named = {**{label: Path(path) for label, path in inputs.items() if path}, "the working folder": Path.cwd()}
+    for sub in replaced:
+        folder = Path(out, sub)
+        for label, path in named.items():
+            if _within(path, folder):
+                where = f"--out {out}" if not sub else str(folder)
+                shown = label if label == "the working folder" else f"{label} {path}"
+                verb = "is" if _within(folder, path) else "holds"
+                raise OutputExistsError(
+                    f"{where} {verb} {shown}; this command replaces {folder} whole, so it would be deleted. Choose "
+                    "another --out (a new folder)."
+                )
 
 
 def refuse_file_as_output(out: str) -> None:

@@ -38,6 +38,7 @@ from countvae.cli.common import (
     model_kwargs_of,
     progress_enabled,
     read_h5ad,
+    refuse_inputs_in_output,
     train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import ONLY_WITH_RESTRICTIONS, add_restriction_arguments, run_restrictions
@@ -355,6 +356,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
     """
     started = time.perf_counter()
+    refuse_inputs_in_output(args.out, {"the data file": args.data}, replaced=("report", "fits"))
     if args.data is not None and args.write_h5ad is not None:  # diagnose itself sees the data in memory, not its file
         written = Path(args.write_h5ad)
         if written.exists() and Path(args.data).exists() and written.samefile(args.data):

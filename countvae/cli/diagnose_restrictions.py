@@ -15,6 +15,7 @@ from pathlib import Path
 
 import anndata as ad
 
+from countvae._io import explained_write_errors
 from countvae.cli.common import emit
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics import DiagnosePlan, compare_restrictions
@@ -176,7 +177,8 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_
         progress_bar=s.progress_bar,
     )
     remove_interrupted_report(report_dir)
-    rep.save(report_dir, overwrite=args.overwrite)
+    with explained_write_errors(report_dir, reused=True):  # the fits stored are reused by a rerun
+        rep.save(report_dir, overwrite=args.overwrite)
     table = rep.restrictions
     result = {
         "report": str(report_dir / "report.html"),

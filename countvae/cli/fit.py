@@ -18,10 +18,12 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    importance_samples,
     model_kwargs_of,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    refuse_inputs_in_output,
     train_kwargs_of,
 )
 from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
@@ -65,7 +67,7 @@ def register(sub: Subcommands) -> None:
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
         "--n-samples",
-        type=int,
+        type=importance_samples,
         default=None,
         help="importance draws per held-out cell entering the estimate (default 800, after a 200-draw pilot)",
     )
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``countvae fit``."""
     started = time.perf_counter()
     check_number("heldout_fraction (--heldout-fraction)", args.heldout_fraction, 0.0, 1.0, high_open=True)
+    refuse_inputs_in_output(args.out, {"the data file": args.data})
     refuse_existing_output(args.out, args.overwrite)
     adata = read_h5ad(args.data) if args.data else default_data()
     batch_key = args.batch_key if args.data or args.batch_key else "batch"  # the embedded data's batches

@@ -6,16 +6,18 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from countvae._io import explained_write_errors
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
     add_output_arguments,
     emit,
     exit_codes,
+    importance_samples,
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
-    refuse_file_as_output,
+    refuse_inputs_in_output,
 )
 from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
@@ -48,17 +50,6 @@ def _list_of(kind: type, choices: tuple[str, ...] | None = None) -> Any:
         return values
 
     return parse
-
-
-def _importance_samples(text: str) -> int:
-    # Checked here rather than by compare_models, whose error names its argument n_lpd_samples, not this option.
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be at least 2 (the estimator's spread needs two draws), got {value}")
-    return value
 
 
 def register(sub: Subcommands) -> None:
@@ -109,7 +100,7 @@ def register(sub: Subcommands) -> None:
         help="Adam learning rate (default: 1e-3; with --early-stopping 1e-2, cut to 1e-3 when the validation stalls)",
     )
     p.add_argument(
-        "--n-samples", type=_importance_samples, default=100, help="importance samples per held-out cell (default 100)"
+        "--n-samples", type=importance_samples, default=100, help="importance samples per held-out cell (default 100)"
     )
     p.add_argument(
         "--n-jobs",
@@ -130,7 +121,7 @@ def register(sub: Subcommands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Execute ``countvae select``."""
     out = Path(args.out)
-    refuse_file_as_output(str(out))
+    refuse_inputs_in_output(args.out, {"the data file": args.data}, replaced=("fits", "comparison"))
     refuse_existing_output(str(out / "comparison"), args.overwrite)
     if args.seeds < 2:
         raise InvalidArgumentError(f"--seeds {args.seeds}: stability needs at least 2 seeds; e.g. --seeds 3.")
@@ -156,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
             progress_bar=progress_enabled(args),
             overwrite=args.overwrite,
         )
-        comparison.save(out / "comparison", overwrite=args.overwrite)
+        with explained_write_errors(out / "comparison", reused=True):  # the fits stored are reused by a rerun
+            comparison.save(out / "comparison", overwrite=args.overwrite)
     result = {
         "recommended": comparison.recommended,
         "rule": comparison.rule,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,6 +27,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
     refuse_existing_output,
+    refuse_inputs_in_output,
     train_kwargs_of,
 )
 from countvae.data.registry import setup_anndata
@@ -32,7 +35,7 @@ from countvae.data.simulate import simulate
 from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import verify
-from countvae.model import CountVAE
+from countvae.model import CountVAE, ModelSettings, TrainingPlan
 
 logger = logging.getLogger("countvae.cli")
 
@@ -74,7 +77,7 @@ def register(sub: Subcommands) -> None:
     )
     add_data_arguments(p)
     p.add_argument("--model", default=None, metavar="DIR", help="a saved model folder instead of fitting one")
-    add_model_arguments(p, defaults=MODEL_DEFAULTS)
+    add_model_arguments(p, defaults=MODEL_DEFAULTS, unset_when_absent=True)
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument("--max-cells", type=int, default=500, help="held-out cells evaluated at most (default 500)")
     p.add_argument("--n-samples", type=int, default=500, help="importance draws per cell (default 500)")
@@ -92,6 +95,20 @@ def default_data():
     return simulate(n_cells=1200, n_genes=100, n_latent=2, likelihood="poisson", library_size=500, n_batches=2, seed=0)
 
 
+def _fit_settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model and training settings of the model fitted without ``--model``.
+
+    The options given, else :data:`MODEL_DEFAULTS`, else the settings' own defaults (the options parse to ``None``
+    when absent, so that ``--model`` can refuse every one given).
+    """
+
+    def filled(values: dict[str, Any], cls: type) -> dict[str, Any]:
+        defaults = {field.name: field.default for field in dataclasses.fields(cls)}
+        return {name: MODEL_DEFAULTS.get(name, defaults[name]) if v is None else v for name, v in values.items()}
+
+    return filled(model_kwargs_of(args), ModelSettings), filled(train_kwargs_of(args), TrainingPlan)
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     if not 0.0 < args.heldout_fraction < 1.0:
         raise InvalidArgumentError(f"--heldout-fraction must lie in (0, 1), got {args.heldout_fraction}.")
@@ -101,12 +118,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.elbo_refit_steps < 0:
         raise InvalidArgumentError("--elbo-refit-steps must not be negative.")
     if args.model is not None:
-        from countvae.cli import build_parser  # the command's defaults: the options left out
-
-        defaults = build_parser().parse_args(["verify-invariance"])
-        set_here = [
-            name for name in (*MODEL_OPTIONS, *TRAINING_OPTIONS) if getattr(args, name) != getattr(defaults, name)
-        ]
+        set_here = [name for name in (*MODEL_OPTIONS, *TRAINING_OPTIONS) if getattr(args, name) is not None]
         if set_here:
             options = ", ".join("--" + name.replace("_", "-") for name in set_here)
             raise InvalidArgumentError(
@@ -119,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``countvae verify-invariance``."""
     started = time.perf_counter()
     _check_arguments(args)
+    refuse_inputs_in_output(args.out, {"the data file": args.data, "the --model folder": args.model})
     refuse_existing_output(args.out, args.overwrite)
     show = progress_enabled(args)
     adata = read_h5ad(args.data) if args.data else default_data()
@@ -138,9 +151,10 @@ def run(args: argparse.Namespace) -> int:
     if len(held_idx) > args.max_cells:
         held_idx = np.sort(np.random.default_rng(args.seed).choice(held_idx, args.max_cells, replace=False))
     if model is None:
-        model = CountVAE(adata[fit_idx].copy(), **model_kwargs_of(args))
+        model_kwargs, train_kwargs = _fit_settings(args)
+        model = CountVAE(adata[fit_idx].copy(), **model_kwargs)
         logger.info("Training %r on %d cells", model, len(fit_idx))
-        model.train(**train_kwargs_of(args), seed=args.seed, progress_bar=show)
+        model.train(**train_kwargs, seed=args.seed, progress_bar=show)
     held = adata[held_idx].copy()
     logger.info("Checking invariance of %r on %d held-out cells", model, len(held_idx))
     report = verify(

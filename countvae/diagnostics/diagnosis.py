@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import inspect
 import logging
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +33,7 @@ from typing import Any
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
 from countvae._checks import check_bool, check_int, check_number
 from countvae._io import atomic_file_path, explained_write_errors, remove_interrupted_writes
@@ -54,7 +57,7 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError, OutputWriteError
 from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
@@ -319,6 +322,7 @@ def _diagnose_planned(
     s = plan.settings
     if plan.h5ad_path is not None:
         _check_writable(plan.h5ad_path)
+        refuse_without_room(plan.h5ad_path, plan.adata)
     if before_fitting is not None:
         before_fitting(plan)
     if plan.report_dir is not None and s.overwrite:
@@ -334,13 +338,16 @@ def _diagnose_planned(
     pending = None if plan.h5ad_path is None else plan.h5ad_path.with_name(f".{plan.h5ad_path.name}.pending")
     try:
         if pending is not None:
-            with atomic_file_path(pending, overwrite=True) as tmp:
+            refuse_without_room(plan.h5ad_path, plan.adata)  # checked again: the fits may have filled the disk
+            # told about the path asked for, not the pending name
+            with explained_write_errors(plan.h5ad_path, reused=True), atomic_file_path(pending, True) as tmp:
                 write_analysed_h5ad(rep, fits, plan.adata, tmp, s.overwrite)
         if plan.report_dir is not None:
             remove_interrupted_report(plan.report_dir)
-            rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
+            with explained_write_errors(plan.report_dir, reused=True):
+                rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
         if pending is not None:
-            with explained_write_errors(plan.h5ad_path):
+            with explained_write_errors(plan.h5ad_path, reused=True):
                 os.replace(pending, plan.h5ad_path)
             logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
     finally:
@@ -433,7 +440,7 @@ def _check_writable(path: Path) -> None:
 
     The saved report would then refuse the rerun with another path unless ``overwrite`` refits every seed.
     """
-    with explained_write_errors(path):
+    with explained_write_errors(path, reused=True):
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
             pass
@@ -541,3 +548,60 @@ def write_analysed_h5ad(
     fits.fits[0].model.write_results(adata, layer=None, overwrite=overwrite)
     rep.write(adata, overwrite=overwrite)
     adata.write_h5ad(path)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of an array, sparse matrix or table in memory (0 for what has no size, e.g. a backed dataset)."""
+    if sp.issparse(value):
+        return sum(
+            getattr(value, name).nbytes for name in ("data", "indices", "indptr", "row", "col") if hasattr(value, name)
+        )
+    if isinstance(value, pd.DataFrame):
+        return int(value.memory_usage(deep=True).sum())
+    return int(getattr(value, "nbytes", 0) or 0)
+
+
+def estimated_h5ad_bytes(adata: ad.AnnData) -> int:
+    """About the size of ``adata`` written as .h5ad (uncompressed, as ``write_h5ad`` writes by default).
+
+    Its arrays and tables (a backed file's size for its ``X``) plus a tenth and 1 MiB for HDF5's own structures and
+    the report's columns, which the analysed copy adds.
+    """
+    arrays = [
+        *adata.layers.values(),
+        *adata.obsm.values(),
+        *adata.varm.values(),
+        *adata.obsp.values(),
+        *adata.varp.values(),
+        adata.obs,
+        adata.var,
+    ]
+    if adata.raw is not None:
+        arrays += [adata.raw.X, adata.raw.var]
+    total = sum(_nbytes(value) for value in arrays)
+    total += os.path.getsize(adata.filename) if adata.isbacked else _nbytes(adata.X)
+    return int(1.1 * total) + 2**20
+
+
+def refuse_without_room(path: Path, adata: ad.AnnData) -> None:
+    """Refuse to write ``adata`` to ``path`` when the disk of ``path``'s folder has not room for it.
+
+    HDF5 can crash the process (a segmentation fault) when the disk fills while it closes the file, leaving the
+    file half-written and the output folder locked, so a write that would not fit is not started.
+
+    Raises
+    ------
+    OutputWriteError
+        If the free space is less than :func:`estimated_h5ad_bytes`.
+
+    """
+    needed, free = estimated_h5ad_bytes(adata), shutil.disk_usage(path.parent).free
+    if needed > free:
+        error = OutputWriteError(
+            f"Could not write {path}: the analysed copy needs about {needed / 2**20:.1f} MiB and the disk of "
+            f"{path.parent} has {free / 2**20:.1f} MiB free. Free disk space, or choose a write_h5ad path "
+            "(--write-h5ad) on another disk, and rerun: finished results are reused."
+        )
+        error.errno = errno.ENOSPC
+        error.filename = str(path)
+        raise error

@@ -13,6 +13,8 @@ The folder is built under a temporary name and renamed into place.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,14 @@ from typing import Any
 import anndata as ad
 import torch
 
-from countvae._io import atomic_directory, load_checked_tensors, read_versioned_json, sha256_file, write_json_atomic
+from countvae._io import (
+    atomic_directory,
+    load_checked_tensors,
+    read_versioned_json,
+    sha256_file,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from countvae._provenance import package_versions
 from countvae.errors import InvalidArgumentError, ModelFileError
 
@@ -49,13 +58,15 @@ def write_model_folder(
 ) -> Path:
     """Write a model folder atomically (see module docstring)."""
     with atomic_directory(_folder(dir_path), overwrite=overwrite) as tmp:
-        params = tmp / PARAMS_FILE
-        torch.save({k: v.detach().cpu() for k, v in tensors.items()}, params)
+        # Serialised in memory: torch's file writer reports a full disk as a RuntimeError, the byte writer as OSError.
+        buffer = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in tensors.items()}, buffer)
+        write_bytes_atomic(tmp / PARAMS_FILE, buffer.getvalue())
         record = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
             "versions": package_versions(),
-            "checksums": {PARAMS_FILE: sha256_file(params)},
+            "checksums": {PARAMS_FILE: hashlib.sha256(buffer.getvalue()).hexdigest()},
             **settings,
         }
         if adata is not None:

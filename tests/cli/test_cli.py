@@ -225,3 +225,194 @@ def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options()
     assert in_option_terms("pass `layer=...` or setup_anndata(adata, layer=...)", options) == (
         "pass --layer VALUE or setup_anndata(adata, layer=...)"
     )
+
+
+def _never_trains(monkeypatch):
+    from countvae.model import CountVAE
+
+    def train(*args, **kwargs):
+        raise AssertionError("the command trained a model before refusing its command line")
+
+    monkeypatch.setattr(CountVAE, "train", train)
+
+
+def test_fit_refuses_an_out_holding_its_data_file_before_any_work(tmp_path, capsys, monkeypatch):
+    # --out naming the folder of the data file, with --overwrite, replaced the folder: the data file was deleted.
+    project = tmp_path / "proj"
+    project.mkdir()
+    data = _write_counts(project / "data.h5ad")
+    (project / "notes.txt").write_text("notes")
+    before = data.read_bytes()
+    _never_trains(monkeypatch)
+    for overwrite in (["--overwrite"], []):  # without it, the remedy must not be --overwrite
+        assert main(["fit", str(data), "--quiet", "--out", str(project), *overwrite]) == 1
+        err = capsys.readouterr().err
+        assert err == (
+            f"countvae fit: error: --out {project} holds the data file {data}; this command replaces {project} "
+            "whole, so it would be deleted. Choose another --out (a new folder).\n"
+        )
+    assert data.read_bytes() == before and (project / "notes.txt").is_file()
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [(".", "--out . is the working folder"), ("..", "--out .. holds the working folder"), ("", "--out is empty")],
+)
+def test_fit_refuses_the_working_folder_and_an_empty_out_before_fitting(tmp_path, capsys, monkeypatch, out, message):
+    # --out . trained, then crashed with an OSError traceback (EBUSY renaming '.'); --out "" had an empty name
+    here = tmp_path / "a" / "b"
+    here.mkdir(parents=True)
+    monkeypatch.chdir(here)
+    _never_trains(monkeypatch)
+    assert main(["fit", "--quiet", "--max-epochs", "1", "--out", out, "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: {message}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b"]
+
+
+def test_replacing_the_working_folder_is_one_write_error_not_a_traceback(tmp_path, monkeypatch):
+    from countvae._io import atomic_directory
+    from countvae.errors import OutputWriteError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputWriteError, match=r"Could not write \.: Device or resource busy \(EBUSY\)"):
+        with atomic_directory(".", overwrite=True) as tmp:
+            (tmp / "x.txt").write_text("x")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("command", "inside"),
+    [("diagnose", "report"), ("diagnose", "fits/fits"), ("select", "comparison"), ("select", "fits/c")],
+)
+def test_diagnose_and_select_refuse_an_input_in_the_folders_they_replace(
+    tmp_path, capsys, monkeypatch, command, inside
+):
+    # they replace only OUT/report, OUT/fits... (not OUT), so a data file there was deleted with --overwrite
+    out = tmp_path / "out"
+    (out / inside).mkdir(parents=True)
+    data = _write_counts(out / inside / "data.h5ad")
+    _never_trains(monkeypatch)
+    fast = ["--seeds", "2", "--max-epochs", "1", "--n-jobs", "1", "--quiet", "--overwrite"]
+    assert main([command, str(data), *fast, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    replaced = out / inside.split("/")[0]
+    assert f"error: {replaced} holds the data file {data}; this command replaces {replaced} whole" in err
+    assert data.is_file()
+    # beside the folders the command replaces, in OUT itself, the data file is safe and not refused
+    from countvae.cli.common import refuse_inputs_in_output
+
+    refuse_inputs_in_output(str(out), {"the data file": str(out / "data.h5ad")}, replaced=("report", "fits"))
+
+
+@pytest.mark.parametrize("command", ["diagnose", "select"])
+def test_seed_is_not_taken_as_an_abbreviation_of_seeds(command, capsys):
+    # diagnose --seed 3 ran seeds 0, 1, 2 (argparse expanded it to --seeds 3), where fit --seed 3 is a seed
+    with pytest.raises(SystemExit) as info:
+        main([command, "data.h5ad", "--seed", "3"])
+    assert info.value.code == 2 and "unrecognized arguments: --seed 3" in capsys.readouterr().err
+
+
+def test_no_option_of_any_command_can_be_abbreviated(capsys):
+    import argparse
+
+    from countvae.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, sub in commands.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        for option in sorted(o for o in options if o.startswith("--") and len(o) > 4):
+            prefix = option[:-1]
+            if prefix in options:
+                continue
+            with pytest.raises(SystemExit) as info:
+                parser.parse_args([name, "data.h5ad", prefix, "1"])
+            assert info.value.code == 2, f"countvae {name} {prefix} was taken as {option}"
+    capsys.readouterr()
+
+
+def test_the_docs_name_every_option_in_full():
+    """An abbreviated option in the docs would be a wrong command line (exit code 2): options are never abbreviated."""
+    import argparse
+    import re
+    from pathlib import Path
+
+    from countvae.cli import build_parser
+
+    parser = build_parser()
+    options = {o for a in parser._actions for o in a.option_strings}
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    options |= {o for sub in commands.values() for a in sub._actions for o in a.option_strings}
+    root = Path(__file__).resolve().parents[2]
+    for page in (root / "docs" / "cli.md", root / "README.md"):
+        named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", page.read_text(encoding="utf-8")))
+        assert named and named <= options, f"{page.name} names {sorted(named - options)}, which are not options"
+
+
+def test_fit_checks_n_samples_before_fitting(tmp_path, capsys, monkeypatch):
+    # --n-samples 0 was refused only after training, and the trained model was thrown away
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    for value in ("0", "1", "x"):
+        with pytest.raises(SystemExit) as info:
+            main(["fit", str(data), "--quiet", "--out", str(tmp_path / "o"), "--n-samples", value])
+        assert info.value.code == 2 and "--n-samples" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--n-latent", "0"], "--n-latent must be a positive integer, got 0."),
+        (["--max-epochs", "0"], "--max-epochs must be a positive integer, got 0."),
+        (["--lr", "-1"], "--lr must be a positive number, got -1.0."),
+        (["--seed", "-1"], "--seed must be an integer >= 0, got -1."),
+    ],
+)
+def test_argument_checks_name_the_option(tmp_path, capsys, args, message):
+    # they named the Python argument: "n_latent must be a positive integer, got 0."
+    data = _write_counts(tmp_path / "d.h5ad")
+    assert main(["fit", str(data), "--quiet", "--out", str(tmp_path / "o"), *args]) == 1
+    assert capsys.readouterr().err == f"countvae fit: error: {message}\n"
+
+
+def test_a_leading_name_must_be_is_rewritten_only_for_the_commands_options():
+    from countvae.cli import in_option_terms
+
+    options = {"n_latent": 0, "batch_size": 0, "command": "fit"}
+    assert in_option_terms("n_latent must be a positive integer, got 0.", options) == (
+        "--n-latent must be a positive integer, got 0."
+    )
+    assert in_option_terms("Too small. batch_size must be a positive integer.", options) == (
+        "Too small. --batch-size must be a positive integer."
+    )
+    for kept in (
+        "dropout_rate must be a number in [0, 1), got 2.",  # not an option of the command
+        "heldout_fraction (--heldout-fraction) must be a number",  # names its option already
+        "the n_latent must be positive",  # not at the start of a sentence
+        "command must be one of",
+    ):
+        assert in_option_terms(kept, options) == kept
+
+
+def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, capsys, monkeypatch):
+    # torch.save's RuntimeError ("[enforce fail at inline_container.cc] unexpected pos") ended in a traceback
+    import errno
+    import os
+
+    data = _write_counts(tmp_path / "d.h5ad")
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        if "params.pt" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fdopen(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    out = tmp_path / "o"
+    argv = ["fit", str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--n-samples", "10", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: Could not write {out}: the disk is full") and err.count("\n") == 1
+    assert err.endswith("and rerun.\n") and not (out.exists() or list(tmp_path.glob(".o.*")))

@@ -109,7 +109,7 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
         (["--markers", "NOT_A_GENE"], "NOT_A_GENE"),
         (["--markers", " , "], "--markers is empty"),
         (["--layer", "nope"], "nope"),
-        (["--equivalence-margin", "0"], "equivalence_margin"),
+        (["--equivalence-margin", "0"], "error: --equivalence-margin must be a number in (0, 1], got 0.0."),
     ],
 )
 def test_bad_input_one_line_errors(data_file, tmp_path, capsys, extra, message):

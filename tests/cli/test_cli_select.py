@@ -69,7 +69,7 @@ def test_select_refuses_a_file_as_out_and_bad_numbers_before_fitting_in_one_line
     assert taken.read_text() == "mine"
     assert main(["select", str(data), *fast, "--out", str(tmp_path / "s"), "--heldout-fraction", "1.5"]) == 1
     err = capsys.readouterr().err
-    assert "heldout_fraction must be a number in (0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
+    assert "error: --heldout-fraction must be a number in (0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
     # refused as a wrong command line, naming this option (the library's error named compare_models' n_lpd_samples)
     with pytest.raises(SystemExit) as stop:
         main(["select", str(data), *fast, "--out", str(tmp_path / "n"), "--n-samples", "1"])

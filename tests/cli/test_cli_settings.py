@@ -14,6 +14,7 @@ from countvae.cli import build_parser
 from countvae.cli import diagnose as diagnose_command
 from countvae.cli.common import MODEL_OPTIONS, TRAINING_OPTIONS, model_kwargs_of, train_kwargs_of
 from countvae.cli.verify_invariance import MODEL_DEFAULTS as VERIFY_DEFAULTS
+from countvae.cli.verify_invariance import _fit_settings
 from countvae.diagnostics import DiagnoseSettings, DownstreamRequest, ReportSettings
 from countvae.model import ModelSettings, TrainingPlan
 
@@ -52,10 +53,11 @@ def test_model_and_training_options_have_the_library_defaults():
     assert model_kwargs_of(args) == {name: getattr(resolved, name) for name in MODEL_OPTIONS}
     assert train_kwargs_of(args) == _field_defaults(TrainingPlan, TRAINING_OPTIONS)
     # verify-invariance states its own defaults (a model small enough for the exact reference); the others are kept.
+    # Its options parse to None when absent, so that --model refuses every one given; the fit fills in the defaults.
     verify = _parsed("verify-invariance")
-    assert model_kwargs_of(verify) | train_kwargs_of(verify) == model_kwargs_of(args) | train_kwargs_of(args) | (
-        VERIFY_DEFAULTS
-    )
+    assert set(model_kwargs_of(verify).values()) | set(train_kwargs_of(verify).values()) == {None}
+    model, train = _fit_settings(verify)
+    assert model | train == model_kwargs_of(args) | train_kwargs_of(args) | VERIFY_DEFAULTS
 
 
 @pytest.fixture(scope="module")

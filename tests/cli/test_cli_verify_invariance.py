@@ -151,3 +151,49 @@ def test_a_failed_check_exits_1_with_one_line(tmp_path, capsys, monkeypatch):
     assert "checks disagree with the theory" in captured.err and captured.err.strip().count("\n") == 0
     assert json.loads((tmp_path / "o" / "report" / "report.json").read_text())["passed"] is False
     assert str(tmp_path / "o" / "report" / "report.md") in captured.err
+
+
+@pytest.fixture(scope="module")
+def model_folder(h5ad, tmp_path_factory):
+    """A project folder holding a model of the data's genes, briefly trained, in ``model/``."""
+    import anndata as ad
+
+    adata = ad.read_h5ad(h5ad)
+    cv.CountVAE.setup_anndata(adata)
+    model = cv.CountVAE(adata, n_latent=2, decoder="linear", likelihood="poisson")
+    model.train(max_epochs=1, progress_bar=False)
+    folder = tmp_path_factory.mktemp("project")
+    model.save(folder / "model")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--n-latent", "2"],
+        ["--likelihood", "poisson"],
+        ["--decoder", "linear"],
+        ["--n-hidden", "128"],
+        ["--batch-size", "128"],
+        ["--early-stopping"],
+    ],
+)
+def test_with_model_a_model_option_is_refused_even_at_its_default(h5ad, model_folder, tmp_path, capsys, given):
+    # options equal to the command's defaults were silently ignored; only other values were refused
+    args = ["verify-invariance", str(h5ad), "--model", str(model_folder / "model"), "--out", str(tmp_path / "v")]
+    assert main([*args, *FAST_CHECK, *given]) == 1
+    err = capsys.readouterr().err
+    assert f"{given[0]} set the model this command fits without --model" in err and err.count("\n") == 1
+    assert not (tmp_path / "v").exists()
+
+
+def test_an_out_holding_the_model_is_refused_before_any_work(h5ad, model_folder, capsys):
+    # --out DIR --overwrite with --model DIR/model replaced DIR: the model being checked was deleted
+    model = model_folder / "model"
+    args = ["verify-invariance", str(h5ad), "--model", str(model), "--out", str(model_folder), "--overwrite"]
+    assert main([*args, *FAST_CHECK]) == 1
+    assert capsys.readouterr().err == (
+        f"countvae verify-invariance: error: --out {model_folder} holds the --model folder {model}; this command "
+        f"replaces {model_folder} whole, so it would be deleted. Choose another --out (a new folder).\n"
+    )
+    assert (model / "model.json").is_file() and (model / "params.pt").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import anndata as ad
@@ -410,6 +411,63 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     with pytest.raises(OutputWriteError, match=r"Could not write \S*other[/\\]report: the disk is full"):
         diagnose(adata, settings=settings, out_dir=tmp_path / "other", write_h5ad=tmp_path / "other.h5ad")
     assert not (tmp_path / "other.h5ad").exists() and not list(tmp_path.glob(".other.h5ad*"))
+
+
+def _h5ad_settings(data_file, tmp_path):
+    adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
+    settings = DiagnoseSettings(
+        seeds=2,
+        model_kwargs=MODEL,
+        train_kwargs=TRAIN,
+        n_jobs=1,
+        out_dir=out,
+        write_h5ad=h5ad,
+        report_kwargs={"n_lpd_samples": 10, "ica": False},
+    )
+    return adata, settings
+
+
+def test_an_h5ad_the_disk_has_no_room_for_is_refused_before_and_after_fitting(data_file, tmp_path, monkeypatch):
+    # HDF5 crashed the process (a segmentation fault) when the disk filled while it closed the file, leaving a
+    # .partial file and the lock
+    from countvae.diagnostics import diagnosis
+
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    out, h5ad = settings.out_dir, settings.write_h5ad
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=2**19))
+    with pytest.raises(OutputWriteError) as info:
+        diagnose(adata, settings=settings)
+    message = str(info.value)
+    assert message.startswith(f"Could not write {h5ad}: the analysed copy needs about ") and info.value.errno == 28
+    assert "MiB and the disk of" in message and "has 0.5 MiB free. Free disk space" in message
+    assert not (out / "fits" / "fits" / "seed_0").exists(), "refused only after fitting"
+    # room before fitting, none when the copy is about to be written
+    free = iter([usage.free, 2**19])
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=next(free)))
+    with pytest.raises(OutputWriteError) as info:
+        diagnose(adata, settings=settings)
+    message = str(info.value)
+    assert message.startswith(f"Could not write {h5ad}: ") and message.endswith("finished results are reused.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"] and not (out / "report").exists()
+    assert (out / "fits" / "fits" / "seed_1").is_dir()
+    assert diagnosis.estimated_h5ad_bytes(adata) > data_file.stat().st_size  # the data and more
+
+
+def test_a_full_disk_while_writing_the_h5ad_names_the_path_asked_for(data_file, tmp_path, monkeypatch):
+    # it named the internal temporary file ".analysed.h5ad.pending"
+    from countvae.diagnostics import diagnosis
+
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+
+    def no_space(rep, fits, adata, path, overwrite):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(diagnosis, "write_analysed_h5ad", no_space)
+    with pytest.raises(OutputWriteError) as info:
+        diagnose(adata, settings=settings)
+    assert str(info.value).startswith(f"Could not write {settings.write_h5ad}: the disk is full")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["diag"]
 
 
 def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_file, tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ import anndata as ad
 
 from countvae._io import (
     atomic_directory,
+    explained_write_errors,
     read_versioned_json,
     remove_interrupted_writes,
     write_bytes_atomic,
@@ -96,7 +97,8 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
             )
         # fits/ without a manifest cannot be trusted to match this run.
         discard_folder(fits_dir)
-    write_json_atomic(manifest_path, manifest, overwrite=True)
+    with explained_write_errors(manifest_path, reused=True):
+        write_json_atomic(manifest_path, manifest, overwrite=True)
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
@@ -118,7 +120,7 @@ def store(fits_dir: Path, outcome: FitOutcome, family: str, progress: Progress |
     :data:`~.progress.SEED_STORED` once the folder is in place.
     """
     final = seed_folder(fits_dir, outcome.seed)
-    with atomic_directory(final) as tmp:
+    with explained_write_errors(final, reused=True), atomic_directory(final) as tmp:
         for relative, data in outcome.files.items():
             path = tmp / MODEL_FOLDER / relative
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ def locked(root: Path) -> Iterator[None]:
     lock = FileLock(root / LOCK_FILE, timeout=0)
     created = not root.exists()
     try:
-        with explained_write_errors(root):  # a read-only or full disk: one error that says so
+        with explained_write_errors(root, reused=True):  # a read-only or full disk: one error that says so
             root.mkdir(parents=True, exist_ok=True)
             lock.acquire()
     except Timeout:
