@@ -145,6 +145,12 @@ MULTI_SEED = NotebookChecks(
         Tolerance((7,), abs=0.05, why="alignment errors: each spans 0.01-0.1 over the 3 seed pairs"),
         Tolerance((8,), abs=0.06, why="marker R2 and correlations: spread across the 3 seeds 0.01-0.06"),
         Tolerance((9,), abs=0.04, why="posterior predictive errors: spread across the 3 seeds up to 0.04"),
+        Tolerance(
+            (10,),
+            abs=0.025,
+            why="means per cell type of each cell's k-NN agreement between the 3 seeds: moved by up to 0.011 under "
+            "torch's portable kernels (benchmarks/RESULTS.md, test-suite-other-kernels); twice that",
+        ),
     ],
     free_lines=[
         FreeLines(
@@ -203,6 +209,15 @@ ICA = NotebookChecks(
 QUICKSTART = NotebookChecks(
     tolerances=[
         Tolerance(
+            (3,),
+            line="epochs_trained|kept_epoch",
+            integers=True,
+            abs=16,
+            why="the epoch early stopping ends a single fit at: its validation loss is flat near the minimum, so the "
+            "last digits of a fit move it (44 and 38 in the stored run, 36 and 34 under torch's portable kernels, "
+            "benchmarks/RESULTS.md test-suite-other-kernels); twice the largest movement",
+        ),
+        Tolerance(
             (6,),
             line="clusters of Leiden seed 0",
             abs=0.25,
@@ -249,6 +264,15 @@ QUICKSTART = NotebookChecks(
 
 DE_ACROSS_SEEDS = NotebookChecks(
     tolerances=[
+        Tolerance(
+            (3,),
+            above=10,
+            integers=True,
+            abs=27,
+            why="a seed's DE calls may land anywhere in the range the 5 seeds span (62-89): under torch's portable "
+            "kernels seed 3 called 86 genes where the stored run has 72 (benchmarks/RESULTS.md, "
+            "test-suite-other-kernels)",
+        ),
         Tolerance(
             (3,),
             rel=0.15,
