@@ -183,16 +183,15 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
             below.append(0.0)
             above.append(0.0)
             continue
-        found = pairs[
-            ((pairs["fit_a"] == fit) & (pairs["fit_b"] == best)) | ((pairs["fit_a"] == best) & (pairs["fit_b"] == fit))
-        ]
+        fit_a, fit_b = pairs["fit_a"].astype(str), pairs["fit_b"].astype(str)  # as the fits' names above
+        found = pairs[((fit_a == fit) & (fit_b == best)) | ((fit_a == best) & (fit_b == fit))]
         if found.empty:
             raise InvalidArgumentError(
                 f"paired_lpd_differences: pairs has no row for {fit!r} and the best fit {best!r}; pass the "
                 "predictive_pairs table of the same report."
             )
         row = found.iloc[0]
-        sign = 1.0 if row["fit_a"] == fit else -1.0
+        sign = 1.0 if str(row["fit_a"]) == fit else -1.0
         d = sign * float(row["diff_per_cell"])
         if intervals:
             lo, hi = sorted((sign * float(row["ci_low"]), sign * float(row["ci_high"])))
@@ -214,6 +213,21 @@ def paired_lpd_differences(predictive: pd.DataFrame, pairs: pd.DataFrame, ax: Ax
     return ax
 
 
+def _check_marker_table(correlations: pd.DataFrame, fits: list, markers: list) -> None:
+    """One correlation per seed, marker and dimension, and every marker in every seed."""
+    repeated = correlations.duplicated(["fit", "marker", "dim"])
+    if repeated.any():
+        first = correlations[repeated].iloc[0]
+        raise InvalidArgumentError(
+            f"marker_correlations: {int(repeated.sum())} rows repeat a seed, marker and dimension (e.g. "
+            f"{first['fit']!r}, {first['marker']!r}, z{first['dim']}); pass one correlation for each."
+        )
+    for fit in fits:
+        missing = sorted(set(markers) - set(correlations.loc[correlations["fit"] == fit, "marker"]))
+        if missing:
+            raise InvalidArgumentError(f"marker_correlations: seed {fit!r} has no rows for markers {missing[:5]}.")
+
+
 @_text_as_written
 def marker_correlations(
     correlations: pd.DataFrame, axes: np.ndarray | None = None, max_markers: int = 24
@@ -228,9 +242,14 @@ def marker_correlations(
         raise InvalidArgumentError("marker_correlations got an empty table; there is nothing to draw.")
     fits = list(dict.fromkeys(correlations["fit"]))
     markers = list(dict.fromkeys(correlations["marker"]))[:max_markers]
+    _check_marker_table(correlations, fits, markers)
     if axes is None:
         axes = new_axes(ncols=len(fits), size=(0.35 * correlations["dim"].nunique() + 1.8, 0.3 * len(markers) + 1.4))[0]
-    axes = np.asarray(axes).ravel()
+    axes = np.atleast_1d(np.asarray(axes, dtype=object)).ravel()
+    if len(axes) < len(fits):  # zip would have left the other seeds out without a word
+        raise InvalidArgumentError(
+            f"marker_correlations draws one heatmap per seed: {len(fits)} seeds, but {len(axes)} axes were given."
+        )
     image = None
     for ax, fit in zip(axes, fits, strict=False):
         sub = correlations[(correlations["fit"] == fit) & correlations["marker"].isin(markers)]
@@ -321,7 +340,9 @@ def invariants(table: pd.DataFrame, ax: Axes | None = None) -> Axes:
         for yi, t in zip(y, rows["threshold"].astype(float), strict=True):
             ax.plot([t, t], [yi - 0.4, yi + 0.4], color="grey", lw=1.2)
     ax.set_yticks(y, rows["quantity"], fontsize=8)
-    ax.set_xlim(min(0.0, float(rows["agreement"].fillna(0).to_numpy(dtype=float).min(initial=0.0))), 1.0)
+    drawn = [rows[c].to_numpy(dtype=float) for c in ("agreement", "low", "aligned_agreement") if c in rows]
+    left = min([0.0] + [float(v[np.isfinite(v)].min()) for v in drawn if np.isfinite(v).any()])
+    ax.set_xlim(left, 1.0)  # every drawn interval end, not only the agreements (a low end below them was cut off)
     ax.set_xlabel("agreement across seeds (worst pair; bars: interval; grey ticks: threshold)")
     handles = [Patch(color=c, label=v) for v, c in _VERDICT_COLOURS.items() if v in set(rows["verdict"])]
     if has.any():
@@ -444,6 +465,8 @@ def _check_latent_panels(panels: list[np.ndarray], labels: Sequence | None, dims
             f"{panels[1].shape}."
         )
     n_cells, n_dims = panels[0].shape
+    if len(dims) != 2:
+        raise InvalidArgumentError(f"dims names the two latent dimensions drawn; got {tuple(dims)}.")
     used = dims[:1] if n_dims == 1 else dims
     if any(not 0 <= d < n_dims for d in used):
         raise InvalidArgumentError(f"dims {tuple(dims)} must be latent dimensions in [0, {n_dims}).")
@@ -483,7 +506,10 @@ def latent_before_after(
     """
     panels = [np.asarray(latent), np.asarray(latent_transformed)]
     _check_latent_panels(panels, labels, dims)
-    axes = new_axes(ncols=2, size=(4.2, 3.8))[0] if axes is None else np.asarray(axes, dtype=object)
+    if len(titles) != 2:
+        raise InvalidArgumentError(f"titles names the two panels; got {len(titles)} titles.")
+    axes = new_axes(ncols=2, size=(4.2, 3.8))[0] if axes is None else np.atleast_1d(np.asarray(axes, dtype=object))
+    axes = axes.ravel()
     if len(axes) != 2:
         raise InvalidArgumentError(f"latent_before_after draws two panels; got {len(axes)} axes.")
     categories = pd.Categorical(labels) if labels is not None else None
@@ -547,6 +573,12 @@ def loadings_before_after(
         )
     if not 0 <= dim < W0.shape[1]:
         raise InvalidArgumentError(f"dim must be a latent dimension in [0, {W0.shape[1]}), got {dim}.")
+    if names.has_duplicates:
+        raise InvalidArgumentError(
+            f"gene_names repeats {sorted(set(names[names.duplicated()]))[:5]}; each row needs its own name."
+        )
+    if isinstance(genes, str):  # one gene, not its letters
+        genes = [genes]
     ax = _ax(ax, size=(5.0, 4.0))
     if genes is None:
         rows = np.argsort(-np.linalg.norm(W0, axis=1))[:12]
@@ -570,8 +602,9 @@ def loadings_before_after(
 def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None = None, ax: Axes | None = None) -> Axes:
     """Per-cell ``|log p(x) transformed - original|`` (same base noise) for every map, on a log scale.
 
-    Exact zeros are drawn at ``ZERO_FLOOR`` (1e-17). Prior-preserving maps sit at rounding level (about 1e-13 nats in
-    float64), the controls at the size of a real change (about 1 nat).
+    Exact zeros are drawn at ``ZERO_FLOOR`` (1e-17), and cells whose difference is NaN or infinite as red crosses at
+    the right edge, counted in the legend. Prior-preserving maps sit at rounding level (about 1e-13 nats in float64),
+    the controls at the size of a real change (about 1 nat).
 
     Parameters
     ----------
@@ -587,9 +620,19 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
         _require(frame, ["lpd", "lpd_crn"], f"lpd_differences ({label!r})")
     ax = _ax(ax, size=(6.5, 0.45 * len(per_cell) + 1.5))
     rng = np.random.default_rng(0)
-    for row, frame in enumerate(per_cell.values()):
-        shown = np.maximum(np.abs(frame["lpd_crn"].to_numpy() - frame["lpd"].to_numpy()), ZERO_FLOOR)
+    diffs = [np.abs(f["lpd_crn"].to_numpy(dtype=float) - f["lpd"].to_numpy(dtype=float)) for f in per_cell.values()]
+    finite = np.concatenate([d[np.isfinite(d)] for d in diffs] + [np.zeros(1)])
+    edge = 10.0 * max(float(finite.max()), 1.0)  # where cells without a finite difference are drawn
+    n_bad = 0
+    for row, diff in enumerate(diffs):
+        bad = ~np.isfinite(diff)  # a log axis would leave them out, and the cells left would read as invariant
+        shown = np.maximum(diff[~bad], ZERO_FLOOR)
         ax.scatter(shown, row + rng.uniform(-0.25, 0.25, len(shown)), s=5, alpha=0.5, rasterized=True)
+        if bad.any():
+            ax.scatter(np.full(bad.sum(), edge), row + rng.uniform(-0.25, 0.25, bad.sum()), marker="x", color="C3")
+            n_bad += int(bad.sum())
+    if n_bad:
+        ax.scatter([], [], marker="x", color="C3", label=f"NaN or infinite difference ({n_bad} cells)")
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
     ax.set_yticks(range(len(per_cell)), list(per_cell))
@@ -597,6 +640,7 @@ def lpd_differences(per_cell: dict[str, pd.DataFrame], threshold: float | None =
     ax.axvline(ZERO_FLOOR, color="0.7", lw=0.8, ls=":")
     if threshold is not None:
         ax.axvline(threshold, color="C3", lw=1.0, ls="--", label=f"tolerance {threshold:g}")
+    if threshold is not None or n_bad:
         ax.legend(frameon=False, fontsize="small", loc="lower right")
     ax.set_xlabel("|log p(x) transformed - original| per cell (nats; exact 0 drawn at the dotted line)")
     return ax
@@ -609,14 +653,18 @@ def output_changes(outputs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     Parameters
     ----------
     outputs
-        ``InvarianceReport.outputs`` (its ``"invariant under"`` column is shown in the row labels).
+        ``InvarianceReport.outputs`` (its ``"invariant under"`` column is shown in the row labels). A value not
+        measured (NaN) is left blank; changes of 10 and more (infinite ones too) take the top colour.
     ax
         Axes to draw into (default: a new figure).
 
     """
     values = outputs.drop(columns=["invariant under"], errors="ignore").astype(float)
+    if (values.to_numpy() < 0).any():  # drawn as "none" before
+        raise InvalidArgumentError("output_changes: a change is a size, never negative; pass InvarianceReport.outputs.")
     ax = _ax(ax, size=(1.1 * values.shape[1] + 4.5, 0.45 * values.shape[0] + 1.8))
-    shown = np.log10(np.maximum(values.to_numpy(), ZERO_FLOOR))
+    # an infinite change takes the top colour, not the blank of a value not measured (NaN)
+    shown = np.log10(np.clip(values.to_numpy(), ZERO_FLOOR, 10.0))
     image = ax.imshow(shown, aspect="auto", cmap="viridis", vmin=-17, vmax=1)
     ax.set_xticks(range(values.shape[1]), values.columns, rotation=40, ha="right")
     if "invariant under" in outputs:
@@ -663,6 +711,22 @@ def downstream_agreement(pairs: pd.DataFrame, ax: Axes | None = None) -> Axes:
     return ax
 
 
+def _interval_lengths(value: np.ndarray, low: pd.Series, high: pd.Series, name: str) -> np.ndarray:
+    """The lengths below and above ``value`` of its interval, refused when the interval does not contain it.
+
+    A difference of rounding size (the point on an end) is read as 0; ``np.abs`` of the lengths drew an interval
+    that excludes its point as one that contains it.
+    """
+    lengths = np.vstack([value - low.to_numpy(dtype=float), high.to_numpy(dtype=float) - value])
+    scale = 1e-9 * np.maximum(1.0, np.abs(value))
+    if (lengths < -scale).any():
+        raise InvalidArgumentError(
+            f"model_frontier: an interval {name}_low..{name}_high does not contain its {name}; pass the frontier "
+            "of ModelComparison."
+        )
+    return np.clip(lengths, 0.0, None)
+
+
 @_text_as_written
 def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: float = 0.0) -> Axes:
     """Fit against stability per candidate model: the frontier of a model comparison.
@@ -673,20 +737,20 @@ def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: 
     seed noise floor (``+- noise_floor`` around 0), the dashed line minus the equivalence margin.
     """
     _require(frontier, ["candidate", "stability", "fit", "fit_low", "fit_high"], "model_frontier")
+    if frontier.empty:
+        raise InvalidArgumentError("model_frontier got an empty frontier; there is nothing to draw.")
     ax = _ax(ax)
     x = frontier["stability"].to_numpy(dtype=float)
     y = frontier["fit"].to_numpy(dtype=float)
-    yerr = np.vstack([y - frontier["fit_low"].to_numpy(dtype=float), frontier["fit_high"].to_numpy(dtype=float) - y])
+    yerr = _interval_lengths(y, frontier["fit_low"], frontier["fit_high"], "fit")
     xerr = None
     if {"stability_low", "stability_high"} <= set(frontier.columns):
-        xerr = np.vstack(
-            [x - frontier["stability_low"].to_numpy(dtype=float), frontier["stability_high"].to_numpy(dtype=float) - x]
-        )
+        xerr = _interval_lengths(x, frontier["stability_low"], frontier["stability_high"], "stability")
     if np.isfinite(noise_floor) and noise_floor > 0:
         ax.axhspan(-noise_floor, noise_floor, color="0.85", label="seed noise floor")
     if "margin" in frontier and np.isfinite(frontier["margin"].iloc[0]):
         ax.axhline(-float(frontier["margin"].iloc[0]), color="0.3", ls="--", lw=1, label="- margin")
-    ax.errorbar(x, y, yerr=np.abs(yerr), xerr=None if xerr is None else np.abs(xerr), fmt="o", capsize=3)
+    ax.errorbar(x, y, yerr=yerr, xerr=xerr, fmt="o", capsize=3)
     recommended = frontier.get("recommended", pd.Series(False, index=frontier.index)).to_numpy(dtype=bool)
     if recommended.any():
         ax.plot(x[recommended], y[recommended], "o", ms=12, mfc="none", mec="C3", label="recommended")
@@ -694,5 +758,6 @@ def model_frontier(frontier: pd.DataFrame, ax: Axes | None = None, noise_floor: 
         ax.annotate(str(name), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("stability across seeds (worst pair)")
     ax.set_ylabel("held-out log p(x) vs best (nats/cell)")
-    ax.legend(fontsize=7, loc="best")
+    if ax.get_legend_handles_labels()[0]:  # no band, margin or recommendation: no legend to draw
+        ax.legend(fontsize=7, loc="best")
     return ax

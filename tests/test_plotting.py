@@ -189,3 +189,101 @@ def test_log_axes_label_their_ticks_in_plain_text():
         cov.figure.canvas.draw()
         texts = [t.get_text() for t in labels if t.get_text()]
         assert texts and not any("$" in t or "mathdefault" in t for t in texts), texts
+
+
+def test_invariants_axis_shows_every_interval_end():
+    """The left limit came from the agreements only: an interval reaching below them was drawn cut at the edge."""
+    table = pd.DataFrame(
+        {
+            "quantity": ["posterior predictive statistics"],
+            "metric": ["ccc"],
+            "agreement": [0.05],
+            "low": [-0.15],
+            "high": [0.2],
+            "aligned_agreement": [np.nan],
+            "verdict": ["undetermined"],
+            "threshold": [0.9],
+        }
+    )
+    ax = plotting.invariants(table)
+    assert ax.get_xlim()[0] <= -0.15
+    plt.close(ax.figure)
+
+
+def test_marker_heatmaps_refuse_fewer_axes_than_seeds_and_incomplete_tables():
+    corr = pd.DataFrame(
+        {"fit": ["seed 0", "seed 0", "seed 1", "seed 1"], "marker": ["CD14", "NKG7"] * 2, "dim": 0, "corr": 0.5}
+    )
+    fig, ax = plt.subplots()
+    with pytest.raises(InvalidArgumentError, match="2 seeds, but 1 axes"):  # seed 1 was left out without a word
+        plotting.marker_correlations(corr, axes=[ax])
+    with pytest.raises(InvalidArgumentError, match=r"seed 'seed 1' has no rows for markers \['NKG7'\]"):
+        plotting.marker_correlations(corr.iloc[:3], axes=[ax, ax])
+    with pytest.raises(InvalidArgumentError, match="repeat a seed, marker and dimension"):
+        plotting.marker_correlations(pd.concat([corr, corr.iloc[:1]]))
+    plt.close(fig)
+
+
+def test_cells_without_a_finite_lpd_difference_are_drawn_and_counted():
+    """They were left out of the log axis, and the cells left read as exactly invariant."""
+    per_cell = {
+        "fitted / rotation": pd.DataFrame({"lpd": [-50.0, -60.0, np.nan, -70.0], "lpd_crn": [-50, -60, -55, np.inf]})
+    }
+    ax = plotting.lpd_differences(per_cell, threshold=1e-9)
+    drawn = sum(len(c.get_offsets()) for c in ax.collections)
+    assert drawn == 4
+    assert any("NaN or infinite difference (2 cells)" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(ax.figure)
+
+
+def test_output_changes_refuse_negative_sizes_and_colour_infinite_ones_at_the_top():
+    outputs = pd.DataFrame({"rotation": [1e-14, np.nan, np.inf]}, index=["log p(x)", "decoded", "distances"])
+    ax = plotting.output_changes(outputs)
+    shown = ax.get_images()[0].get_array()
+    assert np.ma.getmaskarray(shown).tolist() == [[False], [True], [False]]  # inf was blank, as a missing value
+    assert float(shown[2, 0]) == pytest.approx(1.0)
+    plt.close(ax.figure)
+    with pytest.raises(InvalidArgumentError, match="never negative"):  # -0.5 was drawn as "none"
+        plotting.output_changes(pd.DataFrame({"rotation": [-0.5]}, index=["log p(x)"]))
+
+
+def test_frontier_refuses_an_interval_that_excludes_its_point_and_an_empty_frontier():
+    frontier = pd.DataFrame(
+        {"candidate": ["n_latent=2"], "stability": [0.9], "fit": [-1.0], "fit_low": [-0.5], "fit_high": [-0.2]}
+    )
+    with pytest.raises(InvalidArgumentError, match="does not contain its fit"):  # drawn as [-1.5, -0.2]
+        plotting.model_frontier(frontier)
+    with pytest.raises(InvalidArgumentError, match="empty frontier"):
+        plotting.model_frontier(frontier.iloc[:0])
+    on_its_end = frontier.assign(fit_low=-1.0 + 1e-15, fit_high=-0.2)  # rounding on an end is no gap
+    plt.close(plotting.model_frontier(on_its_end).figure)
+
+
+def test_integer_fit_names_find_their_pairs():
+    predictive = pd.DataFrame(
+        {"fit": [0, 1], "lpd_per_cell": [-3.0, -2.0], "se_per_cell": [1.0, 1.0], "mc_se_per_cell": [0.1, 0.1]}
+    )
+    pairs = pd.DataFrame({"fit_a": [0], "fit_b": [1], "diff_per_cell": [-1.0], "se_diff_per_cell": [0.1]})
+    ax = plotting.paired_lpd_differences(predictive, pairs)  # said pairs had no row for '0' and '1'
+    assert ax.lines or ax.containers
+    plt.close(ax.figure)
+
+
+def test_panel_arguments_are_checked_before_drawing():
+    Z = np.zeros((5, 2))
+    fig, ax = plt.subplots()
+    for kwargs, message in (
+        ({"axes": ax}, "got 1 axes"),  # len() of an unsized object
+        ({"titles": ("only one",)}, "got 1 titles"),
+        ({"dims": (0,)}, "dims names the two latent dimensions"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=message):
+            plotting.latent_before_after(Z, Z, **kwargs)
+    _, grid = plt.subplots(1, 2, squeeze=False)
+    assert len(plotting.latent_before_after(Z, Z, axes=grid)) == 2  # was "got 1 axes"
+    W = np.arange(4.0).reshape(2, 2)
+    ax = plotting.loadings_before_after(W, W, ["CD14", "NKG7"], genes="CD14")  # was split into its letters
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["CD14"]
+    with pytest.raises(InvalidArgumentError, match="gene_names repeats"):
+        plotting.loadings_before_after(W, W, ["CD14", "CD14"])
+    plt.close("all")
