@@ -66,7 +66,8 @@ def register(sub: Subcommands) -> None:
             "latent distances are unchanged while coordinates and loadings change; controls (non-orthogonal "
             "maps, non-Gaussian priors) must change log p(x) beyond the estimators' error. The evidence: "
             "independent estimates of both models, an estimate from the rotated model's own proposal, and "
-            "exact quadrature on grids along each model's axes (linear models, up to 3 dimensions); the "
+            "exact quadrature on grids along each model's axes (linear Poisson or NB models with a normal "
+            "or diagonal prior, up to 3 dimensions); the "
             "result is 'not verified' when the estimator is unreliable. Writes OUT/report/report.html "
             "(self-contained), report.json and report.md, and OUT/model when it fits the model."
         ),

@@ -45,8 +45,8 @@ CONCLUSIONS = (
     "the prior, not the decoder, fixes the symmetry group.",
     "The common-random-number and pointwise checks follow from the code's own algebra and catch a wrong "
     "rewrite; the evidence that `p(x)` is unchanged comes from estimates that share no random numbers, from a "
-    "proposal built from the transformed model alone, and (linear decoders, up to 3 dimensions) from quadrature "
-    "on grids along each model's own axes.",
+    "proposal built from the transformed model alone, and (linear Poisson or NB models with a normal or diagonal "
+    "prior, up to 3 dimensions) from quadrature on grids along each model's own axes.",
     "A mean-field guide is not closed under rotations, so the ELBO (unlike `p(x)`) can prefer "
     "some coordinates: the 'near' in near-identifiability.",
 )
@@ -336,6 +336,13 @@ class InvarianceReport:
         present = set(self.checks["check"])
         return [(k, v) for k, v in CHECK_DESCRIPTIONS.items() if k in present]
 
+    def _conclusions(self) -> list[str]:
+        """:data:`CONCLUSIONS`, saying so where this model had no quadrature (its evidence is the estimates alone)."""
+        if self.settings.get("quadrature", True):
+            return list(CONCLUSIONS)
+        note = str(self.settings.get("quadrature_note", "")).rstrip(".")
+        return [*CONCLUSIONS, f"No quadrature ran for this model ({note}): its evidence is the estimates alone."]
+
     def to_markdown(self) -> str:
         """The report as Markdown: verdict, per-map table, outputs table, and how to read them."""
         parts = [f"# {TITLE}", "", self._headline(), "", INTRODUCTION, "", "## Per map", ""]
@@ -358,7 +365,7 @@ class InvarianceReport:
         parts += ["## Checks", ""]
         parts += [f"- `{k}`: {v}" for k, v in self._descriptions()]
         parts += ["", "## What this shows and what it does not", ""]
-        parts += [f"- {line}" for line in CONCLUSIONS]
+        parts += [f"- {line}" for line in self._conclusions()]
         parts += [""]
         return "\n".join(parts)
 
@@ -403,7 +410,7 @@ class InvarianceReport:
                 reasons_heading=self._reasons_heading(),
                 failures=self.failures if len(self.failures) else None,
                 checks=self._descriptions(),
-                conclusions=CONCLUSIONS,
+                conclusions=self._conclusions(),
                 settings=self.settings,
             )
         )

@@ -354,6 +354,9 @@ def test_float32_mlp_without_quadrature(trained_mlp):
     assert crn.threshold > 1e-6 and crn.value <= crn.threshold
     # float32 arithmetic: the differences are rounding errors, not exact zeros
     assert "loading Gram W W^T" not in rep.outputs.index  # MLP decoder: no loadings Gram
+    # the report said its evidence included quadrature whatever the model; it names the reason there was none
+    for text in (rep.to_markdown(), rep.to_html()):
+        assert "No quadrature ran for this model (Quadrature needs decoder='linear'" in text.replace("&#39;", "'")
 
 
 def test_one_latent_dimension():
