@@ -16,6 +16,7 @@ from countvae.data.loader import CountSource
 from countvae.data.registry import batch_codes, get_count_matrix, get_registry
 from countvae.errors import InvalidArgumentError, SetupError
 from countvae.model.countvae import CountVAE
+from countvae.model.query import resolve_registry
 from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_epochs, train_module
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
@@ -152,8 +153,11 @@ def estimate_training_time(
         torch.set_num_threads(torch_threads)
     try:
         started = perf_counter()
-        module = CountVAE(adata, **(model_kwargs or {})).module  # on the CPU, where CountVAE builds it
-        source = CountSource(get_count_matrix(adata, registry), batch_codes(adata, registry))
+        model = CountVAE(adata, **(model_kwargs or {}))  # on the CPU, where CountVAE builds it
+        module = model.module
+        # codes in the model's batches, as train reads them (a subset made after registering has fewer)
+        codes = batch_codes(adata, resolve_registry(adata, model.registry))
+        source = CountSource(get_count_matrix(adata, registry), codes)
         train_module(module, source, train_cells, validation_cells, plan)
         timed_start = perf_counter()
         train_module(module, source, train_cells, validation_cells, plan)

@@ -43,3 +43,14 @@ def test_expected_stop_of_no_genes_is_that_of_one_gene():
     dividing by 0."""
     assert warmup.expected_stop_epoch(1, 1, 1000) == round(warmup.STOP_EPOCH_SCALE) == 310
     assert warmup.expected_stop_epoch(0, 0, 1000) == 310
+
+
+def test_a_subset_made_after_registering_is_timed_with_the_batches_its_model_has():
+    """The model keeps only the batches its cells have; the warm-up read the codes of every registered batch, and
+    torch's one-hot refused the code of a batch the model has no column for."""
+    adata = cv.data.simulate(n_cells=240, n_genes=30, n_latent=2, n_batches=3, seed=0)
+    cv.CountVAE.setup_anndata(adata, batch_key="batch")
+    labels = adata.obs["batch"].astype(str)
+    subset = adata[(labels != sorted(set(labels))[1]).to_numpy()].copy()  # the middle batch left out
+    est = warmup.estimate_training_time(subset, {"n_latent": 2}, {"max_epochs": 2}, n_steps=2)
+    assert est.seconds_per_epoch > 0
