@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import anndata as ad
+import h5py
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
@@ -237,6 +238,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     report_dir = _report_destination(s.out_dir, s.overwrite)
     h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite, Path(adata.filename) if adata.isbacked else None)
     if h5ad_path is not None:
+        _refuse_h5ad_in_report(h5ad_path, report_dir)
         _check_analysed_copy(adata, s.overwrite)
     seeds = _seed_list(s.seeds)
     model = dict(s.model_kwargs or {})
@@ -496,6 +498,18 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     return out
 
 
+def _refuse_h5ad_in_report(h5ad_path: Path, report_dir: Path | None) -> None:
+    """Refuse ``write_h5ad`` inside the report folder, which diagnose writes whole and replaces with ``overwrite``.
+
+    Its folder, made for the .h5ad, made the report's own save refuse the run after every fit.
+    """
+    if report_dir is not None and h5ad_path.resolve().is_relative_to(report_dir.resolve()):
+        raise InvalidArgumentError(
+            f"--write-h5ad {h5ad_path} lies inside {report_dir}, the report folder diagnose writes whole (and replaces "
+            f"with --overwrite); write the analysed copy elsewhere, e.g. {report_dir.parent / h5ad_path.name}."
+        )
+
+
 def refuse_input_as_h5ad_output(out: Path, source: Path | None) -> None:
     """Refuse ``write_h5ad`` naming the data file analysed, whatever ``overwrite`` says.
 
@@ -564,8 +578,9 @@ def _nbytes(value: Any) -> int:
 def estimated_h5ad_bytes(adata: ad.AnnData) -> int:
     """About the size of ``adata`` written as .h5ad (uncompressed, as ``write_h5ad`` writes by default).
 
-    Its arrays and tables (a backed file's size for its ``X``) plus a tenth and 1 MiB for HDF5's own structures and
-    the report's columns, which the analysed copy adds.
+    Its arrays and tables (a backed ``X`` by its stored arrays, uncompressed, for the share of the file's cells it
+    holds: the file's own size is that of the compressed arrays of every cell) plus a tenth and 1 MiB for HDF5's own
+    structures and the report's columns, which the analysed copy adds.
     """
     arrays = [
         *adata.layers.values(),
@@ -579,8 +594,17 @@ def estimated_h5ad_bytes(adata: ad.AnnData) -> int:
     if adata.raw is not None:
         arrays += [adata.raw.X, adata.raw.var]
     total = sum(_nbytes(value) for value in arrays)
-    total += os.path.getsize(adata.filename) if adata.isbacked else _nbytes(adata.X)
+    total += _backed_x_bytes(adata) if adata.isbacked else _nbytes(adata.X)
     return int(1.1 * total) + 2**20
+
+
+def _backed_x_bytes(adata: ad.AnnData) -> int:
+    """Bytes of a backed AnnData's ``X`` once read, uncompressed, for the cells it holds (a view holds some)."""
+    stored = adata.file["X"]
+    if isinstance(stored, h5py.Dataset):
+        return int(stored.size * stored.dtype.itemsize * adata.n_obs / max(stored.shape[0], 1))
+    arrays = sum(stored[name].size * stored[name].dtype.itemsize for name in ("data", "indices", "indptr"))
+    return int(arrays * adata.n_obs / max(int(stored.attrs["shape"][0]), 1))
 
 
 def refuse_without_room(path: Path, adata: ad.AnnData) -> None:
@@ -595,7 +619,10 @@ def refuse_without_room(path: Path, adata: ad.AnnData) -> None:
         If the free space is less than :func:`estimated_h5ad_bytes`.
 
     """
-    needed, free = estimated_h5ad_bytes(adata), shutil.disk_usage(path.parent).free
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:  # the folder is made when written: its nearest parent
+        folder = folder.parent
+    needed, free = estimated_h5ad_bytes(adata), shutil.disk_usage(folder).free
     if needed > free:
         error = OutputWriteError(
             f"Could not write {path}: the analysed copy needs about {needed / 2**20:.1f} MiB and the disk of "

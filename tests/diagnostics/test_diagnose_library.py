@@ -488,3 +488,35 @@ def test_output_folders_that_cannot_be_written_are_refused_before_fitting(data_f
     with pytest.raises(OutputWriteError, match=r"Could not write .*read-only/x\.h5ad: the file system is read-only"):
         diagnose(adata, seeds=2, out_dir=tmp_path / "diag", write_h5ad=read_only / "x.h5ad")
     assert not (tmp_path / "diag").exists()
+
+
+def test_an_h5ad_inside_the_report_folder_is_refused_before_fitting(data_file, tmp_path):
+    """Its folder, made for the .h5ad, made the report's save refuse the run after every fit; with overwrite the
+    report folder was discarded and the disk check ended in a FileNotFoundError traceback."""
+    adata = _registered(data_file)
+    out = tmp_path / "o"
+    for overwrite in (False, True):
+        with pytest.raises(InvalidArgumentError, match=r"lies inside .*report, the report folder diagnose writes"):
+            diagnose(adata, seeds=2, out_dir=out, write_h5ad=out / "report" / "a.h5ad", overwrite=overwrite)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_the_size_estimate_of_a_backed_file_is_that_of_its_uncompressed_cells(tmp_path, view):
+    """A backed X was counted as the file's size: a third of the copy written from a gzip file, and the whole file
+    for a view of a few of its cells. The estimate is meant to be at or above the size written, within a few times."""
+    from countvae.diagnostics import diagnosis
+
+    dense = cv.data.simulate(n_cells=2000, n_genes=300, n_latent=2, seed=1)
+    dense.X = sp.csr_matrix(dense.X)
+    path = tmp_path / "gzip.h5ad"
+    dense.write_h5ad(path, compression="gzip")
+    backed = ad.read_h5ad(path, backed="r")
+    cells = backed[:500] if view else backed
+    estimate = diagnosis.estimated_h5ad_bytes(cells)
+    # a folder not made yet is measured at its nearest existing parent (it raised FileNotFoundError)
+    diagnosis.refuse_without_room(tmp_path / "not" / "yet" / "a.h5ad", cells)
+    written = tmp_path / "copy.h5ad"
+    cells.to_memory().write_h5ad(written)
+    ratio = estimate / written.stat().st_size
+    assert 1.0 <= ratio <= 3.0, ratio
