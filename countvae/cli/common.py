@@ -128,12 +128,13 @@ def add_model_arguments(
     unknown = sorted((set(defaults) | set(default_text) | set(help_text)) - set(MODEL_OPTIONS) - set(TRAINING_OPTIONS))
     if unknown:
         raise ValueError(f"These name no model or training option: {unknown}")
-    defaults = {"n_latent": DEFAULT_N_LATENT, **defaults}  # the model's resolved default, not None
-    default_text = {
+    generic_text = {
         "max_epochs": "as scvi-tools, from the data size",
         "lr": "1e-2 with early stopping, cut to 1e-3 when the validation loss stalls; 1e-3 without",
-        **default_text,
     }
+    # a command's own default is shown as it is, not the generic text (verify-invariance trains 100 epochs)
+    default_text = {**{k: v for k, v in generic_text.items() if k not in defaults}, **default_text}
+    defaults = {"n_latent": DEFAULT_N_LATENT, **defaults}  # the model's resolved default, not None
     for cls, options in ((ModelSettings, MODEL_OPTIONS), (TrainingPlan, TRAINING_OPTIONS)):
         for name, text in options.items():
             extra = {"default": defaults[name]} if name in defaults else {}

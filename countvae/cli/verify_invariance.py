@@ -121,7 +121,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.model is not None:
         set_here = [name for name in (*MODEL_OPTIONS, *TRAINING_OPTIONS) if getattr(args, name) is not None]
         if set_here:
-            options = ", ".join("--" + name.replace("_", "-") for name in set_here)
+            # a switch given as its --no- form parses to False: name it as typed
+            options = ", ".join(
+                f"--{'no-' if getattr(args, name) is False else ''}{name.replace('_', '-')}" for name in set_here
+            )
             raise InvalidArgumentError(
                 f"{options} set the model this command fits without --model; with --model DIR the trained model is "
                 "checked as it is, so leave them out."

@@ -176,6 +176,7 @@ def model_folder(h5ad, tmp_path_factory):
         ["--n-hidden", "128"],
         ["--batch-size", "128"],
         ["--early-stopping"],
+        ["--no-early-stopping"],  # was named --early-stopping, the option not given
     ],
 )
 def test_with_model_a_model_option_is_refused_even_at_its_default(h5ad, model_folder, tmp_path, capsys, given):
@@ -185,6 +186,14 @@ def test_with_model_a_model_option_is_refused_even_at_its_default(h5ad, model_fo
     err = capsys.readouterr().err
     assert f"{given[0]} set the model this command fits without --model" in err and err.count("\n") == 1
     assert not (tmp_path / "v").exists()
+
+
+def test_help_shows_the_epochs_the_command_trains():
+    """The help said "as scvi-tools, from the data size"; the model fitted without --model trains 100 epochs."""
+    from countvae.cli import build_parser
+
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["verify-invariance"].format_help().split())
+    assert "training epochs (default: 100)" in text
 
 
 def test_an_out_holding_the_model_is_refused_before_any_work(h5ad, model_folder, capsys):
