@@ -373,16 +373,8 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     # the same command was refused ("already holds a finished report"), the only remedy refitting every seed.
     from countvae.diagnostics import diagnosis
 
-    adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
-    settings = DiagnoseSettings(
-        seeds=2,
-        model_kwargs=MODEL,
-        train_kwargs=TRAIN,
-        n_jobs=1,
-        out_dir=out,
-        write_h5ad=h5ad,
-        report_kwargs={"n_lpd_samples": 10, "ica": False},
-    )
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    out, h5ad = settings.out_dir, settings.write_h5ad
     write = diagnosis.write_analysed_h5ad
 
     def interrupted(*args):
