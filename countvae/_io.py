@@ -104,6 +104,18 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
         raise error from exc
 
 
+def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
+    """Fail now, before long work, when ``path``'s folder cannot be written (made if missing, and a file tried there).
+
+    A writer that finds out only after hours of fitting loses them; ``reused`` is :func:`explained_write_errors`'s.
+    """
+    path = Path(path)
+    with explained_write_errors(path, reused=reused), _other_os_errors_explained(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes, overwrite: bool = False) -> Path:
     """Write ``data`` to ``path`` through a temporary file and a rename.
 

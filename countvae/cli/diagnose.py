@@ -41,7 +41,12 @@ from countvae.cli.common import (
     refuse_inputs_in_output,
     train_kwargs_of,
 )
-from countvae.cli.diagnose_restrictions import ONLY_WITH_RESTRICTIONS, add_restriction_arguments, run_restrictions
+from countvae.cli.diagnose_restrictions import (
+    ONLY_WITH_RESTRICTIONS,
+    add_restriction_arguments,
+    programs_file_of,
+    run_restrictions,
+)
 from countvae.cli.first_contact import (
     add_gene_selection_argument,
     announce,
@@ -356,7 +361,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 
     """
     started = time.perf_counter()
-    refuse_inputs_in_output(args.out, {"the data file": args.data}, replaced=("report", "fits"))
+    inputs = {"the data file": args.data, "the gene programs file": programs_file_of(args.restrictions)}
+    refuse_inputs_in_output(args.out, inputs, replaced=("report", "fits"))
     if args.data is not None and args.write_h5ad is not None:  # diagnose itself sees the data in memory, not its file
         written = Path(args.write_h5ad)
         if written.exists() and Path(args.data).exists() and written.samefile(args.data):

@@ -24,7 +24,13 @@ from countvae.diagnostics.diagnosis import discard_replaced_report, remove_inter
 from countvae.diagnostics.fitting.restrictions import SYNTAX, parse_restrictions, restriction_programs
 from countvae.errors import InvalidArgumentError
 
-__all__ = ["LOADINGS_RESTRICTIONS", "ONLY_WITH_RESTRICTIONS", "add_restriction_arguments", "run_restrictions"]
+__all__ = [
+    "LOADINGS_RESTRICTIONS",
+    "ONLY_WITH_RESTRICTIONS",
+    "add_restriction_arguments",
+    "programs_file_of",
+    "run_restrictions",
+]
 
 logger = logging.getLogger("countvae.cli")
 
@@ -36,6 +42,18 @@ ONLY_WITH_RESTRICTIONS = {
     "unknown_genes": "--unknown-genes",
     "no_split_half": "--no-split-half",
 }
+
+
+def programs_file_of(restrictions: str | None) -> str | None:
+    """The GMT file that ``--restrictions programs:FILE`` names (``None``: none), before the list is checked.
+
+    An input the output folders must not hold; a malformed list is refused later, by :func:`parse_restrictions`.
+    """
+    for item in (restrictions or "").split(","):
+        name, _, argument = item.partition(":")
+        if name.strip().lower() == "programs" and argument.strip():
+            return argument.strip()
+    return None
 
 
 def add_restriction_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from countvae._checks import check_number
-from countvae._io import atomic_directory, write_json_atomic
+from countvae._io import atomic_directory, check_writable, write_json_atomic
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=default_max_epochs(int(round(0.9 * len(fit_idx)))) if args.max_epochs is None else args.max_epochs,
         timing=timing,
     )
+    check_writable(args.out)  # learnt after training, an unwritable --out would lose the fit
     model.train(**train_kwargs, seed=args.seed, progress_bar=show)
     result = {
         "data": args.data or "embedded simulation",

@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,7 +36,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from countvae._checks import check_bool, check_int, check_number
-from countvae._io import atomic_file_path, explained_write_errors, remove_interrupted_writes
+from countvae._io import atomic_file_path, check_writable, explained_write_errors, remove_interrupted_writes
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
@@ -323,7 +322,8 @@ def _diagnose_planned(
     """:func:`diagnose` after its plan (and with the output folder locked): fit, report, save."""
     s = plan.settings
     if plan.h5ad_path is not None:
-        _check_writable(plan.h5ad_path)
+        # a folder found unwritable after the report is saved would make the rerun refuse without overwrite
+        check_writable(plan.h5ad_path, reused=True)
         refuse_without_room(plan.h5ad_path, plan.adata)
     if before_fitting is not None:
         before_fitting(plan)
@@ -435,17 +435,6 @@ def _check_ica_cells(report_kwargs: Mapping[str, Any], n_heldout: int, n_latent:
             f"{n_latent + 2} it needs for {n_latent} latent dimensions; turn it off (--no-ica), choose fewer latent "
             "dimensions (--n-latent) or hold out more cells (--heldout-fraction)."
         )
-
-
-def _check_writable(path: Path) -> None:
-    """Fail before fitting when ``path``'s folder cannot be written, rather than after the report is saved.
-
-    The saved report would then refuse the rerun with another path unless ``overwrite`` refits every seed.
-    """
-    with explained_write_errors(path, reused=True):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
-            pass
 
 
 def discard_replaced_report(report_dir: Path) -> None:

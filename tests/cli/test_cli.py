@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -416,3 +417,43 @@ def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"countvae fit: error: Could not write {out}: the disk is full") and err.count("\n") == 1
     assert err.endswith("and rerun.\n") and not (out.exists() or list(tmp_path.glob(".o.*")))
+
+
+def test_fit_refuses_an_unwritable_out_before_training(tmp_path, capsys, monkeypatch):
+    # fit learnt that --out could not be written only when saving, after the whole training
+    import errno
+    import os
+    import tempfile
+
+    data = _write_counts(tmp_path / "d.h5ad")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    real_temporary_file = tempfile.TemporaryFile
+
+    def temporary_file(*args, dir=None, **kwargs):
+        if dir is not None and read_only in (Path(dir), *Path(dir).parents):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+        return real_temporary_file(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    _never_trains(monkeypatch)
+    out = read_only / "fit"
+    assert main(["fit", str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: Could not write {out}: the file system is read-only")
+    assert err.count("\n") == 1 and list(read_only.iterdir()) == []
+
+
+def test_diagnose_refuses_a_gene_programs_file_in_the_folders_it_replaces(tmp_path, capsys, monkeypatch):
+    # only the data file was checked: --overwrite deleted a GMT file kept in OUT/report or OUT/fits
+    out = tmp_path / "out"
+    (out / "report").mkdir(parents=True)
+    gmt = out / "report" / "programs.gmt"
+    gmt.write_text("p1\tna\tg0\tg1\np2\tna\tg2\tg3\n")
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    argv = ["diagnose", str(data), "--decoder", "linear", "--restrictions", f"programs:{gmt}", "--seeds", "2"]
+    assert main([*argv, "--max-epochs", "1", "--n-jobs", "1", "--quiet", "--overwrite", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {out / 'report'} holds the gene programs file {gmt}; this command replaces" in err
+    assert gmt.is_file()
