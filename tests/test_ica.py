@@ -441,3 +441,43 @@ def test_moment_conventions_on_a_two_point_sample():
     np.testing.assert_allclose(standardize(x).ravel(), [-1.0, 1.0] * 5, rtol=1e-15)
     np.testing.assert_allclose(excess_kurtosis(x), [-2.0], rtol=1e-12)
     np.testing.assert_allclose(skewness(x), [0.0], atol=1e-15)
+
+
+@pytest.mark.parametrize(("n_reps", "alpha"), [(20, 0.05), (19, 0.05), (99, 0.05), (50, 0.1), (20, 0.2), (9, 0.1)])
+def test_gaussian_data_exceed_the_null_threshold_by_chance_at_most_alpha(n_reps, alpha):
+    """Known answer, by simulation: a new draw exchangeable with ``n_reps`` null replicates exceeds the replicate
+    ``_null_rank`` picks with probability in (alpha - 1 / (n_reps + 1), alpha]. Fails for the interpolated
+    ``1 - alpha`` quantile, which 20 replicates' new draw exceeded about 9% of the time at alpha = 0.05."""
+    from countvae.ica import _null_rank
+
+    rank = _null_rank(n_reps, alpha)
+    draws = np.random.default_rng(n_reps).uniform(size=(200_000, n_reps + 1))
+    threshold = np.sort(draws[:, :n_reps], axis=1)[:, rank - 1]
+    rate = np.mean(draws[:, n_reps] > threshold)
+    se = np.sqrt(alpha * (1 - alpha) / len(draws))
+    assert alpha - 1.0 / (n_reps + 1) - 4 * se < rate <= alpha + 4 * se
+
+
+@pytest.mark.parametrize("params", [{}, {"max_iter": 50, "tol": 1e-3}, {"algorithm": "picard"}])
+def test_the_threshold_is_the_largest_of_20_replicates_of_the_fits_own_ica(params):
+    """Known answer: at n_null=20 and null_alpha=0.05 the rank rule picks the largest replicate (21 * 0.95 rounds up
+    to 20), and the replicates run the fit's own algorithm, iterations and tolerance, so that Gaussian data's
+    statistic is exchangeable with them (a looser null than the fit had a lighter upper tail). Fails if the
+    quantile is interpolated or the null ignores the fit's settings."""
+    from countvae.ica import _null_max_negentropy
+
+    s = _sources(600, ["laplace"] * 3, seed=51)
+    ica = ICARotation(**params).fit(s)
+    full = {"algorithm": "fastica", "max_iter": 1000, "tol": 1e-5, **params}
+    null = _null_max_negentropy(600, 3, 20, 0, full["algorithm"], full["max_iter"], full["tol"])
+    assert ica.negentropy_threshold_ == null.max()
+    looser = _null_max_negentropy(600, 3, 20, 0, full["algorithm"], full["max_iter"] // 5, full["tol"] * 10)
+    assert not np.array_equal(null, looser)
+
+
+def test_too_few_null_replicates_for_alpha_are_refused():
+    s = _sources(300, ["laplace"] * 2, seed=52)
+    with pytest.raises(InvalidArgumentError, match=r"n_null=10 Gaussian replicates cannot flag .* Pass n_null >= 19"):
+        ICARotation(n_null=10, null_alpha=0.05).fit(s)
+    ICARotation(n_null=19, null_alpha=0.05).fit(s)  # the largest of 19 is exceeded with probability 1 / 20
+    ICARotation(n_null=0, null_alpha=0.01).fit(s)  # no flags, nothing to refuse
