@@ -153,8 +153,10 @@ def alignment_errors(
 def ica_efficiency(errors: pd.DataFrame, column: str = "error_diameter") -> pd.DataFrame:
     """``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` per pair of fits.
 
-    NaN where the permutation and orthogonal errors coincide (within 1e-12): the fits are then already aligned up to
-    a signed permutation and there is no gap for ICA to close.
+    NaN where the orthogonal error is not below the permutation error (by more than 1e-12): the fits are then
+    aligned up to a signed permutation as well as by any rotation, and there is no gap for ICA to close. Both maps
+    are fitted on one half of the cells and scored on the other, so on the scoring half the rotation can come out
+    worse; dividing by that negative gap would flip the ratio's sign (ICA worse than both maps read as above 1).
 
     Returns
     -------
@@ -167,7 +169,7 @@ def ica_efficiency(errors: pd.DataFrame, column: str = "error_diameter") -> pd.D
     if missing:
         raise InvalidArgumentError(f"ICA efficiency needs the map classes {sorted(missing)} in the errors table.")
     gap = wide["permutation"] - wide["orthogonal"]
-    eff = (wide["permutation"] - wide["ica"]) / gap.where(gap.abs() > 1e-12)
+    eff = (wide["permutation"] - wide["ica"]) / gap.where(gap > 1e-12)
     return pd.DataFrame(
         {
             "e_permutation": wide["permutation"],
