@@ -10,6 +10,7 @@ from countvae.diagnostics.analyses.alignment import (
     ica_efficiency,
     latent_diameter,
     rms_distance,
+    split_halves,
     summarize_alignment,
 )
 from countvae.diagnostics.analyses.maps import PairMaps, fit_map, fit_signed_permutation
@@ -167,3 +168,25 @@ def test_ica_efficiency_nan_when_the_rotation_scores_worse_than_the_permutation(
     eff = ica_efficiency(alignment_errors({"a": za, "b": zb}, seed=0)).iloc[0]
     assert eff["e_orthogonal"] > eff["e_permutation"] and eff["e_ica"] > eff["e_orthogonal"]
     assert np.isnan(eff["ica_efficiency"])
+
+
+def test_error_is_the_mean_distance_per_scoring_cell_not_its_rms():
+    """Under the identity map the residual of a cell is its own translation: 1 for half the scoring cells and 3 for
+    the other half, so the documented mean distance is 2, where an RMS would give sqrt(5) (12% more).
+
+    Each direction is divided by its target's diameter and RMS pairwise distance (closed forms tested above), to
+    1e-12. Catches: any other average of the per-cell distances (RMS, median) and a normaliser of the wrong fit.
+    Cannot catch: errors of the fitted maps (the identity needs no fit).
+    """
+    n = 200
+    za = laplace_latents(n=n, d=2, seed=4)
+    _, score = split_halves(n, seed=0)
+    shift = np.full(n, 2.0)  # the fitting cells do not enter the score
+    shift[score[: len(score) // 2]] = 1.0
+    shift[score[len(score) // 2 :]] = 3.0
+    zb = za + shift[:, None] * np.array([1.0, 0.0])
+    row = alignment_errors({"a": za, "b": zb}, map_classes=["identity"], seed=0).iloc[0]
+    za_s, zb_s = za[score], zb[score]
+    assert row["error_a_to_b"] == pytest.approx(2.0 / latent_diameter(zb_s), rel=1e-12)
+    assert row["error_b_to_a"] == pytest.approx(2.0 / latent_diameter(za_s), rel=1e-12)
+    assert row["error_rms"] == pytest.approx(0.5 * (2.0 / rms_distance(zb_s) + 2.0 / rms_distance(za_s)), rel=1e-12)

@@ -64,3 +64,27 @@ def test_boolean_obs_column_becomes_one_indicator_per_value():
     values = marker_matrix(adata, ["flag"], adata.var_names)
     assert list(values.columns) == ["flag=False", "flag=True"]
     np.testing.assert_array_equal(values["flag=True"].to_numpy(), [1.0, 0.0, 1.0, 0.0])
+
+
+def test_summary_of_three_fits_with_unequal_best_correlations_known_values():
+    """Three fits on the 4-cell design above (z0, z1 and v = z0 + 2 z1), the third with columns w and w + z1, where
+    w = -1, 3, -3, 1 is centred and orthogonal to z0 and z1 (so it does not correlate with v).
+
+    Best absolute correlations: c0 = sqrt(20) / 6 (fits a and b = -a) and, for c, corr(w + z1, v) = 8 / (6 sqrt(24)).
+    Their mean is 0.588, their median c0 = 0.745: with two fits the two coincide, so only three tell them apart.
+    Fit c's R^2: v projects on span(w, z1) as 2 z1, so 16 / 36. Same-dimension ranges: z0 spans c0 - (-c0), z1 spans
+    2/3 - (-2/3). Catches: ``max_abs_corr_mean`` or ``r2_mean`` as any location other than the mean (the median
+    gives c0 and 1), and a wrong best dimension of a fit whose best correlation is weak. Cannot catch: errors shared
+    with ``dimension_correlations`` (its own known answers are above).
+    """
+    z = np.array([[-3.0, 1.0], [-1.0, -1.0], [1.0, -1.0], [3.0, 1.0]])
+    w = np.array([-1.0, 3.0, -3.0, 1.0])
+    v = z[:, 0] + 2.0 * z[:, 1]
+    c0, c1, cw = np.sqrt(20.0) / 6.0, 2.0 / 3.0, 8.0 / (6.0 * np.sqrt(24.0))
+    latents = {"a": z, "b": -z, "c": np.column_stack([w, w + z[:, 1]])}
+    row = marker_summary(latents, pd.DataFrame({"M": v})).iloc[0]
+    assert row["best_dims"] == f"a: z0 (+{c0:.2f}); b: z0 (-{c0:.2f}); c: z1 (+{cw:.2f})"
+    assert not row["best_dim_agrees"]
+    assert row["max_abs_corr_mean"] == pytest.approx((2 * c0 + cw) / 3, rel=1e-12)
+    assert (row["r2_mean"], row["r2_min"], row["r2_max"]) == pytest.approx(((2 + 4 / 9) / 3, 4 / 9, 1.0), rel=1e-12)
+    assert row["same_dim_corr_range"] == pytest.approx(0.5 * (2 * c0 + 2 * c1), rel=1e-12)

@@ -576,6 +576,29 @@ def test_fit_table_by_hand(margin, verdict):
     assert table.set_index("candidate").loc["c", "fit_verdict"] == (mc.WORSE if margin < 20 else mc.EQUIVALENT)
 
 
+def test_fit_table_best_is_the_highest_mean_even_where_the_median_disagrees():
+    """'skewed' is 0.2 nats worse than 'plain' on 9 of 10 cells and 5 nats better on one: a higher mean (-104.18
+    against -104.5) but a lower median (-104.7 against -104.5). The documented ``lpd_per_cell`` is the mean, so
+    'skewed' is the best.
+
+    'plain' against it, by hand: d = [-5, 0.2 x 9], mean -0.32, sd (ddof 1) sqrt(2.704), se sqrt(2.704 / 10),
+    interval -0.32 +- t_9(0.95) se with t_9(0.95) = 1.833113 (one comparison); inside (-2, 2): equivalent. Catches:
+    the best chosen by any other location (median, trimmed mean), which would name 'plain'. Cannot catch: the
+    reliability rule (both candidates are reliable here).
+    """
+    plain = -100.0 - np.arange(10.0)
+    skewed = plain + np.array([5.0] + [-0.2] * 9)
+    table, best = mc.fit_table({"plain": plain, "skewed": skewed}, {"plain": True, "skewed": True}, margin=2.0)
+    assert best == "skewed"
+    rows = table.set_index("candidate")
+    assert rows["lpd_per_cell"].to_dict() == pytest.approx({"plain": -104.5, "skewed": -104.18})
+    half = 1.833113 * np.sqrt(2.704 / 10)
+    assert rows.loc["plain", ["diff_vs_best", "diff_low", "diff_high"]].tolist() == pytest.approx(
+        [-0.32, -0.32 - half, -0.32 + half], abs=1e-6
+    )
+    assert rows["fit_verdict"].to_dict() == {"plain": mc.EQUIVALENT, "skewed": mc.BEST}
+
+
 def test_gains_over_use_the_bonferroni_t_over_the_other_candidates():
     """Gain of 'b' over 'a' = +2.5 +- t_3(1 - 0.05 / 2) sqrt(5/3) / 2 (two other candidates compared with 'a')."""
     gains = mc.gains_over(_hand_lpds(), "a").set_index("candidate")
