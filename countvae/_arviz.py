@@ -7,19 +7,54 @@ convergence diagnostics R-hat and ESS (``az.rhat``, ``az.ess``), and the Pareto 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import shutil
+import sys
+import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pandas as pd
+
+
+def _forget_partial_import(package: str) -> None:
+    """Drop ``package`` and its submodules from ``sys.modules`` after its import failed half-way, to import it again."""
+    for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+        del sys.modules[name]
+
+
+@contextlib.contextmanager
+def _temporary_cache_folder() -> Iterator[None]:
+    """Point ``XDG_CACHE_HOME`` at a new temporary folder within the block; restore it and remove the folder after."""
+    previous = os.environ.get("XDG_CACHE_HOME")
+    folder = tempfile.mkdtemp(prefix="countvae-arviz-cache.")
+    os.environ["XDG_CACHE_HOME"] = folder
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
 
 # arviz 0.23 logs at INFO which of its 1.x preview packages are missing; that is noise for our users.
 logging.getLogger("arviz.preview").setLevel(logging.WARNING)
 with warnings.catch_warnings():
     # arviz 0.23 announces its 1.x refactor with a FutureWarning at import.
     warnings.simplefilter("ignore", FutureWarning)
-    import arviz as az
+    try:
+        import arviz as az
+    except OSError:
+        # arviz 0.23 stamps the day of that warning in the user's cache folder at import: an unwritable or missing
+        # HOME or XDG_CACHE_HOME (a service account, a read-only container) fails it. Nothing else reads the stamp.
+        _forget_partial_import("arviz")
+        with _temporary_cache_folder():
+            import arviz as az
     import xarray as xr
 
 

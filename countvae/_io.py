@@ -104,6 +104,39 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
         raise error from exc
 
 
+#: What a temporary name adds to its target's name part, at most: the dots, mkstemp's random part and ".partial",
+#: with room to spare.
+_TEMPORARY_NAME_ROOM = 32
+
+
+def _name_max(folder: Path) -> int:
+    """The longest file name (in bytes) that ``folder``'s file system takes; 255, the usual one, where it cannot say."""
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (AttributeError, OSError, ValueError):  # no pathconf (Windows), or a folder that does not exist
+        return 255
+    return limit if limit > _TEMPORARY_NAME_ROOM else 255
+
+
+def temporary_prefix(path: str | os.PathLike) -> str:
+    """The prefix of the temporary names beside ``path`` (``.<name>.``), short enough for any legal ``path``.
+
+    A temporary name is ``<prefix><random><suffix>``. Where one built from the whole name would be longer than the file
+    system allows, the prefix keeps the name's start and a hash of all of it (``.<start>~<hash>.``): always the same
+    for the same name, so that :func:`remove_interrupted_writes` finds what an interrupted write of it left.
+    """
+    path = Path(path)
+    room = _name_max(path.parent) - _TEMPORARY_NAME_ROOM
+    name = path.name
+    if len(os.fsencode(name)) <= room:
+        return f".{name}."
+    digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+    start = name
+    while start and len(os.fsencode(start + digest)) > room:  # whole characters, never half of a multi-byte one
+        start = start[:-1]
+    return f".{start}{digest}."
+
+
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     """Fail now, before long work, when ``path``'s folder cannot be written (made if missing, and a file tried there).
 
@@ -155,7 +188,7 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     _refuse_existing(path, overwrite)
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent)
         os.close(fd)
         try:
             _usual_permissions(tmp, 0o666)
@@ -185,7 +218,7 @@ def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     with explained_write_errors(path):
         with _other_os_errors_explained(path):
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent))
+            tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent))
         try:
             _usual_permissions(tmp, 0o777)
             yield tmp
@@ -203,7 +236,7 @@ def _replace_folder(new: Path, path: Path) -> None:
     if not path.exists():
         os.replace(new, path)
         return
-    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+    aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".old", dir=path.parent))
     aside.rmdir()
     os.replace(path, aside)
     try:
@@ -218,14 +251,15 @@ def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> lis
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
     The atomic writers above build ``.<name>.<random>.partial`` (and, while replacing, ``.<name>.<random>.old``)
-    beside their target; a SIGKILL leaves them behind. Call this only where no other writer can be at work (the caller
-    owns ``folder``). ``name`` limits the clean-up to one target's leftovers. Returns the paths removed.
+    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`); a SIGKILL leaves them
+    behind. Call this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the
+    clean-up to one target's leftovers. Returns the paths removed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
     removed = []
-    for path in folder.glob(f".{name}.*"):
+    for path in folder.glob(f"{temporary_prefix(folder / name)}*"):
         if path.name.endswith((".partial", ".old")):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

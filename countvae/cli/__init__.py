@@ -3,7 +3,8 @@
 Each subcommand's module registers it with :func:`main`'s parser through ``register(subparsers)``.
 
 Exit codes: 0 success; 1 failed input or run (bad data, missing file, diverged training), with a one-line message on
-stderr; 2 a wrong command line (argparse's usage error); 130 interrupted by Ctrl-C.
+stderr; 2 a wrong command line (argparse's usage error); 130 interrupted by Ctrl-C. A reader of the output that stops
+early (``| head -1``) changes none of them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, TextIO
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, select, verify_invariance
+from countvae.cli.common import flush_stdout, tell
 from countvae.errors import CountVAEError, CountVAEWarning
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -63,16 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     keep_freed_memory()  # the process is ours: glibc keeps freed tensors' memory (see countvae._allocator)
-    args = build_parser().parse_args(argv)
+    try:
+        return _run(build_parser().parse_args(argv))
+    finally:
+        # Left to the interpreter's exit, a reader gone (``| head -1``) would be a BrokenPipeError and exit code 120.
+        flush_stdout()
+
+
+def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         with one_line_warnings(args.command, vars(args)):
             return int(args.run(args) or EXIT_OK)
     except CountVAEError as exc:
-        print(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), vars(args))}", file=sys.stderr)
+        tell(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), vars(args))}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
-        print(f"countvae {args.command}: interrupted", file=sys.stderr)
+        tell(f"countvae {args.command}: interrupted")
         return 130
 
 
@@ -144,7 +153,7 @@ def one_line_warnings(command: str, options: dict[str, object] | None = None) ->
     ) -> None:
         if issubclass(category, CountVAEWarning):
             text = in_option_terms(_one_line(message), options or {})
-            print(f"countvae {command}: warning: {category.__name__}: {text}", file=sys.stderr)
+            tell(f"countvae {command}: warning: {category.__name__}: {text}")
         else:
             previous(message, category, filename, lineno, file, line)
 

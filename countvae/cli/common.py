@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ __all__ = [
     "add_output_arguments",
     "emit",
     "exit_codes",
+    "flush_stdout",
     "importance_samples",
     "model_kwargs_of",
     "progress_enabled",
@@ -36,6 +38,8 @@ __all__ = [
     "refuse_existing_output",
     "refuse_file_as_output",
     "refuse_inputs_in_output",
+    "say",
+    "tell",
     "train_kwargs_of",
 ]
 
@@ -182,11 +186,58 @@ def read_h5ad(path: str) -> ad.AnnData:
 def emit(result: dict, as_json: bool) -> None:
     """Print a result: JSON on stdout (a non-finite number as ``null``), or ``key: value`` lines."""
     if as_json:
-        json.dump(json_ready(result), sys.stdout, indent=2, allow_nan=False)
-        sys.stdout.write("\n")
+        say(json.dumps(json_ready(result), indent=2, allow_nan=False))
         return
     for key, value in result.items():
-        print(f"{key}: {value}")
+        say(f"{key}: {value}")
+
+
+def say(text: str = "") -> None:
+    """Print a line of a command's result on stdout.
+
+    Nothing where there is no stdout (``>&-``), nor once its reader has stopped reading (``| head -1``): what is left
+    for it then goes to :data:`os.devnull`, as Python's documentation of SIGPIPE recommends, so that the command ends
+    as it would have, with its exit code and without a BrokenPipeError.
+    """
+    if sys.stdout is None:
+        return
+    try:
+        sys.stdout.write(f"{text}\n")
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
+def flush_stdout() -> None:
+    """Write out what stdout holds now, rather than at the interpreter's exit; see :func:`say` for a reader gone."""
+    if sys.stdout is None:
+        return
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stream without a file descriptor: its writes keep failing
+        pass
+    finally:
+        os.close(devnull)
+
+
+def tell(text: str) -> None:
+    """Print a message line (a warning, an error) on stderr.
+
+    Nothing where there is no stderr (``2>&-``, where ``sys.stderr`` is None and :func:`print` would write the message
+    on stdout, into the ``--json`` result), nor once its reader has stopped reading (``2>&1 | head -1``): as logging
+    does with its records.
+    """
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(BrokenPipeError):
+        print(text, file=sys.stderr)
 
 
 def progress_enabled(args: argparse.Namespace) -> bool:

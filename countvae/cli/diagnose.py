@@ -39,6 +39,7 @@ from countvae.cli.common import (
     progress_enabled,
     read_h5ad,
     refuse_inputs_in_output,
+    say,
     train_kwargs_of,
 )
 from countvae.cli.diagnose_restrictions import (
@@ -403,8 +404,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     )
     emit(_result(args, rep, observer, started), args.json)
     if not args.json and not args.quiet:
-        print("\n" + rep.summary())
-        print(f"\nReport: {observer.plan.report_dir / 'report.html'}")
+        say("\n" + rep.summary())
+        say(f"\nReport: {observer.plan.report_dir / 'report.html'}")
     return 0
 
 

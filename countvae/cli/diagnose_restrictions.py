@@ -16,7 +16,7 @@ from pathlib import Path
 import anndata as ad
 
 from countvae._io import explained_write_errors
-from countvae.cli.common import emit
+from countvae.cli.common import emit, say
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics import DiagnosePlan, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
@@ -215,6 +215,6 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_
         result["programs_not_supported"] = rep.programs.loc[~supported, "program"].tolist()
     emit(result, args.json)
     if not args.json and not args.quiet:
-        print("\n" + rep.summary())
-        print(f"\nReport: {report_dir / 'report.html'}")
+        say("\n" + rep.summary())
+        say(f"\nReport: {report_dir / 'report.html'}")
     return 0

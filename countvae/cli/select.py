@@ -18,6 +18,7 @@ from countvae.cli.common import (
     read_h5ad,
     refuse_existing_output,
     refuse_inputs_in_output,
+    say,
 )
 from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
@@ -156,6 +157,6 @@ def run(args: argparse.Namespace) -> int:
         "out": str(out / "comparison"),
     }
     if not args.json and not args.quiet:
-        print(comparison.summary())
+        say(comparison.summary())
     emit(result, args.json)
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ from countvae.cli.common import (
     read_h5ad,
     refuse_existing_output,
     refuse_inputs_in_output,
+    say,
+    tell,
     train_kwargs_of,
 )
 from countvae.data.registry import setup_anndata
@@ -187,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit({"passed": report.passed, "out": str(args.out), "verdicts": report.to_dict()["verdicts"]}, as_json=True)
     else:
-        print(report.summary())
-        print(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")
+        say(report.summary())
+        say(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")
     if not report.passed:
         if report.status == "failed":
             problem = f"{len(report.failures)} checks disagree with the theory"
@@ -196,6 +197,6 @@ def run(args: argparse.Namespace) -> int:
             reasons = report.reasons()
             more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
             problem = f"not verified: {reasons[0]}{more}"
-        print(f"countvae verify-invariance: error: {problem}; see {report_dir / 'report.md'}", file=sys.stderr)
+        tell(f"countvae verify-invariance: error: {problem}; see {report_dir / 'report.md'}")
         return 1
     return 0

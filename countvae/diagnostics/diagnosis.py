@@ -36,7 +36,13 @@ import pandas as pd
 import scipy.sparse as sp
 
 from countvae._checks import check_bool, check_int, check_number
-from countvae._io import atomic_file_path, check_writable, explained_write_errors, remove_interrupted_writes
+from countvae._io import (
+    atomic_file_path,
+    check_writable,
+    explained_write_errors,
+    remove_interrupted_writes,
+    temporary_prefix,
+)
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
@@ -337,7 +343,7 @@ def _diagnose_planned(
     )
     # The .h5ad is written first, complete, under a name of its own and renamed after the report is saved, so that a
     # run interrupted while writing it has no finished report yet and resumes (a finished report refuses a rerun).
-    pending = None if plan.h5ad_path is None else plan.h5ad_path.with_name(f".{plan.h5ad_path.name}.pending")
+    pending = None if plan.h5ad_path is None else plan.h5ad_path.with_name(f"{temporary_prefix(plan.h5ad_path)}pending")
     try:
         if pending is not None:
             refuse_without_room(plan.h5ad_path, plan.adata)  # checked again: the fits may have filled the disk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -457,3 +458,96 @@ def test_diagnose_refuses_a_gene_programs_file_in_the_folders_it_replaces(tmp_pa
     err = capsys.readouterr().err
     assert f"error: {out / 'report'} holds the gene programs file {gmt}; this command replaces" in err
     assert gmt.is_file()
+
+
+#: A command that warns, prints a result of ``--n`` numbers (JSON with ``--json``) and exits with ``--code``.
+_DEMO = """
+import argparse, sys
+import countvae.cli as cli
+from countvae._warnings import warn_at_caller
+from countvae.cli.common import emit
+from countvae.errors import CountVAEWarning
+
+def run(args):
+    warn_at_caller("a warning", CountVAEWarning)
+    emit({"values": list(range(args.n))}, args.json)
+    return args.code
+
+def parser():
+    p = argparse.ArgumentParser(prog="countvae")
+    cmd = p.add_subparsers(dest="command").add_parser("demo")
+    cmd.add_argument("--quiet", action="store_true")
+    cmd.add_argument("--json", action="store_true")
+    cmd.add_argument("--n", type=int, default=3)
+    cmd.add_argument("--code", type=int, default=0)
+    cmd.set_defaults(run=run)
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _command_env() -> dict[str, str]:
+    root = Path(__file__).resolve().parents[2]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
+def test_with_stderr_closed_warnings_and_errors_stay_out_of_the_json_on_stdout(tmp_path):
+    # With fd 2 closed (2>&-), sys.stderr is None and print(..., file=sys.stderr) wrote on stdout: the warnings and
+    # the error line went into the --json result.
+    def closed_stderr(*command):
+        proc = subprocess.run(
+            ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, *command],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_command_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+        return proc.returncode, proc.stdout
+
+    assert closed_stderr("-c", _DEMO, "demo", "--json") == (0, '{\n  "values": [\n    0,\n    1,\n    2\n  ]\n}\n')
+    assert closed_stderr("-m", "countvae", "fit", str(tmp_path / "missing.h5ad"), "--json") == (1, "")
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (["-c", _DEMO, "demo", "--json", "--n", "100000"], 0),  # more than a pipe holds: written while running
+        (["-c", _DEMO, "demo", "--code", "1"], 1),  # a failure told after the result keeps its exit code
+        (["-m", "countvae", "--help"], 0),
+    ],
+)
+def test_a_reader_that_stops_reading_early_changes_no_exit_code(tmp_path, command, code):
+    # `countvae ... | head -1` after a successful run ended in a BrokenPipeError traceback and exit code 1.
+    proc = subprocess.Popen(
+        [sys.executable, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_command_env(),
+        cwd=tmp_path,
+    )
+    proc.stdout.close()  # the reader is gone before the command has written anything
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == code, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_fit_succeeds_when_the_reader_of_its_result_has_gone(tmp_path):
+    data = _write_counts(tmp_path / "d.h5ad")
+    out = tmp_path / "o"
+    for args in (["--json"], []):
+        fit = ["-m", "countvae", "fit", str(data), "--n-latent", "2", "--max-epochs", "1", "--out", str(out), *args]
+        proc = subprocess.Popen(
+            [sys.executable, *fit, "--overwrite", "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_command_env(),
+            cwd=tmp_path,
+        )
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=300) == 0, err
+        assert err == "" and (out / "fit.json").is_file()

@@ -419,6 +419,16 @@ def _h5ad_settings(data_file, tmp_path):
     return adata, settings
 
 
+def test_a_long_legal_h5ad_name_is_written(data_file, tmp_path):
+    # A 229- to 255-character --write-h5ad name ended in a raw "File name too long" after every fit: the names of its
+    # temporary files ('.<name>.pending', then '..<name>.pending.<random>.partial') exceeded 255 characters.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad = tmp_path / ("h" * 250 + ".h5ad")
+    diagnose(adata, settings=settings, write_h5ad=h5ad)
+    assert "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["diag", h5ad.name])
+
+
 def test_an_h5ad_the_disk_has_no_room_for_is_refused_before_and_after_fitting(data_file, tmp_path, monkeypatch):
     # HDF5 crashed the process (a segmentation fault) when the disk filled while it closed the file, leaving a
     # .partial file and the lock

@@ -29,6 +29,7 @@ from countvae._io import (
     explained_write_errors,
     read_versioned_json,
     remove_interrupted_writes,
+    temporary_prefix,
     write_bytes_atomic,
     write_json_atomic,
 )
@@ -107,7 +108,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
 def discard_folder(folder: Path) -> None:
     """Remove ``folder`` if it exists, moved aside first so that a run killed meanwhile leaves all of it or none."""
     if folder.exists():
-        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".old", dir=folder.parent))
+        aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(folder), suffix=".old", dir=folder.parent))
         aside.rmdir()
         os.replace(folder, aside)
         shutil.rmtree(aside, ignore_errors=True)

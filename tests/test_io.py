@@ -1,0 +1,57 @@
+"""Atomic writes (countvae/_io.py): temporary names beside the destination, and the clean-up of interrupted writes."""
+
+from __future__ import annotations
+
+import pytest
+
+from countvae._io import (
+    atomic_directory,
+    atomic_file_path,
+    remove_interrupted_writes,
+    temporary_prefix,
+    write_bytes_atomic,
+)
+
+#: A legal file name (at most 255 bytes) too long to take the temporary names' additions (".<name>.<random>.partial").
+LONG = "n" * 245 + ".h5ad"
+
+
+def test_a_long_legal_name_is_written_through_every_writer(tmp_path):
+    # The temporary name '.<name>.<random>.partial' of a 229- to 255-character name exceeded the file system's limit:
+    # a raw "File name too long" after every fit (diagnose --write-h5ad), or after training (fit --out).
+    assert len(LONG) == 250
+    write_bytes_atomic(tmp_path / LONG, b"data")
+    assert (tmp_path / LONG).read_bytes() == b"data"
+    with atomic_file_path(tmp_path / LONG, overwrite=True) as tmp:
+        assert len(tmp.name.encode()) <= 255
+        tmp.write_bytes(b"new")
+    assert (tmp_path / LONG).read_bytes() == b"new"
+    folder = tmp_path / ("d" * 250)
+    for overwrite, content in ((False, "first"), (True, "second")):  # the second moves the first aside
+        with atomic_directory(folder, overwrite=overwrite) as tmp:
+            (tmp / "f.txt").write_text(content)
+        assert (folder / "f.txt").read_text() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([LONG, folder.name])
+
+
+def test_the_leftovers_of_an_interrupted_write_of_a_long_name_are_removed(tmp_path):
+    leftovers = []
+    for writer in (atomic_file_path, atomic_directory):
+        with pytest.raises(KeyboardInterrupt), writer(tmp_path / LONG) as tmp:
+            leftovers.append(tmp)
+            raise KeyboardInterrupt
+    leftovers[0].write_bytes(b"half")  # what a run killed mid-write (SIGKILL) leaves
+    leftovers[1].mkdir()
+    other = tmp_path / f"{temporary_prefix(tmp_path / ('m' * 250))}abcdefgh.partial"  # another target's
+    other.write_bytes(b"")
+    assert sorted(remove_interrupted_writes(tmp_path, LONG)) == sorted(leftovers)
+    assert [p.name for p in tmp_path.iterdir()] == [other.name]
+    assert remove_interrupted_writes(tmp_path) == [other]
+
+
+def test_temporary_prefixes_keep_short_names_and_tell_long_ones_apart(tmp_path):
+    assert temporary_prefix(tmp_path / "report") == ".report."
+    long_ones = {temporary_prefix(tmp_path / (stem * 250)) for stem in ("a", "b")}
+    long_ones |= {temporary_prefix(tmp_path / ("é" * 127))}  # 254 bytes: cut on whole characters
+    assert len(long_ones) == 3 and all(len(p.encode()) + 8 + len(".partial") <= 255 for p in long_ones)
+    assert all(p.encode().decode() == p for p in long_ones)
