@@ -617,9 +617,17 @@ class CountVAE:
         dir_path
             Destination folder.
         overwrite
-            Replace an existing folder; otherwise an existing folder is an error.
+            Replace an existing model folder; otherwise an existing folder is an error. Unlike scvi-tools, which
+            writes its files among others, countvae replaces the folder whole (it appears complete or not at all),
+            so a folder holding anything but a saved model's ``model.json``, ``params.pt`` and ``adata.h5ad`` (the
+            training data, notes) is refused, whatever ``overwrite`` says.
         save_anndata
             Also write the training AnnData as ``adata.h5ad``.
+
+        Raises
+        ------
+        OutputExistsError
+            If ``dir_path`` exists and ``overwrite`` is False, or it holds files a model folder does not hold.
 
         """
         check_bool("overwrite", overwrite)

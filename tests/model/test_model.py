@@ -144,6 +144,24 @@ def test_loadings(trained_linear, trained_mlp):
         trained_mlp.get_loadings()
 
 
+def test_save_overwrite_refuses_a_folder_holding_other_files(small_adata, tmp_path):
+    """save(dir, overwrite=True) replaced the folder whole: the analyst's data and notes in it were deleted."""
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=8)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.h5ad").write_bytes(b"the analyst's data")
+    (project / "notes.txt").write_text("notes")
+    with pytest.raises(OutputExistsError, match=r"holds data\.h5ad, notes\.txt, which a model folder does not hold"):
+        m.save(project, overwrite=True)
+    assert sorted(p.name for p in project.iterdir()) == ["data.h5ad", "notes.txt"]
+    assert (project / "data.h5ad").read_bytes() == b"the analyst's data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]  # no temporary folder left
+    # a folder holding only an earlier save (with its data file) is replaced
+    m.save(tmp_path / "model", save_anndata=True)
+    m.save(tmp_path / "model", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["model.json", "params.pt"]
+
+
 def test_save_load_round_trip(trained_mlp, tmp_path):
     m = trained_mlp
     m.save(tmp_path / "model")
