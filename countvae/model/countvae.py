@@ -24,7 +24,7 @@ from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix
 from countvae.data.registry import setup_anndata as _setup_anndata
-from countvae.data.split import split_indices
+from countvae.data.split import first_part_size, split_indices
 from countvae.errors import (
     CountVAEWarning,
     InvalidArgumentError,
@@ -192,14 +192,15 @@ class CountVAE:
     # ----- training --------------------------------------------------------------------------
     # The keywords of train are the fields of TrainingPlan, each written once there (countvae._settings says why
     # this departs from scvi-tools' explicit keyword arguments); the first seven may also be given by position.
-    @takes_settings(TrainingPlan, positional=7)
-    def train(self, plan: TrainingPlan) -> CountVAE:
+    @takes_settings(TrainingPlan, positional=7, chosen="chosen")
+    def train(self, plan: TrainingPlan, *, chosen: frozenset[str] = frozenset()) -> CountVAE:  # noqa: D417 (chosen: filled by takes_settings)
         """Fit the model by stochastic variational inference on minibatches.
 
         On the first call ``seed`` fixes everything random (initial parameters, train/validation split, minibatch
         order, Monte Carlo noise), so the same seed gives the same numbers on CPU. A further call continues from the
         current parameters and optimiser state (a fresh optimiser after :meth:`load` or :func:`copy_model`, which do not
-        keep it), on the same split.
+        keep it), on the same split: unlike scvi-tools, which splits the cells again at each call, it refuses a
+        ``train_size`` that asks for another split (a new model trains on another split).
 
         Parameters
         ----------
@@ -219,6 +220,8 @@ class CountVAE:
         device = resolve_device(plan.accelerator)
         registry = resolve_registry(self.adata, self.registry)  # as the other methods read it
         source = CountSource(get_count_matrix(self.adata, registry), batch_codes(self.adata, registry))
+        if self.is_trained and "train_size" in chosen:
+            self._check_same_split(plan.train_size)
         split = self._training_split(plan, source.n_obs)  # checked before anything changes
         if split is not None:
             self.device = device
@@ -273,6 +276,19 @@ class CountVAE:
             "kept_epoch": kept_epoch,
             "early_stopping": plan.early_stopping,
         }
+
+    def _check_same_split(self, train_size: float) -> None:
+        """Refuse a ``train_size`` given to a further call that asks for another split than the model's own."""
+        n_train, n_validation = len(self.train_indices), len(self.validation_indices)
+        asked = first_part_size(n_train + n_validation, train_size)
+        if asked != n_train:
+            raise InvalidArgumentError(
+                f"train_size={train_size} asks for {asked} training cells of {n_train + n_validation}, but this "
+                f"model keeps the train/validation split of its first training ({n_train} training and "
+                f"{n_validation} validation cells, train_size={n_train / (n_train + n_validation):.4g}): further calls "
+                "continue on it. Leave train_size out to continue training, or train a new model, "
+                f"CountVAE(adata, ...).train(train_size={train_size}), for another split."
+            )
 
     def _training_split(self, plan: TrainingPlan, n_obs: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The train/validation split of a first call (``None`` when continuing), after checking ``plan`` fits it."""

@@ -112,7 +112,12 @@ class TrainingPlan:
         without early stopping; with it the shared rule's 1e-2 (``DEFAULT_STOPPING``), cut by
         ``early_stopping_lr_factor`` when the rule fires (``early_stopping_lr_reductions``).""",
     )
-    train_size: float = setting(0.9, "Fraction of cells trained on; the rest report a validation loss.")
+    train_size: float = setting(
+        0.9,
+        """Fraction of cells trained on; the rest report a validation loss. The first call fixes the split; a further
+        call continues on it and refuses a ``train_size`` asking for another (scvi-tools splits again at each call):
+        train a new model for another split.""",
+    )
     early_stopping: bool = setting(
         True,
         """Stop (after any KL warm-up) when the validation loss has not improved for ``early_stopping_patience``

@@ -49,6 +49,25 @@ def test_continued_training_appends_history(small_adata):
     assert not torch.equal(before, _params(m))
 
 
+def test_a_further_call_refuses_a_train_size_asking_for_another_split(small_adata):
+    """A further call with another train_size trained on the first split, with no error and no warning."""
+    m = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
+    m.train(max_epochs=1, progress_bar=False, train_size=0.5, early_stopping=False)
+    split = m.train_indices.copy()
+    for other in (1.0, 0.9):  # 0.9: the default, given, still asks for another split
+        with pytest.raises(cv.errors.InvalidArgumentError, match=r"train_size=.* asks for .* training cells of 800, "):
+            m.train(max_epochs=1, progress_bar=False, train_size=other, early_stopping=False)
+    with pytest.raises(cv.errors.InvalidArgumentError, match=r"keeps the train/validation split of its first training"):
+        m.train(plan=TrainingPlan(max_epochs=1, progress_bar=False))  # a plan's train_size is chosen too
+    assert m.history["epoch"].tolist() == [1]
+    # left out, or the same value (as the split rounds it), training goes on on the same split
+    m.train(max_epochs=1, progress_bar=False, early_stopping=False)
+    m.train(max_epochs=1, progress_bar=False, train_size=0.5004, early_stopping=False)
+    m.train(plan=TrainingPlan(max_epochs=1, progress_bar=False, train_size=0.5, early_stopping=False))
+    assert m.history["epoch"].tolist() == [1, 2, 3, 4]
+    np.testing.assert_array_equal(split, m.train_indices)
+
+
 def test_several_models_in_one_process_each_train(small_adata):
     a = cv.CountVAE(small_adata, n_latent=2, n_hidden=16)
     a.train(max_epochs=2, progress_bar=False, seed=1)
