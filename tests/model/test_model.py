@@ -402,6 +402,19 @@ def test_settings_are_one_validated_frozen_dataclass():
             ModelSettings(**kwargs)
 
 
+def test_default_epochs_are_documented_as_scvi_tools_rule_on_the_training_cells():
+    """max_epochs=None was documented "as in scvi-tools", which counts all cells; countvae counts the training cells."""
+    from countvae.data.split import first_part_size
+    from countvae.model.training import default_max_epochs
+
+    doc = " ".join(cv.CountVAE.train.__doc__.split())
+    assert "as in scvi-tools" not in doc and "with ``n`` the number of training cells" in doc
+    assert "356 against scvi-tools' 320 on 25,000 cells, 178 against 160 on 50,000" in doc
+    for n, countvae_epochs, scvi_epochs in [(25_000, 356, 320), (50_000, 178, 160), (22_222, 400, 360)]:
+        assert TrainingPlan().epochs_for(first_part_size(n, TrainingPlan().train_size)) == countvae_epochs
+        assert default_max_epochs(n) == scvi_epochs  # scvi-tools' get_max_epochs_heuristic(n_obs)
+
+
 def test_training_plan_is_checked_before_anything_changes(small_adata):
     assert TrainingPlan().epochs_for(800) == 400 and TrainingPlan(max_epochs=7).epochs_for(800) == 7
     assert TrainingPlan().epochs_for(100_000) == 80  # scvi-tools' default: round(20000 / n * 400)
