@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Collection
 from dataclasses import replace
 
 import anndata as ad
@@ -454,7 +455,9 @@ class CountVAE:
         n_samples
             Posterior draws to average (1: decode the posterior mean).
         transform_batch
-            Decode every cell as if from this batch category (an integer label such as ``3`` matches ``"3"``).
+            Decode every cell as if from this batch category (an integer label such as ``3`` matches ``"3"``). One
+            category only: scvi-tools' list of batches to average over is refused; average the results of one call per
+            batch instead.
         seed
             Seed of the posterior draws.
         return_numpy
@@ -470,6 +473,13 @@ class CountVAE:
         c = self._trained_cells(adata, indices)
         code = None
         if transform_batch is not None:
+            if isinstance(transform_batch, Collection) and not isinstance(transform_batch, str | bytes):
+                raise InvalidArgumentError(
+                    f"transform_batch takes one batch category, got {transform_batch!r}; scvi-tools' average over "
+                    "several batches is not offered: call get_normalized_expression(transform_batch=b) for each batch "
+                    "b and take the mean, e.g. sum(model.get_normalized_expression(transform_batch=b) for b in "
+                    "batches) / len(batches)."
+                )
             label = str(transform_batch)  # batch labels are recorded as strings, as each cell's batch is read
             if label not in self.registry.batch_categories:
                 raise InvalidArgumentError(

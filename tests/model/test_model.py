@@ -156,6 +156,17 @@ def test_transform_batch(trained_linear):
         trained_linear.get_normalized_expression(transform_batch="nope")
 
 
+def test_transform_batch_refuses_several_batches_saying_how_to_average(trained_linear):
+    """A list (scvi-tools' batch averaging) was read as one label: "['batch0', 'batch1'] is not a training batch"."""
+    for several in (["batch0", "batch1"], ("batch0",), np.array(["batch0", "batch1"]), pd.Index(["batch1"])):
+        with pytest.raises(cv.errors.InvalidArgumentError, match=r"transform_batch takes one batch category, got .*"):
+            trained_linear.get_normalized_expression(transform_batch=several)
+    with pytest.raises(cv.errors.InvalidArgumentError, match=r"for each batch b and take the mean"):
+        trained_linear.get_normalized_expression(transform_batch=["batch0", "batch1"])
+    one = trained_linear.get_normalized_expression(transform_batch=np.str_("batch1"), return_numpy=True)
+    np.testing.assert_array_equal(one, trained_linear.get_normalized_expression(transform_batch="batch1").to_numpy())
+
+
 def test_loadings(trained_linear, trained_mlp):
     L = trained_linear.get_loadings()
     assert L.shape == (60, 2) and list(L.columns) == ["Z_0", "Z_1"]
