@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -424,6 +425,15 @@ def test_settings_are_one_validated_frozen_dataclass():
     ]:
         with pytest.raises(cv.errors.InvalidArgumentError, match=name):
             ModelSettings(**kwargs)
+
+
+def test_the_likelihood_default_is_documented_against_scvi_tools():
+    """CountVAE defaults to NB where SCVI defaults to ZINB, and its likelihood text did not say so."""
+    assert ModelSettings().likelihood == "nb"
+    doc = " ".join(cv.CountVAE.__doc__.split())
+    assert '``"nb"`` (default)' in doc and 'scvi-tools\' ``SCVI`` defaults to ``gene_likelihood="zinb"``' in doc
+    with open(Path(__file__).parents[2] / "docs" / "concepts" / "scvi-tools.md", encoding="utf-8") as fh:
+        assert "(`gene_likelihood`, default ZINB)" in fh.read()
 
 
 def test_default_epochs_are_documented_as_scvi_tools_rule_on_the_training_cells():
