@@ -331,6 +331,30 @@ def test_diagnose_and_select_refuse_an_input_in_the_folders_they_replace(
     refuse_inputs_in_output(str(out), {"the data file": str(out / "data.h5ad")}, replaced=("report", "fits"))
 
 
+@pytest.mark.parametrize(
+    ("command", "folder", "options"),
+    [
+        ("diagnose", "report", []),
+        ("diagnose", "report", ["--decoder", "linear", "--restrictions", "laplace"]),
+        ("select", "comparison", []),
+    ],
+)
+def test_diagnose_and_select_refuse_to_replace_a_report_folder_holding_other_files(
+    tmp_path, capsys, monkeypatch, command, folder, options
+):
+    # --overwrite replaced OUT/report (OUT/comparison) whole: a file the command never writes, kept there, was deleted
+    out = tmp_path / "out"
+    (out / folder).mkdir(parents=True)
+    (out / folder / "notes.txt").write_text("notes")
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    fast = ["--seeds", "2", "--max-epochs", "1", "--n-jobs", "1", "--quiet", "--overwrite"]
+    assert main([command, str(data), *options, *fast, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {out / folder} holds notes.txt, which a " in err and "another --out" in err
+    assert (out / folder / "notes.txt").read_text() == "notes"
+
+
 @pytest.mark.parametrize("command", ["diagnose", "select"])
 def test_seed_is_not_taken_as_an_abbreviation_of_seeds(command, capsys):
     # diagnose --seed 3 ran seeds 0, 1, 2 (argparse expanded it to --seeds 3), where fit --seed 3 is a seed
