@@ -14,7 +14,8 @@ import os
 import pickle
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,71 @@ def _refuse_existing(path: Path, overwrite: bool) -> None:
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
+
+
+@dataclass(frozen=True)
+class FolderLayout:
+    """What a writer puts in a folder it writes whole, so that ``overwrite`` replaces only such a folder.
+
+    Parameters
+    ----------
+    what
+        How messages name the folder (``"a model folder"``).
+    files
+        The names of the files it writes (any release's names, so that an older save is replaced too).
+    folders
+        The names of the folders it writes, each with its own layout.
+
+    """
+
+    what: str
+    files: frozenset[str]
+    folders: Mapping[str, FolderLayout] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        """Its entries as messages list them: files, then folders with a trailing ``/``."""
+        return sorted(self.files) + [f"{name}/" for name in sorted(self.folders)]
+
+
+def foreign_entries(path: Path, layout: FolderLayout) -> list[str]:
+    """The entries of the folder ``path`` (paths relative to it, sorted) that ``layout``'s writer does not write."""
+    foreign = []
+    for entry in sorted(path.iterdir()):
+        if entry.name in layout.files and not entry.is_dir():
+            continue
+        if entry.name in layout.folders and entry.is_dir() and not entry.is_symlink():
+            foreign += [f"{entry.name}/{name}" for name in foreign_entries(entry, layout.folders[entry.name])]
+            continue
+        foreign.append(f"{entry.name}/" if entry.is_dir() else entry.name)
+    return foreign
+
+
+def refuse_foreign_entries(path: str | os.PathLike, overwrite: bool, layout: FolderLayout) -> None:
+    """Fail when ``overwrite`` would replace the folder ``path`` although it holds what its writer did not write.
+
+    A folder is replaced whole, so anything else in it (the analyst's data, notes) would be deleted. Call it before
+    any long work; :func:`atomic_directory` calls it again before writing.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``overwrite`` is not a bool.
+    OutputExistsError
+        If ``overwrite`` is True and ``path`` is a folder holding an entry ``layout`` does not name.
+
+    """
+    check_bool("overwrite", overwrite)
+    path = Path(path)
+    if not overwrite or not path.is_dir():
+        return
+    foreign = foreign_entries(path, layout)
+    if foreign:
+        shown = ", ".join(foreign[:10]) + (f" and {len(foreign) - 10} more" if len(foreign) > 10 else "")
+        raise OutputExistsError(
+            f"{path} holds {shown}, which {layout.what} does not hold; overwrite=True (--overwrite) replaces the "
+            f"folder whole and would delete them. Move them out of {path}, or write to another folder (another "
+            f"--out). Only a folder holding nothing but {', '.join(layout.names())} is replaced."
+        )
 
 
 def _usual_permissions(path: str | os.PathLike, mode: int) -> None:
@@ -202,19 +268,24 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 
 
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
+def atomic_directory(
+    path: str | os.PathLike, overwrite: bool = False, layout: FolderLayout | None = None
+) -> Iterator[Path]:
     """Build a folder under a temporary name; rename it to ``path`` when the block succeeds.
 
     If the block raises, the temporary folder is removed and ``path`` is left as it was (a full disk or read-only
     folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
     (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
     complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
-    the old folder is moved back. A file at ``path`` is refused whatever ``overwrite`` says.
+    the old folder is moved back. A file at ``path`` is refused whatever ``overwrite`` says, and so is, given the
+    writer's ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():  # a file there may be data; overwrite replaces folders only
         raise OutputExistsError(f"{path} exists and is not a folder; give the path of a folder to write.")
     _refuse_existing(path, overwrite)
+    if layout is not None:
+        refuse_foreign_entries(path, overwrite, layout)
     with explained_write_errors(path):
         with _other_os_errors_explained(path):
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,11 +26,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from countvae._checks import check_bool
 from countvae._formatting import format_value
-from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
+from countvae._io import FolderLayout, atomic_directory, refuse_foreign_entries, write_json_atomic, write_text_atomic
 
 #: The files of a report folder, in the order :func:`write_report_folder` writes them.
 REPORT_FILES = ("report.html", "report.json", "report.md")
+
+#: What a report folder holds (every release has written these files, and only these: figures are inline).
+REPORT_FOLDER = FolderLayout("a report folder", frozenset(REPORT_FILES))
 
 #: Shown under a table cut at ``max_rows``.
 ALL_ROWS_NOTE = "all rows are in report.json"
@@ -165,6 +169,21 @@ def figure_png_base64(plot: Any, dpi: int = 110) -> str:
 
 
 # ----- the folder -------------------------------------------------------------------------------------
+def check_report_folder(path: str | Path, overwrite: bool) -> None:
+    """Fail, before a report is rendered, where :func:`write_report_folder` would refuse ``path``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``overwrite`` is not a bool (a truthy string such as ``"no"`` must not replace a folder).
+    OutputExistsError
+        If ``overwrite`` is True and ``path`` holds anything but a report's files, which replacing it would delete.
+
+    """
+    check_bool("overwrite", overwrite)
+    refuse_foreign_entries(path, overwrite, REPORT_FOLDER)
+
+
 def write_report_folder(
     path: str | Path,
     *,
@@ -190,7 +209,8 @@ def write_report_folder(
     markdown
         The Markdown text.
     overwrite
-        Replace an existing folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
+        Replace an existing report folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`). A
+        folder holding anything but :data:`REPORT_FILES` is refused whatever ``overwrite`` says: it is replaced whole.
     on_file_written
         Called with each file's name (in the order of :data:`REPORT_FILES`) once it is complete inside the temporary
         folder, before the folder is renamed into place.
@@ -207,7 +227,7 @@ def write_report_folder(
         "report.json": lambda p: write_json_atomic(p, record),
         "report.md": lambda p: write_text_atomic(p, markdown),
     }
-    with atomic_directory(path, overwrite=overwrite) as tmp:
+    with atomic_directory(path, overwrite=overwrite, layout=REPORT_FOLDER) as tmp:
         for name in REPORT_FILES:
             writers[name](tmp / name)
             if on_file_written is not None:

@@ -87,7 +87,9 @@ def documents_settings(cls: type | None = None) -> Callable[[type], type]:
     return decorate
 
 
-def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+def takes_settings(
+    cls: type, positional: int = 0, chosen: str | None = None
+) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
     """Let ``func(head..., obj)`` be called with the fields of dataclass ``cls`` as keywords.
 
     ``func``'s last parameter receives an instance of ``cls``; its other parameters (the head) stay as they are. The
@@ -96,7 +98,10 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R
     object: the fields given as keywords replace those of the base (:func:`dataclasses.replace`); without one they fill
     ``cls``'s defaults. A keyword that is neither a head parameter nor a field raises an
     :class:`~countvae.errors.InvalidArgumentError` naming the closest field. The line ``{settings}`` of ``func``'s
-    docstring becomes the fields' entries.
+    docstring becomes the fields' entries. ``chosen``: the name of a keyword-only parameter of ``func``, left out of
+    the returned function's signature, that receives the frozenset of the fields the caller chose (those given as
+    arguments; every field when a base object is given), for a ``func`` that treats a value left at its default
+    otherwise than the same value given.
     """
     fields = dataclasses.fields(cls)
     types = typing.get_type_hints(cls)  # real types, not strings: sphinx links them from any module
@@ -104,7 +109,7 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R
 
     def decorate(func: Callable[..., _R]) -> Callable[..., _R]:
         own = inspect.signature(func)
-        *head, base = own.parameters.values()
+        *head, base = (p for p in own.parameters.values() if p.name != chosen)
         if positional and any(p.kind == _KEYWORD for p in head):
             raise TypeError(f"{func.__qualname__}: positional settings cannot follow keyword-only parameters.")
         fields_as = [
@@ -129,8 +134,9 @@ def takes_settings(cls: type, positional: int = 0) -> Callable[[Callable[..., _R
             if obj is not None and not isinstance(obj, cls):
                 raise InvalidArgumentError(f"{base.name} must be a {cls.__name__}, got {type(obj).__name__}.")
             values = {name: given[name] for name in field_names if name in given}
+            choices = {chosen: frozenset(values if obj is None else field_names)} if chosen else {}
             obj = cls(**values) if obj is None else dataclasses.replace(obj, **values)
-            return func(**{name: given[name] for name in head_names if name in given}, **{base.name: obj})
+            return func(**{name: given[name] for name in head_names if name in given}, **choices, **{base.name: obj})
 
         wrapper.__signature__ = public  # type: ignore[attr-defined]
         if func.__doc__ is not None:  # an __init__ leaves its parameters to the class docstring (documents_settings)

@@ -87,6 +87,24 @@ def test_report_folder_is_written_in_order_atomically_and_never_silently_replace
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
 
+def test_overwrite_replaces_only_a_folder_holding_a_report(tmp_path):
+    """overwrite=True replaced the folder whole: a data file or a subfolder kept in it was deleted."""
+    folder = tmp_path / "rep"
+    write_report_folder(folder, html_text="<p>one</p>", record={"a": 1}, markdown="# one")
+    (folder / "data.h5ad").write_bytes(b"the analyst's data")
+    (folder / "figures").mkdir()
+    with pytest.raises(OutputExistsError, match=r"holds data\.h5ad, figures/, which a report folder does not hold"):
+        write_report_folder(folder, html_text="<p>two</p>", record={"a": 2}, markdown="# two", overwrite=True)
+    from countvae._report_files import check_report_folder  # the check before rendering
+
+    with pytest.raises(OutputExistsError, match="Move them out of"):
+        check_report_folder(folder, overwrite=True)
+    check_report_folder(folder, overwrite=False)  # without overwrite, the writer's own refusal says what to do
+    assert (folder / "data.h5ad").read_bytes() == b"the analyst's data"
+    assert (folder / "report.md").read_text() == "# one"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
 def test_a_file_where_a_report_folder_goes_is_refused_even_with_overwrite(tmp_path):
     """save(path, overwrite=True) on a file moved it aside as a hidden .NAME.*.old and put the folder in its place
     (DiagnosticReport, InvarianceReport, ModelComparison: one writer)."""

@@ -133,7 +133,7 @@ def add_model_arguments(
     if unknown:
         raise ValueError(f"These name no model or training option: {unknown}")
     generic_text = {
-        "max_epochs": "as scvi-tools, from the data size",
+        "max_epochs": "scvi-tools' rule applied to the training cells, not all cells",
         "lr": "1e-2 with early stopping, cut to 1e-3 when the validation loss stalls; 1e-3 without",
     }
     # a command's own default is shown as it is, not the generic text (verify-invariance trains 100 epochs)

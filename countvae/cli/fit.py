@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from countvae._checks import check_number
-from countvae._io import atomic_directory, check_writable, write_json_atomic
+from countvae._io import FolderLayout, atomic_directory, check_writable, refuse_foreign_entries, write_json_atomic
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -33,9 +33,17 @@ from countvae.data.split import split_indices
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes
 from countvae.errors import InvalidArgumentError
 from countvae.model import CountVAE
+from countvae.model.persistence import MODEL_FOLDER
 from countvae.model.training import default_max_epochs
 
 logger = logging.getLogger("countvae.cli")
+
+#: What ``--out`` holds; ``--overwrite`` replaces it whole, so only a folder holding nothing else.
+FIT_OUTPUT = FolderLayout(
+    "a `countvae fit` output folder",
+    frozenset({"fit.json", "latent.csv", "heldout_lpd.csv"}),
+    {"model": MODEL_FOLDER},
+)
 
 EXAMPLES = """examples:
   countvae fit                                   # embedded simulated data, writes ./countvae_fit
@@ -87,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     check_number("heldout_fraction (--heldout-fraction)", args.heldout_fraction, 0.0, 1.0, high_open=True)
     refuse_inputs_in_output(args.out, {"the data file": args.data})
     refuse_existing_output(args.out, args.overwrite)
+    refuse_foreign_entries(args.out, args.overwrite, FIT_OUTPUT)
     adata = read_h5ad(args.data) if args.data else default_data()
     batch_key = args.batch_key if args.data or args.batch_key else "batch"  # the embedded data's batches
     setup_anndata(adata, layer=args.layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
@@ -129,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "epochs": int(model.history["epoch"].max()),
         "loss_train_final": float(model.history["loss_train"].iloc[-1]),
     }
-    with atomic_directory(args.out, overwrite=args.overwrite) as out:
+    with atomic_directory(args.out, overwrite=args.overwrite, layout=FIT_OUTPUT) as out:
         model.save(out / "model")
         latent = model.get_latent_representation(adata)
         pd.DataFrame(latent, index=adata.obs_names, columns=[f"z{i}" for i in range(latent.shape[1])]).assign(

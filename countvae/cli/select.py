@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from countvae._io import explained_write_errors
+from countvae._io import explained_write_errors, refuse_foreign_entries
 from countvae.cli.common import (
     Subcommands,
     add_data_arguments,
@@ -24,6 +24,7 @@ from countvae.cli.first_contact import n_jobs_value
 from countvae.data.registry import setup_anndata
 from countvae.diagnostics import compare_models
 from countvae.diagnostics.fitting.run_lock import locked
+from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
 from countvae.errors import InvalidArgumentError
 
 EXAMPLES = """examples:
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     refuse_inputs_in_output(args.out, {"the data file": args.data}, replaced=("fits", "comparison"))
     refuse_existing_output(str(out / "comparison"), args.overwrite)
+    refuse_foreign_entries(out / "comparison", args.overwrite, COMPARISON_FOLDER)
     if args.seeds < 2:
         raise InvalidArgumentError(f"--seeds {args.seeds}: stability needs at least 2 seeds; e.g. --seeds 3.")
     adata = read_h5ad(args.data)

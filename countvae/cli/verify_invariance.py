@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from countvae._io import atomic_directory
+from countvae._io import FolderLayout, atomic_directory, refuse_foreign_entries
+from countvae._report_files import REPORT_FOLDER
 from countvae.cli.common import (
     MODEL_OPTIONS,
     TRAINING_OPTIONS,
@@ -37,8 +38,17 @@ from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError
 from countvae.invariance import verify
 from countvae.model import CountVAE, ModelSettings, TrainingPlan
+from countvae.model.persistence import MODEL_FOLDER
 
 logger = logging.getLogger("countvae.cli")
+
+#: What ``--out`` holds (earlier releases wrote invariance.json and invariance.md instead of report/); ``--overwrite``
+#: replaces it whole, so only a folder holding nothing else.
+VERIFY_OUTPUT = FolderLayout(
+    "a `countvae verify-invariance` output folder",
+    frozenset({"invariance.json", "invariance.md"}),
+    {"report": REPORT_FOLDER, "model": MODEL_FOLDER},
+)
 
 EXAMPLES = """examples:
   countvae verify-invariance                      # embedded simulated data, 2-d linear Poisson model
@@ -138,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     refuse_inputs_in_output(args.out, {"the data file": args.data, "the --model folder": args.model})
     refuse_existing_output(args.out, args.overwrite)
+    refuse_foreign_entries(args.out, args.overwrite, VERIFY_OUTPUT)
     show = progress_enabled(args)
     adata = read_h5ad(args.data) if args.data else default_data()
     model = CountVAE.load(args.model) if args.model else None
@@ -181,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(time.perf_counter() - started, 2),
     }
     report_dir = Path(args.out) / "report"
-    with atomic_directory(args.out, overwrite=args.overwrite) as out:
+    with atomic_directory(args.out, overwrite=args.overwrite, layout=VERIFY_OUTPUT) as out:
         report.save(out / report_dir.name)
         if args.model is None:
             model.save(out / "model")

@@ -40,9 +40,11 @@ from countvae._io import (
     atomic_file_path,
     check_writable,
     explained_write_errors,
+    refuse_foreign_entries,
     remove_interrupted_writes,
     temporary_prefix,
 )
+from countvae._report_files import REPORT_FOLDER
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
@@ -449,9 +451,11 @@ def discard_replaced_report(report_dir: Path) -> None:
     Left beside the new fits, it would refuse the rerun that resumes an interrupted run (which could then only
     pass ``overwrite`` again and discard the seeds already refitted). Moved aside first, so that a run killed
     meanwhile leaves either the whole report or none (what it leaves aside, :func:`remove_interrupted_report` removes).
+    A folder holding anything but a report's files is refused (:class:`~countvae.errors.OutputExistsError`).
     """
     if not report_dir.exists():
         return
+    refuse_foreign_entries(report_dir, True, REPORT_FOLDER)
     discard_folder(report_dir)
     logger.info("Removed the report in %s, which the refitted seeds will replace (overwrite).", report_dir)
 
@@ -463,7 +467,7 @@ def remove_interrupted_report(report_dir: Path) -> None:
 
 
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
-    """``out_dir/report``, refused before any fitting when it holds a finished report without ``overwrite``."""
+    """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it."""
     if out_dir is None:
         return None
     out = Path(out_dir)
@@ -475,6 +479,7 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
             f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "
             "or choose another --out."
         )
+    refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
     return report_dir
 
 

@@ -18,9 +18,8 @@ import numpy as np
 import pandas as pd
 
 from countvae import plotting
-from countvae._checks import check_bool
 from countvae._formatting import format_value, json_ready, markdown_table
-from countvae._report_files import html_page, template_environment, write_report_folder
+from countvae._report_files import check_report_folder, html_page, template_environment, write_report_folder
 
 #: Title of the report (Markdown and HTML).
 TITLE = "Rotation invariance check"
@@ -431,7 +430,9 @@ class InvarianceReport:
         dir_path
             Destination folder.
         overwrite
-            Replace an existing folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
+            Replace an existing report folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
+            A folder holding anything but ``report.json``, ``report.md`` and ``report.html`` is refused whatever
+            ``overwrite`` says (it is replaced whole), before the report is rendered.
 
         Returns
         -------
@@ -439,7 +440,7 @@ class InvarianceReport:
             The folder.
 
         """
-        check_bool("overwrite", overwrite)  # before rendering: a truthy string such as "no" must not replace a folder
+        check_report_folder(dir_path, overwrite)
         return write_report_folder(
             dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
         )

@@ -8,7 +8,9 @@ A model folder holds
   refuses any pickled object but tensors and plain containers (no code runs on load);
 * ``adata.h5ad`` when saved with ``save_anndata=True``.
 
-The folder is built under a temporary name and renamed into place.
+The folder is built under a temporary name and renamed into place. ``overwrite=True`` replaces only a folder holding
+nothing but these files (:data:`MODEL_FOLDER`): scvi-tools' ``save(overwrite=True)`` leaves other files be, and a
+replaced folder would lose them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import anndata as ad
 import torch
 
 from countvae._io import (
+    FolderLayout,
     atomic_directory,
     load_checked_tensors,
     read_versioned_json,
@@ -38,6 +41,9 @@ FORMAT_VERSION = 1
 SETTINGS_FILE = "model.json"
 PARAMS_FILE = "params.pt"
 ADATA_FILE = "adata.h5ad"
+
+#: What a model folder holds (every release has written these names).
+MODEL_FOLDER = FolderLayout("a model folder", frozenset({SETTINGS_FILE, PARAMS_FILE, ADATA_FILE}))
 
 
 def _folder(dir_path: object) -> Path:
@@ -57,7 +63,7 @@ def write_model_folder(
     adata=None,
 ) -> Path:
     """Write a model folder atomically (see module docstring)."""
-    with atomic_directory(_folder(dir_path), overwrite=overwrite) as tmp:
+    with atomic_directory(_folder(dir_path), overwrite=overwrite, layout=MODEL_FOLDER) as tmp:
         # Serialised in memory: torch's file writer reports a full disk as a RuntimeError, the byte writer as OSError.
         buffer = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in tensors.items()}, buffer)

@@ -70,7 +70,12 @@ class ModelSettings:
         """Latent dimensions; at least 1 and fewer than the number of genes and cells (default 10, or the number of
         ``gene_programs``).""",
     )
-    likelihood: Literal["poisson", "nb", "zinb"] = setting("nb", """``"poisson"``, ``"nb"`` or ``"zinb"``.""")
+    likelihood: Literal["poisson", "nb", "zinb"] = setting(
+        "nb",
+        """``"poisson"``, ``"nb"`` (default) or ``"zinb"``. scvi-tools' ``SCVI`` defaults to
+        ``gene_likelihood="zinb"``: a port that relied on that default fits an NB model here unless it passes
+        ``likelihood="zinb"``.""",
+    )
     decoder: Literal["linear", "mlp"] = setting("mlp", """``"linear"`` or ``"mlp"``.""")
     n_hidden: int = setting(128, "Hidden width of the encoder (and of the MLP decoder).")
     n_layers: int = setting(1, "Hidden layers of the encoder (and of the MLP decoder).")

@@ -80,7 +80,11 @@ DEFAULT_STOPPING = StoppingRule()
 
 
 def default_max_epochs(n_cells: int) -> int:
-    """scvi-tools' default number of epochs: ``min(round(20000 / n_cells * 400), 400)``."""
+    """scvi-tools' default number of epochs: ``min(round(20000 / n_cells * 400), 400)``.
+
+    scvi-tools applies it to every cell of the AnnData; countvae to the training cells (see ``TrainingPlan``'s
+    ``max_epochs``).
+    """
     return int(min(round(20000 / max(n_cells, 1) * 400), 400))
 
 
@@ -103,7 +107,13 @@ class TrainingPlan:
     """
 
     max_epochs: int | None = setting(
-        None, "Passes over the training cells; default ``min(round(20000 / n_cells * 400), 400)`` as in scvi-tools."
+        None,
+        """Passes over the training cells. ``None``: scvi-tools' rule ``min(round(20000 / n * 400), 400)``, but with
+        ``n`` the number of training cells (``train_size`` of them), where scvi-tools counts every cell of the AnnData:
+        above 20,000 cells countvae allows more epochs (with the default ``train_size=0.9``, 400 up to 22,222 cells,
+        then about 11% more: 356 against scvi-tools' 320 on 25,000 cells, 178 against 160 on 50,000). This departure
+        is kept because every default training length, and the benchmarks and verdict calibration measured with
+        them, follow it; pass ``max_epochs`` to train scvi-tools' number.""",
     )
     batch_size: int = setting(128, "Cells per minibatch.")
     lr: float | None = setting(
@@ -112,7 +122,12 @@ class TrainingPlan:
         without early stopping; with it the shared rule's 1e-2 (``DEFAULT_STOPPING``), cut by
         ``early_stopping_lr_factor`` when the rule fires (``early_stopping_lr_reductions``).""",
     )
-    train_size: float = setting(0.9, "Fraction of cells trained on; the rest report a validation loss.")
+    train_size: float = setting(
+        0.9,
+        """Fraction of cells trained on; the rest report a validation loss. The first call fixes the split; a further
+        call continues on it and refuses a ``train_size`` asking for another (scvi-tools splits again at each call):
+        train a new model for another split.""",
+    )
     early_stopping: bool = setting(
         True,
         """Stop (after any KL warm-up) when the validation loss has not improved for ``early_stopping_patience``
@@ -247,7 +262,7 @@ class TrainingPlan:
         return DEFAULT_STOPPING.check_val_every_n_epoch if self.early_stopping else 1
 
     def epochs_for(self, n_train_cells: int) -> int:
-        """``max_epochs``, or scvi-tools' default for ``n_train_cells`` when it is ``None``."""
+        """``max_epochs``, or scvi-tools' rule applied to ``n_train_cells`` (not to all cells) when it is ``None``."""
         return self.max_epochs if self.max_epochs is not None else default_max_epochs(n_train_cells)
 
 

@@ -256,6 +256,31 @@ def test_fit_refuses_an_out_holding_its_data_file_before_any_work(tmp_path, caps
     assert data.read_bytes() == before and (project / "notes.txt").is_file()
 
 
+@pytest.mark.parametrize("extra", ["notes.txt", "model/data.h5ad"])
+def test_fit_overwrite_refuses_an_out_holding_other_files_before_any_work(tmp_path, capsys, monkeypatch, extra):
+    # --overwrite replaced --out whole: a file the command never writes, kept in it, was deleted
+    data = _write_counts(tmp_path / "data.h5ad")
+    out = tmp_path / "out"
+    (out / "model").mkdir(parents=True)
+    (out / "fit.json").write_text("{}")
+    (out / extra).write_text("the analyst's")
+    _never_trains(monkeypatch)
+    assert main(["fit", str(data), "--quiet", "--out", str(out), "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae fit: error: {out} holds {extra}, which a `countvae fit` output folder does not ")
+    assert "another --out" in err and err.count("\n") == 1
+    assert (out / extra).read_text() == "the analyst's" and (out / "fit.json").is_file()
+
+
+def test_fit_overwrite_replaces_its_own_earlier_output(tmp_path, capsys):
+    data = _write_counts(tmp_path / "data.h5ad")
+    argv = ["fit", str(data), "--n-latent", "2", "--max-epochs", "1", "--n-samples", "20", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "out"), "--overwrite"]) == 0, capsys.readouterr().err
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["fit.json", "heldout_lpd.csv", "latent.csv", "model"]
+
+
 @pytest.mark.parametrize(
     ("out", "message"),
     [(".", "--out . is the working folder"), ("..", "--out .. holds the working folder"), ("", "--out is empty")],
@@ -305,6 +330,30 @@ def test_diagnose_and_select_refuse_an_input_in_the_folders_they_replace(
     from countvae.cli.common import refuse_inputs_in_output
 
     refuse_inputs_in_output(str(out), {"the data file": str(out / "data.h5ad")}, replaced=("report", "fits"))
+
+
+@pytest.mark.parametrize(
+    ("command", "folder", "options"),
+    [
+        ("diagnose", "report", []),
+        ("diagnose", "report", ["--decoder", "linear", "--restrictions", "laplace"]),
+        ("select", "comparison", []),
+    ],
+)
+def test_diagnose_and_select_refuse_to_replace_a_report_folder_holding_other_files(
+    tmp_path, capsys, monkeypatch, command, folder, options
+):
+    # --overwrite replaced OUT/report (OUT/comparison) whole: a file the command never writes, kept there, was deleted
+    out = tmp_path / "out"
+    (out / folder).mkdir(parents=True)
+    (out / folder / "notes.txt").write_text("notes")
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    fast = ["--seeds", "2", "--max-epochs", "1", "--n-jobs", "1", "--quiet", "--overwrite"]
+    assert main([command, str(data), *options, *fast, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {out / folder} holds notes.txt, which a " in err and "another --out" in err
+    assert (out / folder / "notes.txt").read_text() == "notes"
 
 
 @pytest.mark.parametrize("command", ["diagnose", "select"])

@@ -196,6 +196,36 @@ def test_help_shows_the_epochs_the_command_trains():
     assert "training epochs (default: 100)" in text
 
 
+def test_overwrite_refuses_an_out_holding_other_files_first(h5ad, model_folder, tmp_path, capsys, monkeypatch):
+    # --overwrite replaced --out whole: a file the command never writes, kept in it, was deleted
+    out = tmp_path / "inv"
+    (out / "report").mkdir(parents=True)
+    (out / "report" / "notes.txt").write_text("the analyst's")
+
+    def verify(*args, **kwargs):
+        raise AssertionError("the command checked the model before refusing --out")
+
+    monkeypatch.setattr("countvae.cli.verify_invariance.verify", verify)
+    args = ["verify-invariance", str(h5ad), "--model", str(model_folder / "model"), "--out", str(out), "--overwrite"]
+    assert main([*args, *FAST_CHECK]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"countvae verify-invariance: error: {out} holds report/notes.txt, which a `countvae verify-invariance` output "
+    )
+    assert "another --out" in err and (out / "report" / "notes.txt").read_text() == "the analyst's"
+
+
+def test_overwrite_replaces_an_earlier_release_output(h5ad, model_folder, tmp_path):
+    """An --out an earlier release wrote (invariance.json and invariance.md beside model/) is still replaced."""
+    out = tmp_path / "inv"
+    out.mkdir()
+    for name in ("invariance.json", "invariance.md"):
+        (out / name).write_text("old")
+    args = ["verify-invariance", str(h5ad), "--model", str(model_folder / "model"), "--out", str(out), "--overwrite"]
+    main([*args, *FAST_CHECK])
+    assert [p.name for p in out.iterdir()] == ["report"]
+
+
 def test_an_out_holding_the_model_is_refused_before_any_work(h5ad, model_folder, capsys):
     # --out DIR --overwrite with --model DIR/model replaced DIR: the model being checked was deleted
     model = model_folder / "model"

@@ -12,7 +12,7 @@ from typing import Any
 import anndata as ad
 import pandas as pd
 
-from countvae._report_files import write_report_folder
+from countvae._report_files import check_report_folder, write_report_folder
 from countvae.diagnostics.fitting.progress import REPORT_FILE_WRITTEN, Progress, ProgressEvent, notify
 from countvae.diagnostics.reporting.anndata_export import write_report
 from countvae.diagnostics.reporting.model_card import model_card
@@ -129,7 +129,9 @@ class DiagnosticReport(ReportContent):
         dir_path
             Destination folder.
         overwrite
-            Replace an existing folder; otherwise an existing folder is an error.
+            Replace an existing report folder; otherwise an existing folder is an error. The folder is replaced whole,
+            so one holding anything but ``report.html``, ``report.json`` and ``report.md`` (the data, notes) is
+            refused, whatever ``overwrite`` says, before the report is rendered.
         progress
             Called in this process with a :attr:`~countvae.diagnostics.ProgressKind.REPORT_FILE_WRITTEN`
             event (``name``: the file) as each file is complete in the temporary folder.
@@ -139,7 +141,13 @@ class DiagnosticReport(ReportContent):
         Path
             The folder.
 
+        Raises
+        ------
+        OutputExistsError
+            If the folder exists and ``overwrite`` is False, or it holds files a report folder does not hold.
+
         """
+        check_report_folder(dir_path, overwrite)
         return write_report_folder(
             dir_path,
             html_text=self.to_html(),

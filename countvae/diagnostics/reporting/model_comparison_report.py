@@ -13,7 +13,7 @@ from matplotlib.axes import Axes
 
 from countvae import plotting
 from countvae._formatting import json_ready
-from countvae._io import atomic_directory, write_json_atomic, write_text_atomic
+from countvae._io import FolderLayout, atomic_directory, refuse_foreign_entries, write_json_atomic, write_text_atomic
 from countvae.diagnostics.analyses.model_comparison import rule_text
 from countvae.diagnostics.reporting.page import Part, page_html, page_markdown
 from countvae.diagnostics.reporting.sections.base import Bullets, Figure, Table
@@ -22,6 +22,8 @@ __all__ = ["COMPARISON_FILES", "ModelComparison"]
 
 #: The files :meth:`ModelComparison.save` writes.
 COMPARISON_FILES = ("comparison.html", "comparison.json", "comparison.md")
+#: What ``overwrite`` may replace: a folder holding these files only.
+COMPARISON_FOLDER = FolderLayout("a model-comparison folder", frozenset(COMPARISON_FILES))
 TITLE = "Model comparison"
 FRONTIER = "Fit against stability"
 
@@ -205,10 +207,12 @@ class ModelComparison:
         Raises
         ------
         OutputExistsError
-            The folder exists and ``overwrite`` is not given.
+            The folder exists and ``overwrite`` is not given, or it holds files other than the three ``comparison.*``
+            (replaced whole, they would be deleted).
         """
+        refuse_foreign_entries(dir_path, overwrite, COMPARISON_FOLDER)  # before rendering
         html, record, markdown = self.to_html(), self.to_dict(), self.to_markdown()
-        with atomic_directory(dir_path, overwrite=overwrite) as tmp:
+        with atomic_directory(dir_path, overwrite=overwrite, layout=COMPARISON_FOLDER) as tmp:
             write_text_atomic(tmp / "comparison.html", html)
             write_json_atomic(tmp / "comparison.json", record)
             write_text_atomic(tmp / "comparison.md", markdown)

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from countvae._formatting import json_ready
-from countvae._report_files import write_report_folder
+from countvae._report_files import check_report_folder, write_report_folder
 from countvae.diagnostics.reporting.page import Part, blocks_html, page_html, page_markdown
 from countvae.diagnostics.reporting.sections.base import (
     HTML,
@@ -125,7 +125,11 @@ class RestrictionReport:
         return page_html(TITLE, [], self._parts())
 
     def save(self, dir_path: str | Path, overwrite: bool = False) -> Path:
-        """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically."""
+        """Write ``report.html`` (self-contained), ``report.json`` and ``report.md`` into a new folder, atomically.
+
+        ``overwrite`` replaces only a folder holding nothing but these files (it is replaced whole).
+        """
+        check_report_folder(dir_path, overwrite)
         return write_report_folder(
             dir_path, html_text=self.to_html(), record=self.to_dict(), markdown=self.to_markdown(), overwrite=overwrite
         )

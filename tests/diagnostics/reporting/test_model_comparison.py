@@ -313,6 +313,16 @@ def test_save_writes_three_files_and_never_overwrites(comparison, tmp_path):
     comparison.save(tmp_path / "sel", overwrite=True)
 
 
+def test_save_overwrite_refuses_a_folder_holding_other_files(comparison, tmp_path):
+    """save(dir, overwrite=True) replaced the folder whole: a data file in it was deleted."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.h5ad").write_bytes(b"the analyst's data")
+    with pytest.raises(OutputExistsError, match=r"holds data\.h5ad, which a model-comparison folder does not hold"):
+        comparison.save(project, overwrite=True)
+    assert [p.name for p in project.iterdir()] == ["data.h5ad"]
+
+
 def test_frontier_plot_returns_axes(comparison):
     frontier = comparison.frontier
     assert list(frontier["candidate"]) == list(comparison.table["candidate"])

@@ -152,6 +152,22 @@ def test_save_refuses_existing_folder_unless_overwrite(seed_report, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_save_overwrite_refuses_a_folder_holding_other_files_before_rendering(seed_report, tmp_path, monkeypatch):
+    """save(path, overwrite=True) replaced the folder whole: a data file in it was deleted."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "data.h5ad").write_bytes(b"the analyst's data")
+
+    def render(self):
+        raise AssertionError("the report was rendered before the folder was refused")
+
+    monkeypatch.setattr(DiagnosticReport, "to_html", render)
+    with pytest.raises(OutputExistsError, match=r"holds data\.h5ad, which a report folder does not hold.*Move them"):
+        seed_report.save(project, overwrite=True)
+    assert [p.name for p in project.iterdir()] == ["data.h5ad"]
+    assert (project / "data.h5ad").read_bytes() == b"the analyst's data"
+
+
 def test_json_has_no_nan(seed_report):
     record = seed_report.to_dict()
     json.dumps(record, allow_nan=False)
