@@ -66,8 +66,9 @@ class Measurement:
     threshold
         The threshold it is judged against, or ``None``.
     expect
-        ``"equal"`` (``|value|`` at most the threshold), ``"differs"`` (``|value|`` above it),
-        ``"at_least"`` (``value`` at least the threshold) or ``"report"`` (no verdict).
+        ``"equal"`` (``|value|`` at most the threshold), ``"differs"`` (``value`` above it: a change's size, or
+        ``control_z``, whose chi-square is negative, down to ``-sqrt(n / 2)``, when nothing changed), ``"at_least"``
+        (``value`` at least the threshold) or ``"report"`` (no verdict).
 
     """
 
@@ -82,7 +83,7 @@ class Measurement:
         if self.expect == "equal":
             return bool(abs(self.value) <= self.threshold)
         if self.expect == "differs":
-            return bool(abs(self.value) > self.threshold)
+            return bool(self.value > self.threshold)
         if self.expect == "at_least":
             return bool(self.value >= self.threshold)
         return None

@@ -215,10 +215,12 @@ class InvarianceReport:
         for _, row in self.failures.iterrows():
             if row["check"] in EVIDENCE_CHECKS:
                 continue
+            # "equal" judges the absolute value, so the expectation names it: "-5.2 (expected <= 3)" read as agreeing
+            judged = f"|{row['check']}|" if row["expect"] == "equal" else row["check"]
             relation = {"equal": "<=", "differs": ">", "at_least": ">="}.get(row["expect"], "?")
             lines.append(
                 f"{row['variant']} / {row['transform']}: {row['check']} = {format_value(row['value'])} "
-                f"(expected {relation} {format_value(row['threshold'])})"
+                f"(expected {judged} {relation} {format_value(row['threshold'])})"
             )
         return lines
 

@@ -58,9 +58,11 @@ def _row(rows, name):
 
 
 def test_measurement_verdicts_at_their_thresholds():
-    """``equal``: |value| at most the threshold; ``differs``: above it; ``at_least``: at least it."""
+    """``equal``: |value| at most the threshold; ``differs``: the value above it (one-sided: a control's chi-square z
+    is far below 0 when nothing changed); ``at_least``: at least it."""
     assert Measurement("a", -0.5, 0.5, "equal").ok and not Measurement("a", 0.5000001, 0.5, "equal").ok
-    assert not Measurement("a", -0.5, 0.5, "differs").ok and Measurement("a", -0.51, 0.5, "differs").ok
+    assert not Measurement("a", 0.5, 0.5, "differs").ok and Measurement("a", 0.51, 0.5, "differs").ok
+    assert not Measurement("a", -0.51, 0.5, "differs").ok
     assert Measurement("a", 0.5, 0.5, "at_least").ok and not Measurement("a", 0.49, 0.5, "at_least").ok
     assert Measurement("a", 3.0).ok is None
 
@@ -168,3 +170,20 @@ def test_quadrature_convergence_against_its_tolerance():
     assert _row(quadrature_convergence(model), "quadrature_change").ok
     model = SimpleNamespace(settings=SETTINGS, quadrature=_quadrature([-3.0], change=1.01e-8))
     assert not _row(quadrature_convergence(model), "quadrature_change").ok
+
+
+@pytest.mark.parametrize("n", [32, 100, 1000])
+def test_a_control_that_changed_nothing_is_not_detected_at_any_number_of_cells(n):
+    """Known answer: identical estimates give ``z_cells = (0 - n) / sqrt(2 n) = -sqrt(n / 2)``, -4 at 32 cells and
+    -22.4 at 1,000: far below the threshold 4, so not detected. Judged by its absolute value, it was "detected" from
+    33 cells on, so a control that changes nothing passed as evidence that the checks can see a change."""
+    base = _estimate(np.linspace(-60.0, -40.0, n), np.full(n, 0.1))
+    same = SimpleNamespace(
+        invariant=False,
+        settings=SETTINGS,
+        original=SimpleNamespace(lpd=lambda seed: base),
+        transformed=SimpleNamespace(lpd=lambda seed: base),
+    )
+    z = _row(control_change(same), "control_z")
+    assert z.value == pytest.approx(-math.sqrt(n / 2), rel=1e-9)
+    assert z.ok is False

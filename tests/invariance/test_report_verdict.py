@@ -60,3 +60,23 @@ def test_an_evidence_failure_outranks_a_theory_failure():
     assert both.reasons()[0].startswith("fitted / (none): the log p(x) estimator is unreliable")
     assert _report([_row("crn_max_abs_diff", True), theory]).status == "failed"
     assert _report([_row("crn_max_abs_diff", True), _row("indep_z_mean", True)]).status == "verified numerically"
+
+
+def test_failure_reasons_state_the_rule_the_value_broke():
+    """Known answer: ``equal`` judges the absolute value, so a failed z of -5.2 against 3 reads "expected
+    |indep_z_mean| <= 3" (it read "expected <= 3", which -5.2 is); ``differs`` reads "expected ... > t"; and the
+    headline counts the failed checks, not all of them."""
+    report = _report(
+        [
+            _row("crn_max_abs_diff", True),
+            _row("indep_z_mean", False, value=-5.2, threshold=3.0),
+            _row("prior_max_abs_diff", False, expect="differs", value=1e-9, threshold=1e-6),
+            _row("own_z_mean", True, value=1.0, threshold=3.0),
+        ]
+    )
+    assert report.status == "failed"
+    assert report.reasons() == [
+        "fitted / R: indep_z_mean = -5.2 (expected |indep_z_mean| <= 3)",
+        "fitted / R: prior_max_abs_diff = 1e-09 (expected prior_max_abs_diff > 1e-06)",
+    ]
+    assert "FAILED (2 checks disagree with the theory)" in report.summary()
