@@ -279,3 +279,34 @@ def test_most_or_part_of_the_difference_is_the_rotation_by_the_share_of_the_gap_
         (sentence,) = _rotation_sentences(0.2, aligned)
         assert f"per-dimension coordinates from 0.20 to {aligned:.2f} (threshold 0.9): {share} of their" in sentence
         assert f"rotation ({relation} than half of the gap to full agreement)" in sentence
+
+
+def test_the_ica_efficiency_gap_is_the_mean_over_the_pairs_whose_efficiency_is_printed():
+    """The gap printed with the ICA efficiency averages ``e_permutation - e_orthogonal`` over the same pairs as it.
+
+    The table comes from :func:`ica_efficiency` on four hand-written pairs: two with a gap (0.1 and 0.2, efficiency
+    0.8 and 0.6), one with no gap and one where the rotation scores worse than the permutation (gap -0.06); the last
+    two have no efficiency (NaN). Known answer: mean 0.70, range 0.60 to 0.80, gap (0.1 + 0.2) / 2 = 0.150; averaging
+    over every pair would print (0.1 + 0 + 0.2 - 0.06) / 4 = 0.060. Printed to 3 decimals, far from a rounding edge.
+    Cannot catch an error in the efficiency itself (``test_alignment.py`` covers that).
+    """
+    from countvae.diagnostics.analyses.alignment import ica_efficiency
+    from countvae.diagnostics.reporting.headline import alignment_lines
+
+    scores = {  # pair -> (e_permutation, e_orthogonal, e_ica)
+        ("a", "b"): (0.20, 0.10, 0.12),
+        ("a", "c"): (0.05, 0.05, 0.06),
+        ("a", "d"): (0.10, 0.16, 0.20),
+        ("b", "c"): (0.30, 0.10, 0.18),
+    }
+    errors = pd.DataFrame(
+        [
+            {"fit_a": a, "fit_b": b, "map": m, "error_diameter": e}
+            for (a, b), values in scores.items()
+            for m, e in zip(("permutation", "orthogonal", "ica"), values, strict=True)
+        ]
+    )
+    efficiency = ica_efficiency(errors)
+    assert efficiency["ica_efficiency"].isna().tolist() == [False, True, True, False]
+    line = alignment_lines(pd.Series({"orthogonal": 0.1}), efficiency)[1]
+    assert line.endswith("mean 0.70, range 0.60 to 0.80, over a gap of 0.150 of the latent diameter (mean over pairs).")
