@@ -242,3 +242,71 @@ def test_the_predictive_sentence_gives_the_worst_pairs_interval():
     assert "seed 1 vs seed 2, -0.100 nats per cell (98.0% simultaneous interval -0.400 to +0.200)" in (
         predictive_sentence(verdict)
     )
+
+
+def _rotation_sentences(agreement: float, aligned: float) -> list[str]:
+    """The "Rotating the seeds ..." sentences for one coordinate row that differs even after alignment."""
+    table = _verdict_table(
+        [("per-dimension coordinates", "no (changes with every rotation)", DIFFER, agreement, aligned)]
+    )
+    return [line for line in verdict_lines(table, "Predictively equivalent.", None, 3) if line.startswith("Rotating")]
+
+
+def test_the_rotation_sentence_needs_a_gain_of_at_least_0_3():
+    """A row that differs is said to gain from alignment only when aligning raises its agreement by 0.3 or more.
+
+    Known answer: the cutoff documented in ``_rotation_gain`` is 0.3, so gains of 0.25 and 0.29 (0.5 -> 0.75, 0.79)
+    give no sentence and 0.31 (0.5 -> 0.81) gives one. The 0.01 margins are far above the float error of the
+    subtraction (~1e-16), so no tolerance is needed. With the exact gain of 0.3 named in the test above, this catches
+    a cutoff moved anywhere outside (0.29, 0.30]; it cannot catch one moved inside that interval.
+    """
+    assert _rotation_sentences(0.5, 0.75) == []
+    assert _rotation_sentences(0.5, 0.79) == []
+    (sentence,) = _rotation_sentences(0.5, 0.81)
+    assert "per-dimension coordinates from 0.50 to 0.81 (threshold 0.9)" in sentence
+
+
+def test_most_or_part_of_the_difference_is_the_rotation_by_the_share_of_the_gap_to_full_agreement():
+    """The rotation is "most" of a difference when aligning closes over half of the gap ``1 - agreement``, else "part".
+
+    Known answer, from the printed numbers: 0.2 -> 0.59 closes 0.39 of a gap of 0.8 (48.75%, "part"); 0.2 -> 0.61
+    closes 0.41 of 0.8 (51.25%, "most"); 0.2 -> 0.55 closes 0.35 of 0.8 (43.75%, "part"). Each share is at least
+    0.0125 from one half, far above float error. Dividing by ``1 - aligned`` instead (the gap left after aligning)
+    gives 95%, 105% and 78%, all "most", so that slip fails here, as does swapping the two words. Cannot catch a
+    cutoff moved within (48.75%, 51.25%) or ``>`` turned into ``>=`` at exactly one half.
+    """
+    for aligned, share, relation in ((0.59, "part", "less"), (0.61, "most", "more"), (0.55, "part", "less")):
+        (sentence,) = _rotation_sentences(0.2, aligned)
+        assert f"per-dimension coordinates from 0.20 to {aligned:.2f} (threshold 0.9): {share} of their" in sentence
+        assert f"rotation ({relation} than half of the gap to full agreement)" in sentence
+
+
+def test_the_ica_efficiency_gap_is_the_mean_over_the_pairs_whose_efficiency_is_printed():
+    """The gap printed with the ICA efficiency averages ``e_permutation - e_orthogonal`` over the same pairs as it.
+
+    The table comes from :func:`ica_efficiency` on four hand-written pairs: two with a gap (0.1 and 0.2, efficiency
+    0.8 and 0.6), one with no gap and one where the rotation scores worse than the permutation (gap -0.06); the last
+    two have no efficiency (NaN). Known answer: mean 0.70, range 0.60 to 0.80, gap (0.1 + 0.2) / 2 = 0.150; averaging
+    over every pair would print (0.1 + 0 + 0.2 - 0.06) / 4 = 0.060. Printed to 3 decimals, far from a rounding edge.
+    Cannot catch an error in the efficiency itself (``test_alignment.py`` covers that).
+    """
+    from countvae.diagnostics.analyses.alignment import ica_efficiency
+    from countvae.diagnostics.reporting.headline import alignment_lines
+
+    scores = {  # pair -> (e_permutation, e_orthogonal, e_ica)
+        ("a", "b"): (0.20, 0.10, 0.12),
+        ("a", "c"): (0.05, 0.05, 0.06),
+        ("a", "d"): (0.10, 0.16, 0.20),
+        ("b", "c"): (0.30, 0.10, 0.18),
+    }
+    errors = pd.DataFrame(
+        [
+            {"fit_a": a, "fit_b": b, "map": m, "error_diameter": e}
+            for (a, b), values in scores.items()
+            for m, e in zip(("permutation", "orthogonal", "ica"), values, strict=True)
+        ]
+    )
+    efficiency = ica_efficiency(errors)
+    assert efficiency["ica_efficiency"].isna().tolist() == [False, True, True, False]
+    line = alignment_lines(pd.Series({"orthogonal": 0.1}), efficiency)[1]
+    assert line.endswith("mean 0.70, range 0.60 to 0.80, over a gap of 0.150 of the latent diameter (mean over pairs).")
