@@ -426,3 +426,20 @@ def test_explicitness_checks_its_arguments():
     # labels as strings are the same source as their integer codes
     strings = np.array(["a", "b", "c", "d"])[codes]
     assert metrics.explicitness(z, strings) == pytest.approx(metrics.explicitness(z, codes))
+
+
+def test_infoe_uses_every_latent_including_an_inactive_one_that_carries_the_source() -> None:
+    """A binary source carried only by a small-scale latent: InfoE is its explicitness from all latents, near 1.
+
+    z_0 is unit Gaussian noise; z_1 = 0.05 (s + 0.1 noise), so its IQR is far below the activity rule's (z_1 is
+    inactive) yet its two levels are 10 noise sd apart: a linear classifier on all latents decodes s almost
+    perfectly (explicitness about 0.9999). Catches InfoE computed from the active latents only (then about 0, since
+    z_0 says nothing of s); InfoM and InfoC, which are documented to use the active latents, are not checked here.
+    """
+    rng = np.random.default_rng(0)
+    s = rng.integers(0, 2, 400)
+    z = np.column_stack([rng.normal(size=400), 0.05 * (s + 0.1 * rng.normal(size=400))])
+    result = metrics.infomec(z, s[:, None])
+    assert result.active.tolist() == [True, False]
+    assert result.infoe == pytest.approx(metrics.explicitness(z, s), abs=1e-12)
+    assert result.infoe > 0.99

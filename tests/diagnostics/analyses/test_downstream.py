@@ -245,3 +245,19 @@ def test_a_scanpy_that_cannot_read_pynndescents_matrix_gets_an_error_naming_the_
     monkeypatch.setattr(sc.pp, "neighbors", other)
     with pytest.raises(AttributeError, match="something else"):  # any other fault is not disguised
         ds.scanpy_graph(np.zeros((20, 2), dtype=np.float32), 3)
+
+
+def test_rank_correlation_is_spearmans_one_for_any_monotone_map_and_pearson_of_ranks_otherwise() -> None:
+    """``b = sign(a) a^4`` keeps the genes' order but not their spacing: Spearman is exactly 1 (and -1 reversed),
+    where Pearson would be about 0.87. On unrelated noisy values it equals Pearson's correlation of the ranks computed
+    here with numpy (no ties). Catches a Pearson correlation in place of Spearman; not the handling of ties.
+    """
+    a = np.linspace(-3.0, 3.0, 200)
+    b = np.sign(a) * a**4
+    assert ds.rank_correlation(a, b) == pytest.approx(1.0, abs=1e-12)
+    assert ds.rank_correlation(a, -b) == pytest.approx(-1.0, abs=1e-12)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=100)
+    y = np.exp(x + rng.normal(size=100))
+    ranks = [np.argsort(np.argsort(v)).astype(np.float64) for v in (x, y)]
+    assert ds.rank_correlation(x, y) == pytest.approx(np.corrcoef(*ranks)[0, 1], abs=1e-12)

@@ -213,3 +213,44 @@ def test_worst_and_mean_match_with_one_noisy_seed():
     # The interval's width is seed 2's sampling error: a correlation r over n cells has standard error about
     # (1 - r^2) / sqrt(n) = 0.011 here (seed 1's, at r near 1, is a hundred times smaller).
     assert ((table["high"] - table["low"]) > 0.015).all()
+
+
+def test_the_corrected_match_interval_is_the_ratio_of_the_same_bootstrap_replicates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two fits of 3 Laplace sources on 400 cells, the second rotated and noisy (sd 0.3): matches about 0.97.
+
+    The cross-fit and same-fit best matches and their bootstrap replicates are recorded as the analysis computes
+    them; the corrected interval must be the percentile interval of ``cross / same_fit`` with replicates
+    ``cross_replicates / same_fit_replicates`` (one pair, so the worst-pair interval is the percentile interval), and
+    it has a width (about 0.01 here). Catches the replicate ratio taken against the wrong replicates (e.g. the
+    cross-fit's own, which collapses the interval to a point); not how the matches themselves are computed.
+    """
+    from scipy.stats import ortho_group
+
+    from countvae.diagnostics.analyses import components
+    from countvae.diagnostics.analyses.resampling import percentile_interval
+
+    recorded = []
+    original = components._best_matches
+
+    def recording(*args: object) -> tuple[np.ndarray, np.ndarray]:
+        recorded.append(original(*args))
+        return recorded[-1]
+
+    monkeypatch.setattr(components, "_best_matches", recording)
+    rng = np.random.default_rng(0)
+    s = rng.laplace(size=(400, 3))
+    held = {
+        "a": s @ ortho_group.rvs(3, random_state=1),
+        "b": s @ ortho_group.rvs(3, random_state=2) + 0.3 * rng.normal(size=(400, 3)),
+    }
+    bootstrap = cell_bootstrap(400, 200, seed=0)
+    table = ica_component_stability(held, bootstrap, seed=0).table
+    (cross, cross_rep), (same, same_rep) = recorded  # the other fit's matches first, then the reference's own
+    for c in range(3):
+        expected = percentile_interval(cross[c] / same[c], cross_rep[c] / same_rep[c], bootstrap.shrink, 0.05)
+        row = table.iloc[c]
+        got = (row["corrected_match"], row["corrected_low"], row["corrected_high"])
+        assert got == pytest.approx((expected.value, expected.low, expected.high), abs=1e-12)
+        assert row["corrected_low"] < row["corrected_match"] < row["corrected_high"] < 1.0

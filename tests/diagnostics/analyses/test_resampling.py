@@ -141,3 +141,21 @@ def test_reduced_jacobians_reproduce_the_decoder_scores_when_the_basis_holds_the
         loading_replicates(ones, ra), loading_replicates(ones, rb), ra.basis, rb.basis
     )[0]
     assert loadings == pytest.approx(per_column_concordance(ja.mean(0), jb.mean(0)))
+
+
+def test_a_lower_is_better_worst_interval_mirrors_the_higher_is_better_one_with_low_below_high() -> None:
+    """Lower is better (an error): the worst pair is the largest score, and its interval is the higher-is-better
+    interval of the negated scores and replicates, negated, so ``low <= value <= high`` (0.16 to 0.23 here around
+    0.2). With one pair the direction does not matter: it is that pair's percentile interval. Catches the negated
+    ends left unswapped (low above high); the higher-is-better interval itself is pinned by the other tests.
+    """
+    rng = np.random.default_rng(0)
+    values = [0.10, 0.20]
+    reps = [np.r_[v, v + 0.02 * rng.standard_normal(200)] for v in values]
+    lower = worst_interval(values, reps, 1.0, 0.05, higher_is_better=False)
+    mirror = worst_interval([-v for v in values], [-r for r in reps], 1.0, 0.05, higher_is_better=True)
+    assert (lower.value, lower.low, lower.high) == pytest.approx((-mirror.value, -mirror.high, -mirror.low))
+    assert lower.value == 0.2 and lower.low < lower.value < lower.high
+    one = worst_interval(values[1:], reps[1:], 1.0, 0.05, higher_is_better=False)
+    expected = percentile_interval(values[1], reps[1], 1.0, 0.05)
+    assert (one.value, one.low, one.high) == pytest.approx((expected.value, expected.low, expected.high), abs=1e-12)

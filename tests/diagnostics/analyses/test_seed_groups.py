@@ -307,3 +307,39 @@ def test_another_solution_that_predicts_as_well_is_said_so():
     lpd["s3"] = _lpd_frame(lpd["s0"]["lpd"].to_numpy() - 0.01)  # another solution, 0.01 nats per cell below
     sentence = seed_groups_sentence(seed_groups(log_rates, lpd, baseline))
     assert "s3 reached another solution that predicts as well" in sentence
+
+
+def test_decoded_means_above_the_threshold_agree_only_when_the_interval_does():
+    """A pair whose concordance is above the threshold but whose interval's low end is below it is undetermined.
+
+    30 cells, the second fit's decoded means the first's plus noise sized for a concordance near 0.9: on this draw the
+    concordance is about 0.91 and its bootstrap interval about 0.89 to 0.92 (asserted first, so a change of draw
+    shows as a failed precondition, not a pass). Catches "agree" judged on the point value instead of the interval,
+    which would merge the two fits into one solution; it says nothing about where the interval's ends lie.
+    """
+    from countvae.diagnostics.analyses.predictive import EQUIVALENT
+
+    rng = np.random.default_rng(0)
+    truth = rng.normal(size=(30, 20))
+    rates = {"s0": truth, "s1": truth + np.sqrt(0.2 / 1.9) * 1.4 * rng.normal(size=truth.shape)}
+    lpd_pairs = pd.DataFrame([_lpd_pair("s0", "s1", 0.0, EQUIVALENT)])
+    row = pair_relations(rates, lpd_pairs).iloc[0]
+    assert row["concordance_low"] < 0.9 <= row["concordance"]
+    assert row["decoded_means"] == UNDETERMINED and row["relation"] == UNDETERMINED
+
+
+def test_a_groups_log_p_x_is_the_mean_over_its_fits_per_cell():
+    """A 3-fit group's log p(x) per cell is the mean of its fits (not the median, which differs only from 3 fits on).
+
+    By hand on 4 cells: p = [10, 11, 12, 13], q = p - 0.3, r = p - 3, so group (p, q, r) is p - 1.1 per cell
+    (mean 10.4; the median would give p - 0.3, 11.2). The lone fit s = p - 1 (mean 10.5) is then the best group and
+    (p, q, r) lies exactly 0.1 below it on every cell (zero spread, so a zero-width interval): as good within a
+    margin of 0.5. With the median, (p, q, r) would rank first and s would be 0.7 worse.
+    """
+    p = np.array([10.0, 11.0, 12.0, 13.0])
+    lpd = {"p": p, "q": p - 0.3, "r": p - 3.0, "s": p - 1.0}
+    table = group_table([["p", "q", "r"], ["s"]], lpd, margin=0.5).set_index("group")
+    assert table.loc[1, "fits"] == ("s",) and table.loc[2, "fits"] == ("p", "q", "r")
+    assert table.loc[2, "lpd_per_cell"] == pytest.approx(10.4, abs=1e-12)
+    assert table.loc[2, ["diff_from_best", "diff_low", "diff_high"]].tolist() == pytest.approx([-0.1] * 3, abs=1e-12)
+    assert table.loc[2, "versus_best"] == AS_GOOD

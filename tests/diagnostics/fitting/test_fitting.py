@@ -413,3 +413,36 @@ def test_settings_a_fit_would_refuse_are_refused_before_the_manifest(adata, tmp_
         _run(adata, out_dir=out, **change)
     assert not (out / "manifest.json").exists()
     assert _run(adata, out_dir=out).seeds == [0, 1]
+
+
+@pytest.mark.parametrize("split_seed", [0, 5, 12345])
+def test_the_split_seed_chooses_the_held_out_cells_by_a_seeded_permutation(split_seed: int) -> None:
+    """``heldout_split`` holds out the last ``n - round(0.9 n)`` cells of ``default_rng(split_seed)``'s permutation.
+
+    The expected positions are computed here from numpy alone, so the test catches a split that ignores
+    ``split_seed`` (every seed would give seed 0's cells) or takes the wrong part; two seeds must also give
+    different held-out sets (1,000 cells, 100 held out: by chance they share about 10). It cannot tell whether
+    callers (``fit_seeds``, ``diagnose``) pass their own ``split_seed`` on; other tests compare them with this function.
+    """
+    n_obs = 1000
+    order = np.random.default_rng(split_seed).permutation(n_obs)
+    fit_idx, held_idx = heldout_split(n_obs, 0.1, split_seed)
+    np.testing.assert_array_equal(held_idx, np.sort(order[900:]))
+    np.testing.assert_array_equal(fit_idx, np.sort(order[:900]))
+    other = heldout_split(n_obs, 0.1, split_seed + 1)[1]
+    assert len(np.intersect1d(held_idx, other)) < 50
+
+
+@pytest.mark.parametrize(("heldout_fraction", "fit_cells", "held_out"), [(0.01, 99, 1), (0.99, 1, 99)])
+def test_a_split_with_one_cell_on_either_side_is_refused(
+    heldout_fraction: float, fit_cells: int, held_out: int
+) -> None:
+    """One held-out cell (or one fit cell) is refused: both sides need at least 2 cells, and 2 are accepted.
+
+    Catches a guard relaxed to 1 cell (the existing 0.001 case gives 0 held-out cells, which any guard refuses).
+    """
+    message = f"leaves {fit_cells} cells to fit and {held_out} held out; both need at least 2 cells"
+    with pytest.raises(InvalidArgumentError, match=message):
+        heldout_split(100, heldout_fraction, 0)
+    assert [len(part) for part in heldout_split(100, 0.02, 0)] == [98, 2]
+    assert [len(part) for part in heldout_split(100, 0.98, 0)] == [2, 98]
