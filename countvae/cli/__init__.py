@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, select, verify_invariance
-from countvae.cli.common import flush_stdout, tell
+from countvae.cli.common import fill_closed_standard_streams, flush_stdout, tell
 from countvae.errors import CountVAEError, CountVAEWarning
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     keep_freed_memory()  # the process is ours: glibc keeps freed tensors' memory (see countvae._allocator)
+    fill_closed_standard_streams()
     try:
         return _run(build_parser().parse_args(argv))
     finally:

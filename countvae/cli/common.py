@@ -30,6 +30,7 @@ __all__ = [
     "add_output_arguments",
     "emit",
     "exit_codes",
+    "fill_closed_standard_streams",
     "flush_stdout",
     "importance_samples",
     "model_kwargs_of",
@@ -190,6 +191,22 @@ def emit(result: dict, as_json: bool) -> None:
         return
     for key, value in result.items():
         say(f"{key}: {value}")
+
+
+def fill_closed_standard_streams() -> None:
+    """Give a closed stdout or stderr (``>&-``, ``2>&-``: Python's ``sys.stdout``/``sys.stderr`` is None) devnull.
+
+    What is written there is then dropped rather than failing.
+
+    joblib's worker processes flush ``sys.stderr`` as they start, so ``--n-jobs 2`` with stderr closed ended with an
+    AttributeError that no one saw (exit 1). The lowest free descriptor is the closed one, which devnull then holds:
+    a file opened later cannot take descriptor 2 and receive what C libraries and worker processes write there.
+    """
+    for name in ("stdout", "stderr"):  # in descriptor order, so that each lands on its own
+        if getattr(sys, name) is None:
+            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (open as long as the process)
+            os.set_inheritable(stream.fileno(), True)  # as a standard descriptor is: worker processes start with it
+            setattr(sys, name, stream)
 
 
 def say(text: str = "") -> None:

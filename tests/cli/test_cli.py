@@ -542,22 +542,34 @@ def _command_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
 
+def _with_stderr_closed(folder, *command) -> tuple[int, str]:
+    """Exit code and stdout of ``python *command`` run with descriptor 2 closed (``2>&-``) in ``folder``."""
+    proc = subprocess.run(
+        ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, *command],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_command_env(),
+        cwd=folder,
+        timeout=300,
+    )
+    return proc.returncode, proc.stdout
+
+
 def test_with_stderr_closed_warnings_and_errors_stay_out_of_the_json_on_stdout(tmp_path):
     # With fd 2 closed (2>&-), sys.stderr is None and print(..., file=sys.stderr) wrote on stdout: the warnings and
     # the error line went into the --json result.
-    def closed_stderr(*command):
-        proc = subprocess.run(
-            ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, *command],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=_command_env(),
-            cwd=tmp_path,
-            timeout=120,
-        )
-        return proc.returncode, proc.stdout
+    expected = '{\n  "values": [\n    0,\n    1,\n    2\n  ]\n}\n'
+    assert _with_stderr_closed(tmp_path, "-c", _DEMO, "demo", "--json") == (0, expected)
+    assert _with_stderr_closed(tmp_path, "-m", "countvae", "fit", str(tmp_path / "missing.h5ad"), "--json") == (1, "")
 
-    assert closed_stderr("-c", _DEMO, "demo", "--json") == (0, '{\n  "values": [\n    0,\n    1,\n    2\n  ]\n}\n')
-    assert closed_stderr("-m", "countvae", "fit", str(tmp_path / "missing.h5ad"), "--json") == (1, "")
+
+def test_parallel_fits_run_with_stderr_closed(tmp_path):
+    # joblib's workers flush sys.stderr as they start, and Python gave them none: --n-jobs 2 with 2>&- ended with exit 1
+    # and no message (an AttributeError in the parent, then "sys.stderr is None" in each worker, printed on stdout).
+    fast = ["--seeds", "2", "--max-epochs", "2", "--n-lpd-samples", "20", "--no-ica", "--n-jobs", "2"]
+    code, out = _with_stderr_closed(tmp_path, "-m", "countvae", "diagnose", *fast, "--out", "o", "--json")
+    assert code == 0 and "Traceback" not in out, out[-2000:]
+    assert json.loads(out)["seeds"] == [0, 1]
 
 
 @pytest.mark.parametrize(
