@@ -27,6 +27,7 @@ from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 def _refuse_existing(path: Path, overwrite: bool) -> None:
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
+    refuse_overlong_name(path)
     if path.exists() and not overwrite:
         raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
 
@@ -184,6 +185,28 @@ def _name_max(folder: Path) -> int:
     return limit if limit > _TEMPORARY_NAME_ROOM else 255
 
 
+def refuse_overlong_name(path: str | os.PathLike) -> None:
+    """Refuse, before any work, a name in ``path`` longer than the file system takes (the OS says only "too long").
+
+    Raises
+    ------
+    OutputWriteError
+        If a part of ``path`` (the last, or a folder to make) is longer, in bytes, than the file system allows.
+
+    """
+    path = Path(path)
+    for part in (path, *path.parents):
+        size, limit = len(os.fsencode(part.name)), _name_max(part.parent)
+        if size > limit:
+            error = OutputWriteError(
+                f"Cannot write {path}: the name {part.name[:40]}... is {size} bytes long and the file system takes at "
+                f"most {limit}. Choose a shorter name."
+            )
+            error.errno = errno.ENAMETOOLONG
+            error.filename = str(path)
+            raise error
+
+
 def temporary_prefix(path: str | os.PathLike) -> str:
     """The prefix of the temporary names beside ``path`` (``.<name>.``), short enough for any legal ``path``.
 
@@ -209,6 +232,7 @@ def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     A writer that finds out only after hours of fitting loses them; ``reused`` is :func:`explained_write_errors`'s.
     """
     path = Path(path)
+    refuse_overlong_name(path)
     with explained_write_errors(path, reused=reused), _other_os_errors_explained(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):

@@ -7,10 +7,12 @@ import pytest
 from countvae._io import (
     atomic_directory,
     atomic_file_path,
+    check_writable,
     remove_interrupted_writes,
     temporary_prefix,
     write_bytes_atomic,
 )
+from countvae.errors import OutputWriteError
 
 #: A legal file name (at most 255 bytes) too long to take the temporary names' additions (".<name>.<random>.partial").
 LONG = "n" * 245 + ".h5ad"
@@ -55,3 +57,18 @@ def test_temporary_prefixes_keep_short_names_and_tell_long_ones_apart(tmp_path):
     long_ones |= {temporary_prefix(tmp_path / ("é" * 127))}  # 254 bytes: cut on whole characters
     assert len(long_ones) == 3 and all(len(p.encode()) + 8 + len(".partial") <= 255 for p in long_ones)
     assert all(p.encode().decode() == p for p in long_ones)
+
+
+@pytest.mark.parametrize("name", ["n" * 256, "é" * 128])  # 256 bytes: one too many, in ASCII and in UTF-8
+def test_a_name_longer_than_the_file_system_takes_is_refused_before_any_work(tmp_path, name):
+    # Such a name reached the OS: a raw 'File name too long' from Path.exists(), and diagnose --write-h5ad learnt
+    # it only after every fit.
+    target = tmp_path / "new" / name
+    for attempt in (
+        lambda: check_writable(target),
+        lambda: write_bytes_atomic(target, b"data"),
+        lambda: atomic_directory(target).__enter__(),
+    ):
+        with pytest.raises(OutputWriteError, match="is 256 bytes long and the file system takes at most 255"):
+            attempt()
+    assert list(tmp_path.iterdir()) == []  # nothing made, not even the missing folder

@@ -16,6 +16,7 @@ import anndata as ad
 import h5py
 
 from countvae._formatting import json_ready
+from countvae._io import refuse_overlong_name
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.errors import DataFileNotFoundError, InvalidArgumentError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
@@ -37,6 +38,7 @@ __all__ = [
     "progress_enabled",
     "read_h5ad",
     "refuse_existing_output",
+    "refuse_data_file_as_h5ad_output",
     "refuse_file_as_output",
     "refuse_inputs_in_output",
     "say",
@@ -312,8 +314,25 @@ def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced
                 )
 
 
+def refuse_data_file_as_h5ad_output(write_h5ad: str | None, data: str | None) -> None:
+    """Fail before any work when ``--write-h5ad`` is a name too long to write, or the data file being analysed.
+
+    The library sees the data in memory, not its file, so the command line checks the file itself.
+    """
+    if write_h5ad is None:
+        return
+    written = Path(write_h5ad)
+    refuse_overlong_name(written)
+    if data is not None and written.exists() and Path(data).exists() and written.samefile(data):
+        raise OutputExistsError(
+            f"--write-h5ad {written} is the data file being analysed; the analysed copy holds only the chosen "
+            "genes, so --overwrite would replace the file's other counts. Write it to another file."
+        )
+
+
 def refuse_file_as_output(out: str) -> None:
-    """Fail before any work when ``--out`` names a file: it names a folder, and the file may be the data just read."""
+    """Fail before any work when ``--out`` names a file (perhaps the data just read), or a name too long to write."""
+    refuse_overlong_name(out)
     if Path(out).exists() and not Path(out).is_dir():
         raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
 

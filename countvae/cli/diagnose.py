@@ -20,7 +20,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import anndata as ad
 import numpy as np
@@ -38,6 +37,7 @@ from countvae.cli.common import (
     model_kwargs_of,
     progress_enabled,
     read_h5ad,
+    refuse_data_file_as_h5ad_output,
     refuse_inputs_in_output,
     say,
     train_kwargs_of,
@@ -74,7 +74,7 @@ from countvae.diagnostics import (
     plan_diagnose,
     plan_parallelism,
 )
-from countvae.errors import InvalidArgumentError, OutputExistsError
+from countvae.errors import InvalidArgumentError
 
 __all__ = ["EXAMPLES", "SeedProgressMessages", "default_data", "diagnose_settings", "register", "run"]
 
@@ -364,13 +364,7 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
     started = time.perf_counter()
     inputs = {"the data file": args.data, "the gene programs file": programs_file_of(args.restrictions)}
     refuse_inputs_in_output(args.out, inputs, replaced=("report", "fits"))
-    if args.data is not None and args.write_h5ad is not None:  # diagnose itself sees the data in memory, not its file
-        written = Path(args.write_h5ad)
-        if written.exists() and Path(args.data).exists() and written.samefile(args.data):
-            raise OutputExistsError(
-                f"--write-h5ad {written} is the data file being analysed; the analysed copy holds only the chosen "
-                "genes, so --overwrite would replace the file's other counts. Write it to another file."
-            )
+    refuse_data_file_as_h5ad_output(args.write_h5ad, args.data)
     adata, settings = diagnose_settings(args)
     if args.restrictions is not None:
         if args.refit_broken:

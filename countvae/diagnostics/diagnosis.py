@@ -41,6 +41,7 @@ from countvae._io import (
     check_writable,
     explained_write_errors,
     refuse_foreign_entries,
+    refuse_overlong_name,
     remove_interrupted_writes,
     temporary_prefix,
 )
@@ -471,6 +472,7 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     if out_dir is None:
         return None
     out = Path(out_dir)
+    refuse_overlong_name(out)
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
     report_dir = out / "report"
@@ -490,6 +492,7 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     out = Path(path)
     if out.suffix != ".h5ad":
         raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
+    refuse_overlong_name(out)
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     refuse_input_as_h5ad_output(out, source)

@@ -110,6 +110,10 @@ def test_embedded_default_with_overwrite(tmp_path, capsys, monkeypatch):
         (["--markers", " , "], "--markers is empty"),
         (["--layer", "nope"], "nope"),
         (["--equivalence-margin", "0"], "error: --equivalence-margin must be a number in (0, 1], got 0.0."),
+        # Names over the file system's 255 bytes reached the OS: a raw traceback, for --write-h5ad after every fit.
+        (["--write-h5ad", "n" * 300 + ".h5ad"], "is 305 bytes long and the file system takes at most 255"),
+        (["--out", "o" * 300], "is 300 bytes long and the file system takes at most 255"),
+        (["--out", "o" * 300 + "/within"], "is 300 bytes long and the file system takes at most 255"),
     ],
 )
 def test_bad_input_one_line_errors(data_file, tmp_path, capsys, extra, message):
