@@ -196,19 +196,25 @@ def emit(result: dict, as_json: bool) -> None:
 
 
 def fill_closed_standard_streams() -> None:
-    """Give a closed stdout or stderr (``>&-``, ``2>&-``: Python's ``sys.stdout``/``sys.stderr`` is None) devnull.
+    """Give each closed standard descriptor (``<&-``, ``>&-``, ``2>&-``) devnull, and Python a stream on it.
 
-    What is written there is then dropped rather than failing.
-
-    joblib's worker processes flush ``sys.stderr`` as they start, so ``--n-jobs 2`` with stderr closed ended with an
-    AttributeError that no one saw (exit 1). The lowest free descriptor is the closed one, which devnull then holds:
-    a file opened later cannot take descriptor 2 and receive what C libraries and worker processes write there.
+    What is written there is then dropped rather than failing. joblib's worker processes flush ``sys.stderr`` as they
+    start, so ``--n-jobs 2`` with stderr closed ended with an AttributeError that no one saw (exit 1). Devnull is put on
+    the closed number itself (with stdin closed too, the lowest free descriptor is 0, not 2), and inherited as a
+    standard descriptor is: worker processes start with it, and a file opened later cannot take descriptor 2 and
+    receive what C libraries and worker processes write there.
     """
-    for name in ("stdout", "stderr"):  # in descriptor order, so that each lands on its own
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)  # inheritable, as dup2 makes it
+                os.close(null)
+            os.set_inheritable(fd, True)
         if getattr(sys, name) is None:
-            stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (open as long as the process)
-            os.set_inheritable(stream.fileno(), True)  # as a standard descriptor is: worker processes start with it
-            setattr(sys, name, stream)
+            setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115 (as long as the process)
 
 
 def say(text: str = "") -> None:

@@ -542,10 +542,10 @@ def _command_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
 
-def _with_stderr_closed(folder, *command) -> tuple[int, str]:
-    """Exit code and stdout of ``python *command`` run with descriptor 2 closed (``2>&-``) in ``folder``."""
+def _with_stderr_closed(folder, *command, closed: str = "2>&-") -> tuple[int, str]:
+    """Exit code and stdout of ``python *command`` run in ``folder`` with descriptor 2 (or ``closed``) closed."""
     proc = subprocess.run(
-        ["sh", "-c", 'exec "$@" 2>&-', "sh", sys.executable, *command],
+        ["sh", "-c", f'exec "$@" {closed}', "sh", sys.executable, *command],
         stdout=subprocess.PIPE,
         text=True,
         env=_command_env(),
@@ -563,11 +563,15 @@ def test_with_stderr_closed_warnings_and_errors_stay_out_of_the_json_on_stdout(t
     assert _with_stderr_closed(tmp_path, "-m", "countvae", "fit", str(tmp_path / "missing.h5ad"), "--json") == (1, "")
 
 
-def test_parallel_fits_run_with_stderr_closed(tmp_path):
+@pytest.mark.parametrize("closed", ["2>&-", "<&- 2>&-"])
+def test_parallel_fits_run_with_stderr_closed(tmp_path, closed):
     # joblib's workers flush sys.stderr as they start, and Python gave them none: --n-jobs 2 with 2>&- ended with exit 1
     # and no message (an AttributeError in the parent, then "sys.stderr is None" in each worker, printed on stdout).
+    # With stdin closed too, devnull opened for stderr took descriptor 0, and the workers again started without a 2.
     fast = ["--seeds", "2", "--max-epochs", "2", "--n-lpd-samples", "20", "--no-ica", "--n-jobs", "2"]
-    code, out = _with_stderr_closed(tmp_path, "-m", "countvae", "diagnose", *fast, "--out", "o", "--json")
+    code, out = _with_stderr_closed(
+        tmp_path, "-m", "countvae", "diagnose", *fast, "--out", "o", "--json", closed=closed
+    )
     assert code == 0 and "Traceback" not in out, out[-2000:]
     assert json.loads(out)["seeds"] == [0, 1]
 
