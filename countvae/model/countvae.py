@@ -283,12 +283,13 @@ class CountVAE:
         n_train, n_validation = len(self.train_indices), len(self.validation_indices)
         asked = first_part_size(n_train + n_validation, train_size)
         if asked != n_train:
+            own = f"{n_train / (n_train + n_validation):.4g}"
             raise InvalidArgumentError(
                 f"train_size={train_size} asks for {asked} training cells of {n_train + n_validation}, but this "
                 f"model keeps the train/validation split of its first training ({n_train} training and "
-                f"{n_validation} validation cells, train_size={n_train / (n_train + n_validation):.4g}): further calls "
-                "continue on it. Leave train_size out to continue training, or train a new model, "
-                f"CountVAE(adata, ...).train(train_size={train_size}), for another split."
+                f"{n_validation} validation cells, train_size={own}): further calls continue on it. Leave train_size "
+                f"out to continue training (a plan= carries one: pass dataclasses.replace(plan, train_size={own})), "
+                f"or train a new model, CountVAE(adata, ...).train(train_size={train_size}), for another split."
             )
 
     def _training_split(self, plan: TrainingPlan, n_obs: int) -> tuple[np.ndarray, np.ndarray] | None:
