@@ -12,6 +12,9 @@ defaults of ``n_latent`` and ``dtype`` were not ``ModelSettings``'). The generat
 arguments give a user at runtime: ``help()``, IPython/Jupyter tab completion, ``inspect.signature`` and the API docs
 show every setting with its default. A static checker (pyright, mypy) sees ``(...)`` and accepts every call unchecked;
 the settings' own validation and the unknown-keyword error check the keywords.
+
+Keywords of scvi-tools' methods that countvae's namesakes do not take are refused by name with what to do instead
+(:func:`refuses_keywords`), rather than with Python's bare ``TypeError``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ MARKER = "{settings}"
 
 _KEYWORD, _EITHER = inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
 _R = TypeVar("_R")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def setting(default: Any, doc: str) -> Any:
@@ -59,6 +63,38 @@ def unknown_setting(name: str, known: list[str], where: str) -> InvalidArgumentE
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return InvalidArgumentError(f"{where} got an unknown argument {name!r}.{hint} Valid: {', '.join(known)}.")
+
+
+def refuses_keywords(ported: dict[str, str], where: str | None = None) -> Callable[[_F], _F]:
+    """Refuse, each with what to do instead, the keywords scvi-tools' method of the same name takes and ``func`` not.
+
+    Code ported from scvi-tools names them, and Python's ``TypeError`` ("unexpected keyword argument") says neither
+    why nor what to use. The decorated function raises an :class:`~countvae.errors.InvalidArgumentError` that names
+    each such keyword with ``ported[name]`` (the countvae equivalent, or that it is not offered and why); any other
+    keyword it does not take gets :func:`unknown_setting`'s error, listing the parameters after the first (the model).
+    ``where`` names the function in the message (default: its qualified name). None is accepted and ignored: a keyword
+    that changes scvi-tools' results would then give other results silently, and one that changes nothing there
+    (``silent``, ``batch_size``) would seem to do something here; refusing it costs a ported call one edit.
+    """
+
+    def decorate(func: _F) -> _F:
+        parameters = inspect.signature(func).parameters
+        name = f"{where or func.__qualname__}()"
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            refused = [k for k in kwargs if k not in parameters]
+            for key in refused:
+                if key not in ported:
+                    raise unknown_setting(key, list(parameters)[1:], name)  # not the first, the model (self)
+            if refused:
+                listed = " ".join(f"{key}: {ported[key]}." for key in refused)
+                raise InvalidArgumentError(f"{name} does not take scvi-tools' {', '.join(refused)}. {listed}")
+            return func(*args, **kwargs)
+
+        return typing.cast(_F, wrapper)
+
+    return decorate
 
 
 def settings_docstring(doc: str, cls: type) -> str:

@@ -1,11 +1,13 @@
-"""Checks that a matrix holds raw counts, with errors that say how to fix it."""
+"""Checks that a matrix holds raw counts and that names match cells and genes, with errors that say how to fix it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 
 from countvae.errors import InvalidDataError
@@ -31,6 +33,27 @@ class CountSummary:
 
     cell_totals: np.ndarray
     gene_totals: np.ndarray
+
+
+def check_unique_names(names: pd.Index, axis: Literal["obs", "var"], reason: str, after: str = "") -> None:
+    """Refuse repeated ``names`` of cells (``axis="obs"``) or genes (``"var"``) where results are written by name.
+
+    ``reason`` says what is matched by these names (it follows "and "); ``after`` is added to the remedy
+    (``adata.obs_names_make_unique()`` or ``adata.var_names_make_unique()``).
+
+    Raises
+    ------
+    InvalidDataError
+        Naming how many names repeat and some of them.
+
+    """
+    if names.is_unique:
+        return
+    repeated = names[names.duplicated()].unique()
+    raise InvalidDataError(
+        f"The {'cells' if axis == 'obs' else 'genes'}' names repeat ({len(repeated)} names, e.g. "
+        f"{list(repeated[:3])}), and {reason}; make them unique first (adata.{axis}_names_make_unique(){after})."
+    )
 
 
 def iter_row_chunks(matrix, chunk_rows: int = _CHUNK_ROWS) -> Iterator[tuple[int, object]]:

@@ -50,6 +50,7 @@ from countvae._settings import documents_settings, setting, takes_settings, unkn
 from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
+from countvae.data.validation import check_unique_names
 from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
@@ -66,7 +67,7 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError, OutputWriteError
+from countvae.errors import InvalidArgumentError, OutputExistsError, OutputWriteError
 from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
@@ -528,13 +529,12 @@ def refuse_input_as_h5ad_output(out: Path, source: Path | None) -> None:
 
 def _check_analysed_copy(adata: ad.AnnData, overwrite: bool) -> None:
     """Refuse, before any fitting, an analysed copy that could not be written, or would replace results unasked."""
-    if not adata.obs_names.is_unique:
-        repeated = adata.obs_names[adata.obs_names.duplicated()].unique()
-        raise InvalidDataError(
-            f"The cells' names repeat ({len(repeated)} names, e.g. {list(repeated[:3])}), and --write-h5ad writes the "
-            "report's columns by cell name; make them unique first (adata.obs_names_make_unique(), then write the "
-            "file again for the command line)."
-        )
+    check_unique_names(
+        adata.obs_names,
+        "obs",
+        "--write-h5ad writes the report's columns by cell name",
+        after=", then write the file again for the command line",
+    )
     model_keys = {
         "obsm": anndata_results.LATENT_KEY,
         "varm": anndata_results.LOADINGS_KEY,

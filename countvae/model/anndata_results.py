@@ -37,6 +37,7 @@ from countvae._provenance import package_versions
 from countvae._warnings import warn_at_caller
 from countvae.data.registry import UNS_KEY as REGISTRY_KEY
 from countvae.data.registry import get_registry
+from countvae.data.validation import check_unique_names
 from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError, OutputExistsError
 
 if TYPE_CHECKING:
@@ -65,7 +66,11 @@ def _check_key(name: str, key: Any) -> str | None:
 
 
 def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
-    """Positions of ``adata.var_names`` among the model's genes (``None`` when they are the same, in order)."""
+    """Positions of ``adata.var_names`` among the model's genes (``None`` when they are the same, in order).
+
+    For a model reading ``adata.raw``, the names of ``.X`` may repeat while those of ``.raw``, which the model reads
+    (and ``setup_anndata`` checked), do not.
+    """
     names = pd.Index(adata.var_names)
     if len(names) == len(model.var_names) and bool((names == model.var_names).all()):
         return None
@@ -77,6 +82,11 @@ def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
             "a layer or varm entry cannot be filled for them. Pass layer=None and loadings_key=None to store the "
             "embedding only, or subset adata to the model's genes."
         )
+    check_unique_names(
+        names,
+        "var",
+        "the layer and loadings are filled by gene name: every gene of such a name would get one gene's values",
+    )
     return positions
 
 
@@ -166,7 +176,7 @@ def write_results(
         If ``adata`` is a view (anndata would write into a copy of it, and the results would be lost), or
         ``layer`` or ``uns_key`` names the raw counts the model reads or the registration of ``adata``.
     InvalidDataError
-        If a layer or loadings are requested and ``adata`` has genes the model lacks.
+        If a layer or loadings are requested and ``adata`` has genes the model lacks, or gene names that repeat.
 
     Warns
     -----

@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_bool
-from countvae._settings import documents_settings, takes_settings
+from countvae._settings import documents_settings, refuses_keywords, takes_settings
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix
@@ -391,6 +391,14 @@ class CountVAE:
         return self.cells(adata, indices)
 
     # ----- per-cell outputs ------------------------------------------------------------------
+    @refuses_keywords(
+        {
+            "mc_samples": "the posterior of z is normal, so give_mean=True returns its exact mean (scvi-tools samples "
+            "only a logistic-normal latent's mean); leave it out",
+            "return_dist": "not offered; pass give_mean=False for one posterior draw per cell, and several seeds for "
+            "the spread",
+        }
+    )
     def get_latent_representation(
         self,
         adata: ad.AnnData | None = None,
@@ -420,10 +428,27 @@ class CountVAE:
         numpy.ndarray
             Shape (cells, n_latent).
 
+        Notes
+        -----
+        scvi-tools' ``mc_samples`` and ``return_dist`` are refused by name, each with what to do instead.
+
         """
         c = self._trained_cells(adata, indices)
         return inference.latent_representation(self.module, c.source, c.indices, give_mean, seed, batch_size)
 
+    @refuses_keywords(
+        {
+            "gene_list": "select the genes from the result instead, model.get_normalized_expression(...)[genes] (the "
+            "values do not depend on which genes are returned)",
+            "return_mean": "the draws are always averaged, as scvi-tools' default return_mean=True; draw-by-draw "
+            "values (return_mean=False) are not offered",
+            "n_samples_overall": "not offered; pass the cells to draw as indices=, e.g. "
+            "np.random.default_rng(0).choice(adata.n_obs, n)",
+            "weights": "importance weights are not offered; leave it out",
+            "batch_size": "it decodes 512 cells per pass; leave it out",
+            "silent": "it shows no progress bar; leave it out",
+        }
+    )
     def get_normalized_expression(
         self,
         adata: ad.AnnData | None = None,
@@ -468,6 +493,11 @@ class CountVAE:
         -------
         pandas.DataFrame or numpy.ndarray
             Cells x genes, labelled unless ``return_numpy``.
+
+        Notes
+        -----
+        scvi-tools' ``gene_list`` (select columns of the result instead), ``return_mean``, ``n_samples_overall``,
+        ``weights``, ``batch_size`` and ``silent`` are refused by name, each with what to do instead.
 
         """
         check_bool("return_numpy", return_numpy)
@@ -565,10 +595,21 @@ class CountVAE:
         values = inference.elbo_per_cell(self.module, c.source, c.indices, n_samples, seed)
         return float(values.mean()) if return_mean else values
 
+    @refuses_keywords(
+        {
+            "gene_list": "select the genes from the result instead, draws[:, model.var_names.get_indexer(genes)]",
+            "transform_batch": "not offered (the counts are simulated in each cell's own batch); leave it out",
+            "batch_size": "it simulates 512 cells per pass; leave it out",
+            "silent": "it shows no progress bar; leave it out",
+        }
+    )
     def posterior_predictive_sample(
         self, adata: ad.AnnData | None = None, indices: np.ndarray | None = None, n_samples: int = 1, seed: int = 0
     ) -> np.ndarray:
         """Counts simulated from the fitted model for each cell.
+
+        scvi-tools' ``gene_list`` (select columns of the result instead), ``transform_batch``, ``batch_size`` and
+        ``silent`` are refused by name, each with what to do instead.
 
         Returns
         -------

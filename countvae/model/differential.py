@@ -59,7 +59,8 @@ real re-runs in ``benchmarks/bench_de.py``). A :class:`~countvae.errors.MonteCar
 
 Departures from scvi-tools: pairs are drawn independently (scvi decodes every cell ``S / n + 1`` times and resamples
 those draws, which makes them dependent); under ``batch_correction=True`` each pair's batch is drawn at random rather
-than allocated equally; ``mode="vanilla"``, ``batchid1/2``, outlier filtering and importance weights are not offered.
+than allocated equally; ``mode="vanilla"``, ``batchid1/2``, outlier filtering and importance weights are not offered
+(each refused by name, with what to do instead; ``mode="change"`` is accepted).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ import pandas as pd
 import torch
 
 from countvae._checks import check_bool, check_int, check_number
+from countvae._settings import refuses_keywords
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.errors import InvalidArgumentError, MonteCarloWarning
@@ -259,6 +261,35 @@ def _library_sizes(source: CountSource, cells: np.ndarray) -> tuple[object, np.n
     return counts, np.asarray(counts.sum(axis=1, dtype=np.float64)).ravel()  # float16 totals overflow at 65,504
 
 
+def _check_mode(mode: object) -> None:
+    """Accept ``"change"``, the test implemented; refuse ``"vanilla"`` (and anything else), naming its nearest kin."""
+    if not (isinstance(mode, str) and mode == "change"):
+        raise InvalidArgumentError(
+            f"mode must be 'change' (scvi-tools' change-based test, the one countvae implements), got {mode!r}. "
+            "scvi-tools' mode='vanilla' (the share of draws where group 1's expression exceeds group 2's, without an "
+            "LFC threshold) is not offered; for its nearest equivalent pass delta=0 and test_mode='three': proba_de is "
+            "then max(P(h1 >= h2), P(h1 < h2)), bayes_factor the size of vanilla's and lfc_median's sign its direction."
+        )
+
+
+_IMPORTANCE = "importance weights are not offered; leave it out"
+
+
+@refuses_keywords(
+    {
+        "batchid1": "not offered; pass batch_correction=True to decode both cells of a pair in one batch drawn from "
+        "all the training batches",
+        "batchid2": "not offered, as batchid1",
+        "weights": f"draws are weighted uniformly, as scvi-tools' default weights='uniform'; {_IMPORTANCE}",
+        "importance_weighting_kwargs": _IMPORTANCE,
+        "filter_outlier_cells": "not offered (scvi-tools' default is False); leave it out, or leave the cells out "
+        "of idx1/idx2",
+        "silent": "it shows no progress bar; leave it out",
+        "batch_size": f"it decodes {_DRAWS_PER_PASS} pairs per pass, and its memory is set by n_samples_overall; "
+        "leave it out",
+    },
+    where="CountVAE.differential_expression",
+)
 def differential_expression(
     model: CountVAE,
     adata: ad.AnnData | None = None,
@@ -268,6 +299,7 @@ def differential_expression(
     idx1: CellSelection | None = None,
     idx2: CellSelection | None = None,
     *,
+    mode: Literal["change"] = "change",
     delta: float = 0.25,
     fdr_target: float = 0.05,
     batch_correction: bool = False,
@@ -296,6 +328,10 @@ def differential_expression(
     idx1, idx2
         Alternatively each group's cells, as boolean masks (a pandas Series indexed by ``adata.obs_names`` in order) or
         positions, each cell once (``idx2=None``: all other cells); no ``comparison``/``group1``/``group2`` columns.
+    mode
+        ``"change"`` (scvi-tools' ``mode="change"``), the only test offered; ported calls name it, scvi-tools 1.4
+        defaulting to ``"vanilla"``. scvi-tools' other keywords (``batchid1``, ``weights``, ``silent``...) are
+        refused by name, each with what to do instead (docs/concepts/scvi-tools.md).
     delta
         LFC threshold (log2 units) of the test.
     fdr_target
@@ -324,6 +360,7 @@ def differential_expression(
 
     """
     model.require_trained()
+    _check_mode(mode)
     check_test_settings(delta, fdr_target, test_mode, n_bootstrap)  # before any sampling
     batch_correction = check_bool("batch_correction", batch_correction)
     all_stats = check_bool("all_stats", all_stats)

@@ -16,6 +16,7 @@ import scipy.sparse as sp
 
 import countvae as cv
 from countvae.diagnostics import fit_seeds, report
+from countvae.errors import InvalidDataError
 
 MODEL = {"n_latent": 2, "decoder": "linear", "n_hidden": 16}
 TRAIN = {"max_epochs": 15, "batch_size": 64}
@@ -97,6 +98,18 @@ def test_write_results_with_counts_in_raw_follows_the_genes_of_x(models, layouts
     np.testing.assert_allclose(adata.layers["countvae_normalized"], expected, rtol=1e-6)
     np.testing.assert_array_equal(adata.varm["countvae_loadings"], models["X"].get_loadings().to_numpy()[:N_SELECTED])
     np.testing.assert_array_equal(adata.obsm["X_countvae"], models["X"].get_latent_representation(layouts["X"]))
+
+
+def test_write_results_refuses_repeated_gene_names_of_x_when_counts_are_in_raw(models, layouts):
+    """.raw's names are the model's (unique); a gene of .X renamed to another's got that gene's layer and loadings."""
+    adata = layouts["raw"].copy()
+    adata.var_names = [adata.var_names[0], *adata.var_names[1:-1], adata.var_names[0]]
+    with pytest.raises(
+        InvalidDataError, match=r"genes' names repeat \(1 names, e.g. \['gene0'\]\).*var_names_make_unique"
+    ):
+        models["raw"].write_results(adata)
+    assert "countvae_normalized" not in adata.layers and "X_countvae" not in adata.obsm  # nothing written
+    models["raw"].write_results(adata, layer=None, loadings_key=None)  # the embedding is written by row
 
 
 @pytest.mark.parametrize("layout", ["layer", "raw"])

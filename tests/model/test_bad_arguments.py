@@ -92,6 +92,44 @@ def test_an_integer_group1_is_one_group(model):
     pd.testing.assert_frame_equal(frame, model.differential_expression(group1="1", **kwargs))
 
 
+@pytest.mark.parametrize(
+    ("method", "kwargs", "message"),
+    [
+        ("differential_expression", {"mode": "vanilla"}, r"mode must be 'change'.*nearest equivalent pass delta=0"),
+        ("differential_expression", {"mode": ["change"]}, "mode must be 'change'"),
+        (
+            "differential_expression",
+            {"batchid1": ["0"], "batchid2": ["1"]},
+            r"does not take scvi-tools' batchid1, batchid2\. batchid1: not offered; pass batch_correction=True",
+        ),
+        ("differential_expression", {"weights": "uniform"}, "weights: draws are weighted uniformly"),
+        ("differential_expression", {"importance_weighting_kwargs": {}}, "importance weights are not offered"),
+        ("differential_expression", {"filter_outlier_cells": True}, "filter_outlier_cells: not offered"),
+        ("differential_expression", {"silent": True}, "silent: it shows no progress bar"),
+        ("differential_expression", {"batch_size": 128}, "batch_size: it decodes 1024 pairs per pass"),
+        ("get_latent_representation", {"mc_samples": 10}, "mc_samples: the posterior of z is normal"),
+        ("get_latent_representation", {"return_dist": True}, "return_dist: not offered; pass give_mean=False"),
+        ("get_normalized_expression", {"gene_list": ["gene0"]}, r"get_normalized_expression\(\.\.\.\)\[genes\]"),
+        ("get_normalized_expression", {"return_mean": False}, r"\(return_mean=False\) are not offered"),
+        ("posterior_predictive_sample", {"gene_list": ["gene0"]}, r"draws\[:, model\.var_names\.get_indexer"),
+        ("posterior_predictive_sample", {"transform_batch": "0"}, "simulated in each cell's own batch"),
+        ("get_normalized_expression", {"n_sample": 2}, "unknown argument 'n_sample'. Did you mean 'n_samples'"),
+    ],
+)
+def test_scvi_tools_keywords_are_refused_with_what_to_do_instead(model, method, kwargs, message):
+    """They failed with Python's TypeError ("unexpected keyword argument"), which names no alternative."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        getattr(model, method)(**kwargs)
+
+
+def test_mode_change_is_the_test_differential_expression_implements(model):
+    # scvi-tools 1.4 defaults to mode="vanilla", so code ported from it names mode="change"
+    kwargs = {"groupby": "cluster", "group1": "1", "group2": "2", "n_samples_overall": 20, "n_bootstrap": 2}
+    pd.testing.assert_frame_equal(
+        model.differential_expression(mode="change", **kwargs), model.differential_expression(**kwargs)
+    )
+
+
 def test_write_results_refuses_a_view_and_a_non_bool_overwrite(model):
     adata = model.adata.copy()
     with pytest.raises(InvalidArgumentError, match="view"):

@@ -47,6 +47,7 @@ import pandas as pd
 from countvae._checks import check_bool
 from countvae._formatting import json_ready
 from countvae._provenance import package_versions
+from countvae.data.validation import check_unique_names
 from countvae.diagnostics.analyses.stability_columns import de_call_frequency
 from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
 
@@ -132,7 +133,11 @@ def _report_frames(rep: DiagnosticReport) -> tuple[pd.DataFrame, pd.DataFrame, n
 
 
 def _positions(report_names: pd.Index, adata_names: pd.Index) -> np.ndarray:
-    """Position of each of ``adata``'s cells among the report's cells (-1 for cells that are not in it)."""
+    """Position of each of ``adata``'s cells among the report's cells (-1 for cells that are not in it).
+
+    Names of ``adata`` that are none of the report's may repeat (their cells get NaN); a repeated name that is one of
+    the report's is refused, since which of its cells the report measured cannot be told.
+    """
     if not report_names.is_unique:
         raise InvalidDataError("The report's cells have repeated names; give the cells unique obs_names.")
     positions = report_names.get_indexer(adata_names)
@@ -142,11 +147,21 @@ def _positions(report_names: pd.Index, adata_names: pd.Index) -> np.ndarray:
             f"and fit cells, by obs_names, e.g. {list(report_names[:3])}); pass the AnnData the report's cells come "
             "from."
         )
+    check_unique_names(
+        adata_names[positions >= 0],
+        "obs",
+        "write() gives each cell the report's values for its name: every cell of such a name would get one "
+        "measured cell's findings",
+        after=", which leaves each name to its first cell: put the cells the report measured first",
+    )
     return positions
 
 
 def _gene_positions(report_genes: pd.Index, adata_genes: pd.Index) -> np.ndarray:
-    """Position of each of ``adata``'s genes among the report's genes (-1 for genes that are not in it)."""
+    """Position of each of ``adata``'s genes among the report's genes (-1 for genes that are not in it).
+
+    As for cells (:func:`_positions`), a repeated name that is one of the report's is refused.
+    """
     positions = report_genes.get_indexer(adata_genes)
     if len(report_genes) and not (positions >= 0).any():
         raise InvalidDataError(
@@ -155,6 +170,12 @@ def _gene_positions(report_genes: pd.Index, adata_genes: pd.Index) -> np.ndarray
             "per-gene columns would be NaN for every gene. Pass the AnnData the fits were trained on, or set its "
             "var_names to the same identifiers (symbols or IDs) first."
         )
+    check_unique_names(
+        adata_genes[positions >= 0],
+        "var",
+        "write() gives each gene the report's values for its name: every gene of such a name would get one gene's "
+        "values",
+    )
     return positions
 
 
@@ -216,7 +237,9 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
 
     See the module docstring for the keys. Cells are matched by ``obs_names``, genes
     by ``var_names``; cells and genes the report does not cover get NaN. ``adata`` may
-    be the held-out cells, the fit cells or the whole data set the fits came from.
+    be the held-out cells, the fit cells or the whole data set the fits came from; the
+    names it shares with the report must not repeat (two samples concatenated without
+    ``index_unique`` share barcodes: ``adata.obs_names_make_unique()`` first).
 
     Returns
     -------
@@ -231,7 +254,7 @@ def write_report(rep: DiagnosticReport, adata: ad.AnnData, overwrite: bool = Fal
         earlier report wrote (listed in its summary) and this one does not are removed with it.
     InvalidDataError
         If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's
-        genes (nothing is written then).
+        genes, or a name of ``adata`` that is one of the report's cells or genes repeats (nothing is written then).
 
     """
     if not isinstance(adata, ad.AnnData):

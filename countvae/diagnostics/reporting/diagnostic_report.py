@@ -102,7 +102,9 @@ class DiagnosticReport(ReportContent):
         OutputExistsError
             If a key exists and ``overwrite`` is False.
         InvalidDataError
-            If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's genes.
+            If none of ``adata``'s cells is one of the report's cells, or none of its genes one of the report's genes,
+            or a name of ``adata`` that is one of the report's cells or genes repeats (make them unique first:
+            ``adata.obs_names_make_unique()``, ``adata.var_names_make_unique()``).
 
         Examples
         --------

@@ -289,6 +289,28 @@ def test_rewriting_removes_what_the_replaced_report_wrote_and_this_one_does_not(
     assert set(target.uns[UNS_KEY]["keys"]["obs"]) == written
 
 
+def test_write_refuses_repeated_names_of_the_reports_cells_and_genes(small):
+    """A second sample concatenated without index_unique shares barcodes: its cells got the first sample's columns,
+    consensus rows and held-out flags; a repeated gene name got the real gene's values."""
+    rep, adata, held = small
+    other = held[:5].copy()
+    target = ad.concat([held, other])  # the other sample's barcodes collide with the report's held-out cells
+    with pytest.raises(InvalidDataError, match=r"cells' names repeat \(5 names.*obs_names_make_unique\(\), which"):
+        rep.write(target)
+    assert "countvae_heldout" not in target.obs and UNS_KEY not in target.uns  # nothing written
+    target.obs_names_make_unique()  # the report's cells come first and keep their names
+    rep.write(target)
+    assert not target.obs["countvae_heldout"].iloc[-5:].any() and target.obs["countvae_lpd_mean"].iloc[-5:].isna().all()
+    genes = held.copy()
+    genes.var_names = [*genes.var_names[:-1], genes.var_names[0]]
+    with pytest.raises(InvalidDataError, match=r"genes' names repeat \(1 names.*var_names_make_unique"):
+        rep.write(genes)
+    unmeasured = held.copy()
+    unmeasured.obs_names = [*unmeasured.obs_names[:-2], "x", "x"]  # repeated names the report does not cover: NaN
+    rep.write(unmeasured)
+    assert unmeasured.obs["countvae_knn_agreement"].iloc[-2:].isna().all()
+
+
 def test_write_into_a_view_is_refused(small):
     """The columns went to anndata's implicit copy of the view, and write() reported them written."""
     rep, _, held = small
