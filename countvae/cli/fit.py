@@ -33,6 +33,7 @@ from countvae.data.split import split_indices
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes
 from countvae.errors import InvalidArgumentError
 from countvae.model import CountVAE
+from countvae.model.anndata_results import training_record
 from countvae.model.persistence import MODEL_FOLDER
 from countvae.model.training import default_max_epochs
 
@@ -135,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
         "n_genes": int(adata.n_vars),
         "gene_selection": genes.record(),
         "n_heldout": int(len(held_idx)),
-        "epochs": int(model.history["epoch"].max()),
-        "loss_train_final": float(model.history["loss_train"].iloc[-1]),
+        "training": training_record(model),  # the kept epoch's losses, as write_results records them
     }
     with atomic_directory(args.out, overwrite=args.overwrite, layout=FIT_OUTPUT) as out:
         model.save(out / "model")

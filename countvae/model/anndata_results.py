@@ -9,9 +9,11 @@ slot and default key            content                                        s
                                 decoded from the posterior mean (optional)
 ``varm["countvae_loadings"]``   linear-decoder weights ``W`` (linear decoder    genes x n_latent
                                 only)
-``uns["countvae"]``             settings, registration, training summary,       dict
-                                package versions, the keys written, and what
-                                the coordinates do and do not mean
+``uns["countvae"]``             settings, registration, training summary        dict
+                                (:func:`training_record`: the kept epoch and
+                                its losses), package versions, the keys
+                                written, and what the coordinates do and do
+                                not mean
 =============================== ============================================== =========================
 
 scvi-tools leaves storing to the user (``adata.obsm["X_scVI"] = model.get_latent_representation()``); countvae writes
@@ -90,18 +92,28 @@ def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
     return positions
 
 
-def _history_summary(history: pd.DataFrame) -> dict[str, Any]:
-    """Epochs trained and the final and best losses (negative ELBO per cell; lower is better)."""
-    if not len(history):
-        return {"epochs": 0}
-    out: dict[str, Any] = {"epochs": int(history["epoch"].max())}
+def training_record(model: CountVAE) -> dict[str, Any]:
+    """How the model's training ended, and its losses (negative ELBO per cell; lower is better), for a stored record.
+
+    ``epochs_trained``, ``max_epochs``, ``stopped_early``, ``kept_epoch`` and ``early_stopping`` are
+    ``model.training_summary``'s. ``loss_train_kept_epoch`` and ``loss_validation_kept_epoch`` are the losses at
+    ``kept_epoch``, whose parameters the model holds and its results come from (with early stopping, not the last
+    epoch's); ``loss_train_min`` and ``loss_validation_min`` the lowest of any epoch. What was not recorded (the facts
+    of a call ended by an error, a model saved before they were kept) or not computed (a validation loss at an epoch
+    without a validation pass) is left out: h5ad stores no ``None``.
+    """
+    history = model.history
+    record: dict[str, Any] = {k: v for k, v in model.training_summary.items() if v is not None}
+    record.setdefault("epochs_trained", int(history["epoch"].max()) if len(history) else 0)
+    kept = history[history["epoch"] == record.get("kept_epoch", -1)]
     for column in ("loss_train", "loss_validation"):
+        at_kept = kept[column].astype(float).to_numpy()
+        if at_kept.size and math.isfinite(at_kept[0]):
+            record[f"{column}_kept_epoch"] = float(at_kept[0])
         values = history[column].astype(float).to_numpy()
-        finite = values[np.isfinite(values)]
-        if finite.size:
-            out[f"{column}_final"] = float(values[-1]) if math.isfinite(values[-1]) else float(finite[-1])
-            out[f"{column}_min"] = float(finite.min())
-    return out
+        if np.isfinite(values).any():
+            record[f"{column}_min"] = float(values[np.isfinite(values)].min())
+    return record
 
 
 def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | None) -> dict[str, Any]:
@@ -118,7 +130,7 @@ def _uns_record(model: CountVAE, written: dict[str, str], library_size: float | 
     record = {
         "settings": settings,
         "registry": registry,
-        "training": _history_summary(model.history),
+        "training": training_record(model),
         "versions": package_versions(),
         "keys": dict(written),
         "note": _COORDINATES_NOTE,

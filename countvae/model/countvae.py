@@ -22,7 +22,6 @@ import torch
 from countvae._checks import check_bool
 from countvae._settings import documents_settings, refuses_keywords, takes_settings
 from countvae._warnings import warn_at_caller
-from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix
 from countvae.data.registry import setup_anndata as _setup_anndata
 from countvae.data.split import first_part_size, split_indices
@@ -37,7 +36,7 @@ from countvae.errors import (
 from countvae.model import anndata_results, differential, inference
 from countvae.model.loadings import build_loadings_prior, latent_names, loadings_posterior
 from countvae.model.persistence import read_model_folder, write_model_folder
-from countvae.model.query import ModelCells, cells_fingerprint, query_source, resolve_registry
+from countvae.model.query import ModelCells, cells_fingerprint, counts_fingerprint, query_source, resolve_registry
 from countvae.model.settings import DataSummary, ModelSettings, dtype_name
 from countvae.model.training import HISTORY_COLUMNS, TrainingPlan, make_optimizer, resolve_device, train_module
 from countvae.module.marginal import MarginalSettings
@@ -70,7 +69,10 @@ class CountVAE:
     registry, var_names
         Where the training AnnData keeps its counts, and the training genes.
     adata
-        The training AnnData (``None`` for a model loaded without data).
+        The training AnnData (``None`` for a model loaded without data). Every method that reads it, :meth:`train`
+        included, refuses it when its counts were changed into values that are not counts after the model was built
+        (normalized in place, say), and warns when they were changed into other counts; keep raw counts in a layer and
+        register it to normalize ``adata.X``.
     module
         The Pyro module (:class:`countvae.module.CountVAEModule`).
     history, train_indices, validation_indices, is_trained, device
@@ -78,6 +80,10 @@ class CountVAE:
     training_cells
         SHA-256 of the training cells' names in order (``None`` before training, and in folders saved before it was
         recorded): further training refuses an AnnData of other cells, whose positions the split would misread.
+    training_counts
+        Shape, dtype, number of stored values and total of the counts of ``adata`` when the model was built or loaded
+        with it (:func:`countvae.model.query.counts_fingerprint`; ``None`` without data): the methods check the counts
+        in full again only when they no longer match.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
         ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
@@ -122,6 +128,9 @@ class CountVAE:
         self.device = torch.device("cpu")
         self._optimizer: torch.optim.Optimizer | None = None
         self.training_cells: str | None = None
+        self.training_counts: tuple | None = None
+        if self.adata is not None:
+            self.training_counts = counts_fingerprint(get_count_matrix(self.adata, data.registry))
         self.module = self._build_module(seed=0)
 
     def _build_module(self, seed: int) -> CountVAEModule:
@@ -201,7 +210,8 @@ class CountVAE:
         order, Monte Carlo noise), so the same seed gives the same numbers on CPU. A further call continues from the
         current parameters and optimiser state (a fresh optimiser after :meth:`load` or :func:`copy_model`, which do not
         keep it), on the same split: unlike scvi-tools, which splits the cells again at each call, it refuses a
-        ``train_size`` that asks for another split (a new model trains on another split).
+        ``train_size`` that asks for another split (a new model trains on another split). The AnnData's counts are
+        checked as every method checks them (:meth:`cells`).
 
         Parameters
         ----------
@@ -219,8 +229,7 @@ class CountVAE:
         if self.adata is None:
             raise SetupError("This model was loaded without data; pass adata to CountVAE.load to train it.")
         device = resolve_device(plan.accelerator)
-        registry = resolve_registry(self.adata, self.registry)  # as the other methods read it
-        source = CountSource(get_count_matrix(self.adata, registry), batch_codes(self.adata, registry))
+        source, _ = query_source(self.adata, self.registry, self.var_names, built_with=self.training_counts)
         if self.is_trained and "train_size" in chosen:
             self._check_same_split(plan.train_size)
         split = self._training_split(plan, source.n_obs)  # checked before anything changes
@@ -360,7 +369,9 @@ class CountVAE:
         ----------
         adata
             Cells with the training genes (default: the training AnnData). A new AnnData is checked (genes, batch
-            categories, counts); it may be registered on its own with the same batch key, or not at all.
+            categories, counts); it may be registered on its own with the same batch key, or not at all. The training
+            AnnData's counts are checked again only when they changed since the model was built (their shape, dtype,
+            stored values or total; :func:`countvae.model.query.check_own_counts`).
         indices
             Positions of a subset of the cells (default: all, in order).
 
@@ -374,16 +385,23 @@ class CountVAE:
         SetupError
             If ``adata`` is omitted for a model loaded without data, or is registered with another batch key.
         InvalidDataError
-            If its genes, batches or counts do not fit the model.
+            If its genes, batches or counts do not fit the model, e.g. the training AnnData's counts were normalized in
+            place.
+
+        Warns
+        -----
+        CountVAEWarning
+            If the training AnnData holds other counts than those the model was built with.
 
         """
         if adata is None:
             if self.adata is None:
                 raise SetupError("This model was loaded without data; pass adata=... explicitly.")
             adata = self.adata
-        source, idx = query_source(
-            adata, self.registry, self.var_names, indices=indices, validate=adata is not self.adata
-        )
+        # scvi-tools reads its AnnData unchecked once set up; normalizing adata.X in place then goes unnoticed. Here
+        # the model's own counts are compared with a fingerprint taken when it was built, and checked when they differ.
+        built_with = self.training_counts if adata is self.adata else None
+        source, idx = query_source(adata, self.registry, self.var_names, indices=indices, built_with=built_with)
         return ModelCells(adata=adata, source=source, indices=idx)
 
     def _trained_cells(self, adata: ad.AnnData | None, indices: np.ndarray | None) -> ModelCells:
@@ -777,8 +795,9 @@ class CountVAE:
         if adata is None and adata_path is not None:
             adata = ad.read_h5ad(adata_path)
         if adata is not None:
-            query_source(adata, model.registry, model.var_names)  # genes, batches and counts, as for any new data
+            source, _ = query_source(adata, model.registry, model.var_names)  # genes, batches, counts: as new data
             model.adata = adata
+            model.training_counts = counts_fingerprint(source.matrix)
         module.eval()
         return model
 
@@ -822,6 +841,7 @@ def copy_model(
     new.module.to(dtype=settings.torch_dtype, device=model.device)
     new.device = model.device
     new.adata = model.adata
+    new.training_counts = model.training_counts
     new.is_trained = model.is_trained
     new.history = model.history.copy()
     new.training_summary = dict(model.training_summary)

@@ -8,11 +8,13 @@ from dataclasses import dataclass, replace
 import anndata as ad
 import numpy as np
 import pandas as pd
+import scipy.sparse as sp
 
+from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
 from countvae.data.validation import validate_counts
-from countvae.errors import InvalidArgumentError, InvalidDataError, SetupError
+from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError, SetupError
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,55 @@ def cells_fingerprint(obs_names: pd.Index) -> str:
     return hashlib.sha256("\n".join(map(str, obs_names)).encode()).hexdigest()
 
 
+def counts_fingerprint(matrix) -> tuple:
+    """Shape, dtype, number of stored values and total of a count matrix: recognises the counts a model was built with.
+
+    The total is left out for a backed matrix, which it would read whole from disk on every call (scanpy's functions
+    do not change a backed file in place).
+    """
+    in_memory = sp.issparse(matrix) or isinstance(matrix, np.ndarray)
+    total = float(matrix.sum(dtype=np.float64)) if in_memory else None
+    return tuple(matrix.shape), str(matrix.dtype), getattr(matrix, "nnz", None), total
+
+
+#: How to restore raw counts in the model's own AnnData, changed in place after the model was built.
+OWN_COUNTS_REMEDY = (
+    "These are the counts of the model's own AnnData, changed after the model was built (sc.pp.normalize_total and "
+    "sc.pp.log1p change adata.X in place). Restore the raw counts and keep them in a layer before normalizing "
+    "(adata.layers['counts'] = adata.X.copy()), registered with CountVAE.setup_anndata(adata, layer='counts', ...); "
+    "or train a new model on raw counts"
+)
+
+
+def check_own_counts(matrix, built_with: tuple, what: str) -> None:
+    """Check the counts of the model's own AnnData in full when they no longer match ``built_with``.
+
+    The whole check (:func:`countvae.data.validate_counts`) runs only when the fingerprint differs, so a model reading
+    its unchanged AnnData pays for one sum over the stored values, not for a pass of checks.
+
+    Raises
+    ------
+    InvalidDataError
+        If the changed values are not raw counts, saying how to keep raw counts beside normalized values.
+
+    Warns
+    -----
+    CountVAEWarning
+        If they are still counts, but not those the model was built with: results describe the counts read now.
+
+    """
+    if counts_fingerprint(matrix) == built_with:
+        return
+    validate_counts(matrix, what, allow_empty_genes=True, remedy=OWN_COUNTS_REMEDY)
+    warn_at_caller(
+        f"The counts in {what} of the model's AnnData changed after the model was built (shape, stored values or "
+        "total differ): results describe the counts read now, and further training continues on them. If that was not "
+        "meant, restore the counts the model was built with, or register the layer that holds them "
+        "(CountVAE.setup_anndata(adata, layer=...)).",
+        CountVAEWarning,
+    )
+
+
 #: How to pass raw counts instead, for cells given to a trained model (read as the training data was registered
 #: unless registered themselves): the methods that take them have no ``layer`` argument.
 QUERY_RAW_COUNTS_REMEDY = (
@@ -141,7 +192,12 @@ def cell_positions(indices: object, n_obs: int) -> np.ndarray:
 
 
 def query_source(
-    adata: ad.AnnData, trained: Registry, var_names: pd.Index, indices: np.ndarray | None = None, validate: bool = True
+    adata: ad.AnnData,
+    trained: Registry,
+    var_names: pd.Index,
+    indices: np.ndarray | None = None,
+    validate: bool = True,
+    built_with: tuple | None = None,
 ) -> tuple[CountSource, np.ndarray]:
     """A :class:`CountSource` over ``adata`` checked against the training data.
 
@@ -156,7 +212,10 @@ def query_source(
     indices
         Subset of cells (positions); all cells when ``None``.
     validate
-        Check the counts (skipped for the training AnnData, checked at setup).
+        Check the counts (what ``built_with`` does instead, for the model's own AnnData).
+    built_with
+        For the model's own AnnData: the :func:`counts_fingerprint` of the counts it was built with, checked in full
+        only when they no longer match it (:func:`check_own_counts`).
 
     Returns
     -------
@@ -171,7 +230,9 @@ def query_source(
     matrix = get_count_matrix(adata, registry)
     indices = np.arange(adata.n_obs) if indices is None else cell_positions(indices, adata.n_obs)
     source = CountSource(matrix, batch_codes(adata, registry))
-    if validate:
+    if built_with is not None:
+        check_own_counts(matrix, built_with, registry.describe_counts())
+    elif validate:
         # Genes without counts among the query cells are valid data for a fitted model; a subset
         # of a backed matrix is read in contiguous runs rather than by fancy indexing.
         subset = matrix if len(indices) == adata.n_obs else source.read_rows(np.unique(indices))

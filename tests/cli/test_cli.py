@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import scipy.sparse as sp
 
+from countvae import CountVAE
 from countvae.cli import main
 from countvae.cli.common import emit
 
@@ -69,6 +70,13 @@ def test_fit_on_file_writes_results(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["n_cells"] == 120 and result["n_heldout"] == 12 and result["heldout_lpd_per_cell"] < 0
     assert 0 <= result["heldout_lpd_n_unreliable"] <= 12
+    # the training record is write_results': the epoch whose parameters the saved model holds, and its losses
+    saved = CountVAE.load(out / "model")
+    kept = saved.training_summary["kept_epoch"]
+    assert result["training"] == json.loads((out / "fit.json").read_text())["training"]
+    assert {k: result["training"][k] for k in saved.training_summary} == saved.training_summary
+    at_kept = saved.history.set_index("epoch").loc[kept]
+    assert result["training"]["loss_train_kept_epoch"] == pytest.approx(float(at_kept["loss_train"]), rel=1e-12)
     assert sorted(p.name for p in out.iterdir()) == ["fit.json", "heldout_lpd.csv", "latent.csv", "model"]
     lpd = pd.read_csv(out / "heldout_lpd.csv", index_col=0)
     assert list(lpd.columns) == ["lpd", "mc_se", "ess", "khat", "reliable"]

@@ -96,7 +96,7 @@ def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, message
     assert main([*argv, "--no-early-stopping", "--out", str(tmp_path / "full"), "--json"]) == 0
     block = "\n".join(_block(messages))
     assert "lr 0.001, early stopping off" in block and "--early-stopping stops when the validation loss stalls" in block
-    assert json.loads(capsys.readouterr().out)["epochs"] == 2
+    assert json.loads(capsys.readouterr().out)["training"]["epochs_trained"] == 2
 
 
 def test_quiet_skips_the_warmup(data_file, tmp_path, monkeypatch, capsys):

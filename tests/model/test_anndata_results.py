@@ -39,10 +39,31 @@ def test_default_slots_hold_the_models_outputs(trained_linear, adata):
     assert record["keys"] == ALL_SLOTS
     assert record["settings"]["n_latent"] == 2 and record["settings"]["decoder"] == "linear"
     assert record["registry"]["batch_key"] == "batch"
-    assert record["training"]["epochs"] == 30
-    assert record["training"]["loss_train_final"] == pytest.approx(float(trained_linear.history["loss_train"].iloc[-1]))
+    assert record["training"]["epochs_trained"] == record["training"]["kept_epoch"] == 30  # no early stop
+    assert record["training"]["loss_train_kept_epoch"] == float(trained_linear.history["loss_train"].iloc[-1])
     assert record["library_size"] == 1e4 and record["versions"]["countvae"]
     assert "rotation" in record["note"]
+
+
+def test_the_training_record_gives_the_epoch_whose_parameters_produced_the_results(tmp_path):
+    """With early stopping the model keeps the best epoch's parameters, but the record said "epochs" (those run) and
+    gave the last epoch's losses as "final", without the kept epoch."""
+    data = cv.data.simulate(n_cells=300, n_genes=30, n_latent=2, decoder="linear", n_batches=2, seed=3)
+    cv.CountVAE.setup_anndata(data, batch_key="batch")
+    model = cv.CountVAE(data, n_latent=2, decoder="linear")
+    model.train(max_epochs=200, lr=3e-2, seed=0, progress_bar=False, early_stopping_patience=3)
+    kept = model.training_summary["kept_epoch"]
+    assert model.training_summary["stopped_early"] and kept < model.training_summary["epochs_trained"]
+    at_kept = model.history.set_index("epoch").loc[kept]
+    model.write_results()
+    path = tmp_path / "written.h5ad"
+    data.write_h5ad(path)
+    record = ad.read_h5ad(path).uns["countvae"]["training"]
+    assert {k: record[k] for k in model.training_summary} == model.training_summary
+    assert record["loss_train_kept_epoch"] == float(at_kept["loss_train"])
+    assert record["loss_validation_kept_epoch"] == float(at_kept["loss_validation"])
+    assert record["loss_validation_min"] == float(model.history["loss_validation"].min())
+    assert not any(key.endswith("_final") for key in record)
 
 
 def test_default_target_is_the_training_anndata(sim_linear):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import anndata as ad
@@ -408,6 +409,61 @@ def test_normalised_query_cells_are_told_to_register_their_raw_counts(trained_li
         trained_linear.get_latent_representation(query)
     cv.CountVAE.setup_anndata(query, layer="counts", batch_key="batch")
     assert trained_linear.get_latent_representation(query).shape == (50, 2)
+
+
+_OWN_COUNTS_CALLS = {
+    "get_latent_representation": lambda m: m.get_latent_representation(),
+    "get_normalized_expression": lambda m: m.get_normalized_expression(),
+    "get_elbo": lambda m: m.get_elbo(),
+    "posterior_predictive_sample": lambda m: m.posterior_predictive_sample(),
+    "differential_expression": lambda m: m.differential_expression(
+        groupby="batch", group1="batch0", n_samples_overall=20, n_bootstrap=2
+    ),
+    "write_results": lambda m: m.write_results(overwrite=True),
+    "train": lambda m: m.train(max_epochs=1, progress_bar=False),
+}
+
+
+def test_the_models_own_anndata_normalised_in_place_is_refused_by_every_method(small_adata, tmp_path):
+    """scanpy's normalize_total and log1p change adata.X in place: the model's own AnnData was then read as counts by
+    every method and by further training, while a copy of it was refused as non-integer."""
+    import scanpy as sc
+
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=2, progress_bar=False)
+    model.save(tmp_path / "m", save_anndata=True)
+    refused = r"non-integer values.*own AnnData.*Restore the raw counts.*layer='counts'"
+    for m in (model, cv.CountVAE.load(tmp_path / "m"), copy_model(cv.CountVAE.load(tmp_path / "m"))):
+        sc.pp.normalize_total(m.adata, target_sum=1e4)
+        sc.pp.log1p(m.adata)
+        n_epochs = len(m.history)
+        for name, call in _OWN_COUNTS_CALLS.items():
+            with pytest.raises(cv.errors.InvalidDataError, match=refused):
+                call(m)
+            assert len(m.history) == n_epochs, name
+
+
+def test_the_models_own_anndata_is_read_again_when_its_counts_are_kept_in_a_registered_layer(small_adata):
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=2, progress_bar=False)
+    before = model.get_latent_representation()
+    small_adata.layers["counts"] = small_adata.X.copy()
+    small_adata.X.data[:] = np.log1p(small_adata.X.data)  # in place, as scanpy's log1p
+    cv.CountVAE.setup_anndata(small_adata, layer="counts", batch_key="batch")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(model.get_latent_representation(), before)
+        model.train(max_epochs=1, progress_bar=False)
+
+
+def test_the_models_own_anndata_changed_into_other_counts_is_read_with_a_warning(small_adata):
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=2, progress_bar=False)
+    small_adata.X.data[:] = np.ceil(small_adata.X.data / 2)  # other counts, e.g. downsampled in place
+    for name, call in _OWN_COUNTS_CALLS.items():
+        with pytest.warns(cv.errors.CountVAEWarning, match="changed after the model was built"):
+            call(model)
+        assert model.adata is small_adata, name
+    with pytest.warns(cv.errors.CountVAEWarning):
+        own = model.get_latent_representation()
+    np.testing.assert_array_equal(own, model.get_latent_representation(small_adata.copy()))
 
 
 def test_settings_are_one_validated_frozen_dataclass():
