@@ -22,6 +22,7 @@ from countvae import __version__
 from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, select, verify_invariance
 from countvae.cli.common import fill_closed_standard_streams, flush_stdout, tell
+from countvae.diagnostics.fitting.parallelism import backed_remedy_off
 from countvae.errors import CountVAEError, CountVAEWarning
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        with one_line_warnings(args.command, vars(args)):
+        with one_line_warnings(args.command, vars(args)), backed_remedy_off():  # the command reads files whole
             return int(args.run(args) or EXIT_OK)
     except CountVAEError as exc:
         tell(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), vars(args))}")

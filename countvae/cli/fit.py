@@ -53,7 +53,8 @@ EXAMPLES = """examples:
   countvae fit raw_10x.h5ad --n-top-genes 2000 --no-early-stopping   # every epoch, at 1e-3
 
 Before fitting, the command prints the data size, the settings and the time it expects
-(from a few timed training steps), with the options that shorten it.
+(from a few timed training steps; the held-out log p(x) after training included), with the
+options that shorten it.
 """
 
 
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         train_kwargs=train_kwargs,
         epochs=default_max_epochs(int(round(0.9 * len(fit_idx)))) if args.max_epochs is None else args.max_epochs,
         timing=timing,
+        heldout_lpd=True,
     )
     check_writable(args.out)  # learnt after training, an unwritable --out would lose the fit
     model.train(**train_kwargs, seed=args.seed, progress_bar=show)

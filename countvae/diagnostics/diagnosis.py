@@ -58,7 +58,7 @@ from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import discard_folder
-from countvae.diagnostics.fitting.parallelism import AUTO
+from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -201,20 +201,22 @@ class DiagnosePlan:
     def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
         """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""
         s = self.settings
-        return fit_seeds(
-            self.adata,
-            seeds=s.seeds,
-            model_kwargs=s.model_kwargs,
-            train_kwargs=s.train_kwargs,
-            heldout_fraction=s.heldout_fraction,
-            split_seed=s.split_seed,
-            n_jobs=s.n_jobs,
-            out_dir=out_dir,
-            overwrite=s.overwrite,
-            progress_bar=s.progress_bar,
-            refit_broken=s.refit_broken,
-            progress=progress,
-        )
+        # gene selection needs the counts in memory, so the memory warning cannot advise a backed file
+        with backed_remedy_off() if self.genes.selected else contextlib.nullcontext():
+            return fit_seeds(
+                self.adata,
+                seeds=s.seeds,
+                model_kwargs=s.model_kwargs,
+                train_kwargs=s.train_kwargs,
+                heldout_fraction=s.heldout_fraction,
+                split_seed=s.split_seed,
+                n_jobs=s.n_jobs,
+                out_dir=out_dir,
+                overwrite=s.overwrite,
+                progress_bar=s.progress_bar,
+                refit_broken=s.refit_broken,
+                progress=progress,
+            )
 
 
 @takes_settings(DiagnoseSettings)

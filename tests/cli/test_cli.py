@@ -409,6 +409,27 @@ def test_the_docs_name_every_option_in_full():
         assert named and named <= options, f"{page.name} names {sorted(named - options)}, which are not options"
 
 
+def test_commands_never_advise_opening_the_data_backed(monkeypatch):
+    # the commands read the whole file: a memory warning advising a backed file would name a remedy they cannot use
+    import argparse
+
+    import countvae.cli as cli
+    from countvae.diagnostics.fitting import parallelism
+
+    seen = []
+
+    def parser():
+        p = argparse.ArgumentParser(prog="countvae")
+        cmd = p.add_subparsers(dest="command").add_parser("demo")
+        cmd.add_argument("--quiet", action="store_true")
+        cmd.set_defaults(run=lambda args: seen.append(parallelism._BACKED_REMEDY.get()) or 0)
+        return p
+
+    monkeypatch.setattr(cli, "build_parser", parser)
+    assert cli.main(["demo"]) == 0 and seen == [False]
+    assert parallelism._BACKED_REMEDY.get()  # restored after the command
+
+
 def test_fit_checks_n_samples_before_fitting(tmp_path, capsys, monkeypatch):
     # --n-samples 0 was refused only after training, and the trained model was thrown away
     data = _write_counts(tmp_path / "d.h5ad")

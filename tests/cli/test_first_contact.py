@@ -39,7 +39,7 @@ def messages(caplog):
 def _block(caplog) -> list[str]:
     lines = [r.getMessage() for r in caplog.records if r.name == "countvae.cli"]
     start = next(i for i, line in enumerate(lines) if line.endswith("before fitting"))
-    return lines[start : start + 10]
+    return lines[start : start + 12]
 
 
 def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(data_file, tmp_path, messages, capsys):
@@ -89,6 +89,9 @@ def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, message
     assert "the 12 most variable of 40" in block and "s per fit" in block
     assert "--n-jobs" not in block  # fit has no such option
     assert "--max-epochs N" in block and "early stopping is on: a fit stops" in block  # the default
+    # the held-out log p(x) after training (on every held-out cell) is part of the estimate, with its options
+    assert "then about" in block and "for the held-out log p(x) of 30 cells" in block
+    assert "--heldout-fraction F holds out fewer cells" in block and "--n-samples N" in block
     result = json.loads(capsys.readouterr().out)
     assert result["n_genes"] == 12 and result["gene_selection"]["n_top_genes"] == 12
     assert len(json.loads((out / "fit.json").read_text())["gene_selection"]["genes"]) == 12

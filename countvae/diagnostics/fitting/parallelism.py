@@ -7,12 +7,17 @@ run's numbers: a fit depends on its seed, the data, the settings and its torch t
 With an in-memory AnnData each worker process receives a copy of the fit cells' counts; :func:`plan_parallelism`
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
-backed file open it by path and hold no copy.
+backed file open it by path and hold no copy. The warning gives each worker's fixed base and its copy of the counts,
+and advises a backed file only where the copy is the larger part and the caller can open one
+(:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,8 @@ WORKER_BASE_BYTES = 800 * 1024**2
 COPY_FACTOR = 2.0
 #: Share of the available memory that the workers may take (the calling process and others need the rest).
 MEMORY_SHARE = 0.8
+#: Whether the memory warning may advise opening the data backed (off within :func:`backed_remedy_off`).
+_BACKED_REMEDY: ContextVar[bool] = ContextVar("backed_remedy", default=True)
 #: Minibatch steps per seed below which ``"auto"`` fits in the calling process. Two loky workers take
 #: 7-13 s to start and import torch and countvae on 2 cores; 3 seeds of the default model in two workers
 #: took 2.3x the serial time at 200 steps per seed, 0.94x at 1,000 and 0.82x at 2,000 (benchmarks/RESULTS.md,
@@ -211,19 +218,33 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
         return jobs, reason
     # One seed at a time runs in this process, which holds the data already: no copy, so always possible.
     fitting = max(1, int(MEMORY_SHARE * available // per_worker))
+    copy = per_worker - WORKER_BASE_BYTES
     why = (
-        f"{jobs} workers would need about {jobs * per_worker / 1024**3:.1f} GiB ({per_worker / 1024**3:.2f} GiB each, "
-        f"mostly a copy of the in-memory counts), more than {MEMORY_SHARE:.0%} of the "
-        f"{available / 1024**3:.1f} GiB available"
+        f"{jobs} workers would need about {jobs * per_worker / 1024**3:.1f} GiB ({per_worker / 1024**3:.2f} GiB each: "
+        f"{WORKER_BASE_BYTES / 1024**3:.2f} GiB for torch and the model, {copy / 1024**3:.2f} GiB for its copy of the "
+        f"in-memory counts), more than {MEMORY_SHARE:.0%} of the {available / 1024**3:.1f} GiB available"
     )
-    logger.warning(
-        "Fitting %d seed(s) at a time instead of %d: %s. Open the data backed (anndata.read_h5ad(path, "
-        "backed='r')) so that workers read it from the file, or pass a smaller n_jobs.",
-        fitting,
-        jobs,
-        why,
-    )
+    # A backed file spares only the copy, and only where the caller can open one (see backed_remedy_off).
+    if copy > WORKER_BASE_BYTES and _BACKED_REMEDY.get():
+        remedy = "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file"
+    else:
+        remedy = "Pass a smaller n_jobs, or free memory"
+    logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
     return fitting, f"memory: {why}"
+
+
+@contextlib.contextmanager
+def backed_remedy_off() -> Iterator[None]:
+    """Within it, the memory warning does not advise opening the data backed.
+
+    For callers that cannot use a backed file: the command line reads the whole file, and gene selection needs the
+    counts in memory.
+    """
+    token = _BACKED_REMEDY.set(False)
+    try:
+        yield
+    finally:
+        _BACKED_REMEDY.reset(token)
 
 
 def pickling_error(progress: Any) -> Exception | None:

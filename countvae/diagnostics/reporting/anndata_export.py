@@ -206,12 +206,26 @@ def summary_record(rep: DiagnosticReport, written: dict[str, list[str]], n_match
         "fit_cells": int((~rep.cells["heldout"]).sum()),
         "cells_written": int(n_matched),
         "keys": written,
-        "key_notes": {key: KEY_NOTES[key] for keys in written.values() for key in keys if key in KEY_NOTES},
+        "key_notes": {key: _key_note(rep, key) for keys in written.values() for key in keys if key in KEY_NOTES},
         "nan_note": NAN_NOTE,
         "versions": package_versions("anndata"),
         "model_card": rep.model_card(),
     }
     return h5ad_ready(record)
+
+
+def _key_note(rep: DiagnosticReport, key: str) -> str:
+    """:data:`KEY_NOTES`' note on ``key``, with the neighbours per cell of a k-NN column (scaled on large data)."""
+    k = {
+        "countvae_knn_agreement": rep.cells_knn_k,
+        "countvae_knn_agreement_within_seed": rep.cells_knn_k,
+        "countvae_batch_mixing": rep.settings.get("batch_mixing", {}).get("k"),
+    }.get(key)
+    if k is None:
+        return KEY_NOTES[key]
+    k_asked = rep.settings["report"]["k"]
+    scaled = "" if k == k_asked else f", the report's k={k_asked} scaled to the share of the cells the graph holds"
+    return f"{KEY_NOTES[key]}; k={k} neighbours per cell{scaled}"
 
 
 def _remove_earlier_keys(adata: ad.AnnData, written: dict[str, list[str]]) -> None:

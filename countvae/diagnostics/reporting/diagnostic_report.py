@@ -49,6 +49,9 @@ class DiagnosticReport(ReportContent):
         Per cell (the held-out cells, then the fit cells the report read, told apart by the column ``heldout``) and per
         gene, the agreement across seeds, and those cells' consensus latent (in memory only, not in the report files);
         see :meth:`write`.
+    cells_knn_k
+        Neighbours per cell of the k-NN columns of ``cells``: the report's ``k`` scaled to the share of the data set
+        the k-NN graph holds (the subsampling entry "k-NN graphs"), so fewer than ``k`` on large data.
 
     """
 
@@ -75,7 +78,8 @@ class DiagnosticReport(ReportContent):
     def write(self, adata: ad.AnnData, overwrite: bool = False) -> dict[str, list[str]]:
         """Write the per-cell and per-gene findings, the consensus latent and a summary into ``adata`` (in place).
 
-        ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN overlap),
+        ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN overlap at ``cells_knn_k``
+        neighbours, which the summary's ``key_notes`` give),
         ``countvae_knn_agreement_within_seed`` (its within-seed baseline), ``countvae_lpd_mean``, ``countvae_lpd_sd``
         (held-out log p(x) over seeds), ``countvae_batch_mixing`` (with batches); ``var``:
         ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with DE); ``obsm["X_countvae_consensus"]``;

@@ -197,9 +197,38 @@ def test_fewer_workers_when_their_copies_exceed_the_available_memory(adata, two_
     with caplog.at_level(logging.WARNING, logger="countvae.diagnostics.fitting.parallelism"):
         plan = parallelism.plan_parallelism("auto", 5, data, 1)
     assert plan.n_jobs == 1 and plan.reason.startswith("memory:")
-    assert any("backed='r'" in r.getMessage() for r in caplog.records)
+    assert any("a smaller n_jobs" in r.getMessage() for r in caplog.records)
     monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(2.5 * per_worker / parallelism.MEMORY_SHARE))
     assert parallelism.plan_parallelism(2, 5, data, 1).n_jobs == 2
+
+
+def _memory_warning(data, monkeypatch, caplog, base: int) -> str:
+    monkeypatch.setattr(parallelism, "WORKER_BASE_BYTES", base)
+    per_worker = parallelism.worker_memory_estimate(data)
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(1.5 * per_worker / parallelism.MEMORY_SHARE))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="countvae.diagnostics.fitting.parallelism"):
+        assert parallelism.plan_parallelism(2, 5, data, 1).n_jobs == 1
+    (record,) = caplog.records
+    return record.getMessage()
+
+
+def test_memory_warning_splits_the_worker_base_from_the_copy_and_advises_backed_data_only_where_it_helps(
+    adata, monkeypatch, caplog
+):
+    data = adata[:100].copy()
+    copy = 2 * parallelism.counts_nbytes(data)
+    # the fixed base dominates: a backed file would spare little, so fewer workers is the remedy
+    message = _memory_warning(data, monkeypatch, caplog, 10 * copy)
+    assert f"{10 * copy / 1024**3:.2f} GiB for torch and the model, {copy / 1024**3:.2f} GiB for its copy" in message
+    assert "backed" not in message and "Pass a smaller n_jobs" in message
+    # the counts' copy dominates: from Python a backed file spares it
+    message = _memory_warning(data, monkeypatch, caplog, copy // 10)
+    assert "anndata.read_h5ad(path, backed='r')" in message
+    # where no backed file can be used (the command line, diagnose after gene selection): fewer workers
+    with parallelism.backed_remedy_off():
+        message = _memory_warning(data, monkeypatch, caplog, copy // 10)
+    assert "backed" not in message and "Pass a smaller n_jobs" in message
 
 
 def test_worker_memory_grows_with_the_in_memory_counts_only(adata, tmp_path):

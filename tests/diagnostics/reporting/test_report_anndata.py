@@ -24,7 +24,7 @@ from countvae.data import split_indices
 from countvae.diagnostics import CountVAEFit, DownstreamRequest, DownstreamSettings, SeedFits, report
 from countvae.diagnostics.analyses import stability_columns as sc_cols
 from countvae.diagnostics.analyses.maps import PairMaps
-from countvae.diagnostics.analyses.subspace import subsample
+from countvae.diagnostics.analyses.subspace import analyst_graph_k, subsample
 from countvae.diagnostics.reporting.anndata_export import CONSENSUS_KEY, UNS_KEY, h5ad_ready
 from countvae.diagnostics.reporting.model_card import calibration_regime, settings_line
 from countvae.diagnostics.reporting.sections.per_cell import fit_cell_columns, within_seed_overlap
@@ -178,8 +178,8 @@ def test_within_seed_overlap_draws_every_cell_of_the_graph():
 
 # ----- a small report -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def small():
-    """Two seeds of a linear model on two groups of cells, a report with DE, and the data."""
+def small_fits():
+    """Two seeds of a linear model on two groups of cells, the DE request, and the data."""
     adata = cv.data.simulate(
         n_cells=600, n_genes=40, n_latent=2, decoder="linear", n_groups=2, n_de_genes=4, de_lfc=(2.0, 3.0), seed=3
     )
@@ -195,8 +195,34 @@ def small():
         "group", "group1", "group0", settings=DownstreamSettings(n_de_samples=300, clusters=False, umap=False)
     )
     seed_fits = SeedFits(fits=fits, adata_fit=fit_data, adata_heldout=held, settings={"note": "test"})
-    rep = report(seed_fits, downstream=downstream, **TINY)
-    return rep, adata, held
+    return seed_fits, downstream, adata, held
+
+
+@pytest.fixture(scope="module")
+def small(small_fits):
+    """The report with DE of :func:`small_fits`, and the data."""
+    seed_fits, downstream, adata, held = small_fits
+    return report(seed_fits, downstream=downstream, **TINY), adata, held
+
+
+def test_key_notes_give_the_k_of_the_knn_columns(small, small_fits):
+    rep, adata, _ = small
+    target = adata.copy()
+    rep.write(target)
+    notes = target.uns[UNS_KEY]["key_notes"]
+    assert rep.cells_knn_k == 15  # every cell is on the graph: the report's k
+    for key in ("countvae_knn_agreement", "countvae_knn_agreement_within_seed"):
+        assert notes[key].endswith("; k=15 neighbours per cell")
+    # a graph standing for ten times the cells: k is scaled down, and the note says so
+    scaled = report(small_fits[0], knn_graph_cells=10 * adata.n_obs, **TINY)
+    k = analyst_graph_k(15, adata.n_obs, 10 * adata.n_obs)
+    assert scaled.cells_knn_k == k < 15
+    target = adata.copy()
+    scaled.write(target)
+    note = target.uns[UNS_KEY]["key_notes"]["countvae_knn_agreement"]
+    assert note.endswith(
+        f"; k={k} neighbours per cell, the report's k=15 scaled to the share of the cells the graph holds"
+    )
 
 
 def test_cell_columns_average_to_the_reports_rows(small):

@@ -47,7 +47,8 @@ class PerCellSection(Section):
         if fit_cells is not None:
             cells = pd.concat([cells, fit_cells])
             consensus = np.vstack([consensus, consensus_latent(fit_cell_latents(c), to_first)])
-        return SectionResult(attributes={"cells": cells, "genes": genes, "consensus_latent": consensus})
+        attributes = {"cells": cells, "genes": genes, "consensus_latent": consensus, "cells_knn_k": knn_graph(c, s).k}
+        return SectionResult(attributes=attributes)
 
 
 def within_seed_overlap(c: Collected, s: ReportSettings) -> tuple[np.ndarray, np.ndarray | None] | None:
