@@ -153,10 +153,12 @@ def alignment_errors(
 def ica_efficiency(errors: pd.DataFrame, column: str = "error_diameter") -> pd.DataFrame:
     """``(e_perm - e_ICA) / (e_perm - e_orthogonal)`` per pair of fits.
 
-    NaN where the orthogonal error is not below the permutation error (by more than 1e-12): the fits are then
-    aligned up to a signed permutation as well as by any rotation, and there is no gap for ICA to close. Both maps
-    are fitted on one half of the cells and scored on the other, so on the scoring half the rotation can come out
-    worse; dividing by that negative gap would flip the ratio's sign (ICA worse than both maps read as above 1).
+    NaN where the orthogonal error is not below the permutation error (by more than 1e-12): on the scoring cells the
+    best rotation does no better than the best signed permutation, so there is no gap to measure ICA against. That
+    does not mean the fits are aligned (both maps may be poor, and ICA may beat both: compare ``e_ica`` with them).
+    Both maps are fitted on one half of the cells and scored on the other, so on the scoring half the rotation can
+    come out worse; dividing by that negative gap would flip the ratio's sign (ICA worse than both maps read as
+    above 1).
 
     Returns
     -------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from countvae._formatting import MISSING
 from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT
 from countvae.diagnostics.reporting.verdicts import (
     AGREE,
@@ -182,24 +183,53 @@ def _rotation_gain(coordinate: pd.DataFrame) -> list[str]:
     return lines
 
 
+#: What the ICA efficiency is and how to read it, the start of its headline sentence.
+EFFICIENCY_LEAD = (
+    "ICA efficiency ((e_permutation - e_ICA) / (e_permutation - e_orthogonal), fitted on held-out cells; 1 = ICA "
+    "closes the permutation-to-rotation gap, above 1 = better than the best rotation, below 0 = worse than the best "
+    "signed permutation)"
+)
+
+
 def alignment_lines(alignment_mean: pd.Series, efficiency: pd.DataFrame | None) -> list[str]:
-    """The mean alignment error per map class and, with ICA, the ICA efficiency."""
+    """The mean alignment error per map class and, with ICA, the ICA efficiency and the pairs that have none."""
     parts = [f"{m} {alignment_mean[m]:.3f}" for m in alignment_mean.index]
     lines = [
         "Mean seed-pair alignment error (fraction of the latent diameter; lower is better): " + ", ".join(parts) + "."
     ]
-    if efficiency is not None and efficiency["ica_efficiency"].notna().any():
-        eff = efficiency["ica_efficiency"]
-        gap = (efficiency["e_permutation"] - efficiency["e_orthogonal"])[eff.notna()]
-        # A ratio, not a share: above 1 ICA beats the best rotation, below 0 it is worse than the best signed
-        # permutation, and over a gap within the maps' noise it is large either way, so the gap is printed with it.
-        lines.append(
-            "ICA efficiency ((e_permutation - e_ICA) / (e_permutation - e_orthogonal), fitted on held-out cells; "
-            f"1 = ICA closes the permutation-to-rotation gap, above 1 = better than the best rotation, below 0 = worse "
-            f"than the best signed permutation): mean {eff.mean():.2f}, range {eff.min():.2f} to {eff.max():.2f}, "
-            f"over a gap of {gap.mean():.3f} of the latent diameter (mean over pairs)."
-        )
+    if efficiency is None or not len(efficiency):
+        return lines
+    eff = efficiency["ica_efficiency"]
+    scored, missing = efficiency[eff.notna()], efficiency[eff.isna()]
+    if not len(scored):
+        lines.append(f"{EFFICIENCY_LEAD}: none of the {len(efficiency)} seed pairs has one{_no_gap(missing)}")
+        return lines
+    gap = scored["e_permutation"] - scored["e_orthogonal"]
+    over = "mean over pairs" if not len(missing) else f"means over {len(scored)} of {len(efficiency)} seed pairs"
+    # A ratio, not a share: above 1 ICA beats the best rotation, below 0 it is worse than the best signed
+    # permutation, and over a gap within the maps' noise it is large either way, so the gap is printed with it.
+    line = (
+        f"{EFFICIENCY_LEAD}: mean {scored['ica_efficiency'].mean():.2f}, range {scored['ica_efficiency'].min():.2f} "
+        f"to {scored['ica_efficiency'].max():.2f}, over a gap of {gap.mean():.3f} of the latent diameter ({over})."
+    )
+    if len(missing):
+        others = "pair has" if len(missing) == 1 else f"{len(missing)} pairs have"
+        line += f" The other {others} none{_no_gap(missing)}"
+    lines.append(line)
     return lines
+
+
+def _no_gap(missing: pd.DataFrame) -> str:
+    """Why the pairs in ``missing`` have no ICA efficiency, and how ICA did on them (one clause and a sentence)."""
+    m = len(missing)
+    better = (missing["e_ica"] < missing["e_permutation"]) & (missing["e_ica"] < missing["e_orthogonal"])
+    return (
+        f" ({MISSING} in the table): on {'its' if m == 1 else 'their'} scoring cells the best rotation was no closer "
+        "than the best signed permutation, so there is no positive permutation-to-rotation gap to measure ICA against. "
+        f"ICA's error there{'' if m == 1 else ' (means over them)'}: {missing['e_ica'].mean():.3f} of the latent "
+        f"diameter, against {missing['e_permutation'].mean():.3f} for the signed permutation and "
+        f"{missing['e_orthogonal'].mean():.3f} for the rotation; lower than both maps in {int(better.sum())} of {m}."
+    )
 
 
 def marker_lines(markers: pd.DataFrame) -> list[str]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from countvae._formatting import MISSING
 from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS
 from countvae.diagnostics.reporting.collect import Collected, knn_graph, knn_positions
 from countvae.diagnostics.reporting.report_content import ReportContent
@@ -30,7 +31,9 @@ from countvae.diagnostics.reporting.settings import ReportSettings
 OTHER_DEFINITIONS = {
     "alignment error": "mean Euclidean distance per held-out cell between mapped and target latent means, over the "
     "target's diameter (largest pairwise distance) or RMS pairwise distance, averaged over both directions.",
-    "ICA efficiency": "(e_permutation - e_ICA) / (e_permutation - e_orthogonal).",
+    "ICA efficiency": f"(e_permutation - e_ICA) / (e_permutation - e_orthogonal); none ({MISSING}) for a pair "
+    "whose best rotation is no closer than its best signed permutation on the scoring cells: there is no positive "
+    "gap to measure ICA against (compare e_ICA with both maps' errors there).",
     "best-match |corr|": "for one ICA component of the first seed, the largest |correlation| with a component of "
     "another seed's ICA after matching all components one to one (Hungarian); a component agrees when the interval "
     "of its worst match over the other seeds lies at or above the threshold (0.95 by default).",
