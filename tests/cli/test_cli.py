@@ -469,8 +469,9 @@ def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, caps
     assert err.endswith("and rerun.\n") and not (out.exists() or list(tmp_path.glob(".o.*")))
 
 
-def test_fit_refuses_an_unwritable_out_before_training(tmp_path, capsys, monkeypatch):
-    # fit learnt that --out could not be written only when saving, after the whole training
+@pytest.mark.parametrize("command", ["fit", "verify-invariance"])
+def test_fit_and_verify_refuse_an_unwritable_out_before_training(tmp_path, capsys, monkeypatch, command):
+    # they learnt that --out could not be written only when saving, after the whole training (and every check)
     import errno
     import os
     import tempfile
@@ -488,9 +489,9 @@ def test_fit_refuses_an_unwritable_out_before_training(tmp_path, capsys, monkeyp
     monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
     _never_trains(monkeypatch)
     out = read_only / "fit"
-    assert main(["fit", str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--out", str(out)]) == 1
+    assert main([command, str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"countvae fit: error: Could not write {out}: the file system is read-only")
+    assert err.startswith(f"countvae {command}: error: Could not write {out}: the file system is read-only")
     assert err.count("\n") == 1 and list(read_only.iterdir()) == []
 
 
