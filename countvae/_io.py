@@ -150,6 +150,13 @@ def explained_write_errors(path: Path, reused: bool = False) -> Iterator[None]:
         raise error from cause
 
 
+def _reason(exc: BaseException) -> str:
+    """Why an operation failed, as messages say it: ``Directory not empty (ENOTEMPTY)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return str(exc) or type(exc).__name__
+
+
 @contextlib.contextmanager
 def _other_os_errors_explained(path: Path) -> Iterator[None]:
     """Turn an OSError that :func:`explained_write_errors` passes on (not of the storage) into an OutputWriteError.
@@ -161,10 +168,9 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
     except OSError as exc:
         if isinstance(exc, OutputWriteError) or exc.errno in _STORAGE_ERRNOS:
             raise
-        reason = f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})" if exc.strerror else str(exc)
         error = OutputWriteError(
-            f"Could not write {path}: {reason}. Nothing was left half-written; what {path} held before is intact. "
-            "Choose another output folder."
+            f"Could not write {path}: {_reason(exc)}. Nothing was left half-written; what {path} held before is "
+            "intact. Choose another output folder."
         )
         error.errno = exc.errno
         error.filename = str(path)
@@ -301,8 +307,9 @@ def atomic_directory(
     folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
     (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
     complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
-    the old folder is moved back. A file at ``path`` is refused whatever ``overwrite`` says, and so is, given the
-    writer's ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
+    the old folder is moved back (where that fails, the error names where the old folder is). A file at ``path`` is
+    refused whatever ``overwrite`` says, and so is, given the writer's ``layout``, a folder holding anything that
+    writer does not write (:func:`refuse_foreign_entries`).
     """
     path = Path(path)
     if path.exists() and not path.is_dir():  # a file there may be data; overwrite replaces folders only
@@ -336,8 +343,15 @@ def _replace_folder(new: Path, path: Path) -> None:
     os.replace(path, aside)
     try:
         os.replace(new, path)
-    except BaseException:
-        os.replace(aside, path)
+    except BaseException as exc:
+        try:
+            os.replace(aside, path)
+        except OSError as back:  # e.g. another writer put a folder at path between the two renames
+            raise OutputWriteError(
+                f"Could not write {path}: {_reason(exc)}. The folder it held could not be moved back "
+                f"({_reason(back)}): it is now {aside}. Another writer may have written {path} meanwhile; once none "
+                "is at work, keep the folder you want and delete the other."
+            ) from exc
         raise
     shutil.rmtree(aside, ignore_errors=True)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from countvae._io import (
@@ -72,3 +75,24 @@ def test_a_name_longer_than_the_file_system_takes_is_refused_before_any_work(tmp
         with pytest.raises(OutputWriteError, match="is 256 bytes long and the file system takes at most 255"):
             attempt()
     assert list(tmp_path.iterdir()) == []  # nothing made, not even the missing folder
+
+
+def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch):
+    # Two saves at once: the other put its folder in place between this one's two renames, and the error said that
+    # what the path held before was intact, while it sat in a hidden '.<name>.<random>.old' nothing removes.
+    target = tmp_path / "model"
+    with atomic_directory(target) as tmp:
+        (tmp / "f").write_text("old")
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == target and Path(src).name.endswith(".partial"):
+            (target / "theirs").mkdir(parents=True)  # the other writer's folder, renamed in meanwhile
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OutputWriteError) as info, atomic_directory(target, overwrite=True) as tmp:
+        (tmp / "f").write_text("new")
+    (aside,) = tmp_path.glob(".model.*.old")
+    assert (aside / "f").read_text() == "old" and (target / "theirs").is_dir()
+    assert f"it is now {aside}." in str(info.value) and "intact" not in str(info.value)
