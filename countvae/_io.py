@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -360,22 +361,28 @@ def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> lis
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
     The atomic writers above build ``.<name>.<random>.partial`` (and, while replacing, ``.<name>.<random>.old``)
-    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`); a SIGKILL leaves them
-    behind. Call this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the
-    clean-up to one target's leftovers. Returns the paths removed.
+    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`) and ``<random>`` the 8
+    characters of :mod:`tempfile`; a SIGKILL leaves them behind. Only names of exactly that form are removed, never
+    another entry whose name merely starts alike (an analyst's ``.report.old``), and a link only as a link. Call
+    this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the clean-up to one
+    target's leftovers (``"*"``: any target's). Returns the paths removed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
+    prefix = r"\..+\." if name == "*" else re.escape(temporary_prefix(folder / name))
+    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
     removed = []
-    for path in folder.glob(f"{temporary_prefix(folder / name)}*"):
-        if path.name.endswith((".partial", ".old")):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+    for path in folder.iterdir():
+        if not written.fullmatch(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not os.path.lexists(path):  # rmtree ignores errors: report only what is gone
             removed.append(path)
-    return removed
+    return sorted(removed)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

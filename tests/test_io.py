@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,33 @@ def test_a_name_longer_than_the_file_system_takes_is_refused_before_any_work(tmp
         with pytest.raises(OutputWriteError, match="is 256 bytes long and the file system takes at most 255"):
             attempt()
     assert list(tmp_path.iterdir()) == []  # nothing made, not even the missing folder
+
+
+def test_the_clean_up_removes_only_the_names_an_interrupted_writer_leaves(tmp_path):
+    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too.
+    kept = [".report.old", ".report.backup-2024.old", ".report.html.partial", ".report.notes.partial"]
+    for name in kept[:3]:
+        (tmp_path / name).mkdir()
+    (tmp_path / kept[3]).write_text("mine")
+    left = [tmp_path / ".report.k3j4h5g6.partial", tmp_path / ".report.k3j4_5g6.old"]  # tempfile's 8 characters
+    for path in left:
+        path.mkdir()
+    assert remove_interrupted_writes(tmp_path, "report") == sorted(left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_the_clean_up_reports_only_what_it_removed(tmp_path, monkeypatch):
+    # A leftover link to a folder was passed to rmtree, which failed without a word, and reported as removed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / ".report.abcd1234.old"
+    link.symlink_to(elsewhere)
+    assert remove_interrupted_writes(tmp_path, "report") == [link]
+    assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]  # the link removed, not what it points to
+    left = tmp_path / ".report.abcd1234.partial"
+    left.mkdir()
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # a folder that could not be removed
+    assert remove_interrupted_writes(tmp_path, "report") == [] and left.is_dir()
 
 
 def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch):
