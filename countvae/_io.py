@@ -70,22 +70,54 @@ def foreign_entries(path: Path, layout: FolderLayout) -> list[str]:
     return foreign
 
 
+def refuse_non_folder(path: str | os.PathLike) -> None:
+    """Fail when something other than a folder is at ``path``, where a writer puts (or replaces) a folder whole.
+
+    Refused whatever ``overwrite`` says: a file there may be data, and overwrite replaces folders only. A symbolic
+    link is refused too, even to a folder: the folder is replaced by renames, which would replace the link, not
+    what it points to (scvi-tools' ``save`` writes into the folder through a link; countvae never writes in place).
+
+    Raises
+    ------
+    OutputExistsError
+        If ``path`` is a file (or anything but a folder) or a symbolic link.
+    OutputWriteError
+        If a name in ``path`` is longer than the file system takes (:func:`refuse_overlong_name`).
+
+    """
+    path = Path(path)
+    refuse_overlong_name(path)
+    if path.is_symlink():
+        raise OutputExistsError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); countvae replaces a folder by renaming, which would "
+            "replace the link, not the folder it points to. Write to that folder itself, or remove the link."
+        )
+    if path.exists() and not path.is_dir():
+        raise OutputExistsError(
+            f"{path} exists and is not a folder; a folder is written there, and overwrite=True (--overwrite) replaces "
+            "folders only (a file may be data). Move or rename it, or write to another folder (another --out)."
+        )
+
+
 def refuse_foreign_entries(path: str | os.PathLike, overwrite: bool, layout: FolderLayout) -> None:
     """Fail when ``overwrite`` would replace the folder ``path`` although it holds what its writer did not write.
 
-    A folder is replaced whole, so anything else in it (the analyst's data, notes) would be deleted. Call it before
-    any long work; :func:`atomic_directory` calls it again before writing.
+    A folder is replaced whole, so anything else in it (the analyst's data, notes) would be deleted; a file or link
+    at ``path`` is refused with or without ``overwrite`` (:func:`refuse_non_folder`). Call it before any long work;
+    :func:`atomic_directory` calls it again before writing.
 
     Raises
     ------
     InvalidArgumentError
         If ``overwrite`` is not a bool.
     OutputExistsError
-        If ``overwrite`` is True and ``path`` is a folder holding an entry ``layout`` does not name.
+        If ``path`` is not a folder (:func:`refuse_non_folder`), or ``overwrite`` is True and ``path`` is a folder
+        holding an entry ``layout`` does not name.
 
     """
     check_bool("overwrite", overwrite)
     path = Path(path)
+    refuse_non_folder(path)
     if not overwrite or not path.is_dir():
         return
     foreign = foreign_entries(path, layout)
@@ -308,13 +340,12 @@ def atomic_directory(
     folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
     (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
     complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
-    the old folder is moved back (where that fails, the error names where the old folder is). A file at ``path`` is
-    refused whatever ``overwrite`` says, and so is, given the writer's ``layout``, a folder holding anything that
-    writer does not write (:func:`refuse_foreign_entries`).
+    the old folder is moved back (where that fails, the error names where the old folder is). A file or a symbolic
+    link at ``path`` is refused whatever ``overwrite`` says (:func:`refuse_non_folder`), and so is, given the writer's
+    ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
     """
     path = Path(path)
-    if path.exists() and not path.is_dir():  # a file there may be data; overwrite replaces folders only
-        raise OutputExistsError(f"{path} exists and is not a folder; give the path of a folder to write.")
+    refuse_non_folder(path)
     _refuse_existing(path, overwrite)
     if layout is not None:
         refuse_foreign_entries(path, overwrite, layout)

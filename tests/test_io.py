@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from countvae._io import (
+    FolderLayout,
     atomic_directory,
     atomic_file_path,
     check_writable,
+    refuse_foreign_entries,
     remove_interrupted_writes,
     temporary_prefix,
     write_bytes_atomic,
 )
-from countvae.errors import OutputWriteError
+from countvae.errors import OutputExistsError, OutputWriteError
 
 #: A legal file name (at most 255 bytes) too long to take the temporary names' additions (".<name>.<random>.partial").
 LONG = "n" * 245 + ".h5ad"
@@ -76,6 +78,29 @@ def test_a_name_longer_than_the_file_system_takes_is_refused_before_any_work(tmp
         with pytest.raises(OutputWriteError, match="is 256 bytes long and the file system takes at most 255"):
             attempt()
     assert list(tmp_path.iterdir()) == []  # nothing made, not even the missing folder
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_file_or_link_where_a_folder_goes_is_refused_whatever_overwrite_says(tmp_path, kind):
+    # The check before any work let a file through with overwrite=True (diagnose then moved it aside and deleted it),
+    # and a link to a folder was renamed aside and left behind, the new folder put in its place.
+    real = tmp_path / "real"
+    with atomic_directory(real) as tmp:
+        (tmp / "report.md").write_text("old")
+    path = tmp_path / "report"
+    if kind == "file":
+        path.write_text("my notes")
+    else:
+        path.symlink_to(real)
+    refused = "exists and is not a folder" if kind == "file" else f"is a symbolic link \\(to {real}\\)"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            refuse_foreign_entries(path, overwrite, FolderLayout("a report folder", frozenset({"report.md"})))
+        with pytest.raises(OutputExistsError, match=refused), atomic_directory(path, overwrite=overwrite) as tmp:
+            (tmp / "report.md").write_text("new")
+    assert (real / "report.md").read_text() == "old"
+    assert path.is_symlink() if kind == "link" else path.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real", "report"]
 
 
 def test_the_clean_up_removes_only_the_names_an_interrupted_writer_leaves(tmp_path):
