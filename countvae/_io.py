@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -69,22 +70,54 @@ def foreign_entries(path: Path, layout: FolderLayout) -> list[str]:
     return foreign
 
 
+def refuse_non_folder(path: str | os.PathLike) -> None:
+    """Fail when something other than a folder is at ``path``, where a writer puts (or replaces) a folder whole.
+
+    Refused whatever ``overwrite`` says: a file there may be data, and overwrite replaces folders only. A symbolic
+    link is refused too, even to a folder: the folder is replaced by renames, which would replace the link, not
+    what it points to (scvi-tools' ``save`` writes into the folder through a link; countvae never writes in place).
+
+    Raises
+    ------
+    OutputExistsError
+        If ``path`` is a file (or anything but a folder) or a symbolic link.
+    OutputWriteError
+        If a name in ``path`` is longer than the file system takes (:func:`refuse_overlong_name`).
+
+    """
+    path = Path(path)
+    refuse_overlong_name(path)
+    if path.is_symlink():
+        raise OutputExistsError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); countvae replaces a folder by renaming, which would "
+            "replace the link, not the folder it points to. Write to that folder itself, or remove the link."
+        )
+    if path.exists() and not path.is_dir():
+        raise OutputExistsError(
+            f"{path} exists and is not a folder; a folder is written there, and overwrite=True (--overwrite) replaces "
+            "folders only (a file may be data). Move or rename it, or write to another folder (another --out)."
+        )
+
+
 def refuse_foreign_entries(path: str | os.PathLike, overwrite: bool, layout: FolderLayout) -> None:
     """Fail when ``overwrite`` would replace the folder ``path`` although it holds what its writer did not write.
 
-    A folder is replaced whole, so anything else in it (the analyst's data, notes) would be deleted. Call it before
-    any long work; :func:`atomic_directory` calls it again before writing.
+    A folder is replaced whole, so anything else in it (the analyst's data, notes) would be deleted; a file or link
+    at ``path`` is refused with or without ``overwrite`` (:func:`refuse_non_folder`). Call it before any long work;
+    :func:`atomic_directory` calls it again before writing.
 
     Raises
     ------
     InvalidArgumentError
         If ``overwrite`` is not a bool.
     OutputExistsError
-        If ``overwrite`` is True and ``path`` is a folder holding an entry ``layout`` does not name.
+        If ``path`` is not a folder (:func:`refuse_non_folder`), or ``overwrite`` is True and ``path`` is a folder
+        holding an entry ``layout`` does not name.
 
     """
     check_bool("overwrite", overwrite)
     path = Path(path)
+    refuse_non_folder(path)
     if not overwrite or not path.is_dir():
         return
     foreign = foreign_entries(path, layout)
@@ -150,6 +183,13 @@ def explained_write_errors(path: Path, reused: bool = False) -> Iterator[None]:
         raise error from cause
 
 
+def _reason(exc: BaseException) -> str:
+    """Why an operation failed, as messages say it: ``Directory not empty (ENOTEMPTY)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return str(exc) or type(exc).__name__
+
+
 @contextlib.contextmanager
 def _other_os_errors_explained(path: Path) -> Iterator[None]:
     """Turn an OSError that :func:`explained_write_errors` passes on (not of the storage) into an OutputWriteError.
@@ -161,10 +201,9 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
     except OSError as exc:
         if isinstance(exc, OutputWriteError) or exc.errno in _STORAGE_ERRNOS:
             raise
-        reason = f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})" if exc.strerror else str(exc)
         error = OutputWriteError(
-            f"Could not write {path}: {reason}. Nothing was left half-written; what {path} held before is intact. "
-            "Choose another output folder."
+            f"Could not write {path}: {_reason(exc)}. Nothing was left half-written; what {path} held before is "
+            "intact. Choose another output folder."
         )
         error.errno = exc.errno
         error.filename = str(path)
@@ -301,12 +340,12 @@ def atomic_directory(
     folder becomes an :class:`OutputWriteError`). With ``overwrite=True`` an existing folder is replaced by two renames
     (old folder aside, new folder in, old folder deleted), so ``path`` is always either the complete old folder or the
     complete new one, except in the instant between the two renames, when it is absent; if the second rename fails,
-    the old folder is moved back. A file at ``path`` is refused whatever ``overwrite`` says, and so is, given the
-    writer's ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
+    the old folder is moved back (where that fails, the error names where the old folder is). A file or a symbolic
+    link at ``path`` is refused whatever ``overwrite`` says (:func:`refuse_non_folder`), and so is, given the writer's
+    ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
     """
     path = Path(path)
-    if path.exists() and not path.is_dir():  # a file there may be data; overwrite replaces folders only
-        raise OutputExistsError(f"{path} exists and is not a folder; give the path of a folder to write.")
+    refuse_non_folder(path)
     _refuse_existing(path, overwrite)
     if layout is not None:
         refuse_foreign_entries(path, overwrite, layout)
@@ -336,8 +375,15 @@ def _replace_folder(new: Path, path: Path) -> None:
     os.replace(path, aside)
     try:
         os.replace(new, path)
-    except BaseException:
-        os.replace(aside, path)
+    except BaseException as exc:
+        try:
+            os.replace(aside, path)
+        except OSError as back:  # e.g. another writer put a folder at path between the two renames
+            raise OutputWriteError(
+                f"Could not write {path}: {_reason(exc)}. The folder it held could not be moved back "
+                f"({_reason(back)}): it is now {aside}. Another writer may have written {path} meanwhile; once none "
+                "is at work, keep the folder you want and delete the other."
+            ) from exc
         raise
     shutil.rmtree(aside, ignore_errors=True)
 
@@ -346,22 +392,28 @@ def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> lis
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
     The atomic writers above build ``.<name>.<random>.partial`` (and, while replacing, ``.<name>.<random>.old``)
-    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`); a SIGKILL leaves them
-    behind. Call this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the
-    clean-up to one target's leftovers. Returns the paths removed.
+    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`) and ``<random>`` the 8
+    characters of :mod:`tempfile`; a SIGKILL leaves them behind. Only names of exactly that form are removed, never
+    another entry whose name merely starts alike (an analyst's ``.report.old``), and a link only as a link. Call
+    this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the clean-up to one
+    target's leftovers (``"*"``: any target's). Returns the paths removed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
+    prefix = r"\..+\." if name == "*" else re.escape(temporary_prefix(folder / name))
+    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
     removed = []
-    for path in folder.glob(f"{temporary_prefix(folder / name)}*"):
-        if path.name.endswith((".partial", ".old")):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+    for path in folder.iterdir():
+        if not written.fullmatch(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        if not os.path.lexists(path):  # rmtree ignores errors: report only what is gone
             removed.append(path)
-    return removed
+    return sorted(removed)
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -177,7 +177,8 @@ def check_report_folder(path: str | Path, overwrite: bool) -> None:
     InvalidArgumentError
         If ``overwrite`` is not a bool (a truthy string such as ``"no"`` must not replace a folder).
     OutputExistsError
-        If ``overwrite`` is True and ``path`` holds anything but a report's files, which replacing it would delete.
+        If ``path`` is a file or a symbolic link (whatever ``overwrite`` says), or ``overwrite`` is True and ``path``
+        holds anything but a report's files, which replacing it would delete.
 
     """
     check_bool("overwrite", overwrite)
@@ -210,7 +211,8 @@ def write_report_folder(
         The Markdown text.
     overwrite
         Replace an existing report folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`). A
-        folder holding anything but :data:`REPORT_FILES` is refused whatever ``overwrite`` says: it is replaced whole.
+        folder holding anything but :data:`REPORT_FILES`, a file or a symbolic link is refused whatever ``overwrite``
+        says: the folder is replaced whole.
     on_file_written
         Called with each file's name (in the order of :data:`REPORT_FILES`) once it is complete inside the temporary
         folder, before the folder is renamed into place.

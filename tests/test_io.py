@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 
 from countvae._io import (
+    FolderLayout,
     atomic_directory,
     atomic_file_path,
     check_writable,
+    refuse_foreign_entries,
     remove_interrupted_writes,
     temporary_prefix,
     write_bytes_atomic,
 )
-from countvae.errors import OutputWriteError
+from countvae.errors import OutputExistsError, OutputWriteError
 
 #: A legal file name (at most 255 bytes) too long to take the temporary names' additions (".<name>.<random>.partial").
 LONG = "n" * 245 + ".h5ad"
@@ -72,3 +78,74 @@ def test_a_name_longer_than_the_file_system_takes_is_refused_before_any_work(tmp
         with pytest.raises(OutputWriteError, match="is 256 bytes long and the file system takes at most 255"):
             attempt()
     assert list(tmp_path.iterdir()) == []  # nothing made, not even the missing folder
+
+
+@pytest.mark.parametrize("kind", ["file", "link"])
+def test_a_file_or_link_where_a_folder_goes_is_refused_whatever_overwrite_says(tmp_path, kind):
+    # The check before any work let a file through with overwrite=True (diagnose then moved it aside and deleted it),
+    # and a link to a folder was renamed aside and left behind, the new folder put in its place.
+    real = tmp_path / "real"
+    with atomic_directory(real) as tmp:
+        (tmp / "report.md").write_text("old")
+    path = tmp_path / "report"
+    if kind == "file":
+        path.write_text("my notes")
+    else:
+        path.symlink_to(real)
+    refused = "exists and is not a folder" if kind == "file" else f"is a symbolic link \\(to {real}\\)"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            refuse_foreign_entries(path, overwrite, FolderLayout("a report folder", frozenset({"report.md"})))
+        with pytest.raises(OutputExistsError, match=refused), atomic_directory(path, overwrite=overwrite) as tmp:
+            (tmp / "report.md").write_text("new")
+    assert (real / "report.md").read_text() == "old"
+    assert path.is_symlink() if kind == "link" else path.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real", "report"]
+
+
+def test_the_clean_up_removes_only_the_names_an_interrupted_writer_leaves(tmp_path):
+    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too.
+    kept = [".report.old", ".report.backup-2024.old", ".report.html.partial", ".report.notes.partial"]
+    for name in kept[:3]:
+        (tmp_path / name).mkdir()
+    (tmp_path / kept[3]).write_text("mine")
+    left = [tmp_path / ".report.k3j4h5g6.partial", tmp_path / ".report.k3j4_5g6.old"]  # tempfile's 8 characters
+    for path in left:
+        path.mkdir()
+    assert remove_interrupted_writes(tmp_path, "report") == sorted(left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_the_clean_up_reports_only_what_it_removed(tmp_path, monkeypatch):
+    # A leftover link to a folder was passed to rmtree, which failed without a word, and reported as removed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / ".report.abcd1234.old"
+    link.symlink_to(elsewhere)
+    assert remove_interrupted_writes(tmp_path, "report") == [link]
+    assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]  # the link removed, not what it points to
+    left = tmp_path / ".report.abcd1234.partial"
+    left.mkdir()
+    monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # a folder that could not be removed
+    assert remove_interrupted_writes(tmp_path, "report") == [] and left.is_dir()
+
+
+def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch):
+    # Two saves at once: the other put its folder in place between this one's two renames, and the error said that
+    # what the path held before was intact, while it sat in a hidden '.<name>.<random>.old' nothing removes.
+    target = tmp_path / "model"
+    with atomic_directory(target) as tmp:
+        (tmp / "f").write_text("old")
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == target and Path(src).name.endswith(".partial"):
+            (target / "theirs").mkdir(parents=True)  # the other writer's folder, renamed in meanwhile
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OutputWriteError) as info, atomic_directory(target, overwrite=True) as tmp:
+        (tmp / "f").write_text("new")
+    (aside,) = tmp_path.glob(".model.*.old")
+    assert (aside / "f").read_text() == "old" and (target / "theirs").is_dir()
+    assert f"it is now {aside}." in str(info.value) and "intact" not in str(info.value)

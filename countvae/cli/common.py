@@ -293,14 +293,14 @@ def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced
     replaced
         The folders under ``out`` that the command writes whole and replaces with ``--overwrite`` (``""``: ``out``
         itself): whatever they hold would be deleted, so they must hold no input (checked with or without
-        ``--overwrite``, whose remedy the existing folder would otherwise suggest).
+        ``--overwrite``, whose remedy the existing folder would otherwise suggest), and none may be a file.
 
     Raises
     ------
     InvalidArgumentError
         If ``out`` is empty.
     OutputExistsError
-        If ``out`` is a file, or a replaced folder is or holds an input or the working folder.
+        If ``out`` or a replaced folder is a file, or a replaced folder is or holds an input or the working folder.
 
     """
     if not out.strip():
@@ -309,6 +309,7 @@ def refuse_inputs_in_output(out: str, inputs: Mapping[str, str | None], replaced
     named = {**{label: Path(path) for label, path in inputs.items() if path}, "the working folder": Path.cwd()}
     for sub in replaced:
         folder = Path(out, sub)
+        refuse_file_as_output(str(folder))
         for label, path in named.items():
             if _within(path, folder):
                 where = f"--out {out}" if not sub else str(folder)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from countvae._io import FolderLayout, atomic_directory, refuse_foreign_entries
+from countvae._io import FolderLayout, atomic_directory, check_writable, refuse_foreign_entries
 from countvae._report_files import REPORT_FOLDER
 from countvae.cli.common import (
     MODEL_OPTIONS,
@@ -166,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"Only {len(held_idx)} held-out cells; raise --heldout-fraction.")
     if len(held_idx) > args.max_cells:
         held_idx = np.sort(np.random.default_rng(args.seed).choice(held_idx, args.max_cells, replace=False))
+    check_writable(args.out)  # learnt after training and the checks, an unwritable --out would lose them
     if model is None:
         model_kwargs, train_kwargs = _fit_settings(args)
         model = CountVAE(adata[fit_idx].copy(), **model_kwargs)

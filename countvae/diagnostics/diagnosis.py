@@ -471,20 +471,25 @@ def remove_interrupted_report(report_dir: Path) -> None:
 
 
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
-    """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it."""
+    """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it.
+
+    A file at ``out_dir``, ``out_dir/fits`` or ``out_dir/report``, or a link at ``out_dir/report``, is refused with
+    or without ``overwrite``.
+    """
     if out_dir is None:
         return None
     out = Path(out_dir)
     refuse_overlong_name(out)
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
+    for folder in (out, out / "fits"):  # fits: refused by fit_seeds too, but only after overwrite discarded the report
+        if folder.exists() and not folder.is_dir():
+            raise OutputExistsError(f"{folder} exists and is not a folder; choose another --out.")
     report_dir = out / "report"
+    refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
     if report_dir.exists() and not overwrite:
         raise OutputExistsError(
             f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "
             "or choose another --out."
         )
-    refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
     return report_dir
 
 

@@ -433,8 +433,8 @@ class InvarianceReport:
             Destination folder.
         overwrite
             Replace an existing report folder; otherwise it is an error (:class:`countvae.errors.OutputExistsError`).
-            A folder holding anything but ``report.json``, ``report.md`` and ``report.html`` is refused whatever
-            ``overwrite`` says (it is replaced whole), before the report is rendered.
+            A folder holding anything but ``report.json``, ``report.md`` and ``report.html``, a file or a symbolic
+            link is refused whatever ``overwrite`` says (it is replaced whole), before the report is rendered.
 
         Returns
         -------

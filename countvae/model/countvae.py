@@ -708,14 +708,16 @@ class CountVAE:
             Replace an existing model folder; otherwise an existing folder is an error. Unlike scvi-tools, which
             writes its files among others, countvae replaces the folder whole (it appears complete or not at all),
             so a folder holding anything but a saved model's ``model.json``, ``params.pt`` and ``adata.h5ad`` (the
-            training data, notes) is refused, whatever ``overwrite`` says.
+            training data, notes) is refused, whatever ``overwrite`` says; so is a file or a symbolic link at
+            ``dir_path`` (the renames would replace the link, not the folder it points to: save to that folder).
         save_anndata
             Also write the training AnnData as ``adata.h5ad``.
 
         Raises
         ------
         OutputExistsError
-            If ``dir_path`` exists and ``overwrite`` is False, or it holds files a model folder does not hold.
+            If ``dir_path`` exists and ``overwrite`` is False, it holds files a model folder does not hold, or it is
+            a file or a symbolic link.
 
         """
         check_bool("overwrite", overwrite)

@@ -364,6 +364,37 @@ def test_diagnose_and_select_refuse_to_replace_a_report_folder_holding_other_fil
     assert (out / folder / "notes.txt").read_text() == "notes"
 
 
+@pytest.mark.parametrize(
+    ("command", "where", "options"),
+    [
+        ("diagnose", "report", []),
+        ("diagnose", "report", ["--restrictions", "laplace"]),
+        ("diagnose", "fits", []),
+        ("diagnose", "fits/fits", []),
+        ("select", "comparison", []),
+        ("select", "fits", []),
+        ("select", "fits/n_latent=1__decoder=linear__likelihood=nb/fits", []),
+    ],
+)
+def test_diagnose_and_select_refuse_a_file_where_they_write_a_folder(
+    tmp_path, capsys, monkeypatch, command, where, options
+):
+    # a file named OUT/report was moved aside and deleted by --overwrite, without a word; OUT/fits/fits was hidden
+    # away as OUT/fits/.fits.<random>.old even without it; a file OUT/fits ended select in a NotADirectoryError
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    fast = ["--n-latent", "1", "--decoder", "linear", "--seeds", "2", "--max-epochs", "1", "--n-jobs", "1", "--quiet"]
+    for overwrite in (["--overwrite"], []):
+        out = tmp_path / f"out{len(overwrite)}"
+        (out / where).parent.mkdir(parents=True)
+        (out / where).write_text("my notes")
+        assert main([command, str(data), *options, *fast, *overwrite, "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert f"error: {out / where} exists and is not a folder; " in err and "another --out" in err
+        assert (out / where).read_text() == "my notes"
+        assert [p.name for p in out.rglob(".*") if not p.name.startswith(".lock")] == []
+
+
 @pytest.mark.parametrize("command", ["diagnose", "select"])
 def test_seed_is_not_taken_as_an_abbreviation_of_seeds(command, capsys):
     # diagnose --seed 3 ran seeds 0, 1, 2 (argparse expanded it to --seeds 3), where fit --seed 3 is a seed
@@ -498,8 +529,9 @@ def test_fit_on_a_full_disk_is_one_line_without_the_resume_remedy(tmp_path, caps
     assert err.endswith("and rerun.\n") and not (out.exists() or list(tmp_path.glob(".o.*")))
 
 
-def test_fit_refuses_an_unwritable_out_before_training(tmp_path, capsys, monkeypatch):
-    # fit learnt that --out could not be written only when saving, after the whole training
+@pytest.mark.parametrize("command", ["fit", "verify-invariance"])
+def test_fit_and_verify_refuse_an_unwritable_out_before_training(tmp_path, capsys, monkeypatch, command):
+    # they learnt that --out could not be written only when saving, after the whole training (and every check)
     import errno
     import os
     import tempfile
@@ -517,9 +549,9 @@ def test_fit_refuses_an_unwritable_out_before_training(tmp_path, capsys, monkeyp
     monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
     _never_trains(monkeypatch)
     out = read_only / "fit"
-    assert main(["fit", str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--out", str(out)]) == 1
+    assert main([command, str(data), "--quiet", "--n-latent", "2", "--max-epochs", "1", "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"countvae fit: error: Could not write {out}: the file system is read-only")
+    assert err.startswith(f"countvae {command}: error: Could not write {out}: the file system is read-only")
     assert err.count("\n") == 1 and list(read_only.iterdir()) == []
 
 

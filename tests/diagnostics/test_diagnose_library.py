@@ -503,6 +503,23 @@ def test_an_h5ad_inside_the_report_folder_is_refused_before_fitting(data_file, t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("where", ["report", "fits"])
+def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_says(data_file, tmp_path, where):
+    """A file named out_dir/report was deleted by overwrite=True without a word (without it, the error advised
+    overwrite); beside a file named out_dir/fits, overwrite discarded the earlier report before the fits refused it."""
+    adata, out = _registered(data_file), tmp_path / "diag"
+    kept = {where: "my notes"}
+    if where == "fits":
+        kept |= {f"report/report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    for name, text in kept.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=f"{where} exists and is not a folder; .*another --out"):
+            diagnose(adata, seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite)
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
+
+
 @pytest.mark.parametrize("view", [False, True])
 def test_the_size_estimate_of_a_backed_file_is_that_of_its_uncompressed_cells(tmp_path, view):
     """A backed X was counted as the file's size: a third of the copy written from a gzip file, and the whole file

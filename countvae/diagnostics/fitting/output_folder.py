@@ -28,6 +28,7 @@ from countvae._io import (
     atomic_directory,
     explained_write_errors,
     read_versioned_json,
+    refuse_non_folder,
     remove_interrupted_writes,
     temporary_prefix,
     write_bytes_atomic,
@@ -106,7 +107,11 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
 
 
 def discard_folder(folder: Path) -> None:
-    """Remove ``folder`` if it exists, moved aside first so that a run killed meanwhile leaves all of it or none."""
+    """Remove ``folder`` if it exists, moved aside first so that a run killed meanwhile leaves all of it or none.
+
+    A file or link at ``folder`` is refused, never moved (:func:`~countvae._io.refuse_non_folder`).
+    """
+    refuse_non_folder(folder)
     if folder.exists():
         aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(folder), suffix=".old", dir=folder.parent))
         aside.rmdir()

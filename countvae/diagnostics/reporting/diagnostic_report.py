@@ -150,7 +150,8 @@ class DiagnosticReport(ReportContent):
         Raises
         ------
         OutputExistsError
-            If the folder exists and ``overwrite`` is False, or it holds files a report folder does not hold.
+            If the folder exists and ``overwrite`` is False, it holds files a report folder does not hold, or
+            ``dir_path`` is a file or a symbolic link.
 
         """
         check_report_folder(dir_path, overwrite)

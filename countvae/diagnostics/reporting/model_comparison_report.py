@@ -207,8 +207,8 @@ class ModelComparison:
         Raises
         ------
         OutputExistsError
-            The folder exists and ``overwrite`` is not given, or it holds files other than the three ``comparison.*``
-            (replaced whole, they would be deleted).
+            The folder exists and ``overwrite`` is not given, it holds files other than the three ``comparison.*``
+            (replaced whole, they would be deleted), or ``dir_path`` is a file or a symbolic link.
         """
         refuse_foreign_entries(dir_path, overwrite, COMPARISON_FOLDER)  # before rendering
         html, record, markdown = self.to_html(), self.to_dict(), self.to_markdown()
