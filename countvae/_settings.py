@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from countvae.errors import InvalidArgumentError
+from countvae.errors import InvalidArgumentError, UnknownArgumentError
 
 #: The line of a docstring that :func:`takes_settings` replaces by one entry per field.
 MARKER = "{settings}"
@@ -58,20 +58,21 @@ def parameters_section(cls: type, indent: str = "") -> str:
     return "\n".join(lines)
 
 
-def unknown_setting(name: str, known: list[str], where: str) -> InvalidArgumentError:
+def unknown_setting(name: str, known: list[str], where: str) -> UnknownArgumentError:
     """The error for a keyword ``name`` that is none of ``known``, naming the closest match."""
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    return InvalidArgumentError(f"{where} got an unknown argument {name!r}.{hint} Valid: {', '.join(known)}.")
+    return UnknownArgumentError(f"{where} got an unknown argument {name!r}.{hint} Valid: {', '.join(known)}.")
 
 
 def refuses_keywords(ported: dict[str, str], where: str | None = None) -> Callable[[_F], _F]:
     """Refuse, each with what to do instead, the keywords scvi-tools' method of the same name takes and ``func`` not.
 
     Code ported from scvi-tools names them, and Python's ``TypeError`` ("unexpected keyword argument") says neither
-    why nor what to use. The decorated function raises an :class:`~countvae.errors.InvalidArgumentError` that names
-    each such keyword with ``ported[name]`` (the countvae equivalent, or that it is not offered and why); any other
-    keyword it does not take gets :func:`unknown_setting`'s error, listing the parameters after the first (the model).
+    why nor what to use. The decorated function raises an :class:`~countvae.errors.UnknownArgumentError` (still a
+    ``TypeError``, which ported code may catch) that names each such keyword with ``ported[name]`` (the countvae
+    equivalent, or that it is not offered and why); any other keyword it does not take gets :func:`unknown_setting`'s
+    error, listing the parameters after the first (the model).
     ``where`` names the function in the message (default: its qualified name). None is accepted and ignored: a keyword
     that changes scvi-tools' results would then give other results silently, and one that changes nothing there
     (``silent``, ``batch_size``) would seem to do something here; refusing it costs a ported call one edit.
@@ -89,7 +90,7 @@ def refuses_keywords(ported: dict[str, str], where: str | None = None) -> Callab
                     raise unknown_setting(key, list(parameters)[1:], name)  # not the first, the model (self)
             if refused:
                 listed = " ".join(f"{key}: {ported[key]}." for key in refused)
-                raise InvalidArgumentError(f"{name} does not take scvi-tools' {', '.join(refused)}. {listed}")
+                raise UnknownArgumentError(f"{name} does not take scvi-tools' {', '.join(refused)}. {listed}")
             return func(*args, **kwargs)
 
         return typing.cast(_F, wrapper)
@@ -133,7 +134,7 @@ def takes_settings(
     the head's keyword-only parameters, the other fields (keyword-only), and last, by its name, a keyword-only base
     object: the fields given as keywords replace those of the base (:func:`dataclasses.replace`); without one they fill
     ``cls``'s defaults. A keyword that is neither a head parameter nor a field raises an
-    :class:`~countvae.errors.InvalidArgumentError` naming the closest field. The line ``{settings}`` of ``func``'s
+    :class:`~countvae.errors.UnknownArgumentError` naming the closest field. The line ``{settings}`` of ``func``'s
     docstring becomes the fields' entries. ``chosen``: the name of a keyword-only parameter of ``func``, left out of
     the returned function's signature, that receives the frozenset of the fields the caller chose (those given as
     arguments; every field when a base object is given), for a ``func`` that treats a value left at its default

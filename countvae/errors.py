@@ -24,6 +24,14 @@ class InvalidArgumentError(CountVAEError, ValueError):
     """A parameter has a value outside what the function accepts."""
 
 
+class UnknownArgumentError(InvalidArgumentError, TypeError):
+    """A function got a keyword it does not take.
+
+    A ``TypeError``, as Python's own error for an unknown keyword, that names the closest valid keyword or, for
+    scvi-tools' keywords, what to use instead.
+    """
+
+
 class NotTrainedError(CountVAEError, RuntimeError):
     """A method that needs a trained model was called before ``train``."""
 
