@@ -258,6 +258,11 @@ class NotebookChecks:
 _EXACT = Tolerance(cells=(), why="exact")
 
 
+def _content(output: str) -> str:
+    """A comparable output without the kind it starts with ("stdout: ", "text/plain: ")."""
+    return output.split(": ", 1)[1] if ": " in output else ""
+
+
 def _words(line: str) -> str:
     """``line`` with its numbers replaced and its whitespace runs collapsed (a table's columns widen when a
     number gains a digit or a sign)."""
@@ -362,7 +367,9 @@ def differences(
             problems.append(f"code cell {number}: outputs {kinds_old} stored, {kinds_new} now")
             continue
         for out_old, out_new in zip(old, new, strict=True):
-            lines_old, lines_new = out_old.split("\n"), out_new.split("\n")
+            # the kinds are compared above: the lines are the content, so that a rule anchored at a line's
+            # start covers an output's first line too
+            lines_old, lines_new = _content(out_old).split("\n"), _content(out_new).split("\n")
             if len(lines_old) != len(lines_new):
                 if all(checks.is_free(number, line) for line in lines_old):
                     continue

@@ -226,6 +226,23 @@ def test_free_lines_are_not_compared_word_for_word_but_other_lines_are():
     assert _differences_with(checks, old, "leiden  B cells  NK cells\n0  586  6\n1  2  1284")
 
 
+def test_anchored_rules_cover_the_first_line_of_an_output_as_any_other():
+    from _outputs import FreeLines, NotebookChecks, Tolerance
+
+    # The first line of each output follows its kind ("stdout: "), which a rule anchored at the line's start
+    # must not see: a headline printed first is as free, and its numbers as tolerant, as on any other line.
+    free = NotebookChecks(free_lines=[FreeLines(cells=(1,), line=r"^- Agree across all", why="borderline verdict")])
+    assert not _differences_with(
+        free, "- Agree across all 3 seeds: decoded means.\nx", "- Agree across all 3 seeds: none.\nx"
+    )
+    assert _differences_with(
+        free, "- Agree across all 3 seeds: decoded means.\nx", "- Agree across all 3 seeds: none.\ny"
+    )
+    tolerant = NotebookChecks(tolerances=[Tolerance(cells=(1,), line=r"^negentropy", rel=0.1, why="a null's quantile")])
+    assert not _differences_with(tolerant, "negentropy at most 2.8e-05", "negentropy at most 2.7e-05")
+    assert _differences_with(tolerant, "negentropy at most 2.8e-05", "negentropy at most 2.1e-05")
+
+
 def test_agreements_pass_above_their_bound_and_fail_below():
     from _outputs import Agreement, NotebookChecks, agreement_differences, agreement_score
 
