@@ -25,6 +25,26 @@ REQUIRE_DATA_ENV = "COUNTVAE_REQUIRE_DATA"
 REQUIRE_BROWSER_ENV = "COUNTVAE_REQUIRE_BROWSER"
 
 
+def _processor() -> str:
+    """The CPU model and torch's CPU kernels: last digits of fits differ between processors and kernels."""
+    model = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.lower().startswith("model name")), "unknown"
+    )
+    return f"{model}; torch CPU kernels {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the processor at the end of the run, where CI's shortened output keeps it."""
+    terminalreporter.write_line(f"processor: {_processor()}")
+
+
 @pytest.fixture(autouse=True)
 def _quiet_and_fixed_threads():
     torch.set_num_threads(1)

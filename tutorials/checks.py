@@ -189,6 +189,14 @@ ICA = NotebookChecks(
             "between builds)",
         ),
         Tolerance((10,), abs=0.05, why="concentration of one fit's coordinates (moved up to 0.026 between builds)"),
+        Tolerance(
+            (7,),
+            line="negentropy at most",
+            rel=0.1,
+            why="the Gaussian flags' threshold, the largest negentropy FastICA finds in 20 Gaussian replicates: its "
+            "iterations end on other last digits on another processor (2.8e-05 stored on one machine, 2.7e-05 on an "
+            "AMD EPYC with the same libraries); about twice that movement. The flags, IC_1 and IC_2, are compared",
+        ),
     ],
     free_lines=[
         FreeLines(
