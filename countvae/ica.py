@@ -233,9 +233,11 @@ class ICARotation(TransformerMixin, BaseEstimator):
     n_null
         Replicates of the Gaussian null used to flag near-Gaussian components (0 disables the flags and the warning).
     null_alpha
-        A component is flagged as Gaussian when its negentropy is at most the threshold that the largest negentropy
-        FastICA finds in white Gaussian data of the same dimension and size exceeds with probability ``null_alpha``
-        (an order statistic of the ``n_null`` replicates; ``n_null >= 1 / null_alpha - 1`` is needed).
+        A component is flagged as Gaussian when its negentropy is at most an order statistic of the largest
+        negentropies the fit's own ICA finds in ``n_null`` samples of white Gaussian data of the same dimension and
+        size (the largest of 20 at the defaults; ``n_null >= 1 / null_alpha - 1`` is needed). Gaussian data exceed
+        it with probability ``null_alpha`` on average over ``random_state``, which alone seeds the null: at a fixed
+        ``random_state`` the probability is one draw around it (docs/concepts/ica.md gives the measured spread).
 
     Attributes
     ----------
