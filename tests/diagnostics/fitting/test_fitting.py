@@ -258,6 +258,9 @@ def test_out_dir_checks(adata, tmp_path):
     file_path.write_text("")
     with pytest.raises(OutputExistsError, match="not a folder"):
         _run(adata, out_dir=file_path)
+    # a file in the way of a folder to make: said so, as for the folder itself (it was the OS's NotADirectoryError)
+    with pytest.raises(OutputExistsError, match=f"{file_path} exists and is not a folder"):
+        _run(adata, out_dir=file_path / "run" / "fits")
 
 
 def test_a_running_fit_locks_its_out_dir(adata, tmp_path):
