@@ -463,7 +463,7 @@ class CountVAE:
             "n_samples_overall": "not offered; pass the cells to draw as indices=, e.g. "
             "np.random.default_rng(0).choice(adata.n_obs, n)",
             "weights": "importance weights are not offered; leave it out",
-            "batch_size": "it decodes 512 cells per pass; leave it out",
+            "batch_size": f"it decodes {inference.CELLS_PER_PASS} cells per pass; leave it out",
             "silent": "it shows no progress bar; leave it out",
         }
     )
@@ -599,6 +599,12 @@ class CountVAE:
         frame.index = c.obs_names
         return frame
 
+    @refuses_keywords(
+        {
+            "batch_size": f"it evaluates {inference.CELLS_PER_PASS} cells per pass; leave it out",
+            "dataloader": "not offered; pass the cells as adata= and indices=",
+        }
+    )
     def get_elbo(
         self,
         adata: ad.AnnData | None = None,
@@ -617,7 +623,7 @@ class CountVAE:
         {
             "gene_list": "select the genes from the result instead, draws[:, model.var_names.get_indexer(genes)]",
             "transform_batch": "not offered (the counts are simulated in each cell's own batch); leave it out",
-            "batch_size": "it simulates 512 cells per pass; leave it out",
+            "batch_size": f"it simulates {inference.CELLS_PER_PASS} cells per pass; leave it out",
             "silent": "it shows no progress bar; leave it out",
         }
     )

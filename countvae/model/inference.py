@@ -25,6 +25,9 @@ from countvae.module.loss import per_cell_elbo
 from countvae.module.marginal import MarginalSettings, estimate_log_marginal
 from countvae.module.vae import CountVAEModule, log_library_size, sample_latent
 
+#: Cells per pass of the per-cell outputs that decode or simulate (normalized expression, ELBO, draws).
+CELLS_PER_PASS = 512
+
 #: Largest number of (sample x cell x gene) elements the importance sampler holds at once.
 _ELEMENTS_PER_CHUNK = 2**22
 
@@ -95,7 +98,7 @@ def normalized_expression(
     n_samples: int = 1,
     transform_batch: int | None = None,
     seed: int = 0,
-    batch_size: int = 512,
+    batch_size: int = CELLS_PER_PASS,
 ) -> np.ndarray:
     """Expected counts of each gene at library size ``library_size``, shape (cells, genes); before zero inflation.
 
@@ -318,7 +321,7 @@ def elbo_per_cell(
     indices: np.ndarray,
     n_samples: int = 10,
     seed: int = 0,
-    batch_size: int = 512,
+    batch_size: int = CELLS_PER_PASS,
 ) -> np.ndarray:
     """ELBO of each cell (analytic KL where available), averaged over ``n_samples`` draws."""
     check_int("n_samples", n_samples, 1)
@@ -337,7 +340,7 @@ def posterior_predictive(
     indices: np.ndarray,
     n_samples: int = 1,
     seed: int = 0,
-    batch_size: int = 512,
+    batch_size: int = CELLS_PER_PASS,
 ) -> np.ndarray:
     """Counts drawn from ``p(x | z)`` with ``z ~ q(z | x)``; shape (cells, genes, n_samples)."""
     check_int("n_samples", n_samples, 1)

@@ -114,6 +114,8 @@ def test_an_integer_group1_is_one_group(model):
         ("posterior_predictive_sample", {"gene_list": ["gene0"]}, r"draws\[:, model\.var_names\.get_indexer"),
         ("posterior_predictive_sample", {"transform_batch": "0"}, "simulated in each cell's own batch"),
         ("get_normalized_expression", {"n_sample": 2}, "unknown argument 'n_sample'. Did you mean 'n_samples'"),
+        ("get_elbo", {"batch_size": 128}, "batch_size: it evaluates 512 cells per pass"),
+        ("get_elbo", {"dataloader": None}, "dataloader: not offered; pass the cells as adata= and indices="),
     ],
 )
 def test_scvi_tools_keywords_are_refused_with_what_to_do_instead(model, method, kwargs, message):
