@@ -13,6 +13,7 @@ from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
 from countvae.model import TrainingPlan, TrainingTimeEstimate, estimate_training_time
+from countvae.module.marginal import MarginalSettings
 
 logger = logging.getLogger("countvae.cli")
 
@@ -105,6 +106,14 @@ def estimate(
 #: (MLP, the embedded data) and 1,500 (linear), and on 30,000 cells x 2,000 genes (MLP); so within about a factor 2.
 #: A ratio to the timed warm-up, not a timed chunk: a few cells of the untrained model took 3-5x the trained time.
 LPD_CELL_EPOCHS = 330
+#: Importance draws per held-out cell when ``--n-samples`` is not given (the estimator's default).
+DEFAULT_DRAWS = MarginalSettings.n_draws
+#: A cell's log p(x) costs about as much as this many draws besides its own (the Newton modes and the 200-draw pilot
+#: cost the same at any number of draws), so its time is the time at the default draws times
+#: ``(LPD_FIXED_DRAWS + draws) / (LPD_FIXED_DRAWS + DEFAULT_DRAWS)``. One thread's time per cell at 100, 800, 3,200
+#: (and 6,400) draws: 7, 17, 54 (80) ms on 300 genes (MLP decoder, 2,000 pbmc_3tech cells), 37, 92, 286 ms on 2,000
+#: simulated genes (MLP); 0.37-0.44x, 1x, 3.1-3.3x (5.0x) the time at 800, where the rule gives 0.36x, 3.2x (6.1x).
+LPD_FIXED_DRAWS = 300
 
 
 def expected_seconds(timing: TrainingTimeEstimate, seeds: int, n_jobs: int | None) -> float:
@@ -139,12 +148,13 @@ def announce(
     cores: int | None = None,
     torch_threads: int | None = None,
     heldout_lpd: bool = False,
+    n_samples: int | None = None,
 ) -> None:
     """Log the block printed before fitting: data size, settings, time estimate, and how to shorten it.
 
     ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``). ``heldout_lpd``: the
     command estimates ``log p(x)`` on every held-out cell after training (its time, :data:`LPD_CELL_EPOCHS`, joins
-    the estimate).
+    the estimate, scaled to ``n_samples`` draws per cell by :data:`LPD_FIXED_DRAWS`; ``None``: the default draws).
     """
     hidden = f", {model_kwargs['n_layers']} hidden layer(s) of {model_kwargs['n_hidden']}"
     fits = f"{seeds} seeds x {epochs} epochs" if n_jobs is not None else f"1 fit x {epochs} epochs"
@@ -176,11 +186,15 @@ def announce(
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "
             f"timed training step{'' if timing.warmup_steps == 1 else 's'})"
         )
+    draws = DEFAULT_DRAWS if n_samples is None else n_samples
+    now = f"{draws}, the default" if n_samples is None else f"{draws}; default {DEFAULT_DRAWS}"
     if timing is not None and heldout_lpd and n_heldout:
         per_cell = LPD_CELL_EPOCHS * timing.seconds_per_epoch / max(n_fit, 1)
+        per_cell *= (LPD_FIXED_DRAWS + draws) / (LPD_FIXED_DRAWS + DEFAULT_DRAWS)
         lines.append(
             f"{' ' * 12}then about {duration(per_cell * n_heldout)} for the held-out log p(x) of {n_heldout:,} cells "
-            f"({per_cell * 1000:.0f} ms per cell at the default draws, within about a factor 2)"
+            f"({per_cell * 1000:.0f} ms per cell at {draws} draws{' (the default)' if n_samples is None else ''}, "
+            "within about a factor 2)"
         )
     shorter = []
     if n_jobs is not None:
@@ -195,7 +209,7 @@ def announce(
     if heldout_lpd:
         shorter.append(
             "--heldout-fraction F holds out fewer cells (the held-out log p(x) takes time in proportion to them); "
-            "--n-samples N draws fewer per cell (default 800)"
+            f"--n-samples N draws fewer per cell (now {now})"
         )
     lines.append("  shorter   " + shorter[0])
     lines += [" " * 12 + option for option in shorter[1:]]

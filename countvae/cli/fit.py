@@ -129,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=default_max_epochs(int(round(0.9 * len(fit_idx)))) if args.max_epochs is None else args.max_epochs,
         timing=timing,
         heldout_lpd=True,
+        n_samples=args.n_samples,
     )
     check_writable(args.out)  # learnt after training, an unwritable --out would lose the fit
     model.train(**train_kwargs, seed=args.seed, progress_bar=show)

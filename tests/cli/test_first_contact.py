@@ -92,6 +92,8 @@ def test_fit_prints_the_block_and_records_the_genes(data_file, tmp_path, message
     # the held-out log p(x) after training (on every held-out cell) is part of the estimate, with its options
     assert "then about" in block and "for the held-out log p(x) of 30 cells" in block
     assert "--heldout-fraction F holds out fewer cells" in block and "--n-samples N" in block
+    # at the draws asked for, not at the default's
+    assert "ms per cell at 5 draws, within" in block and "draws fewer per cell (now 5; default 800)" in block
     result = json.loads(capsys.readouterr().out)
     assert result["n_genes"] == 12 and result["gene_selection"]["n_top_genes"] == 12
     assert len(json.loads((out / "fit.json").read_text())["gene_selection"]["genes"]) == 12
@@ -253,3 +255,42 @@ def test_n_jobs_option_takes_auto_minus_one_or_a_positive_number():
 def test_parallelism_is_described_in_words():
     assert Parallelism(2, 1, "").describe() == "2 seeds at a time, 1 torch thread each"
     assert Parallelism(1, 4, "").describe() == "1 seed at a time, 4 torch threads each"
+
+
+def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
+    """The printed per-cell time of the held-out log p(x) scales with ``--n-samples`` as a cell costing as much as
+    ``LPD_FIXED_DRAWS`` (300) draws besides its own, and names the draws it assumes. Known answers, with 330 fit cells
+    and 1 s per epoch (``LPD_CELL_EPOCHS`` 330: 1 s per cell at the default 800 draws): 1000 ms at the default,
+    (300 + 3200) / 1100 = 3.18 s at 3200 draws and 400 / 1100 = 364 ms at 100 (not the default's time whatever the
+    draws, nor the proportional 4 s and 125 ms)."""
+    from countvae.cli.first_contact import announce
+    from countvae.data import choose_genes
+    from countvae.model import TrainingTimeEstimate
+
+    adata = cv.data.simulate(n_cells=341, n_genes=20, n_latent=2, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    timing = TrainingTimeEstimate(1.0, 10, 1.0, 10, 1280, 10)
+    model = {"n_layers": 1, "n_hidden": 16, "likelihood": "nb", "decoder": "mlp", "n_latent": 2}
+    genes = choose_genes(adata, None, None, 2)
+    common = {"data": "x.h5ad", "adata": adata, "n_fit": 330, "n_heldout": 11, "genes": genes}
+    expected = {
+        None: "(1000 ms per cell at 800 draws (the default), within about a factor 2)",
+        3200: "(3182 ms per cell at 3200 draws, within about a factor 2)",
+        100: "(364 ms per cell at 100 draws, within about a factor 2)",
+    }
+    for n_samples, text in expected.items():
+        messages.clear()
+        announce(
+            "fit",
+            **common,
+            model_kwargs=model,
+            train_kwargs={"batch_size": 128, "early_stopping": False},
+            epochs=10,
+            timing=timing,
+            heldout_lpd=True,
+            n_samples=n_samples,
+        )
+        block = "\n".join(r.getMessage() for r in messages.records)
+        assert text in block
+        now = "800, the default" if n_samples is None else f"{n_samples}; default 800"
+        assert f"--n-samples N draws fewer per cell (now {now})" in block

@@ -78,6 +78,7 @@ from countvae.diagnostics.fitting.output_folder import (
 from countvae.diagnostics.fitting.parallelism import (
     AUTO,
     Parallelism,
+    backed_remedy_off,
     check_n_jobs,
     pickling_error,
     plan_parallelism,
@@ -505,9 +506,11 @@ def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
         todo = [t for run in runs for t in run.tasks if t.seed not in run.reused]
         fit_data = runs[0].fit_data
         steps = steps_per_seed(runs[0].adata_fit.n_obs, runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
-        parallelism = plan_parallelism(
-            first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
-        )
+        # Only countvae models stream from a backed file (fit_cells): a backed file spares an scvi-tools fit nothing.
+        with backed_remedy_off() if runs[0].loader.family != "countvae" else contextlib.nullcontext():
+            parallelism = plan_parallelism(
+                first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
+            )
         if todo:
             logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
         total = sum(len(run.tasks) for run in runs)

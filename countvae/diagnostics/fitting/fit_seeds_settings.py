@@ -50,10 +50,11 @@ class FitSeedsSettings:
         AUTO,
         """Seeds fitted at once: joblib worker processes (local backend) or Ray tasks in flight. ``"auto"``
         (default): one seed per ``torch_threads`` usable cores (affinity and cgroup quotas respected), at most the
-        seeds left to fit, fewer when the workers' copies of in-memory data would not fit in the available memory,
-        and one at a time in this process when ``progress`` cannot be copied into workers or each seed is too short
-        to repay starting a worker (under ``MIN_STEPS_FOR_WORKERS`` minibatch steps), each with a logged reason
-        (see :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same without the fall-back for
+        seeds left to fit, fewer when the workers' copies of in-memory data (or the layers of a backed file, which
+        anndata reads whole into each) would not fit in the available memory, and one at a time in this process
+        when ``progress`` cannot be copied into workers or each seed is too short to repay starting a worker (under
+        ``MIN_STEPS_FOR_WORKERS`` minibatch steps), each with a logged reason (see
+        :mod:`countvae.diagnostics.fitting.parallelism`). ``-1``: the same without the fall-back for
         ``progress`` (Ray: every seed in flight). ``1`` fits in this process. The fits are the same whatever the
         number (each keeps its ``torch_threads``); ``settings["n_jobs"]`` records the number used.""",
     )

@@ -7,8 +7,10 @@ run's numbers: a fit depends on its seed, the data, the settings and its torch t
 With an in-memory AnnData each worker process receives a copy of the fit cells' counts; :func:`plan_parallelism`
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
-backed file open it by path and hold no copy. The warning gives each worker's fixed base and its copy of the counts,
-and advises a backed file only where the copy is the larger part and the caller can open one
+backed file open it by path and hold no copy of ``X`` or ``raw.X``, but anndata's backed mode reads the file's layers
+whole into each of them. The warning gives each worker's fixed base and the counts it holds, and advises a backed file
+only where it would spare more than that base: a countvae model (scvi-tools models fit from an in-memory copy even of
+backed data) with its counts in ``X`` or ``raw.X`` of in-memory data, and a caller that can open one
 (:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
 """
 
@@ -24,10 +26,12 @@ from typing import Any
 
 import anndata as ad
 import cloudpickle
+import h5py
 import numpy as np
 import scipy.sparse as sp
 
 from countvae.data.file_cells import FileCells
+from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting.backends import available_cores
 from countvae.errors import InvalidArgumentError
 
@@ -129,22 +133,48 @@ def steps_per_seed(n_cells: int, train_kwargs: dict[str, Any]) -> int:
     return int(epochs) * -(-max(int(n_cells), 1) // int(batch_size))
 
 
+def _nbytes(matrix: Any) -> int:
+    """Bytes of a matrix in memory, or stored in an .h5ad file (a dataset, or a sparse matrix's group of them)."""
+    if sp.issparse(matrix):
+        return matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes
+    if isinstance(matrix, np.ndarray):
+        return matrix.nbytes
+    if isinstance(matrix, h5py.Dataset):
+        return matrix.size * matrix.dtype.itemsize
+    if isinstance(matrix, h5py.Group):
+        return sum(_nbytes(part) for part in matrix.values())
+    return 0  # a backed matrix, read from its file in minibatches
+
+
 def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
-    """Bytes of the count matrices a worker receives with ``fit_data`` (0 for cells read from a file)."""
+    """Bytes of the count matrices a worker holds for ``fit_data``.
+
+    ``X``, every layer and ``raw.X`` of an in-memory AnnData, which the worker receives a copy of; for cells read from a
+    file, the file's layers, which anndata's backed mode reads whole (``X`` and ``raw.X`` stay on disk).
+    """
     if isinstance(fit_data, FileCells):
-        return 0
-    total = 0
-    for matrix in (fit_data.X, *fit_data.layers.values(), None if fit_data.raw is None else fit_data.raw.X):
-        if sp.issparse(matrix):
-            total += matrix.data.nbytes + matrix.indices.nbytes + matrix.indptr.nbytes
-        elif isinstance(matrix, np.ndarray):
-            total += matrix.nbytes
-    return int(total)
+        with h5py.File(fit_data.path, "r") as file:
+            return int(sum(_nbytes(layer) for layer in file.get("layers", {}).values()))
+    raw = None if fit_data.raw is None else fit_data.raw.X
+    return int(sum(_nbytes(matrix) for matrix in (fit_data.X, *fit_data.layers.values(), raw)))
 
 
 def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
     """Expected peak resident memory of one worker process fitting a seed on ``fit_data``, in bytes."""
-    return int(WORKER_BASE_BYTES + COPY_FACTOR * counts_nbytes(fit_data))
+    # A worker reads a file's layers once; only a received copy is held twice while it unpickles.
+    factor = 1.0 if isinstance(fit_data, FileCells) else COPY_FACTOR
+    return int(WORKER_BASE_BYTES + factor * counts_nbytes(fit_data))
+
+
+def _backed_spares(fit_data: ad.AnnData | FileCells) -> int:
+    """Bytes of each worker's copy that reading ``fit_data`` from a backed file would spare.
+
+    The copy of ``X`` and ``raw.X``; none for cells already read from a file, nor for counts in a layer, which backed
+    mode reads whole into every worker.
+    """
+    if isinstance(fit_data, FileCells) or getattr(get_registry(fit_data), "layer", None) is not None:
+        return 0
+    return int(COPY_FACTOR * (_nbytes(fit_data.X) + (0 if fit_data.raw is None else _nbytes(fit_data.raw.X))))
 
 
 def plan_parallelism(
@@ -219,13 +249,14 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
     # One seed at a time runs in this process, which holds the data already: no copy, so always possible.
     fitting = max(1, int(MEMORY_SHARE * available // per_worker))
     copy = per_worker - WORKER_BASE_BYTES
+    held = "the file's layers, read whole" if isinstance(fit_data, FileCells) else "its copy of the in-memory counts"
     why = (
         f"{jobs} workers would need about {jobs * per_worker / 1024**3:.1f} GiB ({per_worker / 1024**3:.2f} GiB each: "
-        f"{WORKER_BASE_BYTES / 1024**3:.2f} GiB for torch and the model, {copy / 1024**3:.2f} GiB for its copy of the "
-        f"in-memory counts), more than {MEMORY_SHARE:.0%} of the {available / 1024**3:.1f} GiB available"
+        f"{WORKER_BASE_BYTES / 1024**3:.2f} GiB for torch and the model, {copy / 1024**3:.2f} GiB for {held}), more "
+        f"than {MEMORY_SHARE:.0%} of the {available / 1024**3:.1f} GiB available"
     )
-    # A backed file spares only the copy, and only where the caller can open one (see backed_remedy_off).
-    if copy > WORKER_BASE_BYTES and _BACKED_REMEDY.get():
+    # Only where the caller can open a backed file (see backed_remedy_off) and it spares more than the fixed base.
+    if _BACKED_REMEDY.get() and _backed_spares(fit_data) > WORKER_BASE_BYTES:
         remedy = "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file"
     else:
         remedy = "Pass a smaller n_jobs, or free memory"
@@ -237,8 +268,8 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
 def backed_remedy_off() -> Iterator[None]:
     """Within it, the memory warning does not advise opening the data backed.
 
-    For callers that cannot use a backed file: the command line reads the whole file, and gene selection needs the
-    counts in memory.
+    For callers that cannot use a backed file: the command line reads the whole file, gene selection needs the
+    counts in memory, and scvi-tools models fit from an in-memory copy even of backed data.
     """
     token = _BACKED_REMEDY.set(False)
     try:

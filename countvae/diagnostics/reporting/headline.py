@@ -202,16 +202,20 @@ def alignment_lines(alignment_mean: pd.Series, efficiency: pd.DataFrame | None) 
     eff = efficiency["ica_efficiency"]
     scored, missing = efficiency[eff.notna()], efficiency[eff.isna()]
     if not len(scored):
-        lines.append(f"{EFFICIENCY_LEAD}: none of the {len(efficiency)} seed pairs has one{_no_gap(missing)}")
+        none = "the seed pair has none" if len(efficiency) == 1 else f"none of the {len(efficiency)} seed pairs has one"
+        lines.append(f"{EFFICIENCY_LEAD}: {none}{_no_gap(missing)}")
         return lines
     gap = scored["e_permutation"] - scored["e_orthogonal"]
-    over = "mean over pairs" if not len(missing) else f"means over {len(scored)} of {len(efficiency)} seed pairs"
+    value = scored["ica_efficiency"]
+    if len(scored) == 1:  # one pair's value, not a mean and a range of one number
+        over = "the only seed pair" if not len(missing) else f"1 of {len(efficiency)} seed pairs"
+        spread = f"{value.iloc[0]:.2f}"
+    else:
+        over = "mean over pairs" if not len(missing) else f"means over {len(scored)} of {len(efficiency)} seed pairs"
+        spread = f"mean {value.mean():.2f}, range {value.min():.2f} to {value.max():.2f}"
     # A ratio, not a share: above 1 ICA beats the best rotation, below 0 it is worse than the best signed
     # permutation, and over a gap within the maps' noise it is large either way, so the gap is printed with it.
-    line = (
-        f"{EFFICIENCY_LEAD}: mean {scored['ica_efficiency'].mean():.2f}, range {scored['ica_efficiency'].min():.2f} "
-        f"to {scored['ica_efficiency'].max():.2f}, over a gap of {gap.mean():.3f} of the latent diameter ({over})."
-    )
+    line = f"{EFFICIENCY_LEAD}: {spread}, over a gap of {gap.mean():.3f} of the latent diameter ({over})."
     if len(missing):
         others = "pair has" if len(missing) == 1 else f"{len(missing)} pairs have"
         line += f" The other {others} none{_no_gap(missing)}"

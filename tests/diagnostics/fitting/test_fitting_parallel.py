@@ -244,6 +244,33 @@ def test_worker_memory_grows_with_the_in_memory_counts_only(adata, tmp_path):
     assert parallelism.counts_nbytes(FileCells.of(backed, np.arange(10), get_registry(backed))) == 0
 
 
+def test_workers_reading_a_file_hold_its_layers_whole_and_are_not_told_to_open_it_backed(
+    adata, tmp_path, monkeypatch, caplog
+):
+    """anndata's backed mode keeps X on disk but reads every layer whole, whichever cells a worker fits. Known answer:
+    10 of a file's 100 cells, counts in a CSR layer, cost each worker the whole layer once (its data, indices and
+    indptr bytes in the file; no copy is unpickled, so no factor 2). A worker that already reads a file, or whose
+    counts are in a layer, is told to pass a smaller n_jobs, not to open the data backed, however large its counts."""
+    data = adata[:100].copy()
+    data.layers["counts"] = sp.csr_matrix(data.X)
+    data.X = np.zeros(data.shape, dtype=np.float32)  # what the layer's counts were normalized into
+    cv.CountVAE.setup_anndata(data, layer="counts", batch_key="batch")
+    layer = data.layers["counts"]
+    layer_bytes = layer.data.nbytes + layer.indices.nbytes + layer.indptr.nbytes
+    path = tmp_path / "cells.h5ad"
+    data.write_h5ad(path)
+    backed = ad.read_h5ad(path, backed="r")
+    cells = FileCells.of(backed, np.arange(10), get_registry(backed))
+    assert parallelism.counts_nbytes(cells) == layer_bytes
+    assert parallelism.worker_memory_estimate(cells) == parallelism.WORKER_BASE_BYTES + layer_bytes
+    message = _memory_warning(cells, monkeypatch, caplog, 16)
+    assert "GiB for the file's layers, read whole)" in message
+    assert "backed" not in message and "Pass a smaller n_jobs" in message
+    # in memory, the counts in a layer: a backed file would still read that layer whole into every worker
+    message = _memory_warning(data, monkeypatch, caplog, 16)
+    assert "backed" not in message and "Pass a smaller n_jobs" in message
+
+
 @pytest.mark.parametrize("bad", [0, -2, 1.5, "all", True, None])
 def test_n_jobs_is_checked(adata, bad):
     with pytest.raises(InvalidArgumentError, match="n_jobs must be 'auto'"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import anndata as ad
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -429,3 +430,32 @@ def test_fitting_leaves_scvi_tools_seed_settings_as_they_were(adata, monkeypatch
     )
     assert scvi.settings.seed == 7 and os.environ["PL_GLOBAL_SEED"] == "7"
     assert (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) == cudnn
+
+
+def test_the_memory_warning_does_not_advise_a_backed_file_for_scvi_tools_models(adata, tmp_path, monkeypatch, caplog):
+    """scvi-tools models fit from an in-memory copy even of data opened backed: only countvae's fits stream from the
+    file. Known answer: with the workers' base scaled down so that the copy of the counts dominates, and no memory
+    available, an SCVI run on a backed file fits one seed at a time and says to pass a smaller n_jobs, not to open the
+    data backed (which it already is). The fits themselves are not run."""
+    import logging
+
+    from countvae.diagnostics.fitting import fit_seeds as fit_seeds_module
+    from countvae.diagnostics.fitting import parallelism
+
+    class Planned(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Planned
+
+    adata.write_h5ad(tmp_path / "cells.h5ad")
+    backed = ad.read_h5ad(tmp_path / "cells.h5ad", backed="r")
+    cv.CountVAE.setup_anndata(backed, batch_key="batch")
+    monkeypatch.setattr(parallelism, "WORKER_BASE_BYTES", 16)
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: 1)
+    monkeypatch.setattr(fit_seeds_module, "run_tasks", stop)
+    with caplog.at_level(logging.WARNING, logger=parallelism.__name__), pytest.raises(Planned):
+        fit_seeds(backed, seeds=[0, 1], model_cls=scvi.model.SCVI, model_kwargs=MODEL, n_jobs=2, progress_bar=False)
+    (message,) = [r.getMessage() for r in caplog.records if r.name == parallelism.__name__]
+    assert message.startswith("Fitting 1 seed(s) at a time instead of 2")
+    assert "backed" not in message and "Pass a smaller n_jobs" in message

@@ -377,3 +377,22 @@ def test_the_ica_efficiency_sentence_remains_when_no_pair_has_one():
         "ICA's error there (means over them): 0.200 of the latent diameter, against 0.200 for the signed permutation "
         "and 0.250 for the rotation; lower than both maps in 2 of 3."
     )
+
+
+def test_the_ica_efficiency_sentence_speaks_of_one_pair_in_the_singular():
+    """Two seeds make one pair. Known answers: when it has no efficiency (rotation 0.25 no closer than permutation
+    0.2) the sentence says "the seed pair has none", not "none of the 1 seed pairs has one"; when it has one
+    ((0.3 - 0.12) / (0.3 - 0.1) = 0.90), that value is printed, not a mean and a range of one number; with one scored
+    pair of three, it says "1 of 3 seed pairs", not "means over 1 of 3"."""
+    from countvae.diagnostics.reporting.headline import EFFICIENCY_LEAD, alignment_lines
+
+    mean = pd.Series({"orthogonal": 0.2})
+    none = alignment_lines(mean, _efficiency_table({("a", "b"): (0.2, 0.25, 0.1)}))[1]
+    assert none.startswith(f"{EFFICIENCY_LEAD}: the seed pair has none (– in the table): on its scoring cells")
+    one = alignment_lines(mean, _efficiency_table({("a", "b"): (0.3, 0.1, 0.12)}))[1]
+    assert one == f"{EFFICIENCY_LEAD}: 0.90, over a gap of 0.200 of the latent diameter (the only seed pair)."
+    scores = {("a", "b"): (0.3, 0.1, 0.12), ("a", "c"): (0.2, 0.25, 0.1), ("b", "c"): (0.2, 0.25, 0.3)}
+    one_of_three = alignment_lines(mean, _efficiency_table(scores))[1]
+    assert f"{EFFICIENCY_LEAD}: 0.90, over a gap of 0.200 of the latent diameter (1 of 3 seed pairs). The other 2" in (
+        one_of_three
+    )
