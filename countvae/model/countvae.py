@@ -81,9 +81,9 @@ class CountVAE:
         SHA-256 of the training cells' names in order (``None`` before training, and in folders saved before it was
         recorded): further training refuses an AnnData of other cells, whose positions the split would misread.
     training_counts
-        Shape, dtype, number of stored values and total of the counts of ``adata`` when the model was built or loaded
-        with it (:func:`countvae.model.query.counts_fingerprint`; ``None`` without data): the methods check the counts
-        in full again only when they no longer match.
+        Shape and checksum of each cell's weighted counts in ``adata`` when the model was built or loaded with it, the
+        same in any dtype or storage (:func:`countvae.model.query.counts_fingerprint`; ``None`` without data): the
+        methods check the counts in full again only when they no longer match.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
         ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
@@ -370,8 +370,8 @@ class CountVAE:
         adata
             Cells with the training genes (default: the training AnnData). A new AnnData is checked (genes, batch
             categories, counts); it may be registered on its own with the same batch key, or not at all. The training
-            AnnData's counts are checked again only when they changed since the model was built (their shape, dtype,
-            stored values or total; :func:`countvae.model.query.check_own_counts`).
+            AnnData's counts are checked again only when they changed since the model was built (their shape or
+            values, in whatever dtype or storage; :func:`countvae.model.query.check_own_counts`).
         indices
             Positions of a subset of the cells (default: all, in order).
 
