@@ -502,6 +502,25 @@ def test_the_models_own_float64_counts_normalized_with_their_total_kept_are_refu
     assert len(model.history) == 1
 
 
+def test_saving_the_models_own_anndata_normalized_in_place_is_refused_and_keeps_the_saved_folder(small_adata, tmp_path):
+    """save(save_anndata=True) wrote the model's AnnData unchecked: with overwrite=True, normalized values replaced
+    the saved counts, and load refused the folder."""
+    import scanpy as sc
+
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=1, progress_bar=False)
+    counts = small_adata.X.toarray()
+    model.save(tmp_path / "m", save_anndata=True)
+    sc.pp.normalize_total(small_adata, target_sum=1e4)
+    sc.pp.log1p(small_adata)
+    with pytest.raises(cv.errors.InvalidDataError, match=r"non-integer values.*own AnnData.*layer='counts'"):
+        model.save(tmp_path / "m", save_anndata=True, overwrite=True)
+    with pytest.raises(cv.errors.InvalidDataError, match="non-integer values"):
+        model.save(tmp_path / "new", save_anndata=True)
+    assert not (tmp_path / "new").exists()
+    np.testing.assert_array_equal(cv.CountVAE.load(tmp_path / "m").adata.X.toarray(), counts)
+    model.save(tmp_path / "m", overwrite=True)  # the parameters alone: the AnnData is not read
+
+
 def test_the_models_own_counts_in_another_dtype_or_storage_are_read_without_a_warning(small_adata):
     """The same counts stored in another dtype, dense or sparse, or with explicit zeros, gave a warning that the counts
     had changed."""
