@@ -69,10 +69,10 @@ class CountVAE:
     registry, var_names
         Where the training AnnData keeps its counts, and the training genes.
     adata
-        The training AnnData (``None`` for a model loaded without data). Every method that reads it, :meth:`train`
-        included, refuses it when its counts were changed into values that are not counts after the model was built
-        (normalized in place, say), and warns when they were changed into other counts; keep raw counts in a layer and
-        register it to normalize ``adata.X``.
+        The training AnnData (``None`` for a model loaded without data). Every method that reads it, :meth:`train` and
+        :meth:`save` with ``save_anndata=True`` included, refuses it when its counts were changed into values that are
+        not counts after the model was built (normalized in place, say), and warns when they were changed into other
+        counts; keep raw counts in a layer and register it to normalize ``adata.X``.
     module
         The Pyro module (:class:`countvae.module.CountVAEModule`).
     history, train_indices, validation_indices, is_trained, device
@@ -81,9 +81,10 @@ class CountVAE:
         SHA-256 of the training cells' names in order (``None`` before training, and in folders saved before it was
         recorded): further training refuses an AnnData of other cells, whose positions the split would misread.
     training_counts
-        Shape, dtype, number of stored values and total of the counts of ``adata`` when the model was built or loaded
-        with it (:func:`countvae.model.query.counts_fingerprint`; ``None`` without data): the methods check the counts
-        in full again only when they no longer match.
+        Shape and checksum of each cell's weighted counts in ``adata`` when the model was built or loaded with it, the
+        same in any dtype or storage (:func:`countvae.model.query.counts_fingerprint`; ``None`` without data): the
+        methods, :meth:`train` and :meth:`save` with ``save_anndata=True`` check the counts in full again only when
+        they no longer match.
     training_summary
         How the last :meth:`train` call ended, epochs of earlier calls included: ``epochs_trained`` (in the history),
         ``max_epochs`` (the most possible), ``stopped_early`` (early stopping ended training before ``max_epochs``),
@@ -370,8 +371,8 @@ class CountVAE:
         adata
             Cells with the training genes (default: the training AnnData). A new AnnData is checked (genes, batch
             categories, counts); it may be registered on its own with the same batch key, or not at all. The training
-            AnnData's counts are checked again only when they changed since the model was built (their shape, dtype,
-            stored values or total; :func:`countvae.model.query.check_own_counts`).
+            AnnData's counts are checked again only when they changed since the model was built (their shape or
+            values, in whatever dtype or storage; :func:`countvae.model.query.check_own_counts`).
         indices
             Positions of a subset of the cells (default: all, in order).
 
@@ -717,17 +718,34 @@ class CountVAE:
             training data, notes) is refused, whatever ``overwrite`` says; so is a file or a symbolic link at
             ``dir_path`` (the renames would replace the link, not the folder it points to: save to that folder).
         save_anndata
-            Also write the training AnnData as ``adata.h5ad``.
+            Also write the training AnnData as ``adata.h5ad``, its counts checked first as every method checks them
+            (:meth:`cells`): :meth:`load` reads that file and refuses values that are not counts.
 
         Raises
         ------
         OutputExistsError
             If ``dir_path`` exists and ``overwrite`` is False, it holds files a model folder does not hold, or it is
             a file or a symbolic link.
+        SetupError
+            If ``save_anndata`` is True for a model loaded without data.
+        InvalidDataError
+            If ``save_anndata`` is True and the AnnData's counts were changed into values that are not counts after the
+            model was built (normalized in place, say); nothing is written.
+
+        Warns
+        -----
+        CountVAEWarning
+            If ``save_anndata`` is True and the AnnData holds other counts than those the model was built with.
 
         """
         check_bool("overwrite", overwrite)
         check_bool("save_anndata", save_anndata)
+        if save_anndata:
+            if self.adata is None:
+                raise SetupError("save_anndata=True, but this model holds no AnnData.")
+            # scvi-tools writes its AnnData as it is; a folder whose adata.h5ad holds normalized values could not be
+            # loaded, and overwrite=True would replace a loadable one: the counts are checked before any writing.
+            self.cells()
         tensors = {f"module.{k}": v for k, v in self.module.state_dict().items()}
         tensors["train_indices"] = torch.as_tensor(self.train_indices, dtype=torch.long)
         tensors["validation_indices"] = torch.as_tensor(self.validation_indices, dtype=torch.long)
@@ -742,8 +760,6 @@ class CountVAE:
             "training": self.training_summary,
             "training_cells": self.training_cells,
         }
-        if save_anndata and self.adata is None:
-            raise SetupError("save_anndata=True, but this model holds no AnnData.")
         write_model_folder(dir_path, settings, tensors, overwrite, self.adata if save_anndata else None)
 
     @classmethod

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 from countvae._warnings import warn_at_caller
 from countvae.data.loader import CountSource
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry, get_var_names
-from countvae.data.validation import validate_counts
+from countvae.data.validation import iter_row_chunks, validate_counts
 from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError, SetupError
 
 
@@ -82,15 +82,49 @@ def cells_fingerprint(obs_names: pd.Index) -> str:
     return hashlib.sha256("\n".join(map(str, obs_names)).encode()).hexdigest()
 
 
-def counts_fingerprint(matrix) -> tuple:
-    """Shape, dtype, number of stored values and total of a count matrix: recognises the counts a model was built with.
+#: Stored values read at a time by :func:`counts_fingerprint`: their float64 copy takes 2 MiB.
+_FINGERPRINT_BLOCK = 2**18
 
-    The total is left out for a backed matrix, which it would read whole from disk on every call (scanpy's functions
-    do not change a backed file in place).
+
+def counts_fingerprint(matrix) -> tuple:
+    """Shape and SHA-256 of each cell's counts weighted by fixed gene weights: recognise a model's own counts.
+
+    The weights are pseudo-random integers below 2**20 and the counts were checked to be integers, so each cell's
+    weighted sum is an exact float64 integer (for cells of fewer than 2**33 counts), whatever the order of summation:
+    the fingerprint is the same for the same counts in any dtype or storage (dense, CSR, CSC, explicitly stored zeros).
+    A changed value changes its cell's sum, whether or not the total is kept (normalizing with size factors centred at
+    1 keeps it), unless other changes in the same cell cancel it: two counts of a cell swapped do so with probability
+    2**-20. Cells moved to other rows change the order of the sums.
+
+    The values are left out for a backed matrix, which they would read whole from disk on every call (scanpy's
+    functions do not change a backed file in place).
     """
-    in_memory = sp.issparse(matrix) or isinstance(matrix, np.ndarray)
-    total = float(matrix.sum(dtype=np.float64)) if in_memory else None
-    return tuple(matrix.shape), str(matrix.dtype), getattr(matrix, "nnz", None), total
+    shape = tuple(matrix.shape)
+    if not (sp.issparse(matrix) or isinstance(matrix, np.ndarray)):
+        return shape, None
+    weights = np.random.default_rng(0).integers(1, 2**20, size=shape[1]).astype(np.float64)
+    return shape, hashlib.sha256(_weighted_cell_sums(matrix, weights).tobytes()).hexdigest()
+
+
+def _weighted_cell_sums(matrix, weights: np.ndarray) -> np.ndarray:
+    """``matrix @ weights`` in float64, a block of cells at a time.
+
+    scipy's product of the whole matrix would copy all its stored values to float64 at once when they are not float64.
+    """
+    if isinstance(matrix, np.ndarray):
+        rows = max(1, _FINGERPRINT_BLOCK // matrix.shape[1])
+        return np.concatenate([np.asarray(block, np.float64) @ weights for _, block in iter_row_chunks(matrix, rows)])
+    if matrix.dtype == np.float64:
+        return matrix @ weights
+    matrix = matrix.tocsr()  # the matrix itself when CSR; CountSource converts other formats too
+    ptr, sums = matrix.indptr, np.zeros(matrix.shape[0])
+    ends = np.searchsorted(ptr, np.arange(_FINGERPRINT_BLOCK, ptr[-1], _FINGERPRINT_BLOCK))
+    bounds = np.unique(np.r_[0, ends, len(ptr) - 1])  # whole cells, about _FINGERPRINT_BLOCK stored values each
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        part = slice(ptr[start], ptr[stop])
+        values = (matrix.data[part].astype(np.float64), matrix.indices[part], ptr[start : stop + 1] - ptr[start])
+        sums[start:stop] = sp.csr_matrix(values, shape=(stop - start, matrix.shape[1])) @ weights
+    return sums
 
 
 #: How to restore raw counts in the model's own AnnData, changed in place after the model was built.
@@ -106,7 +140,7 @@ def check_own_counts(matrix, built_with: tuple, what: str) -> None:
     """Check the counts of the model's own AnnData in full when they no longer match ``built_with``.
 
     The whole check (:func:`countvae.data.validate_counts`) runs only when the fingerprint differs, so a model reading
-    its unchanged AnnData pays for one sum over the stored values, not for a pass of checks.
+    its unchanged AnnData pays for one weighted sum over the stored values, not for a pass of checks.
 
     Raises
     ------
@@ -119,12 +153,18 @@ def check_own_counts(matrix, built_with: tuple, what: str) -> None:
         If they are still counts, but not those the model was built with: results describe the counts read now.
 
     """
-    if counts_fingerprint(matrix) == built_with:
+    now = counts_fingerprint(matrix)
+    if now == built_with:
         return
     validate_counts(matrix, what, allow_empty_genes=True, remedy=OWN_COUNTS_REMEDY)
+    (n_obs, n_vars), shape = built_with[0], now[0]
+    if shape == (n_obs, n_vars):
+        change = f"other values in the same {n_obs} cells x {n_vars} genes"
+    else:
+        change = f"{n_obs} cells x {n_vars} genes then, {shape[0]} x {shape[1]} now"
     warn_at_caller(
-        f"The counts in {what} of the model's AnnData changed after the model was built (shape, stored values or "
-        "total differ): results describe the counts read now, and further training continues on them. If that was not "
+        f"The counts in {what} of the model's AnnData changed after the model was built ({change}): results "
+        "describe the counts read now, and further training continues on them. If that was not "
         "meant, restore the counts the model was built with, or register the layer that holds them "
         "(CountVAE.setup_anndata(adata, layer=...)).",
         CountVAEWarning,
@@ -231,7 +271,7 @@ def query_source(
     indices = np.arange(adata.n_obs) if indices is None else cell_positions(indices, adata.n_obs)
     source = CountSource(matrix, batch_codes(adata, registry))
     if built_with is not None:
-        check_own_counts(matrix, built_with, registry.describe_counts())
+        check_own_counts(source.matrix, built_with, registry.describe_counts())  # CSR when stored as CSC or COO
     elif validate:
         # Genes without counts among the query cells are valid data for a fitted model; a subset
         # of a backed matrix is read in contiguous runs rather than by fancy indexing.

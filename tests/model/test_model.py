@@ -457,13 +457,92 @@ def test_the_models_own_anndata_is_read_again_when_its_counts_are_kept_in_a_regi
 def test_the_models_own_anndata_changed_into_other_counts_is_read_with_a_warning(small_adata):
     model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=2, progress_bar=False)
     small_adata.X.data[:] = np.ceil(small_adata.X.data / 2)  # other counts, e.g. downsampled in place
+    changed = r"changed after the model was built \(other values in the same 800 cells x 60 genes\): results"
     for name, call in _OWN_COUNTS_CALLS.items():
-        with pytest.warns(cv.errors.CountVAEWarning, match="changed after the model was built"):
+        with pytest.warns(cv.errors.CountVAEWarning, match=changed):
             call(model)
         assert model.adata is small_adata, name
     with pytest.warns(cv.errors.CountVAEWarning):
         own = model.get_latent_representation()
     np.testing.assert_array_equal(own, model.get_latent_representation(small_adata.copy()))
+    small_adata._inplace_subset_obs(np.arange(700))  # as scanpy's filters do with inplace=True
+    with pytest.warns(cv.errors.CountVAEWarning, match=r"built \(800 cells x 60 genes then, 700 x 60 now\)"):
+        assert model.get_latent_representation().shape == (700, 2)
+
+
+def _normalized_keeping_the_total(adata: ad.AnnData, how: str) -> None:
+    """Normalize adata.X with size factors centred at 1, as scran's librarySizeFactors (a new matrix, as assigned
+    after a conversion from R) or scanpy's normalize_total to the mean library size (in place)."""
+    import scanpy as sc
+
+    library = np.asarray(adata.X.sum(axis=1)).ravel()
+    if how == "size factors":
+        adata.X = sp.csr_matrix(sp.diags(library.mean() / library) @ adata.X)
+    else:
+        sc.pp.normalize_total(adata, target_sum=float(library.mean()))
+
+
+@pytest.mark.parametrize("how", ["size factors", "normalize_total"])
+def test_the_models_own_float64_counts_normalized_with_their_total_kept_are_refused(how):
+    """Float64 counts divided by size factors centred at 1 keep their total to the last bit: the model's own AnnData
+    normalized so was read as counts, although a copy of it was refused."""
+    import scanpy as sc
+
+    adata = real_dataset("kang2018")[:300].copy()
+    sc.pp.filter_genes(adata, min_counts=1)
+    adata.X = adata.X.astype(np.float64)  # counts converted from R are float64
+    cv.CountVAE.setup_anndata(adata)
+    model = cv.CountVAE(adata, n_latent=2, decoder="linear").train(max_epochs=1, progress_bar=False)
+    shape, nnz, total = adata.X.shape, adata.X.nnz, adata.X.sum()
+    _normalized_keeping_the_total(adata, how)
+    assert (adata.X.shape, adata.X.nnz, adata.X.sum(), adata.X.dtype) == (shape, nnz, total, np.float64)
+    for call in (_OWN_COUNTS_CALLS["get_latent_representation"], _OWN_COUNTS_CALLS["train"]):
+        with pytest.raises(cv.errors.InvalidDataError, match=r"non-integer values.*own AnnData.*Restore the raw"):
+            call(model)
+    assert len(model.history) == 1
+
+
+def test_saving_the_models_own_anndata_normalized_in_place_is_refused_and_keeps_the_saved_folder(small_adata, tmp_path):
+    """save(save_anndata=True) wrote the model's AnnData unchecked: with overwrite=True, normalized values replaced
+    the saved counts, and load refused the folder."""
+    import scanpy as sc
+
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=1, progress_bar=False)
+    counts = small_adata.X.toarray()
+    model.save(tmp_path / "m", save_anndata=True)
+    sc.pp.normalize_total(small_adata, target_sum=1e4)
+    sc.pp.log1p(small_adata)
+    with pytest.raises(cv.errors.InvalidDataError, match=r"non-integer values.*own AnnData.*layer='counts'"):
+        model.save(tmp_path / "m", save_anndata=True, overwrite=True)
+    with pytest.raises(cv.errors.InvalidDataError, match="non-integer values"):
+        model.save(tmp_path / "new", save_anndata=True)
+    assert not (tmp_path / "new").exists()
+    np.testing.assert_array_equal(cv.CountVAE.load(tmp_path / "m").adata.X.toarray(), counts)
+    model.save(tmp_path / "m", overwrite=True)  # the parameters alone: the AnnData is not read
+
+
+def test_the_models_own_counts_in_another_dtype_or_storage_are_read_without_a_warning(small_adata):
+    """The same counts stored in another dtype, dense or sparse, or with explicit zeros, gave a warning that the counts
+    had changed."""
+    model = cv.CountVAE(small_adata, n_latent=2, decoder="linear").train(max_epochs=1, progress_bar=False)
+    before = model.get_latent_representation()
+    dense = small_adata.X.toarray()
+    rows, cols = np.nonzero(dense == 0)
+    coo = sp.coo_matrix(dense)
+    triplets = (np.r_[coo.data, np.zeros(50)], (np.r_[coo.row, rows[:50]], np.r_[coo.col, cols[:50]]))
+    stored_zeros = sp.csr_matrix(triplets, shape=dense.shape)  # 50 zeros stored explicitly
+    assert stored_zeros.nnz == small_adata.X.nnz + 50
+    stored = [
+        dense,
+        dense.astype(np.int64),
+        sp.csc_matrix(dense.astype(np.float64)),
+        sp.csr_matrix(dense, dtype=np.int32),
+    ]
+    for matrix in (*stored, stored_zeros):
+        small_adata.X = matrix
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            np.testing.assert_array_equal(model.get_latent_representation(), before)
 
 
 def test_settings_are_one_validated_frozen_dataclass():
