@@ -58,7 +58,7 @@ def test_the_leftovers_of_an_interrupted_write_of_a_long_name_are_removed(tmp_pa
 
 
 def test_temporary_prefixes_keep_short_names_and_tell_long_ones_apart(tmp_path):
-    assert temporary_prefix(tmp_path / "report") == ".report."
+    assert temporary_prefix(tmp_path / "report") == ".report.countvae-"
     long_ones = {temporary_prefix(tmp_path / (stem * 250)) for stem in ("a", "b")}
     long_ones |= {temporary_prefix(tmp_path / ("é" * 127))}  # 254 bytes: cut on whole characters
     assert len(long_ones) == 3 and all(len(p.encode()) + 8 + len(".partial") <= 255 for p in long_ones)
@@ -104,12 +104,15 @@ def test_a_file_or_link_where_a_folder_goes_is_refused_whatever_overwrite_says(t
 
 
 def test_the_clean_up_removes_only_the_names_an_interrupted_writer_leaves(tmp_path):
-    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too.
-    kept = [".report.old", ".report.backup-2024.old", ".report.html.partial", ".report.notes.partial"]
-    for name in kept[:3]:
+    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too;
+    # then any 8 characters between them, so an analyst's date-stamped '.report.20261207.old'.
+    kept = [".report.old", ".report.backup-2024.old", ".report.20261207.old", ".report.html.partial"]
+    kept += [".report.notes.partial", ".report.countvae-k3j4h5g6.kept"]  # the last: a folder an error named
+    for name in kept[:-2]:
         (tmp_path / name).mkdir()
-    (tmp_path / kept[3]).write_text("mine")
-    left = [tmp_path / ".report.k3j4h5g6.partial", tmp_path / ".report.k3j4_5g6.old"]  # tempfile's 8 characters
+    (tmp_path / kept[-2]).write_text("mine")
+    (tmp_path / kept[-1]).mkdir()
+    left = [tmp_path / ".report.countvae-k3j4h5g6.partial", tmp_path / ".report.countvae-k3j4_5g6.old"]
     for path in left:
         path.mkdir()
     assert remove_interrupted_writes(tmp_path, "report") == sorted(left)
@@ -120,11 +123,11 @@ def test_the_clean_up_reports_only_what_it_removed(tmp_path, monkeypatch):
     # A leftover link to a folder was passed to rmtree, which failed without a word, and reported as removed.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    link = tmp_path / ".report.abcd1234.old"
+    link = tmp_path / ".report.countvae-abcd1234.old"
     link.symlink_to(elsewhere)
     assert remove_interrupted_writes(tmp_path, "report") == [link]
     assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]  # the link removed, not what it points to
-    left = tmp_path / ".report.abcd1234.partial"
+    left = tmp_path / ".report.countvae-abcd1234.partial"
     left.mkdir()
     monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # a folder that could not be removed
     assert remove_interrupted_writes(tmp_path, "report") == [] and left.is_dir()
@@ -146,6 +149,9 @@ def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OutputWriteError) as info, atomic_directory(target, overwrite=True) as tmp:
         (tmp / "f").write_text("new")
-    (aside,) = tmp_path.glob(".model.*.old")
+    (aside,) = tmp_path.glob(".model.*")
     assert (aside / "f").read_text() == "old" and (target / "theirs").is_dir()
     assert f"it is now {aside}." in str(info.value) and "intact" not in str(info.value)
+    # the folder the user was told to judge was deleted by the next run's clean-up
+    assert remove_interrupted_writes(tmp_path, "model") == [] and remove_interrupted_writes(tmp_path) == []
+    assert (aside / "f").read_text() == "old"

@@ -385,7 +385,7 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         diagnose(adata, settings=settings)
     assert not (out / "report").exists() and not h5ad.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", ".pending"))]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", "pending"))]
     monkeypatch.setattr(diagnosis, "write_analysed_h5ad", write)
     seen = []
     diagnose(adata, settings=settings, after_fitting=lambda fits: seen.append(fits.reused_seeds))
