@@ -199,7 +199,7 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if isinstance(exc, OutputWriteError) or exc.errno in _STORAGE_ERRNOS:
+        if isinstance(exc, OutputWriteError | OutputExistsError) or exc.errno in _STORAGE_ERRNOS:
             raise
         error = OutputWriteError(
             f"Could not write {path}: {_reason(exc)}. Nothing was left half-written; what {path} held before is "
@@ -347,6 +347,12 @@ def atomic_directory(
     the old folder is moved back (where that fails, the error names where the old folder is). A file or a symbolic
     link at ``path`` is refused whatever ``overwrite`` says (:func:`refuse_non_folder`), and so is, given the writer's
     ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
+
+    These checks are made on entry and again before the renames, since another writer (a second run with the same
+    ``--out``) may put something at ``path`` during the block: without ``overwrite`` a folder put there meanwhile is
+    refused too, never replaced (scvi-tools' ``save`` checks only before writing; here hours of work may pass
+    meanwhile). Such a late refusal (:class:`OutputExistsError`) keeps the new folder as
+    ``.<name>.countvae-<random>.kept`` beside ``path`` and names it.
     """
     path = Path(path)
     refuse_non_folder(path)
@@ -362,34 +368,66 @@ def atomic_directory(
             yield tmp
             _fsync_dir(tmp)
             with _other_os_errors_explained(path):  # e.g. EBUSY: the working folder cannot be renamed
-                _replace_folder(tmp, path)
+                _replace_folder(tmp, path, overwrite, layout)
             _fsync_dir(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
-def _replace_folder(new: Path, path: Path) -> None:
-    """Rename ``new`` to ``path``; an existing ``path`` is moved aside first, and back if the second rename fails."""
-    if not path.exists():
-        os.replace(new, path)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".old", dir=path.parent))
-    aside.rmdir()
-    os.replace(path, aside)
+def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout | None) -> None:
+    """Rename ``new`` to ``path``, after checking ``path`` again: another writer may have changed it during the block.
+
+    What :func:`atomic_directory` refuses on entry is refused here too, and so is anything put at ``path`` as ``new``
+    is renamed; a refusal keeps ``new`` under a name the error gives. With ``overwrite`` an existing folder is moved
+    aside first, and back if the second rename fails.
+    """
     try:
-        os.replace(new, path)
+        refuse_non_folder(path)
+        if path.exists() and not overwrite:
+            raise OutputExistsError("another writer put a folder there, which overwrite=False (no --overwrite) keeps.")
+        if layout is not None:
+            refuse_foreign_entries(path, overwrite, layout)
+    except OutputExistsError as exc:
+        raise _changed_meanwhile(new, path, str(exc)) from None
+    aside = None
+    if path.exists():
+        aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".old", dir=path.parent))
+        aside.rmdir()
+        os.replace(path, aside)
+    try:
+        os.replace(new, path)  # a folder is never renamed over a file, a link or a folder with entries
     except BaseException as exc:
+        if aside is None and isinstance(exc, OSError) and os.path.lexists(path):
+            why = "another writer put something there as this run renamed its result into place."
+            raise _changed_meanwhile(new, path, why) from None
+        if aside is None:
+            raise
         try:
             os.replace(aside, path)
         except OSError as back:  # e.g. another writer put a folder at path between the two renames
             raise OutputWriteError(
                 f"Could not write {path}: {_reason(exc)}. The folder it held could not be moved back "
-                f"({_reason(back)}): it is now {_kept(aside) or aside}. Another writer may have written {path} "
-                "meanwhile; once none is at work, keep the folder you want and delete the other."
+                f"({_reason(back)}): it is now {_kept(aside) or aside}; {_result_kept(new)}. Another writer may have "
+                f"written {path} meanwhile; once none is at work, keep the folder you want and delete the others."
             ) from exc
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _changed_meanwhile(new: Path, path: Path, why: str) -> OutputExistsError:
+    """The refusal of a final step that finds ``path`` changed during the block (``why``), ``new`` kept."""
+    return OutputExistsError(
+        f"Did not write {path}, which changed while this run was writing: {why} So that nothing is lost, "
+        f"{_result_kept(new)}; once no other writer is at work, decide which to keep at {path}."
+    )
+
+
+def _result_kept(new: Path) -> str:
+    """Where the new folder an error gives up on is kept (:func:`_kept`), as the message says it."""
+    kept = _kept(new)
+    return f"this run's result is kept as {kept}" if kept else "this run's result could not be kept (renaming failed)"
 
 
 def _kept(folder: Path) -> Path | None:

@@ -149,9 +149,70 @@ def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OutputWriteError) as info, atomic_directory(target, overwrite=True) as tmp:
         (tmp / "f").write_text("new")
-    (aside,) = tmp_path.glob(".model.*")
-    assert (aside / "f").read_text() == "old" and (target / "theirs").is_dir()
-    assert f"it is now {aside}." in str(info.value) and "intact" not in str(info.value)
+    kept = {(p / "f").read_text(): p for p in tmp_path.glob(".model.*")}
+    assert sorted(kept) == ["new", "old"] and (target / "theirs").is_dir()
+    message = str(info.value)
+    assert f"it is now {kept['old']};" in message and f"result is kept as {kept['new']}." in message
+    assert "intact" not in message
     # the folder the user was told to judge was deleted by the next run's clean-up
     assert remove_interrupted_writes(tmp_path, "model") == [] and remove_interrupted_writes(tmp_path) == []
-    assert (aside / "f").read_text() == "old"
+    assert all(folder.is_dir() for folder in kept.values())
+
+
+def _put_meanwhile(target: Path, what: str) -> None:
+    """What another writer puts at ``target`` while a writer of it is at work."""
+    if what == "file":
+        shutil.rmtree(target, ignore_errors=True)
+        target.write_text("the analyst's data")
+    elif what == "notes":
+        (target / "notes.txt").write_text("notes")
+    else:
+        (target / "theirs").mkdir(parents=True)
+
+
+@pytest.mark.parametrize(
+    ("before", "overwrite", "what", "refused"),
+    [
+        (False, False, "folder", "another writer put a folder there, which overwrite=False"),
+        (True, True, "file", "exists and is not a folder"),
+        (True, True, "notes", "holds notes.txt, which a report folder does not hold"),
+    ],
+)
+def test_what_another_writer_puts_at_the_path_meanwhile_is_refused_and_the_result_kept(
+    tmp_path, before, overwrite, what, refused
+):
+    # The checks ran only on entry: the swap moved aside and deleted another run's folder though overwrite=False
+    # (two 'countvae fit --out X' both ended well, one output lost), and hid a file put there as a '.old' folder.
+    target = tmp_path / "report"
+    if before:
+        with atomic_directory(target) as tmp:
+            (tmp / "report.md").write_text("old")
+    layout = FolderLayout("a report folder", frozenset({"report.md"}))
+    with pytest.raises(OutputExistsError) as info, atomic_directory(target, overwrite, layout) as tmp:
+        (tmp / "report.md").write_text("mine")
+        _put_meanwhile(target, what)
+    (kept,) = tmp_path.glob(".report.*")
+    message = str(info.value)
+    assert message.startswith(f"Did not write {target}, which changed while this run was writing: ")
+    assert refused in message and f"this run's result is kept as {kept};" in message
+    assert kept.name.endswith(".kept") and (kept / "report.md").read_text() == "mine"
+    assert target.is_file() if what == "file" else (target / ("notes.txt" if before else "theirs")).exists()
+    assert remove_interrupted_writes(tmp_path) == [] and kept.is_dir()
+
+
+def test_a_folder_put_at_the_path_as_the_result_is_renamed_is_refused(tmp_path, monkeypatch):
+    target = tmp_path / "model"
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == target and Path(src).name.endswith(".partial"):
+            _put_meanwhile(target, "folder")  # after the last check, before the rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match="put something there as this run renamed"):
+            with atomic_directory(target, overwrite=overwrite) as tmp:
+                (tmp / "f").write_text("mine")
+        shutil.rmtree(target)
+    assert [(p / "f").read_text() for p in tmp_path.glob(".model.countvae-*.kept")] == ["mine", "mine"]
