@@ -199,7 +199,7 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        if isinstance(exc, OutputWriteError) or exc.errno in _STORAGE_ERRNOS:
+        if isinstance(exc, OutputWriteError | OutputExistsError) or exc.errno in _STORAGE_ERRNOS:
             raise
         error = OutputWriteError(
             f"Could not write {path}: {_reason(exc)}. Nothing was left half-written; what {path} held before is "
@@ -210,9 +210,13 @@ def _other_os_errors_explained(path: Path) -> Iterator[None]:
         raise error from exc
 
 
-#: What a temporary name adds to its target's name part, at most: the dots, mkstemp's random part and ".partial",
-#: with room to spare.
+#: What a temporary name adds to its target's name part, at most: the dots, the marker, mkstemp's random part and
+#: ".partial", with room to spare.
 _TEMPORARY_NAME_ROOM = 32
+
+#: In every temporary name, after ``.<name>.``: no analyst writes it, so the clean-up of interrupted writes never takes
+#: an analyst's entry for a leftover (a date such as ``.report.20261207.old`` looks like mkstemp's random part).
+_MARKER = "countvae-"
 
 
 def _name_max(folder: Path) -> int:
@@ -247,22 +251,22 @@ def refuse_overlong_name(path: str | os.PathLike) -> None:
 
 
 def temporary_prefix(path: str | os.PathLike) -> str:
-    """The prefix of the temporary names beside ``path`` (``.<name>.``), short enough for any legal ``path``.
+    """The prefix of the temporary names beside ``path`` (``.<name>.countvae-``), short enough for any legal ``path``.
 
     A temporary name is ``<prefix><random><suffix>``. Where one built from the whole name would be longer than the file
-    system allows, the prefix keeps the name's start and a hash of all of it (``.<start>~<hash>.``): always the same
-    for the same name, so that :func:`remove_interrupted_writes` finds what an interrupted write of it left.
+    system allows, the prefix keeps the name's start and a hash of all of it (``.<start>~<hash>.countvae-``): always
+    the same for the same name, so that :func:`remove_interrupted_writes` finds what an interrupted write of it left.
     """
     path = Path(path)
     room = _name_max(path.parent) - _TEMPORARY_NAME_ROOM
     name = path.name
     if len(os.fsencode(name)) <= room:
-        return f".{name}."
+        return f".{name}.{_MARKER}"
     digest = "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
     start = name
     while start and len(os.fsencode(start + digest)) > room:  # whole characters, never half of a multi-byte one
         start = start[:-1]
-    return f".{start}{digest}."
+    return f".{start}{digest}.{_MARKER}"
 
 
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
@@ -343,6 +347,12 @@ def atomic_directory(
     the old folder is moved back (where that fails, the error names where the old folder is). A file or a symbolic
     link at ``path`` is refused whatever ``overwrite`` says (:func:`refuse_non_folder`), and so is, given the writer's
     ``layout``, a folder holding anything that writer does not write (:func:`refuse_foreign_entries`).
+
+    These checks are made on entry and again before the renames, since another writer (a second run with the same
+    ``--out``) may put something at ``path`` during the block: without ``overwrite`` a folder put there meanwhile is
+    refused too, never replaced (scvi-tools' ``save`` checks only before writing; here hours of work may pass
+    meanwhile). Such a late refusal (:class:`OutputExistsError`) keeps the new folder as
+    ``.<name>.countvae-<random>.kept`` beside ``path`` and names it.
     """
     path = Path(path)
     refuse_non_folder(path)
@@ -358,50 +368,97 @@ def atomic_directory(
             yield tmp
             _fsync_dir(tmp)
             with _other_os_errors_explained(path):  # e.g. EBUSY: the working folder cannot be renamed
-                _replace_folder(tmp, path)
+                _replace_folder(tmp, path, overwrite, layout)
             _fsync_dir(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
-def _replace_folder(new: Path, path: Path) -> None:
-    """Rename ``new`` to ``path``; an existing ``path`` is moved aside first, and back if the second rename fails."""
-    if not path.exists():
-        os.replace(new, path)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".old", dir=path.parent))
-    aside.rmdir()
-    os.replace(path, aside)
+def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout | None) -> None:
+    """Rename ``new`` to ``path``, after checking ``path`` again: another writer may have changed it during the block.
+
+    What :func:`atomic_directory` refuses on entry is refused here too, and so is anything put at ``path`` as ``new``
+    is renamed; a refusal keeps ``new`` under a name the error gives. With ``overwrite`` an existing folder is moved
+    aside first, and back if the second rename fails.
+    """
     try:
-        os.replace(new, path)
+        refuse_non_folder(path)
+        if path.exists() and not overwrite:
+            raise OutputExistsError("another writer put a folder there, which overwrite=False (no --overwrite) keeps.")
+        if layout is not None:
+            refuse_foreign_entries(path, overwrite, layout)
+    except OutputExistsError as exc:
+        raise _changed_meanwhile(new, path, str(exc)) from None
+    aside = None
+    if path.exists():
+        aside = Path(tempfile.mkdtemp(prefix=temporary_prefix(path), suffix=".old", dir=path.parent))
+        aside.rmdir()
+        os.replace(path, aside)
+    try:
+        os.replace(new, path)  # a folder is never renamed over a file, a link or a folder with entries
     except BaseException as exc:
+        if aside is None and isinstance(exc, OSError) and os.path.lexists(path):
+            why = "another writer put something there as this run renamed its result into place."
+            raise _changed_meanwhile(new, path, why) from None
+        if aside is None:
+            raise
         try:
             os.replace(aside, path)
         except OSError as back:  # e.g. another writer put a folder at path between the two renames
             raise OutputWriteError(
                 f"Could not write {path}: {_reason(exc)}. The folder it held could not be moved back "
-                f"({_reason(back)}): it is now {aside}. Another writer may have written {path} meanwhile; once none "
-                "is at work, keep the folder you want and delete the other."
+                f"({_reason(back)}): it is now {_kept(aside) or aside}; {_result_kept(new)}. Another writer may have "
+                f"written {path} meanwhile; once none is at work, keep the folder you want and delete the others."
             ) from exc
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _changed_meanwhile(new: Path, path: Path, why: str) -> OutputExistsError:
+    """The refusal of a final step that finds ``path`` changed during the block (``why``), ``new`` kept."""
+    return OutputExistsError(
+        f"Did not write {path}, which changed while this run was writing: {why} So that nothing is lost, "
+        f"{_result_kept(new)}; once no other writer is at work, decide which to keep at {path}."
+    )
+
+
+def _result_kept(new: Path) -> str:
+    """Where the new folder an error gives up on is kept (:func:`_kept`), as the message says it."""
+    kept = _kept(new)
+    return f"this run's result is kept as {kept}" if kept else "this run's result could not be kept (renaming failed)"
+
+
+def _kept(folder: Path) -> Path | None:
+    """Rename a temporary ``folder`` that an error tells the user about to ``.<name>.countvae-<random>.kept``.
+
+    :func:`remove_interrupted_writes` never removes that name, so a later run does not delete what the user was told
+    to judge. ``None`` where the rename fails.
+    """
+    kept = folder.with_suffix(".kept")
+    try:
+        os.rename(folder, kept)
+    except OSError:
+        return None
+    return kept
 
 
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
-    The atomic writers above build ``.<name>.<random>.partial`` (and, while replacing, ``.<name>.<random>.old``)
-    beside their target, ``<name>`` shortened where it is long (:func:`temporary_prefix`) and ``<random>`` the 8
-    characters of :mod:`tempfile`; a SIGKILL leaves them behind. Only names of exactly that form are removed, never
-    another entry whose name merely starts alike (an analyst's ``.report.old``), and a link only as a link. Call
-    this only where no other writer can be at work (the caller owns ``folder``). ``name`` limits the clean-up to one
-    target's leftovers (``"*"``: any target's). Returns the paths removed.
+    The atomic writers above build ``.<name>.countvae-<random>.partial`` (and, while replacing,
+    ``.<name>.countvae-<random>.old``) beside their target, ``<name>`` shortened where it is long
+    (:func:`temporary_prefix`) and ``<random>`` the 8 characters of :mod:`tempfile`; a SIGKILL leaves them behind.
+    Only names of exactly that form are removed, never another entry whose name merely starts alike (an analyst's
+    ``.report.old`` or ``.report.20261207.old``), nor a folder an error named (``.<name>.countvae-<random>.kept``),
+    and a link only as a link. Call this only where no other writer can be at work (the caller owns ``folder``).
+    ``name`` limits the clean-up to one target's leftovers (``"*"``: any target's). Returns the paths removed.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    prefix = r"\..+\." if name == "*" else re.escape(temporary_prefix(folder / name))
+    prefix = r"\..+\." + re.escape(_MARKER) if name == "*" else re.escape(temporary_prefix(folder / name))
     written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
     removed = []
     for path in folder.iterdir():

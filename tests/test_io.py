@@ -58,7 +58,7 @@ def test_the_leftovers_of_an_interrupted_write_of_a_long_name_are_removed(tmp_pa
 
 
 def test_temporary_prefixes_keep_short_names_and_tell_long_ones_apart(tmp_path):
-    assert temporary_prefix(tmp_path / "report") == ".report."
+    assert temporary_prefix(tmp_path / "report") == ".report.countvae-"
     long_ones = {temporary_prefix(tmp_path / (stem * 250)) for stem in ("a", "b")}
     long_ones |= {temporary_prefix(tmp_path / ("é" * 127))}  # 254 bytes: cut on whole characters
     assert len(long_ones) == 3 and all(len(p.encode()) + 8 + len(".partial") <= 255 for p in long_ones)
@@ -104,12 +104,15 @@ def test_a_file_or_link_where_a_folder_goes_is_refused_whatever_overwrite_says(t
 
 
 def test_the_clean_up_removes_only_the_names_an_interrupted_writer_leaves(tmp_path):
-    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too.
-    kept = [".report.old", ".report.backup-2024.old", ".report.html.partial", ".report.notes.partial"]
-    for name in kept[:3]:
+    # Every name starting '.report.' and ending '.partial' or '.old' was deleted, an analyst's '.report.old' too;
+    # then any 8 characters between them, so an analyst's date-stamped '.report.20261207.old'.
+    kept = [".report.old", ".report.backup-2024.old", ".report.20261207.old", ".report.html.partial"]
+    kept += [".report.notes.partial", ".report.countvae-k3j4h5g6.kept"]  # the last: a folder an error named
+    for name in kept[:-2]:
         (tmp_path / name).mkdir()
-    (tmp_path / kept[3]).write_text("mine")
-    left = [tmp_path / ".report.k3j4h5g6.partial", tmp_path / ".report.k3j4_5g6.old"]  # tempfile's 8 characters
+    (tmp_path / kept[-2]).write_text("mine")
+    (tmp_path / kept[-1]).mkdir()
+    left = [tmp_path / ".report.countvae-k3j4h5g6.partial", tmp_path / ".report.countvae-k3j4_5g6.old"]
     for path in left:
         path.mkdir()
     assert remove_interrupted_writes(tmp_path, "report") == sorted(left)
@@ -120,11 +123,11 @@ def test_the_clean_up_reports_only_what_it_removed(tmp_path, monkeypatch):
     # A leftover link to a folder was passed to rmtree, which failed without a word, and reported as removed.
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    link = tmp_path / ".report.abcd1234.old"
+    link = tmp_path / ".report.countvae-abcd1234.old"
     link.symlink_to(elsewhere)
     assert remove_interrupted_writes(tmp_path, "report") == [link]
     assert [p.name for p in tmp_path.iterdir()] == ["elsewhere"]  # the link removed, not what it points to
-    left = tmp_path / ".report.abcd1234.partial"
+    left = tmp_path / ".report.countvae-abcd1234.partial"
     left.mkdir()
     monkeypatch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)  # a folder that could not be removed
     assert remove_interrupted_writes(tmp_path, "report") == [] and left.is_dir()
@@ -146,6 +149,70 @@ def test_an_old_folder_that_cannot_be_moved_back_is_named(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(OutputWriteError) as info, atomic_directory(target, overwrite=True) as tmp:
         (tmp / "f").write_text("new")
-    (aside,) = tmp_path.glob(".model.*.old")
-    assert (aside / "f").read_text() == "old" and (target / "theirs").is_dir()
-    assert f"it is now {aside}." in str(info.value) and "intact" not in str(info.value)
+    kept = {(p / "f").read_text(): p for p in tmp_path.glob(".model.*")}
+    assert sorted(kept) == ["new", "old"] and (target / "theirs").is_dir()
+    message = str(info.value)
+    assert f"it is now {kept['old']};" in message and f"result is kept as {kept['new']}." in message
+    assert "intact" not in message
+    # the folder the user was told to judge was deleted by the next run's clean-up
+    assert remove_interrupted_writes(tmp_path, "model") == [] and remove_interrupted_writes(tmp_path) == []
+    assert all(folder.is_dir() for folder in kept.values())
+
+
+def _put_meanwhile(target: Path, what: str) -> None:
+    """What another writer puts at ``target`` while a writer of it is at work."""
+    if what == "file":
+        shutil.rmtree(target, ignore_errors=True)
+        target.write_text("the analyst's data")
+    elif what == "notes":
+        (target / "notes.txt").write_text("notes")
+    else:
+        (target / "theirs").mkdir(parents=True)
+
+
+@pytest.mark.parametrize(
+    ("before", "overwrite", "what", "refused"),
+    [
+        (False, False, "folder", "another writer put a folder there, which overwrite=False"),
+        (True, True, "file", "exists and is not a folder"),
+        (True, True, "notes", "holds notes.txt, which a report folder does not hold"),
+    ],
+)
+def test_what_another_writer_puts_at_the_path_meanwhile_is_refused_and_the_result_kept(
+    tmp_path, before, overwrite, what, refused
+):
+    # The checks ran only on entry: the swap moved aside and deleted another run's folder though overwrite=False
+    # (two 'countvae fit --out X' both ended well, one output lost), and hid a file put there as a '.old' folder.
+    target = tmp_path / "report"
+    if before:
+        with atomic_directory(target) as tmp:
+            (tmp / "report.md").write_text("old")
+    layout = FolderLayout("a report folder", frozenset({"report.md"}))
+    with pytest.raises(OutputExistsError) as info, atomic_directory(target, overwrite, layout) as tmp:
+        (tmp / "report.md").write_text("mine")
+        _put_meanwhile(target, what)
+    (kept,) = tmp_path.glob(".report.*")
+    message = str(info.value)
+    assert message.startswith(f"Did not write {target}, which changed while this run was writing: ")
+    assert refused in message and f"this run's result is kept as {kept};" in message
+    assert kept.name.endswith(".kept") and (kept / "report.md").read_text() == "mine"
+    assert target.is_file() if what == "file" else (target / ("notes.txt" if before else "theirs")).exists()
+    assert remove_interrupted_writes(tmp_path) == [] and kept.is_dir()
+
+
+def test_a_folder_put_at_the_path_as_the_result_is_renamed_is_refused(tmp_path, monkeypatch):
+    target = tmp_path / "model"
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst) == target and Path(src).name.endswith(".partial"):
+            _put_meanwhile(target, "folder")  # after the last check, before the rename
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match="put something there as this run renamed"):
+            with atomic_directory(target, overwrite=overwrite) as tmp:
+                (tmp / "f").write_text("mine")
+        shutil.rmtree(target)
+    assert [(p / "f").read_text() for p in tmp_path.glob(".model.countvae-*.kept")] == ["mine", "mine"]

@@ -41,6 +41,7 @@ from countvae._io import (
     check_writable,
     explained_write_errors,
     refuse_foreign_entries,
+    refuse_non_folder,
     refuse_overlong_name,
     remove_interrupted_writes,
     temporary_prefix,
@@ -57,7 +58,7 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
-from countvae.diagnostics.fitting.output_folder import discard_folder
+from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, discard_folder
 from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
@@ -474,7 +475,9 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it.
 
     A file at ``out_dir``, ``out_dir/fits`` or ``out_dir/report``, or a link at ``out_dir/report``, is refused with
-    or without ``overwrite``.
+    or without ``overwrite``; with it, so is a file or link at a fits folder that it discards (``out_dir/fits/fits``,
+    or ``out_dir/fits/<model>/fits`` for ``--restrictions``), which ``fit_seeds`` refuses too, but only after the
+    report is gone.
     """
     if out_dir is None:
         return None
@@ -483,6 +486,9 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     for folder in (out, out / "fits"):  # fits: refused by fit_seeds too, but only after overwrite discarded the report
         if folder.exists() and not folder.is_dir():
             raise OutputExistsError(f"{folder} exists and is not a folder; choose another --out.")
+    if overwrite and (out / "fits").is_dir():
+        for root in (out / "fits", *(entry for entry in (out / "fits").iterdir() if entry.is_dir())):
+            refuse_non_folder(root / FITS_FOLDER)
     report_dir = out / "report"
     refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
     if report_dir.exists() and not overwrite:

@@ -289,6 +289,28 @@ def test_fit_overwrite_replaces_its_own_earlier_output(tmp_path, capsys):
     assert written == ["fit.json", "heldout_lpd.csv", "latent.csv", "model"]
 
 
+def test_fit_keeps_an_output_another_run_wrote_while_it_worked(tmp_path, capsys, monkeypatch):
+    # Two `countvae fit --out X` at once both ended with 0: the later swap deleted the first one's output.
+    from countvae.model import CountVAE
+
+    data, out = _write_counts(tmp_path / "data.h5ad"), tmp_path / "out"
+    lpd = CountVAE.get_log_predictive_density
+
+    def lpd_while_another_run_finishes(self, *args, **kwargs):  # the held-out log p(x): a long step of the block
+        out.mkdir()
+        (out / "fit.json").write_text("the other run's")
+        return lpd(self, *args, **kwargs)
+
+    monkeypatch.setattr(CountVAE, "get_log_predictive_density", lpd_while_another_run_finishes)
+    argv = ["fit", str(data), "--n-latent", "2", "--max-epochs", "1", "--n-samples", "20", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    (kept,) = tmp_path.glob(".out.countvae-*.kept")
+    assert err.startswith(f"countvae fit: error: Did not write {out}, which changed while this run was writing: ")
+    assert f"this run's result is kept as {kept};" in err and err.count("\n") == 1
+    assert (out / "fit.json").read_text() == "the other run's" and (kept / "model" / "model.json").is_file()
+
+
 @pytest.mark.parametrize(
     ("out", "message"),
     [(".", "--out . is the working folder"), ("..", "--out .. holds the working folder"), ("", "--out is empty")],

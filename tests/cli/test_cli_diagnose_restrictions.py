@@ -76,6 +76,24 @@ def test_an_interrupted_overwrite_leaves_no_stale_report_and_resumes(data_file, 
     assert main([*argv, "--quiet"]) == 0 and (out / "report" / "report.json").is_file()
 
 
+def test_overwrite_refuses_a_linked_fits_folder_before_discarding_the_report(data_file, tmp_path, capsys, monkeypatch):
+    # With out/fits/laplace/fits a link (the fits on another disk), --overwrite deleted the finished report, then
+    # refused the link.
+    out, elsewhere = tmp_path / "restr", tmp_path / "elsewhere"
+    report = {f"report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    (out / "report").mkdir(parents=True)
+    for name, text in report.items():
+        (out / "report" / name).write_text(text)
+    (out / "fits" / "laplace").mkdir(parents=True)
+    elsewhere.mkdir()
+    (out / "fits" / "laplace" / "fits").symlink_to(elsewhere)
+    monkeypatch.setattr(diagnose_restrictions, "compare_restrictions", lambda *args, **kwargs: pytest.fail("fitted"))
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", "laplace", "--out", str(out)]
+    assert main([*argv, "--quiet", "--overwrite"]) == 1
+    assert f"error: {out / 'fits' / 'laplace' / 'fits'} is a symbolic link" in capsys.readouterr().err
+    assert {p.name: p.read_text() for p in (out / "report").iterdir()} == report
+
+
 def test_program_genes_the_data_lack_are_dropped_on_request(data_file, tmp_path, capsys):
     """The error for unknown program genes named a --unknown-genes option that did not exist; it does now."""
     genes = [f"gene{g}" for g in range(20)]

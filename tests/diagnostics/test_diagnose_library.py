@@ -385,7 +385,7 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         diagnose(adata, settings=settings)
     assert not (out / "report").exists() and not h5ad.exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", ".pending"))]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".partial", "pending"))]
     monkeypatch.setattr(diagnosis, "write_analysed_h5ad", write)
     seen = []
     diagnose(adata, settings=settings, after_fitting=lambda fits: seen.append(fits.reused_seeds))
@@ -518,6 +518,29 @@ def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_say
         with pytest.raises(OutputExistsError, match=f"{where} exists and is not a folder; .*another --out"):
             diagnose(adata, seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite)
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
+
+
+@pytest.mark.parametrize("kind", ["link", "file"])
+def test_overwrite_refuses_a_fits_folder_it_cannot_discard_before_discarding_the_report(data_file, tmp_path, kind):
+    """With out_dir/fits/fits a link (the fits on another disk) or a file, overwrite=True deleted the finished report
+    and only then refused what it was to discard next."""
+    adata, out = _registered(data_file), tmp_path / "diag"
+    report = {f"report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    (out / "report").mkdir(parents=True)
+    for name, text in report.items():
+        (out / "report" / name).write_text(text)
+    (out / "fits").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if kind == "link":
+        (out / "fits" / "fits").symlink_to(elsewhere)
+    else:
+        (out / "fits" / "fits").write_text("my notes")
+    refused = "is a symbolic link" if kind == "link" else "exists and is not a folder"
+    with pytest.raises(OutputExistsError, match=f"fits/fits {refused}"):
+        diagnose(adata, seeds=2, n_jobs=1, out_dir=out, overwrite=True)
+    assert {p.name: p.read_text() for p in (out / "report").iterdir()} == report
+    assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
 
 
 @pytest.mark.parametrize("view", [False, True])

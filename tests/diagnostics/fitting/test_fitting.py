@@ -157,7 +157,7 @@ def test_resume_reuses_completed_seeds_and_adds_new_ones(adata, tmp_path):
 
 def test_stale_temporary_folders_are_removed(adata, tmp_path):
     _run(adata, out_dir=tmp_path)
-    stale = tmp_path / "fits" / ".seed_1.k3j4h5g6.partial"
+    stale = tmp_path / "fits" / ".seed_1.countvae-k3j4h5g6.partial"
     stale.mkdir()
     (stale / "fit.json").write_text("{")
     again = _run(adata, out_dir=tmp_path)
