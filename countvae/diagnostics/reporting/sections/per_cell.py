@@ -3,8 +3,8 @@
 A section without a heading: its results are fields of the report kept in memory (``cells``, ``genes``,
 ``consensus_latent``), not in the report files. The cells are the held-out cells and, when the report has them, the fit
 cells of ``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can place less alike than
-held-out cells (see the training-cells section). Both are scored on one k-NN graph, so a fit cell's column means what a
-held-out cell's does: the cross-seed agreement on the k-NN row's graph (every held-out and fit cell, the report's
+held-out cells (see the training-cells section). Both kinds are scored on the same graphs, so a fit cell's column means
+what a held-out cell's does: the cross-seed agreement on the k-NN row's graph (every held-out and fit cell, the report's
 ``k``), the within-seed baseline on the graph of the cells it has guide draws of (the held-out cells of
 ``CellSubsets.knn`` and those fit cells, ``k`` scaled when that graph leaves cells out).
 """
