@@ -202,8 +202,8 @@ class InvariantInputs:
     ica_threshold
         Threshold of the ICA row.
     reference_latents
-        Latent means of other cells of the data set (the fit cells, or a subset; the same cells in the same order
-        for every fit). The k-NN row then finds each held-out cell's neighbours among the held-out and these cells
+        Latent means of other cells of the data set (every fit cell; the same cells in the same order for every fit).
+        The k-NN row then finds each held-out cell's neighbours among all the held-out cells and these cells
         together: the held-out rows of the graph an analyst builds on all of their cells, not of a graph on the
         held-out cells alone (whose neighbourhoods are coarser and agree more).
     graph_cells
@@ -567,7 +567,7 @@ def _knn_interval_text(c: Comparison) -> tuple[str, int]:
     if m < boot.n_cells:
         over = f"{m} of {over} (m-out-of-n)"
     graph = f"their rows of the k={g.k} graph on {g.n_cells:,} cells"
-    if g.n_cells > boot.n_cells:
+    if g.n_cells > len(next(iter(c.latents.values()))):
         graph += " (held-out and fit cells)"
     if g.graph_cells != g.n_cells:
         graph += f", k scaled from {g.k_asked} to speak for a graph of {g.graph_cells:,} cells"
@@ -1107,7 +1107,10 @@ def _compare(
     dist_cells = subsample(n_cells, max_distance_cells, seed + 1)
     reference = _reference_latents(inputs, names)
     n_reference = len(reference[names[0]]) if reference else 0
-    graph = KnnGraph.of(n_cells, len(knn_cells), n_reference, k, inputs.graph_cells)
+    # Every held-out cell is in the graph, not only those whose rows are compared: below max_knn_cells they are the
+    # same cells, and above it the rows stay those of the graph on all the cells, at the k asked.
+    graph = KnnGraph.of(n_cells, n_cells, n_reference, k, inputs.graph_cells)
+    others = np.setdiff1d(np.arange(n_cells), knn_cells)
     r = resampling
 
     def boot(n: int, offset: int) -> CellBootstrap:
@@ -1125,7 +1128,8 @@ def _compare(
         maps=maps,
         distances={n: squareform(pairwise_distances(z[dist_cells])) for n, z in latents.items()},
         neighbours={
-            n: knn_sets_among(z[knn_cells], reference[n] if reference else z[:0], graph.k) for n, z in latents.items()
+            n: knn_sets_among(z[knn_cells], np.vstack([z[others], reference[n]]) if reference else z[others], graph.k)
+            for n, z in latents.items()
         },
         knn_graph=graph,
         bootstraps=bootstraps,

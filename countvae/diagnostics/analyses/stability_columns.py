@@ -24,7 +24,10 @@ def _pairs(values: Mapping[str, object]) -> list[tuple[str, str]]:
 
 
 def cell_knn_agreement(
-    latents: Mapping[str, np.ndarray], k: int, reference: Mapping[str, np.ndarray] | None = None
+    latents: Mapping[str, np.ndarray],
+    k: int,
+    reference: Mapping[str, np.ndarray] | None = None,
+    rows: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per cell, the k-NN Jaccard overlap between the latent means of two fits, averaged over pairs of fits.
 
@@ -39,22 +42,29 @@ def cell_knn_agreement(
     reference
         Fit name -> latent means of other cells (the fit cells) among which the neighbours are found too (the
         invariants table's k-NN row does the same).
+    rows
+        Positions of the cells scored (default: all); the other cells of ``latents`` stay in the graph.
 
     Returns
     -------
     numpy.ndarray
-        (cells,) values in [0, 1]; 1 when every pair of fits gives the cell the same neighbours.
+        (rows,) values in [0, 1]; 1 when every pair of fits gives the cell the same neighbours.
 
     """
     pairs = _pairs(latents)
-    neighbours = {name: _neighbours(z, reference, name, k) for name, z in latents.items()}
+    neighbours = {name: _neighbours(z, reference, name, k, rows) for name, z in latents.items()}
     return np.mean([knn_jaccard_per_cell(neighbours[a], neighbours[b]) for a, b in pairs], axis=0)
 
 
-def _neighbours(z: np.ndarray, reference: Mapping[str, np.ndarray] | None, name: str, k: int) -> np.ndarray:
+def _neighbours(
+    z: np.ndarray, reference: Mapping[str, np.ndarray] | None, name: str, k: int, rows: np.ndarray | None
+) -> np.ndarray:
     z = np.asarray(z, dtype=np.float64)
-    others = z[:0] if reference is None else np.asarray(reference[name], dtype=np.float64)
-    return knn_sets_among(z, others, k)
+    rows = np.arange(len(z)) if rows is None else np.asarray(rows)
+    others = z[np.setdiff1d(np.arange(len(z)), rows)]
+    if reference is not None:
+        others = np.vstack([others, np.asarray(reference[name], dtype=np.float64)])
+    return knn_sets_among(z[rows], others, k)
 
 
 def cell_knn_baseline(draws: Mapping[str, np.ndarray], k: int) -> np.ndarray:

@@ -218,7 +218,7 @@ def _key_note(rep: DiagnosticReport, key: str) -> str:
     """:data:`KEY_NOTES`' note on ``key``, with the neighbours per cell of a k-NN column (scaled on large data)."""
     k = {
         "countvae_knn_agreement": rep.cells_knn_k,
-        "countvae_knn_agreement_within_seed": rep.cells_knn_k,
+        "countvae_knn_agreement_within_seed": rep.cells_within_seed_k,
         "countvae_batch_mixing": rep.settings.get("batch_mixing", {}).get("k"),
     }.get(key)
     if k is None:

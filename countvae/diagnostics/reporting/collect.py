@@ -1,7 +1,8 @@
 """Step 1 of the report: check the inputs, then visit each fit once for every array the analyses need.
 
-The one place the fits are asked for anything: latent means (on the held-out cells, and on a subset of the fit cells,
-for ICA), held-out log p(x), decoded means, normalized expression, decoder Jacobians (as contrasts between genes, see
+The one place the fits are asked for anything: latent means (on the held-out cells, on a subset of the fit cells, for
+ICA, and on every fit cell when that subset leaves some out, for the k-NN graph), held-out log p(x), decoded means,
+normalized expression, decoder Jacobians (as contrasts between genes, see
 :func:`countvae.diagnostics.analyses.subspace.gene_contrasts`; reduced to their gene-space span, Gram matrix and a small
 gene-space basis for the intervals, see :mod:`countvae.diagnostics.analyses.reduced_jacobians`), loadings, posterior
 predictive draws (reduced to their statistics, see :mod:`countvae.diagnostics.analyses.ppc`; the draws themselves are
@@ -291,6 +292,9 @@ class FitArrays:
         A second, independent set of guide draws of the first fit (the baseline of the cross-seed spread).
     latent_fit
         Posterior means on ``CellSubsets.fit`` of the fit cells (``None`` without them).
+    latent_fit_all
+        Posterior means on every fit cell, when ``CellSubsets.fit`` leaves some out (else ``None``: ``latent_fit``
+        holds them all): the analyst's k-NN graph holds every cell.
     knn_draws
         Two independent guide draws on ``CellSubsets.knn``, (2, cells, n_latent), float32.
     knn_draws_fit
@@ -313,6 +317,7 @@ class FitArrays:
     guide: GuideDraws | None = None
     guide_repeat: GuideDraws | None = None
     latent_fit: np.ndarray | None = None
+    latent_fit_all: np.ndarray | None = None
     knn_draws: np.ndarray | None = None
     knn_draws_fit: np.ndarray | None = None
 
@@ -463,6 +468,12 @@ def fit_cell_latents(c: Collected) -> dict[str, np.ndarray] | None:
     return None if not latents or any(z is None for z in latents.values()) else latents
 
 
+def every_fit_cell_latents(c: Collected) -> dict[str, np.ndarray] | None:
+    """Every fit's latent means on all of the fit cells (the k-NN row's reference cells), when the report has them."""
+    every = c.per_fit("latent_fit_all")
+    return every if every and all(z is not None for z in every.values()) else fit_cell_latents(c)
+
+
 def knn_graph_cells(c: Collected, s: ReportSettings) -> int | None:
     """Cells of the graph the k-NN row speaks about: the setting, else every held-out and fit cell when known."""
     if s.knn_graph_cells is not None:
@@ -475,9 +486,18 @@ def knn_positions(c: Collected) -> np.ndarray:
     return c.subsets.knn if c.subsets.knn is not None else np.arange(c.n_cells)
 
 
-def knn_graph(c: Collected, s: ReportSettings, n_fit: int | None = None) -> KnnGraph:
-    """The k-NN row's graph: the held-out cells of :func:`knn_positions` and ``n_fit`` fit cells.
+def analyst_graph(c: Collected, s: ReportSettings) -> KnnGraph:
+    """The k-NN row's graph: every held-out cell and every fit cell of :func:`every_fit_cell_latents`."""
+    every = every_fit_cell_latents(c)
+    n_fit = len(next(iter(every.values()))) if every else 0
+    return KnnGraph.of(c.n_cells, c.n_cells, n_fit, s.k, knn_graph_cells(c, s))
 
+
+def knn_graph(c: Collected, s: ReportSettings, n_fit: int | None = None) -> KnnGraph:
+    """The graph of the k-NN subsets: the held-out cells of :func:`knn_positions` and ``n_fit`` fit cells.
+
+    The graph of the within-seed baseline, the batch mixing and the placement, whose guide draws and no-model embedding
+    the report has on these cells only; ``k`` is scaled when it holds fewer cells than the analyst's graph.
     ``n_fit`` defaults to the fit cells of :func:`fit_cell_latents` (none without them).
     """
     if n_fit is None:
@@ -543,11 +563,22 @@ def _collect_fit(
         # Right after latent_fit: an scvi-tools fit sets up a copy of the last AnnData it was given, once.
         draws = _given(fit.latent_samples(views["fit"], 2, s.seed + 30_011 + chain), fit, "latent_samples")
         out.knn_draws_fit = np.asarray(draws, dtype=np.float32)
+    if "latent_fit_all" in needs and "fit_all" in views:
+        out.latent_fit_all = _latent_in_chunks(fit, views["fit_all"], s.max_fit_cells)
     if "knn_draws" in needs:
         # Two draws per fit on the k-NN cells, seeded apart from every other draw (and from the other fits').
         draws = _given(fit.latent_samples(views["knn"], 2, s.seed + 20_011 + chain), fit, "latent_samples")
         out.knn_draws = np.asarray(draws, dtype=np.float32)
     return out
+
+
+def _latent_in_chunks(fit: FittedModel, adata: ad.AnnData, chunk: int) -> np.ndarray:
+    """``fit``'s latent means on every cell of ``adata``, read ``chunk`` cells at a time (it may be a backed view)."""
+    parts = [
+        _given(fit.latent(cells_in_memory(adata, np.arange(start, min(start + chunk, adata.n_obs)))), fit, "latent")
+        for start in range(0, adata.n_obs, chunk)
+    ]
+    return np.concatenate(parts).astype(np.float64)
 
 
 def _given(value: Any, fit: FittedModel, method: str) -> Any:
@@ -628,6 +659,8 @@ def collect(
     views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}
     if adata_fit is not None and needs & {"latent_fit", "knn_draws_fit"}:
         views["fit"] = cells_in_memory(adata_fit, sub.fit)  # the fit cells may be a view of a backed file
+    if adata_fit is not None and "latent_fit_all" in needs and len(sub.fit) < adata_fit.n_obs:
+        views["fit_all"] = adata_fit  # read in chunks by _collect_fit
     ppc_counts = observed_counts(views["ppc"], var_names).toarray()
     checksum = data_checksum(adata, var_names)
     baseline, baseline_source = no_latent_baseline(views["lpd"], adata_fit, var_names, s.max_baseline_cells, s.seed + 6)

@@ -50,8 +50,12 @@ class DiagnosticReport(ReportContent):
         gene, the agreement across seeds, and those cells' consensus latent (in memory only, not in the report files);
         see :meth:`write`.
     cells_knn_k
-        Neighbours per cell of the k-NN columns of ``cells``: the report's ``k`` scaled to the share of the data set
-        the k-NN graph holds (the subsampling entry "k-NN graphs"), so fewer than ``k`` on large data.
+        Neighbours per cell of the column ``knn_agreement`` of ``cells``: the report's ``k``, its cells' neighbours
+        found among every held-out and fit cell, as for the k-NN row (the subsampling entry "k-NN graphs").
+    cells_within_seed_k
+        Neighbours per cell of its within-seed baseline ``knn_agreement_within_seed``, found among the cells the
+        report has guide draws of: the report's ``k`` scaled to the share of the data set they are, so fewer than
+        ``k`` on large data.
 
     """
 
@@ -80,7 +84,8 @@ class DiagnosticReport(ReportContent):
 
         ``obs``: ``countvae_heldout``, ``countvae_knn_agreement`` (cross-seed k-NN overlap at ``cells_knn_k``
         neighbours, which the summary's ``key_notes`` give),
-        ``countvae_knn_agreement_within_seed`` (its within-seed baseline), ``countvae_lpd_mean``, ``countvae_lpd_sd``
+        ``countvae_knn_agreement_within_seed`` (its within-seed baseline, at ``cells_within_seed_k``),
+        ``countvae_lpd_mean``, ``countvae_lpd_sd``
         (held-out log p(x) over seeds), ``countvae_batch_mixing`` (with batches); ``var``:
         ``countvae_decoded_agreement``, ``countvae_de_call_frequency`` (with DE); ``obsm["X_countvae_consensus"]``;
         ``uns["countvae_report"]``. Cells are matched by ``obs_names``, genes by ``var_names``. The held-out cells and

@@ -26,8 +26,9 @@ class ReportContent:
 
     The fields are described in the docstring of
     :class:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport`, the class users see; the main tables
-    are :data:`MAIN_TABLES`. ``cells``, ``genes``, ``consensus_latent`` and ``cells_knn_k`` are kept in memory for
-    :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`, not in the report files.
+    are :data:`MAIN_TABLES`. ``cells``, ``genes``, ``consensus_latent``, ``cells_knn_k`` and ``cells_within_seed_k``
+    are kept in memory for :meth:`~countvae.diagnostics.reporting.diagnostic_report.DiagnosticReport.write`, not in the
+    report files.
     """
 
     headline: list[str]
@@ -40,7 +41,8 @@ class ReportContent:
     cells: pd.DataFrame | None = field(default=None, repr=False)
     genes: pd.DataFrame | None = field(default=None, repr=False)
     consensus_latent: np.ndarray | None = field(default=None, repr=False)
-    cells_knn_k: int | None = field(default=None, repr=False)  # the k of the k-NN columns of ``cells``
+    cells_knn_k: int | None = field(default=None, repr=False)  # the k of the cross-seed k-NN column of ``cells``
+    cells_within_seed_k: int | None = field(default=None, repr=False)  # the k of its within-seed baseline
     sections: tuple[Any, ...] | None = field(default=None, repr=False)  # the sections run (None: the registered ones)
 
     def _table(self, name: str) -> pd.DataFrame:

@@ -75,9 +75,9 @@ class ReportSettings:
     knn_graph_cells: int | None = setting(
         None,
         """Cells of the graph the k-NN row speaks about (``None``: the held-out and fit cells together, the graph an
-        analyst builds on all of their cells). The held-out cells' neighbours are found among the held-out cells and
-        up to ``max_fit_cells`` fit cells; where that graph has another number of cells than this, ``k`` is scaled so
-        that a neighbourhood keeps its share of the cells.""",
+        analyst builds on all of their cells). The held-out cells' neighbours are found among every held-out and fit
+        cell the report has; where that graph has another number of cells than this (a report on held-out cells only),
+        ``k`` is scaled so that a neighbourhood keeps its share of the cells.""",
     )
     n_markers: int = setting(8, "Default markers (genes of largest variance) when none are given.")
     ica: bool = setting(
@@ -94,7 +94,8 @@ class ReportSettings:
     max_fit_cells: int = setting(
         10_000,
         """Fit cells (when known) whose latent means each seed gives: each seed's ICA is estimated on them, in two
-        disjoint halves, and the k-NN row finds the held-out cells' neighbours among them.""",
+        disjoint halves, and they get the per-cell columns. The k-NN row finds the held-out cells' neighbours among
+        every fit cell whatever this is; the within-seed baseline, batch mixing and placement among these.""",
     )
     alpha: float = setting(
         0.05,

@@ -12,6 +12,7 @@ from diagnostics_helpers import random_rotation
 from sklearn.neighbors import kneighbors_graph
 
 from countvae.diagnostics.analyses.invariants import InvariantInputs, KnnGraph, invariants_table
+from countvae.diagnostics.analyses.subspace import subsample
 from countvae.diagnostics.reporting.verdicts import TOO_FEW_CELLS_REASON, judge_invariants
 from countvae.errors import InvalidArgumentError
 
@@ -32,8 +33,10 @@ def _whole_graph_overlap(a: np.ndarray, b: np.ndarray, rows: np.ndarray, k: int)
     return float(np.mean([len(set(ga[i]) & set(gb[i])) / len(set(ga[i]) | set(gb[i])) for i in rows]))
 
 
-def _knn_row(latents, **inputs):
-    judged = judge_invariants(invariants_table(InvariantInputs(latents=latents, **inputs))[0])
+def _knn_row(latents, max_knn_cells=5_000, **inputs):
+    judged = judge_invariants(
+        invariants_table(InvariantInputs(latents=latents, **inputs), max_knn_cells=max_knn_cells)[0]
+    )
     return judged.set_index("quantity").loc["k-NN graph"]
 
 
@@ -50,6 +53,20 @@ def test_the_row_is_the_held_out_rows_of_the_graph_on_all_cells(seed):
     # analyst's graph differs (the case that the verdict on held-out cells alone got wrong against the oracle).
     assert alone.agreement > truth + 0.1
     assert (alone.verdict, analyst.verdict) == ("agree", "differ")
+
+
+def test_held_out_cells_beyond_max_knn_cells_stay_in_the_graph():
+    """Only 100 of the 300 held-out rows are compared, but on the graph of all 1,800 cells at k = 15 (no scaling)."""
+    a, b = _displaced_fits(5, noise=0.2)
+    held, fit = np.arange(N_HELDOUT), np.arange(N_HELDOUT, N_CELLS)
+    rows = subsample(N_HELDOUT, 100, 0)  # the rows invariants_table compares (its seed 0)
+    inputs = InvariantInputs(latents={"s0": a[held], "s1": b[held]}, reference_latents={"s0": a[fit], "s1": b[fit]})
+    row = judge_invariants(invariants_table(inputs, max_knn_cells=100)[0]).set_index("quantity").loc["k-NN graph"]
+    assert row.agreement == pytest.approx(_whole_graph_overlap(a, b, rows, 15), abs=1e-12)
+    assert row.interval.endswith("their rows of the k=15 graph on 1,800 cells (held-out and fit cells)")
+    alone = _knn_row({"s0": a[held], "s1": b[held]}, max_knn_cells=100)
+    assert alone.agreement == pytest.approx(_whole_graph_overlap(a[held], b[held], rows, 15), abs=1e-12)
+    assert alone.interval.endswith("their rows of the k=15 graph on 300 cells")
 
 
 def test_a_stated_larger_graph_scales_k_to_keep_the_neighbourhoods_share():

@@ -181,7 +181,8 @@ def test_diagnose_on_a_backed_file_reports_as_in_memory_and_leaves_the_file_open
     """The main call on a backed AnnData: the same report as on the data in memory, and the caller's file still open.
 
     Reading cells into memory (anndata's ``to_memory``) closed the caller's file, so a second call failed; the report
-    then indexed the streamed fit cells, a view of the backed file, which anndata cannot index again.
+    then indexed the streamed fit cells, a view of the backed file, which anndata cannot index again. With fewer
+    ``max_fit_cells`` than fit cells, the k-NN row reads every fit cell's latent means from that view, 100 at a time.
     """
     from countvae.diagnostics import diagnose
 
@@ -190,7 +191,7 @@ def test_diagnose_on_a_backed_file_reports_as_in_memory_and_leaves_the_file_open
         "n_jobs": 1,
         "model_kwargs": MODEL,
         "train_kwargs": TRAIN,
-        "report_kwargs": {"ica": False, "n_lpd_samples": 10},
+        "report_kwargs": {"ica": False, "n_lpd_samples": 10, "max_fit_cells": 100},
     }
     backed = _backed(h5ad_path)
     on_disk = diagnose(backed, **options)

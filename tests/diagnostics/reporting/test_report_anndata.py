@@ -17,6 +17,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.neighbors import kneighbors_graph
 
 import countvae as cv
 from countvae.cli import main
@@ -125,6 +126,7 @@ def test_fit_cell_columns_single_out_the_fit_cells_the_seeds_place_apart():
     arrays = {
         "latent": {"a": held, "b": held @ rotation},
         "latent_fit": {"a": fit_a, "b": fit_b},
+        "latent_fit_all": {"a": None, "b": None},  # latent_fit holds every fit cell
         "knn_draws": {"a": np.stack([held, held]), "b": np.stack([held, held]) @ rotation},
         "knn_draws_fit": {"a": np.stack([fit_a, fit_a]), "b": np.stack([fit_b, fit_b])},
     }
@@ -132,7 +134,7 @@ def test_fit_cell_columns_single_out_the_fit_cells_the_seeds_place_apart():
         per_fit=arrays.__getitem__,
         n_cells=150,
         n_fit_cells=350,
-        subsets=SimpleNamespace(knn=None),
+        subsets=SimpleNamespace(knn=None, fit=np.arange(350)),
         fit_obs_names=pd.Index([f"fit{i}" for i in range(350)]),
         names=["a", "b"],
     )
@@ -256,6 +258,43 @@ def test_fit_cell_columns_average_to_the_training_cells_row(small):
     table = rep.tables["training_cells"].set_index("quantity")
     expected = table.loc["k-NN graph", "training_agreement"]
     assert fit["knn_agreement"].iloc[chosen].mean() == pytest.approx(expected, rel=1e-12)
+
+
+def _jaccard(graphs: list, rows: np.ndarray) -> np.ndarray:
+    """Per row, the mean over pairs of graphs of the Jaccard overlap of its neighbour lists."""
+    pairs = [(ga, gb) for i, ga in enumerate(graphs) for gb in graphs[i + 1 :]]
+    return np.array([[len(set(a[r]) & set(b[r])) / len(set(a[r]) | set(b[r])) for r in rows] for a, b in pairs])
+
+
+def test_read_on_subsets_the_knn_row_and_columns_are_those_of_the_graph_on_every_cell(seed_fits):
+    """Known answer by brute force: 100 of 300 held-out and 200 of 700 fit cells read, the k-NN row, its per-cell
+    column and the training cells' k-NN row are the 15-NN overlaps of the graph on all 1,000 cells.
+
+    On the 300 cells read alone, k would be scaled to 15 x 300 / 1,000 (4): the within-seed baseline keeps that graph.
+    """
+    sections = ["per_cell", "training_cells", "about"]
+    rep = report(seed_fits, sections=sections, ica=False, **TINY, max_knn_cells=100, max_fit_cells=200)
+    held, fit = seed_fits.adata_heldout, seed_fits.adata_fit
+    latents = [np.vstack([f.latent(held), f.latent(fit)]) for f in seed_fits.fits]
+    graphs = [kneighbors_graph(z, 15, include_self=False).tolil().rows for z in latents]  # every cell, k = 15
+    s = ReportSettings()
+    knn, fit_rows = subsample(held.n_obs, 100, s.seed), subsample(fit.n_obs, 200, s.seed + 5)  # the cells read
+    row = rep.invariants.set_index("quantity").loc["k-NN graph"]
+    by_pair = _jaccard(graphs, knn)
+    assert row["agreement"] == pytest.approx(by_pair.mean(axis=1).min(), abs=1e-12)
+    assert row["agreement_mean"] == pytest.approx(by_pair.mean(), abs=1e-12)
+    assert row["interval"].endswith("their rows of the k=15 graph on 1,000 cells (held-out and fit cells)")
+    cells = rep.cells["knn_agreement"]
+    np.testing.assert_allclose(cells[held.obs_names[knn]], by_pair.mean(axis=0), atol=1e-12)
+    np.testing.assert_allclose(cells[fit.obs_names[fit_rows]], _jaccard(graphs, held.n_obs + fit_rows).mean(axis=0))
+    assert (rep.cells_knn_k, rep.cells_within_seed_k) == (15, analyst_graph_k(15, 300, 1000))
+    chosen = subsample(fit.n_obs, held.n_obs, s.seed + 9)  # the training-cells section's fit cells
+    training = rep.tables["training_cells"].set_index("quantity").loc["k-NN graph"]
+    expected = _jaccard(graphs, held.n_obs + chosen[subsample(len(chosen), 100, s.seed)]).mean(axis=1).min()
+    assert training["training_agreement"] == pytest.approx(expected, abs=1e-12)
+    text = rep.subsampling["k-NN graphs"]
+    assert text.startswith("100 of 300 held-out cells and 200 of 700 fit cells, their neighbours found among all 1,000")
+    assert text.endswith("these 300 cells alone: k=4 (scaled from 15: the graph stands for one on 1,000 cells)")
 
 
 def test_write_into_all_cells_fills_the_heldout_and_fit_cells(small):

@@ -43,6 +43,7 @@ def _planted(noise: float, n_held: int = 300, n_fit: int = 700, seed: int = 0):
     held, fit = rng.normal(size=(n_held, 3)), rng.normal(size=(n_fit, 3))
     latents = {"latent": {"a": held, "b": held @ rotation}}
     latents["latent_fit"] = {"a": fit, "b": (fit + noise * rng.normal(size=fit.shape)) @ rotation}
+    latents["latent_fit_all"] = {"a": None, "b": None}  # latent_fit holds every fit cell
     return SimpleNamespace(
         per_fit=latents.__getitem__, n_cells=n_held, n_fit_cells=n_fit, symmetry="orthogonal", names=["a", "b"]
     )
@@ -78,7 +79,9 @@ def test_without_noise_the_training_rows_equal_their_exact_answer():
 
 def test_without_fit_cells_nothing_is_measured():
     c = _planted(noise=0.0)
-    no_fit = SimpleNamespace(**{**vars(c), "per_fit": {"latent": c.per_fit("latent"), "latent_fit": {}}.__getitem__})
+    no_fit = SimpleNamespace(
+        **{**vars(c), "per_fit": {"latent": c.per_fit("latent"), "latent_fit": {}, "latent_fit_all": {}}.__getitem__}
+    )
     assert training_cell_rows(no_fit, ReportSettings(**SMALL)) is None
 
 

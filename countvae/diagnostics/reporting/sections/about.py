@@ -7,8 +7,8 @@ from typing import Any
 import pandas as pd
 
 from countvae._formatting import MISSING
-from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS
-from countvae.diagnostics.reporting.collect import Collected, knn_graph, knn_positions
+from countvae.diagnostics.analyses.invariants import METRIC_DEFINITIONS, KnnGraph
+from countvae.diagnostics.reporting.collect import Collected, analyst_graph, knn_graph, knn_positions
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import (
     HTML,
@@ -124,17 +124,28 @@ def training_table(fit_settings: dict[str, Any]) -> dict[str, pd.DataFrame]:
 
 
 def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
-    """Which cells the k-NN row's graph holds, and its ``k`` (as the invariants table builds it)."""
+    """Which cells the k-NN graphs hold, and their ``k`` (as the invariants table and the sections build them)."""
     n, n_query = c.n_cells, len(knn_positions(c))
-    g = knn_graph(c, s)
+    g, row = knn_graph(c, s), analyst_graph(c, s)
     n_reference = g.n_cells - n_query
+
+    def k_text(graph: KnnGraph) -> str:
+        if graph.graph_cells == graph.n_cells:
+            return f"k={graph.k}"
+        return f"k={graph.k} (scaled from {s.k}: the graph stands for one on {graph.graph_cells:,} cells)"
+
     text = f"{n_query} of {n} held-out cells"
+    if row.n_cells == g.n_cells:  # every cell is on the subsets' graph: one graph for all
+        if n_reference:
+            text += f", their neighbours found among them and {n_reference} of {c.n_fit_cells} fit cells"
+        return f"{text}; {k_text(g)}"
     if n_reference:
-        text += f", their neighbours found among them and {n_reference} of {c.n_fit_cells} fit cells"
-    text += f"; k={g.k}"
-    if g.graph_cells != g.n_cells:
-        text += f" (scaled from {s.k}: the graph stands for one on {g.graph_cells:,} cells)"
-    return text
+        text += f" and {n_reference} of {c.n_fit_cells} fit cells"
+    kinds = "held-out and fit" if row.n_cells > n else "held-out"
+    return (
+        f"{text}, their neighbours found among all {row.n_cells:,} {kinds} cells; {k_text(row)}. The within-seed "
+        f"baseline, batch mixing and placement, on the graph of these {g.n_cells:,} cells alone: {k_text(g)}"
+    )
 
 
 def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:

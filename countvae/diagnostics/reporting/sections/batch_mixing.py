@@ -3,7 +3,7 @@
 An analyst who registers a batch covariate reads the latent space as corrected for it, and needs to know how far it is:
 the share of each cell's neighbours from another batch, over the share expected if batch were random
 (:func:`countvae.metrics.batch_mixing`; 1 is random mixing, 0 none), in the k-NN graph on the held-out cells and the fit
-cells the report has (up to ``max_knn_cells`` and ``max_fit_cells``; ``k`` scaled, as for the k-NN row, so that a
+cells the report has (up to ``max_knn_cells`` and ``max_fit_cells``; ``k`` scaled so that a
 neighbourhood keeps the share of the cells it has in the analyst's graph on all of their cells). Each kind of cell is
 weighted by the cells it stands for, so the mean estimates the mixing of that graph (exactly, with every cell at hand).
 

@@ -12,7 +12,7 @@ import pandas as pd
 from countvae import plotting
 from countvae._formatting import format_value
 from countvae.diagnostics.analyses.invariants import InvariantInputs, ResamplingSettings, invariants_table
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.reporting.collect import Collected, every_fit_cell_latents, knn_graph_cells
 from countvae.diagnostics.reporting.display import invariants_for_display, threshold_text
 from countvae.diagnostics.reporting.headline import verdict_lines
 from countvae.diagnostics.reporting.report_content import ReportContent
@@ -56,6 +56,7 @@ ROW_NEEDS = frozenset(
     {
         "latent",
         "latent_fit",
+        "latent_fit_all",
         "log_rate",
         "normalized",
         "span",
@@ -113,7 +114,7 @@ class InvariantsSection(Section):
                 markers=c.markers,
                 components=ica.values["components"].table if s.ica else None,
                 ica_threshold=s.ica_threshold,
-                reference_latents=fit_cell_latents(c),
+                reference_latents=every_fit_cell_latents(c),
                 graph_cells=knn_graph_cells(c, s),
             ),
             k=s.k,

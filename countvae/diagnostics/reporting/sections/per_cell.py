@@ -3,8 +3,10 @@
 A section without a heading: its results are fields of the report kept in memory (``cells``, ``genes``,
 ``consensus_latent``), not in the report files. The cells are the held-out cells and, when the report has them, the fit
 cells of ``CellSubsets.fit``: the cells an analyst reads, which the fits were trained on and can place less alike than
-held-out cells (see the training-cells section). Both are scored on one k-NN graph (the held-out cells of
-``CellSubsets.knn`` and those fit cells), so a fit cell's column means what a held-out cell's does.
+held-out cells (see the training-cells section). Both kinds are scored on the same graphs, so a fit cell's column means
+what a held-out cell's does: the cross-seed agreement on the k-NN row's graph (every held-out and fit cell, the report's
+``k``), the within-seed baseline on the graph of the cells it has guide draws of (the held-out cells of
+``CellSubsets.knn`` and those fit cells, ``k`` scaled when that graph leaves cells out).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from countvae.diagnostics.analyses.stability_columns import (
     consensus_latent,
     gene_decoded_agreement,
 )
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph, knn_positions
+from countvae.diagnostics.reporting.collect import (
+    Collected,
+    analyst_graph,
+    every_fit_cell_latents,
+    fit_cell_latents,
+    knn_graph,
+    knn_positions,
+)
 from countvae.diagnostics.reporting.sections.base import Section, SectionResult, Shared, heldout_maps
 from countvae.diagnostics.reporting.settings import ReportSettings
 
@@ -28,7 +37,7 @@ class PerCellSection(Section):
     """The per-cell and per-gene columns and the consensus latent (see :func:`stability_columns`)."""
 
     name = "per_cell"
-    needs = frozenset({"latent", "latent_fit", "knn_draws", "knn_draws_fit", "lpd", "log_rate"})
+    needs = frozenset({"latent", "latent_fit", "latent_fit_all", "knn_draws", "knn_draws_fit", "lpd", "log_rate"})
     requires = ("batch_mixing",)
 
     def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
@@ -47,7 +56,13 @@ class PerCellSection(Section):
         if fit_cells is not None:
             cells = pd.concat([cells, fit_cells])
             consensus = np.vstack([consensus, consensus_latent(fit_cell_latents(c), to_first)])
-        attributes = {"cells": cells, "genes": genes, "consensus_latent": consensus, "cells_knn_k": knn_graph(c, s).k}
+        attributes = {
+            "cells": cells,
+            "genes": genes,
+            "consensus_latent": consensus,
+            "cells_knn_k": analyst_graph(c, s).k,
+            "cells_within_seed_k": knn_graph(c, s).k,
+        }
         return SectionResult(attributes=attributes)
 
 
@@ -78,16 +93,15 @@ def fit_cell_columns(
     """Per fit cell of ``CellSubsets.fit``: the k-NN columns on the held-out cells' graph (``None`` without them).
 
     Indexed by the fit cells' names, with ``heldout`` False, ``knn_agreement`` (each fit cell's neighbours found among
-    the other fit cells and the held-out cells of ``CellSubsets.knn``: the graph of the held-out rows) and, when given,
-    ``knn_agreement_within_seed`` (:func:`within_seed_overlap`) and ``batch_mixing``. No held-out log p(x): the fits
-    were trained on these cells.
+    every other fit cell and held-out cell: the graph of the k-NN row) and, when given, ``knn_agreement_within_seed``
+    (:func:`within_seed_overlap`) and ``batch_mixing``. No held-out log p(x): the fits were trained on these cells.
     """
-    fit_latents = fit_cell_latents(c)
-    if fit_latents is None or c.fit_obs_names is None:
+    every = every_fit_cell_latents(c)
+    if every is None or c.fit_obs_names is None:
         return None
-    heldout = {name: z[knn_positions(c)] for name, z in c.per_fit("latent").items()}
     cells = pd.DataFrame({"heldout": False}, index=c.fit_obs_names)
-    cells["knn_agreement"] = cell_knn_agreement(fit_latents, knn_graph(c, s).k, heldout)
+    rows = c.subsets.fit
+    cells["knn_agreement"] = cell_knn_agreement(every, analyst_graph(c, s).k, c.per_fit("latent"), rows)
     for column, values in (("knn_agreement_within_seed", within_seed), ("batch_mixing", batch_scores)):
         if values is not None:
             cells[column] = values
@@ -103,8 +117,8 @@ def stability_columns(
     -------
     cells
         Indexed by the held-out cells' names: ``knn_agreement`` (mean over pairs of fits of the cell's k-NN Jaccard in
-        the latent means), ``knn_agreement_within_seed`` (``within_seed``, the held-out values of
-        :func:`within_seed_overlap`, when given), ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN
+        the latent means, on the k-NN row's graph), ``knn_agreement_within_seed`` (``within_seed``, the held-out values
+        of :func:`within_seed_overlap`, when given), ``lpd_mean`` and ``lpd_sd`` (held-out log p(x) over seeds). NaN
         outside the subsets they are computed on (``CellSubsets.knn``, ``CellSubsets.lpd``).
     genes
         Indexed by gene: ``decoded_agreement`` (mean over pairs of fits of Lin's concordance of the decoded log mean
@@ -115,7 +129,7 @@ def stability_columns(
     names = c.obs_names if c.obs_names is not None else pd.RangeIndex(c.n_cells).astype(str)
     cells = pd.DataFrame(index=pd.Index(names, name=None))
     knn = knn_positions(c)
-    agreement = cell_knn_agreement({n: z[knn] for n, z in latents.items()}, knn_graph(c, s).k, fit_cell_latents(c))
+    agreement = cell_knn_agreement(latents, analyst_graph(c, s).k, every_fit_cell_latents(c), knn)
     columns = {"knn_agreement": (knn, agreement)}
     if within_seed is not None:
         columns["knn_agreement_within_seed"] = (knn, within_seed)

@@ -4,8 +4,9 @@ A fit embeds its training cells and new cells with the same encoder, but has fit
 it places cells it never saw apart from its training cells: in the k-NN graph on the held-out and fit cells, held-out
 cells then find other held-out cells as neighbours more often than chance. The score is
 :func:`countvae.metrics.batch_mixing` with "held-out" and "fit" as the two batches, over the held-out cells' rows of the
-graph the k-NN row speaks about (``k`` scaled as there): 1 when unseen cells land among the training cells as if at
-random, lower when they stay apart. It matters twice: an analyst who embeds new cells with the model (or reads the
+graph on the held-out cells of ``CellSubsets.knn`` and the fit cells of ``CellSubsets.fit`` (``k`` scaled to the share
+of the analyst's graph that these cells are): 1 when unseen cells land among the training cells as if at random, lower
+when they stay apart. It matters twice: an analyst who embeds new cells with the model (or reads the
 report's held-out rows) needs the new cells placed like the old.
 
 On pbmc_3tech it fell with the amount of training, in the order of the held-out fit: 0.93 to 0.97 with train()'s early
@@ -102,9 +103,12 @@ class PlacementSection(Section):
         if "placement" not in rep.tables:
             return []
         record = rep.settings.get("placement", {})
+        k_asked = rep.settings.get("report", {}).get("k", record["k"])
+        scaled = f" (the report's k={k_asked} scaled to the share of the cells these are)"
+        scaled = "" if record["k"] == k_asked else scaled
         cells = (
             f"Held-out cells: {record['heldout_cells']}; fit cells: {record['fit_cells']}; k = {record['k']} "
-            "neighbours (scaled as for the k-NN row)."
+            f"neighbours{scaled}."
         )
         return [
             Paragraph(INTRO, formats=frozenset({HTML})),

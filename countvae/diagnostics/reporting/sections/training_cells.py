@@ -24,7 +24,7 @@ import pandas as pd
 
 from countvae.diagnostics.analyses.invariants import InvariantInputs, ResamplingSettings, invariants_table
 from countvae.diagnostics.analyses.subspace import subsample
-from countvae.diagnostics.reporting.collect import Collected, fit_cell_latents, knn_graph_cells
+from countvae.diagnostics.reporting.collect import Collected, every_fit_cell_latents, knn_graph_cells
 from countvae.diagnostics.reporting.report_content import ReportContent
 from countvae.diagnostics.reporting.sections.base import HTML, Block, Paragraph, Section, SectionResult, Shared, Table
 from countvae.diagnostics.reporting.settings import ReportSettings
@@ -43,11 +43,11 @@ INTRO = (
 def training_cell_rows(c: Collected, s: ReportSettings) -> tuple[pd.DataFrame, int] | None:
     """The invariants table's latent rows on fit cells, and the number of fit cells (``None`` without fit cells).
 
-    As many fit cells as the report has held-out cells (a seeded subset) take the held-out cells' place; the
-    other fit cells and the held-out cells are the k-NN graph's other cells, so its rows are those of the
+    As many fit cells as the report has held-out cells (a seeded subset of every fit cell) take the held-out cells'
+    place; the other fit cells and the held-out cells are the k-NN graph's other cells, so its rows are those of the
     same graph as the k-NN row's.
     """
-    fit_latents = fit_cell_latents(c)
+    fit_latents = every_fit_cell_latents(c)
     if fit_latents is None:
         return None
     n_fit = len(next(iter(fit_latents.values())))
@@ -127,7 +127,7 @@ class TrainingCellsSection(Section):
 
     name = "training_cells"
     title = "Do the held-out rows speak for the training cells?"
-    needs = frozenset({"latent", "latent_fit"})
+    needs = frozenset({"latent", "latent_fit", "latent_fit_all"})
     requires = ("invariants",)
     headline_rank = 67
 
