@@ -60,7 +60,9 @@ def _check_lost_then_resumed(adata, reference, out, marker, run_killed, run_agai
     not_done = re.search(r"Seeds \[([0-9, ]*)\] are not done", message)
     assert not_done and "1" in not_done.group(1).split(", "), message
     assert "\n" not in message
-    assert stopped_in < 120, f"the run took {stopped_in:.0f} s to notice the lost worker"
+    # A bound against a hang, not a speed claim: on a loaded 2-core machine noticing took 287 s where it takes well
+    # under 120 alone, and a run that waits for the lost worker never ends.
+    assert stopped_in < 900, f"the run took {stopped_in:.0f} s to notice the lost worker"
     assert leftovers(out) == []
     stored = sorted(int(p.name.removeprefix("seed_")) for p in (out / "fits").glob("seed_*"))
     assert 1 not in stored
