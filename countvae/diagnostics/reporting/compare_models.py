@@ -25,6 +25,7 @@ from countvae._settings import unknown_setting
 from countvae.data.backed import cells_in_memory
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
+from countvae.diagnostics.analyses.heldout_data import gene_variance
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDETERMINED
 from countvae.diagnostics.analyses.seed_groups import seed_groups
@@ -381,6 +382,7 @@ def compare_fits(
     first = next(iter(fits.values()))
     var_names = pd.Index(first[0].var_names)
     heldout = _compared_cells(first.adata_heldout, max_heldout_cells, seed)
+    genes = _decoded_genes(heldout, var_names, seed)
     stab: dict[str, dict[str, Any]] = {}
     rates: dict[str, dict[str, np.ndarray]] = {}
     frames = _heldout_lpds(fits, heldout, n_lpd_samples, seed)
@@ -390,9 +392,9 @@ def compare_fits(
     )
     for name, seed_fits in fits.items():
         latents = [fit.latent(heldout) for fit in seed_fits]
-        log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
+        log_rates = [fit.decode_log_rate(heldout, z)[:, genes] for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
-        stab[name] |= mc.within_seed_baseline([_draw_pair(fit, heldout, seed) for fit in seed_fits])
+        stab[name] |= mc.within_seed_baseline([_draw_pair(fit, heldout, seed, genes) for fit in seed_fits])
         cells = heldout[: mc.MAX_JACOBIAN_CELLS]
         spans = [jacobian_span(gene_contrasts(fit.decoder_jacobian(cells)), fit.n_latent, seed) for fit in seed_fits]
         stab[name]["subspace"] = mc.subspace_agreement(spans)
@@ -437,6 +439,20 @@ def _compared_cells(heldout: ad.AnnData, max_cells: int, seed: int) -> ad.AnnDat
     return heldout if len(kept) == heldout.n_obs else cells_in_memory(heldout, kept)
 
 
+def _decoded_genes(heldout: ad.AnnData, var_names: pd.Index, seed: int) -> slice | np.ndarray:
+    """Positions of the genes whose decoded means are compared: all, or the ``MAX_DECODED_GENES`` most variable.
+
+    Ordered as the report orders its ``max_genes`` (variance of the held-out cells' log1p-normalized counts). The
+    report keeps 500; the comparison keeps
+    :data:`~countvae.diagnostics.analyses.model_comparison.MAX_DECODED_GENES` (2,000), so that data prepared for
+    ``diagnose`` (its 2,000 genes by default) keeps every gene.
+    """
+    if len(var_names) <= mc.MAX_DECODED_GENES:
+        return slice(None)
+    order = np.argsort(-gene_variance(heldout, var_names, seed=seed), kind="stable")
+    return np.sort(order[: mc.MAX_DECODED_GENES])
+
+
 def _heldout_lpds(
     fits: Mapping[str, SeedFits], cells: ad.AnnData, n_lpd_samples: int, seed: int
 ) -> dict[str, list[pd.DataFrame]]:
@@ -450,10 +466,12 @@ def _heldout_lpds(
     return {name: [next(estimates) for _ in seed_fits] for name, seed_fits in fits.items()}
 
 
-def _draw_pair(fit: Any, heldout: ad.AnnData, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Two draws from a fit's guide on the held-out cells and the decoded log means at each."""
+def _draw_pair(
+    fit: Any, heldout: ad.AnnData, seed: int, genes: slice | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two draws from a fit's guide on the held-out cells and the decoded log means at each, for ``genes``."""
     za, zb = fit.latent_samples(heldout, 2, seed)
-    ra, rb = fit.decode_log_rate(heldout, za), fit.decode_log_rate(heldout, zb)
+    ra, rb = fit.decode_log_rate(heldout, za)[:, genes], fit.decode_log_rate(heldout, zb)[:, genes]
     return tuple(np.asarray(v, dtype=np.float64) for v in (za, zb, ra, rb))
 
 

@@ -295,6 +295,24 @@ def test_beyond_max_heldout_cells_every_fit_is_compared_on_one_random_subset(ada
     assert not capped.table["diff_vs_best"].equals(full.table["diff_vs_best"])
 
 
+def test_decoded_means_are_kept_for_the_most_variable_genes_only(adata, comparison, fits_dir, monkeypatch):
+    from countvae.diagnostics.analyses.heldout_data import gene_variance
+
+    fits, settings = _stored_fits(adata, fits_dir)
+    monkeypatch.setattr(mc, "MAX_DECODED_GENES", 20, raising=False)
+    compared = []
+    stability = mc.stability
+    monkeypatch.setattr(
+        mc, "stability", lambda z, rates, seed: compared.append(rates) or stability(z, rates, seed=seed)
+    )
+    diagnostics.compare_fits(fits, settings, n_lpd_samples=10)
+    held = fits["n_latent=2"].adata_heldout
+    top = np.sort(np.argsort(-gene_variance(held, held.var_names), kind="stable")[:20])  # the report's gene order
+    assert len(compared) == 2 and all(r.shape == (60, 20) for rates in compared for r in rates)
+    fit = fits["n_latent=2"][0]
+    np.testing.assert_array_equal(compared[0][0], fit.decode_log_rate(held, fit.latent(held))[:, top])
+
+
 def test_rerun_resumes_from_the_candidate_folders(adata, comparison, fits_dir):
     assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (2, 3, 4))
     again = _compare(adata, fits_dir)
