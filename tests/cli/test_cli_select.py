@@ -70,6 +70,10 @@ def test_select_refuses_a_file_as_out_and_bad_numbers_before_fitting_in_one_line
     assert main(["select", str(data), *fast, "--out", str(tmp_path / "s"), "--heldout-fraction", "1.5"]) == 1
     err = capsys.readouterr().err
     assert "error: --heldout-fraction must be a number in (0, 1), got 1.5" in err and len(err.strip().splitlines()) == 1
+    assert main(["select", str(data), *fast, "--out", str(tmp_path / "m"), "--max-heldout-cells", "38"]) == 1
+    err = capsys.readouterr().err
+    assert "error: --max-heldout-cells must be an integer >= 39, got 38" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m" / "fits").exists()
     # refused as a wrong command line, naming this option (the library's error named compare_models' n_lpd_samples)
     with pytest.raises(SystemExit) as stop:
         main(["select", str(data), *fast, "--out", str(tmp_path / "n"), "--n-samples", "1"])

@@ -78,6 +78,12 @@ KNN_K = 15
 MAX_JACOBIAN_CELLS = 300
 #: Cells the latent-distance concordance uses at most (the distance matrix is quadratic).
 MAX_DISTANCE_CELLS = 1_000
+#: Held-out cells the comparison uses at most by default (``max_heldout_cells``): a random subset, the same for every
+#: candidate and seed, so that the differences stay paired.
+MAX_HELDOUT_CELLS = 2_000
+#: Genes (largest variance of the held-out cells' log1p-normalized counts) whose decoded means are compared at most:
+#: a fit's decoded means are kept for these only, not for every gene.
+MAX_DECODED_GENES = 2_000
 
 RULE = (
     "Recommended: the smallest candidate (fewest latent dimensions, then a linear before an MLP decoder, "

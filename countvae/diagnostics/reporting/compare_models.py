@@ -22,20 +22,23 @@ import pandas as pd
 
 from countvae._checks import check_int, check_number
 from countvae._settings import unknown_setting
+from countvae.data.backed import cells_in_memory
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
+from countvae.diagnostics.analyses.heldout_data import gene_variance
 from countvae.diagnostics.analyses.lpd_comparability import require_same_quantity
 from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDETERMINED
 from countvae.diagnostics.analyses.seed_groups import seed_groups
-from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span
+from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
 from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, no_latent_baseline
+from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
-from countvae.diagnostics.reporting.settings import MINIMUM
+from countvae.diagnostics.reporting.settings import MINIMUM, ReportSettings
 from countvae.errors import InvalidArgumentError, InvalidDataError
 from countvae.model.settings import ModelSettings
 
@@ -174,6 +177,7 @@ def compare_models(
     n_lpd_samples: int = 100,
     alpha: float = 0.05,
     max_baseline_cells: int = 5_000,
+    max_heldout_cells: int = mc.MAX_HELDOUT_CELLS,
     seed: int = 0,
     overwrite: bool = False,
     progress_bar: bool = False,
@@ -214,7 +218,11 @@ def compare_models(
         ``"local"`` (worker processes on this machine) or ``"ray"`` (each seed of each candidate a Ray task, as
         :func:`~countvae.diagnostics.fit_seeds`; the ``[ray]`` extra).
     n_lpd_samples
-        Importance samples per cell of the held-out ``log p(x)`` estimator.
+        Importance samples per cell of the held-out ``log p(x)`` estimator (run as the report runs it: one torch
+        thread per fit, in worker processes when that saves time; :mod:`~countvae.diagnostics.reporting.heldout_lpd`).
+    max_heldout_cells
+        Held-out cells that held-out ``log p(x)`` and stability use at most (at least 39, the k-NN overlap's): beyond,
+        a random subset (from ``seed``), the same for every candidate and seed, so differences stay paired.
     alpha, max_baseline_cells, seed
         Error rate of the simultaneous intervals, in (0, 0.5) (Bonferroni over the comparisons with the best); fit
         cells the no-latent baseline is estimated on at most; seed of the estimator and of the cell subsamples.
@@ -241,7 +249,8 @@ def compare_models(
     cell's total expression then need one more latent dimension (the library share), so a linear candidate
     with ``K + 1`` dimensions for ``K`` factors is expected (docs/model-selection.md).
     """
-    share, max_baseline_cells, seed = _checked_numbers(equivalence_margin, alpha, max_baseline_cells, seed)
+    numbers = {"alpha": alpha, "max_baseline_cells": max_baseline_cells, "max_heldout_cells": max_heldout_cells}
+    _checked_numbers(equivalence_margin, seed=seed, **numbers)  # refused before any fitting
     check_int("n_lpd_samples", n_lpd_samples, 2)  # refused by every fit's log p(x), but only after the fitting
     seeds = list(seeds)
     settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
@@ -250,23 +259,24 @@ def compare_models(
     shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
     named = dict(zip(names, settings_list, strict=True))
     fits = _fit_candidates(adata, named, out_dir, shared)
-    return compare_fits(
-        fits, named, share, n_lpd_samples=n_lpd_samples, alpha=alpha, max_baseline_cells=max_baseline_cells, seed=seed
-    )
+    return compare_fits(fits, named, equivalence_margin, n_lpd_samples=n_lpd_samples, seed=seed, **numbers)
 
 
 def _checked_numbers(
-    equivalence_margin: float | None, alpha: float, max_baseline_cells: int, seed: int
-) -> tuple[float, int, int]:
-    """The margin (its default for ``None``), the baseline's cells and the seed, checked as the report checks them.
+    equivalence_margin: float | None, alpha: float, max_baseline_cells: int, max_heldout_cells: int, seed: int
+) -> tuple[float, int, int, int]:
+    """The margin (its default for ``None``), the baseline's and the comparison's cells and the seed, checked.
 
-    A baseline fitted on 1 cell gave a gain of 11,000 nats per cell and a margin to match; 0 cells gave NaN.
+    A baseline fitted on 1 cell gave a gain of 11,000 nats per cell and a margin to match; 0 cells gave NaN. Fewer
+    than :data:`~countvae.diagnostics.analyses.model_comparison.KNN_MIN_CELLS` held-out cells leave every candidate's
+    stability undetermined.
     """
     share = predictive.EQUIVALENCE_MARGIN if equivalence_margin is None else equivalence_margin
     check_number("equivalence_margin", share, 0.0, 1.0, low_open=True)
     check_number("alpha", alpha, 0.0, 0.5, low_open=True, high_open=True)  # as the report's intervals
     cells = check_int("max_baseline_cells", max_baseline_cells, MINIMUM["max_baseline_cells"])
-    return float(share), cells, check_int("seed", seed, 0)
+    heldout = check_int("max_heldout_cells", max_heldout_cells, mc.KNN_MIN_CELLS)
+    return float(share), cells, heldout, check_int("seed", seed, 0)
 
 
 def _fit_candidates(
@@ -342,6 +352,7 @@ def compare_fits(
     n_lpd_samples: int = 100,
     alpha: float = 0.05,
     max_baseline_cells: int = 5_000,
+    max_heldout_cells: int = mc.MAX_HELDOUT_CELLS,
     seed: int = 0,
 ) -> ModelComparison:
     """Compare candidates already fitted (each a :func:`~countvae.diagnostics.fit_seeds` result) as compare_models does.
@@ -352,7 +363,7 @@ def compare_fits(
         Candidate label -> its fits, all from the same seeds, held-out split and genes.
     settings
         Candidate label -> its CountVAE settings (what the size order and ``.recommended`` read).
-    equivalence_margin, n_lpd_samples, alpha, max_baseline_cells, seed
+    equivalence_margin, n_lpd_samples, alpha, max_baseline_cells, max_heldout_cells, seed
         As in :func:`compare_models`.
 
     Raises
@@ -363,26 +374,27 @@ def compare_fits(
     InvalidDataError
         Candidates fitted on different genes.
     """
-    share, max_baseline_cells, seed = _checked_numbers(equivalence_margin, alpha, max_baseline_cells, seed)
+    share, max_baseline_cells, max_heldout_cells, seed = _checked_numbers(
+        equivalence_margin, alpha, max_baseline_cells, max_heldout_cells, seed
+    )
     check_same_design(fits, settings)
     check_same_genes(fits)
     first = next(iter(fits.values()))
-    heldout = first.adata_heldout
     var_names = pd.Index(first[0].var_names)
-    frames: dict[str, list[pd.DataFrame]] = {}
+    heldout = _compared_cells(first.adata_heldout, max_heldout_cells, seed)
+    genes = _decoded_genes(heldout, var_names, seed)
     stab: dict[str, dict[str, Any]] = {}
     rates: dict[str, dict[str, np.ndarray]] = {}
-    for name, seed_fits in fits.items():
-        frames[name] = [fit.log_predictive_density(heldout, n_lpd_samples, seed) for fit in seed_fits]
+    frames = _heldout_lpds(fits, heldout, n_lpd_samples, seed)
     # Observed-library and library-integrated densities differ by the library's own density, not by fit.
     require_same_quantity(
         {f"{n}, seed {fit.seed}": f for n, fs in frames.items() for fit, f in zip(fits[n], fs, strict=True)}
     )
     for name, seed_fits in fits.items():
         latents = [fit.latent(heldout) for fit in seed_fits]
-        log_rates = [fit.decode_log_rate(heldout, z) for fit, z in zip(seed_fits, latents, strict=True)]
+        log_rates = [fit.decode_log_rate(heldout, z)[:, genes] for fit, z in zip(seed_fits, latents, strict=True)]
         stab[name] = mc.stability(latents, log_rates, seed=seed)
-        stab[name] |= mc.within_seed_baseline([_draw_pair(fit, heldout, seed) for fit in seed_fits])
+        stab[name] |= mc.within_seed_baseline([_draw_pair(fit, heldout, seed, genes) for fit in seed_fits])
         cells = heldout[: mc.MAX_JACOBIAN_CELLS]
         spans = [jacobian_span(gene_contrasts(fit.decoder_jacobian(cells)), fit.n_latent, seed) for fit in seed_fits]
         stab[name]["subspace"] = mc.subspace_agreement(spans)
@@ -414,13 +426,52 @@ def compare_fits(
         alpha=alpha,
         n_heldout=heldout.n_obs,
         seeds=list(first.seeds),
+        n_heldout_total=first.adata_heldout.n_obs,
     )
 
 
-def _draw_pair(fit: Any, heldout: ad.AnnData, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Two draws from a fit's guide on the held-out cells and the decoded log means at each."""
+def _compared_cells(heldout: ad.AnnData, max_cells: int, seed: int) -> ad.AnnData:
+    """The held-out cells compared: all, or ``max_cells`` of them at random, the same for every candidate and seed.
+
+    Drawn as the report draws its held-out ``log p(x)`` cells (:func:`subsample` from ``seed``).
+    """
+    kept = subsample(heldout.n_obs, max_cells, seed)
+    return heldout if len(kept) == heldout.n_obs else cells_in_memory(heldout, kept)
+
+
+def _decoded_genes(heldout: ad.AnnData, var_names: pd.Index, seed: int) -> slice | np.ndarray:
+    """Positions of the genes whose decoded means are compared: all, or the ``MAX_DECODED_GENES`` most variable.
+
+    Ordered as the report orders its ``max_genes`` (variance of the held-out cells' log1p-normalized counts). The
+    report keeps 500; the comparison keeps
+    :data:`~countvae.diagnostics.analyses.model_comparison.MAX_DECODED_GENES` (2,000), so that data prepared for
+    ``diagnose`` (its 2,000 genes by default) keeps every gene.
+    """
+    if len(var_names) <= mc.MAX_DECODED_GENES:
+        return slice(None)
+    order = np.argsort(-gene_variance(heldout, var_names, seed=seed), kind="stable")
+    return np.sort(order[: mc.MAX_DECODED_GENES])
+
+
+def _heldout_lpds(
+    fits: Mapping[str, SeedFits], cells: ad.AnnData, n_lpd_samples: int, seed: int
+) -> dict[str, list[pd.DataFrame]]:
+    """Every fit's held-out ``log p(x)`` on ``cells``, by the report's :func:`heldout_lpd` (all fits in one pool).
+
+    Unlike scvi-tools' ``get_marginal_ll``, which runs on the caller's threads, every estimate runs on one torch thread
+    (``ReportSettings.lpd_threads``): the numbers then do not depend on the machine's cores or on the workers.
+    """
+    settings = ReportSettings().replace(n_lpd_samples=n_lpd_samples, seed=seed)
+    estimates = iter(heldout_lpd([fit for seed_fits in fits.values() for fit in seed_fits], cells, settings))
+    return {name: [next(estimates) for _ in seed_fits] for name, seed_fits in fits.items()}
+
+
+def _draw_pair(
+    fit: Any, heldout: ad.AnnData, seed: int, genes: slice | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Two draws from a fit's guide on the held-out cells and the decoded log means at each, for ``genes``."""
     za, zb = fit.latent_samples(heldout, 2, seed)
-    ra, rb = fit.decode_log_rate(heldout, za), fit.decode_log_rate(heldout, zb)
+    ra, rb = fit.decode_log_rate(heldout, za)[:, genes], fit.decode_log_rate(heldout, zb)[:, genes]
     return tuple(np.asarray(v, dtype=np.float64) for v in (za, zb, ra, rb))
 
 

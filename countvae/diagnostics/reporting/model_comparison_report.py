@@ -68,6 +68,9 @@ class ModelComparison:
         Held-out cells every candidate was evaluated on.
     seeds
         Seeds of every candidate.
+    n_heldout_total
+        Cells the fits held out (``None``: not recorded); more than ``n_heldout`` when ``max_heldout_cells`` kept a
+        random subset.
     """
 
     table: pd.DataFrame
@@ -80,6 +83,7 @@ class ModelComparison:
     alpha: float
     n_heldout: int
     seeds: list[int] = field(default_factory=list)
+    n_heldout_total: int | None = None
 
     @property
     def rule(self) -> str:
@@ -135,9 +139,14 @@ class ModelComparison:
     def summary(self) -> str:
         """The recommendation and what each larger candidate buys and costs, in sentences."""
         n = len(self.table)
+        cells = f"{self.n_heldout} held-out cells"
+        if self.n_heldout_total is not None and self.n_heldout_total > self.n_heldout:
+            cells = (
+                f"{self.n_heldout} of the {self.n_heldout_total} held-out cells (a random subset: max_heldout_cells)"
+            )
         lines = [
             f"{n} candidate{'s' if n != 1 else ''}, each fitted from seeds {self.seeds}, evaluated on the same "
-            f"{self.n_heldout} held-out cells.",
+            f"{cells}.",
             self._margin_line(),
         ]
         unreliable = self.table.loc[~self.table["reliable"], "candidate"].tolist()
@@ -178,6 +187,7 @@ class ModelComparison:
                 "gain_over_baseline": self.gain_over_baseline,
                 "alpha": self.alpha,
                 "n_heldout": self.n_heldout,
+                "n_heldout_total": self.n_heldout_total,
                 "seeds": self.seeds,
                 "noise_floor": self.noise_floor,
                 "table": self.table,

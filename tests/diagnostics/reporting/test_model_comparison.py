@@ -249,6 +249,70 @@ def test_each_candidate_says_which_seeds_reached_the_same_solution(comparison):
     assert table.loc[3, "stable"] and table.loc[3, "seed_groups"] == "0, 1"
 
 
+def _stored_fits(adata, fits_dir):
+    """Two of the comparison's candidates, read back from its folders, and their settings."""
+    fits = {
+        f"n_latent={k}": diagnostics.load_seed_fits(fits_dir / f"n_latent={k}__decoder=linear", adata) for k in (2, 3)
+    }
+    return fits, {f"n_latent={k}": {"n_latent": k, "decoder": "linear"} for k in (2, 3)}
+
+
+def test_beyond_max_heldout_cells_every_fit_is_compared_on_one_random_subset(adata, comparison, fits_dir, monkeypatch):
+    from dataclasses import replace
+
+    from countvae.diagnostics.analyses.subspace import subsample
+    from countvae.diagnostics.reporting import compare_models as module
+
+    fits, settings = _stored_fits(adata, fits_dir)
+    held = fits["n_latent=2"].adata_heldout
+    assert held.n_obs == 60
+    subset = subsample(60, 40, 3)  # the report's subsample of its held-out log p(x) cells, from the seed
+    assert len(subset) == 40 and len(set(subset)) == 40
+    estimated = []
+
+    def recording(fit_list, cells, s):
+        estimated.append((len(fit_list), list(cells.obs_names)))
+        return heldout_lpd(fit_list, cells, s)
+
+    heldout_lpd = module.heldout_lpd
+    monkeypatch.setattr(module, "heldout_lpd", recording)
+    capped = diagnostics.compare_fits(fits, settings, n_lpd_samples=10, max_heldout_cells=40, seed=3)
+    # one pool of estimates, every candidate and seed on the same 40 cells: the differences stay paired
+    assert estimated == [(4, list(held.obs_names[subset]))]
+    assert (capped.n_heldout, capped.n_heldout_total) == (40, 60)
+    assert "evaluated on the same 40 of the 60 held-out cells (a random subset: max_heldout_cells)" in capped.summary()
+    # every number is the comparison of the same fits holding out those 40 cells only (intervals of 40 cells)
+    only = {name: replace(f, adata_heldout=held[subset].copy()) for name, f in fits.items()}
+    direct = diagnostics.compare_fits(only, settings, n_lpd_samples=10, seed=3)
+    pd.testing.assert_frame_equal(capped.table, direct.table)
+    # at or below the cap nothing changes
+    full = diagnostics.compare_fits(fits, settings, n_lpd_samples=10, seed=3)
+    pd.testing.assert_frame_equal(
+        diagnostics.compare_fits(fits, settings, n_lpd_samples=10, max_heldout_cells=60, seed=3).table, full.table
+    )
+    assert (full.n_heldout, full.n_heldout_total) == (60, 60)
+    assert "evaluated on the same 60 held-out cells." in full.summary()
+    assert not capped.table["diff_vs_best"].equals(full.table["diff_vs_best"])
+
+
+def test_decoded_means_are_kept_for_the_most_variable_genes_only(adata, comparison, fits_dir, monkeypatch):
+    from countvae.diagnostics.analyses.heldout_data import gene_variance
+
+    fits, settings = _stored_fits(adata, fits_dir)
+    monkeypatch.setattr(mc, "MAX_DECODED_GENES", 20, raising=False)
+    compared = []
+    stability = mc.stability
+    monkeypatch.setattr(
+        mc, "stability", lambda z, rates, seed: compared.append(rates) or stability(z, rates, seed=seed)
+    )
+    diagnostics.compare_fits(fits, settings, n_lpd_samples=10)
+    held = fits["n_latent=2"].adata_heldout
+    top = np.sort(np.argsort(-gene_variance(held, held.var_names), kind="stable")[:20])  # the report's gene order
+    assert len(compared) == 2 and all(r.shape == (60, 20) for rates in compared for r in rates)
+    fit = fits["n_latent=2"][0]
+    np.testing.assert_array_equal(compared[0][0], fit.decode_log_rate(held, fit.latent(held))[:, top])
+
+
 def test_rerun_resumes_from_the_candidate_folders(adata, comparison, fits_dir):
     assert sorted(p.name for p in fits_dir.iterdir()) == sorted(f"n_latent={k}__decoder=linear" for k in (2, 3, 4))
     again = _compare(adata, fits_dir)
@@ -279,6 +343,8 @@ def test_bad_input_is_refused_with_a_remedy(adata, candidates, seeds, match):
         ({"max_baseline_cells": 1}, "max_baseline_cells must be an integer >= 10"),
         ({"max_baseline_cells": -5}, "max_baseline_cells must be an integer >= 10"),
         ({"seed": -1}, "seed must be an integer >= 0"),  # refused only after every candidate was fitted
+        # fewer held-out cells than the k-NN overlap is judged on leave every candidate's stability undetermined
+        ({"max_heldout_cells": 38}, "max_heldout_cells must be an integer >= 39"),
     ],
 )
 def test_comparison_settings_are_refused_before_fitting(adata, tmp_path, setting, match):
