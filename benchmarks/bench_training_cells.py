@@ -131,7 +131,8 @@ def collected_latents(fits: dict) -> SimpleNamespace:
     """What the training-cells section reads of a report's collected arrays, from one schedule's stored fits."""
     held = {key: np.asarray(r["latent_held"]) for key, r in fits.items()}
     fit = {key: np.asarray(r["latent_fit"]) for key, r in fits.items()}
-    latents = {"latent": held, "latent_fit": fit}
+    # the stored fits' latent_fit holds every fit cell, so the report's separate read of all fit cells is absent (None)
+    latents = {"latent": held, "latent_fit": fit, "latent_fit_all": dict.fromkeys(fit)}
     return SimpleNamespace(
         per_fit=latents.__getitem__,
         n_cells=len(next(iter(held.values()))),
