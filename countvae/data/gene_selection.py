@@ -233,7 +233,10 @@ def select_top_genes(adata: ad.AnnData, n_top_genes: int, min_genes: int = 1) ->
         )
     counts = get_count_matrix(adata, registry)
     if not (sp.issparse(counts) or isinstance(counts, np.ndarray)):
-        raise InvalidDataError("Gene selection needs the counts in memory; read the file without backed mode.")
+        raise InvalidDataError(
+            "Gene selection needs the counts in memory; read the file without backed mode, or keep every gene "
+            "(n_top_genes='all', --n-top-genes all)."
+        )
     # the batches' names, not their codes, so that an error names the batch as the analyst knows it
     batches = (
         None if registry.batch_key is None else np.asarray(registry.batch_categories)[batch_codes(adata, registry)]

@@ -274,9 +274,9 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
     genes = choose_genes(adata, None, None, 2)
     common = {"data": "x.h5ad", "adata": adata, "n_fit": 330, "n_heldout": 11, "genes": genes}
     expected = {
-        None: "(1000 ms per cell at 800 draws (the default), within about a factor 2)",
-        3200: "(3182 ms per cell at 3200 draws, within about a factor 2)",
-        100: "(364 ms per cell at 100 draws, within about a factor 2)",
+        None: "(1000 ms per cell at 800 draws (the default), within about a factor 5)",
+        3200: "(3182 ms per cell at 3200 draws, within about a factor 5)",
+        100: "(364 ms per cell at 100 draws, within about a factor 5)",
     }
     for n_samples, text in expected.items():
         messages.clear()
