@@ -28,6 +28,7 @@ __all__ = [
     "estimate",
     "n_jobs_value",
     "n_top_genes_value",
+    "selection_summary",
 ]
 
 
@@ -74,6 +75,11 @@ def describe_genes(genes: GeneChoice) -> str:
         how = "--n-top-genes" if genes.explicit else "the default --n-top-genes; 'all' keeps every gene"
         return f"the {n:,} most variable of {genes.n_genes_before:,}, chosen on the raw counts ({FLAVOR}; {how})"
     return f"all {n:,} (--n-top-genes N keeps the N most variable)"
+
+
+def selection_summary(record: dict | None) -> dict | None:
+    """A gene selection's record for a command's JSON result, without the chosen genes (the outputs record them)."""
+    return None if record is None else {k: v for k, v in record.items() if k != "genes"}
 
 
 def duration(seconds: float) -> str:

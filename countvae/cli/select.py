@@ -20,9 +20,10 @@ from countvae.cli.common import (
     refuse_inputs_in_output,
     say,
 )
-from countvae.cli.first_contact import n_jobs_value
+from countvae.cli.first_contact import add_gene_selection_argument, n_jobs_value, selection_summary
+from countvae.data import GeneChoice
 from countvae.data.registry import setup_anndata
-from countvae.diagnostics import compare_models
+from countvae.diagnostics import DIAGNOSE_N_TOP_GENES, FitSeedsSettings, compare_models
 from countvae.diagnostics.analyses.model_comparison import MAX_HELDOUT_CELLS
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
@@ -31,9 +32,11 @@ from countvae.errors import InvalidArgumentError
 EXAMPLES = """examples:
   countvae select pbmc.h5ad --n-latent 2,5,10 --decoder linear,mlp --seeds 3 --out sel
   countvae select pbmc.h5ad --layer counts --n-latent 5,10 --max-epochs 200 --json
+  countvae select raw_10x.h5ad --n-top-genes 4000 --n-latent 5,10 --seeds 2
 
-The fits are kept in OUT/fits (one folder per candidate; a rerun resumes), the comparison in
-OUT/comparison (comparison.html, comparison.json, comparison.md).
+Every candidate and seed is fitted on the same genes: the 2,000 most variable (as diagnose keeps them) when the
+file has more. The fits are kept in OUT/fits (one folder per candidate; a rerun resumes, and refuses fits made on
+other genes or settings), the comparison in OUT/comparison (comparison.html, comparison.json, comparison.md).
 """
 
 
@@ -84,6 +87,7 @@ def register(sub: Subcommands) -> None:
         default=["normal"],
         help="latent priors, e.g. normal,laplace (default: normal, N(0, I))",
     )
+    add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
     p.add_argument("--seeds", type=int, default=3, help="seeds per candidate (default: 3)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
@@ -147,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
     train_kwargs = {name: getattr(args, name) for name in ("max_epochs", "early_stopping", "batch_size", "lr")}
+    before_fitting = _BeforeFitting()
     with locked(out):  # one writer from the first fit to the saved comparison (the fits' locks end with the fits)
         comparison = compare_models(
             adata,
@@ -159,8 +164,10 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             n_lpd_samples=args.n_samples,
             max_heldout_cells=args.max_heldout_cells,
+            n_top_genes=args.n_top_genes,
             progress_bar=progress_enabled(args),
             overwrite=args.overwrite,
+            before_fitting=before_fitting,
         )
         with explained_write_errors(out / "comparison", reused=True):  # the fits stored are reused by a rerun
             comparison.save(out / "comparison", overwrite=args.overwrite)
@@ -168,9 +175,22 @@ def run(args: argparse.Namespace) -> int:
         "recommended": comparison.recommended,
         "rule": comparison.rule,
         "margin_nats_per_cell": comparison.margin,
+        "n_genes": comparison.n_genes,
+        "gene_selection": selection_summary(before_fitting.genes.record()),
         "out": str(out / "comparison"),
     }
     if not args.json and not args.quiet:
         say(comparison.summary())
     emit(result, args.json)
     return 0
+
+
+class _BeforeFitting:
+    """compare_models' ``before_fitting``: keeps the chosen genes for the result."""
+
+    def __init__(self) -> None:
+        self.genes: GeneChoice | None = None
+
+    def __call__(self, genes: GeneChoice, runs: list[FitSeedsSettings]) -> None:
+        """Keep ``genes``."""
+        self.genes = genes
