@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import anndata as ad
@@ -172,6 +176,13 @@ def raw(tmp_path_factory):
     return path
 
 
+@pytest.fixture
+def messages(caplog):
+    """The command's log messages (in-process, pytest keeps them from stderr)."""
+    caplog.set_level(logging.INFO, logger="countvae.cli")
+    return caplog
+
+
 def _top_genes(path: Path, n: int) -> list[str]:
     adata = ad.read_h5ad(path)
     return list(adata.var_names[highly_variable_genes(adata.X, n)["highly_variable"].to_numpy()])
@@ -185,6 +196,15 @@ def _stored_genes(out: Path) -> dict[str, list[str]]:
         if folder.is_dir()
         for seed in sorted((folder / "fits").iterdir())
     }
+
+
+def _command(*args: str) -> subprocess.CompletedProcess:
+    """``python -m countvae`` on this checkout, as an analyst runs it (log messages on stderr)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "countvae", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_select_fits_every_candidate_on_the_chosen_genes(raw, tmp_path, capsys):
@@ -207,6 +227,30 @@ def test_select_fits_every_candidate_on_the_chosen_genes(raw, tmp_path, capsys):
     assert all(genes == _top_genes(raw, 20) for genes in stored.values())
 
 
+def test_select_says_what_it_will_run_on_stderr_before_fitting(raw, tmp_path):
+    """As an analyst runs it: the block before fitting on stderr (stdout holds the JSON alone), none with --quiet."""
+    out = tmp_path / "sel"
+    proc = _command("select", str(raw), *FAST, "--n-top-genes", "20", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_genes"] == 20  # nothing but the result on stdout
+    err = proc.stderr
+    block = err[err.index("countvae select: before fitting") :]
+    assert "240 cells x 60 genes; 216 cells fitted, 24 held out (24 compared" in block
+    assert "the 20 most variable of 60, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
+    assert "2 (n_latent 1, 2 x decoder linear x likelihood nb) x 2 seeds = 4 fits" in block
+    assert "1 epochs per fit, batch size 128, lr 0.001, early stopping off" in block
+    assert "estimate    about" in block and "for the 4 fits" in block and "timed training steps" in block
+    assert "for the held-out log p(x) of 24 cells x 4 fits" in block and "at 10 samples" in block
+    for option in ("--seeds N", "fewer candidates", "--max-epochs N", "--n-top-genes N", "--n-jobs N"):
+        assert option in block
+    assert err.index("before fitting") < err.index("Seed 0: fitted")
+    # --quiet: no block (and no warm-up) before this rerun on other genes stops at the stored fits, in one line
+    shutil.rmtree(out / "comparison")  # as a run interrupted before its comparison
+    quiet = _command("select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out), "--json", "--quiet")
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert len(quiet.stderr.strip().splitlines()) == 1 and "holds fits made with other settings or data" in quiet.stderr
+
+
 def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
     """The fits in OUT/fits are resumed only on the genes they were made on: another --n-top-genes is refused, before
     any fit, naming the genes, and leaves the stored fits alone."""
@@ -221,7 +265,7 @@ def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
     assert _stored_genes(out) == before
 
 
-def test_select_keeps_every_gene_with_all_and_diagnoses_default_otherwise(raw, tmp_path, monkeypatch):
+def test_select_keeps_every_gene_with_all_and_diagnoses_default_otherwise(raw, tmp_path, monkeypatch, messages):
     from countvae.diagnostics.reporting import compare_models
 
     seen = []
@@ -235,11 +279,13 @@ def test_select_keeps_every_gene_with_all_and_diagnoses_default_otherwise(raw, t
         with pytest.raises(_Stop):
             main(["select", str(raw), *FAST, *flag, "--out", str(tmp_path / "s")])
     assert seen == [list(ad.read_h5ad(raw).var_names)] * 2  # 60 genes: fewer than the default 2,000, all kept
+    assert "all 60 (--n-top-genes N keeps the N most variable)" in messages.text
     # with more genes than diagnose's default, that default: its number of most variable genes
     monkeypatch.setattr(compare_models, "DIAGNOSE_N_TOP_GENES", 30)
     with pytest.raises(_Stop):
         main(["select", str(raw), *FAST, "--out", str(tmp_path / "s")])
     assert seen[2] == _top_genes(raw, 30)
+    assert "the 30 most variable of 60, chosen on the raw counts (seurat_v3; the default --n-top-genes" in messages.text
 
 
 @pytest.mark.parametrize(
