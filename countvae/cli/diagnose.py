@@ -55,6 +55,7 @@ from countvae.cli.first_contact import (
     estimate,
     expected_seconds,
     n_jobs_value,
+    selection_summary,
 )
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.data import setup_anndata, simulate
@@ -459,7 +460,7 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
         "predictive_equivalence": rep.settings["predictive_equivalence"]["state"],
         **{key: [q for q, v in table.items() if v == verdict] for key, verdict in VERDICT_KEYS.items()},
         "n_genes": int(plan.adata.n_vars),
-        "gene_selection": _selection_summary(plan.genes.record()),
+        "gene_selection": selection_summary(plan.genes.record()),
         "seconds_fitting": round(observer.fitted - started, 1),
         "seconds_seed_fits": round(observer.fitted - observer.fitting_started, 1),
         "seconds_seed_fits_estimated": None if expected is None else round(expected, 1),
@@ -478,11 +479,6 @@ def _result(args: argparse.Namespace, rep: DiagnosticReport, observer: _Observer
     if rep.downstream is not None:
         result["downstream"] = _downstream_summary(rep.downstream.summary, rep.downstream.status)
     return result
-
-
-def _selection_summary(record: dict | None) -> dict | None:
-    # The chosen genes themselves are in report.json (settings.fits.gene_selection).
-    return None if record is None else {k: v for k, v in record.items() if k != "genes"}
 
 
 def _alignment_summary(summary: pd.DataFrame) -> dict[str, float]:

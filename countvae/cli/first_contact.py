@@ -26,8 +26,11 @@ __all__ = [
     "describe_genes",
     "duration",
     "estimate",
+    "learning_rate",
+    "lpd_seconds_per_cell",
     "n_jobs_value",
     "n_top_genes_value",
+    "selection_summary",
 ]
 
 
@@ -76,6 +79,11 @@ def describe_genes(genes: GeneChoice) -> str:
     return f"all {n:,} (--n-top-genes N keeps the N most variable)"
 
 
+def selection_summary(record: dict | None) -> dict | None:
+    """A gene selection's record for a command's JSON result, without the chosen genes (the outputs record them)."""
+    return None if record is None else {k: v for k, v in record.items() if k != "genes"}
+
+
 def duration(seconds: float) -> str:
     """Seconds as a person reads them: ``42 s``, ``3.5 min``, ``2.1 h``."""
     seconds = max(0.0, float(seconds))
@@ -118,13 +126,19 @@ DEFAULT_DRAWS = MarginalSettings.n_draws
 LPD_FIXED_DRAWS = 300
 
 
+def lpd_seconds_per_cell(timing: TrainingTimeEstimate, n_fit: int, draws: int) -> float:
+    """A held-out cell's expected ``log p(x)`` time at ``draws`` draws, from the warm-up of a fit on ``n_fit`` cells."""
+    per_cell = LPD_CELL_EPOCHS * timing.seconds_per_epoch / max(n_fit, 1)
+    return per_cell * (LPD_FIXED_DRAWS + draws) / (LPD_FIXED_DRAWS + DEFAULT_DRAWS)
+
+
 def expected_seconds(timing: TrainingTimeEstimate, seeds: int, n_jobs: int | None) -> float:
     """The fitting time the estimate expects: one fit's time, times the rounds of ``n_jobs`` seeds at once."""
     rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
     return timing.seconds_per_fit * rounds
 
 
-def _learning_rate(train_kwargs: dict[str, Any]) -> str:
+def learning_rate(train_kwargs: dict[str, Any]) -> str:
     """The learning rate as the fits will use it (``TrainingPlan`` resolves its default and its cuts)."""
     plan = TrainingPlan(**{k: v for k, v in train_kwargs.items() if k in TrainingPlan.__dataclass_fields__})
     cuts = plan.early_stopping_lr_reductions if plan.early_stopping else 0
@@ -173,7 +187,7 @@ def announce(
         f"  genes     {describe_genes(genes)}",
         f"  model     {model_kwargs['likelihood']} likelihood, {model_kwargs['decoder']} decoder, "
         f"{model_kwargs['n_latent']} latent dimensions" + (hidden if model_kwargs["decoder"] == "mlp" else ""),
-        f"  training  {fits}, batch size {train_kwargs['batch_size']}, {_learning_rate(train_kwargs)}, "
+        f"  training  {fits}, batch size {train_kwargs['batch_size']}, {learning_rate(train_kwargs)}, "
         f"early stopping {stopping}{parallel}",
     ]
     if timing is None:
@@ -191,8 +205,7 @@ def announce(
     draws = DEFAULT_DRAWS if n_samples is None else n_samples
     now = f"{draws}, the default" if n_samples is None else f"{draws}; default {DEFAULT_DRAWS}"
     if timing is not None and heldout_lpd and n_heldout:
-        per_cell = LPD_CELL_EPOCHS * timing.seconds_per_epoch / max(n_fit, 1)
-        per_cell *= (LPD_FIXED_DRAWS + draws) / (LPD_FIXED_DRAWS + DEFAULT_DRAWS)
+        per_cell = lpd_seconds_per_cell(timing, n_fit, draws)
         lines.append(
             f"{' ' * 12}then about {duration(per_cell * n_heldout)} for the held-out log p(x) of {n_heldout:,} cells "
             f"({per_cell * 1000:.0f} ms per cell at {draws} draws{' (the default)' if n_samples is None else ''}, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +21,39 @@ from countvae.cli.common import (
     refuse_inputs_in_output,
     say,
 )
-from countvae.cli.first_contact import n_jobs_value
+from countvae.cli.first_contact import (
+    add_gene_selection_argument,
+    describe_genes,
+    duration,
+    estimate,
+    learning_rate,
+    lpd_seconds_per_cell,
+    n_jobs_value,
+    selection_summary,
+)
+from countvae.data import GeneChoice
 from countvae.data.registry import setup_anndata
-from countvae.diagnostics import compare_models
+from countvae.diagnostics import DIAGNOSE_N_TOP_GENES, FitSeedsSettings, compare_models, plan_parallelism
 from countvae.diagnostics.analyses.model_comparison import MAX_HELDOUT_CELLS
+from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
+from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.parallelism import steps_per_seed
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
 from countvae.errors import InvalidArgumentError
 
+logger = logging.getLogger("countvae.cli")
+
 EXAMPLES = """examples:
   countvae select pbmc.h5ad --n-latent 2,5,10 --decoder linear,mlp --seeds 3 --out sel
   countvae select pbmc.h5ad --layer counts --n-latent 5,10 --max-epochs 200 --json
+  countvae select raw_10x.h5ad --n-top-genes 4000 --n-latent 5,10 --seeds 2
 
-The fits are kept in OUT/fits (one folder per candidate; a rerun resumes), the comparison in
-OUT/comparison (comparison.html, comparison.json, comparison.md).
+Every candidate and seed is fitted on the same genes: the 2,000 most variable (as diagnose keeps them) when the
+file has more. Before fitting, the command prints the data size, the candidates and the time it expects (from a
+few timed training steps), with the options that shorten it. The fits are kept in OUT/fits (one folder per
+candidate; a rerun resumes, and refuses fits made on other genes or settings), the comparison in OUT/comparison
+(comparison.html, comparison.json, comparison.md).
 """
 
 
@@ -84,6 +104,7 @@ def register(sub: Subcommands) -> None:
         default=["normal"],
         help="latent priors, e.g. normal,laplace (default: normal, N(0, I))",
     )
+    add_gene_selection_argument(p, DIAGNOSE_N_TOP_GENES)
     p.add_argument("--seeds", type=int, default=3, help="seeds per candidate (default: 3)")
     p.add_argument("--heldout-fraction", type=float, default=0.1, help="cells kept out of training (default 0.1)")
     p.add_argument(
@@ -147,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n_hidden:
         grid["n_hidden"] = args.n_hidden
     train_kwargs = {name: getattr(args, name) for name in ("max_epochs", "early_stopping", "batch_size", "lr")}
+    before_fitting = _BeforeFitting(args, grid)
     with locked(out):  # one writer from the first fit to the saved comparison (the fits' locks end with the fits)
         comparison = compare_models(
             adata,
@@ -159,8 +181,10 @@ def run(args: argparse.Namespace) -> int:
             backend=args.backend,
             n_lpd_samples=args.n_samples,
             max_heldout_cells=args.max_heldout_cells,
+            n_top_genes=args.n_top_genes,
             progress_bar=progress_enabled(args),
             overwrite=args.overwrite,
+            before_fitting=before_fitting,
         )
         with explained_write_errors(out / "comparison", reused=True):  # the fits stored are reused by a rerun
             comparison.save(out / "comparison", overwrite=args.overwrite)
@@ -168,9 +192,81 @@ def run(args: argparse.Namespace) -> int:
         "recommended": comparison.recommended,
         "rule": comparison.rule,
         "margin_nats_per_cell": comparison.margin,
+        "n_genes": comparison.n_genes,
+        "gene_selection": selection_summary(before_fitting.genes.record()),
         "out": str(out / "comparison"),
     }
     if not args.json and not args.quiet:
         say(comparison.summary())
     emit(result, args.json)
     return 0
+
+
+class _BeforeFitting:
+    """compare_models' ``before_fitting``: keeps the chosen genes for the result and logs the block before fitting."""
+
+    def __init__(self, args: argparse.Namespace, grid: dict[str, list]):
+        self.args, self.grid = args, grid
+        self.genes: GeneChoice | None = None
+
+    def __call__(self, genes: GeneChoice, runs: list[FitSeedsSettings]) -> None:
+        """Keep ``genes``; with log messages on, time the candidates and log the block."""
+        self.genes = genes
+        if logger.isEnabledFor(logging.INFO):  # --quiet: no block, and no time spent on the warm-ups
+            _announce(self.args, self.grid, genes, runs)
+
+
+def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice, runs: list[FitSeedsSettings]) -> None:
+    """Log data size, candidates, fits, the time expected and how to shorten it (as ``announce`` for one model).
+
+    The training time is timed once per decoder, latent size and hidden width (on the first candidate with them: the
+    likelihood and the prior are not timed apart), ten training steps each as for ``diagnose``, and extrapolated to
+    all fits, ``n_jobs`` at a time. The held-out ``log p(x)`` of each fit on the compared cells follows the ratio to
+    the timed steps that ``fit`` uses, on one torch thread per fit and one worker per usable core.
+    """
+    first, n_seeds = runs[0], len(runs[0].seeds)
+    fit_idx, held_idx = heldout_split(genes.adata.n_obs, first.heldout_fraction, first.split_seed)
+    adata_fit = genes.adata[fit_idx].copy()
+    n_fits, compared, cores = len(runs) * n_seeds, min(len(held_idx), args.max_heldout_cells), available_cores()
+    threads, steps = first.torch_threads or DEFAULT_TORCH_THREADS, steps_per_seed(len(fit_idx), first.train_kwargs)
+    # with the steps, as fit_models decides: short fits run one at a time (its reason is logged here and there)
+    jobs = plan_parallelism(first.n_jobs, n_fits, adata_fit, threads, first.backend, steps=steps)
+    keys = [tuple(run.model_kwargs.get(k) for k in ("decoder", "n_latent", "n_hidden")) for run in runs]
+    timed = {}
+    for key, run in zip(keys, runs, strict=True):
+        if key not in timed:  # each warm-up trains 20 minibatches
+            timed[key] = estimate(adata_fit, dict(run.model_kwargs), first.train_kwargs, threads)
+    timings = [timed[key] for key in keys]
+    per_fit = [t.seconds_per_fit for t in timings]
+    spread = " to ".join(dict.fromkeys(duration(s) for s in (min(per_fit), max(per_fit))))
+    fitting = max(max(per_fit), sum(per_fit) * n_seeds / jobs.n_jobs)
+    per_cell = [lpd_seconds_per_cell(t, len(fit_idx), args.n_samples) for t in timings]
+    lpd = sum(per_cell) * n_seeds * compared / min(cores, n_fits)
+    train = first.train_kwargs
+    stopping = "on (at most that many epochs)" if train.get("early_stopping") else "off"
+    values = " x ".join(f"{name} {', '.join(map(str, v))}" for name, v in grid.items())
+    lines = [
+        "countvae select: before fitting",
+        f"  data        {args.data}: {genes.adata.n_obs:,} cells x {genes.n_genes_before:,} genes; {len(fit_idx):,} "
+        f"cells fitted, {len(held_idx):,} held out ({compared:,} compared, --max-heldout-cells)",
+        f"  genes       {describe_genes(genes)}; the same for every candidate and seed",
+        f"  candidates  {len(runs)} ({values}) x {n_seeds} seeds = {n_fits} fits",
+        f"  training    {train['max_epochs']} epochs per fit, batch size {train['batch_size']}, "
+        f"{learning_rate(train)}, early stopping {stopping}, {jobs.describe()}",
+        f"  estimate    about {duration(fitting)} for the {n_fits} fits ({spread} per fit, from "
+        f"{timings[0].warmup_steps} timed training steps per decoder, latent size and width)",
+        f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
+        f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
+        f"{min(cores, n_fits)} at a time; within about a factor 2)",
+        f"{' ' * 14}not counted: reading the data, the stability measures and the no-latent baseline (under 1% of a "
+        "run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a resumed run reuses",
+        f"  shorter     --seeds N fits fewer seeds of each candidate (now {n_seeds}; at least 2)",
+        f"{' ' * 14}fewer candidates: fewer values of --n-latent, --decoder, --likelihood or --prior (now {len(runs)})",
+        f"{' ' * 14}--max-epochs N (time is proportional to epochs)",
+        f"{' ' * 14}--n-top-genes N keeps only the N most variable genes (time grows with the genes)",
+        f"{' ' * 14}--n-jobs N fits N at once (now {args.n_jobs}; this machine has {cores} usable core(s))",
+        f"{' ' * 14}--max-heldout-cells N and --n-samples N shorten the held-out log p(x) (now {compared:,} cells, "
+        f"{args.n_samples} samples per cell)",
+    ]
+    for line in lines:
+        logger.info("%s", line)

@@ -55,7 +55,7 @@ from countvae.data.validation import check_unique_names
 from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
-from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
+from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, discard_folder
@@ -75,10 +75,6 @@ logger = logging.getLogger(__name__)
 
 #: Latent dimensions when ``model_kwargs`` does not name them.
 DIAGNOSE_N_LATENT = 10
-#: Genes kept by default (the most variable, on the raw counts) when the data has more: fitting time
-#: grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with all of them
-#: (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
-DIAGNOSE_N_TOP_GENES = 2_000
 
 
 # The settings of diagnose and plan_diagnose are the fields of DiagnoseSettings, each written once there

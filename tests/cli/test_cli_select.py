@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
+import anndata as ad
 import pytest
 
 import countvae as cv
 from countvae.cli import main
+from countvae.data.gene_selection import highly_variable_genes
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +31,8 @@ def test_select_writes_the_comparison_and_resumes(data, tmp_path, capsys):
     args += ["--n-samples", "10", "--out", str(out), "--json", "--quiet"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"recommended", "rule", "margin_nats_per_cell", "out"}
+    assert set(result) == {"recommended", "rule", "margin_nats_per_cell", "n_genes", "gene_selection", "out"}
+    assert result["n_genes"] == 30 and result["gene_selection"] is None  # 30 genes: under the default, all kept
     assert result["rule"].startswith("Recommended: the smallest candidate")
     assert sorted(p.name for p in (out / "comparison").iterdir()) == [
         "comparison.html",
@@ -153,3 +162,148 @@ def test_select_refuses_a_folder_another_run_is_writing(data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is being written by another run" in err and f"pid {os.getpid()}" in err
     assert not (out / "fits").exists() and not (out / "comparison").exists()
+
+
+# ----- gene selection and the block printed before fitting ------------------------------------------------------
+FAST = ["--n-latent", "1,2", "--decoder", "linear", "--seeds", "2", "--max-epochs", "1", "--n-samples", "10"]
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory):
+    """A raw-like file with more genes than the runs below keep."""
+    path = tmp_path_factory.mktemp("raw") / "raw.h5ad"
+    cv.data.simulate(n_cells=240, n_genes=60, n_latent=2, decoder="linear", seed=1).write_h5ad(path)
+    return path
+
+
+@pytest.fixture
+def messages(caplog):
+    """The command's log messages (in-process, pytest keeps them from stderr)."""
+    caplog.set_level(logging.INFO, logger="countvae.cli")
+    return caplog
+
+
+def _top_genes(path: Path, n: int) -> list[str]:
+    adata = ad.read_h5ad(path)
+    return list(adata.var_names[highly_variable_genes(adata.X, n)["highly_variable"].to_numpy()])
+
+
+def _stored_genes(out: Path) -> dict[str, list[str]]:
+    """Each stored fit's genes, by candidate folder and seed."""
+    return {
+        f"{folder.name}/{seed.name}": list(cv.CountVAE.load(seed / "model").var_names)
+        for folder in sorted((out / "fits").iterdir())
+        if folder.is_dir()
+        for seed in sorted((folder / "fits").iterdir())
+    }
+
+
+def _command(*args: str) -> subprocess.CompletedProcess:
+    """``python -m countvae`` on this checkout, as an analyst runs it (log messages on stderr)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "countvae", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_select_fits_every_candidate_on_the_chosen_genes(raw, tmp_path, capsys):
+    """A raw file with more genes than --n-top-genes: every fit of every candidate on the same 20 most variable genes,
+    chosen on the raw counts as diagnose chooses them, and the comparison and the result say how many."""
+    out = tmp_path / "sel"
+    assert main(["select", str(raw), *FAST, "--n-top-genes", "20", "--out", str(out), "--json", "--quiet"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n_genes"] == 20
+    assert result["gene_selection"] == {
+        "flavor": "seurat_v3",
+        "n_top_genes": 20,
+        "n_genes_before": 60,
+        "counts": "adata.X",
+        "batch_key": "",
+    }
+    assert json.loads((out / "comparison" / "comparison.json").read_text())["n_genes"] == 20
+    stored = _stored_genes(out)
+    assert len(stored) == 4  # 2 candidates x 2 seeds
+    assert all(genes == _top_genes(raw, 20) for genes in stored.values())
+
+
+def test_select_says_what_it_will_run_on_stderr_before_fitting(raw, tmp_path):
+    """As an analyst runs it: the block before fitting on stderr (stdout holds the JSON alone), none with --quiet."""
+    out = tmp_path / "sel"
+    proc = _command("select", str(raw), *FAST, "--n-top-genes", "20", "--out", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_genes"] == 20  # nothing but the result on stdout
+    err = proc.stderr
+    block = err[err.index("countvae select: before fitting") :]
+    assert "240 cells x 60 genes; 216 cells fitted, 24 held out (24 compared" in block
+    assert "the 20 most variable of 60, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
+    assert "2 (n_latent 1, 2 x decoder linear x likelihood nb) x 2 seeds = 4 fits" in block
+    assert "1 epochs per fit, batch size 128, lr 0.001, early stopping off" in block
+    assert "estimate    about" in block and "for the 4 fits" in block and "timed training steps" in block
+    assert "for the held-out log p(x) of 24 cells x 4 fits" in block and "at 10 samples" in block
+    for option in ("--seeds N", "fewer candidates", "--max-epochs N", "--n-top-genes N", "--n-jobs N"):
+        assert option in block
+    assert err.index("before fitting") < err.index("Seed 0: fitted")
+    # --quiet: no block (and no warm-up) before this rerun on other genes stops at the stored fits, in one line
+    shutil.rmtree(out / "comparison")  # as a run interrupted before its comparison
+    quiet = _command("select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out), "--json", "--quiet")
+    assert quiet.returncode == 1 and quiet.stdout == ""
+    assert len(quiet.stderr.strip().splitlines()) == 1 and "holds fits made with other settings or data" in quiet.stderr
+
+
+def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
+    """The fits in OUT/fits are resumed only on the genes they were made on: another --n-top-genes is refused, before
+    any fit, naming the genes, and leaves the stored fits alone."""
+    out = tmp_path / "sel"
+    assert main(["select", str(raw), *FAST, "--n-top-genes", "20", "--out", str(out), "--quiet"]) == 0
+    shutil.rmtree(out / "comparison")  # as a run interrupted before its comparison
+    before = _stored_genes(out)
+    assert main(["select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "holds fits made with other settings or data" in err and "differing: genes" in err
+    assert "240 cells x 20 genes; this AnnData has 240 x 25" in err
+    assert _stored_genes(out) == before
+
+
+def test_select_keeps_every_gene_with_all_and_diagnoses_default_otherwise(raw, tmp_path, monkeypatch, messages):
+    from countvae.diagnostics.reporting import compare_models
+
+    seen = []
+
+    def record(adata, runs):
+        seen.append(list(adata.var_names))
+        raise _Stop
+
+    monkeypatch.setattr(compare_models, "fit_models", record)
+    for flag in (["--n-top-genes", "all"], []):
+        with pytest.raises(_Stop):
+            main(["select", str(raw), *FAST, *flag, "--out", str(tmp_path / "s")])
+    assert seen == [list(ad.read_h5ad(raw).var_names)] * 2  # 60 genes: fewer than the default 2,000, all kept
+    assert "all 60 (--n-top-genes N keeps the N most variable)" in messages.text
+    # with more genes than diagnose's default, that default: its number of most variable genes
+    monkeypatch.setattr(compare_models, "DIAGNOSE_N_TOP_GENES", 30)
+    with pytest.raises(_Stop):
+        main(["select", str(raw), *FAST, "--out", str(tmp_path / "s")])
+    assert seen[2] == _top_genes(raw, 30)
+    assert "the 30 most variable of 60, chosen on the raw counts (seurat_v3; the default --n-top-genes" in messages.text
+
+
+@pytest.mark.parametrize(
+    ("genes", "message"),
+    [
+        ("3", "--n-top-genes 3 is fewer than 5 (the latent dimensions); a model cannot have more latent dimensions"),
+        ("5", "allow fewer than 5 latent dimensions (5 of 60: --n-top-genes 5, 216 fit cells)"),
+    ],
+)
+def test_a_latent_size_larger_than_the_chosen_genes_allow_is_refused_before_fitting(
+    raw, tmp_path, monkeypatch, capsys, genes, message
+):
+    def fail(*args, **kwargs):
+        raise AssertionError("fitted")
+
+    monkeypatch.setattr("countvae.diagnostics.reporting.compare_models.fit_models", fail)
+    argv = ["select", str(raw), "--n-latent", "2,5", "--n-top-genes", genes, "--out", str(tmp_path / "s"), "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "s" / "fits").exists()

@@ -1,4 +1,4 @@
-"""How the multi-seed diagnostics train each seed when ``train_kwargs`` leaves it open.
+"""How the multi-seed diagnostics train each seed when ``train_kwargs`` leaves it open, and on how many genes.
 
 ``diagnose`` and ``compare_models`` fit several models where an analyst would fit one, so each seed gets a
 fixed budget of cell passes (:func:`default_epochs`); ``diagnose`` also stops early with the one shared rule
@@ -21,6 +21,10 @@ CELL_PASSES_PER_SEED = 600_000
 #: "stopping-vs-full" and "stopping-variants" of benchmarks/RESULTS.md), which are also the TrainingPlan
 #: defaults of a single ``CountVAE.train``.
 DIAGNOSE_STOPPING = DEFAULT_STOPPING.settings()
+#: Genes kept by default (the most variable, on the raw counts) when the data has more, by ``diagnose`` and
+#: ``compare_models``: fitting time grows with the genes, and a raw file of 11,533 genes took 6 minutes per seed with
+#: all of them (benchmarks/RESULTS.md, first-contact). scvi-tools' tutorials keep 1,200 to 4,000.
+DIAGNOSE_N_TOP_GENES = 2_000
 
 
 def default_epochs(n_fit_cells: int) -> int:

@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pandas as pd
 from countvae._checks import check_int, check_number
 from countvae._settings import unknown_setting
 from countvae.data.backed import cells_in_memory
+from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.heldout_data import gene_variance
@@ -30,10 +32,10 @@ from countvae.diagnostics.analyses.lpd_comparability import require_same_quantit
 from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDETERMINED
 from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
-from countvae.diagnostics.fitting.default_training import diagnose_train_kwargs
+from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
-from countvae.diagnostics.fitting.parallelism import AUTO
+from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, no_latent_baseline
 from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
@@ -63,9 +65,15 @@ def _folder_name(name: str) -> str:
     return f"{folder[: _MAX_FOLDER_NAME - 17]}__{hashlib.sha256(name.encode()).hexdigest()[:15]}"
 
 
-def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: int) -> None:
-    """Refuse unknown CountVAE arguments and candidates larger than the data allow."""
+def check_candidates(
+    candidates: list[dict[str, Any]], n_genes: int, n_cells: int, n_genes_before: int | None = None
+) -> None:
+    """Refuse unknown CountVAE arguments and candidates larger than the data allow.
+
+    ``n_genes_before``: the genes before a selection kept ``n_genes`` of them (``None``: no selection).
+    """
     known = [f.name for f in fields(ModelSettings)]
+    genes = f"{n_genes} genes" if n_genes_before is None else f"{n_genes} of {n_genes_before}: n_top_genes={n_genes}"
     for settings in candidates:
         for key in settings:
             if key not in known:
@@ -74,7 +82,7 @@ def check_candidates(candidates: list[dict[str, Any]], n_genes: int, n_cells: in
         if n_latent >= min(n_genes, n_cells):
             raise InvalidArgumentError(
                 f"Candidate {candidate_name(settings)!r} has n_latent={n_latent}, but the data allow fewer than "
-                f"{min(n_genes, n_cells)} latent dimensions ({n_genes} genes, {n_cells} fit cells). Remove it from "
+                f"{min(n_genes, n_cells)} latent dimensions ({genes}, {n_cells} fit cells). Remove it from "
                 "the grid or use more genes and cells."
             )
 
@@ -179,8 +187,10 @@ def compare_models(
     max_baseline_cells: int = 5_000,
     max_heldout_cells: int = mc.MAX_HELDOUT_CELLS,
     seed: int = 0,
+    n_top_genes: int | str | None = None,
     overwrite: bool = False,
     progress_bar: bool = False,
+    before_fitting: Callable[[GeneChoice, list[FitSeedsSettings]], None] | None = None,
 ) -> ModelComparison:
     """Fit each candidate from the same seeds on the same cells; compare held-out fit and cross-seed stability.
 
@@ -197,23 +207,20 @@ def compare_models(
         The held-out split, the same for every candidate (see :func:`countvae.diagnostics.fit_seeds`).
     train_kwargs
         Arguments of ``CountVAE.train``, the same for every candidate. ``max_epochs`` not given:
-        :func:`~countvae.diagnostics.diagnose`'s budget of 600,000 cell passes (20 to 400 epochs; scvi-tools'
-        rule would train 400 epochs on anything under 20,000 cells). Early stopping is off unless
-        ``early_stopping=True`` (then with ``diagnose``'s rule): its patience is counted in epochs, so on a
-        few hundred cells it is a few dozen steps; without the rule's learning-rate cut, at lr 1e-2, it stopped a
-        540-cell linear fit at its 4th epoch (tests/diagnostics/reporting/test_model_comparison.py), which would
-        rank candidates by where they happened to stop rather than by what they can fit. The cut carries that fit
-        on, but the recommendation is calibrated without early stopping (benchmarks/select_calibration.py).
+        :func:`~countvae.diagnostics.diagnose`'s budget of 600,000 cell passes (20 to 400 epochs; scvi-tools' rule
+        would train 400 epochs on anything under 20,000 cells). Early stopping is off unless ``early_stopping=True``
+        (then with ``diagnose``'s rule): its patience is counted in epochs, a few dozen steps on a few hundred cells,
+        and the recommendation is calibrated without it (docs/model-selection.md).
     out_dir
-        Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun
-        resumes (see :func:`~countvae.diagnostics.fit_seeds`). ``None``: in memory only.
+        Folder of the fits: each candidate in its own subfolder ``out_dir/<candidate>``, so a rerun resumes (see
+        :func:`~countvae.diagnostics.fit_seeds`; fits of other settings or data, other genes among them, are refused
+        unless ``overwrite``). ``None``: in memory only.
     n_jobs
         Fits at once (``"auto"``: one per usable core, as :func:`~countvae.diagnostics.fit_seeds`); the seeds of
         all candidates share one pool of workers.
     equivalence_margin
-        The margin as a share, in (0, 1], of the best candidate's per-cell gain over the no-latent baseline
-        (the report's rule; ``None``: the report's default,
-        :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
+        The margin as a share, in (0, 1], of the best candidate's per-cell gain over the no-latent baseline (the
+        report's rule; ``None``: its default, :data:`~countvae.diagnostics.analyses.predictive.EQUIVALENCE_MARGIN`).
     backend
         ``"local"`` (worker processes on this machine) or ``"ray"`` (each seed of each candidate a Ray task, as
         :func:`~countvae.diagnostics.fit_seeds`; the ``[ray]`` extra).
@@ -226,8 +233,12 @@ def compare_models(
     alpha, max_baseline_cells, seed
         Error rate of the simultaneous intervals, in (0, 0.5) (Bonferroni over the comparisons with the best); fit
         cells the no-latent baseline is estimated on at most; seed of the estimator and of the cell subsamples.
-    overwrite, progress_bar
-        Refit candidates already stored in ``out_dir``; show a progress bar over each candidate's seeds.
+    n_top_genes
+        Genes kept for every candidate and seed, chosen once on the raw counts before fitting as
+        :func:`~countvae.diagnostics.diagnose` chooses them (``DiagnoseSettings.n_top_genes``): the genes it then fits.
+    overwrite, progress_bar, before_fitting
+        Refit candidates already stored in ``out_dir``; show a progress bar over each candidate's seeds; a callable
+        given the chosen genes and each candidate's fit settings after every check, before the first fit.
 
     Returns
     -------
@@ -238,10 +249,10 @@ def compare_models(
     ------
     InvalidArgumentError
         An empty grid, unknown CountVAE arguments (the valid ones are named), a candidate with as many latent
-        dimensions as genes or cells, fewer than two seeds, fits in ``out_dir`` whose held-out ``log p(x)`` are
-        different quantities (see :func:`compare_fits`).
+        dimensions as the chosen genes or cells (or more than ``n_top_genes``), fewer than two seeds, fits in
+        ``out_dir`` whose held-out ``log p(x)`` are different quantities (see :func:`compare_fits`).
     InvalidDataError
-        Candidates fitted on different genes.
+        Candidates fitted on different genes, or a cell without counts in the chosen genes.
 
     Notes
     -----
@@ -253,12 +264,11 @@ def compare_models(
     _checked_numbers(equivalence_margin, seed=seed, **numbers)  # refused before any fitting
     check_int("n_lpd_samples", n_lpd_samples, 2)  # refused by every fit's log p(x), but only after the fitting
     seeds = list(seeds)
-    settings_list, names, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed)
+    named, genes, n_fit_cells = _checked_candidates(candidates, seeds, adata, heldout_fraction, split_seed, n_top_genes)
     train_kwargs = diagnose_train_kwargs(train_kwargs, n_fit_cells, early_stopping=False)
     shared = {"seeds": seeds, "train_kwargs": train_kwargs, "heldout_fraction": heldout_fraction, "backend": backend}
     shared |= {"split_seed": split_seed, "n_jobs": n_jobs, "overwrite": overwrite, "progress_bar": progress_bar}
-    named = dict(zip(names, settings_list, strict=True))
-    fits = _fit_candidates(adata, named, out_dir, shared)
+    fits = _fit_candidates(genes, named, out_dir, shared, before_fitting)
     return compare_fits(fits, named, equivalence_margin, n_lpd_samples=n_lpd_samples, seed=seed, **numbers)
 
 
@@ -280,12 +290,13 @@ def _checked_numbers(
 
 
 def _fit_candidates(
-    adata: ad.AnnData,
+    genes: GeneChoice,
     candidates: Mapping[str, Mapping[str, Any]],
     out_dir: str | os.PathLike | None,
     shared: Mapping[str, Any],
+    before_fitting: Callable[[GeneChoice, list[FitSeedsSettings]], None] | None,
 ) -> dict[str, SeedFits]:
-    """Every candidate's seeds, in one pool of workers so that no core waits between candidates."""
+    """Every candidate's seeds on the chosen genes, in one pool of workers so that no core waits between candidates."""
     runs = [
         FitSeedsSettings(
             **shared,
@@ -294,7 +305,11 @@ def _fit_candidates(
         )
         for name, settings in candidates.items()
     ]
-    return dict(zip(candidates, fit_models(adata, runs), strict=True))
+    if before_fitting is not None:
+        before_fitting(genes, runs)
+    # as diagnose: gene selection needs the counts in memory, so the memory warning cannot advise a backed file
+    with backed_remedy_off() if genes.selected else contextlib.nullcontext():
+        return dict(zip(candidates, fit_models(genes.adata, runs), strict=True))
 
 
 def _checked_candidates(
@@ -303,8 +318,9 @@ def _checked_candidates(
     adata: ad.AnnData,
     heldout_fraction: float,
     split_seed: int,
-) -> tuple[list[dict[str, Any]], list[str], int]:
-    """The candidates' settings and names and the number of fit cells, refused before fitting when not comparable."""
+    n_top_genes: int | str | None,
+) -> tuple[dict[str, dict[str, Any]], GeneChoice, int]:
+    """The candidates' settings by name, the genes chosen and the fit cells' number, refused if not comparable."""
     settings_list = mc.expand_candidates(candidates)
     if len(seeds) < 2:
         raise InvalidArgumentError(
@@ -317,12 +333,18 @@ def _checked_candidates(
             f"The held-out split keeps {len(heldout_idx)} of {adata.n_obs} cells; comparing candidates needs at least "
             f"{MIN_HELDOUT_CELLS} (and their k-NN stability {mc.KNN_MIN_CELLS}); pass a larger heldout_fraction."
         )
-    check_candidates(settings_list, adata.n_vars, n_fit_cells)
+    check_candidates(settings_list, adata.n_vars, n_fit_cells)  # unknown settings first, then the sizes
+    largest = max(ModelSettings(**s).n_latent for s in settings_list)
+    # scvi-tools fits the genes it is given (choosing them is a scanpy step before); like diagnose, this chooses them
+    # itself by default, so that a raw file is not fitted on every gene, once per candidate and seed
+    genes = choose_genes(adata, n_top_genes, DIAGNOSE_N_TOP_GENES, largest)
+    if genes.selected:
+        check_candidates(settings_list, genes.adata.n_vars, n_fit_cells, genes.n_genes_before)
     names = [candidate_name(s) for s in settings_list]
     if len(set(names)) != len(names):
         raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
     _refuse_same_models(settings_list, names)
-    return settings_list, names, n_fit_cells
+    return dict(zip(names, settings_list, strict=True)), genes, n_fit_cells
 
 
 def _refuse_same_models(settings_list: list[dict[str, Any]], names: list[str]) -> None:
@@ -427,6 +449,7 @@ def compare_fits(
         n_heldout=heldout.n_obs,
         seeds=list(first.seeds),
         n_heldout_total=first.adata_heldout.n_obs,
+        n_genes=len(var_names),
     )
 
 

@@ -71,6 +71,8 @@ class ModelComparison:
     n_heldout_total
         Cells the fits held out (``None``: not recorded); more than ``n_heldout`` when ``max_heldout_cells`` kept a
         random subset.
+    n_genes
+        Genes every candidate was fitted on (``None``: not recorded).
     """
 
     table: pd.DataFrame
@@ -84,6 +86,7 @@ class ModelComparison:
     n_heldout: int
     seeds: list[int] = field(default_factory=list)
     n_heldout_total: int | None = None
+    n_genes: int | None = None
 
     @property
     def rule(self) -> str:
@@ -188,6 +191,7 @@ class ModelComparison:
                 "alpha": self.alpha,
                 "n_heldout": self.n_heldout,
                 "n_heldout_total": self.n_heldout_total,
+                "n_genes": self.n_genes,
                 "seeds": self.seeds,
                 "noise_floor": self.noise_floor,
                 "table": self.table,

@@ -843,3 +843,42 @@ def test_lpd_frames_of_one_quantity_are_compared_and_unnamed_frames_are_taken_on
     )
     assert require_same_quantity({"a": named, "b": frame}) == GIVEN_OBSERVED_LIBRARY
     assert require_same_quantity({"a": frame, "b": frame}) is None
+
+
+def test_every_candidate_is_fitted_on_the_genes_chosen_once_before_fitting(adata, monkeypatch):
+    """``n_top_genes`` as diagnose takes it: the genes are chosen on the raw counts before any fit, the same for every
+    candidate, and ``before_fitting`` sees them and every candidate's fit settings before the first fit. As in
+    diagnose, the fits' memory warning then does not advise a backed file (gene selection needs the counts in
+    memory)."""
+    from countvae.data import choose_genes
+    from countvae.diagnostics.fitting import parallelism
+    from countvae.diagnostics.reporting import compare_models as module
+
+    calls, advises_backed = [], []
+
+    class Stop(Exception):
+        pass
+
+    def record(data, runs):
+        calls.append(("fit", list(data.var_names), [r.model_kwargs["n_latent"] for r in runs]))
+        advises_backed.append(parallelism._BACKED_REMEDY.get())
+        raise Stop
+
+    monkeypatch.setattr(module, "fit_models", record)
+    with pytest.raises(Stop):
+        diagnostics.compare_models(
+            adata,
+            {"n_latent": [1, 2]},
+            seeds=range(2),
+            n_top_genes=20,
+            before_fitting=lambda genes, runs: calls.append(("before", list(genes.adata.var_names), len(runs))),
+        )
+    chosen = list(choose_genes(adata, 20, None, 2).adata.var_names)
+    assert calls == [("before", chosen, 2), ("fit", chosen, [1, 2])]
+    with pytest.raises(Stop):
+        diagnostics.compare_models(adata, {"n_latent": [1, 2]}, seeds=range(2), n_top_genes="all")
+    assert calls[-1] == ("fit", list(adata.var_names), [1, 2]) and advises_backed == [False, True]
+    calls = calls[:2]
+    with pytest.raises(InvalidArgumentError, match="n_top_genes=1 is fewer than 2 .the latent dimensions."):
+        diagnostics.compare_models(adata, {"n_latent": [1, 2]}, seeds=range(2), n_top_genes=1)
+    assert len(calls) == 2  # refused before fitting
