@@ -257,7 +257,7 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"{timings[0].warmup_steps} timed training steps per decoder, latent size and width)",
         f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
         f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
-        f"{min(cores, n_fits)} at a time; within about a factor 2)",
+        f"{min(cores, n_fits)} at a time; within about a factor 5)",
         f"{' ' * 14}not counted: reading the data, the stability measures and the no-latent baseline (under 1% of a "
         "run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a resumed run reuses",
         f"  shorter     --seeds N fits fewer seeds of each candidate (now {n_seeds}; at least 2)",
