@@ -168,8 +168,9 @@ def _add_report_options(p: argparse.ArgumentParser) -> None:
     report_option("n_lpd_samples", "importance samples per held-out cell")
     unset_option(
         "max_fit_cells",
-        "fit cells the report reads: each seed's ICA is estimated on them, the k-NN graph holds them, and they get "
-        "the per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
+        "fit cells the report reads: each seed's ICA is estimated on them, the within-seed baseline, batch-mixing "
+        "and placement graphs hold them (the k-NN row holds every fit cell whatever N is), and they get the "
+        "per-cell columns of --write-h5ad (NaN beyond); raise it to the number of cells to measure every cell "
         "of a larger file, at the cost of a longer report",
         type=int,
         metavar="N",

@@ -35,6 +35,18 @@ def test_help_has_examples(capsys):
     assert "examples:" in out and "--seeds" in out and "--markers" in out and "--ica" in out
 
 
+def test_help_says_which_graphs_max_fit_cells_limits(capsys, monkeypatch):
+    # the k-NN row finds neighbours among every fit cell: the cap limits only the subsets' graphs
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping, which may break a line at a hyphen
+    with pytest.raises(SystemExit):
+        main(["diagnose", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    option = out.split("--max-fit-cells N ", 1)[1].split(" --", 1)[0]
+    assert "the k-NN graph holds them" not in option
+    assert "the within-seed baseline, batch-mixing and placement graphs hold them" in option
+    assert "(the k-NN row holds every fit cell whatever N is)" in option
+
+
 def test_diagnose_writes_report_then_resumes_and_refuses(data_file, tmp_path, capsys):
     out = tmp_path / "diag"
     argv = [str(data_file), *FAST, "--markers", "gene0,gene5", "--equivalence-margin", "0.05", "--out", str(out)]

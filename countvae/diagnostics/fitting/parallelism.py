@@ -8,10 +8,10 @@ With an in-memory AnnData each worker process receives a copy of the fit cells' 
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
 backed file open it by path and hold no copy of ``X`` or ``raw.X``, but anndata's backed mode reads the file's layers
-whole into each of them. The warning gives each worker's fixed base and the counts it holds, and advises a backed file
+whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file
 only where it would spare more than that base: a countvae model (scvi-tools models fit from an in-memory copy even of
-backed data) with its counts in ``X`` or ``raw.X`` of in-memory data, and a caller that can open one
-(:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
+backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too, when the counts are in a layer)
+outweigh the base, and a caller that can open one (:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from countvae.data.file_cells import FileCells
-from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting.backends import available_cores
 from countvae.errors import InvalidArgumentError
 
@@ -147,7 +146,7 @@ def _nbytes(matrix: Any) -> int:
 
 
 def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
-    """Bytes of the count matrices a worker holds for ``fit_data``.
+    """Bytes of the data matrices a worker holds for ``fit_data`` (counts, and a normalized ``X`` beside them).
 
     ``X``, every layer and ``raw.X`` of an in-memory AnnData, which the worker receives a copy of; for cells read from a
     file, the file's layers, which anndata's backed mode reads whole (``X`` and ``raw.X`` stay on disk).
@@ -169,12 +168,14 @@ def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
 def _backed_spares(fit_data: ad.AnnData | FileCells) -> int:
     """Bytes of each worker's copy that reading ``fit_data`` from a backed file would spare.
 
-    The copy of ``X`` and ``raw.X``; none for cells already read from a file, nor for counts in a layer, which backed
-    mode reads whole into every worker.
+    The copy of ``X`` and ``raw.X``, which backed mode leaves on disk wherever the counts are (a normalized ``X`` beside
+    counts in a layer is copied too), and the second copy of the layers, which backed mode reads whole but once; none
+    for cells already read from a file.
     """
-    if isinstance(fit_data, FileCells) or getattr(get_registry(fit_data), "layer", None) is not None:
+    if isinstance(fit_data, FileCells):
         return 0
-    return int(COPY_FACTOR * (_nbytes(fit_data.X) + (0 if fit_data.raw is None else _nbytes(fit_data.raw.X))))
+    layers = sum(_nbytes(layer) for layer in fit_data.layers.values())
+    return int(COPY_FACTOR * counts_nbytes(fit_data) - layers)
 
 
 def plan_parallelism(
@@ -249,7 +250,7 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
     # One seed at a time runs in this process, which holds the data already: no copy, so always possible.
     fitting = max(1, int(MEMORY_SHARE * available // per_worker))
     copy = per_worker - WORKER_BASE_BYTES
-    held = "the file's layers, read whole" if isinstance(fit_data, FileCells) else "its copy of the in-memory counts"
+    held = "the file's layers, read whole" if isinstance(fit_data, FileCells) else "its copy of the data"
     why = (
         f"{jobs} workers would need about {jobs * per_worker / 1024**3:.1f} GiB ({per_worker / 1024**3:.2f} GiB each: "
         f"{WORKER_BASE_BYTES / 1024**3:.2f} GiB for torch and the model, {copy / 1024**3:.2f} GiB for {held}), more "

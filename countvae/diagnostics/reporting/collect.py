@@ -497,13 +497,14 @@ def knn_graph(c: Collected, s: ReportSettings, n_fit: int | None = None) -> KnnG
     """The graph of the k-NN subsets: the held-out cells of :func:`knn_positions` and ``n_fit`` fit cells.
 
     The graph of the within-seed baseline, the batch mixing and the placement, whose guide draws and no-model embedding
-    the report has on these cells only; ``k`` is scaled when it holds fewer cells than the analyst's graph.
+    the report has on these cells only; ``k`` is scaled when it holds fewer cells than :func:`analyst_graph` (with or
+    without fit cells), so that a neighbourhood keeps its share of the cells.
     ``n_fit`` defaults to the fit cells of :func:`fit_cell_latents` (none without them).
     """
     if n_fit is None:
         reference = fit_cell_latents(c)
         n_fit = len(next(iter(reference.values()))) if reference else 0
-    return KnnGraph.of(c.n_cells, len(knn_positions(c)), n_fit, s.k, knn_graph_cells(c, s))
+    return KnnGraph.of(c.n_cells, len(knn_positions(c)), n_fit, s.k, analyst_graph(c, s).graph_cells)
 
 
 #: Every output a fit can be asked for (the ``needs`` of the report's sections name them).

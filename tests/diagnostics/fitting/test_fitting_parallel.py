@@ -249,8 +249,8 @@ def test_workers_reading_a_file_hold_its_layers_whole_and_are_not_told_to_open_i
 ):
     """anndata's backed mode keeps X on disk but reads every layer whole, whichever cells a worker fits. Known answer:
     10 of a file's 100 cells, counts in a CSR layer, cost each worker the whole layer once (its data, indices and
-    indptr bytes in the file; no copy is unpickled, so no factor 2). A worker that already reads a file, or whose
-    counts are in a layer, is told to pass a smaller n_jobs, not to open the data backed, however large its counts."""
+    indptr bytes in the file; no copy is unpickled, so no factor 2). A worker that already reads a file is told to pass
+    a smaller n_jobs, not to open the data backed, however large its counts."""
     data = adata[:100].copy()
     data.layers["counts"] = sp.csr_matrix(data.X)
     data.X = np.zeros(data.shape, dtype=np.float32)  # what the layer's counts were normalized into
@@ -266,8 +266,30 @@ def test_workers_reading_a_file_hold_its_layers_whole_and_are_not_told_to_open_i
     message = _memory_warning(cells, monkeypatch, caplog, 16)
     assert "GiB for the file's layers, read whole)" in message
     assert "backed" not in message and "Pass a smaller n_jobs" in message
-    # in memory, the counts in a layer: a backed file would still read that layer whole into every worker
-    message = _memory_warning(data, monkeypatch, caplog, 16)
+
+
+def test_a_backed_file_spares_workers_the_normalized_x_beside_counts_in_a_layer(adata, tmp_path, monkeypatch, caplog):
+    """scanpy's layout, counts in a layer and a dense normalized X: in memory each worker copies X and the layer (twice
+    at its peak), from a backed file it reads the layer once and leaves X on disk. Known answer: the saving is 2 X plus
+    the layer, the difference of the two estimates, and the warning advises the backed file once it outweighs the
+    workers' base; with next to nothing in X, the layer's second copy alone does not, and fewer workers is the remedy.
+    """
+    data = adata[:100].copy()
+    data.layers["counts"] = sp.csr_matrix(data.X)
+    data.X = np.full(data.shape, 0.5, dtype=np.float32)
+    cv.CountVAE.setup_anndata(data, layer="counts", batch_key="batch")
+    layer = data.layers["counts"]
+    layer_bytes = layer.data.nbytes + layer.indices.nbytes + layer.indptr.nbytes
+    data.write_h5ad(tmp_path / "cells.h5ad")
+    backed = ad.read_h5ad(tmp_path / "cells.h5ad", backed="r")
+    cells = FileCells.of(backed, np.arange(100), get_registry(backed))
+    saving = parallelism.worker_memory_estimate(data) - parallelism.worker_memory_estimate(cells)
+    assert parallelism._backed_spares(data) == saving == 2 * data.X.nbytes + layer_bytes > 0
+    message = _memory_warning(data, monkeypatch, caplog, data.X.nbytes)
+    assert "GiB for its copy of the data)" in message and "anndata.read_h5ad(path, backed='r')" in message
+    data.X = sp.csr_matrix(data.shape, dtype=np.float32)
+    assert parallelism._backed_spares(data) == 2 * parallelism._nbytes(data.X) + layer_bytes < 2 * layer_bytes
+    message = _memory_warning(data, monkeypatch, caplog, 2 * layer_bytes)
     assert "backed" not in message and "Pass a smaller n_jobs" in message
 
 

@@ -164,6 +164,7 @@ def test_within_seed_overlap_draws_every_cell_of_the_graph():
     arrays = {
         "latent": {"a": held, "b": held},
         "latent_fit": {"a": fit_first, "b": fit_first},
+        "latent_fit_all": {"a": None, "b": None},  # absent: the fit cells above are all of them
         "knn_draws": {"a": np.stack([held, held]), "b": np.stack([held, held])},
         "knn_draws_fit": {"a": np.stack([fit_first, fit_second]), "b": np.stack([fit_first, fit_first])},
     }
@@ -295,6 +296,21 @@ def test_read_on_subsets_the_knn_row_and_columns_are_those_of_the_graph_on_every
     text = rep.subsampling["k-NN graphs"]
     assert text.startswith("100 of 300 held-out cells and 200 of 700 fit cells, their neighbours found among all 1,000")
     assert text.endswith("these 300 cells alone: k=4 (scaled from 15: the graph stands for one on 1,000 cells)")
+
+
+def test_on_held_out_cells_only_the_subsets_k_keeps_the_share_of_the_held_out_cells(seed_fits):
+    """100 of 300 held-out cells read, no fit cells: the k-NN column finds neighbours among all 300 at k=15, so the
+    within-seed baseline and the batch mixing, on the 100 cells alone, scale k to 15 x 100 / 300 (5); below the cap
+    every graph is the report's k."""
+    held, sections = seed_fits.adata_heldout, ["per_cell", "batch_mixing", "about"]
+    rep = report(seed_fits.fits, held, sections=sections, ica=False, **TINY, max_knn_cells=100)
+    k = analyst_graph_k(15, 100, held.n_obs)
+    assert (rep.cells_knn_k, rep.cells_within_seed_k, rep.settings["batch_mixing"]["k"]) == (15, k, k) == (15, 5, 5)
+    text = rep.subsampling["k-NN graphs"]
+    assert text.endswith("these 100 cells alone: k=5 (scaled from 15: the graph stands for one on 300 cells)")
+    whole = report(seed_fits.fits, held, sections=sections, ica=False, **TINY)
+    assert (whole.cells_knn_k, whole.cells_within_seed_k, whole.settings["batch_mixing"]["k"]) == (15, 15, 15)
+    assert whole.subsampling["k-NN graphs"] == "300 of 300 held-out cells; k=15"
 
 
 def test_write_into_all_cells_fills_the_heldout_and_fit_cells(small):
