@@ -269,6 +269,24 @@ def temporary_prefix(path: str | os.PathLike) -> str:
     return f".{start}{digest}.{_MARKER}"
 
 
+def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
+    """Fail, before any ``mkdir``, when ``folder`` or a folder above it exists and is not a folder, naming that entry.
+
+    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way.
+
+    Raises
+    ------
+    OutputExistsError
+        Naming the entry in the way, then ``remedy`` (``"choose another out_dir"``).
+
+    """
+    folder = Path(folder)
+    in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        where = "" if in_the_way == folder else f", so {folder} cannot be made"
+        raise OutputExistsError(f"{in_the_way} exists and is not a folder{where}; {remedy}.")
+
+
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     """Fail now, before long work, when ``path``'s folder cannot be written (made if missing, and a file tried there).
 
@@ -276,6 +294,7 @@ def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     """
     path = Path(path)
     refuse_overlong_name(path)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path, reused=reused), _other_os_errors_explained(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):

@@ -244,3 +244,10 @@ def test_a_file_put_at_a_file_writers_path_meanwhile_is_refused_and_the_result_k
     with atomic_file_path(target, overwrite=True) as tmp:  # with overwrite, replaced as before
         tmp.write_text("mine")
     assert target.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == [kept.name, target.name]
+
+
+def test_a_file_above_a_folder_to_make_is_named(tmp_path):
+    # check_writable said "File exists (EEXIST)" of a path that did not exist, not naming the file in the way
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so "):
+        check_writable(tmp_path / "afile" / "sub" / "out")

@@ -547,6 +547,15 @@ def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_say
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
 
 
+def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path):
+    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub"
+    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so {out} cannot"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
 @pytest.mark.parametrize("kind", ["link", "file"])
 def test_overwrite_refuses_a_fits_folder_it_cannot_discard_before_discarding_the_report(data_file, tmp_path, kind):
     """With out_dir/fits/fits a link (the fits on another disk) or a file, overwrite=True deleted the finished report
