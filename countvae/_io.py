@@ -269,6 +269,24 @@ def temporary_prefix(path: str | os.PathLike) -> str:
     return f".{start}{digest}.{_MARKER}"
 
 
+def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
+    """Fail, before any ``mkdir``, when ``folder`` or a folder above it exists and is not a folder, naming that entry.
+
+    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way.
+
+    Raises
+    ------
+    OutputExistsError
+        Naming the entry in the way, then ``remedy`` (``"choose another out_dir"``).
+
+    """
+    folder = Path(folder)
+    in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if in_the_way is not None:
+        where = "" if in_the_way == folder else f", so {folder} cannot be made"
+        raise OutputExistsError(f"{in_the_way} exists and is not a folder{where}; {remedy}.")
+
+
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     """Fail now, before long work, when ``path``'s folder cannot be written (made if missing, and a file tried there).
 
@@ -276,6 +294,7 @@ def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
     """
     path = Path(path)
     refuse_overlong_name(path)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path, reused=reused), _other_os_errors_explained(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path.parent):
@@ -314,24 +333,64 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, overwrite: bool = False
 def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` for a writer that opens files itself (h5py, anndata).
 
-    The temporary file is renamed to ``path`` when the block succeeds and removed
-    when it raises (a full disk or read-only folder becomes an :class:`OutputWriteError`).
+    The temporary file is renamed to ``path`` when the block succeeds (:func:`place_file`: without ``overwrite``, a
+    file put at ``path`` during the block is refused too, never replaced) and removed when it raises (a full disk or
+    read-only folder becomes an :class:`OutputWriteError`).
     """
     path = Path(path)
     _refuse_existing(path, overwrite)
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent)
-        os.close(fd)
-        try:
-            _usual_permissions(tmp, 0o666)
-            yield Path(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        with pending_file(path) as tmp:
+            yield tmp
+            place_file(tmp, path, overwrite)
     _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def pending_file(path: Path) -> Iterator[Path]:
+    """Yield an empty temporary file beside ``path`` (``.<name>.countvae-<random>.partial``), removed after the block.
+
+    The random part keeps two runs writing ``path`` apart, and the name is one :func:`remove_interrupted_writes`
+    removes when a killed run leaves it behind.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent)
+    os.close(fd)
+    try:
+        _usual_permissions(tmp, 0o666)
+        yield Path(tmp)
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # renamed into place, or kept
+            os.unlink(tmp)
+
+
+def place_file(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Rename the finished file ``tmp`` to ``path``; without ``overwrite``, never over an entry put there meanwhile.
+
+    Another writer (a second run, the analyst) may have put a file at ``path`` since it was checked, hours ago
+    perhaps (scvi-tools checks only before writing).
+
+    Raises
+    ------
+    OutputExistsError
+        If ``overwrite`` is False and something is at ``path``; ``tmp`` is kept as ``.<name>.countvae-<random>.kept``,
+        which the message names.
+
+    """
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    why = "another writer put a file there, which overwrite=False (no --overwrite) keeps."
+    try:
+        os.link(tmp, path)  # unlike a rename, fails where path exists: no moment between the check and the rename
+    except FileExistsError:
+        raise _changed_meanwhile(tmp, path, why) from None
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(path):
+            raise _changed_meanwhile(tmp, path, why) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 @contextlib.contextmanager
@@ -425,13 +484,13 @@ def _changed_meanwhile(new: Path, path: Path, why: str) -> OutputExistsError:
 
 
 def _result_kept(new: Path) -> str:
-    """Where the new folder an error gives up on is kept (:func:`_kept`), as the message says it."""
+    """Where the new folder or file an error gives up on is kept (:func:`_kept`), as the message says it."""
     kept = _kept(new)
     return f"this run's result is kept as {kept}" if kept else "this run's result could not be kept (renaming failed)"
 
 
 def _kept(folder: Path) -> Path | None:
-    """Rename a temporary ``folder`` that an error tells the user about to ``.<name>.countvae-<random>.kept``.
+    """Rename a temporary ``folder`` (or file) that an error tells the user about to ``.<name>.countvae-<random>.kept``.
 
     :func:`remove_interrupted_writes` never removes that name, so a later run does not delete what the user was told
     to judge. ``None`` where the rename fails.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -216,3 +218,36 @@ def test_a_folder_put_at_the_path_as_the_result_is_renamed_is_refused(tmp_path, 
                 (tmp / "f").write_text("mine")
         shutil.rmtree(target)
     assert [(p / "f").read_text() for p in tmp_path.glob(".model.countvae-*.kept")] == ["mine", "mine"]
+
+
+@pytest.mark.parametrize("links", [True, False])
+def test_a_file_put_at_a_file_writers_path_meanwhile_is_refused_and_the_result_kept(tmp_path, monkeypatch, links):
+    # atomic_file_path checked the path only on entry: without overwrite, it replaced a file another writer put there
+    # during the block, and no error was raised. links=False: a file system without hard links.
+    if not links:
+
+        def no_link(src, dst):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+        monkeypatch.setattr(os, "link", no_link)
+    target = tmp_path / "result.json"
+    with pytest.raises(OutputExistsError) as info, atomic_file_path(target) as tmp:
+        tmp.write_text("mine")
+        target.write_text("theirs")
+    assert re.fullmatch(r"\.result\.json\.countvae-[a-z0-9_]{8}\.partial", tmp.name)  # what the clean-up removes
+    (kept,) = tmp_path.glob(".result.json.*")
+    message = str(info.value)
+    assert message.startswith(f"Did not write {target}, which changed while this run was writing: another writer")
+    assert f"this run's result is kept as {kept};" in message and kept.name.endswith(".kept")
+    assert target.read_text() == "theirs" and kept.read_text() == "mine"
+    assert remove_interrupted_writes(tmp_path) == [] and kept.is_file()
+    with atomic_file_path(target, overwrite=True) as tmp:  # with overwrite, replaced as before
+        tmp.write_text("mine")
+    assert target.read_text() == "mine" and sorted(p.name for p in tmp_path.iterdir()) == [kept.name, target.name]
+
+
+def test_a_file_above_a_folder_to_make_is_named(tmp_path):
+    # check_writable said "File exists (EEXIST)" of a path that did not exist, not naming the file in the way
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so "):
+        check_writable(tmp_path / "afile" / "sub" / "out")

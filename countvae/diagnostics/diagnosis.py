@@ -37,14 +37,14 @@ import scipy.sparse as sp
 
 from countvae._checks import check_bool, check_int, check_number
 from countvae._io import (
-    atomic_file_path,
     check_writable,
     explained_write_errors,
+    pending_file,
+    place_file,
     refuse_foreign_entries,
     refuse_non_folder,
     refuse_overlong_name,
     remove_interrupted_writes,
-    temporary_prefix,
 )
 from countvae._report_files import REPORT_FOLDER
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
@@ -142,7 +142,9 @@ class DiagnoseSettings:
     write_h5ad: str | Path | None = setting(
         None,
         """Also write the analysed data to this .h5ad file with the report's per-cell and per-gene columns, the
-        consensus latent and the first seed's latent (``obsm["X_countvae"]``).""",
+        consensus latent and the first seed's latent (``obsm["X_countvae"]``). The path is not locked: without
+        ``overwrite``, a file put there during the run ends it refused, with the run's copy kept beside it as
+        ``.<name>.countvae-<random>.kept`` (the message names it).""",
     )
     progress_bar: bool = setting(False, "Progress bars over the seeds and the fits of the report.")
 
@@ -346,24 +348,22 @@ def _diagnose_planned(
     )
     # The .h5ad is written first, complete, under a name of its own and renamed after the report is saved, so that a
     # run interrupted while writing it has no finished report yet and resumes (a finished report refuses a rerun).
-    pending = None if plan.h5ad_path is None else plan.h5ad_path.with_name(f"{temporary_prefix(plan.h5ad_path)}pending")
-    try:
-        if pending is not None:
+    with contextlib.ExitStack() as stack:
+        pending = None
+        if plan.h5ad_path is not None:
             refuse_without_room(plan.h5ad_path, plan.adata)  # checked again: the fits may have filled the disk
             # told about the path asked for, not the pending name
-            with explained_write_errors(plan.h5ad_path, reused=True), atomic_file_path(pending, True) as tmp:
-                write_analysed_h5ad(rep, fits, plan.adata, tmp, s.overwrite)
+            with explained_write_errors(plan.h5ad_path, reused=True):
+                pending = stack.enter_context(pending_file(plan.h5ad_path))
+                write_analysed_h5ad(rep, fits, plan.adata, pending, s.overwrite)
         if plan.report_dir is not None:
             remove_interrupted_report(plan.report_dir)
             with explained_write_errors(plan.report_dir, reused=True):
                 rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
         if pending is not None:
             with explained_write_errors(plan.h5ad_path, reused=True):
-                os.replace(pending, plan.h5ad_path)
+                place_file(pending, plan.h5ad_path, s.overwrite)  # refuses a file put there meanwhile, kept aside
             logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
-    finally:
-        if pending is not None:
-            pending.unlink(missing_ok=True)
     return rep
 
 

@@ -699,3 +699,19 @@ def test_fit_succeeds_when_the_reader_of_its_result_has_gone(tmp_path):
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=300) == 0, err
         assert err == "" and (out / "fit.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["diagnose", "select", "fit"])
+def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, capsys, monkeypatch, command):
+    # diagnose and select ended in a NotADirectoryError traceback from their run lock; fit said "File exists
+    # (EEXIST)" of the --out that did not exist, not naming the file in the way
+    data = _write_counts(tmp_path / "d.h5ad")
+    _never_trains(monkeypatch)
+    (tmp_path / "afile").write_text("mine")
+    fast = ["--n-latent", "1", "--max-epochs", "1", "--quiet"]
+    fast += [] if command == "fit" else ["--seeds", "2", "--n-jobs", "1", "--decoder", "linear"]
+    assert main([command, str(data), *fast, "--out", str(tmp_path / "afile" / "sub")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} exists and is not a folder")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "d.h5ad"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -405,6 +406,32 @@ def test_a_run_interrupted_while_writing_the_h5ad_resumes(data_file, tmp_path, m
     assert not (tmp_path / "other.h5ad").exists() and not list(tmp_path.glob(".other.h5ad*"))
 
 
+def test_a_file_put_at_the_h5ad_path_while_fitting_is_kept_and_the_result_set_aside(data_file, tmp_path, monkeypatch):
+    # Without overwrite, the analysed copy was renamed over a file another writer put at its path during the run (the
+    # path was checked only before fitting); two runs also shared one pending name, which each run's clean-up deleted.
+    from countvae.diagnostics import diagnosis
+
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad, write, pending = settings.write_h5ad, diagnosis.write_analysed_h5ad, []
+
+    def recorded(rep, fits, adata, path, overwrite):
+        pending.append(path.name)
+        write(rep, fits, adata, path, overwrite)
+
+    def another_writer(fits):
+        h5ad.write_text("another run's result")
+
+    monkeypatch.setattr(diagnosis, "write_analysed_h5ad", recorded)
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(adata, settings=settings, train_kwargs={**TRAIN, "max_epochs": 1}, after_fitting=another_writer)
+    assert re.fullmatch(r"\.analysed\.h5ad\.countvae-[a-z0-9_]{8}\.partial", pending[0])  # a random part
+    (kept,) = tmp_path.glob(".analysed.h5ad.*")
+    message = str(info.value)
+    assert message.startswith(f"Did not write {h5ad}, which changed while this run was writing: another writer put")
+    assert f"this run's result is kept as {kept};" in message and kept.name.endswith(".kept")
+    assert h5ad.read_text() == "another run's result" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
+
+
 def _h5ad_settings(data_file, tmp_path):
     adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
     settings = DiagnoseSettings(
@@ -518,6 +545,15 @@ def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_say
         with pytest.raises(OutputExistsError, match=f"{where} exists and is not a folder; .*another --out"):
             diagnose(adata, seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite)
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
+
+
+def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path):
+    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "afile" / "sub"
+    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so {out} cannot"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
+    assert (tmp_path / "afile").read_text() == "mine"
 
 
 @pytest.mark.parametrize("kind", ["link", "file"])

@@ -94,7 +94,6 @@ from countvae.errors import (
     InvalidArgumentError,
     InvalidDataError,
     ModelFileError,
-    OutputExistsError,
     SetupError,
     WorkerLostError,
 )
@@ -534,11 +533,7 @@ def _locked_root(stack: contextlib.ExitStack, out_dir: str | os.PathLike | None)
     if out_dir is None:
         return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="countvae-seeds-")))
     root = Path(out_dir)
-    in_the_way = next((p for p in (root, *root.parents) if p.exists() and not p.is_dir()), None)
-    if in_the_way is not None:
-        where = "" if in_the_way == root else f", so {root} cannot be made"
-        raise OutputExistsError(f"{in_the_way} exists and is not a folder{where}; choose another out_dir.")
-    stack.enter_context(locked(root))
+    stack.enter_context(locked(root))  # which names a file in the way
     return root
 
 

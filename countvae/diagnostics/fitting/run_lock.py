@@ -21,7 +21,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from countvae._io import explained_write_errors, write_json_atomic
+from countvae._io import explained_write_errors, refuse_file_in_the_way, write_json_atomic
 from countvae.errors import OutputLockedError
 
 logger = logging.getLogger(__name__)
@@ -90,12 +90,15 @@ def locked(root: Path) -> Iterator[None]:
 
     Raises
     ------
+    OutputExistsError
+        If ``root`` or a folder above it is a file; the message names it.
     OutputLockedError
         If another run holds the lock; the message names it (pid, host, start time).
     OutputWriteError
         If ``root`` cannot be created or written (a read-only folder, a full disk).
 
     """
+    refuse_file_in_the_way(root, "choose another out_dir (--out)")
     lock = FileLock(root / LOCK_FILE, timeout=0)
     created = not root.exists()
     try:
