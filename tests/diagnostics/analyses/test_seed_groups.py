@@ -11,9 +11,11 @@ from countvae.diagnostics import CountVAEFit
 from countvae.diagnostics.analyses.seed_groups import (
     AS_GOOD,
     DIFFERENT,
+    PAIR_COLUMNS,
     SAME,
     UNDETERMINED,
     WORSE,
+    SeedGroups,
     complete_linkage,
     group_table,
     pair_relations,
@@ -343,3 +345,63 @@ def test_a_groups_log_p_x_is_the_mean_over_its_fits_per_cell():
     assert table.loc[2, "lpd_per_cell"] == pytest.approx(10.4, abs=1e-12)
     assert table.loc[2, ["diff_from_best", "diff_low", "diff_high"]].tolist() == pytest.approx([-0.1] * 3, abs=1e-12)
     assert table.loc[2, "versus_best"] == AS_GOOD
+
+
+def test_the_grouping_is_decided_only_when_no_pair_is_undetermined():
+    """One undetermined pair among three leaves the grouping undecided; three decided pairs decide it."""
+    pairs = _relations(["s0", "s1", "s2"], {("s0", "s1")}, undetermined={("s1", "s2")})
+    assert not SeedGroups(pairs, pd.DataFrame(), margin=1.0).decided
+    decided = _relations(["s0", "s1", "s2"], {("s0", "s1")})
+    assert SeedGroups(decided, pd.DataFrame(), margin=1.0).decided
+
+
+def test_the_sentence_of_a_lone_best_fit_does_not_say_it_agrees():
+    """By hand: s1 alone has the best held-out log p(x); s0 and s2 agree with each other, 3 nats per cell worse."""
+    best = {"group": 1, "fits": ("s1",), "n_fits": 1, "lpd_per_cell": -250.0, "lpd_low": -251.0, "lpd_high": -249.0}
+    worse = {"group": 2, "fits": ("s0", "s2"), "n_fits": 2, "lpd_per_cell": -253.0, "lpd_low": -254.0}
+    gap = {"lpd_high": -252.0, "diff_from_best": -3.0, "diff_low": -3.5, "diff_high": -2.5, "versus_best": WORSE}
+    groups = pd.DataFrame(
+        [best | {"diff_from_best": 0.0, "diff_low": 0.0, "diff_high": 0.0, "versus_best": "best"}, worse | gap]
+    )
+    result = SeedGroups(pd.DataFrame(columns=list(PAIR_COLUMNS)), groups, margin=1.0)
+    assert seed_groups_sentence(result) == (
+        "s1 has the best held-out log p(x) (-250.0 nats per cell); s0 and s2 reached a worse optimum (-3.0 nats per "
+        "cell, interval -3.5 to -2.5)."
+    )
+
+
+def test_the_section_puts_its_sentence_in_the_verdict_only_when_the_seeds_split():
+    """Three fits of one solution: the section records its sentence but adds no verdict line; with a fourth fit in a
+    worse optimum, its sentence is the verdict's line."""
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting.sections.base import Shared
+    from countvae.diagnostics.reporting.sections.seed_groups import SeedGroupsSection
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    log_rates, lpd, baseline = _synthetic()
+
+    def collected(names):
+        arrays = {"log_rate": {n: log_rates[n] for n in names}, "lpd": {n: lpd[n] for n in names}}
+        return SimpleNamespace(per_fit=arrays.__getitem__, arrays=dict.fromkeys(names), baseline_lpd=baseline)
+
+    one = SeedGroupsSection().compute(collected(["s0", "s1", "s2"]), Shared(), ReportSettings())
+    assert len(one.tables["seed_groups"]) == 1 and one.headline == []
+    assert one.records["seed_groups"]["sentence"].startswith("s0, s1 and s2 reached the same solution")
+    two = SeedGroupsSection().compute(collected(["s0", "s1", "s2", "s3"]), Shared(), ReportSettings())
+    assert len(two.tables["seed_groups"]) == 2 and two.headline == [two.records["seed_groups"]["sentence"]]
+
+
+def test_the_section_groups_no_seeds_when_a_fit_has_no_held_out_log_p_x():
+    """A fit without held-out log p(x) (None in the collected arrays): no grouping, rather than one of the others."""
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting.sections.base import Shared
+    from countvae.diagnostics.reporting.sections.seed_groups import SeedGroupsSection
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    log_rates, lpd, baseline = _synthetic()
+    arrays = {"log_rate": log_rates, "lpd": {**lpd, "s2": None}}
+    c = SimpleNamespace(per_fit=arrays.__getitem__, arrays=dict.fromkeys(log_rates), baseline_lpd=baseline)
+    result = SeedGroupsSection().compute(c, Shared(), ReportSettings())
+    assert result.tables == {} and result.headline == [] and result.records == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 from diagnostics_helpers import collect_for, saved_and_loaded
@@ -18,7 +19,12 @@ from countvae.diagnostics.analyses.heldout_data import observed_counts
 from countvae.diagnostics.analyses.subspace import knn_sets
 from countvae.diagnostics.reporting.collect import batch_reference
 from countvae.diagnostics.reporting.sections.base import Shared
-from countvae.diagnostics.reporting.sections.batch_mixing import NO_MODEL, BatchMixingSection, mean_with_interval
+from countvae.diagnostics.reporting.sections.batch_mixing import (
+    NO_MODEL,
+    BatchMixingSection,
+    mean_with_interval,
+    mixing_sentences,
+)
 from countvae.diagnostics.reporting.settings import ReportSettings
 from countvae.metrics import batch_mixing
 
@@ -211,3 +217,58 @@ def test_the_interval_widens_by_the_correlation_of_cells_whose_neighbourhoods_ov
     assert value == plain_value == pytest.approx(scores.mean())
     assert value - low == pytest.approx(2 * (plain_value - plain_low))
     assert high - value == pytest.approx(2 * (plain_high - plain_value))
+
+
+def test_the_sentences_state_the_seeds_mean_and_range_and_the_no_model_row_apart():
+    """By hand: two seeds at 0.60 [0.50, 0.70] and 0.80 [0.76, 0.84], the PCA without a model at 0.20 [0.10, 0.30].
+    The seeds' mean is 0.70 (the PCA is no seed: with it, 0.53), their range 0.60 to 0.80, and the median half-width
+    of the three intervals 0.10."""
+    table = pd.DataFrame(
+        {
+            "fit": ["seed 0", "seed 1", NO_MODEL],
+            "batch_mixing": [0.6, 0.8, 0.2],
+            "low": [0.5, 0.76, 0.1],
+            "high": [0.7, 0.84, 0.3],
+        }
+    )
+    sentence, line = mixing_sentences(table, "donor", 3, 5)
+    assert sentence == (
+        "The 3 batches of 'donor' mix at 0.70 of random mixing in the latent spaces (seeds 0.60 to 0.80, each within "
+        "about 0.10 from the sampling of cells), against 0.20 in a 5-component PCA without a model."
+    )
+    assert line == (
+        "Batch mixing ('donor', 1 = as if at random): 0.70 in the latent spaces (seeds 0.60 to 0.80), 0.20 without "
+        "a model."
+    )
+
+
+def test_held_out_cells_stand_for_all_held_out_cells_when_only_some_are_scored(seed_fits):
+    """100 of the 300 held-out cells scored (max_knn_cells) beside every fit cell: each held-out cell stands for 3.
+
+    Known answer: fit cells in one cluster per batch (each scores exactly 0), held-out cells in a cluster of their own
+    where batch plays no part. The mixing of the whole graph is then 300 / 1,000 of the held-out cells' mean (an
+    unweighted mean would give 100 / 800 of it), and each batch's mixing is its held-out cells' scores weighted 3 over
+    3 times its held-out cells plus its fit cells.
+    """
+    s = ReportSettings(**SMALL, max_knn_cells=100)
+    c = collect_for(seed_fits, BatchMixingSection.needs, s)
+    rng = np.random.default_rng(4)
+    b_fit = c.batches.fit
+    z_held = rng.normal(size=(seed_fits.adata_heldout.n_obs, 3)) + [0.0, 500.0, 0.0]
+    z_fit = (b_fit == b_fit[0])[:, None] * 100.0 + rng.normal(size=(len(b_fit), 3))
+    for arrays in c.arrays.values():
+        arrays.latent, arrays.latent_fit = z_held, z_fit
+    result = BatchMixingSection().compute(c, Shared(), s)
+    record = result.records["batch_mixing"]
+    assert (record["heldout_cells"], record["fit_cells"], c.n_cells, c.n_fit_cells) == (100, 700, 300, 700)
+    assert not result.values["fit_scores"].any()  # every fit cell's neighbours are of its own batch
+    held_scores = result.values["heldout_scores"]
+    table = result.tables["batch_mixing"].set_index("fit")
+    for name in c.names:
+        assert table.loc[name, "heldout_cells"] == pytest.approx(held_scores.mean(), rel=1e-12)
+        assert table.loc[name, "batch_mixing"] == pytest.approx(0.3 * held_scores.mean(), rel=1e-12)
+    per_batch = result.tables["batch_mixing_per_batch"].set_index("batch")
+    for batch in per_batch.index:
+        held_in = c.batches.heldout == batch
+        expected = 3 * held_scores[held_in].sum() / (3 * held_in.sum() + (b_fit == batch).sum())
+        assert per_batch.loc[batch, c.names[0]] == pytest.approx(expected, rel=1e-12)

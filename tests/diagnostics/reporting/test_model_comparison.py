@@ -882,3 +882,57 @@ def test_every_candidate_is_fitted_on_the_genes_chosen_once_before_fitting(adata
     with pytest.raises(InvalidArgumentError, match="n_top_genes=1 is fewer than 2 .the latent dimensions."):
         diagnostics.compare_models(adata, {"n_latent": [1, 2]}, seeds=range(2), n_top_genes=1)
     assert len(calls) == 2  # refused before fitting
+
+
+def test_frontier_and_noise_floor_by_hand():
+    """The frontier's stability is the lower of the two concordances, and so are its interval's ends (each taken
+    apart); the noise floor is the median of the candidates' seed spreads (0.5 here: the mean is 1.2, the largest 3)."""
+    table = pd.DataFrame(
+        {
+            "candidate": ["a", "b", "c"],
+            "diff_vs_best": [-2.0, 0.0, -0.1],
+            "diff_low": [-2.5, 0.0, -0.3],
+            "diff_high": [-1.5, 0.0, 0.1],
+            "decoded_means": [0.95, 0.80, 0.99],
+            "decoded_means_low": [0.93, 0.70, 0.98],
+            "decoded_means_high": [0.97, 0.85, 0.995],
+            "distances": [0.90, 0.85, 0.97],
+            "distances_low": [0.88, 0.80, 0.96],
+            "distances_high": [0.99, 0.90, 0.98],
+            "knn": [0.7, 0.6, 0.8],
+            "stable": [True, False, True],
+            "reliable": [True, True, True],
+            "margin": 0.5,
+            "fit_seconds": [1.0, 2.0, 3.0],
+            "seed_spread": [0.1, 0.5, 3.0],
+        }
+    )
+    comparison = ModelComparison(table, {"n_latent": 3}, "c", "b", 0.5, 25.0, 0.02, 0.05, 100, seeds=[0, 1])
+    frontier = comparison.frontier.set_index("candidate")
+    assert frontier["stability"].tolist() == [0.90, 0.80, 0.97]
+    assert frontier["stability_low"].tolist() == [0.88, 0.70, 0.96]
+    assert frontier["stability_high"].tolist() == [0.97, 0.85, 0.98]
+    assert frontier["fit"].tolist() == [-2.0, 0.0, -0.1] and frontier["recommended"].tolist() == [False, False, True]
+    assert comparison.noise_floor == 0.5
+
+
+def test_gains_are_measured_over_the_recommendation_not_the_best(comparison):
+    """Each candidate's gain is its paired mean difference from the recommended candidate: the difference of the
+    two mean per-cell log p(x) (0 for the recommendation itself), whichever candidate fits best."""
+    table = comparison.table.set_index("candidate")
+    recommended = comparison.recommended_name
+    assert recommended is not None
+    expected = table["lpd_per_cell"] - table.loc[recommended, "lpd_per_cell"]
+    np.testing.assert_allclose(table["gain"], expected, rtol=0, atol=1e-9)
+    assert table.loc[recommended, ["gain", "gain_low", "gain_high"]].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_summary_names_the_unreliable_candidates():
+    """Two of three candidates with unreliable log p(x) estimates: the summary names them (labels hold commas, so
+    they are joined with semicolons), and says that no candidate is recommended."""
+    table = _table([mc.UNRELIABLE, mc.BEST, mc.UNRELIABLE], [True] * 3, [False, True, False])
+    table["candidate"] = ["n_latent=2, decoder=mlp", "n_latent=3", "n_latent=4"]
+    comparison = ModelComparison(table, None, None, "n_latent=3", 0.5, 25.0, 0.02, 0.05, 100, seeds=[0, 1])
+    lines = comparison.summary().splitlines()
+    assert lines[2] == "Unreliable estimates (not ranked): n_latent=2, decoder=mlp; n_latent=4."
+    assert lines[3].startswith("Recommendation: undetermined")

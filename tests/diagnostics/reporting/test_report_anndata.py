@@ -542,3 +542,153 @@ def test_every_key_written_is_documented(small):
     summary = held.copy()
     rep.write(summary)
     assert set(summary.uns[UNS_KEY]["key_notes"]) == {k for keys in written.values() for k in keys} - {UNS_KEY}
+
+
+def test_model_card_predictive_line_gives_the_pair_of_largest_absolute_difference():
+    """By hand: of three pairs at +0.3, -1.2 and +0.9 nats per cell, the largest difference is seed 0 - seed 2's -1.2
+    (the largest signed value, +0.9, is not); the interval's level is the table's (80% for a report at alpha 0.1)."""
+    from countvae.diagnostics.reporting.model_card import predictive_line
+
+    pairs = pd.DataFrame(
+        {
+            "fit_a": ["seed 0", "seed 0", "seed 1"],
+            "fit_b": ["seed 1", "seed 2", "seed 2"],
+            "diff_per_cell": [0.3, -1.2, 0.9],
+            "ci_low": [0.1, -1.6, 0.6],
+            "ci_high": [0.5, -0.8, 1.2],
+            "ci_level": [0.8, 0.8, 0.8],
+        }
+    )
+    record = {"state": "not equivalent", "margin_nats_per_cell": 0.5, "pairs": {"equivalent": 1, "not equivalent": 2}}
+    rep = SimpleNamespace(settings={"predictive_equivalence": record}, tables={"predictive_pairs": pairs})
+    assert predictive_line(rep) == (
+        "- **Predictive equivalence**: not equivalent. Largest held-out log p(x) difference between seeds -1.2 nats "
+        "per cell (seed 0 - seed 2; 80% interval -1.6 to -0.8) against a margin of 0.5 nats per cell; pairs of "
+        "seeds: 1 equivalent, 2 not equivalent."
+    )
+
+
+def test_model_card_lists_every_quantity_under_its_verdict():
+    from countvae.diagnostics.reporting.model_card import _verdict_lines
+
+    invariants = pd.DataFrame(
+        {
+            "quantity": ["decoded means", "k-NN graph", "latent coordinates", "loadings"],
+            "verdict": ["agree", "agree", "differ", "undetermined"],
+        }
+    )
+    assert _verdict_lines(invariants) == [
+        "- **Identified (agree across seeds as they are)**: decoded means, k-NN graph.",
+        "- **Not reproduced (differ across seeds)**: latent coordinates.",
+        "- **Undetermined (the data in the report cannot decide)**: loadings.",
+    ]
+
+
+def test_model_card_training_line_names_the_verdicts_that_change_on_training_cells():
+    from countvae.diagnostics.reporting.model_card import training_cell_line
+
+    table = pd.DataFrame(
+        {
+            "quantity": ["k-NN graph", "latent distances"],
+            "training_verdict": ["differ", "agree"],
+            "heldout_verdict": ["agree", "agree"],
+        }
+    )
+    rep = SimpleNamespace(settings={"training_cells": {"sentence": "Measured on 700 fit cells."}}, tables={})
+    rep.tables["training_cells"] = table
+    assert training_cell_line(rep) == [
+        "- **Training cells** (k-NN graph: differ (held-out: agree)): Measured on 700 fit cells."
+    ]
+    rep.tables["training_cells"] = table.assign(training_verdict="agree")
+    assert training_cell_line(rep) == [
+        "- **Training cells** (the same verdicts as on held-out cells): Measured on 700 fit cells."
+    ]
+
+
+def test_model_card_without_a_regime_names_the_nearest_scenario_and_whether_it_had_enough_cells():
+    """A report without the calibration section's regime: 50 held-out cells are nearest (log scale) the 40-cell
+    scenario, whose data were too few to decide; 5,000 the 1,000-cell one, with adequate data."""
+    from countvae.diagnostics.reporting.model_card import calibration_lines
+
+    table = pd.DataFrame(
+        {
+            "scenario": ["few cells", "seeds"],
+            "adequate data": [False, True],
+            "replicates": [20, 30],
+            "quantity": ["k-NN graph", "k-NN graph"],
+            "correct %": [40.0, 95.0],
+            "undetermined %": [55.0, 5.0],
+            "wrong %": [5.0, 0.0],
+        }
+    )
+    rep = SimpleNamespace(settings={}, tables={"calibration": table}, provenance={"heldout_cells": 50})
+    assert calibration_lines(rep) == [
+        "- **Calibration regime**: 'few cells' (40 held-out cells, too few cells to decide; the calibration scenario "
+        "nearest to this report's size). Verdicts there, % correct/undetermined/wrong over 20 simulated replicates: "
+        "k-NN graph 40/55/5."
+    ]
+    rep.provenance["heldout_cells"] = 5000
+    assert calibration_lines(rep)[0].startswith(
+        "- **Calibration regime**: 'seeds' (1000 held-out cells, adequate data;"
+    )
+
+
+def test_existing_report_keys_names_every_slot_a_report_writes():
+    """What diagnose --write-h5ad checks before fitting: a report's columns in obs and var, its consensus latent and
+    its summary, each named with its slot; the analyst's own keys are not."""
+    from countvae.diagnostics.reporting.anndata_export import existing_report_keys
+
+    adata = ad.AnnData(np.zeros((3, 2)))
+    adata.obs["countvae_lpd_mean"] = 1.0
+    adata.obs["countvae_mine"] = 1.0
+    adata.var["countvae_decoded_agreement"] = 1.0
+    adata.obsm[CONSENSUS_KEY] = np.zeros((3, 2))
+    adata.obsm["X_pca"] = np.zeros((3, 2))
+    adata.uns[UNS_KEY] = {}
+    assert existing_report_keys(adata) == [
+        "obs['countvae_lpd_mean']",
+        "var['countvae_decoded_agreement']",
+        f"obsm['{CONSENSUS_KEY}']",
+        f"uns['{UNS_KEY}']",
+    ]
+    assert existing_report_keys(ad.AnnData(np.zeros((3, 2)))) == []
+
+
+def test_write_refuses_to_replace_a_gene_column_or_the_consensus_alone_and_counts_the_cells_written(small):
+    """Any key the report would write, in any slot, is refused without overwrite (nothing written); the summary
+    counts the analyst's cells that got the report's values (the held-out cells here, not every report cell)."""
+    rep, _, held = small
+    for slot, key in (("var", "countvae_decoded_agreement"), ("obsm", CONSENSUS_KEY), ("uns", UNS_KEY)):
+        target = held.copy()
+        if slot == "var":
+            target.var[key] = 1.0
+        elif slot == "obsm":
+            target.obsm[key] = np.zeros((target.n_obs, 2))
+        else:
+            target.uns[key] = {"mine": 1}
+        with pytest.raises(OutputExistsError, match=rf"{slot}\['{key}'\]"):
+            rep.write(target)
+        assert "countvae_heldout" not in target.obs  # nothing written
+    target = held.copy()
+    rep.write(target)
+    summary = target.uns[UNS_KEY]
+    assert summary["cells_written"] == held.n_obs < len(rep.cells)
+    assert (summary["heldout_cells"], summary["fit_cells"]) == (held.n_obs, len(rep.cells) - held.n_obs)
+
+
+def test_de_call_frequency_is_matched_to_genes_by_name():
+    """The DE calls listed in another gene order than the report's genes: each gene gets its own frequency."""
+    from countvae.diagnostics.reporting.anndata_export import _report_frames
+
+    genes = pd.DataFrame({"decoded_agreement": [0.9, 0.8, 0.7]}, index=["g0", "g1", "g2"])
+    calls = pd.DataFrame({"seed 0": [True, False, True], "seed 1": [True, False, False]}, index=["g2", "g0", "g1"])
+    rep = SimpleNamespace(
+        settings={},
+        cells=pd.DataFrame({"heldout": [True]}, index=["c0"]),
+        genes=genes,
+        consensus_latent=np.zeros((1, 2)),
+        downstream=SimpleNamespace(de_calls=calls),
+    )
+    _, written, _ = _report_frames(rep)
+    assert written["de_call_frequency"].to_dict() == {"g0": 0.0, "g1": 0.5, "g2": 1.0}
+    assert list(written["decoded_agreement"]) == [0.9, 0.8, 0.7]

@@ -79,6 +79,8 @@ def test_saved_report_json_validates_against_the_schema(saved):
         lambda r: r["settings"]["predictive_equivalence"].update(state="fine"),
         lambda r: r["provenance"]["versions"].pop("countvae"),
         lambda r: r.update(downstream={"statements": []}),
+        lambda r: r["tables"]["batch_mixing"][0].pop("heldout_cells"),
+        lambda r: r["tables"]["batch_mixing"][0].update(batch_mixing=-0.1),
     ],
     ids=[
         "unknown verdict",
@@ -94,6 +96,8 @@ def test_saved_report_json_validates_against_the_schema(saved):
         "predictive state",
         "no countvae version",
         "partial downstream",
+        "batch mixing without heldout_cells",
+        "negative batch mixing",
     ],
 )
 def test_schema_refuses_a_corrupted_report_json(saved, corrupt):
@@ -169,6 +173,9 @@ def test_format_version_1_loads_with_inferred_dtypes(seed_report, saved, tmp_pat
     assert loaded.summary() == seed_report.summary() and loaded.settings == saved[1]["settings"]
     pd.testing.assert_frame_equal(loaded.invariants, seed_report.invariants, check_dtype=False)
     # version 1 has no schema: the keys the reader needs are checked one by one
+    partial = {**record, "downstream": {"statements": []}}
+    with pytest.raises(ReportFileError, match="its 'downstream' section is incomplete or was altered"):
+        load_report(_write(tmp_path, partial))
     del record["tables"]
     with pytest.raises(ReportFileError, match="no 'tables' dict.*incomplete or was altered"):
         load_report(_write(tmp_path, record))
@@ -190,6 +197,9 @@ def test_load_report_refuses_what_it_cannot_read(saved, tmp_path):
         "another countvae report: 'Restrictions'": {"title": "Restrictions", "headline": [], "tables": {}},
         "newer than this countvae reads.*upgrade countvae": {**record, "format_version": FORMAT_VERSION + 1},
         "unknown format version 'two'": {**record, "format_version": "two"},
+        "unknown format version 0": {**record, "format_version": 0},
+        # a version-1 marker on a file that also names its version: neither version 1 nor this format
+        r"not a countvae multi-seed diagnostic report \(format 1\)": {**record, "format": 1},
         "at the top: 'tables' is a required property.*incomplete or was altered": {
             k: v for k, v in record.items() if k != "tables"
         },
