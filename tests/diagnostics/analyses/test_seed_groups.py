@@ -405,3 +405,30 @@ def test_the_section_groups_no_seeds_when_a_fit_has_no_held_out_log_p_x():
     c = SimpleNamespace(per_fit=arrays.__getitem__, arrays=dict.fromkeys(log_rates), baseline_lpd=baseline)
     result = SeedGroupsSection().compute(c, Shared(), ReportSettings())
     assert result.tables == {} and result.headline == [] and result.records == {}
+
+
+@pytest.mark.parametrize(
+    ("gain", "share"),
+    [(-1.0, 0.02), (0.25, 5e-324)],
+    ids=["fits worse than the baseline", "margin rounds to zero nats"],
+)
+def test_the_section_groups_no_seeds_without_a_positive_margin(gain, share):
+    """No margin to judge log p(x) differences by: the section says so and shows no groups.
+
+    The fits explain 1 nat per cell less than the no-latent baseline (no margin: NaN); or they gain 0.25 nats per cell
+    and the margin's share is the smallest positive number, 5e-324, so the margin 0.25 * 5e-324 rounds to 0.0 nats:
+    under a zero margin no two fits can be equivalent, so grouping by it would be no evidence either.
+    """
+    from types import SimpleNamespace
+
+    from countvae.diagnostics.reporting.sections.base import Shared
+    from countvae.diagnostics.reporting.sections.seed_groups import NO_MARGIN, SeedGroupsSection
+    from countvae.diagnostics.reporting.settings import ReportSettings
+
+    log_rates, lpd, _ = _synthetic()
+    baseline = np.mean([frame["lpd"].to_numpy() for frame in lpd.values()], axis=0) - gain
+    arrays = {"log_rate": log_rates, "lpd": lpd}
+    c = SimpleNamespace(per_fit=arrays.__getitem__, arrays=dict.fromkeys(log_rates), baseline_lpd=baseline)
+    result = SeedGroupsSection().compute(c, Shared(), ReportSettings(equivalence_margin=share))
+    assert result.tables == {} and result.headline == []
+    assert result.records == {"seed_groups": {"sentence": NO_MARGIN, "notes": []}}

@@ -123,6 +123,18 @@ def test_rule_takes_the_smallest_qualifying_candidate_or_none():
     assert mc.recommend(_table([mc.BEST, mc.EQUIVALENT, mc.BEST], [True] * 3, [True] * 3, np.nan), settings) is None
 
 
+def test_the_rule_needs_reliable_estimates_whatever_the_fit_verdict_says():
+    """c0 (1 latent dimension) fits as well as the best and is stable, but its estimates are unreliable: the rule asks
+    for reliable estimates on their own, so the smallest qualifying candidate is c1 (2 dimensions); with c0 reliable
+    it is c0. fit_table never writes an unreliable candidate's verdict as "equivalent"; recommend does not rely on
+    that."""
+    settings = {"c0": {"n_latent": 1}, "c1": {"n_latent": 2}, "c2": {"n_latent": 4}}
+    verdicts = [mc.EQUIVALENT, mc.NOT_WORSE, mc.BEST]
+    assert mc.recommend(_table(verdicts, [True] * 3, [False, True, True]), settings) == "c1"
+    assert mc.recommend(_table(verdicts, [True] * 3, [True] * 3), settings) == "c0"
+    assert mc.recommend(_table(verdicts, [True] * 3, [False, False, True]), settings) == "c2"
+
+
 def test_of_equal_latent_size_the_fewer_parameters_then_the_better_fit_whatever_the_list_order():
     """NB and ZINB candidates of one latent size were ordered by the list: --likelihood zinb,nb recommended ZINB,
     --likelihood nb,zinb NB, on the same fits. Candidates that differ only in the prior are of one size: the better

@@ -13,13 +13,15 @@ import copy
 import dataclasses
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 from diagnostics_helpers import assert_valid_report_json
 from jsonschema import Draft202012Validator, ValidationError
 
-from countvae.diagnostics import DiagnosticReport, load_report
+from countvae.diagnostics import DiagnosticReport, DownstreamSettings, load_report
 from countvae.diagnostics.analyses.predictive import EQUIVALENT, NOT_EQUIVALENT, UNDETERMINED
+from countvae.diagnostics.reporting.downstream_section import downstream_result
 from countvae.diagnostics.reporting.report_content import MAIN_TABLES
 from countvae.diagnostics.reporting.report_format import FORMAT_NAME, FORMAT_VERSION, SCHEMA_FILE, report_schema
 from countvae.diagnostics.reporting.verdicts import NOT_TESTED, VERDICTS
@@ -163,6 +165,22 @@ def test_a_table_without_rows_keeps_its_columns_and_dtypes(seed_report, tmp_path
     loaded = load_report(rep.save(tmp_path / "report"))
     pd.testing.assert_frame_equal(loaded.ica, empty.reset_index(drop=True))
     assert list(loaded.ica.columns) == list(seed_report.ica.columns) and loaded.to_dict() == rep.to_dict()
+
+
+def test_a_loaded_downstream_section_keeps_its_columns_and_dtypes(saved, tmp_path):
+    """Downstream without DE (clusters and UMAP off: the latent k-NN overlap only): no pair has a DE Jaccard, so the
+    ``chance`` and ``chance_mean`` columns are all missing numbers (saved as null). Read back with the recorded dtypes
+    they are float NaN again, not the ``None`` objects pandas would infer from the nulls."""
+    rng = np.random.default_rng(0)
+    latents = {f"seed{k}": rng.normal(size=(60, 3)) for k in range(3)}
+    section = downstream_result(None, latents, 60, DownstreamSettings(k=8, clusters=False, umap=False))
+    assert section.pairs["chance"].isna().all() and section.summary["chance_mean"].isna().all()
+    record = {**copy.deepcopy(saved[1]), "downstream": section.to_dict()}
+    loaded = load_report(_write(tmp_path, record)).downstream
+    assert loaded.pairs["chance"].dtype == np.float64 and loaded.summary["chance_mean"].dtype == np.float64
+    for name in ("summary", "pairs"):
+        pd.testing.assert_frame_equal(loaded.tables[name], section.tables[name], check_exact=True, obj=name)
+    assert loaded.de_per_fit.empty and loaded.de_per_fit.columns.empty  # no DE: no rows, no columns
 
 
 def test_format_version_1_loads_with_inferred_dtypes(seed_report, saved, tmp_path):
