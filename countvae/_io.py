@@ -368,29 +368,39 @@ def place_file(tmp: Path, path: Path, overwrite: bool) -> None:
     """Rename the finished file ``tmp`` to ``path``; without ``overwrite``, never over an entry put there meanwhile.
 
     Another writer (a second run, the analyst) may have put a file at ``path`` since it was checked, hours ago
-    perhaps (scvi-tools checks only before writing).
+    perhaps (scvi-tools checks only before writing). A folder there is never replaced, even with ``overwrite``: it
+    may hold the analyst's work, and ``overwrite`` replaces a file.
 
     Raises
     ------
     OutputExistsError
-        If ``overwrite`` is False and something is at ``path``; ``tmp`` is kept as ``.<name>.countvae-<random>.kept``,
-        which the message names.
+        If a folder is at ``path``, or ``overwrite`` is False and something is; ``tmp`` is kept as
+        ``.<name>.countvae-<random>.kept``, which the message names.
 
     """
     if overwrite:
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:
+            raise _changed_meanwhile(tmp, path, _put_there(path)) from None
         return
-    why = "another writer put a file there, which overwrite=False (no --overwrite) keeps."
     try:
         os.link(tmp, path)  # unlike a rename, fails where path exists: no moment between the check and the rename
     except FileExistsError:
-        raise _changed_meanwhile(tmp, path, why) from None
+        raise _changed_meanwhile(tmp, path, _put_there(path)) from None
     except OSError:  # a file system without hard links: check, then rename
         if os.path.lexists(path):
-            raise _changed_meanwhile(tmp, path, why) from None
+            raise _changed_meanwhile(tmp, path, _put_there(path)) from None
         os.replace(tmp, path)
         return
     os.unlink(tmp)
+
+
+def _put_there(path: Path) -> str:
+    """What :func:`place_file` found at ``path``, as its refusal says it."""
+    if path.is_dir() and not path.is_symlink():
+        return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
+    return "another writer put a file there, which overwrite=False (no --overwrite) keeps."
 
 
 @contextlib.contextmanager

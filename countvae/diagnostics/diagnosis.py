@@ -142,9 +142,9 @@ class DiagnoseSettings:
     write_h5ad: str | Path | None = setting(
         None,
         """Also write the analysed data to this .h5ad file with the report's per-cell and per-gene columns, the
-        consensus latent and the first seed's latent (``obsm["X_countvae"]``). The path is not locked: without
-        ``overwrite``, a file put there during the run ends it refused, with the run's copy kept beside it as
-        ``.<name>.countvae-<random>.kept`` (the message names it).""",
+        consensus latent and the first seed's latent (``obsm["X_countvae"]``). The path is not locked: a file put
+        there during the run without ``overwrite``, or a folder with or without it, ends the run refused, with the
+        run's copy kept beside it as ``.<name>.countvae-<random>.kept`` (the message names it).""",
     )
     progress_bar: bool = setting(False, "Progress bars over the seeds and the fits of the report.")
 
