@@ -294,3 +294,37 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
         assert text in block
         now = "800, the default" if n_samples is None else f"{n_samples}; default 800"
         assert f"--n-samples N draws fewer per cell (now {now})" in block
+
+
+def test_counts_of_one_are_singular_in_the_block(messages):
+    """The block printed "2 seeds x 1 epochs", "x 1 epochs, from 1 timed training steps" and "1 latent dimensions"."""
+    from countvae.cli.first_contact import announce
+    from countvae.data import choose_genes
+    from countvae.model import TrainingTimeEstimate
+
+    adata = cv.data.simulate(n_cells=200, n_genes=20, n_latent=1, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    model = {"n_layers": 1, "n_hidden": 16, "likelihood": "nb", "decoder": "mlp", "n_latent": 1}
+    announce(
+        "diagnose",
+        data="x.h5ad",
+        adata=adata,
+        n_fit=199,
+        n_heldout=1,
+        genes=choose_genes(adata, None, None, 1),
+        model_kwargs=model,
+        train_kwargs={"batch_size": 128, "early_stopping": False},
+        epochs=1,
+        timing=TrainingTimeEstimate(1.0, 1, 1.0, 1, 128, 1),
+        seeds=2,
+        n_jobs=1,
+        cores=1,
+        torch_threads=1,
+    )
+    block = "\n".join(r.getMessage() for r in messages.records)
+    assert "199 cells fitted, 1 held out" in block and "1 latent dimension, 1 hidden layer of 16" in block
+    assert (
+        "2 seeds x 1 epoch, batch size 128" in block
+        and "(1.00 s per epoch x 1 epoch, from 1 timed training step)" in block
+    )
+    assert "this machine has 1 usable core)" in block

@@ -225,11 +225,10 @@ def plan_parallelism(
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):
         per_core = max(1, available_cores() // torch_threads)
+        # not logged here: the caller that fits logs the outcome and its reason once (fit_seeds)
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and pickling_error(progress) is not None:
-            logger.info("Fitting one seed at a time: the progress callable cannot be copied into worker processes.")
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and steps is not None and steps < MIN_STEPS_FOR_WORKERS:
-            logger.info("Fitting one seed at a time: %d minibatch steps per seed end before workers start.", steps)
             return Parallelism(
                 1, torch_threads, f"{steps} minibatch steps per seed end sooner than worker processes would start"
             )

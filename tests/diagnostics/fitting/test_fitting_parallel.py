@@ -176,6 +176,19 @@ def test_auto_fits_in_process_when_the_seeds_end_before_workers_would_start(adat
     assert fits.settings["parallelism"] == "1 seed at a time, 1 torch thread each"
 
 
+def test_one_seed_at_a_time_is_said_once_with_its_reason(adata, two_cores, caplog):
+    # It was logged twice in one run: as planned ("Fitting one seed at a time: ..."), then as fitted.
+    with caplog.at_level(logging.INFO, logger="countvae"):
+        fits = fit_seeds(adata, **DEFAULT_RUN)  # 3 epochs x 3 minibatches per seed
+    assert fits.settings["n_jobs"] == 1
+    assert fits.settings["parallelism"] == "1 seed at a time, 1 torch thread each"
+    said = [r.getMessage() for r in caplog.records if "at a time" in r.getMessage()]
+    assert said == [
+        "Fitting 3 seed(s): 1 seed at a time, 1 torch thread each "
+        "(9 minibatch steps per seed end sooner than worker processes would start)."
+    ]
+
+
 def test_auto_falls_back_to_one_seed_at_a_time_for_an_unpicklable_progress(adata, two_cores, caplog):
     lock = threading.Lock()
 
@@ -183,7 +196,7 @@ def test_auto_falls_back_to_one_seed_at_a_time_for_an_unpicklable_progress(adata
         with lock:
             pass
 
-    with caplog.at_level(logging.INFO, logger="countvae.diagnostics.fitting.parallelism"):
+    with caplog.at_level(logging.INFO, logger="countvae"):
         fits = fit_seeds(adata, progress=progress, **OPTIONS)
     assert fits.settings["n_jobs"] == 1
     assert any("cannot be copied into worker processes" in r.getMessage() for r in caplog.records)
