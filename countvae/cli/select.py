@@ -38,7 +38,6 @@ from countvae.diagnostics import DIAGNOSE_N_TOP_GENES, FitSeedsSettings, compare
 from countvae.diagnostics.analyses.model_comparison import MAX_HELDOUT_CELLS
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.heldout import heldout_split
-from countvae.diagnostics.fitting.parallelism import steps_per_seed
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
 from countvae.errors import InvalidArgumentError
@@ -229,9 +228,9 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     fit_idx, held_idx = heldout_split(genes.adata.n_obs, first.heldout_fraction, first.split_seed)
     adata_fit = genes.adata[fit_idx].copy()
     n_fits, compared, cores = len(runs) * n_seeds, min(len(held_idx), args.max_heldout_cells), available_cores()
-    threads, steps = first.torch_threads or DEFAULT_TORCH_THREADS, steps_per_seed(len(fit_idx), first.train_kwargs)
-    # with the steps, as fit_models decides: short fits run one at a time
-    jobs = plan_parallelism(first.n_jobs, n_fits, adata_fit, threads, first.backend, steps=steps)
+    threads = first.torch_threads or DEFAULT_TORCH_THREADS
+    # with the training arguments, as fit_models decides: short fits run one at a time
+    jobs = plan_parallelism(first.n_jobs, n_fits, adata_fit, threads, first.backend, train_kwargs=first.train_kwargs)
     keys = [tuple(run.model_kwargs.get(k) for k in ("decoder", "n_latent", "n_hidden")) for run in runs]
     timed = {}
     for key, run in zip(keys, runs, strict=True):

@@ -14,7 +14,7 @@ import countvae as cv
 from countvae.cli import main
 from countvae.cli.first_contact import expected_seconds, n_jobs_value
 from countvae.data.gene_selection import highly_variable_genes
-from countvae.diagnostics.fitting.backends import available_cores
+from countvae.diagnostics.fitting import parallelism
 from countvae.diagnostics.fitting.parallelism import Parallelism
 from countvae.model import warmup
 from countvae.model.training import default_max_epochs
@@ -42,7 +42,10 @@ def _block(caplog) -> list[str]:
     return lines[start : start + 12]
 
 
-def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(data_file, tmp_path, messages, capsys):
+def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(
+    data_file, tmp_path, messages, capsys, monkeypatch
+):
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)  # room for 2 seeds at once, whatever runs the test
     out = tmp_path / "diag"
     argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--batch-key", "batch", "--n-top-genes", "15"]
     assert main([*argv, "--out", str(out), "--json"]) == 0
@@ -55,8 +58,10 @@ def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes
     assert "s per seed, about" in block and "for 2 seeds" in block and "timed training steps" in block
     for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "early stopping is on"):
         assert option in block
-    # --n-jobs auto (the default): one seed per usable core, at most the 2 seeds
-    assert Parallelism(min(2, available_cores()), 1, "").describe() in block
+    # --n-jobs auto (the default), as the fits decided it: 3 epochs of 2 minibatches end before workers would start,
+    # so one seed at a time (the block said 2 seeds at a time: it did not count the minibatch steps)
+    fitted = json.loads((out / "report" / "report.json").read_text())["settings"]["fits"]["parallelism"]
+    assert fitted == Parallelism(1, 1, "").describe() and f"epochs), {fitted}" in block
     # The block comes before any seed is fitted.
     lines = [r.getMessage() for r in messages.records]
     assert lines.index("countvae diagnose: before fitting") < min(i for i, m in enumerate(lines) if "seeds done" in m)

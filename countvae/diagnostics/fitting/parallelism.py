@@ -185,14 +185,14 @@ def plan_parallelism(
     torch_threads: int,
     backend: str = "local",
     progress: Any = None,
-    steps: int | None = None,
+    train_kwargs: dict[str, Any] | None = None,
 ) -> Parallelism:
     """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
 
     ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and cgroup quotas respected), at
     most ``n_seeds``; ``"auto"`` fits in the calling process instead when ``progress`` cannot be copied into worker
     processes (an explicit ``n_jobs`` then raises, as the caller checks), or each seed takes fewer than
-    ``MIN_STEPS_FOR_WORKERS`` minibatch ``steps`` (the workers would take longer to start than the fits). With the
+    ``MIN_STEPS_FOR_WORKERS`` minibatch steps (the workers would take longer to start than the fits). With the
     local backend and in-memory data, fewer seeds run at once, with a warning, when their workers' estimated memory
     exceeds a share (``MEMORY_SHARE``) of the available memory. With the Ray backend, ``-1`` keeps every seed in flight
     (Ray places the tasks by its resources) and no memory estimate applies (the tasks may run on other machines).
@@ -211,8 +211,10 @@ def plan_parallelism(
         ``"local"`` or ``"ray"``.
     progress
         The progress callable the workers would be given, if any.
-    steps
-        Most minibatch steps of one seed (``steps_per_seed``); ``None``: unknown, not considered.
+    train_kwargs
+        Each fit's training arguments, whose minibatch steps on ``fit_data``'s cells (``steps_per_seed``) are
+        counted; ``None``: not considered. Every caller that says or decides how many seeds run at once (the fits, the
+        blocks ``diagnose`` and ``select`` print before fitting) passes them, so that all come to the same number.
 
     Returns
     -------
@@ -221,6 +223,8 @@ def plan_parallelism(
     """
     n_jobs = check_n_jobs(n_jobs)
     n_seeds = max(1, int(n_seeds))
+    n_cells = len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
+    steps = None if train_kwargs is None else steps_per_seed(n_cells, train_kwargs)
     if backend == "ray" and n_jobs == -1:
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):

@@ -162,18 +162,15 @@ def test_steps_per_seed_counts_epochs_times_minibatches():
     assert parallelism.steps_per_seed(40_000, {"max_epochs": None, "batch_size": 256}) == 200 * 157
 
 
-def test_auto_fits_in_process_when_the_seeds_end_before_workers_would_start(adata, two_cores, caplog):
-    data = adata[:10].copy()
-    few = parallelism.MIN_STEPS_FOR_WORKERS - 1
-    with caplog.at_level(logging.INFO, logger="countvae.diagnostics.fitting.parallelism"):
-        plan = parallelism.plan_parallelism("auto", 5, data, 1, steps=few)
+def test_auto_fits_in_process_when_the_seeds_end_before_workers_would_start(adata, two_cores):
+    data = adata[:10].copy()  # one minibatch per epoch: the steps are the epochs
+    few = {"max_epochs": parallelism.MIN_STEPS_FOR_WORKERS - 1}
+    plan = parallelism.plan_parallelism("auto", 5, data, 1, train_kwargs=few)
     assert plan.n_jobs == 1 and "minibatch steps per seed" in plan.reason
-    assert parallelism.plan_parallelism("auto", 5, data, 1, steps=parallelism.MIN_STEPS_FOR_WORKERS).n_jobs == 2
-    assert parallelism.plan_parallelism(2, 5, data, 1, steps=few).n_jobs == 2, "an explicit n_jobs is obeyed"
-    assert parallelism.plan_parallelism(-1, 5, data, 1, steps=few).n_jobs == 2
-    fits = fit_seeds(adata, **DEFAULT_RUN)  # 3 epochs x 3 minibatches per seed
-    assert fits.settings["n_jobs"] == 1
-    assert fits.settings["parallelism"] == "1 seed at a time, 1 torch thread each"
+    enough = {"max_epochs": parallelism.MIN_STEPS_FOR_WORKERS}
+    assert parallelism.plan_parallelism("auto", 5, data, 1, train_kwargs=enough).n_jobs == 2
+    assert parallelism.plan_parallelism(2, 5, data, 1, train_kwargs=few).n_jobs == 2, "an explicit n_jobs is obeyed"
+    assert parallelism.plan_parallelism(-1, 5, data, 1, train_kwargs=few).n_jobs == 2
 
 
 def test_one_seed_at_a_time_is_said_once_with_its_reason(adata, two_cores, caplog):
