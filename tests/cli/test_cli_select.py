@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -263,6 +264,13 @@ def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds fits made with other settings or data" in err and "differing: genes" in err
     assert "240 cells x 20 genes; this AnnData has 240 x 25" in err
+    # how many genes differ and a few of them, not the two whole lists of chosen genes (thousands on real data)
+    added = sorted(set(_top_genes(raw, 25)) - set(_top_genes(raw, 20)))
+    said = re.search(
+        r"0 of the 20 genes the fits were made on are not chosen now, 5 of the 25 chosen now were not \(([^)]*)\)", err
+    )
+    assert sorted(said.group(1).split(", ")) == added and len(re.findall(r"\bgene\d+\b", err)) == 5
+    assert "; --n-top-genes 20 on the same data chooses the recorded genes again" in err
     assert _stored_genes(out) == before
 
 
