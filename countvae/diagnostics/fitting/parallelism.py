@@ -8,10 +8,11 @@ With an in-memory AnnData each worker process receives a copy of the fit cells' 
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
 backed file open it by path and hold no copy of ``X`` or ``raw.X``, but anndata's backed mode reads the file's layers
-whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file
-only where it would spare more than that base: a countvae model (scvi-tools models fit from an in-memory copy even of
-backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too, when the counts are in a layer)
-outweigh the base, and a caller that can open one (:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
+whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file,
+with the memory it would spare, only where it would spare more than that base: a countvae model (scvi-tools models
+fit from an in-memory copy even of backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too,
+when the counts are in a layer) outweigh the base, and a caller that can open one (:func:`backed_remedy_off`);
+otherwise a smaller ``n_jobs``.
 """
 
 from __future__ import annotations
@@ -260,8 +261,13 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
         f"than {MEMORY_SHARE:.0%} of the {available / 1024**3:.1f} GiB available"
     )
     # Only where the caller can open a backed file (see backed_remedy_off) and it spares more than the fixed base.
-    if _BACKED_REMEDY.get() and _backed_spares(fit_data) > WORKER_BASE_BYTES:
-        remedy = "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file"
+    spared = _backed_spares(fit_data)
+    if _BACKED_REMEDY.get() and spared > WORKER_BASE_BYTES:
+        remedy = (
+            "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file, "
+            f"sparing about {spared / 1024**3:.2f} GiB per worker ({jobs * spared / 1024**3:.1f} GiB for {jobs} "
+            "workers)"
+        )
     else:
         remedy = "Pass a smaller n_jobs, or free memory"
     logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
