@@ -420,9 +420,9 @@ class _Observer:
         """Log the data size, the settings and the time expected per seed."""
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
-        # with the training arguments, as the fits decide: short fits run one at a time
+        # with the training arguments, as the fits decide: short fits run one at a time (the fits warn of memory)
         n_jobs = plan_parallelism(
-            s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs
+            s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs, warn=False
         ).n_jobs
         if timing is not None:
             self.expected_fitting = expected_seconds(timing, len(s.seeds), n_jobs)

@@ -229,8 +229,10 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     adata_fit = genes.adata[fit_idx].copy()
     n_fits, compared, cores = len(runs) * n_seeds, min(len(held_idx), args.max_heldout_cells), available_cores()
     threads = first.torch_threads or DEFAULT_TORCH_THREADS
-    # with the training arguments, as fit_models decides: short fits run one at a time
-    jobs = plan_parallelism(first.n_jobs, n_fits, adata_fit, threads, first.backend, train_kwargs=first.train_kwargs)
+    # with the training arguments, as fit_models decides: short fits run one at a time (the fits warn of memory)
+    jobs = plan_parallelism(
+        first.n_jobs, n_fits, adata_fit, threads, first.backend, train_kwargs=first.train_kwargs, warn=False
+    )
     keys = [tuple(run.model_kwargs.get(k) for k in ("decoder", "n_latent", "n_hidden")) for run in runs]
     timed = {}
     for key, run in zip(keys, runs, strict=True):

@@ -333,3 +333,16 @@ def test_counts_of_one_are_singular_in_the_block(messages):
         and "(1.00 s per epoch x 1 epoch, from 1 timed training step)" in block
     )
     assert "this machine has 1 usable core)" in block
+
+
+def test_the_memory_warning_is_logged_once_by_the_fits_not_by_the_block(data_file, tmp_path, caplog, monkeypatch):
+    """With memory for one worker only, the block printed before fitting logged the warning, and the fits again."""
+    room = 1.5 * parallelism.WORKER_BASE_BYTES / parallelism.MEMORY_SHARE  # one worker's copy of these small data fits
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
+    caplog.set_level(logging.INFO, logger="countvae")
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "2", "--no-ica", "--out", str(tmp_path / "d")]
+    assert main(argv) == 0
+    warned = [r.getMessage() for r in caplog.records if "at a time instead of 2" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed(s) at a time instead of 2: 2 workers would need")
+    block = "\n".join(_block(caplog))
+    assert "1 seed at a time, 1 torch thread each" in block

@@ -187,6 +187,7 @@ def plan_parallelism(
     backend: str = "local",
     progress: Any = None,
     train_kwargs: dict[str, Any] | None = None,
+    warn: bool = True,
 ) -> Parallelism:
     """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
 
@@ -216,6 +217,9 @@ def plan_parallelism(
         Each fit's training arguments, whose minibatch steps on ``fit_data``'s cells (``steps_per_seed``) are
         counted; ``None``: not considered. Every caller that says or decides how many seeds run at once (the fits, the
         blocks ``diagnose`` and ``select`` print before fitting) passes them, so that all come to the same number.
+    warn
+        Log the memory warning; the blocks printed before fitting pass ``False``, so that it is logged once, by the
+        fits.
 
     Returns
     -------
@@ -242,11 +246,11 @@ def plan_parallelism(
     else:
         jobs, reason = min(n_jobs, n_seeds), "n_jobs as given"
     if backend == "local" and jobs > 1:
-        jobs, reason = _within_memory(jobs, reason, fit_data)
+        jobs, reason = _within_memory(jobs, reason, fit_data, warn)
     return Parallelism(jobs, torch_threads, reason)
 
 
-def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> tuple[int, str]:
+def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells, warn: bool) -> tuple[int, str]:
     per_worker = worker_memory_estimate(fit_data)
     available = available_memory_bytes()
     if available is None or jobs * per_worker <= MEMORY_SHARE * available:
@@ -270,7 +274,8 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
         )
     else:
         remedy = "Pass a smaller n_jobs, or free memory"
-    logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
+    if warn:
+        logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
     return fitting, f"memory: {why}"
 
 
