@@ -368,29 +368,39 @@ def place_file(tmp: Path, path: Path, overwrite: bool) -> None:
     """Rename the finished file ``tmp`` to ``path``; without ``overwrite``, never over an entry put there meanwhile.
 
     Another writer (a second run, the analyst) may have put a file at ``path`` since it was checked, hours ago
-    perhaps (scvi-tools checks only before writing).
+    perhaps (scvi-tools checks only before writing). A folder there is never replaced, even with ``overwrite``: it
+    may hold the analyst's work, and ``overwrite`` replaces a file.
 
     Raises
     ------
     OutputExistsError
-        If ``overwrite`` is False and something is at ``path``; ``tmp`` is kept as ``.<name>.countvae-<random>.kept``,
-        which the message names.
+        If a folder is at ``path``, or ``overwrite`` is False and something is; ``tmp`` is kept as
+        ``.<name>.countvae-<random>.kept``, which the message names (and the error's ``kept``).
 
     """
     if overwrite:
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except IsADirectoryError:
+            raise _changed_meanwhile(tmp, path, _put_there(path)) from None
         return
-    why = "another writer put a file there, which overwrite=False (no --overwrite) keeps."
     try:
         os.link(tmp, path)  # unlike a rename, fails where path exists: no moment between the check and the rename
     except FileExistsError:
-        raise _changed_meanwhile(tmp, path, why) from None
+        raise _changed_meanwhile(tmp, path, _put_there(path)) from None
     except OSError:  # a file system without hard links: check, then rename
         if os.path.lexists(path):
-            raise _changed_meanwhile(tmp, path, why) from None
+            raise _changed_meanwhile(tmp, path, _put_there(path)) from None
         os.replace(tmp, path)
         return
     os.unlink(tmp)
+
+
+def _put_there(path: Path) -> str:
+    """What :func:`place_file` found at ``path``, as its refusal says it."""
+    if path.is_dir() and not path.is_symlink():
+        return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
+    return "another writer put a file there, which overwrite=False (no --overwrite) keeps."
 
 
 @contextlib.contextmanager
@@ -467,8 +477,9 @@ def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout
         except OSError as back:  # e.g. another writer put a folder at path between the two renames
             raise OutputWriteError(
                 f"Could not write {path}: {_reason(exc)}. The folder it held could not be moved back "
-                f"({_reason(back)}): it is now {_kept(aside) or aside}; {_result_kept(new)}. Another writer may have "
-                f"written {path} meanwhile; once none is at work, keep the folder you want and delete the others."
+                f"({_reason(back)}): it is now {_kept(aside) or aside}; {_result_kept(_kept(new))}. Another "
+                f"writer may have written {path} meanwhile; once none is at work, keep the folder you want and "
+                "delete the others."
             ) from exc
         raise
     if aside is not None:
@@ -477,15 +488,17 @@ def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout
 
 def _changed_meanwhile(new: Path, path: Path, why: str) -> OutputExistsError:
     """The refusal of a final step that finds ``path`` changed during the block (``why``), ``new`` kept."""
-    return OutputExistsError(
-        f"Did not write {path}, which changed while this run was writing: {why} So that nothing is lost, "
-        f"{_result_kept(new)}; once no other writer is at work, decide which to keep at {path}."
-    )
-
-
-def _result_kept(new: Path) -> str:
-    """Where the new folder or file an error gives up on is kept (:func:`_kept`), as the message says it."""
     kept = _kept(new)
+    error = OutputExistsError(
+        f"Did not write {path}, which changed while this run was writing: {why} So that nothing is lost, "
+        f"{_result_kept(kept)}; once no other writer is at work, decide which to keep at {path}."
+    )
+    error.kept = kept
+    return error
+
+
+def _result_kept(kept: Path | None) -> str:
+    """Where the new folder or file an error gives up on is kept (:func:`_kept`, ``None``: not), as messages say it."""
     return f"this run's result is kept as {kept}" if kept else "this run's result could not be kept (renaming failed)"
 
 

@@ -7,6 +7,11 @@ exception a Python user would expect (``ValueError`` for bad values, ``FileNotFo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
 
 class CountVAEError(Exception):
     """Base class of every error countvae raises on purpose."""
@@ -56,7 +61,13 @@ class ReportFileError(CountVAEError, OSError):
 
 
 class OutputExistsError(CountVAEError, FileExistsError):
-    """An output would overwrite an existing file or folder without ``overwrite=True``."""
+    """An output would overwrite an existing file or folder without ``overwrite=True``.
+
+    ``kept`` is where a refusal at the end of a write kept its result (``.<name>.countvae-<random>.kept``, as the
+    message says), else ``None``.
+    """
+
+    kept: Path | None = None
 
 
 class OutputLockedError(OutputExistsError):

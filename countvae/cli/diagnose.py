@@ -420,7 +420,10 @@ class _Observer:
         """Log the data size, the settings and the time expected per seed."""
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
-        n_jobs = plan_parallelism(s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads).n_jobs
+        # with the training arguments, as the fits decide: short fits run one at a time (the fits warn of memory)
+        n_jobs = plan_parallelism(
+            s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs, warn=False
+        ).n_jobs
         if timing is not None:
             self.expected_fitting = expected_seconds(timing, len(s.seeds), n_jobs)
         announce(

@@ -17,6 +17,7 @@ import anndata as ad
 
 from countvae._io import explained_write_errors
 from countvae.cli.common import emit, say
+from countvae.cli.first_contact import counted
 from countvae.data.registry import get_registry, get_var_names
 from countvae.diagnostics import DiagnosePlan, compare_restrictions
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN
@@ -170,10 +171,10 @@ def run_restrictions(args: argparse.Namespace, plan: DiagnosePlan, adata_before_
     if args.overwrite:
         discard_replaced_report(report_dir)
     logger.info(
-        "Comparing %s with the unrestricted model over %d seeds (%d epochs each).",
+        "Comparing %s with the unrestricted model over %d seeds (%s each).",
         ", ".join(r.name for r in chosen),
         args.seeds,
-        train_kwargs["max_epochs"],
+        counted(train_kwargs["max_epochs"], "epoch"),
     )
     rep = compare_restrictions(
         adata,

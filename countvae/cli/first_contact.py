@@ -23,6 +23,7 @@ __all__ = [
     "add_gene_selection_argument",
     "announce",
     "choose_genes",
+    "counted",
     "describe_genes",
     "duration",
     "estimate",
@@ -84,6 +85,11 @@ def selection_summary(record: dict | None) -> dict | None:
     return None if record is None else {k: v for k, v in record.items() if k != "genes"}
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, singular for 1 and plural otherwise: ``1 epoch``, ``2,000 epochs``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def duration(seconds: float) -> str:
     """Seconds as a person reads them: ``42 s``, ``3.5 min``, ``2.1 h``."""
     seconds = max(0.0, float(seconds))
@@ -96,8 +102,8 @@ def duration(seconds: float) -> str:
 
 def _expected_epochs(timing: TrainingTimeEstimate) -> str:
     if timing.expected_epochs < timing.epochs:
-        return f"about {timing.expected_epochs} epochs, where early stopping is expected to end a fit"
-    return f"{timing.epochs} epochs"
+        return f"about {counted(timing.expected_epochs, 'epoch')}, where early stopping is expected to end a fit"
+    return counted(timing.epochs, "epoch")
 
 
 def estimate(
@@ -172,21 +178,22 @@ def announce(
     command estimates ``log p(x)`` on every held-out cell after training (its time, :data:`LPD_CELL_EPOCHS`, joins
     the estimate, scaled to ``n_samples`` draws per cell by :data:`LPD_FIXED_DRAWS`; ``None``: the default draws).
     """
-    hidden = f", {model_kwargs['n_layers']} hidden layer(s) of {model_kwargs['n_hidden']}"
-    fits = f"{seeds} seeds x {epochs} epochs" if n_jobs is not None else f"1 fit x {epochs} epochs"
+    hidden = f", {counted(model_kwargs['n_layers'], 'hidden layer')} of {model_kwargs['n_hidden']}"
+    fits = f"{counted(seeds, 'seed') if n_jobs is not None else '1 fit'} x {counted(epochs, 'epoch')}"
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:
         parallel = ", " + Parallelism(n_jobs, torch_threads or 1, "").describe()
     elif torch_threads is not None:
-        parallel = f", {torch_threads} torch thread(s) per fit"
+        parallel = f", {counted(torch_threads, 'torch thread')} per fit"
     lines = [
         f"countvae {command}: before fitting",
         f"  data      {data}: {adata.n_obs:,} cells x {genes.n_genes_before:,} genes; "
         f"{n_fit:,} cells fitted, {n_heldout:,} held out",
         f"  genes     {describe_genes(genes)}",
         f"  model     {model_kwargs['likelihood']} likelihood, {model_kwargs['decoder']} decoder, "
-        f"{model_kwargs['n_latent']} latent dimensions" + (hidden if model_kwargs["decoder"] == "mlp" else ""),
+        + counted(model_kwargs["n_latent"], "latent dimension")
+        + (hidden if model_kwargs["decoder"] == "mlp" else ""),
         f"  training  {fits}, batch size {train_kwargs['batch_size']}, {learning_rate(train_kwargs)}, "
         f"early stopping {stopping}{parallel}",
     ]
@@ -196,24 +203,26 @@ def announce(
         per_fit = timing.seconds_per_fit
         total = ""
         if n_jobs is not None:
-            total = f", about {duration(expected_seconds(timing, seeds, n_jobs))} for {seeds} seeds"
+            total = f", about {duration(expected_seconds(timing, seeds, n_jobs))} for {counted(seeds, 'seed')}"
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
-            f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from {timing.warmup_steps} "
-            f"timed training step{'' if timing.warmup_steps == 1 else 's'})"
+            f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from "
+            f"{counted(timing.warmup_steps, 'timed training step')})"
         )
     draws = DEFAULT_DRAWS if n_samples is None else n_samples
     now = f"{draws}, the default" if n_samples is None else f"{draws}; default {DEFAULT_DRAWS}"
     if timing is not None and heldout_lpd and n_heldout:
         per_cell = lpd_seconds_per_cell(timing, n_fit, draws)
         lines.append(
-            f"{' ' * 12}then about {duration(per_cell * n_heldout)} for the held-out log p(x) of {n_heldout:,} cells "
+            f"{' ' * 12}then about {duration(per_cell * n_heldout)} for the held-out log p(x) of "
+            f"{counted(n_heldout, 'cell')} "
             f"({per_cell * 1000:.0f} ms per cell at {draws} draws{' (the default)' if n_samples is None else ''}, "
             "within about a factor 5)"
         )
     shorter = []
     if n_jobs is not None:
-        shorter.append(f"--n-jobs N fits N seeds at once (now {n_jobs}; this machine has {cores or 1} usable core(s))")
+        usable = counted(cores or 1, "usable core")
+        shorter.append(f"--n-jobs N fits N seeds at once (now {n_jobs}; this machine has {usable})")
     shorter += [
         "--max-epochs N (time is proportional to epochs)",
         "--n-top-genes N keeps only the N most variable genes (time grows with the genes above a few thousand)",

@@ -23,6 +23,7 @@ from countvae.cli.common import (
 )
 from countvae.cli.first_contact import (
     add_gene_selection_argument,
+    counted,
     describe_genes,
     duration,
     estimate,
@@ -37,7 +38,6 @@ from countvae.diagnostics import DIAGNOSE_N_TOP_GENES, FitSeedsSettings, compare
 from countvae.diagnostics.analyses.model_comparison import MAX_HELDOUT_CELLS
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.heldout import heldout_split
-from countvae.diagnostics.fitting.parallelism import steps_per_seed
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
 from countvae.errors import InvalidArgumentError
@@ -228,9 +228,11 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     fit_idx, held_idx = heldout_split(genes.adata.n_obs, first.heldout_fraction, first.split_seed)
     adata_fit = genes.adata[fit_idx].copy()
     n_fits, compared, cores = len(runs) * n_seeds, min(len(held_idx), args.max_heldout_cells), available_cores()
-    threads, steps = first.torch_threads or DEFAULT_TORCH_THREADS, steps_per_seed(len(fit_idx), first.train_kwargs)
-    # with the steps, as fit_models decides: short fits run one at a time (its reason is logged here and there)
-    jobs = plan_parallelism(first.n_jobs, n_fits, adata_fit, threads, first.backend, steps=steps)
+    threads = first.torch_threads or DEFAULT_TORCH_THREADS
+    # with the training arguments, as fit_models decides: short fits run one at a time (the fits warn of memory)
+    jobs = plan_parallelism(
+        first.n_jobs, n_fits, adata_fit, threads, first.backend, train_kwargs=first.train_kwargs, warn=False
+    )
     keys = [tuple(run.model_kwargs.get(k) for k in ("decoder", "n_latent", "n_hidden")) for run in runs]
     timed = {}
     for key, run in zip(keys, runs, strict=True):
@@ -251,10 +253,10 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"cells fitted, {len(held_idx):,} held out ({compared:,} compared, --max-heldout-cells)",
         f"  genes       {describe_genes(genes)}; the same for every candidate and seed",
         f"  candidates  {len(runs)} ({values}) x {n_seeds} seeds = {n_fits} fits",
-        f"  training    {train['max_epochs']} epochs per fit, batch size {train['batch_size']}, "
+        f"  training    {counted(train['max_epochs'], 'epoch')} per fit, batch size {train['batch_size']}, "
         f"{learning_rate(train)}, early stopping {stopping}, {jobs.describe()}",
         f"  estimate    about {duration(fitting)} for the {n_fits} fits ({spread} per fit, from "
-        f"{timings[0].warmup_steps} timed training steps per decoder, latent size and width)",
+        f"{counted(timings[0].warmup_steps, 'timed training step')} per decoder, latent size and width)",
         f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
         f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
         f"{min(cores, n_fits)} at a time; within about a factor 5)",
@@ -264,7 +266,7 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"{' ' * 14}fewer candidates: fewer values of --n-latent, --decoder, --likelihood or --prior (now {len(runs)})",
         f"{' ' * 14}--max-epochs N (time is proportional to epochs)",
         f"{' ' * 14}--n-top-genes N keeps only the N most variable genes (time grows with the genes)",
-        f"{' ' * 14}--n-jobs N fits N at once (now {args.n_jobs}; this machine has {cores} usable core(s))",
+        f"{' ' * 14}--n-jobs N fits N at once (now {args.n_jobs}; this machine has {counted(cores, 'usable core')})",
         f"{' ' * 14}--max-heldout-cells N and --n-samples N shorten the held-out log p(x) (now {compared:,} cells, "
         f"{args.n_samples} samples per cell)",
     ]

@@ -23,6 +23,7 @@ import inspect
 import logging
 import math
 import os
+import shlex
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -142,9 +143,10 @@ class DiagnoseSettings:
     write_h5ad: str | Path | None = setting(
         None,
         """Also write the analysed data to this .h5ad file with the report's per-cell and per-gene columns, the
-        consensus latent and the first seed's latent (``obsm["X_countvae"]``). The path is not locked: without
-        ``overwrite``, a file put there during the run ends it refused, with the run's copy kept beside it as
-        ``.<name>.countvae-<random>.kept`` (the message names it).""",
+        consensus latent and the first seed's latent (``obsm["X_countvae"]``). The path is not locked: a file put
+        there during the run without ``overwrite``, or a folder with or without it, ends the run refused, with the
+        run's copy kept beside it as ``.<name>.countvae-<random>.kept``; the message names it and the ``mv`` that
+        puts it in place (the report is saved by then, so a rerun would be refused as finished).""",
     )
     progress_bar: bool = setting(False, "Progress bars over the seeds and the fits of the report.")
 
@@ -362,9 +364,31 @@ def _diagnose_planned(
                 rep.save(plan.report_dir, overwrite=s.overwrite, progress=progress)  # in one atomic step
         if pending is not None:
             with explained_write_errors(plan.h5ad_path, reused=True):
-                place_file(pending, plan.h5ad_path, s.overwrite)  # refuses a file put there meanwhile, kept aside
+                try:  # refuses a file put there meanwhile, and any folder, with the result kept aside
+                    place_file(pending, plan.h5ad_path, s.overwrite)
+                except OutputExistsError as exc:
+                    raise _h5ad_refused(exc, plan.h5ad_path, plan.report_dir) from None
             logger.info("Wrote %s with the report's columns.", plan.h5ad_path)
     return rep
+
+
+def _h5ad_refused(exc: OutputExistsError, path: Path, report_dir: Path | None) -> OutputExistsError:
+    """``exc``, the refusal of the analysed copy at its end, with the command that finishes the run by hand.
+
+    The report is saved by then, so a rerun would be refused as finished: the message gives the ``mv`` that puts the
+    kept copy (complete, with the report's columns) where it was asked for.
+    """
+    if exc.kept is None:
+        return exc
+    move = f"mv {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
+    if path.is_dir() and not path.is_symlink():
+        finish = f"move or rename the folder {path}, then run `{move}`"
+    else:
+        finish = f"run `{move}` (it replaces the file now at {path}), or move the copy to another name to keep both"
+    saved = "" if report_dir is None else f" The report is saved in {report_dir}, so a rerun is refused as finished."
+    error = OutputExistsError(f"{exc}{saved} To finish, {finish}.")
+    error.kept = exc.kept
+    return error
 
 
 def _seed_list(seeds: int | Sequence[int]) -> list[int]:

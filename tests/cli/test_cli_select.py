@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -238,12 +239,13 @@ def test_select_says_what_it_will_run_on_stderr_before_fitting(raw, tmp_path):
     assert "240 cells x 60 genes; 216 cells fitted, 24 held out (24 compared" in block
     assert "the 20 most variable of 60, chosen on the raw counts (seurat_v3; --n-top-genes)" in block
     assert "2 (n_latent 1, 2 x decoder linear x likelihood nb) x 2 seeds = 4 fits" in block
-    assert "1 epochs per fit, batch size 128, lr 0.001, early stopping off" in block
+    assert "1 epoch per fit, batch size 128, lr 0.001, early stopping off" in block
     assert "estimate    about" in block and "for the 4 fits" in block and "timed training steps" in block
     assert "for the held-out log p(x) of 24 cells x 4 fits" in block and "at 10 samples" in block
     for option in ("--seeds N", "fewer candidates", "--max-epochs N", "--n-top-genes N", "--n-jobs N"):
         assert option in block
     assert err.index("before fitting") < err.index("Seed 0: fitted")
+    assert err.count("minibatch steps per seed") <= 1, "one seed at a time is said once, as the fits begin"
     # --quiet: no block (and no warm-up) before this rerun on other genes stops at the stored fits, in one line
     shutil.rmtree(out / "comparison")  # as a run interrupted before its comparison
     quiet = _command("select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out), "--json", "--quiet")
@@ -262,6 +264,13 @@ def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds fits made with other settings or data" in err and "differing: genes" in err
     assert "240 cells x 20 genes; this AnnData has 240 x 25" in err
+    # how many genes differ and a few of them, not the two whole lists of chosen genes (thousands on real data)
+    added = sorted(set(_top_genes(raw, 25)) - set(_top_genes(raw, 20)))
+    said = re.search(
+        r"0 of the 20 genes the fits were made on are not chosen now, 5 of the 25 chosen now were not \(([^)]*)\)", err
+    )
+    assert sorted(said.group(1).split(", ")) == added and len(re.findall(r"\bgene\d+\b", err)) == 5
+    assert "; --n-top-genes 20 on the same data chooses the recorded genes again" in err
     assert _stored_genes(out) == before
 
 

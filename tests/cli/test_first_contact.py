@@ -14,7 +14,7 @@ import countvae as cv
 from countvae.cli import main
 from countvae.cli.first_contact import expected_seconds, n_jobs_value
 from countvae.data.gene_selection import highly_variable_genes
-from countvae.diagnostics.fitting.backends import available_cores
+from countvae.diagnostics.fitting import parallelism
 from countvae.diagnostics.fitting.parallelism import Parallelism
 from countvae.model import warmup
 from countvae.model.training import default_max_epochs
@@ -42,7 +42,10 @@ def _block(caplog) -> list[str]:
     return lines[start : start + 12]
 
 
-def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(data_file, tmp_path, messages, capsys):
+def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(
+    data_file, tmp_path, messages, capsys, monkeypatch
+):
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)  # room for 2 seeds at once, whatever runs the test
     out = tmp_path / "diag"
     argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--batch-key", "batch", "--n-top-genes", "15"]
     assert main([*argv, "--out", str(out), "--json"]) == 0
@@ -55,8 +58,10 @@ def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes
     assert "s per seed, about" in block and "for 2 seeds" in block and "timed training steps" in block
     for option in ("--n-jobs N", "--max-epochs N", "--n-top-genes N", "early stopping is on"):
         assert option in block
-    # --n-jobs auto (the default): one seed per usable core, at most the 2 seeds
-    assert Parallelism(min(2, available_cores()), 1, "").describe() in block
+    # --n-jobs auto (the default), as the fits decided it: 3 epochs of 2 minibatches end before workers would start,
+    # so one seed at a time (the block said 2 seeds at a time: it did not count the minibatch steps)
+    fitted = json.loads((out / "report" / "report.json").read_text())["settings"]["fits"]["parallelism"]
+    assert fitted == Parallelism(1, 1, "").describe() and f"epochs), {fitted}" in block
     # The block comes before any seed is fitted.
     lines = [r.getMessage() for r in messages.records]
     assert lines.index("countvae diagnose: before fitting") < min(i for i, m in enumerate(lines) if "seeds done" in m)
@@ -294,3 +299,50 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
         assert text in block
         now = "800, the default" if n_samples is None else f"{n_samples}; default 800"
         assert f"--n-samples N draws fewer per cell (now {now})" in block
+
+
+def test_counts_of_one_are_singular_in_the_block(messages):
+    """The block printed "2 seeds x 1 epochs", "x 1 epochs, from 1 timed training steps" and "1 latent dimensions"."""
+    from countvae.cli.first_contact import announce
+    from countvae.data import choose_genes
+    from countvae.model import TrainingTimeEstimate
+
+    adata = cv.data.simulate(n_cells=200, n_genes=20, n_latent=1, seed=0)
+    cv.CountVAE.setup_anndata(adata)
+    model = {"n_layers": 1, "n_hidden": 16, "likelihood": "nb", "decoder": "mlp", "n_latent": 1}
+    announce(
+        "diagnose",
+        data="x.h5ad",
+        adata=adata,
+        n_fit=199,
+        n_heldout=1,
+        genes=choose_genes(adata, None, None, 1),
+        model_kwargs=model,
+        train_kwargs={"batch_size": 128, "early_stopping": False},
+        epochs=1,
+        timing=TrainingTimeEstimate(1.0, 1, 1.0, 1, 128, 1),
+        seeds=2,
+        n_jobs=1,
+        cores=1,
+        torch_threads=1,
+    )
+    block = "\n".join(r.getMessage() for r in messages.records)
+    assert "199 cells fitted, 1 held out" in block and "1 latent dimension, 1 hidden layer of 16" in block
+    assert (
+        "2 seeds x 1 epoch, batch size 128" in block
+        and "(1.00 s per epoch x 1 epoch, from 1 timed training step)" in block
+    )
+    assert "this machine has 1 usable core)" in block
+
+
+def test_the_memory_warning_is_logged_once_by_the_fits_not_by_the_block(data_file, tmp_path, caplog, monkeypatch):
+    """With memory for one worker only, the block printed before fitting logged the warning, and the fits again."""
+    room = 1.5 * parallelism.WORKER_BASE_BYTES / parallelism.MEMORY_SHARE  # one worker's copy of these small data fits
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
+    caplog.set_level(logging.INFO, logger="countvae")
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "2", "--no-ica", "--out", str(tmp_path / "d")]
+    assert main(argv) == 0
+    warned = [r.getMessage() for r in caplog.records if "at a time instead of 2" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed(s) at a time instead of 2: 2 workers would need")
+    block = "\n".join(_block(caplog))
+    assert "1 seed at a time, 1 torch thread each" in block

@@ -6,7 +6,9 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import anndata as ad
@@ -430,6 +432,37 @@ def test_a_file_put_at_the_h5ad_path_while_fitting_is_kept_and_the_result_set_as
     assert message.startswith(f"Did not write {h5ad}, which changed while this run was writing: another writer put")
     assert f"this run's result is kept as {kept};" in message and kept.name.endswith(".kept")
     assert h5ad.read_text() == "another run's result" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
+    # The report was saved, so a rerun is refused as finished: the message gave only "decide which to keep", and the
+    # analyst had to work out the rename; it now gives the command that finishes the run.
+    assert f"The report is saved in {settings.out_dir / 'report'}, so a rerun is refused as finished." in message
+    command = re.search(r"To finish, run `([^`]+)`", message).group(1)
+    assert command == f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    subprocess.run(shlex.split(command), check=True)
+    assert not kept.exists() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+
+
+def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_replaced(data_file, tmp_path):
+    # With overwrite, a folder put at the --write-h5ad path while fitting ended the run, after the report was saved,
+    # in a bare IsADirectoryError; the folder is the analyst's and is never replaced.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad = settings.write_h5ad
+
+    def a_folder(fits):
+        h5ad.mkdir()
+        (h5ad / "notes.txt").write_text("mine")
+
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(
+            adata, settings=settings, overwrite=True, train_kwargs={**TRAIN, "max_epochs": 1}, after_fitting=a_folder
+        )
+    message = str(info.value)
+    (kept,) = tmp_path.glob(".analysed.h5ad.*.kept")
+    assert message.startswith(
+        f"Did not write {h5ad}, which changed while this run was writing: another writer put a folder"
+    )
+    move = f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    assert f"To finish, move or rename the folder {h5ad}, then run `{move}`." in message
+    assert (h5ad / "notes.txt").read_text() == "mine" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
 
 
 def _h5ad_settings(data_file, tmp_path):

@@ -82,7 +82,6 @@ from countvae.diagnostics.fitting.parallelism import (
     check_n_jobs,
     pickling_error,
     plan_parallelism,
-    steps_per_seed,
 )
 from countvae.diagnostics.fitting.progress import SEED_REUSED, ProgressEvent, notify
 from countvae.diagnostics.fitting.run_lock import locked
@@ -504,11 +503,16 @@ def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
                 notify(run.settings.progress, ProgressEvent(SEED_REUSED, seed=seed))
         todo = [t for run in runs for t in run.tasks if t.seed not in run.reused]
         fit_data = runs[0].fit_data
-        steps = steps_per_seed(runs[0].adata_fit.n_obs, runs[0].tasks[0].train_kwargs) if runs[0].tasks else None
         # Only countvae models stream from a backed file (fit_cells): a backed file spares an scvi-tools fit nothing.
         with backed_remedy_off() if runs[0].loader.family != "countvae" else contextlib.nullcontext():
             parallelism = plan_parallelism(
-                first.n_jobs, len(todo), fit_data, first.torch_threads, first.backend, first.progress, steps
+                first.n_jobs,
+                len(todo),
+                fit_data,
+                first.torch_threads,
+                first.backend,
+                first.progress,
+                first.train_kwargs,
             )
         if todo:
             logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)

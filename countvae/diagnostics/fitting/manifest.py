@@ -22,6 +22,8 @@ MANIFEST_VERSION = 1
 
 #: Training options that change what is shown, not the numbers; a rerun may change them freely.
 COSMETIC_TRAIN_KWARGS = frozenset({"progress_bar", "enable_progress_bar"})
+#: Genes a mismatch of the gene selection names at most on each side (the lists hold thousands).
+SHOWN_GENES = 5
 
 
 def to_json_value(value: Any, where: str) -> Any:
@@ -88,9 +90,45 @@ def describe_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> list
         )
     for key in sorted((set(recorded) | set(current)) - {"data"}):
         old, new = recorded.get(key), current.get(key)
-        if old != new:
+        if key == "gene_selection" and old != new:
+            lines.append(_gene_selection_mismatch(old, new))
+        elif old != new:
             lines.append(f"{key}: recorded {json.dumps(old, sort_keys=True)}, now {json.dumps(new, sort_keys=True)}")
     return lines
+
+
+def _gene_selection_mismatch(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str:
+    """Two gene selections' difference: their settings, and how many chosen genes differ with a few of each.
+
+    Not both lists of chosen genes, which hold thousands of names. ``None``: every gene kept (the data line names the
+    difference of the genes then).
+    """
+
+    def settings(record: dict[str, Any] | None) -> str:
+        shown = "all genes" if record is None else {k: v for k, v in record.items() if k != "genes"}
+        return json.dumps(shown, sort_keys=True)
+
+    line = f"gene_selection: recorded {settings(old)}, now {settings(new)}"
+    if old is None or new is None:
+        return line
+    old_genes, new_genes = old.get("genes", []), new.get("genes", [])
+    old_set, new_set = set(old_genes), set(new_genes)
+    dropped, added = [g for g in old_genes if g not in new_set], [g for g in new_genes if g not in old_set]
+    line += (
+        f"; {len(dropped):,} of the {len(old_genes):,} genes the fits were made on are not chosen now{_some(dropped)}, "
+        f"{len(added):,} of the {len(new_genes):,} chosen now were not{_some(added)}"
+    )
+    if old.get("n_top_genes") != new.get("n_top_genes"):
+        line += f"; n_top_genes={old.get('n_top_genes')} on the same data chooses the recorded genes again"
+    return line
+
+
+def _some(genes: list[str]) -> str:
+    """A few of ``genes`` in parentheses (at most :data:`SHOWN_GENES`), or nothing for none."""
+    if not genes:
+        return ""
+    more = f" and {len(genes) - SHOWN_GENES:,} more" if len(genes) > SHOWN_GENES else ""
+    return f" ({', '.join(genes[:SHOWN_GENES])}{more})"
 
 
 def comparable(settings: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,11 @@ With an in-memory AnnData each worker process receives a copy of the fit cells' 
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
 backed file open it by path and hold no copy of ``X`` or ``raw.X``, but anndata's backed mode reads the file's layers
-whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file
-only where it would spare more than that base: a countvae model (scvi-tools models fit from an in-memory copy even of
-backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too, when the counts are in a layer)
-outweigh the base, and a caller that can open one (:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``.
+whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file,
+with the memory it would spare, only where it would spare more than that base: a countvae model (scvi-tools models
+fit from an in-memory copy even of backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too,
+when the counts are in a layer) outweigh the base, and a caller that can open one (:func:`backed_remedy_off`);
+otherwise a smaller ``n_jobs``.
 """
 
 from __future__ import annotations
@@ -185,14 +186,15 @@ def plan_parallelism(
     torch_threads: int,
     backend: str = "local",
     progress: Any = None,
-    steps: int | None = None,
+    train_kwargs: dict[str, Any] | None = None,
+    warn: bool = True,
 ) -> Parallelism:
     """How many of ``n_seeds`` seeds to fit at once for ``n_jobs``.
 
     ``"auto"`` and ``-1`` take one seed per ``torch_threads`` usable cores (affinity and cgroup quotas respected), at
     most ``n_seeds``; ``"auto"`` fits in the calling process instead when ``progress`` cannot be copied into worker
     processes (an explicit ``n_jobs`` then raises, as the caller checks), or each seed takes fewer than
-    ``MIN_STEPS_FOR_WORKERS`` minibatch ``steps`` (the workers would take longer to start than the fits). With the
+    ``MIN_STEPS_FOR_WORKERS`` minibatch steps (the workers would take longer to start than the fits). With the
     local backend and in-memory data, fewer seeds run at once, with a warning, when their workers' estimated memory
     exceeds a share (``MEMORY_SHARE``) of the available memory. With the Ray backend, ``-1`` keeps every seed in flight
     (Ray places the tasks by its resources) and no memory estimate applies (the tasks may run on other machines).
@@ -211,8 +213,13 @@ def plan_parallelism(
         ``"local"`` or ``"ray"``.
     progress
         The progress callable the workers would be given, if any.
-    steps
-        Most minibatch steps of one seed (``steps_per_seed``); ``None``: unknown, not considered.
+    train_kwargs
+        Each fit's training arguments, whose minibatch steps on ``fit_data``'s cells (``steps_per_seed``) are
+        counted; ``None``: not considered. Every caller that says or decides how many seeds run at once (the fits, the
+        blocks ``diagnose`` and ``select`` print before fitting) passes them, so that all come to the same number.
+    warn
+        Log the memory warning; the blocks printed before fitting pass ``False``, so that it is logged once, by the
+        fits.
 
     Returns
     -------
@@ -221,15 +228,16 @@ def plan_parallelism(
     """
     n_jobs = check_n_jobs(n_jobs)
     n_seeds = max(1, int(n_seeds))
+    n_cells = len(fit_data.positions) if isinstance(fit_data, FileCells) else fit_data.n_obs
+    steps = None if train_kwargs is None else steps_per_seed(n_cells, train_kwargs)
     if backend == "ray" and n_jobs == -1:
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):
         per_core = max(1, available_cores() // torch_threads)
+        # not logged here: the caller that fits logs the outcome and its reason once (fit_seeds)
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and pickling_error(progress) is not None:
-            logger.info("Fitting one seed at a time: the progress callable cannot be copied into worker processes.")
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and steps is not None and steps < MIN_STEPS_FOR_WORKERS:
-            logger.info("Fitting one seed at a time: %d minibatch steps per seed end before workers start.", steps)
             return Parallelism(
                 1, torch_threads, f"{steps} minibatch steps per seed end sooner than worker processes would start"
             )
@@ -238,11 +246,11 @@ def plan_parallelism(
     else:
         jobs, reason = min(n_jobs, n_seeds), "n_jobs as given"
     if backend == "local" and jobs > 1:
-        jobs, reason = _within_memory(jobs, reason, fit_data)
+        jobs, reason = _within_memory(jobs, reason, fit_data, warn)
     return Parallelism(jobs, torch_threads, reason)
 
 
-def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> tuple[int, str]:
+def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells, warn: bool) -> tuple[int, str]:
     per_worker = worker_memory_estimate(fit_data)
     available = available_memory_bytes()
     if available is None or jobs * per_worker <= MEMORY_SHARE * available:
@@ -257,11 +265,17 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells) -> 
         f"than {MEMORY_SHARE:.0%} of the {available / 1024**3:.1f} GiB available"
     )
     # Only where the caller can open a backed file (see backed_remedy_off) and it spares more than the fixed base.
-    if _BACKED_REMEDY.get() and _backed_spares(fit_data) > WORKER_BASE_BYTES:
-        remedy = "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file"
+    spared = _backed_spares(fit_data)
+    if _BACKED_REMEDY.get() and spared > WORKER_BASE_BYTES:
+        remedy = (
+            "Open the data backed (anndata.read_h5ad(path, backed='r')) so that workers read it from the file, "
+            f"sparing about {spared / 1024**3:.2f} GiB per worker ({jobs * spared / 1024**3:.1f} GiB for {jobs} "
+            "workers)"
+        )
     else:
         remedy = "Pass a smaller n_jobs, or free memory"
-    logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
+    if warn:
+        logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
     return fitting, f"memory: {why}"
 
 
