@@ -27,10 +27,18 @@ from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 
 def _refuse_existing(path: Path, overwrite: bool) -> None:
+    """Refuse an entry at ``path`` without ``overwrite``, a dangling symbolic link too."""
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     refuse_overlong_name(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
+    if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
+        raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
+
+
+def exists_as(path: Path) -> str:
+    """How messages say that the entry at ``path`` exists: ``"already exists"``, or what a dangling link points to."""
+    if path.is_symlink() and not path.exists():
+        return f"is a symbolic link to the missing path {os.readlink(path)}"
+    return "already exists"
 
 
 @dataclass(frozen=True)
@@ -272,7 +280,8 @@ def temporary_prefix(path: str | os.PathLike) -> str:
 def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
     """Fail, before any ``mkdir``, when ``folder`` or a folder above it exists and is not a folder, naming that entry.
 
-    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way.
+    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way. A
+    symbolic link to a missing path is in the way too, and named as one.
 
     Raises
     ------
@@ -281,10 +290,14 @@ def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
 
     """
     folder = Path(folder)
-    in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if folder.is_dir():  # the usual case, in one system call
+        return
+    # lexists: a dangling link is in the way too (mkdir says "File exists" of it, a path that does not exist)
+    in_the_way = next((p for p in (folder, *folder.parents) if os.path.lexists(p) and not p.is_dir()), None)
     if in_the_way is not None:
         where = "" if in_the_way == folder else f", so {folder} cannot be made"
-        raise OutputExistsError(f"{in_the_way} exists and is not a folder{where}; {remedy}.")
+        what = "exists and is not a folder" if in_the_way.exists() else exists_as(in_the_way)
+        raise OutputExistsError(f"{in_the_way} {what}{where}; {remedy}.")
 
 
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
@@ -339,6 +352,7 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
     """
     path = Path(path)
     _refuse_existing(path, overwrite)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with pending_file(path) as tmp:
@@ -428,6 +442,7 @@ def atomic_directory(
     _refuse_existing(path, overwrite)
     if layout is not None:
         refuse_foreign_entries(path, overwrite, layout)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path):
         with _other_os_errors_explained(path):
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -39,6 +39,7 @@ import scipy.sparse as sp
 from countvae._checks import check_bool, check_int, check_number
 from countvae._io import (
     check_writable,
+    exists_as,
     explained_write_errors,
     pending_file,
     place_file,
@@ -530,8 +531,10 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     refuse_input_as_h5ad_output(out, source)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
+    if os.path.lexists(out) and not overwrite:  # a dangling link too, which the final rename would not replace
+        raise OutputExistsError(
+            f"{out} {exists_as(out)}; pass --overwrite to replace it, or choose another --write-h5ad."
+        )
     return out
 
 

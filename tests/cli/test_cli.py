@@ -701,17 +701,22 @@ def test_fit_succeeds_when_the_reader_of_its_result_has_gone(tmp_path):
         assert err == "" and (out / "fit.json").is_file()
 
 
+@pytest.mark.parametrize("entry", ["file", "dangling link"])
 @pytest.mark.parametrize("command", ["diagnose", "select", "fit"])
-def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, capsys, monkeypatch, command):
-    # diagnose and select ended in a NotADirectoryError traceback from their run lock; fit said "File exists
-    # (EEXIST)" of the --out that did not exist, not naming the file in the way
+def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, capsys, monkeypatch, command, entry):
+    # diagnose and select ended in a NotADirectoryError traceback from their run lock (a FileExistsError under a
+    # dangling link); fit said "File exists (EEXIST)" of the --out that did not exist, not naming the entry in the way
     data = _write_counts(tmp_path / "d.h5ad")
     _never_trains(monkeypatch)
-    (tmp_path / "afile").write_text("mine")
+    if entry == "file":
+        (tmp_path / "afile").write_text("mine")
+    else:
+        (tmp_path / "afile").symlink_to(tmp_path / "gone")
     fast = ["--n-latent", "1", "--max-epochs", "1", "--quiet"]
     fast += [] if command == "fit" else ["--seeds", "2", "--n-jobs", "1", "--decoder", "linear"]
     assert main([command, str(data), *fast, "--out", str(tmp_path / "afile" / "sub")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} exists and is not a folder")
+    refused = "exists and is not a folder" if entry == "file" else f"is a symbolic link to the missing path {tmp_path}"
+    assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} {refused}")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "d.h5ad"]

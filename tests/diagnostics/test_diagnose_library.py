@@ -25,6 +25,7 @@ from countvae.diagnostics import (
     DownstreamRequest,
     ProgressEvent,
     ProgressKind,
+    compare_models,
     diagnose,
     fit_seeds,
     heldout_split,
@@ -188,6 +189,17 @@ def test_write_h5ad_naming_a_folder_is_refused_before_fitting(data_file, tmp_pat
     with pytest.raises(OutputExistsError, match="taken.h5ad is a folder; give --write-h5ad the name of a file"):
         diagnose(_registered(data_file), seeds=2, write_h5ad=folder, overwrite=overwrite, out_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists() and folder.is_dir()
+
+
+def test_write_h5ad_at_a_dangling_link_is_refused_before_fitting(data_file, tmp_path, monkeypatch):
+    # exists() follows the link: every seed was fitted and the report saved, then the final rename refused the link
+    # as "another writer put a file there", and the saved report refused the rerun
+    link = tmp_path / "analysed.h5ad"
+    link.symlink_to(tmp_path / "nowhere.h5ad")
+    monkeypatch.setattr(cv.CountVAE, "train", _never_trains)
+    with pytest.raises(OutputExistsError, match=f"^{link} is a symbolic link to the missing path .*nowhere.h5ad; pass"):
+        diagnose(_registered(data_file), seeds=2, write_h5ad=link, out_dir=tmp_path / "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["analysed.h5ad"] and link.is_symlink()
 
 
 def test_repeated_cell_names_with_write_h5ad_are_refused_before_fitting(data_file, tmp_path):
@@ -465,6 +477,10 @@ def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_re
     assert (h5ad / "notes.txt").read_text() == "mine" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
 
 
+def _never_trains(*args, **kwargs):
+    raise AssertionError("trained before refusing")
+
+
 def _h5ad_settings(data_file, tmp_path):
     adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
     settings = DiagnoseSettings(
@@ -580,13 +596,23 @@ def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_say
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
 
 
-def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path):
-    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError
-    (tmp_path / "afile").write_text("mine")
-    out = tmp_path / "afile" / "sub"
-    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so {out} cannot"):
-        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
-    assert (tmp_path / "afile").read_text() == "mine"
+@pytest.mark.parametrize("entry", ["file", "dangling link"])
+def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path, entry):
+    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError (FileExistsError
+    # of a path that does not exist under a dangling link)
+    afile = tmp_path / "afile"
+    if entry == "file":
+        afile.write_text("mine")
+    else:
+        afile.symlink_to(tmp_path / "gone")
+    refused = "exists and is not a folder" if entry == "file" else "is a symbolic link to the missing path .*gone"
+    for out in (afile / "sub", afile):
+        so = f", so {out} cannot" if out != afile else "; choose another"
+        with pytest.raises(OutputExistsError, match=f"^{afile} {refused}{so}"):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
+        with pytest.raises(OutputExistsError, match=f"^{afile} {refused}[,;]"):
+            compare_models(_registered(data_file), {"n_latent": [2]}, seeds=range(2), n_jobs=1, out_dir=out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 @pytest.mark.parametrize("kind", ["link", "file"])
