@@ -26,10 +26,19 @@ from countvae._checks import check_bool
 from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 
-def _refuse_existing(path: Path, overwrite: bool) -> None:
-    """Refuse an entry at ``path`` without ``overwrite``, a dangling symbolic link too."""
+def _refuse_existing(path: Path, overwrite: bool, a_file: bool = False) -> None:
+    """Refuse an entry at ``path`` without ``overwrite``, a dangling symbolic link too.
+
+    Where ``a_file`` is written, a folder is refused whatever ``overwrite`` says: a file is never renamed over a
+    folder, which may hold the analyst's work.
+    """
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     refuse_overlong_name(path)
+    if a_file and path.is_dir() and not path.is_symlink():
+        raise OutputExistsError(
+            f"{path} is a folder; a file is written there, and overwrite=True (--overwrite) replaces files only. "
+            "Move or rename it, or write to another path."
+        )
     if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
         raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
 
@@ -348,10 +357,11 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 
     The temporary file is renamed to ``path`` when the block succeeds (:func:`place_file`: without ``overwrite``, a
     file put at ``path`` during the block is refused too, never replaced) and removed when it raises (a full disk or
-    read-only folder becomes an :class:`OutputWriteError`).
+    read-only folder becomes an :class:`OutputWriteError`). A folder at ``path`` is refused on entry whatever
+    ``overwrite`` says, and one put there during the block at the end, the file kept beside it.
     """
     path = Path(path)
-    _refuse_existing(path, overwrite)
+    _refuse_existing(path, overwrite, a_file=True)
     refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)

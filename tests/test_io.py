@@ -277,3 +277,12 @@ def test_a_dangling_link_at_a_file_to_write_is_refused_on_entry(tmp_path):
         with atomic_file_path(link):
             raise AssertionError("entered the block")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"] and link.is_symlink()
+
+
+def test_a_folder_at_a_file_to_write_is_refused_on_entry_with_overwrite(tmp_path):
+    # with overwrite, the block ran and the final rename was refused as "changed while this run was writing"
+    folder = tmp_path / "c.json"
+    folder.mkdir()
+    with pytest.raises(OutputExistsError, match=f"^{folder} is a folder; a file is written there, and overwrite"):
+        write_bytes_atomic(folder, b"{}", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"] and folder.is_dir()
