@@ -272,6 +272,9 @@ def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_f
     warmed = []
     with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
         diagnose(adata, seeds=2, out_dir=tmp_path / "x", before_fitting=warmed.append)
+    # compare_models too (select's warm-up, without --quiet, failed first with the model's misleading remedy)
+    with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
+        compare_models(adata, {"n_latent": [2, 3]}, range(2), 0.25, before_fitting=lambda *args: warmed.append(args))
     assert warmed == [] and not (tmp_path / "x").exists()
 
 
@@ -291,6 +294,8 @@ def test_a_batch_only_held_out_cells_have_is_refused_before_fitting(data_file, t
     with pytest.raises(InvalidDataError, match=message):
         fit_seeds(adata, seeds=[0, 1], heldout_fraction=0.25, out_dir=tmp_path / "y")
     assert not (tmp_path / "y").exists()
+    with pytest.raises(InvalidDataError, match=message):  # before compare_models' block before fitting
+        compare_models(adata, {"n_latent": [2, 3]}, range(2), 0.25, before_fitting=_never_trains)
     # a batch that no cell of the data has (a subset made after registering) is no concern
     from countvae.diagnostics.fitting.fit_seeds import check_fit_batches
 
