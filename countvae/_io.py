@@ -424,7 +424,7 @@ def _put_there(path: Path) -> str:
     """What :func:`place_file` found at ``path``, as its refusal says it."""
     if path.is_dir() and not path.is_symlink():
         return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
-    return "another writer put a file there, which overwrite=False (no --overwrite) keeps."
+    return "another writer put a file there, which is kept without overwrite=True (--overwrite)."
 
 
 @contextlib.contextmanager
@@ -479,7 +479,9 @@ def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout
     try:
         refuse_non_folder(path)
         if path.exists() and not overwrite:
-            raise OutputExistsError("another writer put a folder there, which overwrite=False (no --overwrite) keeps.")
+            raise OutputExistsError(
+                "another writer put a folder there, which is kept without overwrite=True (--overwrite)."
+            )
         if layout is not None:
             refuse_foreign_entries(path, overwrite, layout)
     except OutputExistsError as exc:

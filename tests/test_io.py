@@ -175,7 +175,7 @@ def _put_meanwhile(target: Path, what: str) -> None:
 @pytest.mark.parametrize(
     ("before", "overwrite", "what", "refused"),
     [
-        (False, False, "folder", "another writer put a folder there, which overwrite=False"),
+        (False, False, "folder", r"another writer put a folder there, which is kept without overwrite=True"),
         (True, True, "file", "exists and is not a folder"),
         (True, True, "notes", "holds notes.txt, which a report folder does not hold"),
     ],

@@ -219,6 +219,21 @@ def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
     assert "a larger --n-samples VALUE" in in_option_terms(str(record[0].message), {"n_samples": 20})
 
 
+def test_a_refusal_of_what_another_writer_put_at_an_output_names_a_valid_command_line(tmp_path):
+    # "which overwrite=False (no --overwrite) keeps" came out as "which --overwrite False (no --overwrite) keeps"
+    from countvae._io import atomic_directory, atomic_file_path
+    from countvae.cli import in_option_terms
+    from countvae.errors import OutputExistsError
+
+    for what, write in (("file", atomic_file_path), ("folder", atomic_directory)):
+        path = tmp_path / what
+        with pytest.raises(OutputExistsError) as info, write(path):
+            path.write_text("theirs") if what == "file" else path.mkdir()
+        message = in_option_terms(str(info.value), {"overwrite": False})
+        assert f"another writer put a {what} there, which is kept without --overwrite. So" in message
+        assert "--overwrite False" not in message
+
+
 def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options():
     """A resumed select named 'r4/fits/--n-latent 2__decoder=linear', a folder that does not exist, and labels were
     rewritten in part ("Candidate --n-latent 60, decoder=linear")."""
