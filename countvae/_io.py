@@ -375,8 +375,10 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 def pending_file(path: Path) -> Iterator[Path]:
     """Yield an empty temporary file beside ``path`` (``.<name>.countvae-<random>.partial``), removed after the block.
 
-    The random part keeps two runs writing ``path`` apart, and the name is one :func:`remove_interrupted_writes`
-    removes when a killed run leaves it behind.
+    The random part keeps two runs writing ``path`` apart. A killed run leaves the file behind: where its caller
+    owns the folder, :func:`remove_interrupted_writes` removes it; beside a path no lock covers (``diagnose``'s
+    ``write_h5ad``), no run can tell it from another run's file being written, so none removes it
+    (:func:`interrupted_writes` lists them).
     """
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent)
     os.close(fd)
@@ -543,6 +545,16 @@ def _kept(folder: Path) -> Path | None:
     return kept
 
 
+def interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
+    """The entries of ``folder`` that :func:`remove_interrupted_writes` would remove, sorted; nothing is removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    prefix = r"\..+\." + re.escape(_MARKER) if name == "*" else re.escape(temporary_prefix(folder / name))
+    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
+    return sorted(path for path in folder.iterdir() if written.fullmatch(path.name))
+
+
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
@@ -554,15 +566,8 @@ def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> lis
     and a link only as a link. Call this only where no other writer can be at work (the caller owns ``folder``).
     ``name`` limits the clean-up to one target's leftovers (``"*"``: any target's). Returns the paths removed.
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    prefix = r"\..+\." + re.escape(_MARKER) if name == "*" else re.escape(temporary_prefix(folder / name))
-    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
     removed = []
-    for path in folder.iterdir():
-        if not written.fullmatch(path.name):
-            continue
+    for path in interrupted_writes(folder, name):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:
