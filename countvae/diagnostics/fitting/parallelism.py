@@ -78,6 +78,13 @@ class Parallelism:
     torch_threads: int
     reason: str
 
+    def at_full_speed(self) -> int:
+        """Seeds that progress at full speed at once: those run at once, at most one per ``torch_threads`` usable cores.
+
+        ``n_jobs`` as given may exceed the cores; the seeds beyond them share the cores and progress no faster in all.
+        """
+        return min(self.n_jobs, seeds_per_cores(self.torch_threads))
+
     def describe(self) -> str:
         """E.g. ``"2 seeds at a time, 1 torch thread each"``."""
         seeds = "1 seed" if self.n_jobs == 1 else f"{self.n_jobs} seeds"
@@ -179,6 +186,11 @@ def _backed_spares(fit_data: ad.AnnData | FileCells) -> int:
     return int(COPY_FACTOR * counts_nbytes(fit_data) - layers)
 
 
+def seeds_per_cores(torch_threads: int) -> int:
+    """Seeds that the usable cores fit at once at full speed, ``torch_threads`` each (at least 1)."""
+    return max(1, available_cores() // torch_threads)
+
+
 def plan_parallelism(
     n_jobs: int | str,
     n_seeds: int,
@@ -233,7 +245,7 @@ def plan_parallelism(
     if backend == "ray" and n_jobs == -1:
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):
-        per_core = max(1, available_cores() // torch_threads)
+        per_core = seeds_per_cores(torch_threads)
         # not logged here: the caller that fits logs the outcome and its reason once (fit_seeds)
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and pickling_error(progress) is not None:
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")
