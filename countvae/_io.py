@@ -26,11 +26,28 @@ from countvae._checks import check_bool
 from countvae.errors import ModelFileError, OutputExistsError, OutputWriteError
 
 
-def _refuse_existing(path: Path, overwrite: bool) -> None:
+def _refuse_existing(path: Path, overwrite: bool, a_file: bool = False) -> None:
+    """Refuse an entry at ``path`` without ``overwrite``, a dangling symbolic link too.
+
+    Where ``a_file`` is written, a folder is refused whatever ``overwrite`` says: a file is never renamed over a
+    folder, which may hold the analyst's work.
+    """
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     refuse_overlong_name(path)
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} already exists; pass overwrite=True (--overwrite) to replace it.")
+    if a_file and path.is_dir() and not path.is_symlink():
+        raise OutputExistsError(
+            f"{path} is a folder; a file is written there, and overwrite=True (--overwrite) replaces files only. "
+            "Move or rename it, or write to another path."
+        )
+    if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
+        raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
+
+
+def exists_as(path: Path) -> str:
+    """How messages say that the entry at ``path`` exists: ``"already exists"``, or what a dangling link points to."""
+    if path.is_symlink() and not path.exists():
+        return f"is a symbolic link to the missing path {os.readlink(path)}"
+    return "already exists"
 
 
 @dataclass(frozen=True)
@@ -272,7 +289,8 @@ def temporary_prefix(path: str | os.PathLike) -> str:
 def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
     """Fail, before any ``mkdir``, when ``folder`` or a folder above it exists and is not a folder, naming that entry.
 
-    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way.
+    ``mkdir`` says only "Not a directory" (or "File exists") of ``folder``, never which entry is in the way. A
+    symbolic link to a missing path is in the way too, and named as one.
 
     Raises
     ------
@@ -281,10 +299,14 @@ def refuse_file_in_the_way(folder: str | os.PathLike, remedy: str) -> None:
 
     """
     folder = Path(folder)
-    in_the_way = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if folder.is_dir():  # the usual case, in one system call
+        return
+    # lexists: a dangling link is in the way too (mkdir says "File exists" of it, a path that does not exist)
+    in_the_way = next((p for p in (folder, *folder.parents) if os.path.lexists(p) and not p.is_dir()), None)
     if in_the_way is not None:
         where = "" if in_the_way == folder else f", so {folder} cannot be made"
-        raise OutputExistsError(f"{in_the_way} exists and is not a folder{where}; {remedy}.")
+        what = "exists and is not a folder" if in_the_way.exists() else exists_as(in_the_way)
+        raise OutputExistsError(f"{in_the_way} {what}{where}; {remedy}.")
 
 
 def check_writable(path: str | os.PathLike, reused: bool = False) -> None:
@@ -335,10 +357,12 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 
     The temporary file is renamed to ``path`` when the block succeeds (:func:`place_file`: without ``overwrite``, a
     file put at ``path`` during the block is refused too, never replaced) and removed when it raises (a full disk or
-    read-only folder becomes an :class:`OutputWriteError`).
+    read-only folder becomes an :class:`OutputWriteError`). A folder at ``path`` is refused on entry whatever
+    ``overwrite`` says, and one put there during the block at the end, the file kept beside it.
     """
     path = Path(path)
-    _refuse_existing(path, overwrite)
+    _refuse_existing(path, overwrite, a_file=True)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with pending_file(path) as tmp:
@@ -351,8 +375,10 @@ def atomic_file_path(path: str | os.PathLike, overwrite: bool = False) -> Iterat
 def pending_file(path: Path) -> Iterator[Path]:
     """Yield an empty temporary file beside ``path`` (``.<name>.countvae-<random>.partial``), removed after the block.
 
-    The random part keeps two runs writing ``path`` apart, and the name is one :func:`remove_interrupted_writes`
-    removes when a killed run leaves it behind.
+    The random part keeps two runs writing ``path`` apart. A killed run leaves the file behind: where its caller
+    owns the folder, :func:`remove_interrupted_writes` removes it; beside a path no lock covers (``diagnose``'s
+    ``write_h5ad``), no run can tell it from another run's file being written, so none removes it
+    (:func:`interrupted_writes` lists them).
     """
     fd, tmp = tempfile.mkstemp(prefix=temporary_prefix(path), suffix=".partial", dir=path.parent)
     os.close(fd)
@@ -400,7 +426,7 @@ def _put_there(path: Path) -> str:
     """What :func:`place_file` found at ``path``, as its refusal says it."""
     if path.is_dir() and not path.is_symlink():
         return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
-    return "another writer put a file there, which overwrite=False (no --overwrite) keeps."
+    return "another writer put a file there, which is kept without overwrite=True (--overwrite)."
 
 
 @contextlib.contextmanager
@@ -428,6 +454,7 @@ def atomic_directory(
     _refuse_existing(path, overwrite)
     if layout is not None:
         refuse_foreign_entries(path, overwrite, layout)
+    refuse_file_in_the_way(path.parent, "choose another output folder")
     with explained_write_errors(path):
         with _other_os_errors_explained(path):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -454,7 +481,9 @@ def _replace_folder(new: Path, path: Path, overwrite: bool, layout: FolderLayout
     try:
         refuse_non_folder(path)
         if path.exists() and not overwrite:
-            raise OutputExistsError("another writer put a folder there, which overwrite=False (no --overwrite) keeps.")
+            raise OutputExistsError(
+                "another writer put a folder there, which is kept without overwrite=True (--overwrite)."
+            )
         if layout is not None:
             refuse_foreign_entries(path, overwrite, layout)
     except OutputExistsError as exc:
@@ -516,6 +545,16 @@ def _kept(folder: Path) -> Path | None:
     return kept
 
 
+def interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
+    """The entries of ``folder`` that :func:`remove_interrupted_writes` would remove, sorted; nothing is removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    prefix = r"\..+\." + re.escape(_MARKER) if name == "*" else re.escape(temporary_prefix(folder / name))
+    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
+    return sorted(path for path in folder.iterdir() if written.fullmatch(path.name))
+
+
 def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> list[Path]:
     """Remove what a writer killed mid-way left in ``folder`` under temporary names.
 
@@ -527,15 +566,8 @@ def remove_interrupted_writes(folder: str | os.PathLike, name: str = "*") -> lis
     and a link only as a link. Call this only where no other writer can be at work (the caller owns ``folder``).
     ``name`` limits the clean-up to one target's leftovers (``"*"``: any target's). Returns the paths removed.
     """
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    prefix = r"\..+\." + re.escape(_MARKER) if name == "*" else re.escape(temporary_prefix(folder / name))
-    written = re.compile(prefix + r"[a-z0-9_]{8}\.(partial|old)")  # tempfile's random part: 8 of [a-z0-9_]
     removed = []
-    for path in folder.iterdir():
-        if not written.fullmatch(path.name):
-            continue
+    for path in interrupted_writes(folder, name):
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         else:

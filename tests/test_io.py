@@ -175,7 +175,7 @@ def _put_meanwhile(target: Path, what: str) -> None:
 @pytest.mark.parametrize(
     ("before", "overwrite", "what", "refused"),
     [
-        (False, False, "folder", "another writer put a folder there, which overwrite=False"),
+        (False, False, "folder", r"another writer put a folder there, which is kept without overwrite=True"),
         (True, True, "file", "exists and is not a folder"),
         (True, True, "notes", "holds notes.txt, which a report folder does not hold"),
     ],
@@ -251,3 +251,38 @@ def test_a_file_above_a_folder_to_make_is_named(tmp_path):
     (tmp_path / "afile").write_text("mine")
     with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so "):
         check_writable(tmp_path / "afile" / "sub" / "out")
+
+
+def test_a_dangling_link_in_the_way_is_named_before_any_mkdir(tmp_path):
+    # exists() follows a link: a link to a missing path passed, and mkdir said "File exists (EEXIST)" of a path that
+    # does not exist (check_writable, atomic_directory as report.save writes, atomic_file_path)
+    link = tmp_path / "dl"
+    link.symlink_to(tmp_path / "gone")
+    refused = f"^{link} is a symbolic link to the missing path {tmp_path / 'gone'}, so {link / 'sub'} cannot be made"
+    for write in (
+        lambda: check_writable(link / "sub" / "out.h5ad"),
+        lambda: atomic_directory(link / "sub" / "report").__enter__(),
+        lambda: atomic_file_path(link / "sub" / "a.json").__enter__(),
+    ):
+        with pytest.raises(OutputExistsError, match=refused):
+            write()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dl"]
+
+
+def test_a_dangling_link_at_a_file_to_write_is_refused_on_entry(tmp_path):
+    # refused only by the final rename, after the block's work, as "another writer put a file there"
+    link = tmp_path / "a.json"
+    link.symlink_to(tmp_path / "nowhere.json")
+    with pytest.raises(OutputExistsError, match=f"^{link} is a symbolic link to the missing path .*; pass overwrite"):
+        with atomic_file_path(link):
+            raise AssertionError("entered the block")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"] and link.is_symlink()
+
+
+def test_a_folder_at_a_file_to_write_is_refused_on_entry_with_overwrite(tmp_path):
+    # with overwrite, the block ran and the final rename was refused as "changed while this run was writing"
+    folder = tmp_path / "c.json"
+    folder.mkdir()
+    with pytest.raises(OutputExistsError, match=f"^{folder} is a folder; a file is written there, and overwrite"):
+        write_bytes_atomic(folder, b"{}", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"] and folder.is_dir()

@@ -421,11 +421,12 @@ class _Observer:
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
         # with the training arguments, as the fits decide: short fits run one at a time (the fits warn of memory)
-        n_jobs = plan_parallelism(
+        jobs = plan_parallelism(
             s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs, warn=False
-        ).n_jobs
+        )
+        n_jobs = jobs.n_jobs
         if timing is not None:
-            self.expected_fitting = expected_seconds(timing, len(s.seeds), n_jobs)
+            self.expected_fitting = expected_seconds(timing, len(s.seeds), jobs.at_full_speed())
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,

@@ -202,8 +202,9 @@ def announce(
     else:
         per_fit = timing.seconds_per_fit
         total = ""
-        if n_jobs is not None:
-            total = f", about {duration(expected_seconds(timing, seeds, n_jobs))} for {counted(seeds, 'seed')}"
+        if n_jobs is not None:  # n_jobs above the cores: no faster than as many as the cores run
+            at_once = Parallelism(n_jobs, torch_threads or 1, "").at_full_speed()
+            total = f", about {duration(expected_seconds(timing, seeds, at_once))} for {counted(seeds, 'seed')}"
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from "

@@ -221,8 +221,9 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
 
     The training time is timed once per decoder, latent size and hidden width (on the first candidate with them: the
     likelihood and the prior are not timed apart), ten training steps each as for ``diagnose``, and extrapolated to
-    all fits, ``n_jobs`` at a time. The held-out ``log p(x)`` of each fit on the compared cells follows the ratio to
-    the timed steps that ``fit`` uses, on one torch thread per fit and one worker per usable core.
+    all fits, as many at a time as run at once and the usable cores fit at full speed (``Parallelism.at_full_speed``).
+    The held-out ``log p(x)`` of each fit on the compared cells follows the ratio to the timed steps that ``fit``
+    uses, on one torch thread per fit and one worker per usable core.
     """
     first, n_seeds = runs[0], len(runs[0].seeds)
     fit_idx, held_idx = heldout_split(genes.adata.n_obs, first.heldout_fraction, first.split_seed)
@@ -241,9 +242,11 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     timings = [timed[key] for key in keys]
     per_fit = [t.seconds_per_fit for t in timings]
     spread = " to ".join(dict.fromkeys(duration(s) for s in (min(per_fit), max(per_fit))))
-    fitting = max(max(per_fit), sum(per_fit) * n_seeds / jobs.n_jobs)
+    fitting = max(max(per_fit), sum(per_fit) * n_seeds / jobs.at_full_speed())  # --n-jobs above the cores: no faster
     per_cell = [lpd_seconds_per_cell(t, len(fit_idx), args.n_samples) for t in timings]
     lpd = sum(per_cell) * n_seeds * compared / min(cores, n_fits)
+    # 7-13 s for two workers on 2 cores (MIN_STEPS_FOR_WORKERS), more on a loaded machine: not timed by the warm-up
+    starting = "the workers' start-up, " if jobs.n_jobs > 1 else ""
     train = first.train_kwargs
     stopping = "on (at most that many epochs)" if train.get("early_stopping") else "off"
     values = " x ".join(f"{name} {', '.join(map(str, v))}" for name, v in grid.items())
@@ -260,8 +263,9 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
         f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
         f"{min(cores, n_fits)} at a time; within about a factor 5)",
-        f"{' ' * 14}not counted: reading the data, the stability measures and the no-latent baseline (under 1% of a "
-        "run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a resumed run reuses",
+        f"{' ' * 14}not counted: reading the data, {starting}the stability measures and the no-latent baseline "
+        "(under 1% of a run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a "
+        "resumed run reuses",
         f"  shorter     --seeds N fits fewer seeds of each candidate (now {n_seeds}; at least 2)",
         f"{' ' * 14}fewer candidates: fewer values of --n-latent, --decoder, --likelihood or --prior (now {len(runs)})",
         f"{' ' * 14}--max-epochs N (time is proportional to epochs)",

@@ -39,7 +39,9 @@ import scipy.sparse as sp
 from countvae._checks import check_bool, check_int, check_number
 from countvae._io import (
     check_writable,
+    exists_as,
     explained_write_errors,
+    interrupted_writes,
     pending_file,
     place_file,
     refuse_foreign_entries,
@@ -49,6 +51,7 @@ from countvae._io import (
 )
 from countvae._report_files import REPORT_FOLDER
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
+from countvae._warnings import warn_at_caller
 from countvae.data.backed import read_into_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
@@ -69,7 +72,7 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import InvalidArgumentError, OutputExistsError, OutputWriteError
+from countvae.errors import CountVAEWarning, InvalidArgumentError, OutputExistsError, OutputWriteError
 from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
@@ -338,6 +341,7 @@ def _diagnose_planned(
         # a folder found unwritable after the report is saved would make the rerun refuse without overwrite
         check_writable(plan.h5ad_path, reused=True)
         refuse_without_room(plan.h5ad_path, plan.adata)
+        _warn_interrupted_h5ad(plan.h5ad_path)
     if before_fitting is not None:
         before_fitting(plan)
     if plan.report_dir is not None and s.overwrite:
@@ -485,6 +489,27 @@ def discard_replaced_report(report_dir: Path) -> None:
     logger.info("Removed the report in %s, which the refitted seeds will replace (overwrite).", report_dir)
 
 
+def _warn_interrupted_h5ad(path: Path) -> None:
+    """Name the copies of ``path`` that killed runs left beside it, and their size; none is removed.
+
+    ``path`` is not locked (unlike ``--out``), so a run cannot tell a killed run's copy from one that another run is
+    writing now, and deleting that would lose its result.
+    """
+    left = interrupted_writes(path.parent, path.name)
+    if left:
+        size = 0
+        for leftover in left:
+            with contextlib.suppress(OSError):  # placed or deleted meanwhile by the run writing it
+                size += leftover.lstat().st_size
+        warn_at_caller(
+            f"{len(left)} {'copy' if len(left) == 1 else 'copies'} of {path.name} left beside it by runs killed while "
+            f"writing it ({size / 2**20:.1f} MiB in all), unless a run at work now writes one: "
+            f"{', '.join(str(p) for p in left)}. No run removes them, as {path} is not locked; delete them once no "
+            f"other run writes {path}.",
+            CountVAEWarning,
+        )
+
+
 def remove_interrupted_report(report_dir: Path) -> None:
     """Remove what a run interrupted while writing its report into ``report_dir`` left, before saving it again."""
     for path in remove_interrupted_writes(report_dir.parent, report_dir.name):
@@ -530,8 +555,10 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     refuse_input_as_h5ad_output(out, source)
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} exists; pass --overwrite to replace it, or choose another --write-h5ad.")
+    if os.path.lexists(out) and not overwrite:  # a dangling link too, which the final rename would not replace
+        raise OutputExistsError(
+            f"{out} {exists_as(out)}; pass --overwrite to replace it, or choose another --write-h5ad."
+        )
     return out
 
 

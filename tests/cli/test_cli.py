@@ -219,6 +219,21 @@ def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
     assert "a larger --n-samples VALUE" in in_option_terms(str(record[0].message), {"n_samples": 20})
 
 
+def test_a_refusal_of_what_another_writer_put_at_an_output_names_a_valid_command_line(tmp_path):
+    # "which overwrite=False (no --overwrite) keeps" came out as "which --overwrite False (no --overwrite) keeps"
+    from countvae._io import atomic_directory, atomic_file_path
+    from countvae.cli import in_option_terms
+    from countvae.errors import OutputExistsError
+
+    for what, write in (("file", atomic_file_path), ("folder", atomic_directory)):
+        path = tmp_path / what
+        with pytest.raises(OutputExistsError) as info, write(path):
+            path.write_text("theirs") if what == "file" else path.mkdir()
+        message = in_option_terms(str(info.value), {"overwrite": False})
+        assert f"another writer put a {what} there, which is kept without --overwrite. So" in message
+        assert "--overwrite False" not in message
+
+
 def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options():
     """A resumed select named 'r4/fits/--n-latent 2__decoder=linear', a folder that does not exist, and labels were
     rewritten in part ("Candidate --n-latent 60, decoder=linear")."""
@@ -701,17 +716,22 @@ def test_fit_succeeds_when_the_reader_of_its_result_has_gone(tmp_path):
         assert err == "" and (out / "fit.json").is_file()
 
 
+@pytest.mark.parametrize("entry", ["file", "dangling link"])
 @pytest.mark.parametrize("command", ["diagnose", "select", "fit"])
-def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, capsys, monkeypatch, command):
-    # diagnose and select ended in a NotADirectoryError traceback from their run lock; fit said "File exists
-    # (EEXIST)" of the --out that did not exist, not naming the file in the way
+def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, capsys, monkeypatch, command, entry):
+    # diagnose and select ended in a NotADirectoryError traceback from their run lock (a FileExistsError under a
+    # dangling link); fit said "File exists (EEXIST)" of the --out that did not exist, not naming the entry in the way
     data = _write_counts(tmp_path / "d.h5ad")
     _never_trains(monkeypatch)
-    (tmp_path / "afile").write_text("mine")
+    if entry == "file":
+        (tmp_path / "afile").write_text("mine")
+    else:
+        (tmp_path / "afile").symlink_to(tmp_path / "gone")
     fast = ["--n-latent", "1", "--max-epochs", "1", "--quiet"]
     fast += [] if command == "fit" else ["--seeds", "2", "--n-jobs", "1", "--decoder", "linear"]
     assert main([command, str(data), *fast, "--out", str(tmp_path / "afile" / "sub")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} exists and is not a folder")
+    refused = "exists and is not a folder" if entry == "file" else f"is a symbolic link to the missing path {tmp_path}"
+    assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} {refused}")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "d.h5ad"]

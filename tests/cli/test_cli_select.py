@@ -253,6 +253,30 @@ def test_select_says_what_it_will_run_on_stderr_before_fitting(raw, tmp_path):
     assert len(quiet.stderr.strip().splitlines()) == 1 and "holds fits made with other settings or data" in quiet.stderr
 
 
+def test_the_fitting_estimate_counts_no_more_fits_at_once_than_the_cores_run(raw, tmp_path, messages, monkeypatch):
+    """--n-jobs 4 on 2 cores: the estimate divided by 4, as if 4 fits ran at full speed (6 s expected, 67 s taken),
+    and did not name the workers' start-up among what it leaves out."""
+    from countvae.cli import select as select_command
+    from countvae.diagnostics.fitting import parallelism
+    from countvae.diagnostics.reporting import compare_models
+    from countvae.model.warmup import TrainingTimeEstimate
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    monkeypatch.setattr(select_command, "available_cores", lambda: 2)
+    timing = TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)  # 10 s per fit
+    monkeypatch.setattr(select_command, "estimate", lambda *args: timing)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_models, "fit_models", stop)
+    assert main(["select", str(raw), *FAST, "--n-jobs", "4", "--out", str(tmp_path / "sel"), "--json"]) == 130
+    block = messages.text
+    assert "4 seeds at a time, 1 torch thread each" in block  # as the fits will run them
+    assert "estimate    about 20 s for the 4 fits" in block  # 4 fits of 10 s, 2 at a time at full speed
+    assert "not counted: reading the data, the workers' start-up, the stability measures" in block
+
+
 def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
     """The fits in OUT/fits are resumed only on the genes they were made on: another --n-top-genes is refused, before
     any fit, naming the genes, and leaves the stored fits alone."""

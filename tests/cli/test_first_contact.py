@@ -42,6 +42,28 @@ def _block(caplog) -> list[str]:
     return lines[start : start + 12]
 
 
+def test_the_diagnose_estimate_counts_no_more_seeds_at_once_than_the_cores_run(
+    data_file, tmp_path, messages, monkeypatch
+):
+    # --n-jobs 4 on 2 cores: 4 seeds were expected in one round, as if 4 fits ran at full speed on 2 cores
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics.diagnosis import DiagnosePlan
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    timing = warmup.TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)  # 10 s per seed
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DiagnosePlan, "fit", stop)
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--seeds", "4", "--n-jobs", "4", "--out", str(tmp_path / "d")]
+    assert main(argv) == 130
+    block = "\n".join(_block(messages))
+    assert "4 seeds at a time, 1 torch thread each" in block  # as the fits will run them
+    assert "about 10 s per seed, about 20 s for 4 seeds" in block  # 2 at a time at full speed
+
+
 def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(
     data_file, tmp_path, messages, capsys, monkeypatch
 ):

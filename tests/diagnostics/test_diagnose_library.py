@@ -25,6 +25,7 @@ from countvae.diagnostics import (
     DownstreamRequest,
     ProgressEvent,
     ProgressKind,
+    compare_models,
     diagnose,
     fit_seeds,
     heldout_split,
@@ -190,6 +191,17 @@ def test_write_h5ad_naming_a_folder_is_refused_before_fitting(data_file, tmp_pat
     assert not (tmp_path / "x").exists() and folder.is_dir()
 
 
+def test_write_h5ad_at_a_dangling_link_is_refused_before_fitting(data_file, tmp_path, monkeypatch):
+    # exists() follows the link: every seed was fitted and the report saved, then the final rename refused the link
+    # as "another writer put a file there", and the saved report refused the rerun
+    link = tmp_path / "analysed.h5ad"
+    link.symlink_to(tmp_path / "nowhere.h5ad")
+    monkeypatch.setattr(cv.CountVAE, "train", _never_trains)
+    with pytest.raises(OutputExistsError, match=f"^{link} is a symbolic link to the missing path .*nowhere.h5ad; pass"):
+        diagnose(_registered(data_file), seeds=2, write_h5ad=link, out_dir=tmp_path / "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["analysed.h5ad"] and link.is_symlink()
+
+
 def test_repeated_cell_names_with_write_h5ad_are_refused_before_fitting(data_file, tmp_path):
     """The .h5ad is written by cell name: with two cells of one name every seed was fitted and the report made, then
     the write failed and the report was not saved."""
@@ -260,6 +272,9 @@ def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_f
     warmed = []
     with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
         diagnose(adata, seeds=2, out_dir=tmp_path / "x", before_fitting=warmed.append)
+    # compare_models too (select's warm-up, without --quiet, failed first with the model's misleading remedy)
+    with pytest.raises(InvalidDataError, match=r"1 genes have no counts .*detected only in held-out.*min_cells=10"):
+        compare_models(adata, {"n_latent": [2, 3]}, range(2), 0.25, before_fitting=lambda *args: warmed.append(args))
     assert warmed == [] and not (tmp_path / "x").exists()
 
 
@@ -279,6 +294,8 @@ def test_a_batch_only_held_out_cells_have_is_refused_before_fitting(data_file, t
     with pytest.raises(InvalidDataError, match=message):
         fit_seeds(adata, seeds=[0, 1], heldout_fraction=0.25, out_dir=tmp_path / "y")
     assert not (tmp_path / "y").exists()
+    with pytest.raises(InvalidDataError, match=message):  # before compare_models' block before fitting
+        compare_models(adata, {"n_latent": [2, 3]}, range(2), 0.25, before_fitting=_never_trains)
     # a batch that no cell of the data has (a subset made after registering) is no concern
     from countvae.diagnostics.fitting.fit_seeds import check_fit_batches
 
@@ -465,6 +482,31 @@ def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_re
     assert (h5ad / "notes.txt").read_text() == "mine" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
 
 
+def _never_trains(*args, **kwargs):
+    raise AssertionError("trained before refusing")
+
+
+def test_copies_that_killed_runs_left_beside_the_h5ad_path_are_named_and_kept(data_file, tmp_path):
+    # The docstring said the next run removed them; none did, and each killed run added a hidden full-size copy.
+    # No run can tell one from a copy another run is writing now (the path is not locked), so they are named.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    left = [tmp_path / f".analysed.h5ad.countvae-{random}.partial" for random in ("5qi9tvo1", "5hqqr4vk")]
+    for path in left:
+        path.write_bytes(b"0" * 2**19)
+    kept = tmp_path / ".analysed.h5ad.countvae-v00et_ge.kept"  # a copy an error named: the analyst's to judge
+    kept.write_bytes(b"0")
+
+    def stop(plan):
+        raise KeyboardInterrupt
+
+    with pytest.warns(cv.errors.CountVAEWarning) as record, pytest.raises(KeyboardInterrupt):
+        diagnose(adata, settings=settings, before_fitting=stop)
+    (message,) = [str(w.message) for w in record if "left beside it" in str(w.message)]
+    assert message.startswith("2 copies of analysed.h5ad left beside it by runs killed while writing it (1.0 MiB in")
+    assert f"{left[1]}, {left[0]}. No run removes them" in message and str(kept) not in message
+    assert all(path.is_file() for path in [*left, kept])
+
+
 def _h5ad_settings(data_file, tmp_path):
     adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
     settings = DiagnoseSettings(
@@ -580,13 +622,23 @@ def test_a_file_where_diagnose_writes_a_folder_is_refused_whatever_overwrite_say
     assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if not p.is_dir()} == kept
 
 
-def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path):
-    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError
-    (tmp_path / "afile").write_text("mine")
-    out = tmp_path / "afile" / "sub"
-    with pytest.raises(OutputExistsError, match=f"^{tmp_path / 'afile'} exists and is not a folder, so {out} cannot"):
-        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
-    assert (tmp_path / "afile").read_text() == "mine"
+@pytest.mark.parametrize("entry", ["file", "dangling link"])
+def test_an_out_dir_under_a_file_names_the_file(data_file, tmp_path, entry):
+    # diagnose took the run lock on out_dir first, whose mkdir raised the OS's bare NotADirectoryError (FileExistsError
+    # of a path that does not exist under a dangling link)
+    afile = tmp_path / "afile"
+    if entry == "file":
+        afile.write_text("mine")
+    else:
+        afile.symlink_to(tmp_path / "gone")
+    refused = "exists and is not a folder" if entry == "file" else "is a symbolic link to the missing path .*gone"
+    for out in (afile / "sub", afile):
+        so = f", so {out} cannot" if out != afile else "; choose another"
+        with pytest.raises(OutputExistsError, match=f"^{afile} {refused}{so}"):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out)
+        with pytest.raises(OutputExistsError, match=f"^{afile} {refused}[,;]"):
+            compare_models(_registered(data_file), {"n_latent": [2]}, seeds=range(2), n_jobs=1, out_dir=out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
 @pytest.mark.parametrize("kind", ["link", "file"])

@@ -569,7 +569,7 @@ def _knn_interval_text(c: Comparison) -> tuple[str, int]:
     graph = f"their rows of the k={g.k} graph on {g.n_cells:,} cells"
     if g.n_cells > len(next(iter(c.latents.values()))):
         graph += " (held-out and fit cells)"
-    if g.graph_cells != g.n_cells:
+    if g.graph_cells != g.n_cells and g.k != g.k_asked:
         graph += f", k scaled from {g.k_asked} to speak for a graph of {g.graph_cells:,} cells"
     return f"bootstrap over {over}, {graph}", boot.n_cells
 

@@ -32,6 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from countvae.data.file_cells import FileCells
+from countvae.data.registry import get_count_matrix, get_registry
 from countvae.diagnostics.fitting.backends import available_cores
 from countvae.errors import InvalidArgumentError
 
@@ -41,10 +42,14 @@ logger = logging.getLogger(__name__)
 AUTO = "auto"
 #: Peak resident memory of a worker before the copy of the counts (torch, the model, minibatches), in bytes.
 #: Workers fitting from a backed file peaked at 764-776 MiB on 18,000 cells x 2,000 genes and at 830 MiB on
-#: 900,000 cells x 200 genes (benchmarks/RESULTS.md, worker-memory-20k and worker-memory).
+#: 900,000 cells x 200 genes (benchmarks/RESULTS.md, worker-memory-20k and worker-memory). A normalized X beside
+#: in-memory counts in a layer was measured not to be held: on 34,736 cells x 2,511 genes (Kang x 4, counts in a
+#: 113 MiB CSR layer beside a 333 MiB dense normalized X, 2 workers, 1 epoch) workers peaked at 812-814 MiB,
+#: where counting X too estimated 1,602; from the backed file, reading the layer whole, they peaked at 928-943 MiB.
 WORKER_BASE_BYTES = 800 * 1024**2
 #: A worker's copy of in-memory counts costs about this many times their size at its peak (the pickled bytes
-#: and the rebuilt matrix are alive together while it unpickles).
+#: and the rebuilt matrix are alive together while it unpickles). An upper bound: the run above, and the same
+#: cells with the counts in a sparse X (811-816 MiB against 1,003 estimated), peaked lower.
 COPY_FACTOR = 2.0
 #: Share of the available memory that the workers may take (the calling process and others need the rest).
 MEMORY_SHARE = 0.8
@@ -77,6 +82,13 @@ class Parallelism:
     n_jobs: int
     torch_threads: int
     reason: str
+
+    def at_full_speed(self) -> int:
+        """Seeds that progress at full speed at once: those run at once, at most one per ``torch_threads`` usable cores.
+
+        ``n_jobs`` as given may exceed the cores; the seeds beyond them share the cores and progress no faster in all.
+        """
+        return min(self.n_jobs, seeds_per_cores(self.torch_threads))
 
     def describe(self) -> str:
         """E.g. ``"2 seeds at a time, 1 torch thread each"``."""
@@ -147,16 +159,17 @@ def _nbytes(matrix: Any) -> int:
 
 
 def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
-    """Bytes of the data matrices a worker holds for ``fit_data`` (counts, and a normalized ``X`` beside them).
+    """Bytes of the data matrices a worker holds for ``fit_data``.
 
-    ``X``, every layer and ``raw.X`` of an in-memory AnnData, which the worker receives a copy of; for cells read from a
-    file, the file's layers, which anndata's backed mode reads whole (``X`` and ``raw.X`` stay on disk).
+    The registered counts of an in-memory AnnData, the only matrix the worker reads (a normalized ``X`` beside counts
+    in a layer was measured to cost it nothing: :data:`WORKER_BASE_BYTES`); for cells read from a file, the file's
+    layers, which anndata's backed mode reads whole (``X`` and ``raw.X`` stay on disk).
     """
     if isinstance(fit_data, FileCells):
         with h5py.File(fit_data.path, "r") as file:
             return int(sum(_nbytes(layer) for layer in file.get("layers", {}).values()))
-    raw = None if fit_data.raw is None else fit_data.raw.X
-    return int(sum(_nbytes(matrix) for matrix in (fit_data.X, *fit_data.layers.values(), raw)))
+    registry = get_registry(fit_data)
+    return int(_nbytes(fit_data.X if registry is None else get_count_matrix(fit_data, registry)))
 
 
 def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
@@ -169,14 +182,19 @@ def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
 def _backed_spares(fit_data: ad.AnnData | FileCells) -> int:
     """Bytes of each worker's copy that reading ``fit_data`` from a backed file would spare.
 
-    The copy of ``X`` and ``raw.X``, which backed mode leaves on disk wherever the counts are (a normalized ``X`` beside
-    counts in a layer is copied too), and the second copy of the layers, which backed mode reads whole but once; none
-    for cells already read from a file.
+    The in-memory worker's copy of its counts (:data:`COPY_FACTOR` times them), less the layers that backed mode reads
+    whole, once: counts in ``X`` are left on disk, counts in a layer are read once instead of copied; none for cells
+    already read from a file.
     """
     if isinstance(fit_data, FileCells):
         return 0
     layers = sum(_nbytes(layer) for layer in fit_data.layers.values())
     return int(COPY_FACTOR * counts_nbytes(fit_data) - layers)
+
+
+def seeds_per_cores(torch_threads: int) -> int:
+    """Seeds that the usable cores fit at once at full speed, ``torch_threads`` each (at least 1)."""
+    return max(1, available_cores() // torch_threads)
 
 
 def plan_parallelism(
@@ -233,7 +251,7 @@ def plan_parallelism(
     if backend == "ray" and n_jobs == -1:
         return Parallelism(n_seeds, torch_threads, "every seed in flight (n_jobs=-1); Ray places them")
     if n_jobs in (AUTO, -1):
-        per_core = max(1, available_cores() // torch_threads)
+        per_core = seeds_per_cores(torch_threads)
         # not logged here: the caller that fits logs the outcome and its reason once (fit_seeds)
         if n_jobs == AUTO and per_core > 1 and n_seeds > 1 and pickling_error(progress) is not None:
             return Parallelism(1, torch_threads, "the progress callable cannot be copied into worker processes")

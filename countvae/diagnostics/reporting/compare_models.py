@@ -25,6 +25,7 @@ from countvae._checks import check_int, check_number
 from countvae._settings import unknown_setting
 from countvae.data.backed import cells_in_memory
 from countvae.data.gene_selection import GeneChoice, choose_genes
+from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses import model_comparison as mc
 from countvae.diagnostics.analyses import predictive
 from countvae.diagnostics.analyses.heldout_data import gene_variance
@@ -33,7 +34,7 @@ from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDET
 from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, fit_models
+from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, check_fit_batches, check_fit_genes, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -252,7 +253,7 @@ def compare_models(
         dimensions as the chosen genes or cells (or more than ``n_top_genes``), fewer than two seeds, fits in
         ``out_dir`` whose held-out ``log p(x)`` are different quantities (see :func:`compare_fits`).
     InvalidDataError
-        Candidates fitted on different genes, or a cell without counts in the chosen genes.
+        Candidates on other genes, a cell without counts in the chosen genes, a gene or batch no fit cell has.
 
     Notes
     -----
@@ -344,6 +345,9 @@ def _checked_candidates(
     if len(set(names)) != len(names):
         raise InvalidArgumentError("The candidates repeat a setting; give each candidate once.")
     _refuse_same_models(settings_list, names)
+    # as the fits would, before select's warm-up estimate trains on the fit cells and fails less clearly
+    check_fit_genes(genes.adata[fit_idx], get_registry(genes.adata))
+    check_fit_batches(genes.adata[fit_idx], get_registry(genes.adata), genes.adata)
     return dict(zip(names, settings_list, strict=True)), genes, n_fit_cells
 
 

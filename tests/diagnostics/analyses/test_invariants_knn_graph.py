@@ -75,6 +75,10 @@ def test_a_stated_larger_graph_scales_k_to_keep_the_neighbourhoods_share():
     row = _knn_row({"s0": a[held], "s1": b[held]}, graph_cells=N_CELLS)
     assert KnnGraph.of(N_HELDOUT, N_HELDOUT, 0, 15, N_CELLS).k == 2
     assert "k=2 graph on 300 cells" in row.interval and "scaled from 15" in row.interval
+    # a graph barely larger scales k back to 15 by rounding: "k scaled from 15" to 15 said nothing
+    barely = _knn_row({"s0": a[held], "s1": b[held]}, graph_cells=N_HELDOUT + 1)
+    assert KnnGraph.of(N_HELDOUT, N_HELDOUT, 0, 15, N_HELDOUT + 1).k == 15
+    assert barely.interval.endswith("their rows of the k=15 graph on 300 cells")
     assert row.agreement == pytest.approx(_whole_graph_overlap(a, b, held, 15), abs=0.05)
 
 

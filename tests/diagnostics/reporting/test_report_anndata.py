@@ -311,6 +311,9 @@ def test_on_held_out_cells_only_the_subsets_k_keeps_the_share_of_the_held_out_ce
     whole = report(seed_fits.fits, held, sections=sections, ica=False, **TINY)
     assert (whole.cells_knn_k, whole.cells_within_seed_k, whole.settings["batch_mixing"]["k"]) == (15, 15, 15)
     assert whole.subsampling["k-NN graphs"] == "300 of 300 held-out cells; k=15"
+    # 299 of 300 cells: k scales back to 15 by rounding, which "k=15 (scaled from 15 ...)" said as if it had not
+    most = report(seed_fits.fits, held, sections=sections, ica=False, **TINY, max_knn_cells=held.n_obs - 1)
+    assert most.subsampling["k-NN graphs"].endswith("these 299 cells alone: k=15")
 
 
 def test_write_into_all_cells_fills_the_heldout_and_fit_cells(small):

@@ -130,7 +130,7 @@ def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
     n_reference = g.n_cells - n_query
 
     def k_text(graph: KnnGraph) -> str:
-        if graph.graph_cells == graph.n_cells:
+        if graph.graph_cells == graph.n_cells or graph.k == graph.k_asked:  # scaled back to the k asked by rounding
             return f"k={graph.k}"
         return f"k={graph.k} (scaled from {s.k}: the graph stands for one on {graph.graph_cells:,} cells)"
 
