@@ -231,8 +231,8 @@ Machine: {machine_line(1)}. Load average (1/5/15 min) at the start and after eac
 
 {n_cells:,} simulated cells x {n_genes:,} genes, {layout} (file {size_gib:.2f} GiB; the counts \
 {dense_gib:.2f} GiB dense); two seeds fitted in two joblib workers (one torch thread each), one epoch each, default
-model. Peak RSS: `VmHWM` of each worker at the end of its fit (recorded in its `fit.json`), and `ru_maxrss` of the
-driver at the end. "Counts counted": what `counts_nbytes` counts for a worker (the fit cells' registered counts in
+model. Peak RSS: `VmHWM` of each worker at the end of its fit (recorded in its `fit.json`), and `VmHWM` of the driver
+at the end. "Counts counted": what `counts_nbytes` counts for a worker (the fit cells' registered counts in
 memory; a backed file's layers, read whole). "Worker estimate": `worker_memory_estimate`; "backed would spare":
 `_backed_spares`; "backed advice": whether the memory warning, were it logged, would advise a backed file (spared >
 `WORKER_BASE_BYTES`, {WORKER_BASE_BYTES / 1024**2:.0f} MiB). "joblib dump": the largest size of the driver's joblib
