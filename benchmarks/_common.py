@@ -86,7 +86,18 @@ def machine_line(threads: int) -> str:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
+    """Peak resident memory of this process so far, in MiB.
+
+    ``VmHWM`` where ``/proc/self/status`` has it: Linux carries ``ru_maxrss`` across ``fork`` and ``exec``, so a
+    worker process reported its parent's peak whenever that was higher (bench_worker_memory.py's drivers reported the
+    1.2 GB their parent had taken writing the data file, backed and in memory alike). Elsewhere ``ru_maxrss`` (KiB).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
