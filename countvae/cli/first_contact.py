@@ -9,6 +9,7 @@ from typing import Any
 
 import anndata as ad
 
+from countvae._formatting import counted
 from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
@@ -83,11 +84,6 @@ def describe_genes(genes: GeneChoice) -> str:
 def selection_summary(record: dict | None) -> dict | None:
     """A gene selection's record for a command's JSON result, without the chosen genes (the outputs record them)."""
     return None if record is None else {k: v for k, v in record.items() if k != "genes"}
-
-
-def counted(n: int, noun: str) -> str:
-    """``n`` and ``noun``, singular for 1 and plural otherwise: ``1 epoch``, ``2,000 epochs``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def duration(seconds: float) -> str:

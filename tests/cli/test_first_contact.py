@@ -365,6 +365,6 @@ def test_the_memory_warning_is_logged_once_by_the_fits_not_by_the_block(data_fil
     argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "2", "--no-ica", "--out", str(tmp_path / "d")]
     assert main(argv) == 0
     warned = [r.getMessage() for r in caplog.records if "at a time instead of 2" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed(s) at a time instead of 2: 2 workers would need")
+    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed at a time instead of 2: 2 workers would need")
     block = "\n".join(_block(caplog))
     assert "1 seed at a time, 1 torch thread each" in block
