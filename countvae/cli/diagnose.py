@@ -73,7 +73,6 @@ from countvae.diagnostics import (
     SeedFits,
     diagnose,
     plan_diagnose,
-    plan_parallelism,
 )
 from countvae.errors import InvalidArgumentError
 
@@ -417,16 +416,13 @@ class _Observer:
         self.fitting_started = float("nan")
 
     def before_fitting(self, plan: DiagnosePlan) -> None:
-        """Log the data size, the settings and the time expected per seed."""
+        """Log the data size, the settings and the time expected for the seeds left to fit."""
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
-        # with the training arguments, as the fits decide: short fits run one at a time (the fits warn of memory)
-        jobs = plan_parallelism(
-            s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs, warn=False
-        )
-        n_jobs = jobs.n_jobs
+        # the seeds a resumed run fits, with the training arguments and the data the workers hold, as the fits decide
+        todo, jobs = len(plan.seeds_to_fit()), plan.parallelism()
         if timing is not None:
-            self.expected_fitting = expected_seconds(timing, len(s.seeds), jobs.at_full_speed())
+            self.expected_fitting = expected_seconds(timing, todo, jobs.at_full_speed())
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,
@@ -438,8 +434,9 @@ class _Observer:
             train_kwargs=s.train_kwargs,
             epochs=s.train_kwargs["max_epochs"],
             timing=timing,
-            seeds=len(s.seeds),
-            n_jobs=n_jobs,
+            seeds=todo,
+            reused=len(s.seeds) - todo,
+            n_jobs=jobs.n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
         )

@@ -162,6 +162,7 @@ def announce(
     epochs: int,
     timing: TrainingTimeEstimate | None,
     seeds: int = 1,
+    reused: int = 0,
     n_jobs: int | None = None,
     cores: int | None = None,
     torch_threads: int | None = None,
@@ -170,12 +171,15 @@ def announce(
 ) -> None:
     """Log the block printed before fitting: data size, settings, time estimate, and how to shorten it.
 
-    ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``). ``heldout_lpd``: the
+    ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``). ``seeds``: the seeds to fit,
+    besides ``reused`` ones stored by an earlier run. ``heldout_lpd``: the
     command estimates ``log p(x)`` on every held-out cell after training (its time, :data:`LPD_CELL_EPOCHS`, joins
     the estimate, scaled to ``n_samples`` draws per cell by :data:`LPD_FIXED_DRAWS`; ``None``: the default draws).
     """
     hidden = f", {counted(model_kwargs['n_layers'], 'hidden layer')} of {model_kwargs['n_hidden']}"
     fits = f"{counted(seeds, 'seed') if n_jobs is not None else '1 fit'} x {counted(epochs, 'epoch')}"
+    if reused:
+        fits += f" ({counted(reused, 'seed')} stored by an earlier run reused)"
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:

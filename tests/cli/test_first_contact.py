@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -368,3 +369,65 @@ def test_the_memory_warning_is_logged_once_by_the_fits_not_by_the_block(data_fil
     assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed at a time instead of 2: 2 workers would need")
     block = "\n".join(_block(caplog))
     assert "1 seed at a time, 1 torch thread each" in block
+
+
+def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, tmp_path, messages, monkeypatch):
+    """The block planned and timed every seed although the fits reuse the stored ones: with 1 of 3 seeds left and
+    --n-jobs 2 it said "3 seeds x 3 epochs ... 2 seeds at a time" and "about 20 s for 3 seeds"."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics.diagnosis import DiagnosePlan
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    messages.set_level(logging.INFO, logger="countvae")  # and the fits' messages
+    fit = DiagnosePlan.fit
+
+    def first_two_then_stop(plan, out_dir, progress=None):  # an interrupted run: seeds 0 and 1 stored
+        fit(dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, seeds=[0, 1])), out_dir, progress)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "d"
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--seeds", "3", "--n-jobs", "2", "--no-ica", "--out", str(out)]
+    monkeypatch.setattr(DiagnosePlan, "fit", first_two_then_stop)
+    assert main(argv) == 130
+    monkeypatch.setattr(DiagnosePlan, "fit", fit)
+    timing = warmup.TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)  # 10 s per seed
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+    messages.clear()
+    assert main([*argv, "--json"]) == 0
+    block = "\n".join(_block(messages))
+    assert "1 seed x 3 epochs (2 seeds stored by an earlier run reused)" in block
+    assert "1 seed at a time, 1 torch thread each" in block and "about 10 s for 1 seed" in block
+    fitting = [r.getMessage() for r in messages.records if r.getMessage().startswith("Fitting ")]
+    assert len(fitting) == 1 and fitting[0].startswith("Fitting 1 seed")  # as the fits planned it
+    assert fitting[0].endswith(": 1 seed at a time, 1 torch thread each (n_jobs as given).")
+
+
+def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(data_file, messages, monkeypatch):
+    """On a backed file the block estimated each worker's memory from the fit cells read into memory (a copy each,
+    held twice while received), where the workers read the file (its layers whole, none here): with room for two
+    workers reading it, the block planned one seed at a time, and the fits then ran two."""
+    import anndata as ad
+
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.data.file_cells import FileCells
+    from countvae.diagnostics import plan_diagnose
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    adata = ad.read_h5ad(data_file, backed="r")
+    cv.CountVAE.setup_anndata(adata)
+    model = {"n_latent": 2, "likelihood": "nb", "decoder": "linear", "n_layers": 1, "n_hidden": 16}  # as the CLI's
+    train = {"max_epochs": 3, "batch_size": 128}
+    settings = cv.diagnostics.DiagnoseSettings(seeds=2, n_jobs=2, model_kwargs=model, train_kwargs=train)
+    plan = plan_diagnose(adata, settings=settings).split()
+    in_memory = parallelism.counts_nbytes(plan.adata_fit)  # what each in-memory worker's copy would weigh
+    room = (2 * parallelism.WORKER_BASE_BYTES + in_memory) / parallelism.MEMORY_SHARE  # two backed workers fit
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: None)
+    diagnose_command._Observer(str(data_file)).before_fitting(plan)
+    assert "2 seeds at a time" in "\n".join(_block(messages))
+    assert isinstance(plan.fit_data, FileCells)  # what the fits give the workers
+    assert parallelism.worker_memory_estimate(plan.fit_data) == parallelism.WORKER_BASE_BYTES  # no layers to read
+    # with room for one, the plan's reason names what the workers hold: the file's layers, not a copy of the data
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(1.5 * parallelism.WORKER_BASE_BYTES))
+    reason = plan.parallelism().reason
+    assert "the file's layers, read whole" in reason and "0.78 GiB each" in reason
