@@ -49,6 +49,7 @@ from countvae.cli.diagnose_restrictions import (
     run_restrictions,
 )
 from countvae.cli.first_contact import (
+    HeldoutLpd,
     add_gene_selection_argument,
     announce,
     duration,
@@ -416,11 +417,11 @@ class _Observer:
         self.fitting_started = float("nan")
 
     def before_fitting(self, plan: DiagnosePlan) -> None:
-        """Log the data size, the settings and the time expected for the seeds left to fit."""
+        """Log the data size, the settings and the time expected for the seeds left to fit and the held-out log p(x)."""
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
         # the seeds a resumed run fits, with the training arguments and the data the workers hold, as the fits decide
-        todo, jobs = len(plan.seeds_to_fit()), plan.parallelism()
+        todo, jobs, report = len(plan.seeds_to_fit()), plan.parallelism(), plan.report_settings()
         if timing is not None:
             self.expected_fitting = expected_seconds(timing, todo, jobs.at_full_speed())
         announce(
@@ -439,6 +440,14 @@ class _Observer:
             n_jobs=jobs.n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
+            # every seed's, the reused ones' too, on the report's cells (CellSubsets.lpd)
+            heldout_lpd=HeldoutLpd(
+                min(plan.n_heldout, report.max_lpd_cells),
+                report.n_lpd_samples,
+                "--n-lpd-samples",
+                ReportSettings().n_lpd_samples,
+                len(s.seeds),
+            ),
         )
         self.fitting_started = time.perf_counter()
 

@@ -233,6 +233,11 @@ class DiagnosePlan:
             s.n_jobs, n_seeds, self.fit_data, self.torch_threads, train_kwargs=s.train_kwargs, warn=False
         )
 
+    def report_settings(self) -> ReportSettings:
+        """The report's settings: ``report_kwargs`` over the defaults."""
+        fields = {f.name for f in dataclasses.fields(ReportSettings)}
+        return ReportSettings().replace(**{k: v for k, v in self.settings.report_kwargs.items() if k in fields})
+
     def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
         """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""
         s = self.settings

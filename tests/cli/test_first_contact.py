@@ -291,7 +291,7 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
     and 1 s per epoch (``LPD_CELL_EPOCHS`` 330: 1 s per cell at the default 800 draws): 1000 ms at the default,
     (300 + 3200) / 1100 = 3.18 s at 3200 draws and 400 / 1100 = 364 ms at 100 (not the default's time whatever the
     draws, nor the proportional 4 s and 125 ms)."""
-    from countvae.cli.first_contact import announce
+    from countvae.cli.first_contact import DEFAULT_DRAWS, HeldoutLpd, announce
     from countvae.data import choose_genes
     from countvae.model import TrainingTimeEstimate
 
@@ -315,8 +315,7 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
             train_kwargs={"batch_size": 128, "early_stopping": False},
             epochs=10,
             timing=timing,
-            heldout_lpd=True,
-            n_samples=n_samples,
+            heldout_lpd=HeldoutLpd(11, DEFAULT_DRAWS if n_samples is None else n_samples),
         )
         block = "\n".join(r.getMessage() for r in messages.records)
         assert text in block
@@ -400,6 +399,38 @@ def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, t
     fitting = [r.getMessage() for r in messages.records if r.getMessage().startswith("Fitting ")]
     assert len(fitting) == 1 and fitting[0].startswith("Fitting 1 seed")  # as the fits planned it
     assert fitting[0].endswith(": 1 seed at a time, 1 torch thread each (n_jobs as given).")
+
+
+def test_the_diagnose_block_estimates_the_report_s_held_out_log_p_x(data_file, tmp_path, messages, monkeypatch):
+    """diagnose's block left out the report's held-out log p(x), which select's counts: every seed's, on at most
+    ``max_lpd_cells`` held-out cells at ``--n-lpd-samples`` draws, by the helper fit and select use, run as the
+    report runs them. Known answer: 0.1 s per epoch on 225 fit cells at 5 draws is 330 x 0.1 / 225 x 305 / 1100 =
+    41 ms per cell and fit; 75 cells, 3 s a fit; the second fit's 3 s would not pay for workers' start, so 6 s."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.cli.first_contact import lpd_seconds_per_cell
+    from countvae.diagnostics.diagnosis import DiagnosePlan
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    monkeypatch.setattr(DiagnosePlan, "fit", stop)
+    timing = warmup.TrainingTimeEstimate(0.1, 1, 1.0, 10, 100, expected_epochs=1)
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+    assert main(["diagnose", str(data_file), *FAST_DIAGNOSE, "--out", str(tmp_path / "d")]) == 130
+    block = "\n".join(_block(messages))
+    assert round(1000 * lpd_seconds_per_cell(timing, 225, 5)) == 41
+    assert "then about 6 s for the held-out log p(x) of 75 cells x 2 fits (41 ms per cell and fit at 5 draws" in block
+    assert "5 draws, 1 fit at a time, within about a factor 5)" in block
+    # 10x slower and 5 seeds: the 4 fits after the first (30.5 s each) go to 2 workers, which start in about 10 s
+    slower = warmup.TrainingTimeEstimate(1.0, 1, 1.0, 10, 100, expected_epochs=1)
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: slower)
+    messages.clear()
+    assert main(["diagnose", str(data_file), *FAST_DIAGNOSE, "--seeds", "5", "--out", str(tmp_path / "e")]) == 130
+    block = "\n".join(_block(messages))
+    assert "about 1.7 min for the held-out log p(x) of 75 cells x 5 fits (407 ms per cell and fit" in block
+    assert "2 fits at a time" in block
+    assert "--n-lpd-samples N draws fewer per cell (now 5; default 100)" in block
 
 
 def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(data_file, messages, monkeypatch):
