@@ -13,6 +13,11 @@ import torch
 MISSING = "–"
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, singular for 1 and plural otherwise: ``1 epoch``, ``2,000 epochs``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def format_value(value: Any) -> str:
     """A value as a short string: 4 significant digits, ``yes``/``no`` for booleans, :data:`MISSING` for NaN/None."""
     if value is None or value is pd.NA:

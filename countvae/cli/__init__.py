@@ -95,7 +95,7 @@ def _one_line(exc: BaseException | Warning | str) -> str:
 # quoted label (only after a space, a backtick or the start: "fits/n_latent=2__decoder=linear" is a folder), with
 # optional backticks and an optional parenthesised option that already says the same ("overwrite=True (--overwrite)").
 _ARGUMENT = re.compile(
-    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?"
+    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|False|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?"
 )
 
 # An argument check's ``name must be ...`` (countvae._checks) at the start of the message or of a sentence.
@@ -108,9 +108,10 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
     The package's errors name Python arguments (they are raised by the library a script calls); on the command line
     each argument that is one of the command's ``options`` (argparse's destinations, ``--n-top-genes`` for
     ``n_top_genes``) is named as its option: ``name=True`` as the flag, ``name=None`` as "no ``--name``", ``name=...``
-    as ``--name VALUE``, ``name=5`` as ``--name 5``, and an argument check's ``name must be ...`` at the start of a
-    sentence as ``--name must be ...``. Arguments of a call (``setup_anndata(adata, layer=...)``) and names that are
-    not options are left as written.
+    as ``--name VALUE``, ``name=5`` as ``--name 5``, ``name=False`` as ``--no-name`` where that is the option (the
+    destination ``no_name``, e.g. verify-invariance's ``--no-controls`` for ``controls=False``), and an argument
+    check's ``name must be ...`` at the start of a sentence as ``--name must be ...``. Arguments of a call
+    (``setup_anndata(adata, layer=...)``) and names that are not options are left as written.
     """
 
     def is_option(name: str) -> bool:
@@ -118,6 +119,8 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
 
     def option(match: re.Match[str]) -> str:
         name, value = match.group(1), match.group(2)
+        if value == "False" and is_option(f"no_{name}"):
+            return "--no-" + name.replace("_", "-")
         if not is_option(name):
             return match.group(0)
         flag = "--" + name.replace("_", "-")

@@ -49,6 +49,7 @@ from countvae.cli.diagnose_restrictions import (
     run_restrictions,
 )
 from countvae.cli.first_contact import (
+    HeldoutLpd,
     add_gene_selection_argument,
     announce,
     duration,
@@ -73,7 +74,6 @@ from countvae.diagnostics import (
     SeedFits,
     diagnose,
     plan_diagnose,
-    plan_parallelism,
 )
 from countvae.errors import InvalidArgumentError
 
@@ -417,16 +417,13 @@ class _Observer:
         self.fitting_started = float("nan")
 
     def before_fitting(self, plan: DiagnosePlan) -> None:
-        """Log the data size, the settings and the time expected per seed."""
+        """Log the data size, the settings and the time expected for the seeds left to fit and the held-out log p(x)."""
         self.plan, s = plan, plan.settings
         timing = estimate(plan.adata_fit, s.model_kwargs, s.train_kwargs, plan.torch_threads)
-        # with the training arguments, as the fits decide: short fits run one at a time (the fits warn of memory)
-        jobs = plan_parallelism(
-            s.n_jobs, len(s.seeds), plan.adata_fit, plan.torch_threads, train_kwargs=s.train_kwargs, warn=False
-        )
-        n_jobs = jobs.n_jobs
+        # the seeds a resumed run fits, with the training arguments and the data the workers hold, as the fits decide
+        todo, jobs, report = len(plan.seeds_to_fit()), plan.parallelism(), plan.report_settings()
         if timing is not None:
-            self.expected_fitting = expected_seconds(timing, len(s.seeds), jobs.at_full_speed())
+            self.expected_fitting = expected_seconds(timing, todo, jobs.at_full_speed())
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,
@@ -438,10 +435,19 @@ class _Observer:
             train_kwargs=s.train_kwargs,
             epochs=s.train_kwargs["max_epochs"],
             timing=timing,
-            seeds=len(s.seeds),
-            n_jobs=n_jobs,
+            seeds=todo,
+            reused=len(s.seeds) - todo,
+            n_jobs=jobs.n_jobs,
             cores=plan.cores,
             torch_threads=plan.torch_threads,
+            # every seed's, the reused ones' too, on the report's cells (CellSubsets.lpd)
+            heldout_lpd=HeldoutLpd(
+                min(plan.n_heldout, report.max_lpd_cells),
+                report.n_lpd_samples,
+                "--n-lpd-samples",
+                ReportSettings().n_lpd_samples,
+                len(s.seeds),
+            ),
         )
         self.fitting_started = time.perf_counter()
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anndata as ad
 
+from countvae._formatting import counted
 from countvae.data import ALL_GENES, GeneChoice, choose_genes
 from countvae.data.gene_selection import FLAVOR
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism
+from countvae.diagnostics.reporting.heldout_lpd import WORKER_START_SECONDS, auto_workers
 from countvae.model import TrainingPlan, TrainingTimeEstimate, estimate_training_time
 from countvae.module.marginal import MarginalSettings
 
@@ -20,6 +23,7 @@ logger = logging.getLogger("countvae.cli")
 __all__ = [
     "ALL_GENES",
     "GeneChoice",
+    "HeldoutLpd",
     "add_gene_selection_argument",
     "announce",
     "choose_genes",
@@ -85,11 +89,6 @@ def selection_summary(record: dict | None) -> dict | None:
     return None if record is None else {k: v for k, v in record.items() if k != "genes"}
 
 
-def counted(n: int, noun: str) -> str:
-    """``n`` and ``noun``, singular for 1 and plural otherwise: ``1 epoch``, ``2,000 epochs``."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
 def duration(seconds: float) -> str:
     """Seconds as a person reads them: ``42 s``, ``3.5 min``, ``2.1 h``."""
     seconds = max(0.0, float(seconds))
@@ -153,6 +152,32 @@ def learning_rate(train_kwargs: dict[str, Any]) -> str:
     return f"lr {plan.learning_rate:g} (x{plan.early_stopping_lr_factor:g} when the validation loss stalls, {cuts}x)"
 
 
+@dataclass(frozen=True)
+class HeldoutLpd:
+    """The held-out ``log p(x)`` a command estimates after fitting, for the block printed before it.
+
+    Attributes
+    ----------
+    cells
+        Held-out cells estimated per fit.
+    draws
+        Importance draws per cell.
+    option, default
+        The option that sets ``draws``, and its default.
+    fits
+        Fits estimated, one torch thread each, as the report's ``lpd_jobs="auto"`` runs them: the first in this
+        process, the others in one worker per usable core when they save more than the workers' start
+        (:func:`~countvae.diagnostics.reporting.heldout_lpd.auto_workers`).
+
+    """
+
+    cells: int
+    draws: int = DEFAULT_DRAWS
+    option: str = "--n-samples"
+    default: int = DEFAULT_DRAWS
+    fits: int = 1
+
+
 def announce(
     command: str,
     *,
@@ -166,20 +191,23 @@ def announce(
     epochs: int,
     timing: TrainingTimeEstimate | None,
     seeds: int = 1,
+    reused: int = 0,
     n_jobs: int | None = None,
     cores: int | None = None,
     torch_threads: int | None = None,
-    heldout_lpd: bool = False,
-    n_samples: int | None = None,
+    heldout_lpd: HeldoutLpd | None = None,
 ) -> None:
     """Log the block printed before fitting: data size, settings, time estimate, and how to shorten it.
 
-    ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``). ``heldout_lpd``: the
-    command estimates ``log p(x)`` on every held-out cell after training (its time, :data:`LPD_CELL_EPOCHS`, joins
-    the estimate, scaled to ``n_samples`` draws per cell by :data:`LPD_FIXED_DRAWS`; ``None``: the default draws).
+    ``n_jobs`` is ``None`` for a command that fits one model (it has no ``--n-jobs``). ``seeds``: the seeds to fit,
+    besides ``reused`` ones stored by an earlier run. ``heldout_lpd``: the command estimates ``log p(x)`` on held-out
+    cells after training (its time, :data:`LPD_CELL_EPOCHS`, joins the estimate, scaled to its draws per cell by
+    :data:`LPD_FIXED_DRAWS`).
     """
     hidden = f", {counted(model_kwargs['n_layers'], 'hidden layer')} of {model_kwargs['n_hidden']}"
     fits = f"{counted(seeds, 'seed') if n_jobs is not None else '1 fit'} x {counted(epochs, 'epoch')}"
+    if reused:
+        fits += f" ({counted(reused, 'seed')} stored by an earlier run reused)"
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:
@@ -210,16 +238,6 @@ def announce(
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from "
             f"{counted(timing.warmup_steps, 'timed training step')})"
         )
-    draws = DEFAULT_DRAWS if n_samples is None else n_samples
-    now = f"{draws}, the default" if n_samples is None else f"{draws}; default {DEFAULT_DRAWS}"
-    if timing is not None and heldout_lpd and n_heldout:
-        per_cell = lpd_seconds_per_cell(timing, n_fit, draws)
-        lines.append(
-            f"{' ' * 12}then about {duration(per_cell * n_heldout)} for the held-out log p(x) of "
-            f"{counted(n_heldout, 'cell')} "
-            f"({per_cell * 1000:.0f} ms per cell at {draws} draws{' (the default)' if n_samples is None else ''}, "
-            "within about a factor 5)"
-        )
     shorter = []
     if n_jobs is not None:
         usable = counted(cores or 1, "usable core")
@@ -231,12 +249,38 @@ def announce(
         if train_kwargs.get("early_stopping")
         else "--early-stopping stops when the validation loss stalls",
     ]
-    if heldout_lpd:
-        shorter.append(
-            "--heldout-fraction F holds out fewer cells (the held-out log p(x) takes time in proportion to them); "
-            f"--n-samples N draws fewer per cell (now {now})"
-        )
+    if heldout_lpd is not None:
+        lines += _lpd_estimate(heldout_lpd, timing, n_fit, cores or 1)
+        shorter.append(_lpd_shorter(heldout_lpd, n_heldout))
     lines.append("  shorter   " + shorter[0])
     lines += [" " * 12 + option for option in shorter[1:]]
     for line in lines:
         logger.info("%s", line)
+
+
+def _lpd_estimate(lpd: HeldoutLpd, timing: TrainingTimeEstimate | None, n_fit: int, cores: int) -> list[str]:
+    """The block's line for the held-out ``log p(x)`` after the fits (none without a warm-up or cells)."""
+    if timing is None or not lpd.cells:
+        return []
+    per_cell = lpd_seconds_per_cell(timing, n_fit, lpd.draws)
+    first = per_cell * lpd.cells
+    jobs = auto_workers(first, lpd.fits - 1, cores)
+    seconds = first + first * (lpd.fits - 1) / jobs + (WORKER_START_SECONDS if jobs > 1 else 0.0)
+    cells, each, at_a_time = counted(lpd.cells, "cell"), "", ""
+    if lpd.fits > 1:
+        cells, each, at_a_time = f"{cells} x {lpd.fits} fits", " and fit", f", {counted(jobs, 'fit')} at a time"
+    default = " (the default)" if lpd.draws == lpd.default else ""
+    return [
+        f"{' ' * 12}then about {duration(seconds)} for the held-out log p(x) of {cells} ({per_cell * 1000:.0f} ms "
+        f"per cell{each} at {lpd.draws} draws{default}{at_a_time}, within about a factor 5)"
+    ]
+
+
+def _lpd_shorter(lpd: HeldoutLpd, n_heldout: int) -> str:
+    """How to shorten the held-out ``log p(x)``: fewer draws, and fewer held-out cells where every one is estimated."""
+    now = f"{lpd.draws}, the default" if lpd.draws == lpd.default else f"{lpd.draws}; default {lpd.default}"
+    draws = f"{lpd.option} N draws fewer per cell (now {now})"
+    if lpd.cells < n_heldout:  # a subset of the held-out cells: holding out fewer does not shorten it
+        return draws
+    fewer = "--heldout-fraction F holds out fewer cells (the held-out log p(x) takes time in proportion to them)"
+    return f"{fewer}; {draws}"

@@ -26,7 +26,14 @@ from countvae.cli.common import (
     refuse_inputs_in_output,
     train_kwargs_of,
 )
-from countvae.cli.first_contact import add_gene_selection_argument, announce, choose_genes, estimate
+from countvae.cli.first_contact import (
+    DEFAULT_DRAWS,
+    HeldoutLpd,
+    add_gene_selection_argument,
+    announce,
+    choose_genes,
+    estimate,
+)
 from countvae.data.registry import get_registry, setup_anndata
 from countvae.data.simulate import simulate
 from countvae.data.split import split_indices
@@ -128,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
         train_kwargs=train_kwargs,
         epochs=default_max_epochs(int(round(0.9 * len(fit_idx)))) if args.max_epochs is None else args.max_epochs,
         timing=timing,
-        heldout_lpd=True,
-        n_samples=args.n_samples,
+        heldout_lpd=HeldoutLpd(len(held_idx), DEFAULT_DRAWS if args.n_samples is None else args.n_samples),
     )
     check_writable(args.out)  # learnt after training, an unwritable --out would lose the fit
     model.train(**train_kwargs, seed=args.seed, progress_bar=show)

@@ -53,6 +53,7 @@ from countvae._report_files import REPORT_FOLDER
 from countvae._settings import documents_settings, setting, takes_settings, unknown_setting
 from countvae._warnings import warn_at_caller
 from countvae.data.backed import read_into_memory
+from countvae.data.file_cells import FileCells
 from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
 from countvae.data.validation import check_unique_names
@@ -62,8 +63,8 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
-from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, discard_folder
-from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
+from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, MANIFEST_FILE, discard_folder, stored_seeds
+from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism, backed_remedy_off, plan_parallelism
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
@@ -180,6 +181,9 @@ class DiagnosePlan:
     adata_fit, n_heldout
         The fit cells (in memory) and the number of held-out cells, once ``split()`` has applied the split
         (:func:`diagnose` does before ``before_fitting``); ``None`` before.
+    fit_data
+        What each fit's worker receives, once ``split()`` has applied the split: ``adata_fit``, or for backed data
+        the :class:`~countvae.data.file_cells.FileCells` the workers read the file through (as :func:`fit_seeds`).
 
     """
 
@@ -192,6 +196,7 @@ class DiagnosePlan:
     h5ad_path: Path | None
     adata_fit: ad.AnnData | None = None
     n_heldout: int | None = None
+    fit_data: ad.AnnData | FileCells | None = None
 
     def split(self) -> DiagnosePlan:
         """The plan with the held-out split applied (``adata_fit``, ``n_heldout``), checked as ``fit_seeds`` would."""
@@ -200,7 +205,38 @@ class DiagnosePlan:
         adata_fit = cells_at(self.adata, fit_idx)
         check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
         check_fit_batches(adata_fit, get_registry(adata_fit), self.adata)
-        return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx))
+        registry = get_registry(self.adata)
+        fit_data = FileCells.of(self.adata, fit_idx, registry) if self.adata.isbacked else adata_fit
+        return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx), fit_data=fit_data)
+
+    def seeds_to_fit(self) -> list[int]:
+        """The seeds :meth:`fit` fits: those an earlier run did not store in ``out_dir/fits`` (all with overwrite).
+
+        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and a stored seed found damaged is
+        refused (or refitted with ``refit_broken``, which this count does not foresee).
+        """
+        s = self.settings
+        root = None if self.report_dir is None else self.report_dir.parent / "fits"
+        if root is None or s.overwrite or not (root / MANIFEST_FILE).is_file():
+            return list(s.seeds)
+        stored = set(stored_seeds(root / FITS_FOLDER))
+        return [seed for seed in s.seeds if seed not in stored]
+
+    def parallelism(self) -> Parallelism:
+        """How many of :meth:`seeds_to_fit` the fits run at once, as :func:`fit_seeds` plans them, after ``split()``.
+
+        Its memory estimate is of what the workers hold (``fit_data``); its warning is left to the fits.
+        """
+        s = self.settings
+        n_seeds = len(self.seeds_to_fit())
+        return plan_parallelism(
+            s.n_jobs, n_seeds, self.fit_data, self.torch_threads, train_kwargs=s.train_kwargs, warn=False
+        )
+
+    def report_settings(self) -> ReportSettings:
+        """The report's settings: ``report_kwargs`` over the defaults."""
+        fields = {f.name for f in dataclasses.fields(ReportSettings)}
+        return ReportSettings().replace(**{k: v for k, v in self.settings.report_kwargs.items() if k in fields})
 
     def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
         """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""

@@ -735,3 +735,21 @@ def test_an_out_under_a_file_is_refused_in_one_line_naming_the_file(tmp_path, ca
     assert err.startswith(f"countvae {command}: error: {tmp_path / 'afile'} {refused}")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "d.h5ad"]
+
+
+def test_a_switch_turned_off_by_its_no_option_is_named_as_that_option():
+    """verify's refusal of a transform named as a control said "pass controls=False" on the command line too, where the
+    option is --no-controls (the destination no_controls, which the rewriting did not know as controls)."""
+    from countvae.cli import build_parser, in_option_terms
+    from countvae.errors import InvalidArgumentError
+    from countvae.invariance.verification import _resolve_transforms
+
+    with pytest.raises(InvalidArgumentError) as info:
+        _resolve_transforms({"shear (control)": np.eye(2)}, 2, 0, controls=True)
+    library = str(info.value)
+    assert library.endswith("rename it, or pass controls=False.")  # the library's own words
+    options = vars(build_parser().parse_args(["verify-invariance"]))
+    assert in_option_terms(library, options).endswith("rename it, or pass --no-controls.")
+    # the same for diagnose --restrictions' --no-split-half, which its message names itself
+    options = vars(build_parser().parse_args(["diagnose", "--restrictions", "ica"]))
+    assert in_option_terms("pass split_half=False (--no-split-half).", options) == "pass --no-split-half."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -290,7 +291,7 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
     and 1 s per epoch (``LPD_CELL_EPOCHS`` 330: 1 s per cell at the default 800 draws): 1000 ms at the default,
     (300 + 3200) / 1100 = 3.18 s at 3200 draws and 400 / 1100 = 364 ms at 100 (not the default's time whatever the
     draws, nor the proportional 4 s and 125 ms)."""
-    from countvae.cli.first_contact import announce
+    from countvae.cli.first_contact import DEFAULT_DRAWS, HeldoutLpd, announce
     from countvae.data import choose_genes
     from countvae.model import TrainingTimeEstimate
 
@@ -314,8 +315,7 @@ def test_the_held_out_log_p_x_estimate_follows_the_draws_asked_for(messages):
             train_kwargs={"batch_size": 128, "early_stopping": False},
             epochs=10,
             timing=timing,
-            heldout_lpd=True,
-            n_samples=n_samples,
+            heldout_lpd=HeldoutLpd(11, DEFAULT_DRAWS if n_samples is None else n_samples),
         )
         block = "\n".join(r.getMessage() for r in messages.records)
         assert text in block
@@ -365,6 +365,100 @@ def test_the_memory_warning_is_logged_once_by_the_fits_not_by_the_block(data_fil
     argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "2", "--no-ica", "--out", str(tmp_path / "d")]
     assert main(argv) == 0
     warned = [r.getMessage() for r in caplog.records if "at a time instead of 2" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed(s) at a time instead of 2: 2 workers would need")
+    assert len(warned) == 1 and warned[0].startswith("Fitting 1 seed at a time instead of 2: 2 workers would need")
     block = "\n".join(_block(caplog))
     assert "1 seed at a time, 1 torch thread each" in block
+
+
+def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, tmp_path, messages, monkeypatch):
+    """The block planned and timed every seed although the fits reuse the stored ones: with 1 of 3 seeds left and
+    --n-jobs 2 it said "3 seeds x 3 epochs ... 2 seeds at a time" and "about 20 s for 3 seeds"."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics.diagnosis import DiagnosePlan
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    messages.set_level(logging.INFO, logger="countvae")  # and the fits' messages
+    fit = DiagnosePlan.fit
+
+    def first_two_then_stop(plan, out_dir, progress=None):  # an interrupted run: seeds 0 and 1 stored
+        fit(dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, seeds=[0, 1])), out_dir, progress)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "d"
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--seeds", "3", "--n-jobs", "2", "--no-ica", "--out", str(out)]
+    monkeypatch.setattr(DiagnosePlan, "fit", first_two_then_stop)
+    assert main(argv) == 130
+    monkeypatch.setattr(DiagnosePlan, "fit", fit)
+    timing = warmup.TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)  # 10 s per seed
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+    messages.clear()
+    assert main([*argv, "--json"]) == 0
+    block = "\n".join(_block(messages))
+    assert "1 seed x 3 epochs (2 seeds stored by an earlier run reused)" in block
+    assert "1 seed at a time, 1 torch thread each" in block and "about 10 s for 1 seed" in block
+    fitting = [r.getMessage() for r in messages.records if r.getMessage().startswith("Fitting ")]
+    assert len(fitting) == 1 and fitting[0].startswith("Fitting 1 seed")  # as the fits planned it
+    assert fitting[0].endswith(": 1 seed at a time, 1 torch thread each (n_jobs as given).")
+
+
+def test_the_diagnose_block_estimates_the_report_s_held_out_log_p_x(data_file, tmp_path, messages, monkeypatch):
+    """diagnose's block left out the report's held-out log p(x), which select's counts: every seed's, on at most
+    ``max_lpd_cells`` held-out cells at ``--n-lpd-samples`` draws, by the helper fit and select use, run as the
+    report runs them. Known answer: 0.1 s per epoch on 225 fit cells at 5 draws is 330 x 0.1 / 225 x 305 / 1100 =
+    41 ms per cell and fit; 75 cells, 3 s a fit; the second fit's 3 s would not pay for workers' start, so 6 s."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.cli.first_contact import lpd_seconds_per_cell
+    from countvae.diagnostics.diagnosis import DiagnosePlan
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    monkeypatch.setattr(DiagnosePlan, "fit", stop)
+    timing = warmup.TrainingTimeEstimate(0.1, 1, 1.0, 10, 100, expected_epochs=1)
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+    assert main(["diagnose", str(data_file), *FAST_DIAGNOSE, "--out", str(tmp_path / "d")]) == 130
+    block = "\n".join(_block(messages))
+    assert round(1000 * lpd_seconds_per_cell(timing, 225, 5)) == 41
+    assert "then about 6 s for the held-out log p(x) of 75 cells x 2 fits (41 ms per cell and fit at 5 draws" in block
+    assert "5 draws, 1 fit at a time, within about a factor 5)" in block
+    # 10x slower and 5 seeds: the 4 fits after the first (30.5 s each) go to 2 workers, which start in about 10 s
+    slower = warmup.TrainingTimeEstimate(1.0, 1, 1.0, 10, 100, expected_epochs=1)
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: slower)
+    messages.clear()
+    assert main(["diagnose", str(data_file), *FAST_DIAGNOSE, "--seeds", "5", "--out", str(tmp_path / "e")]) == 130
+    block = "\n".join(_block(messages))
+    assert "about 1.7 min for the held-out log p(x) of 75 cells x 5 fits (407 ms per cell and fit" in block
+    assert "2 fits at a time" in block
+    assert "--n-lpd-samples N draws fewer per cell (now 5; default 100)" in block
+
+
+def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(data_file, messages, monkeypatch):
+    """On a backed file the block estimated each worker's memory from the fit cells read into memory (a copy each,
+    held twice while received), where the workers read the file (its layers whole, none here): with room for two
+    workers reading it, the block planned one seed at a time, and the fits then ran two."""
+    import anndata as ad
+
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.data.file_cells import FileCells
+    from countvae.diagnostics import plan_diagnose
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    adata = ad.read_h5ad(data_file, backed="r")
+    cv.CountVAE.setup_anndata(adata)
+    model = {"n_latent": 2, "likelihood": "nb", "decoder": "linear", "n_layers": 1, "n_hidden": 16}  # as the CLI's
+    train = {"max_epochs": 3, "batch_size": 128}
+    settings = cv.diagnostics.DiagnoseSettings(seeds=2, n_jobs=2, model_kwargs=model, train_kwargs=train)
+    plan = plan_diagnose(adata, settings=settings).split()
+    in_memory = parallelism.counts_nbytes(plan.adata_fit)  # what each in-memory worker's copy would weigh
+    room = (2 * parallelism.WORKER_BASE_BYTES + in_memory) / parallelism.MEMORY_SHARE  # two backed workers fit
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: None)
+    diagnose_command._Observer(str(data_file)).before_fitting(plan)
+    assert "2 seeds at a time" in "\n".join(_block(messages))
+    assert isinstance(plan.fit_data, FileCells)  # what the fits give the workers
+    assert parallelism.worker_memory_estimate(plan.fit_data) == parallelism.WORKER_BASE_BYTES  # no layers to read
+    # with room for one, the plan's reason names what the workers hold: the file's layers, not a copy of the data
+    monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(1.5 * parallelism.WORKER_BASE_BYTES))
+    reason = plan.parallelism().reason
+    assert "the file's layers, read whole" in reason and "0.78 GiB each" in reason

@@ -44,6 +44,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from countvae._checks import check_bool, check_choice, check_int, check_number
+from countvae._formatting import counted
 from countvae._io import read_versioned_json
 from countvae._provenance import package_versions
 from countvae._settings import takes_settings, unknown_setting
@@ -515,7 +516,7 @@ def _fit_or_reuse(runs: list[_Run]) -> Parallelism:
                 first.train_kwargs,
             )
         if todo:
-            logger.info("Fitting %d seed(s): %s (%s).", len(todo), parallelism.describe(), parallelism.reason)
+            logger.info("Fitting %s: %s (%s).", counted(len(todo), "seed"), parallelism.describe(), parallelism.reason)
         total = sum(len(run.tasks) for run in runs)
         done = sum(len(run.reused) for run in runs)
         with tqdm(total=total, initial=done, desc="Seeds", unit="fit", disable=not first.progress_bar) as bar:

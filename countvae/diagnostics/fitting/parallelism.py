@@ -31,6 +31,7 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
+from countvae._formatting import counted
 from countvae.data.file_cells import FileCells
 from countvae.data.registry import get_count_matrix, get_registry
 from countvae.diagnostics.fitting.backends import available_cores
@@ -92,9 +93,7 @@ class Parallelism:
 
     def describe(self) -> str:
         """E.g. ``"2 seeds at a time, 1 torch thread each"``."""
-        seeds = "1 seed" if self.n_jobs == 1 else f"{self.n_jobs} seeds"
-        threads = "1 torch thread" if self.torch_threads == 1 else f"{self.torch_threads} torch threads"
-        return f"{seeds} at a time, {threads} each"
+        return f"{counted(self.n_jobs, 'seed')} at a time, {counted(self.torch_threads, 'torch thread')} each"
 
 
 def check_n_jobs(n_jobs: Any) -> int | str:
@@ -260,7 +259,8 @@ def plan_parallelism(
                 1, torch_threads, f"{steps} minibatch steps per seed end sooner than worker processes would start"
             )
         jobs = min(per_core, n_seeds)
-        reason = f"{n_seeds} seed(s) left to fit" if jobs == n_seeds < per_core else f"{available_cores()} usable cores"
+        left = f"{counted(n_seeds, 'seed')} left to fit"
+        reason = left if jobs == n_seeds < per_core else counted(available_cores(), "usable core")
     else:
         jobs, reason = min(n_jobs, n_seeds), "n_jobs as given"
     if backend == "local" and jobs > 1:
@@ -293,7 +293,7 @@ def _within_memory(jobs: int, reason: str, fit_data: ad.AnnData | FileCells, war
     else:
         remedy = "Pass a smaller n_jobs, or free memory"
     if warn:
-        logger.warning("Fitting %d seed(s) at a time instead of %d: %s. %s.", fitting, jobs, why, remedy)
+        logger.warning("Fitting %s at a time instead of %d: %s. %s.", counted(fitting, "seed"), jobs, why, remedy)
     return fitting, f"memory: {why}"
 
 

@@ -181,9 +181,31 @@ def test_one_seed_at_a_time_is_said_once_with_its_reason(adata, two_cores, caplo
     assert fits.settings["parallelism"] == "1 seed at a time, 1 torch thread each"
     said = [r.getMessage() for r in caplog.records if "at a time" in r.getMessage()]
     assert said == [
-        "Fitting 3 seed(s): 1 seed at a time, 1 torch thread each "
+        "Fitting 3 seeds: 1 seed at a time, 1 torch thread each "
         "(9 minibatch steps per seed end sooner than worker processes would start)."
     ]
+
+
+def test_the_seeds_are_counted_in_words_in_the_log(adata, two_cores, monkeypatch, caplog, tmp_path):
+    """The fits' messages and the plan's reason said "1 seed(s)"; they say "1 seed" and "2 seeds"."""
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 3)
+    per_worker = parallelism.worker_memory_estimate(adata)
+    for n, seeds in ((1, "1 seed"), (2, "2 seeds")):
+        room = (n + 0.5) * per_worker / parallelism.MEMORY_SHARE  # room for n workers, of the 3 asked for below
+        monkeypatch.setattr(parallelism, "available_memory_bytes", lambda room=room: int(room))
+        assert parallelism.plan_parallelism("auto", n, adata, 1).reason == f"{seeds} left to fit"
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="countvae"):
+            parallelism.plan_parallelism(3, 5, adata, 1)
+        assert caplog.records[0].getMessage().startswith(f"Fitting {seeds} at a time instead of 3: ")
+    said = []
+    for run in ([0, 1], [0, 1, 2]):  # 2 seeds, then the third alone, reusing them
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="countvae"):
+            fit_seeds(adata, **{**OPTIONS, "seeds": run, "n_jobs": 1, "out_dir": tmp_path / "fits"})
+        said += [r.getMessage() for r in caplog.records if r.getMessage().startswith("Fitting ")]
+    each = "1 seed at a time, 1 torch thread each (n_jobs as given)."
+    assert said == [f"Fitting 2 seeds: {each}", f"Fitting 1 seed: {each}"]
 
 
 def test_auto_falls_back_to_one_seed_at_a_time_for_an_unpicklable_progress(adata, two_cores, caplog):

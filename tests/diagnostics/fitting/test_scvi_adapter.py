@@ -457,5 +457,5 @@ def test_the_memory_warning_does_not_advise_a_backed_file_for_scvi_tools_models(
     with caplog.at_level(logging.WARNING, logger=parallelism.__name__), pytest.raises(Planned):
         fit_seeds(backed, seeds=[0, 1], model_cls=scvi.model.SCVI, model_kwargs=MODEL, n_jobs=2, progress_bar=False)
     (message,) = [r.getMessage() for r in caplog.records if r.name == parallelism.__name__]
-    assert message.startswith("Fitting 1 seed(s) at a time instead of 2")
+    assert message.startswith("Fitting 1 seed at a time instead of 2")
     assert "backed" not in message and "Pass a smaller n_jobs" in message

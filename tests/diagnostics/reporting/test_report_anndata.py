@@ -316,6 +316,25 @@ def test_on_held_out_cells_only_the_subsets_k_keeps_the_share_of_the_held_out_ce
     assert most.subsampling["k-NN graphs"].endswith("these 299 cells alone: k=15")
 
 
+def test_the_about_text_of_a_held_out_only_report_names_only_the_rows_on_the_subsets_graph(seed_fits):
+    """Without fit cells the report has no placement, which the about text named among the rows on the graph of the
+    100 cells read; nor the within-seed baseline or batch mixing in a report without their sections."""
+    held, asked = seed_fits.adata_heldout, ["per_cell", "batch_mixing", "placement", "about"]
+    rep = report(seed_fits.fits, held, sections=asked, ica=False, **TINY, max_knn_cells=100)
+    assert "placement" not in rep.tables and "batch_mixing" in rep.tables
+    text = rep.subsampling["k-NN graphs"]
+    assert "held-out cells; k=15. The within-seed baseline and batch mixing, on the graph of these 100 cells" in text
+    assert "placement" not in text
+    asked = ["batch_mixing", "placement", "about"]
+    rep = report(seed_fits.fits, held, sections=asked, ica=False, **TINY, max_knn_cells=100)
+    assert "k=15. Batch mixing, on the graph of these 100 cells" in rep.subsampling["k-NN graphs"]
+    rep = report(seed_fits.fits, held, sections=["placement", "about"], ica=False, **TINY, max_knn_cells=100)
+    assert (
+        rep.subsampling["k-NN graphs"]
+        == "100 of 300 held-out cells, their neighbours found among all 300 held-out cells; k=15"
+    )
+
+
 def test_write_into_all_cells_fills_the_heldout_and_fit_cells(small):
     rep, adata, held = small
     other = adata[:2].copy()

@@ -64,7 +64,7 @@ class AboutSection(Section):
 
     def compute(self, c: Collected, shared: Shared, s: ReportSettings) -> SectionResult:
         """The training table (fits from ``fit_seeds``) and what was subsampled."""
-        return SectionResult(tables=training_table(c.fit_settings), subsampling=subsampling(c, s))
+        return SectionResult(tables=training_table(c.fit_settings), subsampling=subsampling(c, s, shared))
 
     def layout(self, rep: ReportContent) -> list[Block]:
         """Training, subsampling, definitions, then the reproducibility record folded."""
@@ -123,7 +123,21 @@ def training_table(fit_settings: dict[str, Any]) -> dict[str, pd.DataFrame]:
     return {"training": pd.DataFrame(records).reindex(columns=columns)}
 
 
-def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
+def _on_the_subsets_graph(shared: Shared) -> list[str]:
+    """What the report computed on the k-NN subsets' graph (:func:`knn_graph`), as the sections before this one did.
+
+    Read from their results (the about section comes last), not required of them: that would add them to every run
+    of this section. A report without fit cells has no placement, one without two batches no batch mixing.
+    """
+    results = shared.results
+    done = ["the within-seed baseline"] if "per_cell" in results else []
+    for name in ("batch_mixing", "placement"):
+        if name in results and name in results[name].tables:
+            done.append(name.replace("_", " "))
+    return done
+
+
+def _knn_graph_text(c: Collected, s: ReportSettings, shared: Shared) -> str:
     """Which cells the k-NN graphs hold, and their ``k`` (as the invariants table and the sections build them)."""
     n, n_query = c.n_cells, len(knn_positions(c))
     g, row = knn_graph(c, s), analyst_graph(c, s)
@@ -142,13 +156,15 @@ def _knn_graph_text(c: Collected, s: ReportSettings) -> str:
     if n_reference:
         text += f" and {n_reference} of {c.n_fit_cells} fit cells"
     kinds = "held-out and fit" if row.n_cells > n else "held-out"
-    return (
-        f"{text}, their neighbours found among all {row.n_cells:,} {kinds} cells; {k_text(row)}. The within-seed "
-        f"baseline, batch mixing and placement, on the graph of these {g.n_cells:,} cells alone: {k_text(g)}"
-    )
+    text = f"{text}, their neighbours found among all {row.n_cells:,} {kinds} cells; {k_text(row)}"
+    done = _on_the_subsets_graph(shared)
+    if not done:
+        return text
+    rows = done[0] if len(done) == 1 else f"{', '.join(done[:-1])} and {done[-1]}"
+    return f"{text}. {rows[0].upper()}{rows[1:]}, on the graph of these {g.n_cells:,} cells alone: {k_text(g)}"
 
 
-def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
+def subsampling(c: Collected, s: ReportSettings, shared: Shared) -> dict[str, Any]:
     """What was computed on a subset of cells or genes, and how large it was (stated in the report)."""
     sub, var_names, n = c.subsets, c.var_names, c.n_cells
     out = {
@@ -162,7 +178,7 @@ def subsampling(c: Collected, s: ReportSettings) -> dict[str, Any]:
         "gene-space span (decoder Jacobians)": f"{len(sub.jacobian)} of {n} cells",
         "posterior predictive checks": f"{len(sub.ppc)} of {n} cells, {s.n_ppc_samples} draws per cell",
         "pairwise latent distances": f"{min(n, s.max_distance_cells)} of {n} cells (quadratic in cells)",
-        "k-NN graphs": _knn_graph_text(c, s),
+        "k-NN graphs": _knn_graph_text(c, s, shared),
         "latent diameter": f"{min((n + 1) // 2, 10_000)} scoring cells at most (quadratic in cells)",
         "spread of guide draws (R-hat)": (
             f"{len(sub.rhat)} cells, {s.n_rhat_draws} guide draws per seed, {len(sub.rhat_genes)} genes; "

@@ -7,7 +7,8 @@ A section is the unit of the multi-seed report. It declares
 * ``needs``: the :class:`~countvae.diagnostics.reporting.collect.FitArrays` fields it reads,
   so that :func:`~countvae.diagnostics.reporting.collect.collect` asks each fit once for the
   union of the needs of the sections that run;
-* ``requires``: the sections whose results its ``compute`` reads (in ``shared.results``);
+* ``requires``: the sections whose results its ``compute`` reads (in ``shared.results``; the about section, computed
+  last, also reads which of the others ran, without requiring them);
 * ``compute(collected, shared, settings) -> SectionResult``: a pure function of the collected arrays (``settings`` is
   the :class:`ReportSettings`; a section with settings of its own carries them as attributes);
 * ``layout(report) -> list[Block]``: what the renderers show, built from the finished report's tables and records only
