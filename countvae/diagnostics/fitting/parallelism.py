@@ -8,11 +8,12 @@ With an in-memory AnnData each worker process receives a copy of the fit cells' 
 estimates each worker's peak memory from their size (:func:`worker_memory_estimate`) and fits fewer seeds at once,
 saying why, when the machine's available memory (cgroup limits respected) would not hold them. Workers reading a
 backed file open it by path and hold no copy of ``X`` or ``raw.X``, but anndata's backed mode reads the file's layers
-whole into each of them. The warning gives each worker's fixed base and the data it holds, and advises a backed file,
-with the memory it would spare, only where it would spare more than that base: a countvae model (scvi-tools models
-fit from an in-memory copy even of backed data) on in-memory data whose ``X`` and ``raw.X`` (a normalized ``X`` too,
-when the counts are in a layer) outweigh the base, and a caller that can open one (:func:`backed_remedy_off`);
-otherwise a smaller ``n_jobs``.
+whole into each of them (measured at about twice their size). The warning gives each worker's fixed base and the data
+it holds, and advises a backed file, with the memory it would spare, only where it would spare more than that base: a
+countvae model (scvi-tools models fit from an in-memory copy even of backed data) on in-memory data whose registered
+counts (in ``X`` or ``raw.X``, left on disk when backed) outweigh the base and the file's layers, and a caller that
+can open one (:func:`backed_remedy_off`); otherwise a smaller ``n_jobs``. Counts in a layer cost a backed worker
+more than an in-memory one, so the advice is never given for them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ WORKER_BASE_BYTES = 800 * 1024**2
 #: and the rebuilt matrix are alive together while it unpickles). An upper bound: the run above, and the same
 #: cells with the counts in a sparse X (811-816 MiB against 1,003 estimated), peaked lower.
 COPY_FACTOR = 2.0
+#: A worker reading a backed file holds its layers (read whole) about this many times their size at its peak:
+#: with counts in a CSR layer beside a normalized X, workers peaked at 676 MiB + 1.98 x the file's layer on 20,000,
+#: 100,000 and 250,000 cells x 2,000 genes (2,644 MiB for a 993 MiB layer; benchmarks/RESULTS.md,
+#: worker-memory-layer), always above the same cells in memory (1,595 MiB). Counting the layer once fell short.
+BACKED_LAYER_FACTOR = 2.0
 #: Share of the available memory that the workers may take (the calling process and others need the rest).
 MEMORY_SHARE = 0.8
 #: Whether the memory warning may advise opening the data backed (off within :func:`backed_remedy_off`).
@@ -173,8 +179,7 @@ def counts_nbytes(fit_data: ad.AnnData | FileCells) -> int:
 
 def worker_memory_estimate(fit_data: ad.AnnData | FileCells) -> int:
     """Expected peak resident memory of one worker process fitting a seed on ``fit_data``, in bytes."""
-    # A worker reads a file's layers once; only a received copy is held twice while it unpickles.
-    factor = 1.0 if isinstance(fit_data, FileCells) else COPY_FACTOR
+    factor = BACKED_LAYER_FACTOR if isinstance(fit_data, FileCells) else COPY_FACTOR
     return int(WORKER_BASE_BYTES + factor * counts_nbytes(fit_data))
 
 
@@ -182,13 +187,13 @@ def _backed_spares(fit_data: ad.AnnData | FileCells) -> int:
     """Bytes of each worker's copy that reading ``fit_data`` from a backed file would spare.
 
     The in-memory worker's copy of its counts (:data:`COPY_FACTOR` times them), less the layers that backed mode reads
-    whole, once: counts in ``X`` are left on disk, counts in a layer are read once instead of copied; none for cells
-    already read from a file.
+    whole (:data:`BACKED_LAYER_FACTOR` times them): counts in ``X`` are left on disk; counts in a layer spare nothing
+    (the whole layer at least matches the fit cells' copy); none for cells already read from a file.
     """
     if isinstance(fit_data, FileCells):
         return 0
     layers = sum(_nbytes(layer) for layer in fit_data.layers.values())
-    return int(COPY_FACTOR * counts_nbytes(fit_data) - layers)
+    return int(COPY_FACTOR * counts_nbytes(fit_data) - BACKED_LAYER_FACTOR * layers)
 
 
 def seeds_per_cores(torch_threads: int) -> int:
