@@ -423,7 +423,7 @@ class _Observer:
         # the seeds a resumed run fits, with the training arguments and the data the workers hold, as the fits decide
         todo, jobs, report = len(plan.seeds_to_fit()), plan.parallelism(), plan.report_settings()
         if timing is not None:
-            self.expected_fitting = expected_seconds(timing, todo, jobs.at_full_speed())
+            self.expected_fitting = expected_seconds(timing, todo, jobs)
         announce(
             "diagnose",
             data="the embedded simulated data" if self.data is None else self.data,

@@ -137,10 +137,28 @@ def lpd_seconds_per_cell(timing: TrainingTimeEstimate, n_fit: int, draws: int) -
     return per_cell * (LPD_FIXED_DRAWS + draws) / (LPD_FIXED_DRAWS + DEFAULT_DRAWS)
 
 
-def expected_seconds(timing: TrainingTimeEstimate, seeds: int, n_jobs: int | None) -> float:
-    """The fitting time the estimate expects: one fit's time, times the rounds of ``n_jobs`` seeds at once."""
-    rounds = -(-seeds // max(1, min(n_jobs or 1, seeds)))
-    return timing.seconds_per_fit * rounds
+def expected_seconds(timing: TrainingTimeEstimate, seeds: int, jobs: Parallelism | None) -> float:
+    """The fitting time the estimate expects for ``seeds`` fits run as ``jobs`` plans (``None``: one at a time).
+
+    One fit's time, times the rounds of ``n_jobs`` seeds at once, but no fewer fit times than the seeds shared among
+    the fits the cores run at full speed (``n_jobs`` above the cores is no faster), plus the workers' start-up
+    (:data:`WORKER_START_SECONDS`, which the warm-up in this process does not time) when seeds run in workers.
+    """
+    if jobs is None or min(jobs.n_jobs, seeds) <= 1:
+        return timing.seconds_per_fit * seeds
+    at_once = min(jobs.n_jobs, seeds)
+    fit_times = max(-(-seeds // at_once), seeds / min(at_once, jobs.at_full_speed()))
+    return timing.seconds_per_fit * fit_times + workers_start_seconds(at_once)
+
+
+def workers_start_seconds(at_once: int) -> float:
+    """Seconds the estimate adds for the workers' start-up where ``at_once`` fits run in workers (else none)."""
+    return WORKER_START_SECONDS if at_once > 1 else 0.0
+
+
+def workers_starting(at_once: int) -> str:
+    """The estimate's words for the workers' start-up it adds where ``at_once`` fits run in workers (else none)."""
+    return f", about {WORKER_START_SECONDS:.0f} s of it starting the workers" if at_once > 1 else ""
 
 
 def learning_rate(train_kwargs: dict[str, Any]) -> str:
@@ -229,14 +247,15 @@ def announce(
         lines.append("  estimate  (skipped)")
     else:
         per_fit = timing.seconds_per_fit
-        total = ""
-        if n_jobs is not None:  # n_jobs above the cores: no faster than as many as the cores run
-            at_once = Parallelism(n_jobs, torch_threads or 1, "").at_full_speed()
-            total = f", about {duration(expected_seconds(timing, seeds, at_once))} for {counted(seeds, 'seed')}"
+        total = starting = ""
+        if n_jobs is not None:
+            jobs = Parallelism(n_jobs, torch_threads or 1, "")
+            total = f", about {duration(expected_seconds(timing, seeds, jobs))} for {counted(seeds, 'seed')}"
+            starting = workers_starting(min(n_jobs, seeds))
         lines.append(
             f"  estimate  about {duration(per_fit)} per {'seed' if n_jobs is not None else 'fit'}{total} "
             f"({timing.seconds_per_epoch:.2f} s per epoch x {_expected_epochs(timing)}, from "
-            f"{counted(timing.warmup_steps, 'timed training step')})"
+            f"{counted(timing.warmup_steps, 'timed training step')}){starting}"
         )
     shorter = []
     if n_jobs is not None:

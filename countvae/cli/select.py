@@ -31,6 +31,8 @@ from countvae.cli.first_contact import (
     lpd_seconds_per_cell,
     n_jobs_value,
     selection_summary,
+    workers_start_seconds,
+    workers_starting,
 )
 from countvae.data import GeneChoice
 from countvae.data.registry import setup_anndata
@@ -243,10 +245,9 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     per_fit = [t.seconds_per_fit for t in timings]
     spread = " to ".join(dict.fromkeys(duration(s) for s in (min(per_fit), max(per_fit))))
     fitting = max(max(per_fit), sum(per_fit) * n_seeds / jobs.at_full_speed())  # --n-jobs above the cores: no faster
+    fitting += workers_start_seconds(jobs.n_jobs)  # not timed by the warm-up in this process
     per_cell = [lpd_seconds_per_cell(t, len(fit_idx), args.n_samples) for t in timings]
     lpd = sum(per_cell) * n_seeds * compared / min(cores, n_fits)
-    # 7-13 s for two workers on 2 cores (MIN_STEPS_FOR_WORKERS), more on a loaded machine: not timed by the warm-up
-    starting = "the workers' start-up, " if jobs.n_jobs > 1 else ""
     train = first.train_kwargs
     stopping = "on (at most that many epochs)" if train.get("early_stopping") else "off"
     values = " x ".join(f"{name} {', '.join(map(str, v))}" for name, v in grid.items())
@@ -259,11 +260,12 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"  training    {counted(train['max_epochs'], 'epoch')} per fit, batch size {train['batch_size']}, "
         f"{learning_rate(train)}, early stopping {stopping}, {jobs.describe()}",
         f"  estimate    about {duration(fitting)} for the {n_fits} fits ({spread} per fit, from "
-        f"{counted(timings[0].warmup_steps, 'timed training step')} per decoder, latent size and width)",
+        f"{counted(timings[0].warmup_steps, 'timed training step')} per decoder, latent size and width)"
+        f"{workers_starting(jobs.n_jobs)}",
         f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
         f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
         f"{min(cores, n_fits)} at a time; within about a factor 5)",
-        f"{' ' * 14}not counted: reading the data, {starting}the stability measures and the no-latent baseline "
+        f"{' ' * 14}not counted: reading the data, the stability measures and the no-latent baseline "
         "(under 1% of a run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a "
         "resumed run reuses",
         f"  shorter     --seeds N fits fewer seeds of each candidate (now {n_seeds}; at least 2)",

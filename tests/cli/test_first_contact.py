@@ -17,6 +17,7 @@ from countvae.cli.first_contact import expected_seconds, n_jobs_value
 from countvae.data.gene_selection import highly_variable_genes
 from countvae.diagnostics.fitting import parallelism
 from countvae.diagnostics.fitting.parallelism import Parallelism
+from countvae.diagnostics.reporting.heldout_lpd import WORKER_START_SECONDS
 from countvae.model import warmup
 from countvae.model.training import default_max_epochs
 
@@ -62,7 +63,8 @@ def test_the_diagnose_estimate_counts_no_more_seeds_at_once_than_the_cores_run(
     assert main(argv) == 130
     block = "\n".join(_block(messages))
     assert "4 seeds at a time, 1 torch thread each" in block  # as the fits will run them
-    assert "about 10 s per seed, about 20 s for 4 seeds" in block  # 2 at a time at full speed
+    # 2 at a time at full speed, and the workers' start-up, which the warm-up does not time
+    assert "about 10 s per seed, about 30 s for 4 seeds (" in block and "about 10 s of it starting the workers" in block
 
 
 def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(
@@ -250,13 +252,23 @@ def test_expected_stop_is_within_the_stated_factor_of_every_measured_stop():
     assert max(ratios) <= 1.5
 
 
-def test_expected_seconds_counts_rounds_of_parallel_seeds():
+def test_expected_seconds_counts_rounds_of_parallel_seeds_the_cores_and_the_workers_start_up(monkeypatch):
+    """Known answers on 2 usable cores, 20 s a fit: rounds of n_jobs seeds, no faster than 2 fits at full speed, and
+    the workers' start-up (WORKER_START_SECONDS) whenever seeds run in workers."""
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
     timing = warmup.TrainingTimeEstimate(
         seconds_per_epoch=0.5, epochs=400, warmup_seconds=1.0, warmup_steps=10, warmup_cells=100, expected_epochs=40
     )
-    assert expected_seconds(timing, seeds=5, n_jobs=2) == pytest.approx(3 * 20.0)  # 2 + 2 + 1 seeds
-    assert expected_seconds(timing, seeds=2, n_jobs=8) == pytest.approx(20.0)  # more workers than seeds
-    assert expected_seconds(timing, seeds=3, n_jobs=None) == pytest.approx(60.0)  # one at a time
+    start = WORKER_START_SECONDS
+
+    def jobs(n: int) -> Parallelism:
+        return Parallelism(n, 1, "")
+
+    assert expected_seconds(timing, seeds=5, jobs=jobs(2)) == pytest.approx(3 * 20.0 + start)  # 2 + 2 + 1 seeds
+    assert expected_seconds(timing, seeds=2, jobs=jobs(8)) == pytest.approx(20.0 + start)  # more workers than seeds
+    assert expected_seconds(timing, seeds=3, jobs=jobs(3)) == pytest.approx(1.5 * 20.0 + start)  # 3 on 2 cores
+    assert expected_seconds(timing, seeds=3, jobs=jobs(1)) == pytest.approx(60.0)  # in this process, no start-up
+    assert expected_seconds(timing, seeds=3, jobs=None) == pytest.approx(60.0)  # one at a time
 
 
 def test_warmup_leaves_fits_unchanged():
