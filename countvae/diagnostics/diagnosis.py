@@ -44,6 +44,7 @@ from countvae._io import (
     interrupted_writes,
     pending_file,
     place_file,
+    refuse_file_in_the_way,
     refuse_foreign_entries,
     refuse_non_folder,
     refuse_overlong_name,
@@ -63,7 +64,13 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
-from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, MANIFEST_FILE, discard_folder, stored_seeds
+from countvae.diagnostics.fitting.output_folder import (
+    FITS_FOLDER,
+    MANIFEST_FILE,
+    discard_folder,
+    refuse_obstacles,
+    stored_seeds,
+)
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism, backed_remedy_off, plan_parallelism
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
@@ -555,18 +562,17 @@ def remove_interrupted_report(report_dir: Path) -> None:
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
     """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it.
 
-    A file at ``out_dir``, ``out_dir/fits`` or ``out_dir/report``, or a link at ``out_dir/report``, is refused with
-    or without ``overwrite``; with it, so is a file or link at a fits folder that it discards (``out_dir/fits/fits``,
-    or ``out_dir/fits/<model>/fits`` for ``--restrictions``), which ``fit_seeds`` refuses too, but only after the
-    report is gone.
+    A file or a symbolic link to a missing path at ``out_dir``, ``out_dir/fits``, ``out_dir/fits/fits`` or
+    ``out_dir/report``, or a link at ``out_dir/report``, is refused with or without ``overwrite``; with it, so is a
+    link at a fits folder that it discards (``out_dir/fits/fits``, or ``out_dir/fits/<model>/fits`` for
+    ``--restrictions``), which ``fit_seeds`` refuses too, but only after the report is gone.
     """
     if out_dir is None:
         return None
     out = Path(out_dir)
     refuse_overlong_name(out)
-    for folder in (out, out / "fits"):  # fits: refused by fit_seeds too, but only after overwrite discarded the report
-        if folder.exists() and not folder.is_dir():
-            raise OutputExistsError(f"{folder} exists and is not a folder; choose another --out.")
+    refuse_file_in_the_way(out, "choose another --out")
+    refuse_obstacles(out / "fits", "choose another --out")  # fit_seeds refuses them only after the report is gone
     if overwrite and (out / "fits").is_dir():
         for root in (out / "fits", *(entry for entry in (out / "fits").iterdir() if entry.is_dir())):
             refuse_non_folder(root / FITS_FOLDER)

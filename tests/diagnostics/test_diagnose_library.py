@@ -664,6 +664,38 @@ def test_overwrite_refuses_a_fits_folder_it_cannot_discard_before_discarding_the
     assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
 
 
+def _never(*args):
+    raise AssertionError("the run went on to its block and warm-up")
+
+
+def test_a_dangling_link_at_the_fits_folder_is_refused_before_any_work(data_file, tmp_path):
+    """A link to a missing path at out_dir/fits was refused only after the block and its warm-up, and with overwrite
+    after the finished report was deleted; compare_models refused one above a candidate's folder after its block."""
+    out = tmp_path / "diag"
+    report = {f"report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    (out / "report").mkdir(parents=True)
+    for name, text in report.items():
+        (out / "report" / name).write_text(text)
+    (out / "fits").symlink_to(tmp_path / "gone")
+    refused = f"^{out / 'fits'} is a symbolic link to the missing path .*gone"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite, before_fitting=_never)
+    assert {p.name: p.read_text() for p in (out / "report").iterdir()} == report
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused + ", so .* cannot be made"):
+            compare_models(
+                _registered(data_file),
+                {"n_latent": [2]},
+                seeds=range(2),
+                n_jobs=1,
+                out_dir=out / "fits",
+                overwrite=overwrite,
+                before_fitting=_never,
+            )
+    assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
+
+
 @pytest.mark.parametrize("view", [False, True])
 def test_the_size_estimate_of_a_backed_file_is_that_of_its_uncompressed_cells(tmp_path, view):
     """A backed X was counted as the file's size: a third of the copy written from a gzip file, and the whole file

@@ -28,6 +28,7 @@ from countvae._io import (
     atomic_directory,
     explained_write_errors,
     read_versioned_json,
+    refuse_file_in_the_way,
     refuse_non_folder,
     remove_interrupted_writes,
     temporary_prefix,
@@ -65,6 +66,17 @@ def stored_seeds(fits_dir: Path) -> list[int]:
         return []
     names = [p.name.removeprefix("seed_") for p in fits_dir.glob("seed_*") if p.is_dir()]
     return sorted(int(name) for name in names if name.isdigit())
+
+
+def refuse_obstacles(root: Path, remedy: str) -> None:
+    """Refuse, before any work or removal, an entry that a run writing ``root`` would otherwise meet only later.
+
+    A file or a symbolic link to a missing path at ``root``, at a folder above it or at its fits folder
+    (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``): :func:`prepare` met one at
+    the fits folder only after ``overwrite`` had discarded what it replaces, and ``diagnose`` after its report.
+    """
+    refuse_file_in_the_way(root, remedy)
+    refuse_file_in_the_way(root / FITS_FOLDER, remedy)
 
 
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
