@@ -34,13 +34,19 @@ def _refuse_existing(path: Path, overwrite: bool, a_file: bool = False) -> None:
     """
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     refuse_overlong_name(path)
-    if a_file and path.is_dir() and not path.is_symlink():
+    if a_file:
+        refuse_folder_at_file(path)
+    if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
+        raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
+
+
+def refuse_folder_at_file(path: Path) -> None:
+    """Refuse a folder (not a link to one) at ``path``, where a file is written, whatever ``overwrite`` says."""
+    if path.is_dir() and not path.is_symlink():
         raise OutputExistsError(
             f"{path} is a folder; a file is written there, and overwrite=True (--overwrite) replaces files only. "
             "Move or rename it, or write to another path."
         )
-    if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
-        raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
 
 
 def exists_as(path: Path) -> str:

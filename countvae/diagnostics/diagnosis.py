@@ -562,19 +562,22 @@ def remove_interrupted_report(report_dir: Path) -> None:
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
     """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it.
 
-    A file or a symbolic link to a missing path at ``out_dir``, ``out_dir/fits``, ``out_dir/fits/fits`` or
-    ``out_dir/report``, or a link at ``out_dir/report``, is refused with or without ``overwrite``; with it, so is a
-    link at a fits folder that it discards (``out_dir/fits/fits``, or ``out_dir/fits/<model>/fits`` for
-    ``--restrictions``), which ``fit_seeds`` refuses too, but only after the report is gone.
+    A file or a symbolic link to a missing path at ``out_dir``, ``out_dir/fits``, a fits folder
+    (``out_dir/fits/fits``, or ``out_dir/fits/<model>/fits`` for ``--restrictions``) or ``out_dir/report``, a folder
+    at a file that ``fit_seeds`` writes (``manifest.json``, the lock files) and a link at ``out_dir/report`` are
+    refused with or without ``overwrite``; with it, so is a link at a fits folder that it discards. ``fit_seeds``
+    refuses them too, but only after the report is gone.
     """
     if out_dir is None:
         return None
     out = Path(out_dir)
     refuse_overlong_name(out)
     refuse_file_in_the_way(out, "choose another --out")
-    refuse_obstacles(out / "fits", "choose another --out")  # fit_seeds refuses them only after the report is gone
-    if overwrite and (out / "fits").is_dir():
-        for root in (out / "fits", *(entry for entry in (out / "fits").iterdir() if entry.is_dir())):
+    fits = out / "fits"
+    models = [e for e in fits.iterdir() if e.is_dir() and e.name != FITS_FOLDER] if fits.is_dir() else []
+    for root in (fits, *models):  # models: --restrictions stores each model's fits in a folder of fits/
+        refuse_obstacles(root, "choose another --out")
+        if overwrite:
             refuse_non_folder(root / FITS_FOLDER)
     report_dir = out / "report"
     refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)

@@ -696,6 +696,33 @@ def test_a_dangling_link_at_the_fits_folder_is_refused_before_any_work(data_file
     assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
 
 
+@pytest.mark.parametrize("name", ["manifest.json", ".lock", ".lock.owner.json"])
+def test_a_folder_at_a_file_of_the_fits_folder_is_refused_before_anything_is_discarded(data_file, tmp_path, name):
+    """A folder at out_dir/fits/manifest.json was refused, with overwrite, only after the report and the stored fits
+    were deleted; without it, after the block, as a folder holding "['manifest.json'] and no manifest.json"."""
+    out = tmp_path / "diag"
+    kept = {f"report/report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    kept |= {"fits/fits/seed_0/fit.json": "{}", f"fits/{name}/notes.txt": "mine"}
+    for path, text in kept.items():
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text(text)
+    refused = f"^{out / 'fits' / name} is a folder; a file is written there"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite, before_fitting=_never)
+        with pytest.raises(OutputExistsError, match=refused):
+            fit_seeds(_registered(data_file), seeds=range(2), n_jobs=1, out_dir=out / "fits", overwrite=overwrite)
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == kept
+
+
+def test_a_fits_folder_whose_manifest_is_no_file_says_so(data_file, tmp_path):
+    root = tmp_path / "fits"
+    root.mkdir()
+    (root / "manifest.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(OutputExistsError, match=r"holds \['manifest.json'\]; manifest.json is not a file\); choose"):
+        fit_seeds(_registered(data_file), seeds=range(2), n_jobs=1, out_dir=root)
+
+
 @pytest.mark.parametrize("view", [False, True])
 def test_the_size_estimate_of_a_backed_file_is_that_of_its_uncompressed_cells(tmp_path, view):
     """A backed X was counted as the file's size: a third of the copy written from a gzip file, and the whole file
