@@ -50,8 +50,13 @@ def refuse_folder_at_file(path: Path) -> None:
 
 
 def exists_as(path: Path) -> str:
-    """How messages say that the entry at ``path`` exists: ``"already exists"``, or what a dangling link points to."""
-    if path.is_symlink() and not path.exists():
+    """How messages say that the entry at ``path`` exists: ``"already exists"``, or where a dangling link leads."""
+    if path.is_symlink() and not path.exists():  # exists() is False for a link in a loop too
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"is a symbolic link in a loop (through {os.readlink(path)}), which leads to no file or folder"
         return f"is a symbolic link to the missing path {os.readlink(path)}"
     return "already exists"
 

@@ -597,6 +597,7 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     if out.suffix != ".h5ad":
         raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
     refuse_overlong_name(out)
+    refuse_file_in_the_way(out.parent, "choose another --write-h5ad")  # a link loop above it too, before resolve()
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     refuse_input_as_h5ad_output(out, source)
@@ -610,9 +611,11 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
 def _refuse_h5ad_in_report(h5ad_path: Path, report_dir: Path | None) -> None:
     """Refuse ``write_h5ad`` inside the report folder, which diagnose writes whole and replaces with ``overwrite``.
 
-    Its folder, made for the .h5ad, made the report's own save refuse the run after every fit.
+    Its folder, made for the .h5ad, made the report's own save refuse the run after every fit. A link at the path
+    itself is replaced (with ``overwrite``), not followed, so only its folder is resolved (a link loop there was
+    refused by :func:`_h5ad_destination`; one at the path would raise ``RuntimeError`` in ``resolve()``).
     """
-    if report_dir is not None and h5ad_path.resolve().is_relative_to(report_dir.resolve()):
+    if report_dir is not None and (h5ad_path.parent.resolve() / h5ad_path.name).is_relative_to(report_dir.resolve()):
         raise InvalidArgumentError(
             f"--write-h5ad {h5ad_path} lies inside {report_dir}, the report folder diagnose writes whole (and replaces "
             f"with --overwrite); write the analysed copy elsewhere, e.g. {report_dir.parent / h5ad_path.name}."

@@ -202,6 +202,18 @@ def test_write_h5ad_at_a_dangling_link_is_refused_before_fitting(data_file, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["analysed.h5ad"] and link.is_symlink()
 
 
+def test_write_h5ad_at_a_link_loop_is_replaced_with_overwrite_only(data_file, tmp_path):
+    """Its check against the report folder followed the link: RuntimeError("Symlink loop from ...")."""
+    (tmp_path / "a.h5ad").symlink_to("b.h5ad")
+    (tmp_path / "b.h5ad").symlink_to("a.h5ad")
+    kwargs = {"seeds": 2, "out_dir": tmp_path / "o", "write_h5ad": tmp_path / "a.h5ad"}
+    with pytest.raises(
+        OutputExistsError, match=r"a.h5ad is a symbolic link in a loop \(through b.h5ad\), .*--overwrite"
+    ):
+        plan_diagnose(_registered(data_file), **kwargs)
+    assert plan_diagnose(_registered(data_file), overwrite=True, **kwargs).h5ad_path == tmp_path / "a.h5ad"
+
+
 def test_repeated_cell_names_with_write_h5ad_are_refused_before_fitting(data_file, tmp_path):
     """The .h5ad is written by cell name: with two cells of one name every seed was fitted and the report made, then
     the write failed and the report was not saved."""
