@@ -435,7 +435,12 @@ def place_file(tmp: Path, path: Path, overwrite: bool) -> None:
 
 def _put_there(path: Path) -> str:
     """What :func:`place_file` found at ``path``, as its refusal says it."""
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        return (
+            f"another writer put a symbolic link there (to {os.readlink(path)}), which is kept without "
+            "overwrite=True (--overwrite)."
+        )
+    if path.is_dir():
         return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
     return "another writer put a file there, which is kept without overwrite=True (--overwrite)."
 

@@ -428,10 +428,13 @@ def _h5ad_refused(exc: OutputExistsError, path: Path, report_dir: Path | None) -
     if exc.kept is None:
         return exc
     move = f"mv {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink() and path.is_dir():  # mv would move the copy into the folder the link leads to
+        finish = f"remove the link (`rm {shlex.quote(str(path))}`; the folder it leads to is kept), then run `{move}`"
+    elif path.is_dir():
         finish = f"move or rename the folder {path}, then run `{move}`"
     else:
-        finish = f"run `{move}` (it replaces the file now at {path}), or move the copy to another name to keep both"
+        now = "symbolic link" if path.is_symlink() else "file"
+        finish = f"run `{move}` (it replaces the {now} now at {path}), or move the copy to another name to keep both"
     saved = "" if report_dir is None else f" The report is saved in {report_dir}, so a rerun is refused as finished."
     error = OutputExistsError(f"{exc}{saved} To finish, {finish}.")
     error.kept = exc.kept

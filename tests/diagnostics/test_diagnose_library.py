@@ -470,6 +470,28 @@ def test_a_file_put_at_the_h5ad_path_while_fitting_is_kept_and_the_result_set_as
     assert not kept.exists() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
 
 
+def test_the_commands_that_finish_a_run_refused_at_a_link_to_a_folder_put_the_copy_at_the_path(data_file, tmp_path):
+    # A link to a folder put at the path was called "a file", and the message's mv moved the copy into that folder,
+    # under its hidden name: the run was not finished, and a rerun was refused as finished.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad, elsewhere = settings.write_h5ad, tmp_path / "elsewhere"
+
+    def a_link(fits):
+        elsewhere.mkdir()
+        (elsewhere / "notes.txt").write_text("mine")
+        h5ad.symlink_to(elsewhere)
+
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(adata, settings=settings, train_kwargs={**TRAIN, "max_epochs": 1}, after_fitting=a_link)
+    message = str(info.value)
+    assert f"another writer put a symbolic link there (to {elsewhere})" in message and "a file" not in message
+    finish = message.split("To finish, ")[1]
+    for command in re.findall(r"`([^`]+)`", finish):
+        subprocess.run(shlex.split(command), check=True)
+    assert not h5ad.is_symlink() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["notes.txt"]
+
+
 def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_replaced(data_file, tmp_path):
     # With overwrite, a folder put at the --write-h5ad path while fitting ended the run, after the report was saved,
     # in a bare IsADirectoryError; the folder is the analyst's and is never replaced.
