@@ -427,9 +427,12 @@ def _h5ad_refused(exc: OutputExistsError, path: Path, report_dir: Path | None) -
     """
     if exc.kept is None:
         return exc
-    move = f"mv {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
+    # "--": shlex.quote leaves a name such as -x.h5ad as it is, which mv and rm would take for options
+    move = f"mv -- {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
     if path.is_symlink() and path.is_dir():  # mv would move the copy into the folder the link leads to
-        finish = f"remove the link (`rm {shlex.quote(str(path))}`; the folder it leads to is kept), then run `{move}`"
+        finish = (
+            f"remove the link (`rm -- {shlex.quote(str(path))}`; the folder it leads to is kept), then run `{move}`"
+        )
     elif path.is_dir():
         finish = f"move or rename the folder {path}, then run `{move}`"
     else:

@@ -465,7 +465,7 @@ def test_a_file_put_at_the_h5ad_path_while_fitting_is_kept_and_the_result_set_as
     # analyst had to work out the rename; it now gives the command that finishes the run.
     assert f"The report is saved in {settings.out_dir / 'report'}, so a rerun is refused as finished." in message
     command = re.search(r"To finish, run `([^`]+)`", message).group(1)
-    assert command == f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    assert command == f"mv -- {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
     subprocess.run(shlex.split(command), check=True)
     assert not kept.exists() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
 
@@ -492,6 +492,26 @@ def test_the_commands_that_finish_a_run_refused_at_a_link_to_a_folder_put_the_co
     assert sorted(p.name for p in elsewhere.iterdir()) == ["notes.txt"]
 
 
+def test_the_command_that_finishes_a_refused_run_works_for_a_name_starting_with_a_dash(
+    data_file, tmp_path, monkeypatch
+):
+    # shlex.quote leaves -x.h5ad as it is: "mv .../.-x.h5ad.countvae-<random>.kept -x.h5ad" said "invalid option"
+    monkeypatch.chdir(tmp_path)
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad = Path("-x.h5ad")
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(
+            adata,
+            settings=settings,
+            write_h5ad=h5ad,
+            train_kwargs={**TRAIN, "max_epochs": 1},
+            after_fitting=lambda fits: h5ad.write_text("another run's result"),
+        )
+    command = re.search(r"To finish, run `([^`]+)`", str(info.value)).group(1)
+    subprocess.run(command, shell=True, check=True)
+    assert "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+
+
 def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_replaced(data_file, tmp_path):
     # With overwrite, a folder put at the --write-h5ad path while fitting ended the run, after the report was saved,
     # in a bare IsADirectoryError; the folder is the analyst's and is never replaced.
@@ -511,7 +531,7 @@ def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_re
     assert message.startswith(
         f"Did not write {h5ad}, which changed while this run was writing: another writer put a folder"
     )
-    move = f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    move = f"mv -- {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
     assert f"To finish, move or rename the folder {h5ad}, then run `{move}`." in message
     assert (h5ad / "notes.txt").read_text() == "mine" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
 
