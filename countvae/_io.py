@@ -50,15 +50,29 @@ def refuse_folder_at_file(path: Path) -> None:
 
 
 def exists_as(path: Path) -> str:
-    """How messages say that the entry at ``path`` exists: ``"already exists"``, or where a dangling link leads."""
+    """How messages say that the entry at ``path`` exists: ``"already exists"``, or where a dangling link leads.
+
+    Through a chain of links, the missing path named is the last, which is missing; a link in a loop leads nowhere.
+    """
     if path.is_symlink() and not path.exists():  # exists() is False for a link in a loop too
+        target = _link_target(path)
         try:
             os.stat(path)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                return f"is a symbolic link in a loop (through {os.readlink(path)}), which leads to no file or folder"
-        return f"is a symbolic link to the missing path {os.readlink(path)}"
+                return f"is a symbolic link in a loop (through {target}), which leads to no file or folder"
+        if os.path.islink(target):
+            return f"is a symbolic link (through the link {target}) to the missing path {os.path.realpath(path)}"
+        return f"is a symbolic link to the missing path {target}"
     return "already exists"
+
+
+def _link_target(link: Path) -> str:
+    """Where the symbolic link ``link`` points, a relative target joined to the link's folder (as ``link`` is given).
+
+    A relative target is relative to the link's folder, not to the working folder, where the analyst would look.
+    """
+    return os.path.join(link.parent, os.readlink(link)) if link.parent != Path() else os.readlink(link)
 
 
 @dataclass(frozen=True)
@@ -117,7 +131,7 @@ def refuse_non_folder(path: str | os.PathLike) -> None:
     refuse_overlong_name(path)
     if path.is_symlink():
         raise OutputExistsError(
-            f"{path} is a symbolic link (to {os.readlink(path)}); countvae replaces a folder by renaming, which would "
+            f"{path} is a symbolic link (to {_link_target(path)}); countvae replaces a folder by renaming, which would "
             "replace the link, not the folder it points to. Write to that folder itself, or remove the link."
         )
     if path.exists() and not path.is_dir():
@@ -437,7 +451,7 @@ def _put_there(path: Path) -> str:
     """What :func:`place_file` found at ``path``, as its refusal says it."""
     if path.is_symlink():
         return (
-            f"another writer put a symbolic link there (to {os.readlink(path)}), which is kept without "
+            f"another writer put a symbolic link there (to {_link_target(path)}), which is kept without "
             "overwrite=True (--overwrite)."
         )
     if path.is_dir():
