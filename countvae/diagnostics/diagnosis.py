@@ -586,8 +586,14 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
         if overwrite:
             refuse_non_folder(root / FITS_FOLDER)
     report_dir = out / "report"
-    refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
+    # without overwrite too: a folder holding other entries is no finished report, and --overwrite would refuse it
+    refuse_foreign_entries(report_dir, report_dir.is_dir(), REPORT_FOLDER)
     if report_dir.exists() and not overwrite:
+        if not (report_dir / "report.json").is_file():  # an empty folder, or a report.html alone
+            raise OutputExistsError(
+                f"{report_dir} already exists and holds no finished report (no report.json); pass --overwrite to "
+                "replace it, or choose another --out."
+            )
         raise OutputExistsError(
             f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "
             "or choose another --out."

@@ -750,6 +750,25 @@ def test_a_dangling_link_at_the_fits_folder_is_refused_before_any_work(data_file
     assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
 
 
+@pytest.mark.parametrize("entry", ["nothing", "a folder report.json", "a report.json"])
+def test_only_a_report_folder_holding_report_json_is_called_a_finished_report(data_file, tmp_path, entry):
+    """An empty report folder, or one holding a folder report.json, was refused as "a finished report" with the advice
+    to pass overwrite, which then refused the folder report.json."""
+    report_dir = tmp_path / "diag" / "report"
+    report_dir.mkdir(parents=True)
+    if entry == "a folder report.json":
+        (report_dir / "report.json").mkdir()
+    elif entry == "a report.json":
+        (report_dir / "report.json").write_text("{}")
+    said = {
+        "nothing": "already exists and holds no finished report \\(no report.json\\); pass --overwrite",
+        "a folder report.json": "holds report.json/, which a report folder does not hold; .* Move them out",
+        "a report.json": "already holds a finished report; pass --overwrite",
+    }
+    with pytest.raises(OutputExistsError, match=f"^{report_dir} {said[entry]}"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=tmp_path / "diag", before_fitting=_never)
+
+
 @pytest.mark.parametrize("name", ["manifest.json", ".lock", ".lock.owner.json"])
 def test_a_folder_at_a_file_of_the_fits_folder_is_refused_before_anything_is_discarded(data_file, tmp_path, name):
     """A folder at out_dir/fits/manifest.json was refused, with overwrite, only after the report and the stored fits
