@@ -542,19 +542,26 @@ def _warn_interrupted_h5ad(path: Path) -> None:
     """Name the copies of ``path`` that killed runs left beside it, and their size; none is removed.
 
     ``path`` is not locked (unlike ``--out``), so a run cannot tell a killed run's copy from one that another run is
-    writing now, and deleting that would lose its result.
+    writing now, and deleting that would lose its result. Only the regular ``.partial`` files that
+    :func:`~countvae._io.pending_file` makes are copies; a folder, a link or an ``.old`` name is none of them.
     """
-    left = interrupted_writes(path.parent, path.name)
+    left = [
+        p
+        for p in interrupted_writes(path.parent, path.name)
+        if p.suffix == ".partial" and p.is_file() and not p.is_symlink()
+    ]
     if left:
         size = 0
         for leftover in left:
             with contextlib.suppress(OSError):  # placed or deleted meanwhile by the run writing it
                 size += leftover.lstat().st_size
+        shown = ", ".join(str(p) for p in left[:3]) + (
+            f" and {len(left) - 3} more in {path.parent}" if len(left) > 3 else ""
+        )
         warn_at_caller(
             f"{len(left)} {'copy' if len(left) == 1 else 'copies'} of {path.name} left beside it by runs killed while "
-            f"writing it ({size / 2**20:.1f} MiB in all), unless a run at work now writes one: "
-            f"{', '.join(str(p) for p in left)}. No run removes them, as {path} is not locked; delete them once no "
-            f"other run writes {path}.",
+            f"writing it ({size / 2**20:.1f} MiB in all), unless a run at work now writes one: {shown}. No run "
+            f"removes them, as {path} is not locked; delete them once no other run writes {path}.",
             CountVAEWarning,
         )
 

@@ -561,6 +561,31 @@ def test_copies_that_killed_runs_left_beside_the_h5ad_path_are_named_and_kept(da
     assert all(path.is_file() for path in [*left, kept])
 
 
+def test_only_leftover_copies_are_counted_sized_and_named_a_few_at_a_time(data_file, tmp_path):
+    # A .partial folder was counted at its entry's size (4 KiB for 1 MiB in it), a folder, a link and an .old name were
+    # called copies of the file (a run makes only regular .partial files), and 300 leftovers made one 12 KB line.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    left = [tmp_path / f".analysed.h5ad.countvae-{i:08d}.partial" for i in range(5)]
+    for path in left:
+        path.write_bytes(b"0" * 2**18)
+    others = [tmp_path / f".analysed.h5ad.countvae-{name}" for name in ("folder01.partial", "dangling.partial")]
+    others.append(tmp_path / ".analysed.h5ad.countvae-replaced.old")
+    others[0].mkdir()
+    (others[0] / "big").write_bytes(b"0" * 2**20)
+    others[1].symlink_to(tmp_path / "gone")
+    others[2].write_bytes(b"0" * 2**20)
+
+    def stop(plan):
+        raise KeyboardInterrupt
+
+    with pytest.warns(cv.errors.CountVAEWarning) as record, pytest.raises(KeyboardInterrupt):
+        diagnose(adata, settings=settings, before_fitting=stop)
+    (message,) = [str(w.message) for w in record if "left beside it" in str(w.message)]
+    assert message.startswith("5 copies of analysed.h5ad left beside it by runs killed while writing it (1.2 MiB in")
+    assert f"{left[0]}, {left[1]}, {left[2]} and 2 more in {tmp_path}. No run removes them" in message
+    assert not any(str(path) in message for path in [*left[3:], *others])
+
+
 def _h5ad_settings(data_file, tmp_path):
     adata, out, h5ad = _registered(data_file), tmp_path / "diag", tmp_path / "analysed.h5ad"
     settings = DiagnoseSettings(
