@@ -34,20 +34,45 @@ def _refuse_existing(path: Path, overwrite: bool, a_file: bool = False) -> None:
     """
     check_bool("overwrite", overwrite)  # a truthy string such as "no" must not replace anything
     refuse_overlong_name(path)
-    if a_file and path.is_dir() and not path.is_symlink():
-        raise OutputExistsError(
-            f"{path} is a folder; a file is written there, and overwrite=True (--overwrite) replaces files only. "
-            "Move or rename it, or write to another path."
-        )
+    if a_file:
+        refuse_folder_at_file(path)
     if os.path.lexists(path) and not overwrite:  # exists() follows a link: a dangling one would fail only at the end
         raise OutputExistsError(f"{path} {exists_as(path)}; pass overwrite=True (--overwrite) to replace it.")
 
 
+def refuse_folder_at_file(path: Path) -> None:
+    """Refuse a folder (not a link to one) at ``path``, where a file is written, whatever ``overwrite`` says."""
+    if path.is_dir() and not path.is_symlink():
+        raise OutputExistsError(
+            f"{path} is a folder; a file is written there, and overwrite=True (--overwrite) replaces files only. "
+            "Move or rename it, or write to another path."
+        )
+
+
 def exists_as(path: Path) -> str:
-    """How messages say that the entry at ``path`` exists: ``"already exists"``, or what a dangling link points to."""
-    if path.is_symlink() and not path.exists():
-        return f"is a symbolic link to the missing path {os.readlink(path)}"
+    """How messages say that the entry at ``path`` exists: ``"already exists"``, or where a dangling link leads.
+
+    Through a chain of links, the missing path named is the last, which is missing; a link in a loop leads nowhere.
+    """
+    if path.is_symlink() and not path.exists():  # exists() is False for a link in a loop too
+        target = _link_target(path)
+        try:
+            os.stat(path)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return f"is a symbolic link in a loop (through {target}), which leads to no file or folder"
+        if os.path.islink(target):
+            return f"is a symbolic link (through the link {target}) to the missing path {os.path.realpath(path)}"
+        return f"is a symbolic link to the missing path {target}"
     return "already exists"
+
+
+def _link_target(link: Path) -> str:
+    """Where the symbolic link ``link`` points, a relative target joined to the link's folder (as ``link`` is given).
+
+    A relative target is relative to the link's folder, not to the working folder, where the analyst would look.
+    """
+    return os.path.join(link.parent, os.readlink(link)) if link.parent != Path() else os.readlink(link)
 
 
 @dataclass(frozen=True)
@@ -106,7 +131,7 @@ def refuse_non_folder(path: str | os.PathLike) -> None:
     refuse_overlong_name(path)
     if path.is_symlink():
         raise OutputExistsError(
-            f"{path} is a symbolic link (to {os.readlink(path)}); countvae replaces a folder by renaming, which would "
+            f"{path} is a symbolic link (to {_link_target(path)}); countvae replaces a folder by renaming, which would "
             "replace the link, not the folder it points to. Write to that folder itself, or remove the link."
         )
     if path.exists() and not path.is_dir():
@@ -424,7 +449,12 @@ def place_file(tmp: Path, path: Path, overwrite: bool) -> None:
 
 def _put_there(path: Path) -> str:
     """What :func:`place_file` found at ``path``, as its refusal says it."""
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        return (
+            f"another writer put a symbolic link there (to {_link_target(path)}), which is kept without "
+            "overwrite=True (--overwrite)."
+        )
+    if path.is_dir():
         return "another writer put a folder there, which a file never replaces, with or without overwrite=True."
     return "another writer put a file there, which is kept without overwrite=True (--overwrite)."
 

@@ -269,6 +269,24 @@ def test_a_dangling_link_in_the_way_is_named_before_any_mkdir(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dl"]
 
 
+def test_a_link_that_leads_nowhere_names_where_it_leads(tmp_path, monkeypatch):
+    # The first hop was named "the missing path" though it existed (a link in a chain, or in a loop), and a relative
+    # target was shown bare, relative to the link's folder where the analyst reads it relative to the working folder
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    links = {"chain": "chain2", "chain2": "gone", "loop1": "loop2", "loop2": "loop1", "sub/rel": "gone"}
+    for link, target in links.items():
+        (tmp_path / link).symlink_to(target)
+    said = {
+        "chain": f"chain is a symbolic link (through the link chain2) to the missing path {tmp_path / 'gone'}; ",
+        "loop1": "loop1 is a symbolic link in a loop (through loop2), which leads to no file or folder; ",
+        "sub/rel": "sub/rel is a symbolic link to the missing path sub/gone; ",
+    }
+    for link, message in said.items():
+        with pytest.raises(OutputExistsError, match=f"^{re.escape(message)}pass overwrite"):
+            atomic_file_path(Path(link)).__enter__()
+
+
 def test_a_dangling_link_at_a_file_to_write_is_refused_on_entry(tmp_path):
     # refused only by the final rename, after the block's work, as "another writer put a file there"
     link = tmp_path / "a.json"

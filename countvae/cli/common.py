@@ -16,7 +16,7 @@ import anndata as ad
 import h5py
 
 from countvae._formatting import json_ready
-from countvae._io import refuse_overlong_name
+from countvae._io import refuse_file_in_the_way, refuse_overlong_name
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.errors import DataFileNotFoundError, InvalidArgumentError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
@@ -277,7 +277,11 @@ def progress_enabled(args: argparse.Namespace) -> bool:
 
 def _within(path: Path, folder: Path) -> bool:
     """Whether ``path`` is ``folder`` or lies inside it, as written (``..`` resolved) or with links followed."""
-    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(folder))), (path.resolve(), folder.resolve()))
+    written = Path(os.path.abspath(path)), Path(os.path.abspath(folder))
+    try:
+        pairs = (written, (path.resolve(), folder.resolve()))
+    except (RuntimeError, OSError):  # a link loop at or above an input, which reading it refuses; --out's is refused
+        pairs = (written,)
     return any(p.is_relative_to(f) for p, f in pairs)
 
 
@@ -338,10 +342,13 @@ def refuse_data_file_as_h5ad_output(write_h5ad: str | None, data: str | None) ->
 
 
 def refuse_file_as_output(out: str) -> None:
-    """Fail before any work when ``--out`` names a file (perhaps the data just read), or a name too long to write."""
+    """Fail before any work when ``--out`` names a file (perhaps the data just read), or a name too long to write.
+
+    A file or a symbolic link that leads nowhere (to a missing path, or in a loop) at ``out`` or a folder above it is
+    named (:func:`~countvae._io.refuse_file_in_the_way`), before any ``resolve()`` meets the loop.
+    """
     refuse_overlong_name(out)
-    if Path(out).exists() and not Path(out).is_dir():
-        raise OutputExistsError(f"{out} exists and is not a folder; choose another --out.")
+    refuse_file_in_the_way(out, "choose another --out")
 
 
 def refuse_existing_output(out: str, overwrite: bool) -> None:

@@ -44,6 +44,7 @@ from countvae._io import (
     interrupted_writes,
     pending_file,
     place_file,
+    refuse_file_in_the_way,
     refuse_foreign_entries,
     refuse_non_folder,
     refuse_overlong_name,
@@ -63,7 +64,13 @@ from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, availab
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
-from countvae.diagnostics.fitting.output_folder import FITS_FOLDER, MANIFEST_FILE, discard_folder, stored_seeds
+from countvae.diagnostics.fitting.output_folder import (
+    FITS_FOLDER,
+    MANIFEST_FILE,
+    discard_folder,
+    refuse_obstacles,
+    stored_seeds,
+)
 from countvae.diagnostics.fitting.parallelism import AUTO, Parallelism, backed_remedy_off, plan_parallelism
 from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
@@ -420,11 +427,17 @@ def _h5ad_refused(exc: OutputExistsError, path: Path, report_dir: Path | None) -
     """
     if exc.kept is None:
         return exc
-    move = f"mv {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
-    if path.is_dir() and not path.is_symlink():
+    # "--": shlex.quote leaves a name such as -x.h5ad as it is, which mv and rm would take for options
+    move = f"mv -- {shlex.quote(str(exc.kept))} {shlex.quote(str(path))}"
+    if path.is_symlink() and path.is_dir():  # mv would move the copy into the folder the link leads to
+        finish = (
+            f"remove the link (`rm -- {shlex.quote(str(path))}`; the folder it leads to is kept), then run `{move}`"
+        )
+    elif path.is_dir():
         finish = f"move or rename the folder {path}, then run `{move}`"
     else:
-        finish = f"run `{move}` (it replaces the file now at {path}), or move the copy to another name to keep both"
+        now = "symbolic link" if path.is_symlink() else "file"
+        finish = f"run `{move}` (it replaces the {now} now at {path}), or move the copy to another name to keep both"
     saved = "" if report_dir is None else f" The report is saved in {report_dir}, so a rerun is refused as finished."
     error = OutputExistsError(f"{exc}{saved} To finish, {finish}.")
     error.kept = exc.kept
@@ -529,19 +542,26 @@ def _warn_interrupted_h5ad(path: Path) -> None:
     """Name the copies of ``path`` that killed runs left beside it, and their size; none is removed.
 
     ``path`` is not locked (unlike ``--out``), so a run cannot tell a killed run's copy from one that another run is
-    writing now, and deleting that would lose its result.
+    writing now, and deleting that would lose its result. Only the regular ``.partial`` files that
+    :func:`~countvae._io.pending_file` makes are copies; a folder, a link or an ``.old`` name is none of them.
     """
-    left = interrupted_writes(path.parent, path.name)
+    left = [
+        p
+        for p in interrupted_writes(path.parent, path.name)
+        if p.suffix == ".partial" and p.is_file() and not p.is_symlink()
+    ]
     if left:
         size = 0
         for leftover in left:
             with contextlib.suppress(OSError):  # placed or deleted meanwhile by the run writing it
                 size += leftover.lstat().st_size
+        shown = ", ".join(str(p) for p in left[:3]) + (
+            f" and {len(left) - 3} more in {path.parent}" if len(left) > 3 else ""
+        )
         warn_at_caller(
             f"{len(left)} {'copy' if len(left) == 1 else 'copies'} of {path.name} left beside it by runs killed while "
-            f"writing it ({size / 2**20:.1f} MiB in all), unless a run at work now writes one: "
-            f"{', '.join(str(p) for p in left)}. No run removes them, as {path} is not locked; delete them once no "
-            f"other run writes {path}.",
+            f"writing it ({size / 2**20:.1f} MiB in all), unless a run at work now writes one: {shown}. No run "
+            f"removes them, as {path} is not locked; delete them once no other run writes {path}.",
             CountVAEWarning,
         )
 
@@ -555,24 +575,32 @@ def remove_interrupted_report(report_dir: Path) -> None:
 def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | None:
     """``out_dir/report``, refused before any fitting when it holds a report without ``overwrite``, or more with it.
 
-    A file at ``out_dir``, ``out_dir/fits`` or ``out_dir/report``, or a link at ``out_dir/report``, is refused with
-    or without ``overwrite``; with it, so is a file or link at a fits folder that it discards (``out_dir/fits/fits``,
-    or ``out_dir/fits/<model>/fits`` for ``--restrictions``), which ``fit_seeds`` refuses too, but only after the
-    report is gone.
+    A file or a symbolic link to a missing path at ``out_dir``, ``out_dir/fits``, a fits folder
+    (``out_dir/fits/fits``, or ``out_dir/fits/<model>/fits`` for ``--restrictions``) or ``out_dir/report``, a folder
+    at a file that ``fit_seeds`` writes (``manifest.json``, the lock files) and a link at ``out_dir/report`` are
+    refused with or without ``overwrite``; with it, so is a link at a fits folder that it discards. ``fit_seeds``
+    refuses them too, but only after the report is gone.
     """
     if out_dir is None:
         return None
     out = Path(out_dir)
     refuse_overlong_name(out)
-    for folder in (out, out / "fits"):  # fits: refused by fit_seeds too, but only after overwrite discarded the report
-        if folder.exists() and not folder.is_dir():
-            raise OutputExistsError(f"{folder} exists and is not a folder; choose another --out.")
-    if overwrite and (out / "fits").is_dir():
-        for root in (out / "fits", *(entry for entry in (out / "fits").iterdir() if entry.is_dir())):
+    refuse_file_in_the_way(out, "choose another --out")
+    fits = out / "fits"
+    models = [e for e in fits.iterdir() if e.is_dir() and e.name != FITS_FOLDER] if fits.is_dir() else []
+    for root in (fits, *models):  # models: --restrictions stores each model's fits in a folder of fits/
+        refuse_obstacles(root, "choose another --out")
+        if overwrite:
             refuse_non_folder(root / FITS_FOLDER)
     report_dir = out / "report"
-    refuse_foreign_entries(report_dir, overwrite, REPORT_FOLDER)
+    # without overwrite too: a folder holding other entries is no finished report, and --overwrite would refuse it
+    refuse_foreign_entries(report_dir, report_dir.is_dir(), REPORT_FOLDER)
     if report_dir.exists() and not overwrite:
+        if not (report_dir / "report.json").is_file():  # an empty folder, or a report.html alone
+            raise OutputExistsError(
+                f"{report_dir} already exists and holds no finished report (no report.json); pass --overwrite to "
+                "replace it, or choose another --out."
+            )
         raise OutputExistsError(
             f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "
             "or choose another --out."
@@ -588,6 +616,7 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     if out.suffix != ".h5ad":
         raise InvalidArgumentError(f"--write-h5ad {path}: give a file name ending in .h5ad.")
     refuse_overlong_name(out)
+    refuse_file_in_the_way(out.parent, "choose another --write-h5ad")  # a link loop above it too, before resolve()
     if out.is_dir():
         raise OutputExistsError(f"{out} is a folder; give --write-h5ad the name of a file to write.")
     refuse_input_as_h5ad_output(out, source)
@@ -601,9 +630,11 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
 def _refuse_h5ad_in_report(h5ad_path: Path, report_dir: Path | None) -> None:
     """Refuse ``write_h5ad`` inside the report folder, which diagnose writes whole and replaces with ``overwrite``.
 
-    Its folder, made for the .h5ad, made the report's own save refuse the run after every fit.
+    Its folder, made for the .h5ad, made the report's own save refuse the run after every fit. A link at the path
+    itself is replaced (with ``overwrite``), not followed, so only its folder is resolved (a link loop there was
+    refused by :func:`_h5ad_destination`; one at the path would raise ``RuntimeError`` in ``resolve()``).
     """
-    if report_dir is not None and h5ad_path.resolve().is_relative_to(report_dir.resolve()):
+    if report_dir is not None and (h5ad_path.parent.resolve() / h5ad_path.name).is_relative_to(report_dir.resolve()):
         raise InvalidArgumentError(
             f"--write-h5ad {h5ad_path} lies inside {report_dir}, the report folder diagnose writes whole (and replaces "
             f"with --overwrite); write the analysed copy elsewhere, e.g. {report_dir.parent / h5ad_path.name}."

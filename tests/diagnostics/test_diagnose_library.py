@@ -202,6 +202,18 @@ def test_write_h5ad_at_a_dangling_link_is_refused_before_fitting(data_file, tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["analysed.h5ad"] and link.is_symlink()
 
 
+def test_write_h5ad_at_a_link_loop_is_replaced_with_overwrite_only(data_file, tmp_path):
+    """Its check against the report folder followed the link: RuntimeError("Symlink loop from ...")."""
+    (tmp_path / "a.h5ad").symlink_to("b.h5ad")
+    (tmp_path / "b.h5ad").symlink_to("a.h5ad")
+    kwargs = {"seeds": 2, "out_dir": tmp_path / "o", "write_h5ad": tmp_path / "a.h5ad"}
+    with pytest.raises(
+        OutputExistsError, match=r"a.h5ad is a symbolic link in a loop \(through .*b.h5ad\), .*--overwrite"
+    ):
+        plan_diagnose(_registered(data_file), **kwargs)
+    assert plan_diagnose(_registered(data_file), overwrite=True, **kwargs).h5ad_path == tmp_path / "a.h5ad"
+
+
 def test_repeated_cell_names_with_write_h5ad_are_refused_before_fitting(data_file, tmp_path):
     """The .h5ad is written by cell name: with two cells of one name every seed was fitted and the report made, then
     the write failed and the report was not saved."""
@@ -453,9 +465,51 @@ def test_a_file_put_at_the_h5ad_path_while_fitting_is_kept_and_the_result_set_as
     # analyst had to work out the rename; it now gives the command that finishes the run.
     assert f"The report is saved in {settings.out_dir / 'report'}, so a rerun is refused as finished." in message
     command = re.search(r"To finish, run `([^`]+)`", message).group(1)
-    assert command == f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    assert command == f"mv -- {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
     subprocess.run(shlex.split(command), check=True)
     assert not kept.exists() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+
+
+def test_the_commands_that_finish_a_run_refused_at_a_link_to_a_folder_put_the_copy_at_the_path(data_file, tmp_path):
+    # A link to a folder put at the path was called "a file", and the message's mv moved the copy into that folder,
+    # under its hidden name: the run was not finished, and a rerun was refused as finished.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad, elsewhere = settings.write_h5ad, tmp_path / "elsewhere"
+
+    def a_link(fits):
+        elsewhere.mkdir()
+        (elsewhere / "notes.txt").write_text("mine")
+        h5ad.symlink_to(elsewhere)
+
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(adata, settings=settings, train_kwargs={**TRAIN, "max_epochs": 1}, after_fitting=a_link)
+    message = str(info.value)
+    assert f"another writer put a symbolic link there (to {elsewhere})" in message and "a file" not in message
+    finish = message.split("To finish, ")[1]
+    for command in re.findall(r"`([^`]+)`", finish):
+        subprocess.run(shlex.split(command), check=True)
+    assert not h5ad.is_symlink() and "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["notes.txt"]
+
+
+def test_the_command_that_finishes_a_refused_run_works_for_a_name_starting_with_a_dash(
+    data_file, tmp_path, monkeypatch
+):
+    # shlex.quote leaves -x.h5ad as it is: "mv .../.-x.h5ad.countvae-<random>.kept -x.h5ad" said "invalid option"
+    monkeypatch.chdir(tmp_path)
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    h5ad = Path("-x.h5ad")
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(
+            adata,
+            settings=settings,
+            write_h5ad=h5ad,
+            train_kwargs={**TRAIN, "max_epochs": 1},
+            after_fitting=lambda fits: h5ad.write_text("another run's result"),
+        )
+    command = re.search(r"To finish, run `([^`]+)`", str(info.value)).group(1)
+    subprocess.run(command, shell=True, check=True)
+    assert "countvae_lpd_mean" in ad.read_h5ad(h5ad).obs
 
 
 def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_replaced(data_file, tmp_path):
@@ -477,7 +531,7 @@ def test_a_folder_put_at_the_h5ad_path_during_an_overwrite_run_is_refused_not_re
     assert message.startswith(
         f"Did not write {h5ad}, which changed while this run was writing: another writer put a folder"
     )
-    move = f"mv {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
+    move = f"mv -- {shlex.quote(str(kept))} {shlex.quote(str(h5ad))}"
     assert f"To finish, move or rename the folder {h5ad}, then run `{move}`." in message
     assert (h5ad / "notes.txt").read_text() == "mine" and "countvae_lpd_mean" in ad.read_h5ad(kept).obs
 
@@ -505,6 +559,31 @@ def test_copies_that_killed_runs_left_beside_the_h5ad_path_are_named_and_kept(da
     assert message.startswith("2 copies of analysed.h5ad left beside it by runs killed while writing it (1.0 MiB in")
     assert f"{left[1]}, {left[0]}. No run removes them" in message and str(kept) not in message
     assert all(path.is_file() for path in [*left, kept])
+
+
+def test_only_leftover_copies_are_counted_sized_and_named_a_few_at_a_time(data_file, tmp_path):
+    # A .partial folder was counted at its entry's size (4 KiB for 1 MiB in it), a folder, a link and an .old name were
+    # called copies of the file (a run makes only regular .partial files), and 300 leftovers made one 12 KB line.
+    adata, settings = _h5ad_settings(data_file, tmp_path)
+    left = [tmp_path / f".analysed.h5ad.countvae-{i:08d}.partial" for i in range(5)]
+    for path in left:
+        path.write_bytes(b"0" * 2**18)
+    others = [tmp_path / f".analysed.h5ad.countvae-{name}" for name in ("folder01.partial", "dangling.partial")]
+    others.append(tmp_path / ".analysed.h5ad.countvae-replaced.old")
+    others[0].mkdir()
+    (others[0] / "big").write_bytes(b"0" * 2**20)
+    others[1].symlink_to(tmp_path / "gone")
+    others[2].write_bytes(b"0" * 2**20)
+
+    def stop(plan):
+        raise KeyboardInterrupt
+
+    with pytest.warns(cv.errors.CountVAEWarning) as record, pytest.raises(KeyboardInterrupt):
+        diagnose(adata, settings=settings, before_fitting=stop)
+    (message,) = [str(w.message) for w in record if "left beside it" in str(w.message)]
+    assert message.startswith("5 copies of analysed.h5ad left beside it by runs killed while writing it (1.2 MiB in")
+    assert f"{left[0]}, {left[1]}, {left[2]} and 2 more in {tmp_path}. No run removes them" in message
+    assert not any(str(path) in message for path in [*left[3:], *others])
 
 
 def _h5ad_settings(data_file, tmp_path):
@@ -662,6 +741,84 @@ def test_overwrite_refuses_a_fits_folder_it_cannot_discard_before_discarding_the
         diagnose(adata, seeds=2, n_jobs=1, out_dir=out, overwrite=True)
     assert {p.name: p.read_text() for p in (out / "report").iterdir()} == report
     assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
+
+
+def _never(*args):
+    raise AssertionError("the run went on to its block and warm-up")
+
+
+def test_a_dangling_link_at_the_fits_folder_is_refused_before_any_work(data_file, tmp_path):
+    """A link to a missing path at out_dir/fits was refused only after the block and its warm-up, and with overwrite
+    after the finished report was deleted; compare_models refused one above a candidate's folder after its block."""
+    out = tmp_path / "diag"
+    report = {f"report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    (out / "report").mkdir(parents=True)
+    for name, text in report.items():
+        (out / "report" / name).write_text(text)
+    (out / "fits").symlink_to(tmp_path / "gone")
+    refused = f"^{out / 'fits'} is a symbolic link to the missing path .*gone"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite, before_fitting=_never)
+    assert {p.name: p.read_text() for p in (out / "report").iterdir()} == report
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused + ", so .* cannot be made"):
+            compare_models(
+                _registered(data_file),
+                {"n_latent": [2]},
+                seeds=range(2),
+                n_jobs=1,
+                out_dir=out / "fits",
+                overwrite=overwrite,
+                before_fitting=_never,
+            )
+    assert sorted(p.name for p in out.iterdir()) == ["fits", "report"]
+
+
+@pytest.mark.parametrize("entry", ["nothing", "a folder report.json", "a report.json"])
+def test_only_a_report_folder_holding_report_json_is_called_a_finished_report(data_file, tmp_path, entry):
+    """An empty report folder, or one holding a folder report.json, was refused as "a finished report" with the advice
+    to pass overwrite, which then refused the folder report.json."""
+    report_dir = tmp_path / "diag" / "report"
+    report_dir.mkdir(parents=True)
+    if entry == "a folder report.json":
+        (report_dir / "report.json").mkdir()
+    elif entry == "a report.json":
+        (report_dir / "report.json").write_text("{}")
+    said = {
+        "nothing": "already exists and holds no finished report \\(no report.json\\); pass --overwrite",
+        "a folder report.json": "holds report.json/, which a report folder does not hold; .* Move them out",
+        "a report.json": "already holds a finished report; pass --overwrite",
+    }
+    with pytest.raises(OutputExistsError, match=f"^{report_dir} {said[entry]}"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=tmp_path / "diag", before_fitting=_never)
+
+
+@pytest.mark.parametrize("name", ["manifest.json", ".lock", ".lock.owner.json"])
+def test_a_folder_at_a_file_of_the_fits_folder_is_refused_before_anything_is_discarded(data_file, tmp_path, name):
+    """A folder at out_dir/fits/manifest.json was refused, with overwrite, only after the report and the stored fits
+    were deleted; without it, after the block, as a folder holding "['manifest.json'] and no manifest.json"."""
+    out = tmp_path / "diag"
+    kept = {f"report/report.{ext}": "earlier" for ext in ("html", "json", "md")}
+    kept |= {"fits/fits/seed_0/fit.json": "{}", f"fits/{name}/notes.txt": "mine"}
+    for path, text in kept.items():
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text(text)
+    refused = f"^{out / 'fits' / name} is a folder; a file is written there"
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match=refused):
+            diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, overwrite=overwrite, before_fitting=_never)
+        with pytest.raises(OutputExistsError, match=refused):
+            fit_seeds(_registered(data_file), seeds=range(2), n_jobs=1, out_dir=out / "fits", overwrite=overwrite)
+    assert {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()} == kept
+
+
+def test_a_fits_folder_whose_manifest_is_no_file_says_so(data_file, tmp_path):
+    root = tmp_path / "fits"
+    root.mkdir()
+    (root / "manifest.json").symlink_to(tmp_path / "gone.json")
+    with pytest.raises(OutputExistsError, match=r"holds \['manifest.json'\]; manifest.json is not a file\); choose"):
+        fit_seeds(_registered(data_file), seeds=range(2), n_jobs=1, out_dir=root)
 
 
 @pytest.mark.parametrize("view", [False, True])

@@ -72,6 +72,7 @@ from countvae.diagnostics.fitting.output_folder import (
     FitLoader,
     prepare,
     read_fit_record,
+    refuse_obstacles,
     seed_folder,
     store,
     stored_seeds,
@@ -338,6 +339,9 @@ def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[Seed
     if not settings:
         raise InvalidArgumentError("fit_models needs the settings of at least one model.")
     checked = [_checked_settings(adata, s) for s in settings]
+    for s, _, _ in checked:
+        if s.out_dir is not None:  # before anything is discarded, and before _check_shared resolves the folders
+            refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)")
     _check_shared([s for s, _, _ in checked])  # before any model's cells are copied and hashed
     runs = [_prepared_run(adata, *c, group) for group, c in enumerate(checked)]
     parallelism = _fit_or_reuse(runs)

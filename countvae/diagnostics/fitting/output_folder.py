@@ -28,6 +28,8 @@ from countvae._io import (
     atomic_directory,
     explained_write_errors,
     read_versioned_json,
+    refuse_file_in_the_way,
+    refuse_folder_at_file,
     refuse_non_folder,
     remove_interrupted_writes,
     temporary_prefix,
@@ -67,6 +69,20 @@ def stored_seeds(fits_dir: Path) -> list[int]:
     return sorted(int(name) for name in names if name.isdigit())
 
 
+def refuse_obstacles(root: Path, remedy: str) -> None:
+    """Refuse, before any work or removal, an entry that a run writing ``root`` would otherwise meet only later.
+
+    A file or a symbolic link to a missing path at ``root``, at a folder above it or at its fits folder
+    (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``), and a folder at a file the
+    run writes there (its manifest, lock and lock owner): :func:`prepare` and the lock met them only after
+    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report.
+    """
+    refuse_file_in_the_way(root, remedy)
+    refuse_file_in_the_way(root / FITS_FOLDER, remedy)
+    for name in (MANIFEST_FILE, LOCK_FILE, OWNER_FILE):
+        refuse_folder_at_file(root / name)
+
+
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     """Create or check ``root/manifest.json``; with ``overwrite`` remove earlier fits first."""
     manifest_path = root / MANIFEST_FILE
@@ -93,9 +109,10 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     else:
         unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
         if unexpected and not overwrite:
+            manifest = f"{MANIFEST_FILE} is not a file" if os.path.lexists(manifest_path) else f"no {MANIFEST_FILE}"
             raise OutputExistsError(
-                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]} and "
-                "no manifest.json); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
+                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]}; "
+                f"{manifest}); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
             )
         # fits/ without a manifest cannot be trusted to match this run.
         discard_folder(fits_dir)

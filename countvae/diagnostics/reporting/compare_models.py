@@ -36,6 +36,7 @@ from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, check_fit_batches, check_fit_genes, fit_models
 from countvae.diagnostics.fitting.heldout import heldout_split
+from countvae.diagnostics.fitting.output_folder import refuse_obstacles
 from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, no_latent_baseline
@@ -306,6 +307,9 @@ def _fit_candidates(
         )
         for name, settings in candidates.items()
     ]
+    for run in runs:  # before the block and its warm-ups, not once the fits start
+        if run.out_dir is not None:
+            refuse_obstacles(Path(run.out_dir), "choose another out_dir (--out)")
     if before_fitting is not None:
         before_fitting(genes, runs)
     # as diagnose: gene selection needs the counts in memory, so the memory warning cannot advise a backed file
