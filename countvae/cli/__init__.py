@@ -68,19 +68,28 @@ def main(argv: list[str] | None = None) -> int:
     keep_freed_memory()  # the process is ours: glibc keeps freed tensors' memory (see countvae._allocator)
     fill_closed_standard_streams()
     try:
-        return _run(build_parser().parse_args(argv))
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        return _run(args, {**vars(args), **{f"no_{name}": True for name in _negatable(parser, args.command)}})
     finally:
         # Left to the interpreter's exit, a reader gone (``| head -1``) would be a BrokenPipeError and exit code 120.
         flush_stdout()
 
 
-def _run(args: argparse.Namespace) -> int:
+def _negatable(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """The destinations of ``command``'s switches that have a ``--no-`` form (``--early-stopping/--no-...``)."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    return [a.dest for a in commands._actions if isinstance(a, argparse.BooleanOptionalAction)]
+
+
+def _run(args: argparse.Namespace, options: dict[str, object]) -> int:
+    """Run the parsed command; ``options``: its destinations, and ``no_NAME`` for each switch with a ``--no-`` form."""
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
-        with one_line_warnings(args.command, vars(args)), backed_remedy_off():  # the command reads files whole
+        with one_line_warnings(args.command, options), backed_remedy_off():  # the command reads files whole
             return int(args.run(args) or EXIT_OK)
     except CountVAEError as exc:
-        tell(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), vars(args))}")
+        tell(f"countvae {args.command}: error: {in_option_terms(_one_line(exc), options)}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         tell(f"countvae {args.command}: interrupted")
@@ -93,9 +102,11 @@ def _one_line(exc: BaseException | Warning | str) -> str:
 
 # ``name=value`` in a message, not inside a call's argument list (after "(" or ", ") nor inside a word, a path or a
 # quoted label (only after a space, a backtick or the start: "fits/n_latent=2__decoder=linear" is a folder), with
-# optional backticks and an optional parenthesised option that already says the same ("overwrite=True (--overwrite)").
+# optional backticks and an optional parenthesised option that already says the same ("overwrite=True (--overwrite)",
+# "(countvae diagnose --overwrite)", "(--overwrite on the command line)"), dropped with the argument it repeats.
 _ARGUMENT = re.compile(
-    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|False|'[^']*'|[\w.+-]+)`?( \(--[\w-]+\))?"
+    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|False|'[^']*'|[\w.+-]+)`?"
+    r"( \((?:countvae [a-z-]+ )?--[\w-]+(?: on the command line)?\))?"
 )
 
 # An argument check's ``name must be ...`` (countvae._checks) at the start of the message or of a sentence.
@@ -109,7 +120,8 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
     each argument that is one of the command's ``options`` (argparse's destinations, ``--n-top-genes`` for
     ``n_top_genes``) is named as its option: ``name=True`` as the flag, ``name=None`` as "no ``--name``", ``name=...``
     as ``--name VALUE``, ``name=5`` as ``--name 5``, ``name=False`` as ``--no-name`` where that is the option (the
-    destination ``no_name``, e.g. verify-invariance's ``--no-controls`` for ``controls=False``), and an argument
+    destination ``no_name``: verify-invariance's ``--no-controls`` for ``controls=False``, or a ``no_name`` entry that
+    :func:`main` adds for each switch with a ``--no-`` form, such as ``--no-early-stopping``), and an argument
     check's ``name must be ...`` at the start of a sentence as ``--name must be ...``. Arguments of a call
     (``setup_anndata(adata, layer=...)``) and names that are not options are left as written.
     """

@@ -234,6 +234,27 @@ def test_a_refusal_of_what_another_writer_put_at_an_output_names_a_valid_command
         assert "--overwrite False" not in message
 
 
+def test_a_switch_with_a_no_form_and_an_option_already_named_are_rewritten_as_one_valid_option(tmp_path, capsys):
+    """'pass early_stopping=False' came out as '--early-stopping False', which the parser refuses, where the option is
+    --no-early-stopping; 'overwrite=True (--overwrite on the command line)' as '--overwrite (--overwrite on the
+    command line)'."""
+    from countvae.cli import in_option_terms
+
+    rng = np.random.default_rng(0)
+    adata = ad.AnnData(rng.poisson(3.0, size=(4, 6)).astype(np.float32))
+    adata.write_h5ad(tmp_path / "four.h5ad")
+    argv = ["fit", str(tmp_path / "four.h5ad"), "--max-epochs", "2", "--n-latent", "2", "--out", str(tmp_path / "f")]
+    assert main(argv) == 1
+    assert "pass --no-early-stopping to train every epoch" in capsys.readouterr().err
+    options = {"overwrite": False, "refit_broken": False}
+    for library, command in (
+        ("pass overwrite=True (--overwrite on the command line) to discard", "pass --overwrite to discard"),
+        ("pass refit_broken=True (countvae diagnose --refit-broken) to refit", "pass --refit-broken to refit"),
+        ("pass overwrite=True (countvae diagnose --overwrite) now", "pass --overwrite now"),
+    ):
+        assert in_option_terms(library, options) == command
+
+
 def test_folder_paths_and_quoted_candidate_labels_are_not_rewritten_as_options():
     """A resumed select named 'r4/fits/--n-latent 2__decoder=linear', a folder that does not exist, and labels were
     rewritten in part ("Candidate --n-latent 60, decoder=linear")."""
