@@ -597,9 +597,11 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     refuse_foreign_entries(report_dir, report_dir.is_dir(), REPORT_FOLDER)
     if report_dir.exists() and not overwrite:
         if not (report_dir / "report.json").is_file():  # an empty folder, or a report.html alone
+            # --overwrite would refit every seed: removing the folder resumes from the fits stored beside it
             raise OutputExistsError(
-                f"{report_dir} already exists and holds no finished report (no report.json); pass --overwrite to "
-                "replace it, or choose another --out."
+                f"{report_dir} already exists and holds no finished report (no report.json). Remove it "
+                f"(`rm -r -- {shlex.quote(str(report_dir))}`) to fit or resume into {out}, keeping any fits stored in "
+                f"{out / 'fits'}; pass --overwrite to refit every seed and replace it; or choose another --out."
             )
         raise OutputExistsError(
             f"{report_dir} already holds a finished report; pass --overwrite to refit and replace it, "

@@ -786,12 +786,29 @@ def test_only_a_report_folder_holding_report_json_is_called_a_finished_report(da
     elif entry == "a report.json":
         (report_dir / "report.json").write_text("{}")
     said = {
-        "nothing": "already exists and holds no finished report \\(no report.json\\); pass --overwrite",
+        "nothing": "already exists and holds no finished report \\(no report.json\\). Remove it",
         "a folder report.json": "holds report.json/, which a report folder does not hold; .* Move them out",
         "a report.json": "already holds a finished report; pass --overwrite",
     }
     with pytest.raises(OutputExistsError, match=f"^{report_dir} {said[entry]}"):
         diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=tmp_path / "diag", before_fitting=_never)
+
+
+def test_the_remedy_for_a_report_folder_without_a_report_resumes_from_the_stored_fits(data_file, tmp_path):
+    """An empty report folder was refused with --overwrite as the only remedy, which discards the stored fits; the
+    message now gives the command that removes the folder alone, after which the run goes on to fit (or resume)."""
+    out = tmp_path / "diag"
+    (out / "report").mkdir(parents=True)
+    (out / "fits" / "fits" / "seed_0").mkdir(parents=True)
+    (out / "fits" / "fits" / "seed_0" / "fit.json").write_text("{}")
+    with pytest.raises(OutputExistsError) as info:
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, before_fitting=_never)
+    assert "--overwrite to refit every seed" in str(info.value)
+    (command,) = re.findall(r"`(rm -r -- [^`]+)`", str(info.value))
+    subprocess.run(command, shell=True, check=True)
+    with pytest.raises(AssertionError, match="went on to its block"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, before_fitting=_never)
+    assert (out / "fits" / "fits" / "seed_0" / "fit.json").read_text() == "{}"
 
 
 @pytest.mark.parametrize("name", ["manifest.json", ".lock", ".lock.owner.json"])
