@@ -225,7 +225,8 @@ def announce(
     hidden = f", {counted(model_kwargs['n_layers'], 'hidden layer')} of {model_kwargs['n_hidden']}"
     fits = f"{counted(seeds, 'seed') if n_jobs is not None else '1 fit'} x {counted(epochs, 'epoch')}"
     if reused:
-        fits += f" ({counted(reused, 'seed')} stored by an earlier run reused)"
+        # reused only if made with these settings and data, which the fits check after this block
+        fits += f" ({counted(reused, 'seed')} stored by an earlier run, reused if made with these settings and data)"
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""
     if n_jobs is not None:
@@ -271,6 +272,8 @@ def announce(
     if heldout_lpd is not None:
         lines += _lpd_estimate(heldout_lpd, timing, n_fit, cores or 1)
         shorter.append(_lpd_shorter(heldout_lpd, n_heldout))
+    if reused:
+        shorter.append("(changing a fit's settings or data refuses the stored seeds; --overwrite refits them all)")
     lines.append("  shorter   " + shorter[0])
     lines += [" " * 12 + option for option in shorter[1:]]
     for line in lines:

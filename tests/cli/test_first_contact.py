@@ -41,7 +41,8 @@ def messages(caplog):
 def _block(caplog) -> list[str]:
     lines = [r.getMessage() for r in caplog.records if r.name == "countvae.cli"]
     start = next(i for i, line in enumerate(lines) if line.endswith("before fitting"))
-    return lines[start : start + 12]
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return lines[start:end]  # the header and its indented lines
 
 
 def test_the_diagnose_estimate_counts_no_more_seeds_at_once_than_the_cores_run(
@@ -406,7 +407,8 @@ def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, t
     messages.clear()
     assert main([*argv, "--json"]) == 0
     block = "\n".join(_block(messages))
-    assert "1 seed x 3 epochs (2 seeds stored by an earlier run reused)" in block
+    assert "1 seed x 3 epochs (2 seeds stored by an earlier run, reused if made with these settings and data)" in block
+    assert "changing a fit's settings or data refuses the stored seeds; --overwrite refits them all" in block
     assert "1 seed at a time, 1 torch thread each" in block and "about 10 s for 1 seed" in block
     fitting = [r.getMessage() for r in messages.records if r.getMessage().startswith("Fitting ")]
     assert len(fitting) == 1 and fitting[0].startswith("Fitting 1 seed")  # as the fits planned it
