@@ -39,9 +39,11 @@ class _Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        #: Each subcommand's parser by name (set by :func:`build_parser`).
+        self.commands: dict[str, argparse.ArgumentParser] = {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The argument parser with every subcommand."""
     parser = _Parser(
         prog="countvae",
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for module in _COMMANDS:
         module.register(sub)
+    parser.commands = dict(sub.choices)
     return parser
 
 
@@ -70,16 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        return _run(args, {**vars(args), **{f"no_{name}": True for name in _negatable(parser, args.command)}})
+        negatable = _negatable(parser.commands[args.command], vars(args))
+        return _run(args, {**vars(args), **{f"no_{name}": True for name in negatable}})
     finally:
         # Left to the interpreter's exit, a reader gone (``| head -1``) would be a BrokenPipeError and exit code 120.
         flush_stdout()
 
 
-def _negatable(parser: argparse.ArgumentParser, command: str) -> list[str]:
-    """The destinations of ``command``'s switches that have a ``--no-`` form (``--early-stopping/--no-...``)."""
-    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    return [a.dest for a in commands._actions if isinstance(a, argparse.BooleanOptionalAction)]
+def _negatable(command: argparse.ArgumentParser, options: dict[str, object]) -> list[str]:
+    """The ``options`` whose switch has a ``--no-`` form in ``command`` (``--early-stopping/--no-early-stopping``).
+
+    Read from the command's help, which lists every option string (argparse keeps its actions in private fields).
+    """
+    usage = command.format_help()
+    return [name for name in options if re.search(rf"--no-{name.replace('_', '-')}(?![\w-])", usage)]
 
 
 def _run(args: argparse.Namespace, options: dict[str, object]) -> int:
