@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
-        negatable = _negatable(parser.commands[args.command], vars(args))
+        command = getattr(parser, "commands", {}).get(args.command)  # a parser built elsewhere may not have them
+        negatable = [] if command is None else _negatable(command, vars(args))
         return _run(args, {**vars(args), **{f"no_{name}": True for name in negatable}})
     finally:
         # Left to the interpreter's exit, a reader gone (``| head -1``) would be a BrokenPipeError and exit code 120.
