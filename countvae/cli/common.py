@@ -16,7 +16,7 @@ import anndata as ad
 import h5py
 
 from countvae._formatting import json_ready
-from countvae._io import refuse_file_in_the_way, refuse_overlong_name
+from countvae._io import exists_as, refuse_file_in_the_way, refuse_overlong_name
 from countvae.cli.settings_options import add_setting_option, setting_values
 from countvae.errors import DataFileNotFoundError, InvalidArgumentError, InvalidDataError, OutputExistsError
 from countvae.model import ModelSettings, TrainingPlan
@@ -170,7 +170,12 @@ def read_h5ad(path: str) -> ad.AnnData:
     """Read an .h5ad file, turning every way it can fail into a one-line :class:`CountVAEError`."""
     p = Path(path)
     if not p.exists():
-        raise DataFileNotFoundError(f"{path} does not exist; check the path, or pass the .h5ad file to read.")
+        # a link that leads nowhere (in a loop, or to a missing path) at the path or above it is named, as for --out
+        link = next((q for q in (p, *p.parents) if q.is_symlink() and not q.exists()), None)
+        missing = f"{path} does not exist"
+        if link is not None:
+            missing = f"{link} {exists_as(link)}" + ("" if link == p else f", so {path} cannot be read")
+        raise DataFileNotFoundError(f"{missing}; check the path, or pass the .h5ad file to read.")
     if p.is_dir():
         raise InvalidDataError(f"{path} is a folder, not an .h5ad file; pass the path of the .h5ad file inside it.")
     if not h5py.is_hdf5(p):

@@ -63,7 +63,7 @@ from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
-from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
+from countvae.diagnostics.fitting.heldout import fit_cells, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import (
     FITS_FOLDER,
     MANIFEST_FILE,
@@ -186,8 +186,8 @@ class DiagnosePlan:
     report_dir, h5ad_path
         Where the report and the .h5ad file will be written (``None``: not written).
     adata_fit, n_heldout
-        The fit cells (in memory) and the number of held-out cells, once ``split()`` has applied the split
-        (:func:`diagnose` does before ``before_fitting``); ``None`` before.
+        The fit cells (in memory; for backed data a backed view, never read whole) and the number of held-out cells,
+        once ``split()`` has applied the split (:func:`diagnose` does before ``before_fitting``); ``None`` before.
     fit_data
         What each fit's worker receives, once ``split()`` has applied the split: ``adata_fit``, or for backed data
         the :class:`~countvae.data.file_cells.FileCells` the workers read the file through (as :func:`fit_seeds`).
@@ -209,11 +209,11 @@ class DiagnosePlan:
         """The plan with the held-out split applied (``adata_fit``, ``n_heldout``), checked as ``fit_seeds`` would."""
         s = self.settings
         fit_idx, heldout_idx = heldout_split(self.adata.n_obs, s.heldout_fraction, s.split_seed)
-        adata_fit = cells_at(self.adata, fit_idx)
-        check_fit_genes(adata_fit, get_registry(adata_fit))  # before the warm-up, which would fail less clearly
-        check_fit_batches(adata_fit, get_registry(adata_fit), self.adata)
         registry = get_registry(self.adata)
-        fit_data = FileCells.of(self.adata, fit_idx, registry) if self.adata.isbacked else adata_fit
+        # a backed file's fit cells stay on disk, as the fits' (the warm-up reads only its own cells)
+        adata_fit, fit_data = fit_cells(self.adata, fit_idx, registry, stream=self.adata.isbacked)
+        check_fit_genes(adata_fit, registry)  # before the warm-up, which would fail less clearly
+        check_fit_batches(adata_fit, registry, self.adata)
         return replace(self, adata_fit=adata_fit, n_heldout=len(heldout_idx), fit_data=fit_data)
 
     def seeds_to_fit(self) -> list[int]:

@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from countvae._checks import check_int
+from countvae.data.backed import cells_in_memory
 from countvae.data.loader import CountSource
-from countvae.data.registry import batch_codes, get_count_matrix, get_registry
+from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry
 from countvae.errors import InvalidArgumentError, SetupError
 from countvae.model.countvae import CountVAE
 from countvae.model.query import resolve_registry
@@ -102,7 +103,8 @@ def estimate_training_time(
     Parameters
     ----------
     adata
-        The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`.
+        The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`. Of a backed AnnData (or a
+        view of one) only the warm-up's cells are read, into memory, and timed as such.
     model_kwargs
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
@@ -157,10 +159,10 @@ def estimate_training_time(
         module = model.module
         # codes in the model's batches, as train reads them (a subset made after registering has fewer)
         codes = batch_codes(adata, resolve_registry(adata, model.registry))
-        source = CountSource(get_count_matrix(adata, registry), codes)
-        train_module(module, source, train_cells, validation_cells, plan)
+        source, train_at, validation_at = _warmup_source(adata, registry, codes, train_cells, validation_cells)
+        train_module(module, source, train_at, validation_at, plan)
         timed_start = perf_counter()
-        train_module(module, source, train_cells, validation_cells, plan)
+        train_module(module, source, train_at, validation_at, plan)
         timed = perf_counter() - timed_start
         total = perf_counter() - started
     finally:
@@ -175,6 +177,22 @@ def estimate_training_time(
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
     )
+
+
+def _warmup_source(
+    adata: ad.AnnData, registry: Registry, codes: np.ndarray, train_cells: np.ndarray, validation_cells: np.ndarray
+) -> tuple[CountSource, np.ndarray, np.ndarray]:
+    """The counts the warm-up trains on, and the positions of its train and validation cells in them.
+
+    Of a backed AnnData only the warm-up's cells are read, into memory: the rest stay on disk, and the timed pass
+    trains as on data in memory (the fits' block-shuffled reading of a file, whose blocks around a few scattered
+    cells would span it all, is not timed).
+    """
+    if not adata.isbacked:
+        return CountSource(get_count_matrix(adata, registry), codes), train_cells, validation_cells
+    cells = np.sort(np.concatenate([train_cells, validation_cells]))
+    source = CountSource(get_count_matrix(cells_in_memory(adata, cells), registry), codes[cells])
+    return source, np.searchsorted(cells, train_cells), np.searchsorted(cells, validation_cells)
 
 
 def _default_rule(plan: TrainingPlan) -> bool:

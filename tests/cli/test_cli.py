@@ -117,6 +117,20 @@ def test_bad_input_gives_one_line_error(tmp_path, make, args, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("command", ["fit", "diagnose"])
+def test_a_data_file_through_a_link_loop_is_named_a_loop(tmp_path, capsys, command):
+    """A data file that was a link in a loop, or under one, was refused as one that "does not exist"."""
+    (tmp_path / "a.h5ad").symlink_to("b.h5ad")
+    (tmp_path / "b.h5ad").symlink_to("a.h5ad")
+    (tmp_path / "up").symlink_to("up")
+    for data, named, loop in [("a.h5ad", "a.h5ad", "b.h5ad"), ("up/d.h5ad", "up", "up")]:
+        assert main([command, str(tmp_path / data), "--out", str(tmp_path / "o"), "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert f"{tmp_path / named} is a symbolic link in a loop (through {tmp_path / loop})" in err
+        assert (named == data) != (f"so {tmp_path / data} cannot be read" in err)
+        assert "does not exist" not in err and not (tmp_path / "o").exists()
+
+
 def test_fit_never_replaces_a_file_named_by_out(tmp_path, capsys):
     # --out naming the input .h5ad with --overwrite replaced the data file by the output folder.
     data = _write_counts(tmp_path / "d.h5ad")

@@ -454,6 +454,7 @@ def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(da
     import anndata as ad
 
     from countvae.cli import diagnose as diagnose_command
+    from countvae.data.backed import read_into_memory
     from countvae.data.file_cells import FileCells
     from countvae.diagnostics import plan_diagnose
 
@@ -464,7 +465,8 @@ def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(da
     train = {"max_epochs": 3, "batch_size": 128}
     settings = cv.diagnostics.DiagnoseSettings(seeds=2, n_jobs=2, model_kwargs=model, train_kwargs=train)
     plan = plan_diagnose(adata, settings=settings).split()
-    in_memory = parallelism.counts_nbytes(plan.adata_fit)  # what each in-memory worker's copy would weigh
+    # what each in-memory worker's copy would weigh (the plan's fit cells stay in the file)
+    in_memory = parallelism.counts_nbytes(read_into_memory(plan.adata_fit))
     room = (2 * parallelism.WORKER_BASE_BYTES + in_memory) / parallelism.MEMORY_SHARE  # two backed workers fit
     monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
     monkeypatch.setattr(diagnose_command, "estimate", lambda *args: None)

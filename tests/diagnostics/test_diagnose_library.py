@@ -290,6 +290,27 @@ def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_f
     assert warmed == [] and not (tmp_path / "x").exists()
 
 
+def test_a_backed_file_has_only_the_warm_up_cells_read_before_fitting(data_file, monkeypatch):
+    """On a backed file, split() read every fit cell into memory in the process whose workers read the file
+    themselves; now only the warm-up reads cells, its own, and times them as the in-memory warm-up does."""
+    from countvae.data import backed
+    from countvae.model import estimate_training_time
+
+    read, read_into_memory = [], backed.read_into_memory
+    monkeypatch.setattr(backed, "read_into_memory", lambda cells: read.append(cells.n_obs) or read_into_memory(cells))
+    adata = ad.read_h5ad(data_file, backed="r")
+    cv.data.setup_anndata(adata)
+    train = {**TRAIN, "batch_size": 16}  # a warm-up of fewer cells than the fits train on
+    plan = plan_diagnose(adata, seeds=2, model_kwargs=MODEL, train_kwargs=train).split()
+    assert read == []
+    timing = estimate_training_time(plan.adata_fit, plan.settings.model_kwargs, plan.settings.train_kwargs)
+    assert read == [timing.warmup_cells] and timing.warmup_cells < plan.adata_fit.n_obs
+    in_memory = estimate_training_time(read_into_memory(plan.adata_fit), MODEL, plan.settings.train_kwargs)
+    fields = ("epochs", "expected_epochs", "warmup_steps", "warmup_cells")
+    assert [getattr(timing, f) for f in fields] == [getattr(in_memory, f) for f in fields]
+    adata.file.close()
+
+
 def test_a_batch_only_held_out_cells_have_is_refused_before_fitting(data_file, tmp_path, capsys):
     # setup_anndata on the whole file registers every batch, so a batch whose cells were all held out was fitted
     # without them and its held-out cells scored with an effect no fit cell trained (diagnose, fit_seeds, fit).
