@@ -62,7 +62,14 @@ from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
+from countvae.diagnostics.fitting.fit_seeds import (
+    FitSeedsSettings,
+    check_fit_batches,
+    check_fit_genes,
+    check_seeds,
+    check_stored_fits,
+    fit_models,
+)
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import (
     FITS_FOLDER,
@@ -245,25 +252,38 @@ class DiagnosePlan:
         fields = {f.name for f in dataclasses.fields(ReportSettings)}
         return ReportSettings().replace(**{k: v for k, v in self.settings.report_kwargs.items() if k in fields})
 
-    def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
-        """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""
+    def fit_settings(
+        self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None
+    ) -> FitSeedsSettings:
+        """The settings :meth:`fit` gives :func:`fit_seeds` (stored in and resumed from ``out_dir``)."""
         s = self.settings
+        return FitSeedsSettings(
+            seeds=s.seeds,
+            model_kwargs=s.model_kwargs,
+            train_kwargs=s.train_kwargs,
+            heldout_fraction=s.heldout_fraction,
+            split_seed=s.split_seed,
+            n_jobs=s.n_jobs,
+            out_dir=out_dir,
+            overwrite=s.overwrite,
+            progress_bar=s.progress_bar,
+            refit_broken=s.refit_broken,
+            progress=progress,
+        )
+
+    def fit(
+        self,
+        out_dir: str | os.PathLike | None,
+        progress: Callable[[dict], None] | None = None,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> SeedFits:
+        """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``).
+
+        ``fingerprint``: the checksum of the data that ``check_stored_fits`` returned, not computed again.
+        """
         # gene selection needs the counts in memory, so the memory warning cannot advise a backed file
         with backed_remedy_off() if self.genes.selected else contextlib.nullcontext():
-            return fit_seeds(
-                self.adata,
-                seeds=s.seeds,
-                model_kwargs=s.model_kwargs,
-                train_kwargs=s.train_kwargs,
-                heldout_fraction=s.heldout_fraction,
-                split_seed=s.split_seed,
-                n_jobs=s.n_jobs,
-                out_dir=out_dir,
-                overwrite=s.overwrite,
-                progress_bar=s.progress_bar,
-                refit_broken=s.refit_broken,
-                progress=progress,
-            )
+            return fit_models(self.adata, [self.fit_settings(out_dir, progress)], fingerprint)[0]
 
 
 @takes_settings(DiagnoseSettings)
@@ -352,7 +372,8 @@ def diagnose(
     progress
         A callable given every progress event (of the seeds and of the report files).
     before_fitting
-        Called with the :class:`DiagnosePlan` once the settings are checked (the command prints its block then).
+        Called with the :class:`DiagnosePlan` once the settings and any fits stored in ``out_dir`` are checked (the
+        command prints its block then).
     after_fitting
         Called with the :class:`SeedFits` once the seeds are fitted.
     {settings}
@@ -385,11 +406,14 @@ def _diagnose_planned(
         check_writable(plan.h5ad_path, reused=True)
         refuse_without_room(plan.h5ad_path, plan.adata)
         _warn_interrupted_h5ad(plan.h5ad_path)
+    fits_dir = None if plan.report_dir is None else plan.report_dir.parent / "fits"
+    # stored fits of other settings or data are refused before the block and its warm-up, not once the fits start
+    fingerprint = check_stored_fits(plan.adata, [plan.fit_settings(fits_dir)])
     if before_fitting is not None:
         before_fitting(plan)
     if plan.report_dir is not None and s.overwrite:
         discard_replaced_report(plan.report_dir)
-    fits = plan.fit(None if plan.report_dir is None else plan.report_dir.parent / "fits", progress)
+    fits = plan.fit(fits_dir, progress, fingerprint)
     if after_fitting is not None:
         after_fitting(fits)
     rep = report(

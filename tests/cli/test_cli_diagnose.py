@@ -158,11 +158,11 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
 
     seen = {}
 
-    def record(adata, **kwargs):
-        seen.update(kwargs["train_kwargs"])
+    def record(adata, settings, fingerprint=None):
+        seen.update(settings[0].train_kwargs)
         raise _Stop
 
-    monkeypatch.setattr(diagnosis, "fit_seeds", record)
+    monkeypatch.setattr(diagnosis, "fit_models", record)
     argv = ["diagnose", str(data_file), *FAST, "--out", str(tmp_path / "d"), *([flag] if flag else [])]
     with pytest.raises(_Stop):
         main(argv)
@@ -205,3 +205,43 @@ def test_damaged_seed_is_named_with_its_remedy_then_refit_broken_refits_it(data_
     assert [p.name.split(".")[0] for p in (out / "fits" / "broken").iterdir()] == ["seed_1"]
     assert (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").read_bytes() == kept
     assert params.stat().st_size > 200
+
+
+def test_stored_fits_of_other_settings_or_data_are_refused_before_the_block_and_the_warm_up(
+    data_file, tmp_path, monkeypatch, capsys
+):
+    """A resumed run with another --max-epochs printed its block and timed its warm-up, then refused the stored fits."""
+    import anndata as ad
+
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+    from countvae.diagnostics.fitting import fit_seeds
+
+    def stop_after_fitting(fits, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop_after_fitting)
+    out = tmp_path / "d"
+    argv = [*FAST, "--out", str(out)]
+    with pytest.raises(_Stop):  # an interrupted run: both seeds stored, no report
+        run([str(data_file), *argv], capsys)
+    other = ad.read_h5ad(data_file)
+    other.X[0, 0] += 1
+    other.write_h5ad(tmp_path / "other.h5ad")
+    warm_ups = []
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: warm_ups.append(args))
+    changes = {
+        "train_kwargs": [str(data_file), *argv, "--max-epochs", "4"],
+        "model_kwargs": [str(data_file), *argv, "--n-latent", "3"],
+        "data: the fits were made on other data": [str(tmp_path / "other.h5ad"), *argv],
+    }
+    for difference, changed in changes.items():
+        code, _, err = run(changed, capsys)
+        assert code == 1 and "holds fits made with other settings or data" in err and f"- {difference}" in err
+        assert "before fitting" not in err and warm_ups == []
+    # the same command resumes, the data's checksum computed once: before the block, and given to the fits
+    hashed, fingerprint = [], fit_seeds.data_fingerprint
+    monkeypatch.setattr(fit_seeds, "data_fingerprint", lambda *args: hashed.append(args) or fingerprint(*args))
+    with pytest.raises(_Stop):
+        run([str(data_file), *argv], capsys)
+    assert len(hashed) == 1 and len(warm_ups) == 1

@@ -393,7 +393,7 @@ def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, t
     messages.set_level(logging.INFO, logger="countvae")  # and the fits' messages
     fit = DiagnosePlan.fit
 
-    def first_two_then_stop(plan, out_dir, progress=None):  # an interrupted run: seeds 0 and 1 stored
+    def first_two_then_stop(plan, out_dir, progress=None, fingerprint=None):  # an interrupted run: 0 and 1 stored
         fit(dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, seeds=[0, 1])), out_dir, progress)
         raise KeyboardInterrupt
 

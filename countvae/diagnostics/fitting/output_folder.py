@@ -91,21 +91,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
         logger.warning("Discarding the fits in %s (overwrite=True).", root)
         discard_folder(fits_dir)
     elif manifest_path.is_file():
-        try:
-            recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
-        except ModelFileError as exc:
-            raise ModelFileError(
-                f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
-                f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
-            ) from None
-        differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
-        if differences:
-            raise OutputExistsError(
-                f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
-                + "\n  - ".join(differences)
-                + "\nRerun with the recorded settings to resume, choose another out_dir (--out), or pass "
-                "overwrite=True (--overwrite on the command line) to discard the earlier fits."
-            )
+        check_manifest(root, manifest["settings"])
     else:
         unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
         if unexpected and not overwrite:
@@ -121,6 +107,35 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
+
+
+def check_manifest(root: Path, settings: dict[str, Any]) -> None:
+    """Refuse the fits stored in ``root`` unless its manifest records ``settings`` (a run's, as it would write them).
+
+    Raises
+    ------
+    ModelFileError
+        If ``root/manifest.json`` cannot be read.
+    OutputExistsError
+        If it records other settings or data (each difference named).
+
+    """
+    manifest_path = root / MANIFEST_FILE
+    try:
+        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
+    except ModelFileError as exc:
+        raise ModelFileError(
+            f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
+            f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
+        ) from None
+    differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(settings))
+    if differences:
+        raise OutputExistsError(
+            f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
+            + "\n  - ".join(differences)
+            + "\nRerun with the recorded settings to resume, choose another out_dir (--out), or pass "
+            "overwrite=True (--overwrite on the command line) to discard the earlier fits."
+        )
 
 
 def discard_folder(folder: Path) -> None:
