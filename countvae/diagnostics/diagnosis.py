@@ -74,6 +74,7 @@ from countvae.diagnostics.fitting.heldout import cells_at, heldout_split, resolv
 from countvae.diagnostics.fitting.output_folder import (
     FITS_FOLDER,
     MANIFEST_FILE,
+    check_stored_files,
     discard_folder,
     refuse_obstacles,
     stored_seeds,
@@ -87,7 +88,13 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import CountVAEWarning, InvalidArgumentError, OutputExistsError, OutputWriteError
+from countvae.errors import (
+    BrokenFitError,
+    CountVAEWarning,
+    InvalidArgumentError,
+    OutputExistsError,
+    OutputWriteError,
+)
 from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
@@ -226,15 +233,18 @@ class DiagnosePlan:
     def seeds_to_fit(self) -> list[int]:
         """The seeds :meth:`fit` fits: those an earlier run did not store in ``out_dir/fits`` (all with overwrite).
 
-        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and a stored seed found damaged is
-        refused (or refitted with ``refit_broken``, which this count does not foresee).
+        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and with ``refit_broken`` a stored
+        seed whose files are damaged (``fit.json`` unreadable or of another seed, a model file missing, empty or not
+        matching its checksum there) is counted too, as the fits move it aside and refit it; without it the fits
+        refuse such a seed. Damage found only by loading the model (in a folder stored without checksums, by older
+        versions) is not foreseen.
         """
         s = self.settings
         root = None if self.report_dir is None else self.report_dir.parent / "fits"
         if root is None or s.overwrite or not (root / MANIFEST_FILE).is_file():
             return list(s.seeds)
         stored = set(stored_seeds(root / FITS_FOLDER))
-        return [seed for seed in s.seeds if seed not in stored]
+        return [seed for seed in s.seeds if seed not in stored or (s.refit_broken and _damaged(root, seed))]
 
     def parallelism(self) -> Parallelism:
         """How many of :meth:`seeds_to_fit` the fits run at once, as :func:`fit_seeds` plans them, after ``split()``.
@@ -284,6 +294,15 @@ class DiagnosePlan:
         # gene selection needs the counts in memory, so the memory warning cannot advise a backed file
         with backed_remedy_off() if self.genes.selected else contextlib.nullcontext():
             return fit_models(self.adata, [self.fit_settings(out_dir, progress)], fingerprint)[0]
+
+
+def _damaged(root: Path, seed: int) -> bool:
+    """Whether seed ``seed``'s fit stored in ``root`` is damaged, as the fits find before loading it."""
+    try:
+        check_stored_files(root / FITS_FOLDER, seed, "countvae")  # diagnose fits countvae models only
+    except BrokenFitError:
+        return True
+    return False
 
 
 @takes_settings(DiagnoseSettings)

@@ -202,6 +202,29 @@ def read_fit_record(folder: Path, seed: int) -> dict[str, Any]:
     return record
 
 
+def check_stored_files(fits_dir: Path, seed: int, family: str) -> None:
+    """Check seed ``seed``'s stored fit of a ``family`` model as :class:`FitLoader` does before loading the model.
+
+    Its ``fit.json`` must describe it, and each file of its model folder match the checksum recorded there.
+
+    Raises
+    ------
+    BrokenFitError
+        Naming the folder, what is wrong and the remedy.
+
+    """
+    folder = seed_folder(fits_dir, seed)
+    record = read_fit_record(folder, seed)
+    if record.get("seed") != seed or record.get("family") != family:
+        raise broken(
+            folder,
+            seed,
+            f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
+            f"not seed {seed} of a {family} model (swapped or copied from elsewhere).",
+        )
+    check_model_files(folder / MODEL_FOLDER, record, seed, folder)
+
+
 class FitLoader:
     """Reads stored fits back as :class:`FittedModel` adapters, on the fit cells.
 
@@ -232,15 +255,7 @@ class FitLoader:
     def load(self, fits_dir: Path, seed: int) -> FittedModel:
         """The stored fit of ``seed``."""
         folder = seed_folder(fits_dir, seed)
-        record = read_fit_record(folder, seed)
-        if record.get("seed") != seed or record.get("family") != self.family:
-            raise broken(
-                folder,
-                seed,
-                f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
-                f"not seed {seed} of a {self.family} model (swapped or copied from elsewhere).",
-            )
-        check_model_files(folder / MODEL_FOLDER, record, seed, folder)
+        check_stored_files(fits_dir, seed, self.family)
         try:
             if self.family == "countvae":
                 model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)
