@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -245,3 +246,30 @@ def test_stored_fits_of_other_settings_or_data_are_refused_before_the_block_and_
     with pytest.raises(_Stop):
         run([str(data_file), *argv], capsys)
     assert len(hashed) == 1 and len(warm_ups) == 1
+
+
+def test_a_file_where_a_resumed_seed_is_stored_is_refused_before_any_work(data_file, tmp_path, monkeypatch, capsys):
+    """A file at OUT/fits/fits/seed_1 was refused only once seed 1 was fitted, as its folder was moved into place."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+
+    def stop_after_fitting(fits, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop_after_fitting)
+    out = tmp_path / "d"
+    argv = [str(data_file), *FAST, "--out", str(out)]
+    with pytest.raises(_Stop):
+        run(argv, capsys)
+    seed_1 = out / "fits" / "fits" / "seed_1"
+    shutil.rmtree(seed_1)
+    seed_1.write_text("not a fit")
+    warm_ups = []
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: warm_ups.append(args))
+    code, _, err = run(argv, capsys)
+    assert code == 1 and "before fitting" not in err and warm_ups == [] and "fitted in" not in err
+    assert err.strip().endswith(
+        f"{seed_1} exists and is not a folder; the fit of seed 1 is stored there: move or rename it, or choose "
+        "another out_dir (--out)."
+    )
+    assert seed_1.read_text() == "not a fit"

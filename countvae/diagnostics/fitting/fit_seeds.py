@@ -345,7 +345,7 @@ def fit_models(
     checked = [_checked_settings(adata, s) for s in settings]
     for s, _, _ in checked:
         if s.out_dir is not None:  # before anything is discarded, and before _check_shared resolves the folders
-            refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)")
+            refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)", () if s.overwrite else s.seeds)
     _check_shared([s for s, _, _ in checked])  # before any model's cells are copied and hashed
     fingerprint = data_fingerprint(adata, checked[0][1]) if fingerprint is None else fingerprint
     runs = [_prepared_run(adata, *c, group, fingerprint) for group, c in enumerate(checked)]
@@ -354,16 +354,21 @@ def fit_models(
 
 
 def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> dict[str, Any] | None:
-    """Refuse now the fits stored in an ``out_dir`` of ``settings`` that :func:`fit_models` would refuse as it starts.
+    """Refuse now the fits stored in an ``out_dir`` of ``settings`` that :func:`fit_models` would refuse later.
 
     For callers that do work before fitting (``diagnose`` and ``select`` time a warm-up and print their block): a
     folder whose manifest records other settings or data, or cannot be read, is refused before that work, with the
-    message :func:`fit_models` gives. The checksum of ``adata`` is computed only when a folder holds a manifest to
-    compare with (and ``overwrite`` is off), and returned for :func:`fit_models`'s ``fingerprint``; ``None`` otherwise.
+    message :func:`fit_models` gives as it starts; so is an entry other than a folder where a resumed seed's fit is
+    stored (:func:`refuse_obstacles`), which it met only once that seed was fitted. The checksum of ``adata`` is
+    computed only when a folder holds a manifest to compare with (and ``overwrite`` is off), and returned for
+    :func:`fit_models`'s ``fingerprint``; ``None`` otherwise.
     """
     fingerprint = None
     for s, registry, family in (_checked_settings(adata, s) for s in settings):
-        if s.out_dir is None or s.overwrite or not (Path(s.out_dir) / MANIFEST_FILE).is_file():
+        if s.out_dir is None:
+            continue
+        refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)", () if s.overwrite else s.seeds)
+        if s.overwrite or not (Path(s.out_dir) / MANIFEST_FILE).is_file():
             continue
         fingerprint = data_fingerprint(adata, registry) if fingerprint is None else fingerprint
         fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)

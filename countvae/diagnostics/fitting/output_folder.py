@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,25 @@ def stored_seeds(fits_dir: Path) -> list[int]:
     return sorted(int(name) for name in names if name.isdigit())
 
 
-def refuse_obstacles(root: Path, remedy: str) -> None:
+def refuse_obstacles(root: Path, remedy: str, seeds: Iterable[int] = ()) -> None:
     """Refuse, before any work or removal, an entry that a run writing ``root`` would otherwise meet only later.
 
     A file or a symbolic link to a missing path at ``root``, at a folder above it or at its fits folder
     (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``), and a folder at a file the
     run writes there (its manifest, lock and lock owner): :func:`prepare` and the lock met them only after
-    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report.
+    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report. ``seeds``: those of a run
+    that resumes (without ``overwrite``, which discards the fits folder whole); when ``root`` holds a manifest (fits
+    without one are discarded too), such an entry where one of them is stored (``fits/seed_<s>``) is refused as well,
+    which :func:`store` met only once that seed was fitted.
     """
     refuse_file_in_the_way(root, remedy)
     refuse_file_in_the_way(root / FITS_FOLDER, remedy)
     for name in (MANIFEST_FILE, LOCK_FILE, OWNER_FILE):
         refuse_folder_at_file(root / name)
+    if (root / MANIFEST_FILE).is_file():
+        for seed in seeds:
+            where = f"the fit of seed {seed} is stored there: move or rename it, or {remedy}"
+            refuse_file_in_the_way(seed_folder(root / FITS_FOLDER, seed), where)
 
 
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
