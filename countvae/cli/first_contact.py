@@ -225,7 +225,7 @@ def announce(
     hidden = f", {counted(model_kwargs['n_layers'], 'hidden layer')} of {model_kwargs['n_hidden']}"
     fits = f"{counted(seeds, 'seed') if n_jobs is not None else '1 fit'} x {counted(epochs, 'epoch')}"
     if reused:
-        # reused only if made with these settings and data, which the fits check after this block
+        # stored seeds of other settings or data were refused before this block (check_stored_fits)
         fits += f" ({counted(reused, 'seed')} stored by an earlier run, reused if made with these settings and data)"
     stopping = "on (at most that many epochs)" if train_kwargs.get("early_stopping") else "off"
     parallel = ""

@@ -62,11 +62,19 @@ from countvae.diagnostics.analyses.alignment import split_halves
 from countvae.diagnostics.analyses.markers import marker_matrix
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import check_fit_batches, check_fit_genes, check_seeds, fit_seeds
+from countvae.diagnostics.fitting.fit_seeds import (
+    FitSeedsSettings,
+    check_fit_batches,
+    check_fit_genes,
+    check_seeds,
+    check_stored_fits,
+    fit_models,
+)
 from countvae.diagnostics.fitting.heldout import fit_cells, heldout_split, resolve_heldout_fraction
 from countvae.diagnostics.fitting.output_folder import (
     FITS_FOLDER,
     MANIFEST_FILE,
+    check_stored_files,
     discard_folder,
     refuse_obstacles,
     stored_seeds,
@@ -80,7 +88,13 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
-from countvae.errors import CountVAEWarning, InvalidArgumentError, OutputExistsError, OutputWriteError
+from countvae.errors import (
+    BrokenFitError,
+    CountVAEWarning,
+    InvalidArgumentError,
+    OutputExistsError,
+    OutputWriteError,
+)
 from countvae.model import anndata_results
 
 logger = logging.getLogger(__name__)
@@ -219,15 +233,18 @@ class DiagnosePlan:
     def seeds_to_fit(self) -> list[int]:
         """The seeds :meth:`fit` fits: those an earlier run did not store in ``out_dir/fits`` (all with overwrite).
 
-        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and a stored seed found damaged is
-        refused (or refitted with ``refit_broken``, which this count does not foresee).
+        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and with ``refit_broken`` a stored
+        seed whose files are damaged (``fit.json`` unreadable or of another seed, a model file missing, empty or not
+        matching its checksum there) is counted too, as the fits move it aside and refit it; without it the fits
+        refuse such a seed. Damage found only by loading the model (in a folder stored without checksums, by older
+        versions) is not foreseen.
         """
         s = self.settings
         root = None if self.report_dir is None else self.report_dir.parent / "fits"
         if root is None or s.overwrite or not (root / MANIFEST_FILE).is_file():
             return list(s.seeds)
         stored = set(stored_seeds(root / FITS_FOLDER))
-        return [seed for seed in s.seeds if seed not in stored]
+        return [seed for seed in s.seeds if seed not in stored or (s.refit_broken and _damaged(root, seed))]
 
     def parallelism(self) -> Parallelism:
         """How many of :meth:`seeds_to_fit` the fits run at once, as :func:`fit_seeds` plans them, after ``split()``.
@@ -245,25 +262,47 @@ class DiagnosePlan:
         fields = {f.name for f in dataclasses.fields(ReportSettings)}
         return ReportSettings().replace(**{k: v for k, v in self.settings.report_kwargs.items() if k in fields})
 
-    def fit(self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None) -> SeedFits:
-        """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``)."""
+    def fit_settings(
+        self, out_dir: str | os.PathLike | None, progress: Callable[[dict], None] | None = None
+    ) -> FitSeedsSettings:
+        """The settings :meth:`fit` gives :func:`fit_seeds` (stored in and resumed from ``out_dir``)."""
         s = self.settings
+        return FitSeedsSettings(
+            seeds=s.seeds,
+            model_kwargs=s.model_kwargs,
+            train_kwargs=s.train_kwargs,
+            heldout_fraction=s.heldout_fraction,
+            split_seed=s.split_seed,
+            n_jobs=s.n_jobs,
+            out_dir=out_dir,
+            overwrite=s.overwrite,
+            progress_bar=s.progress_bar,
+            refit_broken=s.refit_broken,
+            progress=progress,
+        )
+
+    def fit(
+        self,
+        out_dir: str | os.PathLike | None,
+        progress: Callable[[dict], None] | None = None,
+        fingerprint: dict[str, Any] | None = None,
+    ) -> SeedFits:
+        """The planned seeds, fitted as :func:`diagnose` fits them (stored in and resumed from ``out_dir``).
+
+        ``fingerprint``: the checksum of the data that ``check_stored_fits`` returned, not computed again.
+        """
         # gene selection needs the counts in memory, so the memory warning cannot advise a backed file
         with backed_remedy_off() if self.genes.selected else contextlib.nullcontext():
-            return fit_seeds(
-                self.adata,
-                seeds=s.seeds,
-                model_kwargs=s.model_kwargs,
-                train_kwargs=s.train_kwargs,
-                heldout_fraction=s.heldout_fraction,
-                split_seed=s.split_seed,
-                n_jobs=s.n_jobs,
-                out_dir=out_dir,
-                overwrite=s.overwrite,
-                progress_bar=s.progress_bar,
-                refit_broken=s.refit_broken,
-                progress=progress,
-            )
+            return fit_models(self.adata, [self.fit_settings(out_dir, progress)], fingerprint)[0]
+
+
+def _damaged(root: Path, seed: int) -> bool:
+    """Whether seed ``seed``'s fit stored in ``root`` is damaged, as the fits find before loading it."""
+    try:
+        check_stored_files(root / FITS_FOLDER, seed, "countvae")  # diagnose fits countvae models only
+    except BrokenFitError:
+        return True
+    return False
 
 
 @takes_settings(DiagnoseSettings)
@@ -352,7 +391,8 @@ def diagnose(
     progress
         A callable given every progress event (of the seeds and of the report files).
     before_fitting
-        Called with the :class:`DiagnosePlan` once the settings are checked (the command prints its block then).
+        Called with the :class:`DiagnosePlan` once the settings and any fits stored in ``out_dir`` are checked (the
+        command prints its block then).
     after_fitting
         Called with the :class:`SeedFits` once the seeds are fitted.
     {settings}
@@ -385,11 +425,14 @@ def _diagnose_planned(
         check_writable(plan.h5ad_path, reused=True)
         refuse_without_room(plan.h5ad_path, plan.adata)
         _warn_interrupted_h5ad(plan.h5ad_path)
+    fits_dir = None if plan.report_dir is None else plan.report_dir.parent / "fits"
+    # stored fits of other settings or data are refused before the block and its warm-up, not once the fits start
+    fingerprint = check_stored_fits(plan.adata, [plan.fit_settings(fits_dir)])
     if before_fitting is not None:
         before_fitting(plan)
     if plan.report_dir is not None and s.overwrite:
         discard_replaced_report(plan.report_dir)
-    fits = plan.fit(None if plan.report_dir is None else plan.report_dir.parent / "fits", progress)
+    fits = plan.fit(fits_dir, progress, fingerprint)
     if after_fitting is not None:
         after_fitting(fits)
     rep = report(

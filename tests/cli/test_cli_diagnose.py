@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -158,11 +159,11 @@ def test_early_stopping_default_reaches_the_fits(data_file, tmp_path, monkeypatc
 
     seen = {}
 
-    def record(adata, **kwargs):
-        seen.update(kwargs["train_kwargs"])
+    def record(adata, settings, fingerprint=None):
+        seen.update(settings[0].train_kwargs)
         raise _Stop
 
-    monkeypatch.setattr(diagnosis, "fit_seeds", record)
+    monkeypatch.setattr(diagnosis, "fit_models", record)
     argv = ["diagnose", str(data_file), *FAST, "--out", str(tmp_path / "d"), *([flag] if flag else [])]
     with pytest.raises(_Stop):
         main(argv)
@@ -205,3 +206,70 @@ def test_damaged_seed_is_named_with_its_remedy_then_refit_broken_refits_it(data_
     assert [p.name.split(".")[0] for p in (out / "fits" / "broken").iterdir()] == ["seed_1"]
     assert (out / "fits" / "fits" / "seed_0" / "model" / "params.pt").read_bytes() == kept
     assert params.stat().st_size > 200
+
+
+def test_stored_fits_of_other_settings_or_data_are_refused_before_the_block_and_the_warm_up(
+    data_file, tmp_path, monkeypatch, capsys
+):
+    """A resumed run with another --max-epochs printed its block and timed its warm-up, then refused the stored fits."""
+    import anndata as ad
+
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+    from countvae.diagnostics.fitting import fit_seeds
+
+    def stop_after_fitting(fits, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop_after_fitting)
+    out = tmp_path / "d"
+    argv = [*FAST, "--out", str(out)]
+    with pytest.raises(_Stop):  # an interrupted run: both seeds stored, no report
+        run([str(data_file), *argv], capsys)
+    other = ad.read_h5ad(data_file)
+    other.X[0, 0] += 1
+    other.write_h5ad(tmp_path / "other.h5ad")
+    warm_ups = []
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: warm_ups.append(args))
+    changes = {
+        "train_kwargs": [str(data_file), *argv, "--max-epochs", "4"],
+        "model_kwargs": [str(data_file), *argv, "--n-latent", "3"],
+        "data: the fits were made on other data": [str(tmp_path / "other.h5ad"), *argv],
+    }
+    for difference, changed in changes.items():
+        code, _, err = run(changed, capsys)
+        assert code == 1 and "holds fits made with other settings or data" in err and f"- {difference}" in err
+        assert "before fitting" not in err and warm_ups == []
+    # the same command resumes, the data's checksum computed once: before the block, and given to the fits
+    hashed, fingerprint = [], fit_seeds.data_fingerprint
+    monkeypatch.setattr(fit_seeds, "data_fingerprint", lambda *args: hashed.append(args) or fingerprint(*args))
+    with pytest.raises(_Stop):
+        run([str(data_file), *argv], capsys)
+    assert len(hashed) == 1 and len(warm_ups) == 1
+
+
+def test_a_file_where_a_resumed_seed_is_stored_is_refused_before_any_work(data_file, tmp_path, monkeypatch, capsys):
+    """A file at OUT/fits/fits/seed_1 was refused only once seed 1 was fitted, as its folder was moved into place."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+
+    def stop_after_fitting(fits, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop_after_fitting)
+    out = tmp_path / "d"
+    argv = [str(data_file), *FAST, "--out", str(out)]
+    with pytest.raises(_Stop):
+        run(argv, capsys)
+    seed_1 = out / "fits" / "fits" / "seed_1"
+    shutil.rmtree(seed_1)
+    seed_1.write_text("not a fit")
+    warm_ups = []
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: warm_ups.append(args))
+    code, _, err = run(argv, capsys)
+    assert code == 1 and "before fitting" not in err and warm_ups == [] and "fitted in" not in err
+    assert err.strip().endswith(
+        f"{seed_1} exists and is not a folder; the fit of seed 1 is stored there: move or rename it, or choose "
+        "another out_dir (--out)."
+    )
+    assert seed_1.read_text() == "not a fit"

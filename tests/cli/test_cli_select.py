@@ -104,7 +104,7 @@ def test_select_trains_each_candidate_for_the_diagnose_budget(data, tmp_path, mo
 
     seen = {}
 
-    def record(adata, runs):
+    def record(adata, runs, fingerprint=None):
         seen.update(runs[0].train_kwargs)
         raise _Stop
 
@@ -127,7 +127,7 @@ def test_select_grids_over_likelihood_and_prior_on_the_chosen_backend(data, tmp_
 
     seen = {}
 
-    def record(adata, runs):
+    def record(adata, runs, fingerprint=None):
         seen["candidates"] = [run.model_kwargs for run in runs]
         seen["backend"] = {run.backend for run in runs}
         raise _Stop
@@ -279,14 +279,22 @@ def test_the_fitting_estimate_counts_no_more_fits_at_once_than_the_cores_run(raw
     assert "not counted: reading the data, the stability measures" in block
 
 
-def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys):
+def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys, messages, monkeypatch):
     """The fits in OUT/fits are resumed only on the genes they were made on: another --n-top-genes is refused, before
-    any fit, naming the genes, and leaves the stored fits alone."""
+    the block, its warm-ups and any fit, naming the genes, and leaves the stored fits alone."""
+    from countvae.cli import select as select_command
+    from countvae.model.warmup import TrainingTimeEstimate
+
     out = tmp_path / "sel"
     assert main(["select", str(raw), *FAST, "--n-top-genes", "20", "--out", str(out), "--quiet"]) == 0
     shutil.rmtree(out / "comparison")  # as a run interrupted before its comparison
     before = _stored_genes(out)
-    assert main(["select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out), "--quiet"]) == 1
+    warm_ups = []
+    timing = TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)
+    monkeypatch.setattr(select_command, "estimate", lambda *args: warm_ups.append(args) or timing)
+    messages.clear()
+    assert main(["select", str(raw), *FAST, "--n-top-genes", "25", "--out", str(out)]) == 1
+    assert warm_ups == [] and "before fitting" not in messages.text
     err = capsys.readouterr().err
     assert "holds fits made with other settings or data" in err and "differing: genes" in err
     assert "240 cells x 20 genes; this AnnData has 240 x 25" in err
@@ -305,7 +313,7 @@ def test_select_keeps_every_gene_with_all_and_diagnoses_default_otherwise(raw, t
 
     seen = []
 
-    def record(adata, runs):
+    def record(adata, runs, fingerprint=None):
         seen.append(list(adata.var_names))
         raise _Stop
 

@@ -393,7 +393,7 @@ def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, t
     messages.set_level(logging.INFO, logger="countvae")  # and the fits' messages
     fit = DiagnosePlan.fit
 
-    def first_two_then_stop(plan, out_dir, progress=None):  # an interrupted run: seeds 0 and 1 stored
+    def first_two_then_stop(plan, out_dir, progress=None, fingerprint=None):  # an interrupted run: 0 and 1 stored
         fit(dataclasses.replace(plan, settings=dataclasses.replace(plan.settings, seeds=[0, 1])), out_dir, progress)
         raise KeyboardInterrupt
 
@@ -413,6 +413,36 @@ def test_a_resumed_diagnose_plans_and_estimates_only_the_seeds_left(data_file, t
     fitting = [r.getMessage() for r in messages.records if r.getMessage().startswith("Fitting ")]
     assert len(fitting) == 1 and fitting[0].startswith("Fitting 1 seed")  # as the fits planned it
     assert fitting[0].endswith(": 1 seed at a time, 1 torch thread each (n_jobs as given).")
+
+
+def test_with_refit_broken_the_diagnose_block_counts_a_damaged_stored_seed(data_file, tmp_path, messages, monkeypatch):
+    """With --refit-broken and seed 1's params.pt emptied, the block said "0 seeds x 3 epochs" and "about 0 s for 0
+    seeds" (so did --json's seconds_seed_fits_estimated), then the fits refitted seed 1."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop)  # the seeds are stored, the report not made
+    out = tmp_path / "d"
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "1", "--no-ica", "--out", str(out)]
+    with pytest.raises(Stop):
+        main(argv)
+    (out / "fits" / "fits" / "seed_1" / "model" / "params.pt").write_bytes(b"")
+    timing = warmup.TrainingTimeEstimate(10.0, 1, 1.0, 10, 100, expected_epochs=1)  # 10 s per seed
+    monkeypatch.setattr(diagnose_command, "estimate", lambda *args: timing)
+    messages.set_level(logging.INFO, logger="countvae")  # and the fits' messages
+    messages.clear()
+    with pytest.raises(Stop):
+        main([*argv, "--refit-broken"])
+    block = "\n".join(_block(messages))
+    assert "1 seed x 3 epochs (1 seed stored by an earlier run, reused if made with these settings and data)" in block
+    assert "about 10 s for 1 seed" in block
+    assert "refitting that seed" in messages.text and "Fitting 1 seed" in messages.text  # as the block said
 
 
 def test_the_diagnose_block_estimates_the_report_s_held_out_log_p_x(data_file, tmp_path, messages, monkeypatch):

@@ -70,6 +70,7 @@ from countvae.diagnostics.fitting.output_folder import (
     MANIFEST_FILE,
     WHAT,
     FitLoader,
+    check_manifest,
     prepare,
     read_fit_record,
     refuse_obstacles,
@@ -323,13 +324,16 @@ class _Run:
     reused: list[int] = dataclasses.field(default_factory=list)
 
 
-def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[SeedFits]:
+def fit_models(
+    adata: ad.AnnData, settings: list[FitSeedsSettings], fingerprint: dict[str, Any] | None = None
+) -> list[SeedFits]:
     """:func:`fit_seeds` for several models on one split, their seeds fitted in one pool of workers.
 
     Each model is stored and resumed in its own ``out_dir`` as by :func:`fit_seeds`; all their seeds share the
     workers, so no core waits at the end of one model's seeds for the next model to start (3 seeds of each of 5 models
     on 8 cores: 2 rounds of fits instead of 5). The models must share the held-out split, model class, backend,
-    ``n_jobs`` and torch threads.
+    ``n_jobs`` and torch threads. ``fingerprint`` is the checksum of ``adata`` that :func:`check_stored_fits` returned,
+    not computed again (``None``: computed here, once for all the models).
 
     Raises
     ------
@@ -341,11 +345,37 @@ def fit_models(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> list[Seed
     checked = [_checked_settings(adata, s) for s in settings]
     for s, _, _ in checked:
         if s.out_dir is not None:  # before anything is discarded, and before _check_shared resolves the folders
-            refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)")
+            refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)", () if s.overwrite else s.seeds)
     _check_shared([s for s, _, _ in checked])  # before any model's cells are copied and hashed
-    runs = [_prepared_run(adata, *c, group) for group, c in enumerate(checked)]
+    fingerprint = data_fingerprint(adata, checked[0][1]) if fingerprint is None else fingerprint
+    runs = [_prepared_run(adata, *c, group, fingerprint) for group, c in enumerate(checked)]
     parallelism = _fit_or_reuse(runs)
     return [_seed_fits(run, parallelism) for run in runs]
+
+
+def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> dict[str, Any] | None:
+    """Refuse now the fits stored in an ``out_dir`` of ``settings`` that :func:`fit_models` would refuse later.
+
+    For callers that do work before fitting (``diagnose`` and ``select`` time a warm-up and print their block): a
+    folder whose manifest records other settings or data, or cannot be read, is refused before that work, with the
+    message :func:`fit_models` gives as it starts; so is an entry other than a folder where a resumed seed's fit is
+    stored (:func:`refuse_obstacles`), which it met only once that seed was fitted. The checksum of ``adata`` is
+    computed only when a folder holds a manifest to compare with (and ``overwrite`` is off), and returned for
+    :func:`fit_models`'s ``fingerprint``; ``None`` otherwise.
+    """
+    fingerprint = None
+    for s, registry, family in (_checked_settings(adata, s) for s in settings):
+        if s.out_dir is None:
+            continue
+        refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)", () if s.overwrite else s.seeds)
+        if s.overwrite or not (Path(s.out_dir) / MANIFEST_FILE).is_file():
+            continue
+        fingerprint = data_fingerprint(adata, registry) if fingerprint is None else fingerprint
+        fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)
+        model_record = to_json_value(s.model_kwargs, "model_kwargs")
+        recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, fingerprint)
+        check_manifest(Path(s.out_dir), recorded)
+    return fingerprint
 
 
 _SHARED = ("heldout_fraction", "split_seed", "model_cls", "backend", "n_jobs", "torch_threads", "progress_bar")
@@ -364,7 +394,9 @@ def _check_shared(settings: list[FitSeedsSettings]) -> None:
         raise InvalidArgumentError("Models fitted in one pool need an out_dir each; two of them share one.")
 
 
-def _prepared_run(adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, family: str, group: int) -> _Run:
+def _prepared_run(
+    adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, family: str, group: int, fingerprint: dict[str, Any]
+) -> _Run:
     fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)
     stream = adata.isbacked and family == "countvae"
     adata_fit, fit_data = fit_cells(adata, fit_idx, registry, stream)
@@ -373,7 +405,7 @@ def _prepared_run(adata: ad.AnnData, s: FitSeedsSettings, registry: Registry, fa
     model_record = to_json_value(s.model_kwargs, "model_kwargs")
     if family == "countvae":
         _check_countvae_settings(adata_fit, s.model_cls, s.model_kwargs, s.train_kwargs)
-    recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, stream)
+    recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, fingerprint)
     tasks = [
         FitTask(
             seed=seed,
@@ -462,9 +494,12 @@ def _recorded_settings(
     model_record: Any,
     fit_idx: np.ndarray,
     heldout_idx: np.ndarray,
-    stream: bool,
+    fingerprint: dict[str, Any],
 ) -> dict[str, Any]:
-    """What determines the fits, as written to the manifest (a rerun with other values is refused)."""
+    """What determines the fits, as written to the manifest (a rerun with other values is refused).
+
+    ``fingerprint`` is :func:`data_fingerprint` of ``adata``.
+    """
     recorded = {
         "model_class": scvi_storage.class_path(s.model_cls),
         "model_family": family,
@@ -473,7 +508,7 @@ def _recorded_settings(
         "heldout_fraction": s.heldout_fraction,
         "split_seed": s.split_seed,
         "registry": {key: getattr(registry, key) for key in ("layer", "use_raw", "batch_key", "labels_key")},
-        "data": data_fingerprint(adata, registry),
+        "data": fingerprint,
         "split": {
             "n_fit": int(len(fit_idx)),
             "n_heldout": int(len(heldout_idx)),
@@ -485,7 +520,8 @@ def _recorded_settings(
     gene_selection = get_gene_selection(adata)
     if gene_selection is not None:  # recorded only when genes were selected, so older folders still resume
         recorded["gene_selection"] = gene_selection
-    if stream:  # minibatches come from the file in blocks, not from memory cell by cell: other fits
+    # minibatches come from the file in blocks, not from memory cell by cell: other fits (fit_cells streams them)
+    if adata.isbacked and family == "countvae":
         recorded["fit_cells"] = "read from the backed file by each fit"
     return recorded
 

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,18 +70,25 @@ def stored_seeds(fits_dir: Path) -> list[int]:
     return sorted(int(name) for name in names if name.isdigit())
 
 
-def refuse_obstacles(root: Path, remedy: str) -> None:
+def refuse_obstacles(root: Path, remedy: str, seeds: Iterable[int] = ()) -> None:
     """Refuse, before any work or removal, an entry that a run writing ``root`` would otherwise meet only later.
 
     A file or a symbolic link to a missing path at ``root``, at a folder above it or at its fits folder
     (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``), and a folder at a file the
     run writes there (its manifest, lock and lock owner): :func:`prepare` and the lock met them only after
-    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report.
+    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report. ``seeds``: those of a run
+    that resumes (without ``overwrite``, which discards the fits folder whole); when ``root`` holds a manifest (fits
+    without one are discarded too), such an entry where one of them is stored (``fits/seed_<s>``) is refused as well,
+    which :func:`store` met only once that seed was fitted.
     """
     refuse_file_in_the_way(root, remedy)
     refuse_file_in_the_way(root / FITS_FOLDER, remedy)
     for name in (MANIFEST_FILE, LOCK_FILE, OWNER_FILE):
         refuse_folder_at_file(root / name)
+    if (root / MANIFEST_FILE).is_file():
+        for seed in seeds:
+            where = f"the fit of seed {seed} is stored there: move or rename it, or {remedy}"
+            refuse_file_in_the_way(seed_folder(root / FITS_FOLDER, seed), where)
 
 
 def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
@@ -91,21 +99,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
         logger.warning("Discarding the fits in %s (overwrite=True).", root)
         discard_folder(fits_dir)
     elif manifest_path.is_file():
-        try:
-            recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
-        except ModelFileError as exc:
-            raise ModelFileError(
-                f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
-                f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
-            ) from None
-        differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(manifest["settings"]))
-        if differences:
-            raise OutputExistsError(
-                f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
-                + "\n  - ".join(differences)
-                + "\nRerun with the recorded settings to resume, choose another out_dir (--out), or pass "
-                "overwrite=True (--overwrite on the command line) to discard the earlier fits."
-            )
+        check_manifest(root, manifest["settings"])
     else:
         unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
         if unexpected and not overwrite:
@@ -121,6 +115,35 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
+
+
+def check_manifest(root: Path, settings: dict[str, Any]) -> None:
+    """Refuse the fits stored in ``root`` unless its manifest records ``settings`` (a run's, as it would write them).
+
+    Raises
+    ------
+    ModelFileError
+        If ``root/manifest.json`` cannot be read.
+    OutputExistsError
+        If it records other settings or data (each difference named).
+
+    """
+    manifest_path = root / MANIFEST_FILE
+    try:
+        recorded = read_versioned_json(manifest_path, MANIFEST_FORMAT, MANIFEST_VERSION, WHAT)
+    except ModelFileError as exc:
+        raise ModelFileError(
+            f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
+            f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
+        ) from None
+    differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(settings))
+    if differences:
+        raise OutputExistsError(
+            f"{root} holds fits made with other settings or data, which this run cannot reuse:\n  - "
+            + "\n  - ".join(differences)
+            + "\nRerun with the recorded settings to resume, choose another out_dir (--out), or pass "
+            "overwrite=True (--overwrite on the command line) to discard the earlier fits."
+        )
 
 
 def discard_folder(folder: Path) -> None:
@@ -187,6 +210,29 @@ def read_fit_record(folder: Path, seed: int) -> dict[str, Any]:
     return record
 
 
+def check_stored_files(fits_dir: Path, seed: int, family: str) -> None:
+    """Check seed ``seed``'s stored fit of a ``family`` model as :class:`FitLoader` does before loading the model.
+
+    Its ``fit.json`` must describe it, and each file of its model folder match the checksum recorded there.
+
+    Raises
+    ------
+    BrokenFitError
+        Naming the folder, what is wrong and the remedy.
+
+    """
+    folder = seed_folder(fits_dir, seed)
+    record = read_fit_record(folder, seed)
+    if record.get("seed") != seed or record.get("family") != family:
+        raise broken(
+            folder,
+            seed,
+            f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
+            f"not seed {seed} of a {family} model (swapped or copied from elsewhere).",
+        )
+    check_model_files(folder / MODEL_FOLDER, record, seed, folder)
+
+
 class FitLoader:
     """Reads stored fits back as :class:`FittedModel` adapters, on the fit cells.
 
@@ -217,15 +263,7 @@ class FitLoader:
     def load(self, fits_dir: Path, seed: int) -> FittedModel:
         """The stored fit of ``seed``."""
         folder = seed_folder(fits_dir, seed)
-        record = read_fit_record(folder, seed)
-        if record.get("seed") != seed or record.get("family") != self.family:
-            raise broken(
-                folder,
-                seed,
-                f"{folder / FIT_RECORD} describes seed {record.get('seed')} of a {record.get('family')} model, "
-                f"not seed {seed} of a {self.family} model (swapped or copied from elsewhere).",
-            )
-        check_model_files(folder / MODEL_FOLDER, record, seed, folder)
+        check_stored_files(fits_dir, seed, self.family)
         try:
             if self.family == "countvae":
                 model = self.model_cls.load(folder / MODEL_FOLDER, adata=self.adata_fit)

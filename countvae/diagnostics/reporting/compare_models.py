@@ -34,7 +34,13 @@ from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDET
 from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
-from countvae.diagnostics.fitting.fit_seeds import FitSeedsSettings, check_fit_batches, check_fit_genes, fit_models
+from countvae.diagnostics.fitting.fit_seeds import (
+    FitSeedsSettings,
+    check_fit_batches,
+    check_fit_genes,
+    check_stored_fits,
+    fit_models,
+)
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.output_folder import refuse_obstacles
 from countvae.diagnostics.fitting.parallelism import AUTO, backed_remedy_off
@@ -310,11 +316,12 @@ def _fit_candidates(
     for run in runs:  # before the block and its warm-ups, not once the fits start
         if run.out_dir is not None:
             refuse_obstacles(Path(run.out_dir), "choose another out_dir (--out)")
+    fingerprint = check_stored_fits(genes.adata, runs)  # fits of other settings or data, as early
     if before_fitting is not None:
         before_fitting(genes, runs)
     # as diagnose: gene selection needs the counts in memory, so the memory warning cannot advise a backed file
     with backed_remedy_off() if genes.selected else contextlib.nullcontext():
-        return dict(zip(candidates, fit_models(genes.adata, runs), strict=True))
+        return dict(zip(candidates, fit_models(genes.adata, runs, fingerprint), strict=True))
 
 
 def _checked_candidates(

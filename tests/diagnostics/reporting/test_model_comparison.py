@@ -547,7 +547,7 @@ def test_candidates_train_for_the_diagnose_budget_without_early_stopping(adata, 
 
     seen = []
 
-    def record(data, runs):
+    def record(data, runs, fingerprint=None):
         seen.append(runs[0].train_kwargs)
         raise StopIteration
 
@@ -871,7 +871,7 @@ def test_every_candidate_is_fitted_on_the_genes_chosen_once_before_fitting(adata
     class Stop(Exception):
         pass
 
-    def record(data, runs):
+    def record(data, runs, fingerprint=None):
         calls.append(("fit", list(data.var_names), [r.model_kwargs["n_latent"] for r in runs]))
         advises_backed.append(parallelism._BACKED_REMEDY.get())
         raise Stop
