@@ -37,6 +37,7 @@ import pandas as pd
 import scipy.sparse as sp
 
 from countvae._checks import check_bool, check_int, check_number
+from countvae._formatting import counted
 from countvae._io import (
     check_writable,
     exists_as,
@@ -233,11 +234,11 @@ class DiagnosePlan:
     def seeds_to_fit(self) -> list[int]:
         """The seeds :meth:`fit` fits: those an earlier run did not store in ``out_dir/fits`` (all with overwrite).
 
-        As :func:`fit_seeds` reuses them: fits without a manifest are discarded, and with ``refit_broken`` a stored
-        seed whose files are damaged (``fit.json`` unreadable or of another seed, a model file missing, empty or not
-        matching its checksum there) is counted too, as the fits move it aside and refit it; without it the fits
-        refuse such a seed. Damage found only by loading the model (in a folder stored without checksums, by older
-        versions) is not foreseen.
+        As :func:`fit_seeds` reuses them (stored fits without a manifest are refused before the block), and with
+        ``refit_broken`` a stored seed whose files are damaged (``fit.json`` unreadable or of another seed, a model file
+        missing, empty or not matching its checksum there) is counted too, as the fits move it aside and refit it;
+        without it the fits refuse such a seed. Damage found only by loading the model (in a folder stored without
+        checksums, by older versions) is not foreseen.
         """
         s = self.settings
         root = None if self.report_dir is None else self.report_dir.parent / "fits"
@@ -333,10 +334,11 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
             "heldout_fraction (--heldout-fraction)", s.heldout_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
     report_dir = _report_destination(s.out_dir, s.overwrite)
-    h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite, Path(adata.filename) if adata.isbacked else None)
+    source = Path(adata.filename) if adata.isbacked else None
+    h5ad_path = _h5ad_destination(s.write_h5ad, s.overwrite, source, s.out_dir)
     if h5ad_path is not None:
         _refuse_h5ad_in_report(h5ad_path, report_dir)
-        _check_analysed_copy(adata, s.overwrite)
+        _check_analysed_copy(adata, s.overwrite, s.out_dir)
     seeds = _seed_list(s.seeds)
     model = dict(s.model_kwargs or {})
     if model.get("n_latent") is None:
@@ -629,9 +631,7 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     out = Path(out_dir)
     refuse_overlong_name(out)
     refuse_file_in_the_way(out, "choose another --out")
-    fits = out / "fits"
-    models = [e for e in fits.iterdir() if e.is_dir() and e.name != FITS_FOLDER] if fits.is_dir() else []
-    for root in (fits, *models):  # models: --restrictions stores each model's fits in a folder of fits/
+    for root in _fits_roots(out):
         refuse_obstacles(root, "choose another --out")
         if overwrite:
             refuse_non_folder(root / FITS_FOLDER)
@@ -653,8 +653,30 @@ def _report_destination(out_dir: str | Path | None, overwrite: bool) -> Path | N
     return report_dir
 
 
-def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | None = None) -> Path | None:
-    """The ``write_h5ad`` file, refused before any fitting when it exists without ``overwrite``, or is ``source``."""
+def _fits_roots(out: Path) -> list[Path]:
+    """The fits folders of a run writing ``out``: ``out/fits``, and the model folders ``--restrictions`` puts in it."""
+    fits = out / "fits"
+    models = [e for e in fits.iterdir() if e.is_dir() and e.name != FITS_FOLDER] if fits.is_dir() else []
+    return [fits, *models]
+
+
+def _overwrite_also(out_dir: str | Path | None) -> str:
+    """What ``--overwrite`` discards besides the analysed copy: the fits stored in ``out_dir`` (``""``: none)."""
+    if out_dir is None:
+        return ""
+    n_stored = sum(len(stored_seeds(root / FITS_FOLDER)) for root in _fits_roots(Path(out_dir)))
+    if not n_stored:
+        return ""
+    return f" (it also discards the {counted(n_stored, 'fit')} stored in {Path(out_dir) / 'fits'} and refits them)"
+
+
+def _h5ad_destination(
+    path: str | Path | None, overwrite: bool, source: Path | None = None, out_dir: str | Path | None = None
+) -> Path | None:
+    """The ``write_h5ad`` file, refused before any fitting when it exists without ``overwrite``, or is ``source``.
+
+    The refusal's remedies keep the fits stored in ``out_dir``, and say that ``overwrite`` would discard them.
+    """
     if path is None:
         return None
     out = Path(path)
@@ -667,7 +689,8 @@ def _h5ad_destination(path: str | Path | None, overwrite: bool, source: Path | N
     refuse_input_as_h5ad_output(out, source)
     if os.path.lexists(out) and not overwrite:  # a dangling link too, which the final rename would not replace
         raise OutputExistsError(
-            f"{out} {exists_as(out)}; pass --overwrite to replace it, or choose another --write-h5ad."
+            f"{out} {exists_as(out)}; remove it (`rm -- {shlex.quote(str(out))}`) or choose another --write-h5ad, or "
+            f"pass --overwrite to replace it{_overwrite_also(out_dir)}."
         )
     return out
 
@@ -699,8 +722,11 @@ def refuse_input_as_h5ad_output(out: Path, source: Path | None) -> None:
         )
 
 
-def _check_analysed_copy(adata: ad.AnnData, overwrite: bool) -> None:
-    """Refuse, before any fitting, an analysed copy that could not be written, or would replace results unasked."""
+def _check_analysed_copy(adata: ad.AnnData, overwrite: bool, out_dir: str | Path | None = None) -> None:
+    """Refuse, before any fitting, an analysed copy that could not be written, or would replace results unasked.
+
+    The refusal says that ``overwrite`` would also discard the fits stored in ``out_dir``.
+    """
     check_unique_names(
         adata.obs_names,
         "obs",
@@ -718,8 +744,8 @@ def _check_analysed_copy(adata: ad.AnnData, overwrite: bool) -> None:
     if taken and not overwrite:
         raise OutputExistsError(
             f"The data already hold countvae results ({', '.join(taken)}), which the analysed copy (--write-h5ad) "
-            "would replace; pass --overwrite to replace them in the copy (the data file itself is not changed), "
-            "or remove them first."
+            "would replace; remove them from the data first, or pass --overwrite to replace them in the copy (the "
+            f"data file itself is not changed){_overwrite_also(out_dir)}."
         )
 
 

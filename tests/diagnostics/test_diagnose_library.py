@@ -878,3 +878,51 @@ def test_the_size_estimate_of_a_backed_file_is_that_of_its_uncompressed_cells(tm
     cells.to_memory().write_h5ad(written)
     ratio = estimate / written.stat().st_size
     assert 1.0 <= ratio <= 3.0, ratio
+
+
+def _store_fake_seed(out: Path) -> Path:
+    """A stored seed's folder as the output folder holds it (only its name counts here)."""
+    record = out / "fits" / "fits" / "seed_0" / "fit.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    return record
+
+
+def test_stored_fits_without_their_manifest_are_refused_not_discarded(data_file, tmp_path):
+    """Stored fits whose manifest was missing (deleted, or a folder at its path moved aside as the refusal advised)
+    were deleted and refitted without a word; they are refused before any work, and discarded only with overwrite."""
+    out = tmp_path / "diag"
+    record = _store_fake_seed(out)
+    refused = r"holds 1 stored fit but .* has no manifest.json.*restore .*--overwrite"
+    with pytest.raises(OutputExistsError, match=refused):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, before_fitting=_never)
+    with pytest.raises(OutputExistsError, match=refused):
+        fit_seeds(
+            _registered(data_file), seeds=range(2), n_jobs=1, out_dir=out / "fits", train_kwargs={"max_epochs": 1}
+        )
+    assert record.read_text() == "{}"
+    with pytest.raises(AssertionError, match="went on to its block"):
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, overwrite=True, before_fitting=_never)
+
+
+def test_the_analysed_copy_refusals_say_overwrite_discards_the_stored_fits_and_give_a_remedy_that_keeps_them(
+    data_file, tmp_path
+):
+    """The refusals of an existing --write-h5ad file and of results in the data advised --overwrite "to replace it
+    in the copy" alone, which also discards and refits every stored seed; they say so, and the file's own remedy
+    (`rm -- FILE`), followed, lets the run go on with the stored fits kept."""
+    out = tmp_path / "diag"
+    record = _store_fake_seed(out)
+    copy = tmp_path / "-copy.h5ad"
+    copy.write_text("earlier")
+    with pytest.raises(OutputExistsError, match="also discards the 1 fit stored in") as info:
+        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, write_h5ad=copy, before_fitting=_never)
+    (command,) = re.findall(r"`(rm -- [^`]+)`", str(info.value))
+    subprocess.run(command, shell=True, check=True, cwd=tmp_path)
+    assert not copy.exists() and record.read_text() == "{}"
+    adata = _registered(data_file)
+    adata.obsm["X_countvae"] = np.zeros((adata.n_obs, 2))
+    with pytest.raises(OutputExistsError, match=r"already hold countvae results.*also discards the 1 fit stored"):
+        diagnose(adata, seeds=2, n_jobs=1, out_dir=out, write_h5ad=copy, before_fitting=_never)
+    with pytest.raises(OutputExistsError, match="already hold countvae results.*not changed\\)\\.$"):
+        diagnose(adata, seeds=2, n_jobs=1, out_dir=tmp_path / "new", write_h5ad=copy, before_fitting=_never)

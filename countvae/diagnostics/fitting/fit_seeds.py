@@ -11,7 +11,8 @@ With ``out_dir`` the run is resumable:
 * a rerun with the same settings loads the completed seeds and fits only the missing ones, bit-identical to an
   uninterrupted run: every fit (new or reused) is read back from its folder, and depends only on its seed, the data,
   the settings and the number of torch threads;
-* a rerun with other settings or data is refused (``overwrite=True`` starts afresh).
+* a rerun with other settings or data is refused (``overwrite=True`` starts afresh), and so are stored fits whose
+  manifest is missing (restore it, or start afresh).
 
 A lock file (``out_dir/.lock``, its holder named in ``.lock.owner.json``) keeps two runs from writing one folder: the
 second stops at once, naming the first (:mod:`.run_lock`). Faults stop a run with an error naming the remedy, losing
@@ -74,6 +75,7 @@ from countvae.diagnostics.fitting.output_folder import (
     prepare,
     read_fit_record,
     refuse_obstacles,
+    refuse_unrecorded_fits,
     seed_folder,
     store,
     stored_seeds,
@@ -368,7 +370,10 @@ def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> di
         if s.out_dir is None:
             continue
         refuse_obstacles(Path(s.out_dir), "choose another out_dir (--out)", () if s.overwrite else s.seeds)
-        if s.overwrite or not (Path(s.out_dir) / MANIFEST_FILE).is_file():
+        if s.overwrite:
+            continue
+        refuse_unrecorded_fits(Path(s.out_dir))
+        if not (Path(s.out_dir) / MANIFEST_FILE).is_file():
             continue
         fingerprint = data_fingerprint(adata, registry) if fingerprint is None else fingerprint
         fit_idx, heldout_idx = heldout_split(adata.n_obs, s.heldout_fraction, s.split_seed)

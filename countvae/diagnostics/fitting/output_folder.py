@@ -25,6 +25,7 @@ from typing import Any
 
 import anndata as ad
 
+from countvae._formatting import counted
 from countvae._io import (
     atomic_directory,
     explained_write_errors,
@@ -108,13 +109,32 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
                 f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]}; "
                 f"{manifest}); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
             )
-        # fits/ without a manifest cannot be trusted to match this run.
-        discard_folder(fits_dir)
+        if not overwrite:
+            refuse_unrecorded_fits(root)
+        elif stored_seeds(fits_dir):
+            logger.warning("Discarding the fits in %s (overwrite=True).", root)
+        discard_folder(fits_dir)  # fits/ without a manifest cannot be trusted to match this run
     with explained_write_errors(manifest_path, reused=True):
         write_json_atomic(manifest_path, manifest, overwrite=True)
     fits_dir.mkdir(exist_ok=True)
     for path in remove_interrupted_writes(fits_dir):
         logger.info("Removed %s, left by an interrupted run.", path)
+
+
+def refuse_unrecorded_fits(root: Path) -> None:
+    """Refuse stored fits in ``root`` without its manifest, which a run would otherwise discard unasked.
+
+    The manifest is written before the first fit, so fits without it are left by a hand (a manifest deleted, or a
+    folder at its path moved aside as refused): they cannot be checked against a run, nor discarded silently.
+    """
+    n_stored = len(stored_seeds(root / FITS_FOLDER))
+    if n_stored and not (root / MANIFEST_FILE).is_file():
+        raise OutputExistsError(
+            f"{root / FITS_FOLDER} holds {counted(n_stored, 'stored fit')} but {root} has no {MANIFEST_FILE}, the "
+            "record of the settings and data they were made with, so this run can neither check nor reuse them: "
+            f"restore {root / MANIFEST_FILE}, choose another out_dir (--out), or pass overwrite=True (--overwrite on "
+            "the command line) to discard them and fit afresh."
+        )
 
 
 def check_manifest(root: Path, settings: dict[str, Any]) -> None:
@@ -134,7 +154,7 @@ def check_manifest(root: Path, settings: dict[str, Any]) -> None:
     except ModelFileError as exc:
         raise ModelFileError(
             f"{exc} Without a readable record of the run its fits cannot be checked against this one: pass "
-            f"overwrite=True (countvae diagnose --overwrite) to start afresh, or restore {manifest_path}."
+            f"overwrite=True (--overwrite on the command line) to start afresh, or restore {manifest_path}."
         ) from None
     differences = describe_mismatch(comparable(recorded.get("settings", {})), comparable(settings))
     if differences:
