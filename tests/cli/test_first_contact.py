@@ -445,6 +445,40 @@ def test_with_refit_broken_the_diagnose_block_counts_a_damaged_stored_seed(data_
     assert "refitting that seed" in messages.text and "Fitting 1 seed" in messages.text  # as the block said
 
 
+def test_a_damaged_stored_seed_and_a_foreign_fits_folder_are_refused_before_the_block(
+    data_file, tmp_path, messages, monkeypatch, capsys
+):
+    """Without --refit-broken a damaged stored seed was refused only after the block and the timed warm-up, and so was
+    an OUT/fits holding other entries and no manifest ("not a fit_seeds output folder")."""
+    from countvae.cli import diagnose as diagnose_command
+    from countvae.diagnostics import diagnosis
+
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr(diagnosis, "report", stop)  # the seeds are stored, the report not made
+    out = tmp_path / "d"
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "1", "--no-ica", "--out", str(out)]
+    with pytest.raises(Stop):
+        main(argv)
+    (out / "fits" / "fits" / "seed_1" / "model" / "params.pt").write_bytes(b"")
+    monkeypatch.setattr(diagnose_command, "estimate", stop)  # the warm-up
+    messages.clear()
+    capsys.readouterr()
+    assert main(argv) == 1
+    assert "seed_1 is damaged" in capsys.readouterr().err and "before fitting" not in messages.text
+    foreign = tmp_path / "e"
+    (foreign / "fits").mkdir(parents=True)
+    (foreign / "fits" / "notes.txt").write_text("mine")
+    argv[argv.index(str(out))] = str(foreign)
+    assert main(argv) == 1
+    assert "is not a fit_seeds output folder" in capsys.readouterr().err and "before fitting" not in messages.text
+    assert (foreign / "fits" / "notes.txt").read_text() == "mine"
+
+
 def test_the_diagnose_block_estimates_the_report_s_held_out_log_p_x(data_file, tmp_path, messages, monkeypatch):
     """diagnose's block left out the report's held-out log p(x), which select's counts: every seed's, on at most
     ``max_lpd_cells`` held-out cells at ``--n-lpd-samples`` draws, by the helper fit and select use, run as the

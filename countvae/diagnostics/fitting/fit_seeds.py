@@ -72,6 +72,7 @@ from countvae.diagnostics.fitting.output_folder import (
     WHAT,
     FitLoader,
     check_manifest,
+    check_stored_files,
     prepare,
     read_fit_record,
     refuse_obstacles,
@@ -361,7 +362,9 @@ def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> di
     For callers that do work before fitting (``diagnose`` and ``select`` time a warm-up and print their block): a
     folder whose manifest records other settings or data, or cannot be read, is refused before that work, with the
     message :func:`fit_models` gives as it starts; so is an entry other than a folder where a resumed seed's fit is
-    stored (:func:`refuse_obstacles`), which it met only once that seed was fitted. The checksum of ``adata`` is
+    stored (:func:`refuse_obstacles`), which it met only once that seed was fitted, a folder without a manifest that
+    holds fits or other entries, and (without ``refit_broken``) a resumed seed whose stored files are damaged
+    (:func:`check_stored_files`, as the fits check them before loading). The checksum of ``adata`` is
     computed only when a folder holds a manifest to compare with (and ``overwrite`` is off), and returned for
     :func:`fit_models`'s ``fingerprint``; ``None`` otherwise.
     """
@@ -380,6 +383,10 @@ def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> di
         model_record = to_json_value(s.model_kwargs, "model_kwargs")
         recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, fingerprint)
         check_manifest(Path(s.out_dir), recorded)
+        if not s.refit_broken:  # with it the fits move a damaged seed aside and refit it
+            fits_dir = Path(s.out_dir) / FITS_FOLDER
+            for seed in sorted(set(s.seeds) & set(stored_seeds(fits_dir))):
+                check_stored_files(fits_dir, seed, family)
     return fingerprint
 
 

@@ -102,13 +102,6 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     elif manifest_path.is_file():
         check_manifest(root, manifest["settings"])
     else:
-        unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
-        if unexpected and not overwrite:
-            manifest = f"{MANIFEST_FILE} is not a file" if os.path.lexists(manifest_path) else f"no {MANIFEST_FILE}"
-            raise OutputExistsError(
-                f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]}; "
-                f"{manifest}); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
-            )
         if not overwrite:
             refuse_unrecorded_fits(root)
         elif stored_seeds(fits_dir):
@@ -122,13 +115,24 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
 
 
 def refuse_unrecorded_fits(root: Path) -> None:
-    """Refuse stored fits in ``root`` without its manifest, which a run would otherwise discard unasked.
+    """Refuse a ``root`` without its manifest that holds what a run would otherwise discard unasked.
 
-    The manifest is written before the first fit, so fits without it are left by a hand (a manifest deleted, or a
-    folder at its path moved aside as refused): they cannot be checked against a run, nor discarded silently.
+    Entries a run does not write (it is no fit_seeds output folder), or stored fits: the manifest is written before
+    the first fit, so fits without it are left by a hand (a manifest deleted, or a folder at its path moved aside as
+    refused), and can neither be checked against a run nor discarded silently.
     """
+    manifest_path = root / MANIFEST_FILE
+    if manifest_path.is_file() or not root.is_dir():
+        return
+    unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
+    if unexpected:
+        manifest = f"{MANIFEST_FILE} is not a file" if os.path.lexists(manifest_path) else f"no {MANIFEST_FILE}"
+        raise OutputExistsError(
+            f"{root} already exists and is not a fit_seeds output folder (it holds {sorted(unexpected)[:5]}; "
+            f"{manifest}); choose another out_dir (--out), or pass overwrite=True (--overwrite)."
+        )
     n_stored = len(stored_seeds(root / FITS_FOLDER))
-    if n_stored and not (root / MANIFEST_FILE).is_file():
+    if n_stored:
         raise OutputExistsError(
             f"{root / FITS_FOLDER} holds {counted(n_stored, 'stored fit')} but {root} has no {MANIFEST_FILE}, the "
             "record of the settings and data they were made with, so this run can neither check nor reuse them: "
