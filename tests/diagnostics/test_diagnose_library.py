@@ -197,7 +197,8 @@ def test_write_h5ad_at_a_dangling_link_is_refused_before_fitting(data_file, tmp_
     link = tmp_path / "analysed.h5ad"
     link.symlink_to(tmp_path / "nowhere.h5ad")
     monkeypatch.setattr(cv.CountVAE, "train", _never_trains)
-    with pytest.raises(OutputExistsError, match=f"^{link} is a symbolic link to the missing path .*nowhere.h5ad; pass"):
+    refused = f"^{link} is a symbolic link to the missing path .*nowhere.h5ad; remove it"
+    with pytest.raises(OutputExistsError, match=refused):
         diagnose(_registered(data_file), seeds=2, write_h5ad=link, out_dir=tmp_path / "x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["analysed.h5ad"] and link.is_symlink()
 
@@ -815,21 +816,29 @@ def test_only_a_report_folder_holding_report_json_is_called_a_finished_report(da
         diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=tmp_path / "diag", before_fitting=_never)
 
 
-def test_the_remedy_for_a_report_folder_without_a_report_resumes_from_the_stored_fits(data_file, tmp_path):
+def test_the_remedy_for_a_report_folder_without_a_report_resumes_from_the_stored_fits(data_file, tmp_path, monkeypatch):
     """An empty report folder was refused with --overwrite as the only remedy, which discards the stored fits; the
     message now gives the command that removes the folder alone, after which the run goes on to fit (or resume)."""
+    from countvae.diagnostics import diagnosis
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt  # the seeds are stored, the report not made
+
+    monkeypatch.setattr(diagnosis, "report", stop)
     out = tmp_path / "diag"
-    (out / "report").mkdir(parents=True)
-    (out / "fits" / "fits" / "seed_0").mkdir(parents=True)
-    (out / "fits" / "fits" / "seed_0" / "fit.json").write_text("{}")
+    run = {"seeds": 2, "n_jobs": 1, "train_kwargs": {"max_epochs": 1}, "out_dir": out}
+    with pytest.raises(KeyboardInterrupt):
+        diagnose(_registered(data_file), **run)
+    stored = (out / "fits" / "fits" / "seed_0" / "fit.json").read_bytes()
+    (out / "report").mkdir()
     with pytest.raises(OutputExistsError) as info:
-        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, before_fitting=_never)
+        diagnose(_registered(data_file), **run, before_fitting=_never)
     assert "--overwrite to refit every seed" in str(info.value)
     (command,) = re.findall(r"`(rm -r -- [^`]+)`", str(info.value))
     subprocess.run(command, shell=True, check=True)
     with pytest.raises(AssertionError, match="went on to its block"):
-        diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, before_fitting=_never)
-    assert (out / "fits" / "fits" / "seed_0" / "fit.json").read_text() == "{}"
+        diagnose(_registered(data_file), **run, before_fitting=_never)
+    assert (out / "fits" / "fits" / "seed_0" / "fit.json").read_bytes() == stored
 
 
 @pytest.mark.parametrize("name", ["manifest.json", ".lock", ".lock.owner.json"])
