@@ -178,11 +178,8 @@ def write_results(
     model
         A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
-        The AnnData to write into (default: the model's training AnnData). The model encodes its cells, so it may be
-        new data with the model's genes (registered like the training data, or not registered at all). Other genes
-        beside them (the genes before selecting highly variable ones) are left out of the encoding; the layer and
-        loadings are then refused (they would have no values for those genes): pass ``layer=None`` and
-        ``loadings_key=None``.
+        The AnnData to write into (default: the model's training AnnData): new data too, registered like the training
+        data or not at all. Cells are encoded from the model's genes; other genes rule out only the layer and loadings.
     latent_key
         ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
     layer
