@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
 
@@ -88,15 +89,17 @@ class OutputWriteError(CountVAEError, OSError):
 class BrokenFitError(ModelFileError):
     """A stored fit of a multi-seed run is damaged; ``folder`` is its seed folder, ``seed`` its seed.
 
-    The message names the file and the remedy (``refit_broken=True``, ``--refit-broken``);
-    ``problem`` is what is wrong, without the remedy.
+    The message names the file and the remedy (``refit_broken=True``, ``--refit-broken``; where that cannot be set,
+    moving the folder aside);
+    ``problem`` is what is wrong, without the remedy; ``folders`` every damaged seed folder (``[folder]`` by default).
     """
 
-    def __init__(self, message: str, seed: int, folder: str, problem: str = ""):
+    def __init__(self, message: str, seed: int, folder: str, problem: str = "", folders: Sequence[str] = ()):
         super().__init__(message)
         self.seed = seed
         self.folder = folder
         self.problem = problem or message
+        self.folders = list(folders) or [folder]
 
 
 class WorkerLostError(CountVAEError, RuntimeError):

@@ -59,7 +59,9 @@ The report is OUT/report/report.html (one self-contained page); report.json hold
 every number, with this run's data, model and timing under settings.run.
 
 With --model, the held-out cells are chosen exactly as `countvae fit` chose them
-(same --heldout-fraction and --seed), so pass the values used for the fit.
+(same --heldout-fraction and --seed), so pass the values used for the fit. The model's
+genes are taken from the file by name (from adata.raw with --use-raw, as for `fit --use-raw`),
+and its layer unless --layer or --use-raw is given.
 """
 
 #: This command fits a small model by default, so that the exact quadrature reference applies.
@@ -152,15 +154,19 @@ def run(args: argparse.Namespace) -> int:
     show = progress_enabled(args)
     adata = read_h5ad(args.data) if args.data else default_data()
     model = CountVAE.load(args.model) if args.model else None
-    layer = args.layer
+    layer, use_raw = args.layer, args.use_raw
     batch_key = args.batch_key if args.data or args.batch_key else "batch"  # the embedded data's batches
     if model is not None:
-        layer = layer if layer is not None else model.registry.layer
+        layer = layer if layer is not None or use_raw else model.registry.layer
         batch_key = batch_key if batch_key is not None else model.registry.batch_key
+        if use_raw and adata.raw is not None:
+            # .raw's counts as X, so that the model's genes are taken from them below: `fit --use-raw` stores the
+            # raw counts of the genes it kept as its X (its model records use_raw=False)
+            adata, use_raw = adata.raw.to_adata(), False
         genes = model.var_names
-        if not args.use_raw and not adata.var_names.equals(genes) and genes.isin(adata.var_names).all():
+        if not use_raw and not adata.var_names.equals(genes) and genes.isin(adata.var_names).all():
             adata = adata[:, model.var_names].copy()  # e.g. the genes `countvae fit --n-top-genes` kept, in order
-    setup_anndata(adata, layer=layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=args.use_raw)
+    setup_anndata(adata, layer=layer, batch_key=batch_key, labels_key=args.labels_key, use_raw=use_raw)
     fit_idx, held_idx = split_indices(adata.n_obs, 1.0 - args.heldout_fraction, args.seed)
     if len(held_idx) < 2:
         raise InvalidArgumentError(f"Only {len(held_idx)} held-out cells; raise --heldout-fraction.")

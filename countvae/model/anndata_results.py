@@ -19,10 +19,11 @@ slot and default key            content                                        s
 scvi-tools leaves storing to the user (``adata.obsm["X_scVI"] = model.get_latent_representation()``); countvae writes
 all slots in one call so that the keys, and the record of what produced them, are always the same.
 
-The layer and the loadings follow ``adata.var_names``. A model reading ``adata.raw`` (``setup_anndata(use_raw=True)``)
-usually has more genes than ``.X`` (scanpy keeps all genes in ``.raw`` before selecting highly variable genes); the
-layer and loadings then hold its values for the genes of ``.X``, looked up by name, and every gene of ``.X`` must be a
-gene of the model.
+The embedding is encoded from the model's genes, looked up by name when ``adata`` has others too (the genes before
+selecting highly variable ones). The layer and the loadings follow ``adata.var_names``, so every gene of ``adata`` must
+then be a gene of the model. A model reading ``adata.raw`` (``setup_anndata(use_raw=True)``) usually has more genes
+than ``.X`` (scanpy keeps all genes in ``.raw`` before selecting highly variable genes); the layer and loadings then
+hold its values for the genes of ``.X``, looked up by name.
 """
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ from countvae._checks import check_bool, check_number
 from countvae._provenance import package_versions
 from countvae._warnings import warn_at_caller
 from countvae.data.registry import UNS_KEY as REGISTRY_KEY
-from countvae.data.registry import get_registry
+from countvae.data.registry import get_registry, get_var_names
 from countvae.data.validation import check_unique_names
 from countvae.errors import CountVAEWarning, InvalidArgumentError, InvalidDataError, OutputExistsError
+from countvae.model.query import resolve_registry
 
 if TYPE_CHECKING:
     from countvae.model.countvae import CountVAE
@@ -82,7 +84,8 @@ def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
         raise InvalidDataError(
             f"{int((positions < 0).sum())} genes of adata.var_names are not genes of the model (e.g. {missing}), so "
             "a layer or varm entry cannot be filled for them. Pass layer=None and loadings_key=None to store the "
-            "embedding only, or subset adata to the model's genes."
+            "embedding (encoded from the model's genes) and the record only, or write every slot into a copy of the "
+            "model's genes: sub = adata[:, model.var_names].copy(); model.write_results(sub)."
         )
     check_unique_names(
         names,
@@ -90,6 +93,23 @@ def _gene_positions(model: CountVAE, adata: ad.AnnData) -> np.ndarray | None:
         "the layer and loadings are filled by gene name: every gene of such a name would get one gene's values",
     )
     return positions
+
+
+def _with_model_genes(model: CountVAE, adata: ad.AnnData) -> ad.AnnData:
+    """``adata``, or its view on the model's genes in the model's order when it holds them among others.
+
+    The encoder reads only the model's genes (their counts and their total), so the view gives the embedding that
+    ``get_latent_representation(adata[:, model.var_names])`` gives. scvi-tools refuses other genes here; countvae takes
+    the subset that its own refusal advises so that ``obsm`` lands in the AnnData the analyst has (the HVG subset is
+    usually a copy). Genes missing or repeated, and a model reading ``adata.raw``, are left to the encoder's checks.
+    """
+    registry = resolve_registry(adata, model.registry)
+    names = get_var_names(adata, registry)
+    if registry.use_raw or not names.is_unique or not model.var_names.isin(names).all():
+        return adata
+    if len(names) == len(model.var_names) and bool((names == model.var_names).all()):
+        return adata
+    return adata[:, model.var_names]
 
 
 def training_record(model: CountVAE) -> dict[str, Any]:
@@ -158,8 +178,8 @@ def write_results(
     model
         A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
-        The AnnData to write into (default: the model's training AnnData). The model encodes its cells, so it may be
-        new data with the model's genes (registered like the training data, or not registered at all).
+        The AnnData to write into (default: the model's training AnnData): new data too, registered like the training
+        data or not at all. Cells are encoded from the model's genes; other genes rule out only the layer and loadings.
     latent_key
         ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
     layer
@@ -317,7 +337,7 @@ def _result_values(
 
     values: dict[str, Any] = {}
     if latent_key is not None:
-        values["obsm"] = model.get_latent_representation(adata)
+        values["obsm"] = model.get_latent_representation(_with_model_genes(model, adata))
     if layer is not None:
         expression = model.get_normalized_expression(adata, library_size=library_size, return_numpy=True)
         expression = expression if positions is None else expression[:, positions]

@@ -162,6 +162,7 @@ def test_select_refuses_a_folder_another_run_is_writing(data, tmp_path, capsys):
         assert main([*args, "--out", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "is being written by another run" in err and f"pid {os.getpid()}" in err
+    assert err.rstrip().endswith("or use another out_dir (--out).")  # the command's option, not only the keyword
     assert not (out / "fits").exists() and not (out / "comparison").exists()
 
 

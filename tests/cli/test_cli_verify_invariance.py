@@ -236,3 +236,18 @@ def test_an_out_holding_the_model_is_refused_before_any_work(h5ad, model_folder,
         f"replaces {model_folder} whole, so it would be deleted. Choose another --out (a new folder).\n"
     )
     assert (model / "model.json").is_file() and (model / "params.pt").is_file()
+
+
+def test_with_model_use_raw_takes_the_models_genes_from_raw(tmp_path, capsys):
+    adata = cv.data.simulate(n_cells=400, n_genes=30, n_latent=2, likelihood="poisson", library_size=300, seed=4)
+    adata.raw = adata  # scanpy's layout: raw counts in .raw, normalized values in .X
+    adata.X = adata.X.multiply(1e4 / adata.X.sum(axis=1)).tocsr()
+    path = tmp_path / "norm.h5ad"
+    adata.write_h5ad(path)
+    fit = ["fit", str(path), "--use-raw", "--n-top-genes", "20", "--n-latent", "2", "--decoder", "linear"]
+    fit += ["--likelihood", "poisson", "--max-epochs", "20", "--n-samples", "20", "--quiet"]
+    assert main([*fit, "--out", str(tmp_path / "fit")]) == 0
+    args = ["verify-invariance", str(path), "--model", str(tmp_path / "fit" / "model"), *FAST_CHECK]
+    assert main([*args, "--out", str(tmp_path / "v")]) == 1
+    assert "--use-raw when they are in adata.raw" in capsys.readouterr().err
+    assert main([*args, "--use-raw", "--out", str(tmp_path / "v")]) == 0, capsys.readouterr().err

@@ -166,3 +166,27 @@ def test_bad_input(trained_linear, adata, sim_linear):
     untrained = cv.CountVAE(trained_linear.adata, n_latent=2)
     with pytest.raises(NotTrainedError):
         untrained.write_results(adata)
+
+
+def test_an_anndata_with_more_genes_gets_the_embedding_of_the_models_genes(sim_linear):
+    data = sim_linear[:, 10:50].copy()  # as after selecting highly variable genes
+    cv.CountVAE.setup_anndata(data, batch_key="batch")
+    model = cv.CountVAE(data, n_latent=2, decoder="linear")
+    model.train(max_epochs=2, progress_bar=False, seed=0)
+    expected = model.get_latent_representation(data)
+    full = sim_linear.copy()
+    with pytest.raises(InvalidDataError, match="Pass layer=None and loadings_key=None") as info:
+        model.write_results(full)
+    assert "sub = adata[:, model.var_names].copy(); model.write_results(sub)" in str(info.value)
+    assert "X_countvae" not in full.obsm
+    assert model.write_results(full, layer=None, loadings_key=None) == {"obsm": "X_countvae", "uns": "countvae"}
+    np.testing.assert_allclose(full.obsm["X_countvae"], expected, rtol=1e-6)
+    # registered with its counts in a layer, the genes in another order
+    other = sim_linear[:, ::-1].copy()
+    other.layers["counts"], other.X = other.X.copy(), other.X * 0.5
+    cv.CountVAE.setup_anndata(other, layer="counts", batch_key="batch")
+    model.write_results(other, layer=None, loadings_key=None)
+    np.testing.assert_allclose(other.obsm["X_countvae"], expected, rtol=1e-6)
+    sub = full[:, model.var_names].copy()
+    model.write_results(sub, overwrite=True)
+    assert set(sub.layers) == {"countvae_normalized"} and sub.varm["countvae_loadings"].shape == (40, 2)

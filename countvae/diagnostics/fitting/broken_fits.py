@@ -33,6 +33,23 @@ def remedy(folders: Sequence[Path]) -> str:
     )
 
 
+def without_refit_broken(exc: BrokenFitError) -> BrokenFitError:
+    """``exc`` with the one remedy left where ``refit_broken`` cannot be set (``compare_models``, select, restrictions).
+
+    Moving the folder aside keeps it, as ``refit_broken`` would; the rerun refits only the seeds whose folder is gone.
+    """
+    named, many = ", ".join(exc.folders), len(exc.folders) > 1
+    message = str(exc).removesuffix(remedy([Path(f) for f in exc.folders]))
+    return BrokenFitError(
+        f"{message}Move {named} out of the run's folder (or remove {'them' if many else 'it'}) and rerun: only "
+        f"{'those seeds are' if many else 'that seed is'} refitted.",
+        exc.seed,
+        exc.folder,
+        exc.problem,
+        exc.folders,
+    )
+
+
 def broken(folder: Path, seed: int, problem: str) -> BrokenFitError:
     """A :class:`BrokenFitError` for ``folder``: the problem, then the remedy."""
     message = f"Stored fit of seed {seed} in {folder} is damaged: {problem} {remedy([folder])}"
@@ -45,7 +62,7 @@ def all_broken(errors: Sequence[BrokenFitError]) -> BrokenFitError:
         return errors[0]
     lines = "; ".join(f"seed {e.seed} ({e.folder}): {e.problem}" for e in errors)
     message = f"{len(errors)} stored fits are damaged: {lines} {remedy([Path(e.folder) for e in errors])}"
-    return BrokenFitError(message, errors[0].seed, errors[0].folder, lines)
+    return BrokenFitError(message, errors[0].seed, errors[0].folder, lines, [e.folder for e in errors])
 
 
 def file_checksums(files: dict[str, bytes]) -> dict[str, str]:

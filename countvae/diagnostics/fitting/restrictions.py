@@ -26,10 +26,11 @@ import numpy as np
 
 from countvae.data.gene_sets import GenePrograms, read_gmt
 from countvae.data.registry import get_registry
+from countvae.diagnostics.fitting.broken_fits import without_refit_broken
 from countvae.diagnostics.fitting.fit_seeds import fit_seeds, genes_without_counts
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
-from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.errors import BrokenFitError, InvalidArgumentError, InvalidDataError
 from countvae.model import CountVAE
 
 #: The restriction names, in the order of the report.
@@ -254,16 +255,19 @@ def fit_restrictions(
         check_split_half_genes(adata, heldout_fraction, split_seed)
     fits, seconds, heldout, adata_fit = {}, {}, None, None
     for name, kwargs in model_kwargs.items():
-        fitted = fit_seeds(
-            adata,
-            seeds=seeds,
-            model_kwargs=kwargs,
-            train_kwargs=train_kwargs,
-            heldout_fraction=heldout_fraction,
-            split_seed=split_seed,
-            out_dir=None if out_dir is None else f"{out_dir}/{name}",
-            **fit_seeds_kwargs,
-        )
+        try:
+            fitted = fit_seeds(
+                adata,
+                seeds=seeds,
+                model_kwargs=kwargs,
+                train_kwargs=train_kwargs,
+                heldout_fraction=heldout_fraction,
+                split_seed=split_seed,
+                out_dir=None if out_dir is None else f"{out_dir}/{name}",
+                **fit_seeds_kwargs,
+            )
+        except BrokenFitError as exc:
+            raise without_refit_broken(exc) from None
         fits[name], seconds[name] = list(fitted.fits), fitted.seconds
         heldout, adata_fit = fitted.adata_heldout, fitted.adata_fit
     halves = {}

@@ -108,7 +108,7 @@ def locked(root: Path) -> Iterator[None]:
     except Timeout:
         raise OutputLockedError(
             f"{root} is being written by another run ({describe_owner(read_owner(root))}, holding "
-            f"{root / LOCK_FILE}); wait for it to finish, stop it, or use another out_dir."
+            f"{root / LOCK_FILE}); wait for it to finish, stop it, or use another out_dir (--out)."
         ) from None
     try:
         _take_over_stale(root)

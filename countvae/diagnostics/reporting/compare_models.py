@@ -33,6 +33,7 @@ from countvae.diagnostics.analyses.lpd_comparability import require_same_quantit
 from countvae.diagnostics.analyses.seed_groups import UNDETERMINED as PAIR_UNDETERMINED
 from countvae.diagnostics.analyses.seed_groups import seed_groups
 from countvae.diagnostics.analyses.subspace import gene_contrasts, jacobian_span, subsample
+from countvae.diagnostics.fitting.broken_fits import without_refit_broken
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import (
     FitSeedsSettings,
@@ -49,7 +50,7 @@ from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, no_latent_
 from countvae.diagnostics.reporting.heldout_lpd import heldout_lpd
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
 from countvae.diagnostics.reporting.settings import MINIMUM, ReportSettings
-from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.errors import BrokenFitError, InvalidArgumentError, InvalidDataError
 from countvae.model.settings import ModelSettings
 
 __all__ = ["compare_fits", "compare_models"]
@@ -316,12 +317,15 @@ def _fit_candidates(
     for run in runs:  # before the block and its warm-ups, not once the fits start
         if run.out_dir is not None:
             refuse_obstacles(Path(run.out_dir), "choose another out_dir (--out)")
-    fingerprint = check_stored_fits(genes.adata, runs)  # fits of other settings or data, as early
-    if before_fitting is not None:
-        before_fitting(genes, runs)
-    # as diagnose: gene selection needs the counts in memory, so the memory warning cannot advise a backed file
-    with backed_remedy_off() if genes.selected else contextlib.nullcontext():
-        return dict(zip(candidates, fit_models(genes.adata, runs, fingerprint), strict=True))
+    try:  # compare_models and select take no refit_broken: the remedy is to move the damaged folder aside
+        fingerprint = check_stored_fits(genes.adata, runs)  # fits of other settings or data, as early
+        if before_fitting is not None:
+            before_fitting(genes, runs)
+        # as diagnose: gene selection needs the counts in memory, so the memory warning cannot advise a backed file
+        with backed_remedy_off() if genes.selected else contextlib.nullcontext():
+            return dict(zip(candidates, fit_models(genes.adata, runs, fingerprint), strict=True))
+    except BrokenFitError as exc:
+        raise without_refit_broken(exc) from None
 
 
 def _checked_candidates(

@@ -74,11 +74,27 @@ def _ceil(value: float) -> int:
     return int(math.ceil(value - 1e-9 * max(1.0, abs(value))))
 
 
-def _more_cells(needed: int | None, n_cells: int, setting: str) -> str:
+def _more_cells(needed: int | None, n_cells: int, setting: str, cap: int | None = None) -> str:
     if needed is None:
         return "more seeds or a closer look: the score sits on the threshold, so more cells alone will not decide it"
-    cap = f" (raise {setting} and hold out that many cells)" if setting else ""
-    return f"about {needed:,} cells instead of {n_cells:,}{cap}"
+    return f"about {needed:,} cells instead of {n_cells:,}{_how_more_cells(setting, n_cells, cap)}"
+
+
+def _how_more_cells(setting: str, n_cells: int, cap: int | None) -> str:
+    """How to get more held-out cells: raise the report setting ``setting`` only where it capped ``n_cells`` at ``cap``.
+
+    The report settings are no options of ``countvae diagnose`` (only ``report(...)`` and
+    ``diagnose(report_kwargs=...)`` in Python set them), so the text says so; ``heldout_fraction`` is named with its
+    option, as the same report is read after the library and after the command.
+    """
+    if not setting:
+        return ""
+    if cap is not None and n_cells >= cap:
+        return (
+            f" (the report setting {setting} capped them at {cap:,}: raise it in Python, report(fits, {setting}=N) "
+            f"or diagnose(report_kwargs={{'{setting}': N}}); countvae diagnose has no option for it)"
+        )
+    return " (hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line)"
 
 
 def _straddle(low: float, high: float, threshold: Threshold) -> str:
@@ -128,25 +144,35 @@ MIN_CELLS: dict[str, CellsPrecondition] = {
 MIN_ALIGNED_CELLS_PER_DIMENSION = 10
 
 
-def too_few_cells(quantity: str, n_cells: int, verdict: str, setting: str = "") -> Judgement | None:
-    """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``."""
+def too_few_cells(
+    quantity: str, n_cells: int, verdict: str, setting: str = "", cap: int | None = None
+) -> Judgement | None:
+    """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``.
+
+    ``setting`` is the report setting that caps the row's cells and ``cap`` its value: the remedy names it only where
+    it capped them.
+    """
     rule = MIN_CELLS.get(quantity)
     if rule is None or n_cells >= rule.minimum or verdict not in rule.guards:
         return None
-    cap = f" (raise {setting} and hold out that many cells)" if setting else ""
     return Judgement(
         UNDETERMINED,
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {rule.minimum:,}) to say '{verdict}': {rule.why}",
-        f"use >= {rule.minimum:,} held-out cells{cap}",
+        f"use >= {rule.minimum:,} held-out cells{_how_more_cells(setting, n_cells, cap)}",
     )
 
 
-def judge_row(row: pd.Series) -> Judgement:
-    """The verdict of one row from its numbers (rows with preconditions are judged by their own functions)."""
+def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgement:
+    """The verdict of one row from its numbers (rows with preconditions are judged by their own functions).
+
+    ``caps``: the report settings that cap the rows' cells, by name (a remedy names one only where it capped them).
+    """
     if not np.isfinite(row["agreement"]):
         return Judgement(NOT_MEASURED, "not available for these fits")
-    judged = _judge_by_interval(row)
-    few = too_few_cells(str(row["quantity"]), _precondition_cells(row), judged.verdict, str(row["cells_setting"]))
+    setting = str(row["cells_setting"])
+    cap = (caps or {}).get(setting)
+    judged = _judge_by_interval(row, cap)
+    few = too_few_cells(str(row["quantity"]), _precondition_cells(row), judged.verdict, setting, cap)
     return judged if few is None else few
 
 
@@ -156,7 +182,7 @@ def _precondition_cells(row: pd.Series) -> int:
     return int(max(row["n_cells"], graph)) if pd.notna(graph) else int(row["n_cells"])
 
 
-def _judge_by_interval(row: pd.Series) -> Judgement:
+def _judge_by_interval(row: pd.Series, cap: int | None = None) -> Judgement:
     threshold = Threshold(row["threshold"], row["comparison"])
     n, setting = int(row["n_cells"]), str(row["cells_setting"])
     if not (np.isfinite(row["low"]) and np.isfinite(row["high"])):
@@ -173,7 +199,7 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
             # only where the map is fitted on the very cells the row is scored on (not the loadings')
             if QUANTITY_BY_NAME[row["quantity"]].cells != "heldout":
                 return Judgement(ALIGNED)
-            return _aligned_with_enough_cells(n, row.get("n_latent", np.nan), setting)
+            return _aligned_with_enough_cells(n, row.get("n_latent", np.nan), setting, cap)
     if verdict == DIFFER:
         return Judgement(DIFFER)
     low, high = row[f"{which}low"], row[f"{which}high"]
@@ -184,10 +210,10 @@ def _judge_by_interval(row: pd.Series) -> Judgement:
         )
         return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), remedy)
     needed = cells_needed(row[f"{which}agreement"], low, high, threshold.value, n)
-    return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), _more_cells(needed, n, setting))
+    return Judgement(UNDETERMINED, prefix + _straddle(low, high, threshold), _more_cells(needed, n, setting, cap))
 
 
-def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str) -> Judgement:
+def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str, cap: int | None = None) -> Judgement:
     """``agree after alignment``, or undetermined on too few cells per latent dimension.
 
     Fewer than :data:`MIN_ALIGNED_CELLS_PER_DIMENSION` cells per dimension; an unknown width (reports saved before it
@@ -196,17 +222,18 @@ def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str) -> J
     needed = MIN_ALIGNED_CELLS_PER_DIMENSION * int(n_latent) if np.isfinite(n_latent) else 0
     if n_cells >= needed:
         return Judgement(ALIGNED)
-    cap = f" (raise {setting} and hold out that many cells)" if setting else ""
     return Judgement(
         UNDETERMINED,
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {needed:,}, {MIN_ALIGNED_CELLS_PER_DIMENSION} per latent "
         f"dimension) to say '{ALIGNED}': the orthogonal map is fitted on the cells it is scored on, and with so few "
         "cells per dimension it agrees with them better than the correction for that can tell",
-        f"use >= {needed:,} held-out cells{cap}, or fewer latent dimensions",
+        f"use >= {needed:,} held-out cells{_how_more_cells(setting, n_cells, cap)}, or fewer latent dimensions",
     )
 
 
-def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | None = None) -> pd.DataFrame:
+def judge_invariants(
+    numbers: pd.DataFrame, decided: Mapping[str, Judgement] | None = None, caps: Mapping[str, int] | None = None
+) -> pd.DataFrame:
     """Add :data:`VERDICT_COLUMNS` to the table of :func:`~countvae.diagnostics.analyses.invariants.invariants_table`.
 
     Parameters
@@ -217,10 +244,13 @@ def judge_invariants(numbers: pd.DataFrame, decided: Mapping[str, Judgement] | N
         Quantity -> its verdict where a report section decides the row by a rule of its own (the predictive
         section the held-out log p(x) row, with its precondition on the estimator; the ICA components section
         the ICA row); every other row is judged from its interval.
+    caps
+        The report settings that cap the rows' cells (``cells_setting``), by name: an undetermined row's remedy
+        names its setting only where it capped the row's cells (without ``caps``, never).
 
     """
     decided = decided or {}
-    judged = [decided.get(row["quantity"]) or judge_row(row) for _, row in numbers.iterrows()]
+    judged = [decided.get(row["quantity"]) or judge_row(row, caps) for _, row in numbers.iterrows()]
     out = _with_judgements(numbers, judged)
     out["report_instead"] = [
         _report_instead(name, j.verdict) for name, j in zip(numbers["quantity"], judged, strict=True)
@@ -419,12 +449,14 @@ def predictive_verdict(
     margin_fraction: float = np.nan,
     alpha: float = 0.05,
     n_lpd_samples: int | None = None,
+    max_lpd_cells: int | None = None,
 ) -> PredictiveVerdict:
     """Decide predictive equivalence from the equivalence table and the estimator's reliability.
 
     See :mod:`countvae.diagnostics.analyses.predictive` for the test; the decision is ``equivalent`` when every pair
     is, ``not equivalent`` when one pair is, and ``undetermined`` otherwise, or whatever the pairs when the estimates
-    are unreliable or no margin can be stated.
+    are unreliable or no margin can be stated. ``max_lpd_cells``, the report setting that capped the pairs' cells, is
+    named in an undetermined verdict's remedy only where it capped them.
     """
     if pairs is None:
         return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")
@@ -459,7 +491,7 @@ def predictive_verdict(
         return PredictiveVerdict(NOT_EQUIVALENT, **common)
     if (decisions == EQUIVALENT).all():
         return PredictiveVerdict(EQUIVALENT, **common)
-    return PredictiveVerdict(UNDETERMINED, *_undecided_pairs(pairs, margin), **common)
+    return PredictiveVerdict(UNDETERMINED, *_undecided_pairs(pairs, margin, max_lpd_cells), **common)
 
 
 def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | None) -> tuple[str, str]:
@@ -487,7 +519,7 @@ def _unreliable(reliability: pd.DataFrame, margin: float, n_lpd_samples: int | N
     )
 
 
-def _undecided_pairs(pairs: pd.DataFrame, margin: float) -> tuple[str, str]:
+def _undecided_pairs(pairs: pd.DataFrame, margin: float, cap: int | None) -> tuple[str, str]:
     undecided = pairs[pairs["decision"] == UNDETERMINED]
     n = int(pairs["n_cells"].iloc[0])
     needed = []
@@ -500,4 +532,5 @@ def _undecided_pairs(pairs: pd.DataFrame, margin: float) -> tuple[str, str]:
     reason = f"{intervals} of {len(pairs)} pairs {contain} the margin (+-{margin:.3g} nats per cell)"
     if any(v is None for v in needed):
         return reason, "more seeds or a closer look: a difference sits on the margin, so more cells will not decide it"
-    return reason, f"about {max(needed):,} held-out cells instead of {n:,} (raise max_lpd_cells and hold out that many)"
+    how = _how_more_cells("max_lpd_cells", n, cap)
+    return reason, f"about {max(needed):,} held-out cells instead of {n:,}{how}"

@@ -39,11 +39,12 @@ from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.restrictions import (
     Restriction,
+    fit_restrictions,
     parse_restrictions,
     restriction_programs,
     split_half_cells,
 )
-from countvae.errors import InvalidArgumentError, InvalidDataError
+from countvae.errors import BrokenFitError, InvalidArgumentError, InvalidDataError
 
 
 def _sources(n=600, k=3, seed=0):
@@ -603,3 +604,23 @@ def test_the_truth_sentence_brackets_loadings_only_for_models_that_have_them():
     rows[1]["loadings_mcc"] = 0.81
     linear = " ".join(headline(pd.DataFrame(rows), 2, None))
     assert "0.70 (loadings 0.81) under the Laplace prior on z" in linear and "in brackets" in linear
+
+
+def test_a_damaged_stored_seed_is_named_with_a_remedy_the_comparison_can_follow(tmp_path):
+    data = cv.data.simulate(n_cells=200, n_genes=30, n_latent=2, decoder="linear", seed=1)
+    cv.CountVAE.setup_anndata(data)
+
+    def fit():
+        return fit_restrictions(
+            data, {"free": {"n_latent": 2, "decoder": "linear"}}, [0, 1], {"max_epochs": 2},
+            split_half=False, heldout_fraction=0.2, split_seed=0, out_dir=str(tmp_path / "rs"),
+        )  # fmt: skip
+
+    fit()
+    seeds = tmp_path / "rs" / "free" / "fits"
+    (seeds / "seed_1" / "model" / "params.pt").write_bytes(b"junk")
+    with pytest.raises(BrokenFitError) as info:
+        fit()
+    assert "refit_broken" not in str(info.value) and f"Move {seeds / 'seed_1'} out of" in str(info.value)
+    (seeds / "seed_1").rename(tmp_path / "seed_1")
+    assert fit().fits["free"][1].seed == 1

@@ -16,7 +16,7 @@ from countvae.diagnostics.fitting.lpd_quantity import GIVEN_OBSERVED_LIBRARY, LI
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.compare_models import check_same_genes
 from countvae.diagnostics.reporting.model_comparison_report import ModelComparison
-from countvae.errors import InvalidArgumentError, InvalidDataError, OutputExistsError
+from countvae.errors import BrokenFitError, InvalidArgumentError, InvalidDataError, OutputExistsError
 
 TRAIN = {"max_epochs": 200, "batch_size": 128, "lr": 1e-2}
 
@@ -948,3 +948,27 @@ def test_summary_names_the_unreliable_candidates():
     lines = comparison.summary().splitlines()
     assert lines[2] == "Unreliable estimates (not ranked): n_latent=2, decoder=mlp; n_latent=4."
     assert lines[3].startswith("Recommendation: undetermined")
+
+
+def test_a_damaged_stored_seed_is_named_with_a_remedy_compare_models_can_follow(tmp_path):
+    data = cv.data.simulate(n_cells=200, n_genes=30, n_latent=2, decoder="linear", seed=1)
+    cv.CountVAE.setup_anndata(data)
+
+    def compare():
+        return diagnostics.compare_models(
+            data, {"n_latent": [2], "decoder": ["linear"]}, seeds=range(2), train_kwargs={"max_epochs": 2},
+            out_dir=tmp_path / "sel", n_lpd_samples=2,
+        )  # fmt: skip
+
+    compare()
+    seeds = next((tmp_path / "sel").iterdir()) / "fits"
+    (seeds / "seed_1" / "model" / "params.pt").write_bytes(b"junk")
+    kept = (seeds / "seed_0" / "fit.json").read_bytes()
+    with pytest.raises(BrokenFitError) as info:
+        compare()
+    message = str(info.value)
+    assert "refit_broken" not in message and "--refit-broken" not in message, message
+    assert f"Move {seeds / 'seed_1'} out of the run's folder" in message
+    (seeds / "seed_1").rename(tmp_path / "seed_1")
+    compare()
+    assert (seeds / "seed_0" / "fit.json").read_bytes() == kept and (seeds / "seed_1" / "fit.json").is_file()

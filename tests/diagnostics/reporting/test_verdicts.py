@@ -79,11 +79,11 @@ def test_invariant_rows_are_judged_by_their_intervals():
             _row("normalized expression", np.nan, np.nan, np.nan),
         ]
     )
-    judged = judge_invariants(table).set_index("quantity")
+    judged = judge_invariants(table, caps={"max_distance_cells": 300}).set_index("quantity")
     assert judged.loc["latent distances", "verdict"] == AGREE
     assert judged.loc["k-NN graph", "verdict"] == UNDETERMINED
     assert "contains the threshold" in judged.loc["k-NN graph", "reason"]
-    assert "max_distance_cells" in judged.loc["k-NN graph", "remedy"]
+    assert "report setting max_distance_cells capped them at 300" in judged.loc["k-NN graph", "remedy"]
     assert judged.loc["decoded means", "verdict"] == DIFFER
     assert judged.loc["per-dimension coordinates", "verdict"] == ALIGNED
     assert judged.loc["per-dimension loadings", "verdict"] == AGREE  # agrees as it stands
@@ -232,10 +232,13 @@ def test_knn_agreement_on_too_few_cells_is_undetermined_not_a_confident_wrong_ag
     assert few["low"] > 0.5  # the interval alone would say agree
     assert few["verdict"] == UNDETERMINED
     assert few["reason"].startswith("too few held-out cells (n = 40 < 300) to say 'agree'")
-    assert few["remedy"].startswith("use >= 300 held-out cells (raise max_knn_cells")
+    assert few["remedy"].startswith("use >= 300 held-out cells (hold out that many cells: a larger heldout_fraction")
     assert _knn_row(300)["verdict"] == DIFFER
     # A "differ" on fewer cells stands: the overlap only falls with more cells.
     assert _knn_row(40, noise_sd=1.5)["verdict"] == DIFFER
+
+
+CAPS = {"max_ppc_cells": 300}
 
 
 def _ppc_row(n_cells: int, agreement: float, low: float, high: float) -> dict:
@@ -252,7 +255,21 @@ def test_posterior_predictive_statistics_need_enough_cells_for_any_verdict():
     judged = judge_invariants(pd.DataFrame([_ppc_row(300, 0.925, 0.905, 0.938), _ppc_row(40, 0.797, 0.762, 0.827)]))
     assert judged["verdict"].tolist() == [AGREE, UNDETERMINED]
     assert judged.loc[1, "reason"].startswith("too few held-out cells (n = 40 < 150) to say 'differ'")
-    assert judged.loc[1, "remedy"] == "use >= 150 held-out cells (raise max_ppc_cells and hold out that many cells)"
+    assert judged.loc[1, "remedy"] == (
+        "use >= 150 held-out cells (hold out that many cells: a larger heldout_fraction, --heldout-fraction on the "
+        "command line)"
+    )
+    # the cap is named only where it limited the cells, and as the report setting it is (no option of the command)
+    assert (
+        "max_ppc_cells"
+        not in judge_invariants(pd.DataFrame([_ppc_row(40, 0.797, 0.762, 0.827)]), caps=CAPS).loc[0, "remedy"]
+    )
+    capped = judge_invariants(pd.DataFrame([_ppc_row(40, 0.797, 0.762, 0.827)]), caps={"max_ppc_cells": 40})
+    assert capped.loc[0, "remedy"] == (
+        "use >= 150 held-out cells (the report setting max_ppc_cells capped them at 40: raise it in Python, "
+        "report(fits, max_ppc_cells=N) or diagnose(report_kwargs={'max_ppc_cells': N}); countvae diagnose has no "
+        "option for it)"
+    )
     # ... and an "agree" on 40 cells is no more trusted than a "differ".
     assert judge_invariants(pd.DataFrame([_ppc_row(40, 0.96, 0.95, 0.97)]))["verdict"].item() == UNDETERMINED
 
@@ -310,7 +327,7 @@ def test_agree_after_alignment_needs_ten_held_out_cells_per_latent_dimension():
     judged = judge_invariants(pd.DataFrame([few])).iloc[0]
     assert judged["verdict"] == UNDETERMINED
     assert judged["reason"].startswith("too few held-out cells (n = 12 < 100, 10 per latent dimension) to say 'agree")
-    assert judged["remedy"].startswith("use >= 100 held-out cells (raise max_distance_cells and hold out that many")
+    assert judged["remedy"].startswith("use >= 100 held-out cells (hold out that many cells: a larger heldout_fraction")
     enough = judge_invariants(pd.DataFrame([few | {"n_cells": 100}])).iloc[0]
     assert enough["verdict"] == "agree after alignment"
     # a report saved before the width was recorded keeps its verdict; a "differ" after alignment is not held back
@@ -375,6 +392,10 @@ def test_predictive_verdict_needs_every_fit_reliable_and_names_the_cells_of_the_
     # (0.3 / 0.1)^2 x 200 = 1,800 cells; 0.3 is 0.2 from it, 450 cells. The remedy is the larger.
     undecided = predictive_verdict(_pairs([UNDETERMINED, UNDETERMINED], diffs=[-0.4, 0.3]), _reliability(), 0.5, 25.0)
     assert "about 1,800 held-out cells instead of 200" in undecided.remedy
+    # 200 cells under a cap of 500: the cap limited nothing, so only holding out more cells is advised
+    assert "max_lpd_cells" not in undecided.remedy and "--heldout-fraction" in undecided.remedy
+    capped = predictive_verdict(_pairs([UNDETERMINED]), _reliability(), 0.5, 25.0, max_lpd_cells=200)
+    assert "max_lpd_cells capped them at 200: raise it in Python, report(fits, max_lpd_cells=N)" in capped.remedy
     # the pair shown is the one with the largest |difference|, whatever its sign
     assert undecided.worst["fit_a"] == "a0"
     assert predictive_verdict(_pairs([NOT_EQUIVALENT]), _reliability(), 0.5, 25.0).as_row_judgement().verdict == DIFFER

@@ -125,7 +125,8 @@ class InvariantsSection(Section):
             resampling=ResamplingSettings(s.alpha, s.n_bootstrap, s.seed, s.max_bootstrap_cells),
         )
         decided = {q: j for name in self.requires for q, j in shared.results[name].verdict_rows.items()}
-        judged = judge_invariants(numbers, decided)
+        caps = {name: getattr(s, name) for name in set(numbers["cells_setting"]) if name}
+        judged = judge_invariants(numbers, decided, caps)
         lines = verdict_lines(judged, predictive.values["sentence"], ica.values["sentence"], len(c.names))
         return SectionResult(tables={"invariants": judged, "invariant_pairs": pairs}, headline=lines)
 

@@ -76,7 +76,9 @@ class PredictiveSection(Section):
             compare = compare_table(lpds).reset_index()
         else:
             predictive = pd.DataFrame(columns=["fit"])
-        verdict = predictive_verdict(pairs, reliability, margin, gain, s.equivalence_margin, s.alpha, s.n_lpd_samples)
+        verdict = predictive_verdict(
+            pairs, reliability, margin, gain, s.equivalence_margin, s.alpha, s.n_lpd_samples, s.max_lpd_cells
+        )
         sentence = predictive_sentence(verdict)
         return SectionResult(
             tables={"predictive": predictive, "predictive_pairs": pairs, "predictive_compare": compare},
