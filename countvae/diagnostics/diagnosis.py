@@ -661,13 +661,18 @@ def _fits_roots(out: Path) -> list[Path]:
 
 
 def _overwrite_also(out_dir: str | Path | None) -> str:
-    """What ``--overwrite`` discards besides the analysed copy: the fits stored in ``out_dir`` (``""``: none)."""
+    """What ``--overwrite`` discards besides the analysed copy: the seeds stored in ``out_dir`` (``""``: none).
+
+    Only ``out_dir/fits/fits``: the analysed copy is written by a plain diagnose alone, which leaves the folders of
+    ``--restrictions`` and ``select`` beside it untouched.
+    """
     if out_dir is None:
         return ""
-    n_stored = sum(len(stored_seeds(root / FITS_FOLDER)) for root in _fits_roots(Path(out_dir)))
+    fits_dir = Path(out_dir) / "fits" / FITS_FOLDER
+    n_stored = len(stored_seeds(fits_dir))
     if not n_stored:
         return ""
-    return f" (it also discards the {counted(n_stored, 'fit')} stored in {Path(out_dir) / 'fits'} and refits them)"
+    return f" (it also discards the {counted(n_stored, 'fit')} stored in {fits_dir}, and fits this run's seeds afresh)"
 
 
 def _h5ad_destination(

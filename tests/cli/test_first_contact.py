@@ -448,8 +448,9 @@ def test_with_refit_broken_the_diagnose_block_counts_a_damaged_stored_seed(data_
 def test_a_damaged_stored_seed_and_a_foreign_fits_folder_are_refused_before_the_block(
     data_file, tmp_path, messages, monkeypatch, capsys
 ):
-    """Without --refit-broken a damaged stored seed was refused only after the block and the timed warm-up, and so was
-    an OUT/fits holding other entries and no manifest ("not a fit_seeds output folder")."""
+    """Without --refit-broken a damaged stored seed was refused only after the block and the timed warm-up (and then
+    named all damaged seeds at once), and so was an OUT/fits holding other entries and no manifest ("not a fit_seeds
+    output folder")."""
     from countvae.cli import diagnose as diagnose_command
     from countvae.diagnostics import diagnosis
 
@@ -464,12 +465,15 @@ def test_a_damaged_stored_seed_and_a_foreign_fits_folder_are_refused_before_the_
     argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "1", "--no-ica", "--out", str(out)]
     with pytest.raises(Stop):
         main(argv)
-    (out / "fits" / "fits" / "seed_1" / "model" / "params.pt").write_bytes(b"")
+    for seed in (0, 1):
+        (out / "fits" / "fits" / f"seed_{seed}" / "model" / "params.pt").write_bytes(b"")
     monkeypatch.setattr(diagnose_command, "estimate", stop)  # the warm-up
     messages.clear()
     capsys.readouterr()
     assert main(argv) == 1
-    assert "seed_1 is damaged" in capsys.readouterr().err and "before fitting" not in messages.text
+    err = capsys.readouterr().err  # every damaged seed at once, as the fits name them
+    assert "2 stored fits are damaged" in err and "seed_0" in err and "seed_1" in err
+    assert "before fitting" not in messages.text
     foreign = tmp_path / "e"
     (foreign / "fits").mkdir(parents=True)
     (foreign / "fits" / "notes.txt").write_text("mine")

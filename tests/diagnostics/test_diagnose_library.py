@@ -922,9 +922,11 @@ def test_the_analysed_copy_refusals_say_overwrite_discards_the_stored_fits_and_g
     (`rm -- FILE`), followed, lets the run go on with the stored fits kept."""
     out = tmp_path / "diag"
     record = _store_fake_seed(out)
+    (out / "fits" / "laplace" / "fits" / "seed_0").mkdir(parents=True)  # --restrictions' fits, which it keeps
     copy = tmp_path / "-copy.h5ad"
     copy.write_text("earlier")
-    with pytest.raises(OutputExistsError, match="also discards the 1 fit stored in") as info:
+    discards = f"also discards the 1 fit stored in {out / 'fits' / 'fits'}, and fits this run's seeds afresh"
+    with pytest.raises(OutputExistsError, match=re.escape(discards)) as info:
         diagnose(_registered(data_file), seeds=2, n_jobs=1, out_dir=out, write_h5ad=copy, before_fitting=_never)
     (command,) = re.findall(r"`(rm -- [^`]+)`", str(info.value))
     subprocess.run(command, shell=True, check=True, cwd=tmp_path)
@@ -935,3 +937,29 @@ def test_the_analysed_copy_refusals_say_overwrite_discards_the_stored_fits_and_g
         diagnose(adata, seeds=2, n_jobs=1, out_dir=out, write_h5ad=copy, before_fitting=_never)
     with pytest.raises(OutputExistsError, match="already hold countvae results.*not changed\\)\\.$"):
         diagnose(adata, seeds=2, n_jobs=1, out_dir=tmp_path / "new", write_h5ad=copy, before_fitting=_never)
+
+
+def test_stored_seeds_are_only_the_folders_a_run_stores_and_leftovers_of_killed_writes_are_no_foreign_entries(
+    tmp_path,
+):
+    """A copy named seed_02 was read as seed 2's fit (seed_2 does not exist), so a resume was refused naming a
+    missing folder; a manifest or fits folder left half-written by a killed run made the folder "not a fit_seeds
+    output folder", and a fits folder moved aside by a killed overwrite stayed on disk for good."""
+    from countvae.diagnostics.fitting import output_folder
+
+    root = tmp_path / "fits"
+    for name in ("seed_0", "seed_02", "seed_12", "seed_x", "seed_\u00b2", "seed_-1"):
+        (root / "fits" / name).mkdir(parents=True)
+    assert output_folder.stored_seeds(root / "fits") == [0, 12]
+    shutil.rmtree(root / "fits")
+    leftovers = [root / ".manifest.json.countvae-abcd1234.partial", root / ".fits.countvae-abcd_234.old"]
+    leftovers[0].parent.mkdir(parents=True, exist_ok=True)
+    leftovers[0].write_text("{")
+    leftovers[1].mkdir()
+    output_folder.refuse_unrecorded_fits(root)  # leftovers only: no refusal
+    output_folder.prepare(root, {"settings": {}}, overwrite=False)
+    assert not any(p.exists() for p in leftovers) and (root / "manifest.json").is_file()
+    (root / "manifest.json").unlink()
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match=r"not a fit_seeds output folder \(it holds \['notes.txt'\]"):
+        output_folder.refuse_unrecorded_fits(root)

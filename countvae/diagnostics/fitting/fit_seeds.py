@@ -384,10 +384,20 @@ def check_stored_fits(adata: ad.AnnData, settings: list[FitSeedsSettings]) -> di
         recorded = _recorded_settings(adata, registry, s, family, model_record, fit_idx, heldout_idx, fingerprint)
         check_manifest(Path(s.out_dir), recorded)
         if not s.refit_broken:  # with it the fits move a damaged seed aside and refit it
-            fits_dir = Path(s.out_dir) / FITS_FOLDER
-            for seed in sorted(set(s.seeds) & set(stored_seeds(fits_dir))):
-                check_stored_files(fits_dir, seed, family)
+            _refuse_damaged_seeds(Path(s.out_dir) / FITS_FOLDER, s.seeds, family)
     return fingerprint
+
+
+def _refuse_damaged_seeds(fits_dir: Path, seeds: Iterable[int], family: str) -> None:
+    """Refuse the stored fits of ``seeds`` whose files are damaged, all named at once as the fits name them."""
+    damaged = []
+    for seed in sorted(set(seeds) & set(stored_seeds(fits_dir))):
+        try:
+            check_stored_files(fits_dir, seed, family)
+        except BrokenFitError as exc:
+            damaged.append(exc)
+    if damaged:
+        raise all_broken(damaged)
 
 
 _SHARED = ("heldout_fraction", "split_seed", "model_cls", "backend", "n_jobs", "torch_threads", "progress_bar")

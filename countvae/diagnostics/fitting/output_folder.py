@@ -29,6 +29,7 @@ from countvae._formatting import counted
 from countvae._io import (
     atomic_directory,
     explained_write_errors,
+    interrupted_writes,
     read_versioned_json,
     refuse_file_in_the_way,
     refuse_folder_at_file,
@@ -68,7 +69,8 @@ def stored_seeds(fits_dir: Path) -> list[int]:
     if not fits_dir.is_dir():
         return []
     names = [p.name.removeprefix("seed_") for p in fits_dir.glob("seed_*") if p.is_dir()]
-    return sorted(int(name) for name in names if name.isdigit())
+    # only the names seed_folder gives: a copy named seed_02 is not seed 2's folder
+    return sorted(int(name) for name in names if name.isascii() and name.isdigit() and str(int(name)) == name)
 
 
 def refuse_obstacles(root: Path, remedy: str, seeds: Iterable[int] = ()) -> None:
@@ -110,7 +112,7 @@ def prepare(root: Path, manifest: dict[str, Any], overwrite: bool) -> None:
     with explained_write_errors(manifest_path, reused=True):
         write_json_atomic(manifest_path, manifest, overwrite=True)
     fits_dir.mkdir(exist_ok=True)
-    for path in remove_interrupted_writes(fits_dir):
+    for path in [*remove_interrupted_writes(root), *remove_interrupted_writes(fits_dir)]:
         logger.info("Removed %s, left by an interrupted run.", path)
 
 
@@ -124,7 +126,8 @@ def refuse_unrecorded_fits(root: Path) -> None:
     manifest_path = root / MANIFEST_FILE
     if manifest_path.is_file() or not root.is_dir():
         return
-    unexpected = [p.name for p in root.iterdir() if p.name not in (LOCK_FILE, OWNER_FILE, FITS_FOLDER)]
+    leftovers = {p.name for p in interrupted_writes(root)}  # a run killed while writing them: prepare removes them
+    unexpected = [p.name for p in root.iterdir() if p.name not in {LOCK_FILE, OWNER_FILE, FITS_FOLDER, *leftovers}]
     if unexpected:
         manifest = f"{MANIFEST_FILE} is not a file" if os.path.lexists(manifest_path) else f"no {MANIFEST_FILE}"
         raise OutputExistsError(
