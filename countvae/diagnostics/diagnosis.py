@@ -60,7 +60,7 @@ from countvae.data.gene_selection import GeneChoice, choose_genes
 from countvae.data.registry import get_registry, get_var_names
 from countvae.data.validation import check_unique_names
 from countvae.diagnostics.analyses.alignment import split_halves
-from countvae.diagnostics.analyses.markers import marker_matrix
+from countvae.diagnostics.analyses.markers import marker_matrix, marker_names
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.default_training import DIAGNOSE_N_TOP_GENES, diagnose_train_kwargs
 from countvae.diagnostics.fitting.fit_seeds import (
@@ -528,7 +528,11 @@ def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoi
                 f"Marker genes {dropped} are not among the {genes.adata.n_vars:,} most variable genes kept for "
                 "fitting; pass a larger --n-top-genes (n_top_genes), 'all', or other markers."
             )
-    marker_matrix(genes.adata, markers, get_var_names(genes.adata, get_registry(genes.adata)))
+    var_names = get_var_names(genes.adata, get_registry(genes.adata))
+    if genes.adata.isbacked:  # genes by name only: their values would read every cell's counts from the file
+        markers = [m for m in marker_names(markers, genes.adata.obs, var_names) if m not in var_names]
+    if markers:
+        marker_matrix(genes.adata, markers, var_names)
 
 
 def _check_de_groups(obs: pd.DataFrame, request: DownstreamRequest, heldout_idx: np.ndarray) -> None:

@@ -963,3 +963,16 @@ def test_stored_seeds_are_only_the_folders_a_run_stores_and_leftovers_of_killed_
     (root / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError, match=r"not a fit_seeds output folder \(it holds \['notes.txt'\]"):
         output_folder.refuse_unrecorded_fits(root)
+
+
+def test_marker_genes_of_a_backed_file_are_checked_by_name_before_the_block(data_file):
+    """On a backed file the marker check read the counts through scipy and failed with a raw ValueError ("does not
+    support dtype object") before any fitting; the genes are now checked by name (their values are read later, on
+    the report's cells)."""
+    adata = ad.read_h5ad(data_file, backed="r")
+    cv.data.setup_anndata(adata)
+    gene = str(adata.var_names[0])
+    with pytest.raises(AssertionError, match="went on to its block"):
+        diagnose(adata, seeds=2, n_jobs=1, markers=[gene], before_fitting=_never)
+    with pytest.raises(InvalidArgumentError, match=r"Markers \['nosuchgene'\] are neither genes"):
+        diagnose(adata, seeds=2, n_jobs=1, markers=[gene, "nosuchgene"], before_fitting=_never)

@@ -43,19 +43,8 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
         If a marker is neither a gene of the fits nor a column of ``obs``, or a column has too many categories.
 
     """
-    if isinstance(markers, str):
-        markers = [markers]
-    markers = list(dict.fromkeys(str(m) for m in markers))
-    if not markers:
-        raise InvalidArgumentError("markers is empty; pass gene names or obs columns, or None for the defaults.")
+    markers = marker_names(markers, adata.obs, var_names)
     genes = [m for m in markers if m in var_names]
-    missing = [m for m in markers if m not in var_names and m not in adata.obs.columns]
-    if missing:
-        raise InvalidArgumentError(
-            f"Markers {missing} are neither genes of the fitted models nor columns of adata.obs "
-            f"(obs columns: {list(adata.obs.columns)[:20]}; genes e.g. {list(var_names[:5])}). "
-            "Check the spelling and case of the gene symbols."
-        )
     gene_values: dict[str, np.ndarray] = {}
     if genes:
         values = log1p_normalized(adata, var_names, pd.Index(genes)).toarray()
@@ -64,6 +53,29 @@ def marker_matrix(adata: ad.AnnData, markers: Sequence[str], var_names: pd.Index
     for m in markers:
         parts.update({m: gene_values[m]} if m in gene_values else _obs_marker(adata.obs[m], m))
     return _varying(pd.DataFrame(parts, index=adata.obs_names))
+
+
+def marker_names(markers: Sequence[str] | str, obs: pd.DataFrame, var_names: pd.Index) -> list[str]:
+    """``markers`` as a list of distinct names, each a gene among ``var_names`` or a column of ``obs``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        If ``markers`` is empty, or a marker is neither a gene of the fits nor a column of ``obs``.
+
+    """
+    markers = [markers] if isinstance(markers, str) else markers
+    markers = list(dict.fromkeys(str(m) for m in markers))
+    if not markers:
+        raise InvalidArgumentError("markers is empty; pass gene names or obs columns, or None for the defaults.")
+    missing = [m for m in markers if m not in var_names and m not in obs.columns]
+    if missing:
+        raise InvalidArgumentError(
+            f"Markers {missing} are neither genes of the fitted models nor columns of adata.obs "
+            f"(obs columns: {list(obs.columns)[:20]}; genes e.g. {list(var_names[:5])}). "
+            "Check the spelling and case of the gene symbols."
+        )
+    return markers
 
 
 def _varying(frame: pd.DataFrame) -> pd.DataFrame:
