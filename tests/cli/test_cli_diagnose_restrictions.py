@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -169,3 +170,19 @@ def test_no_split_half_is_the_remedy_the_split_half_refusal_names(data_file, tmp
     assert "compare without the split halves: --no-split-half." in err and seen["split_half"] is True
     assert main([*argv, "--no-split-half"]) == 1
     assert seen["split_half"] is False
+
+
+def test_a_damaged_seed_of_a_later_model_is_refused_before_any_model_is_fitted(data_file, tmp_path, capsys):
+    """A resumed comparison met a damaged stored seed of a later model only after fitting the earlier models' missing
+    seeds; every model's stored fits are checked before the first fit."""
+    out = tmp_path / "restr"
+    argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", "laplace", "--out", str(out)]
+    assert main([*argv, "--quiet", "--no-split-half"]) == 0
+    shutil.rmtree(out / "report")
+    shutil.rmtree(out / "fits" / "unrestricted" / "fits" / "seed_1")  # to be refitted on resuming
+    (out / "fits" / "laplace" / "fits" / "seed_0" / "model" / "params.pt").write_bytes(b"")
+    capsys.readouterr()
+    assert main([*argv, "--quiet", "--no-split-half"]) == 1
+    err = capsys.readouterr().err
+    assert "laplace/fits/seed_0 is damaged" in err and "--refit-broken" not in err
+    assert not (out / "fits" / "unrestricted" / "fits" / "seed_1").exists()  # nothing fitted before the refusal

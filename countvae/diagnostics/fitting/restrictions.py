@@ -27,7 +27,12 @@ import numpy as np
 from countvae.data.gene_sets import GenePrograms, read_gmt
 from countvae.data.registry import get_registry
 from countvae.diagnostics.fitting.broken_fits import without_refit_broken
-from countvae.diagnostics.fitting.fit_seeds import fit_seeds, genes_without_counts
+from countvae.diagnostics.fitting.fit_seeds import (
+    FitSeedsSettings,
+    check_stored_fits,
+    fit_models,
+    genes_without_counts,
+)
 from countvae.diagnostics.fitting.fitted_model import CountVAEFit
 from countvae.diagnostics.fitting.heldout import cells_at, heldout_split
 from countvae.errors import BrokenFitError, InvalidArgumentError, InvalidDataError
@@ -253,23 +258,28 @@ def fit_restrictions(
     out_dir = fit_seeds_kwargs.pop("out_dir", None)
     if split_half:
         check_split_half_genes(adata, heldout_fraction, split_seed)
+    runs = {
+        name: FitSeedsSettings(
+            seeds=seeds,
+            model_kwargs=kwargs,
+            train_kwargs=train_kwargs,
+            heldout_fraction=heldout_fraction,
+            split_seed=split_seed,
+            out_dir=None if out_dir is None else f"{out_dir}/{name}",
+            **fit_seeds_kwargs,
+        )
+        for name, kwargs in model_kwargs.items()
+    }
     fits, seconds, heldout, adata_fit = {}, {}, None, None
-    for name, kwargs in model_kwargs.items():
-        try:
-            fitted = fit_seeds(
-                adata,
-                seeds=seeds,
-                model_kwargs=kwargs,
-                train_kwargs=train_kwargs,
-                heldout_fraction=heldout_fraction,
-                split_seed=split_seed,
-                out_dir=None if out_dir is None else f"{out_dir}/{name}",
-                **fit_seeds_kwargs,
-            )
-        except BrokenFitError as exc:
-            raise without_refit_broken(exc) from None
-        fits[name], seconds[name] = list(fitted.fits), fitted.seconds
-        heldout, adata_fit = fitted.adata_heldout, fitted.adata_fit
+    try:
+        # every model's stored fits, before the first is fitted; the data's checksum computed once
+        fingerprint = check_stored_fits(adata, list(runs.values()))
+        for name, run in runs.items():
+            (fitted,) = fit_models(adata, [run], fingerprint)  # as fit_seeds, one model at a time
+            fits[name], seconds[name] = list(fitted.fits), fitted.seconds
+            heldout, adata_fit = fitted.adata_heldout, fitted.adata_fit
+    except BrokenFitError as exc:
+        raise without_refit_broken(exc) from None
     halves = {}
     if split_half:
         first = next(iter(fits.values()))
