@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if model is not None:
         layer = layer if layer is not None or use_raw else model.registry.layer
         batch_key = batch_key if batch_key is not None else model.registry.batch_key
-        if use_raw and adata.raw is not None:
+        if use_raw and layer is None and adata.raw is not None:  # with --layer too, setup_anndata refuses the pair
             # .raw's counts as X, so that the model's genes are taken from them below: `fit --use-raw` stores the
             # raw counts of the genes it kept as its X (its model records use_raw=False)
             adata, use_raw = adata.raw.to_adata(), False

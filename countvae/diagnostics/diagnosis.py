@@ -531,8 +531,9 @@ def _check_markers(markers: list[str] | None, adata: ad.AnnData, genes: GeneChoi
     var_names = get_var_names(genes.adata, get_registry(genes.adata))
     if genes.adata.isbacked:  # genes by name only: their values would read every cell's counts from the file
         markers = [m for m in marker_names(markers, genes.adata.obs, var_names) if m not in var_names]
-    if markers:
-        marker_matrix(genes.adata, markers, var_names)
+        if not markers:
+            return
+    marker_matrix(genes.adata, markers, var_names)
 
 
 def _check_de_groups(obs: pd.DataFrame, request: DownstreamRequest, heldout_idx: np.ndarray) -> None:

@@ -179,7 +179,8 @@ def write_results(
         A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
         The AnnData to write into (default: the model's training AnnData): new data too, registered like the training
-        data or not at all. Cells are encoded from the model's genes; other genes rule out only the layer and loadings.
+        data or not at all. Cells are encoded from the model's genes; other genes rule out only the layer and loadings
+        (for a model of ``.raw`` counts, ``adata.raw`` must hold exactly its genes).
     latent_key
         ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
     layer

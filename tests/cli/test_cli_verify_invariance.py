@@ -250,4 +250,9 @@ def test_with_model_use_raw_takes_the_models_genes_from_raw(tmp_path, capsys):
     args = ["verify-invariance", str(path), "--model", str(tmp_path / "fit" / "model"), *FAST_CHECK]
     assert main([*args, "--out", str(tmp_path / "v")]) == 1
     assert "--use-raw when they are in adata.raw" in capsys.readouterr().err
+    capsys.readouterr()
+    # with a layer too, the pair is refused as such (the raw counts had replaced the data, whose layer then was "not
+    # in adata.layers")
+    assert main([*args, "--use-raw", "--layer", "counts", "--out", str(tmp_path / "w")]) == 1
+    assert "either --layer" in capsys.readouterr().err
     assert main([*args, "--use-raw", "--out", str(tmp_path / "v")]) == 0, capsys.readouterr().err

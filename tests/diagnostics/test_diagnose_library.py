@@ -976,3 +976,6 @@ def test_marker_genes_of_a_backed_file_are_checked_by_name_before_the_block(data
         diagnose(adata, seeds=2, n_jobs=1, markers=[gene], before_fitting=_never)
     with pytest.raises(InvalidArgumentError, match=r"Markers \['nosuchgene'\] are neither genes"):
         diagnose(adata, seeds=2, n_jobs=1, markers=[gene, "nosuchgene"], before_fitting=_never)
+    for data in (adata, _registered(data_file)):  # an empty list was let through to the report, after every fit
+        with pytest.raises(InvalidArgumentError, match="markers is empty"):
+            diagnose(data, seeds=2, n_jobs=1, markers=[], before_fitting=_never)

@@ -32,7 +32,7 @@ from countvae._settings import documents_settings, setting, takes_settings
 from countvae.data.gene_sets import GenePrograms, as_gene_programs, check_gene_programs
 from countvae.data.registry import get_registry
 from countvae.diagnostics.analyses.heldout_data import data_checksum
-from countvae.diagnostics.analyses.markers import marker_matrix
+from countvae.diagnostics.analyses.markers import marker_matrix, marker_names
 from countvae.diagnostics.analyses.restrictions import DEFAULT_MARGIN, IDENTIFIED_AGREEMENT
 from countvae.diagnostics.fitting.fit_seeds import check_seeds
 from countvae.diagnostics.fitting.parallelism import AUTO
@@ -76,7 +76,12 @@ def _checked_before_fitting(
     if opts.markers is None:
         return None
     markers = [opts.markers] if isinstance(opts.markers, str) else [str(m) for m in opts.markers]
-    marker_matrix(adata, markers, var_names)
+    if adata.isbacked:  # genes by name only: their values would read every cell's counts from the file
+        obs_markers = [m for m in marker_names(markers, adata.obs, var_names) if m not in var_names]
+        if obs_markers:
+            marker_matrix(adata, obs_markers, var_names)
+    else:
+        marker_matrix(adata, markers, var_names)
     return markers
 
 

@@ -89,12 +89,14 @@ def _how_more_cells(setting: str, n_cells: int, cap: int | None) -> str:
     """
     if not setting:
         return ""
-    if cap is not None and n_cells >= cap:
+    held_out = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
+    if cap is not None and n_cells >= cap:  # the cap alone may not do: the held-out cells may be no more than it
         return (
             f" (the report setting {setting} capped them at {cap:,}: raise it in Python, report(fits, {setting}=N) "
-            f"or diagnose(report_kwargs={{'{setting}': N}}); countvae diagnose has no option for it)"
+            f"or diagnose(report_kwargs={{'{setting}': N}}), countvae diagnose has no option for it; and {held_out}, "
+            "where fewer are held out)"
         )
-    return " (hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line)"
+    return f" ({held_out})"
 
 
 def _straddle(low: float, high: float, threshold: Threshold) -> str:

@@ -624,3 +624,26 @@ def test_a_damaged_stored_seed_is_named_with_a_remedy_the_comparison_can_follow(
     assert "refit_broken" not in str(info.value) and f"Move {seeds / 'seed_1'} out of" in str(info.value)
     (seeds / "seed_1").rename(tmp_path / "seed_1")
     assert fit().fits["free"][1].seed == 1
+
+
+def test_marker_genes_of_a_backed_file_are_checked_by_name_before_any_fit(tmp_path, monkeypatch):
+    """On a backed file the marker check read the counts through scipy and failed with a raw ValueError ("does not
+    support dtype object") before any fitting; the genes are checked by name, obs markers and misspellings as before."""
+    import anndata as ad
+
+    import countvae.diagnostics.reporting.compare_restrictions as module
+
+    path = tmp_path / "sim.h5ad"
+    cv.data.simulate(n_cells=200, n_genes=30, n_latent=2, decoder="linear", seed=1).write_h5ad(path)
+    backed = ad.read_h5ad(path, backed="r")
+    cv.data.setup_anndata(backed)
+
+    def no_fits(*args, **kwargs):
+        raise AssertionError("went on to fit")
+
+    monkeypatch.setattr(module, "fit_restrictions", no_fits)
+    gene = str(backed.var_names[0])
+    with pytest.raises(AssertionError, match="went on to fit"):
+        compare_restrictions(backed, "laplace", markers=[gene])
+    with pytest.raises(InvalidArgumentError, match=r"Markers \['nosuchgene'\] are neither genes"):
+        compare_restrictions(backed, "laplace", markers=[gene, "nosuchgene"])

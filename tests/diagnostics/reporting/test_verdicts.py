@@ -267,9 +267,10 @@ def test_posterior_predictive_statistics_need_enough_cells_for_any_verdict():
     capped = judge_invariants(pd.DataFrame([_ppc_row(40, 0.797, 0.762, 0.827)]), caps={"max_ppc_cells": 40})
     assert capped.loc[0, "remedy"] == (
         "use >= 150 held-out cells (the report setting max_ppc_cells capped them at 40: raise it in Python, "
-        "report(fits, max_ppc_cells=N) or diagnose(report_kwargs={'max_ppc_cells': N}); countvae diagnose has no "
-        "option for it)"
-    )
+        "report(fits, max_ppc_cells=N) or diagnose(report_kwargs={'max_ppc_cells': N}), countvae diagnose has no "
+        "option for it; and hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command "
+        "line, where fewer are held out)"
+    )  # the held-out cells may be no more than the cap, which raising it alone would not change
     # ... and an "agree" on 40 cells is no more trusted than a "differ".
     assert judge_invariants(pd.DataFrame([_ppc_row(40, 0.96, 0.95, 0.97)]))["verdict"].item() == UNDETERMINED
 
