@@ -77,12 +77,12 @@ def refuse_obstacles(root: Path, remedy: str, seeds: Iterable[int] = ()) -> None
     """Refuse, before any work or removal, an entry that a run writing ``root`` would otherwise meet only later.
 
     A file or a symbolic link to a missing path at ``root``, at a folder above it or at its fits folder
-    (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``), and a folder at a file the
-    run writes there (its manifest, lock and lock owner): :func:`prepare` and the lock met them only after
-    ``overwrite`` had discarded the fits it replaces, and ``diagnose`` after its report. ``seeds``: those of a run
-    that resumes (without ``overwrite``, which discards the fits folder whole); when ``root`` holds a manifest (fits
-    without one are discarded too), such an entry where one of them is stored (``fits/seed_<s>``) is refused as well,
-    which :func:`store` met only once that seed was fitted.
+    (:func:`~countvae._io.refuse_file_in_the_way`, naming the entry, then ``remedy``), and a folder at a file the run
+    writes there (its manifest, lock and lock owner): :func:`prepare` and the lock met them only after ``overwrite`` had
+    discarded the fits it replaces, and ``diagnose`` after its report. ``seeds``: those of a run that resumes (without
+    ``overwrite``, which discards the fits folder whole); when ``root`` holds a manifest (fits without one are refused
+    by :func:`refuse_unrecorded_fits`), such an entry where one of them is stored (``fits/seed_<s>``) is refused as
+    well, which :func:`store` met only once that seed was fitted.
     """
     refuse_file_in_the_way(root, remedy)
     refuse_file_in_the_way(root / FITS_FOLDER, remedy)
