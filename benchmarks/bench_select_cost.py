@@ -124,8 +124,8 @@ def _instrument(clock: dict[str, float], fit_records: list[dict]) -> None:
 
     fit_models = module.fit_models
 
-    def recorded_fit_models(adata, runs):
-        all_fits = fit_models(adata, runs)
+    def recorded_fit_models(adata, runs, *args, **kwargs):
+        all_fits = fit_models(adata, runs, *args, **kwargs)
         for settings, fits in zip(runs, all_fits, strict=True):
             fit_records.append(
                 {

@@ -178,9 +178,8 @@ def write_results(
     model
         A trained :class:`countvae.CountVAE` (``self`` of :meth:`countvae.CountVAE.write_results`).
     adata
-        The AnnData to write into (default: the model's training AnnData): new data too, registered like the training
-        data or not at all. Cells are encoded from the model's genes; other genes rule out only the layer and loadings
-        (for a model of ``.raw`` counts, ``adata.raw`` must hold exactly its genes).
+        The AnnData to write into (default: the training AnnData), registered or not. Cells are encoded from the
+        model's genes; other genes rule out the layer and loadings (and, for a ``.raw`` model, other ``.raw`` genes).
     latent_key
         ``obsm`` key for the posterior means of ``z``; ``None`` skips it.
     layer
