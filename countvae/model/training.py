@@ -452,6 +452,11 @@ def evaluate_loss(
     return total / max(count, 1)
 
 
+def validation_batch_size(plan: TrainingPlan) -> int:
+    """Cells per minibatch of ``train_module``'s validation loss (``evaluate_loss``): ``batch_size``, at least 512."""
+    return max(plan.batch_size, 512)
+
+
 def dtype_device(module: torch.nn.Module) -> tuple[torch.dtype, torch.device]:
     """The floating-point type and the device of a module's parameters."""
     p = next(module.parameters())
@@ -526,9 +531,9 @@ def train_module(
                 (epoch + 1) % plan.validation_interval == 0 or epoch + 1 == n_epochs
             )
             loss_val = math.nan
-            if validate:  # in minibatches of at least 512 cells
+            if validate:
                 loss_val = evaluate_loss(
-                    module, source, validation_indices, max(plan.batch_size, 512), plan.seed, len(train_indices)
+                    module, source, validation_indices, validation_batch_size(plan), plan.seed, len(train_indices)
                 )
             rows.append((epoch_offset + epoch + 1, loss_train, loss_val, kl_weight, lr))
             bar.set_postfix(loss_train=f"{loss_train:.4g}", loss_validation=f"{loss_val:.4g}", refresh=False)

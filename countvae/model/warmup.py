@@ -12,13 +12,20 @@ import numpy as np
 import torch
 
 from countvae._checks import check_int
-from countvae.data.backed import cells_in_memory
-from countvae.data.loader import CountSource
+from countvae.data.backed import backed_view_counts, cells_in_memory
+from countvae.data.loader import DEFAULT_BLOCK_CELLS, DEFAULT_BUFFER_BLOCKS, CountSource, block_shuffle_order
 from countvae.data.registry import Registry, batch_codes, get_count_matrix, get_registry
+from countvae.data.split import split_indices
 from countvae.errors import InvalidArgumentError, SetupError
 from countvae.model.countvae import CountVAE
 from countvae.model.query import resolve_registry
-from countvae.model.training import DEFAULT_STOPPING, TrainingPlan, default_max_epochs, train_module
+from countvae.model.training import (
+    DEFAULT_STOPPING,
+    TrainingPlan,
+    default_max_epochs,
+    train_module,
+    validation_batch_size,
+)
 
 #: Minibatches timed by default (after as many untimed ones, which absorb one-off allocation costs).
 WARMUP_STEPS = 10
@@ -56,7 +63,8 @@ class TrainingTimeEstimate:
     Attributes
     ----------
     seconds_per_epoch
-        Extrapolated time of one epoch on all cells (training steps and the validation loss, at the fit's proportions).
+        Extrapolated time of one epoch on all cells (training steps and the validation loss, at the fit's proportions),
+        ``read_seconds_per_epoch`` included.
     epochs
         Epochs of the fit (``max_epochs``, or the default for its size); with early stopping, the most.
     expected_epochs
@@ -68,6 +76,9 @@ class TrainingTimeEstimate:
         Training minibatches timed.
     warmup_cells
         Cells of the timed pass (training and validation).
+    read_seconds_per_epoch
+        Of a backed AnnData, the part of ``seconds_per_epoch`` an epoch spends reading the file, timed on reads made
+        as the fit makes them (``_read_seconds_per_epoch``); 0 for data in memory.
 
     """
 
@@ -77,6 +88,7 @@ class TrainingTimeEstimate:
     warmup_steps: int
     warmup_cells: int
     expected_epochs: int
+    read_seconds_per_epoch: float = 0.0
 
     @property
     def seconds_per_fit(self) -> float:
@@ -104,7 +116,8 @@ def estimate_training_time(
     ----------
     adata
         The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`. Of a backed AnnData (or a
-        view of one) only the warm-up's cells are read, into memory, and timed as such.
+        view of one) the warm-up's cells are read into memory and their steps timed as such, and the time the fit's
+        reads of the file take is timed apart and added (``read_seconds_per_epoch``).
     model_kwargs
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
@@ -159,6 +172,7 @@ def estimate_training_time(
         module = model.module
         # codes in the model's batches, as train reads them (a subset made after registering has fewer)
         codes = batch_codes(adata, resolve_registry(adata, model.registry))
+        read = _read_seconds_per_epoch(adata, registry, codes, plan, seed) if adata.isbacked else 0.0
         source, train_at, validation_at = _warmup_source(adata, registry, codes, train_cells, validation_cells)
         train_module(module, source, train_at, validation_at, plan)
         timed_start = perf_counter()
@@ -170,12 +184,13 @@ def estimate_training_time(
     timed_cells = n_train + n_validation
     stops = plan.early_stopping and _default_rule(plan)
     return TrainingTimeEstimate(
-        seconds_per_epoch=timed / timed_cells * n_cells,
+        seconds_per_epoch=timed / timed_cells * n_cells + read,
         epochs=int(epochs),
         expected_epochs=expected_stop_epoch(adata.n_vars, n_train_cells, int(epochs)) if stops else int(epochs),
         warmup_seconds=total,
         warmup_steps=int(math.ceil(n_train / plan.batch_size)),
         warmup_cells=int(timed_cells),
+        read_seconds_per_epoch=read,
     )
 
 
@@ -186,13 +201,45 @@ def _warmup_source(
 
     Of a backed AnnData only the warm-up's cells are read, into memory: the rest stay on disk, and the timed pass
     trains as on data in memory (the fits' block-shuffled reading of a file, whose blocks around a few scattered
-    cells would span it all, is not timed).
+    cells would span it all, is timed apart by ``_read_seconds_per_epoch``).
     """
     if not adata.isbacked:
         return CountSource(get_count_matrix(adata, registry), codes), train_cells, validation_cells
     cells = np.sort(np.concatenate([train_cells, validation_cells]))
     source = CountSource(get_count_matrix(cells_in_memory(adata, cells), registry), codes[cells])
     return source, np.searchsorted(cells, train_cells), np.searchsorted(cells, validation_cells)
+
+
+def _read_seconds_per_epoch(
+    adata: ad.AnnData, registry: Registry, codes: np.ndarray, plan: TrainingPlan, seed: int
+) -> float:
+    """Seconds an epoch of a fit on backed ``adata`` spends reading the file, from reads made as the fit makes them.
+
+    The fit's training split and first shuffling buffers (block shuffling, read as contiguous row slices; at least one
+    default buffer's cells, or all training cells) and its first validation minibatch (read as runs of rows) are read
+    from the file and timed; their time per cell, times the training cells, plus the validation cells' at the fit's
+    validation interval, is the epoch's. What the fit does with the rows once read is in the timed training pass.
+    """
+    if adata.is_view and backed_view_counts(adata) is None:
+        return 0.0  # anndata reads the cells of such a view into memory, for the fit too: no file reads to time
+    source = CountSource(get_count_matrix(adata, registry), codes)
+    train, validation = split_indices(adata.n_obs, plan.train_size, seed)
+    block_cells = plan.shuffle_block_cells or DEFAULT_BLOCK_CELLS
+    rng = np.random.default_rng(seed)
+    order, buffers = block_shuffle_order(train, block_cells, DEFAULT_BUFFER_BLOCKS, rng)
+    cells, started = 0, perf_counter()
+    for start, stop in buffers:
+        source.read_rows(np.sort(order[start:stop]))
+        cells += stop - start
+        if cells >= DEFAULT_BLOCK_CELLS * DEFAULT_BUFFER_BLOCKS:
+            break
+    seconds = (perf_counter() - started) / max(cells, 1) * len(train)
+    if len(validation):
+        first = validation[: validation_batch_size(plan)]
+        started = perf_counter()
+        source.read_rows(first)
+        seconds += (perf_counter() - started) / len(first) * len(validation) / plan.validation_interval
+    return seconds
 
 
 def _default_rule(plan: TrainingPlan) -> bool:

@@ -293,7 +293,8 @@ def test_a_gene_seen_only_in_held_out_cells_is_refused_before_the_warm_up(data_f
 
 def test_a_backed_file_has_only_the_warm_up_cells_read_before_fitting(data_file, monkeypatch):
     """On a backed file, split() read every fit cell into memory in the process whose workers read the file
-    themselves; now only the warm-up reads cells, its own, and times them as the in-memory warm-up does."""
+    themselves; now only the warm-up reads cells into memory, its own, and times them as the in-memory warm-up does
+    (the fits' reads of the file, timed apart, keep nothing)."""
     from countvae.data import backed
     from countvae.model import estimate_training_time
 

@@ -1,8 +1,16 @@
-"""The training-time estimate: which stopping settings the calibrated stop applies to, and the warm-up's step count."""
+"""The training-time estimate: which stopping settings the calibrated stop applies to, the warm-up's step count, and
+the time a fit on a backed file spends reading it."""
 
 from __future__ import annotations
 
+import time
+
+import anndata as ad
+import numpy as np
+
 import countvae as cv
+from countvae.data.loader import CountSource
+from countvae.data.split import split_indices
 from countvae.model import warmup
 
 
@@ -54,3 +62,34 @@ def test_a_subset_made_after_registering_is_timed_with_the_batches_its_model_has
     subset = adata[(labels != sorted(set(labels))[1]).to_numpy()].copy()  # the middle batch left out
     est = warmup.estimate_training_time(subset, {"n_latent": 2}, {"max_epochs": 2}, n_steps=2)
     assert est.seconds_per_epoch > 0
+
+
+def test_a_backed_files_estimate_adds_the_fits_reads_timed_on_the_file(tmp_path, monkeypatch):
+    """The warm-up timed its cells in memory, so a fit reading its minibatches from the file took several times the
+    printed estimate. Each read of the file is made 0.2 s slower here: the estimate reads the fit's training cells
+    (2,000 x 0.9 = 1,800, under one shuffling buffer of 8 x 1,024: one read) and its first validation minibatch (all
+    200 validation cells, one read, validated every 2 epochs), so an epoch reads for at least
+    0.2 + 0.2 / 2 = 0.3 s. Data in memory reads no file, and its estimate adds nothing."""
+    simulated = cv.data.simulate(n_cells=2000, n_genes=30, n_latent=2, decoder="linear", seed=3)
+    simulated.write_h5ad(tmp_path / "cells.h5ad")
+    backed = ad.read_h5ad(tmp_path / "cells.h5ad", backed="r")
+    cv.data.setup_anndata(backed)
+    reads, read_rows = [], CountSource.read_rows
+
+    def slow_file(source, rows):
+        if source.is_backed:
+            reads.append(np.asarray(rows).copy())
+            time.sleep(0.2)
+        return read_rows(source, rows)
+
+    monkeypatch.setattr(CountSource, "read_rows", slow_file)
+    train = {"max_epochs": 2, "batch_size": 128}
+    est = warmup.estimate_training_time(backed, {"n_latent": 2}, train, n_steps=2)
+    fit_train, fit_validation = split_indices(2000, 0.9, 0)
+    assert [r.tolist() for r in reads] == [fit_train.tolist(), fit_validation.tolist()]
+    assert est.read_seconds_per_epoch >= 0.3
+    assert est.seconds_per_epoch > est.read_seconds_per_epoch
+    reads.clear()
+    in_memory = warmup.estimate_training_time(backed.to_memory(), {"n_latent": 2}, train, n_steps=2)
+    assert reads == [] and in_memory.read_seconds_per_epoch == 0.0
+    backed.file.close()
