@@ -504,6 +504,9 @@ def test_the_diagnose_block_estimates_the_report_s_held_out_log_p_x(data_file, t
     assert round(1000 * lpd_seconds_per_cell(timing, 225, 5)) == 41
     assert "then about 6 s for the held-out log p(x) of 75 cells x 2 fits (41 ms per cell and fit at 5 draws" in block
     assert "5 draws, 1 fit at a time, within about a factor 5)" in block
+    # a backed file's reads slow its fits, not the held-out cells' log p(x), which the report computes in memory
+    read_too = warmup.TrainingTimeEstimate(0.25, 1, 1.0, 10, 100, expected_epochs=1, read_seconds_per_epoch=0.15)
+    assert lpd_seconds_per_cell(read_too, 225, 5) == pytest.approx(lpd_seconds_per_cell(timing, 225, 5))
     # 10x slower and 5 seeds: the 4 fits after the first (30.5 s each) go to 2 workers, which start in about 10 s
     slower = warmup.TrainingTimeEstimate(1.0, 1, 1.0, 10, 100, expected_epochs=1)
     monkeypatch.setattr(diagnose_command, "estimate", lambda *args: slower)
