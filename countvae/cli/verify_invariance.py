@@ -81,7 +81,8 @@ def register(sub: Subcommands) -> None:
             "independent estimates of both models, an estimate from the rotated model's own proposal, and "
             "exact quadrature on grids along each model's axes (linear Poisson or NB models with a normal "
             "or diagonal prior, up to 3 dimensions); the "
-            "result is 'not verified' when the estimator is unreliable. Writes OUT/report/report.html "
+            "result is 'not verified' when the estimator is unreliable, or when a control changes log p(x) too "
+            "little to be seen (inconclusive, as on a briefly trained NB model). Writes OUT/report/report.html "
             "(self-contained), report.json and report.md, and OUT/model when it fits the model."
         ),
         epilog=EXAMPLES
@@ -210,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")
     if not report.passed:
         if report.status == "failed":
-            problem = f"{len(report.failures)} checks disagree with the theory"
+            problem = f"{len(report.disagreements)} checks disagree with the theory"
         else:
             reasons = report.reasons()
             more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""

@@ -263,8 +263,10 @@ def verify(
 
     The result is "verified numerically" when every check agrees with the theory and the estimator's own diagnostics
     allow its numbers to be used; "not verified" (with the reasons) when the estimator is unreliable on too many cells,
-    disagrees with exact quadrature, or the quadrature did not converge; "failed" when a check disagrees with the theory
-    on reliable numbers. :mod:`countvae.invariance.checks` lists the checks and what each can and cannot catch.
+    disagrees with exact quadrature, the quadrature did not converge, or a control's change of ``p(x)`` is too small
+    for the estimates to resolve (an inconclusive control, e.g. on a briefly trained NB model whose posterior is near
+    the prior); "failed" when a check disagrees with the theory on reliable numbers.
+    :mod:`countvae.invariance.checks` lists the checks and what each can and cannot catch.
 
     Parameters
     ----------

@@ -80,3 +80,27 @@ def test_failure_reasons_state_the_rule_the_value_broke():
         "fitted / R: prior_max_abs_diff = 1e-09 (expected prior_max_abs_diff > 1e-06)",
     ]
     assert "FAILED (2 checks disagree with the theory)" in report.summary()
+
+
+def test_an_undetected_control_is_inconclusive_not_a_disagreement():
+    """Known answer: every orthogonal check agrees and a control's change is below what the estimates resolve
+    (control_z under its threshold, as a briefly trained NB model gives a Laplace prior's rotation): the theory says a
+    control may change p(x), not by how much, so the row is "inconclusive" and the result "not verified", where it
+    said "failed" with "1 checks disagree with the theory"."""
+    control = ["control: laplace prior", "rotation", "rotation", "changes", "control_z", -1.39, 4.0, "differs", False]
+    rows = [_row("crn_max_abs_diff", True), _row("indep_z_mean", True, value=0.5, threshold=5.0), control]
+    report = _report(rows)
+    assert report.status == "not verified" and not report.passed and report.disagreements.empty
+    assert report.verdicts()["result"].tolist() == ["ok", "inconclusive"]
+    assert report.reasons() == [
+        "control: laplace prior / rotation: inconclusive: the control changed log p(x) by too little for the "
+        "estimates to resolve (control_z = -1.39, detected above 4), which does not contradict the theory: the change "
+        "shrinks as the posterior widens (a briefly trained or overdispersed model); train the model longer, raise "
+        "n_samples, or leave the control out (controls=False, prior_controls=False)"
+    ]
+    assert "NOT VERIFIED (control: laplace prior / rotation: inconclusive" in report.summary()
+    # a disagreement beside it still fails the run, counted alone, and its reason comes first
+    both = _report([*rows, _row("own_z_mean", False, value=6.0, threshold=5.0)])
+    assert both.status == "failed" and "FAILED (1 checks disagree with the theory)" in both.summary()
+    assert both.reasons()[0].startswith("fitted / R: own_z_mean") and "inconclusive" in both.reasons()[1]
+    assert both.verdicts()["result"].tolist() == ["FAIL", "inconclusive"]
