@@ -78,7 +78,7 @@ class TrainingTimeEstimate:
         Cells of the timed pass (training and validation).
     read_seconds_per_epoch
         Of a backed AnnData, the part of ``seconds_per_epoch`` an epoch spends reading the file, timed on reads made
-        as the fit makes them (``_read_seconds_per_epoch``); 0 for data in memory.
+        as the fit makes them (``_read_seconds_per_epoch``); 0 for counts in memory (a backed file's layers too).
 
     """
 
@@ -117,7 +117,9 @@ def estimate_training_time(
     adata
         The cells a fit trains on, registered with :func:`countvae.data.setup_anndata`. Of a backed AnnData (or a
         view of one) the warm-up's cells are read into memory and their steps timed as such, and the time the fit's
-        reads of the file take is timed apart and added (``read_seconds_per_epoch``).
+        reads of the file take is timed apart and added (``read_seconds_per_epoch``): the warm-up reads one shuffling
+        buffer (``8 x shuffle_block_cells``, 8,192 cells by default) and one validation minibatch of the file, one at
+        a time, no more than a fit holds. Counts in a layer are in memory (anndata reads layers whole): no reads.
     model_kwargs
         Constructor arguments of :class:`~countvae.model.CountVAE`.
     train_kwargs
@@ -203,7 +205,7 @@ def _warmup_source(
     trains as on data in memory (the fits' block-shuffled reading of a file, whose blocks around a few scattered
     cells would span it all, is timed apart by ``_read_seconds_per_epoch``).
     """
-    if not adata.isbacked:
+    if not adata.isbacked or registry.layer is not None:  # anndata holds a backed file's layers in memory
         return CountSource(get_count_matrix(adata, registry), codes), train_cells, validation_cells
     cells = np.sort(np.concatenate([train_cells, validation_cells]))
     source = CountSource(get_count_matrix(cells_in_memory(adata, cells), registry), codes[cells])
@@ -220,9 +222,11 @@ def _read_seconds_per_epoch(
     from the file and timed; their time per cell, times the training cells, plus the validation cells' at the fit's
     validation interval, is the epoch's. What the fit does with the rows once read is in the timed training pass.
     """
-    if adata.is_view and backed_view_counts(adata) is None:
+    if registry.layer is None and not registry.use_raw and adata.is_view and backed_view_counts(adata) is None:
         return 0.0  # anndata reads the cells of such a view into memory, for the fit too: no file reads to time
     source = CountSource(get_count_matrix(adata, registry), codes)
+    if not source.is_backed:
+        return 0.0  # counts in memory (a layer of a backed file): the timed pass counts their reads
     train, validation = split_indices(adata.n_obs, plan.train_size, seed)
     block_cells = plan.shuffle_block_cells or DEFAULT_BLOCK_CELLS
     rng = np.random.default_rng(seed)

@@ -93,3 +93,18 @@ def test_a_backed_files_estimate_adds_the_fits_reads_timed_on_the_file(tmp_path,
     in_memory = warmup.estimate_training_time(backed.to_memory(), {"n_latent": 2}, train, n_steps=2)
     assert reads == [] and in_memory.read_seconds_per_epoch == 0.0
     backed.file.close()
+
+
+def test_a_backed_file_with_its_counts_in_a_layer_and_no_x_is_estimated_as_in_memory(tmp_path):
+    """anndata holds a backed file's layers in memory, and the fit trains on them: the estimate used to read the cells
+    through the file's X (a raw h5py KeyError where the file has none) and timed in-memory indexing as file reads."""
+    simulated = cv.data.simulate(n_cells=600, n_genes=30, n_latent=2, decoder="linear", seed=3)
+    simulated.layers["counts"] = simulated.X.copy()
+    simulated.X = None
+    simulated.write_h5ad(tmp_path / "layer.h5ad")
+    backed = ad.read_h5ad(tmp_path / "layer.h5ad", backed="r")
+    cv.data.setup_anndata(backed, layer="counts")
+    for cells in (backed, backed[np.arange(0, 600, 2)]):
+        est = warmup.estimate_training_time(cells, {"n_latent": 2}, {"max_epochs": 2, "batch_size": 64}, n_steps=2)
+        assert est.read_seconds_per_epoch == 0.0 and est.seconds_per_epoch > 0
+    backed.file.close()
