@@ -163,3 +163,20 @@ def test_random_permutations_are_uniform_over_the_non_identity_ones():
     assert not np.any(np.all(np.abs(signed) == np.eye(2), axis=(1, 2)))  # never the identity permutation
     flips = (signed.sum(axis=1) < 0).mean()  # each column holds one entry, +1 or -1
     assert flips == pytest.approx(0.5, abs=0.06)
+
+
+def test_the_default_rotation_stays_away_from_the_control_priors_symmetries():
+    """A 2-d rotation by angle t is within 15 degrees of a signed permutation (which the Laplace and diagonal control
+    priors keep) when t mod 90 degrees is below 15 or above 75: a third of Haar draws, e.g. seed 5's 178 degrees. The
+    default rotation avoids them and stays a rotation; seeds whose first draw is far enough keep it (seed 0)."""
+    angles = []
+    for seed in range(40):
+        R = inv.default_transforms(2, seed)["rotation"] if seed % 2 else inv.random_rotation(2, seed, 15.0)
+        np.testing.assert_allclose(R @ R.T, np.eye(2), atol=1e-12)
+        assert np.linalg.det(R) == pytest.approx(1.0, abs=1e-10)
+        angles.append(np.degrees(np.arctan2(R[1, 0], R[0, 0])) % 90)
+    assert 15 - 1e-9 <= min(angles) and max(angles) <= 75 + 1e-9
+    first = np.random.default_rng(0).integers(0, 2**31 - 1, size=5)[0]
+    np.testing.assert_array_equal(inv.default_transforms(4, 0)["rotation"], inv.random_rotation(4, int(first)))
+    with pytest.raises(InvalidArgumentError, match="degrees_from_axes"):
+        inv.random_rotation(2, 0, 45.0)  # every 2-d rotation is within 45 degrees of a signed permutation

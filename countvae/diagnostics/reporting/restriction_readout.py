@@ -38,6 +38,7 @@ from countvae.diagnostics.fitting.restrictions import (
 from countvae.errors import InvalidArgumentError
 from countvae.ica import ICARotation
 from countvae.invariance import random_reflection, random_rotation, random_signed_permutation, verify
+from countvae.invariance.controls import ROTATION_DEGREES_FROM_AXES
 from countvae.model import CountVAE
 
 #: Training cells an ICA is fitted on at most (a random subset beyond that).
@@ -272,7 +273,7 @@ def symmetry_rows(fit: CountVAEFit, model_name: str, adata_heldout: ad.AnnData, 
     if L < 2:
         return []
     maps = {
-        "rotation": random_rotation(L, seed),
+        "rotation": random_rotation(L, seed, ROTATION_DEGREES_FROM_AXES),  # one that must change a Laplace prior
         "signed permutation": random_signed_permutation(L, seed),
         "sign flip": random_reflection(L, seed),
     }
