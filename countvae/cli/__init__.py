@@ -117,6 +117,11 @@ _ARGUMENT = re.compile(
     r"( \((?:countvae [a-z-]+ )?--[\w-]+(?: on the command line)?\))?"
 )
 
+#: Library arguments a command sets through an option of another name, by command: diagnose's report estimates each
+#: held-out cell's log p(x) with ``n_samples`` set to its ``--n-lpd-samples`` (the estimator's warnings name
+#: ``n_samples``); ``select`` and ``fit`` call that option ``--n-samples``.
+PASSED_AS: dict[str, dict[str, str]] = {"diagnose": {"n_samples": "n_lpd_samples"}}
+
 # An argument check's ``name must be ...`` (countvae._checks) at the start of the message or of a sentence.
 _CHECKED = re.compile(r"(?:^|(?<=[.!?] ))([a-z][a-z0-9_]*)(?= must be\b)")
 
@@ -131,14 +136,16 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
     destination ``no_name``: verify-invariance's ``--no-controls`` for ``controls=False``, or a ``no_name`` entry that
     :func:`main` adds for each switch with a ``--no-`` form, such as ``--no-early-stopping``), and an argument
     check's ``name must be ...`` at the start of a sentence as ``--name must be ...``. Arguments of a call
-    (``setup_anndata(adata, layer=...)``) and names that are not options are left as written.
+    (``setup_anndata(adata, layer=...)``) and names that are not options are left as written. An argument the
+    command sets through another option (:data:`PASSED_AS`, by the ``command`` in ``options``) is named as that option.
     """
+    passed_as = PASSED_AS.get(str(options.get("command")), {})
 
     def is_option(name: str) -> bool:
         return name in options and name not in ("command", "run")
 
     def option(match: re.Match[str]) -> str:
-        name, value = match.group(1), match.group(2)
+        name, value = passed_as.get(match.group(1), match.group(1)), match.group(2)
         if value == "False" and is_option(f"no_{name}"):
             return "--no-" + name.replace("_", "-")
         if not is_option(name):
@@ -151,7 +158,7 @@ def in_option_terms(message: str, options: dict[str, object]) -> str:
         return f"{flag} {'VALUE' if value == '...' else value}"
 
     def checked(match: re.Match[str]) -> str:
-        name = match.group(1)
+        name = passed_as.get(match.group(1), match.group(1))
         return "--" + name.replace("_", "-") if is_option(name) else name
 
     return _CHECKED.sub(checked, _ARGUMENT.sub(option, message))

@@ -277,7 +277,9 @@ class SeedProgressMessages:
     """Turns fit_seeds' progress events into 'k of n seeds done, about T left' messages.
 
     Counts the seeds stored or reused (events of the calling process); the time left is the wall time so far per
-    fitted seed times the seeds left, which accounts for seeds fitted in parallel. Picklable, as ``fit_seeds``
+    fitted seed times the seeds left, which accounts for seeds fitted in parallel. The clock runs from
+    :meth:`start` (from construction until then): a run calls it when the fitting starts, so that the gene selection,
+    the checks and the warm-up before it are not counted as if each seed spent them. Picklable, as ``fit_seeds``
     requires of a ``progress`` sent to worker processes (where it ignores its events).
     """
 
@@ -285,6 +287,10 @@ class SeedProgressMessages:
         self.n_seeds = n_seeds
         self.done = 0
         self.fitted = 0
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart) the clock: call it when the first seed starts fitting."""
         self.started = time.perf_counter()
 
     def __call__(self, event: ProgressEvent) -> None:
@@ -390,11 +396,12 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
             f"{' and '.join(given)} {'set' if len(given) > 1 else 'sets'} the comparison of restrictions; add "
             f"--restrictions, or leave {'them' if len(given) > 1 else 'it'} out."
         )
-    observer = _Observer(args.data)
+    messages = SeedProgressMessages(args.seeds)
+    observer = _Observer(args.data, messages)
     rep = diagnose(
         adata,
         settings=settings,
-        progress=_Both(SeedProgressMessages(args.seeds), progress),
+        progress=_Both(messages, progress),
         before_fitting=observer.before_fitting,
         after_fitting=observer.after_fitting,
     )
@@ -408,8 +415,8 @@ def run(args: argparse.Namespace, progress: Progress | None = None) -> int:
 class _Observer:
     """The command's part in a run: the block printed before fitting, and the fits and their end time for the result."""
 
-    def __init__(self, data: str | None):
-        self.data = data
+    def __init__(self, data: str | None, messages: SeedProgressMessages):
+        self.data, self.messages = data, messages
         self.plan: DiagnosePlan | None = None
         self.fits: SeedFits | None = None
         self.fitted = float("nan")
@@ -450,6 +457,7 @@ class _Observer:
             ),
         )
         self.fitting_started = time.perf_counter()
+        self.messages.start()
 
     def after_fitting(self, fits: SeedFits) -> None:
         """Keep the fits and the time, and say what comes next."""

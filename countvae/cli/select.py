@@ -41,6 +41,7 @@ from countvae.diagnostics.analyses.model_comparison import MAX_HELDOUT_CELLS
 from countvae.diagnostics.fitting.backends import DEFAULT_TORCH_THREADS, available_cores
 from countvae.diagnostics.fitting.heldout import heldout_split
 from countvae.diagnostics.fitting.run_lock import locked
+from countvae.diagnostics.reporting.heldout_lpd import WORKER_START_SECONDS, auto_workers
 from countvae.diagnostics.reporting.model_comparison_report import COMPARISON_FOLDER
 from countvae.errors import InvalidArgumentError
 
@@ -225,7 +226,8 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     likelihood and the prior are not timed apart), ten training steps each as for ``diagnose``, and extrapolated to
     all fits, as many at a time as run at once and the usable cores fit at full speed (``Parallelism.at_full_speed``).
     The held-out ``log p(x)`` of each fit on the compared cells follows the ratio to the timed steps that ``fit``
-    uses, on one torch thread per fit and one worker per usable core.
+    uses, on one torch thread per fit, in as many workers as the report's estimate will use
+    (:func:`~countvae.diagnostics.reporting.heldout_lpd.auto_workers`).
     """
     first, n_seeds = runs[0], len(runs[0].seeds)
     fit_idx, held_idx = heldout_split(genes.adata.n_obs, first.heldout_fraction, first.split_seed)
@@ -247,7 +249,11 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
     fitting = max(max(per_fit), sum(per_fit) * n_seeds / jobs.at_full_speed())  # --n-jobs above the cores: no faster
     fitting += workers_start_seconds(jobs.n_jobs)  # not timed by the warm-up in this process
     per_cell = [lpd_seconds_per_cell(t, len(fit_idx), args.n_samples) for t in timings]
-    lpd = sum(per_cell) * n_seeds * compared / min(cores, n_fits)
+    # as the report's heldout_lpd decides: the first fit's estimate here, then workers only where they save time
+    first_lpd = per_cell[0] * compared
+    lpd_jobs = auto_workers(first_lpd, n_fits - 1, cores)
+    lpd = first_lpd + (sum(per_cell) * n_seeds * compared - first_lpd) / lpd_jobs
+    lpd += WORKER_START_SECONDS if lpd_jobs > 1 else 0.0
     train = first.train_kwargs
     stopping = "on (at most that many epochs)" if train.get("early_stopping") else "off"
     values = " x ".join(f"{name} {', '.join(map(str, v))}" for name, v in grid.items())
@@ -264,7 +270,7 @@ def _announce(args: argparse.Namespace, grid: dict[str, list], genes: GeneChoice
         f"{workers_starting(jobs.n_jobs)}",
         f"{' ' * 14}then about {duration(lpd)} for the held-out log p(x) of {compared:,} cells x {n_fits} fits "
         f"({1000 * sum(per_cell) / len(per_cell):.0f} ms per cell and fit on average at {args.n_samples} samples, "
-        f"{min(cores, n_fits)} at a time; within about a factor 5)",
+        f"{counted(lpd_jobs, 'fit')} at a time; within about a factor 5)",
         f"{' ' * 14}not counted: reading the data, the stability measures and the no-latent baseline "
         "(under 1% of a run in benchmarks/RESULTS.md, select-cost); it counts the fits stored in OUT/fits, which a "
         "resumed run reuses",

@@ -85,7 +85,7 @@ from countvae.diagnostics.fitting.progress import Progress
 from countvae.diagnostics.fitting.run_lock import locked
 from countvae.diagnostics.fitting.seed_fits import SeedFits
 from countvae.diagnostics.reporting.anndata_export import existing_report_keys
-from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS
+from countvae.diagnostics.reporting.collect import MIN_HELDOUT_CELLS, marker_list
 from countvae.diagnostics.reporting.diagnostic_report import DiagnosticReport
 from countvae.diagnostics.reporting.downstream_section import DownstreamRequest, de_groups
 from countvae.diagnostics.reporting.pipeline import ReportSettings, report
@@ -349,7 +349,7 @@ def plan_diagnose(adata: ad.AnnData, *, settings: DiagnoseSettings) -> DiagnoseP
     check_fit_genes(genes.adata[fit_idx], get_registry(genes.adata))  # as the fits would, before the warm-up
     check_fit_batches(genes.adata[fit_idx], get_registry(genes.adata), genes.adata)
     _check_heldout_cells(len(heldout_idx), genes.adata.n_obs)
-    markers = None if s.markers is None else [s.markers] if isinstance(s.markers, str) else list(s.markers)
+    markers = marker_list(s.markers)
     _check_markers(markers, adata, genes)
     if s.downstream is not None and s.downstream.groupby is not None:  # groupby=None: clusters and UMAP only
         _check_de_groups(genes.adata.obs, s.downstream, heldout_idx)

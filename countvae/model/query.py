@@ -45,8 +45,11 @@ class ModelCells:
         return len(self.indices)
 
 
-def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
+def check_genes(var_names: pd.Index, expected: pd.Index, use_raw: bool = False) -> None:
     """Raise unless ``var_names`` equals the training genes, in the same order.
+
+    ``use_raw``: ``var_names`` are ``adata.raw``'s, which ``adata[:, genes]`` does not subset, so the advice rebuilds
+    ``.raw`` instead.
 
     Raises
     ------
@@ -56,23 +59,31 @@ def check_genes(var_names: pd.Index, expected: pd.Index) -> None:
     """
     if len(var_names) == len(expected) and bool((var_names == expected).all()):
         return
+    owner, subset = "The AnnData", "`adata[:, model.var_names]`"
+    if use_raw:
+        owner, subset = "The AnnData's .raw", "`adata.raw = adata.raw.to_adata()[:, model.var_names]`"
+    genes = f"{owner}'s" if not use_raw else owner
     if not var_names.is_unique:
         duplicated = list(var_names[var_names.duplicated()].unique()[:5])
+        unique = "adata.var_names_make_unique(), then subset with `adata[:, model.var_names]`"
+        if use_raw:
+            unique = (
+                "`raw = adata.raw.to_adata()`, `raw.var_names_make_unique()`, then "
+                "`adata.raw = raw[:, model.var_names]`"
+            )
         raise InvalidDataError(
-            f"The AnnData's gene names are not unique (for example {duplicated}), so its genes cannot be matched to "
-            "the training genes; call adata.var_names_make_unique(), then subset with `adata[:, model.var_names]`."
+            f"{genes} gene names are not unique (for example {duplicated}), so its genes cannot be "
+            f"matched to the training genes; call {unique}."
         )
     missing = expected.difference(var_names)
     extra = var_names.difference(expected)
     if len(missing) == 0 and len(extra) == 0:
-        raise InvalidDataError(
-            "The AnnData has the training genes in a different order; reorder with "
-            "`adata = adata[:, model.var_names].copy()`."
-        )
+        reorder = subset if use_raw else "`adata = adata[:, model.var_names].copy()`"
+        raise InvalidDataError(f"{owner} has the training genes in a different order; reorder with {reorder}.")
     raise InvalidDataError(
-        f"The AnnData's genes differ from the {len(expected)} genes the model was trained on: "
+        f"{genes} genes differ from the {len(expected)} genes the model was trained on: "
         f"{len(missing)} missing (e.g. {list(missing[:5])}), {len(extra)} not in training "
-        f"(e.g. {list(extra[:5])}). Subset to the training genes with `adata[:, model.var_names]` "
+        f"(e.g. {list(extra[:5])}). Subset to the training genes with {subset} "
         "when all are present; otherwise the model cannot be applied to these cells."
     )
 
@@ -266,7 +277,7 @@ def query_source(
     if not isinstance(adata, ad.AnnData):
         raise InvalidArgumentError(f"Expected an AnnData, got {type(adata).__name__}.")
     registry = resolve_registry(adata, trained)
-    check_genes(get_var_names(adata, registry), var_names)
+    check_genes(get_var_names(adata, registry), var_names, registry.use_raw)
     matrix = get_count_matrix(adata, registry)
     indices = np.arange(adata.n_obs) if indices is None else cell_positions(indices, adata.n_obs)
     source = CountSource(matrix, batch_codes(adata, registry))

@@ -222,7 +222,7 @@ def test_countvae_warnings_are_one_line_and_others_keep_their_origin(monkeypatch
 
 def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
     """Its remedy said "a larger n_samples", which the command line left as a Python argument."""
-    from countvae.cli import in_option_terms
+    from countvae.cli import build_parser, in_option_terms
     from countvae.errors import UnreliableEstimateWarning
     from countvae.model.inference import _warn_unreliable
     from countvae.module.importance import ImportanceSummary
@@ -231,6 +231,10 @@ def test_the_unreliable_estimate_warning_names_the_fit_commands_option():
     with pytest.warns(UnreliableEstimateWarning) as record:
         _warn_unreliable(summary, "mixture")
     assert "a larger --n-samples VALUE" in in_option_terms(str(record[0].message), {"n_samples": 20})
+    # diagnose has no --n-samples: its report passes --n-lpd-samples on as the estimator's n_samples
+    for command, option in (("diagnose", "--n-lpd-samples"), ("select", "--n-samples"), ("fit", "--n-samples")):
+        args = vars(build_parser().parse_args([command, "data.h5ad", "--batch-key", "batch"]))
+        assert f"a larger {option} VALUE," in in_option_terms(str(record[0].message), args), command
 
 
 def test_a_refusal_of_what_another_writer_put_at_an_output_names_a_valid_command_line(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -25,7 +26,8 @@ def data_file(tmp_path_factory):
 FAST = ["--seeds", "2", "--n-latent", "2", "--max-epochs", "5", "--n-lpd-samples", "5", "--n-hidden", "16"]
 
 
-def test_restrictions_write_their_report(data_file, tmp_path, capsys):
+def test_restrictions_write_their_report(data_file, tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="countvae")
     out = tmp_path / "restr"
     argv = ["diagnose", str(data_file), *FAST, "--decoder", "linear", "--restrictions", "laplace,horseshoe,ica"]
     assert main([*argv, "--margin", "0.25", "--out", str(out), "--json"]) == 0
@@ -37,6 +39,11 @@ def test_restrictions_write_their_report(data_file, tmp_path, capsys):
     assert sorted(p.name for p in (out / "fits").iterdir()) == ["horseshoe", "laplace", "unrestricted"]
     record = json.loads((out / "report" / "report.json").read_text())
     assert record["settings"]["margin_nats_per_cell"] == 0.25
+    # what docs/cli.md says it prints: no block or time estimate before fitting, the comparison and its models
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("before fitting" in m for m in messages)
+    assert messages[0] == "Comparing laplace, horseshoe, ica with the unrestricted model over 2 seeds (5 epochs each)."
+    assert "Fitting 3 models from 2 seeds." in messages
 
 
 @pytest.mark.parametrize(

@@ -278,6 +278,26 @@ def test_the_fitting_estimate_counts_no_more_fits_at_once_than_the_cores_run(raw
     assert "estimate    about 30 s for the 4 fits" in block
     assert "per decoder, latent size and width), about 10 s of it starting the workers" in block
     assert "not counted: reading the data, the stability measures" in block
+    # the held-out log p(x) of a fit takes long enough here (about 100 s) for the report to use both cores
+    assert "samples, 2 fits at a time; within about a factor 5)" in block
+
+
+def test_the_lpd_estimate_runs_in_as_many_workers_as_the_report_will(raw, tmp_path, messages, monkeypatch):
+    """The block said "2 at a time" (one per core) where the report, whose workers would save less than their
+    start-up on 24 cells, estimated every fit in 1."""
+    from countvae.cli import select as select_command
+    from countvae.diagnostics.fitting import parallelism
+    from countvae.diagnostics.reporting import compare_models
+
+    monkeypatch.setattr(parallelism, "available_cores", lambda: 2)
+    monkeypatch.setattr(select_command, "available_cores", lambda: 2)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_models, "fit_models", stop)
+    assert main(["select", str(raw), *FAST, "--out", str(tmp_path / "sel")]) == 130
+    assert "at 10 samples, 1 fit at a time; within about a factor 5)" in messages.text
 
 
 def test_a_rerun_on_other_genes_refuses_the_stored_fits(raw, tmp_path, capsys, messages, monkeypatch):

@@ -68,6 +68,29 @@ def test_the_diagnose_estimate_counts_no_more_seeds_at_once_than_the_cores_run(
     assert "about 10 s per seed, about 30 s for 4 seeds (" in block and "about 10 s of it starting the workers" in block
 
 
+def test_diagnose_seed_messages_time_the_fits_not_the_planning_and_warm_up(data_file, tmp_path, messages, monkeypatch):
+    """The clock started before the gene selection, the checks and the warm-up, counted as if each seed spent them."""
+    import re
+    import time
+
+    from countvae.cli import diagnose as diagnose_command
+
+    warm_up = diagnose_command.estimate
+
+    def slow_warm_up(*args):
+        time.sleep(4.0)
+        return warm_up(*args)
+
+    monkeypatch.setattr(diagnose_command, "estimate", slow_warm_up)
+    argv = ["diagnose", str(data_file), *FAST_DIAGNOSE, "--n-jobs", "1", "--out", str(tmp_path / "d")]
+    assert main(argv) == 0
+    done = [r.getMessage() for r in messages.records if "of 2 seeds done" in r.getMessage()]
+    first = re.match(r"1 of 2 seeds done \((\d+) s elapsed; about (\d+) s left\)\.", done[0])
+    assert first is not None, done
+    # 3 epochs of 225 cells take well under the 4 s the warm-up slept
+    assert int(first.group(1)) < 4 and int(first.group(2)) < 4, done
+
+
 def test_diagnose_prints_size_settings_estimate_and_shortcuts_then_records_genes(
     data_file, tmp_path, messages, capsys, monkeypatch
 ):
@@ -541,7 +564,7 @@ def test_the_diagnose_block_plans_the_memory_of_workers_reading_a_backed_file(da
     room = (2 * parallelism.WORKER_BASE_BYTES + in_memory) / parallelism.MEMORY_SHARE  # two backed workers fit
     monkeypatch.setattr(parallelism, "available_memory_bytes", lambda: int(room))
     monkeypatch.setattr(diagnose_command, "estimate", lambda *args: None)
-    diagnose_command._Observer(str(data_file)).before_fitting(plan)
+    diagnose_command._Observer(str(data_file), diagnose_command.SeedProgressMessages(2)).before_fitting(plan)
     assert "2 seeds at a time" in "\n".join(_block(messages))
     assert isinstance(plan.fit_data, FileCells)  # what the fits give the workers
     assert parallelism.worker_memory_estimate(plan.fit_data) == parallelism.WORKER_BASE_BYTES  # no layers to read

@@ -112,6 +112,24 @@ def test_write_results_refuses_repeated_gene_names_of_x_when_counts_are_in_raw(m
     models["raw"].write_results(adata, layer=None, loadings_key=None)  # the embedding is written by row
 
 
+def test_a_raw_model_on_a_raw_with_other_genes_is_told_how_to_rebuild_raw(models, layouts):
+    """``adata[:, model.var_names]`` subsets .X, not .raw, and raised a KeyError for the .raw genes .X lacks."""
+    model, adata = models["raw"], layouts["raw"].copy()
+    raw = adata.raw.to_adata()
+    extra = raw[:, :3].copy()
+    extra.var_names = ["extra0", "extra1", "extra2"]
+    adata.raw = ad.concat([raw, extra], axis=1)
+    cv.CountVAE.setup_anndata(adata, use_raw=True, batch_key="batch")
+    advice = "`adata.raw = adata.raw.to_adata()[:, model.var_names]`"
+    with pytest.raises(InvalidDataError, match="The AnnData's .raw genes differ") as info:
+        model.get_latent_representation(adata)
+    assert f"Subset to the training genes with {advice}" in str(info.value)
+    adata.raw = adata.raw.to_adata()[:, model.var_names]  # the advice, followed
+    np.testing.assert_array_equal(
+        model.get_latent_representation(adata), model.get_latent_representation(layouts["raw"])
+    )
+
+
 @pytest.mark.parametrize("layout", ["layer", "raw"])
 def test_multi_seed_diagnostics_do_not_depend_on_where_the_counts_are(layouts, layout):
     marker = str(layouts["X"].var_names[-1])  # for .raw: a gene of .raw that is not in .X

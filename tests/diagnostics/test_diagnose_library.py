@@ -980,3 +980,6 @@ def test_marker_genes_of_a_backed_file_are_checked_by_name_before_the_block(data
     for data in (adata, _registered(data_file)):  # an empty list was let through to the report, after every fit
         with pytest.raises(InvalidArgumentError, match="markers is empty"):
             diagnose(data, seeds=2, n_jobs=1, markers=[], before_fitting=_never)
+        # neither a name nor a list: refused as report refuses it, not a raw TypeError
+        with pytest.raises(InvalidArgumentError, match="markers must be a gene or obs column name, or a list of them"):
+            diagnose(data, seeds=2, n_jobs=1, markers=5, before_fitting=_never)

@@ -628,6 +628,24 @@ def no_latent_baseline(
     return baseline_log_likelihood(model, observed_counts(heldout, var_names), _batch_labels(heldout)), text
 
 
+def marker_list(markers: Any) -> list | None:
+    """``markers`` as a list (one name as a list of it, not of its letters); ``None`` stays ``None``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Neither a name nor an iterable of names.
+
+    """
+    if markers is None:
+        return None
+    if isinstance(markers, str):
+        return [markers]
+    if not isinstance(markers, Iterable):
+        raise InvalidArgumentError(f"markers must be a gene or obs column name, or a list of them, got {markers!r}.")
+    return list(markers)
+
+
 def collect(
     fits: list[FittedModel],
     adata: ad.AnnData,
@@ -650,11 +668,9 @@ def collect(
     if restrictions is not None and "restrictions" in needs:
         restrictions.check(fits, adata)
     var_names = pd.Index(fits[0].var_names)
-    if isinstance(markers, str):  # one marker, not its letters
-        markers = [markers]
-    elif markers is not None and not isinstance(markers, Iterable):
-        raise InvalidArgumentError(f"markers must be a gene or obs column name, or a list of them, got {markers!r}.")
-    marker_names = list(markers) if markers is not None else default_markers_with_labels(adata, var_names, s.n_markers)
+    marker_names = marker_list(markers)
+    if marker_names is None:
+        marker_names = default_markers_with_labels(adata, var_names, s.n_markers)
     marker_values = marker_matrix(adata, marker_names, var_names)
     sub = cell_subsets(adata, var_names, s, None if adata_fit is None else adata_fit.n_obs)
     views = {name: adata[getattr(sub, name)].copy() for name in ("lpd", "expression", "jacobian", "ppc", "rhat", "knn")}

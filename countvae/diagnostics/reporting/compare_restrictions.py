@@ -44,7 +44,7 @@ from countvae.diagnostics.fitting.restrictions import (
     parse_restrictions,
     restriction_programs,
 )
-from countvae.diagnostics.reporting.collect import default_markers_with_labels
+from countvae.diagnostics.reporting.collect import default_markers_with_labels, marker_list
 from countvae.diagnostics.reporting.restriction_readout import (
     DEFAULT_LPD_SAMPLES,
     RestrictionRequest,
@@ -75,7 +75,7 @@ def _checked_before_fitting(
     check_int("seed", opts.seed, 0)
     if opts.markers is None:
         return None
-    markers = [opts.markers] if isinstance(opts.markers, str) else [str(m) for m in opts.markers]
+    markers = [str(m) for m in marker_list(opts.markers)]
     if adata.isbacked:  # genes by name only: their values would read every cell's counts from the file
         obs_markers = [m for m in marker_names(markers, adata.obs, var_names) if m not in var_names]
         if obs_markers:

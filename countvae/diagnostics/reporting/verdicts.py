@@ -77,11 +77,14 @@ def _ceil(value: float) -> int:
 def _more_cells(needed: int | None, n_cells: int, setting: str, cap: int | None = None) -> str:
     if needed is None:
         return "more seeds or a closer look: the score sits on the threshold, so more cells alone will not decide it"
-    return f"about {needed:,} cells instead of {n_cells:,}{_how_more_cells(setting, n_cells, cap)}"
+    return f"about {needed:,} cells instead of {n_cells:,}{_how_more_cells(setting, n_cells, cap, needed)}"
 
 
-def _how_more_cells(setting: str, n_cells: int, cap: int | None) -> str:
-    """How to get more held-out cells: raise the report setting ``setting`` only where it capped ``n_cells`` at ``cap``.
+def _how_more_cells(setting: str, n_cells: int, cap: int | None, needed: int | None = None) -> str:
+    """How to get ``needed`` held-out cells: hold out more, and raise the report setting ``setting`` if it caps them.
+
+    The setting is named where its value ``cap`` capped ``n_cells`` or is below ``needed``: holding out more cells
+    alone would compare no more than ``cap``.
 
     The report settings are no options of ``countvae diagnose`` (only ``report(...)`` and
     ``diagnose(report_kwargs=...)`` in Python set them), so the text says so; ``heldout_fraction`` is named with its
@@ -90,11 +93,14 @@ def _how_more_cells(setting: str, n_cells: int, cap: int | None) -> str:
     if not setting:
         return ""
     held_out = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
-    if cap is not None and n_cells >= cap:  # the cap alone may not do: the held-out cells may be no more than it
+    capped = cap is not None and n_cells >= cap
+    if capped or (cap is not None and needed is not None and needed > cap):
+        # the cap alone may not do where it capped them: the held-out cells may be no more than it
+        where = ", where fewer are held out" if capped else ""
         return (
-            f" (the report setting {setting} capped them at {cap:,}: raise it in Python, report(fits, {setting}=N) "
-            f"or diagnose(report_kwargs={{'{setting}': N}}), countvae diagnose has no option for it; and {held_out}, "
-            "where fewer are held out)"
+            f" (the report setting {setting} {'capped' if capped else 'caps'} them at {cap:,}: raise it in Python, "
+            f"report(fits, {setting}=N) or diagnose(report_kwargs={{'{setting}': N}}), countvae diagnose has no "
+            f"option for it; and {held_out}{where})"
         )
     return f" ({held_out})"
 
@@ -147,20 +153,30 @@ MIN_ALIGNED_CELLS_PER_DIMENSION = 10
 
 
 def too_few_cells(
-    quantity: str, n_cells: int, verdict: str, setting: str = "", cap: int | None = None
+    quantity: str, n_cells: int, verdict: str, setting: str = "", cap: int | None = None, in_graph: bool = False
 ) -> Judgement | None:
     """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``.
 
     ``setting`` is the report setting that caps the row's cells and ``cap`` its value: the remedy names it only where
-    it capped them.
+    it capped them or the minimum is above it. ``in_graph``: ``n_cells`` counts the k-NN graph's held-out and fit cells
+    together, which only more cells in the data raise (not a larger ``heldout_fraction``, which moves fit cells to
+    the held-out ones, nor the cap, which picks the held-out cells compared among the graph's).
     """
     rule = MIN_CELLS.get(quantity)
     if rule is None or n_cells >= rule.minimum or verdict not in rule.guards:
         return None
+    if in_graph:
+        return Judgement(
+            UNDETERMINED,
+            f"too few cells in the graph (n = {n_cells:,} held-out and fit cells together < {rule.minimum:,}) to "
+            f"say '{verdict}': {rule.why}",
+            f"use >= {rule.minimum:,} cells in the graph: more cells in the data (the graph holds every held-out and "
+            "fit cell, so a larger heldout_fraction or max_knn_cells adds none)",
+        )
     return Judgement(
         UNDETERMINED,
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {rule.minimum:,}) to say '{verdict}': {rule.why}",
-        f"use >= {rule.minimum:,} held-out cells{_how_more_cells(setting, n_cells, cap)}",
+        f"use >= {rule.minimum:,} held-out cells{_how_more_cells(setting, n_cells, cap, rule.minimum)}",
     )
 
 
@@ -174,14 +190,17 @@ def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgemen
     setting = str(row["cells_setting"])
     cap = (caps or {}).get(setting)
     judged = _judge_by_interval(row, cap)
-    few = too_few_cells(str(row["quantity"]), _precondition_cells(row), judged.verdict, setting, cap)
+    n_cells, in_graph = _precondition_cells(row)
+    few = too_few_cells(str(row["quantity"]), n_cells, judged.verdict, setting, cap, in_graph)
     return judged if few is None else few
 
 
-def _precondition_cells(row: pd.Series) -> int:
-    """The cells a row's precondition counts: its graph's where it has one (the k-NN row), else its own."""
+def _precondition_cells(row: pd.Series) -> tuple[int, bool]:
+    """The cells a row's precondition counts, and whether they are its graph's (the k-NN row's, with the fit cells)."""
     graph = row.get("graph_cells", np.nan)
-    return int(max(row["n_cells"], graph)) if pd.notna(graph) else int(row["n_cells"])
+    if pd.notna(graph) and graph > row["n_cells"]:
+        return int(graph), True
+    return int(row["n_cells"]), False
 
 
 def _judge_by_interval(row: pd.Series, cap: int | None = None) -> Judgement:
@@ -229,7 +248,7 @@ def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str, cap:
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {needed:,}, {MIN_ALIGNED_CELLS_PER_DIMENSION} per latent "
         f"dimension) to say '{ALIGNED}': the orthogonal map is fitted on the cells it is scored on, and with so few "
         "cells per dimension it agrees with them better than the correction for that can tell",
-        f"use >= {needed:,} held-out cells{_how_more_cells(setting, n_cells, cap)}, or fewer latent dimensions",
+        f"use >= {needed:,} held-out cells{_how_more_cells(setting, n_cells, cap, needed)}, or fewer latent dimensions",
     )
 
 
@@ -534,5 +553,5 @@ def _undecided_pairs(pairs: pd.DataFrame, margin: float, cap: int | None) -> tup
     reason = f"{intervals} of {len(pairs)} pairs {contain} the margin (+-{margin:.3g} nats per cell)"
     if any(v is None for v in needed):
         return reason, "more seeds or a closer look: a difference sits on the margin, so more cells will not decide it"
-    how = _how_more_cells("max_lpd_cells", n, cap)
+    how = _how_more_cells("max_lpd_cells", n, cap, max(needed))
     return reason, f"about {max(needed):,} held-out cells instead of {n:,}{how}"

@@ -647,3 +647,8 @@ def test_marker_genes_of_a_backed_file_are_checked_by_name_before_any_fit(tmp_pa
         compare_restrictions(backed, "laplace", markers=[gene])
     with pytest.raises(InvalidArgumentError, match=r"Markers \['nosuchgene'\] are neither genes"):
         compare_restrictions(backed, "laplace", markers=[gene, "nosuchgene"])
+    # neither a name nor a list: refused as report refuses it, not a raw TypeError
+    with pytest.raises(
+        InvalidArgumentError, match="markers must be a gene or obs column name, or a list of them, got 5"
+    ):
+        compare_restrictions(backed, "laplace", markers=5)

@@ -84,6 +84,17 @@ def test_invariant_rows_are_judged_by_their_intervals():
     assert judged.loc["k-NN graph", "verdict"] == UNDETERMINED
     assert "contains the threshold" in judged.loc["k-NN graph", "reason"]
     assert "report setting max_distance_cells capped them at 300" in judged.loc["k-NN graph", "remedy"]
+    # an interval row with fewer cells than its cap but more needed than it names the cap too
+    below = judge_invariants(
+        pd.DataFrame([_row("latent distances", 0.91, 0.85, 0.97)]), caps={"max_distance_cells": 500}
+    )
+    assert "report setting max_distance_cells caps them at 500: raise it" in below.loc[0, "remedy"]
+    assert (
+        "max_distance_cells"
+        not in judge_invariants(
+            pd.DataFrame([_row("latent distances", 0.91, 0.85, 0.97)]), caps={"max_distance_cells": 20_000}
+        ).loc[0, "remedy"]
+    )
     assert judged.loc["decoded means", "verdict"] == DIFFER
     assert judged.loc["per-dimension coordinates", "verdict"] == ALIGNED
     assert judged.loc["per-dimension loadings", "verdict"] == AGREE  # agrees as it stands
@@ -236,6 +247,26 @@ def test_knn_agreement_on_too_few_cells_is_undetermined_not_a_confident_wrong_ag
     assert _knn_row(300)["verdict"] == DIFFER
     # A "differ" on fewer cells stands: the overlap only falls with more cells.
     assert _knn_row(40, noise_sd=1.5)["verdict"] == DIFFER
+
+
+def test_knn_row_on_too_few_graph_cells_asks_for_more_cells_in_the_data():
+    # 60 held-out cells in a graph of 240 (the held-out and fit cells of a 240-cell file): a larger heldout_fraction
+    # moves fit cells to the held-out ones and max_knn_cells picks the held-out cells compared, so neither adds any.
+    row = _row("k-NN graph", 0.99, 0.98, 1.0, threshold=0.5) | {
+        "n_cells": 60,
+        "graph_cells": 240.0,
+        "cells_setting": "max_knn_cells",
+    }
+    for caps in (None, {"max_knn_cells": 50}, {"max_knn_cells": 5_000}):
+        judged = judge_invariants(pd.DataFrame([row]), caps=caps).loc[0]
+        assert judged["verdict"] == UNDETERMINED
+        assert judged["reason"].startswith(
+            "too few cells in the graph (n = 240 held-out and fit cells together < 300) to say 'agree'"
+        )
+        assert judged["remedy"] == (
+            "use >= 300 cells in the graph: more cells in the data (the graph holds every held-out and fit cell, so "
+            "a larger heldout_fraction or max_knn_cells adds none)"
+        )
 
 
 CAPS = {"max_ppc_cells": 300}
@@ -397,6 +428,16 @@ def test_predictive_verdict_needs_every_fit_reliable_and_names_the_cells_of_the_
     assert "max_lpd_cells" not in undecided.remedy and "--heldout-fraction" in undecided.remedy
     capped = predictive_verdict(_pairs([UNDETERMINED]), _reliability(), 0.5, 25.0, max_lpd_cells=200)
     assert "max_lpd_cells capped them at 200: raise it in Python, report(fits, max_lpd_cells=N)" in capped.remedy
+    # 200 cells under a cap of 500 but 1,800 needed: holding out 1,800 would still compare 500, so the cap is named
+    beyond = predictive_verdict(
+        _pairs([UNDETERMINED, UNDETERMINED], diffs=[-0.4, 0.3]), _reliability(), 0.5, 25.0, max_lpd_cells=500
+    )
+    assert beyond.remedy.endswith(
+        "about 1,800 held-out cells instead of 200 (the report setting max_lpd_cells caps them at 500: raise it in "
+        "Python, report(fits, max_lpd_cells=N) or diagnose(report_kwargs={'max_lpd_cells': N}), countvae diagnose "
+        "has no option for it; and hold out that many cells: a larger heldout_fraction, --heldout-fraction on the "
+        "command line)"
+    )
     # the pair shown is the one with the largest |difference|, whatever its sign
     assert undecided.worst["fit_a"] == "a0"
     assert predictive_verdict(_pairs([NOT_EQUIVALENT]), _reliability(), 0.5, 25.0).as_row_judgement().verdict == DIFFER
