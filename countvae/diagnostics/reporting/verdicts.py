@@ -183,7 +183,8 @@ def too_few_cells(
 def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgement:
     """The verdict of one row from its numbers (rows with preconditions are judged by their own functions).
 
-    ``caps``: the report settings that cap the rows' cells, by name (a remedy names one only where it capped them).
+    ``caps``: the report settings that cap the rows' cells, by name (a remedy names one where it capped them or the
+    cells needed exceed it).
     """
     if not np.isfinite(row["agreement"]):
         return Judgement(NOT_MEASURED, "not available for these fits")
@@ -267,7 +268,7 @@ def judge_invariants(
         the ICA row); every other row is judged from its interval.
     caps
         The report settings that cap the rows' cells (``cells_setting``), by name: an undetermined row's remedy
-        names its setting only where it capped the row's cells (without ``caps``, never).
+        names its setting where it capped the row's cells or the cells needed exceed it (without ``caps``, never).
 
     """
     decided = decided or {}
@@ -476,8 +477,8 @@ def predictive_verdict(
 
     See :mod:`countvae.diagnostics.analyses.predictive` for the test; the decision is ``equivalent`` when every pair
     is, ``not equivalent`` when one pair is, and ``undetermined`` otherwise, or whatever the pairs when the estimates
-    are unreliable or no margin can be stated. ``max_lpd_cells``, the report setting that capped the pairs' cells, is
-    named in an undetermined verdict's remedy only where it capped them.
+    are unreliable or no margin can be stated. ``max_lpd_cells``, the report setting that caps the pairs' cells, is
+    named in an undetermined verdict's remedy where it capped them or the cells needed exceed it.
     """
     if pairs is None:
         return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")
