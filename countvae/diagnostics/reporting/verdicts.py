@@ -153,18 +153,34 @@ MIN_ALIGNED_CELLS_PER_DIMENSION = 10
 
 
 def too_few_cells(
-    quantity: str, n_cells: int, verdict: str, setting: str = "", cap: int | None = None, in_graph: bool = False
+    quantity: str,
+    n_cells: int,
+    verdict: str,
+    setting: str = "",
+    cap: int | None = None,
+    in_graph: bool = False,
+    graph_setting: int | None = None,
 ) -> Judgement | None:
     """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``.
 
     ``setting`` is the report setting that caps the row's cells and ``cap`` its value: the remedy names it only where
     it capped them or the minimum is above it. ``in_graph``: ``n_cells`` counts the k-NN graph's held-out and fit cells
     together, which only more cells in the data raise (not a larger ``heldout_fraction``, which moves fit cells to
-    the held-out ones, nor the cap, which picks the held-out cells compared among the graph's).
+    the held-out ones, nor the cap, which picks the held-out cells compared among the graph's), unless the report
+    setting ``knn_graph_cells`` gave the graph's size (``graph_setting``, its value): then raising it does.
     """
     rule = MIN_CELLS.get(quantity)
     if rule is None or n_cells >= rule.minimum or verdict not in rule.guards:
         return None
+    if in_graph and graph_setting is not None:
+        return Judgement(
+            UNDETERMINED,
+            f"too few cells in the graph (n = {n_cells:,}, the report setting knn_graph_cells, < {rule.minimum:,}) "
+            f"to say '{verdict}': {rule.why}",
+            f"raise knn_graph_cells to >= {rule.minimum:,} in Python (report(fits, knn_graph_cells=N) or "
+            "diagnose(report_kwargs={'knn_graph_cells': N})), or leave it unset: the graph then holds every held-out "
+            "and fit cell",
+        )
     if in_graph:
         return Judgement(
             UNDETERMINED,
@@ -192,7 +208,8 @@ def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgemen
     cap = (caps or {}).get(setting)
     judged = _judge_by_interval(row, cap)
     n_cells, in_graph = _precondition_cells(row)
-    few = too_few_cells(str(row["quantity"]), n_cells, judged.verdict, setting, cap, in_graph)
+    graph_setting = (caps or {}).get("knn_graph_cells")
+    few = too_few_cells(str(row["quantity"]), n_cells, judged.verdict, setting, cap, in_graph, graph_setting)
     return judged if few is None else few
 
 

@@ -268,6 +268,11 @@ def test_knn_row_on_too_few_graph_cells_asks_for_more_cells_in_the_data():
             "a larger heldout_fraction or max_knn_cells adds none)"
         )
 
+    # a graph whose size the report setting knn_graph_cells gave: more cells in the data leave it; raising it works
+    judged = judge_invariants(pd.DataFrame([row]), caps={"max_knn_cells": 500, "knn_graph_cells": 240}).loc[0]
+    assert judged["reason"].startswith("too few cells in the graph (n = 240, the report setting knn_graph_cells, <")
+    assert judged["remedy"].startswith("raise knn_graph_cells to >= 300 in Python")
+
 
 CAPS = {"max_ppc_cells": 300}
 
