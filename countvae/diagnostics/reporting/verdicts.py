@@ -80,6 +80,10 @@ def _more_cells(needed: int | None, n_cells: int, setting: str, cap: int | None 
     return f"about {needed:,} cells instead of {n_cells:,}{_how_more_cells(setting, n_cells, cap, needed)}"
 
 
+#: How an analyst gets more held-out cells, in the library's and the command's terms.
+HOLD_OUT_MORE = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
+
+
 def _how_more_cells(setting: str, n_cells: int, cap: int | None, needed: int | None = None) -> str:
     """How to get ``needed`` held-out cells: hold out more, and raise the report setting ``setting`` if it caps them.
 
@@ -92,7 +96,7 @@ def _how_more_cells(setting: str, n_cells: int, cap: int | None, needed: int | N
     """
     if not setting:
         return ""
-    held_out = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
+    held_out = HOLD_OUT_MORE
     capped = cap is not None and n_cells >= cap
     if capped or (cap is not None and needed is not None and needed > cap):
         # the cap alone may not do where it capped them: the held-out cells may be no more than it
@@ -261,12 +265,14 @@ def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str, cap:
     needed = MIN_ALIGNED_CELLS_PER_DIMENSION * int(n_latent) if np.isfinite(n_latent) else 0
     if n_cells >= needed:
         return Judgement(ALIGNED)
+    # these rows are on every held-out cell unless a setting caps them: holding out more is the way
+    how = _how_more_cells(setting, n_cells, cap, needed) if setting else f" ({HOLD_OUT_MORE})"
     return Judgement(
         UNDETERMINED,
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {needed:,}, {MIN_ALIGNED_CELLS_PER_DIMENSION} per latent "
         f"dimension) to say '{ALIGNED}': the orthogonal map is fitted on the cells it is scored on, and with so few "
         "cells per dimension it agrees with them better than the correction for that can tell",
-        f"use >= {needed:,} held-out cells{_how_more_cells(setting, n_cells, cap, needed)}, or fewer latent dimensions",
+        f"use >= {needed:,} held-out cells{how}, or fewer latent dimensions",
     )
 
 
