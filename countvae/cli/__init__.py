@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from countvae import __version__
 from countvae._allocator import keep_freed_memory
 from countvae.cli import diagnose, fit, select, verify_invariance
-from countvae.cli.common import fill_closed_standard_streams, flush_stdout, tell
+from countvae.cli.common import fill_closed_standard_streams, flush_stdout, in_option_terms, tell
 from countvae.diagnostics.fitting.parallelism import backed_remedy_off
 from countvae.errors import CountVAEError, CountVAEWarning
 
@@ -106,62 +106,6 @@ def _run(args: argparse.Namespace, options: dict[str, object]) -> int:
 
 def _one_line(exc: BaseException | Warning | str) -> str:
     return " ".join(str(exc).split())
-
-
-# ``name=value`` in a message, not inside a call's argument list (after "(" or ", ") nor inside a word, a path or a
-# quoted label (only after a space, a backtick or the start: "fits/n_latent=2__decoder=linear" is a folder), with
-# optional backticks and an optional parenthesised option that already says the same ("overwrite=True (--overwrite)",
-# "(countvae diagnose --overwrite)", "(--overwrite on the command line)"), dropped with the argument it repeats.
-_ARGUMENT = re.compile(
-    r"(?<![(,] )(?<![^\s`])`?\b([a-z][a-z0-9_]*)=(\.\.\.|None|True|False|'[^']*'|[\w.+-]+)`?"
-    r"( \((?:countvae [a-z-]+ )?--[\w-]+(?: on the command line)?\))?"
-)
-
-#: Library arguments a command sets through an option of another name, by command: diagnose's report estimates each
-#: held-out cell's log p(x) with ``n_samples`` set to its ``--n-lpd-samples`` (the estimator's warnings name
-#: ``n_samples``); ``select`` and ``fit`` call that option ``--n-samples``.
-PASSED_AS: dict[str, dict[str, str]] = {"diagnose": {"n_samples": "n_lpd_samples"}}
-
-# An argument check's ``name must be ...`` (countvae._checks) at the start of the message or of a sentence.
-_CHECKED = re.compile(r"(?:^|(?<=[.!?] ))([a-z][a-z0-9_]*)(?= must be\b)")
-
-
-def in_option_terms(message: str, options: dict[str, object]) -> str:
-    """The library's remedies in the command's own terms: ``layer=...`` becomes ``--layer NAME``.
-
-    The package's errors name Python arguments (they are raised by the library a script calls); on the command line
-    each argument that is one of the command's ``options`` (argparse's destinations, ``--n-top-genes`` for
-    ``n_top_genes``) is named as its option: ``name=True`` as the flag, ``name=None`` as "no ``--name``", ``name=...``
-    as ``--name VALUE``, ``name=5`` as ``--name 5``, ``name=False`` as ``--no-name`` where that is the option (the
-    destination ``no_name``: verify-invariance's ``--no-controls`` for ``controls=False``, or a ``no_name`` entry that
-    :func:`main` adds for each switch with a ``--no-`` form, such as ``--no-early-stopping``), and an argument
-    check's ``name must be ...`` at the start of a sentence as ``--name must be ...``. Arguments of a call
-    (``setup_anndata(adata, layer=...)``) and names that are not options are left as written. An argument the
-    command sets through another option (:data:`PASSED_AS`, by the ``command`` in ``options``) is named as that option.
-    """
-    passed_as = PASSED_AS.get(str(options.get("command")), {})
-
-    def is_option(name: str) -> bool:
-        return name in options and name not in ("command", "run")
-
-    def option(match: re.Match[str]) -> str:
-        name, value = passed_as.get(match.group(1), match.group(1)), match.group(2)
-        if value == "False" and is_option(f"no_{name}"):
-            return "--no-" + name.replace("_", "-")
-        if not is_option(name):
-            return match.group(0)
-        flag = "--" + name.replace("_", "-")
-        if value == "True":
-            return flag
-        if value == "None":
-            return f"no {flag}"
-        return f"{flag} {'VALUE' if value == '...' else value}"
-
-    def checked(match: re.Match[str]) -> str:
-        name = passed_as.get(match.group(1), match.group(1))
-        return "--" + name.replace("_", "-") if is_option(name) else name
-
-    return _CHECKED.sub(checked, _ARGUMENT.sub(option, message))
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from countvae.cli.common import (
     add_output_arguments,
     emit,
     exit_codes,
+    in_option_terms,
     model_kwargs_of,
     progress_enabled,
     read_h5ad,
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit({"passed": report.passed, "out": str(args.out), "verdicts": report.to_dict()["verdicts"]}, as_json=True)
     else:
-        say(report.summary())
+        say(in_option_terms(report.summary(), vars(args)))
         say(f"\nReport: {report_dir / 'report.html'} (also report.json, report.md)")
     if not report.passed:
         if report.status == "failed":
@@ -216,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             reasons = report.reasons()
             more = f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""
             problem = f"not verified: {reasons[0]}{more}"
+        problem = in_option_terms(problem, vars(args))  # the report's remedies name verify()'s arguments
         tell(f"countvae verify-invariance: error: {problem}; see {report_dir / 'report.md'}")
         return 1
     return 0

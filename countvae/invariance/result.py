@@ -133,8 +133,9 @@ EVIDENCE_CHECKS: dict[str, str] = {
 INCONCLUSIVE_CHECKS: dict[str, str] = {
     "control_z": "inconclusive: the control changed log p(x) by too little for the estimates to resolve "
     "(control_z = {value}, detected above {threshold}), which does not contradict the theory: the change shrinks as "
-    "the posterior widens (a briefly trained or overdispersed model); train the model longer, raise n_samples, or "
-    "leave the control out (controls=False, prior_controls=False)",
+    "the posterior widens (a briefly trained or overdispersed model); train the model longer, use more draws (a "
+    "larger n_samples=...), or leave the control out: prior_controls=False drops the prior controls and "
+    "controls=False the map controls",
 }
 
 
@@ -222,7 +223,10 @@ class InvarianceReport:
         return "Why this failed" if self.status == "failed" else "Why this is not verified"
 
     def reasons(self) -> list[str]:
-        """Why the result is not "verified numerically", one line per failed check (evidence first, controls last)."""
+        """Why the result is not "verified numerically", one line per failed check (evidence first, controls last).
+
+        A failed result lists its disagreements only; its table still marks an undetected control "inconclusive".
+        """
         if self.checks["ok"].dropna().empty:
             return ["no check with a verdict was made"]
         lines = []
@@ -238,6 +242,8 @@ class InvarianceReport:
                 f"{row['variant']} / {row['transform']}: {row['check']} = {format_value(row['value'])} "
                 f"(expected {judged} {relation} {format_value(row['threshold'])})"
             )
+        if self.status == "failed":  # the disagreements say why; an inconclusive control is no disagreement
+            return lines
         for _, row in self.failures[self.failures["check"].isin(list(INCONCLUSIVE_CHECKS))].iterrows():
             text = INCONCLUSIVE_CHECKS[row["check"]].format(
                 value=format_value(row["value"]), threshold=format_value(row["threshold"])

@@ -139,20 +139,21 @@ def random_rotation(L: int, seed: int | None = 0, degrees_from_axes: float = 0.0
 
     A Haar orthogonal matrix with negative determinant has its first column negated; a fixed reflection preserves
     Haar measure, so the result is uniform on the rotation group. For ``L = 1`` the only rotation is the identity.
-    With ``degrees_from_axes`` (``L >= 2``, below 45), a draw within that angle of a signed permutation (the mean
-    ``|entry|`` of its best-matched axes above the angle's cosine) is drawn again from ``seed + 1``, ``seed + 2``, ...:
+    With ``degrees_from_axes`` (at most 30), a draw within that angle of a signed permutation (the mean ``|entry|`` of
+    its best-matched axes above the angle's cosine) is replaced by the generator's next draw (uniform on the rest):
     such a rotation nearly keeps priors with independent axes (Laplace, diagonal), so it tests little as a map that
-    must change them. Only at ``L = 2`` is this common (15 degrees: a third of the draws).
+    must change them. Only at ``L = 2`` is this common (15 degrees: a third of the draws; 30 degrees: two thirds).
     """
-    check_number("degrees_from_axes", degrees_from_axes, 0.0, 45.0, high_open=True)
+    L = _check_dimension(L)
+    check_number("degrees_from_axes", degrees_from_axes, 0.0, 30.0)
+    rng = _rng(seed)
     while True:
-        Q = random_orthogonal(L, seed)
+        Q = np.asarray(ortho_group.rvs(L, random_state=rng), dtype=np.float64).reshape(L, L)
         if np.linalg.det(Q) < 0:
             Q[:, 0] = -Q[:, 0]
         rows, cols = linear_sum_assignment(-np.abs(Q))
-        if L < 2 or seed is None or np.abs(Q[rows, cols]).mean() <= np.cos(np.radians(degrees_from_axes)):
+        if L < 2 or np.abs(Q[rows, cols]).mean() <= np.cos(np.radians(degrees_from_axes)):
             return Q
-        seed += 1
 
 
 def reflection(signs: Sequence[float]) -> np.ndarray:

@@ -273,8 +273,12 @@ def test_a_briefly_trained_nb_model_passes_every_orthogonal_check(tmp_path, caps
     capsys.readouterr()
     args = ["verify-invariance", str(path), "--model", str(tmp_path / "fit" / "model"), "--use-raw", *FAST_CHECK]
     assert main([*args, "--out", str(tmp_path / "v")]) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "disagree" not in err and "not verified: control: laplace prior / rotation: inconclusive" in err
+    # its remedies in the command's options, on stderr and in the summary on stdout
+    assert "(a larger --n-samples VALUE), or leave the control out: --no-prior-controls drops" in err
+    assert "prior_controls=False" not in err + out and "n_samples=" not in err + out
+    assert "--no-prior-controls drops the prior controls and --no-controls the map controls" in out
     record = json.loads((tmp_path / "v" / "report" / "report.json").read_text())
     assert record["status"] == "not verified"
     verdicts = pd.DataFrame(record["verdicts"])

@@ -179,4 +179,10 @@ def test_the_default_rotation_stays_away_from_the_control_priors_symmetries():
     first = np.random.default_rng(0).integers(0, 2**31 - 1, size=5)[0]
     np.testing.assert_array_equal(inv.default_transforms(4, 0)["rotation"], inv.random_rotation(4, int(first)))
     with pytest.raises(InvalidArgumentError, match="degrees_from_axes"):
-        inv.random_rotation(2, 0, 45.0)  # every 2-d rotation is within 45 degrees of a signed permutation
+        inv.random_rotation(2, 0, 44.99999)  # near 45 degrees almost every 2-d rotation would be drawn again
+    # redrawn from the seed's own generator, not from the next seed; without a seed, redrawn all the same
+    assert not any(
+        np.array_equal(inv.random_rotation(2, s, 15.0), inv.random_rotation(2, s + 1, 15.0)) for s in range(30)
+    )
+    unseeded = [inv.random_rotation(2, None, 15.0) for _ in range(60)]
+    assert all(15 - 1e-9 <= np.degrees(np.arctan2(R[1, 0], R[0, 0])) % 90 <= 75 + 1e-9 for R in unseeded)

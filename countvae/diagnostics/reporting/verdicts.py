@@ -80,6 +80,10 @@ def _more_cells(needed: int | None, n_cells: int, setting: str, cap: int | None 
     return f"about {needed:,} cells instead of {n_cells:,}{_how_more_cells(setting, n_cells, cap, needed)}"
 
 
+#: How an analyst gets more held-out cells, in the library's and the command's terms.
+HOLD_OUT_MORE = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
+
+
 def _how_more_cells(setting: str, n_cells: int, cap: int | None, needed: int | None = None) -> str:
     """How to get ``needed`` held-out cells: hold out more, and raise the report setting ``setting`` if it caps them.
 
@@ -92,7 +96,7 @@ def _how_more_cells(setting: str, n_cells: int, cap: int | None, needed: int | N
     """
     if not setting:
         return ""
-    held_out = "hold out that many cells: a larger heldout_fraction, --heldout-fraction on the command line"
+    held_out = HOLD_OUT_MORE
     capped = cap is not None and n_cells >= cap
     if capped or (cap is not None and needed is not None and needed > cap):
         # the cap alone may not do where it capped them: the held-out cells may be no more than it
@@ -153,18 +157,34 @@ MIN_ALIGNED_CELLS_PER_DIMENSION = 10
 
 
 def too_few_cells(
-    quantity: str, n_cells: int, verdict: str, setting: str = "", cap: int | None = None, in_graph: bool = False
+    quantity: str,
+    n_cells: int,
+    verdict: str,
+    setting: str = "",
+    cap: int | None = None,
+    in_graph: bool = False,
+    graph_setting: int | None = None,
 ) -> Judgement | None:
     """``undetermined`` if ``verdict`` needs more held-out cells than ``n_cells`` (:data:`MIN_CELLS`), else ``None``.
 
     ``setting`` is the report setting that caps the row's cells and ``cap`` its value: the remedy names it only where
     it capped them or the minimum is above it. ``in_graph``: ``n_cells`` counts the k-NN graph's held-out and fit cells
     together, which only more cells in the data raise (not a larger ``heldout_fraction``, which moves fit cells to
-    the held-out ones, nor the cap, which picks the held-out cells compared among the graph's).
+    the held-out ones, nor the cap, which picks the held-out cells compared among the graph's), unless the report
+    setting ``knn_graph_cells`` gave the graph's size (``graph_setting``, its value): then raising it does.
     """
     rule = MIN_CELLS.get(quantity)
     if rule is None or n_cells >= rule.minimum or verdict not in rule.guards:
         return None
+    if in_graph and graph_setting is not None:
+        return Judgement(
+            UNDETERMINED,
+            f"too few cells in the graph (n = {n_cells:,}, the report setting knn_graph_cells, < {rule.minimum:,}) "
+            f"to say '{verdict}': {rule.why}",
+            f"raise knn_graph_cells to >= {rule.minimum:,} in Python (report(fits, knn_graph_cells=N) or "
+            "diagnose(report_kwargs={'knn_graph_cells': N})), or leave it unset: the graph then holds every held-out "
+            "and fit cell",
+        )
     if in_graph:
         return Judgement(
             UNDETERMINED,
@@ -183,7 +203,8 @@ def too_few_cells(
 def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgement:
     """The verdict of one row from its numbers (rows with preconditions are judged by their own functions).
 
-    ``caps``: the report settings that cap the rows' cells, by name (a remedy names one only where it capped them).
+    ``caps``: the report settings that cap the rows' cells, by name (a remedy names one where it capped them or the
+    cells needed exceed it).
     """
     if not np.isfinite(row["agreement"]):
         return Judgement(NOT_MEASURED, "not available for these fits")
@@ -191,7 +212,8 @@ def judge_row(row: pd.Series, caps: Mapping[str, int] | None = None) -> Judgemen
     cap = (caps or {}).get(setting)
     judged = _judge_by_interval(row, cap)
     n_cells, in_graph = _precondition_cells(row)
-    few = too_few_cells(str(row["quantity"]), n_cells, judged.verdict, setting, cap, in_graph)
+    graph_setting = (caps or {}).get("knn_graph_cells")
+    few = too_few_cells(str(row["quantity"]), n_cells, judged.verdict, setting, cap, in_graph, graph_setting)
     return judged if few is None else few
 
 
@@ -243,12 +265,14 @@ def _aligned_with_enough_cells(n_cells: int, n_latent: float, setting: str, cap:
     needed = MIN_ALIGNED_CELLS_PER_DIMENSION * int(n_latent) if np.isfinite(n_latent) else 0
     if n_cells >= needed:
         return Judgement(ALIGNED)
+    # these rows are on every held-out cell unless a setting caps them: holding out more is the way
+    how = _how_more_cells(setting, n_cells, cap, needed) if setting else f" ({HOLD_OUT_MORE})"
     return Judgement(
         UNDETERMINED,
         f"{TOO_FEW_CELLS_REASON} (n = {n_cells:,} < {needed:,}, {MIN_ALIGNED_CELLS_PER_DIMENSION} per latent "
         f"dimension) to say '{ALIGNED}': the orthogonal map is fitted on the cells it is scored on, and with so few "
         "cells per dimension it agrees with them better than the correction for that can tell",
-        f"use >= {needed:,} held-out cells{_how_more_cells(setting, n_cells, cap, needed)}, or fewer latent dimensions",
+        f"use >= {needed:,} held-out cells{how}, or fewer latent dimensions",
     )
 
 
@@ -267,7 +291,7 @@ def judge_invariants(
         the ICA row); every other row is judged from its interval.
     caps
         The report settings that cap the rows' cells (``cells_setting``), by name: an undetermined row's remedy
-        names its setting only where it capped the row's cells (without ``caps``, never).
+        names its setting where it capped the row's cells or the cells needed exceed it (without ``caps``, never).
 
     """
     decided = decided or {}
@@ -476,8 +500,8 @@ def predictive_verdict(
 
     See :mod:`countvae.diagnostics.analyses.predictive` for the test; the decision is ``equivalent`` when every pair
     is, ``not equivalent`` when one pair is, and ``undetermined`` otherwise, or whatever the pairs when the estimates
-    are unreliable or no margin can be stated. ``max_lpd_cells``, the report setting that capped the pairs' cells, is
-    named in an undetermined verdict's remedy only where it capped them.
+    are unreliable or no margin can be stated. ``max_lpd_cells``, the report setting that caps the pairs' cells, is
+    named in an undetermined verdict's remedy where it capped them or the cells needed exceed it.
     """
     if pairs is None:
         return PredictiveVerdict(NOT_TESTED, "held-out log p(x) is not available for these fits")

@@ -268,6 +268,11 @@ def test_knn_row_on_too_few_graph_cells_asks_for_more_cells_in_the_data():
             "a larger heldout_fraction or max_knn_cells adds none)"
         )
 
+    # a graph whose size the report setting knn_graph_cells gave: more cells in the data leave it; raising it works
+    judged = judge_invariants(pd.DataFrame([row]), caps={"max_knn_cells": 500, "knn_graph_cells": 240}).loc[0]
+    assert judged["reason"].startswith("too few cells in the graph (n = 240, the report setting knn_graph_cells, <")
+    assert judged["remedy"].startswith("raise knn_graph_cells to >= 300 in Python")
+
 
 CAPS = {"max_ppc_cells": 300}
 
@@ -360,6 +365,12 @@ def test_agree_after_alignment_needs_ten_held_out_cells_per_latent_dimension():
     assert judged["verdict"] == UNDETERMINED
     assert judged["reason"].startswith("too few held-out cells (n = 12 < 100, 10 per latent dimension) to say 'agree")
     assert judged["remedy"].startswith("use >= 100 held-out cells (hold out that many cells: a larger heldout_fraction")
+    # a row on every held-out cell (no setting caps them) is told the same way to more cells, not left without one
+    uncapped = judge_invariants(pd.DataFrame([few | {"cells_setting": ""}])).iloc[0]
+    assert uncapped["remedy"] == (
+        "use >= 100 held-out cells (hold out that many cells: a larger heldout_fraction, --heldout-fraction on the "
+        "command line), or fewer latent dimensions"
+    )
     enough = judge_invariants(pd.DataFrame([few | {"n_cells": 100}])).iloc[0]
     assert enough["verdict"] == "agree after alignment"
     # a report saved before the width was recorded keeps its verdict; a "differ" after alignment is not held back

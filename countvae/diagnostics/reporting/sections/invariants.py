@@ -126,6 +126,8 @@ class InvariantsSection(Section):
         )
         decided = {q: j for name in self.requires for q, j in shared.results[name].verdict_rows.items()}
         caps = {name: getattr(s, name) for name in set(numbers["cells_setting"]) if name}
+        if s.knn_graph_cells is not None:  # the k-NN row's graph size, set rather than counted
+            caps["knn_graph_cells"] = s.knn_graph_cells
         judged = judge_invariants(numbers, decided, caps)
         lines = verdict_lines(judged, predictive.values["sentence"], ica.values["sentence"], len(c.names))
         return SectionResult(tables={"invariants": judged, "invariant_pairs": pairs}, headline=lines)
